@@ -1,0 +1,1 @@
+"""Pseudo-gradient codecs: dense, SparseLoCo (chunked top-k, 2-bit), DCT."""
