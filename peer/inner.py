@@ -1,0 +1,86 @@
+"""The inner loop: local AdamW steps between two exchanges, and the validation pass.
+
+Only parameters with ``requires_grad=True`` when the trainer is built enter the optimizer, so a
+frozen slice (partial mode, or the layers outside a pipeline stage) holds no Adam moments and is
+never touched, weight decay included. Decay applies to matrices only, not to the norm weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+from protocol.spec import InnerSpec
+
+__all__ = ["InnerTrainer", "evaluate"]
+
+Device = Union[str, torch.device]
+
+
+class InnerTrainer:
+    def __init__(self, model: nn.Module, inner: InnerSpec, device: Device = "cpu"):
+        inner.check()
+        self.spec = inner
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.params: List[nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters (every one has requires_grad=False)")
+        decay = [p for p in self.params if p.ndim >= 2]
+        no_decay = [p for p in self.params if p.ndim < 2]
+        groups = [{"params": decay, "weight_decay": inner.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        self.optimizer = torch.optim.AdamW(
+            [g for g in groups if g["params"]], lr=inner.lr_at(0), betas=(inner.beta1, inner.beta2), eps=1e-8
+        )
+        self.step_count = 0
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next step will use."""
+        return self.spec.lr_at(self.step_count)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """One inner step on a batch; returns its training loss in nats (before the update)."""
+        lr = self.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.model.train()
+        x = x.to(self.device, non_blocking=True)
+        y = y.to(self.device, non_blocking=True)
+        _, loss = self.model(x, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, self.spec.grad_clip)
+        self.optimizer.step()
+        self.step_count += 1
+        return loss.item()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"step": self.step_count, "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        step = state["step"]
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"inner trainer state has an invalid step {step!r}")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step_count = step
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.Tensor]], device: Device = "cpu") -> float:
+    """Mean validation loss over the batches, in nats per byte (one token is one byte)."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        for x, y in batches:
+            _, loss = model(x.to(device), y.to(device))
+            total += loss.item() * y.numel()
+            count += y.numel()
+    finally:
+        model.train(was_training)
+    if count == 0:
+        raise ValueError("evaluate() needs at least one batch")
+    return total / count

@@ -1,0 +1,188 @@
+"""A small Llama-style decoder over bytes, in one file (after nanoGPT's model.py).
+
+RMSNorm, rotary position embeddings, causal attention through PyTorch's SDPA, a SwiGLU MLP and an
+untied output head. Parameter names and shapes are those of ``ModelSpec.param_shapes()``, in the
+same order: the exchange and the checkpoints address tensors by those names.
+
+The model can be cut into pipeline stages: ``embed_tokens`` -> ``forward_blocks(h, start, end)``
+(any slice of the blocks) -> ``forward_head``. ``forward`` is exactly those three in a row.
+
+Initialisation is bit-identical on every machine for the same seed, which torch's own float32
+``normal_`` is not: its AVX2 path and its scalar path (ARM, or ``ATEN_CPU_CAPABILITY=default``)
+give different bits for the same generator. ``build_model`` therefore draws only integers from a
+CPU ``torch.Generator`` and turns them into normal deviates with exact arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from protocol.spec import ModelSpec
+
+__all__ = ["Model", "build_model", "init_parameters"]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalise in float32 even under autocast: the mean of squares overflows fp16 easily
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_cache(head_dim: int, seq_len: int, theta: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables of shape (seq_len, head_dim), in the rotate-half layout of Llama."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (i, i + head_dim/2) of x (batch, heads, seq, head_dim) by position."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.n_heads = spec.n_heads
+        self.head_dim = spec.d_model // spec.n_heads
+        self.qkv = nn.Linear(spec.d_model, 3 * spec.d_model, bias=False)
+        self.out = nn.Linear(spec.d_model, spec.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = apply_rope(q, cos, sin).type_as(v), apply_rope(k, cos, sin).type_as(v)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.gate = nn.Linear(spec.d_model, spec.ffn_hidden, bias=False)
+        self.up = nn.Linear(spec.d_model, spec.ffn_hidden, bias=False)
+        self.down = nn.Linear(spec.ffn_hidden, spec.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.attn_norm = RMSNorm(spec.d_model, spec.norm_eps)
+        self.attn = Attention(spec)
+        self.mlp_norm = RMSNorm(spec.d_model, spec.norm_eps)
+        self.mlp = MLP(spec)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Model(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        spec.check()
+        self.spec = spec
+        self.embed = nn.Embedding(spec.vocab_size, spec.d_model)
+        self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.n_layers))
+        self.norm = RMSNorm(spec.d_model, spec.norm_eps)
+        self.head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        cos, sin = rope_cache(spec.d_model // spec.n_heads, spec.seq_len, spec.rope_theta)
+        # not persistent: the state dict holds exactly the parameters of ModelSpec.param_shapes()
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def embed_tokens(self, idx: torch.Tensor) -> torch.Tensor:
+        """(batch, seq) int64 byte ids -> hidden states (batch, seq, d_model)."""
+        if idx.shape[-1] > self.spec.seq_len:
+            raise ValueError(f"sequence of {idx.shape[-1]} tokens is longer than model.seq_len={self.spec.seq_len}")
+        return self.embed(idx)
+
+    def forward_blocks(self, h: torch.Tensor, start: int = 0, end: Optional[int] = None) -> torch.Tensor:
+        """Run blocks[start:end] on hidden states (batch, seq, d_model): one pipeline stage's work."""
+        T = h.shape[1]
+        if T > self.spec.seq_len:
+            raise ValueError(f"sequence of {T} tokens is longer than model.seq_len={self.spec.seq_len}")
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        for block in self.blocks[start:end]:
+            h = block(h, cos, sin)
+        return h
+
+    def forward_head(
+        self, h: torch.Tensor, targets: Optional[torch.Tensor] = None
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Final norm and head; with targets, also the mean cross-entropy in nats."""
+        logits = self.head(self.norm(h)).float()
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+        return logits, loss
+
+    def forward(
+        self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """idx (batch, seq) -> (logits (batch, seq, vocab) float32, mean loss in nats or None)."""
+        return self.forward_head(self.forward_blocks(self.embed_tokens(idx)), targets)
+
+
+def _exact_normal(shape: Tuple[int, ...], std: float, generator: torch.Generator) -> torch.Tensor:
+    """float32 samples of N(0, std^2) whose bits depend only on the generator's state.
+
+    Irwin-Hall: the sum of 12 uniforms minus 6 has mean 0 and variance 1 and is close to normal
+    (support +-6 sigma). Each uniform is a 15-bit integer; four of them come from one 62-bit draw.
+    Integer sums, a division by a power of two (exact) and one float64 multiply are correctly
+    rounded IEEE operations, so every CPU and vector unit gives the same bits.
+    """
+    n = math.prod(shape)
+    out = torch.empty(n, dtype=torch.float32)
+    chunk = 1 << 20  # bounds the int64 scratch to 24 MiB however large the tensor
+    for start in range(0, n, chunk):
+        m = min(chunk, n - start)
+        draws = torch.randint(0, 1 << 62, (m, 3), dtype=torch.int64, generator=generator)
+        total = torch.zeros(m, dtype=torch.int64)
+        for shift in (0, 15, 30, 45):
+            total += ((draws >> shift) & 0x7FFF).sum(dim=1)
+        # uniforms u = (k + 1/2) / 2^15, so sum(u) - 6 = (2 * sum(k) + 12 - 12 * 2^15) / 2^16
+        z = (2 * total + 12 - 12 * (1 << 15)).to(torch.float64) / float(1 << 16)
+        out[start : start + m] = (z * std).to(torch.float32)
+    return out.view(shape)
+
+
+@torch.no_grad()
+def init_parameters(model: Model, seed: int) -> None:
+    """Re-initialise every parameter from ``seed``, in ``param_shapes()`` order, on the CPU."""
+    spec = model.spec
+    generator = torch.Generator(device="cpu").manual_seed(int(seed))
+    residual_std = spec.init_std / math.sqrt(2 * spec.n_layers)
+    for name, p in model.named_parameters():
+        if p.ndim == 1:
+            value = torch.ones(p.shape)
+        else:
+            std = residual_std if name.endswith(("attn.out.weight", "mlp.down.weight")) else spec.init_std
+            value = _exact_normal(tuple(p.shape), std, generator)
+        p.copy_(value.to(device=p.device, dtype=p.dtype))
+
+
+def build_model(spec: ModelSpec, seed: int) -> Model:
+    """A model on the CPU whose parameters are bit-identical on every machine for the same seed."""
+    with torch.random.fork_rng(devices=[]):  # nn.Linear's own init would advance the global RNG
+        model = Model(spec)
+    init_parameters(model, seed)
+    return model
