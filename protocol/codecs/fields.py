@@ -1,0 +1,79 @@
+"""Checks and bit packing shared by the codecs: the trust boundary's building blocks.
+
+Every decoder validates a peer's fields the same way: exactly the expected keys, each a byte
+string of exactly the expected length, every float finite and bounded. The bound keeps a hostile
+but finite value (3e38, say) from overflowing to inf once several replicas are summed. Encoders
+refuse inputs beyond ``ENCODE_MAX_ABS``, far enough below the decode bound that everything they
+derive from those inputs (lookup tables, DCT coefficients) is still accepted by every receiver.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping
+
+import numpy as np
+import torch
+
+from protocol.errors import PayloadError
+
+MAX_ABS = 1e30  # receivers reject any decoded float at or above this magnitude
+ENCODE_MAX_ABS = 1e24  # a pseudo-gradient this large means training diverged
+
+
+def expect_fields(fields: Any, lengths: Mapping[str, int]) -> Dict[str, bytes]:
+    """``fields`` must map exactly the names of ``lengths`` to byte strings of those lengths."""
+    if not isinstance(fields, Mapping):
+        raise PayloadError(f"fields must be a map, got {type(fields).__name__}")
+    if set(fields) != set(lengths):
+        raise PayloadError(f"fields must be exactly {sorted(lengths)}, got {sorted(map(str, fields))}")
+    out = {}
+    for name, length in lengths.items():
+        value = fields[name]
+        if not isinstance(value, (bytes, bytearray)):
+            raise PayloadError(f"field {name!r} must be bytes, got {type(value).__name__}")
+        if len(value) != length:
+            raise PayloadError(f"field {name!r} must be {length} bytes, got {len(value)}")
+        out[name] = bytes(value)
+    return out
+
+
+def check_floats(values: np.ndarray, what: str) -> None:
+    """Every value finite and below MAX_ABS in magnitude (NaN fails both comparisons)."""
+    if values.size and not (-MAX_ABS < float(values.min()) and float(values.max()) < MAX_ABS):
+        raise PayloadError(f"{what} holds a non-finite value or one of magnitude >= {MAX_ABS:g}")
+
+
+def check_encodable(x: torch.Tensor) -> None:
+    """Encoders take finite float32 tensors below ENCODE_MAX_ABS; anything else is a local bug."""
+    if x.dtype != torch.float32:
+        raise TypeError(f"codecs encode float32 tensors, got {x.dtype}")
+    if x.numel():
+        lo, hi = torch.aminmax(x.detach())  # NaN propagates, and fails the comparisons below
+        if not (-ENCODE_MAX_ABS <= lo.item() and hi.item() <= ENCODE_MAX_ABS):
+            raise ValueError(f"cannot encode a tensor with non-finite values or magnitudes above {ENCODE_MAX_ABS:g}")
+
+
+def packed_len(count: int, bits: int) -> int:
+    return (count * bits + 7) // 8
+
+
+def pack_bits(values: np.ndarray, bits: int) -> bytes:
+    """Unsigned integers < 2**bits, densely packed little-endian (two 12-bit values in 3 bytes)."""
+    values = values.reshape(-1).astype(np.uint16)
+    bitmat = np.empty((values.size, bits), dtype=np.uint8)
+    for b in range(bits):
+        bitmat[:, b] = (values >> b) & 1
+    return np.packbits(bitmat.reshape(-1), bitorder="little").tobytes()
+
+
+def unpack_bits(data: bytes, count: int, bits: int, what: str) -> np.ndarray:
+    """The inverse of ``pack_bits``: ``count`` values as int64; the padding bits must be zero."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    used = (count * bits) % 8
+    if used and raw[-1] >> used:
+        raise PayloadError(f"{what} has non-zero padding bits")
+    bitmat = np.unpackbits(raw, count=count * bits, bitorder="little").reshape(count, bits)
+    out = np.zeros(count, dtype=np.int64)
+    for b in range(bits):
+        out |= bitmat[:, b].astype(np.int64) << b
+    return out

@@ -1,0 +1,132 @@
+"""The payload: everything one peer sends in one round, as a single msgpack map.
+
+    {"v": PROTOCOL_VERSION, "run": run digest, "round": int, "codec": codec name,
+     "t": [[tensor name, codec fields], ...]}
+
+Tensors appear in the order of the layout both sides agree on (the spec's parameter shapes, or
+the subset a peer owns under partial updates), so a receiver checks the names against the layout
+instead of trusting them. ``decode_payload`` is a trust boundary: for any bytes whatsoever it
+returns tensors of exactly the layout's shapes or raises PayloadError.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import msgpack
+import torch
+
+from protocol import PROTOCOL_VERSION
+from protocol.codecs.base import Shape, TensorCodec
+from protocol.errors import PayloadError
+
+_HEADER_SLACK = 256  # the map header, its short keys, the version, run digest, round and codec name
+_PER_TENSOR_SLACK = 16  # each entry's array header and its name's str header
+_KEYS = {"v", "run", "round", "codec", "t"}
+
+
+def payload_max_bytes(codec: TensorCodec, layout: Mapping[str, Shape]) -> int:
+    """An upper bound of the encoded size of a payload for ``layout``."""
+    return _HEADER_SLACK + sum(
+        _PER_TENSOR_SLACK + len(name.encode()) + codec.max_encoded_bytes(tuple(shape)) for name, shape in layout.items()
+    )
+
+
+def encode_payload(
+    codec: TensorCodec, tensors: Mapping[str, torch.Tensor], *, run_digest: str, round: int
+) -> Tuple[bytes, Dict[str, torch.Tensor]]:
+    """Encode ``tensors`` in their mapping order; returns the bytes and what each receiver decodes."""
+    entries: List[list] = []
+    sent: Dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        fields, sent[name] = codec.encode(tensor)
+        entries.append([name, fields])
+    message = {"v": PROTOCOL_VERSION, "run": run_digest, "round": round, "codec": codec.name, "t": entries}
+    return msgpack.packb(message, use_bin_type=True), sent
+
+
+def decode_payload(
+    data: bytes,
+    codec: TensorCodec,
+    layout: Mapping[str, Shape],
+    *,
+    run_digest: str,
+    round: int,
+    max_bytes: Optional[int] = None,
+) -> Dict[str, torch.Tensor]:
+    """Validate a peer's payload against the run, round, codec and layout; decode every tensor."""
+    message = _unpack(data, payload_max_bytes(codec, layout) if max_bytes is None else max_bytes)
+    _check_header(message, codec, run_digest, round)
+    entries = _entries(message["t"], list(layout))
+    out: Dict[str, torch.Tensor] = {}
+    for name, fields in entries:
+        try:
+            out[name] = codec.decode(fields, tuple(layout[name]))
+        except PayloadError as e:
+            raise PayloadError(f"tensor {name!r}: {e}") from None
+    return out
+
+
+def _unpack(data: Any, max_bytes: int) -> Dict[str, Any]:
+    if not isinstance(data, (bytes, bytearray)):
+        raise PayloadError(f"payload must be bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise PayloadError(f"payload of {len(data)} bytes exceeds the limit of {max_bytes}")
+    n = len(data)
+    try:
+        message = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            max_str_len=n,
+            max_bin_len=n,
+            max_array_len=n,
+            max_map_len=n // 2,
+            max_ext_len=0,
+        )
+    except Exception as e:  # msgpack raises ExtraData, FormatError, StackError, ValueError, TypeError...
+        raise PayloadError(f"payload is not valid msgpack: {type(e).__name__}: {e}") from None
+    if not isinstance(message, dict) or set(message) != _KEYS:
+        raise PayloadError(f"payload must be a map with exactly the keys {sorted(_KEYS)}")
+    return message
+
+
+def _check_header(message: Dict[str, Any], codec: TensorCodec, run_digest: str, round: int) -> None:
+    version = message["v"]
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise PayloadError(f"payload protocol version {version!r} is not {PROTOCOL_VERSION}")
+    if message["run"] != run_digest:
+        raise PayloadError(f"payload is for run {message['run']!r}, not {run_digest!r}")
+    if type(message["round"]) is not int or message["round"] != round:
+        raise PayloadError(f"payload is for round {message['round']!r}, not {round}")
+    if message["codec"] != codec.name:
+        raise PayloadError(f"payload uses codec {message['codec']!r}, not {codec.name!r}")
+
+
+def _entries(entries: Any, expected: List[str]) -> List[Tuple[str, Any]]:
+    """[[name, fields], ...] whose names are exactly ``expected``, in its order."""
+    if not isinstance(entries, list):
+        raise PayloadError("payload 't' must be a list of [name, fields] pairs")
+    pairs = []
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
+            raise PayloadError("every payload tensor entry must be a [name, fields] pair")
+        pairs.append((entry[0], entry[1]))
+    names = [name for name, _ in pairs]
+    if names != expected:
+        raise PayloadError(f"payload tensors do not match the layout: {_name_mismatch(names, expected)}")
+    return pairs
+
+
+def _name_mismatch(names: List[str], expected: List[str]) -> str:
+    got, want = set(names), set(expected)
+    seen: set = set()
+    duplicated = sorted({n for n in names if n in seen or seen.add(n)})
+    problems = {
+        "missing": [n for n in expected if n not in got],
+        "extra": [n for n in names if n not in want],
+        "duplicated": duplicated,
+    }
+    parts = [f"{label} {items[:5]}" for label, items in problems.items() if items]
+    return "; ".join(parts) or "names are out of order"
