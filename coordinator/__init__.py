@@ -1,0 +1,1 @@
+"""The coordinator: bootstrap DHT node, run publisher, progress watcher, and the demo."""

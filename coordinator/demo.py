@@ -1,0 +1,176 @@
+"""``voloco demo``: a coordinator and N peers as separate processes on loopback, then a summary.
+
+Every child runs in its own process group, so stopping the demo (or Ctrl+C) takes down each
+child's DHT process and p2pd daemon with it: nothing is left running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from coordinator.server import load_spec
+from peer.progress import human_bytes
+from peer.swarm import UsageError
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+
+class Child:
+    def __init__(self, name: str, argv: List[str], log: Path):
+        self.name, self.log = name, log
+        self.log_file = open(log, "wb")
+        self.proc = subprocess.Popen(
+            argv, stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, grace: float) -> None:
+        """SIGINT, then SIGKILL to the whole process group after ``grace`` seconds."""
+        if self.proc.poll() is None:
+            self.signal_group(signal.SIGINT)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        self.signal_group(signal.SIGKILL)  # also reaps the child's DHT process and p2pd
+        self.proc.wait()
+        self.log_file.close()
+
+
+def peer_argv(join: str, workdir: Path, index: int, threads: int = 1) -> List[str]:
+    d = workdir / f"peer{index}"
+    d.mkdir(parents=True, exist_ok=True)
+    return [
+        sys.executable, "-m", "peer.cli", "peer", "--join", join,
+        "--host-maddrs", LOOPBACK,
+        "--status-file", str(d / "status.json"),
+        "--checkpoint-dir", str(d / "checkpoint"),
+        "--identity", str(d / "identity.key"),
+        "--threads", str(threads),
+    ]
+
+
+def coordinator_argv(workdir: Path, config: Optional[Path], strategy: Optional[str]) -> List[str]:
+    argv = [sys.executable, "-m", "peer.cli", "coordinator", "--host-maddrs", LOOPBACK,
+            "--address-file", str(workdir / "coordinator.addr")]
+    if config is not None:
+        argv += ["--config", str(config)]
+    if strategy:
+        argv += ["--strategy", strategy]
+    return argv
+
+
+def wait_for_address(path: Path, child: Child, timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child.proc.poll() is not None:
+            raise UsageError(f"the coordinator exited with code {child.proc.returncode}; see {child.log}")
+        if path.is_file() and path.read_text().strip():
+            return path.read_text().split()[0]
+        time.sleep(0.2)
+    raise UsageError(f"the coordinator did not start within {timeout:.0f} s; see {child.log}")
+
+
+def read_status(workdir: Path, index: int) -> Optional[Dict[str, Any]]:
+    path = workdir / f"peer{index}" / "status.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def summarize(statuses: List[Optional[Dict[str, Any]]], wall_s: float) -> Dict[str, Any]:
+    live = [s for s in statuses if s]
+    initial = [s["initial_val_loss"] for s in live if _finite(s.get("initial_val_loss"))]
+    final = [s["val_loss"] for s in live if _finite(s.get("val_loss"))]
+    return {
+        "peers": [
+            {k: s.get(k) for k in ("peer_id", "round", "rounds", "tokens", "val_loss", "bytes_sent", "bytes_received", "params_hash")}
+            for s in live
+        ],
+        "strategy": live[0]["strategy"] if live else None,
+        "initial_val_loss": max(initial) if initial else None,
+        "final_val_loss": sum(final) / len(final) if final else None,
+        "tokens": sum(s["tokens"] for s in live),
+        "rounds": max((s["round"] for s in live), default=0),
+        "bytes_sent_per_peer": [s["bytes_sent"] for s in live],
+        "bytes_received_per_peer": [s["bytes_received"] for s in live],
+        "wall_s": round(wall_s, 1),
+    }
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def print_summary(summary: Dict[str, Any]) -> None:
+    print()
+    print(f"{'peer':<14}{'round':>6}{'tokens':>11}{'val loss':>10}{'sent':>11}{'received':>11}  params")
+    for p in summary["peers"]:
+        val = f"{p['val_loss']:.3f}" if _finite(p["val_loss"]) else "-"
+        print(f"{p['peer_id'][-12:]:<14}{p['round']:>6}{p['tokens']:>11,}{val:>10}"
+              f"{human_bytes(p['bytes_sent']):>11}{human_bytes(p['bytes_received']):>11}  {p['params_hash']}")
+    init, fin = summary["initial_val_loss"], summary["final_val_loss"]
+    print()
+    print(f"strategy         {summary['strategy']}")
+    print(f"validation loss  {init if init is None else f'{init:.3f}'} -> {fin if fin is None else f'{fin:.3f}'} nats/byte"
+          + (f"  ({init - fin:.2f} lower)" if init is not None and fin is not None else ""))
+    print(f"tokens trained   {summary['tokens']:,}")
+    print(f"rounds           {summary['rounds']}")
+    print(f"wall time        {summary['wall_s']:.0f} s")
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    if args.peers < 1:
+        raise UsageError("--peers must be at least 1")
+    if not args.minutes > 0:
+        raise UsageError("--minutes must be positive")
+    spec = load_spec(args.config, None, args.strategy)  # fail early, before any process starts
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="voloco-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"voloco demo: a coordinator and {args.peers} peers, {spec.outer.strategy}, "
+          f"{spec.model.num_params() / 1e6:.2f}M parameters, {args.minutes:g} min; logs in {workdir}", flush=True)
+    t0 = time.monotonic()
+    children: List[Child] = []
+    try:
+        coord = Child("coordinator", coordinator_argv(workdir, args.config, args.strategy), workdir / "coordinator.log")
+        children.append(coord)
+        join = wait_for_address(workdir / "coordinator.addr", coord)
+        for i in range(args.peers):
+            children.append(Child(f"peer{i}", peer_argv(join, workdir, i), workdir / f"peer{i}.log"))
+        deadline = t0 + args.minutes * 60
+        while time.monotonic() < deadline:
+            time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
+            statuses = [read_status(workdir, i) for i in range(args.peers)]
+            rounds = [s["round"] if s else "-" for s in statuses]
+            vals = [s["val_loss"] for s in statuses if s and _finite(s.get("val_loss"))]
+            dead = [c.name for c in children if c.proc.poll() is not None]
+            print(f"[{time.monotonic() - t0:5.0f} s] rounds {rounds} | val loss "
+                  f"{min(vals) if vals else float('nan'):.3f}" + (f" | exited: {', '.join(dead)}" if dead else ""), flush=True)
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping every process", flush=True)
+    finally:
+        for child in reversed(children[1:]):
+            child.signal_group(signal.SIGINT)
+        for child in reversed(children):
+            child.stop(grace=15.0)
+    summary = summarize([read_status(workdir, i) for i in range(args.peers)], time.monotonic() - t0)
+    print_summary(summary)
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    return 0

@@ -1,0 +1,104 @@
+"""The coordinator: first DHT node of a run, publisher of its spec, and a watcher of its progress.
+
+It is a convenience, not a single point of failure: peers that already run keep training while it
+is down (they find each other through any DHT node), and a restarted coordinator rebuilds its view
+from the progress records in the DHT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import signal
+import threading
+from pathlib import Path
+from typing import List, Optional
+
+from peer.progress import human_bytes
+from peer.swarm import UsageError, publish_run, read_progress, start_dht
+from protocol.errors import SpecError
+from protocol.spec import RunSpec
+
+logger = logging.getLogger("voloco.coordinator")
+
+SPEC_TTL = 120.0  # the spec record lives this long; the coordinator refreshes it at a third of that
+
+
+def load_spec(config: Optional[Path], run_id: Optional[str] = None, strategy: Optional[str] = None) -> RunSpec:
+    """The run spec from a TOML file (or the defaults), with command-line overrides; UsageError if invalid."""
+    try:
+        if config is None:
+            spec = RunSpec()
+        else:
+            if not config.is_file():
+                raise UsageError(f"--config {str(config)!r} does not exist")
+            spec = RunSpec.from_toml(config.read_text())
+        changes = {}
+        if run_id:
+            changes["run_id"] = run_id
+        if strategy:
+            changes["outer"] = {"strategy": strategy}
+        return spec.replace(**changes) if changes else spec
+    except SpecError as e:
+        source = str(config) if config else "the run spec"
+        raise UsageError(f"invalid run spec in {source}: {e}") from None
+
+
+def join_addresses(dht) -> List[str]:
+    """The multiaddrs a peer can join with, loopback last (it only works on this machine)."""
+    addrs = [str(a) for a in dht.get_visible_maddrs()]
+    return sorted(addrs, key=lambda a: ("/127.0.0.1/" in a or "/::1/" in a, a))
+
+
+def run_coordinator(args: argparse.Namespace) -> int:
+    spec = load_spec(args.config, args.run_id, args.strategy)
+    if args.identity is not None and not args.identity.parent.is_dir():
+        raise UsageError(f"--identity {str(args.identity)!r}: directory {str(args.identity.parent)!r} does not exist")
+    dht = start_dht((), args.host_maddrs, args.announce_maddrs, str(args.identity) if args.identity else None)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        if not publish_run(dht, spec, SPEC_TTL):
+            logger.warning("the DHT did not accept the run spec yet; retrying")
+        addrs = join_addresses(dht)
+        if args.address_file:
+            args.address_file.write_text("\n".join(addrs) + "\n")
+        print(f"run {spec.run_id} (spec {spec.digest()}): strategy {spec.outer.strategy}, "
+              f"{spec.model.num_params() / 1e6:.2f}M parameters, H={spec.outer.inner_steps}", flush=True)
+        print("join this run with:", flush=True)
+        print(f"  voloco peer --join {addrs[0]}", flush=True)
+        for extra in addrs[1:]:
+            print(f"  (or --join {extra})", flush=True)
+        watch(dht, spec, stop)
+    finally:
+        dht.shutdown()
+    return 0
+
+
+def watch(dht, spec: RunSpec, stop: threading.Event, period: float = 10.0) -> None:
+    """Refresh the spec record and log one line about the swarm every ``period`` seconds."""
+    last_refresh = 0.0
+    elapsed = 0.0
+    while not stop.wait(period):
+        elapsed += period
+        if elapsed - last_refresh >= SPEC_TTL / 3:
+            publish_run(dht, spec, SPEC_TTL)
+            last_refresh = elapsed
+        try:
+            views = [v for v in read_progress(dht, spec.run_id) if v.progress.spec == spec.digest()]
+        except Exception as e:
+            logger.warning(f"could not read progress: {e!r}")
+            continue
+        live = [v.progress for v in views if v.progress.state != "stopped"]
+        if not live:
+            logger.info("no peers yet")
+            continue
+        vals = [p.val_loss for p in live if not math.isnan(p.val_loss)]
+        logger.info(
+            f"{len(live)} peers | round {max(p.round for p in live)} | "
+            f"val loss {min(vals) if vals else float('nan'):.3f} | "
+            f"{sum(p.tokens_per_s for p in live) / 1e3:.1f}k tok/s | "
+            f"sent {human_bytes(sum(p.bytes_sent for p in live))}"
+        )

@@ -1,0 +1,170 @@
+"""``voloco``: the one command of the product.
+
+    voloco coordinator [--config run.toml]   start a run: first DHT node, publish the spec
+    voloco peer --join MULTIADDR             join a run and train
+    voloco demo [--peers N] [--minutes M]    a coordinator and N peers on this machine
+
+Bad input exits with code 2 and one line on stderr that says what to fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from peer.swarm import UsageError
+
+EXIT_USAGE = 2
+
+
+def setup_logging(level: str = "info") -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    # hivemind is chatty at INFO (matchmaking retries, daemon start-up); keep its warnings
+    hm_level = logging.DEBUG if level == "debug" else logging.ERROR
+    for name in ("hivemind",):
+        logging.getLogger(name).setLevel(hm_level)
+    os.environ.setdefault("GOLOG_LOG_LEVEL", "error")
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity (default: info)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="voloco",
+        description="Train a language model together with volunteers over the internet.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run `voloco COMMAND --help` for the flags of each command.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    c = sub.add_parser("coordinator", help="start a run: first DHT node, publishes the run spec, prints the join command")
+    c.add_argument("--config", type=Path, help="run spec as TOML (see README; omitted fields take their defaults)")
+    c.add_argument("--run-id", help="override the run id of the spec (a-z, 0-9, '_', '-')")
+    c.add_argument("--strategy", choices=["diloco", "sparseloco", "dct"], help="override outer.strategy of the spec")
+    c.add_argument(
+        "--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/31337"],
+        help="multiaddrs to listen on (default: /ip4/0.0.0.0/tcp/31337; use tcp/0 for a free port)",
+    )
+    c.add_argument("--announce-maddrs", nargs="+", default=[], help="public multiaddrs to advertise (behind NAT or in Docker)")
+    c.add_argument("--identity", type=Path, help="private key file: a stable peer id across restarts (created if missing)")
+    c.add_argument("--address-file", type=Path, help="also write the join multiaddrs to this file, one per line")
+    _add_common(c)
+
+    p = sub.add_parser("peer", help="join a run by its DHT address and train")
+    p.add_argument("--join", nargs="+", required=True, metavar="MULTIADDR", help="DHT address(es) printed by the coordinator or any peer")
+    p.add_argument("--run", dest="run_id", help="run id to join when the DHT announces several runs")
+    p.add_argument("--data", help="a text file or a directory of text files to train on (default: the run spec's corpus)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default: cpu)")
+    p.add_argument("--identity", type=Path, help="private key file: a stable peer id across restarts (created if missing)")
+    p.add_argument("--checkpoint-dir", type=Path, help="directory for the peer's checkpoint; a restarted peer resumes from it")
+    p.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], help="multiaddrs to listen on (default: any port)")
+    p.add_argument("--announce-maddrs", nargs="+", default=[], help="public multiaddrs to advertise (behind NAT or in Docker)")
+    p.add_argument("--status-file", type=Path, help="write the peer's status and round history as JSON after every round")
+    p.add_argument("--max-rounds", type=int, help="stop after this round (default: the spec's max_rounds; 0 = never)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    _add_common(p)
+
+    d = sub.add_parser("demo", help="a coordinator and N peers as processes on this machine, then a summary")
+    d.add_argument("--peers", type=int, default=3, help="number of peers (default: 3)")
+    d.add_argument("--minutes", type=float, default=3.0, help="training time before the peers are stopped (default: 3)")
+    d.add_argument("--strategy", choices=["diloco", "sparseloco", "dct"], help="outer strategy (default: the spec's, sparseloco)")
+    d.add_argument("--config", type=Path, help="run spec as TOML (default: the built-in demo spec)")
+    d.add_argument("--json", type=Path, help="also write the summary as JSON to this file")
+    d.add_argument("--workdir", type=Path, help="where logs, checkpoints and status files go (default: a temporary directory)")
+    _add_common(d)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    setup_logging(args.log_level)
+    try:
+        if args.command == "peer":
+            return run_peer(args)
+        if args.command == "coordinator":
+            from coordinator.server import run_coordinator
+
+            return run_coordinator(args)
+        if args.command == "demo":
+            from coordinator.demo import run_demo
+
+            return run_demo(args)
+    except UsageError as e:
+        print(f"voloco {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def run_peer(args: argparse.Namespace) -> int:
+    from peer.data import DataError
+    from peer.runtime import Peer, PeerOptions
+    from peer.swarm import parse_multiaddrs
+
+    join = parse_multiaddrs(args.join)
+    if args.data is not None and not Path(args.data).exists():
+        raise UsageError(f"--data {args.data!r} does not exist: give a text file or a directory of text files")
+    if args.max_rounds is not None and args.max_rounds < 0:
+        raise UsageError("--max-rounds must be >= 0")
+    if args.identity is not None and not args.identity.parent.is_dir():
+        raise UsageError(f"--identity {str(args.identity)!r}: directory {str(args.identity.parent)!r} does not exist")
+    _check_device(args.device)
+    peer = Peer(
+        PeerOptions(
+            join=join,
+            run_id=args.run_id,
+            data=args.data,
+            device=args.device,
+            identity=str(args.identity) if args.identity else None,
+            checkpoint_dir=args.checkpoint_dir,
+            host_maddrs=args.host_maddrs,
+            announce_maddrs=args.announce_maddrs,
+            status_file=args.status_file,
+            max_rounds=args.max_rounds,
+            threads=args.threads,
+        )
+    )
+
+    peer.install_signal_handlers()
+    try:
+        try:
+            peer.start()
+        except DataError as e:
+            raise UsageError(str(e)) from None
+        peer.run()
+    finally:
+        peer.shutdown()
+    return 0
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"--device {device!r} is not a torch device: use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device {device!r}: only cpu and cuda are supported")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

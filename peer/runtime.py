@@ -1,0 +1,461 @@
+"""The peer: rounds of H inner steps, then a compressed exchange with the peers of the round.
+
+One round, as the peer sees it:
+1. reset the model to the global parameters θ of this round and train H inner steps;
+2. Δ = θ − θ_local; the strategy folds Δ into its local buffers and encodes a payload;
+3. wait (bounded) until every live peer of the round is ready, then find a group with hivemind's
+   matchmaking and all-gather payloads (peer/exchange.py);
+4. validate and decode every payload, aggregate in sender order, take the outer step on θ: every
+   member of the group ends with bit-identical θ;
+5. checkpoint, evaluate, publish progress to the DHT.
+
+A peer that finds no group keeps its pseudo-gradient in its local buffers (nothing is lost with
+SparseLoCo and DCT) and, if the swarm has moved on, downloads the current state from a live peer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from peer.data import TrainStream, load_corpus, val_batches
+from peer.exchange import PayloadGatherer
+from peer.inner import InnerTrainer, evaluate
+from peer.model import build_model
+from peer.progress import ProgressBar, human_bytes
+from peer.state import flatten_optimizer_state, load_checkpoint, save_checkpoint, unflatten_optimizer_state
+from peer.strategies import canonical_order, make_strategy, pseudo_gradient
+from peer.swarm import PeerView, fetch_spec, publish_progress, read_progress, start_dht
+from protocol.errors import ProtocolError
+from protocol.keys import averager_prefix
+from protocol.records import Progress
+from protocol.spec import RunSpec
+
+logger = logging.getLogger("voloco.peer")
+
+
+@dataclass
+class PeerOptions:
+    join: Sequence[Any]  # parsed multiaddrs
+    run_id: Optional[str] = None
+    data: Optional[str] = None
+    device: str = "cpu"
+    identity: Optional[str] = None
+    checkpoint_dir: Optional[Path] = None
+    host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",)
+    announce_maddrs: Sequence[str] = ()
+    status_file: Optional[Path] = None
+    max_rounds: Optional[int] = None
+    threads: Optional[int] = None
+    spec_timeout: float = 30.0
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    params_hash: str
+    group: List[str]
+    contributors: int
+    excluded: Dict[str, str]
+    bytes_sent: int
+    bytes_received: int
+    loss: float
+    val_loss: float
+    seconds: float
+
+
+@dataclass
+class Totals:
+    tokens: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    rounds: int = 0
+    history: List[RoundRecord] = field(default_factory=list)
+
+
+def params_hash(theta: Dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(theta):
+        h.update(name.encode())
+        h.update(theta[name].contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class Peer:
+    def __init__(self, opts: PeerOptions):
+        self.opts = opts
+        self.stop_event = threading.Event()
+        self.totals = Totals()
+        self.state = "starting"
+        self.step = 0
+        self.last_loss = float("nan")
+        self.val_loss = float("nan")
+        self.initial_val_loss = float("nan")
+        self.tokens_per_s = 0.0
+        self._lock = threading.RLock()  # guards theta, round and strategy state against state downloads
+
+    # ---- set-up ---------------------------------------------------------------------------------
+    def install_signal_handlers(self) -> None:
+        """SIGINT/SIGTERM end the peer after its current step (hivemind's averager start resets SIGINT)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def stop(signum, frame):
+            if not self.stop_event.is_set():
+                logger.info("stopping: finishing the current step (signal again to force)")
+                self.stop_event.set()
+            else:
+                raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+
+    def start(self) -> None:
+        opts = self.opts
+        if opts.threads:
+            torch.set_num_threads(opts.threads)
+        self.dht = start_dht(opts.join, opts.host_maddrs, opts.announce_maddrs, opts.identity)
+        self.peer_id = self.dht.peer_id.to_base58()
+        logger.info(f"peer {self.peer_id} joined the DHT")
+        self.spec: RunSpec = fetch_spec(self.dht, opts.run_id, timeout=opts.spec_timeout)
+        spec = self.spec
+        logger.info(
+            f"run {spec.run_id} (spec {spec.digest()}): {spec.model.num_params() / 1e6:.2f}M-parameter model, "
+            f"strategy {spec.outer.strategy}, H={spec.outer.inner_steps}"
+        )
+        self.corpus = load_corpus(opts.data or spec.data.corpus, spec.data.val_fraction)
+        logger.info(f"data: {self.corpus}")
+        self.device = torch.device(opts.device)
+        self.model = build_model(spec.model, spec.seed).to(self.device)
+        self.layout = spec.model.param_shapes()
+        self.params = dict(self.model.named_parameters())
+        self.theta = {n: p.detach().to("cpu", torch.float32).clone() for n, p in self.params.items()}
+        self.strategy = make_strategy(spec, self.layout)
+        self.trainer = InnerTrainer(self.model, spec.inner, self.device)
+        self.stream = TrainStream(self.corpus, spec.model.seq_len, spec.data.batch_size, spec.seed, shard=self.peer_id)
+        self.val = val_batches(self.corpus, spec.model.seq_len, spec.data.batch_size, spec.data.val_batches)
+        self.round = 0
+        self.gatherer = PayloadGatherer(
+            self.dht,
+            prefix=averager_prefix(spec.run_id),
+            schema=spec.digest().encode(),
+            min_group_size=spec.swarm.min_group_size,
+            max_group_size=spec.swarm.max_group_size,
+            matchmaking_time=spec.swarm.matchmaking_time,
+            gather_timeout=spec.swarm.gather_timeout,
+            request_timeout=min(1.0, spec.swarm.matchmaking_time / 3),
+        )
+        self.gatherer.state_provider = self._shareable_state
+        self.gatherer.run_in_background(await_ready=True)
+        self.install_signal_handlers()
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
+        self._heartbeat.start()
+
+        self._restore_checkpoint()
+        self._catch_up()
+        self._load_theta_into_model()
+        self.initial_val_loss = self.val_loss = self._evaluate()
+        logger.info(f"round {self.round}: validation loss {self.val_loss:.3f} nats/byte")
+        self._enable_state_sharing()
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def run(self) -> None:
+        spec = self.spec
+        max_rounds = self.opts.max_rounds or spec.max_rounds
+        try:
+            while not self.stop_event.is_set():
+                if max_rounds and self.round >= max_rounds:
+                    logger.info(f"reached round {self.round}: stopping as asked")
+                    break
+                self._one_round()
+        finally:
+            self.state = "stopped"
+            self._publish()
+            self._write_status()
+
+    def _one_round(self) -> None:
+        spec, H = self.spec, self.spec.outer.inner_steps
+        t0 = time.monotonic()
+        self.state = "training"
+        bar = ProgressBar(H, f"round {self.round}")
+        losses = []
+        for self.step in range(1, H + 1):
+            if self.stop_event.is_set():
+                bar.close()
+                return
+            x, y = self.stream.next_batch()
+            t = time.monotonic()
+            losses.append(self.trainer.step(x, y))
+            dt = time.monotonic() - t
+            self.tokens_per_s = 0.8 * self.tokens_per_s + 0.2 * (x.numel() / dt) if self.tokens_per_s else x.numel() / dt
+            self.totals.tokens += x.numel()
+            self.last_loss = losses[-1]
+            bar.update(self.step, f"loss {self.last_loss:.3f} | {self.tokens_per_s / 1e3:.1f}k tok/s")
+        bar.close()
+
+        delta = pseudo_gradient(self.theta, self.params)
+        payload, pending = self.strategy.encode(delta, self.round)
+        self.state = "ready"
+        self._publish()
+        expected, alone = self._wait_for_round_peers()
+        if self.stop_event.is_set():
+            return
+        self.state = "exchanging"
+        result = None
+        if not alone:
+            result = self.gatherer.gather(self.round, payload, expected_size=expected, timeout=spec.swarm.round_wait)
+        if result is None and not alone and not self._swarm_is_empty():
+            self.strategy.settle(pending, delivered=False)
+            logger.warning(f"round {self.round}: found no group; keeping this round's update locally")
+            with self._lock:
+                self._load_theta_into_model()
+            self._catch_up()
+            return
+
+        payloads = result.payloads if result is not None else {self.peer_id: payload}
+        decoded, excluded = [], dict(result.excluded) if result is not None else {}
+        for sender in canonical_order(payloads):
+            try:
+                decoded.append(self.strategy.decode(payloads[sender], self.round))
+            except ProtocolError as e:
+                excluded[sender] = f"invalid payload: {e}"
+                logger.warning(f"round {self.round}: rejected the payload of {sender}: {e}")
+        with self._lock:
+            self.strategy.apply(self.theta, self.strategy.aggregate(decoded))
+            self.strategy.settle(pending, delivered=self.peer_id in payloads and self.peer_id not in excluded)
+            self.round += 1
+            self._load_theta_into_model()
+        sent = result.bytes_sent if result is not None else 0
+        received = result.bytes_received if result is not None else 0
+        self.totals.bytes_sent += sent
+        self.totals.bytes_received += received
+        self.totals.rounds += 1
+        self.val_loss = self._evaluate()
+        record = RoundRecord(
+            round=self.round,
+            params_hash=params_hash(self.theta),
+            group=sorted(payloads),
+            contributors=len(decoded),
+            excluded=excluded,
+            bytes_sent=sent,
+            bytes_received=received,
+            loss=sum(losses) / len(losses),
+            val_loss=self.val_loss,
+            seconds=time.monotonic() - t0,
+        )
+        self.totals.history.append(record)
+        self._save_checkpoint()
+        self._enable_state_sharing()
+        self._publish()
+        self._write_status()
+        logger.info(
+            f"round {self.round} done | group {len(payloads)}{' (' + str(len(excluded)) + ' excluded)' if excluded else ''} "
+            f"| loss {record.loss:.3f} | val {self.val_loss:.3f} | {self.tokens_per_s / 1e3:.1f}k tok/s "
+            f"| sent {human_bytes(sent)} recv {human_bytes(received)} | {record.seconds:.1f} s | θ {record.params_hash}"
+        )
+
+    def _wait_for_round_peers(self):
+        """Wait (bounded) until every live peer of this round is ready; returns (group size, alone)."""
+        deadline = time.monotonic() + self.spec.swarm.round_wait
+        while True:
+            view = self._view()
+            mine = [v for v in view if v.progress.round == self.round and v.peer_id != self.peer_id]
+            training = [v for v in mine if v.progress.state == "training"]
+            if not training or time.monotonic() > deadline or self.stop_event.is_set():
+                others = [v for v in view if v.peer_id != self.peer_id and v.progress.state != "stopped"]
+                ready = [v for v in mine if v.progress.state in ("ready", "exchanging")]
+                return 1 + len(ready), not others
+            time.sleep(0.25)
+
+    def _view(self) -> List[PeerView]:
+        try:
+            views = read_progress(self.dht, self.spec.run_id)
+        except Exception as e:  # the DHT being slow must not stop training
+            logger.debug(f"could not read progress records: {e!r}")
+            return []
+        return [v for v in views if v.progress.spec == self.spec.digest()]
+
+    def _swarm_is_empty(self) -> bool:
+        return not [v for v in self._view() if v.peer_id != self.peer_id and v.progress.state != "stopped"]
+
+    # ---- state: checkpoint, download, sharing -----------------------------------------------------
+    def _load_theta_into_model(self) -> None:
+        with torch.no_grad():
+            for name, p in self.params.items():
+                p.copy_(self.theta[name].to(p.device, p.dtype))
+
+    def _shareable_state(self):
+        with self._lock:
+            meta = {"round": self.round, "spec": self.spec.digest(), "names": list(self.layout)}
+            shared = self.strategy.shared_state()
+            meta["shared"] = sorted(shared)
+            tensors = [self.theta[n].clone() for n in self.layout] + [shared[k].clone() for k in sorted(shared)]
+        return meta, tensors
+
+    def _enable_state_sharing(self) -> None:
+        self.gatherer.state_sharing_priority = float(self.round)
+        self.gatherer.allow_state_sharing = True
+
+    def _catch_up(self) -> None:
+        """Download the current state if live peers are ahead of us (round 0 is the seed's, everywhere)."""
+        others = [v for v in self._view() if v.peer_id != self.peer_id and v.progress.state != "stopped"]
+        ahead = max((v.progress.round for v in others), default=-1)
+        if ahead <= self.round:
+            return
+        self.state = "syncing"
+        self._publish()
+        for attempt in range(3):
+            logger.info(f"downloading the state of round {ahead} from a live peer")
+            got = self.gatherer.load_state(timeout=self.spec.swarm.gather_timeout)
+            if got is not None:
+                try:
+                    self._install_state(*got)
+                    return
+                except ProtocolError as e:
+                    logger.warning(f"rejected a downloaded state: {e}")
+            time.sleep(1.0 + attempt)
+        logger.warning("could not download the current state; continuing from our own")
+
+    def _install_state(self, meta: Any, tensors: Sequence[torch.Tensor]) -> None:
+        if not isinstance(meta, dict) or meta.get("spec") != self.spec.digest():
+            raise ProtocolError("state is from another run spec")
+        names, shared_names = meta.get("names"), meta.get("shared")
+        if names != list(self.layout) or not isinstance(shared_names, list) or len(tensors) != len(names) + len(shared_names):
+            raise ProtocolError("state does not list this run's tensors")
+        round_no = meta.get("round")
+        if isinstance(round_no, bool) or not isinstance(round_no, int) or round_no < 0:
+            raise ProtocolError("state has no valid round")
+        theta = {}
+        for name, t in zip(names, tensors):
+            if tuple(t.shape) != tuple(self.layout[name]) or not torch.isfinite(t).all():
+                raise ProtocolError(f"state tensor {name} has a wrong shape or non-finite values")
+            theta[name] = t.to(torch.float32).clone()
+        shared = {k: t.to(torch.float32) for k, t in zip(shared_names, tensors[len(names) :])}
+        with self._lock:
+            try:
+                self.strategy.load_shared_state(shared)
+            except ValueError as e:
+                raise ProtocolError(str(e)) from None
+            self.theta = theta
+            self.round = round_no
+            self._load_theta_into_model()
+        self.totals.bytes_received += sum(t.numel() * t.element_size() for t in tensors)
+        logger.info(f"installed the state of round {round_no} (θ {params_hash(self.theta)})")
+
+    def _save_checkpoint(self) -> None:
+        directory = self.opts.checkpoint_dir
+        if directory is None:
+            return
+        opt_tensors, opt_rest = flatten_optimizer_state(self.trainer.optimizer.state_dict(), "optimizer.")
+        tensors = {f"theta.{n}": t for n, t in self.theta.items()}
+        tensors.update({f"shared.{k}": v for k, v in self.strategy.shared_state().items()})
+        tensors.update({f"local.{k}": v for k, v in self.strategy.local_state().items()})
+        tensors.update(opt_tensors)
+        meta = {
+            "round": self.round,
+            "spec": self.spec.digest(),
+            "inner_step": self.trainer.step_count,
+            "stream": self.stream.state_dict(),
+            "optimizer": opt_rest,
+            "tokens": self.totals.tokens,
+        }
+        save_checkpoint(directory, tensors, meta)
+
+    def _restore_checkpoint(self) -> bool:
+        directory = self.opts.checkpoint_dir
+        found = load_checkpoint(directory) if directory is not None else None
+        if found is None:
+            return False
+        tensors, meta = found
+        if meta.get("spec") != self.spec.digest():
+            logger.warning(f"checkpoint in {directory} is from another run spec; starting afresh")
+            return False
+        try:
+            theta = {n: tensors[f"theta.{n}"] for n in self.layout}
+            self.strategy.load_shared_state({k[7:]: v for k, v in tensors.items() if k.startswith("shared.")})
+            self.strategy.load_local_state({k[6:]: v for k, v in tensors.items() if k.startswith("local.")})
+            self.trainer.load_state_dict(
+                {"step": meta["inner_step"], "optimizer": unflatten_optimizer_state(tensors, meta["optimizer"], "optimizer.")}
+            )
+            self.stream.load_state_dict(meta["stream"])
+        except (KeyError, ValueError) as e:
+            logger.warning(f"checkpoint in {directory} does not fit this run ({e}); starting afresh")
+            return False
+        self.theta, self.round = theta, int(meta["round"])
+        self.totals.tokens = int(meta.get("tokens", 0))
+        logger.info(f"resumed from the checkpoint of round {self.round} in {directory}")
+        return True
+
+    # ---- reporting ------------------------------------------------------------------------------
+    def _evaluate(self) -> float:
+        return evaluate(self.model, self.val, self.device)
+
+    def _progress(self) -> Progress:
+        return Progress(
+            round=self.round,
+            step=self.step,
+            state=self.state,
+            spec=self.spec.digest(),
+            loss=float(self.last_loss),
+            val_loss=float(self.val_loss),
+            tokens=self.totals.tokens,
+            tokens_per_s=float(self.tokens_per_s),
+            bytes_sent=self.totals.bytes_sent,
+            bytes_received=self.totals.bytes_received,
+            params_hash=params_hash(self.theta) if self.state != "training" else "",
+        )
+
+    def _publish(self) -> None:
+        try:
+            publish_progress(self.dht, self.spec.run_id, self.peer_id, self._progress(), ttl=3 * self.spec.swarm.heartbeat_period)
+        except Exception as e:
+            logger.debug(f"could not publish progress: {e!r}")
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stop_event.wait(self.spec.swarm.heartbeat_period):
+            self._publish()
+
+    def status(self) -> Dict[str, Any]:
+        return {
+            "peer_id": self.peer_id,
+            "run_id": self.spec.run_id,
+            "spec": self.spec.digest(),
+            "strategy": self.spec.outer.strategy,
+            "state": self.state,
+            "round": self.round,
+            "initial_val_loss": self.initial_val_loss,
+            "val_loss": self.val_loss,
+            "tokens": self.totals.tokens,
+            "rounds": self.totals.rounds,
+            "bytes_sent": self.totals.bytes_sent,
+            "bytes_received": self.totals.bytes_received,
+            "params_hash": params_hash(self.theta),
+            "history": [r.__dict__ for r in self.totals.history],
+        }
+
+    def _write_status(self) -> None:
+        path = self.opts.status_file
+        if path is None:
+            return
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.status()))
+        os.replace(tmp, path)
+
+    def shutdown(self) -> None:
+        self.stop_event.set()
+        for closer in (getattr(self, "gatherer", None), getattr(self, "dht", None)):
+            if closer is not None:
+                try:
+                    closer.shutdown()
+                except Exception as e:
+                    logger.debug(f"shutdown: {e!r}")

@@ -1,0 +1,185 @@
+"""Outer-loop strategies: how a replica's pseudo-gradient becomes a payload, and how a round's
+payloads become the next global parameters.
+
+All outer arithmetic runs on CPU float32, element-wise, in a canonical order (payloads sorted by
+sender), so every member of a group ends with bit-identical parameters whatever its device.
+
+- ``diloco``: dense pseudo-gradients, mean, outer SGD with Nesterov momentum (arXiv 2311.08105).
+- ``sparseloco``: error feedback, chunked top-k, 2-bit values; mean of the sparse updates, outer
+  step with no momentum (arXiv 2508.15706).
+- ``dct``: decoupled outer momentum; the top DCT coefficients of the momentum are synchronized,
+  the residual stays local (arXiv 2510.03371, after DeMo arXiv 2411.19870).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Sequence, Tuple
+
+import torch
+
+from protocol.codecs import make_codec
+from protocol.payload import decode_payload, encode_payload, payload_max_bytes
+from protocol.spec import RunSpec
+
+Tensors = Dict[str, torch.Tensor]
+Layout = Mapping[str, Tuple[int, ...]]
+
+
+@dataclass
+class Pending:
+    """A round's encoded signal and what receivers decode from it, until the round settles."""
+
+    signal: Tensors
+    sent: Tensors
+
+
+class OuterStrategy:
+    """Base: encode a pseudo-gradient, aggregate decoded payloads, apply the outer step."""
+
+    name = "base"
+
+    def __init__(self, spec: RunSpec, layout: Layout):
+        self.spec, self.layout = spec, dict(layout)
+        self.codec = make_codec(spec)
+        self.lr = spec.outer.effective_lr
+        self.max_payload_bytes = payload_max_bytes(self.codec, self.layout)
+
+    # -- what a replica sends ---------------------------------------------------------------------
+    def signal(self, delta: Tensors) -> Tensors:
+        """The tensors to compress this round: delta folded into the local buffers (not in place)."""
+        return delta
+
+    def encode(self, delta: Tensors, round_no: int) -> Tuple[bytes, "Pending"]:
+        """The payload for this round, and what to keep locally once the round's outcome is known."""
+        signal = self.signal(delta)
+        data, sent = encode_payload(self.codec, signal, run_digest=self.spec.digest(), round=round_no)
+        return data, Pending(signal, sent)
+
+    def settle(self, pending: "Pending", delivered: bool) -> None:
+        """Update local buffers: keep the unsent part if the payload was delivered, all of it if not."""
+
+    def decode(self, data: bytes, round_no: int) -> Tensors:
+        return decode_payload(
+            data, self.codec, self.layout, run_digest=self.spec.digest(), round=round_no, max_bytes=self.max_payload_bytes
+        )
+
+    # -- what every member computes identically -----------------------------------------------------
+    def aggregate(self, decoded: Sequence[Tensors]) -> Tensors:
+        """Mean over replicas, summed in the given (canonical) order."""
+        if not decoded:
+            raise ValueError("aggregate of no payloads")
+        out: Tensors = {}
+        for name in self.layout:
+            acc = decoded[0][name].clone()
+            for d in decoded[1:]:
+                acc.add_(d[name])
+            out[name] = acc.div_(len(decoded))
+        return out
+
+    def apply(self, theta: Tensors, update: Tensors) -> None:
+        """The outer step on the global parameters, in place."""
+        for name, u in update.items():
+            theta[name].sub_(u * self.lr)
+
+    # -- state ------------------------------------------------------------------------------------
+    def shared_state(self) -> Tensors:
+        """State every replica holds identically (downloaded by late joiners)."""
+        return {}
+
+    def load_shared_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        pass
+
+    def local_state(self) -> Tensors:
+        """This replica's own buffers (checkpointed, never shared)."""
+        return {}
+
+    def load_local_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        pass
+
+
+class DiLoCo(OuterStrategy):
+    name = "diloco"
+
+    def __init__(self, spec: RunSpec, layout: Layout):
+        super().__init__(spec, layout)
+        self.momentum = {n: torch.zeros(s) for n, s in self.layout.items()}
+
+    def apply(self, theta: Tensors, update: Tensors) -> None:
+        mu, nesterov = self.spec.outer.momentum, self.spec.outer.nesterov
+        for name, g in update.items():
+            buf = self.momentum[name]
+            buf.mul_(mu).add_(g)
+            step = g + buf * mu if nesterov else buf
+            theta[name].sub_(step * self.lr)
+
+    def shared_state(self) -> Tensors:
+        return {f"momentum.{n}": t for n, t in self.momentum.items()}
+
+    def load_shared_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        _load_into(self.momentum, state, "momentum.")
+
+
+class _ResidualStrategy(OuterStrategy):
+    """A local buffer accumulates the pseudo-gradient; what is sent is subtracted from it."""
+
+    buffer_name = "buffer"
+
+    def __init__(self, spec: RunSpec, layout: Layout, decay: float):
+        super().__init__(spec, layout)
+        self.decay = decay
+        self.buffer = {n: torch.zeros(s) for n, s in self.layout.items()}
+
+    def signal(self, delta: Tensors) -> Tensors:
+        return {n: self.buffer[n] * self.decay + d for n, d in delta.items()}
+
+    def settle(self, pending: "Pending", delivered: bool) -> None:
+        for name, s in pending.signal.items():
+            self.buffer[name] = s - pending.sent[name] if delivered else s
+
+    def local_state(self) -> Tensors:
+        return {f"{self.buffer_name}.{n}": t for n, t in self.buffer.items()}
+
+    def load_local_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        _load_into(self.buffer, state, f"{self.buffer_name}.")
+
+
+class SparseLoCo(_ResidualStrategy):
+    name = "sparseloco"
+    buffer_name = "error"
+
+    def __init__(self, spec: RunSpec, layout: Layout):
+        super().__init__(spec, layout, decay=spec.outer.sparseloco.ef_beta)
+
+
+class DCTMomentum(_ResidualStrategy):
+    name = "dct"
+    buffer_name = "momentum"
+
+    def __init__(self, spec: RunSpec, layout: Layout):
+        super().__init__(spec, layout, decay=spec.outer.dct.beta)
+
+
+STRATEGIES = {"diloco": DiLoCo, "sparseloco": SparseLoCo, "dct": DCTMomentum}
+
+
+def make_strategy(spec: RunSpec, layout: Layout) -> OuterStrategy:
+    return STRATEGIES[spec.outer.strategy](spec, layout)
+
+
+def pseudo_gradient(theta_start: Tensors, theta_now: Mapping[str, torch.Tensor]) -> Tensors:
+    """Δ = θ_start − θ_now, on CPU float32."""
+    return {n: theta_start[n] - theta_now[n].detach().to("cpu", torch.float32) for n in theta_start}
+
+
+def _load_into(dst: Tensors, state: Mapping[str, torch.Tensor], prefix: str) -> None:
+    for name, t in dst.items():
+        src = state.get(prefix + name)
+        if src is None or tuple(src.shape) != tuple(t.shape):
+            raise ValueError(f"state has no tensor {prefix + name} of shape {tuple(t.shape)}")
+        t.copy_(src)
+
+
+def canonical_order(payloads: Mapping[str, bytes]) -> List[str]:
+    """The order every member aggregates in: by sender id."""
+    return sorted(payloads)

@@ -1,0 +1,130 @@
+"""The peer's (and coordinator's) view of the DHT: joining it, the published runs, progress records."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import hivemind
+from hivemind.utils import get_dht_time
+from multiaddr import Multiaddr
+
+from protocol.errors import ProtocolError, SpecError
+from protocol.keys import RUNS_KEY, peers_key
+from protocol.records import Progress, parse_progress
+from protocol.spec import RunSpec
+
+logger = logging.getLogger("voloco.swarm")
+
+
+class UsageError(Exception):
+    """Bad input from the person running voloco: printed as one line, exit code 2."""
+
+
+def parse_multiaddrs(addrs: Sequence[str], flag: str = "--join") -> List[Multiaddr]:
+    """Parse and check peer multiaddrs such as /ip4/1.2.3.4/tcp/31337/p2p/Qm..."""
+    out = []
+    for addr in addrs:
+        try:
+            maddr = Multiaddr(addr)
+        except Exception as e:
+            raise UsageError(f"{flag} {addr!r} is not a multiaddr ({e}); expected e.g. /ip4/203.0.113.5/tcp/31337/p2p/QmPeerID") from None
+        protocols = [p.name for p in maddr.protocols()]
+        if flag == "--join" and "p2p" not in protocols:
+            raise UsageError(f"{flag} {addr!r} has no /p2p/<peer id> part: copy the full address the coordinator printed")
+        out.append(maddr)
+    return out
+
+
+def start_dht(
+    initial_peers: Sequence[Multiaddr] = (),
+    host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
+    announce_maddrs: Sequence[str] = (),
+    identity_path: Optional[str] = None,
+    client_mode: bool = False,
+) -> hivemind.DHT:
+    """Start this process's DHT node; UsageError with what to check when the swarm is unreachable."""
+    try:
+        return hivemind.DHT(
+            start=True,
+            initial_peers=[str(m) for m in initial_peers],
+            host_maddrs=list(host_maddrs),
+            announce_maddrs=list(announce_maddrs) or None,
+            identity_path=identity_path,
+            client_mode=client_mode,
+            startup_timeout=30,
+        )
+    except Exception as e:
+        text = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        if initial_peers:
+            raise UsageError(
+                f"could not reach the DHT at {', '.join(map(str, initial_peers))} ({text}): check that the coordinator "
+                f"is running, that the address, port and peer id match what it printed, and that no firewall blocks the port"
+            ) from None
+        raise UsageError(f"could not start a DHT node on {', '.join(host_maddrs)} ({text}): is the port free?") from None
+
+
+def publish_run(dht: hivemind.DHT, spec: RunSpec, ttl: float) -> bool:
+    """Announce a run under the well-known runs key (subkey: run id)."""
+    return bool(dht.store(RUNS_KEY, spec.to_bytes(), expiration_time=get_dht_time() + ttl, subkey=spec.run_id))
+
+
+def fetch_spec(dht: hivemind.DHT, run_id: Optional[str] = None, timeout: float = 30.0) -> RunSpec:
+    """The spec of the run to join: ``run_id``'s, or the only one published."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = dht.get(RUNS_KEY, latest=True)
+        runs: Dict[str, RunSpec] = {}
+        errors = []
+        if found is not None and isinstance(found.value, dict):
+            for key, item in found.value.items():
+                try:
+                    spec = RunSpec.from_bytes(item.value)
+                except SpecError as e:
+                    errors.append(f"{key}: {e}")
+                    continue
+                runs[spec.run_id] = spec
+        if run_id is not None and run_id in runs:
+            return runs[run_id]
+        if run_id is None and len(runs) == 1:
+            return next(iter(runs.values()))
+        if run_id is None and len(runs) > 1:
+            raise UsageError(f"the DHT holds several runs ({', '.join(sorted(runs))}): choose one with --run")
+        if time.monotonic() > deadline:
+            what = f"run {run_id!r}" if run_id else "any run"
+            extra = f" (unreadable records: {'; '.join(errors)})" if errors else ""
+            raise UsageError(
+                f"joined the DHT but found no spec of {what} in {timeout:.0f} s{extra}: is the coordinator of that run up?"
+            )
+        time.sleep(1.0)
+
+
+@dataclass
+class PeerView:
+    peer_id: str
+    progress: Progress
+    expires: float
+
+
+def read_progress(dht: hivemind.DHT, run_id: str) -> List[PeerView]:
+    """Every live peer's last progress record; malformed records are skipped."""
+    found = dht.get(peers_key(run_id), latest=True)
+    out: List[PeerView] = []
+    if found is None or not isinstance(found.value, dict):
+        return out
+    for key, item in found.value.items():
+        try:
+            progress = parse_progress(item.value)
+        except ProtocolError as e:
+            logger.debug(f"skipping a malformed progress record under {key!r}: {e}")
+            continue
+        out.append(PeerView(peer_id=str(key), progress=progress, expires=item.expiration_time))
+    return out
+
+
+def publish_progress(dht: hivemind.DHT, run_id: str, peer_id: str, progress: Progress, ttl: float) -> None:
+    dht.store(
+        peers_key(run_id), progress.to_dict(), expiration_time=get_dht_time() + ttl, subkey=peer_id, return_future=True
+    )
