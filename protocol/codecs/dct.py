@@ -32,7 +32,7 @@ _MAX_CHUNK = 256  # 256*256 = 2**16 positions per block: uint16 indices
 _VALUE_DTYPES = {"fp16": np.dtype("<f2"), "fp32": np.dtype("<f4")}
 _FP16_MAX = 65504.0
 _MSGPACK_OVERHEAD = 24  # fixmap header, two short keys, two bin32 headers
-_TILE = 1 << 18  # elements decoded at once: keeps the accumulator in cache across the k terms
+_TILE = 1 << 20  # elements decoded at once: keeps the accumulator in cache across the k terms
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,14 +99,14 @@ class DCTCodec(TensorCodec):
         blocking, k = self._geometry(shape)
         count = blocking.nblocks * k
         raw = expect_fields(fields, self._lengths(count))
-        values = np.frombuffer(raw["val"], dtype=self._wire)
+        values = np.frombuffer(raw["val"], dtype=self._wire).astype(np.float32)
         check_floats(values, "dct values")
         idx = np.frombuffer(raw["idx"], dtype="<u2").astype(np.int64).reshape(blocking.nblocks, k)
         if count and idx.max() >= blocking.block_numel:
             raise PayloadError(f"dct index out of range (block of {blocking.block_numel} coefficients)")
         if k > 1 and not (np.diff(idx, axis=1) > 0).all():
             raise PayloadError("dct indices must increase strictly within each block")
-        coeffs = torch.from_numpy(values.astype(np.float32).reshape(blocking.nblocks, k))
+        coeffs = torch.from_numpy(values.reshape(blocking.nblocks, k))
         blocks = _inverse(blocking, torch.from_numpy(idx), coeffs)
         return blocking.join(blocks, shape)
 
