@@ -53,6 +53,7 @@ class GatherResult:
     group: List[str]  # every member of the group, as base58 peer ids
     payloads: Dict[str, bytes]  # sender -> payload, own included
     excluded: Dict[str, str]  # sender -> why its payload is not in `payloads`
+    start_hashes: Dict[str, str]  # member -> hash of the parameters it started the round from
     bytes_sent: int = 0
     bytes_received: int = 0
 
@@ -111,7 +112,7 @@ class PayloadGatherer(DecentralizedAverager):
         return int(self._bytes_received.value)
 
     def gather(
-        self, round_no: int, payload: bytes, *, expected_size: int, timeout: float
+        self, round_no: int, payload: bytes, *, start_hash: str, expected_size: int, timeout: float
     ) -> Optional[GatherResult]:
         """Find a group of this round and all-gather payloads. None if no group formed in time."""
         sent0, recv0 = self.bytes_sent, self.bytes_received
@@ -129,7 +130,7 @@ class PayloadGatherer(DecentralizedAverager):
             if os.path.exists(path):
                 os.unlink(path)
         try:
-            result = self.step(gather=round_no, timeout=timeout, allow_retries=True)
+            result = self.step(gather=[round_no, start_hash], timeout=timeout, allow_retries=True)
         except Exception as e:  # matchmaking or gather failure: the caller defers this round
             logger.debug(f"round {round_no}: no group ({e!r})")
             return None
@@ -158,7 +159,6 @@ class PayloadGatherer(DecentralizedAverager):
             mm.group_key_manager.group_bits = format(round_no % (1 << ROUND_BITS), f"0{ROUND_BITS}b")
             # close the group as soon as every live peer of the round has joined
             mm.target_group_size = mm.potential_leaders.target_group_size = expected
-            mm.group_key_manager.target_group_size = expected
             future.set_result(None)
         except Exception as e:
             future.set_exception(e)
@@ -173,9 +173,10 @@ class PayloadGatherer(DecentralizedAverager):
 
     async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs) -> GatherResult:
         me = self.peer_id
-        rounds = [self.serializer.loads(self.serializer.loads(g)[2]) for g in group_info.gathered]
-        if any(r != self._round_no for r in rounds):
-            raise ValueError(f"group mixes rounds {sorted(set(map(str, rounds)))}")  # a 2**20 wrap-around
+        announced = [_parse_announcement(self.serializer.loads(self.serializer.loads(g)[2])) for g in group_info.gathered]
+        if any(a[0] != self._round_no for a in announced):
+            raise ValueError(f"group mixes rounds {sorted(set(str(a[0]) for a in announced))}")  # 2**20 wrap-around
+        start_hashes = {p.to_base58(): a[1] for p, a in zip(group_info.peer_ids, announced)}
         group = self._group(group_info.group_id)
         group.payloads[me.to_bytes()] = self._payload
         group.registered.set()
@@ -224,6 +225,7 @@ class PayloadGatherer(DecentralizedAverager):
                 group=[p.to_base58() for p in group_info.peer_ids],
                 payloads={_b58(k): v for k, v in group.payloads.items()},
                 excluded=excluded,
+                start_hashes=start_hashes,
             )
         finally:
             group.gathered.set()
@@ -297,6 +299,13 @@ class PayloadGatherer(DecentralizedAverager):
         msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=msgpack.packb(table, use_bin_type=True)))
         self._count(sent=msg.ByteSize())
         return msg
+
+
+def _parse_announcement(value: Any) -> Tuple[int, str]:
+    """What each member announced in matchmaking: [round, hash of its starting parameters]."""
+    if not (isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[0], int) and isinstance(value[1], str)):
+        raise ValueError(f"malformed matchmaking announcement {value!r:.80}")
+    return value[0], value[1][:64]
 
 
 def _digest(payload: bytes) -> bytes:

@@ -83,6 +83,14 @@ class Totals:
     history: List[RoundRecord] = field(default_factory=list)
 
 
+def majority_hash(hashes: Dict[str, str]) -> str:
+    """The starting point most of a group shares (ties: the smallest hash, the same on every member)."""
+    counts: Dict[str, int] = {}
+    for h in hashes.values():
+        counts[h] = counts.get(h, 0) + 1
+    return min(counts, key=lambda h: (-counts[h], h))
+
+
 def params_hash(theta: Dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for name in sorted(theta):
@@ -102,6 +110,8 @@ class Peer:
         self.val_loss = float("nan")
         self.initial_val_loss = float("nan")
         self.tokens_per_s = 0.0
+        self.theta: Dict[str, torch.Tensor] = {}
+        self.consistent = True  # False after a round whose group started from other parameters than ours
         self._lock = threading.RLock()  # guards theta, round and strategy state against state downloads
 
     # ---- set-up ---------------------------------------------------------------------------------
@@ -129,6 +139,9 @@ class Peer:
         logger.info(f"peer {self.peer_id} joined the DHT")
         self.spec: RunSpec = fetch_spec(self.dht, opts.run_id, timeout=opts.spec_timeout)
         spec = self.spec
+        # be visible from the start: a peer that sees a newcomer never takes a round alone
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
+        self._heartbeat.start()
         logger.info(
             f"run {spec.run_id} (spec {spec.digest()}): {spec.model.num_params() / 1e6:.2f}M-parameter model, "
             f"strategy {spec.outer.strategy}, H={spec.outer.inner_steps}"
@@ -158,8 +171,6 @@ class Peer:
         self.gatherer.state_provider = self._shareable_state
         self.gatherer.run_in_background(await_ready=True)
         self.install_signal_handlers()
-        self._heartbeat = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
-        self._heartbeat.start()
 
         self._restore_checkpoint()
         self._catch_up()
@@ -203,17 +214,23 @@ class Peer:
             bar.update(self.step, f"loss {self.last_loss:.3f} | {self.tokens_per_s / 1e3:.1f}k tok/s")
         bar.close()
 
+        t_train = time.monotonic()
         delta = pseudo_gradient(self.theta, self.params)
         payload, pending = self.strategy.encode(delta, self.round)
         self.state = "ready"
         self._publish()
+        t_encode = time.monotonic()
         expected, alone = self._wait_for_round_peers()
+        t_wait = time.monotonic()
         if self.stop_event.is_set():
             return
         self.state = "exchanging"
         result = None
+        start_hash = params_hash(self.theta)
         if not alone:
-            result = self.gatherer.gather(self.round, payload, expected_size=expected, timeout=spec.swarm.round_wait)
+            result = self.gatherer.gather(
+                self.round, payload, start_hash=start_hash, expected_size=expected, timeout=spec.swarm.round_wait
+            )
         if result is None and not alone and not self._swarm_is_empty():
             self.strategy.settle(pending, delivered=False)
             logger.warning(f"round {self.round}: found no group; keeping this round's update locally")
@@ -222,6 +239,7 @@ class Peer:
             self._catch_up()
             return
 
+        t_gather = time.monotonic()
         payloads = result.payloads if result is not None else {self.peer_id: payload}
         decoded, excluded = [], dict(result.excluded) if result is not None else {}
         for sender in canonical_order(payloads):
@@ -230,6 +248,13 @@ class Peer:
             except ProtocolError as e:
                 excluded[sender] = f"invalid payload: {e}"
                 logger.warning(f"round {self.round}: rejected the payload of {sender}: {e}")
+        if result is not None:
+            self.consistent = start_hash == majority_hash(result.start_hashes)
+            if not self.consistent:
+                logger.error(
+                    f"round {self.round}: this peer started from parameters {start_hash}, most of its group from "
+                    f"{majority_hash(result.start_hashes)}; it will download the group's state after this round"
+                )
         with self._lock:
             self.strategy.apply(self.theta, self.strategy.aggregate(decoded))
             self.strategy.settle(pending, delivered=self.peer_id in payloads and self.peer_id not in excluded)
@@ -240,7 +265,13 @@ class Peer:
         self.totals.bytes_sent += sent
         self.totals.bytes_received += received
         self.totals.rounds += 1
+        t_apply = time.monotonic()
         self.val_loss = self._evaluate()
+        logger.debug(
+            f"round {self.round - 1} timing: train {t_train - t0:.2f} s, encode {t_encode - t_train:.2f} s, "
+            f"wait {t_wait - t_encode:.2f} s, gather {t_gather - t_wait:.2f} s, apply {t_apply - t_gather:.2f} s, "
+            f"eval {time.monotonic() - t_apply:.2f} s"
+        )
         record = RoundRecord(
             round=self.round,
             params_hash=params_hash(self.theta),
@@ -256,6 +287,8 @@ class Peer:
         self.totals.history.append(record)
         self._save_checkpoint()
         self._enable_state_sharing()
+        if not self.consistent:
+            self._catch_up(even_at_same_round=True)
         self._publish()
         self._write_status()
         logger.info(
@@ -303,14 +336,15 @@ class Peer:
         return meta, tensors
 
     def _enable_state_sharing(self) -> None:
-        self.gatherer.state_sharing_priority = float(self.round)
+        # late joiners download from the most advanced peer, and never from one that left its group's consensus
+        self.gatherer.state_sharing_priority = float(2 * self.round + (1 if self.consistent else 0))
         self.gatherer.allow_state_sharing = True
 
-    def _catch_up(self) -> None:
+    def _catch_up(self, even_at_same_round: bool = False) -> None:
         """Download the current state if live peers are ahead of us (round 0 is the seed's, everywhere)."""
         others = [v for v in self._view() if v.peer_id != self.peer_id and v.progress.state != "stopped"]
         ahead = max((v.progress.round for v in others), default=-1)
-        if ahead <= self.round:
+        if ahead < self.round or (ahead == self.round and not even_at_same_round):
             return
         self.state = "syncing"
         self._publish()
@@ -320,6 +354,8 @@ class Peer:
             if got is not None:
                 try:
                     self._install_state(*got)
+                    self.consistent = True
+                    self._enable_state_sharing()
                     return
                 except ProtocolError as e:
                     logger.warning(f"rejected a downloaded state: {e}")
@@ -412,12 +448,13 @@ class Peer:
             tokens_per_s=float(self.tokens_per_s),
             bytes_sent=self.totals.bytes_sent,
             bytes_received=self.totals.bytes_received,
-            params_hash=params_hash(self.theta) if self.state != "training" else "",
+            params_hash=params_hash(self.theta) if self.theta and self.state != "training" else "",
         )
 
     def _publish(self) -> None:
         try:
-            publish_progress(self.dht, self.spec.run_id, self.peer_id, self._progress(), ttl=3 * self.spec.swarm.heartbeat_period)
+            ttl = max(3 * self.spec.swarm.heartbeat_period, 10.0)  # a busy peer's heartbeat may be late
+            publish_progress(self.dht, self.spec.run_id, self.peer_id, self._progress(), ttl=ttl)
         except Exception as e:
             logger.debug(f"could not publish progress: {e!r}")
 

@@ -1,0 +1,169 @@
+"""Start real coordinators and peers as processes on loopback, and read what they report.
+
+Each process runs in its own session, so a test can SIGKILL one peer's whole tree (its DHT
+process, averager process and p2pd) the way an out-of-memory killer or a container stop would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+TINY_SPEC = """
+run_id = "{run_id}"
+seed = 1
+[model]
+d_model = 64
+n_layers = 2
+n_heads = 2
+ffn_hidden = 128
+seq_len = 64
+[data]
+batch_size = 8
+val_batches = 2
+[inner]
+lr = 3e-3
+warmup_steps = 5
+[outer]
+strategy = "{strategy}"
+inner_steps = {inner_steps}
+[swarm]
+matchmaking_time = 2.0
+round_wait = 20.0
+gather_timeout = 10.0
+heartbeat_period = 0.5
+"""
+
+
+def voloco(*args: str) -> List[str]:
+    return [sys.executable, "-m", "peer.cli", *args]
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(voloco(*args), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+class Proc:
+    def __init__(self, argv: List[str], log: Path, env: Optional[Dict[str, str]] = None):
+        self.log = log
+        self._f = open(log, "wb")
+        self.proc = subprocess.Popen(
+            argv, stdout=self._f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env={**os.environ, **(env or {})},
+        )
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self._f.close()
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGINT)
+                self.proc.wait(grace)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+class Swarm:
+    def __init__(self, workdir: Path, strategy: str = "sparseloco", inner_steps: int = 20, spec_text: Optional[str] = None):
+        self.workdir = workdir
+        self.spec_path = workdir / "run.toml"
+        self.spec_path.write_text(spec_text or TINY_SPEC.format(run_id="test", strategy=strategy, inner_steps=inner_steps))
+        self.procs: List[Proc] = []
+        self.peers: Dict[str, Proc] = {}
+        addr_file = workdir / "coordinator.addr"
+        self.coordinator = self._start(
+            voloco("coordinator", "--config", str(self.spec_path), "--host-maddrs", LOOPBACK, "--address-file", str(addr_file)),
+            workdir / "coordinator.log",
+        )
+        deadline = time.monotonic() + 60
+        while not (addr_file.is_file() and addr_file.read_text().strip()):
+            if time.monotonic() > deadline or self.coordinator.proc.poll() is not None:
+                raise RuntimeError("coordinator did not start:\n" + self.coordinator.text())
+            time.sleep(0.2)
+        self.join = addr_file.read_text().split()[0]
+
+    def _start(self, argv: List[str], log: Path, env: Optional[Dict[str, str]] = None) -> Proc:
+        proc = Proc(argv, log, env)
+        self.procs.append(proc)
+        return proc
+
+    def add_peer(self, name: str, *extra: str, env: Optional[Dict[str, str]] = None) -> Proc:
+        d = self.workdir / name
+        d.mkdir(exist_ok=True)
+        argv = voloco(
+            "peer", "--join", self.join, "--host-maddrs", LOOPBACK, "--threads", "1",
+            "--status-file", str(d / "status.json"), "--checkpoint-dir", str(d / "ckpt"),
+            "--identity", str(d / "identity.key"), *extra,
+        )
+        self.peers[name] = self._start(argv, self.workdir / f"{name}.log", env)
+        return self.peers[name]
+
+    def status(self, name: str) -> Optional[dict]:
+        try:
+            return json.loads((self.workdir / name / "status.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def wait(self, predicate, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.5)
+        logs = "\n".join(f"--- {n}\n{p.text()[-3000:]}" for n, p in self.peers.items())
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{logs}")
+
+    def round_of(self, name: str) -> int:
+        s = self.status(name)
+        return s["round"] if s else -1
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            p.stop(grace=5.0)
+
+
+def hashes_by_round(statuses: List[dict]) -> Dict[int, Dict[str, str]]:
+    """round -> {peer id: parameter hash after that round}, from every peer's round history."""
+    out: Dict[int, Dict[str, str]] = {}
+    for s in statuses:
+        for rec in s["history"]:
+            out.setdefault(rec["round"], {})[s["peer_id"]] = rec["params_hash"]
+    return out
+
+
+def assert_groups_identical(statuses: List[dict]) -> int:
+    """Every pair of peers that were in the same group of a round holds the same parameters after it.
+
+    Returns the number of (round, group) pairs checked.
+    """
+    checked = 0
+    by_peer = {s["peer_id"]: {r["round"]: r for r in s["history"]} for s in statuses}
+    for pid, rounds in by_peer.items():
+        for rnd, rec in rounds.items():
+            for other in rec["group"]:
+                if other == pid or other not in by_peer or rnd not in by_peer[other]:
+                    continue
+                if other in rec["excluded"]:
+                    continue
+                mine, theirs = rec["params_hash"], by_peer[other][rnd]["params_hash"]
+                assert mine == theirs, f"round {rnd}: {pid[-6:]} has {mine}, groupmate {other[-6:]} has {theirs}"
+                checked += 1
+    return checked

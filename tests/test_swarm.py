@@ -1,0 +1,59 @@
+"""Multi-process tests: a coordinator and real peers on loopback, over hivemind."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.swarm_harness import Swarm, assert_groups_identical
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def swarm_factory(tmp_path):
+    made = []
+
+    def make(**kwargs) -> Swarm:
+        s = Swarm(tmp_path, **kwargs)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def test_three_peers_train_stay_identical_and_a_late_joiner_catches_up(swarm_factory):
+    swarm = swarm_factory(strategy="sparseloco")
+    for name in ("a", "b"):
+        swarm.add_peer(name)
+    swarm.wait(lambda: min(swarm.round_of("a"), swarm.round_of("b")) >= 2, 150, "two rounds of a and b")
+    swarm.add_peer("late")
+    swarm.wait(lambda: (swarm.status("late") or {}).get("rounds", 0) >= 2, 150, "the late joiner's first rounds")
+    statuses = [swarm.status(n) for n in ("a", "b", "late")]
+    late = statuses[2]
+    first = late["history"][0]
+    # it downloaded the state of a round > 0 and its first round was a real group round
+    assert first["round"] > 1, late["history"]
+    assert len(first["group"]) >= 2
+    assert assert_groups_identical(statuses) >= 4
+    a = statuses[0]
+    assert a["val_loss"] < a["initial_val_loss"] - 0.3, (a["initial_val_loss"], a["val_loss"])
+    assert a["bytes_sent"] > 0 and a["bytes_received"] > 0
+
+
+def test_sigkill_of_one_peer_does_not_stop_the_others(swarm_factory):
+    swarm = swarm_factory(strategy="sparseloco")
+    for name in ("a", "b", "victim"):
+        swarm.add_peer(name)
+    swarm.wait(lambda: min(swarm.round_of(n) for n in ("a", "b", "victim")) >= 1, 150, "one round of all three")
+    swarm.peers["victim"].kill()
+    r = min(swarm.round_of("a"), swarm.round_of("b"))
+    swarm.wait(lambda: min(swarm.round_of("a"), swarm.round_of("b")) >= r + 3, 150, "three more rounds without the victim")
+    statuses = [swarm.status(n) for n in ("a", "b")]
+    assert assert_groups_identical(statuses) >= 3
+    last = statuses[0]["history"][-1]
+    assert len(last["group"]) == 2 and statuses[1]["peer_id"] in last["group"]
+    assert not math.isnan(statuses[0]["val_loss"])
