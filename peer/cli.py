@@ -118,8 +118,8 @@ def run_peer(args: argparse.Namespace) -> int:
     from peer.swarm import parse_multiaddrs
 
     join = parse_multiaddrs(args.join)
-    if args.data is not None and not Path(args.data).exists():
-        raise UsageError(f"--data {args.data!r} does not exist: give a text file or a directory of text files")
+    if args.data is not None:
+        _check_data(args.data)
     if args.max_rounds is not None and args.max_rounds < 0:
         raise UsageError("--max-rounds must be >= 0")
     if args.identity is not None and not args.identity.parent.is_dir():
@@ -151,6 +151,18 @@ def run_peer(args: argparse.Namespace) -> int:
     finally:
         peer.shutdown()
     return 0
+
+
+def _check_data(path: str) -> None:
+    """Fail before joining the swarm when --data cannot give a corpus."""
+    from peer.data import DataError, load_corpus
+
+    if not Path(path).exists():
+        raise UsageError(f"--data {path!r} does not exist: give a text file or a directory of text files")
+    try:
+        load_corpus(path, max_bytes=1 << 20)
+    except DataError as e:
+        raise UsageError(f"--data {path!r}: {e}") from None
 
 
 def _check_device(device: str) -> None:
