@@ -57,3 +57,18 @@ def test_sigkill_of_one_peer_does_not_stop_the_others(swarm_factory):
     last = statuses[0]["history"][-1]
     assert len(last["group"]) == 2 and statuses[1]["peer_id"] in last["group"]
     assert not math.isnan(statuses[0]["val_loss"])
+
+
+@pytest.mark.parametrize("strategy", ["diloco", "dct"])
+def test_every_strategy_trains_in_real_processes(swarm_factory, strategy):
+    swarm = swarm_factory(strategy=strategy)
+    for name in ("a", "b"):
+        swarm.add_peer(name)
+    swarm.wait(lambda: min(swarm.round_of("a"), swarm.round_of("b")) >= 5, 150, f"five {strategy} rounds")
+    statuses = [swarm.status("a"), swarm.status("b")]
+    assert assert_groups_identical(statuses) >= 3
+    for s in statuses:
+        assert s["strategy"] == strategy
+        assert s["val_loss"] < s["initial_val_loss"] - 0.3, (s["initial_val_loss"], s["val_loss"])
+        group_rounds = [r for r in s["history"] if len(r["group"]) == 2]
+        assert group_rounds and all(r["bytes_sent"] > 0 and r["bytes_received"] > 0 for r in group_rounds)
