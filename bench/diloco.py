@@ -1,0 +1,196 @@
+"""DiLoCo vs a single process at equal total tokens, and its bytes vs per-step data parallel.
+
+    python bench/diloco.py [--quick] [--json OUT]
+
+Arms (same model, data, seeds, total tokens):
+
+* ``single``: one process, plain AdamW (``peer.simulate.train_single``), batch B, R_max·N steps;
+* ``diloco R=2``: 2 replicas of the real round loop (``peer.simulate.simulate``), N·R_max/2 steps each;
+* ``diloco R=4``: 4 replicas, N steps each.
+
+Bytes: for DiLoCo, the real encoded payload (``len(strategy.encode(...)[0])``, dense fp32 plus
+the msgpack header) times the rounds, and the exchange's all-gather model: each peer sends its
+payload to each of the R−1 other members every round, so ``sent/peer = rounds·(R−1)·payload``
+(received is the same). For per-step data parallel the figure is analytic: a ring all-reduce of
+the fp32 gradients every inner step sends ``2·(R−1)/R·4·params`` bytes per peer, over the same
+number of inner steps per peer. The ratio of the two is ≈ 2H/R.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from peer.data import load_corpus  # noqa: E402
+from peer.simulate import allreduce_bytes_per_step, simulate, train_single  # noqa: E402
+from protocol.spec import ModelSpec, RunSpec  # noqa: E402
+
+CONFIGS = {
+    # ~0.47M parameters, sequences of 64 bytes: a few minutes for the three arms on 2 cores
+    "full": dict(
+        model=dict(d_model=128, n_layers=2, n_heads=4, ffn_hidden=352, seq_len=64),
+        batch_size=16,
+        inner_steps=100,
+        steps_per_replica_at_rmax=600,  # N: the R_max replicas' own steps; single runs R_max·N
+        lr=2e-3,
+        warmup=30,
+        outer_lr=0.7,
+        momentum=0.9,
+    ),
+    # ~0.13M parameters: under a minute, for CI smoke tests
+    "quick": dict(
+        model=dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176, seq_len=64),
+        batch_size=8,
+        inner_steps=100,
+        steps_per_replica_at_rmax=200,
+        lr=3e-3,
+        warmup=20,
+        outer_lr=0.7,
+        momentum=0.9,
+    ),
+}
+REPLICAS = (2, 4)
+LOSS_GOAL = 0.05  # DiLoCo within 5 % of the single process's val loss
+BYTES_GOAL = 50.0  # at >= 50x fewer bytes than per-step fp32 all-reduce
+
+
+def make_spec(cfg, steps: int, strategy: str = "diloco") -> RunSpec:
+    return RunSpec(run_id="bench-diloco", seed=0, model=ModelSpec(**cfg["model"])).replace(
+        data={"batch_size": cfg["batch_size"], "val_batches": 8},
+        inner={"lr": cfg["lr"], "warmup_steps": cfg["warmup"], "total_steps": max(steps, cfg["warmup"] + 1)},
+        outer={
+            "strategy": strategy,
+            "inner_steps": cfg["inner_steps"],
+            "lr": cfg["outer_lr"],
+            "momentum": cfg["momentum"],
+            "nesterov": True,
+            "dense_dtype": "fp32",
+        },
+    )
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f}"
+
+
+def machine() -> str:
+    return f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def run(cfg, log=print):
+    corpus = load_corpus("stdlib")
+    rmax = max(REPLICAS)
+    n = cfg["steps_per_replica_at_rmax"]
+    H = cfg["inner_steps"]
+    total_steps = rmax * n
+    rows = []
+
+    spec = make_spec(cfg, total_steps)
+    params = spec.model.num_params()
+    log(f"model {params:,} parameters, batch {cfg['batch_size']}x{spec.model.seq_len}, H={H}, "
+        f"{total_steps * cfg['batch_size'] * spec.model.seq_len:,} tokens per arm")
+    t = time.monotonic()
+    single = train_single(spec, total_steps, corpus=corpus)
+    log(f"  single: {total_steps} steps, val {single.final_val_loss:.4f} ({time.monotonic() - t:.0f} s)")
+    rows.append(dict(arm="single", replicas=1, H=None, rounds=None, steps_per_replica=total_steps, tokens=single.tokens,
+                     val_loss=single.final_val_loss, initial_val_loss=single.initial_val_loss, payload_bytes=None,
+                     sent_per_peer=0, dp_per_peer=0, wall_s=single.wall_s))
+    for R in REPLICAS:
+        steps = total_steps // R
+        if steps % H:
+            raise ValueError(f"steps per replica {steps} is not a multiple of H={H}")
+        t = time.monotonic()
+        res = simulate(make_spec(cfg, steps), R, steps // H, corpus=corpus, eval_every=0, verify_rounds=1)
+        log(f"  diloco R={R}: {res.rounds} rounds x H={H}, val {res.final_val_loss:.4f} ({time.monotonic() - t:.0f} s)")
+        rows.append(dict(arm=f"diloco R={R}", replicas=R, H=H, rounds=res.rounds, steps_per_replica=steps, tokens=res.tokens,
+                         val_loss=res.final_val_loss, initial_val_loss=res.initial_val_loss, payload_bytes=res.payload_bytes,
+                         sent_per_peer=res.bytes_sent_per_peer, received_per_peer=res.bytes_received_per_peer,
+                         dp_per_peer=res.dp_bytes_per_peer, dp_per_step=allreduce_bytes_per_step(params, R),
+                         wall_s=res.wall_s))
+    base = rows[0]["val_loss"]
+    for r in rows:
+        r["loss_ratio"] = r["val_loss"] / base
+        r["bytes_ratio"] = r["dp_per_peer"] / r["sent_per_peer"] if r["sent_per_peer"] else None
+        if r["replicas"] > 1:
+            r["meets_loss_goal"] = r["loss_ratio"] <= 1 + LOSS_GOAL
+            r["meets_bytes_goal"] = r["bytes_ratio"] >= BYTES_GOAL
+    return dict(params=params, config=cfg, rows=rows)
+
+
+def print_table(result, out=sys.stdout):
+    cols = ["arm", "rounds", "steps/peer", "tokens", "val loss", "vs single", "payload", "sent/peer", "DP all-reduce/peer", "DP/sent", "goal"]
+    lines = []
+    for r in result["rows"]:
+        goal = ""
+        if r["replicas"] > 1:
+            goal = ("loss ok" if r["meets_loss_goal"] else "loss MISS") + ", " + ("bytes ok" if r["meets_bytes_goal"] else "bytes MISS")
+        lines.append([
+            r["arm"],
+            "-" if r["rounds"] is None else str(r["rounds"]),
+            str(r["steps_per_replica"]),
+            f"{r['tokens']:,}",
+            f"{r['val_loss']:.4f}",
+            f"{r['loss_ratio']:.3f}",
+            "-" if r["payload_bytes"] is None else human(r["payload_bytes"]),
+            "-" if not r["sent_per_peer"] else human(r["sent_per_peer"]),
+            "-" if not r["dp_per_peer"] else human(r["dp_per_peer"]),
+            "-" if r["bytes_ratio"] is None else f"{r['bytes_ratio']:.1f}x",
+            goal,
+        ])
+    widths = [max(len(c), *(len(l[i]) for l in lines)) for i, c in enumerate(cols)]
+    fmt = lambda row: "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))  # noqa: E731
+    print(fmt(cols), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    for l in lines:
+        print(fmt(l), file=out)
+    print(
+        "\nsent/peer: real encoded payload bytes x rounds x (R-1): the all-gather serves each peer's payload to the\n"
+        "R-1 other members (received/peer is the same). DP all-reduce/peer: analytic, 2(R-1)/R x 4 B x params per\n"
+        "inner step (fp32 ring all-reduce every step) over the same steps per peer; DP/sent ~ 2H/R.",
+        file=out,
+    )
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a tiny model, under a minute (CI smoke test)")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--H", type=int, help="override the inner steps per round")
+    ap.add_argument("--steps", type=int, help="override N, the steps of each of the 4 replicas")
+    ap.add_argument("--outer-lr", type=float)
+    ap.add_argument("--lr", type=float, help="override the inner learning rate")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cfg = dict(CONFIGS["quick" if args.quick else "full"])
+    for key, value in (("inner_steps", args.H), ("steps_per_replica_at_rmax", args.steps), ("outer_lr", args.outer_lr), ("lr", args.lr)):
+        if value is not None:
+            cfg[key] = value
+    t0 = time.monotonic()
+    print(f"bench/diloco.py{' --quick' if args.quick else ''}: {datetime.datetime.now().isoformat(timespec='seconds')}, {machine()}")
+    result = run(cfg)
+    print()
+    print_table(result)
+    print(f"\ntotal {time.monotonic() - t0:.0f} s")
+    if args.json:
+        result.update(date=datetime.datetime.now().isoformat(timespec="seconds"), machine=machine(), quick=args.quick)
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
