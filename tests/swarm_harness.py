@@ -105,15 +105,16 @@ class Swarm:
         self.procs.append(proc)
         return proc
 
-    def add_peer(self, name: str, *extra: str, env: Optional[Dict[str, str]] = None) -> Proc:
+    def add_peer(self, name: str, *extra: str, env: Optional[Dict[str, str]] = None, log: Optional[str] = None) -> Proc:
         d = self.workdir / name
         d.mkdir(exist_ok=True)
+        (d / "status.json").unlink(missing_ok=True)
         argv = voloco(
             "peer", "--join", self.join, "--host-maddrs", LOOPBACK, "--threads", "1",
             "--status-file", str(d / "status.json"), "--checkpoint-dir", str(d / "ckpt"),
             "--identity", str(d / "identity.key"), *extra,
         )
-        self.peers[name] = self._start(argv, self.workdir / f"{name}.log", env)
+        self.peers[name] = self._start(argv, self.workdir / (log or f"{name}.log"), env)
         return self.peers[name]
 
     def status(self, name: str) -> Optional[dict]:

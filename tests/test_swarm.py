@@ -72,3 +72,21 @@ def test_every_strategy_trains_in_real_processes(swarm_factory, strategy):
         assert s["val_loss"] < s["initial_val_loss"] - 0.3, (s["initial_val_loss"], s["val_loss"])
         group_rounds = [r for r in s["history"] if len(r["group"]) == 2]
         assert group_rounds and all(r["bytes_sent"] > 0 and r["bytes_received"] > 0 for r in group_rounds)
+
+
+def test_restarted_peer_resumes_from_its_checkpoint_with_the_same_identity(swarm_factory):
+    swarm = swarm_factory(strategy="sparseloco")
+    for name in ("a", "b"):
+        swarm.add_peer(name)
+    swarm.wait(lambda: min(swarm.round_of("a"), swarm.round_of("b")) >= 3, 150, "three rounds")
+    before = swarm.status("a")
+    swarm.peers["a"].kill()
+    first_log = swarm.peers["a"].text()
+    swarm.add_peer("a", log="a-restarted.log")  # same directories: checkpoint and identity file
+    swarm.wait(lambda: (swarm.status("a") or {}).get("rounds", 0) >= 2, 150, "two rounds after the restart")
+    after = swarm.status("a")
+    log = swarm.peers["a"].text()
+    assert after["peer_id"] == before["peer_id"]
+    assert "resumed from the checkpoint of round" in log, log[-2000:]
+    assert "resumed from the checkpoint" not in first_log
+    assert assert_groups_identical([after, swarm.status("b")]) >= 1
