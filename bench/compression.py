@@ -1,0 +1,317 @@
+"""Compressed outer steps at equal tokens: quality and bytes of DiLoCo fp32/fp16, SparseLoCo, DCT.
+
+    python bench/compression.py [--quick] [--json OUT] [--tune] [--demo-sweep] [--jobs N]
+
+Same model, data, seeds and total tokens for every arm, R = 4 replicas of the real round loop
+(``peer.simulate.simulate``: real encoded payloads, every replica decodes all of them):
+
+* ``per-step DP``: the quality proxy of per-step data parallel: one process, batch R·B (the
+  tokens of the R replicas' step together), N steps; its bytes are analytic: a ring all-reduce of
+  fp32 gradients every step sends 2·(R−1)/R·4·params per peer;
+* ``diloco fp32``, ``diloco fp16``: dense pseudo-gradients, outer Nesterov (lr 0.7, momentum 0.9);
+* ``sparseloco``: error feedback, top-64 of 4096 per block, 2-bit values, outer lr 1, mean;
+* ``dct``: decoupled DCT momentum, top-32 coefficients per 64x64 block, fp16 values.
+
+Bytes per peer over the run follow the exchange's all-gather (peer/exchange.py): each member
+serves its payload to the R−1 other members and fetches theirs, so sent ≈ received ≈
+(R−1)·payload per round. ``--tune`` adds the tuning arms (SparseLoCo outer lr, the "average each
+coordinate only over the replicas that chose it" variant, DCT beta/k, H). ``--demo-sweep`` runs
+the demo-scale SparseLoCo study instead: the 0.87M demo model, 3 replicas, ~400 inner steps per
+replica, a few settings.
+
+A second table gives the wire bytes per peer per round for groups of 2, 4 and 8: SparseLoCo and
+dense DiLoCo as all-gathers ((G−1)·payload) and a dense ring all-reduce (2·(G−1)/G·dense), and
+where SparseLoCo's all-gather would cross the dense ring all-reduce.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, Dict, List
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from peer.data import load_corpus  # noqa: E402
+from peer.simulate import allgather_bytes_per_round, allreduce_bytes_per_step, simulate, train_single  # noqa: E402
+from peer.strategies import make_strategy  # noqa: E402
+from protocol.spec import ModelSpec, RunSpec  # noqa: E402
+
+R = 4
+CONFIGS = {
+    # the demo model's shape (0.87M parameters) on 64-byte sequences
+    "full": dict(
+        model=dict(d_model=128, n_layers=4, n_heads=4, ffn_hidden=352, seq_len=64),
+        batch_size=16,
+        inner_steps=30,
+        steps=450,  # N: inner steps of each replica (15 rounds)
+        lr=2e-3,
+        warmup=30,
+    ),
+    # a tiny model for CI smoke tests (well under a minute)
+    "quick": dict(
+        model=dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176, seq_len=32),
+        batch_size=8,
+        inner_steps=20,
+        steps=100,
+        lr=3e-3,
+        warmup=10,
+    ),
+    # the demo: RunSpec() defaults (0.87M, 16x128), 3 peers, ~400 inner steps each
+    "demo": dict(
+        model=dict(),
+        batch_size=16,
+        inner_steps=30,
+        steps=400,
+        lr=2e-3,
+        warmup=30,
+        replicas=3,
+    ),
+}
+# (label, outer changes, simulate options, inner changes); "dp" is the per-step data-parallel proxy
+BASE_ARMS = [
+    ("per-step DP (1 proc, 4x batch)", "dp", {}, {}),
+    ("diloco fp32", {"strategy": "diloco", "dense_dtype": "fp32"}, {}, {}),
+    ("diloco fp16", {"strategy": "diloco", "dense_dtype": "fp16"}, {}, {}),
+    ("sparseloco", {"strategy": "sparseloco"}, {}, {}),
+    ("dct", {"strategy": "dct"}, {}, {}),
+]
+TUNE_ARMS = [
+    ("sparseloco chosen-avg", {"strategy": "sparseloco"}, {"aggregate": "chosen"}, {}),
+    ("sparseloco outer lr 2", {"strategy": "sparseloco", "lr": 2.0}, {}, {}),
+    ("sparseloco outer lr 4", {"strategy": "sparseloco", "lr": 4.0}, {}, {}),
+    ("sparseloco k128", {"strategy": "sparseloco", "sparseloco": {"topk": 128}}, {}, {}),
+    ("sparseloco H=15", {"strategy": "sparseloco", "inner_steps": 15}, {}, {}),
+    ("dct beta 0.9", {"strategy": "dct", "dct": {"beta": 0.9}}, {}, {}),
+    ("dct beta 0.99", {"strategy": "dct", "dct": {"beta": 0.99}}, {}, {}),
+    ("dct k128", {"strategy": "dct", "dct": {"topk": 128}}, {}, {}),
+    ("dct k256", {"strategy": "dct", "dct": {"topk": 256}}, {}, {}),
+    ("dct outer lr 2", {"strategy": "dct", "lr": 2.0}, {}, {}),
+]
+DEMO_ARMS = [
+    ("sparseloco defaults (H=30)", {"strategy": "sparseloco"}, {}, {}),
+    ("sparseloco H=10", {"strategy": "sparseloco", "inner_steps": 10}, {}, {}),
+    ("sparseloco H=20", {"strategy": "sparseloco", "inner_steps": 20}, {}, {}),
+    ("sparseloco chosen-avg", {"strategy": "sparseloco"}, {"aggregate": "chosen"}, {}),
+    ("sparseloco outer lr 3", {"strategy": "sparseloco", "lr": 3.0}, {}, {}),
+    ("sparseloco cosine 400", {"strategy": "sparseloco"}, {}, {"total_steps": 400}),
+    ("sparseloco k256", {"strategy": "sparseloco", "sparseloco": {"topk": 256}}, {}, {}),
+    ("diloco (reference)", {"strategy": "diloco"}, {}, {}),
+]
+PAYLOAD_RATIO_SHAPES = {
+    "64x2 (0.13M)": dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176),
+    "128x4 demo (0.87M)": dict(),
+    "192x2 (0.98M)": dict(d_model=192, n_layers=2, n_heads=4, ffn_hidden=512),
+    "384x6 (10.8M)": dict(d_model=384, n_layers=6, n_heads=6, ffn_hidden=1024),
+    "768x12 (99.5M)": dict(d_model=768, n_layers=12, n_heads=12, ffn_hidden=2560),
+}
+GROUPS = (2, 4, 8)
+
+
+def machine() -> str:
+    return f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__}"
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f}"
+
+
+def make_spec(cfg, outer: Dict[str, Any], inner: Dict[str, Any], steps: int) -> RunSpec:
+    inner = {"lr": cfg["lr"], "warmup_steps": cfg["warmup"], "total_steps": steps, **inner}
+    return RunSpec(run_id="bench-compression", seed=0, model=ModelSpec(**cfg["model"])).replace(
+        data={"batch_size": cfg["batch_size"], "val_batches": 8},
+        inner=inner,
+        outer={"inner_steps": cfg["inner_steps"], **outer},
+    )
+
+
+def run_arm(job) -> Dict[str, Any]:
+    """One arm, in a worker process or in this one."""
+    cfg, label, outer, opts, inner, threads = job
+    torch.set_num_threads(threads)
+    corpus = load_corpus("stdlib")
+    replicas = cfg.get("replicas", R)
+    t = time.monotonic()
+    if outer == "dp":
+        spec = make_spec(cfg, {"strategy": "diloco"}, inner, cfg["steps"])
+        res = train_single(spec, cfg["steps"], corpus=corpus, batch_size=replicas * cfg["batch_size"])
+        params = spec.model.num_params()
+        dp = cfg["steps"] * allreduce_bytes_per_step(params, replicas)
+        row = dict(arm=label, strategy="dp", H=1, rounds=cfg["steps"], tokens=res.tokens, val_loss=res.final_val_loss,
+                   initial_val_loss=res.initial_val_loss, payload_bytes=allreduce_bytes_per_step(params, replicas),
+                   sent_per_peer=dp, received_per_peer=dp, dp_per_peer=dp, curve=[p["val_loss"] for p in res.history])
+    else:
+        spec = make_spec(cfg, outer, inner, cfg["steps"])
+        H = spec.outer.inner_steps
+        rounds = max(1, round(cfg["steps"] / H))
+        res = simulate(spec, replicas, rounds, corpus=corpus, eval_every=max(1, rounds // 5), **opts)
+        row = dict(arm=label, strategy=spec.outer.strategy, H=H, rounds=rounds, tokens=res.tokens,
+                   val_loss=res.final_val_loss, initial_val_loss=res.initial_val_loss, payload_bytes=res.payload_bytes,
+                   sent_per_peer=res.bytes_sent_per_peer, received_per_peer=res.bytes_received_per_peer,
+                   dp_per_peer=res.dp_bytes_per_peer,
+                   curve=[(h.round * H, h.val_loss) for h in res.history if h.val_loss is not None])
+    row.update(outer=outer, options=opts, inner=inner, replicas=replicas, wall_s=time.monotonic() - t)
+    print(f"  {label}: val {row['val_loss']:.4f}, payload {human(row['payload_bytes'])}, {row['wall_s']:.0f} s", flush=True)
+    return row
+
+
+def run_arms(cfg, arms, jobs: int, threads: int) -> List[Dict[str, Any]]:
+    work = [(cfg, label, outer, opts, inner, threads) for label, outer, opts, inner in arms]
+    if jobs <= 1:
+        return [run_arm(w) for w in work]
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        return list(pool.map(run_arm, work))
+
+
+def add_ratios(rows):
+    fp32 = next((r for r in rows if r["strategy"] == "diloco" and r["outer"].get("dense_dtype") == "fp32"
+                 and not r["options"] and r["H"] == rows[1]["H"]), None)
+    for r in rows:
+        if fp32 is not None:
+            r["payload_vs_fp32"] = fp32["payload_bytes"] / r["payload_bytes"]
+            r["loss_vs_fp32"] = r["val_loss"] / fp32["val_loss"]
+            r["sent_vs_fp32"] = fp32["sent_per_peer"] / r["sent_per_peer"]
+        r["dp_over_sent"] = r["dp_per_peer"] / r["sent_per_peer"]
+    return fp32
+
+
+def goals(r) -> str:
+    if r["strategy"] == "sparseloco":
+        need = 140.0
+    elif r["strategy"] == "dct":
+        need = 16.0
+    else:
+        return ""
+    ok_p = r["payload_vs_fp32"] >= need
+    ok_l = r["loss_vs_fp32"] <= 1.02
+    ok_d = r["dp_over_sent"] >= 1000
+    return (f"payload>={need:.0f}x {'ok' if ok_p else 'MISS'}, loss<=+2% {'ok' if ok_l else 'MISS'}, "
+            f"DP>=1000x {'ok' if ok_d else 'MISS'}")
+
+
+def table(cols, lines, left=1):
+    widths = [max(len(c), *(len(l[i]) for l in lines)) for i, c in enumerate(cols)]
+    fmt = lambda row: "  ".join(v.ljust(w) if i < left else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))  # noqa: E731
+    return "\n".join([fmt(cols), "  ".join("-" * w for w in widths)] + [fmt(l) for l in lines])
+
+
+def print_main(rows, with_goals=True):
+    cols = ["arm", "H", "rounds", "val loss", "vs fp32", "payload/round", "vs fp32", "sent/peer", "recv/peer", "DP/sent"]
+    if with_goals:
+        cols.append("goals")
+    lines = []
+    for r in rows:
+        line = [r["arm"], str(r["H"]), str(r["rounds"]), f"{r['val_loss']:.4f}", f"{r.get('loss_vs_fp32', float('nan')):.3f}",
+                human(r["payload_bytes"]) + (" (analytic)" if r["strategy"] == "dp" else ""),
+                "-" if r["strategy"] == "dp" else f"{r.get('payload_vs_fp32', float('nan')):.1f}x", human(r["sent_per_peer"]), human(r["received_per_peer"]),
+                f"{r['dp_over_sent']:.0f}x"]
+        if with_goals:
+            line.append(goals(r))
+        lines.append(line)
+    print(table(cols, lines))
+    print("\npayload/round: one peer's encoded payload for one round (for per-step DP: the analytic bytes one peer sends\n"
+          "per step in an fp32 ring all-reduce). sent/peer, recv/peer: whole run, all-gather model: each member serves\n"
+          "its payload to the R-1 others and fetches theirs every round. DP/sent: per-step DP bytes / sent, same steps.\n"
+          "vs fp32: loss ratio (lower is better) and payload ratio (x smaller) against the diloco fp32 arm.")
+
+
+def payload_ratio_table(inner_steps: int):
+    lines = []
+    out = []
+    for label, m in PAYLOAD_RATIO_SHAPES.items():
+        ms = ModelSpec(**m)
+        layout = ms.param_shapes()
+        sizes = {}
+        for name, outer in (("fp32", {"strategy": "diloco"}), ("sparseloco", {"strategy": "sparseloco"}), ("dct", {"strategy": "dct"})):
+            s = make_strategy(RunSpec(model=ms).replace(outer=outer), layout)
+            gen = torch.Generator().manual_seed(0)
+            sizes[name] = len(s.encode({n: torch.randn(sh, generator=gen) for n, sh in layout.items()}, 0)[0])
+        lines.append([label, str(len(layout)), f"{sizes['fp32']:,}", f"{sizes['sparseloco']:,}",
+                      f"{sizes['fp32'] / sizes['sparseloco']:.1f}x", f"{sizes['dct']:,}", f"{sizes['fp32'] / sizes['dct']:.1f}x"])
+        out.append(dict(model=label, params=ms.num_params(), tensors=len(layout), **{f"{k}_bytes": v for k, v in sizes.items()}))
+    print(table(["model", "tensors", "fp32 B", "sparseloco B", "ratio", "dct B", "ratio"], lines))
+    print("(encode only, random tensors; the payload sizes do not depend on the values)")
+    return out
+
+
+def group_table(rows):
+    dense = next(r for r in rows if r["strategy"] == "diloco" and r["outer"].get("dense_dtype") == "fp32")["payload_bytes"]
+    slc = next(r for r in rows if r["strategy"] == "sparseloco")["payload_bytes"]
+    lines, out = [], []
+    for g in GROUPS:
+        ag_s, ag_d = allgather_bytes_per_round(slc, g), allgather_bytes_per_round(dense, g)
+        ring = allreduce_bytes_per_step(dense / 4, g)  # dense / 4 values of 4 bytes
+        lines.append([str(g), human(ag_s), human(ag_d), human(ring), f"{ring / ag_s:.0f}x", f"{ag_d / ag_s:.0f}x"])
+        out.append(dict(group=g, sparseloco_allgather=ag_s, dense_allgather=ag_d, dense_ring_allreduce=ring))
+    print(table(["group G", "sparseloco all-gather", "dense all-gather", "dense ring all-reduce", "ring/slc", "dense-ag/slc"], lines))
+    # (G-1)·s = 2(G-1)/G·d  ->  G = 2d/s
+    crossover = 2 * dense / slc
+    print(f"\nper peer per round, sent (received is the same). SparseLoCo's all-gather grows as (G-1)·payload while a\n"
+          f"dense ring all-reduce stays below 2·dense: they cross at G = 2·dense/payload = {crossover:.0f} peers; below that the\n"
+          f"sparse all-gather sends less. A dense all-gather (what DiLoCo does over the real exchange) costs dense/payload =\n"
+          f"{dense / slc:.0f}x the sparse one at every G.")
+    return out, crossover
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny model, few steps: a CI smoke test")
+    ap.add_argument("--tune", action="store_true", help="also run the tuning arms")
+    ap.add_argument("--demo-sweep", action="store_true", help="the demo-scale SparseLoCo study (0.87M, 3 replicas, ~400 steps)")
+    ap.add_argument("--only", help="comma-separated arm labels to run (substring match)")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--jobs", type=int, default=1, help="arms run in parallel processes")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads per process")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    name = "demo" if args.demo_sweep else "quick" if args.quick else "full"
+    cfg = CONFIGS[name]
+    arms = DEMO_ARMS if args.demo_sweep else BASE_ARMS + (TUNE_ARMS if args.tune else [])
+    if args.only:
+        keys = [k.strip() for k in args.only.split(",")]
+        arms = [a for a in arms if any(k in a[0] for k in keys)]
+    t0 = time.monotonic()
+    ms = ModelSpec(**cfg["model"])
+    print(f"bench/compression.py ({name}): {datetime.datetime.now().isoformat(timespec='seconds')}, {machine()}, "
+          f"{args.jobs} job(s) x {args.threads} thread(s)")
+    print(f"model {ms.num_params():,} parameters, batch {cfg['batch_size']}x{ms.seq_len}, {cfg.get('replicas', R)} replicas, "
+          f"N={cfg['steps']} inner steps per replica, H={cfg['inner_steps']} unless stated", flush=True)
+    rows = run_arms(cfg, arms, args.jobs, args.threads)
+    result: Dict[str, Any] = dict(config=cfg, name=name, rows=rows, date=datetime.datetime.now().isoformat(timespec="seconds"),
+                                  machine=machine())
+    print()
+    if args.demo_sweep:
+        lines = [[r["arm"], str(r["H"]), str(r["rounds"] * r["H"]), f"{r['initial_val_loss']:.3f}", f"{r['val_loss']:.4f}",
+                  f"{r['initial_val_loss'] - r['val_loss']:.2f}", human(r["payload_bytes"])] for r in rows]
+        print(table(["setting", "H", "steps/peer", "initial", "val loss", "drop", "payload"], lines))
+    else:
+        add_ratios(rows)
+        print_main(rows)
+        print()
+        result["payload_ratio_by_model"] = payload_ratio_table(cfg["inner_steps"])
+        print()
+        if any(r["strategy"] == "sparseloco" for r in rows) and any(r["strategy"] == "diloco" for r in rows):
+            result["groups"], result["crossover_group"] = group_table(rows)
+    print(f"\ntotal {time.monotonic() - t0:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
