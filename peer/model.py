@@ -56,39 +56,73 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    """Causal self-attention. With ``slices`` > 1 the heads are split into groups with separate
+    parameters (``qkv.{s}``, ``out.{s}``), so a peer can freeze the groups it does not own and skip
+    their weight gradients; the function is the same as one fused projection."""
+
+    def __init__(self, spec: ModelSpec, slices: int = 1):
         super().__init__()
         self.n_heads = spec.n_heads
         self.head_dim = spec.d_model // spec.n_heads
-        self.qkv = nn.Linear(spec.d_model, 3 * spec.d_model, bias=False)
-        self.out = nn.Linear(spec.d_model, spec.d_model, bias=False)
+        self.slices = slices
+        width = spec.d_model // slices
+        if slices == 1:
+            self.qkv = nn.Linear(spec.d_model, 3 * spec.d_model, bias=False)
+            self.out = nn.Linear(spec.d_model, spec.d_model, bias=False)
+        else:
+            self.qkv = nn.ModuleList(nn.Linear(spec.d_model, 3 * width, bias=False) for _ in range(slices))
+            self.out = nn.ModuleList(nn.Linear(width, spec.d_model, bias=False) for _ in range(slices))
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+    def _heads(self, qkv: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        heads = self.n_heads // self.slices
+        q, k, v = qkv(x).view(B, T, 3, heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k = apply_rope(q, cos, sin).type_as(v), apply_rope(k, cos, sin).type_as(v)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(B, T, C))
+        return y.transpose(1, 2).reshape(B, T, heads * self.head_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.slices == 1:
+            return self.out(self._heads(self.qkv, x, cos, sin))
+        y = self.out[0](self._heads(self.qkv[0], x, cos, sin))
+        for qkv, out in zip(self.qkv[1:], self.out[1:]):
+            y = y + out(self._heads(qkv, x, cos, sin))
+        return y
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    """SwiGLU. With ``slices`` > 1 the hidden neurons are split into slices with separate
+    parameters (``gate.{s}``, ``up.{s}``, ``down.{s}``); the outputs of the slices are summed."""
+
+    def __init__(self, spec: ModelSpec, slices: int = 1):
         super().__init__()
-        self.gate = nn.Linear(spec.d_model, spec.ffn_hidden, bias=False)
-        self.up = nn.Linear(spec.d_model, spec.ffn_hidden, bias=False)
-        self.down = nn.Linear(spec.ffn_hidden, spec.d_model, bias=False)
+        self.slices = slices
+        if slices == 1:
+            self.gate = nn.Linear(spec.d_model, spec.ffn_hidden, bias=False)
+            self.up = nn.Linear(spec.d_model, spec.ffn_hidden, bias=False)
+            self.down = nn.Linear(spec.ffn_hidden, spec.d_model, bias=False)
+        else:
+            width = spec.ffn_hidden // slices
+            self.gate = nn.ModuleList(nn.Linear(spec.d_model, width, bias=False) for _ in range(slices))
+            self.up = nn.ModuleList(nn.Linear(spec.d_model, width, bias=False) for _ in range(slices))
+            self.down = nn.ModuleList(nn.Linear(width, spec.d_model, bias=False) for _ in range(slices))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        if self.slices == 1:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        y = self.down[0](F.silu(self.gate[0](x)) * self.up[0](x))
+        for gate, up, down in zip(self.gate[1:], self.up[1:], self.down[1:]):
+            y = y + down(F.silu(gate(x)) * up(x))
+        return y
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, mlp_slices: int = 1, attn_slices: int = 1):
         super().__init__()
         self.attn_norm = RMSNorm(spec.d_model, spec.norm_eps)
-        self.attn = Attention(spec)
+        self.attn = Attention(spec, attn_slices)
         self.mlp_norm = RMSNorm(spec.d_model, spec.norm_eps)
-        self.mlp = MLP(spec)
+        self.mlp = MLP(spec, mlp_slices)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin)
@@ -96,12 +130,13 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, mlp_slices: int = 1, attn_slices: int = 1):
         super().__init__()
         spec.check()
+        spec.check_slices(mlp_slices, attn_slices)
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab_size, spec.d_model)
-        self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.n_layers))
+        self.blocks = nn.ModuleList(Block(spec, mlp_slices, attn_slices) for _ in range(spec.n_layers))
         self.norm = RMSNorm(spec.d_model, spec.norm_eps)
         self.head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
         cos, sin = rope_cache(spec.d_model // spec.n_heads, spec.seq_len, spec.rope_theta)
@@ -175,14 +210,17 @@ def init_parameters(model: Model, seed: int) -> None:
         if p.ndim == 1:
             value = torch.ones(p.shape)
         else:
-            std = residual_std if name.endswith(("attn.out.weight", "mlp.down.weight")) else spec.init_std
+            std = residual_std if (".attn.out." in name or ".mlp.down." in name) else spec.init_std
             value = _exact_normal(tuple(p.shape), std, generator)
         p.copy_(value.to(device=p.device, dtype=p.dtype))
 
 
-def build_model(spec: ModelSpec, seed: int) -> Model:
-    """A model on the CPU whose parameters are bit-identical on every machine for the same seed."""
+def build_model(spec: ModelSpec, seed: int, mlp_slices: int = 1, attn_slices: int = 1) -> Model:
+    """A model on the CPU whose parameters are bit-identical on every machine for the same seed.
+
+    ``mlp_slices``/``attn_slices`` > 1 store the MLP hidden neurons / attention heads as that many
+    separate parameters (partial parameter updates train one slice per peer)."""
     with torch.random.fork_rng(devices=[]):  # nn.Linear's own init would advance the global RNG
-        model = Model(spec)
+        model = Model(spec, mlp_slices, attn_slices)
     init_parameters(model, seed)
     return model

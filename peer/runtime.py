@@ -38,7 +38,8 @@ from peer.strategies import canonical_order, make_strategy, pseudo_gradient
 from peer.swarm import PeerView, fetch_spec, publish_progress, read_progress, start_dht
 from protocol.errors import ProtocolError
 from protocol.keys import averager_prefix
-from protocol.records import Progress
+from protocol.partial import FULL, choose_part, describe
+from protocol.records import CHOOSING, Progress
 from protocol.spec import RunSpec
 
 logger = logging.getLogger("voloco.peer")
@@ -83,6 +84,10 @@ class Totals:
     history: List[RoundRecord] = field(default_factory=list)
 
 
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(t.numel() * t.element_size() for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t))
+
+
 def majority_hash(hashes: Dict[str, str]) -> str:
     """The starting point most of a group shares (ties: the smallest hash, the same on every member)."""
     counts: Dict[str, int] = {}
@@ -111,6 +116,9 @@ class Peer:
         self.initial_val_loss = float("nan")
         self.tokens_per_s = 0.0
         self.theta: Dict[str, torch.Tensor] = {}
+        self.round = 0
+        self.part = CHOOSING
+        self.trainable = 0
         self.consistent = True  # False after a round whose group started from other parameters than ours
         self._lock = threading.RLock()  # guards theta, round and strategy state against state downloads
 
@@ -149,15 +157,23 @@ class Peer:
         self.corpus = load_corpus(opts.data or spec.data.corpus, spec.data.val_fraction)
         logger.info(f"data: {self.corpus}")
         self.device = torch.device(opts.device)
-        self.model = build_model(spec.model, spec.seed).to(self.device)
-        self.layout = spec.model.param_shapes()
+        self.part = self._choose_part()
+        self.model = build_model(spec.model, spec.seed, spec.partial.slices, spec.partial.attn_slices).to(self.device)
+        self.layout = spec.param_shapes()
         self.params = dict(self.model.named_parameters())
         self.theta = {n: p.detach().to("cpu", torch.float32).clone() for n, p in self.params.items()}
-        self.strategy = make_strategy(spec, self.layout)
+        self.strategy = make_strategy(spec, part=self.part)
+        for name, p in self.params.items():  # partial updates: no gradients, no optimizer state for the rest
+            p.requires_grad_(name in self.strategy.layout)
         self.trainer = InnerTrainer(self.model, spec.inner, self.device)
+        self.trainable = sum(p.numel() for p in self.trainer.params)
+        logger.info(
+            f"training {describe(spec, self.part)}: {self.trainable / 1e6:.3f}M of "
+            f"{spec.model.num_params() / 1e6:.3f}M parameters trainable, "
+            f"AdamW state {human_bytes(8 * self.trainable)}"
+        )
         self.stream = TrainStream(self.corpus, spec.model.seq_len, spec.data.batch_size, spec.seed, shard=self.peer_id)
         self.val = val_batches(self.corpus, spec.model.seq_len, spec.data.batch_size, spec.data.val_batches)
-        self.round = 0
         self.gatherer = PayloadGatherer(
             self.dht,
             prefix=averager_prefix(spec.run_id),
@@ -178,6 +194,24 @@ class Peer:
         self.initial_val_loss = self.val_loss = self._evaluate()
         logger.info(f"round {self.round}: validation loss {self.val_loss:.3f} nats/byte")
         self._enable_state_sharing()
+
+    def _choose_part(self) -> int:
+        """FULL, or the slice of a partial run this peer owns (kept across restarts)."""
+        slices = self.spec.partial.slices
+        if slices <= 1:
+            return FULL
+        found = load_checkpoint(self.opts.checkpoint_dir) if self.opts.checkpoint_dir is not None else None
+        if found is not None and found[1].get("spec") == self.spec.digest() and found[1].get("part") in range(slices):
+            return int(found[1]["part"])
+        # peers that start together see each other choosing and spread over the slices
+        time.sleep(2 * self.spec.swarm.heartbeat_period)
+        view = [v for v in self._view() if v.peer_id != self.peer_id and v.progress.state != "stopped"]
+        owners = [v.progress.part for v in view if v.progress.part >= 0]
+        waiting = [v.peer_id for v in view if v.progress.part == CHOOSING]
+        part = choose_part(slices, owners, waiting, self.peer_id)
+        counts = {s: owners.count(s) for s in range(slices)}
+        logger.info(f"took slice {part} of {slices} (live owners per slice before: {counts})")
+        return part
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
@@ -215,7 +249,7 @@ class Peer:
         bar.close()
 
         t_train = time.monotonic()
-        delta = pseudo_gradient(self.theta, self.params)
+        delta = pseudo_gradient(self.theta, self.params, self.strategy.layout)
         payload, pending = self.strategy.encode(delta, self.round)
         self.state = "ready"
         self._publish()
@@ -401,6 +435,7 @@ class Peer:
             "round": self.round,
             "spec": self.spec.digest(),
             "inner_step": self.trainer.step_count,
+            "part": self.part,
             "stream": self.stream.state_dict(),
             "optimizer": opt_rest,
             "tokens": self.totals.tokens,
@@ -449,6 +484,7 @@ class Peer:
             bytes_sent=self.totals.bytes_sent,
             bytes_received=self.totals.bytes_received,
             params_hash=params_hash(self.theta) if self.theta and self.state != "training" else "",
+            part=self.part,
         )
 
     def _publish(self) -> None:
@@ -468,6 +504,9 @@ class Peer:
             "run_id": self.spec.run_id,
             "spec": self.spec.digest(),
             "strategy": self.spec.outer.strategy,
+            "part": self.part,
+            "trainable_params": self.trainable,
+            "optimizer_state_bytes": optimizer_state_bytes(self.trainer.optimizer),
             "state": self.state,
             "round": self.round,
             "initial_val_loss": self.initial_val_loss,

@@ -14,12 +14,13 @@ sender), so every member of a group ends with bit-identical parameters whatever 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from protocol.codecs import make_codec
-from protocol.payload import decode_payload, encode_payload, payload_max_bytes
+from protocol.partial import FULL, owned_shapes, part_layouts
+from protocol.payload import decode_part_payload, encode_payload, payload_max_bytes
 from protocol.spec import RunSpec
 
 Tensors = Dict[str, torch.Tensor]
@@ -39,11 +40,16 @@ class OuterStrategy:
 
     name = "base"
 
-    def __init__(self, spec: RunSpec, layout: Layout):
-        self.spec, self.layout = spec, dict(layout)
+    def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: int = FULL):
+        """``part``: FULL, or the slice a partial peer owns (protocol/partial.py); ``layout``: an
+        explicit layout for benchmarks of a model other than the spec's."""
+        self.spec, self.part = spec, part
+        self.layout = dict(layout) if layout is not None else owned_shapes(spec, part)  # what we send
+        self.layouts = {part: self.layout} if layout is not None else part_layouts(spec)  # what others may send
+        self.full_layout = dict(layout) if layout is not None else spec.param_shapes()
         self.codec = make_codec(spec)
         self.lr = spec.outer.effective_lr
-        self.max_payload_bytes = payload_max_bytes(self.codec, self.layout)
+        self.max_payload_bytes = max(payload_max_bytes(self.codec, lay) for lay in self.layouts.values())
 
     # -- what a replica sends ---------------------------------------------------------------------
     def signal(self, delta: Tensors) -> Tensors:
@@ -53,28 +59,35 @@ class OuterStrategy:
     def encode(self, delta: Tensors, round_no: int) -> Tuple[bytes, "Pending"]:
         """The payload for this round, and what to keep locally once the round's outcome is known."""
         signal = self.signal(delta)
-        data, sent = encode_payload(self.codec, signal, run_digest=self.spec.digest(), round=round_no)
+        data, sent = encode_payload(self.codec, signal, run_digest=self.spec.digest(), round=round_no, part=self.part)
         return data, Pending(signal, sent)
 
     def settle(self, pending: "Pending", delivered: bool) -> None:
         """Update local buffers: keep the unsent part if the payload was delivered, all of it if not."""
 
     def decode(self, data: bytes, round_no: int) -> Tensors:
-        return decode_payload(
-            data, self.codec, self.layout, run_digest=self.spec.digest(), round=round_no, max_bytes=self.max_payload_bytes
+        """A groupmate's payload, validated against the layout of the part it claims to send."""
+        _, tensors = decode_part_payload(
+            data, self.codec, self.layouts, run_digest=self.spec.digest(), round=round_no, max_bytes=self.max_payload_bytes
         )
+        return tensors
 
     # -- what every member computes identically -----------------------------------------------------
     def aggregate(self, decoded: Sequence[Tensors]) -> Tensors:
-        """Mean over replicas, summed in the given (canonical) order."""
+        """Per tensor, the mean over the payloads that carry it, summed in the given (canonical)
+        order: with partial updates each coordinate is averaged over its owners only, and a
+        tensor nobody sent this round gets no update."""
         if not decoded:
             raise ValueError("aggregate of no payloads")
         out: Tensors = {}
-        for name in self.layout:
-            acc = decoded[0][name].clone()
-            for d in decoded[1:]:
-                acc.add_(d[name])
-            out[name] = acc.div_(len(decoded))
+        for name in self.full_layout:
+            parts = [d[name] for d in decoded if name in d]
+            if not parts:
+                continue
+            acc = parts[0].clone()
+            for t in parts[1:]:
+                acc.add_(t)
+            out[name] = acc.div_(len(parts))
         return out
 
     def apply(self, theta: Tensors, update: Tensors) -> None:
@@ -101,9 +114,10 @@ class OuterStrategy:
 class DiLoCo(OuterStrategy):
     name = "diloco"
 
-    def __init__(self, spec: RunSpec, layout: Layout):
-        super().__init__(spec, layout)
-        self.momentum = {n: torch.zeros(s) for n, s in self.layout.items()}
+    def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: int = FULL):
+        super().__init__(spec, layout, part)
+        # the outer momentum is shared state: it covers every tensor, owned by this peer or not
+        self.momentum = {n: torch.zeros(s) for n, s in self.full_layout.items()}
 
     def apply(self, theta: Tensors, update: Tensors) -> None:
         mu, nesterov = self.spec.outer.momentum, self.spec.outer.nesterov
@@ -125,8 +139,8 @@ class _ResidualStrategy(OuterStrategy):
 
     buffer_name = "buffer"
 
-    def __init__(self, spec: RunSpec, layout: Layout, decay: float):
-        super().__init__(spec, layout)
+    def __init__(self, spec: RunSpec, layout: Optional[Layout], part: int, decay: float):
+        super().__init__(spec, layout, part)
         self.decay = decay
         self.buffer = {n: torch.zeros(s) for n, s in self.layout.items()}
 
@@ -148,28 +162,30 @@ class SparseLoCo(_ResidualStrategy):
     name = "sparseloco"
     buffer_name = "error"
 
-    def __init__(self, spec: RunSpec, layout: Layout):
-        super().__init__(spec, layout, decay=spec.outer.sparseloco.ef_beta)
+    def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: int = FULL):
+        super().__init__(spec, layout, part, decay=spec.outer.sparseloco.ef_beta)
 
 
 class DCTMomentum(_ResidualStrategy):
     name = "dct"
     buffer_name = "momentum"
 
-    def __init__(self, spec: RunSpec, layout: Layout):
-        super().__init__(spec, layout, decay=spec.outer.dct.beta)
+    def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: int = FULL):
+        super().__init__(spec, layout, part, decay=spec.outer.dct.beta)
 
 
 STRATEGIES = {"diloco": DiLoCo, "sparseloco": SparseLoCo, "dct": DCTMomentum}
 
 
-def make_strategy(spec: RunSpec, layout: Layout) -> OuterStrategy:
-    return STRATEGIES[spec.outer.strategy](spec, layout)
+def make_strategy(spec: RunSpec, layout: Optional[Layout] = None, part: int = FULL) -> OuterStrategy:
+    return STRATEGIES[spec.outer.strategy](spec, layout, part)
 
 
-def pseudo_gradient(theta_start: Tensors, theta_now: Mapping[str, torch.Tensor]) -> Tensors:
-    """Δ = θ_start − θ_now, on CPU float32."""
-    return {n: theta_start[n] - theta_now[n].detach().to("cpu", torch.float32) for n in theta_start}
+def pseudo_gradient(
+    theta_start: Tensors, theta_now: Mapping[str, torch.Tensor], names: Optional[Iterable[str]] = None
+) -> Tensors:
+    """Δ = θ_start − θ_now on CPU float32, for ``names`` (default: every tensor of θ_start)."""
+    return {n: theta_start[n] - theta_now[n].detach().to("cpu", torch.float32) for n in (names or theta_start)}
 
 
 def _load_into(dst: Tensors, state: Mapping[str, torch.Tensor], prefix: str) -> None:

@@ -1,6 +1,7 @@
 """The payload: everything one peer sends in one round, as a single msgpack map.
 
     {"v": PROTOCOL_VERSION, "run": run digest, "round": int, "codec": codec name,
+     "part": -1 for the full model or the slice a partial peer owns,
      "t": [[tensor name, codec fields], ...]}
 
 Tensors appear in the order of the layout both sides agree on (the spec's parameter shapes, or
@@ -22,7 +23,7 @@ from protocol.errors import PayloadError
 
 _HEADER_SLACK = 256  # the map header, its short keys, the version, run digest, round and codec name
 _PER_TENSOR_SLACK = 16  # each entry's array header and its name's str header
-_KEYS = {"v", "run", "round", "codec", "t"}
+_KEYS = {"v", "run", "round", "codec", "part", "t"}
 
 
 def payload_max_bytes(codec: TensorCodec, layout: Mapping[str, Shape]) -> int:
@@ -33,7 +34,7 @@ def payload_max_bytes(codec: TensorCodec, layout: Mapping[str, Shape]) -> int:
 
 
 def encode_payload(
-    codec: TensorCodec, tensors: Mapping[str, torch.Tensor], *, run_digest: str, round: int
+    codec: TensorCodec, tensors: Mapping[str, torch.Tensor], *, run_digest: str, round: int, part: int = -1
 ) -> Tuple[bytes, Dict[str, torch.Tensor]]:
     """Encode ``tensors`` in their mapping order; returns the bytes and what each receiver decodes."""
     entries: List[list] = []
@@ -41,7 +42,7 @@ def encode_payload(
     for name, tensor in tensors.items():
         fields, sent[name] = codec.encode(tensor)
         entries.append([name, fields])
-    message = {"v": PROTOCOL_VERSION, "run": run_digest, "round": round, "codec": codec.name, "t": entries}
+    message = {"v": PROTOCOL_VERSION, "run": run_digest, "round": round, "codec": codec.name, "part": part, "t": entries}
     return msgpack.packb(message, use_bin_type=True), sent
 
 
@@ -57,6 +58,30 @@ def decode_payload(
     """Validate a peer's payload against the run, round, codec and layout; decode every tensor."""
     message = _unpack(data, payload_max_bytes(codec, layout) if max_bytes is None else max_bytes)
     _check_header(message, codec, run_digest, round)
+    return _decode_entries(message, codec, layout)
+
+
+def decode_part_payload(
+    data: bytes,
+    codec: TensorCodec,
+    layouts: Mapping[int, Mapping[str, Shape]],
+    *,
+    run_digest: str,
+    round: int,
+    max_bytes: Optional[int] = None,
+) -> Tuple[int, Dict[str, torch.Tensor]]:
+    """Like decode_payload, for a run whose peers send different parts of the model (partial
+    updates): the header's ``part`` picks the layout the tensors must match exactly."""
+    limit = max(payload_max_bytes(codec, layout) for layout in layouts.values()) if max_bytes is None else max_bytes
+    message = _unpack(data, limit)
+    _check_header(message, codec, run_digest, round)
+    part = message["part"]
+    if type(part) is not int or part not in layouts:
+        raise PayloadError(f"payload part {part!r} is not one of this run's parts {sorted(layouts)}")
+    return part, _decode_entries(message, codec, layouts[part])
+
+
+def _decode_entries(message: Dict[str, Any], codec: TensorCodec, layout: Mapping[str, Shape]) -> Dict[str, torch.Tensor]:
     entries = _entries(message["t"], list(layout))
     out: Dict[str, torch.Tensor] = {}
     for name, fields in entries:

@@ -13,6 +13,7 @@ from typing import Any, Dict
 
 from protocol.errors import ProtocolError
 
+CHOOSING = -2  # `part` of a peer that has not chosen its slice yet (-1: a full replica)
 STATES = ("starting", "training", "ready", "exchanging", "syncing", "stopped")
 
 
@@ -31,6 +32,7 @@ class Progress:
     bytes_sent: int  # exchange + state-download bytes, counted at the stream level
     bytes_received: int
     params_hash: str  # sha256 prefix of the parameters at the start of `round`
+    part: int = CHOOSING  # -1: full replica; s >= 0: the slice it owns (partial updates)
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -45,12 +47,14 @@ def parse_progress(value: Any) -> Progress:
         raise ProtocolError("progress record has missing or unknown fields")
     for name, kind in _TYPES.items():
         v = value[name]
-        if kind == "int" and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        if kind == "int" and (isinstance(v, bool) or not isinstance(v, int) or (v < 0 and name != "part")):
             raise ProtocolError(f"progress.{name} must be a non-negative integer")
         if kind == "float" and (isinstance(v, bool) or not isinstance(v, (int, float))):
             raise ProtocolError(f"progress.{name} must be a number")
         if kind == "str" and (not isinstance(v, str) or len(v) > 64):
             raise ProtocolError(f"progress.{name} must be a short string")
+    if not CHOOSING <= value["part"] < 1 << 16:
+        raise ProtocolError("progress.part is out of range")
     if value["state"] not in STATES:
         raise ProtocolError(f"progress.state must be one of {STATES}")
     if not math.isfinite(value["loss"]) and not math.isnan(value["loss"]):

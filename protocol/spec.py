@@ -48,25 +48,47 @@ class ModelSpec:
             raise SpecError("model.d_model / model.n_heads must be even (RoPE rotates pairs of dimensions)")
         _positive_float(self, "rope_theta", "norm_eps", "init_std")
 
-    def param_shapes(self) -> Dict[str, Tuple[int, ...]]:
-        """Every trainable tensor of the model, by the name peer/model.py gives it, in a fixed order."""
+    def check_slices(self, mlp_slices: int = 1, attn_slices: int = 1) -> None:
+        if mlp_slices < 1 or self.ffn_hidden % mlp_slices:
+            raise SpecError(f"model.ffn_hidden ({self.ffn_hidden}) must be divisible by the {mlp_slices} MLP slices")
+        if attn_slices < 1 or self.n_heads % attn_slices:
+            raise SpecError(f"model.n_heads ({self.n_heads}) must be divisible by the {attn_slices} attention slices")
+
+    def param_shapes(self, mlp_slices: int = 1, attn_slices: int = 1) -> Dict[str, Tuple[int, ...]]:
+        """Every trainable tensor of the model, by the name peer/model.py gives it, in a fixed order.
+
+        With slices > 1, the MLP hidden neurons (attention heads) are separate tensors per slice:
+        ``blocks.{i}.mlp.gate.{s}.weight`` and so on.
+        """
+        self.check_slices(mlp_slices, attn_slices)
         d, f = self.d_model, self.ffn_hidden
         shapes: Dict[str, Tuple[int, ...]] = {"embed.weight": (self.vocab_size, d)}
         for i in range(self.n_layers):
             p = f"blocks.{i}."
             shapes[p + "attn_norm.weight"] = (d,)
-            shapes[p + "attn.qkv.weight"] = (3 * d, d)
-            shapes[p + "attn.out.weight"] = (d, d)
+            for name, shape in _sliced("attn.qkv", (3 * d, d), 0, attn_slices):
+                shapes[p + name] = shape
+            for name, shape in _sliced("attn.out", (d, d), 1, attn_slices):
+                shapes[p + name] = shape
             shapes[p + "mlp_norm.weight"] = (d,)
-            shapes[p + "mlp.gate.weight"] = (f, d)
-            shapes[p + "mlp.up.weight"] = (f, d)
-            shapes[p + "mlp.down.weight"] = (d, f)
+            for proj, shape, axis in (("gate", (f, d), 0), ("up", (f, d), 0), ("down", (d, f), 1)):
+                for name, sub in _sliced(f"mlp.{proj}", shape, axis, mlp_slices):
+                    shapes[p + name] = sub
         shapes["norm.weight"] = (d,)
         shapes["head.weight"] = (self.vocab_size, d)
         return shapes
 
     def num_params(self) -> int:
         return sum(math.prod(s) for s in self.param_shapes().values())
+
+
+def _sliced(name: str, shape: Tuple[int, int], axis: int, slices: int):
+    if slices == 1:
+        yield f"{name}.weight", shape
+        return
+    sub = tuple(n // slices if i == axis else n for i, n in enumerate(shape))
+    for s in range(slices):
+        yield f"{name}.{s}.weight", sub
 
 
 @dataclass(frozen=True)
@@ -187,6 +209,26 @@ class OuterSpec:
 
 
 @dataclass(frozen=True)
+class PartialSpec:
+    """Partial parameter updates (arXiv 2509.22418): each peer trains one fixed slice.
+
+    The MLP hidden neurons of every block are split into ``slices`` slices (and the attention heads
+    too, with ``attention``); a peer trains its slice plus the shared tensors (embeddings, norms,
+    attention unless sliced, head) and freezes the rest. ``slices = 1``: every peer trains it all.
+    """
+
+    slices: int = 1
+    attention: bool = False
+
+    def check(self) -> None:
+        _positive(self, "slices")
+
+    @property
+    def attn_slices(self) -> int:
+        return self.slices if self.attention else 1
+
+
+@dataclass(frozen=True)
 class SwarmSpec:
     """How peers meet: group sizes and the time limits of one round."""
 
@@ -214,6 +256,7 @@ class RunSpec:
     inner: InnerSpec = field(default_factory=InnerSpec)
     outer: OuterSpec = field(default_factory=OuterSpec)
     swarm: SwarmSpec = field(default_factory=SwarmSpec)
+    partial: PartialSpec = field(default_factory=PartialSpec)
     version: int = SPEC_VERSION
 
     def __post_init__(self):
@@ -228,8 +271,13 @@ class RunSpec:
             )
         if self.seed < 0 or self.max_rounds < 0:
             raise SpecError("seed and max_rounds must be >= 0")
-        for part in (self.model, self.data, self.inner, self.outer, self.swarm):
+        for part in (self.model, self.data, self.inner, self.outer, self.swarm, self.partial):
             part.check()
+        self.model.check_slices(self.partial.slices, self.partial.attn_slices)
+
+    def param_shapes(self) -> Dict[str, Tuple[int, ...]]:
+        """The model's tensors as this run stores them (sliced when partial updates are on)."""
+        return self.model.param_shapes(self.partial.slices, self.partial.attn_slices)
 
     # --- serialization -------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:

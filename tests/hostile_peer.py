@@ -61,7 +61,7 @@ HostileGatherer.__name__ = HostileGatherer.__qualname__ = "PayloadGatherer"
 
 
 def _fake(spec, rnd: int, state: str, start: str) -> Progress:
-    return Progress(rnd, spec.outer.inner_steps, state, spec.digest(), 0.0, float("nan"), 0, 0.0, 0, 0, start)
+    return Progress(rnd, spec.outer.inner_steps, state, spec.digest(), 0.0, float("nan"), 0, 0.0, 0, 0, start, -1)
 
 
 def main() -> None:
@@ -90,7 +90,7 @@ def main() -> None:
         if mode == "garbage":
             payload = bytes(random.getrandbits(8) for _ in range(2048))
         else:
-            zeros = {n: torch.zeros(s) for n, s in spec.model.param_shapes().items()}
+            zeros = {n: torch.zeros(s) for n, s in spec.param_shapes().items()}
             payload, _ = encode_payload(codec, zeros, run_digest=spec.digest(), round=rnd)
         # pose as a peer still training this round, so that the honest peers wait for us ...
         publish_progress(dht, spec.run_id, me, _fake(spec, rnd, "training", start), ttl=30)

@@ -90,3 +90,26 @@ def test_restarted_peer_resumes_from_its_checkpoint_with_the_same_identity(swarm
     assert "resumed from the checkpoint of round" in log, log[-2000:]
     assert "resumed from the checkpoint" not in first_log
     assert assert_groups_identical([after, swarm.status("b")]) >= 1
+
+
+def test_partial_run_with_two_slices_and_four_peers(swarm_factory, tmp_path):
+    from tests.swarm_harness import TINY_SPEC
+
+    spec = TINY_SPEC.format(run_id="partial", strategy="sparseloco", inner_steps=20) + "[partial]\nslices = 2\n"
+    swarm = swarm_factory(spec_text=spec)
+    names = ("a", "b", "c", "d")
+    for name in names:
+        swarm.add_peer(name)
+    swarm.wait(lambda: min(swarm.round_of(n) for n in names) >= 4, 200, "four partial rounds")
+    statuses = [swarm.status(n) for n in names]
+    parts = sorted(s["part"] for s in statuses)
+    assert parts == [0, 0, 1, 1], parts  # every slice has owners, spread evenly
+    assert assert_groups_identical(statuses) >= 4
+    for s in statuses:
+        assert s["val_loss"] < s["initial_val_loss"] - 0.2, (s["initial_val_loss"], s["val_loss"])
+        # AdamW keeps two float32 moments (and a step count) for the trainable slice only
+        assert 8 * s["trainable_params"] <= s["optimizer_state_bytes"] <= 8 * s["trainable_params"] + 4096
+    from protocol.spec import RunSpec
+
+    total = RunSpec.from_toml(spec).model.num_params()
+    assert all(s["trainable_params"] < total for s in statuses)

@@ -1,0 +1,75 @@
+"""Partial parameter updates: which tensors each slice owns, and which slice a joining peer takes.
+
+Part ``-1`` is a full replica (every tensor). Part ``s`` in ``[0, slices)`` owns the shared
+tensors (embeddings, norms, head, and attention unless it is sliced) plus slice ``s`` of every
+sliced projection. The union of the parts covers every tensor; shared tensors belong to all.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
+
+from protocol.spec import RunSpec
+
+FULL = -1
+_SLICED = re.compile(r"^blocks\.\d+\.(mlp\.(gate|up|down)|attn\.(qkv|out))\.(\d+)\.weight$")
+
+
+def slice_of(name: str) -> int:
+    """The slice a tensor belongs to, or FULL for a tensor every part trains."""
+    m = _SLICED.match(name)
+    return int(m.group(4)) if m else FULL
+
+
+def owned_shapes(spec: RunSpec, part: int) -> Dict[str, Tuple[int, ...]]:
+    """The tensors (with shapes, in the run's order) that ``part`` trains and sends."""
+    if part != FULL and not 0 <= part < spec.partial.slices:
+        raise ValueError(f"part {part} is outside the run's {spec.partial.slices} slices")
+    return {n: s for n, s in spec.param_shapes().items() if part == FULL or slice_of(n) in (FULL, part)}
+
+
+def part_layouts(spec: RunSpec) -> Dict[int, Dict[str, Tuple[int, ...]]]:
+    """Every layout a payload of this run may have: per slice, or the full model."""
+    parts = [FULL] + (list(range(spec.partial.slices)) if spec.partial.slices > 1 else [])
+    return {p: owned_shapes(spec, p) for p in parts}
+
+
+def choose_part(slices: int, owners: Iterable[int], waiting: Sequence[str], me: str) -> int:
+    """The slice this peer should own.
+
+    ``owners``: the slices of the live peers that already chose one; ``waiting``: the ids of the
+    live peers still choosing, this one included. Those are served in id order, each taking the
+    slice with the fewest owners (ties: the lowest index), so peers that start together spread
+    out, and a slice whose owners all left is the first one taken.
+    """
+    if slices <= 1:
+        return FULL
+    count: Dict[int, int] = {s: 0 for s in range(slices)}
+    for part in owners:
+        if part in count:
+            count[part] += 1
+    for peer in sorted(set(waiting) | {me}):
+        part = min(count, key=lambda s: (count[s], s))
+        if peer == me:
+            return part
+        count[part] += 1
+    raise AssertionError("unreachable")
+
+
+def owner_counts(slices: int, parts: Iterable[int]) -> Mapping[int, int]:
+    counts = {s: 0 for s in range(slices)}
+    for part in parts:
+        if part in counts:
+            counts[part] += 1
+    return counts
+
+
+def describe(spec: RunSpec, part: int) -> str:
+    if part == FULL:
+        return "the full model"
+    what = "MLP neurons and attention heads" if spec.partial.attention else "MLP neurons"
+    return f"slice {part} of {spec.partial.slices} ({what})"
+
+
+__all__: List[str] = ["FULL", "slice_of", "owned_shapes", "part_layouts", "choose_part", "owner_counts", "describe"]

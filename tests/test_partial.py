@@ -1,0 +1,103 @@
+"""Partial parameter updates: slices, freezing, ownership and per-coordinate aggregation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from peer.inner import InnerTrainer
+from peer.model import build_model
+from peer.strategies import make_strategy
+from protocol.errors import PayloadError
+from protocol.partial import FULL, choose_part, owned_shapes, part_layouts, slice_of
+from protocol.spec import RunSpec
+
+TINY = dict(d_model=32, n_layers=2, n_heads=4, ffn_hidden=64, seq_len=16)
+
+
+def spec(slices=2, attention=False, strategy="diloco"):
+    return RunSpec(run_id="p").replace(
+        model=TINY, partial={"slices": slices, "attention": attention},
+        outer={"strategy": strategy, "dense_dtype": "fp32"}, data={"batch_size": 2},
+    )
+
+
+@pytest.mark.parametrize("slices, attention", [(2, False), (4, False), (4, True), (2, True)])
+def test_slices_cover_every_parameter_exactly(slices, attention):
+    s = spec(slices, attention)
+    full = s.param_shapes()
+    parts = [owned_shapes(s, p) for p in range(slices)]
+    covered = set().union(*parts)
+    assert covered == set(full)
+    for name in full:
+        owners = [p for p in range(slices) if name in parts[p]]
+        assert owners == (list(range(slices)) if slice_of(name) == FULL else [slice_of(name)])
+    # sliced tensors add up to the unsliced model, coordinate for coordinate
+    assert sum(torch.Size(v).numel() for v in full.values()) == s.model.num_params()
+    if attention:
+        assert any(".attn.qkv.1." in n for n in parts[1]) and not any(".attn.qkv.0." in n for n in parts[1])
+
+
+def test_sliced_model_matches_spec_layout():
+    s = spec(4, True)
+    model = build_model(s.model, 0, 4, 4)
+    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == list(s.param_shapes().items())
+
+
+def test_frozen_parameters_are_bit_unchanged_and_have_no_optimizer_state():
+    s = spec(2)
+    model = build_model(s.model, 0, 2, 1)
+    owned = owned_shapes(s, 1)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name in owned)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = InnerTrainer(model, s.inner)
+    x = torch.randint(0, 256, (2, 16))
+    for _ in range(3):
+        trainer.step(x, x)
+    state_params = {id(p) for p in trainer.optimizer.state}
+    for name, p in model.named_parameters():
+        if name in owned:
+            assert id(p) in state_params and not torch.equal(p, before[name]), name
+        else:
+            assert id(p) not in state_params and p.grad is None, name
+            assert p.detach().numpy().tobytes() == before[name].numpy().tobytes(), name
+
+
+def test_aggregate_is_the_mean_over_owners():
+    s = spec(2, strategy="diloco")
+    layouts = part_layouts(s)
+    gen = torch.Generator().manual_seed(0)
+    # three peers: two own slice 0, one owns slice 1
+    parts = [0, 0, 1]
+    deltas = [{n: torch.randn(sh, generator=gen) for n, sh in layouts[p].items()} for p in parts]
+    strategies = [make_strategy(s, part=p) for p in parts]
+    payloads = [st.encode(d, 3)[0] for st, d in zip(strategies, deltas)]
+    decoded = [strategies[0].decode(b, 3) for b in payloads]
+    agg = strategies[0].aggregate(decoded)
+    for name in s.param_shapes():
+        owners = [d[name] for d in deltas if name in d]
+        reference = sum(owners[1:], owners[0].clone()) / len(owners)
+        assert torch.equal(agg[name], reference), name
+
+
+def test_payload_of_a_slice_is_smaller_and_checked_against_its_part():
+    s = spec(2, strategy="sparseloco")
+    full, half = make_strategy(s, part=FULL), make_strategy(s, part=1)
+    delta = {n: torch.randn(sh) for n, sh in s.param_shapes().items()}
+    big = full.encode(delta, 0)[0]
+    small = half.encode({n: delta[n] for n in half.layout}, 0)[0]
+    assert len(small) < len(big)
+    assert set(full.decode(small, 0)) == set(half.layout)
+    tampered = small.replace(b"\xa4part\x01", b"\xa4part\x00")  # claim the other slice
+    assert tampered != small
+    with pytest.raises(PayloadError):
+        full.decode(tampered, 0)
+
+
+def test_choose_part_spreads_simultaneous_joiners_and_fills_orphans():
+    waiting = ["d", "a", "c", "b"]
+    chosen = {p: choose_part(2, [], waiting, p) for p in waiting}
+    assert sorted(chosen.values()) == [0, 0, 1, 1]
+    assert choose_part(3, [0, 0, 2, 2], [], "x") == 1  # the orphaned slice first
+    assert choose_part(1, [], [], "x") == FULL
