@@ -147,6 +147,7 @@ def run_demo(args: argparse.Namespace) -> int:
           f"{spec.model.num_params() / 1e6:.2f}M parameters, {args.minutes:g} min; logs in {workdir}", flush=True)
     t0 = time.monotonic()
     children: List[Child] = []
+    interrupted = False
     try:
         coord = Child("coordinator", coordinator_argv(workdir, args.config, args.strategy), workdir / "coordinator.log")
         children.append(coord)
@@ -163,6 +164,7 @@ def run_demo(args: argparse.Namespace) -> int:
             print(f"[{time.monotonic() - t0:5.0f} s] rounds {rounds} | val loss "
                   f"{min(vals) if vals else float('nan'):.3f}" + (f" | exited: {', '.join(dead)}" if dead else ""), flush=True)
     except KeyboardInterrupt:
+        interrupted = True
         print("\ninterrupted: stopping every process", flush=True)
     finally:
         for child in reversed(children[1:]):
@@ -173,4 +175,4 @@ def run_demo(args: argparse.Namespace) -> int:
     print_summary(summary)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
-    return 0
+    return 130 if interrupted else 0
