@@ -96,9 +96,14 @@ def watch(dht, spec: RunSpec, stop: threading.Event, period: float = 10.0) -> No
             logger.info("no peers yet")
             continue
         vals = [p.val_loss for p in live if not math.isnan(p.val_loss)]
+        slices = ""
+        if spec.partial.slices > 1:
+            owners = {s: sum(p.part == s for p in live) for s in range(spec.partial.slices)}
+            orphans = [s for s, n in owners.items() if n == 0]
+            slices = f" | owners per slice {owners}" + (f" (orphaned: {orphans})" if orphans else "")
         logger.info(
             f"{len(live)} peers | round {max(p.round for p in live)} | "
             f"val loss {min(vals) if vals else float('nan'):.3f} | "
             f"{sum(p.tokens_per_s for p in live) / 1e3:.1f}k tok/s | "
-            f"sent {human_bytes(sum(p.bytes_sent for p in live))}"
+            f"sent {human_bytes(sum(p.bytes_sent for p in live))}{slices}"
         )

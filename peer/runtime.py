@@ -254,14 +254,14 @@ class Peer:
         self.state = "ready"
         self._publish()
         t_encode = time.monotonic()
-        expected, alone = self._wait_for_round_peers()
+        expected, alone, behind = self._wait_for_round_peers()
         t_wait = time.monotonic()
         if self.stop_event.is_set():
             return
         self.state = "exchanging"
         result = None
         start_hash = params_hash(self.theta)
-        if not alone:
+        if not alone and not (behind and expected == 1):  # nobody of our round left to meet: catch up instead
             result = self.gatherer.gather(
                 self.round, payload, start_hash=start_hash, expected_size=expected, timeout=spec.swarm.round_wait
             )
@@ -332,7 +332,10 @@ class Peer:
         )
 
     def _wait_for_round_peers(self):
-        """Wait (bounded) until every live peer of this round is ready; returns (group size, alone)."""
+        """Wait (bounded) until every live peer of this round is ready.
+
+        Returns (expected group size, alone: no other live peer at all, behind: some peer is at a
+        later round)."""
         deadline = time.monotonic() + self.spec.swarm.round_wait
         while True:
             view = self._view()
@@ -341,7 +344,8 @@ class Peer:
             if not training or time.monotonic() > deadline or self.stop_event.is_set():
                 others = [v for v in view if v.peer_id != self.peer_id and v.progress.state != "stopped"]
                 ready = [v for v in mine if v.progress.state in ("ready", "exchanging")]
-                return 1 + len(ready), not others
+                behind = any(v.progress.round > self.round for v in others)
+                return 1 + len(ready), not others, behind
             time.sleep(0.25)
 
     def _view(self) -> List[PeerView]:
