@@ -1,0 +1,378 @@
+"""The wire format between neighbouring pipeline stages over plain TCP (sans-I/O).
+
+A frame is a 4-byte big-endian length, then a msgpack map of exactly that many bytes whose
+``"t"`` names the frame type::
+
+    hello        {"t", "v": protocol version, "run": spec digest, "chain": chain id,
+                  "stage": sender's stage index, "round": int, "role": "upstream"|"downstream"}
+    hello_ok     {"t"}
+    reject       {"t", "reason": str}
+    activations  {"t", "mb": micro-batch id, "step": inner step, "shape": [B, T, k],
+                  "dtype": "fp16"|"bf16"|"fp32", "tokens": B*T token ids, "data": B*T*k values}
+    grads        {"t", "mb", "step", "shape", "dtype", "data"}
+    bye          {"t"}
+
+The connecting side sends ``hello``; the other answers ``hello_ok`` or ``reject`` and closes.
+``role`` is the sender's place on the link: the upstream stage (index i) sends activations and
+receives grads, the downstream one (i + 1) the reverse. Activations carry the subspace
+coefficients ``c = (h - T[tok]) U`` of ALGORITHMS.md section 5 (k = d_model without projection)
+and the token ids the receiver needs to rebuild ``h``; grads carry ``g U``.
+
+Token ids travel as little-endian uint16 when the vocabulary fits (<= 65536 ids), else int32;
+float payloads little-endian in the named dtype. ``FrameDecoder`` is the trust boundary: for
+any bytes it returns well-formed frames whose tensors have the expected shape, finite values
+and in-range token ids, or raises FrameError; after an error the connection must be dropped.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Union
+
+import msgpack
+import numpy as np
+import torch
+
+from protocol import PROTOCOL_VERSION
+from protocol.errors import FrameError
+from protocol.spec import RunSpec
+
+LENGTH = struct.Struct(">I")
+ROLES = ("upstream", "downstream")
+WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+_DTYPE_NAMES = {v: k for k, v in WIRE_DTYPES.items()}
+MAX_REASON = 512  # characters of a reject reason
+MAX_ID = 128  # characters of a run digest or chain id
+MAX_INT = 1 << 62  # upper bound of micro-batch ids, steps, rounds and stage indices
+SLACK = 1024  # the map header, keys and small fields of the largest frame
+
+
+# --- frames ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello:
+    run: str
+    chain: str
+    stage: int
+    round: int
+    role: str
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class HelloOk:
+    pass
+
+
+@dataclass(frozen=True)
+class Reject:
+    reason: str
+
+
+@dataclass(frozen=True, eq=False)
+class Activations:
+    mb: int
+    step: int
+    tokens: torch.Tensor  # (B, T) integer ids
+    values: torch.Tensor  # (B, T, k) fp16, bf16 or fp32
+
+
+@dataclass(frozen=True, eq=False)
+class Grads:
+    mb: int
+    step: int
+    values: torch.Tensor  # (B, T, k)
+
+
+@dataclass(frozen=True)
+class Bye:
+    pass
+
+
+Frame = Union[Hello, HelloOk, Reject, Activations, Grads, Bye]
+_TYPE_NAMES = {Hello: "hello", HelloOk: "hello_ok", Reject: "reject", Activations: "activations", Grads: "grads", Bye: "bye"}
+_FIELDS = {
+    "hello": {"t", "v", "run", "chain", "stage", "round", "role"},
+    "hello_ok": {"t"},
+    "reject": {"t", "reason"},
+    "activations": {"t", "mb", "step", "shape", "dtype", "tokens", "data"},
+    "grads": {"t", "mb", "step", "shape", "dtype", "data"},
+    "bye": {"t"},
+}
+
+
+# --- limits both ends derive from the run ------------------------------------------------------
+
+
+def token_width(vocab_size: int) -> int:
+    return 2 if vocab_size <= 1 << 16 else 4
+
+
+@dataclass(frozen=True)
+class FrameFormat:
+    """What a link's frames must look like: B <= micro_batch sequences of exactly seq_len tokens,
+    k values per token, ids below vocab_size."""
+
+    micro_batch: int
+    seq_len: int
+    k: int
+    d_model: int
+    vocab_size: int
+
+    @classmethod
+    def for_run(cls, spec: RunSpec, micro_batch: Optional[int] = None, k: Optional[int] = None) -> "FrameFormat":
+        """``micro_batch`` defaults to the run's batch size, ``k`` to d_model (no projection)."""
+        m = spec.model
+        fmt = cls(spec.data.batch_size if micro_batch is None else micro_batch, m.seq_len, m.d_model if k is None else k, m.d_model, m.vocab_size)
+        for name in ("micro_batch", "k"):
+            v = getattr(fmt, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if fmt.k > m.d_model:
+            raise ValueError(f"k ({fmt.k}) must be at most d_model ({m.d_model})")
+        return fmt
+
+    @property
+    def token_width(self) -> int:
+        return token_width(self.vocab_size)
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest body a frame may have: fp32 values of max(d, k) per token, the ids, slack."""
+        tokens = self.micro_batch * self.seq_len
+        return tokens * max(self.d_model, self.k) * 4 + tokens * 4 + SLACK
+
+
+# --- encoding ----------------------------------------------------------------------------------
+
+
+def encode_frame(frame: Frame, fmt: Optional[FrameFormat] = None) -> bytes:
+    """The length-prefixed bytes of ``frame``. With ``fmt``, shapes are checked against it and
+    token ids take its width; without, ids travel as uint16 (a vocabulary of <= 65536)."""
+    kind = _TYPE_NAMES.get(type(frame))
+    if kind is None:
+        raise TypeError(f"not a frame: {type(frame).__name__}")
+    msg: Dict[str, Any] = {"t": kind}
+    if isinstance(frame, Hello):
+        msg.update(v=frame.version, run=frame.run, chain=frame.chain, stage=frame.stage, round=frame.round, role=frame.role)
+    elif isinstance(frame, Reject):
+        msg["reason"] = frame.reason[:MAX_REASON]
+    elif isinstance(frame, (Activations, Grads)):
+        values = frame.values.detach()
+        if values.dim() != 3 or values.dtype not in _DTYPE_NAMES:
+            raise ValueError(f"values must be a (B, T, k) tensor of {sorted(_DTYPE_NAMES)}, got {values.dtype} {tuple(values.shape)}")
+        if fmt is not None:
+            _check_shape(list(values.shape), fmt, ValueError)
+        msg.update(mb=frame.mb, step=frame.step, shape=list(values.shape), dtype=_DTYPE_NAMES[values.dtype])
+        if isinstance(frame, Activations):
+            msg["tokens"] = _token_bytes(frame.tokens, tuple(values.shape[:2]), fmt.token_width if fmt else 2)
+        msg["data"] = _tensor_bytes(values)
+    body = msgpack.packb(msg, use_bin_type=True)
+    if len(body) > 0xFFFFFFFF:
+        raise ValueError("frame too large for a 4-byte length")
+    return LENGTH.pack(len(body)) + body
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    t = t.to("cpu").contiguous()
+    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def _token_bytes(tokens: torch.Tensor, shape: tuple, width: int) -> bytes:
+    if tuple(tokens.shape) != shape or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise ValueError(f"tokens must be an integer tensor of shape {shape}, got {tokens.dtype} {tuple(tokens.shape)}")
+    ids = tokens.detach().to("cpu", torch.int64).numpy()
+    if ids.size and (ids.min() < 0 or ids.max() >= 1 << (8 * width)):
+        raise ValueError(f"token ids do not fit in {width} bytes")
+    return ids.astype("<u2" if width == 2 else "<i4").tobytes()
+
+
+# --- decoding ----------------------------------------------------------------------------------
+
+
+class FrameDecoder:
+    """Turns a byte stream into validated frames: ``feed(data) -> [frames]``.
+
+    Partial frames are buffered until complete. A length prefix above the format's limit raises at
+    once, before any of its body is awaited. Any FrameError poisons the decoder: the stream has
+    lost its framing (or the peer is hostile) and must be closed.
+    """
+
+    def __init__(self, fmt: FrameFormat):
+        self.fmt = fmt
+        self.max_frame_bytes = fmt.max_frame_bytes
+        self._buf = bytearray()
+        self._failed: Optional[str] = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for a frame not complete yet."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> List[Frame]:
+        if self._failed is not None:
+            raise FrameError(f"stream already failed: {self._failed}")
+        try:
+            return self._feed(data)
+        except FrameError as e:
+            self._failed = str(e)
+            self._buf = bytearray()
+            raise
+
+    def _feed(self, data: bytes) -> List[Frame]:
+        self._buf += data
+        frames: List[Frame] = []
+        while len(self._buf) >= LENGTH.size:
+            (length,) = LENGTH.unpack_from(self._buf)
+            if length == 0:
+                raise FrameError("empty frame")
+            if length > self.max_frame_bytes:
+                raise FrameError(f"frame of {length} bytes exceeds the limit of {self.max_frame_bytes}")
+            end = LENGTH.size + length
+            if len(self._buf) < end:
+                break
+            body = bytes(self._buf[LENGTH.size : end])
+            del self._buf[:end]
+            frames.append(decode_body(body, self.fmt))
+        return frames
+
+
+def decode_body(body: bytes, fmt: FrameFormat) -> Frame:
+    """One frame's msgpack body (without its length prefix), validated against ``fmt``."""
+    n = len(body)
+    try:
+        msg = msgpack.unpackb(
+            body, raw=False, strict_map_key=True, use_list=True,
+            max_str_len=n, max_bin_len=n, max_array_len=8, max_map_len=16, max_ext_len=0,
+        )
+    except Exception as e:  # msgpack raises ExtraData, FormatError, StackError, ValueError...
+        raise FrameError(f"frame is not valid msgpack: {type(e).__name__}: {e}") from None
+    if not isinstance(msg, dict):
+        raise FrameError(f"frame must be a map, got {type(msg).__name__}")
+    kind = msg.get("t")
+    if not isinstance(kind, str) or kind not in _FIELDS:
+        raise FrameError(f"unknown frame type {kind!r}")
+    if set(msg) != _FIELDS[kind]:
+        missing = sorted(_FIELDS[kind] - set(msg))
+        extra = sorted(map(str, set(msg) - _FIELDS[kind]))
+        raise FrameError(f"{kind} frame fields: missing {missing}, unexpected {extra}")
+    if kind == "hello":
+        return Hello(
+            run=_str(msg, "run", MAX_ID),
+            chain=_str(msg, "chain", MAX_ID),
+            stage=_int(msg, "stage"),
+            round=_int(msg, "round"),
+            role=_str(msg, "role", 16),
+            version=_int(msg, "v"),
+        )
+    if kind == "hello_ok":
+        return HelloOk()
+    if kind == "bye":
+        return Bye()
+    if kind == "reject":
+        return Reject(_str(msg, "reason", MAX_REASON, allow_empty=True))
+    mb, step = _int(msg, "mb"), _int(msg, "step")
+    shape = msg["shape"]
+    if not (isinstance(shape, list) and len(shape) == 3 and all(type(s) is int for s in shape)):
+        raise FrameError(f"{kind} shape must be three integers, got {shape!r}")
+    _check_shape(shape, fmt, FrameError)
+    dtype = msg["dtype"]
+    if not isinstance(dtype, str) or dtype not in WIRE_DTYPES:
+        raise FrameError(f"{kind} dtype must be one of {sorted(WIRE_DTYPES)}, got {dtype!r}")
+    values = _floats(msg["data"], shape, WIRE_DTYPES[dtype], kind)
+    if kind == "grads":
+        return Grads(mb, step, values)
+    return Activations(mb, step, _tokens(msg["tokens"], shape[:2], fmt), values)
+
+
+def _check_shape(shape: List[int], fmt: FrameFormat, error: type) -> None:
+    b, t, k = shape
+    if not (1 <= b <= fmt.micro_batch and t == fmt.seq_len and k == fmt.k):
+        raise error(f"shape {shape} does not match (1..{fmt.micro_batch}, {fmt.seq_len}, {fmt.k})")
+
+
+def _floats(data: Any, shape: List[int], dtype: torch.dtype, kind: str) -> torch.Tensor:
+    count = shape[0] * shape[1] * shape[2]
+    size = torch.empty((), dtype=dtype).element_size()
+    if not isinstance(data, bytes) or len(data) != count * size:
+        raise FrameError(f"{kind} data must be {count * size} bytes, got {_describe(data)}")
+    values = torch.frombuffer(bytearray(data), dtype=dtype).view(*shape)
+    if not bool(torch.isfinite(values).all()):
+        raise FrameError(f"{kind} data holds a non-finite value")
+    return values
+
+
+def _tokens(data: Any, shape: List[int], fmt: FrameFormat) -> torch.Tensor:
+    width = fmt.token_width
+    count = shape[0] * shape[1]
+    if not isinstance(data, bytes) or len(data) != count * width:
+        raise FrameError(f"activations tokens must be {count * width} bytes, got {_describe(data)}")
+    ids = np.frombuffer(data, dtype="<u2" if width == 2 else "<i4").astype(np.int64)
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= fmt.vocab_size):
+        raise FrameError(f"activations token ids must lie in [0, {fmt.vocab_size})")
+    return torch.from_numpy(ids).view(shape[0], shape[1])
+
+
+def _describe(v: Any) -> str:
+    return f"{len(v)} bytes" if isinstance(v, bytes) else type(v).__name__
+
+
+def _int(msg: Dict[str, Any], name: str) -> int:
+    v = msg[name]
+    if type(v) is not int or not 0 <= v < MAX_INT:
+        raise FrameError(f"frame field {name!r} must be an integer in [0, 2^62), got {v!r}")
+    return v
+
+
+def _str(msg: Dict[str, Any], name: str, limit: int, allow_empty: bool = False) -> str:
+    v = msg[name]
+    if not isinstance(v, str) or len(v) > limit or (not v and not allow_empty):
+        raise FrameError(f"frame field {name!r} must be a string of at most {limit} characters")
+    return v
+
+
+# --- handshake ---------------------------------------------------------------------------------
+
+
+def check_hello(
+    frame: Frame, *, run_digest: str, chain_id: str, stage: int, round: int, role: str, version: int = PROTOCOL_VERSION
+) -> Hello:
+    """Accept the neighbour's hello or raise FrameError with the reason to log and send back in a
+    ``reject``. ``stage`` and ``role`` are what the neighbour must be (e.g. a stage i expecting its
+    upstream neighbour passes ``stage=i - 1, role="upstream"``)."""
+    if not isinstance(frame, Hello):
+        raise FrameError(f"expected a hello frame, got {_TYPE_NAMES.get(type(frame), type(frame).__name__)}")
+    if frame.version != version:
+        raise FrameError(f"protocol version {frame.version} is not {version}")
+    if frame.run != run_digest:
+        raise FrameError(f"peer trains run spec {frame.run!r}, not {run_digest!r}")
+    if frame.chain != chain_id:
+        raise FrameError(f"peer is in chain {frame.chain!r}, not {chain_id!r}")
+    if frame.role not in ROLES:
+        raise FrameError(f"unknown role {frame.role!r}")
+    if frame.role != role or frame.stage != stage:
+        raise FrameError(f"peer is stage {frame.stage} ({frame.role}), expected stage {stage} ({role})")
+    if frame.round != round:
+        raise FrameError(f"peer is at round {frame.round}, this stage at round {round}")
+    return frame
+
+
+__all__ = [
+    "Frame",
+    "Hello",
+    "HelloOk",
+    "Reject",
+    "Activations",
+    "Grads",
+    "Bye",
+    "ROLES",
+    "WIRE_DTYPES",
+    "FrameFormat",
+    "FrameDecoder",
+    "encode_frame",
+    "decode_body",
+    "check_hello",
+    "token_width",
+]
