@@ -22,6 +22,7 @@ assignment supersedes an older one that names the same peer (``latest_assignment
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -216,11 +217,17 @@ def form_chains(
     attempts = [_sequential(costs, usable, max_stages)]
     # the sum of a chain's stage bytes is at least a full replica's, which bounds the chain count
     upper = min(len(usable), sum(c.capacity_bytes for c in usable) // costs.replica)
-    for k in range(upper, 0, -1):
+    # fewer chains are easier to fill: search the largest k that succeeds
+    lo, hi, found = 1, upper, None
+    while lo <= hi:
+        k = (lo + hi) // 2
         groups = _balanced(costs, usable, k, max_stages)
         if groups is not None:
-            attempts.append(groups)
-            break
+            lo, found = k + 1, groups
+        else:
+            hi = k - 1
+    if found is not None:
+        attempts.append(found)
     best = min(attempts, key=lambda groups: (-len(groups), sum(map(len, groups))))
     chains = [_plan(costs, g) for g in best]
     placed = {m for g in best for m in (c.peer_id for c in g)}
@@ -236,38 +243,55 @@ def _sequential(costs: _Costs, pool: Sequence[Candidate], max_stages: int) -> Li
     while free:
         group, rest = [free[0]], free[1:]
         while not _feasible(costs, group):
-            completing = [c for c in rest if _feasible(costs, group + [c])] if len(group) < max_stages else []
-            if completing:
-                pick = completing[-1]  # rest is sorted largest first
+            # whether a peer completes the group only grows with its capacity (every stage
+            # rank gets at least as much memory), so the completing peers are a prefix of rest
+            last = _last_true(len(rest), lambda i: _feasible(costs, group + [rest[i]])) if len(group) < max_stages else -1
+            if last >= 0:
+                pick = last
             elif rest and len(group) < max_stages - 1:
-                pick = rest[0]
+                pick = 0
             else:
                 return groups
-            group.append(pick)
-            rest.remove(pick)
+            group.append(rest.pop(pick))
         groups.append(group)
         free = rest
     return groups
 
 
+def _last_true(n: int, pred) -> int:
+    """The last index of a true prefix of pred over range(n), or -1 (pred: true then false)."""
+    lo, hi = 0, n  # answer + 1 lies in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pred(mid):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
 def _balanced(costs: _Costs, pool: Sequence[Candidate], k: int, max_stages: int) -> Optional[List[List[Candidate]]]:
     """Exactly ``k`` chains filled in parallel: each peer, largest first, joins the open chain with
-    the least capacity so far (the K largest peers head the chains); a chain closes once it covers
+    the least capacity so far (the k largest peers head the chains); a chain closes once it covers
     the model. None if some chain is left open."""
     groups: List[List[Candidate]] = [[] for _ in range(k)]
-    total = [0] * k
-    closed = [False] * k
+    heap = [(0, i) for i in range(k)]  # (capacity so far, chain) of the open chains
     for c in pool:
-        for i in sorted((i for i in range(k) if not closed[i]), key=lambda i: (total[i], i)):
+        if not heap:
+            break
+        skipped = []
+        while heap:
+            total, i = heapq.heappop(heap)
             completes = _feasible(costs, groups[i] + [c])
             if completes or len(groups[i]) < max_stages - 1:
                 groups[i].append(c)
-                total[i] += c.capacity_bytes
-                closed[i] = completes
+                if not completes:
+                    heapq.heappush(heap, (total + c.capacity_bytes, i))
                 break
-        if all(closed):
-            break
-    return groups if all(closed) else None
+            skipped.append((total, i))  # full of stages: only a completing peer may join it
+        for item in skipped:
+            heapq.heappush(heap, item)
+    return None if heap else groups
 
 
 def _check_candidates(candidates: Iterable[Candidate]) -> List[Candidate]:

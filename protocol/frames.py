@@ -18,8 +18,9 @@ receives grads, the downstream one (i + 1) the reverse. Activations carry the su
 coefficients ``c = (h - T[tok]) U`` of ALGORITHMS.md section 5 (k = d_model without projection)
 and the token ids the receiver needs to rebuild ``h``; grads carry ``g U``.
 
-Token ids travel as little-endian uint16 when the vocabulary fits (<= 65536 ids), else int32;
-float payloads little-endian in the named dtype. ``FrameDecoder`` is the trust boundary: for
+Token ids travel little-endian in the fewest bytes the vocabulary needs (1 up to 256 ids, 2 up
+to 65,536, else 4: protocol/activations.py's ``token_id_bytes``); float payloads little-endian in
+the named dtype (fp32 is accepted for uncompressed links and debugging). ``FrameDecoder`` is the trust boundary: for
 any bytes it returns well-formed frames whose tensors have the expected shape, finite values
 and in-range token ids, or raises FrameError; after an error the connection must be dropped.
 """
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 
 from protocol import PROTOCOL_VERSION
+from protocol.activations import token_id_bytes
 from protocol.errors import FrameError
 from protocol.spec import RunSpec
 
@@ -106,8 +108,7 @@ _FIELDS = {
 # --- limits both ends derive from the run ------------------------------------------------------
 
 
-def token_width(vocab_size: int) -> int:
-    return 2 if vocab_size <= 1 << 16 else 4
+_ID_DTYPES = {1: "<u1", 2: "<u2", 4: "<i4"}
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ class FrameFormat:
 
     @property
     def token_width(self) -> int:
-        return token_width(self.vocab_size)
+        return token_id_bytes(self.vocab_size)
 
     @property
     def max_frame_bytes(self) -> int:
@@ -149,8 +150,8 @@ class FrameFormat:
 
 
 def encode_frame(frame: Frame, fmt: Optional[FrameFormat] = None) -> bytes:
-    """The length-prefixed bytes of ``frame``. With ``fmt``, shapes are checked against it and
-    token ids take its width; without, ids travel as uint16 (a vocabulary of <= 65536)."""
+    """The length-prefixed bytes of ``frame``. With ``fmt`` (required for activations: it sets the
+    width of the token ids), shapes are checked against it."""
     kind = _TYPE_NAMES.get(type(frame))
     if kind is None:
         raise TypeError(f"not a frame: {type(frame).__name__}")
@@ -167,7 +168,9 @@ def encode_frame(frame: Frame, fmt: Optional[FrameFormat] = None) -> bytes:
             _check_shape(list(values.shape), fmt, ValueError)
         msg.update(mb=frame.mb, step=frame.step, shape=list(values.shape), dtype=_DTYPE_NAMES[values.dtype])
         if isinstance(frame, Activations):
-            msg["tokens"] = _token_bytes(frame.tokens, tuple(values.shape[:2]), fmt.token_width if fmt else 2)
+            if fmt is None:
+                raise TypeError("encoding an activations frame needs the link's FrameFormat (token id width)")
+            msg["tokens"] = _token_bytes(frame.tokens, tuple(values.shape[:2]), fmt.token_width)
         msg["data"] = _tensor_bytes(values)
     body = msgpack.packb(msg, use_bin_type=True)
     if len(body) > 0xFFFFFFFF:
@@ -184,9 +187,9 @@ def _token_bytes(tokens: torch.Tensor, shape: tuple, width: int) -> bytes:
     if tuple(tokens.shape) != shape or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
         raise ValueError(f"tokens must be an integer tensor of shape {shape}, got {tokens.dtype} {tuple(tokens.shape)}")
     ids = tokens.detach().to("cpu", torch.int64).numpy()
-    if ids.size and (ids.min() < 0 or ids.max() >= 1 << (8 * width)):
+    if ids.size and (ids.min() < 0 or ids.max() >= 1 << (8 * width - (width == 4))):
         raise ValueError(f"token ids do not fit in {width} bytes")
-    return ids.astype("<u2" if width == 2 else "<i4").tobytes()
+    return ids.astype(_ID_DTYPES[width]).tobytes()
 
 
 # --- decoding ----------------------------------------------------------------------------------
@@ -309,7 +312,7 @@ def _tokens(data: Any, shape: List[int], fmt: FrameFormat) -> torch.Tensor:
     count = shape[0] * shape[1]
     if not isinstance(data, bytes) or len(data) != count * width:
         raise FrameError(f"activations tokens must be {count * width} bytes, got {_describe(data)}")
-    ids = np.frombuffer(data, dtype="<u2" if width == 2 else "<i4").astype(np.int64)
+    ids = np.frombuffer(data, dtype=_ID_DTYPES[width]).astype(np.int64)
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= fmt.vocab_size):
         raise FrameError(f"activations token ids must lie in [0, {fmt.vocab_size})")
     return torch.from_numpy(ids).view(shape[0], shape[1])
@@ -374,5 +377,4 @@ __all__ = [
     "encode_frame",
     "decode_body",
     "check_hello",
-    "token_width",
 ]
