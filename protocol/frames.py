@@ -163,7 +163,7 @@ def encode_frame(frame: Frame, fmt: Optional[FrameFormat] = None) -> bytes:
     elif isinstance(frame, (Activations, Grads)):
         values = frame.values.detach()
         if values.dim() != 3 or values.dtype not in _DTYPE_NAMES:
-            raise ValueError(f"values must be a (B, T, k) tensor of {sorted(_DTYPE_NAMES)}, got {values.dtype} {tuple(values.shape)}")
+            raise ValueError(f"values must be a (B, T, k) tensor of {sorted(WIRE_DTYPES)}, got {values.dtype} {tuple(values.shape)}")
         if fmt is not None:
             _check_shape(list(values.shape), fmt, ValueError)
         msg.update(mb=frame.mb, step=frame.step, shape=list(values.shape), dtype=_DTYPE_NAMES[values.dtype])
