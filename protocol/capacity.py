@@ -35,7 +35,9 @@ live after the activations are freed. ``capacity_bytes`` a peer announces is mem
 to the tensors above, after its own overhead.
 
 A stage holding the first block also holds the embedding; one holding the last block also holds
-the final norm and the head. ``micro_batch`` is the number of sequences whose activations a stage
+the final norm and the head. A stage with a neighbour (any stage of a chain of two or more) also
+holds the activation codec's state (protocol/activations.py): the snapshot ``T`` of the
+embedding (V d) and the basis ``U`` (d k, counted as d d), fp32: ``link_state_bytes``. ``micro_batch`` is the number of sequences whose activations a stage
 holds at once; by default the run's ``data.batch_size`` (a full-batch step, or a GPipe schedule
 with every micro-batch of the step in flight), which is the conservative choice.
 """
@@ -149,14 +151,28 @@ def replica_bytes(
     ).total
 
 
+def link_state_bytes(spec: RunSpec) -> int:
+    """The activation codec's state a stage with a neighbour holds: T (V, d) and U (d, k <= d)."""
+    d = spec.model.d_model
+    return FP32 * (spec.model.vocab_size * d + d * d)
+
+
 def stage_bytes(spec: RunSpec, start_block: int, end_block: int, micro_batch: Optional[int] = None) -> int:
-    """Bytes for the pipeline stage owning blocks [start_block, end_block) (see chains.stage_shapes)."""
+    """Bytes for the pipeline stage owning blocks [start_block, end_block) (see chains.stage_shapes),
+    the codec's state included unless the stage is the whole model."""
     n_layers = spec.model.n_layers
     if not 0 <= start_block < end_block <= n_layers:
         raise ValueError(f"block range [{start_block}, {end_block}) is not a non-empty part of [0, {n_layers})")
+    whole = start_block == 0 and end_block == n_layers
     return replica_bytes(
         spec, end_block - start_block, micro_batch, embed=start_block == 0, head=end_block == n_layers
-    )
+    ) + (0 if whole else link_state_bytes(spec))
+
+
+def first_block_bytes(spec: RunSpec, *, embed: bool, head: bool, micro_batch: Optional[int] = None) -> int:
+    """Bytes of a one-block stage in the given place of a chain (first: embed, last: head); every
+    further block adds ``layer_bytes``. ``embed and head``: a one-stage chain, no codec state."""
+    return replica_bytes(spec, 1, micro_batch, embed=embed, head=head) + (0 if embed and head else link_state_bytes(spec))
 
 
 def layer_bytes(spec: RunSpec, micro_batch: Optional[int] = None) -> int:
@@ -169,9 +185,9 @@ def layer_bytes(spec: RunSpec, micro_batch: Optional[int] = None) -> int:
 def max_blocks(
     spec: RunSpec, capacity_bytes: int, *, embed: bool, head: bool, micro_batch: Optional[int] = None
 ) -> int:
-    """The most blocks a stage of ``capacity_bytes`` can train (0 when not even one fits)."""
+    """The most blocks a chain stage of ``capacity_bytes`` can train (0 when not even one fits)."""
     n_layers = spec.model.n_layers
-    one = replica_bytes(spec, 1, micro_batch, embed=embed, head=head)
+    one = first_block_bytes(spec, embed=embed, head=head, micro_batch=micro_batch)
     if capacity_bytes < one:
         return 0
     # stage bytes grow by exactly layer_bytes per block
@@ -188,6 +204,8 @@ __all__ = [
     "estimate",
     "replica_bytes",
     "stage_bytes",
+    "link_state_bytes",
+    "first_block_bytes",
     "layer_bytes",
     "max_blocks",
     "fits_full_replica",

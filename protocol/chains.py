@@ -30,7 +30,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import msgpack
 
 from protocol import PROTOCOL_VERSION
-from protocol.capacity import layer_bytes, replica_bytes
+from protocol.capacity import first_block_bytes, layer_bytes, replica_bytes
 from protocol.errors import ProtocolError
 from protocol.spec import RunSpec
 
@@ -133,7 +133,7 @@ class _Costs:
         self.per_block = layer_bytes(spec, micro_batch)
         # a stage of one block in each role; every further block adds exactly per_block
         self.one = {
-            (embed, head): replica_bytes(spec, 1, micro_batch, embed=embed, head=head)
+            (embed, head): first_block_bytes(spec, embed=embed, head=head, micro_batch=micro_batch)
             for embed in (False, True)
             for head in (False, True)
         }
@@ -230,9 +230,10 @@ def form_chains(
         attempts.append(found)
     best = min(attempts, key=lambda groups: (-len(groups), sum(map(len, groups))))
     chains = [_plan(costs, g) for g in best]
-    placed = {m for g in best for m in (c.peer_id for c in g)}
+    assert all(c is not None for c in chains), "formation returned a group that cannot cover the model"
+    placed = {c.peer_id for g in best for c in g}
     waiting = [c.peer_id for c in ordered if c.peer_id not in placed]
-    return [c for c in chains if c is not None], waiting
+    return chains, waiting
 
 
 def _sequential(costs: _Costs, pool: Sequence[Candidate], max_stages: int) -> List[List[Candidate]]:
@@ -300,6 +301,10 @@ def _check_candidates(candidates: Iterable[Candidate]) -> List[Candidate]:
     for c in pool:
         if not isinstance(c, Candidate):
             raise TypeError(f"expected Candidate, got {type(c).__name__}")
+        if not isinstance(c.peer_id, str) or not c.peer_id:
+            raise ValueError(f"candidate peer id must be a non-empty string, got {c.peer_id!r}")
+        if isinstance(c.capacity_bytes, bool) or not isinstance(c.capacity_bytes, int):
+            raise ValueError(f"candidate {c.peer_id!r}: capacity_bytes must be an integer")
         if c.peer_id in seen:
             raise ValueError(f"candidate {c.peer_id!r} appears twice")
         seen.add(c.peer_id)

@@ -122,18 +122,25 @@ class FrameFormat:
     d_model: int
     vocab_size: int
 
+    def __post_init__(self):
+        for name in ("micro_batch", "seq_len", "k", "d_model", "vocab_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.k > self.d_model:
+            raise ValueError(f"k ({self.k}) must be at most d_model ({self.d_model})")
+
     @classmethod
     def for_run(cls, spec: RunSpec, micro_batch: Optional[int] = None, k: Optional[int] = None) -> "FrameFormat":
         """``micro_batch`` defaults to the run's batch size, ``k`` to d_model (no projection)."""
         m = spec.model
-        fmt = cls(spec.data.batch_size if micro_batch is None else micro_batch, m.seq_len, m.d_model if k is None else k, m.d_model, m.vocab_size)
-        for name in ("micro_batch", "k"):
-            v = getattr(fmt, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if fmt.k > m.d_model:
-            raise ValueError(f"k ({fmt.k}) must be at most d_model ({m.d_model})")
-        return fmt
+        return cls(
+            micro_batch=spec.data.batch_size if micro_batch is None else micro_batch,
+            seq_len=m.seq_len,
+            k=m.d_model if k is None else k,
+            d_model=m.d_model,
+            vocab_size=m.vocab_size,
+        )
 
     @property
     def token_width(self) -> int:

@@ -15,6 +15,7 @@ from protocol.capacity import (
     fits_full_replica,
     head_activation_values,
     layer_bytes,
+    link_state_bytes,
     max_blocks,
     replica_bytes,
     stage_bytes,
@@ -86,7 +87,8 @@ def test_each_block_adds_layer_bytes_and_micro_batch_scales_activations():
                 grow = replica_bytes(SPEC, layers + 1, embed=embed, head=head) - replica_bytes(SPEC, layers, embed=embed, head=head)
                 assert grow == layer_bytes(SPEC)
     assert replica_bytes(SPEC, 3) < stage_bytes(SPEC, 0, 3) < stage_bytes(SPEC, 0, 4)
-    assert stage_bytes(SPEC, 9, 12) > replica_bytes(SPEC, 3)  # the head's stage holds norm + head
+    assert stage_bytes(SPEC, 9, 12) > stage_bytes(SPEC, 3, 6)  # the head's stage holds norm + head
+    assert stage_bytes(SPEC, 3, 6) == replica_bytes(SPEC, 3) + link_state_bytes(SPEC)
     small, big = estimate(SPEC, 4, embed=False, head=False, micro_batch=2), estimate(SPEC, 4, embed=False, head=False, micro_batch=8)
     assert big.activations == 4 * small.activations and big.state == small.state
     # the stages of a chain together never need less than one full replica
@@ -96,7 +98,8 @@ def test_each_block_adds_layer_bytes_and_micro_batch_scales_activations():
 def test_fits_full_replica_and_max_blocks_boundaries():
     assert fits_full_replica(SPEC, X) and not fits_full_replica(SPEC, X - 1)
     assert max_blocks(SPEC, X, embed=True, head=True) == 12
-    one = replica_bytes(SPEC, 1)
+    one = replica_bytes(SPEC, 1) + link_state_bytes(SPEC)  # a middle stage of one block
+    assert one == stage_bytes(SPEC, 4, 5)
     assert max_blocks(SPEC, one - 1, embed=False, head=False) == 0
     assert max_blocks(SPEC, one, embed=False, head=False) == 1
     assert max_blocks(SPEC, one + layer_bytes(SPEC), embed=False, head=False) == 2
@@ -266,7 +269,7 @@ def test_formation_is_deterministic():
 
 def test_waiting_candidates():
     assert form_chains(SPEC, []) == ([], [])
-    tiny = Candidate("tiny", replica_bytes(SPEC, 1) - 1, 10.0)  # cannot hold one block
+    tiny = Candidate("tiny", stage_bytes(SPEC, 4, 5) - 1, 10.0)  # cannot hold one block
     chains, waiting = form_chains(SPEC, cands(0.6, 0.6) + [tiny])
     assert len(chains) == 1 and waiting == ["tiny"]
     # three 0.3 peers are not one replica: all wait
@@ -295,6 +298,9 @@ def test_bad_candidate_lists():
         form_chains(SPEC, [("p", 1, 1.0)])
     with pytest.raises(ValueError):
         form_chains(SPEC, cands(0.6), max_stages=0)
+    for bad in (Candidate("", 10, 1.0), Candidate("p", 1.5e9, 1.0), Candidate("p", True, 1.0)):
+        with pytest.raises(ValueError):
+            form_chains(SPEC, [bad])
 
 
 def test_formation_scales_to_hundreds_of_candidates():

@@ -133,6 +133,8 @@ def test_encode_refuses_local_mistakes():
         encode_frame({"t": "bye"})
     with pytest.raises(ValueError):
         FrameFormat.for_run(SPEC, k=33)
+    with pytest.raises(ValueError):
+        FrameFormat(micro_batch=0, seq_len=8, k=4, d_model=16, vocab_size=256)
 
 
 # --- stream reassembly -------------------------------------------------------------------------
