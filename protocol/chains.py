@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -322,9 +323,13 @@ class CandidateRecord:
     capacity: int  # bytes it can give to training
     bandwidth: float  # Mbit/s it measured or was told
     state: str  # one of CANDIDATE_STATES
+    endpoint: str = ""  # "host:port" of its stage listener, where the previous stage connects
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"v": PROTOCOL_VERSION, "spec": self.spec, "capacity": self.capacity, "bandwidth": self.bandwidth, "state": self.state}
+        return {
+            "v": PROTOCOL_VERSION, "spec": self.spec, "capacity": self.capacity,
+            "bandwidth": self.bandwidth, "state": self.state, "endpoint": self.endpoint,
+        }
 
     def to_bytes(self) -> bytes:
         return msgpack.packb(self.to_dict(), use_bin_type=True)
@@ -355,7 +360,8 @@ class ChainAssignment:
         return msgpack.packb(self.to_dict(), use_bin_type=True)
 
 
-_CANDIDATE_KEYS = {"v", "spec", "capacity", "bandwidth", "state"}
+_CANDIDATE_KEYS = {"v", "spec", "capacity", "bandwidth", "state", "endpoint"}
+_ENDPOINT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]{1,253}):(\d{1,5})$")
 _ASSIGNMENT_KEYS = {"v", "spec", "epoch", "chain", "stages"}
 
 
@@ -376,7 +382,10 @@ def parse_candidate(value: Any, spec: Optional[RunSpec] = None) -> CandidateReco
     state = rec["state"]
     if state not in CANDIDATE_STATES:
         raise ChainError(f"chain candidate state must be one of {CANDIDATE_STATES}, got {state!r}")
-    return CandidateRecord(digest, capacity, float(bandwidth), state)
+    endpoint = _short_str(rec["endpoint"], "chain candidate endpoint", 270) if rec["endpoint"] else ""
+    if endpoint and (not _ENDPOINT.match(endpoint) or not 0 < int(endpoint.rsplit(":", 1)[1]) < 65536):
+        raise ChainError(f"chain candidate endpoint must be host:port, got {endpoint!r}")
+    return CandidateRecord(digest, capacity, float(bandwidth), state, endpoint)
 
 
 def parse_assignment(value: Any, spec: RunSpec) -> ChainAssignment:

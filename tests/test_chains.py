@@ -432,3 +432,16 @@ def test_newer_assignments_supersede_older_ones():
     assert latest["a"] is new and latest["e"] is new and latest["c"] is other
     assert "b" not in latest  # its chain lost a member to a newer one: b waits for a new assignment
     assert latest_assignments([new, old]) == latest_assignments([old, new])
+
+
+@pytest.mark.parametrize("endpoint, ok", [
+    ("127.0.0.1:4100", True), ("peer-3.example.org:65535", True), ("[::1]:9", True), ("", True),
+    ("127.0.0.1", False), ("127.0.0.1:0", False), ("127.0.0.1:70000", False), ("a b:1", False), ("x" * 300 + ":1", False),
+])
+def test_candidate_endpoint_is_host_and_port(endpoint, ok):
+    raw = CandidateRecord(SPEC.digest(), 1000, 10.0, "waiting", endpoint).to_dict()
+    if ok:
+        assert parse_candidate(raw, SPEC).endpoint == endpoint
+    else:
+        with pytest.raises(ChainError):
+            parse_candidate(raw, SPEC)
