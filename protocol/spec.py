@@ -229,6 +229,29 @@ class PartialSpec:
 
 
 @dataclass(frozen=True)
+class ChainSpec:
+    """Pipeline chains of low-resource peers (arXiv 2601.02360): one stage per peer, a chain is one
+    replica; activations cross stage boundaries projected on a rank-``rank`` subspace."""
+
+    rank: int = 0  # k; 0: d_model // 10 (>= 8x fewer bytes per token than 16-bit activations); d_model: uncompressed
+    micro_batches: int = 4  # GPipe micro-batches per inner step (a batch is split as evenly as it can be)
+    wire_dtype: str = "fp16"  # fp16 or bf16 values between stages
+    compress_all: bool = False  # every replica trains the subspace-constrained model (the "uniform" arm)
+    link_timeout: float = 30.0  # seconds without a frame from a neighbour before the chain is declared broken
+
+    def check(self) -> None:
+        if self.rank < 0:
+            raise SpecError("chain.rank must be >= 0 (0 picks d_model // 10)")
+        _positive(self, "micro_batches")
+        if self.wire_dtype not in ("fp16", "bf16"):
+            raise SpecError("chain.wire_dtype must be fp16 or bf16")
+        _positive_float(self, "link_timeout")
+
+    def effective_rank(self, d_model: int) -> int:
+        return self.rank if self.rank else max(1, d_model // 10)
+
+
+@dataclass(frozen=True)
 class SwarmSpec:
     """How peers meet: group sizes and the time limits of one round."""
 
@@ -257,6 +280,7 @@ class RunSpec:
     outer: OuterSpec = field(default_factory=OuterSpec)
     swarm: SwarmSpec = field(default_factory=SwarmSpec)
     partial: PartialSpec = field(default_factory=PartialSpec)
+    chain: ChainSpec = field(default_factory=ChainSpec)
     version: int = SPEC_VERSION
 
     def __post_init__(self):
@@ -271,8 +295,11 @@ class RunSpec:
             )
         if self.seed < 0 or self.max_rounds < 0:
             raise SpecError("seed and max_rounds must be >= 0")
-        for part in (self.model, self.data, self.inner, self.outer, self.swarm, self.partial):
+        for part in (self.model, self.data, self.inner, self.outer, self.swarm, self.partial, self.chain):
             part.check()
+        if self.chain.rank > self.model.d_model:
+            raise SpecError(f"chain.rank ({self.chain.rank}) must be <= model.d_model ({self.model.d_model})")
+
         self.model.check_slices(self.partial.slices, self.partial.attn_slices)
 
     def param_shapes(self) -> Dict[str, Tuple[int, ...]]:
