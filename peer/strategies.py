@@ -19,8 +19,9 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from protocol.codecs import make_codec
-from protocol.partial import FULL, owned_shapes, part_layouts
-from protocol.payload import decode_part_payload, encode_payload, payload_max_bytes
+from protocol.chains import stage_shapes
+from protocol.partial import FULL, owned_shapes
+from protocol.payload import Part, decode_part_payload, encode_payload, payload_max_bytes
 from protocol.spec import RunSpec
 
 Tensors = Dict[str, torch.Tensor]
@@ -40,16 +41,30 @@ class OuterStrategy:
 
     name = "base"
 
-    def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: int = FULL):
-        """``part``: FULL, or the slice a partial peer owns (protocol/partial.py); ``layout``: an
-        explicit layout for benchmarks of a model other than the spec's."""
+    def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: Part = FULL):
+        """``part``: FULL, the slice a partial peer owns (protocol/partial.py), or the (start, end)
+        block range of a chain stage (protocol/chains.py); ``layout``: an explicit layout for
+        benchmarks of a model other than the spec's."""
         self.spec, self.part = spec, part
-        self.layout = dict(layout) if layout is not None else owned_shapes(spec, part)  # what we send
-        self.layouts = {part: self.layout} if layout is not None else part_layouts(spec)  # what others may send
         self.full_layout = dict(layout) if layout is not None else spec.param_shapes()
+        self._explicit = layout is not None
+        self.layout = dict(self.layout_of(part))  # what this peer sends
         self.codec = make_codec(spec)
         self.lr = spec.outer.effective_lr
-        self.max_payload_bytes = max(payload_max_bytes(self.codec, lay) for lay in self.layouts.values())
+        self.max_payload_bytes = payload_max_bytes(self.codec, self.full_layout)  # no part is larger
+
+    def layout_of(self, part: Part) -> Optional[Layout]:
+        """The tensors a payload of ``part`` must carry, or None if the run has no such part."""
+        if self._explicit:
+            return self.full_layout if part == self.part else None
+        if isinstance(part, tuple):
+            start, end = part
+            if not 0 <= start < end <= self.spec.model.n_layers:
+                return None
+            return stage_shapes(self.spec, start, end)
+        if part == FULL or 0 <= part < self.spec.partial.slices and self.spec.partial.slices > 1:
+            return owned_shapes(self.spec, part)
+        return None
 
     # -- what a replica sends ---------------------------------------------------------------------
     def signal(self, delta: Tensors) -> Tensors:
@@ -68,7 +83,7 @@ class OuterStrategy:
     def decode(self, data: bytes, round_no: int) -> Tensors:
         """A groupmate's payload, validated against the layout of the part it claims to send."""
         _, tensors = decode_part_payload(
-            data, self.codec, self.layouts, run_digest=self.spec.digest(), round=round_no, max_bytes=self.max_payload_bytes
+            data, self.codec, self.layout_of, run_digest=self.spec.digest(), round=round_no, max_bytes=self.max_payload_bytes
         )
         return tensors
 
@@ -114,7 +129,7 @@ class OuterStrategy:
 class DiLoCo(OuterStrategy):
     name = "diloco"
 
-    def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: int = FULL):
+    def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: Part = FULL):
         super().__init__(spec, layout, part)
         # the outer momentum is shared state: it covers every tensor, owned by this peer or not
         self.momentum = {n: torch.zeros(s) for n, s in self.full_layout.items()}
@@ -139,7 +154,7 @@ class _ResidualStrategy(OuterStrategy):
 
     buffer_name = "buffer"
 
-    def __init__(self, spec: RunSpec, layout: Optional[Layout], part: int, decay: float):
+    def __init__(self, spec: RunSpec, layout: Optional[Layout], part: Part, decay: float):
         super().__init__(spec, layout, part)
         self.decay = decay
         self.buffer = {n: torch.zeros(s) for n, s in self.layout.items()}
@@ -162,7 +177,7 @@ class SparseLoCo(_ResidualStrategy):
     name = "sparseloco"
     buffer_name = "error"
 
-    def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: int = FULL):
+    def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: Part = FULL):
         super().__init__(spec, layout, part, decay=spec.outer.sparseloco.ef_beta)
 
 
@@ -170,14 +185,14 @@ class DCTMomentum(_ResidualStrategy):
     name = "dct"
     buffer_name = "momentum"
 
-    def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: int = FULL):
+    def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: Part = FULL):
         super().__init__(spec, layout, part, decay=spec.outer.dct.beta)
 
 
 STRATEGIES = {"diloco": DiLoCo, "sparseloco": SparseLoCo, "dct": DCTMomentum}
 
 
-def make_strategy(spec: RunSpec, layout: Optional[Layout] = None, part: int = FULL) -> OuterStrategy:
+def make_strategy(spec: RunSpec, layout: Optional[Layout] = None, part: Part = FULL) -> OuterStrategy:
     return STRATEGIES[spec.outer.strategy](spec, layout, part)
 
 

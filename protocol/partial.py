@@ -57,14 +57,6 @@ def choose_part(slices: int, owners: Iterable[int], waiting: Sequence[str], me: 
     raise AssertionError("unreachable")
 
 
-def owner_counts(slices: int, parts: Iterable[int]) -> Mapping[int, int]:
-    counts = {s: 0 for s in range(slices)}
-    for part in parts:
-        if part in counts:
-            counts[part] += 1
-    return counts
-
-
 def describe(spec: RunSpec, part: int) -> str:
     if part == FULL:
         return "the full model"
@@ -72,4 +64,4 @@ def describe(spec: RunSpec, part: int) -> str:
     return f"slice {part} of {spec.partial.slices} ({what})"
 
 
-__all__: List[str] = ["FULL", "slice_of", "owned_shapes", "part_layouts", "choose_part", "owner_counts", "describe"]
+__all__: List[str] = ["FULL", "slice_of", "owned_shapes", "part_layouts", "choose_part", "describe"]

@@ -12,7 +12,7 @@ returns tensors of exactly the layout's shapes or raises PayloadError.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import msgpack
 import torch
@@ -34,7 +34,7 @@ def payload_max_bytes(codec: TensorCodec, layout: Mapping[str, Shape]) -> int:
 
 
 def encode_payload(
-    codec: TensorCodec, tensors: Mapping[str, torch.Tensor], *, run_digest: str, round: int, part: int = -1
+    codec: TensorCodec, tensors: Mapping[str, torch.Tensor], *, run_digest: str, round: int, part: "Part" = -1
 ) -> Tuple[bytes, Dict[str, torch.Tensor]]:
     """Encode ``tensors`` in their mapping order; returns the bytes and what each receiver decodes."""
     entries: List[list] = []
@@ -61,24 +61,32 @@ def decode_payload(
     return _decode_entries(message, codec, layout)
 
 
+Part = Union[int, Tuple[int, int]]  # a slice index (-1: full model), or a chain stage's block range
+
+
 def decode_part_payload(
     data: bytes,
     codec: TensorCodec,
-    layouts: Mapping[int, Mapping[str, Shape]],
+    layouts: Callable[[Part], Optional[Mapping[str, Shape]]],
     *,
     run_digest: str,
     round: int,
-    max_bytes: Optional[int] = None,
-) -> Tuple[int, Dict[str, torch.Tensor]]:
-    """Like decode_payload, for a run whose peers send different parts of the model (partial
-    updates): the header's ``part`` picks the layout the tensors must match exactly."""
-    limit = max(payload_max_bytes(codec, layout) for layout in layouts.values()) if max_bytes is None else max_bytes
-    message = _unpack(data, limit)
+    max_bytes: int,
+) -> Tuple[Part, Dict[str, torch.Tensor]]:
+    """Like decode_payload, for a run whose peers send different parts of the model: the header's
+    ``part`` (a slice index, or a [start, end) block range for a chain stage) is resolved by
+    ``layouts`` to the layout the tensors must match exactly; None means no such part."""
+    message = _unpack(data, max_bytes)
     _check_header(message, codec, run_digest, round)
     part = message["part"]
-    if type(part) is not int or part not in layouts:
-        raise PayloadError(f"payload part {part!r} is not one of this run's parts {sorted(layouts)}")
-    return part, _decode_entries(message, codec, layouts[part])
+    if type(part) is list and len(part) == 2 and all(type(p) is int for p in part):
+        part = (part[0], part[1])
+    elif type(part) is not int:
+        raise PayloadError(f"payload part {part!r:.40} is neither a slice index nor a [start, end] block range")
+    layout = layouts(part)
+    if layout is None:
+        raise PayloadError(f"payload part {part!r} is not a part of this run")
+    return part, _decode_entries(message, codec, layout)
 
 
 def _decode_entries(message: Dict[str, Any], codec: TensorCodec, layout: Mapping[str, Shape]) -> Dict[str, torch.Tensor]:

@@ -101,3 +101,23 @@ def test_choose_part_spreads_simultaneous_joiners_and_fills_orphans():
     assert sorted(chosen.values()) == [0, 0, 1, 1]
     assert choose_part(3, [0, 0, 2, 2], [], "x") == 1  # the orphaned slice first
     assert choose_part(1, [], [], "x") == FULL
+
+
+def test_chain_stage_payloads_carry_their_block_range_and_count_once():
+    s = spec(1, strategy="sparseloco")
+    n = s.model.n_layers
+    stages = [make_strategy(s, part=(0, 1)), make_strategy(s, part=(1, n))]
+    full = make_strategy(s)
+    assert set(stages[0].layout) | set(stages[1].layout) == set(s.param_shapes())
+    assert not set(stages[0].layout) & set(stages[1].layout)
+    gen = torch.Generator().manual_seed(1)
+    deltas = [{k: torch.randn(sh, generator=gen) for k, sh in st.layout.items()} for st in stages]
+    payloads = [st.encode(d, 0)[0] for st, d in zip(stages, deltas)]
+    decoded = [full.decode(b, 0) for b in payloads]
+    assert [set(d) for d in decoded] == [set(st.layout) for st in stages]
+    # the two stages of a chain together are one replica: each tensor appears in exactly one of them
+    agg = full.aggregate(decoded)
+    assert set(agg) == set(s.param_shapes())
+    bad = make_strategy(s, part=(0, 1)).encode(deltas[0], 0)[0].replace(b"\xa4part\x92\x00\x01", b"\xa4part\x92\x00\x05")
+    with pytest.raises(PayloadError):
+        full.decode(bad, 0)
