@@ -12,9 +12,11 @@ import logging
 import math
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import List, Optional
 
+from coordinator.chain_former import ChainFormer
 from peer.progress import human_bytes
 from peer.swarm import UsageError, publish_run, read_progress, start_dht
 from protocol.errors import SpecError
@@ -77,33 +79,43 @@ def run_coordinator(args: argparse.Namespace) -> int:
     return 0
 
 
-def watch(dht, spec: RunSpec, stop: threading.Event, period: float = 10.0) -> None:
-    """Refresh the spec record and log one line about the swarm every ``period`` seconds."""
-    last_refresh = 0.0
-    elapsed = 0.0
+def watch(dht, spec: RunSpec, stop: threading.Event, period: float = 2.0, log_every: float = 10.0) -> None:
+    """Refresh the spec record, form chains from waiting candidates, and log the swarm's state."""
+    former = ChainFormer(dht, spec)
+    last_refresh = last_log = time.monotonic()
     while not stop.wait(period):
-        elapsed += period
-        if elapsed - last_refresh >= SPEC_TTL / 3:
+        now = time.monotonic()
+        if now - last_refresh >= SPEC_TTL / 3:
             publish_run(dht, spec, SPEC_TTL)
-            last_refresh = elapsed
+            last_refresh = now
         try:
-            views = [v for v in read_progress(dht, spec.run_id) if v.progress.spec == spec.digest()]
-        except Exception as e:
-            logger.warning(f"could not read progress: {e!r}")
-            continue
-        live = [v.progress for v in views if v.progress.state != "stopped"]
-        if not live:
-            logger.info("no peers yet")
-            continue
-        vals = [p.val_loss for p in live if not math.isnan(p.val_loss)]
-        slices = ""
-        if spec.partial.slices > 1:
-            owners = {s: sum(p.part == s for p in live) for s in range(spec.partial.slices)}
-            orphans = [s for s, n in owners.items() if n == 0]
-            slices = f" | owners per slice {owners}" + (f" (orphaned: {orphans})" if orphans else "")
-        logger.info(
-            f"{len(live)} peers | round {max(p.round for p in live)} | "
-            f"val loss {min(vals) if vals else float('nan'):.3f} | "
-            f"{sum(p.tokens_per_s for p in live) / 1e3:.1f}k tok/s | "
-            f"sent {human_bytes(sum(p.bytes_sent for p in live))}{slices}"
-        )
+            former.step()
+        except Exception as e:  # a DHT hiccup must not stop the coordinator
+            logger.warning(f"chain forming failed this pass: {e!r}")
+        if now - last_log >= log_every:
+            last_log = now
+            log_swarm(dht, spec)
+
+
+def log_swarm(dht, spec: RunSpec) -> None:
+    try:
+        views = [v for v in read_progress(dht, spec.run_id) if v.progress.spec == spec.digest()]
+    except Exception as e:
+        logger.warning(f"could not read progress: {e!r}")
+        return
+    live = [v.progress for v in views if v.progress.state != "stopped"]
+    if not live:
+        logger.info("no peers yet")
+        return
+    vals = [p.val_loss for p in live if not math.isnan(p.val_loss)]
+    slices = ""
+    if spec.partial.slices > 1:
+        owners = {s: sum(p.part == s for p in live) for s in range(spec.partial.slices)}
+        orphans = [s for s, n in owners.items() if n == 0]
+        slices = f" | owners per slice {owners}" + (f" (orphaned: {orphans})" if orphans else "")
+    logger.info(
+        f"{len(live)} peers | round {max(p.round for p in live)} | "
+        f"val loss {min(vals) if vals else float('nan'):.3f} | "
+        f"{sum(p.tokens_per_s for p in live) / 1e3:.1f}k tok/s | "
+        f"sent {human_bytes(sum(p.bytes_sent for p in live))}{slices}"
+    )

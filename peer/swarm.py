@@ -11,6 +11,15 @@ import hivemind
 from hivemind.utils import get_dht_time
 from multiaddr import Multiaddr
 
+from protocol.chains import (
+    CandidateRecord,
+    ChainAssignment,
+    chain_candidates_key,
+    chains_key,
+    latest_assignments,
+    parse_assignment,
+    parse_candidate,
+)
 from protocol.errors import ProtocolError, SpecError
 from protocol.keys import RUNS_KEY, peers_key
 from protocol.records import Progress, parse_progress
@@ -128,3 +137,41 @@ def publish_progress(dht: hivemind.DHT, run_id: str, peer_id: str, progress: Pro
     dht.store(
         peers_key(run_id), progress.to_dict(), expiration_time=get_dht_time() + ttl, subkey=peer_id, return_future=True
     )
+
+
+# ---- chains: candidates (peers) and assignments (coordinator) -------------------------------------
+def publish_candidate(dht: hivemind.DHT, run_id: str, peer_id: str, record: CandidateRecord, ttl: float) -> None:
+    dht.store(chain_candidates_key(run_id), record.to_dict(), expiration_time=get_dht_time() + ttl, subkey=peer_id,
+              return_future=True)
+
+
+def read_candidates(dht: hivemind.DHT, spec: RunSpec) -> Dict[str, CandidateRecord]:
+    """Live chain candidates of this run, by peer id; malformed records are skipped."""
+    found = dht.get(chain_candidates_key(spec.run_id), latest=True)
+    out: Dict[str, CandidateRecord] = {}
+    if found is None or not isinstance(found.value, dict):
+        return out
+    for key, item in found.value.items():
+        try:
+            out[str(key)] = parse_candidate(item.value, spec)
+        except ProtocolError as e:
+            logger.debug(f"skipping a malformed chain candidate {key!r}: {e}")
+    return out
+
+
+def publish_assignment(dht: hivemind.DHT, spec: RunSpec, assignment: ChainAssignment, ttl: float) -> None:
+    dht.store(chains_key(spec.run_id), assignment.to_dict(), expiration_time=get_dht_time() + ttl,
+              subkey=assignment.chain.chain_id, return_future=True)
+
+
+def read_assignments(dht: hivemind.DHT, spec: RunSpec) -> Dict[str, ChainAssignment]:
+    """Per peer id, the chain assignment that holds for it (a newer epoch supersedes older chains)."""
+    found = dht.get(chains_key(spec.run_id), latest=True)
+    parsed: List[ChainAssignment] = []
+    if found is not None and isinstance(found.value, dict):
+        for key, item in found.value.items():
+            try:
+                parsed.append(parse_assignment(item.value, spec))
+            except ProtocolError as e:
+                logger.debug(f"skipping a malformed chain assignment {key!r}: {e}")
+    return latest_assignments(parsed)

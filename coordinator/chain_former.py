@@ -1,0 +1,64 @@
+"""The coordinator's chain former: groups the chain candidates it sees in the DHT into pipeline
+chains and publishes each assignment.
+
+A chain stays while every member reports itself ``assigned``; when a member disappears (its
+record expires) or returns to ``waiting`` (its chain broke), the chain's record is no longer
+refreshed and the waiting members are grouped again under a newer epoch, which supersedes the old
+chain for every reader.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Dict, List
+
+from peer.swarm import publish_assignment, read_assignments, read_candidates
+from protocol.chains import ChainAssignment, form_chains
+from protocol.spec import RunSpec
+
+logger = logging.getLogger("voloco.coordinator")
+
+ASSIGNMENT_TTL = 60.0
+GRACE = 20.0  # seconds a new chain's members may still report "waiting" before it counts as broken
+
+
+class ChainFormer:
+    def __init__(self, dht, spec: RunSpec):
+        self.dht, self.spec = dht, spec
+        self.published: Dict[str, float] = {}  # chain id -> when this coordinator last stored it
+        self.formed_at: Dict[str, float] = {}  # chain id -> when it was formed (or first seen)
+
+    def step(self) -> List[ChainAssignment]:
+        """One pass: keep live chains alive, group waiting candidates into new ones; returns the new ones."""
+        now = time.monotonic()
+        candidates = read_candidates(self.dht, self.spec)
+        current = {a.chain.chain_id: a for a in read_assignments(self.dht, self.spec).values()}
+        busy = set()
+        for chain_id, a in current.items():
+            self.formed_at.setdefault(chain_id, now)
+            young = now - self.formed_at[chain_id] < GRACE
+            states = [candidates[p].state if p in candidates else None for p in a.chain.members]
+            alive = all(s == "assigned" or (young and s == "waiting") for s in states)
+            if not alive:
+                continue
+            busy.update(a.chain.members)
+            if now - self.published.get(chain_id, 0.0) > ASSIGNMENT_TTL / 3:
+                publish_assignment(self.dht, self.spec, a, ASSIGNMENT_TTL)
+                self.published[chain_id] = now
+        pool = [rec.candidate(p) for p, rec in sorted(candidates.items()) if rec.state == "waiting" and p not in busy]
+        if not pool:
+            return []
+        chains, waiting = form_chains(self.spec, pool)
+        epoch = int(time.time() * 1000)  # survives coordinator restarts: a newer chain always wins
+        formed = []
+        for chain in chains:
+            assignment = ChainAssignment(self.spec.digest(), epoch, chain)
+            publish_assignment(self.dht, self.spec, assignment, ASSIGNMENT_TTL)
+            self.published[chain.chain_id] = self.formed_at[chain.chain_id] = now
+            stages = ", ".join(f"{p[-6:]} blocks {s}-{e - 1}" for p, s, e in chain.ranges())
+            logger.info(f"formed chain {chain.chain_id} of {len(chain.stages)} stages: {stages}")
+            formed.append(assignment)
+        if waiting:
+            logger.info(f"{len(waiting)} chain candidate(s) wait for more capacity: {', '.join(p[-6:] for p in waiting)}")
+        return formed
