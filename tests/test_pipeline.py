@@ -1,0 +1,461 @@
+"""Pipeline stages of a chain (peer/pipeline.py): stage models, links over loopback TCP, steps.
+
+Every chain here runs its stages as asyncio tasks of this process, linked by real TCP sockets on
+127.0.0.1; the references train the full model in one process on the same micro-batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+
+import pytest
+import torch
+
+from peer.inner import InnerTrainer
+from peer.model import build_model
+from peer.pipeline import (
+    BatchMismatch,
+    HandshakeRejected,
+    LinkClosed,
+    LinkProtocolError,
+    LinkTimeout,
+    StageIdentity,
+    StageListener,
+    StageModel,
+    connect_link,
+    link_codec,
+    run,
+    run_inner_step,
+)
+from protocol import PROTOCOL_VERSION
+from protocol.activations import compressed_boundary, constrain_to_subspace_, project_gradients_, subspace_basis
+from protocol.chains import stage_shapes
+from protocol.frames import Activations, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, Reject, encode_frame
+from protocol.spec import ModelSpec, RunSpec
+
+RUN = RunSpec(run_id="pipeline-test", seed=3).replace(
+    model=dict(d_model=32, n_layers=4, n_heads=4, ffn_hidden=64, seq_len=16),
+    data=dict(batch_size=4),
+    inner=dict(lr=1e-2, warmup_steps=1, total_steps=100, grad_clip=1.0),
+)
+D = RUN.model.d_model
+B = RUN.data.batch_size
+M = 2
+CHAIN = "ch-pipeline-test"
+HOST = "127.0.0.1"
+TEXT = torch.tensor(list(("def pipeline(stage, link):\n    return stage.forward(link.recv())\n" * 8).encode()), dtype=torch.int64)
+LOG = "voloco.pipeline"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def batches(n, seed=0, repeat=False):
+    g = torch.Generator().manual_seed(seed)
+    S = RUN.model.seq_len
+    out = []
+    for _ in range(n):
+        if repeat and out:
+            out.append(out[0])
+            continue
+        offsets = torch.randint(0, len(TEXT) - S - 1, (B,), generator=g)
+        idx = offsets[:, None] + torch.arange(S + 1)
+        chunk = TEXT[idx]
+        out.append((chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()))
+    return out
+
+
+def ident(i, run=RUN, chain=CHAIN, round=0):
+    return StageIdentity(run.digest(), chain, i, round)
+
+
+def fmt_codec(k=D, dtype=torch.float16, run=RUN):
+    return FrameFormat.for_run(run, micro_batch=B // M, k=k), link_codec(run.model.d_model, k, run.seed, dtype)
+
+
+async def connect_chain(stages, ks, dtype, timeout=10.0):
+    """Links between consecutive stages: stage i+1 listens, stage i dials."""
+    S = len(stages)
+    up, down, listeners = [None] * S, [None] * S, []
+    for i in range(S - 1):
+        fmt, codec = fmt_codec(ks[i], dtype)
+        listener = await StageListener.start(HOST, 0, local=ident(i + 1), role="downstream", fmt=fmt, codec=codec, timeout=timeout)
+        listeners.append(listener)
+        down[i] = await connect_link(HOST, listener.port, local=ident(i), role="upstream", fmt=fmt, codec=codec, timeout=timeout)
+        up[i + 1] = await listener.accept(5)
+    return up, down, listeners
+
+
+def make_stages(cuts):
+    stages = [StageModel.for_run(RUN, cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
+    return stages, [InnerTrainer(s, RUN.inner) for s in stages]
+
+
+async def train_chain(cuts, ks, dtype, data, constraint=None):
+    stages, trainers = make_stages(cuts)
+    T = stages[0].embed.weight.detach().clone()
+    if constraint is not None:
+        for s in stages:
+            constrain_to_subspace_(list(s.named_parameters()), constraint, T)
+    up, down, listeners = await connect_chain(stages, ks, dtype)
+    S = len(stages)
+    losses = []
+    try:
+        for x, y in data:
+            results = await asyncio.gather(
+                *(
+                    run_inner_step(
+                        stages[i], trainers[i], T=T, micro_batches=M, batch=(x, y) if i in (0, S - 1) else None,
+                        upstream=up[i], downstream=down[i], constraint=constraint,
+                    )
+                    for i in range(S)
+                )
+            )
+            assert all(r is None for r in results[:-1])
+            losses.append(results[-1])
+    finally:
+        for link in up + down:
+            if link is not None:
+                await link.close()
+        for listener in listeners:
+            await listener.close()
+    return stages, trainers, losses
+
+
+def train_reference(cuts, data, codecs=None, constraint=None):
+    """The full model in one process, the same micro-batches, gradients accumulated in the same
+    order, clipped per stage; ``codecs[i]`` emulates link i in-process (compressed_boundary)."""
+    model = build_model(RUN.model, RUN.seed)
+    trainer = InnerTrainer(model, RUN.inner)
+    T = model.embed.weight.detach().clone()
+    named = list(model.named_parameters())
+    if constraint is not None:
+        constrain_to_subspace_(named, constraint, T)
+    params = dict(named)
+    groups = [[params[n] for n in stage_shapes(RUN, cuts[i], cuts[i + 1])] for i in range(len(cuts) - 1)]
+    losses = []
+    for x, y in data:
+        trainer.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for xm, ym in zip(x.chunk(M), y.chunk(M)):
+            h = model.embed_tokens(xm)
+            for i in range(len(cuts) - 1):
+                h = model.forward_blocks(h, cuts[i], cuts[i + 1])
+                if codecs is not None and i < len(cuts) - 2:
+                    h = compressed_boundary(h, xm, T, codecs[i])
+            _, loss = model.forward_head(h, ym)
+            (loss / M).backward()
+            total += loss.item()
+        if constraint is not None:
+            project_gradients_(named, constraint)
+        for group in trainer.optimizer.param_groups:
+            group["lr"] = trainer.lr
+        for g in groups:
+            torch.nn.utils.clip_grad_norm_(g, RUN.inner.grad_clip)
+        trainer.optimizer.step()
+        trainer.step_count += 1
+        if constraint is not None:
+            constrain_to_subspace_(named, constraint, T)
+        losses.append(total / M)
+    return model, losses
+
+
+def assert_close(stages, model, rtol=1e-3):
+    ref = dict(model.named_parameters())
+    init = dict(build_model(RUN.model, RUN.seed).named_parameters())
+    seen = set()
+    for s in stages:
+        for name, p in s.named_parameters():
+            seen.add(name)
+            err = (p - ref[name]).norm() / ref[name].norm()
+            assert err <= rtol, f"{name}: relative difference {err:.2e}"
+            assert not torch.equal(ref[name], init[name]) or p.ndim == 1, f"{name} did not train"
+    assert seen == set(ref)
+
+
+# --- stage models --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cuts", [(0, 1), (1, 3), (3, 4), (0, 4), (2, 4)])
+def test_stage_model_is_the_full_models_share(cuts):
+    full = dict(build_model(RUN.model, RUN.seed).named_parameters())
+    stage = StageModel.for_run(RUN, *cuts)
+    assert stage.param_shapes() == stage_shapes(RUN, *cuts)
+    assert list(stage.param_shapes()) == list(stage_shapes(RUN, *cuts))  # the same order
+    for name, p in stage.named_parameters():
+        assert torch.equal(p, full[name]), name
+    assert set(stage.state_dict()) == set(stage_shapes(RUN, *cuts))
+
+
+def test_stage_init_replays_draws_across_chunks():
+    """The skipped embedding spans two draw chunks (> 2^20 values)."""
+    spec = ModelSpec(vocab_size=4100, d_model=256, n_layers=2, n_heads=4, ffn_hidden=64, seq_len=8)
+    full = dict(build_model(spec, 11).named_parameters())
+    stage = StageModel(spec, 1, 2, seed=11)
+    for name, p in stage.named_parameters():
+        assert torch.equal(p, full[name]), name
+
+
+def test_stage_model_forward_matches_the_model():
+    model = build_model(RUN.model, RUN.seed)
+    x, y = batches(1)[0]
+    _, want = model(x, y)
+    a, b = StageModel.for_run(RUN, 0, 2), StageModel.from_model(model, 2, 4)
+    _, got = b.forward_head(b.forward_blocks(a.forward_blocks(a.embed_tokens(x))), y)
+    assert torch.equal(got, want)
+    with pytest.raises(RuntimeError):
+        b.embed_tokens(x)
+
+
+# --- chains over loopback TCP --------------------------------------------------------------------
+
+
+def test_two_stages_uncompressed_match_one_process():
+    data = batches(3)
+    codec = link_codec(D, D, RUN.seed, torch.float32)
+    stages, trainers, losses = run(train_chain([0, 2, 4], [D], torch.float32, data))
+    model, ref_losses = train_reference([0, 2, 4], data, codecs=[codec])
+    assert_close(stages, model, rtol=1e-5)
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    assert [t.step_count for t in trainers] == [3, 3]
+    # and the same as the plain model (no boundary at all): fp32 h - T + T only rounds
+    plain, plain_losses = train_reference([0, 2, 4], data)
+    assert_close(stages, plain, rtol=1e-3)
+
+
+def test_three_stages_fp16_boundaries():
+    data = batches(3, seed=1)
+    stages, trainers, losses = run(train_chain([0, 1, 3, 4], [D, D], torch.float16, data))
+    codec = link_codec(D, D, RUN.seed, torch.float16)
+    model, ref_losses = train_reference([0, 1, 3, 4], data, codecs=[codec, codec])
+    assert_close(stages, model, rtol=1e-4)
+    assert losses == pytest.approx(ref_losses, rel=1e-4)
+    plain, _ = train_reference([0, 1, 3, 4], data)
+    # fp16 rounding of the boundary only; AdamW turns a tiny gradient difference into an update
+    # difference of up to lr where a gradient entry is near zero, hence the loose bound
+    assert_close(stages, plain, rtol=5e-2)
+
+
+def test_compressed_link_learns_a_repeated_batch():
+    data = batches(25, seed=2, repeat=True)
+    _, _, losses = run(train_chain([0, 2, 4], [8], torch.float16, data))
+    assert losses[-1] < 0.6 * losses[0], losses
+
+
+def test_constrained_compressed_chain_is_lossless():
+    """k = d/4 with the output projections and the embedding drift in span(U): the chain trains
+    what one process trains with the same constraint and no boundary, up to fp16 rounding."""
+    U = subspace_basis(D, 8, RUN.seed)
+    data = batches(3, seed=3)
+    stages, _, losses = run(train_chain([0, 2, 4], [8], torch.float16, data, constraint=U))
+    codec = link_codec(D, 8, RUN.seed, torch.float16)
+    emulated, _ = train_reference([0, 2, 4], data, codecs=[codec], constraint=U)
+    assert_close(stages, emulated, rtol=1e-4)
+    one_box, ref_losses = train_reference([0, 2, 4], data, constraint=U)
+    assert_close(stages, one_box, rtol=5e-2)  # fp16 rounding, amplified by AdamW as above
+    assert losses == pytest.approx(ref_losses, rel=1e-3)
+
+
+def test_single_stage_chain_needs_no_links():
+    data = batches(2, seed=4)
+    (stage,), (trainer,) = make_stages([0, 4])
+    T = stage.embed.weight.detach().clone()
+    losses = [run(run_inner_step(stage, trainer, T=T, micro_batches=M, batch=b)) for b in data]
+    model, ref = train_reference([0, 4], data)
+    assert losses == pytest.approx(ref, rel=1e-6)
+    assert_close([stage], model, rtol=1e-6)
+
+
+# --- hostile and failing neighbours ----------------------------------------------------------------
+
+
+async def raw_hello(port, hello, read_answer=True):
+    reader, writer = await asyncio.open_connection(HOST, port)
+    writer.write(encode_frame(hello))
+    await writer.drain()
+    answer = None
+    if read_answer:
+        fmt, _ = fmt_codec()
+        dec = FrameDecoder(fmt)
+        frames = []
+        while not frames:
+            data = await asyncio.wait_for(reader.read(1 << 16), 5)
+            if not data:
+                break
+            frames = dec.feed(data)
+        answer = frames[0] if frames else None
+    return reader, writer, answer
+
+
+async def eof(reader, within=5.0):
+    """True when the other side closed the connection (whatever it sent before)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            data = await asyncio.wait_for(reader.read(1 << 16), deadline - time.monotonic())
+        except (ConnectionError, OSError):
+            return True
+        if not data:
+            return True
+    return False
+
+
+def good_hello(stage=0, run=RUN, chain=CHAIN, round=0, role="upstream", version=PROTOCOL_VERSION):
+    return Hello(run=run.digest(), chain=chain, stage=stage, round=round, role=role, version=version)
+
+
+def test_bad_neighbours_are_dropped_and_the_listener_keeps_accepting(caplog):
+    caplog.set_level(logging.WARNING, logger=LOG)
+    other_run = RUN.replace(seed=99)
+    fmt, codec = fmt_codec()
+    frame_len = struct.Struct(">I")
+
+    async def main():
+        stages, trainers = make_stages([0, 2, 4])
+        T = stages[0].embed.weight.detach().clone()
+        before = {n: p.detach().clone() for n, p in stages[1].named_parameters()}
+        listener = await StageListener.start(HOST, 0, local=ident(1), role="downstream", fmt=fmt, codec=codec, timeout=5, handshake_timeout=1)
+        port = listener.port
+
+        # 1. wrong handshakes: answered with a reject and the reason, then closed
+        bad_hellos = {
+            "run spec": good_hello(run=other_run),
+            "chain": good_hello(chain="ch-another"),
+            "expected stage 0": good_hello(stage=2),
+            "expected stage 0 (upstream)": good_hello(role="downstream"),
+            "round": good_hello(round=1),
+            "protocol version": good_hello(version=PROTOCOL_VERSION + 1),
+        }
+        for why, hello in bad_hellos.items():
+            reader, writer, answer = await raw_hello(port, hello)
+            assert isinstance(answer, Reject) and why in answer.reason, (why, answer)
+            assert await eof(reader)
+            writer.close()
+        # garbage instead of a hello, and silence: closed without an answer
+        reader, writer = await asyncio.open_connection(HOST, port)
+        writer.write(b"\x00\x00\x00\x05\xc1\xc1\xc1\xc1\xc1")
+        assert await eof(reader)
+        writer.close()
+        reader, writer = await asyncio.open_connection(HOST, port)
+        assert await eof(reader, within=3)  # handshake_timeout = 1 s
+        writer.close()
+        assert len(listener.rejected) == len(bad_hellos) + 2
+
+        # 2. a good handshake, then bad frames: the step fails with a typed error, the link closes
+        x, y = batches(1)[0]
+        good = Activations(0, 0, x[:2], torch.zeros(2, 16, D, dtype=torch.float16))
+        nan = torch.zeros(2, 16, D, dtype=torch.float16)
+        nan[1, 3, 5] = float("nan")
+        other_fmt = FrameFormat.for_run(RUN, micro_batch=B // M, k=D // 2)
+        cases = {
+            "truncated frame": (encode_frame(good, fmt)[:100], True),
+            "exceeds the limit": (frame_len.pack(fmt.max_frame_bytes + 1) + b"\x80" * 64, False),
+            "does not match": (encode_frame(Activations(0, 0, x[:2], torch.zeros(2, 16, D // 2, dtype=torch.float16)), other_fmt), False),
+            "expected (2, 16, 32)": (encode_frame(Activations(0, 0, x[:1], torch.zeros(1, 16, D, dtype=torch.float16)), fmt), False),
+            "non-finite": (encode_frame(Activations(0, 0, x[:2], nan), fmt), False),
+            "this link uses torch.float16": (encode_frame(Activations(0, 0, x[:2], torch.zeros(2, 16, D)), fmt), False),
+            "expected activations of step 0 micro-batch 0": (encode_frame(Activations(0, 7, x[:2], nan.nan_to_num()), fmt), False),
+            "expected activations, got Grads": (encode_frame(Grads(0, 0, nan.nan_to_num()), fmt), False),
+            "unexpected Hello": (encode_frame(good_hello()), False),
+        }
+        for why, (payload, close_after) in cases.items():
+            reader, writer, answer = await raw_hello(port, good_hello())
+            assert isinstance(answer, HelloOk)
+            link = await listener.accept(5)
+            writer.write(payload)
+            await writer.drain()
+            if close_after:
+                writer.close()
+            with pytest.raises(LinkProtocolError, match=why.replace("(", r"\(").replace(")", r"\)")):
+                await run_inner_step(stages[1], trainers[1], T=T, micro_batches=M, batch=(x, y), upstream=link)
+            assert link.closed
+            assert await eof(reader)
+            writer.close()
+            with pytest.raises(LinkProtocolError):  # the failure sticks to the link
+                await link.recv()
+        # the ids of another batch are not a link failure: the step stops, the link stays
+        reader, writer, answer = await raw_hello(port, good_hello())
+        link = await listener.accept(5)
+        writer.write(encode_frame(Activations(0, 0, x[2:], torch.zeros(2, 16, D, dtype=torch.float16)), fmt))
+        with pytest.raises(BatchMismatch):
+            await run_inner_step(stages[1], trainers[1], T=T, micro_batches=M, batch=(x, y), upstream=link)
+        assert not link.closed
+        await link.close()
+        writer.close()
+        # nothing was updated by the failed steps
+        assert trainers[1].step_count == 0
+        for n, p in stages[1].named_parameters():
+            assert torch.equal(p, before[n]) and p.grad is None, n
+
+        # 3. the right neighbour still gets in and the chain trains
+        down = await connect_link(HOST, port, local=ident(0), role="upstream", fmt=fmt, codec=codec, timeout=5)
+        up = await listener.accept(5)
+        _, loss = await asyncio.gather(
+            run_inner_step(stages[0], trainers[0], T=T, micro_batches=M, batch=(x, y), downstream=down),
+            run_inner_step(stages[1], trainers[1], T=T, micro_batches=M, batch=(x, y), upstream=up),
+        )
+        assert loss is not None and loss > 0 and trainers[1].step_count == 1
+        # a dialler that is refused gets the listener's reason as a typed error
+        with pytest.raises(HandshakeRejected, match="chain"):
+            await connect_link(HOST, port, local=ident(0, chain="ch-x"), role="upstream", fmt=fmt, codec=codec)
+        await down.close()
+        with pytest.raises(LinkClosed, match="bye"):
+            await up.recv()
+        await listener.close()
+
+    run(main())
+    logged = caplog.text
+    for why in ("run spec", "chain", "expected stage 0", "round", "truncated frame", "exceeds the limit", "non-finite"):
+        assert why in logged, why
+
+
+def test_stalled_neighbours_are_detected_within_the_timeout(caplog):
+    caplog.set_level(logging.WARNING, logger=LOG)
+    fmt, codec = fmt_codec()
+    timeout = 0.4
+
+    async def main():
+        stages, trainers = make_stages([0, 2, 4])
+        T = stages[0].embed.weight.detach().clone()
+        x, y = batches(1)[0]
+        listener = await StageListener.start(HOST, 0, local=ident(1), role="downstream", fmt=fmt, codec=codec, timeout=timeout)
+        # upstream neighbour that says hello, then nothing / half a frame
+        for payload in (b"", encode_frame(Activations(0, 0, x[:2], torch.zeros(2, 16, D, dtype=torch.float16)), fmt)[:200]):
+            reader, writer, _ = await raw_hello(listener.port, good_hello())
+            link = await listener.accept(5)
+            writer.write(payload)
+            t0 = time.monotonic()
+            with pytest.raises(LinkTimeout):
+                await run_inner_step(stages[1], trainers[1], T=T, micro_batches=M, batch=(x, y), upstream=link)
+            assert timeout * 0.9 <= time.monotonic() - t0 < timeout + 1.0
+            assert await eof(reader)
+            writer.close()
+        await listener.close()
+
+        # downstream neighbour that accepts the handshake, reads our activations, never answers
+        async def silent(reader, writer):
+            await reader.read(1 << 16)
+            writer.write(encode_frame(HelloOk()))
+            while await reader.read(1 << 16):
+                pass
+
+        server = await asyncio.start_server(silent, HOST, 0)
+        down = await connect_link(HOST, server.sockets[0].getsockname()[1], local=ident(0), role="upstream", fmt=fmt, codec=codec, timeout=timeout)
+        t0 = time.monotonic()
+        with pytest.raises(LinkTimeout):
+            await run_inner_step(stages[0], trainers[0], T=T, micro_batches=M, batch=(x, y), downstream=down)
+        assert time.monotonic() - t0 < timeout + 1.0
+        server.close()
+        await server.wait_closed()
+
+    run(main())
+    assert "no complete frame within 0.4 s" in caplog.text
+    assert "bytes of a frame received" in caplog.text
