@@ -254,8 +254,9 @@ class LinkError(StageError):
         super().__init__(f"{link.name}: {reason}" if link is not None else reason)
 
 
-class LinkProtocolError(LinkError):
-    """The neighbour sent bytes that break the protocol (``__cause__`` is the FrameError)."""
+class LinkProtocolError(LinkError, FrameError):
+    """The neighbour sent bytes that break the protocol (``__cause__`` is the decoder's
+    FrameError when there is one); also a ``FrameError``, so ``except ProtocolError`` sees it."""
 
 
 class HandshakeRejected(LinkProtocolError):
@@ -359,10 +360,10 @@ class StageLink:
         return self._error is not None
 
     # -- failure --------------------------------------------------------------------------------
-    def _fail(self, exc: LinkError) -> LinkError:
+    def _fail(self, exc: LinkError, level: int = logging.WARNING) -> LinkError:
         if self._error is None:
             self._error = exc
-            log.warning("chain %s: closing link %s: %s", self.local.chain_id, self.name, exc.reason)
+            log.log(level, "chain %s: closing link %s: %s", self.local.chain_id, self.name, exc.reason)
             self._close_transport()
         return self._error
 
@@ -444,7 +445,7 @@ class StageLink:
         in the middle of the stream -> LinkProtocolError."""
         frame = await self._recv_frame(timeout)
         if isinstance(frame, Bye):
-            raise self._fail(LinkClosed("neighbour said bye", self))
+            raise self._fail(LinkClosed("neighbour said bye", self), logging.INFO)
         if not isinstance(frame, (Activations, Grads)):
             raise self._fail(LinkProtocolError(f"unexpected {type(frame).__name__} frame after the handshake", self))
         return frame

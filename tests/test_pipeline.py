@@ -33,6 +33,7 @@ from peer.pipeline import (
 from protocol import PROTOCOL_VERSION
 from protocol.activations import compressed_boundary, constrain_to_subspace_, project_gradients_, subspace_basis
 from protocol.chains import stage_shapes
+from protocol.errors import FrameError
 from protocol.frames import Activations, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, Reject, encode_frame
 from protocol.spec import ModelSpec, RunSpec
 
@@ -379,8 +380,9 @@ def test_bad_neighbours_are_dropped_and_the_listener_keeps_accepting(caplog):
             assert link.closed
             assert await eof(reader)
             writer.close()
-            with pytest.raises(LinkProtocolError):  # the failure sticks to the link
+            with pytest.raises(LinkProtocolError) as failed:  # the failure sticks to the link
                 await link.recv()
+            assert isinstance(failed.value, FrameError)  # callers may catch ProtocolError
         # the ids of another batch are not a link failure: the step stops, the link stays
         reader, writer, answer = await raw_hello(port, good_hello())
         link = await listener.accept(5)
