@@ -129,7 +129,8 @@ class StageModel(nn.Module):
     The modules are created on the meta device and only the owned tensors are allocated, then
     ``init_stage_parameters`` fills them with exactly the bits ``build_model(spec, seed)`` gives
     (``seed=None``: left uninitialised, e.g. to load a state dict). Memory peak: the owned
-    parameters plus the init scratch of one tensor chunk (at most 2^20 values: ~56 MiB of int64
+    parameters, plus during init one fp32 copy of the largest owned tensor (``_exact_normal``
+    returns a fresh tensor) and the scratch of one draw chunk (2^20 values: ~52 MiB of int64
     and float64 temporaries); the other stages' tensors are never allocated."""
 
     def __init__(
