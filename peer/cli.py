@@ -73,6 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--status-file", type=Path, help="write the peer's status and round history as JSON after every round")
     p.add_argument("--max-rounds", type=int, help="stop after this round (default: the spec's max_rounds; 0 = never)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument(
+        "--max-memory-gb", type=float,
+        help="memory this peer may use for training (default: detected: 80%% of the GPU's or of the free RAM); "
+        "below what a full replica needs, the peer joins a pipeline chain instead",
+    )
+    p.add_argument("--bandwidth-mbps", type=float, help="this peer's link speed in Mbit/s, used to place it in a chain (default: 100)")
+    p.add_argument("--stage-host", default="127.0.0.1", help="address where chain neighbours reach this peer's stage listener (default: 127.0.0.1)")
+    p.add_argument("--stage-port", type=int, default=0, help="TCP port of the stage listener (default: any free port)")
     _add_common(p)
 
     d = sub.add_parser("demo", help="a coordinator and N peers as processes on this machine, then a summary")
@@ -122,6 +130,12 @@ def run_peer(args: argparse.Namespace) -> int:
         _check_data(args.data)
     if args.max_rounds is not None and args.max_rounds < 0:
         raise UsageError("--max-rounds must be >= 0")
+    if args.max_memory_gb is not None and not args.max_memory_gb > 0:
+        raise UsageError("--max-memory-gb must be a positive number of gigabytes")
+    if args.bandwidth_mbps is not None and not args.bandwidth_mbps > 0:
+        raise UsageError("--bandwidth-mbps must be a positive number")
+    if not 0 <= args.stage_port < 65536:
+        raise UsageError("--stage-port must be a TCP port (0-65535)")
     if args.identity is not None and not args.identity.parent.is_dir():
         raise UsageError(f"--identity {str(args.identity)!r}: directory {str(args.identity.parent)!r} does not exist")
     _check_device(args.device)
@@ -138,6 +152,10 @@ def run_peer(args: argparse.Namespace) -> int:
             status_file=args.status_file,
             max_rounds=args.max_rounds,
             threads=args.threads,
+            max_memory_gb=args.max_memory_gb,
+            bandwidth_mbps=args.bandwidth_mbps,
+            stage_host=args.stage_host,
+            stage_port=args.stage_port,
         )
     )
 

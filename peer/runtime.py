@@ -28,14 +28,17 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from peer.chain import ChainBroken, ChainMember
 from peer.data import TrainStream, load_corpus, val_batches
 from peer.exchange import PayloadGatherer
 from peer.inner import InnerTrainer, evaluate
 from peer.model import build_model
 from peer.progress import ProgressBar, human_bytes
+from peer.resources import detect
 from peer.state import flatten_optimizer_state, load_checkpoint, save_checkpoint, unflatten_optimizer_state
 from peer.strategies import canonical_order, make_strategy, pseudo_gradient
 from peer.swarm import PeerView, fetch_spec, publish_progress, read_progress, start_dht
+from protocol.activations import constrain_to_subspace_
 from protocol.errors import ProtocolError
 from protocol.keys import averager_prefix
 from protocol.partial import FULL, choose_part, describe
@@ -56,6 +59,10 @@ class PeerOptions:
     host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",)
     announce_maddrs: Sequence[str] = ()
     status_file: Optional[Path] = None
+    max_memory_gb: Optional[float] = None  # declared memory for training; None: detect
+    bandwidth_mbps: Optional[float] = None
+    stage_host: str = "127.0.0.1"  # where neighbours reach this peer's stage listener, if it joins a chain
+    stage_port: int = 0
     max_rounds: Optional[int] = None
     threads: Optional[int] = None
     spec_timeout: float = 30.0
@@ -119,6 +126,7 @@ class Peer:
         self.round = 0
         self.part = CHOOSING
         self.trainable = 0
+        self.chain: Optional[ChainMember] = None
         self.consistent = True  # False after a round whose group started from other parameters than ours
         self._lock = threading.RLock()  # guards theta, round and strategy state against state downloads
 
@@ -157,23 +165,26 @@ class Peer:
         self.corpus = load_corpus(opts.data or spec.data.corpus, spec.data.val_fraction)
         logger.info(f"data: {self.corpus}")
         self.device = torch.device(opts.device)
-        self.part = self._choose_part()
-        self.model = build_model(spec.model, spec.seed, spec.partial.slices, spec.partial.attn_slices).to(self.device)
+        self.resources = detect(self.device, opts.max_memory_gb, opts.bandwidth_mbps)
+        logger.info(f"resources: {self.resources.describe(spec)}")
+        # θ: the global parameters, on the CPU, the whole model (a chain stage holds it too, to serve
+        # and check state like any peer; only its own share lives on its device)
+        full = build_model(spec.model, spec.seed, spec.partial.slices, spec.partial.attn_slices)
         self.layout = spec.param_shapes()
-        self.params = dict(self.model.named_parameters())
-        self.theta = {n: p.detach().to("cpu", torch.float32).clone() for n, p in self.params.items()}
-        self.strategy = make_strategy(spec, part=self.part)
-        for name, p in self.params.items():  # partial updates: no gradients, no optimizer state for the rest
-            p.requires_grad_(name in self.strategy.layout)
-        self.trainer = InnerTrainer(self.model, spec.inner, self.device)
-        self.trainable = sum(p.numel() for p in self.trainer.params)
-        logger.info(
-            f"training {describe(spec, self.part)}: {self.trainable / 1e6:.3f}M of "
-            f"{spec.model.num_params() / 1e6:.3f}M parameters trainable, "
-            f"AdamW state {human_bytes(8 * self.trainable)}"
-        )
-        self.stream = TrainStream(self.corpus, spec.model.seq_len, spec.data.batch_size, spec.seed, shard=self.peer_id)
+        self.theta = {n: p.detach().to(torch.float32).clone() for n, p in full.named_parameters()}
         self.val = val_batches(self.corpus, spec.model.seq_len, spec.data.batch_size, spec.data.val_batches)
+        if self.resources.fits(spec):
+            self.part = self._choose_part()
+            self._build_role(full)
+        else:
+            del full
+            self.chain = ChainMember(
+                self.dht, spec, self.peer_id, self.resources, opts.stage_host, opts.stage_port, self.stop_event
+            )
+            if self.chain.wait_for_assignment() is None:
+                raise KeyboardInterrupt
+            self.part = self.chain.stage_range()
+            self._build_role(None)
         self.gatherer = PayloadGatherer(
             self.dht,
             prefix=averager_prefix(spec.run_id),
@@ -188,12 +199,37 @@ class Peer:
         self.gatherer.run_in_background(await_ready=True)
         self.install_signal_handlers()
 
-        self._restore_checkpoint()
+        if self.chain is None:
+            self._restore_checkpoint()
         self._catch_up()
         self._load_theta_into_model()
         self.initial_val_loss = self.val_loss = self._evaluate()
-        logger.info(f"round {self.round}: validation loss {self.val_loss:.3f} nats/byte")
+        if self.chain is None:
+            logger.info(f"round {self.round}: validation loss {self.val_loss:.3f} nats/byte")
         self._enable_state_sharing()
+
+    def _build_role(self, full: Optional[torch.nn.Module]) -> None:
+        """Model, strategy, optimizer and data stream for this peer's part of the model: the whole
+        model, a slice of it (partial updates) or a chain stage's blocks."""
+        spec = self.spec
+        if isinstance(self.part, tuple):
+            self.model = self.chain.build_stage().to(self.device)
+            shard = self.chain.assignment.chain.chain_id  # every stage of a chain draws the same batches
+        else:
+            self.model = full.to(self.device)
+            shard = self.peer_id
+        self.params = dict(self.model.named_parameters())
+        self.strategy = make_strategy(spec, part=self.part)
+        for name, p in self.params.items():  # partial updates: no gradients, no optimizer state for the rest
+            p.requires_grad_(name in self.strategy.layout)
+        self.trainer = InnerTrainer(self.model, spec.inner, self.device)
+        self.trainable = sum(p.numel() for p in self.trainer.params)
+        what = f"blocks {self.part[0]}-{self.part[1] - 1} of a chain" if isinstance(self.part, tuple) else describe(spec, self.part)
+        logger.info(
+            f"training {what}: {self.trainable / 1e6:.3f}M of {spec.model.num_params() / 1e6:.3f}M parameters "
+            f"trainable, AdamW state {human_bytes(8 * self.trainable)}"
+        )
+        self.stream = TrainStream(self.corpus, spec.model.seq_len, spec.data.batch_size, spec.seed, shard=shard)
 
     def _choose_part(self) -> int:
         """FULL, or the slice of a partial run this peer owns (kept across restarts)."""
@@ -232,24 +268,17 @@ class Peer:
         spec, H = self.spec, self.spec.outer.inner_steps
         t0 = time.monotonic()
         self.state = "training"
-        bar = ProgressBar(H, f"round {self.round}")
-        losses = []
-        for self.step in range(1, H + 1):
-            if self.stop_event.is_set():
-                bar.close()
-                return
-            x, y = self.stream.next_batch()
-            t = time.monotonic()
-            losses.append(self.trainer.step(x, y))
-            dt = time.monotonic() - t
-            self.tokens_per_s = 0.8 * self.tokens_per_s + 0.2 * (x.numel() / dt) if self.tokens_per_s else x.numel() / dt
-            self.totals.tokens += x.numel()
-            self.last_loss = losses[-1]
-            bar.update(self.step, f"loss {self.last_loss:.3f} | {self.tokens_per_s / 1e3:.1f}k tok/s")
-        bar.close()
+        self._publish()
+        try:
+            losses, round_start = self._inner_steps(H)
+        except ChainBroken:
+            self._rejoin_chain()
+            return
+        if losses is None:
+            return
 
         t_train = time.monotonic()
-        delta = pseudo_gradient(self.theta, self.params, self.strategy.layout)
+        delta = pseudo_gradient(round_start, self.params, self.strategy.layout)
         payload, pending = self.strategy.encode(delta, self.round)
         self.state = "ready"
         self._publish()
@@ -314,7 +343,7 @@ class Peer:
             excluded=excluded,
             bytes_sent=sent,
             bytes_received=received,
-            loss=sum(losses) / len(losses),
+            loss=sum(losses) / len(losses),  # NaN on a chain stage other than the last
             val_loss=self.val_loss,
             seconds=time.monotonic() - t0,
         )
@@ -330,6 +359,53 @@ class Peer:
             f"| loss {record.loss:.3f} | val {self.val_loss:.3f} | {self.tokens_per_s / 1e3:.1f}k tok/s "
             f"| sent {human_bytes(sent)} recv {human_bytes(received)} | {record.seconds:.1f} s | θ {record.params_hash}"
         )
+
+    def _inner_steps(self, H: int):
+        """H inner steps from θ; returns (losses, the parameters the round started from), or
+        (None, None) when the peer is stopping. Raises ChainBroken for a chain stage."""
+        round_start = self.theta
+        if self.chain is not None:
+            self.chain.open_links(self.round, deadline_s=self.spec.swarm.round_wait)
+            round_start = {n: p.detach().to("cpu", torch.float32).clone() for n, p in self.params.items()}
+            T = self.theta["embed.weight"].to(self.device)
+        bar = ProgressBar(H, f"round {self.round}")
+        losses: List[float] = []
+        try:
+            for self.step in range(1, H + 1):
+                if self.stop_event.is_set():
+                    return None, None
+                x, y = self.stream.next_batch()
+                t = time.monotonic()
+                if self.chain is None:
+                    loss = self.trainer.step(x, y)
+                else:
+                    loss = self.chain.inner_step(self.model, self.trainer, T, (x, y))
+                    loss = float("nan") if loss is None else loss
+                dt = time.monotonic() - t
+                self.tokens_per_s = 0.8 * self.tokens_per_s + 0.2 * (x.numel() / dt) if self.tokens_per_s else x.numel() / dt
+                if self.chain is None or self.part[0] == 0:  # a chain's tokens count once, at its first stage
+                    self.totals.tokens += x.numel()
+                losses.append(loss)
+                self.last_loss = loss
+                bar.update(self.step, f"loss {self.last_loss:.3f} | {self.tokens_per_s / 1e3:.1f}k tok/s")
+        finally:
+            bar.close()
+            if self.chain is not None:
+                self.chain.close_links()
+        return losses, round_start
+
+    def _rejoin_chain(self) -> None:
+        """The chain broke: drop this round's work, wait for a new chain, rebuild for its stage."""
+        with self._lock:
+            self._load_theta_into_model()
+        self.state = "starting"
+        self._publish()
+        if self.chain.wait_for_assignment() is None:
+            return
+        self.part = self.chain.stage_range()
+        self._build_role(None)
+        self._catch_up()
+        self._load_theta_into_model()
 
     def _wait_for_round_peers(self):
         """Wait (bounded) until every live peer of this round is ready.
@@ -364,6 +440,11 @@ class Peer:
         with torch.no_grad():
             for name, p in self.params.items():
                 p.copy_(self.theta[name].to(p.device, p.dtype))
+            if self.chain is not None and self.chain.U is not None:
+                # the lossless variant, chain-local: this round starts from θ with every output
+                # projection in span(U) (the embedding's drift from T is zero at a round's start)
+                T = self.theta["embed.weight"].to(self.device)
+                constrain_to_subspace_(self.model.named_parameters(), self.chain.U.to(self.device), T, exact=True)
 
     def _shareable_state(self):
         with self._lock:
@@ -473,6 +554,8 @@ class Peer:
 
     # ---- reporting ------------------------------------------------------------------------------
     def _evaluate(self) -> float:
+        if self.chain is not None:
+            return float("nan")  # one stage cannot run the whole model: full replicas report the loss
         return evaluate(self.model, self.val, self.device)
 
     def _progress(self) -> Progress:
@@ -488,7 +571,7 @@ class Peer:
             bytes_sent=self.totals.bytes_sent,
             bytes_received=self.totals.bytes_received,
             params_hash=params_hash(self.theta) if self.theta and self.state != "training" else "",
-            part=self.part,
+            part=self.part if isinstance(self.part, int) else FULL,  # a chain stage counts as a replica's share
         )
 
     def _publish(self) -> None:
@@ -501,6 +584,8 @@ class Peer:
     def _heartbeat_loop(self) -> None:
         while not self.stop_event.wait(self.spec.swarm.heartbeat_period):
             self._publish()
+            if self.chain is not None:
+                self.chain.publish()  # the coordinator keeps a chain only while its members report in
 
     def status(self) -> Dict[str, Any]:
         return {
@@ -508,7 +593,10 @@ class Peer:
             "run_id": self.spec.run_id,
             "spec": self.spec.digest(),
             "strategy": self.spec.outer.strategy,
-            "part": self.part,
+            "part": list(self.part) if isinstance(self.part, tuple) else self.part,
+            "chain": self.chain.assignment.chain.chain_id if self.chain is not None and self.chain.assignment else None,
+            "link_bytes_sent": self.chain.bytes_sent if self.chain is not None else 0,
+            "link_bytes_received": self.chain.bytes_received if self.chain is not None else 0,
             "trainable_params": self.trainable,
             "optimizer_state_bytes": optimizer_state_bytes(self.trainer.optimizer),
             "state": self.state,
@@ -533,7 +621,7 @@ class Peer:
 
     def shutdown(self) -> None:
         self.stop_event.set()
-        for closer in (getattr(self, "gatherer", None), getattr(self, "dht", None)):
+        for closer in (self.chain, getattr(self, "gatherer", None), getattr(self, "dht", None)):
             if closer is not None:
                 try:
                     closer.shutdown()

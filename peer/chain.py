@@ -1,0 +1,202 @@
+"""A low-resource peer's life in a pipeline chain: candidate, stage, and back to candidate.
+
+The peer publishes a chain-candidate record (capacity, bandwidth, the endpoint of its stage
+listener) and waits for the coordinator to put it in a chain (coordinator/chain_former.py). In a
+chain it runs one stage (peer/pipeline.py) on an asyncio loop of its own: every round it opens
+fresh links to its neighbours (the handshake pins the round, so both ends hold the same T), and
+each inner step runs the GPipe schedule over them. When a neighbour dies or stalls the step
+raises a LinkError: the peer drops the round's work, reports itself waiting again, and the
+coordinator re-forms chains from the waiting candidates under a newer epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Optional, Tuple
+
+import torch
+
+from peer.pipeline import (
+    LinkError,
+    StageIdentity,
+    StageListener,
+    StageModel,
+    connect_link,
+    link_codec,
+    run_inner_step,
+)
+from peer.resources import Resources
+from peer.swarm import publish_candidate, read_assignments, read_candidates
+from protocol.chains import CandidateRecord, ChainAssignment
+from protocol.frames import FrameFormat
+from protocol.spec import RunSpec
+
+logger = logging.getLogger("voloco.chain")
+
+_PLACEHOLDER = StageIdentity(run_digest="", chain_id="", stage=-1, round=-1)
+
+
+class ChainBroken(Exception):
+    """The chain cannot go on (a neighbour died, stalled or misbehaved); the peer waits for a new one."""
+
+
+class ChainMember:
+    def __init__(self, dht, spec: RunSpec, peer_id: str, resources: Resources, host: str, port: int, stop: threading.Event):
+        self.dht, self.spec, self.peer_id, self.resources, self.stop = dht, spec, peer_id, resources, stop
+        self.state = "waiting"
+        self.failed_epoch = -1
+        self.assignment: Optional[ChainAssignment] = None
+        self.k = spec.chain.effective_rank(spec.model.d_model)
+        dtype = torch.float16 if spec.chain.wire_dtype == "fp16" else torch.bfloat16
+        self.codec = link_codec(spec.model.d_model, self.k, spec.seed, dtype)
+        micro = max(1, spec.data.batch_size // spec.chain.micro_batches)
+        self.fmt = FrameFormat.for_run(spec, micro_batch=micro, k=self.k)
+        self.U = self.codec.U if self.k < spec.model.d_model else None  # the lossless constraint
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="stage-links")
+        self._thread.start()
+        self.listener: StageListener = self._call(
+            StageListener.start(
+                host, port, local=_PLACEHOLDER, role="downstream", fmt=self.fmt, codec=self.codec,
+                timeout=spec.chain.link_timeout,
+            ),
+            timeout=30,
+        )
+        self.endpoint = f"{host}:{self.listener.port}"
+        self.upstream = self.downstream = None
+        self.bytes_sent = self.bytes_received = 0
+
+    # ---- candidate --------------------------------------------------------------------------------
+    def publish(self) -> None:
+        record = CandidateRecord(
+            self.spec.digest(), self.resources.memory_bytes, self.resources.bandwidth_mbps, self.state, self.endpoint
+        )
+        try:
+            ttl = max(3 * self.spec.swarm.heartbeat_period, 10.0)
+            publish_candidate(self.dht, self.spec.run_id, self.peer_id, record, ttl)
+        except Exception as e:
+            logger.debug(f"could not publish the candidate record: {e!r}")
+
+    def wait_for_assignment(self) -> Optional[ChainAssignment]:
+        """Block until the coordinator puts this peer in a chain (None if the peer is stopping)."""
+        self.state = "waiting"
+        last_log = 0.0
+        while not self.stop.is_set():
+            self.publish()
+            try:
+                mine = read_assignments(self.dht, self.spec).get(self.peer_id)
+            except Exception as e:
+                logger.debug(f"could not read chain assignments: {e!r}")
+                mine = None
+            if mine is not None and mine.epoch > self.failed_epoch:
+                self.assignment, self.state = mine, "assigned"
+                self.publish()
+                stage = mine.chain.stage_of(self.peer_id)
+                logger.info(
+                    f"joined chain {mine.chain.chain_id} as stage {stage.index + 1} of {len(mine.chain.stages)} "
+                    f"(blocks {stage.start_block}-{stage.end_block - 1}); activations at rank {self.k} of "
+                    f"{self.spec.model.d_model}"
+                )
+                return mine
+            if time.monotonic() - last_log > 10:
+                last_log = time.monotonic()
+                logger.info(f"waiting for a chain: {self.resources.describe(self.spec)}")
+            self.stop.wait(1.0)
+        return None
+
+    def stage_range(self) -> Tuple[int, int]:
+        stage = self.assignment.chain.stage_of(self.peer_id)
+        return stage.start_block, stage.end_block
+
+    def build_stage(self) -> StageModel:
+        start, end = self.stage_range()
+        return StageModel.for_run(self.spec, start, end)
+
+    def broken(self, why: str) -> ChainBroken:
+        """Give up this chain: back to the candidate pool, never to this assignment again."""
+        self.close_links()
+        if self.assignment is not None:
+            self.failed_epoch = self.assignment.epoch
+            logger.warning(f"chain {self.assignment.chain.chain_id} broke: {why}; waiting for a new chain")
+        self.assignment, self.state = None, "waiting"
+        self.publish()
+        return ChainBroken(why)
+
+    # ---- links ------------------------------------------------------------------------------------
+    def open_links(self, round_no: int, deadline_s: float) -> None:
+        """Connect to this round's neighbours: dial stage i+1, accept stage i-1."""
+        chain = self.assignment.chain
+        stage = chain.stage_of(self.peer_id)
+        local = StageIdentity(self.spec.digest(), chain.chain_id, stage.index, round_no)
+        self.listener.local = local
+        self.close_links()
+        deadline = time.monotonic() + deadline_s
+        try:
+            if stage.index + 1 < len(chain.stages):
+                nxt = chain.stages[stage.index + 1]
+                endpoint = None
+                while endpoint is None and time.monotonic() < deadline and not self.stop.is_set():
+                    record = read_candidates(self.dht, self.spec).get(nxt.peer_id)
+                    endpoint = record.endpoint if record is not None and record.endpoint else None
+                    if endpoint is None:
+                        time.sleep(0.5)
+                if endpoint is None:
+                    raise self.broken(f"stage {nxt.index + 1} published no endpoint")
+                host, port = endpoint.rsplit(":", 1)
+                while True:  # the next stage may still be finishing its previous round
+                    try:
+                        self.downstream = self._call(
+                            connect_link(host.strip("[]"), int(port), local=local, role="upstream", fmt=self.fmt,
+                                         codec=self.codec, timeout=self.spec.chain.link_timeout),
+                            timeout=30,
+                        )
+                        break
+                    except (LinkError, OSError, asyncio.TimeoutError) as e:
+                        if time.monotonic() > deadline or self.stop.is_set():
+                            raise self.broken(f"could not connect to stage {nxt.index + 1} at {endpoint}: {e}")
+                        time.sleep(0.5)
+            if stage.index > 0:
+                remaining = max(1.0, deadline - time.monotonic())
+                try:
+                    self.upstream = self._call(self.listener.accept(timeout=remaining), timeout=remaining + 5)
+                except (asyncio.TimeoutError, TimeoutError):
+                    raise self.broken(f"stage {stage.index} did not connect within {deadline_s:.0f} s")
+        except ChainBroken:
+            raise
+
+    def inner_step(self, stage: StageModel, trainer, T: torch.Tensor, batch) -> Optional[float]:
+        try:
+            return self._call(
+                run_inner_step(
+                    stage, trainer, T=T, micro_batches=self.spec.chain.micro_batches, batch=batch,
+                    upstream=self.upstream, downstream=self.downstream, constraint=self.U,
+                ),
+                timeout=self.spec.chain.link_timeout * 4,
+            )
+        except (LinkError, asyncio.TimeoutError, TimeoutError) as e:
+            raise self.broken(f"inner step failed: {e}")
+
+    def close_links(self) -> None:
+        for link in (self.upstream, self.downstream):
+            if link is not None:
+                self.bytes_sent += link.bytes_sent
+                self.bytes_received += link.bytes_received
+                try:
+                    self._call(link.close(), timeout=5)
+                except Exception as e:
+                    logger.debug(f"closing a stage link: {e!r}")
+        self.upstream = self.downstream = None
+
+    def shutdown(self) -> None:
+        self.close_links()
+        try:
+            self._call(self.listener.close(), timeout=5)
+        except Exception:
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def _call(self, coro, timeout: float):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
