@@ -91,6 +91,11 @@ class Totals:
     history: List[RoundRecord] = field(default_factory=list)
 
 
+# peers that take no part in rounds yet: booting, or waiting for a chain. A peer never waits for
+# them; one that went ahead alone meanwhile is caught up with (downloaded) when they start.
+_NOT_IN_ROUNDS = ("stopped", "starting")
+
+
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     return sum(t.numel() * t.element_size() for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t))
 
@@ -418,7 +423,7 @@ class Peer:
             mine = [v for v in view if v.progress.round == self.round and v.peer_id != self.peer_id]
             training = [v for v in mine if v.progress.state == "training"]
             if not training or time.monotonic() > deadline or self.stop_event.is_set():
-                others = [v for v in view if v.peer_id != self.peer_id and v.progress.state != "stopped"]
+                others = [v for v in view if v.peer_id != self.peer_id and v.progress.state not in _NOT_IN_ROUNDS]
                 ready = [v for v in mine if v.progress.state in ("ready", "exchanging")]
                 behind = any(v.progress.round > self.round for v in others)
                 return 1 + len(ready), not others, behind
@@ -433,7 +438,7 @@ class Peer:
         return [v for v in views if v.progress.spec == self.spec.digest()]
 
     def _swarm_is_empty(self) -> bool:
-        return not [v for v in self._view() if v.peer_id != self.peer_id and v.progress.state != "stopped"]
+        return not [v for v in self._view() if v.peer_id != self.peer_id and v.progress.state not in _NOT_IN_ROUNDS]
 
     # ---- state: checkpoint, download, sharing -----------------------------------------------------
     def _load_theta_into_model(self) -> None:
