@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from coordinator.server import load_spec
+from protocol.capacity import replica_bytes
 from peer.progress import human_bytes
 from peer.swarm import UsageError
 
@@ -52,10 +53,11 @@ class Child:
         self.log_file.close()
 
 
-def peer_argv(join: str, workdir: Path, index: int, threads: int = 1) -> List[str]:
+def peer_argv(join: str, workdir: Path, index: int, threads: int = 1, memory_gb: Optional[float] = None) -> List[str]:
     d = workdir / f"peer{index}"
     d.mkdir(parents=True, exist_ok=True)
-    return [
+    extra = ["--max-memory-gb", f"{memory_gb:.6f}"] if memory_gb is not None else []
+    return extra + [
         sys.executable, "-m", "peer.cli", "peer", "--join", join,
         "--host-maddrs", LOOPBACK,
         "--status-file", str(d / "status.json"),
@@ -100,9 +102,11 @@ def summarize(statuses: List[Optional[Dict[str, Any]]], wall_s: float) -> Dict[s
     final = [s["val_loss"] for s in live if _finite(s.get("val_loss"))]
     return {
         "peers": [
-            {k: s.get(k) for k in ("peer_id", "round", "rounds", "tokens", "val_loss", "bytes_sent", "bytes_received", "params_hash")}
+            {k: s.get(k) for k in ("peer_id", "round", "rounds", "tokens", "val_loss", "bytes_sent", "bytes_received",
+                                   "params_hash", "part", "chain", "link_bytes_sent", "link_bytes_received")}
             for s in live
         ],
+        "chains": _chains(live),
         "strategy": live[0]["strategy"] if live else None,
         "initial_val_loss": max(initial) if initial else None,
         "final_val_loss": sum(final) / len(final) if final else None,
@@ -114,16 +118,32 @@ def summarize(statuses: List[Optional[Dict[str, Any]]], wall_s: float) -> Dict[s
     }
 
 
+def _chains(live: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Each chain the demo's low-memory peers formed: its stages and the bytes between them."""
+    chains: Dict[str, Dict[str, Any]] = {}
+    for s in live:
+        if s.get("chain"):
+            c = chains.setdefault(s["chain"], {"chain": s["chain"], "stages": [], "link_bytes": 0, "tokens": 0})
+            c["stages"].append({"peer_id": s["peer_id"], "blocks": s["part"], "rounds": s["rounds"]})
+            c["link_bytes"] += s.get("link_bytes_sent", 0)
+            c["tokens"] = max(c["tokens"], s["tokens"])
+    for c in chains.values():
+        c["stages"].sort(key=lambda st: st["blocks"])
+        c["link_bytes_per_token"] = round(c["link_bytes"] / c["tokens"], 1) if c["tokens"] else None
+    return list(chains.values())
+
+
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def print_summary(summary: Dict[str, Any]) -> None:
     print()
-    print(f"{'peer':<14}{'round':>6}{'tokens':>11}{'val loss':>10}{'sent':>11}{'received':>11}  params")
+    print(f"{'peer':<14}{'role':<12}{'round':>6}{'tokens':>11}{'val loss':>10}{'sent':>11}{'received':>11}  params")
     for p in summary["peers"]:
         val = f"{p['val_loss']:.3f}" if _finite(p["val_loss"]) else "-"
-        print(f"{p['peer_id'][-12:]:<14}{p['round']:>6}{p['tokens']:>11,}{val:>10}"
+        role = f"blocks {p['part'][0]}-{p['part'][1] - 1}" if p.get("chain") else "full"
+        print(f"{p['peer_id'][-12:]:<14}{role:<12}{p['round']:>6}{p['tokens']:>11,}{val:>10}"
               f"{human_bytes(p['bytes_sent']):>11}{human_bytes(p['bytes_received']):>11}  {p['params_hash']}")
     init, fin = summary["initial_val_loss"], summary["final_val_loss"]
     print()
@@ -132,6 +152,9 @@ def print_summary(summary: Dict[str, Any]) -> None:
           + (f"  ({init - fin:.2f} lower)" if init is not None and fin is not None else ""))
     print(f"tokens trained   {summary['tokens']:,}")
     print(f"rounds           {summary['rounds']}")
+    for c in summary["chains"]:
+        stages = ", ".join(f"{st['peer_id'][-6:]} blocks {st['blocks'][0]}-{st['blocks'][1] - 1}" for st in c["stages"])
+        print(f"chain            {c['chain']}: {stages}; {c['link_bytes_per_token']} bytes/token between stages")
     print(f"wall time        {summary['wall_s']:.0f} s")
 
 
@@ -141,9 +164,14 @@ def run_demo(args: argparse.Namespace) -> int:
     if not args.minutes > 0:
         raise UsageError("--minutes must be positive")
     spec = load_spec(args.config, None, args.strategy)  # fail early, before any process starts
+    if args.chain_peers < 0 or args.chain_peers == 1:
+        raise UsageError("--chain-peers must be 0 or at least 2 (a chain has two or more stages)")
+    # what a chain peer declares: too little for a full replica, enough for its share of a chain
+    small = 0.6 * replica_bytes(spec) / 1e9
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="voloco-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    print(f"voloco demo: a coordinator and {args.peers} peers, {spec.outer.strategy}, "
+    chain_note = f" + {args.chain_peers} low-memory peers for a pipeline chain" if args.chain_peers else ""
+    print(f"voloco demo: a coordinator and {args.peers} peers{chain_note}, {spec.outer.strategy}, "
           f"{spec.model.num_params() / 1e6:.2f}M parameters, {args.minutes:g} min; logs in {workdir}", flush=True)
     t0 = time.monotonic()
     children: List[Child] = []
@@ -152,12 +180,13 @@ def run_demo(args: argparse.Namespace) -> int:
         coord = Child("coordinator", coordinator_argv(workdir, args.config, args.strategy), workdir / "coordinator.log")
         children.append(coord)
         join = wait_for_address(workdir / "coordinator.addr", coord)
-        for i in range(args.peers):
-            children.append(Child(f"peer{i}", peer_argv(join, workdir, i), workdir / f"peer{i}.log"))
+        for i in range(args.peers + args.chain_peers):
+            memory = small if i >= args.peers else None
+            children.append(Child(f"peer{i}", peer_argv(join, workdir, i, memory_gb=memory), workdir / f"peer{i}.log"))
         deadline = t0 + args.minutes * 60
         while time.monotonic() < deadline:
             time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
-            statuses = [read_status(workdir, i) for i in range(args.peers)]
+            statuses = [read_status(workdir, i) for i in range(args.peers + args.chain_peers)]
             rounds = [s["round"] if s else "-" for s in statuses]
             vals = [s["val_loss"] for s in statuses if s and _finite(s.get("val_loss"))]
             dead = [c.name for c in children if c.proc.poll() is not None]
@@ -171,7 +200,7 @@ def run_demo(args: argparse.Namespace) -> int:
             child.signal_group(signal.SIGINT)
         for child in reversed(children):
             child.stop(grace=15.0)
-    summary = summarize([read_status(workdir, i) for i in range(args.peers)], time.monotonic() - t0)
+    summary = summarize([read_status(workdir, i) for i in range(args.peers + args.chain_peers)], time.monotonic() - t0)
     print_summary(summary)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))

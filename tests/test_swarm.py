@@ -67,9 +67,10 @@ def test_every_strategy_trains_in_real_processes(swarm_factory, strategy):
     swarm.wait(lambda: min(swarm.round_of("a"), swarm.round_of("b")) >= 5, 150, f"five {strategy} rounds")
     statuses = [swarm.status("a"), swarm.status("b")]
     assert assert_groups_identical(statuses) >= 3
+    start = max(s["initial_val_loss"] for s in statuses)  # a peer that joined late starts from a trained state
     for s in statuses:
         assert s["strategy"] == strategy
-        assert s["val_loss"] < s["initial_val_loss"] - 0.3, (s["initial_val_loss"], s["val_loss"])
+        assert s["val_loss"] < start - 0.3, (start, s["val_loss"])
         group_rounds = [r for r in s["history"] if len(r["group"]) == 2]
         assert group_rounds and all(r["bytes_sent"] > 0 and r["bytes_received"] > 0 for r in group_rounds)
 
@@ -105,8 +106,9 @@ def test_partial_run_with_two_slices_and_four_peers(swarm_factory, tmp_path):
     parts = sorted(s["part"] for s in statuses)
     assert parts == [0, 0, 1, 1], parts  # every slice has owners, spread evenly
     assert assert_groups_identical(statuses) >= 4
+    start = max(s["initial_val_loss"] for s in statuses)
     for s in statuses:
-        assert s["val_loss"] < s["initial_val_loss"] - 0.2, (s["initial_val_loss"], s["val_loss"])
+        assert s["val_loss"] < start - 0.2, (start, s["val_loss"])
         # AdamW keeps two float32 moments (and a step count) for the trainable slice only
         assert 8 * s["trainable_params"] <= s["optimizer_state_bytes"] <= 8 * s["trainable_params"] + 4096
     from protocol.spec import RunSpec
