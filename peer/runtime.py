@@ -343,7 +343,7 @@ class Peer:
         record = RoundRecord(
             round=self.round,
             params_hash=params_hash(self.theta),
-            group=sorted(payloads),
+            group=sorted(result.group) if result is not None else [self.peer_id],  # every member, contributing or not
             contributors=len(decoded),
             excluded=excluded,
             bytes_sent=sent,
@@ -360,7 +360,7 @@ class Peer:
         self._publish()
         self._write_status()
         logger.info(
-            f"round {self.round} done | group {len(payloads)}{' (' + str(len(excluded)) + ' excluded)' if excluded else ''} "
+            f"round {self.round} done | group {len(record.group)}{' (' + str(len(excluded)) + ' excluded)' if excluded else ''} "
             f"| loss {record.loss:.3f} | val {self.val_loss:.3f} | {self.tokens_per_s / 1e3:.1f}k tok/s "
             f"| sent {human_bytes(sent)} recv {human_bytes(received)} | {record.seconds:.1f} s | θ {record.params_hash}"
         )
