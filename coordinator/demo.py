@@ -57,14 +57,14 @@ def peer_argv(join: str, workdir: Path, index: int, threads: int = 1, memory_gb:
     d = workdir / f"peer{index}"
     d.mkdir(parents=True, exist_ok=True)
     extra = ["--max-memory-gb", f"{memory_gb:.6f}"] if memory_gb is not None else []
-    return extra + [
+    return [
         sys.executable, "-m", "peer.cli", "peer", "--join", join,
         "--host-maddrs", LOOPBACK,
         "--status-file", str(d / "status.json"),
         "--checkpoint-dir", str(d / "checkpoint"),
         "--identity", str(d / "identity.key"),
         "--threads", str(threads),
-    ]
+    ] + extra
 
 
 def coordinator_argv(workdir: Path, config: Optional[Path], strategy: Optional[str]) -> List[str]:
@@ -123,13 +123,17 @@ def _chains(live: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     chains: Dict[str, Dict[str, Any]] = {}
     for s in live:
         if s.get("chain"):
-            c = chains.setdefault(s["chain"], {"chain": s["chain"], "stages": [], "link_bytes": 0, "tokens": 0})
-            c["stages"].append({"peer_id": s["peer_id"], "blocks": s["part"], "rounds": s["rounds"]})
-            c["link_bytes"] += s.get("link_bytes_sent", 0)
-            c["tokens"] = max(c["tokens"], s["tokens"])
+            c = chains.setdefault(s["chain"], {"chain": s["chain"], "stages": []})
+            c["stages"].append({
+                "peer_id": s["peer_id"], "blocks": s["part"], "rounds": s["rounds"],
+                "link_bytes_sent": s.get("link_bytes_sent", 0), "link_tokens": s.get("link_tokens", 0),
+            })
     for c in chains.values():
         c["stages"].sort(key=lambda st: st["blocks"])
-        c["link_bytes_per_token"] = round(c["link_bytes"] / c["tokens"], 1) if c["tokens"] else None
+        first, last = c["stages"][0], c["stages"][-1]
+        # forward: what the first stage sent (activations); backward: what the last sent (gradients)
+        c["forward_bytes_per_token"] = round(first["link_bytes_sent"] / first["link_tokens"], 1) if first["link_tokens"] else None
+        c["backward_bytes_per_token"] = round(last["link_bytes_sent"] / last["link_tokens"], 1) if last["link_tokens"] else None
     return list(chains.values())
 
 
@@ -154,7 +158,8 @@ def print_summary(summary: Dict[str, Any]) -> None:
     print(f"rounds           {summary['rounds']}")
     for c in summary["chains"]:
         stages = ", ".join(f"{st['peer_id'][-6:]} blocks {st['blocks'][0]}-{st['blocks'][1] - 1}" for st in c["stages"])
-        print(f"chain            {c['chain']}: {stages}; {c['link_bytes_per_token']} bytes/token between stages")
+        print(f"chain            {c['chain']}: {stages}; bytes per token between stages: "
+              f"{c['forward_bytes_per_token']} forward, {c['backward_bytes_per_token']} backward")
     print(f"wall time        {summary['wall_s']:.0f} s")
 
 

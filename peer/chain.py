@@ -15,7 +15,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -68,6 +68,7 @@ class ChainMember:
         self.endpoint = f"{host}:{self.listener.port}"
         self.upstream = self.downstream = None
         self.bytes_sent = self.bytes_received = 0
+        self.tokens = 0  # tokens whose activations (or gradients) crossed this stage's links
 
     # ---- candidate --------------------------------------------------------------------------------
     def publish(self) -> None:
@@ -126,10 +127,14 @@ class ChainMember:
         return ChainBroken(why)
 
     # ---- links ------------------------------------------------------------------------------------
-    def open_links(self, round_no: int, deadline_s: float) -> None:
-        """Connect to this round's neighbours: dial stage i+1, accept stage i-1."""
+    def open_links(self, sync: Callable[[], int], deadline_s: float) -> None:
+        """Connect to this round's neighbours: dial stage i+1, accept stage i-1.
+
+        ``sync`` catches this peer up with the swarm (a stage whose round failed while its
+        neighbour's succeeded is a round behind) and returns its round; the handshake pins it."""
         chain = self.assignment.chain
         stage = chain.stage_of(self.peer_id)
+        round_no = sync()
         local = StageIdentity(self.spec.digest(), chain.chain_id, stage.index, round_no)
         self.listener.local = local
         self.close_links()
@@ -146,7 +151,7 @@ class ChainMember:
                 if endpoint is None:
                     raise self.broken(f"stage {nxt.index + 1} published no endpoint")
                 host, port = endpoint.rsplit(":", 1)
-                while True:  # the next stage may still be finishing its previous round
+                while True:  # the next stage may still be finishing its previous round, or catching up
                     try:
                         self.downstream = self._call(
                             connect_link(host.strip("[]"), int(port), local=local, role="upstream", fmt=self.fmt,
@@ -158,18 +163,24 @@ class ChainMember:
                         if time.monotonic() > deadline or self.stop.is_set():
                             raise self.broken(f"could not connect to stage {nxt.index + 1} at {endpoint}: {e}")
                         time.sleep(0.5)
-            if stage.index > 0:
-                remaining = max(1.0, deadline - time.monotonic())
-                try:
-                    self.upstream = self._call(self.listener.accept(timeout=remaining), timeout=remaining + 5)
-                except (asyncio.TimeoutError, TimeoutError):
+                        if sync() != local.round:
+                            local = StageIdentity(local.run_digest, local.chain_id, local.stage, sync())
+                            self.listener.local = local
+            while stage.index > 0 and self.upstream is None:
+                if time.monotonic() > deadline or self.stop.is_set():
                     raise self.broken(f"stage {stage.index} did not connect within {deadline_s:.0f} s")
+                try:
+                    self.upstream = self._call(self.listener.accept(timeout=2.0), timeout=7.0)
+                except (asyncio.TimeoutError, TimeoutError):
+                    round_no = sync()  # the previous stage may be waiting for us to catch up
+                    if round_no != self.listener.local.round:
+                        self.listener.local = StageIdentity(local.run_digest, local.chain_id, local.stage, round_no)
         except ChainBroken:
             raise
 
     def inner_step(self, stage: StageModel, trainer, T: torch.Tensor, batch) -> Optional[float]:
         try:
-            return self._call(
+            loss = self._call(
                 run_inner_step(
                     stage, trainer, T=T, micro_batches=self.spec.chain.micro_batches, batch=batch,
                     upstream=self.upstream, downstream=self.downstream, constraint=self.U,
@@ -178,6 +189,8 @@ class ChainMember:
             )
         except (LinkError, asyncio.TimeoutError, TimeoutError) as e:
             raise self.broken(f"inner step failed: {e}")
+        self.tokens += batch[0].numel()
+        return loss
 
     def close_links(self) -> None:
         for link in (self.upstream, self.downstream):

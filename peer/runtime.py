@@ -370,7 +370,7 @@ class Peer:
         (None, None) when the peer is stopping. Raises ChainBroken for a chain stage."""
         round_start = self.theta
         if self.chain is not None:
-            self.chain.open_links(self.round, deadline_s=self.spec.swarm.round_wait)
+            self.chain.open_links(self._sync_round, deadline_s=self.spec.swarm.round_wait)
             round_start = {n: p.detach().to("cpu", torch.float32).clone() for n, p in self.params.items()}
             T = self.theta["embed.weight"].to(self.device)
         bar = ProgressBar(H, f"round {self.round}")
@@ -398,6 +398,11 @@ class Peer:
             if self.chain is not None:
                 self.chain.close_links()
         return losses, round_start
+
+    def _sync_round(self) -> int:
+        """Catch up with the swarm if it is ahead; the round this peer trains next."""
+        self._catch_up()
+        return self.round
 
     def _rejoin_chain(self) -> None:
         """The chain broke: drop this round's work, wait for a new chain, rebuild for its stage."""
@@ -470,21 +475,25 @@ class Peer:
         ahead = max((v.progress.round for v in others), default=-1)
         if ahead < self.round or (ahead == self.round and not even_at_same_round):
             return
-        self.state = "syncing"
+        previous, self.state = self.state, "syncing"
         self._publish()
-        for attempt in range(3):
-            logger.info(f"downloading the state of round {ahead} from a live peer")
-            got = self.gatherer.load_state(timeout=self.spec.swarm.gather_timeout)
-            if got is not None:
-                try:
-                    self._install_state(*got)
-                    self.consistent = True
-                    self._enable_state_sharing()
-                    return
-                except ProtocolError as e:
-                    logger.warning(f"rejected a downloaded state: {e}")
-            time.sleep(1.0 + attempt)
-        logger.warning("could not download the current state; continuing from our own")
+        try:
+            for attempt in range(3):
+                logger.info(f"downloading the state of round {ahead} from a live peer")
+                got = self.gatherer.load_state(timeout=self.spec.swarm.gather_timeout)
+                if got is not None:
+                    try:
+                        self._install_state(*got)
+                        self.consistent = True
+                        self._enable_state_sharing()
+                        return
+                    except ProtocolError as e:
+                        logger.warning(f"rejected a downloaded state: {e}")
+                time.sleep(1.0 + attempt)
+            logger.warning("could not download the current state; continuing from our own")
+        finally:
+            self.state = previous
+            self._publish()
 
     def _install_state(self, meta: Any, tensors: Sequence[torch.Tensor]) -> None:
         if not isinstance(meta, dict) or meta.get("spec") != self.spec.digest():
@@ -602,6 +611,7 @@ class Peer:
             "chain": self.chain.assignment.chain.chain_id if self.chain is not None and self.chain.assignment else None,
             "link_bytes_sent": self.chain.bytes_sent if self.chain is not None else 0,
             "link_bytes_received": self.chain.bytes_received if self.chain is not None else 0,
+            "link_tokens": self.chain.tokens if self.chain is not None else 0,
             "trainable_params": self.trainable,
             "optimizer_state_bytes": optimizer_state_bytes(self.trainer.optimizer),
             "state": self.state,
