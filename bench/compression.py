@@ -89,13 +89,12 @@ TUNE_ARMS = [
     ("sparseloco chosen-avg", {"strategy": "sparseloco"}, {"aggregate": "chosen"}, {}),
     ("sparseloco outer lr 2", {"strategy": "sparseloco", "lr": 2.0}, {}, {}),
     ("sparseloco outer lr 4", {"strategy": "sparseloco", "lr": 4.0}, {}, {}),
-    ("sparseloco k128", {"strategy": "sparseloco", "sparseloco": {"topk": 128}}, {}, {}),
-    ("sparseloco H=15", {"strategy": "sparseloco", "inner_steps": 15}, {}, {}),
-    ("dct beta 0.9", {"strategy": "dct", "dct": {"beta": 0.9}}, {}, {}),
+    ("sparseloco H=15 outer lr 2", {"strategy": "sparseloco", "inner_steps": 15, "lr": 2.0}, {}, {}),
+    ("diloco fp32 H=15", {"strategy": "diloco", "inner_steps": 15}, {}, {}),
     ("dct beta 0.99", {"strategy": "dct", "dct": {"beta": 0.99}}, {}, {}),
-    ("dct k128", {"strategy": "dct", "dct": {"topk": 128}}, {}, {}),
-    ("dct k256", {"strategy": "dct", "dct": {"topk": 256}}, {}, {}),
     ("dct outer lr 2", {"strategy": "dct", "lr": 2.0}, {}, {}),
+    ("dct outer lr 4", {"strategy": "dct", "lr": 4.0}, {}, {}),
+    ("dct k128", {"strategy": "dct", "dct": {"topk": 128}}, {}, {}),
 ]
 DEMO_ARMS = [
     ("sparseloco defaults (H=30)", {"strategy": "sparseloco"}, {}, {}),
@@ -179,8 +178,7 @@ def run_arms(cfg, arms, jobs: int, threads: int) -> List[Dict[str, Any]]:
 
 
 def add_ratios(rows):
-    fp32 = next((r for r in rows if r["strategy"] == "diloco" and r["outer"].get("dense_dtype") == "fp32"
-                 and not r["options"] and r["H"] == rows[1]["H"]), None)
+    fp32 = next((r for r in rows if r["arm"] == "diloco fp32"), None)
     for r in rows:
         if fp32 is not None:
             r["payload_vs_fp32"] = fp32["payload_bytes"] / r["payload_bytes"]
@@ -250,7 +248,7 @@ def payload_ratio_table(inner_steps: int):
 
 
 def group_table(rows):
-    dense = next(r for r in rows if r["strategy"] == "diloco" and r["outer"].get("dense_dtype") == "fp32")["payload_bytes"]
+    dense = next(r for r in rows if r["arm"] == "diloco fp32")["payload_bytes"]
     slc = next(r for r in rows if r["strategy"] == "sparseloco")["payload_bytes"]
     lines, out = [], []
     for g in GROUPS:
@@ -305,7 +303,7 @@ def main(argv=None) -> int:
         print()
         result["payload_ratio_by_model"] = payload_ratio_table(cfg["inner_steps"])
         print()
-        if any(r["strategy"] == "sparseloco" for r in rows) and any(r["strategy"] == "diloco" for r in rows):
+        if any(r["strategy"] == "sparseloco" for r in rows) and any(r["arm"] == "diloco fp32" for r in rows):
             result["groups"], result["crossover_group"] = group_table(rows)
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:

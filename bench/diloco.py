@@ -88,39 +88,59 @@ def human(n: float) -> str:
 
 
 def machine() -> str:
-    return f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    return f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__}"
 
 
-def run(cfg, log=print):
+def run_arm(job):
+    """One arm (R = 1: the single process), in a worker process or in this one."""
+    cfg, R, init, threads = job
+    torch.set_num_threads(threads)
     corpus = load_corpus("stdlib")
-    rmax = max(REPLICAS)
-    n = cfg["steps_per_replica_at_rmax"]
+    total_steps = max(REPLICAS) * cfg["steps_per_replica_at_rmax"]
     H = cfg["inner_steps"]
-    total_steps = rmax * n
-    rows = []
+    t = time.monotonic()
+    if R == 1:
+        single = train_single(make_spec(cfg, total_steps), total_steps, corpus=corpus, init_theta=init)
+        print(f"  single: {total_steps} steps, val {single.final_val_loss:.4f} ({time.monotonic() - t:.0f} s)", flush=True)
+        return dict(arm="single", replicas=1, H=None, rounds=None, steps_per_replica=total_steps, tokens=single.tokens,
+                    val_loss=single.final_val_loss, initial_val_loss=single.initial_val_loss, payload_bytes=None,
+                    sent_per_peer=0, dp_per_peer=0, wall_s=single.wall_s)
+    steps = total_steps // R
+    if steps % H:
+        raise ValueError(f"steps per replica {steps} is not a multiple of H={H}")
+    spec = make_spec(cfg, steps)
+    res = simulate(spec, R, steps // H, corpus=corpus, eval_every=0, verify_rounds=1, init_theta=init)
+    print(f"  diloco R={R}: {res.rounds} rounds x H={H}, val {res.final_val_loss:.4f} ({time.monotonic() - t:.0f} s)", flush=True)
+    return dict(arm=f"diloco R={R}", replicas=R, H=H, rounds=res.rounds, steps_per_replica=steps, tokens=res.tokens,
+                val_loss=res.final_val_loss, initial_val_loss=res.initial_val_loss, payload_bytes=res.payload_bytes,
+                sent_per_peer=res.bytes_sent_per_peer, received_per_peer=res.bytes_received_per_peer,
+                dp_per_peer=res.dp_bytes_per_peer, dp_per_step=allreduce_bytes_per_step(spec.model.num_params(), R),
+                wall_s=res.wall_s)
 
+
+def run(cfg, jobs: int = 1, threads: int = 2, log=print):
+    total_steps = max(REPLICAS) * cfg["steps_per_replica_at_rmax"]
     spec = make_spec(cfg, total_steps)
     params = spec.model.num_params()
-    log(f"model {params:,} parameters, batch {cfg['batch_size']}x{spec.model.seq_len}, H={H}, "
-        f"{total_steps * cfg['batch_size'] * spec.model.seq_len:,} tokens per arm")
-    t = time.monotonic()
-    single = train_single(spec, total_steps, corpus=corpus)
-    log(f"  single: {total_steps} steps, val {single.final_val_loss:.4f} ({time.monotonic() - t:.0f} s)")
-    rows.append(dict(arm="single", replicas=1, H=None, rounds=None, steps_per_replica=total_steps, tokens=single.tokens,
-                     val_loss=single.final_val_loss, initial_val_loss=single.initial_val_loss, payload_bytes=None,
-                     sent_per_peer=0, dp_per_peer=0, wall_s=single.wall_s))
-    for R in REPLICAS:
-        steps = total_steps // R
-        if steps % H:
-            raise ValueError(f"steps per replica {steps} is not a multiple of H={H}")
+    log(f"model {params:,} parameters, batch {cfg['batch_size']}x{spec.model.seq_len}, H={cfg['inner_steps']}, "
+        f"{total_steps * cfg['batch_size'] * spec.model.seq_len:,} tokens per arm", flush=True)
+    warm = cfg.get("warm_start", 0)
+    init, warm_val = None, None
+    if warm:
         t = time.monotonic()
-        res = simulate(make_spec(cfg, steps), R, steps // H, corpus=corpus, eval_every=0, verify_rounds=1)
-        log(f"  diloco R={R}: {res.rounds} rounds x H={H}, val {res.final_val_loss:.4f} ({time.monotonic() - t:.0f} s)")
-        rows.append(dict(arm=f"diloco R={R}", replicas=R, H=H, rounds=res.rounds, steps_per_replica=steps, tokens=res.tokens,
-                         val_loss=res.final_val_loss, initial_val_loss=res.initial_val_loss, payload_bytes=res.payload_bytes,
-                         sent_per_peer=res.bytes_sent_per_peer, received_per_peer=res.bytes_received_per_peer,
-                         dp_per_peer=res.dp_bytes_per_peer, dp_per_step=allreduce_bytes_per_step(params, R),
-                         wall_s=res.wall_s))
+        ws = train_single(make_spec(cfg, warm), warm, corpus=load_corpus("stdlib"), shard="warm-start", keep_theta=True)
+        init, warm_val = ws.theta, ws.final_val_loss
+        log(f"  warm start: {warm} single-process steps shared by every arm, val {warm_val:.4f} "
+            f"({time.monotonic() - t:.0f} s; not counted in the tokens below)", flush=True)
+    work = [(cfg, R, init, threads) for R in (1,) + REPLICAS]
+    if jobs <= 1:
+        rows = [run_arm(w) for w in work]
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+            rows = list(pool.map(run_arm, work))
     base = rows[0]["val_loss"]
     for r in rows:
         r["loss_ratio"] = r["val_loss"] / base
@@ -128,7 +148,7 @@ def run(cfg, log=print):
         if r["replicas"] > 1:
             r["meets_loss_goal"] = r["loss_ratio"] <= 1 + LOSS_GOAL
             r["meets_bytes_goal"] = r["bytes_ratio"] >= BYTES_GOAL
-    return dict(params=params, config=cfg, rows=rows)
+    return dict(params=params, config=cfg, rows=rows, warm_start_val_loss=warm_val)
 
 
 def print_table(result, out=sys.stdout):
@@ -169,20 +189,25 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a tiny model, under a minute (CI smoke test)")
     ap.add_argument("--json", type=Path, help="write the results here")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads per process")
+    ap.add_argument("--jobs", type=int, default=1, help="arms run in parallel processes")
     ap.add_argument("--H", type=int, help="override the inner steps per round")
     ap.add_argument("--steps", type=int, help="override N, the steps of each of the 4 replicas")
     ap.add_argument("--outer-lr", type=float)
     ap.add_argument("--lr", type=float, help="override the inner learning rate")
+    ap.add_argument("--warm-start", type=int, help="override: single-process steps every arm starts from")
+    ap.add_argument("--momentum", type=float, help="override the outer momentum")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = dict(CONFIGS["quick" if args.quick else "full"])
-    for key, value in (("inner_steps", args.H), ("steps_per_replica_at_rmax", args.steps), ("outer_lr", args.outer_lr), ("lr", args.lr)):
+    for key, value in (("inner_steps", args.H), ("steps_per_replica_at_rmax", args.steps), ("outer_lr", args.outer_lr), ("lr", args.lr),
+                       ("warm_start", args.warm_start), ("momentum", args.momentum)):
         if value is not None:
             cfg[key] = value
     t0 = time.monotonic()
-    print(f"bench/diloco.py{' --quick' if args.quick else ''}: {datetime.datetime.now().isoformat(timespec='seconds')}, {machine()}")
-    result = run(cfg)
+    print(f"bench/diloco.py{' --quick' if args.quick else ''}: {datetime.datetime.now().isoformat(timespec='seconds')}, {machine()}, "
+          f"{args.jobs} job(s) x {args.threads} thread(s)", flush=True)
+    result = run(cfg, args.jobs, args.threads)
     print()
     print_table(result)
     print(f"\ntotal {time.monotonic() - t0:.0f} s")

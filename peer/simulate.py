@@ -174,6 +174,7 @@ class SingleResult:
     initial_val_loss: float
     history: List[Dict[str, float]] = field(default_factory=list)  # {"step", "tokens", "val_loss"}
     wall_s: float = 0.0
+    theta: Optional[Tensors] = None
 
     @property
     def final_val_loss(self) -> float:
@@ -257,6 +258,7 @@ def simulate(
     aggregate: str = "mean",
     verify_rounds: int = 1,
     keep_theta: bool = False,
+    init_theta: Optional[Tensors] = None,
     on_round: Optional[Callable[[RoundStats], None]] = None,
 ) -> SimResult:
     """Run ``rounds`` rounds of ``replicas`` replicas of the peer round loop in this process.
@@ -267,6 +269,8 @@ def simulate(
     ``aggregate``: "mean" (the strategy's own aggregate, what peers run) or "chosen" (SparseLoCo's
     variant, each coordinate averaged over the replicas that sent it; a simulation-only option).
     ``verify_rounds``: rounds in which every replica decodes every payload itself (R² decodes).
+    ``init_theta``: start from these parameters instead of the seed's (a shared warm start); the
+    inner optimizers and the strategies' buffers still start fresh.
     """
     if replicas < 1 or rounds < 0:
         raise ValueError("replicas must be >= 1 and rounds >= 0")
@@ -280,7 +284,10 @@ def simulate(
 
     reps: List[_Replica] = []
     for shard in shards:
-        model = build_model(spec.model, spec.seed).to(device)
+        model = build_model(spec.model, spec.seed)
+        if init_theta is not None:
+            _load_params(model, init_theta)
+        model = model.to(device)
         params = dict(model.named_parameters())
         theta = {n: p.detach().to("cpu", torch.float32).clone() for n, p in params.items()}
         reps.append(
@@ -361,6 +368,12 @@ def simulate(
     return result
 
 
+def _load_params(model: torch.nn.Module, theta: Tensors) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(theta[name].to(p.dtype))
+
+
 def _assert_same(a: Sequence[Tensors], b: Sequence[Tensors], what: str) -> None:
     if len(a) != len(b):
         raise AssertionError(what)
@@ -381,18 +394,24 @@ def train_single(
     eval_every: int = 0,
     device: str = "cpu",
     on_eval: Optional[Callable[[Dict[str, float]], None]] = None,
+    init_theta: Optional[Tensors] = None,
+    keep_theta: bool = False,
 ) -> SingleResult:
     """Plain AdamW (``InnerTrainer`` with ``spec.inner``, schedule included) on one model for
     ``steps`` steps of ``batch_size`` sequences (default ``spec.data.batch_size``); no outer loop.
 
     For equal tokens with R replicas of N steps each, pass ``steps = R·N`` (same batch), or
     ``steps = N, batch_size = R·B`` (the data-parallel equivalent). The cosine horizon is
-    ``spec.inner.total_steps``: set it to ``steps`` in the spec you pass.
+    ``spec.inner.total_steps``: set it to ``steps`` in the spec you pass. ``init_theta``: start
+    from these parameters (fresh optimizer); ``keep_theta``: return the final ones in ``.theta``.
     """
     corpus = corpus if corpus is not None else load_corpus(spec.data.corpus, spec.data.val_fraction)
     batch_size = batch_size or spec.data.batch_size
     t0 = time.monotonic()
-    model = build_model(spec.model, spec.seed).to(device)
+    model = build_model(spec.model, spec.seed)
+    if init_theta is not None:
+        _load_params(model, init_theta)
+    model = model.to(device)
     trainer = InnerTrainer(model, spec.inner, device)
     stream = TrainStream(corpus, spec.model.seq_len, batch_size, spec.seed, shard=shard)
     val = val_batches(corpus, spec.model.seq_len, spec.data.batch_size, spec.data.val_batches)
@@ -413,4 +432,6 @@ def train_single(
             if on_eval is not None:
                 on_eval(point)
     result.wall_s = time.monotonic() - t0
+    if keep_theta:
+        result.theta = {n: p.detach().to("cpu", torch.float32).clone() for n, p in model.named_parameters()}
     return result
