@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="a coordinator and N peers as processes on this machine, then a summary")
     d.add_argument("--peers", type=int, default=3, help="number of peers (default: 3)")
-    d.add_argument("--minutes", type=float, default=3.0, help="training time before the peers are stopped (default: 3)")
+    d.add_argument("--minutes", type=float, default=3.5, help="training time before the peers are stopped (default: 3.5)")
     d.add_argument(
         "--chain-peers", type=int, default=2,
         help="extra low-memory peers (too small for a full replica) that the coordinator groups into a pipeline chain (default: 2; 0: none)",
