@@ -80,6 +80,7 @@ class RoundRecord:
     loss: float
     val_loss: float
     seconds: float
+    resynced: bool = False  # it started off the group's parameters and downloaded them after the round
 
 
 @dataclass
@@ -245,7 +246,7 @@ class Peer:
         if found is not None and found[1].get("spec") == self.spec.digest() and found[1].get("part") in range(slices):
             return int(found[1]["part"])
         # peers that start together see each other choosing and spread over the slices
-        time.sleep(2 * self.spec.swarm.heartbeat_period)
+        time.sleep(max(2 * self.spec.swarm.heartbeat_period, 5.0))
         view = [v for v in self._view() if v.peer_id != self.peer_id and v.progress.state != "stopped"]
         owners = [v.progress.part for v in view if v.progress.part >= 0]
         waiting = [v.peer_id for v in view if v.progress.part == CHOOSING]
@@ -352,11 +353,13 @@ class Peer:
             val_loss=self.val_loss,
             seconds=time.monotonic() - t0,
         )
+        if not self.consistent:  # repair before reporting: the round ends with the group's parameters
+            self._catch_up(even_at_same_round=True)
+            record.params_hash = params_hash(self.theta)
+            record.resynced = True
         self.totals.history.append(record)
         self._save_checkpoint()
         self._enable_state_sharing()
-        if not self.consistent:
-            self._catch_up(even_at_same_round=True)
         self._publish()
         self._write_status()
         logger.info(
@@ -475,6 +478,7 @@ class Peer:
         ahead = max((v.progress.round for v in others), default=-1)
         if ahead < self.round or (ahead == self.round and not even_at_same_round):
             return
+        min_round = ahead
         previous, self.state = self.state, "syncing"
         self._publish()
         try:
@@ -483,7 +487,7 @@ class Peer:
                 got = self.gatherer.load_state(timeout=self.spec.swarm.gather_timeout)
                 if got is not None:
                     try:
-                        self._install_state(*got)
+                        self._install_state(*got, min_round=min_round)
                         self.consistent = True
                         self._enable_state_sharing()
                         return
@@ -495,7 +499,7 @@ class Peer:
             self.state = previous
             self._publish()
 
-    def _install_state(self, meta: Any, tensors: Sequence[torch.Tensor]) -> None:
+    def _install_state(self, meta: Any, tensors: Sequence[torch.Tensor], min_round: int = 0) -> None:
         if not isinstance(meta, dict) or meta.get("spec") != self.spec.digest():
             raise ProtocolError("state is from another run spec")
         names, shared_names = meta.get("names"), meta.get("shared")
@@ -504,6 +508,8 @@ class Peer:
         round_no = meta.get("round")
         if isinstance(round_no, bool) or not isinstance(round_no, int) or round_no < 0:
             raise ProtocolError("state has no valid round")
+        if round_no < min_round:  # a peer that has not finished the round yet: try again
+            raise ProtocolError(f"state of round {round_no} is older than the swarm's round {min_round}")
         theta = {}
         for name, t in zip(names, tensors):
             if tuple(t.shape) != tuple(self.layout[name]) or not torch.isfinite(t).all():
