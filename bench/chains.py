@@ -1,0 +1,502 @@
+"""Heterogeneous replicas (ALGORITHMS.md section 5): pipeline chains beside full replicas, SparseLoCo.
+
+    python bench/chains.py [--quick] [--json OUT] [--only a,c] [--jobs N] [--threads T]
+
+``--quick``: ~1 min (a 0.13M model, 60 steps per replica: a smoke run, its losses are noise-level).
+Full: ~7-8 CPU-minutes at 1 thread (d 128, 4 layers, 200 steps per replica, 5 arms); ``--jobs 2``
+runs two arms at a time.
+
+Same model, data, seeds and total tokens in every arm; R = 4 replicas, a chain counting as one
+replica (one model whose forward and backward cross a stage boundary after block n_layers / 2):
+
+* (a) ``4 full``: four full replicas (the reference);
+* (b) ``3 full + chain k=d``: the fourth replica is a 2-stage chain with an uncompressed boundary
+  (the identity codec: ``h - T[tok]`` in fp16, no constraint);
+* (c) ``3 full + chain k=d/10``: selective compression. Only the chain projects its boundary onto
+  ``span(U)`` at the default rank ``spec.chain.effective_rank(d)``, with the lossless chain-local
+  constraint exactly as peer/runtime.py + peer/pipeline.py run it;
+* (d) ``4 chains k=d/10``: uniform compression. Every replica is a compressed chain and the run
+  trains the subspace-constrained model (the run-wide variant of protocol/activations.py, what
+  ``chain.compress_all`` describes): θ is projected once at the start and after every outer step
+  (``exact=True``), so no replica drops anything at its round start;
+* extra row (``--quick`` skips it): (c') = (c) at the larger rank d // 4; ``--only ...,d4`` adds
+  (d') = (d) at d // 4 (not in the default run, to keep it short).
+
+The in-process simulation follows the runtime step by step (peer/simulate.py's round loop, which
+trains full replicas only):
+
+* a full replica: load θ, H x ``InnerTrainer.step`` (global-norm clip), Δ = θ − θ_local, one
+  payload of the whole model;
+* a chain: one model, one AdamW (element-wise, so one optimizer over both stages equals one per
+  stage; tests/test_pipeline.py checks this emulation bit-identical to stages linked over TCP), one
+  ``TrainStream`` whose shard is the replica's (both stages draw the same batches). Round start as
+  ``Peer._load_theta_into_model``: load θ, then, when k < d, ``constrain_to_subspace_(..., U,
+  T=θ["embed.weight"], exact=True)``; that projected start is ``round_start`` and T is θ's
+  embedding. One inner step as ``run_inner_step``: the batch split into ``spec.chain.micro_batches``
+  micro-batches, each ``embed -> blocks[:m] -> compressed_boundary(codec, T) -> blocks[m:] -> head``,
+  ``(loss / M).backward()`` in micro-batch order; ``project_gradients_`` (k < d); lr; clip each
+  stage's own gradients; AdamW step; ``constrain_to_subspace_(..., U, T)`` (k < d). Each stage is
+  a peer of the exchange: Δ over its own tensors from the round start, its own
+  ``make_strategy(spec, part=(start, end))`` (error feedback per stage), its own payload;
+* exchange: every member (full peer or stage peer) decodes every payload in ``canonical_order``
+  (really in round 0, with the decoded tensors checked identical; later rounds reuse the first
+  member's decode, decoding being a pure function of the bytes), ``aggregate`` (each tensor
+  averaged over the payloads that carry it: 4 per tensor in every arm), ``apply`` to its own θ,
+  ``settle``; θ is asserted bit-identical across members every round.
+
+Rows: validation loss of θ after the last round, evaluated uncompressed (the full model, as a
+full peer reports it), its ratio to (a); for chain arms also the loss as the chain computes it
+(θ projected, through the compressed boundary). Bytes per token between stages from the codec's
+formulas (``ActivationCodec.forward_bytes_per_token``: k·2 + 1 token-id byte for the 256-byte
+vocabulary; ``backward_bytes_per_token``: k·2) and the ratio against the plain fp16 hidden state
+each way, 2·(d·2); in brackets the same per token with the real frame encoding
+(``protocol.frames.encode_frame`` of one micro-batch: msgpack header and length prefix included).
+Exchange bytes as bench/compression.py counts them (all-gather: each member serves its payload to
+the G − 1 other members and fetches theirs every round; a chain's stages are two members, so G is
+4, 5 or 8), mean per member over the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from peer.data import TrainStream, load_corpus, val_batches  # noqa: E402
+from peer.inner import InnerTrainer, evaluate  # noqa: E402
+from peer.model import build_model  # noqa: E402
+from peer.pipeline import link_codec  # noqa: E402
+from peer.strategies import canonical_order, make_strategy, pseudo_gradient  # noqa: E402
+from protocol.activations import (  # noqa: E402
+    compressed_boundary,
+    constrain_to_subspace_,
+    project_gradients_,
+    uncompressed_bytes_per_token,
+)
+from protocol.chains import stage_shapes  # noqa: E402
+from protocol.frames import Activations, FrameFormat, Grads, encode_frame  # noqa: E402
+from protocol.spec import ModelSpec, RunSpec  # noqa: E402
+
+R = 4
+CONFIGS = {
+    # the demo model's shape (d 128, 4 layers, 0.87M parameters) on 64-byte sequences
+    "full": dict(
+        model=dict(d_model=128, n_layers=4, n_heads=4, ffn_hidden=352, seq_len=64),
+        batch_size=16,
+        inner_steps=20,
+        rounds=10,
+        lr=2e-3,
+        warmup=20,
+        extra=True,
+    ),
+    # a tiny model for a smoke run
+    "quick": dict(
+        model=dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176, seq_len=32),
+        batch_size=8,
+        inner_steps=10,
+        rounds=6,
+        lr=3e-3,
+        warmup=10,
+        extra=False,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Arm:
+    key: str
+    label: str
+    chains: int  # replicas that are chains (the last ones); the others are full
+    rank: str  # "d": uncompressed boundary; "default": spec.chain.effective_rank(d); "d4": d // 4
+    run_wide: bool = False  # the constrained model everywhere (uniform arm)
+
+
+ARMS = [
+    Arm("a", "(a) 4 full", 0, "d"),
+    Arm("b", "(b) 3 full + chain k=d", 1, "d"),
+    Arm("c", "(c) 3 full + chain k=d/10 (selective)", 1, "default"),
+    Arm("d", "(d) 4 chains k=d/10 (uniform)", 4, "default", run_wide=True),
+]
+EXTRA_ARMS = [Arm("c4", "(c') 3 full + chain k=d/4 (selective)", 1, "d4")]  # in the full run
+OPTIONAL_ARMS = [Arm("d4", "(d') 4 chains k=d/4 (uniform)", 4, "d4", run_wide=True)]  # --only d4
+
+
+def machine() -> str:
+    return f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__}"
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f}"
+
+
+def table(cols, lines, left=1) -> str:
+    widths = [max(len(c), *(len(l[i]) for l in lines)) for i, c in enumerate(cols)]
+    fmt = lambda row: "  ".join(v.ljust(w) if i < left else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))  # noqa: E731
+    return "\n".join([fmt(cols), "  ".join("-" * w for w in widths)] + [fmt(l) for l in lines])
+
+
+def make_spec(cfg: Dict[str, Any]) -> RunSpec:
+    steps = cfg["inner_steps"] * cfg["rounds"]
+    return RunSpec(run_id="bench-chains", seed=0, model=ModelSpec(**cfg["model"])).replace(
+        data={"batch_size": cfg["batch_size"], "val_batches": 8},
+        inner={"lr": cfg["lr"], "warmup_steps": cfg["warmup"], "total_steps": steps},
+        outer={"strategy": "sparseloco", "inner_steps": cfg["inner_steps"]},
+    )
+
+
+def rank_of(spec: RunSpec, rank: str) -> int:
+    d = spec.model.d_model
+    return {"d": d, "default": spec.chain.effective_rank(d), "d4": d // 4}[rank]
+
+
+# --- link bytes ----------------------------------------------------------------------------------
+def link_bytes(spec: RunSpec, k: int) -> Dict[str, Any]:
+    """Per token between the two stages: the codec's formulas, and real frames of one micro-batch."""
+    d, vocab, S = spec.model.d_model, spec.model.vocab_size, spec.model.seq_len
+    codec = link_codec(d, k, spec.seed, torch.float16)
+    micro = max(1, spec.data.batch_size // spec.chain.micro_batches)
+    fmt = FrameFormat.for_run(spec, micro_batch=micro, k=k)
+    tokens = micro * S
+    values = torch.zeros(micro, S, k, dtype=torch.float16)
+    act = len(encode_frame(Activations(mb=3, step=1000, tokens=torch.zeros(micro, S, dtype=torch.int64), values=values), fmt))
+    grad = len(encode_frame(Grads(mb=3, step=1000, values=values), fmt))
+    fwd, bwd = codec.forward_bytes_per_token(vocab), codec.backward_bytes_per_token()
+    plain = 2 * uncompressed_bytes_per_token(d, torch.float16)
+    return dict(k=k, forward=fwd, backward=bwd, total=fwd + bwd, plain_fp16=plain, ratio=plain / (fwd + bwd),
+                frame_forward=act / tokens, frame_backward=grad / tokens, frame_total=(act + grad) / tokens)
+
+
+# --- the simulation ------------------------------------------------------------------------------
+Tensors = Dict[str, torch.Tensor]
+
+
+@dataclass
+class Member:
+    """One peer of the exchange: a full replica, or one stage of a chain."""
+
+    sender: str
+    names: List[str]  # the tensors it trains and sends
+    strategy: Any
+    theta: Tensors = field(default_factory=dict)
+
+
+@dataclass
+class Replica:
+    name: str
+    model: torch.nn.Module
+    trainer: InnerTrainer
+    stream: TrainStream
+    members: List[Member]
+    chain: bool
+    cut: int = 0  # the stage boundary: blocks [0, cut) | [cut, n_layers)
+    codec: Any = None
+    U: Optional[torch.Tensor] = None  # the constraint (k < d)
+    groups: List[List[torch.nn.Parameter]] = field(default_factory=list)  # per-stage clip groups
+    T: Optional[torch.Tensor] = None
+    start: Optional[Tensors] = None
+
+
+def chain_forward(model, x, y, codec, T, cut):
+    h = model.forward_blocks(model.embed_tokens(x), 0, cut)
+    h = compressed_boundary(h, x, T, codec)
+    return model.forward_head(model.forward_blocks(h, cut, None), y)
+
+
+def chain_step(rep: Replica, x: torch.Tensor, y: torch.Tensor, micro_batches: int) -> float:
+    """``peer.pipeline.run_inner_step`` of both stages, in one process (tests/test_pipeline.py's
+    reference, which it checks against the TCP chain)."""
+    trainer, model = rep.trainer, rep.model
+    trainer.optimizer.zero_grad(set_to_none=True)
+    model.train()
+    total = 0.0
+    for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
+        _, loss = chain_forward(model, xm, ym, rep.codec, rep.T, rep.cut)
+        (loss / micro_batches).backward()
+        total += loss.item()
+    named = list(model.named_parameters())
+    if rep.U is not None:
+        project_gradients_(named, rep.U)
+    lr = trainer.lr
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = lr
+    for g in rep.groups:
+        torch.nn.utils.clip_grad_norm_(g, trainer.spec.grad_clip)
+    trainer.optimizer.step()
+    trainer.step_count += 1
+    if rep.U is not None:
+        constrain_to_subspace_(named, rep.U, rep.T)
+    return total / micro_batches
+
+
+@torch.no_grad()
+def chain_evaluate(model, batches, codec, T, cut) -> float:
+    """Validation loss as the chain computes it (through the compressed boundary)."""
+    model.eval()
+    total, count = 0.0, 0
+    for x, y in batches:
+        _, loss = chain_forward(model, x, y, codec, T, cut)
+        total += loss.item() * y.numel()
+        count += y.numel()
+    model.train()
+    return total / count
+
+
+def load(model, theta: Tensors) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(theta[name])
+
+
+_CORPUS: Dict[str, Any] = {}
+
+
+def corpus_once():
+    if "stdlib" not in _CORPUS:
+        _CORPUS["stdlib"] = load_corpus("stdlib")
+    return _CORPUS["stdlib"]
+
+
+def run_arm(job) -> Dict[str, Any]:
+    cfg, arm, threads = job
+    torch.set_num_threads(threads)
+    t0 = time.monotonic()
+    spec = make_spec(cfg)
+    corpus = corpus_once()
+    H, rounds, M = spec.outer.inner_steps, cfg["rounds"], spec.chain.micro_batches
+    d, L = spec.model.d_model, spec.model.n_layers
+    cut = L // 2
+    k = rank_of(spec, arm.rank)
+    codec = link_codec(d, k, spec.seed, torch.float16)
+    U = codec.U if k < d else None
+    stages = [(0, cut), (cut, L)]
+
+    theta0 = {n: p.detach().clone() for n, p in build_model(spec.model, spec.seed).named_parameters()}
+    if arm.run_wide and U is not None:  # the constrained model from round 0 (T = E: the embedding is untouched)
+        constrain_to_subspace_(theta0, U, theta0["embed.weight"], exact=True)
+
+    reps: List[Replica] = []
+    for i in range(R):
+        name = f"replica{i}"
+        model = build_model(spec.model, spec.seed)
+        chain = i >= R - arm.chains
+        if chain:
+            members = [Member(f"{name}-stage{s}", list(stage_shapes(spec, a, b)), make_strategy(spec, part=(a, b)))
+                       for s, (a, b) in enumerate(stages)]
+        else:
+            members = [Member(name, list(spec.param_shapes()), make_strategy(spec))]
+        for m in members:
+            m.theta = {n: t.clone() for n, t in theta0.items()}
+        rep = Replica(name, model, InnerTrainer(model, spec.inner), TrainStream(corpus, spec.model.seq_len, spec.data.batch_size,
+                      spec.seed, shard=name), members, chain)
+        if chain:
+            params = dict(model.named_parameters())
+            rep.cut, rep.codec, rep.U = cut, codec, U
+            rep.groups = [[params[n] for n in m.names] for m in members]
+        reps.append(rep)
+    members = [m for rep in reps for m in rep.members]
+    val = val_batches(corpus, spec.model.seq_len, spec.data.batch_size, spec.data.val_batches)
+    evaluator = build_model(spec.model, spec.seed)
+    load(evaluator, theta0)
+    initial = evaluate(evaluator, val)
+
+    history = []
+    sent = {m.sender: 0 for m in members}
+    received = {m.sender: 0 for m in members}
+    payload_sizes: Dict[str, List[int]] = {m.sender: [] for m in members}
+    tokens = 0
+    for round_no in range(rounds):
+        payloads, pendings, losses = {}, {}, []
+        for rep in reps:
+            theta = rep.members[0].theta  # every member's θ is the same (asserted below)
+            load(rep.model, theta)
+            if rep.chain:
+                rep.T = theta["embed.weight"].clone()
+                if rep.U is not None and not arm.run_wide:  # chain-local: start from θ projected
+                    constrain_to_subspace_(rep.model.named_parameters(), rep.U, rep.T, exact=True)
+                start = {n: p.detach().clone() for n, p in rep.model.named_parameters()}
+            else:
+                start = theta
+            for _ in range(H):
+                x, y = rep.stream.next_batch()
+                losses.append(chain_step(rep, x, y, M) if rep.chain else rep.trainer.step(x, y))
+                tokens += x.numel()
+            params = dict(rep.model.named_parameters())
+            for m in rep.members:
+                delta = pseudo_gradient(start, params, m.names)
+                payloads[m.sender], pendings[m.sender] = m.strategy.encode(delta, round_no)
+        order = canonical_order(payloads)
+        total_bytes = sum(len(p) for p in payloads.values())
+        shared = None
+        for m in members:
+            own = len(payloads[m.sender])
+            payload_sizes[m.sender].append(own)
+            sent[m.sender] += (len(members) - 1) * own
+            received[m.sender] += total_bytes - own
+            if round_no == 0 or shared is None:
+                decoded = [m.strategy.decode(payloads[s], round_no) for s in order]
+                if shared is None:
+                    shared = decoded
+                else:
+                    for a, b in zip(shared, decoded):
+                        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a), f"{m.sender} decoded differently"
+            else:
+                decoded = shared
+            m.strategy.apply(m.theta, m.strategy.aggregate(decoded))
+            if arm.run_wide and U is not None:  # the aggregate is not in span(U): project θ again, exactly
+                constrain_to_subspace_(m.theta, U, m.theta["embed.weight"], exact=True)
+            m.strategy.settle(pendings[m.sender], delivered=True)
+        for m in members[1:]:
+            assert all(torch.equal(members[0].theta[n], m.theta[n]) for n in m.theta), f"round {round_no}: θ of {m.sender} differs"
+        last = round_no == rounds - 1
+        val_loss = None
+        if last or (round_no + 1) % max(1, rounds // 5) == 0:
+            load(evaluator, members[0].theta)
+            val_loss = evaluate(evaluator, val)
+        history.append(dict(round=round_no + 1, tokens=tokens, train_loss=sum(losses) / len(losses), val_loss=val_loss))
+
+    theta = members[0].theta
+    chain_view = None
+    if arm.chains:  # the loss the chain's own model has: θ projected as at a round start, through the boundary
+        load(evaluator, theta)
+        T = theta["embed.weight"].clone()
+        if U is not None and not arm.run_wide:
+            constrain_to_subspace_(evaluator.named_parameters(), U, T, exact=True)
+        chain_view = chain_evaluate(evaluator, val, codec, T, cut)
+    full = [m for rep in reps if not rep.chain for m in rep.members]
+    stage = [m for rep in reps if rep.chain for m in rep.members]
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+    row = dict(
+        key=arm.key, arm=arm.label, chains=arm.chains, k=k, run_wide=arm.run_wide, cut=cut, rounds=rounds, H=H,
+        tokens=tokens, initial_val_loss=initial, val_loss=history[-1]["val_loss"], chain_view_val_loss=chain_view,
+        members=len(members), link=link_bytes(spec, k) if arm.chains else None,
+        payload_full=mean([mean(payload_sizes[m.sender]) for m in full]) if full else None,
+        payload_stage=mean([mean(payload_sizes[m.sender]) for m in stage]) if stage else None,
+        sent_per_peer=mean(list(sent.values())), received_per_peer=mean(list(received.values())),
+        sent_by_member=sent, received_by_member=received, history=history, wall_s=time.monotonic() - t0,
+    )
+    print(f"  {arm.label}: val {row['val_loss']:.4f}"
+          + (f", chain view {chain_view:.4f}" if chain_view is not None else "") + f", {row['wall_s']:.0f} s", flush=True)
+    return row
+
+
+def run_arms(cfg, arms, jobs: int, threads: int) -> List[Dict[str, Any]]:
+    work = [(cfg, arm, threads) for arm in arms]
+    if jobs <= 1:
+        return [run_arm(w) for w in work]
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        return list(pool.map(run_arm, work))
+
+
+# --- report ------------------------------------------------------------------------------------
+def print_main(rows, spec: RunSpec) -> None:
+    ref = next((r for r in rows if r["key"] == "a"), None)
+    lines = []
+    for r in rows:
+        link = r["link"]
+        if ref is not None:
+            r["loss_vs_a"] = r["val_loss"] / ref["val_loss"]
+        lines.append([
+            r["arm"], str(r["k"]) if r["chains"] else "-", f"{r['val_loss']:.4f}",
+            f"{r['loss_vs_a']:.4f}" if ref is not None else "-",
+            f"{r['chain_view_val_loss']:.4f}" if r["chain_view_val_loss"] is not None else "-",
+            f"{link['forward']}+{link['backward']}={link['total']} [{link['frame_total']:.1f}]" if link else "-",
+            f"{link['ratio']:.1f}x" if link else "-",
+            human(r["payload_full"]) if r["payload_full"] else "-", human(r["payload_stage"]) if r["payload_stage"] else "-",
+            str(r["members"]), human(r["sent_per_peer"]), human(r["received_per_peer"]),
+        ])
+    print(table(["arm", "k", "val loss", "vs (a)", "chain view", "B/token fwd+bwd [frames]", "vs fp16", "payload full",
+                 "payload stage", "G", "sent/peer", "recv/peer"], lines))
+    d = spec.model.d_model
+    print(f"\nval loss: θ after the last round, evaluated uncompressed (nats/byte); vs (a): ratio (lower is better).\n"
+          f"chain view: the same θ as a chain trains it (projected as at a round start, through the compressed boundary).\n"
+          f"B/token: bytes per token between the stages, codec formulas: forward k·2 + 1 (fp16 values + a 1-byte token\n"
+          f"id), backward k·2; in brackets the real frames (msgpack header + 4-byte length) of one micro-batch per token.\n"
+          f"vs fp16: the plain fp16 hidden state both ways, 2·d·2 = {2 * 2 * d} B/token, over the fwd+bwd formula bytes.\n"
+          f"payload: one member's encoded SparseLoCo payload per round (a full replica / one chain stage). G: members of\n"
+          f"the exchange (a chain's stages are 2). sent/recv per peer: whole run, all-gather model as bench/compression.py\n"
+          f"((G-1)·own payload sent, the others' payloads received, every round), mean over members.")
+
+
+def goals(rows) -> List[str]:
+    by = {r["key"]: r for r in rows}
+    out = []
+    c, a, dd = by.get("c"), by.get("a"), by.get("d")
+    if c is not None:
+        ok = c["link"]["ratio"] >= 8
+        out.append(f"bytes/token between stages at the default rank k={c['k']}: {c['link']['ratio']:.1f}x fewer than fp16 "
+                   f"(goal >= 8x): {'met' if ok else 'MISSED'}")
+    if c is not None and a is not None:
+        ok = c["loss_vs_a"] <= 1.03
+        out.append(f"(c) vs (a): {100 * (c['loss_vs_a'] - 1):+.2f} % (goal within 3 %): {'met' if ok else 'MISSED'}")
+    if c is not None and dd is not None:
+        ok = c["val_loss"] < dd["val_loss"]
+        out.append(f"(c) {c['val_loss']:.4f} vs (d) {dd['val_loss']:.4f}: selective {'better' if ok else 'NOT better'} than uniform "
+                   f"({100 * (dd['val_loss'] / c['val_loss'] - 1):+.2f} %): {'met' if ok else 'MISSED'}")
+    for key, other in (("c4", "d4"),):
+        if key in by:
+            r = by[key]
+            s = f"extra: selective at k=d/4={r['k']}: {100 * (r['loss_vs_a'] - 1):+.2f} % vs (a), {r['link']['ratio']:.1f}x fewer bytes/token"
+            if other in by:
+                s += f"; uniform at k=d/4: {100 * (by[other]['loss_vs_a'] - 1):+.2f} % vs (a)"
+            out.append(s)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny model, few rounds, no extra arms (a smoke run)")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--only", help="comma-separated arm keys: a,b,c,d,c4,d4")
+    ap.add_argument("--jobs", type=int, default=1, help="arms run in parallel processes")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    name = "quick" if args.quick else "full"
+    cfg = CONFIGS[name]
+    arms = ARMS + (EXTRA_ARMS if cfg["extra"] else [])
+    if args.only:
+        keys = {k.strip() for k in args.only.split(",")}
+        arms = [a for a in ARMS + EXTRA_ARMS + OPTIONAL_ARMS if a.key in keys]
+    spec = make_spec(cfg)
+    ms = spec.model
+    t0 = time.monotonic()
+    print(f"bench/chains.py ({name}): {datetime.datetime.now().isoformat(timespec='seconds')}, {machine()}, "
+          f"{args.jobs} job(s) x {args.threads} thread(s)")
+    print(f"model d {ms.d_model}, {ms.n_layers} layers, {ms.n_heads} heads, ffn {ms.ffn_hidden} ({ms.num_params():,} parameters), "
+          f"batch {spec.data.batch_size}x{ms.seq_len}, {R} replicas, {cfg['rounds']} rounds of H={cfg['inner_steps']} "
+          f"(N={cfg['rounds'] * cfg['inner_steps']} steps per replica), SparseLoCo defaults; chains cut after block "
+          f"{ms.n_layers // 2 - 1}, {spec.chain.micro_batches} micro-batches, fp16 on the wire", flush=True)
+    rows = run_arms(cfg, arms, args.jobs, args.threads)
+    print()
+    print_main(rows, spec)
+    lines = goals(rows)
+    if lines:
+        print("\ngoals:\n" + "\n".join(f"  {s}" for s in lines))
+    print(f"\ntotal {time.monotonic() - t0:.0f} s")
+    if args.json:
+        result = dict(config=cfg, name=name, rows=rows, goals=lines, machine=machine(),
+                      date=datetime.datetime.now().isoformat(timespec="seconds"))
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
