@@ -74,6 +74,7 @@ CONFIGS = {
         steps=400,
         lr=2e-3,
         warmup=30,
+        total_steps=3000,  # the default cosine horizon, as in the demo
         replicas=3,
     ),
 }
@@ -95,16 +96,28 @@ TUNE_ARMS = [
     ("dct outer lr 2", {"strategy": "dct", "lr": 2.0}, {}, {}),
     ("dct outer lr 4", {"strategy": "dct", "lr": 4.0}, {}, {}),
     ("dct k128", {"strategy": "dct", "dct": {"topk": 128}}, {}, {}),
+    ("sparseloco H=15", {"strategy": "sparseloco", "inner_steps": 15}, {}, {}),
+    ("sparseloco H=15 chosen-avg", {"strategy": "sparseloco", "inner_steps": 15}, {"aggregate": "chosen"}, {}),
+    ("dct H=15 outer lr 2", {"strategy": "dct", "inner_steps": 15, "lr": 2.0}, {}, {}),
+    ("dct H=15 k64 outer lr 2", {"strategy": "dct", "inner_steps": 15, "lr": 2.0, "dct": {"topk": 64}}, {}, {}),
 ]
 DEMO_ARMS = [
-    ("sparseloco defaults (H=30)", {"strategy": "sparseloco"}, {}, {}),
-    ("sparseloco H=10", {"strategy": "sparseloco", "inner_steps": 10}, {}, {}),
-    ("sparseloco H=20", {"strategy": "sparseloco", "inner_steps": 20}, {}, {}),
-    ("sparseloco chosen-avg", {"strategy": "sparseloco"}, {"aggregate": "chosen"}, {}),
-    ("sparseloco outer lr 3", {"strategy": "sparseloco", "lr": 3.0}, {}, {}),
-    ("sparseloco cosine 400", {"strategy": "sparseloco"}, {}, {"total_steps": 400}),
+    ("single process, 400 steps (reference)", "single", {}, {}),
+    ("diloco defaults (reference)", {"strategy": "diloco"}, {}, {}),
+    ("sparseloco defaults (H=30, outer lr 1)", {"strategy": "sparseloco"}, {}, {}),
+    ("sparseloco cosine horizon 400", {"strategy": "sparseloco"}, {}, {"total_steps": 400}),
     ("sparseloco k256", {"strategy": "sparseloco", "sparseloco": {"topk": 256}}, {}, {}),
-    ("diloco (reference)", {"strategy": "diloco"}, {}, {}),
+    ("sparseloco chosen-avg", {"strategy": "sparseloco"}, {"aggregate": "chosen"}, {}),
+    ("sparseloco outer lr 2", {"strategy": "sparseloco", "lr": 2.0}, {}, {}),
+    ("sparseloco outer lr 3", {"strategy": "sparseloco", "lr": 3.0}, {}, {}),
+    ("sparseloco outer lr 4", {"strategy": "sparseloco", "lr": 4.0}, {}, {}),
+    ("sparseloco H=20", {"strategy": "sparseloco", "inner_steps": 20}, {}, {}),
+    ("sparseloco H=20 outer lr 2", {"strategy": "sparseloco", "inner_steps": 20, "lr": 2.0}, {}, {}),
+    ("sparseloco H=20 outer lr 3", {"strategy": "sparseloco", "inner_steps": 20, "lr": 3.0}, {}, {}),
+    ("sparseloco H=15 outer lr 2", {"strategy": "sparseloco", "inner_steps": 15, "lr": 2.0}, {}, {}),
+    ("sparseloco H=10", {"strategy": "sparseloco", "inner_steps": 10}, {}, {}),
+    ("sparseloco H=10 outer lr 2", {"strategy": "sparseloco", "inner_steps": 10, "lr": 2.0}, {}, {}),
+    ("sparseloco H=10 outer lr 3", {"strategy": "sparseloco", "inner_steps": 10, "lr": 3.0}, {}, {}),
 ]
 PAYLOAD_RATIO_SHAPES = {
     "64x2 (0.13M)": dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176),
@@ -129,7 +142,7 @@ def human(n: float) -> str:
 
 
 def make_spec(cfg, outer: Dict[str, Any], inner: Dict[str, Any], steps: int) -> RunSpec:
-    inner = {"lr": cfg["lr"], "warmup_steps": cfg["warmup"], "total_steps": steps, **inner}
+    inner = {"lr": cfg["lr"], "warmup_steps": cfg["warmup"], "total_steps": cfg.get("total_steps", steps), **inner}
     return RunSpec(run_id="bench-compression", seed=0, model=ModelSpec(**cfg["model"])).replace(
         data={"batch_size": cfg["batch_size"], "val_batches": 8},
         inner=inner,
@@ -144,7 +157,13 @@ def run_arm(job) -> Dict[str, Any]:
     corpus = load_corpus("stdlib")
     replicas = cfg.get("replicas", R)
     t = time.monotonic()
-    if outer == "dp":
+    if outer == "single":
+        spec = make_spec(cfg, {"strategy": "diloco"}, inner, cfg["steps"])
+        res = train_single(spec, cfg["steps"], corpus=corpus, eval_every=100)
+        row = dict(arm=label, strategy="single", H=1, rounds=cfg["steps"], tokens=res.tokens, val_loss=res.final_val_loss,
+                   initial_val_loss=res.initial_val_loss, payload_bytes=0, sent_per_peer=0, received_per_peer=0,
+                   dp_per_peer=0, curve=[(p["step"], p["val_loss"]) for p in res.history])
+    elif outer == "dp":
         spec = make_spec(cfg, {"strategy": "diloco"}, inner, cfg["steps"])
         res = train_single(spec, cfg["steps"], corpus=corpus, batch_size=replicas * cfg["batch_size"])
         params = spec.model.num_params()
@@ -162,7 +181,8 @@ def run_arm(job) -> Dict[str, Any]:
                    sent_per_peer=res.bytes_sent_per_peer, received_per_peer=res.bytes_received_per_peer,
                    dp_per_peer=res.dp_bytes_per_peer,
                    curve=[(h.round * H, h.val_loss) for h in res.history if h.val_loss is not None])
-    row.update(outer=outer, options=opts, inner=inner, replicas=replicas, wall_s=time.monotonic() - t)
+    row.update(outer=outer, options=opts, inner=inner, replicas=1 if outer == "single" else replicas,
+               wall_s=time.monotonic() - t)
     print(f"  {label}: val {row['val_loss']:.4f}, payload {human(row['payload_bytes'])}, {row['wall_s']:.0f} s", flush=True)
     return row
 
@@ -271,7 +291,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny model, few steps: a CI smoke test")
     ap.add_argument("--tune", action="store_true", help="also run the tuning arms")
     ap.add_argument("--demo-sweep", action="store_true", help="the demo-scale SparseLoCo study (0.87M, 3 replicas, ~400 steps)")
-    ap.add_argument("--only", help="comma-separated arm labels to run (substring match)")
+    ap.add_argument("--only", help="comma-separated arm labels to run (exact)")
+    ap.add_argument("--merge", type=Path, help="a previous --json of the same config: its rows are kept, ours replace same labels")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--jobs", type=int, default=1, help="arms run in parallel processes")
     ap.add_argument("--threads", type=int, default=2, help="torch threads per process")
@@ -282,7 +303,7 @@ def main(argv=None) -> int:
     arms = DEMO_ARMS if args.demo_sweep else BASE_ARMS + (TUNE_ARMS if args.tune else [])
     if args.only:
         keys = [k.strip() for k in args.only.split(",")]
-        arms = [a for a in arms if any(k in a[0] for k in keys)]
+        arms = [a for a in arms if a[0] in keys]
     t0 = time.monotonic()
     ms = ModelSpec(**cfg["model"])
     print(f"bench/compression.py ({name}): {datetime.datetime.now().isoformat(timespec='seconds')}, {machine()}, "
@@ -290,13 +311,24 @@ def main(argv=None) -> int:
     print(f"model {ms.num_params():,} parameters, batch {cfg['batch_size']}x{ms.seq_len}, {cfg.get('replicas', R)} replicas, "
           f"N={cfg['steps']} inner steps per replica, H={cfg['inner_steps']} unless stated", flush=True)
     rows = run_arms(cfg, arms, args.jobs, args.threads)
+    if args.merge:
+        old = json.loads(args.merge.read_text())
+        if old.get("config") != json.loads(json.dumps(cfg)):
+            raise SystemExit(f"--merge {args.merge}: its config differs from this run's")
+        new = {r["arm"]: r for r in rows}
+        order = [a[0] for a in BASE_ARMS + TUNE_ARMS + DEMO_ARMS]
+        merged = {r["arm"]: r for r in old["rows"]}
+        merged.update(new)
+        rows = sorted(merged.values(), key=lambda r: order.index(r["arm"]) if r["arm"] in order else len(order))
+        print(f"merged {len(old['rows'])} rows of {args.merge} with {len(new)} new ones")
     result: Dict[str, Any] = dict(config=cfg, name=name, rows=rows, date=datetime.datetime.now().isoformat(timespec="seconds"),
                                   machine=machine())
     print()
     if args.demo_sweep:
-        lines = [[r["arm"], str(r["H"]), str(r["rounds"] * r["H"]), f"{r['initial_val_loss']:.3f}", f"{r['val_loss']:.4f}",
-                  f"{r['initial_val_loss'] - r['val_loss']:.2f}", human(r["payload_bytes"])] for r in rows]
-        print(table(["setting", "H", "steps/peer", "initial", "val loss", "drop", "payload"], lines))
+        lines = [[r["arm"], str(r["replicas"]), str(r["rounds"] * r["H"]), f"{r['initial_val_loss']:.3f}", f"{r['val_loss']:.4f}",
+                  f"{r['initial_val_loss'] - r['val_loss']:.2f}", human(r["payload_bytes"]) if r["payload_bytes"] else "-",
+                  " ".join(f"{v:.2f}@{s}" for s, v in r["curve"])] for r in rows]
+        print(table(["setting", "peers", "steps/peer", "initial", "val loss", "drop", "payload", "curve (val@step)"], lines))
     else:
         add_ratios(rows)
         print_main(rows)

@@ -40,8 +40,9 @@ CONFIGS = {
     "full": dict(
         model=dict(d_model=128, n_layers=2, n_heads=4, ffn_hidden=352, seq_len=64),
         batch_size=16,
-        inner_steps=100,
-        steps_per_replica_at_rmax=600,  # N: the R_max replicas' own steps; single runs R_max·N
+        inner_steps=125,
+        steps_per_replica_at_rmax=750,  # N: the R_max replicas' own steps; single runs R_max·N
+        warm_start=1000,  # single-process steps every arm starts from (DiLoCo's protocol), not counted
         lr=2e-3,
         warmup=30,
         outer_lr=0.7,
@@ -51,8 +52,9 @@ CONFIGS = {
     "quick": dict(
         model=dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176, seq_len=64),
         batch_size=8,
-        inner_steps=100,
-        steps_per_replica_at_rmax=200,
+        inner_steps=125,
+        steps_per_replica_at_rmax=250,
+        warm_start=300,
         lr=3e-3,
         warmup=20,
         outer_lr=0.7,

@@ -74,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rounds", type=int, help="stop after this round (default: the spec's max_rounds; 0 = never)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument(
+        "--wait-peers", type=int, default=1, metavar="N",
+        help="a coordinated start: hold the first round until N peers of the run (this one included) have started; "
+        "ignored once the run is past round 0 (default: 1, start at once)",
+    )
+    p.add_argument(
         "--max-memory-gb", type=float,
         help="memory this peer may use for training (default: detected: 80%% of the GPU's or of the free RAM); "
         "below what a full replica needs, the peer joins a pipeline chain instead",
@@ -134,6 +139,8 @@ def run_peer(args: argparse.Namespace) -> int:
         _check_data(args.data)
     if args.max_rounds is not None and args.max_rounds < 0:
         raise UsageError("--max-rounds must be >= 0")
+    if args.wait_peers < 1:
+        raise UsageError("--wait-peers must be >= 1")
     if args.max_memory_gb is not None and not args.max_memory_gb > 0:
         raise UsageError("--max-memory-gb must be a positive number of gigabytes")
     if args.bandwidth_mbps is not None and not args.bandwidth_mbps > 0:
@@ -160,6 +167,7 @@ def run_peer(args: argparse.Namespace) -> int:
             bandwidth_mbps=args.bandwidth_mbps,
             stage_host=args.stage_host,
             stage_port=args.stage_port,
+            wait_peers=args.wait_peers,
         )
     )
 

@@ -66,6 +66,7 @@ class PeerOptions:
     max_rounds: Optional[int] = None
     threads: Optional[int] = None
     spec_timeout: float = 30.0
+    wait_peers: int = 1  # before the first round, wait until this many peers (self included) have started
 
 
 @dataclass
@@ -260,6 +261,8 @@ class Peer:
         spec = self.spec
         max_rounds = self.opts.max_rounds or spec.max_rounds
         try:
+            if self.opts.wait_peers > 1 and self.round == 0:
+                self._wait_for_quorum(self.opts.wait_peers)
             while not self.stop_event.is_set():
                 if max_rounds and self.round >= max_rounds:
                     logger.info(f"reached round {self.round}: stopping as asked")
@@ -269,6 +272,25 @@ class Peer:
             self.state = "stopped"
             self._publish()
             self._write_status()
+
+    def _wait_for_quorum(self, n: int) -> None:
+        """A coordinated start: hold round 0 until ``n`` peers (this one included) have started.
+
+        Peers that are still starting do not count (they may still be loading data); a peer already
+        past round 0 ends the wait (the run is under way: this peer caught up with it at start)."""
+        self.state = "waiting"
+        self._publish()
+        t0 = last_log = time.monotonic()
+        while not self.stop_event.is_set():
+            view = [v for v in self._view() if v.progress.state not in _NOT_IN_ROUNDS]
+            started = {v.peer_id for v in view} | {self.peer_id}
+            if len(started) >= n or any(v.progress.round > 0 for v in view):
+                logger.info(f"{len(started)} peers have started: training round {self.round}")
+                return
+            if time.monotonic() - last_log >= 10.0:
+                last_log = time.monotonic()
+                logger.info(f"waiting for {n} peers to start ({len(started)} so far, {last_log - t0:.0f} s)")
+            time.sleep(0.25)
 
     def _one_round(self) -> None:
         spec, H = self.spec, self.spec.outer.inner_steps

@@ -14,7 +14,8 @@ from typing import Any, Dict
 from protocol.errors import ProtocolError
 
 CHOOSING = -2  # `part` of a peer that has not chosen its slice yet (-1: a full replica)
-STATES = ("starting", "training", "ready", "exchanging", "syncing", "stopped")
+STATES = ("starting", "waiting", "training", "ready", "exchanging", "syncing", "stopped")
+# waiting: started, holding its first round until enough peers have started (``--wait-peers``)
 
 
 @dataclass(frozen=True)

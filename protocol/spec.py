@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import re
 import tomllib
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import msgpack
 
@@ -323,6 +324,12 @@ class RunSpec:
             raise SpecError(f"run spec is not valid TOML: {e}") from None
         return cls.from_dict(data)
 
+    def to_toml(self) -> str:
+        """The spec as TOML that ``from_toml`` reads back to an equal spec (unset options omitted)."""
+        lines: List[str] = []
+        _toml_table(self.to_dict(), [], lines)
+        return "\n".join(lines).strip() + "\n"
+
     def to_bytes(self) -> bytes:
         return msgpack.packb(self.to_dict(), use_bin_type=True)
 
@@ -351,6 +358,29 @@ class RunSpec:
             else:
                 data[key] = value
         return RunSpec.from_dict(data)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpecError(f"a spec value of {value} has no TOML form")
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string: JSON's escapes are valid TOML escapes
+    raise SpecError(f"a spec value of type {type(value).__name__} has no TOML form")
+
+
+def _toml_table(table: Mapping[str, Any], path: List[str], lines: List[str]) -> None:
+    subtables = {k: v for k, v in table.items() if isinstance(v, Mapping)}
+    if path:
+        lines.append(f"\n[{'.'.join(path)}]")
+    for key, value in table.items():
+        if value is not None and key not in subtables:
+            lines.append(f"{key} = {_toml_value(value)}")
+    for key, value in subtables.items():
+        _toml_table(value, path + [key], lines)
 
 
 def _merge(base: Dict[str, Any], changes: Mapping[str, Any]) -> Dict[str, Any]:
