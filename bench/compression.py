@@ -44,6 +44,7 @@ import torch  # noqa: E402
 from peer.data import load_corpus  # noqa: E402
 from peer.simulate import allgather_bytes_per_round, allreduce_bytes_per_step, simulate, train_single  # noqa: E402
 from peer.strategies import make_strategy  # noqa: E402
+from bench.swarm_check import BENCH_SWARM, check_against_simulation, run_swarm  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
 
 R = 4
@@ -286,6 +287,37 @@ def group_table(rows):
     return out, crossover
 
 
+def real_check(cfg, outer=None) -> Dict[str, Any]:
+    """The SparseLoCo arm as R real peer processes, then its simulation with the same shards."""
+    import tempfile
+
+    outer = outer or {"strategy": "sparseloco"}
+    spec = make_spec(cfg, outer, {}, cfg["steps"]).replace(swarm=BENCH_SWARM)
+    rounds = max(1, round(cfg["steps"] / spec.outer.inner_steps))
+    peers = cfg.get("replicas", R)
+    print(f"real processes: {peers} peers (1 torch thread each) + a coordinator on loopback, {spec.outer.strategy}, "
+          f"{rounds} rounds of H={spec.outer.inner_steps}", flush=True)
+    t = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="voloco-bench-real-") as tmp:
+        statuses = run_swarm(spec, peers, rounds, Path(tmp))
+    real_wall = time.monotonic() - t
+    print(f"  real swarm: {real_wall:.0f} s; simulating the same run with the peers' shards ...", flush=True)
+    t = time.monotonic()
+    check = check_against_simulation(spec, statuses, rounds)
+    check.update(real_wall_s=real_wall, sim_wall_s=time.monotonic() - t, strategy=spec.outer.strategy)
+    lines = [[str(r["round"]), "yes" if r["full_group"] else "NO", r["sim_hash"], ",".join(r["real_hashes"]),
+              "yes" if r["identical"] else "NO", f"{r['sim_val']:.4f}", " ".join(f"{v:.4f}" for v in r["real_val"]),
+              human(r["sim_sent_per_peer"]), human(r["real_sent_per_peer"])] for r in check["per_round"]]
+    print(table(["round", "all in group", "sim θ", "real θ (all peers)", "equal", "sim val", "real val (each peer)",
+                 "sim sent/peer", "real sent/peer"], lines))
+    print(f"\nθ bit-identical to the simulation in {check['identical_rounds']}/{rounds} rounds "
+          f"({check['full_group_rounds']} rounds had every peer in one group). Real sent/peer over the run: "
+          f"{human(check['real_sent_per_peer'])} on the wire (stream level) against {human(check['sim_sent_per_peer'])} "
+          f"of payloads in the simulation's all-gather model "
+          f"({check['real_sent_per_peer'] / check['sim_sent_per_peer']:.3f}x: digests, start hashes and stream framing).")
+    return check
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny model, few steps: a CI smoke test")
@@ -293,6 +325,10 @@ def main(argv=None) -> int:
     ap.add_argument("--demo-sweep", action="store_true", help="the demo-scale SparseLoCo study (0.87M, 3 replicas, ~400 steps)")
     ap.add_argument("--only", help="comma-separated arm labels to run (exact)")
     ap.add_argument("--merge", type=Path, help="a previous --json of the same config: its rows are kept, ours replace same labels")
+    ap.add_argument("--real", action="store_true",
+                    help="also run the SparseLoCo arm as real peer processes over hivemind (loopback) and compare it, "
+                    "round by round, with its simulation (θ hashes, validation loss, bytes)")
+    ap.add_argument("--real-only", action="store_true", help="only the real-processes check, no simulated arms")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--jobs", type=int, default=1, help="arms run in parallel processes")
     ap.add_argument("--threads", type=int, default=2, help="torch threads per process")
@@ -310,7 +346,7 @@ def main(argv=None) -> int:
           f"{args.jobs} job(s) x {args.threads} thread(s)")
     print(f"model {ms.num_params():,} parameters, batch {cfg['batch_size']}x{ms.seq_len}, {cfg.get('replicas', R)} replicas, "
           f"N={cfg['steps']} inner steps per replica, H={cfg['inner_steps']} unless stated", flush=True)
-    rows = run_arms(cfg, arms, args.jobs, args.threads)
+    rows = run_arms(cfg, [] if args.real_only else arms, args.jobs, args.threads)
     if args.merge:
         old = json.loads(args.merge.read_text())
         if old.get("config") != json.loads(json.dumps(cfg)):
@@ -324,7 +360,9 @@ def main(argv=None) -> int:
     result: Dict[str, Any] = dict(config=cfg, name=name, rows=rows, date=datetime.datetime.now().isoformat(timespec="seconds"),
                                   machine=machine())
     print()
-    if args.demo_sweep:
+    if not rows:
+        pass
+    elif args.demo_sweep:
         lines = [[r["arm"], str(r["replicas"]), str(r["rounds"] * r["H"]), f"{r['initial_val_loss']:.3f}", f"{r['val_loss']:.4f}",
                   f"{r['initial_val_loss'] - r['val_loss']:.2f}", human(r["payload_bytes"]) if r["payload_bytes"] else "-",
                   " ".join(f"{v:.2f}@{s}" for s, v in r["curve"])] for r in rows]
@@ -337,6 +375,9 @@ def main(argv=None) -> int:
         print()
         if any(r["strategy"] == "sparseloco" for r in rows) and any(r["arm"] == "diloco fp32" for r in rows):
             result["groups"], result["crossover_group"] = group_table(rows)
+    if args.real or args.real_only:
+        print()
+        result["real"] = real_check(cfg)
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str))

@@ -120,7 +120,7 @@ def run_arm(job):
                 wall_s=res.wall_s)
 
 
-def run(cfg, jobs: int = 1, threads: int = 2, log=print):
+def run(cfg, jobs: int = 1, threads: int = 2, log=print, replicas=(1,) + REPLICAS):
     total_steps = max(REPLICAS) * cfg["steps_per_replica_at_rmax"]
     spec = make_spec(cfg, total_steps)
     params = spec.model.num_params()
@@ -134,7 +134,7 @@ def run(cfg, jobs: int = 1, threads: int = 2, log=print):
         init, warm_val = ws.theta, ws.final_val_loss
         log(f"  warm start: {warm} single-process steps shared by every arm, val {warm_val:.4f} "
             f"({time.monotonic() - t:.0f} s; not counted in the tokens below)", flush=True)
-    work = [(cfg, R, init, threads) for R in (1,) + REPLICAS]
+    work = [(cfg, R, init, threads) for R in replicas]
     if jobs <= 1:
         rows = [run_arm(w) for w in work]
     else:
@@ -143,12 +143,12 @@ def run(cfg, jobs: int = 1, threads: int = 2, log=print):
 
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
             rows = list(pool.map(run_arm, work))
-    base = rows[0]["val_loss"]
+    base = rows[0]["val_loss"] if rows[0]["replicas"] == 1 else float("nan")
     for r in rows:
         r["loss_ratio"] = r["val_loss"] / base
         r["bytes_ratio"] = r["dp_per_peer"] / r["sent_per_peer"] if r["sent_per_peer"] else None
         if r["replicas"] > 1:
-            r["meets_loss_goal"] = r["loss_ratio"] <= 1 + LOSS_GOAL
+            r["meets_loss_goal"] = bool(r["loss_ratio"] <= 1 + LOSS_GOAL)
             r["meets_bytes_goal"] = r["bytes_ratio"] >= BYTES_GOAL
     return dict(params=params, config=cfg, rows=rows, warm_start_val_loss=warm_val)
 
@@ -199,6 +199,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, help="override the inner learning rate")
     ap.add_argument("--warm-start", type=int, help="override: single-process steps every arm starts from")
     ap.add_argument("--momentum", type=float, help="override the outer momentum")
+    ap.add_argument("--arms", default="1,2,4", help="replica counts to run, 1 = the single process (default: 1,2,4)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = dict(CONFIGS["quick" if args.quick else "full"])
@@ -209,7 +210,10 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     print(f"bench/diloco.py{' --quick' if args.quick else ''}: {datetime.datetime.now().isoformat(timespec='seconds')}, {machine()}, "
           f"{args.jobs} job(s) x {args.threads} thread(s)", flush=True)
-    result = run(cfg, args.jobs, args.threads)
+    arms = tuple(int(a) for a in args.arms.split(","))
+    if any(a not in (1,) + REPLICAS for a in arms):
+        ap.error(f"--arms: each must be one of {(1,) + REPLICAS}")
+    result = run(cfg, args.jobs, args.threads, replicas=arms)
     print()
     print_table(result)
     print(f"\ntotal {time.monotonic() - t0:.0f} s")

@@ -15,7 +15,6 @@ SparseLoCo and DCT) and, if the swarm has moved on, downloads the current state 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -35,7 +34,7 @@ from peer.inner import InnerTrainer, evaluate
 from peer.model import build_model
 from peer.progress import ProgressBar, human_bytes
 from peer.resources import detect
-from peer.state import flatten_optimizer_state, load_checkpoint, save_checkpoint, unflatten_optimizer_state
+from peer.state import flatten_optimizer_state, load_checkpoint, params_hash, save_checkpoint, unflatten_optimizer_state
 from peer.strategies import canonical_order, make_strategy, pseudo_gradient
 from peer.swarm import PeerView, fetch_spec, publish_progress, read_progress, start_dht
 from protocol.activations import constrain_to_subspace_
@@ -108,14 +107,6 @@ def majority_hash(hashes: Dict[str, str]) -> str:
     for h in hashes.values():
         counts[h] = counts.get(h, 0) + 1
     return min(counts, key=lambda h: (-counts[h], h))
-
-
-def params_hash(theta: Dict[str, torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(theta):
-        h.update(name.encode())
-        h.update(theta[name].contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 class Peer:
@@ -448,11 +439,19 @@ class Peer:
         Returns (expected group size, alone: no other live peer at all, behind: some peer is at a
         later round)."""
         deadline = time.monotonic() + self.spec.swarm.round_wait
+        last = self.totals.history[-1] if self.totals.history else None
+        # last round's groupmates still finishing it (evaluating, checkpointing) will train this
+        # round with us: without waiting for them the group would close before they arrive
+        mates = set(last.group) - {self.peer_id} if last is not None and last.round == self.round else set()
         while True:
             view = self._view()
             mine = [v for v in view if v.progress.round == self.round and v.peer_id != self.peer_id]
             training = [v for v in mine if v.progress.state == "training"]
-            if not training or time.monotonic() > deadline or self.stop_event.is_set():
+            finishing = [
+                v for v in view
+                if v.peer_id in mates and v.progress.round == self.round - 1 and v.progress.state not in _NOT_IN_ROUNDS
+            ]
+            if not (training or finishing) or time.monotonic() > deadline or self.stop_event.is_set():
                 others = [v for v in view if v.peer_id != self.peer_id and v.progress.state not in _NOT_IN_ROUNDS]
                 ready = [v for v in mine if v.progress.state in ("ready", "exchanging")]
                 behind = any(v.progress.round > self.round for v in others)

@@ -42,6 +42,7 @@ import torch
 from peer.data import Corpus, TrainStream, load_corpus, val_batches
 from peer.inner import InnerTrainer, evaluate
 from peer.model import build_model
+from peer.state import params_hash
 from peer.strategies import OuterStrategy, Tensors, canonical_order, make_strategy, pseudo_gradient
 from protocol.spec import RunSpec
 
@@ -85,6 +86,7 @@ class RoundStats:
     val_loss: Optional[float]  # on θ after this round's outer step (None when not evaluated)
     payload_bytes: List[int]  # len(encoded payload) of each replica this round
     seconds: float
+    params_hash: str = ""  # of θ after this round's outer step (``peer.state.params_hash``, as peers report it)
 
 
 @dataclass
@@ -358,6 +360,7 @@ def simulate(
             val_loss=val_loss,
             payload_bytes=[len(payloads[r.sender]) for r in reps],
             seconds=time.monotonic() - t_round,
+            params_hash=params_hash(reps[0].theta),
         )
         result.history.append(stats)
         if on_round is not None:

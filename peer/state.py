@@ -6,6 +6,7 @@ file: the new file is written beside the old one, fsynced, and renamed over it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -20,6 +21,15 @@ from safetensors.torch import save as st_save
 logger = logging.getLogger("voloco.state")
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
+
+
+def params_hash(theta: Mapping[str, torch.Tensor]) -> str:
+    """A short sha256 of the parameters (names and fp32 bytes, in name order): equal iff bit-identical."""
+    h = hashlib.sha256()
+    for name in sorted(theta):
+        h.update(name.encode())
+        h.update(theta[name].detach().to("cpu").contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def save_checkpoint(directory: Path, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> Path:
