@@ -446,7 +446,9 @@ class Peer:
         while True:
             view = self._view()
             mine = [v for v in view if v.progress.round == self.round and v.peer_id != self.peer_id]
-            training = [v for v in mine if v.progress.state == "training"]
+            # in our first round, peers still "waiting" for the start quorum are about to train it too
+            busy = ("training", "waiting") if self.totals.rounds == 0 else ("training",)
+            training = [v for v in mine if v.progress.state in busy]
             finishing = [
                 v for v in view
                 if v.peer_id in mates and v.progress.round == self.round - 1 and v.progress.state not in _NOT_IN_ROUNDS
