@@ -287,6 +287,45 @@ def group_table(rows):
     return out, crossover
 
 
+def measured_groups(cfg, groups=GROUPS, rounds: int = 2, H: int = 4) -> List[Dict[str, Any]]:
+    """Wire bytes per peer per round, measured: real swarms of G peers, SparseLoCo and dense DiLoCo.
+
+    The payload sizes do not depend on H, so the swarms train only H inner steps per round; bytes
+    are the peers' stream-level counts (payloads, digest tables, start hashes, framing)."""
+    import tempfile
+
+    out = []
+    for strategy in ("sparseloco", "diloco"):
+        spec = make_spec(cfg, {"strategy": strategy, "inner_steps": H}, {}, cfg["steps"]).replace(swarm=BENCH_SWARM)
+        for g in groups:
+            t = time.monotonic()
+            with tempfile.TemporaryDirectory(prefix="voloco-bench-groups-") as tmp:
+                statuses = run_swarm(spec, g, rounds, Path(tmp), log=lambda *a, **k: None)
+            recs = [r for s in statuses for r in s["history"]]
+            full = all(len(r["group"]) == g for r in recs)
+            sent = sum(r["bytes_sent"] for r in recs) / len(recs)
+            received = sum(r["bytes_received"] for r in recs) / len(recs)
+            out.append(dict(strategy=strategy, group=g, sent_per_round=sent, received_per_round=received, full_groups=full,
+                            rounds=rounds, wall_s=time.monotonic() - t))
+            print(f"  {strategy}, group of {g}: sent {human(sent)} / received {human(received)} per peer per round"
+                  f"{'' if full else ' (NOT every round had the whole group)'} ({time.monotonic() - t:.0f} s)", flush=True)
+    return out
+
+
+def print_measured_groups(measured, params: int) -> None:
+    by = {(m["strategy"], m["group"]): m for m in measured}
+    lines = []
+    for g in sorted({m["group"] for m in measured}):
+        s, d = by[("sparseloco", g)], by[("diloco", g)]
+        ring = allreduce_bytes_per_step(params, g)
+        lines.append([str(g), human(s["sent_per_round"]), human(d["sent_per_round"]), f"{d['sent_per_round'] / s['sent_per_round']:.0f}x",
+                      human(ring), f"{ring / s['sent_per_round']:.0f}x"])
+    print(table(["group G", "sparseloco sent (measured)", "diloco fp32 sent (measured)", "diloco/sparseloco",
+                 "dense ring all-reduce (analytic)", "ring/sparseloco"], lines))
+    print("per peer per round, stream level, mean over peers and rounds of real swarms on loopback (received is about the\n"
+          "same). The ring all-reduce column is what one dense fp32 all-reduce of the model would send per peer.")
+
+
 def real_check(cfg, outer=None) -> Dict[str, Any]:
     """The SparseLoCo arm as R real peer processes, then its simulation with the same shards."""
     import tempfile
@@ -328,7 +367,9 @@ def main(argv=None) -> int:
     ap.add_argument("--real", action="store_true",
                     help="also run the SparseLoCo arm as real peer processes over hivemind (loopback) and compare it, "
                     "round by round, with its simulation (θ hashes, validation loss, bytes)")
-    ap.add_argument("--real-only", action="store_true", help="only the real-processes check, no simulated arms")
+    ap.add_argument("--real-only", action="store_true", help="only the real-processes checks, no simulated arms")
+    ap.add_argument("--groups", action="store_true",
+                    help="also measure wire bytes per peer per round on real swarms of 2, 4 and 8 peers (SparseLoCo, dense DiLoCo)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--jobs", type=int, default=1, help="arms run in parallel processes")
     ap.add_argument("--threads", type=int, default=2, help="torch threads per process")
@@ -375,9 +416,13 @@ def main(argv=None) -> int:
         print()
         if any(r["strategy"] == "sparseloco" for r in rows) and any(r["arm"] == "diloco fp32" for r in rows):
             result["groups"], result["crossover_group"] = group_table(rows)
-    if args.real or args.real_only:
+    if args.real or (args.real_only and not args.groups):
         print()
         result["real"] = real_check(cfg)
+    if args.groups:
+        print(f"\nwire bytes by group size, measured on real swarms (groups {', '.join(map(str, GROUPS))}):", flush=True)
+        result["measured_groups"] = measured_groups(cfg)
+        print_measured_groups(result["measured_groups"], ms.num_params())
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str))
