@@ -6,7 +6,10 @@ Arms (same model, data, seeds, total tokens):
 
 * ``single``: one process, plain AdamW (``peer.simulate.train_single``), batch B, R_max·N steps;
 * ``diloco R=2``: 2 replicas of the real round loop (``peer.simulate.simulate``), N·R_max/2 steps each;
-* ``diloco R=4``: 4 replicas, N steps each.
+* ``diloco R=4``: 4 replicas, N steps each;
+* ``dp R=4`` (context, ``--arms 1,2,4,dp``): one process, batch R_max·B, N steps: what per-step
+  data parallel over the R_max replicas computes (DiLoCo's compute-matched baseline). The goal is
+  judged against ``single``, which takes R_max× more sequential steps and is the harder baseline.
 
 Bytes: for DiLoCo, the real encoded payload (``len(strategy.encode(...)[0])``, dense fp32 plus
 the msgpack header) times the rounds, and the exchange's all-gather model: each peer sends its
@@ -101,6 +104,15 @@ def run_arm(job):
     total_steps = max(REPLICAS) * cfg["steps_per_replica_at_rmax"]
     H = cfg["inner_steps"]
     t = time.monotonic()
+    if R == "dp":
+        R, steps = max(REPLICAS), cfg["steps_per_replica_at_rmax"]
+        dp = train_single(make_spec(cfg, steps), steps, corpus=corpus, batch_size=R * cfg["batch_size"], init_theta=init)
+        print(f"  dp R={R}: {steps} steps of batch {R * cfg['batch_size']}, val {dp.final_val_loss:.4f} "
+              f"({time.monotonic() - t:.0f} s)", flush=True)
+        per_peer = steps * allreduce_bytes_per_step(make_spec(cfg, steps).model.num_params(), R)
+        return dict(arm=f"dp R={R} (1 proc, {R}x batch)", replicas=0, H=1, rounds=None, steps_per_replica=steps, tokens=dp.tokens,
+                    val_loss=dp.final_val_loss, initial_val_loss=dp.initial_val_loss, payload_bytes=None,
+                    sent_per_peer=per_peer, dp_per_peer=per_peer, wall_s=dp.wall_s)
     if R == 1:
         single = train_single(make_spec(cfg, total_steps), total_steps, corpus=corpus, init_theta=init)
         print(f"  single: {total_steps} steps, val {single.final_val_loss:.4f} ({time.monotonic() - t:.0f} s)", flush=True)
@@ -120,7 +132,7 @@ def run_arm(job):
                 wall_s=res.wall_s)
 
 
-def run(cfg, jobs: int = 1, threads: int = 2, log=print, replicas=(1,) + REPLICAS):
+def run(cfg, jobs: int = 1, threads: int = 2, log=print, replicas=(1,) + REPLICAS + ("dp",)):
     total_steps = max(REPLICAS) * cfg["steps_per_replica_at_rmax"]
     spec = make_spec(cfg, total_steps)
     params = spec.model.num_params()
@@ -147,7 +159,7 @@ def run(cfg, jobs: int = 1, threads: int = 2, log=print, replicas=(1,) + REPLICA
     for r in rows:
         r["loss_ratio"] = r["val_loss"] / base
         r["bytes_ratio"] = r["dp_per_peer"] / r["sent_per_peer"] if r["sent_per_peer"] else None
-        if r["replicas"] > 1:
+        if r["replicas"] > 1:  # the DiLoCo arms (the dp arm has replicas=0)
             r["meets_loss_goal"] = bool(r["loss_ratio"] <= 1 + LOSS_GOAL)
             r["meets_bytes_goal"] = r["bytes_ratio"] >= BYTES_GOAL
     return dict(params=params, config=cfg, rows=rows, warm_start_val_loss=warm_val)
@@ -199,7 +211,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, help="override the inner learning rate")
     ap.add_argument("--warm-start", type=int, help="override: single-process steps every arm starts from")
     ap.add_argument("--momentum", type=float, help="override the outer momentum")
-    ap.add_argument("--arms", default="1,2,4", help="replica counts to run, 1 = the single process (default: 1,2,4)")
+    ap.add_argument("--arms", default="1,2,4,dp",
+                    help="arms to run: replica counts (1 = the single process) and 'dp' (one process, 4x batch); default 1,2,4,dp")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = dict(CONFIGS["quick" if args.quick else "full"])
@@ -210,9 +223,9 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     print(f"bench/diloco.py{' --quick' if args.quick else ''}: {datetime.datetime.now().isoformat(timespec='seconds')}, {machine()}, "
           f"{args.jobs} job(s) x {args.threads} thread(s)", flush=True)
-    arms = tuple(int(a) for a in args.arms.split(","))
-    if any(a not in (1,) + REPLICAS for a in arms):
-        ap.error(f"--arms: each must be one of {(1,) + REPLICAS}")
+    arms = tuple(a.strip() if a.strip() == "dp" else int(a) for a in args.arms.split(",") if a.strip().isdigit() or a.strip() == "dp")
+    if len(arms) != len(args.arms.split(",")) or any(a not in (1, "dp") + REPLICAS for a in arms):
+        ap.error(f"--arms: each must be one of 1, 2, 4, dp; got {args.arms!r}")
     result = run(cfg, args.jobs, args.threads, replicas=arms)
     print()
     print_table(result)
