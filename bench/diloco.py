@@ -43,13 +43,15 @@ CONFIGS = {
     "full": dict(
         model=dict(d_model=128, n_layers=2, n_heads=4, ffn_hidden=352, seq_len=64),
         batch_size=16,
-        inner_steps=125,
+        # H and the outer lr from a sweep at R=4 (bench/RESULTS.md): H 125 / 75 x outer lr 0.5 / 0.7 / 1.0 / 1.5
+        inner_steps=75,
         steps_per_replica_at_rmax=750,  # N: the R_max replicas' own steps; single runs R_max·N
         warm_start=1000,  # single-process steps every arm starts from (DiLoCo's protocol), not counted
         lr=2e-3,
         warmup=30,
-        outer_lr=0.7,
+        outer_lr=1.0,
         momentum=0.9,
+        dense_dtype="fp16",  # pseudo-gradients on the wire in fp16, as OpenDiLoCo does
     ),
     # ~0.13M parameters: under a minute, for CI smoke tests
     "quick": dict(
@@ -79,7 +81,7 @@ def make_spec(cfg, steps: int, strategy: str = "diloco") -> RunSpec:
             "lr": cfg["outer_lr"],
             "momentum": cfg["momentum"],
             "nesterov": True,
-            "dense_dtype": "fp32",
+            "dense_dtype": cfg.get("dense_dtype", "fp32"),
         },
     )
 
@@ -207,17 +209,19 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="arms run in parallel processes")
     ap.add_argument("--H", type=int, help="override the inner steps per round")
     ap.add_argument("--steps", type=int, help="override N, the steps of each of the 4 replicas")
-    ap.add_argument("--outer-lr", type=float)
+    ap.add_argument("--outer-lr", type=float, help="override the outer (Nesterov) learning rate")
     ap.add_argument("--lr", type=float, help="override the inner learning rate")
     ap.add_argument("--warm-start", type=int, help="override: single-process steps every arm starts from")
     ap.add_argument("--momentum", type=float, help="override the outer momentum")
+    ap.add_argument("--dense-dtype", choices=("fp32", "fp16"), help="the DiLoCo payload's wire dtype (default fp32)")
     ap.add_argument("--arms", default="1,2,4,dp",
                     help="arms to run: replica counts (1 = the single process) and 'dp' (one process, 4x batch); default 1,2,4,dp")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = dict(CONFIGS["quick" if args.quick else "full"])
     for key, value in (("inner_steps", args.H), ("steps_per_replica_at_rmax", args.steps), ("outer_lr", args.outer_lr), ("lr", args.lr),
-                       ("warm_start", args.warm_start), ("momentum", args.momentum)):
+                       ("warm_start", args.warm_start), ("momentum", args.momentum),
+                       ("dense_dtype", args.dense_dtype)):
         if value is not None:
             cfg[key] = value
     t0 = time.monotonic()
