@@ -153,20 +153,20 @@ def make_spec(cfg, outer: Dict[str, Any], inner: Dict[str, Any], steps: int) -> 
 
 def run_arm(job) -> Dict[str, Any]:
     """One arm, in a worker process or in this one."""
-    cfg, label, outer, opts, inner, threads = job
+    cfg, label, outer, opts, inner, threads, init = job
     torch.set_num_threads(threads)
     corpus = load_corpus("stdlib")
     replicas = cfg.get("replicas", R)
     t = time.monotonic()
     if outer == "single":
         spec = make_spec(cfg, {"strategy": "diloco"}, inner, cfg["steps"])
-        res = train_single(spec, cfg["steps"], corpus=corpus, eval_every=100)
+        res = train_single(spec, cfg["steps"], corpus=corpus, eval_every=100, init_theta=init)
         row = dict(arm=label, strategy="single", H=1, rounds=cfg["steps"], tokens=res.tokens, val_loss=res.final_val_loss,
                    initial_val_loss=res.initial_val_loss, payload_bytes=0, sent_per_peer=0, received_per_peer=0,
                    dp_per_peer=0, curve=[(p["step"], p["val_loss"]) for p in res.history])
     elif outer == "dp":
         spec = make_spec(cfg, {"strategy": "diloco"}, inner, cfg["steps"])
-        res = train_single(spec, cfg["steps"], corpus=corpus, batch_size=replicas * cfg["batch_size"])
+        res = train_single(spec, cfg["steps"], corpus=corpus, batch_size=replicas * cfg["batch_size"], init_theta=init)
         params = spec.model.num_params()
         dp = cfg["steps"] * allreduce_bytes_per_step(params, replicas)
         row = dict(arm=label, strategy="dp", H=1, rounds=cfg["steps"], tokens=res.tokens, val_loss=res.final_val_loss,
@@ -176,7 +176,7 @@ def run_arm(job) -> Dict[str, Any]:
         spec = make_spec(cfg, outer, inner, cfg["steps"])
         H = spec.outer.inner_steps
         rounds = max(1, round(cfg["steps"] / H))
-        res = simulate(spec, replicas, rounds, corpus=corpus, eval_every=max(1, rounds // 5), **opts)
+        res = simulate(spec, replicas, rounds, corpus=corpus, eval_every=max(1, rounds // 5), init_theta=init, **opts)
         row = dict(arm=label, strategy=spec.outer.strategy, H=H, rounds=rounds, tokens=res.tokens,
                    val_loss=res.final_val_loss, initial_val_loss=res.initial_val_loss, payload_bytes=res.payload_bytes,
                    sent_per_peer=res.bytes_sent_per_peer, received_per_peer=res.bytes_received_per_peer,
@@ -188,8 +188,19 @@ def run_arm(job) -> Dict[str, Any]:
     return row
 
 
-def run_arms(cfg, arms, jobs: int, threads: int) -> List[Dict[str, Any]]:
-    work = [(cfg, label, outer, opts, inner, threads) for label, outer, opts, inner in arms]
+def warm_start(cfg, steps: int, log=print):
+    """θ after ``steps`` single-process steps on a shard no arm trains on: the shared start of
+    every arm (DiLoCo's protocol). Its inner optimizer is not carried over."""
+    t = time.monotonic()
+    spec = make_spec(cfg, {"strategy": "diloco"}, {"total_steps": max(steps, cfg["warmup"] + 1)}, steps)
+    ws = train_single(spec, steps, corpus=load_corpus("stdlib"), shard="warm-start", keep_theta=True)
+    log(f"  warm start: {steps} single-process steps shared by every arm, val {ws.final_val_loss:.4f} "
+        f"({time.monotonic() - t:.0f} s; not counted in the tokens below)", flush=True)
+    return ws.theta, ws.final_val_loss
+
+
+def run_arms(cfg, arms, jobs: int, threads: int, init=None) -> List[Dict[str, Any]]:
+    work = [(cfg, label, outer, opts, inner, threads, init) for label, outer, opts, inner in arms]
     if jobs <= 1:
         return [run_arm(w) for w in work]
     import multiprocessing as mp
@@ -370,7 +381,10 @@ def main(argv=None) -> int:
     ap.add_argument("--real-only", action="store_true", help="only the real-processes checks, no simulated arms")
     ap.add_argument("--groups", action="store_true",
                     help="also measure wire bytes per peer per round on real swarms of 2, 4 and 8 peers (SparseLoCo, dense DiLoCo)")
-    ap.add_argument("--json", type=Path)
+    ap.add_argument("--warm-start", type=int, default=0, metavar="STEPS",
+                    help="start every arm from the parameters of this many single-process steps (on a shard no arm "
+                    "trains on; not counted in the arms' tokens); 0: from the seed's initialization (default)")
+    ap.add_argument("--json", type=Path, help="write every row, the tables' data and the configuration here")
     ap.add_argument("--jobs", type=int, default=1, help="arms run in parallel processes")
     ap.add_argument("--threads", type=int, default=2, help="torch threads per process")
     args = ap.parse_args(argv)
@@ -387,7 +401,11 @@ def main(argv=None) -> int:
           f"{args.jobs} job(s) x {args.threads} thread(s)")
     print(f"model {ms.num_params():,} parameters, batch {cfg['batch_size']}x{ms.seq_len}, {cfg.get('replicas', R)} replicas, "
           f"N={cfg['steps']} inner steps per replica, H={cfg['inner_steps']} unless stated", flush=True)
-    rows = run_arms(cfg, [] if args.real_only else arms, args.jobs, args.threads)
+    init = None
+    if args.warm_start:
+        cfg = dict(cfg, warm_start=args.warm_start)
+        init, _ = warm_start(cfg, args.warm_start)
+    rows = run_arms(cfg, [] if args.real_only else arms, args.jobs, args.threads, init)
     if args.merge:
         old = json.loads(args.merge.read_text())
         if old.get("config") != json.loads(json.dumps(cfg)):

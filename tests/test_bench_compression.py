@@ -1,0 +1,26 @@
+"""bench/compression.py on its quick configuration: the arms run from a shared warm start, ratios and goals print."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location("bench_compression", Path(__file__).resolve().parents[1] / "bench" / "compression.py")
+bc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bc)
+
+
+def test_quick_arms_with_a_warm_start(tmp_path, capsys):
+    out = tmp_path / "c.json"
+    argv = ["--quick", "--only", "diloco fp32,sparseloco", "--warm-start", "20", "--threads", "1", "--json", str(out)]
+    assert bc.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "warm start: 20 single-process steps" in text and "payload>=140x" in text
+    result = json.loads(out.read_text())
+    assert result["config"]["warm_start"] == 20
+    rows = {r["arm"]: r for r in result["rows"]}
+    assert set(rows) == {"diloco fp32", "sparseloco"}
+    assert rows["diloco fp32"]["tokens"] == rows["sparseloco"]["tokens"]
+    # every arm starts from the warm start, not from the seed's initialization
+    assert rows["diloco fp32"]["initial_val_loss"] == rows["sparseloco"]["initial_val_loss"] < 5.0
+    assert rows["sparseloco"]["payload_vs_fp32"] > 50
+    assert result["crossover_group"] > 2
