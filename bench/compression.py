@@ -9,15 +9,15 @@ Same model, data, seeds and total tokens for every arm, R = 4 replicas of the re
   tokens of the R replicas' step together), N steps; its bytes are analytic: a ring all-reduce of
   fp32 gradients every step sends 2·(R−1)/R·4·params per peer;
 * ``diloco fp32``, ``diloco fp16``: dense pseudo-gradients, outer Nesterov (lr 0.7, momentum 0.9);
-* ``sparseloco``: error feedback, top-64 of 4096 per block, 2-bit values, outer lr 1, mean;
+* ``sparseloco``: error feedback, top-64 of 4096 per block, 2-bit values, outer lr 1, each
+  coordinate averaged over the replicas that kept it (``--tune`` adds the plain mean);
 * ``dct``: decoupled DCT momentum, top-32 coefficients per 64x64 block, fp16 values.
 
 Bytes per peer over the run follow the exchange's all-gather (peer/exchange.py): each member
 serves its payload to the R−1 other members and fetches theirs, so sent ≈ received ≈
-(R−1)·payload per round. ``--tune`` adds the tuning arms (SparseLoCo outer lr, the "average each
-coordinate only over the replicas that chose it" variant, DCT beta/k, H). ``--demo-sweep`` runs
-the demo-scale SparseLoCo study instead: the 0.87M demo model, 3 replicas, ~400 inner steps per
-replica, a few settings.
+(R−1)·payload per round. ``--tune`` adds the tuning arms (SparseLoCo outer lr, the plain mean over
+all replicas, DCT beta/k, H). ``--demo-sweep`` runs the demo-scale SparseLoCo study instead: the
+0.87M demo model, 3 replicas, ~400 inner steps per replica, a few settings.
 
 A second table gives the wire bytes per peer per round for groups of 2, 4 and 8: SparseLoCo and
 dense DiLoCo as all-gathers ((G−1)·payload) and a dense ring all-reduce (2·(G−1)/G·dense), and
@@ -88,7 +88,7 @@ BASE_ARMS = [
     ("dct", {"strategy": "dct"}, {}, {}),
 ]
 TUNE_ARMS = [
-    ("sparseloco chosen-avg", {"strategy": "sparseloco"}, {"aggregate": "chosen"}, {}),
+    ("sparseloco plain mean", {"strategy": "sparseloco", "sparseloco": {"aggregate": "mean"}}, {}, {}),
     ("sparseloco outer lr 2", {"strategy": "sparseloco", "lr": 2.0}, {}, {}),
     ("sparseloco outer lr 4", {"strategy": "sparseloco", "lr": 4.0}, {}, {}),
     ("sparseloco H=15 outer lr 2", {"strategy": "sparseloco", "inner_steps": 15, "lr": 2.0}, {}, {}),
@@ -98,7 +98,7 @@ TUNE_ARMS = [
     ("dct outer lr 4", {"strategy": "dct", "lr": 4.0}, {}, {}),
     ("dct k128", {"strategy": "dct", "dct": {"topk": 128}}, {}, {}),
     ("sparseloco H=15", {"strategy": "sparseloco", "inner_steps": 15}, {}, {}),
-    ("sparseloco H=15 chosen-avg", {"strategy": "sparseloco", "inner_steps": 15}, {"aggregate": "chosen"}, {}),
+    ("sparseloco H=15 plain mean", {"strategy": "sparseloco", "inner_steps": 15, "sparseloco": {"aggregate": "mean"}}, {}, {}),
     ("dct H=15 outer lr 2", {"strategy": "dct", "inner_steps": 15, "lr": 2.0}, {}, {}),
     ("dct H=15 k64 outer lr 2", {"strategy": "dct", "inner_steps": 15, "lr": 2.0, "dct": {"topk": 64}}, {}, {}),
 ]
@@ -108,7 +108,7 @@ DEMO_ARMS = [
     ("sparseloco defaults (H=30, outer lr 1)", {"strategy": "sparseloco"}, {}, {}),
     ("sparseloco cosine horizon 400", {"strategy": "sparseloco"}, {}, {"total_steps": 400}),
     ("sparseloco k256", {"strategy": "sparseloco", "sparseloco": {"topk": 256}}, {}, {}),
-    ("sparseloco chosen-avg", {"strategy": "sparseloco"}, {"aggregate": "chosen"}, {}),
+    ("sparseloco plain mean", {"strategy": "sparseloco", "sparseloco": {"aggregate": "mean"}}, {}, {}),
     ("sparseloco outer lr 2", {"strategy": "sparseloco", "lr": 2.0}, {}, {}),
     ("sparseloco outer lr 3", {"strategy": "sparseloco", "lr": 3.0}, {}, {}),
     ("sparseloco outer lr 4", {"strategy": "sparseloco", "lr": 4.0}, {}, {}),

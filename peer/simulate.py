@@ -43,7 +43,7 @@ from peer.data import Corpus, TrainStream, load_corpus, val_batches
 from peer.inner import InnerTrainer, evaluate
 from peer.model import build_model
 from peer.state import params_hash
-from peer.strategies import OuterStrategy, Tensors, canonical_order, make_strategy, pseudo_gradient
+from peer.strategies import OuterStrategy, Tensors, canonical_order, make_strategy, mean_over_choosers, pseudo_gradient
 from protocol.spec import RunSpec
 
 __all__ = [
@@ -57,7 +57,7 @@ __all__ = [
     "aggregate_chosen",
 ]
 
-AGGREGATES = ("mean", "chosen")
+AGGREGATES = ("spec", "chosen")
 
 
 # --- analytic byte models ------------------------------------------------------------------------
@@ -99,7 +99,7 @@ class SimResult:
     initial_val_loss: float
     history: List[RoundStats] = field(default_factory=list)
     verified_rounds: int = 0  # rounds in which every replica decoded every payload itself
-    aggregate: str = "mean"
+    aggregate: str = "spec"
     wall_s: float = 0.0
     theta: Optional[Tensors] = None
 
@@ -197,27 +197,13 @@ class SingleResult:
 
 # --- aggregation variants ------------------------------------------------------------------------
 def aggregate_chosen(layout, decoded: Sequence[Tensors]) -> Tensors:
-    """SparseLoCo's variant: each coordinate averaged only over the replicas that sent it.
-
-    A coordinate counts as sent by a replica when its decoded value is non-zero (a kept entry
-    whose quantized value is exactly 0.0 counts as not chosen; it adds nothing to the sum either).
-    Element-wise, summed in the given (canonical) order: bit-identical on every member.
-    """
-    if not decoded:
-        raise ValueError("aggregate of no payloads")
-    out: Tensors = {}
-    for name in layout:
-        acc = decoded[0][name].clone()
-        count = (decoded[0][name] != 0).to(torch.float32)
-        for d in decoded[1:]:
-            acc.add_(d[name])
-            count.add_((d[name] != 0).to(torch.float32))
-        out[name] = acc.div_(count.clamp_(min=1.0))
-    return out
+    """SparseLoCo's mean over the replicas that kept each coordinate, whatever the spec says
+    (``peer.strategies.mean_over_choosers``, what peers run with ``aggregate = "chosen"``)."""
+    return mean_over_choosers(layout, decoded)
 
 
 def _aggregate(strategy: OuterStrategy, how: str, decoded: Sequence[Tensors]) -> Tensors:
-    if how == "mean":
+    if how == "spec":
         return strategy.aggregate(decoded)
     return aggregate_chosen(strategy.layout, decoded)
 
@@ -257,7 +243,7 @@ def simulate(
     seed_shards: Union[str, Sequence[str]] = "replica",
     eval_every: int = 1,
     device: str = "cpu",
-    aggregate: str = "mean",
+    aggregate: str = "spec",
     verify_rounds: int = 1,
     keep_theta: bool = False,
     init_theta: Optional[Tensors] = None,
@@ -268,8 +254,8 @@ def simulate(
     ``seed_shards``: a prefix (shard of replica i is f"{prefix}{i}", "replica" by default) or an
     explicit list of shard names; the shard also serves as the replica's sender id in the
     canonical order. ``eval_every``: evaluate θ every that many rounds (and always after the last).
-    ``aggregate``: "mean" (the strategy's own aggregate, what peers run) or "chosen" (SparseLoCo's
-    variant, each coordinate averaged over the replicas that sent it; a simulation-only option).
+    ``aggregate``: "spec" (the strategy's own aggregate as the run spec sets it: what peers run) or
+    "chosen" (each coordinate averaged over the replicas that sent it, whatever the strategy).
     ``verify_rounds``: rounds in which every replica decodes every payload itself (R² decodes).
     ``init_theta``: start from these parameters instead of the seed's (a shared warm start); the
     inner optimizers and the strategies' buffers still start fresh.

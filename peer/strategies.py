@@ -5,8 +5,9 @@ All outer arithmetic runs on CPU float32, element-wise, in a canonical order (pa
 sender), so every member of a group ends with bit-identical parameters whatever its device.
 
 - ``diloco``: dense pseudo-gradients, mean, outer SGD with Nesterov momentum (arXiv 2311.08105).
-- ``sparseloco``: error feedback, chunked top-k, 2-bit values; mean of the sparse updates, outer
-  step with no momentum (arXiv 2508.15706).
+- ``sparseloco``: error feedback, chunked top-k, 2-bit values; each coordinate averaged over the
+  replicas that kept it (or over all, ``aggregate = "mean"``), outer step with no momentum
+  (arXiv 2508.15706).
 - ``dct``: decoupled outer momentum; the top DCT coefficients of the momentum are synchronized,
   the residual stays local (arXiv 2510.03371, after DeMo arXiv 2411.19870).
 """
@@ -179,6 +180,35 @@ class SparseLoCo(_ResidualStrategy):
 
     def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: Part = FULL):
         super().__init__(spec, layout, part, decay=spec.outer.sparseloco.ef_beta)
+
+    def aggregate(self, decoded: Sequence[Tensors]) -> Tensors:
+        if self.spec.outer.sparseloco.aggregate == "chosen":
+            return mean_over_choosers(self.full_layout, decoded)
+        return super().aggregate(decoded)
+
+
+def mean_over_choosers(layout: Layout, decoded: Sequence[Tensors]) -> Tensors:
+    """SparseLoCo's variant of the mean: each coordinate averaged over the payloads that kept it.
+
+    A coordinate counts as kept by a payload when its decoded value is non-zero (a kept entry whose
+    quantized value is exactly 0.0 adds nothing to the sum either). Only payloads that carry a
+    tensor count for it (partial updates, chain stages); a tensor nobody sent gets no update.
+    Element-wise, summed in the given (canonical) order: bit-identical on every member.
+    """
+    if not decoded:
+        raise ValueError("aggregate of no payloads")
+    out: Tensors = {}
+    for name in layout:
+        parts = [d[name] for d in decoded if name in d]
+        if not parts:
+            continue
+        acc = parts[0].clone()
+        count = (parts[0] != 0).to(torch.float32)
+        for t in parts[1:]:
+            acc.add_(t)
+            count.add_((t != 0).to(torch.float32))
+        out[name] = acc.div_(count.clamp_(min=1.0))
+    return out
 
 
 class DCTMomentum(_ResidualStrategy):

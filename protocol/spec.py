@@ -23,6 +23,7 @@ from protocol.errors import SpecError
 SPEC_VERSION = 1
 STRATEGIES = ("diloco", "sparseloco", "dct")
 DENSE_DTYPES = ("fp32", "fp16")
+SPARSE_AGGREGATES = ("chosen", "mean")
 DEFAULT_OUTER_LR = {"diloco": 0.7, "sparseloco": 1.0, "dct": 1.0}
 _RUN_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
 
@@ -148,9 +149,13 @@ class SparseLoCoSpec:
     topk: int = 64  # kept entries per full chunk of chunk*chunk (64 of 4096 = 1.56 %)
     bits: int = 2  # quantization bits of the kept values
     ef_beta: float = 0.95  # error-feedback decay
+    # "chosen": each coordinate averaged over the payloads that kept it; "mean": over all payloads
+    aggregate: str = "chosen"
 
     def check(self) -> None:
         _positive(self, "chunk", "topk", "bits")
+        if self.aggregate not in SPARSE_AGGREGATES:
+            raise SpecError(f"sparseloco.aggregate must be one of {SPARSE_AGGREGATES}, got {self.aggregate!r}")
         if self.chunk > 64:
             raise SpecError("sparseloco.chunk must be <= 64 (indices are packed in 12 bits)")
         if self.topk > self.chunk * self.chunk:

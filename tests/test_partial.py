@@ -121,3 +121,29 @@ def test_chain_stage_payloads_carry_their_block_range_and_count_once():
     bad = make_strategy(s, part=(0, 1)).encode(deltas[0], 0)[0].replace(b"\xa4part\x92\x00\x01", b"\xa4part\x92\x00\x05")
     with pytest.raises(PayloadError):
         full.decode(bad, 0)
+
+
+def test_sparseloco_averages_each_coordinate_over_the_payloads_that_kept_it():
+    gen = torch.Generator().manual_seed(1)
+    for aggregate in ("chosen", "mean"):
+        s = spec(2, strategy="sparseloco").replace(outer={"sparseloco": {"aggregate": aggregate}})
+        layouts = part_layouts(s)
+        parts = [0, 0, 1]  # two owners of slice 0, one of slice 1
+        strategies = [make_strategy(s, part=p) for p in parts]
+        payloads = [st.encode({n: torch.randn(sh, generator=gen) for n, sh in layouts[p].items()}, 3)[0]
+                    for st, p in zip(strategies, parts)]
+        decoded = [strategies[0].decode(b, 3) for b in payloads]
+        agg = strategies[0].aggregate(decoded)
+        assert agg.keys() == set(s.param_shapes())
+        for name in s.param_shapes():
+            carried = [d[name] for d in decoded if name in d]
+            total = sum(carried[1:], carried[0].clone())
+            kept = sum((c != 0).float() for c in carried)
+            want = total / kept.clamp(min=1) if aggregate == "chosen" else total / len(carried)
+            assert torch.allclose(agg[name], want), name
+            # a coordinate kept by one payload of several is that payload's value, not diluted
+            if aggregate == "chosen" and len(carried) > 1:
+                only = (kept == 1)
+                assert torch.equal(agg[name][only], total[only])
+        # every member computes the same bits
+        assert all(torch.equal(agg[n], strategies[2].aggregate(decoded)[n]) for n in agg)
