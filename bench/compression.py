@@ -227,6 +227,8 @@ def goals(r) -> str:
         need = 16.0
     else:
         return ""
+    if "payload_vs_fp32" not in r:
+        return "goals need the diloco fp32 arm"
     ok_p = r["payload_vs_fp32"] >= need
     ok_l = r["loss_vs_fp32"] <= 1.02
     ok_d = r["dp_over_sent"] >= 1000
