@@ -369,7 +369,7 @@ class Peer:
         if not self.consistent:  # repair before reporting: the round ends with the group's parameters
             self._catch_up(even_at_same_round=True)
             record.params_hash = params_hash(self.theta)
-            record.resynced = True
+            record.resynced = self.consistent  # False: no groupmate served the round's state in time
         self.totals.history.append(record)
         self._save_checkpoint()
         self._enable_state_sharing()
@@ -496,10 +496,18 @@ class Peer:
         self.gatherer.allow_state_sharing = True
 
     def _catch_up(self, even_at_same_round: bool = False) -> None:
-        """Download the current state if live peers are ahead of us (round 0 is the seed's, everywhere)."""
+        """Download the current state if live peers are ahead of us (round 0 is the seed's, everywhere).
+
+        ``even_at_same_round``: this peer ended a round off its group's parameters and must take a
+        state of at least its own (new) round, even if no groupmate has published that round yet:
+        a groupmate still evaluating it serves an older state, which is refused and asked again."""
         others = [v for v in self._view() if v.peer_id != self.peer_id and v.progress.state != "stopped"]
         ahead = max((v.progress.round for v in others), default=-1)
-        if ahead < self.round or (ahead == self.round and not even_at_same_round):
+        if even_at_same_round:
+            if not others:
+                return
+            ahead = max(ahead, self.round)
+        elif ahead <= self.round:
             return
         min_round = ahead
         previous, self.state = self.state, "syncing"

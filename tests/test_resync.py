@@ -1,0 +1,66 @@
+"""A peer that ended a round off its group's parameters takes the group's state of that round,
+even when its groupmates have not published the round yet (the race a SIGKILL test once hit:
+two peers flip-flopping between two parameter sets, each refusing the other's older state)."""
+
+from types import SimpleNamespace
+
+from peer import runtime
+from peer.runtime import Peer
+from protocol.errors import ProtocolError
+
+
+class Gatherer:
+    """Serves the groupmate's state: first the round it is still finishing, then the new one."""
+
+    def __init__(self, rounds):
+        self.rounds = list(rounds)
+        self.calls = 0
+
+    def load_state(self, timeout):
+        self.calls += 1
+        return ({"round": self.rounds.pop(0)}, []) if self.rounds else None
+
+
+def make_peer(own_round, others_round, served_rounds):
+    peer = object.__new__(Peer)
+    peer.peer_id, peer.round, peer.state, peer.consistent = "me", own_round, "exchanging", False
+    peer.spec = SimpleNamespace(swarm=SimpleNamespace(gather_timeout=1.0))
+    peer.gatherer = Gatherer(served_rounds)
+    peer.installed = []
+    view = SimpleNamespace(peer_id="mate", progress=SimpleNamespace(round=others_round, state="exchanging"))
+    peer._view = lambda: [view]
+    peer._publish = peer._enable_state_sharing = lambda: None
+
+    def install(meta, tensors, min_round=0):
+        if meta["round"] < min_round:
+            raise ProtocolError(f"state of round {meta['round']} is older than the swarm's round {min_round}")
+        peer.installed.append(meta["round"])
+
+    peer._install_state = install
+    return peer
+
+
+def test_resync_waits_for_the_groupmate_to_publish_the_round(monkeypatch):
+    monkeypatch.setattr(runtime.time, "sleep", lambda s: None)
+    # we finished round 2 -> 3; the groupmate still shows round 2 and first serves its round-2 state
+    peer = make_peer(own_round=3, others_round=2, served_rounds=[2, 3])
+    peer._catch_up(even_at_same_round=True)
+    assert peer.installed == [3] and peer.consistent and peer.gatherer.calls == 2
+    assert peer.state == "exchanging"  # restored after syncing
+
+
+def test_resync_gives_up_cleanly_when_nobody_serves_the_round(monkeypatch):
+    monkeypatch.setattr(runtime.time, "sleep", lambda s: None)
+    peer = make_peer(own_round=3, others_round=2, served_rounds=[2, 2, 2])
+    peer._catch_up(even_at_same_round=True)
+    assert peer.installed == [] and not peer.consistent and peer.gatherer.calls == 3
+
+
+def test_ordinary_catch_up_only_downloads_from_peers_ahead(monkeypatch):
+    monkeypatch.setattr(runtime.time, "sleep", lambda s: None)
+    peer = make_peer(own_round=3, others_round=3, served_rounds=[3])
+    peer._catch_up()
+    assert peer.gatherer.calls == 0
+    peer = make_peer(own_round=3, others_round=5, served_rounds=[5])
+    peer._catch_up()
+    assert peer.installed == [5]
