@@ -79,46 +79,46 @@ CONFIGS = {
         replicas=3,
     ),
 }
-# (label, outer changes, simulate options, inner changes); "dp" is the per-step data-parallel proxy
+# (label, outer changes, inner changes); "dp" is the per-step data-parallel proxy, "single" one process
 BASE_ARMS = [
-    ("per-step DP (1 proc, 4x batch)", "dp", {}, {}),
-    ("diloco fp32", {"strategy": "diloco", "dense_dtype": "fp32"}, {}, {}),
-    ("diloco fp16", {"strategy": "diloco", "dense_dtype": "fp16"}, {}, {}),
-    ("sparseloco", {"strategy": "sparseloco"}, {}, {}),
-    ("dct", {"strategy": "dct"}, {}, {}),
+    ("per-step DP (1 proc, 4x batch)", "dp", {}),
+    ("diloco fp32", {"strategy": "diloco", "dense_dtype": "fp32"}, {}),
+    ("diloco fp16", {"strategy": "diloco", "dense_dtype": "fp16"}, {}),
+    ("sparseloco", {"strategy": "sparseloco"}, {}),
+    ("dct", {"strategy": "dct"}, {}),
 ]
 TUNE_ARMS = [
-    ("sparseloco plain mean", {"strategy": "sparseloco", "sparseloco": {"aggregate": "mean"}}, {}, {}),
-    ("sparseloco outer lr 2", {"strategy": "sparseloco", "lr": 2.0}, {}, {}),
-    ("sparseloco outer lr 4", {"strategy": "sparseloco", "lr": 4.0}, {}, {}),
-    ("sparseloco H=15 outer lr 2", {"strategy": "sparseloco", "inner_steps": 15, "lr": 2.0}, {}, {}),
-    ("diloco fp32 H=15", {"strategy": "diloco", "inner_steps": 15}, {}, {}),
-    ("dct beta 0.99", {"strategy": "dct", "dct": {"beta": 0.99}}, {}, {}),
-    ("dct outer lr 2", {"strategy": "dct", "lr": 2.0}, {}, {}),
-    ("dct outer lr 4", {"strategy": "dct", "lr": 4.0}, {}, {}),
-    ("dct k128", {"strategy": "dct", "dct": {"topk": 128}}, {}, {}),
-    ("sparseloco H=15", {"strategy": "sparseloco", "inner_steps": 15}, {}, {}),
-    ("sparseloco H=15 plain mean", {"strategy": "sparseloco", "inner_steps": 15, "sparseloco": {"aggregate": "mean"}}, {}, {}),
-    ("dct H=15 outer lr 2", {"strategy": "dct", "inner_steps": 15, "lr": 2.0}, {}, {}),
-    ("dct H=15 k64 outer lr 2", {"strategy": "dct", "inner_steps": 15, "lr": 2.0, "dct": {"topk": 64}}, {}, {}),
+    ("sparseloco plain mean", {"strategy": "sparseloco", "sparseloco": {"aggregate": "mean"}}, {}),
+    ("sparseloco outer lr 2", {"strategy": "sparseloco", "lr": 2.0}, {}),
+    ("sparseloco outer lr 4", {"strategy": "sparseloco", "lr": 4.0}, {}),
+    ("sparseloco H=15 outer lr 2", {"strategy": "sparseloco", "inner_steps": 15, "lr": 2.0}, {}),
+    ("diloco fp32 H=15", {"strategy": "diloco", "inner_steps": 15}, {}),
+    ("dct beta 0.99", {"strategy": "dct", "dct": {"beta": 0.99}}, {}),
+    ("dct outer lr 2", {"strategy": "dct", "lr": 2.0}, {}),
+    ("dct outer lr 4", {"strategy": "dct", "lr": 4.0}, {}),
+    ("dct k128", {"strategy": "dct", "dct": {"topk": 128}}, {}),
+    ("sparseloco H=15", {"strategy": "sparseloco", "inner_steps": 15}, {}),
+    ("sparseloco H=15 plain mean", {"strategy": "sparseloco", "inner_steps": 15, "sparseloco": {"aggregate": "mean"}}, {}),
+    ("dct H=15 outer lr 2", {"strategy": "dct", "inner_steps": 15, "lr": 2.0}, {}),
+    ("dct H=15 k64 outer lr 2", {"strategy": "dct", "inner_steps": 15, "lr": 2.0, "dct": {"topk": 64}}, {}),
 ]
 DEMO_ARMS = [
-    ("single process, 400 steps (reference)", "single", {}, {}),
-    ("diloco defaults (reference)", {"strategy": "diloco"}, {}, {}),
-    ("sparseloco defaults (H=30, outer lr 1)", {"strategy": "sparseloco"}, {}, {}),
-    ("sparseloco cosine horizon 400", {"strategy": "sparseloco"}, {}, {"total_steps": 400}),
-    ("sparseloco k256", {"strategy": "sparseloco", "sparseloco": {"topk": 256}}, {}, {}),
-    ("sparseloco plain mean", {"strategy": "sparseloco", "sparseloco": {"aggregate": "mean"}}, {}, {}),
-    ("sparseloco outer lr 2", {"strategy": "sparseloco", "lr": 2.0}, {}, {}),
-    ("sparseloco outer lr 3", {"strategy": "sparseloco", "lr": 3.0}, {}, {}),
-    ("sparseloco outer lr 4", {"strategy": "sparseloco", "lr": 4.0}, {}, {}),
-    ("sparseloco H=20", {"strategy": "sparseloco", "inner_steps": 20}, {}, {}),
-    ("sparseloco H=20 outer lr 2", {"strategy": "sparseloco", "inner_steps": 20, "lr": 2.0}, {}, {}),
-    ("sparseloco H=20 outer lr 3", {"strategy": "sparseloco", "inner_steps": 20, "lr": 3.0}, {}, {}),
-    ("sparseloco H=15 outer lr 2", {"strategy": "sparseloco", "inner_steps": 15, "lr": 2.0}, {}, {}),
-    ("sparseloco H=10", {"strategy": "sparseloco", "inner_steps": 10}, {}, {}),
-    ("sparseloco H=10 outer lr 2", {"strategy": "sparseloco", "inner_steps": 10, "lr": 2.0}, {}, {}),
-    ("sparseloco H=10 outer lr 3", {"strategy": "sparseloco", "inner_steps": 10, "lr": 3.0}, {}, {}),
+    ("single process, 400 steps (reference)", "single", {}),
+    ("diloco defaults (reference)", {"strategy": "diloco"}, {}),
+    ("sparseloco defaults (H=30, outer lr 1)", {"strategy": "sparseloco"}, {}),
+    ("sparseloco cosine horizon 400", {"strategy": "sparseloco"}, {"total_steps": 400}),
+    ("sparseloco k256", {"strategy": "sparseloco", "sparseloco": {"topk": 256}}, {}),
+    ("sparseloco plain mean", {"strategy": "sparseloco", "sparseloco": {"aggregate": "mean"}}, {}),
+    ("sparseloco outer lr 2", {"strategy": "sparseloco", "lr": 2.0}, {}),
+    ("sparseloco outer lr 3", {"strategy": "sparseloco", "lr": 3.0}, {}),
+    ("sparseloco outer lr 4", {"strategy": "sparseloco", "lr": 4.0}, {}),
+    ("sparseloco H=20", {"strategy": "sparseloco", "inner_steps": 20}, {}),
+    ("sparseloco H=20 outer lr 2", {"strategy": "sparseloco", "inner_steps": 20, "lr": 2.0}, {}),
+    ("sparseloco H=20 outer lr 3", {"strategy": "sparseloco", "inner_steps": 20, "lr": 3.0}, {}),
+    ("sparseloco H=15 outer lr 2", {"strategy": "sparseloco", "inner_steps": 15, "lr": 2.0}, {}),
+    ("sparseloco H=10", {"strategy": "sparseloco", "inner_steps": 10}, {}),
+    ("sparseloco H=10 outer lr 2", {"strategy": "sparseloco", "inner_steps": 10, "lr": 2.0}, {}),
+    ("sparseloco H=10 outer lr 3", {"strategy": "sparseloco", "inner_steps": 10, "lr": 3.0}, {}),
 ]
 PAYLOAD_RATIO_SHAPES = {
     "64x2 (0.13M)": dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176),
@@ -153,7 +153,7 @@ def make_spec(cfg, outer: Dict[str, Any], inner: Dict[str, Any], steps: int) -> 
 
 def run_arm(job) -> Dict[str, Any]:
     """One arm, in a worker process or in this one."""
-    cfg, label, outer, opts, inner, threads, init = job
+    cfg, label, outer, inner, threads, init = job
     torch.set_num_threads(threads)
     corpus = load_corpus("stdlib")
     replicas = cfg.get("replicas", R)
@@ -176,13 +176,13 @@ def run_arm(job) -> Dict[str, Any]:
         spec = make_spec(cfg, outer, inner, cfg["steps"])
         H = spec.outer.inner_steps
         rounds = max(1, round(cfg["steps"] / H))
-        res = simulate(spec, replicas, rounds, corpus=corpus, eval_every=max(1, rounds // 5), init_theta=init, **opts)
+        res = simulate(spec, replicas, rounds, corpus=corpus, eval_every=max(1, rounds // 5), init_theta=init)
         row = dict(arm=label, strategy=spec.outer.strategy, H=H, rounds=rounds, tokens=res.tokens,
                    val_loss=res.final_val_loss, initial_val_loss=res.initial_val_loss, payload_bytes=res.payload_bytes,
                    sent_per_peer=res.bytes_sent_per_peer, received_per_peer=res.bytes_received_per_peer,
                    dp_per_peer=res.dp_bytes_per_peer,
                    curve=[(h.round * H, h.val_loss) for h in res.history if h.val_loss is not None])
-    row.update(outer=outer, options=opts, inner=inner, replicas=1 if outer == "single" else replicas,
+    row.update(outer=outer, inner=inner, replicas=1 if outer == "single" else replicas,
                wall_s=time.monotonic() - t)
     print(f"  {label}: val {row['val_loss']:.4f}, payload {human(row['payload_bytes'])}, {row['wall_s']:.0f} s", flush=True)
     return row
@@ -200,7 +200,7 @@ def warm_start(cfg, steps: int, log=print):
 
 
 def run_arms(cfg, arms, jobs: int, threads: int, init=None) -> List[Dict[str, Any]]:
-    work = [(cfg, label, outer, opts, inner, threads, init) for label, outer, opts, inner in arms]
+    work = [(cfg, label, outer, inner, threads, init) for label, outer, inner in arms]
     if jobs <= 1:
         return [run_arm(w) for w in work]
     import multiprocessing as mp

@@ -108,10 +108,11 @@ def run_arm(job):
     t = time.monotonic()
     if R == "dp":
         R, steps = max(REPLICAS), cfg["steps_per_replica_at_rmax"]
-        dp = train_single(make_spec(cfg, steps), steps, corpus=corpus, batch_size=R * cfg["batch_size"], init_theta=init)
+        spec = make_spec(cfg, steps)
+        dp = train_single(spec, steps, corpus=corpus, batch_size=R * cfg["batch_size"], init_theta=init)
         print(f"  dp R={R}: {steps} steps of batch {R * cfg['batch_size']}, val {dp.final_val_loss:.4f} "
               f"({time.monotonic() - t:.0f} s)", flush=True)
-        per_peer = steps * allreduce_bytes_per_step(make_spec(cfg, steps).model.num_params(), R)
+        per_peer = steps * allreduce_bytes_per_step(spec.model.num_params(), R)
         return dict(arm=f"dp R={R} (1 proc, {R}x batch)", replicas=0, H=1, rounds=None, steps_per_replica=steps, tokens=dp.tokens,
                     val_loss=dp.final_val_loss, initial_val_loss=dp.initial_val_loss, payload_bytes=None,
                     sent_per_peer=per_peer, dp_per_peer=per_peer, wall_s=dp.wall_s)
@@ -227,9 +228,11 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     print(f"bench/diloco.py{' --quick' if args.quick else ''}: {datetime.datetime.now().isoformat(timespec='seconds')}, {machine()}, "
           f"{args.jobs} job(s) x {args.threads} thread(s)", flush=True)
-    arms = tuple(a.strip() if a.strip() == "dp" else int(a) for a in args.arms.split(",") if a.strip().isdigit() or a.strip() == "dp")
-    if len(arms) != len(args.arms.split(",")) or any(a not in (1, "dp") + REPLICAS for a in arms):
-        ap.error(f"--arms: each must be one of 1, 2, 4, dp; got {args.arms!r}")
+    names = [a.strip() for a in args.arms.split(",")]
+    known = [str(r) for r in (1,) + REPLICAS] + ["dp"]
+    if any(a not in known for a in names):
+        ap.error(f"--arms: each must be one of {', '.join(known)}; got {args.arms!r}")
+    arms = tuple(a if a == "dp" else int(a) for a in names)
     result = run(cfg, args.jobs, args.threads, replicas=arms)
     print()
     print_table(result)

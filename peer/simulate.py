@@ -43,7 +43,7 @@ from peer.data import Corpus, TrainStream, load_corpus, val_batches
 from peer.inner import InnerTrainer, evaluate
 from peer.model import build_model
 from peer.state import params_hash
-from peer.strategies import OuterStrategy, Tensors, canonical_order, make_strategy, mean_over_choosers, pseudo_gradient
+from peer.strategies import OuterStrategy, Tensors, canonical_order, make_strategy, pseudo_gradient
 from protocol.spec import RunSpec
 
 __all__ = [
@@ -54,11 +54,7 @@ __all__ = [
     "train_single",
     "allreduce_bytes_per_step",
     "allgather_bytes_per_round",
-    "aggregate_chosen",
 ]
-
-AGGREGATES = ("spec", "chosen")
-
 
 # --- analytic byte models ------------------------------------------------------------------------
 def allreduce_bytes_per_step(num_params: int, replicas: int, bytes_per_value: int = 4) -> float:
@@ -99,7 +95,7 @@ class SimResult:
     initial_val_loss: float
     history: List[RoundStats] = field(default_factory=list)
     verified_rounds: int = 0  # rounds in which every replica decoded every payload itself
-    aggregate: str = "spec"
+    aggregate: str = "mean"  # the spec's: "chosen" for SparseLoCo's average over the replicas that kept a coordinate
     wall_s: float = 0.0
     theta: Optional[Tensors] = None
 
@@ -195,19 +191,6 @@ class SingleResult:
         }
 
 
-# --- aggregation variants ------------------------------------------------------------------------
-def aggregate_chosen(layout, decoded: Sequence[Tensors]) -> Tensors:
-    """SparseLoCo's mean over the replicas that kept each coordinate, whatever the spec says
-    (``peer.strategies.mean_over_choosers``, what peers run with ``aggregate = "chosen"``)."""
-    return mean_over_choosers(layout, decoded)
-
-
-def _aggregate(strategy: OuterStrategy, how: str, decoded: Sequence[Tensors]) -> Tensors:
-    if how == "spec":
-        return strategy.aggregate(decoded)
-    return aggregate_chosen(strategy.layout, decoded)
-
-
 # --- the simulation ------------------------------------------------------------------------------
 @dataclass
 class _Replica:
@@ -243,7 +226,6 @@ def simulate(
     seed_shards: Union[str, Sequence[str]] = "replica",
     eval_every: int = 1,
     device: str = "cpu",
-    aggregate: str = "spec",
     verify_rounds: int = 1,
     keep_theta: bool = False,
     init_theta: Optional[Tensors] = None,
@@ -254,16 +236,12 @@ def simulate(
     ``seed_shards``: a prefix (shard of replica i is f"{prefix}{i}", "replica" by default) or an
     explicit list of shard names; the shard also serves as the replica's sender id in the
     canonical order. ``eval_every``: evaluate θ every that many rounds (and always after the last).
-    ``aggregate``: "spec" (the strategy's own aggregate as the run spec sets it: what peers run) or
-    "chosen" (each coordinate averaged over the replicas that sent it, whatever the strategy).
     ``verify_rounds``: rounds in which every replica decodes every payload itself (R² decodes).
     ``init_theta``: start from these parameters instead of the seed's (a shared warm start); the
     inner optimizers and the strategies' buffers still start fresh.
     """
     if replicas < 1 or rounds < 0:
         raise ValueError("replicas must be >= 1 and rounds >= 0")
-    if aggregate not in AGGREGATES:
-        raise ValueError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
     corpus = corpus if corpus is not None else load_corpus(spec.data.corpus, spec.data.val_fraction)
     H = spec.outer.inner_steps
     layout = spec.model.param_shapes()
@@ -297,7 +275,7 @@ def simulate(
         inner_steps=H,
         num_params=spec.model.num_params(),
         initial_val_loss=evaluate(reps[0].model, val, device),
-        aggregate=aggregate,
+        aggregate=spec.outer.sparseloco.aggregate if spec.outer.strategy == "sparseloco" else "mean",
     )
     tokens = 0
     for round_no in range(rounds):
@@ -327,7 +305,7 @@ def simulate(
                     _assert_same(shared_decoded, decoded, f"round {round_no}: replica {rep.sender} decoded differently")
             else:
                 decoded = shared_decoded
-            rep.strategy.apply(rep.theta, _aggregate(rep.strategy, aggregate, decoded))
+            rep.strategy.apply(rep.theta, rep.strategy.aggregate(decoded))
             rep.strategy.settle(pendings[rep.sender], delivered=True)
         if verify:
             result.verified_rounds += 1

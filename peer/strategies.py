@@ -90,21 +90,8 @@ class OuterStrategy:
 
     # -- what every member computes identically -----------------------------------------------------
     def aggregate(self, decoded: Sequence[Tensors]) -> Tensors:
-        """Per tensor, the mean over the payloads that carry it, summed in the given (canonical)
-        order: with partial updates each coordinate is averaged over its owners only, and a
-        tensor nobody sent this round gets no update."""
-        if not decoded:
-            raise ValueError("aggregate of no payloads")
-        out: Tensors = {}
-        for name in self.full_layout:
-            parts = [d[name] for d in decoded if name in d]
-            if not parts:
-                continue
-            acc = parts[0].clone()
-            for t in parts[1:]:
-                acc.add_(t)
-            out[name] = acc.div_(len(parts))
-        return out
+        """Per tensor, the mean over the payloads that carry it (``average``)."""
+        return average(self.full_layout, decoded)
 
     def apply(self, theta: Tensors, update: Tensors) -> None:
         """The outer step on the global parameters, in place."""
@@ -182,18 +169,17 @@ class SparseLoCo(_ResidualStrategy):
         super().__init__(spec, layout, part, decay=spec.outer.sparseloco.ef_beta)
 
     def aggregate(self, decoded: Sequence[Tensors]) -> Tensors:
-        if self.spec.outer.sparseloco.aggregate == "chosen":
-            return mean_over_choosers(self.full_layout, decoded)
-        return super().aggregate(decoded)
+        return average(self.full_layout, decoded, over_choosers=self.spec.outer.sparseloco.aggregate == "chosen")
 
 
-def mean_over_choosers(layout: Layout, decoded: Sequence[Tensors]) -> Tensors:
-    """SparseLoCo's variant of the mean: each coordinate averaged over the payloads that kept it.
+def average(layout: Layout, decoded: Sequence[Tensors], over_choosers: bool = False) -> Tensors:
+    """Per tensor, the mean over the payloads that carry it, summed in the given (canonical)
+    order, element-wise: bit-identical on every member. With partial updates or chain stages each
+    coordinate is averaged over its owners only; a tensor nobody sent gets no update.
 
-    A coordinate counts as kept by a payload when its decoded value is non-zero (a kept entry whose
-    quantized value is exactly 0.0 adds nothing to the sum either). Only payloads that carry a
-    tensor count for it (partial updates, chain stages); a tensor nobody sent gets no update.
-    Element-wise, summed in the given (canonical) order: bit-identical on every member.
+    ``over_choosers`` (SparseLoCo's variant): each coordinate averaged over the payloads that kept
+    it, i.e. whose decoded value is non-zero (a kept entry quantized to exactly 0.0 adds nothing to
+    the sum either); a coordinate nobody kept stays 0.
     """
     if not decoded:
         raise ValueError("aggregate of no payloads")
@@ -203,11 +189,13 @@ def mean_over_choosers(layout: Layout, decoded: Sequence[Tensors]) -> Tensors:
         if not parts:
             continue
         acc = parts[0].clone()
-        count = (parts[0] != 0).to(torch.float32)
         for t in parts[1:]:
             acc.add_(t)
-            count.add_((t != 0).to(torch.float32))
-        out[name] = acc.div_(count.clamp_(min=1.0))
+        if over_choosers:
+            kept = sum(((t != 0).to(torch.float32) for t in parts[1:]), (parts[0] != 0).to(torch.float32))
+            out[name] = acc.div_(kept.clamp_(min=1.0))
+        else:
+            out[name] = acc.div_(len(parts))
     return out
 
 

@@ -7,13 +7,12 @@ import torch
 
 from peer.data import load_corpus
 from peer.simulate import (
-    aggregate_chosen,
     allgather_bytes_per_round,
     allreduce_bytes_per_step,
     simulate,
     train_single,
 )
-from peer.strategies import make_strategy
+from peer.strategies import average, make_strategy
 from protocol.payload import payload_max_bytes
 from protocol.spec import ModelSpec, RunSpec
 
@@ -72,9 +71,10 @@ def test_simulate_learns_and_counts_real_bytes(corpus, strategy):
 def test_chosen_aggregate_and_single_baseline(corpus):
     a = {"w": torch.tensor([1.0, 0.0, 2.0, 0.0])}
     b = {"w": torch.tensor([3.0, 5.0, 0.0, 0.0])}
-    assert torch.equal(aggregate_chosen(["w"], [a, b])["w"], torch.tensor([2.0, 5.0, 2.0, 0.0]))
-    res = simulate(_spec("sparseloco"), R, 2, corpus=corpus, aggregate="chosen", eval_every=0)
-    assert math.isfinite(res.final_val_loss)
+    assert torch.equal(average(["w"], [a, b], over_choosers=True)["w"], torch.tensor([2.0, 5.0, 2.0, 0.0]))
+    for how in ("chosen", "mean"):
+        res = simulate(_spec("sparseloco").replace(outer={"sparseloco": {"aggregate": how}}), R, 2, corpus=corpus, eval_every=0)
+        assert math.isfinite(res.final_val_loss) and res.aggregate == how
 
     single = train_single(_spec("diloco"), 20, corpus=corpus, eval_every=10)
     assert [p["step"] for p in single.history] == [10, 20]
