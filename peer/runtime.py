@@ -1,48 +1,50 @@
-"""The peer: rounds of H inner steps, then a compressed exchange with the peers of the round.
+"""The peer: its life cycle and the round loop, over the parts that do the work.
 
 One round, as the peer sees it:
-1. reset the model to the global parameters θ of this round and train H inner steps;
-2. Δ = θ − θ_local; the strategy folds Δ into its local buffers and encodes a payload;
-3. wait (bounded) until every live peer of the round is ready, then find a group with hivemind's
-   matchmaking and all-gather payloads (peer/exchange.py);
-4. validate and decode every payload, aggregate in sender order, take the outer step on θ: every
-   member of the group ends with bit-identical θ;
-5. checkpoint, evaluate, publish progress to the DHT.
+1. the role (peer/roles.py: full replica, slice owner or chain stage) loads θ of this round into
+   its model and trains H inner steps;
+2. the round engine (peer/round_engine.py) encodes the pseudo-gradient into a payload;
+3. membership (peer/membership.py) waits (bounded) until every live peer of the round is ready;
+   the exchange (peer/exchange.py) finds a group with hivemind's matchmaking and all-gathers the
+   payloads the group agrees on;
+4. the engine decodes, aggregates and applies them: every member ends with bit-identical θ;
+5. checkpoint (peer/checkpoints.py), evaluate, report (peer/reporting.py).
 
 A peer that finds no group keeps its pseudo-gradient in its local buffers (nothing is lost with
-SparseLoCo and DCT) and, if the swarm has moved on, downloads the current state from a live peer.
+SparseLoCo and DCT) and, if the swarm has moved on, downloads the current state from a live peer
+(peer/state_sync.py). A peer that started a round off its group's parameters takes the group's
+state before it reports the round.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from peer.chain import ChainBroken, ChainMember
-from peer.data import TrainStream, load_corpus, val_batches
+from peer import checkpoints
+from peer.chain import ChainMember
+from peer.data import load_corpus, val_batches
 from peer.exchange import PayloadGatherer
-from peer.inner import InnerTrainer, evaluate
+from peer.membership import Membership
 from peer.model import build_model
-from peer.progress import ProgressBar, human_bytes
+from peer.progress import ProgressBar
+from peer.reporting import RoundRecord, Totals, log_round, optimizer_state_bytes, write_status
 from peer.resources import detect
-from peer.state import flatten_optimizer_state, load_checkpoint, params_hash, save_checkpoint, unflatten_optimizer_state
-from peer.strategies import canonical_order, make_strategy, pseudo_gradient
-from peer.swarm import PeerView, fetch_spec, publish_progress, read_progress, start_dht
-from protocol.activations import constrain_to_subspace_
-from protocol.errors import ProtocolError
+from peer.roles import ChainStage, FullReplica, Role, RoundAbandoned, SliceOwner
+from peer.round_engine import RoundEngine
+from peer.state_sync import StateSync
 from protocol.keys import averager_prefix
-from protocol.partial import FULL, choose_part, describe
 from protocol.records import CHOOSING, Progress
 from protocol.spec import RunSpec
+from swarm.dht import start_dht
+from swarm.records import fetch_spec
 
 logger = logging.getLogger("voloco.peer")
 
@@ -68,39 +70,6 @@ class PeerOptions:
     wait_peers: int = 1  # before the first round, wait until this many peers (self included) have started
 
 
-@dataclass
-class RoundRecord:
-    round: int
-    params_hash: str
-    group: List[str]
-    contributors: int
-    excluded: Dict[str, str]
-    bytes_sent: int
-    bytes_received: int
-    loss: float
-    val_loss: float
-    seconds: float
-    resynced: bool = False  # it started off the group's parameters and downloaded them after the round
-
-
-@dataclass
-class Totals:
-    tokens: int = 0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    rounds: int = 0
-    history: List[RoundRecord] = field(default_factory=list)
-
-
-# peers that take no part in rounds yet: booting, or waiting for a chain. A peer never waits for
-# them; one that went ahead alone meanwhile is caught up with (downloaded) when they start.
-_NOT_IN_ROUNDS = ("stopped", "starting")
-
-
-def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    return sum(t.numel() * t.element_size() for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t))
-
-
 def majority_hash(hashes: Dict[str, str]) -> str:
     """The starting point most of a group shares (ties: the smallest hash, the same on every member)."""
     counts: Dict[str, int] = {}
@@ -120,13 +89,13 @@ class Peer:
         self.val_loss = float("nan")
         self.initial_val_loss = float("nan")
         self.tokens_per_s = 0.0
-        self.theta: Dict[str, torch.Tensor] = {}
-        self.round = 0
-        self.part = CHOOSING
-        self.trainable = 0
-        self.chain: Optional[ChainMember] = None
-        self.consistent = True  # False after a round whose group started from other parameters than ours
-        self._lock = threading.RLock()  # guards theta, round and strategy state against state downloads
+        self.role: Optional[Role] = None
+        self.engine: Optional[RoundEngine] = None
+        self._chain: Optional[ChainMember] = None
+
+    @property
+    def round(self) -> int:
+        return self.engine.round if self.engine is not None else 0
 
     # ---- set-up ---------------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -154,8 +123,8 @@ class Peer:
         self.spec: RunSpec = fetch_spec(self.dht, opts.run_id, timeout=opts.spec_timeout)
         spec = self.spec
         # be visible from the start: a peer that sees a newcomer never takes a round alone
-        self._heartbeat = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
-        self._heartbeat.start()
+        self.membership = Membership(self.dht, spec, self.peer_id, self._progress, self.stop_event)
+        self.membership.start_heartbeat(extra=lambda: self.role.heartbeat() if self.role is not None else None)
         logger.info(
             f"run {spec.run_id} (spec {spec.digest()}): {spec.model.num_params() / 1e6:.2f}M-parameter model, "
             f"strategy {spec.outer.strategy}, H={spec.outer.inner_steps}"
@@ -165,24 +134,16 @@ class Peer:
         self.device = torch.device(opts.device)
         self.resources = detect(self.device, opts.max_memory_gb, opts.bandwidth_mbps)
         logger.info(f"resources: {self.resources.describe(spec)}")
+        self.val = val_batches(self.corpus, spec.model.seq_len, spec.data.batch_size, spec.data.val_batches)
         # θ: the global parameters, on the CPU, the whole model (a chain stage holds it too, to serve
         # and check state like any peer; only its own share lives on its device)
         full = build_model(spec.model, spec.seed, spec.partial.slices, spec.partial.attn_slices)
-        self.layout = spec.param_shapes()
-        self.theta = {n: p.detach().to(torch.float32).clone() for n, p in full.named_parameters()}
-        self.val = val_batches(self.corpus, spec.model.seq_len, spec.data.batch_size, spec.data.val_batches)
-        if self.resources.fits(spec):
-            self.part = self._choose_part()
-            self._build_role(full)
-        else:
-            del full
-            self.chain = ChainMember(
-                self.dht, spec, self.peer_id, self.resources, opts.stage_host, opts.stage_port, self.stop_event
-            )
-            if self.chain.wait_for_assignment() is None:
-                raise KeyboardInterrupt
-            self.part = self.chain.stage_range()
-            self._build_role(None)
+        theta = {n: p.detach().to(torch.float32).clone() for n, p in full.named_parameters()}
+        self.role = self._first_role(full)
+        del full
+        if self.role is None:
+            raise KeyboardInterrupt
+        self.engine = RoundEngine(self.role.strategy, theta)
         self.gatherer = PayloadGatherer(
             self.dht,
             prefix=averager_prefix(spec.run_id),
@@ -193,67 +154,47 @@ class Peer:
             gather_timeout=spec.swarm.gather_timeout,
             request_timeout=min(1.0, spec.swarm.matchmaking_time / 3),
         )
-        self.gatherer.state_provider = self._shareable_state
+        self.sync = StateSync(spec, self.engine, self.gatherer, self.membership, self.peer_id,
+                              set_state=self._set_state, on_installed=self._installed)
+        self.gatherer.state_provider = self.sync.shareable_state
         self.gatherer.run_in_background(await_ready=True)
         self.install_signal_handlers()
 
-        if self.chain is None:
-            self._restore_checkpoint()
-        self._catch_up()
-        self._load_theta_into_model()
+        if self.role.checkpointed:
+            tokens = checkpoints.restore(opts.checkpoint_dir, spec, self.engine, self.role)
+            self.totals.tokens = tokens or 0
+        self.sync.catch_up()
+        self._load_theta()
         self.initial_val_loss = self.val_loss = self._evaluate()
-        if self.chain is None:
+        if self.role.reports_loss:
             logger.info(f"round {self.round}: validation loss {self.val_loss:.3f} nats/byte")
-        self._enable_state_sharing()
+        self.sync.enable_sharing()
 
-    def _build_role(self, full: Optional[torch.nn.Module]) -> None:
-        """Model, strategy, optimizer and data stream for this peer's part of the model: the whole
-        model, a slice of it (partial updates) or a chain stage's blocks."""
-        spec = self.spec
-        if isinstance(self.part, tuple):
-            self.model = self.chain.build_stage().to(self.device)
-            shard = self.chain.assignment.chain.chain_id  # every stage of a chain draws the same batches
-        else:
-            self.model = full.to(self.device)
-            shard = self.peer_id
-        self.params = dict(self.model.named_parameters())
-        self.strategy = make_strategy(spec, part=self.part)
-        for name, p in self.params.items():  # partial updates: no gradients, no optimizer state for the rest
-            p.requires_grad_(name in self.strategy.layout)
-        self.trainer = InnerTrainer(self.model, spec.inner, self.device)
-        self.trainable = sum(p.numel() for p in self.trainer.params)
-        what = f"blocks {self.part[0]}-{self.part[1] - 1} of a chain" if isinstance(self.part, tuple) else describe(spec, self.part)
-        logger.info(
-            f"training {what}: {self.trainable / 1e6:.3f}M of {spec.model.num_params() / 1e6:.3f}M parameters "
-            f"trainable, AdamW state {human_bytes(8 * self.trainable)}"
-        )
-        self.stream = TrainStream(self.corpus, spec.model.seq_len, spec.data.batch_size, spec.seed, shard=shard)
-
-    def _choose_part(self) -> int:
-        """FULL, or the slice of a partial run this peer owns (kept across restarts)."""
-        slices = self.spec.partial.slices
+    def _first_role(self, full: torch.nn.Module) -> Optional[Role]:
+        """What this peer trains: the model (or one slice of it) if it fits, else a chain stage."""
+        spec, opts = self.spec, self.opts
+        if not self.resources.fits(spec):
+            self._chain = ChainMember(
+                self.dht, spec, self.peer_id, self.resources, opts.stage_host, opts.stage_port, self.stop_event
+            )
+            if self._chain.wait_for_assignment() is None:
+                return None
+            return ChainStage(spec, self._chain, self.device, self.corpus)
+        slices = spec.partial.slices
         if slices <= 1:
-            return FULL
-        found = load_checkpoint(self.opts.checkpoint_dir) if self.opts.checkpoint_dir is not None else None
-        if found is not None and found[1].get("spec") == self.spec.digest() and found[1].get("part") in range(slices):
-            return int(found[1]["part"])
-        # peers that start together see each other choosing and spread over the slices
-        time.sleep(max(2 * self.spec.swarm.heartbeat_period, 5.0))
-        view = [v for v in self._view() if v.peer_id != self.peer_id and v.progress.state != "stopped"]
-        owners = [v.progress.part for v in view if v.progress.part >= 0]
-        waiting = [v.peer_id for v in view if v.progress.part == CHOOSING]
-        part = choose_part(slices, owners, waiting, self.peer_id)
-        counts = {s: owners.count(s) for s in range(slices)}
-        logger.info(f"took slice {part} of {slices} (live owners per slice before: {counts})")
-        return part
+            return FullReplica(spec, full, self.device, self.corpus, self.peer_id)
+        part = checkpoints.saved_part(opts.checkpoint_dir, spec)  # a restarted peer keeps its slice
+        if part not in range(slices):
+            part = self.membership.choose_slice(slices)
+        return SliceOwner(spec, int(part), full, self.device, self.corpus, self.peer_id)
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
-        spec = self.spec
-        max_rounds = self.opts.max_rounds or spec.max_rounds
+        max_rounds = self.opts.max_rounds or self.spec.max_rounds
         try:
             if self.opts.wait_peers > 1 and self.round == 0:
-                self._wait_for_quorum(self.opts.wait_peers)
+                self._set_state("waiting")
+                self.membership.wait_for_quorum(self.opts.wait_peers)
             while not self.stop_event.is_set():
                 if max_rounds and self.round >= max_rounds:
                     logger.info(f"reached round {self.round}: stopping as asked")
@@ -261,87 +202,63 @@ class Peer:
                 self._one_round()
         finally:
             self.state = "stopped"
-            self._publish()
-            self._write_status()
-
-    def _wait_for_quorum(self, n: int) -> None:
-        """A coordinated start: hold round 0 until ``n`` peers (this one included) have started.
-
-        Peers that are still starting do not count (they may still be loading data); a peer already
-        past round 0 ends the wait (the run is under way: this peer caught up with it at start)."""
-        self.state = "waiting"
-        self._publish()
-        t0 = last_log = time.monotonic()
-        while not self.stop_event.is_set():
-            view = [v for v in self._view() if v.progress.state not in _NOT_IN_ROUNDS]
-            started = {v.peer_id for v in view} | {self.peer_id}
-            if len(started) >= n or any(v.progress.round > 0 for v in view):
-                logger.info(f"{len(started)} peers have started: training round {self.round}")
-                return
-            if time.monotonic() - last_log >= 10.0:
-                last_log = time.monotonic()
-                logger.info(f"waiting for {n} peers to start ({len(started)} so far, {last_log - t0:.0f} s)")
-            time.sleep(0.25)
+            self.membership.publish()
+            write_status(self.opts.status_file, self.status())
 
     def _one_round(self) -> None:
-        spec, H = self.spec, self.spec.outer.inner_steps
+        spec, engine, role = self.spec, self.engine, self.role
         t0 = time.monotonic()
-        self.state = "training"
-        self._publish()
+        self._set_state("training")
         try:
-            losses, round_start = self._inner_steps(H)
-        except ChainBroken:
-            self._rejoin_chain()
+            losses, round_start = self._inner_steps(spec.outer.inner_steps)
+        except RoundAbandoned:
+            self._recover()
             return
         if losses is None:
             return
 
         t_train = time.monotonic()
-        delta = pseudo_gradient(round_start, self.params, self.strategy.layout)
-        payload, pending = self.strategy.encode(delta, self.round)
-        self.state = "ready"
-        self._publish()
+        payload, pending = engine.encode(round_start, role.params)
+        self._set_state("ready")
         t_encode = time.monotonic()
-        expected, alone, behind = self._wait_for_round_peers()
+        last = self.totals.history[-1] if self.totals.history else None
+        mates = set(last.group) - {self.peer_id} if last is not None and last.round == self.round else set()
+        barrier = self.membership.wait_for_round(self.round, mates, first_round=self.totals.rounds == 0)
         t_wait = time.monotonic()
         if self.stop_event.is_set():
             return
         self.state = "exchanging"
         result = None
-        start_hash = params_hash(self.theta)
-        if not alone and not (behind and expected == 1):  # nobody of our round left to meet: catch up instead
+        start_hash = engine.params_hash()
+        if not barrier.nobody_to_meet:  # nobody of our round left to meet: catch up instead
             result = self.gatherer.gather(
-                self.round, payload, start_hash=start_hash, expected_size=expected, timeout=spec.swarm.round_wait
+                self.round, payload, start_hash=start_hash, expected_size=barrier.expected, timeout=spec.swarm.round_wait
             )
-        if result is None and not alone and not self._swarm_is_empty():
-            self.strategy.settle(pending, delivered=False)
+        if result is None and not barrier.alone and not self.membership.swarm_is_empty():
+            engine.defer(pending)
             logger.warning(f"round {self.round}: found no group; keeping this round's update locally")
-            with self._lock:
-                self._load_theta_into_model()
-            self._catch_up()
+            self._load_theta()
+            self.sync.catch_up()
             return
 
         t_gather = time.monotonic()
         payloads = result.payloads if result is not None else {self.peer_id: payload}
-        decoded, excluded = [], dict(result.excluded) if result is not None else {}
-        for sender in canonical_order(payloads):
-            try:
-                decoded.append(self.strategy.decode(payloads[sender], self.round))
-            except ProtocolError as e:
-                excluded[sender] = f"invalid payload: {e}"
-                logger.warning(f"round {self.round}: rejected the payload of {sender}: {e}")
+        excluded = dict(result.excluded) if result is not None else {}
+        decoded, invalid = engine.decode(payloads)
+        for sender, why in invalid.items():
+            logger.warning(f"round {self.round}: rejected the payload of {sender}: {why}")
+        excluded.update(invalid)
         if result is not None:
-            self.consistent = start_hash == majority_hash(result.start_hashes)
-            if not self.consistent:
+            self.sync.consistent = start_hash == majority_hash(result.start_hashes)
+            if not self.sync.consistent:
                 logger.error(
                     f"round {self.round}: this peer started from parameters {start_hash}, most of its group from "
                     f"{majority_hash(result.start_hashes)}; it will download the group's state after this round"
                 )
-        with self._lock:
-            self.strategy.apply(self.theta, self.strategy.aggregate(decoded))
-            self.strategy.settle(pending, delivered=self.peer_id in payloads and self.peer_id not in excluded)
-            self.round += 1
-            self._load_theta_into_model()
+        with engine.lock:
+            engine.conclude(decoded, pending, delivered=self.peer_id in payloads and self.peer_id not in excluded,
+                            excluded=excluded)
+            self._load_theta()
         sent = result.bytes_sent if result is not None else 0
         received = result.bytes_received if result is not None else 0
         self.totals.bytes_sent += sent
@@ -356,7 +273,7 @@ class Peer:
         )
         record = RoundRecord(
             round=self.round,
-            params_hash=params_hash(self.theta),
+            params_hash=engine.params_hash(),
             group=sorted(result.group) if result is not None else [self.peer_id],  # every member, contributing or not
             contributors=len(decoded),
             excluded=excluded,
@@ -366,250 +283,81 @@ class Peer:
             val_loss=self.val_loss,
             seconds=time.monotonic() - t0,
         )
-        if not self.consistent:  # repair before reporting: the round ends with the group's parameters
-            self._catch_up(even_at_same_round=True)
-            record.params_hash = params_hash(self.theta)
-            record.resynced = self.consistent  # False: no groupmate served the round's state in time
+        if not self.sync.consistent:  # repair before reporting: the round ends with the group's parameters
+            self.sync.catch_up(even_at_same_round=True)
+            record.params_hash = engine.params_hash()
+            record.resynced = self.sync.consistent  # False: no groupmate served the round's state in time
         self.totals.history.append(record)
-        self._save_checkpoint()
-        self._enable_state_sharing()
-        self._publish()
-        self._write_status()
-        logger.info(
-            f"round {self.round} done | group {len(record.group)}{' (' + str(len(excluded)) + ' excluded)' if excluded else ''} "
-            f"| loss {record.loss:.3f} | val {self.val_loss:.3f} | {self.tokens_per_s / 1e3:.1f}k tok/s "
-            f"| sent {human_bytes(sent)} recv {human_bytes(received)} | {record.seconds:.1f} s | θ {record.params_hash}"
-        )
+        if role.checkpointed:
+            checkpoints.save(self.opts.checkpoint_dir, spec, engine, role, self.totals.tokens)
+        self.sync.enable_sharing()
+        self.membership.publish()
+        write_status(self.opts.status_file, self.status())
+        log_round(record, self.tokens_per_s)
 
     def _inner_steps(self, H: int):
         """H inner steps from θ; returns (losses, the parameters the round started from), or
-        (None, None) when the peer is stopping. Raises ChainBroken for a chain stage."""
-        round_start = self.theta
-        if self.chain is not None:
-            self.chain.open_links(self._sync_round, deadline_s=self.spec.swarm.round_wait)
-            round_start = {n: p.detach().to("cpu", torch.float32).clone() for n, p in self.params.items()}
-            T = self.theta["embed.weight"].to(self.device)
+        (None, None) when the peer is stopping. Raises RoundAbandoned when the role cannot go on."""
+        role = self.role
+        round_start = role.begin_round(self.engine.theta, self._sync_round)
         bar = ProgressBar(H, f"round {self.round}")
         losses: List[float] = []
         try:
             for self.step in range(1, H + 1):
                 if self.stop_event.is_set():
                     return None, None
-                x, y = self.stream.next_batch()
+                x, y = role.stream.next_batch()
                 t = time.monotonic()
-                if self.chain is None:
-                    loss = self.trainer.step(x, y)
-                else:
-                    loss = self.chain.inner_step(self.model, self.trainer, T, (x, y))
-                    loss = float("nan") if loss is None else loss
+                loss = role.inner_step(x, y)
                 dt = time.monotonic() - t
                 self.tokens_per_s = 0.8 * self.tokens_per_s + 0.2 * (x.numel() / dt) if self.tokens_per_s else x.numel() / dt
-                if self.chain is None or self.part[0] == 0:  # a chain's tokens count once, at its first stage
+                if role.counts_tokens:
                     self.totals.tokens += x.numel()
                 losses.append(loss)
                 self.last_loss = loss
                 bar.update(self.step, f"loss {self.last_loss:.3f} | {self.tokens_per_s / 1e3:.1f}k tok/s")
         finally:
             bar.close()
-            if self.chain is not None:
-                self.chain.close_links()
+            role.end_round()
         return losses, round_start
 
     def _sync_round(self) -> int:
         """Catch up with the swarm if it is ahead; the round this peer trains next."""
-        self._catch_up()
+        self.sync.catch_up()
         return self.round
 
-    def _rejoin_chain(self) -> None:
-        """The chain broke: drop this round's work, wait for a new chain, rebuild for its stage."""
-        with self._lock:
-            self._load_theta_into_model()
-        self.state = "starting"
-        self._publish()
-        if self.chain.wait_for_assignment() is None:
+    def _recover(self) -> None:
+        """The role abandoned the round: drop its work, get a role to go on with, catch up."""
+        self._load_theta()
+        self._set_state("starting")
+        role = self.role.recover(self.corpus)
+        if role is None:
             return
-        self.part = self.chain.stage_range()
-        self._build_role(None)
-        self._catch_up()
-        self._load_theta_into_model()
+        self.role = role
+        self.engine.strategy = role.strategy
+        self.sync.catch_up()
+        self._load_theta()
 
-    def _wait_for_round_peers(self):
-        """Wait (bounded) until every live peer of this round is ready.
+    # ---- state ----------------------------------------------------------------------------------
+    def _load_theta(self) -> None:
+        with self.engine.lock:
+            self.role.load_theta(self.engine.theta)
 
-        Returns (expected group size, alone: no other live peer at all, behind: some peer is at a
-        later round)."""
-        deadline = time.monotonic() + self.spec.swarm.round_wait
-        last = self.totals.history[-1] if self.totals.history else None
-        # last round's groupmates still finishing it (evaluating, checkpointing) will train this
-        # round with us: without waiting for them the group would close before they arrive
-        mates = set(last.group) - {self.peer_id} if last is not None and last.round == self.round else set()
-        while True:
-            view = self._view()
-            mine = [v for v in view if v.progress.round == self.round and v.peer_id != self.peer_id]
-            # in our first round, peers still "waiting" for the start quorum are about to train it too
-            busy = ("training", "waiting") if self.totals.rounds == 0 else ("training",)
-            training = [v for v in mine if v.progress.state in busy]
-            finishing = [
-                v for v in view
-                if v.peer_id in mates and v.progress.round == self.round - 1 and v.progress.state not in _NOT_IN_ROUNDS
-            ]
-            if not (training or finishing) or time.monotonic() > deadline or self.stop_event.is_set():
-                others = [v for v in view if v.peer_id != self.peer_id and v.progress.state not in _NOT_IN_ROUNDS]
-                ready = [v for v in mine if v.progress.state in ("ready", "exchanging")]
-                behind = any(v.progress.round > self.round for v in others)
-                return 1 + len(ready), not others, behind
-            time.sleep(0.25)
+    def _installed(self, nbytes: int) -> None:
+        self._load_theta()
+        self.totals.bytes_received += nbytes
 
-    def _view(self) -> List[PeerView]:
-        try:
-            views = read_progress(self.dht, self.spec.run_id)
-        except Exception as e:  # the DHT being slow must not stop training
-            logger.debug(f"could not read progress records: {e!r}")
-            return []
-        return [v for v in views if v.progress.spec == self.spec.digest()]
-
-    def _swarm_is_empty(self) -> bool:
-        return not [v for v in self._view() if v.peer_id != self.peer_id and v.progress.state not in _NOT_IN_ROUNDS]
-
-    # ---- state: checkpoint, download, sharing -----------------------------------------------------
-    def _load_theta_into_model(self) -> None:
-        with torch.no_grad():
-            for name, p in self.params.items():
-                p.copy_(self.theta[name].to(p.device, p.dtype))
-            if self.chain is not None and self.chain.U is not None:
-                # the lossless variant, chain-local: this round starts from θ with every output
-                # projection in span(U) (the embedding's drift from T is zero at a round's start)
-                T = self.theta["embed.weight"].to(self.device)
-                constrain_to_subspace_(self.model.named_parameters(), self.chain.U.to(self.device), T, exact=True)
-
-    def _shareable_state(self):
-        with self._lock:
-            meta = {"round": self.round, "spec": self.spec.digest(), "names": list(self.layout)}
-            shared = self.strategy.shared_state()
-            meta["shared"] = sorted(shared)
-            tensors = [self.theta[n].clone() for n in self.layout] + [shared[k].clone() for k in sorted(shared)]
-        return meta, tensors
-
-    def _enable_state_sharing(self) -> None:
-        # late joiners download from the most advanced peer, and never from one that left its group's consensus
-        self.gatherer.state_sharing_priority = float(2 * self.round + (1 if self.consistent else 0))
-        self.gatherer.allow_state_sharing = True
-
-    def _catch_up(self, even_at_same_round: bool = False) -> None:
-        """Download the current state if live peers are ahead of us (round 0 is the seed's, everywhere).
-
-        ``even_at_same_round``: this peer ended a round off its group's parameters and must take a
-        state of at least its own (new) round, even if no groupmate has published that round yet:
-        a groupmate still evaluating it serves an older state, which is refused and asked again."""
-        others = [v for v in self._view() if v.peer_id != self.peer_id and v.progress.state != "stopped"]
-        ahead = max((v.progress.round for v in others), default=-1)
-        if even_at_same_round:
-            if not others:
-                return
-            ahead = max(ahead, self.round)
-        elif ahead <= self.round:
-            return
-        min_round = ahead
-        previous, self.state = self.state, "syncing"
-        self._publish()
-        try:
-            for attempt in range(3):
-                logger.info(f"downloading the state of round {ahead} from a live peer")
-                got = self.gatherer.load_state(timeout=self.spec.swarm.gather_timeout)
-                if got is not None:
-                    try:
-                        self._install_state(*got, min_round=min_round)
-                        self.consistent = True
-                        self._enable_state_sharing()
-                        return
-                    except ProtocolError as e:
-                        logger.warning(f"rejected a downloaded state: {e}")
-                time.sleep(1.0 + attempt)
-            logger.warning("could not download the current state; continuing from our own")
-        finally:
-            self.state = previous
-            self._publish()
-
-    def _install_state(self, meta: Any, tensors: Sequence[torch.Tensor], min_round: int = 0) -> None:
-        if not isinstance(meta, dict) or meta.get("spec") != self.spec.digest():
-            raise ProtocolError("state is from another run spec")
-        names, shared_names = meta.get("names"), meta.get("shared")
-        if names != list(self.layout) or not isinstance(shared_names, list) or len(tensors) != len(names) + len(shared_names):
-            raise ProtocolError("state does not list this run's tensors")
-        round_no = meta.get("round")
-        if isinstance(round_no, bool) or not isinstance(round_no, int) or round_no < 0:
-            raise ProtocolError("state has no valid round")
-        if round_no < min_round:  # a peer that has not finished the round yet: try again
-            raise ProtocolError(f"state of round {round_no} is older than the swarm's round {min_round}")
-        theta = {}
-        for name, t in zip(names, tensors):
-            if tuple(t.shape) != tuple(self.layout[name]) or not torch.isfinite(t).all():
-                raise ProtocolError(f"state tensor {name} has a wrong shape or non-finite values")
-            theta[name] = t.to(torch.float32).clone()
-        shared = {k: t.to(torch.float32) for k, t in zip(shared_names, tensors[len(names) :])}
-        with self._lock:
-            try:
-                self.strategy.load_shared_state(shared)
-            except ValueError as e:
-                raise ProtocolError(str(e)) from None
-            self.theta = theta
-            self.round = round_no
-            self._load_theta_into_model()
-        self.totals.bytes_received += sum(t.numel() * t.element_size() for t in tensors)
-        logger.info(f"installed the state of round {round_no} (θ {params_hash(self.theta)})")
-
-    def _save_checkpoint(self) -> None:
-        directory = self.opts.checkpoint_dir
-        if directory is None:
-            return
-        opt_tensors, opt_rest = flatten_optimizer_state(self.trainer.optimizer.state_dict(), "optimizer.")
-        tensors = {f"theta.{n}": t for n, t in self.theta.items()}
-        tensors.update({f"shared.{k}": v for k, v in self.strategy.shared_state().items()})
-        tensors.update({f"local.{k}": v for k, v in self.strategy.local_state().items()})
-        tensors.update(opt_tensors)
-        meta = {
-            "round": self.round,
-            "spec": self.spec.digest(),
-            "inner_step": self.trainer.step_count,
-            "part": self.part,
-            "stream": self.stream.state_dict(),
-            "optimizer": opt_rest,
-            "tokens": self.totals.tokens,
-        }
-        save_checkpoint(directory, tensors, meta)
-
-    def _restore_checkpoint(self) -> bool:
-        directory = self.opts.checkpoint_dir
-        found = load_checkpoint(directory) if directory is not None else None
-        if found is None:
-            return False
-        tensors, meta = found
-        if meta.get("spec") != self.spec.digest():
-            logger.warning(f"checkpoint in {directory} is from another run spec; starting afresh")
-            return False
-        try:
-            theta = {n: tensors[f"theta.{n}"] for n in self.layout}
-            self.strategy.load_shared_state({k[7:]: v for k, v in tensors.items() if k.startswith("shared.")})
-            self.strategy.load_local_state({k[6:]: v for k, v in tensors.items() if k.startswith("local.")})
-            self.trainer.load_state_dict(
-                {"step": meta["inner_step"], "optimizer": unflatten_optimizer_state(tensors, meta["optimizer"], "optimizer.")}
-            )
-            self.stream.load_state_dict(meta["stream"])
-        except (KeyError, ValueError) as e:
-            logger.warning(f"checkpoint in {directory} does not fit this run ({e}); starting afresh")
-            return False
-        self.theta, self.round = theta, int(meta["round"])
-        self.totals.tokens = int(meta.get("tokens", 0))
-        logger.info(f"resumed from the checkpoint of round {self.round} in {directory}")
-        return True
+    def _set_state(self, state: str) -> str:
+        previous, self.state = self.state, state
+        self.membership.publish()
+        return previous
 
     # ---- reporting ------------------------------------------------------------------------------
     def _evaluate(self) -> float:
-        if self.chain is not None:
-            return float("nan")  # one stage cannot run the whole model: full replicas report the loss
-        return evaluate(self.model, self.val, self.device)
+        return self.role.evaluate(self.val)
 
     def _progress(self) -> Progress:
+        engine = self.engine
         return Progress(
             round=self.round,
             step=self.step,
@@ -621,36 +369,20 @@ class Peer:
             tokens_per_s=float(self.tokens_per_s),
             bytes_sent=self.totals.bytes_sent,
             bytes_received=self.totals.bytes_received,
-            params_hash=params_hash(self.theta) if self.theta and self.state != "training" else "",
-            part=self.part if isinstance(self.part, int) else FULL,  # a chain stage counts as a replica's share
+            params_hash=engine.params_hash() if engine is not None and self.state != "training" else "",
+            part=self.role.progress_part if self.role is not None else CHOOSING,
         )
 
-    def _publish(self) -> None:
-        try:
-            ttl = max(3 * self.spec.swarm.heartbeat_period, 10.0)  # a busy peer's heartbeat may be late
-            publish_progress(self.dht, self.spec.run_id, self.peer_id, self._progress(), ttl=ttl)
-        except Exception as e:
-            logger.debug(f"could not publish progress: {e!r}")
-
-    def _heartbeat_loop(self) -> None:
-        while not self.stop_event.wait(self.spec.swarm.heartbeat_period):
-            self._publish()
-            if self.chain is not None:
-                self.chain.publish()  # the coordinator keeps a chain only while its members report in
-
     def status(self) -> Dict[str, Any]:
+        role = self.role
         return {
             "peer_id": self.peer_id,
             "run_id": self.spec.run_id,
             "spec": self.spec.digest(),
             "strategy": self.spec.outer.strategy,
-            "part": list(self.part) if isinstance(self.part, tuple) else self.part,
-            "chain": self.chain.assignment.chain.chain_id if self.chain is not None and self.chain.assignment else None,
-            "link_bytes_sent": self.chain.bytes_sent if self.chain is not None else 0,
-            "link_bytes_received": self.chain.bytes_received if self.chain is not None else 0,
-            "link_tokens": self.chain.tokens if self.chain is not None else 0,
-            "trainable_params": self.trainable,
-            "optimizer_state_bytes": optimizer_state_bytes(self.trainer.optimizer),
+            **role.status(),
+            "trainable_params": role.trainable,
+            "optimizer_state_bytes": optimizer_state_bytes(role.trainer.optimizer),
             "state": self.state,
             "round": self.round,
             "initial_val_loss": self.initial_val_loss,
@@ -659,21 +391,13 @@ class Peer:
             "rounds": self.totals.rounds,
             "bytes_sent": self.totals.bytes_sent,
             "bytes_received": self.totals.bytes_received,
-            "params_hash": params_hash(self.theta),
+            "params_hash": self.engine.params_hash(),
             "history": [r.__dict__ for r in self.totals.history],
         }
 
-    def _write_status(self) -> None:
-        path = self.opts.status_file
-        if path is None:
-            return
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.status()))
-        os.replace(tmp, path)
-
     def shutdown(self) -> None:
         self.stop_event.set()
-        for closer in (self.chain, getattr(self, "gatherer", None), getattr(self, "dht", None)):
+        for closer in (self._chain, getattr(self, "gatherer", None), getattr(self, "dht", None)):
             if closer is not None:
                 try:
                     closer.shutdown()

@@ -1,24 +1,24 @@
 """R replicas of the real round logic in one process, for benchmarks and tests.
 
-``simulate`` runs, round after round, exactly what ``peer/runtime.py`` does per peer, minus the
-network: every replica has its own model copy, ``InnerTrainer`` (AdamW state), ``TrainStream``
-(shard ``f"replica{i}"``) and its own ``OuterStrategy`` object, hence its own error-feedback or
-DCT-momentum buffer. One round:
+``simulate`` runs, round after round, what every live full peer runs, minus the network: each
+replica is a ``FullReplica`` role (peer/roles.py: its own model copy, ``InnerTrainer`` with its
+AdamW state, ``TrainStream`` on shard ``f"replica{i}"``) with its own ``RoundEngine``
+(peer/round_engine.py: its own θ and strategy object, hence its own error-feedback or DCT-momentum
+buffer). These are the objects a live peer (peer/runtime.py) uses, so the simulation computes what
+the swarm computes by construction. One round:
 
 1. every replica loads its θ into its model and trains H inner steps;
-2. ``Δ = pseudo_gradient(θ, params)``; ``payload, pending = strategy.encode(Δ, round)``: the real
-   bytes a peer would put on the wire;
-3. every replica decodes ALL payloads in ``canonical_order`` with its ``strategy.decode``,
-   aggregates them with ``strategy.aggregate`` and applies the outer step to its own θ with
-   ``strategy.apply`` (so DiLoCo's outer momentum, the strategy's shared state, is updated by each
-   replica from the same aggregate, as on real peers), then ``strategy.settle(pending, True)``.
+2. ``engine.encode``: the real bytes a peer would put on the wire;
+3. every replica's engine decodes ALL payloads in the canonical order and concludes the round:
+   aggregate, outer step on its own θ (DiLoCo's outer momentum, the strategy's shared state, is
+   updated by each replica from the same aggregate, as on real peers), settle its buffers.
 
-Every replica keeps its own θ and its own strategy object; after each round the θ of every replica
-is checked bit-identical to replica 0's (``torch.equal``, cheap). Decoding every payload once per
-replica costs R² decodes; for the first ``verify_rounds`` rounds each replica really decodes the
-bytes itself (and the decoded tensors are checked identical), afterwards the tensors replica 0
-decoded are handed to the other replicas (decoding is a pure function of the bytes, as the
-codecs guarantee and the first rounds check). Aggregate, apply and settle always run per replica.
+After each round the θ of every replica is checked bit-identical to replica 0's (``torch.equal``,
+cheap). Decoding every payload once per replica costs R² decodes; for the first ``verify_rounds``
+rounds each replica really decodes the bytes itself (and the decoded tensors are checked
+identical), afterwards the tensors replica 0 decoded are handed to the other replicas (decoding is
+a pure function of the bytes, as the codecs guarantee and the first rounds check). Aggregate,
+apply and settle always run per replica.
 
 Byte accounting follows the real exchange (``peer/exchange.py``, an all-gather): each member
 serves its payload to the other R−1 members and fetches their R−1 payloads, so per round
@@ -42,8 +42,9 @@ import torch
 from peer.data import Corpus, TrainStream, load_corpus, val_batches
 from peer.inner import InnerTrainer, evaluate
 from peer.model import build_model
-from peer.state import params_hash
-from peer.strategies import OuterStrategy, Tensors, canonical_order, make_strategy, pseudo_gradient
+from peer.roles import FullReplica
+from peer.round_engine import RoundEngine
+from peer.strategies import Tensors
 from protocol.spec import RunSpec
 
 __all__ = [
@@ -195,17 +196,11 @@ class SingleResult:
 @dataclass
 class _Replica:
     sender: str
-    model: torch.nn.Module
-    params: Dict[str, torch.nn.Parameter]
-    theta: Tensors
-    trainer: InnerTrainer
-    stream: TrainStream
-    strategy: OuterStrategy
+    role: FullReplica  # the model, its inner trainer and batch stream, as on a live full peer
+    engine: RoundEngine  # its own θ and strategy object (error-feedback / momentum buffers)
 
     def load_theta(self) -> None:
-        with torch.no_grad():
-            for name, p in self.params.items():
-                p.copy_(self.theta[name].to(p.device, p.dtype))
+        self.role.load_theta(self.engine.theta)
 
 
 def _shards(seed_shards: Union[str, Sequence[str]], replicas: int) -> List[str]:
@@ -244,7 +239,6 @@ def simulate(
         raise ValueError("replicas must be >= 1 and rounds >= 0")
     corpus = corpus if corpus is not None else load_corpus(spec.data.corpus, spec.data.val_fraction)
     H = spec.outer.inner_steps
-    layout = spec.model.param_shapes()
     shards = _shards(seed_shards, replicas)
     t0 = time.monotonic()
 
@@ -253,20 +247,9 @@ def simulate(
         model = build_model(spec.model, spec.seed)
         if init_theta is not None:
             _load_params(model, init_theta)
-        model = model.to(device)
-        params = dict(model.named_parameters())
-        theta = {n: p.detach().to("cpu", torch.float32).clone() for n, p in params.items()}
-        reps.append(
-            _Replica(
-                sender=shard,
-                model=model,
-                params=params,
-                theta=theta,
-                trainer=InnerTrainer(model, spec.inner, device),
-                stream=TrainStream(corpus, spec.model.seq_len, spec.data.batch_size, spec.seed, shard=shard),
-                strategy=make_strategy(spec, layout),
-            )
-        )
+        role = FullReplica(spec, model, torch.device(device), corpus, peer_id=shard)
+        theta = {n: p.detach().to("cpu", torch.float32).clone() for n, p in role.params.items()}
+        reps.append(_Replica(sender=shard, role=role, engine=RoundEngine(role.strategy, theta)))
     val = val_batches(corpus, spec.model.seq_len, spec.data.batch_size, spec.data.val_batches)
     result = SimResult(
         strategy=spec.outer.strategy,
@@ -274,7 +257,7 @@ def simulate(
         rounds=rounds,
         inner_steps=H,
         num_params=spec.model.num_params(),
-        initial_val_loss=evaluate(reps[0].model, val, device),
+        initial_val_loss=reps[0].role.evaluate(val),
         aggregate=spec.outer.sparseloco.aggregate if spec.outer.strategy == "sparseloco" else "mean",
     )
     tokens = 0
@@ -287,36 +270,35 @@ def simulate(
         for rep in reps:
             rep.load_theta()
             for _ in range(H):
-                x, y = rep.stream.next_batch()
-                losses.append(rep.trainer.step(x, y))
+                x, y = rep.role.stream.next_batch()
+                losses.append(rep.role.inner_step(x, y))
                 tokens += x.numel()
-            delta = pseudo_gradient(rep.theta, rep.params)
-            payloads[rep.sender], pendings[rep.sender] = rep.strategy.encode(delta, round_no)
+            payloads[rep.sender], pendings[rep.sender] = rep.engine.encode(rep.engine.theta, rep.role.params)
         # 3. every member decodes the round's payloads in canonical order, aggregates, applies
-        order = canonical_order(payloads)
         verify = round_no < verify_rounds
         shared_decoded: Optional[List[Tensors]] = None
         for rep in reps:
             if verify or shared_decoded is None:
-                decoded = [rep.strategy.decode(payloads[s], round_no) for s in order]
+                decoded, invalid = rep.engine.decode(payloads)
+                if invalid:
+                    raise AssertionError(f"round {round_no}: replica {rep.sender} rejected payloads: {invalid}")
                 if shared_decoded is None:
                     shared_decoded = decoded
                 else:
                     _assert_same(shared_decoded, decoded, f"round {round_no}: replica {rep.sender} decoded differently")
             else:
                 decoded = shared_decoded
-            rep.strategy.apply(rep.theta, rep.strategy.aggregate(decoded))
-            rep.strategy.settle(pendings[rep.sender], delivered=True)
+            rep.engine.conclude(decoded, pendings[rep.sender], delivered=True)
         if verify:
             result.verified_rounds += 1
         for rep in reps[1:]:
-            _assert_same([reps[0].theta], [rep.theta], f"round {round_no}: θ of {rep.sender} differs from {reps[0].sender}")
+            _assert_same([reps[0].engine.theta], [rep.engine.theta], f"round {round_no}: θ of {rep.sender} differs from {reps[0].sender}")
         # 4. evaluate θ (runtime: load θ into the model, then evaluate)
         last = round_no == rounds - 1
         val_loss = None
         if last or (eval_every > 0 and (round_no + 1) % eval_every == 0):
             reps[0].load_theta()
-            val_loss = evaluate(reps[0].model, val, device)
+            val_loss = reps[0].role.evaluate(val)
         stats = RoundStats(
             round=round_no + 1,
             tokens=tokens,
@@ -324,14 +306,14 @@ def simulate(
             val_loss=val_loss,
             payload_bytes=[len(payloads[r.sender]) for r in reps],
             seconds=time.monotonic() - t_round,
-            params_hash=params_hash(reps[0].theta),
+            params_hash=reps[0].engine.params_hash(),
         )
         result.history.append(stats)
         if on_round is not None:
             on_round(stats)
     result.wall_s = time.monotonic() - t0
     if keep_theta:
-        result.theta = {n: t.clone() for n, t in reps[0].theta.items()}
+        result.theta = {n: t.clone() for n, t in reps[0].engine.theta.items()}
     return result
 
 

@@ -4,8 +4,8 @@ two peers flip-flopping between two parameter sets, each refusing the other's ol
 
 from types import SimpleNamespace
 
-from peer import runtime
-from peer.runtime import Peer
+from peer import state_sync
+from peer.state_sync import StateSync
 from protocol.errors import ProtocolError
 
 
@@ -22,45 +22,53 @@ class Gatherer:
 
 
 def make_peer(own_round, others_round, served_rounds):
-    peer = object.__new__(Peer)
-    peer.peer_id, peer.round, peer.state, peer.consistent = "me", own_round, "exchanging", False
-    peer.spec = SimpleNamespace(swarm=SimpleNamespace(gather_timeout=1.0))
-    peer.gatherer = Gatherer(served_rounds)
-    peer.installed = []
+    """A StateSync of a peer at ``own_round`` whose one groupmate shows ``others_round``."""
     view = SimpleNamespace(peer_id="mate", progress=SimpleNamespace(round=others_round, state="exchanging"))
-    peer._view = lambda: [view]
-    peer._publish = peer._enable_state_sharing = lambda: None
+    shown = {"state": "exchanging"}
+
+    def set_state(state):
+        previous, shown["state"] = shown["state"], state
+        return previous
+
+    peer = object.__new__(StateSync)
+    peer.spec = SimpleNamespace(swarm=SimpleNamespace(gather_timeout=1.0))
+    peer.engine = SimpleNamespace(round=own_round)
+    peer.gatherer = Gatherer(served_rounds)
+    peer.membership = SimpleNamespace(others=lambda excluding=(): [view])
+    peer.peer_id, peer.consistent = "me", False
+    peer._set_state, peer.enable_sharing = set_state, lambda: None
+    peer.installed, peer.shown = [], shown
 
     def install(meta, tensors, min_round=0):
         if meta["round"] < min_round:
             raise ProtocolError(f"state of round {meta['round']} is older than the swarm's round {min_round}")
         peer.installed.append(meta["round"])
 
-    peer._install_state = install
+    peer.install = install
     return peer
 
 
 def test_resync_waits_for_the_groupmate_to_publish_the_round(monkeypatch):
-    monkeypatch.setattr(runtime.time, "sleep", lambda s: None)
+    monkeypatch.setattr(state_sync.time, "sleep", lambda s: None)
     # we finished round 2 -> 3; the groupmate still shows round 2 and first serves its round-2 state
     peer = make_peer(own_round=3, others_round=2, served_rounds=[2, 3])
-    peer._catch_up(even_at_same_round=True)
+    peer.catch_up(even_at_same_round=True)
     assert peer.installed == [3] and peer.consistent and peer.gatherer.calls == 2
-    assert peer.state == "exchanging"  # restored after syncing
+    assert peer.shown["state"] == "exchanging"  # restored after syncing
 
 
 def test_resync_gives_up_cleanly_when_nobody_serves_the_round(monkeypatch):
-    monkeypatch.setattr(runtime.time, "sleep", lambda s: None)
+    monkeypatch.setattr(state_sync.time, "sleep", lambda s: None)
     peer = make_peer(own_round=3, others_round=2, served_rounds=[2, 2, 2])
-    peer._catch_up(even_at_same_round=True)
+    peer.catch_up(even_at_same_round=True)
     assert peer.installed == [] and not peer.consistent and peer.gatherer.calls == 3
 
 
 def test_ordinary_catch_up_only_downloads_from_peers_ahead(monkeypatch):
-    monkeypatch.setattr(runtime.time, "sleep", lambda s: None)
+    monkeypatch.setattr(state_sync.time, "sleep", lambda s: None)
     peer = make_peer(own_round=3, others_round=3, served_rounds=[3])
-    peer._catch_up()
+    peer.catch_up()
     assert peer.gatherer.calls == 0
     peer = make_peer(own_round=3, others_round=5, served_rounds=[5])
-    peer._catch_up()
+    peer.catch_up()
     assert peer.installed == [5]

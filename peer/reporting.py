@@ -1,0 +1,63 @@
+"""What a peer tells people: one log line a round, its status as JSON, its running totals."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from swarm.console import human_bytes
+
+logger = logging.getLogger("voloco.peer")
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    params_hash: str
+    group: List[str]
+    contributors: int
+    excluded: Dict[str, str]
+    bytes_sent: int
+    bytes_received: int
+    loss: float
+    val_loss: float
+    seconds: float
+    resynced: bool = False  # it started off the group's parameters and downloaded them after the round
+
+
+@dataclass
+class Totals:
+    tokens: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    rounds: int = 0
+    history: List[RoundRecord] = field(default_factory=list)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(t.numel() * t.element_size() for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t))
+
+
+def log_round(record: RoundRecord, tokens_per_s: float) -> None:
+    excluded = f" ({len(record.excluded)} excluded)" if record.excluded else ""
+    logger.info(
+        f"round {record.round} done | group {len(record.group)}{excluded} "
+        f"| loss {record.loss:.3f} | val {record.val_loss:.3f} | {tokens_per_s / 1e3:.1f}k tok/s "
+        f"| sent {human_bytes(record.bytes_sent)} recv {human_bytes(record.bytes_received)} "
+        f"| {record.seconds:.1f} s | θ {record.params_hash}"
+    )
+
+
+def write_status(path: Optional[Path], status: Dict[str, Any]) -> None:
+    """The status as JSON in ``path``, replaced atomically (readers never see half a file)."""
+    if path is None:
+        return
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(status))
+    os.replace(tmp, path)
