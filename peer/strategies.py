@@ -222,11 +222,15 @@ def pseudo_gradient(
 
 
 def _load_into(dst: Tensors, state: Mapping[str, torch.Tensor], prefix: str) -> None:
+    """Copy ``state`` into ``dst``, all or nothing: every tensor is checked before any is copied."""
     for name, t in dst.items():
         src = state.get(prefix + name)
-        if src is None or tuple(src.shape) != tuple(t.shape):
+        if src is None or not torch.is_tensor(src) or tuple(src.shape) != tuple(t.shape):
             raise ValueError(f"state has no tensor {prefix + name} of shape {tuple(t.shape)}")
-        t.copy_(src)
+        if not torch.isfinite(src).all():
+            raise ValueError(f"state tensor {prefix + name} has non-finite values")
+    for name, t in dst.items():
+        t.copy_(state[prefix + name])
 
 
 def canonical_order(payloads: Mapping[str, bytes]) -> List[str]:
