@@ -21,10 +21,10 @@ from typing import Any, Dict, List
 
 import torch
 
-from coordinator.demo import Child, coordinator_argv, peer_argv, read_status, wait_for_address
 from peer.data import load_corpus
 from peer.simulate import simulate
 from protocol.spec import RunSpec
+from voloco.demo import Child, coordinator_argv, peer_argv, read_status, wait_for_address
 
 BENCH_SWARM = {"matchmaking_time": 2.0, "round_wait": 60.0, "gather_timeout": 30.0, "heartbeat_period": 0.5}
 

@@ -1,1 +1,1 @@
-"""The coordinator: bootstrap DHT node, run publisher, progress watcher, and the demo."""
+"""The coordinator: bootstrap DHT node, run publisher, chain former, progress watcher (``python -m coordinator``)."""

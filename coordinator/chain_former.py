@@ -13,9 +13,9 @@ import logging
 import time
 from typing import Dict, List
 
-from peer.swarm import publish_assignment, read_assignments, read_candidates
 from protocol.chains import ChainAssignment, form_chains
 from protocol.spec import RunSpec
+from swarm.records import publish_assignment, read_assignments, read_candidates
 
 logger = logging.getLogger("voloco.coordinator")
 

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import List, Optional
 
 from coordinator.chain_former import ChainFormer
-from peer.progress import human_bytes
-from peer.swarm import UsageError, publish_run, read_progress, start_dht
 from protocol.errors import SpecError
 from protocol.spec import RunSpec
+from swarm.console import UsageError, human_bytes
+from swarm.dht import start_dht
+from swarm.records import publish_run, read_progress
 
 logger = logging.getLogger("voloco.coordinator")
 

@@ -1,8 +1,4 @@
-"""``voloco``: the one command of the product.
-
-    voloco coordinator [--config run.toml]   start a run: first DHT node, publish the spec
-    voloco peer --join MULTIADDR             join a run and train
-    voloco demo [--peers N] [--minutes M]    a coordinator and N peers on this machine
+"""The peer's command line: ``python -m peer --join MULTIADDR`` alone, or ``voloco peer`` (voloco/cli.py).
 
 Bad input exits with code 2 and one line on stderr that says what to fix.
 """
@@ -10,58 +6,15 @@ Bad input exits with code 2 and one line on stderr that says what to fix.
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import sys
 from pathlib import Path
 from typing import List, Optional
 
-from peer.swarm import UsageError
+from swarm.console import UsageError, standalone_main
 
-EXIT_USAGE = 2
-
-
-def setup_logging(level: str = "info") -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
-    # hivemind is chatty at INFO (matchmaking retries, daemon start-up); keep its warnings
-    hm_level = logging.DEBUG if level == "debug" else logging.ERROR
-    for name in ("hivemind",):
-        logging.getLogger(name).setLevel(hm_level)
-    os.environ.setdefault("GOLOG_LOG_LEVEL", "error")
+HELP = "join a run by its DHT address and train"
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity (default: info)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="voloco",
-        description="Train a language model together with volunteers over the internet.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Run `voloco COMMAND --help` for the flags of each command.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    c = sub.add_parser("coordinator", help="start a run: first DHT node, publishes the run spec, prints the join command")
-    c.add_argument("--config", type=Path, help="run spec as TOML (see README; omitted fields take their defaults)")
-    c.add_argument("--run-id", help="override the run id of the spec (a-z, 0-9, '_', '-')")
-    c.add_argument("--strategy", choices=["diloco", "sparseloco", "dct"], help="override outer.strategy of the spec")
-    c.add_argument(
-        "--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/31337"],
-        help="multiaddrs to listen on (default: /ip4/0.0.0.0/tcp/31337; use tcp/0 for a free port)",
-    )
-    c.add_argument("--announce-maddrs", nargs="+", default=[], help="public multiaddrs to advertise (behind NAT or in Docker)")
-    c.add_argument("--identity", type=Path, help="private key file: a stable peer id across restarts (created if missing)")
-    c.add_argument("--address-file", type=Path, help="also write the join multiaddrs to this file, one per line")
-    _add_common(c)
-
-    p = sub.add_parser("peer", help="join a run by its DHT address and train")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--join", nargs="+", required=True, metavar="MULTIADDR", help="DHT address(es) printed by the coordinator or any peer")
     p.add_argument("--run", dest="run_id", help="run id to join when the DHT announces several runs")
     p.add_argument("--data", help="a text file or a directory of text files to train on (default: the run spec's corpus)")
@@ -86,53 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bandwidth-mbps", type=float, help="this peer's link speed in Mbit/s, used to place it in a chain (default: 100)")
     p.add_argument("--stage-host", default="127.0.0.1", help="address where chain neighbours reach this peer's stage listener (default: 127.0.0.1)")
     p.add_argument("--stage-port", type=int, default=0, help="TCP port of the stage listener (default: any free port)")
-    _add_common(p)
-
-    d = sub.add_parser("demo", help="a coordinator and N peers as processes on this machine, then a summary")
-    d.add_argument("--peers", type=int, default=3, help="number of peers (default: 3)")
-    d.add_argument("--minutes", type=float, default=3.5, help="training time before the peers are stopped (default: 3.5)")
-    d.add_argument(
-        "--chain-peers", type=int, default=2,
-        help="extra low-memory peers (too small for a full replica) that the coordinator groups into a pipeline chain (default: 2; 0: none)",
-    )
-    d.add_argument("--strategy", choices=["diloco", "sparseloco", "dct"], help="outer strategy (default: the spec's, sparseloco)")
-    d.add_argument("--config", type=Path, help="run spec as TOML (default: the built-in demo spec)")
-    d.add_argument("--json", type=Path, help="also write the summary as JSON to this file")
-    d.add_argument("--workdir", type=Path, help="where logs, checkpoints and status files go (default: a temporary directory)")
-    _add_common(d)
-    return parser
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return EXIT_USAGE
-    setup_logging(args.log_level)
-    try:
-        if args.command == "peer":
-            return run_peer(args)
-        if args.command == "coordinator":
-            from coordinator.server import run_coordinator
-
-            return run_coordinator(args)
-        if args.command == "demo":
-            from coordinator.demo import run_demo
-
-            return run_demo(args)
-    except UsageError as e:
-        print(f"voloco {args.command}: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
-    return 0
 
 
 def run_peer(args: argparse.Namespace) -> int:
     from peer.data import DataError
     from peer.runtime import Peer, PeerOptions
-    from peer.swarm import parse_multiaddrs
+    from swarm.dht import parse_multiaddrs
 
     join = parse_multiaddrs(args.join)
     if args.data is not None:
@@ -208,5 +120,5 @@ def _check_device(device: str) -> None:
         raise UsageError(f"--device {device!r}: only cpu and cuda are supported")
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def main(argv: Optional[List[str]] = None) -> int:
+    return standalone_main("python -m peer", HELP, add_arguments, run_peer, argv)

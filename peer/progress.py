@@ -1,17 +1,9 @@
-"""Human-facing output: a live progress bar on a terminal, plain log lines elsewhere."""
+"""The peer's live progress bar on a terminal (plain log lines elsewhere); byte counts: ``swarm.console.human_bytes``."""
 
 from __future__ import annotations
 
 import sys
 import time
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
 
 
 class ProgressBar:

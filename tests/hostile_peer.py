@@ -25,11 +25,12 @@ from hivemind.p2p import P2PContext
 from hivemind.proto import averaging_pb2, runtime_pb2
 
 from peer import exchange
-from peer.swarm import fetch_spec, parse_multiaddrs, publish_progress, read_progress, start_dht
 from protocol.codecs import make_codec
 from protocol.keys import averager_prefix
 from protocol.payload import encode_payload
 from protocol.records import Progress
+from swarm.dht import parse_multiaddrs, start_dht
+from swarm.records import fetch_spec, publish_progress, read_progress
 
 log = logging.getLogger("hostile")
 

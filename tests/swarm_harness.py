@@ -44,7 +44,7 @@ heartbeat_period = 0.5
 
 
 def voloco(*args: str) -> List[str]:
-    return [sys.executable, "-m", "peer.cli", *args]
+    return [sys.executable, "-m", "voloco", *args]
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -1,7 +1,8 @@
 """``voloco demo``: a coordinator and N peers as separate processes on loopback, then a summary.
 
 Every child runs in its own process group, so stopping the demo (or Ctrl+C) takes down each
-child's DHT process and p2pd daemon with it: nothing is left running.
+child's DHT process and p2pd daemon with it: nothing is left running. The children are
+``python -m voloco coordinator`` and ``python -m voloco peer``: what a person would run.
 """
 
 from __future__ import annotations
@@ -18,12 +19,25 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from coordinator.server import load_spec
 from protocol.capacity import replica_bytes
-from peer.progress import human_bytes
-from peer.swarm import UsageError
+from swarm.console import UsageError, human_bytes
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+HELP = "a coordinator and N peers as processes on this machine, then a summary"
+
+
+def add_arguments(d: argparse.ArgumentParser) -> None:
+    d.add_argument("--peers", type=int, default=3, help="number of peers (default: 3)")
+    d.add_argument("--minutes", type=float, default=3.5, help="training time before the peers are stopped (default: 3.5)")
+    d.add_argument(
+        "--chain-peers", type=int, default=2,
+        help="extra low-memory peers (too small for a full replica) that the coordinator groups into a pipeline chain (default: 2; 0: none)",
+    )
+    d.add_argument("--strategy", choices=["diloco", "sparseloco", "dct"], help="outer strategy (default: the spec's, sparseloco)")
+    d.add_argument("--config", type=Path, help="run spec as TOML (default: the built-in demo spec)")
+    d.add_argument("--json", type=Path, help="also write the summary as JSON to this file")
+    d.add_argument("--workdir", type=Path, help="where logs, checkpoints and status files go (default: a temporary directory)")
 
 
 class Child:
@@ -58,7 +72,7 @@ def peer_argv(join: str, workdir: Path, index: int, threads: int = 1, memory_gb:
     d.mkdir(parents=True, exist_ok=True)
     extra = ["--max-memory-gb", f"{memory_gb:.6f}"] if memory_gb is not None else []
     return [
-        sys.executable, "-m", "peer.cli", "peer", "--join", join,
+        sys.executable, "-m", "voloco", "peer", "--join", join,
         "--host-maddrs", LOOPBACK,
         "--status-file", str(d / "status.json"),
         "--checkpoint-dir", str(d / "checkpoint"),
@@ -68,7 +82,7 @@ def peer_argv(join: str, workdir: Path, index: int, threads: int = 1, memory_gb:
 
 
 def coordinator_argv(workdir: Path, config: Optional[Path], strategy: Optional[str]) -> List[str]:
-    argv = [sys.executable, "-m", "peer.cli", "coordinator", "--host-maddrs", LOOPBACK,
+    argv = [sys.executable, "-m", "voloco", "coordinator", "--host-maddrs", LOOPBACK,
             "--address-file", str(workdir / "coordinator.addr")]
     if config is not None:
         argv += ["--config", str(config)]
@@ -164,6 +178,8 @@ def print_summary(summary: Dict[str, Any]) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    from coordinator.server import load_spec  # hivemind and torch: not for `voloco --help`
+
     if args.peers < 1:
         raise UsageError("--peers must be at least 1")
     if not args.minutes > 0:

@@ -1,0 +1,34 @@
+"""The coordinator's command line: ``python -m coordinator`` alone, or ``voloco coordinator`` (voloco/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import List, Optional
+
+from swarm.console import standalone_main
+
+HELP = "start a run: first DHT node, publishes the run spec, prints the join command"
+
+
+def add_arguments(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--config", type=Path, help="run spec as TOML (see README; omitted fields take their defaults)")
+    c.add_argument("--run-id", help="override the run id of the spec (a-z, 0-9, '_', '-')")
+    c.add_argument("--strategy", choices=["diloco", "sparseloco", "dct"], help="override outer.strategy of the spec")
+    c.add_argument(
+        "--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/31337"],
+        help="multiaddrs to listen on (default: /ip4/0.0.0.0/tcp/31337; use tcp/0 for a free port)",
+    )
+    c.add_argument("--announce-maddrs", nargs="+", default=[], help="public multiaddrs to advertise (behind NAT or in Docker)")
+    c.add_argument("--identity", type=Path, help="private key file: a stable peer id across restarts (created if missing)")
+    c.add_argument("--address-file", type=Path, help="also write the join multiaddrs to this file, one per line")
+
+
+def run(args: argparse.Namespace) -> int:
+    from coordinator.server import run_coordinator  # hivemind: only once a coordinator really starts
+
+    return run_coordinator(args)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return standalone_main("python -m coordinator", HELP, add_arguments, run, argv)

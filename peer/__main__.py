@@ -1,0 +1,7 @@
+"""``python -m peer --join MULTIADDR``: start a peer alone (``voloco peer`` is the same)."""
+
+import sys
+
+from peer.cli import main
+
+sys.exit(main())

@@ -1,0 +1,71 @@
+"""Console plumbing shared by every command: bad input as one line and exit code 2, logging, byte counts."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Callable, List, Optional
+
+EXIT_USAGE = 2
+
+Command = Callable[[argparse.Namespace], int]
+
+
+class UsageError(Exception):
+    """Bad input from the person running voloco: printed as one line, exit code 2."""
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def setup_logging(level: str = "info") -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    # hivemind is chatty at INFO (matchmaking retries, daemon start-up); keep its warnings
+    hm_level = logging.DEBUG if level == "debug" else logging.ERROR
+    for name in ("hivemind",):
+        logging.getLogger(name).setLevel(hm_level)
+    os.environ.setdefault("GOLOG_LOG_LEVEL", "error")
+
+
+def add_log_level(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity (default: info)"
+    )
+
+
+def run_command(prog: str, command: Command, args: argparse.Namespace) -> int:
+    """Run one command: UsageError becomes ``PROG: error: ...`` on stderr and exit code 2; Ctrl+C, 130."""
+    setup_logging(args.log_level)
+    try:
+        return command(args)
+    except UsageError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+def standalone_main(
+    prog: str,
+    summary: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    command: Command,
+    argv: Optional[List[str]] = None,
+) -> int:
+    """``python -m peer`` / ``python -m coordinator``: one command's parser, without subcommands."""
+    parser = argparse.ArgumentParser(prog=prog, description=summary[0].upper() + summary[1:] + ".")
+    add_arguments(parser)
+    add_log_level(parser)
+    return run_command(prog, command, parser.parse_args(argv))

@@ -1,0 +1,7 @@
+"""``python -m voloco``: the same as the ``voloco`` command."""
+
+import sys
+
+from voloco.cli import main
+
+sys.exit(main())

@@ -1,0 +1,50 @@
+"""``voloco``: the one command of the product.
+
+    voloco coordinator [--config run.toml]   start a run: first DHT node, publish the spec
+    voloco peer --join MULTIADDR             join a run and train
+    voloco demo [--peers N] [--minutes M]    a coordinator and N peers on this machine
+
+Each command's flags and code live in its own layer (``coordinator.cli``, ``peer.cli``,
+``voloco.demo``); this module only composes them. Bad input exits with code 2 and one line on
+stderr that says what to fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import List, Optional
+
+import coordinator.cli
+import peer.cli
+from swarm.console import EXIT_USAGE, add_log_level, run_command
+from voloco import demo
+
+COMMANDS = {  # name: (one-line help, add_arguments, run)
+    "coordinator": (coordinator.cli.HELP, coordinator.cli.add_arguments, coordinator.cli.run),
+    "peer": (peer.cli.HELP, peer.cli.add_arguments, peer.cli.run_peer),
+    "demo": (demo.HELP, demo.add_arguments, demo.run_demo),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="voloco",
+        description="Train a language model together with volunteers over the internet.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run `voloco COMMAND --help` for the flags of each command.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (summary, add_arguments, _) in COMMANDS.items():
+        p = sub.add_parser(name, help=summary)
+        add_arguments(p)
+        add_log_level(p)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    return run_command(f"voloco {args.command}", COMMANDS[args.command][2], args)
