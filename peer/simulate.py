@@ -35,16 +35,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
 
 from peer.data import Corpus, TrainStream, load_corpus, val_batches
 from peer.inner import InnerTrainer, evaluate
 from peer.model import build_model
-from peer.roles import FullReplica
+from peer.roles import FullReplica, SliceOwner
 from peer.round_engine import RoundEngine
 from peer.strategies import Tensors
+from protocol.partial import FULL
 from protocol.spec import RunSpec
 
 __all__ = [
@@ -225,6 +226,8 @@ def simulate(
     keep_theta: bool = False,
     init_theta: Optional[Tensors] = None,
     on_round: Optional[Callable[[RoundStats], None]] = None,
+    parts: Optional[Sequence[int]] = None,
+    eval_rounds: Iterable[int] = (),
 ) -> SimResult:
     """Run ``rounds`` rounds of ``replicas`` replicas of the peer round loop in this process.
 
@@ -234,20 +237,28 @@ def simulate(
     ``verify_rounds``: rounds in which every replica decodes every payload itself (R² decodes).
     ``init_theta``: start from these parameters instead of the seed's (a shared warm start); the
     inner optimizers and the strategies' buffers still start fresh.
+    ``parts``: with partial updates (``spec.partial.slices`` > 1), the slice each replica owns
+    (a ``SliceOwner``; ``FULL``, the default, a ``FullReplica``). ``eval_rounds``: further rounds
+    after which θ is evaluated.
     """
     if replicas < 1 or rounds < 0:
         raise ValueError("replicas must be >= 1 and rounds >= 0")
     corpus = corpus if corpus is not None else load_corpus(spec.data.corpus, spec.data.val_fraction)
     H = spec.outer.inner_steps
     shards = _shards(seed_shards, replicas)
+    parts = list(parts) if parts is not None else [FULL] * replicas
+    if len(parts) != replicas:
+        raise ValueError(f"parts must name the part of each of the {replicas} replicas, got {parts}")
+    eval_rounds = set(eval_rounds)
     t0 = time.monotonic()
 
     reps: List[_Replica] = []
-    for shard in shards:
-        model = build_model(spec.model, spec.seed)
+    for shard, part in zip(shards, parts):
+        model = build_model(spec.model, spec.seed, spec.partial.slices, spec.partial.attn_slices)
         if init_theta is not None:
             _load_params(model, init_theta)
-        role = FullReplica(spec, model, torch.device(device), corpus, peer_id=shard)
+        dev = torch.device(device)
+        role = FullReplica(spec, model, dev, corpus, shard) if part == FULL else SliceOwner(spec, part, model, dev, corpus, shard)
         theta = {n: p.detach().to("cpu", torch.float32).clone() for n, p in role.params.items()}
         reps.append(_Replica(sender=shard, role=role, engine=RoundEngine(role.strategy, theta)))
     val = val_batches(corpus, spec.model.seq_len, spec.data.batch_size, spec.data.val_batches)
@@ -273,6 +284,8 @@ def simulate(
                 x, y = rep.role.stream.next_batch()
                 losses.append(rep.role.inner_step(x, y))
                 tokens += x.numel()
+            if round_no == 0:
+                _assert_frozen(rep)
             payloads[rep.sender], pendings[rep.sender] = rep.engine.encode(rep.engine.theta, rep.role.params)
         # 3. every member decodes the round's payloads in canonical order, aggregates, applies
         verify = round_no < verify_rounds
@@ -296,7 +309,7 @@ def simulate(
         # 4. evaluate θ (runtime: load θ into the model, then evaluate)
         last = round_no == rounds - 1
         val_loss = None
-        if last or (eval_every > 0 and (round_no + 1) % eval_every == 0):
+        if last or round_no + 1 in eval_rounds or (eval_every > 0 and (round_no + 1) % eval_every == 0):
             reps[0].load_theta()
             val_loss = reps[0].role.evaluate(val)
         stats = RoundStats(
@@ -321,6 +334,13 @@ def _load_params(model: torch.nn.Module, theta: Tensors) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(theta[name].to(p.dtype))
+
+
+def _assert_frozen(rep: _Replica) -> None:
+    """Frozen means frozen: weight decay and Adam never touch the tensors a replica does not own."""
+    for name, p in rep.role.params.items():
+        if name not in rep.engine.strategy.layout and not torch.equal(p.detach().to("cpu", torch.float32), rep.engine.theta[name]):
+            raise AssertionError(f"{rep.sender}: frozen tensor {name} changed")
 
 
 def _assert_same(a: Sequence[Tensors], b: Sequence[Tensors], what: str) -> None:
