@@ -27,13 +27,9 @@ where SparseLoCo's all-gather would cross the dense ring all-reduce.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -44,6 +40,8 @@ import torch  # noqa: E402
 from peer.data import load_corpus  # noqa: E402
 from peer.simulate import allgather_bytes_per_round, allreduce_bytes_per_step, simulate, train_single  # noqa: E402
 from peer.strategies import make_strategy  # noqa: E402
+from bench.common import human, machine, now, run_jobs, table  # noqa: E402
+from bench.common import warm_start as common_warm_start  # noqa: E402
 from bench.swarm_check import BENCH_SWARM, check_against_simulation, run_swarm  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
 
@@ -52,29 +50,19 @@ CONFIGS = {
     # the demo model's shape (0.87M parameters) on 64-byte sequences
     "full": dict(
         model=dict(d_model=128, n_layers=4, n_heads=4, ffn_hidden=352, seq_len=64),
-        batch_size=16,
-        inner_steps=30,
+        batch_size=16, inner_steps=30,
         steps=450,  # N: inner steps of each replica (15 rounds)
-        lr=2e-3,
-        warmup=30,
+        lr=2e-3, warmup=30,
     ),
     # a tiny model for CI smoke tests (well under a minute)
     "quick": dict(
         model=dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176, seq_len=32),
-        batch_size=8,
-        inner_steps=20,
-        steps=100,
-        lr=3e-3,
-        warmup=10,
+        batch_size=8, inner_steps=20, steps=100, lr=3e-3, warmup=10,
     ),
     # the demo: RunSpec() defaults (0.87M, 16x128), 3 peers, ~400 inner steps each
     "demo": dict(
         model=dict(),
-        batch_size=16,
-        inner_steps=30,
-        steps=400,
-        lr=2e-3,
-        warmup=30,
+        batch_size=16, inner_steps=30, steps=400, lr=2e-3, warmup=30,
         total_steps=3000,  # the default cosine horizon, as in the demo
         replicas=3,
     ),
@@ -130,18 +118,6 @@ PAYLOAD_RATIO_SHAPES = {
 GROUPS = (2, 4, 8)
 
 
-def machine() -> str:
-    return f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__}"
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f}"
-
-
 def make_spec(cfg, outer: Dict[str, Any], inner: Dict[str, Any], steps: int) -> RunSpec:
     inner = {"lr": cfg["lr"], "warmup_steps": cfg["warmup"], "total_steps": cfg.get("total_steps", steps), **inner}
     return RunSpec(run_id="bench-compression", seed=0, model=ModelSpec(**cfg["model"])).replace(
@@ -189,24 +165,13 @@ def run_arm(job) -> Dict[str, Any]:
 
 
 def warm_start(cfg, steps: int, log=print):
-    """θ after ``steps`` single-process steps on a shard no arm trains on: the shared start of
-    every arm (DiLoCo's protocol). Its inner optimizer is not carried over."""
-    t = time.monotonic()
+    """θ after ``steps`` single-process steps on a shard no arm trains on (bench/common.py)."""
     spec = make_spec(cfg, {"strategy": "diloco"}, {"total_steps": max(steps, cfg["warmup"] + 1)}, steps)
-    ws = train_single(spec, steps, corpus=load_corpus("stdlib"), shard="warm-start", keep_theta=True)
-    log(f"  warm start: {steps} single-process steps shared by every arm, val {ws.final_val_loss:.4f} "
-        f"({time.monotonic() - t:.0f} s; not counted in the tokens below)", flush=True)
-    return ws.theta, ws.final_val_loss
+    return common_warm_start(spec, steps, log)
 
 
 def run_arms(cfg, arms, jobs: int, threads: int, init=None) -> List[Dict[str, Any]]:
-    work = [(cfg, label, outer, inner, threads, init) for label, outer, inner in arms]
-    if jobs <= 1:
-        return [run_arm(w) for w in work]
-    import multiprocessing as mp
-
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        return list(pool.map(run_arm, work))
+    return run_jobs(run_arm, [(cfg, label, outer, inner, threads, init) for label, outer, inner in arms], jobs)
 
 
 def add_ratios(rows):
@@ -234,12 +199,6 @@ def goals(r) -> str:
     ok_d = r["dp_over_sent"] >= 1000
     return (f"payload>={need:.0f}x {'ok' if ok_p else 'MISS'}, loss<=+2% {'ok' if ok_l else 'MISS'}, "
             f"DP>=1000x {'ok' if ok_d else 'MISS'}")
-
-
-def table(cols, lines, left=1):
-    widths = [max(len(c), *(len(l[i]) for l in lines)) for i, c in enumerate(cols)]
-    fmt = lambda row: "  ".join(v.ljust(w) if i < left else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))  # noqa: E731
-    return "\n".join([fmt(cols), "  ".join("-" * w for w in widths)] + [fmt(l) for l in lines])
 
 
 def print_main(rows, with_goals=True):
@@ -399,7 +358,7 @@ def main(argv=None) -> int:
         arms = [a for a in arms if a[0] in keys]
     t0 = time.monotonic()
     ms = ModelSpec(**cfg["model"])
-    print(f"bench/compression.py ({name}): {datetime.datetime.now().isoformat(timespec='seconds')}, {machine()}, "
+    print(f"bench/compression.py ({name}): {now()}, {machine()}, "
           f"{args.jobs} job(s) x {args.threads} thread(s)")
     print(f"model {ms.num_params():,} parameters, batch {cfg['batch_size']}x{ms.seq_len}, {cfg.get('replicas', R)} replicas, "
           f"N={cfg['steps']} inner steps per replica, H={cfg['inner_steps']} unless stated", flush=True)
@@ -418,7 +377,7 @@ def main(argv=None) -> int:
         merged.update(new)
         rows = sorted(merged.values(), key=lambda r: order.index(r["arm"]) if r["arm"] in order else len(order))
         print(f"merged {len(old['rows'])} rows of {args.merge} with {len(new)} new ones")
-    result: Dict[str, Any] = dict(config=cfg, name=name, rows=rows, date=datetime.datetime.now().isoformat(timespec="seconds"),
+    result: Dict[str, Any] = dict(config=cfg, name=name, rows=rows, date=now(),
                                   machine=machine())
     print()
     if not rows:

@@ -22,10 +22,7 @@ number of inner steps per peer. The ratio of the two is ≈ 2H/R.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -34,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from bench.common import human, machine, now, run_jobs, table, warm_start  # noqa: E402
 from peer.data import load_corpus  # noqa: E402
 from peer.simulate import allreduce_bytes_per_step, simulate, train_single  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
@@ -47,23 +45,14 @@ CONFIGS = {
         inner_steps=75,
         steps_per_replica_at_rmax=750,  # N: the R_max replicas' own steps; single runs R_max·N
         warm_start=1000,  # single-process steps every arm starts from (DiLoCo's protocol), not counted
-        lr=2e-3,
-        warmup=30,
-        outer_lr=1.0,
-        momentum=0.9,
+        lr=2e-3, warmup=30, outer_lr=1.0, momentum=0.9,
         dense_dtype="fp16",  # pseudo-gradients on the wire in fp16, as OpenDiLoCo does
     ),
     # ~0.13M parameters: under a minute, for CI smoke tests
     "quick": dict(
         model=dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176, seq_len=64),
-        batch_size=8,
-        inner_steps=125,
-        steps_per_replica_at_rmax=250,
-        warm_start=300,
-        lr=3e-3,
-        warmup=20,
-        outer_lr=0.7,
-        momentum=0.9,
+        batch_size=8, inner_steps=125, steps_per_replica_at_rmax=250, warm_start=300,
+        lr=3e-3, warmup=20, outer_lr=0.7, momentum=0.9,
     ),
 }
 REPLICAS = (2, 4)
@@ -84,18 +73,6 @@ def make_spec(cfg, steps: int, strategy: str = "diloco") -> RunSpec:
             "dense_dtype": cfg.get("dense_dtype", "fp32"),
         },
     )
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f}"
-
-
-def machine() -> str:
-    return f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__}"
 
 
 def run_arm(job):
@@ -144,20 +121,8 @@ def run(cfg, jobs: int = 1, threads: int = 2, log=print, replicas=(1,) + REPLICA
     warm = cfg.get("warm_start", 0)
     init, warm_val = None, None
     if warm:
-        t = time.monotonic()
-        ws = train_single(make_spec(cfg, warm), warm, corpus=load_corpus("stdlib"), shard="warm-start", keep_theta=True)
-        init, warm_val = ws.theta, ws.final_val_loss
-        log(f"  warm start: {warm} single-process steps shared by every arm, val {warm_val:.4f} "
-            f"({time.monotonic() - t:.0f} s; not counted in the tokens below)", flush=True)
-    work = [(cfg, R, init, threads) for R in replicas]
-    if jobs <= 1:
-        rows = [run_arm(w) for w in work]
-    else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-            rows = list(pool.map(run_arm, work))
+        init, warm_val = warm_start(make_spec(cfg, warm), warm, log)
+    rows = run_jobs(run_arm, [(cfg, R, init, threads) for R in replicas], jobs)
     base = rows[0]["val_loss"] if rows[0]["replicas"] == 1 else float("nan")
     for r in rows:
         r["loss_ratio"] = r["val_loss"] / base
@@ -188,12 +153,7 @@ def print_table(result, out=sys.stdout):
             "-" if r["bytes_ratio"] is None else f"{r['bytes_ratio']:.1f}x",
             goal,
         ])
-    widths = [max(len(c), *(len(l[i]) for l in lines)) for i, c in enumerate(cols)]
-    fmt = lambda row: "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))  # noqa: E731
-    print(fmt(cols), file=out)
-    print("  ".join("-" * w for w in widths), file=out)
-    for l in lines:
-        print(fmt(l), file=out)
+    print(table(cols, lines), file=out)
     print(
         "\nsent/peer: real encoded payload bytes x rounds x (R-1): the all-gather serves each peer's payload to the\n"
         "R-1 other members (received/peer is the same). DP all-reduce/peer: analytic, 2(R-1)/R x 4 B x params per\n"
@@ -226,7 +186,7 @@ def main(argv=None) -> int:
         if value is not None:
             cfg[key] = value
     t0 = time.monotonic()
-    print(f"bench/diloco.py{' --quick' if args.quick else ''}: {datetime.datetime.now().isoformat(timespec='seconds')}, {machine()}, "
+    print(f"bench/diloco.py{' --quick' if args.quick else ''}: {now()}, {machine()}, "
           f"{args.jobs} job(s) x {args.threads} thread(s)", flush=True)
     names = [a.strip() for a in args.arms.split(",")]
     known = [str(r) for r in (1,) + REPLICAS] + ["dp"]
@@ -238,7 +198,7 @@ def main(argv=None) -> int:
     print_table(result)
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
-        result.update(date=datetime.datetime.now().isoformat(timespec="seconds"), machine=machine(), quick=args.quick)
+        result.update(date=now(), machine=machine(), quick=args.quick)
         args.json.write_text(json.dumps(result, indent=2))
     return 0
 

@@ -12,6 +12,9 @@ subclass keeps the matchmaking and replaces the all-reduce with an all-gather:
    different bytes to different peers); a payload some member holds and another lacks (its sender
    died mid-send) is fetched from a member that holds it, checked against the digest.
 
+Every decision of step 3 (and the parsing of tables and matchmaking announcements) is
+protocol/reconcile.py's, a pure function of what arrived: this class only moves the bytes.
+
 Members that survive end with the same set of payloads, which the caller decodes and aggregates
 in a canonical order. The payloads are opaque here: validation is protocol/payload.py's job.
 
@@ -30,7 +33,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
 
-import msgpack
 import torch
 from hivemind.averaging.averager import DecentralizedAverager
 from hivemind.averaging.group_info import GroupInfo
@@ -39,11 +41,14 @@ from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_logger
 
+from protocol import reconcile
+
 logger = get_logger(__name__)
 
 CHUNK_BYTES = 1 << 18
 ROUND_BITS = 20  # the round number, mod 2**20, is the matchmaking bucket
 KEEP_GROUPS = 8  # recent groups whose payloads we keep serving to slower members
+MAX_TABLE_ENTRIES = 4096  # owners a groupmate's digest table may list
 
 
 @dataclass
@@ -130,7 +135,7 @@ class PayloadGatherer(DecentralizedAverager):
             if os.path.exists(path):
                 os.unlink(path)
         try:
-            result = self.step(gather=[round_no, start_hash], timeout=timeout, allow_retries=True)
+            result = self.step(gather=reconcile.announcement(round_no, start_hash), timeout=timeout, allow_retries=True)
         except Exception as e:  # matchmaking or gather failure: the caller defers this round
             logger.debug(f"round {round_no}: no group ({e!r})")
             return None
@@ -173,9 +178,9 @@ class PayloadGatherer(DecentralizedAverager):
 
     async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs) -> GatherResult:
         me = self.peer_id
-        announced = [_parse_announcement(self.serializer.loads(self.serializer.loads(g)[2])) for g in group_info.gathered]
-        if any(a[0] != self._round_no for a in announced):
-            raise ValueError(f"group mixes rounds {sorted(set(str(a[0]) for a in announced))}")  # 2**20 wrap-around
+        announced = reconcile.parse_announcements(
+            [self.serializer.loads(self.serializer.loads(g)[2]) for g in group_info.gathered], self._round_no
+        )
         start_hashes = {p.to_base58(): a[1] for p, a in zip(group_info.peer_ids, announced)}
         group = self._group(group_info.group_id)
         group.payloads[me.to_bytes()] = self._payload
@@ -193,38 +198,29 @@ class PayloadGatherer(DecentralizedAverager):
             tables = await asyncio.gather(
                 *(self._fetch_digests(p, group_info.group_id) for p in others), return_exceptions=True
             )
-            mine = {k: _digest(v) for k, v in group.payloads.items()}
-            views = [mine] + [t for t in tables if isinstance(t, dict)]
-            excluded: Dict[str, str] = {}
-            claimed: Dict[bytes, set] = {}
-            for view in views:
-                for owner, digest in view.items():
-                    claimed.setdefault(owner, set()).add(digest)
-            for owner, digests in claimed.items():
-                if len(digests) > 1:
-                    excluded[_b58(owner)] = "sent different payloads to different members"
-                    group.payloads.pop(owner, None)
-                elif owner not in group.payloads:
-                    (digest,) = digests
-                    holders = [p for p, t in zip(others, tables) if isinstance(t, dict) and t.get(owner) == digest]
-                    for holder in holders:
-                        try:
-                            got = await self._fetch(holder, group_info.group_id, owner=PeerID(owner))
-                        except Exception as e:
-                            logger.debug(f"re-fetch of {_b58(owner)} from {holder} failed: {e!r}")
-                            continue
-                        if _digest(got) == digest:
-                            group.payloads[owner] = got
-                            break
-                    else:
-                        excluded[_b58(owner)] = "payload lost: no live member could serve it"
-            for p in group_info.peer_ids:
-                if p.to_bytes() not in group.payloads and _b58(p.to_bytes()) not in excluded:
-                    excluded[_b58(p.to_bytes())] = "sent nothing in time"
+            plan = reconcile.reconcile(
+                [p.to_bytes() for p in group_info.peer_ids],
+                reconcile.digest_table(group.payloads),
+                {p.to_bytes(): t if isinstance(t, dict) else None for p, t in zip(others, tables)},
+            )
+            for owner in plan.excluded:
+                group.payloads.pop(owner, None)
+            refetched: Dict[bytes, bytes] = {}
+            for owner, want in plan.refetch.items():
+                for holder in want.holders:
+                    try:
+                        got = await self._fetch(PeerID(holder), group_info.group_id, owner=PeerID(owner))
+                    except Exception as e:
+                        logger.debug(f"re-fetch of {_b58(owner)} from {_b58(holder)} failed: {e!r}")
+                        continue
+                    if want.accepts(got):
+                        group.payloads[owner] = refetched[owner] = got
+                        break
+            outcome = reconcile.finalize(plan, refetched)
             return GatherResult(
                 group=[p.to_base58() for p in group_info.peer_ids],
-                payloads={_b58(k): v for k, v in group.payloads.items()},
-                excluded=excluded,
+                payloads={_b58(k): v for k, v in group.payloads.items() if k in outcome.keep},
+                excluded={_b58(k): why for k, why in outcome.excluded.items()},
                 start_hashes=start_hashes,
             )
         finally:
@@ -256,10 +252,7 @@ class PayloadGatherer(DecentralizedAverager):
             stub.rpc_payload_digests(averaging_pb2.AveragingData(group_id=group_id)), timeout=self.gather_timeout
         )
         self._count(received=msg.ByteSize())
-        table = msgpack.unpackb(msg.tensor_part.buffer, raw=True, max_map_len=4096, max_bin_len=1024)
-        if not isinstance(table, dict) or not all(isinstance(k, bytes) and isinstance(v, bytes) for k, v in table.items()):
-            raise ValueError(f"malformed digest table from {peer}")
-        return table
+        return reconcile.parse_digest_table(msg.tensor_part.buffer, MAX_TABLE_ENTRIES)
 
     def _count(self, sent: int = 0, received: int = 0) -> None:
         with self._bytes_sent.get_lock():
@@ -295,21 +288,10 @@ class PayloadGatherer(DecentralizedAverager):
             await asyncio.wait_for(group.gathered.wait(), timeout=self.gather_timeout)
         except asyncio.TimeoutError:
             pass
-        table = {owner: _digest(p) for owner, p in group.payloads.items()}
-        msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=msgpack.packb(table, use_bin_type=True)))
+        table = reconcile.encode_digest_table(reconcile.digest_table(group.payloads))
+        msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=table))
         self._count(sent=msg.ByteSize())
         return msg
-
-
-def _parse_announcement(value: Any) -> Tuple[int, str]:
-    """What each member announced in matchmaking: [round, hash of its starting parameters]."""
-    if not (isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[0], int) and isinstance(value[1], str)):
-        raise ValueError(f"malformed matchmaking announcement {value!r:.80}")
-    return value[0], value[1][:64]
-
-
-def _digest(payload: bytes) -> bytes:
-    return hashlib.sha256(payload).digest()
 
 
 def _b58(peer_id_bytes: bytes) -> str:

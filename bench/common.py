@@ -1,0 +1,74 @@
+"""What the benchmark scripts share: the machine line, byte sizes, plain-text tables, the arms'
+process pool and the warm start every arm of a run starts from."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Callable, List, Sequence, Tuple
+
+import torch
+
+from protocol.spec import RunSpec
+
+
+def machine() -> str:
+    return f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__}"
+
+
+def now() -> str:
+    return datetime.datetime.now().isoformat(timespec="seconds")
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f}"
+
+
+def table(cols, lines, left=1) -> str:
+    """Columns padded to their widest cell: the first ``left`` ones left-aligned, the others right."""
+    widths = [max(len(c), *(len(line[i]) for line in lines)) for i, c in enumerate(cols)]
+    fmt = lambda row: "  ".join(v.ljust(w) if i < left else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))  # noqa: E731
+    return "\n".join([fmt(cols), "  ".join("-" * w for w in widths)] + [fmt(line) for line in lines])
+
+
+def run_jobs(fn: Callable[[Any], Any], work: Sequence[Any], jobs: int) -> List[Any]:
+    """``fn`` over ``work`` in order: here with one job, else in ``jobs`` spawned processes."""
+    if jobs <= 1:
+        return [fn(w) for w in work]
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        return list(pool.map(fn, work))
+
+
+def warm_start(spec: RunSpec, steps: int, log=print) -> Tuple[Any, float]:
+    """θ after ``steps`` single-process steps on a shard no arm trains on: the shared start of
+    every arm (DiLoCo's protocol), and its validation loss. Its inner optimizer is not carried over."""
+    from peer.data import load_corpus
+    from peer.simulate import train_single
+
+    t = time.monotonic()
+    ws = train_single(spec, steps, corpus=load_corpus("stdlib"), shard="warm-start", keep_theta=True)
+    log(f"  warm start: {steps} single-process steps shared by every arm, val {ws.final_val_loss:.4f} "
+        f"({time.monotonic() - t:.0f} s; not counted in the tokens below)", flush=True)
+    return ws.theta, ws.final_val_loss
+
+
+def decode_payloads(strategy, payloads, order, round_no: int, shared, mismatch: str):
+    """What one member of a simulated round decodes: every payload in ``order``. Really decoded in
+    round 0, and while no member's decode is ``shared`` yet (checked identical to it when there is
+    one); later rounds reuse ``shared``, decoding being a pure function of the bytes."""
+    if round_no == 0 or shared is None:
+        decoded = [strategy.decode(payloads[s], round_no) for s in order]
+        if shared is not None:
+            for a, b in zip(shared, decoded):
+                assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a), mismatch
+        return decoded
+    return shared
