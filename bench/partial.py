@@ -26,15 +26,14 @@ Per arm and model shape, one peer's cost:
 - bytes sent per peer: the real encoded SparseLoCo payload of the peer's part, with the all-gather
   model of bench/compression.py (each member serves its payload to the G−1 others, G = R = 4).
 
-Then validation loss at equal tokens from a compact in-process simulation of R = 4 replicas (same
-round logic as peer/simulate.py, which it does not use because that one trains full replicas only):
-replica r owns slice r % S; each has its own model copy with the non-owned tensors frozen, its own
-InnerTrainer, TrainStream shard ``replica{r}`` (the same shards in every arm) and
-``make_strategy(spec, part=...)``; per round H inner steps, pseudo_gradient over strategy.layout,
-encode, every replica decodes every payload in sorted sender order (really in round 0, with the
-decoded tensors checked identical; later rounds share replica 0's decode), aggregate (each tensor
-averaged over the payloads that carry it), apply to its own θ, settle; θ is asserted bit-identical
-across replicas every round, and the frozen tensors are asserted untouched by the inner steps.
+Then validation loss at equal tokens from the in-process simulation of R = 4 replicas
+(peer/simulate.py: the live peer's roles and round engine): replica r is a slice owner of slice
+r % S (a full replica when S = 1) with its own model copy, the non-owned tensors frozen, its own
+InnerTrainer and TrainStream shard ``replica{r}`` (the same shards in every arm); every replica
+decodes every payload in the canonical order (really in round 0, checked identical; later rounds
+share replica 0's decode), aggregates (each tensor averaged over the payloads that carry it),
+applies to its own θ and settles; θ is asserted bit-identical across replicas every round, and
+the frozen tensors are asserted untouched by the inner steps.
 Every arm starts from the same function: the unsliced model built from the seed, its MLP
 matrices cut into slices (the forward is checked equal). The S = 4 arm is run again with 1.5×
 the rounds (its own cosine horizon) to see how much of the loss gap to the full arm closes.
@@ -48,19 +47,16 @@ Probes and simulation arms run --jobs (2) at a time, each with --threads (1) tor
 from __future__ import annotations
 
 import argparse
-import copy
-import dataclasses
-import datetime
 import gc
 import json
+import math
 import os
-import platform
 import re
 import resource
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -69,10 +65,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count  # noqa: E402
 
-from peer.data import Corpus, TrainStream, load_corpus, val_batches  # noqa: E402
-from peer.inner import InnerTrainer, evaluate  # noqa: E402
+from bench.common import human, machine, now, run_jobs, table  # noqa: E402
+from peer.data import Corpus, load_corpus, val_batches  # noqa: E402
+from peer.inner import InnerTrainer  # noqa: E402
 from peer.model import Model, build_model  # noqa: E402
-from peer.strategies import canonical_order, make_strategy, pseudo_gradient  # noqa: E402
+from peer.simulate import simulate  # noqa: E402
+from peer.strategies import make_strategy  # noqa: E402
 from protocol.partial import FULL, owned_shapes, slice_of  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
 
@@ -117,24 +115,6 @@ aten = torch.ops.aten
 
 
 # --- helpers ---------------------------------------------------------------------------------------
-def machine() -> str:
-    return f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__}"
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f}"
-
-
-def table(cols, lines, left=1) -> str:
-    widths = [max(len(c), *(len(line[i]) for line in lines)) for i, c in enumerate(cols)]
-    fmt = lambda row: "  ".join(v.ljust(w) if i < left else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))  # noqa: E731
-    return "\n".join([fmt(cols), "  ".join("-" * w for w in widths)] + [fmt(line) for line in lines])
-
-
 def model_dict(name: str) -> Dict[str, Any]:
     return {**SHAPES, **QUICK_SHAPE}[name]
 
@@ -275,7 +255,7 @@ def fresh_model(ms: ModelSpec, slices: int = 1) -> Model:
 def warm_up(device) -> None:
     """One inner step of a tiny model: every module and kernel the probe uses gets loaded."""
     tiny = ModelSpec(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=16)
-    spec = make_spec(dataclasses.asdict(tiny), 2)
+    spec = make_spec(tiny.model_dump(), 2)
     model = fresh_model(tiny, 2).to(device)
     freeze(model, owned_shapes(spec, 0))
     trainer = InnerTrainer(model, spec.inner, device)
@@ -428,18 +408,6 @@ def print_costs(rows: List[Dict[str, Any]], shares: Dict[str, Dict[str, float]])
 
 
 # --- the simulation -----------------------------------------------------------------------------------------
-class Replica:
-    def __init__(self, sender, model, theta, trainer, stream, strategy):
-        self.sender, self.model, self.theta = sender, model, theta
-        self.params = dict(model.named_parameters())
-        self.trainer, self.stream, self.strategy = trainer, stream, strategy
-
-    def load_theta(self) -> None:
-        with torch.no_grad():
-            for name, p in self.params.items():
-                p.copy_(self.theta[name])
-
-
 def full_init(model_cfg: Dict[str, Any], seed: int = 0) -> Dict[str, torch.Tensor]:
     model = build_model(ModelSpec(**model_cfg), seed)
     return {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -447,70 +415,23 @@ def full_init(model_cfg: Dict[str, Any], seed: int = 0) -> Dict[str, torch.Tenso
 
 def simulate_partial(cfg: Dict[str, Any], slices: int, rounds: int, corpus: Corpus, val, theta_full,
                      replicas: int = R, eval_rounds=()) -> Dict[str, Any]:
-    """R replicas of the peer round loop, replica r owning slice r % S (every tensor when S = 1)."""
+    """R replicas of the peer round loop (peer/simulate.py: the live peer's roles and round engine),
+    replica r owning slice r % S (every tensor when S = 1)."""
     H = cfg["inner_steps"]
     spec = make_spec(model_dict(cfg["sim_model"]), slices, cfg["batch_size"], H, cfg["lr"], cfg["warmup"],
                      rounds * H, cfg["val_batches"])
-    theta0 = reslice(theta_full, spec.param_shapes())
-    template = fresh_model(spec.model, slices)
-    with torch.no_grad():
-        for n, p in template.named_parameters():
-            p.copy_(theta0[n])
-    t0 = time.monotonic()
-    reps: List[Replica] = []
-    for i in range(replicas):
-        model = copy.deepcopy(template)
-        strategy = make_strategy(spec, part=part_of(slices, i))
-        freeze(model, strategy.layout)
-        reps.append(Replica(f"replica{i}", model, {n: t.clone() for n, t in theta0.items()},
-                            InnerTrainer(model, spec.inner),
-                            TrainStream(corpus, spec.model.seq_len, spec.data.batch_size, spec.seed, shard=f"replica{i}"),
-                            strategy))
-    curve = [(0, evaluate(reps[0].model, val))]
-    payload_sizes: List[List[int]] = []
-    tokens = 0
-    for round_no in range(rounds):
-        payloads, pendings = {}, {}
-        for rep in reps:
-            rep.load_theta()
-            for _ in range(H):
-                x, y = rep.stream.next_batch()
-                rep.trainer.step(x, y)
-                tokens += x.numel()
-            if round_no == 0:  # frozen means frozen: weight decay and Adam never touched them
-                for n, p in rep.params.items():
-                    if n not in rep.strategy.layout:
-                        assert torch.equal(p.detach(), rep.theta[n]), f"{rep.sender}: frozen {n} changed"
-            delta = pseudo_gradient(rep.theta, rep.params, rep.strategy.layout)
-            payloads[rep.sender], pendings[rep.sender] = rep.strategy.encode(delta, round_no)
-        order = canonical_order(payloads)
-        shared = None
-        for rep in reps:
-            if round_no == 0 or shared is None:
-                decoded = [rep.strategy.decode(payloads[s], round_no) for s in order]
-                if shared is None:
-                    shared = decoded
-                else:
-                    for a, b in zip(shared, decoded):
-                        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "decodes differ"
-            else:
-                decoded = shared
-            rep.strategy.apply(rep.theta, rep.strategy.aggregate(decoded))
-            rep.strategy.settle(pendings[rep.sender], delivered=True)
-        for rep in reps[1:]:
-            assert all(torch.equal(reps[0].theta[n], rep.theta[n]) for n in rep.theta), f"θ of {rep.sender} differs"
-        payload_sizes.append([len(payloads[r.sender]) for r in reps])
-        if round_no + 1 == rounds or round_no + 1 in eval_rounds:
-            reps[0].load_theta()
-            curve.append((round_no + 1, evaluate(reps[0].model, val)))
-    per_peer = [sum(r[i] for r in payload_sizes) for i in range(replicas)]
+    parts = [part_of(slices, i) for i in range(replicas)]
+    sim = simulate(spec, replicas, rounds, corpus=corpus, eval_every=0, eval_rounds=eval_rounds, verify_rounds=1,
+                   init_theta=reslice(theta_full, spec.param_shapes()), parts=parts)
+    curve = [(0, sim.initial_val_loss)] + [(h.round, h.val_loss) for h in sim.history if h.val_loss is not None]
+    per_peer = [sum(h.payload_bytes[i] for h in sim.history) for i in range(replicas)]
     return dict(
-        arm=arm_label(slices), slices=slices, rounds=rounds, inner_steps=H, tokens=tokens,
+        arm=arm_label(slices), slices=slices, rounds=rounds, inner_steps=H, tokens=sim.tokens,
         val_loss=curve[-1][1], initial_val_loss=curve[0][1], curve=curve,
         payload_bytes=sum(per_peer) / replicas / rounds,
         sent_per_peer=sum((replicas - 1) * b for b in per_peer) / replicas,
-        trainable=sum(p.numel() for p in reps[0].params.values() if p.requires_grad),
-        wall_s=time.monotonic() - t0,
+        trainable=sum(math.prod(s) for s in owned_shapes(spec, parts[0]).values()),
+        wall_s=sim.wall_s,
     )
 
 
@@ -618,7 +539,7 @@ def main(argv=None) -> int:
     cfg = CONFIGS[name]
     mem_batch = args.mem_batch or cfg["batch_size"]
     t0 = time.monotonic()
-    print(f"bench/partial.py ({name}): {datetime.datetime.now().isoformat(timespec='seconds')}, {machine()}, "
+    print(f"bench/partial.py ({name}): {now()}, {machine()}, "
           f"{args.threads} thread(s), probes on {args.device}")
     print("shapes: " + "; ".join(f"{s}: {ModelSpec(**model_dict(s)).num_params() / 1e6:.2f}M params, d={ModelSpec(**model_dict(s)).d_model}, "
                                   f"{ModelSpec(**model_dict(s)).n_layers} layers, {ModelSpec(**model_dict(s)).n_heads} heads, "
@@ -647,13 +568,7 @@ def main(argv=None) -> int:
     arms = [(s, cfg["rounds"], False) for s in SLICES] + [(4, cfg["rounds"] * 3 // 2, True)]
     arms.sort(key=lambda a: -a[1])  # longest first: the pool finishes sooner
     work = [(cfg, slices, rounds, extra, theta_full, args.threads) for slices, rounds, extra in arms]
-    if args.jobs <= 1:
-        sim = [run_sim_arm(w) for w in work]
-    else:
-        import multiprocessing as mp
-
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn")) as pool:
-            sim = list(pool.map(run_sim_arm, work))
+    sim = run_jobs(run_sim_arm, work, args.jobs)
     sim.sort(key=lambda r: (r["extra"], r["slices"]))
     print()
     gaps = print_sim(sim)
@@ -667,7 +582,7 @@ def main(argv=None) -> int:
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(dict(name=name, config=cfg, machine=machine(), threads=args.threads,
-                                             date=datetime.datetime.now().isoformat(timespec="seconds"),
+                                             date=now(),
                                              shapes={s: model_dict(s) for s in dict.fromkeys(cfg["cost_models"] + [cfg["sim_model"]])},
                                              costs=cost, flop_shares=shares, sim=sim, gaps=gaps, goals=goals),
                                         indent=2, default=str))

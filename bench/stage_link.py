@@ -3,7 +3,7 @@
     python bench/stage_link.py [--json OUT] [--d 128] [--layers 2] [--k 16] [--rate 20mbit] ...
 
 Two processes, one stage each (torch on one thread each: the machine has two cores), linked by
-peer/pipeline.py's StageLink; stage 1 listens, stage 0 dials. Each arm runs ``--warmup`` steps,
+peer/stage_links.py's StageLink; stage 1 listens, stage 0 dials. Each arm runs ``--warmup`` steps,
 then times ``--steps`` inner steps (GPipe, ``--micro`` micro-batches, AdamW) at stage 0, whose
 step ends when the last gradient frame is in: tokens/s = batch x seq_len / median step time.
 Each arm alternates uncompressed and compressed runs ``--repeats`` times and reports the median
@@ -48,15 +48,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from peer.inner import InnerTrainer  # noqa: E402
-from peer.pipeline import (  # noqa: E402
-    StageIdentity,
-    StageListener,
-    StageModel,
-    connect_link,
-    link_codec,
-    run,
-    run_inner_step,
-)
+from peer.gpipe import run_inner_step  # noqa: E402
+from peer.model import build_model  # noqa: E402
+from peer.stage_links import StageIdentity, StageListener, connect_link, link_codec, run  # noqa: E402
 from protocol.frames import FrameFormat  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
 
@@ -80,9 +74,9 @@ async def worker(args) -> dict:
     n = spec.model.n_layers
     cut = n // 2
     stage_index = args.worker
-    stage = StageModel.for_run(spec, 0, cut) if stage_index == 0 else StageModel.for_run(spec, cut, n)
+    stage = build_model(spec.model, spec.seed, blocks=(0, cut) if stage_index == 0 else (cut, n))
     trainer = InnerTrainer(stage, spec.inner)
-    T = StageModel.for_run(spec, 0, 1).embed.weight.detach().clone()  # both ends: the same bits
+    T = build_model(spec.model, spec.seed, blocks=(0, 1)).embed.weight.detach().clone()  # both ends: the same bits
     fmt = FrameFormat.for_run(spec, micro_batch=args.batch // args.micro, k=args.k)
     codec = link_codec(args.d, args.k, spec.seed, torch.float16)
     local = StageIdentity(spec.digest(), CHAIN, stage_index, 0)

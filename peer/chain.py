@@ -2,11 +2,13 @@
 
 The peer publishes a chain-candidate record (capacity, bandwidth, the endpoint of its stage
 listener) and waits for the coordinator to put it in a chain (coordinator/chain_former.py). In a
-chain it runs one stage (peer/pipeline.py) on an asyncio loop of its own: every round it opens
-fresh links to its neighbours (the handshake pins the round, so both ends hold the same T), and
-each inner step runs the GPipe schedule over them. When a neighbour dies or stalls the step
-raises a LinkError: the peer drops the round's work, reports itself waiting again, and the
-coordinator re-forms chains from the waiting candidates under a newer epoch.
+chain it runs one stage (a ``peer.model.Model`` with a block range) on an asyncio loop of its own:
+every round it opens fresh links to its neighbours (peer/stage_links.py; the handshake pins the
+round, so both ends hold the same T), and each inner step runs the GPipe schedule over them
+(peer/gpipe.py). When a neighbour dies, stalls or sends what this stage cannot use, the step
+raises a StageError with the parameters and optimizer state untouched: the peer drops the
+round's work (ChainBroken), reports itself waiting again, and the coordinator re-forms chains
+from the waiting candidates under a newer epoch.
 """
 
 from __future__ import annotations
@@ -19,20 +21,15 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from peer.pipeline import (
-    LinkError,
-    StageIdentity,
-    StageListener,
-    StageModel,
-    connect_link,
-    link_codec,
-    run_inner_step,
-)
+from peer.gpipe import run_inner_step
+from peer.model import Model, build_model
 from peer.resources import Resources
-from peer.swarm import publish_candidate, read_assignments, read_candidates
+from peer.stage_errors import LinkError, StageError
+from peer.stage_links import StageIdentity, StageListener, connect_link, link_codec
 from protocol.chains import CandidateRecord, ChainAssignment
 from protocol.frames import FrameFormat
 from protocol.spec import RunSpec
+from swarm.records import publish_candidate, read_assignments, read_candidates
 
 logger = logging.getLogger("voloco.chain")
 
@@ -112,9 +109,10 @@ class ChainMember:
         stage = self.assignment.chain.stage_of(self.peer_id)
         return stage.start_block, stage.end_block
 
-    def build_stage(self) -> StageModel:
-        start, end = self.stage_range()
-        return StageModel.for_run(self.spec, start, end)
+    def build_stage(self) -> Model:
+        """This stage's share of the run's model, on the CPU, with the full model's bits."""
+        spec = self.spec
+        return build_model(spec.model, spec.seed, spec.partial.slices, spec.partial.attn_slices, blocks=self.stage_range())
 
     def broken(self, why: str) -> ChainBroken:
         """Give up this chain: back to the candidate pool, never to this assignment again."""
@@ -178,17 +176,19 @@ class ChainMember:
         except ChainBroken:
             raise
 
-    def inner_step(self, stage: StageModel, trainer, T: torch.Tensor, batch) -> Optional[float]:
-        try:
-            loss = self._call(
-                run_inner_step(
-                    stage, trainer, T=T, micro_batches=self.spec.chain.micro_batches, batch=batch,
-                    upstream=self.upstream, downstream=self.downstream, constraint=self.U,
-                ),
-                timeout=self.spec.chain.link_timeout * 4,
-            )
-        except (LinkError, asyncio.TimeoutError, TimeoutError) as e:
-            raise self.broken(f"inner step failed: {e}")
+    def inner_step(self, stage: Model, trainer, T: torch.Tensor, batch) -> Optional[float]:
+        """One inner step of this stage (peer/gpipe.py). A neighbour that dies, stalls or sends
+        what this stage cannot use raises ChainBroken (reason logged, links closed, parameters
+        and optimizer state as they were); bad arguments of the caller raise ValueError."""
+        limit = self.spec.chain.link_timeout * 4
+        step = run_inner_step(
+            stage, trainer, T=T, micro_batches=self.spec.chain.micro_batches, batch=batch,
+            upstream=self.upstream, downstream=self.downstream, constraint=self.U,
+        )
+        try:  # the deadline cancels the step on the loop, so it never updates after we gave up
+            loss = self._call(asyncio.wait_for(step, limit), timeout=limit + 10)
+        except (StageError, TimeoutError) as e:
+            raise self.broken(f"inner step failed: {e or f'no step within {limit:g} s'}")
         self.tokens += batch[0].numel()
         return loss
 

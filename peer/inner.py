@@ -7,7 +7,7 @@ never touched, weight decay included. Decay applies to matrices only, not to the
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -43,19 +43,35 @@ class InnerTrainer:
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """One inner step on a batch; returns its training loss in nats (before the update)."""
-        lr = self.lr
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
         self.model.train()
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
         _, loss = self.model(x, y)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        self.apply_gradients()
+        return loss.item()
+
+    def apply_gradients(
+        self,
+        before_clip: Optional[Callable[[], None]] = None,
+        after_step: Optional[Callable[[], None]] = None,
+    ) -> None:
+        """The update from the gradients accumulated in the parameters (one backward, or a
+        pipeline stage's micro-batches): ``before_clip()`` (e.g. project the gradients; it may raise,
+        and then nothing is updated), the learning rate of the schedule, the clip of the
+        trainable parameters' gradient norm to ``grad_clip``, AdamW's step, ``step_count += 1``,
+        then ``after_step()`` (e.g. constrain the updated weights). Every inner step goes through here."""
+        if before_clip is not None:
+            before_clip()
+        lr = self.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         torch.nn.utils.clip_grad_norm_(self.params, self.spec.grad_clip)
         self.optimizer.step()
         self.step_count += 1
-        return loss.item()
+        if after_step is not None:
+            after_step()
 
     def state_dict(self) -> Dict[str, Any]:
         return {"step": self.step_count, "optimizer": self.optimizer.state_dict()}

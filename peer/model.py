@@ -5,12 +5,17 @@ untied output head. Parameter names and shapes are those of ``ModelSpec.param_sh
 same order: the exchange and the checkpoints address tensors by those names.
 
 The model can be cut into pipeline stages: ``embed_tokens`` -> ``forward_blocks(h, start, end)``
-(any slice of the blocks) -> ``forward_head``. ``forward`` is exactly those three in a row.
+(any slice of the blocks) -> ``forward_head``. ``forward`` is exactly those three in a row. A chain
+stage is a ``Model`` built with ``blocks=(start, end)``: it holds only blocks ``[start, end)``,
+under the full model's names (``blocks.3.attn.qkv.weight``), plus the embedding if ``start == 0``
+and the final norm and head if ``end == n_layers`` (``protocol.layout.in_block_range``).
 
 Initialisation is bit-identical on every machine for the same seed, which torch's own float32
 ``normal_`` is not: its AVX2 path and its scalar path (ARM, or ``ATEN_CPU_CAPABILITY=default``)
 give different bits for the same generator. ``build_model`` therefore draws only integers from a
-CPU ``torch.Generator`` and turns them into normal deviates with exact arithmetic.
+CPU ``torch.Generator`` and turns them into normal deviates with exact arithmetic. It walks the whole
+layout (``protocol.layout.tensor_layout``) for every model, a stage included, and skips the draws of
+the tensors the model does not hold, so a stage gets exactly the bits of the full model's tensors.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from protocol.layout import in_block_range, tensor_layout
 from protocol.spec import ModelSpec
 
 __all__ = ["Model", "build_model", "init_parameters"]
@@ -130,40 +136,68 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self, spec: ModelSpec, mlp_slices: int = 1, attn_slices: int = 1):
+    """The model, or with ``blocks=(start, end)`` the share of it one pipeline stage holds: blocks
+    ``[start, end)``, the embedding only if ``start == 0``, the final norm and head only if
+    ``end == n_layers``. Parameter names and order are the full model's restricted to that range
+    (``self.blocks`` stays a ModuleList of ``n_layers`` entries, None for the blocks not held),
+    so payloads, state dicts and checkpoints match."""
+
+    def __init__(
+        self, spec: ModelSpec, mlp_slices: int = 1, attn_slices: int = 1, blocks: Optional[Tuple[int, int]] = None
+    ):
         super().__init__()
         spec.check()
         spec.check_slices(mlp_slices, attn_slices)
+        start, end = (0, spec.n_layers) if blocks is None else blocks
+        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end <= spec.n_layers):
+            raise ValueError(f"block range [{start}, {end}) is not a non-empty part of [0, {spec.n_layers})")
         self.spec = spec
-        self.embed = nn.Embedding(spec.vocab_size, spec.d_model)
-        self.blocks = nn.ModuleList(Block(spec, mlp_slices, attn_slices) for _ in range(spec.n_layers))
-        self.norm = RMSNorm(spec.d_model, spec.norm_eps)
-        self.head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        self.mlp_slices, self.attn_slices = mlp_slices, attn_slices
+        self.start, self.end = start, end
+        self.is_first, self.is_last = start == 0, end == spec.n_layers
+        self.embed = nn.Embedding(spec.vocab_size, spec.d_model) if self.is_first else None
+        self.blocks = nn.ModuleList(
+            Block(spec, mlp_slices, attn_slices) if start <= i < end else None for i in range(spec.n_layers)
+        )
+        self.norm = RMSNorm(spec.d_model, spec.norm_eps) if self.is_last else None
+        self.head = nn.Linear(spec.d_model, spec.vocab_size, bias=False) if self.is_last else None
         cos, sin = rope_cache(spec.d_model // spec.n_heads, spec.seq_len, spec.rope_theta)
         # not persistent: the state dict holds exactly the parameters of ModelSpec.param_shapes()
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    def _range(self) -> str:
+        return f"blocks [{self.start}, {self.end})"
+
     def embed_tokens(self, idx: torch.Tensor) -> torch.Tensor:
         """(batch, seq) int64 byte ids -> hidden states (batch, seq, d_model)."""
+        if not self.is_first:
+            raise RuntimeError(f"the model of {self._range()} does not hold the embedding")
         if idx.shape[-1] > self.spec.seq_len:
             raise ValueError(f"sequence of {idx.shape[-1]} tokens is longer than model.seq_len={self.spec.seq_len}")
         return self.embed(idx)
 
-    def forward_blocks(self, h: torch.Tensor, start: int = 0, end: Optional[int] = None) -> torch.Tensor:
-        """Run blocks[start:end] on hidden states (batch, seq, d_model): one pipeline stage's work."""
+    def forward_blocks(self, h: torch.Tensor, start: Optional[int] = None, end: Optional[int] = None) -> torch.Tensor:
+        """Run blocks[start:end] on hidden states (batch, seq, d_model): one pipeline stage's work.
+        By default the blocks this model holds; an explicit range must lie within them."""
+        start = self.start if start is None else start
+        end = self.end if end is None else end
+        if not self.start <= start <= end <= self.end:
+            raise ValueError(f"blocks [{start}, {end}) are not within the {self._range()} this model holds")
         T = h.shape[1]
         if T > self.spec.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than model.seq_len={self.spec.seq_len}")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-        for block in self.blocks[start:end]:
-            h = block(h, cos, sin)
+        for i in range(start, end):
+            h = self.blocks[i](h, cos, sin)
         return h
 
     def forward_head(
         self, h: torch.Tensor, targets: Optional[torch.Tensor] = None
     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Final norm and head; with targets, also the mean cross-entropy in nats."""
+        if not self.is_last:
+            raise RuntimeError(f"the model of {self._range()} does not hold the head")
         logits = self.head(self.norm(h)).float()
         if targets is None:
             return logits, None
@@ -177,19 +211,32 @@ class Model(nn.Module):
         return self.forward_head(self.forward_blocks(self.embed_tokens(idx)), targets)
 
 
-def _exact_normal(shape: Tuple[int, ...], std: float, generator: torch.Generator) -> torch.Tensor:
+_CHUNK = 1 << 20  # bounds the int64 scratch of one draw to 24 MiB however large the tensor
+
+
+def _exact_normal(
+    shape: Tuple[int, ...], std: float, generator: torch.Generator, keep: bool = True
+) -> Optional[torch.Tensor]:
     """float32 samples of N(0, std^2) whose bits depend only on the generator's state.
 
     Irwin-Hall: the sum of 12 uniforms minus 6 has mean 0 and variance 1 and is close to normal
     (support +-6 sigma). Each uniform is a 15-bit integer; four of them come from one 62-bit draw.
     Integer sums, a division by a power of two (exact) and one float64 multiply are correctly
     rounded IEEE operations, so every CPU and vector unit gives the same bits.
+
+    ``keep=False`` makes the same draws (the generator ends where it would) into one reused
+    scratch buffer and returns None: the tensors a pipeline stage does not hold.
     """
     n = math.prod(shape)
-    out = torch.empty(n, dtype=torch.float32)
-    chunk = 1 << 20  # bounds the int64 scratch to 24 MiB however large the tensor
-    for start in range(0, n, chunk):
-        m = min(chunk, n - start)
+    out = torch.empty(n, dtype=torch.float32) if keep else None
+    scratch: Optional[torch.Tensor] = None
+    for start in range(0, n, _CHUNK):
+        m = min(_CHUNK, n - start)
+        if not keep:
+            if scratch is None or scratch.shape[0] != m:
+                scratch = torch.empty((m, 3), dtype=torch.int64)
+            torch.randint(0, 1 << 62, (m, 3), dtype=torch.int64, generator=generator, out=scratch)
+            continue
         draws = torch.randint(0, 1 << 62, (m, 3), dtype=torch.int64, generator=generator)
         total = torch.zeros(m, dtype=torch.int64)
         for shift in (0, 15, 30, 45):
@@ -197,30 +244,45 @@ def _exact_normal(shape: Tuple[int, ...], std: float, generator: torch.Generator
         # uniforms u = (k + 1/2) / 2^15, so sum(u) - 6 = (2 * sum(k) + 12 - 12 * 2^15) / 2^16
         z = (2 * total + 12 - 12 * (1 << 15)).to(torch.float64) / float(1 << 16)
         out[start : start + m] = (z * std).to(torch.float32)
-    return out.view(shape)
+    return out.view(shape) if keep else None
 
 
 @torch.no_grad()
 def init_parameters(model: Model, seed: int) -> None:
-    """Re-initialise every parameter from ``seed``, in ``param_shapes()`` order, on the CPU."""
+    """Re-initialise every parameter from ``seed``, on the CPU: walk the full model's layout in
+    order on one generator; norm weights are ones, matrices exact normals (``init_std``, divided
+    by sqrt(2 n_layers) for the output projections). The draws of the tensors a stage does not
+    hold are made and dropped, so a stage gets exactly the full model's bits. Memory peak: the
+    held parameters, one fp32 copy of the largest held tensor and one draw chunk's scratch."""
     spec = model.spec
     generator = torch.Generator(device="cpu").manual_seed(int(seed))
     residual_std = spec.init_std / math.sqrt(2 * spec.n_layers)
-    for name, p in model.named_parameters():
-        if p.ndim == 1:
-            value = torch.ones(p.shape)
+    own = dict(model.named_parameters())
+    for name, info in tensor_layout(spec, model.mlp_slices, model.attn_slices).items():
+        held = in_block_range(info, model.start, model.end, spec.n_layers)
+        p = own.pop(name, None)
+        if (p is not None) != held:  # pragma: no cover - Model and the layout disagree
+            raise RuntimeError(f"{name}: the model {'holds' if p is not None else 'lacks'} it, the layout says otherwise")
+        if info.is_vector:
+            value = torch.ones(info.shape) if held else None
         else:
-            std = residual_std if (".attn.out." in name or ".mlp.down." in name) else spec.init_std
-            value = _exact_normal(tuple(p.shape), std, generator)
-        p.copy_(value.to(device=p.device, dtype=p.dtype))
+            value = _exact_normal(info.shape, residual_std if info.residual else spec.init_std, generator, keep=held)
+        if held:
+            p.copy_(value.to(device=p.device, dtype=p.dtype))
+    if own:  # pragma: no cover - Model and the layout disagree
+        raise RuntimeError(f"parameters unknown to the layout: {sorted(own)}")
 
 
-def build_model(spec: ModelSpec, seed: int, mlp_slices: int = 1, attn_slices: int = 1) -> Model:
+def build_model(
+    spec: ModelSpec, seed: int, mlp_slices: int = 1, attn_slices: int = 1, blocks: Optional[Tuple[int, int]] = None
+) -> Model:
     """A model on the CPU whose parameters are bit-identical on every machine for the same seed.
 
     ``mlp_slices``/``attn_slices`` > 1 store the MLP hidden neurons / attention heads as that many
-    separate parameters (partial parameter updates train one slice per peer)."""
+    separate parameters (partial parameter updates train one slice per peer). ``blocks=(start,
+    end)``: only that pipeline stage's share, with exactly the bits the full model's tensors get;
+    the other tensors are never allocated."""
     with torch.random.fork_rng(devices=[]):  # nn.Linear's own init would advance the global RNG
-        model = Model(spec, mlp_slices, attn_slices)
+        model = Model(spec, mlp_slices, attn_slices, blocks)
     init_parameters(model, seed)
     return model

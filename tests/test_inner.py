@@ -128,3 +128,52 @@ def test_default_model_learns_the_stdlib(corpus, threads):
     assert before - after > 1.0, (before, after)
     assert losses[-1] < losses[0] - 1.0
     print(f"val {before:.3f} -> {after:.3f} nats/byte, 60 steps in {elapsed:.1f}s")
+
+
+def test_step_is_backward_then_apply_gradients(corpus):
+    """``step`` is the forward, the backward and ``apply_gradients``: the same bits by hand."""
+    batches = _batches(corpus, 3)
+    a = InnerTrainer(build_model(SMALL, 0), INNER)
+    b = InnerTrainer(build_model(SMALL, 0), INNER)
+    for x, y in batches:
+        want = a.step(x, y)
+        b.optimizer.zero_grad(set_to_none=True)
+        _, loss = b.model(x, y)
+        loss.backward()
+        b.apply_gradients()
+        assert loss.item() == want
+    assert a.step_count == b.step_count == 3
+    for (n, p), q in zip(a.model.named_parameters(), b.model.parameters()):
+        assert p.detach().numpy().tobytes() == q.detach().numpy().tobytes(), n
+
+
+def test_apply_gradients_hooks(corpus):
+    trainer = InnerTrainer(build_model(SMALL, 0), INNER)
+    x, y = _batches(corpus, 1)[0]
+    calls = []
+
+    def before_clip():  # sees the raw gradients, before the schedule's lr and the clip
+        calls.append(("before", trainer.step_count, sum(float(p.grad.norm()) ** 2 for p in trainer.params) ** 0.5))
+
+    def after_step():
+        calls.append(("after", trainer.step_count, None))
+
+    trainer.model(x, y)[1].backward()
+    trainer.apply_gradients(before_clip, after_step)
+    assert [c[:2] for c in calls] == [("before", 0), ("after", 1)]
+    assert calls[0][2] > INNER.grad_clip  # clipped afterwards: the hook came first
+
+    # a hook that raises: nothing is updated, the step does not count
+    before = _snapshot(trainer.model)
+    state = copy.deepcopy(trainer.optimizer.state_dict())
+    trainer.model(x, y)[1].backward()
+
+    def refuse():
+        raise RuntimeError("no")
+
+    with pytest.raises(RuntimeError, match="no"):
+        trainer.apply_gradients(refuse)
+    assert trainer.step_count == 1
+    assert trainer.optimizer.state_dict()["param_groups"] == state["param_groups"]
+    for n, p in trainer.model.named_parameters():
+        assert torch.equal(p, before[n]), n

@@ -157,3 +157,56 @@ def test_model_is_a_plain_module():
     model = Model(SMALL)
     assert isinstance(model.blocks, torch.nn.ModuleList) and len(model.blocks) == SMALL.n_layers
     assert {"embed", "blocks", "norm", "head"} <= set(dict(model.named_children()))
+
+
+# --- block ranges: a pipeline stage is a Model holding some of the blocks -------------------------
+
+FOUR = ModelSpec(d_model=32, n_layers=4, n_heads=4, ffn_hidden=64, seq_len=16)
+SPLITS = [(a, b) for a in range(FOUR.n_layers) for b in range(a + 1, FOUR.n_layers + 1)]
+
+
+@pytest.mark.parametrize("slices", [(1, 1), (2, 2)])
+def test_every_stage_holds_exactly_the_full_models_tensors(slices):
+    from protocol.layout import in_block_range, tensor_layout
+
+    full = dict(build_model(FOUR, 5, *slices).named_parameters())
+    layout = tensor_layout(FOUR, *slices)
+    for start, end in SPLITS:
+        stage = build_model(FOUR, 5, *slices, blocks=(start, end))
+        want = [n for n, info in layout.items() if in_block_range(info, start, end, FOUR.n_layers)]
+        assert [n for n, _ in stage.named_parameters()] == want, (start, end)
+        assert list(stage.state_dict()) == want
+        for name, p in stage.named_parameters():
+            assert p.detach().numpy().tobytes() == full[name].detach().numpy().tobytes(), (start, end, name)
+        assert (stage.is_first, stage.is_last) == (start == 0, end == FOUR.n_layers)
+        assert (stage.embed is not None, stage.head is not None) == (stage.is_first, stage.is_last)
+
+
+def test_stages_chained_compute_the_full_forward():
+    full = build_model(FOUR, 2).eval()
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    y = torch.roll(x, -1, dims=1)
+    want_logits, want_loss = full(x, y)
+    stages = [build_model(FOUR, 2, blocks=b).eval() for b in [(0, 1), (1, 3), (3, 4)]]
+    h = stages[0].embed_tokens(x)
+    for s in stages:
+        h = s.forward_blocks(h)
+    logits, loss = stages[-1].forward_head(h, y)
+    assert torch.equal(logits, want_logits) and torch.equal(loss, want_loss)
+
+
+def test_block_range_checks():
+    stage = Model(FOUR, blocks=(1, 3))
+    assert isinstance(stage.blocks, torch.nn.ModuleList) and len(stage.blocks) == FOUR.n_layers
+    assert stage.blocks[0] is None and stage.blocks[3] is None and stage.blocks[1] is not None
+    h = torch.zeros(1, 4, FOUR.d_model)
+    assert stage.forward_blocks(h, 2, 2) is h
+    with pytest.raises(ValueError, match="not within"):
+        stage.forward_blocks(h, 0, 2)
+    with pytest.raises(RuntimeError, match="embedding"):
+        stage.embed_tokens(torch.zeros(1, 4, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="head"):
+        stage.forward_head(h)
+    for bad in [(0, 0), (2, 1), (-1, 2), (0, 5), (0.0, 1)]:
+        with pytest.raises(ValueError, match="block range"):
+            Model(FOUR, blocks=bad)

@@ -1,4 +1,5 @@
-"""Pipeline stages of a chain (peer/pipeline.py): stage models, links over loopback TCP, steps.
+"""Pipeline stages of a chain (peer/model.py's block ranges, peer/stage_links.py, peer/gpipe.py):
+stage models, links over loopback TCP, steps.
 
 Every chain here runs its stages as asyncio tasks of this process, linked by real TCP sockets on
 127.0.0.1; the references train the full model in one process on the same micro-batches.
@@ -15,21 +16,10 @@ import pytest
 import torch
 
 from peer.inner import InnerTrainer
+from peer.gpipe import run_inner_step
 from peer.model import build_model
-from peer.pipeline import (
-    BatchMismatch,
-    HandshakeRejected,
-    LinkClosed,
-    LinkProtocolError,
-    LinkTimeout,
-    StageIdentity,
-    StageListener,
-    StageModel,
-    connect_link,
-    link_codec,
-    run,
-    run_inner_step,
-)
+from peer.stage_errors import BatchMismatch, HandshakeRejected, LinkClosed, LinkProtocolError, LinkTimeout
+from peer.stage_links import StageIdentity, StageListener, connect_link, link_codec, run
 from protocol import PROTOCOL_VERSION
 from protocol.activations import compressed_boundary, constrain_to_subspace_, project_gradients_, subspace_basis
 from protocol.chains import stage_shapes
@@ -95,8 +85,12 @@ async def connect_chain(stages, ks, dtype, timeout=10.0):
     return up, down, listeners
 
 
+def stage_of(run, start, end):
+    return build_model(run.model, run.seed, run.partial.slices, run.partial.attn_slices, blocks=(start, end))
+
+
 def make_stages(cuts):
-    stages = [StageModel.for_run(RUN, cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
+    stages = [stage_of(RUN, cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
     return stages, [InnerTrainer(s, RUN.inner) for s in stages]
 
 
@@ -188,19 +182,19 @@ def assert_close(stages, model, rtol=1e-3):
 @pytest.mark.parametrize("cuts", [(0, 1), (1, 3), (3, 4), (0, 4), (2, 4)])
 def test_stage_model_is_the_full_models_share(cuts):
     full = dict(build_model(RUN.model, RUN.seed).named_parameters())
-    stage = StageModel.for_run(RUN, *cuts)
-    assert stage.param_shapes() == stage_shapes(RUN, *cuts)
-    assert list(stage.param_shapes()) == list(stage_shapes(RUN, *cuts))  # the same order
+    stage = stage_of(RUN, *cuts)
+    shapes = {name: tuple(p.shape) for name, p in stage.named_parameters()}
+    assert list(shapes.items()) == list(stage_shapes(RUN, *cuts).items())  # the same names, shapes, order
     for name, p in stage.named_parameters():
         assert torch.equal(p, full[name]), name
-    assert set(stage.state_dict()) == set(stage_shapes(RUN, *cuts))
+    assert list(stage.state_dict()) == list(stage_shapes(RUN, *cuts))
 
 
 def test_stage_init_replays_draws_across_chunks():
     """The skipped embedding spans two draw chunks (> 2^20 values)."""
     spec = ModelSpec(vocab_size=4100, d_model=256, n_layers=2, n_heads=4, ffn_hidden=64, seq_len=8)
     full = dict(build_model(spec, 11).named_parameters())
-    stage = StageModel(spec, 1, 2, seed=11)
+    stage = build_model(spec, 11, blocks=(1, 2))
     for name, p in stage.named_parameters():
         assert torch.equal(p, full[name]), name
 
@@ -209,11 +203,17 @@ def test_stage_model_forward_matches_the_model():
     model = build_model(RUN.model, RUN.seed)
     x, y = batches(1)[0]
     _, want = model(x, y)
-    a, b = StageModel.for_run(RUN, 0, 2), StageModel.from_model(model, 2, 4)
+    a = stage_of(RUN, 0, 2)
+    b = build_model(RUN.model, seed=0, blocks=(2, 4))  # other bits, then the model's tensors loaded
+    b.load_state_dict({n: p for n, p in model.state_dict().items() if n in b.state_dict()})
     _, got = b.forward_head(b.forward_blocks(a.forward_blocks(a.embed_tokens(x))), y)
     assert torch.equal(got, want)
     with pytest.raises(RuntimeError):
         b.embed_tokens(x)
+    with pytest.raises(RuntimeError):
+        a.forward_head(x)
+    with pytest.raises(ValueError, match="not within"):
+        a.forward_blocks(a.embed_tokens(x), 1, 3)
 
 
 # --- chains over loopback TCP --------------------------------------------------------------------
@@ -384,14 +384,14 @@ def test_bad_neighbours_are_dropped_and_the_listener_keeps_accepting(caplog):
             with pytest.raises(LinkProtocolError) as failed:  # the failure sticks to the link
                 await link.recv()
             assert isinstance(failed.value, FrameError)  # callers may catch ProtocolError
-        # the ids of another batch are not a link failure: the step stops, the link stays
+        # the ids of another batch: the step stops and the link closes, like any input this stage cannot use
         reader, writer, answer = await raw_hello(port, good_hello())
         link = await listener.accept(5)
         writer.write(encode_frame(Activations(0, 0, x[2:], torch.zeros(2, 16, D, dtype=torch.float16)), fmt))
-        with pytest.raises(BatchMismatch):
+        with pytest.raises(BatchMismatch, match="not this stage's batch"):
             await run_inner_step(stages[1], trainers[1], T=T, micro_batches=M, batch=(x, y), upstream=link)
-        assert not link.closed
-        await link.close()
+        assert link.closed and isinstance(BatchMismatch("x"), LinkProtocolError)
+        assert await eof(reader)
         writer.close()
         # nothing was updated by the failed steps
         assert trainers[1].step_count == 0
