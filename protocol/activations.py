@@ -87,13 +87,13 @@ import contextlib
 import functools
 import hashlib
 import math
-import re
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from protocol.errors import FrameError
+from protocol.layout import EMBED_NAME, RESIDUAL_KINDS, parse_name
 
 __all__ = [
     "WIRE_DTYPES",
@@ -113,8 +113,7 @@ __all__ = [
 ]
 
 WIRE_DTYPES = (torch.float16, torch.bfloat16)
-EMBEDDING = "embed.weight"
-_OUTPUT_PROJECTION = re.compile(r"^blocks\.\d+\.(attn\.out|mlp\.down)(\.\d+)?\.weight$")
+EMBEDDING = EMBED_NAME
 _BASIS_TAG = b"voloco/activation-subspace/v1"
 
 
@@ -313,7 +312,8 @@ def compressed_boundary(h: torch.Tensor, tok: torch.Tensor, T: torch.Tensor, cod
 # --- the lossless constraint ---------------------------------------------------------------------
 def is_output_projection(name: str) -> bool:
     """``blocks.{i}.attn.out[.{s}].weight`` or ``blocks.{i}.mlp.down[.{s}].weight``."""
-    return _OUTPUT_PROJECTION.match(name) is not None
+    parts = parse_name(name)
+    return parts is not None and parts.kind in RESIDUAL_KINDS
 
 
 def _check_basis(U: torch.Tensor, d: int, what: str) -> None:

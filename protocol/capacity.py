@@ -44,7 +44,7 @@ with every micro-batch of the step in flight), which is the conservative choice.
 
 from __future__ import annotations
 
-import math
+import functools
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -57,25 +57,32 @@ OUTER_BYTES_PER_PARAM = 8  # θ at the round's start + one strategy buffer, fp32
 
 def block_shapes(spec: RunSpec, block: int) -> Dict[str, Tuple[int, ...]]:
     """The tensors of one block, in the run's parameter order (sliced under partial updates)."""
-    prefix = f"blocks.{block}."
-    return {n: s for n, s in spec.param_shapes().items() if n.startswith(prefix)}
+    if not 0 <= block < spec.model.n_layers:
+        return {}
+    return {n: t.shape for n, t in spec.layout().items() if t.block == block}
 
 
-def _numel(shapes: Dict[str, Tuple[int, ...]]) -> int:
-    return sum(math.prod(s) for s in shapes.values())
+@functools.lru_cache(maxsize=64)
+def _param_counts(spec: RunSpec) -> Tuple[int, int, int]:
+    """Parameters of the embedding, of one block, and of the final norm and head."""
+    layout = spec.layout().values()
+    embed = sum(t.numel for t in layout if t.block < 0)
+    block = sum(t.numel for t in layout if t.block == 0)
+    head = sum(t.numel for t in layout if t.block >= spec.model.n_layers)
+    return embed, block, head
 
 
 def block_params(spec: RunSpec) -> int:
-    return _numel(block_shapes(spec, 0))
+    return _param_counts(spec)[1]
 
 
 def embed_params(spec: RunSpec) -> int:
-    return spec.model.vocab_size * spec.model.d_model
+    return _param_counts(spec)[0]
 
 
 def head_params(spec: RunSpec) -> int:
     """The final norm and the output head."""
-    return spec.model.d_model + spec.model.vocab_size * spec.model.d_model
+    return _param_counts(spec)[2]
 
 
 def block_activation_values(spec: RunSpec) -> int:

@@ -33,6 +33,7 @@ import msgpack
 from protocol import PROTOCOL_VERSION
 from protocol.capacity import first_block_bytes, layer_bytes, replica_bytes
 from protocol.errors import ProtocolError
+from protocol.layout import in_block_range
 from protocol.spec import RunSpec
 
 MAX_STAGES = 64  # the most stages an assignment record may name
@@ -110,17 +111,7 @@ def stage_shapes(spec: RunSpec, start_block: int, end_block: int) -> Dict[str, T
     n_layers = spec.model.n_layers
     if not 0 <= start_block < end_block <= n_layers:
         raise ValueError(f"block range [{start_block}, {end_block}) is not a non-empty part of [0, {n_layers})")
-    out: Dict[str, Tuple[int, ...]] = {}
-    for name, shape in spec.param_shapes().items():
-        if name.startswith("blocks."):
-            owned = start_block <= int(name.split(".", 2)[1]) < end_block
-        elif name == "embed.weight":
-            owned = start_block == 0
-        else:  # norm.weight, head.weight
-            owned = end_block == n_layers
-        if owned:
-            out[name] = shape
-    return out
+    return {n: t.shape for n, t in spec.layout().items() if in_block_range(t, start_block, end_block, n_layers)}
 
 
 # --- formation ---------------------------------------------------------------------------------

@@ -7,26 +7,25 @@ sliced projection. The union of the parts covers every tensor; shared tensors be
 
 from __future__ import annotations
 
-import re
-from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence, Tuple
 
+from protocol.layout import parse_name
 from protocol.spec import RunSpec
 
 FULL = -1
-_SLICED = re.compile(r"^blocks\.\d+\.(mlp\.(gate|up|down)|attn\.(qkv|out))\.(\d+)\.weight$")
 
 
 def slice_of(name: str) -> int:
     """The slice a tensor belongs to, or FULL for a tensor every part trains."""
-    m = _SLICED.match(name)
-    return int(m.group(4)) if m else FULL
+    parts = parse_name(name)
+    return FULL if parts is None or parts.slice is None else parts.slice
 
 
 def owned_shapes(spec: RunSpec, part: int) -> Dict[str, Tuple[int, ...]]:
     """The tensors (with shapes, in the run's order) that ``part`` trains and sends."""
     if part != FULL and not 0 <= part < spec.partial.slices:
         raise ValueError(f"part {part} is outside the run's {spec.partial.slices} slices")
-    return {n: s for n, s in spec.param_shapes().items() if part == FULL or slice_of(n) in (FULL, part)}
+    return {n: t.shape for n, t in spec.layout().items() if part == FULL or t.slice in (None, part)}
 
 
 def part_layouts(spec: RunSpec) -> Dict[int, Dict[str, Tuple[int, ...]]]:

@@ -3,7 +3,17 @@
 import pytest
 
 from protocol.errors import SpecError
-from protocol.spec import RunSpec
+from protocol.spec import (
+    DEFAULT_OUTER_LR,
+    DENSE_DTYPES,
+    MAX_TENSORS,
+    SPARSE_AGGREGATES,
+    SPEC_VERSION,
+    STRATEGIES,
+    InnerSpec,
+    ModelSpec,
+    RunSpec,
+)
 
 
 @pytest.mark.parametrize(
@@ -33,3 +43,139 @@ def test_bad_toml_is_a_spec_error():
         RunSpec.from_toml("[model\nd_model = 3")
     with pytest.raises(SpecError, match="d_model"):
         RunSpec.from_toml("[model]\nd_model = 'big'")
+
+
+# hex digests of these specs as the hand-written dataclass spec gave them: the pydantic models
+# must serialize to the very same bytes (same keys, order and types)
+DIGESTS = [
+    ({}, "06b6920bc4743496"),
+    ({"outer": {"strategy": "diloco", "lr": 0.5}}, "219150effa835f5a"),
+    ({"partial": {"slices": 4, "attention": True}}, "168ae9c8ee69a4ba"),
+    ({"chain": {"rank": 16}}, "3116cf2fd01e0acc"),
+    ({"model": {"d_model": 64, "n_layers": 2}}, "e92ac4b22a6e2353"),
+    (
+        {
+            "run_id": "combo-1",
+            "seed": 7,
+            "max_rounds": 100,
+            "outer": {"strategy": "dct", "inner_steps": 10, "dct": {"topk": 16}},
+            "swarm": {"min_group_size": 3, "round_wait": 12.5},
+            "data": {"batch_size": 8},
+            "inner": {"lr": 1e-3, "warmup_steps": 5},
+        },
+        "0cc087db1ee9b08f",
+    ),
+]
+
+
+@pytest.mark.parametrize("changes, digest", DIGESTS)
+def test_digests_are_unchanged(changes, digest):
+    spec = RunSpec().replace(**changes)
+    assert spec.digest() == digest
+    assert RunSpec.from_bytes(spec.to_bytes()).digest() == digest
+    assert RunSpec.from_toml(spec.to_toml()).digest() == digest
+
+
+def test_to_dict_keeps_keys_order_and_types():
+    d = RunSpec().to_dict()
+    assert list(d) == ["run_id", "seed", "max_rounds", "model", "data", "inner", "outer", "swarm", "partial", "chain", "version"]
+    assert list(d["outer"]) == ["strategy", "inner_steps", "lr", "momentum", "nesterov", "dense_dtype", "sparseloco", "dct"]
+    assert d["outer"]["lr"] is None and d["outer"]["nesterov"] is True
+    assert type(d["model"]["rope_theta"]) is float and type(d["model"]["d_model"]) is int
+
+
+def test_a_float_field_takes_an_int_and_stores_a_float():
+    spec = RunSpec.from_toml("[inner]\nlr = 1\n[outer]\nlr = 2")
+    assert type(spec.inner.lr) is float and spec.inner.lr == 1.0 and type(spec.outer.lr) is float
+    assert spec.digest() == RunSpec().replace(inner={"lr": 1.0}, outer={"lr": 2.0}).digest()
+
+
+def test_api_survives():
+    spec = RunSpec(run_id="api", model=ModelSpec(d_model=32, n_layers=2, n_heads=2, ffn_hidden=64))
+    assert spec.model.d_model == 32 and spec.outer.effective_lr == DEFAULT_OUTER_LR["sparseloco"]
+    assert spec.chain.effective_rank(spec.model.d_model) == 3 and spec.partial.attn_slices == 1
+    assert list(spec.param_shapes()) == list(spec.model.param_shapes())
+    assert spec == RunSpec.from_dict(spec.to_dict()) and hash(spec) == hash(RunSpec.from_dict(spec.to_dict()))
+    assert spec.replace(outer={"sparseloco": {"bits": 3}}).outer.sparseloco.topk == spec.outer.sparseloco.topk
+    assert InnerSpec(warmup_steps=2, total_steps=10).lr_at(0) == pytest.approx(1e-3)
+    with pytest.raises(Exception):
+        spec.seed = 3  # frozen
+    assert (SPEC_VERSION, STRATEGIES, DENSE_DTYPES, SPARSE_AGGREGATES) == (1, ("diloco", "sparseloco", "dct"), ("fp32", "fp16"), ("chosen", "mean"))
+
+
+BAD_TOML = [
+    ("[model]\nn_layers = 2147483648", r"^model\.n_layers must be an integer in \[1, 1024\], got 2147483648$"),
+    ("seed = 18446744073709551616", r"^seed must be an integer in \[0, 2\*\*63\), got 18446744073709551616$"),
+    ("[swarm]\nheartbeat_period = 1e308", r"^swarm\.heartbeat_period must be a finite number in \(0, 3600\]"),
+    ("[swarm]\nround_wait = nan", r"^swarm\.round_wait must be a finite number"),
+    ("[inner]\nlr = -inf", r"^inner\.lr must be a finite number in \(0, 1000\], got -inf$"),
+    ("[inner]\nlr = " + "9" * 400 + ".0", r"^inner\.lr must be a finite number"),
+    ("seed = " + "9" * 5000, r"not valid TOML"),
+    ("[model]\nd_model = 4.0", r"^model\.d_model must be an integer"),
+    ("[data]\nbatch_size = true", r"^data\.batch_size must be an integer"),
+    ("[outer]\nnesterov = 1", r"^outer\.nesterov must be true or false, got 1$"),
+    ("[outer]\nstrategy = 'adam'", r"^outer\.strategy must be one of 'diloco', 'sparseloco', 'dct', got 'adam'$"),
+    ("[model]\nfoo = 1", r"^unknown field\(s\) in the run spec: model\.foo$"),
+    ("[outer.sparseloco.x]\ny = 1", r"^unknown field\(s\) in the run spec: outer\.sparseloco\.x$"),
+    ("model = 5", r"^model must be a table/map, got int$"),
+    ("[model]\nd_model = 33", r"model\.d_model \(33\) must be divisible by model\.n_heads"),
+    ("[model]\nd_model = 12\nn_heads = 4", r"must be even"),
+    ("[model]\nd_model = 65536\nn_heads = 256\nn_layers = 1024\nffn_hidden = 262144", r"^model has .* parameters"),
+    ("[partial]\nslices = 3", r"MLP slices"),
+    ("[partial]\nslices = 32\n[model]\nd_model = 8\nn_heads = 2\nn_layers = 1024\nffn_hidden = 1024\n[chain]\nrank = 8",
+     r"^model\.n_layers \(1024\) x partial\.slices \(32\) make 102403 tensors, more than the limit of 65536$"),
+    ("[chain]\nrank = 200", r"chain\.rank \(200\) must be <= model\.d_model"),
+    ("[inner]\nwarmup_steps = 3000", r"inner\.total_steps .* must be greater than inner\.warmup_steps"),
+    ("[outer.sparseloco]\nchunk = 8\ntopk = 65", r"outer\.sparseloco\.topk \(65\) must be <="),
+    ("[outer.dct]\nchunk = 300", r"^outer\.dct\.chunk must be an integer in \[1, 256\], got 300$"),
+    ("[swarm]\nmin_group_size = 5\nmax_group_size = 3", r"swarm\.max_group_size \(3\) must be >= swarm\.min_group_size"),
+    ("version = 2\nnew_field = 1", r"^spec version 2 is not supported"),
+    ("run_id = 'Bad Id'", r"^run_id 'Bad Id' must be 1-48 characters"),
+    ('run_id = "ok\\n"', r"^run_id 'ok\\n' must be"),  # a trailing newline: refused (was accepted)
+    ("[data]\ncorpus = ''", r"^data\.corpus must be a string of 1 to 4096 characters"),
+]
+
+
+@pytest.mark.parametrize("text, match", BAD_TOML)
+def test_every_bad_spec_is_one_spec_error_line(text, match):
+    with pytest.raises(SpecError, match=match) as info:
+        RunSpec.from_toml(text)
+    assert type(info.value) is SpecError and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "data, match",
+    [
+        ({"seed": 2**64 - 1}, r"^seed must be an integer"),
+        ({"outer": {"lr": None, "momentum": [1]}}, r"^outer\.momentum must be a finite number in \[0, 1\), got \[1\]$"),
+        ({"model": {"n_layers": 2**31}}, r"^model\.n_layers must be an integer in \[1, 1024\]"),
+        ({"model": "x" * 1000}, r"^model must be a table/map, got str$"),
+        ({"chain": {"link_timeout": float("inf")}}, r"^chain\.link_timeout must be a finite number"),
+    ],
+)
+def test_bad_msgpack_is_one_spec_error_line(data, match):
+    import msgpack
+
+    with pytest.raises(SpecError, match=match):
+        RunSpec.from_bytes(msgpack.packb(data, use_bin_type=True))
+
+
+def test_direct_construction_raises_spec_error_too():
+    with pytest.raises(SpecError, match=r"^model\.n_layers must be an integer in \[1, 1024\], got 2147483648$"):
+        ModelSpec(n_layers=2**31)
+    with pytest.raises(SpecError, match=r"^model\.n_layers must be an integer in \[1, 1024\], got an integer of"):
+        RunSpec.from_dict({"model": {"n_layers": 1 << 20000}})
+    with pytest.raises(SpecError, match=r"^inner\.lr must be a finite number"):
+        InnerSpec(lr="x")
+    with pytest.raises(SpecError, match=r"^unknown field\(s\) in the run spec: 1$"):
+        RunSpec.from_dict({1: 2})
+    with pytest.raises(SpecError, match=r"^run spec must be a table/map"):
+        RunSpec.from_dict([("seed", 1)])
+    with pytest.raises(SpecError, match=r"^unknown field\(s\) in the run spec: model\.zzz$"):
+        RunSpec().replace(model={"zzz": 1})
+
+
+def test_the_tensor_limit_counts_the_real_layout():
+    spec = RunSpec().replace(model={"n_layers": 1024, "d_model": 64, "n_heads": 16, "ffn_hidden": 1024}, chain={"rank": 8},
+                             partial={"slices": 8, "attention": True})
+    assert len(spec.layout()) == 3 + 1024 * (2 + 2 * 8 + 3 * 8) <= MAX_TENSORS

@@ -1,0 +1,234 @@
+"""The sections of the run spec (protocol/spec.py): model, data, inner and outer optimisation,
+compression, partial updates, chains and swarm timings.
+
+Each is a frozen, strict pydantic model (protocol/spec_fields.py): built from keyword arguments or
+from a nested dict of the run spec, validated when it is built, and a SpecError naming the field
+by its dotted path (``model.n_layers``) when anything is wrong.
+"""
+
+import math
+from typing import ClassVar, Dict, Literal, Tuple
+
+from pydantic import Field, model_validator
+
+from protocol.errors import SpecError
+from protocol.layout import check_slices, tensor_layout
+from protocol.spec_fields import Bool, Float, Int, OptionalFloat, SpecModel, Str
+
+STRATEGIES = ("diloco", "sparseloco", "dct")
+DENSE_DTYPES = ("fp32", "fp16")
+SPARSE_AGGREGATES = ("chosen", "mean")
+CHAIN_WIRE_DTYPES = ("fp16", "bf16")
+DEFAULT_OUTER_LR = {"diloco": 0.7, "sparseloco": 1.0, "dct": 1.0}
+
+MAX_PARAMS = 2 * 10**11  # the largest model a spec may describe (800 GB of fp32 weights)
+DAY = 86400.0  # seconds: the longest any timeout or wait may be
+MAX_STEPS = 1 << 40  # step and round counters
+
+
+class ModelSpec(SpecModel):
+    """A Llama-style decoder (RMSNorm, RoPE, SwiGLU) over bytes."""
+
+    _path: ClassVar[str] = "model"
+
+    vocab_size: Int(ge=1, le=1 << 20) = 256
+    d_model: Int(ge=1, le=1 << 16) = 128
+    n_layers: Int(ge=1, le=1024) = 4
+    n_heads: Int(ge=1, le=1024) = 4
+    ffn_hidden: Int(ge=1, le=1 << 18) = 352
+    seq_len: Int(ge=1, le=1 << 17) = 128
+    rope_theta: Float(gt=0.0, le=1e12) = 10000.0
+    norm_eps: Float(gt=0.0, le=1.0) = 1e-5
+    init_std: Float(gt=0.0, le=10.0) = 0.02
+
+    @model_validator(mode="after")
+    def _shape(self) -> "ModelSpec":
+        if self.d_model % self.n_heads:
+            raise SpecError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+        if (self.d_model // self.n_heads) % 2:
+            raise SpecError("model.d_model / model.n_heads must be even (RoPE rotates pairs of dimensions)")
+        n = self.num_params()
+        if n > MAX_PARAMS:
+            raise SpecError(
+                f"model has {n:.3g} parameters, more than the limit of {MAX_PARAMS:.3g}"
+                " (model.n_layers, model.d_model, model.ffn_hidden, model.vocab_size)"
+            )
+        return self
+
+    def check_slices(self, mlp_slices: int = 1, attn_slices: int = 1) -> None:
+        check_slices(self, mlp_slices, attn_slices)
+
+    def param_shapes(self, mlp_slices: int = 1, attn_slices: int = 1) -> Dict[str, Tuple[int, ...]]:
+        """Every trainable tensor of the model, by the name peer/model.py gives it, in a fixed order
+        (protocol/layout.py). With slices > 1, the MLP hidden neurons (attention heads) are
+        separate tensors per slice: ``blocks.{i}.mlp.gate.{s}.weight`` and so on."""
+        return {name: t.shape for name, t in tensor_layout(self, mlp_slices, attn_slices).items()}
+
+    def num_params(self) -> int:
+        return sum(math.prod(s) for s in self.param_shapes().values())
+
+
+class DataSpec(SpecModel):
+    """Where the text comes from and how it is cut into batches."""
+
+    _path: ClassVar[str] = "data"
+
+    corpus: Str(min_length=1) = "stdlib"  # "stdlib": the Python standard library's sources; peers may pass --data
+    val_fraction: Float(gt=0.0, lt=1.0) = 0.1  # fraction of files held out for validation (by a hash of the path)
+    batch_size: Int(ge=1, le=1 << 16) = 16  # sequences per inner step
+    val_batches: Int(ge=1, le=1 << 16) = 8  # batches in one validation pass (fixed, the same on every peer)
+
+
+class InnerSpec(SpecModel):
+    """AdamW on every peer, warm-up then cosine decay, state kept across rounds."""
+
+    _path: ClassVar[str] = "inner"
+
+    lr: Float(gt=0.0, le=1e3) = 2e-3
+    beta1: Float(ge=0.0, lt=1.0) = 0.9
+    beta2: Float(ge=0.0, lt=1.0) = 0.95
+    weight_decay: Float(ge=0.0, le=1e3) = 0.1
+    warmup_steps: Int(ge=0, lt=MAX_STEPS) = 30
+    total_steps: Int(ge=1, le=MAX_STEPS) = 3000  # the cosine horizon, counted in a peer's own inner steps
+    min_lr_ratio: Float(ge=0.0, le=1.0) = 0.1
+    grad_clip: Float(gt=0.0, le=1e6) = 1.0
+
+    @model_validator(mode="after")
+    def _horizon(self) -> "InnerSpec":
+        if self.total_steps <= self.warmup_steps:
+            raise SpecError(
+                f"inner.total_steps ({self.total_steps}) must be greater than inner.warmup_steps ({self.warmup_steps})"
+            )
+        return self
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate for a peer's inner step number ``step`` (0-based)."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        floor = self.lr * self.min_lr_ratio
+        return floor + (self.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class _ChunkTopK(SpecModel):
+    """A compressor keeping ``topk`` entries per chunk of ``chunk`` x ``chunk``."""
+
+    chunk: int
+    topk: int
+
+    @model_validator(mode="after")
+    def _topk_fits(self) -> "_ChunkTopK":
+        if self.topk > self.chunk * self.chunk:
+            raise SpecError(f"{self._path}.topk ({self.topk}) must be <= {self._path}.chunk ** 2 ({self.chunk**2})")
+        return self
+
+
+class SparseLoCoSpec(_ChunkTopK):
+    _path: ClassVar[str] = "outer.sparseloco"
+
+    chunk: Int(ge=1, le=64) = 64  # chunk side: 64x64 blocks for matrices (indices packed in 12 bits)
+    topk: Int(ge=1, le=64 * 64) = 64  # kept entries per full chunk of chunk*chunk (64 of 4096 = 1.56 %)
+    bits: Int(ge=1, le=8) = 2  # quantization bits of the kept values
+    ef_beta: Float(ge=0.0, le=1.0) = 0.95  # error-feedback decay
+    # "chosen": each coordinate averaged over the payloads that kept it; "mean": over all payloads
+    aggregate: Literal[SPARSE_AGGREGATES] = "chosen"
+
+
+class DCTSpec(_ChunkTopK):
+    _path: ClassVar[str] = "outer.dct"
+
+    chunk: Int(ge=1, le=256) = 64  # DCT block side (indices are uint16)
+    topk: Int(ge=1, le=256 * 256) = 32  # coefficients kept per full chunk
+    beta: Float(ge=0.0, le=1.0) = 0.999  # decay of the local outer momentum
+    value_dtype: Literal[DENSE_DTYPES] = "fp16"
+
+
+class OuterSpec(SpecModel):
+    _path: ClassVar[str] = "outer"
+
+    strategy: Literal[STRATEGIES] = "sparseloco"
+    inner_steps: Int(ge=1, le=1 << 20) = 30  # H: local steps between two exchanges
+    lr: OptionalFloat(gt=0.0, le=1e3) = None  # None: the strategy's default (diloco 0.7, sparseloco and dct 1.0)
+    momentum: Float(ge=0.0, lt=1.0) = 0.9  # diloco's outer Nesterov momentum
+    nesterov: Bool = True
+    dense_dtype: Literal[DENSE_DTYPES] = "fp32"  # diloco's wire dtype
+    sparseloco: SparseLoCoSpec = Field(default_factory=SparseLoCoSpec)
+    dct: DCTSpec = Field(default_factory=DCTSpec)
+
+    @property
+    def effective_lr(self) -> float:
+        return self.lr if self.lr is not None else DEFAULT_OUTER_LR[self.strategy]
+
+
+class PartialSpec(SpecModel):
+    """Partial parameter updates (arXiv 2509.22418): each peer trains one fixed slice.
+
+    The MLP hidden neurons of every block are split into ``slices`` slices (and the attention heads
+    too, with ``attention``); a peer trains its slice plus the shared tensors (embeddings, norms,
+    attention unless sliced, head) and freezes the rest. ``slices = 1``: every peer trains it all.
+    """
+
+    _path: ClassVar[str] = "partial"
+
+    slices: Int(ge=1, le=1024) = 1
+    attention: Bool = False
+
+    @property
+    def attn_slices(self) -> int:
+        return self.slices if self.attention else 1
+
+
+class ChainSpec(SpecModel):
+    """Pipeline chains of low-resource peers (arXiv 2601.02360): one stage per peer, a chain is one
+    replica; activations cross stage boundaries projected on a rank-``rank`` subspace."""
+
+    _path: ClassVar[str] = "chain"
+
+    rank: Int(ge=0, le=1 << 16) = 0  # k; 0: d_model // 10 (>= 8x fewer bytes per token than 16-bit); d_model: uncompressed
+    micro_batches: Int(ge=1, le=1 << 16) = 4  # GPipe micro-batches per inner step (a batch split as evenly as can be)
+    wire_dtype: Literal[CHAIN_WIRE_DTYPES] = "fp16"  # fp16 or bf16 values between stages
+    compress_all: Bool = False  # every replica trains the subspace-constrained model (the "uniform" arm)
+    link_timeout: Float(gt=0.0, le=DAY) = 30.0  # seconds without a frame from a neighbour: the chain is broken
+
+    def effective_rank(self, d_model: int) -> int:
+        return self.rank if self.rank else max(1, d_model // 10)
+
+
+class SwarmSpec(SpecModel):
+    """How peers meet: group sizes and the time limits of one round."""
+
+    _path: ClassVar[str] = "swarm"
+
+    min_group_size: Int(ge=1, le=1 << 12) = 2
+    max_group_size: Int(ge=1, le=1 << 12) = 16
+    matchmaking_time: Float(gt=0.0, le=DAY) = 3.0  # seconds a leader waits for followers
+    gather_timeout: Float(gt=0.0, le=DAY) = 30.0  # seconds for the all-gather once a group is formed
+    round_wait: Float(gt=0.0, le=DAY) = 60.0  # the most a ready peer waits for slower peers of its round
+    heartbeat_period: Float(gt=0.0, le=3600.0) = 2.0  # seconds between progress records in the DHT
+
+    @model_validator(mode="after")
+    def _groups(self) -> "SwarmSpec":
+        if self.max_group_size < self.min_group_size:
+            raise SpecError(
+                f"swarm.max_group_size ({self.max_group_size}) must be >= swarm.min_group_size ({self.min_group_size})"
+            )
+        return self
+
+
+__all__ = [
+    "STRATEGIES",
+    "DENSE_DTYPES",
+    "SPARSE_AGGREGATES",
+    "CHAIN_WIRE_DTYPES",
+    "DEFAULT_OUTER_LR",
+    "MAX_PARAMS",
+    "ModelSpec",
+    "DataSpec",
+    "InnerSpec",
+    "SparseLoCoSpec",
+    "DCTSpec",
+    "OuterSpec",
+    "PartialSpec",
+    "ChainSpec",
+    "SwarmSpec",
+]
