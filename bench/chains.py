@@ -14,7 +14,7 @@ replica (one model whose forward and backward cross a stage boundary after block
   (the identity codec: ``h - T[tok]`` in fp16, no constraint);
 * (c) ``3 full + chain k=d/10``: selective compression. Only the chain projects its boundary onto
   ``span(U)`` at the default rank ``spec.chain.effective_rank(d)``, with the lossless chain-local
-  constraint exactly as peer/runtime.py + peer/pipeline.py run it;
+  constraint exactly as peer/runtime.py + peer/gpipe.py run it;
 * (d) ``4 chains k=d/10``: uniform compression. Every replica is a compressed chain and the run
   trains the subspace-constrained model (the run-wide variant of protocol/activations.py, what
   ``chain.compress_all`` describes): θ is projected once at the start and after every outer step
@@ -59,13 +59,9 @@ the G − 1 other members and fetches theirs every round; a chain's stages are t
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -74,18 +70,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from bench.common import decode_payloads, human, machine, now, run_jobs, table  # noqa: E402
 from peer.data import TrainStream, load_corpus, val_batches  # noqa: E402
 from peer.inner import InnerTrainer, evaluate  # noqa: E402
 from peer.model import build_model  # noqa: E402
-from peer.pipeline import link_codec  # noqa: E402
-from peer.strategies import canonical_order, make_strategy, pseudo_gradient  # noqa: E402
+from peer.stage_links import link_codec  # noqa: E402
+from peer.round_engine import RoundEngine  # noqa: E402
+from peer.strategies import make_strategy  # noqa: E402
 from protocol.activations import (  # noqa: E402
     compressed_boundary,
     constrain_to_subspace_,
     project_gradients_,
     uncompressed_bytes_per_token,
 )
-from protocol.chains import stage_shapes  # noqa: E402
 from protocol.frames import Activations, FrameFormat, Grads, encode_frame  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
 
@@ -94,22 +91,12 @@ CONFIGS = {
     # the demo model's shape (d 128, 4 layers, 0.87M parameters) on 64-byte sequences
     "full": dict(
         model=dict(d_model=128, n_layers=4, n_heads=4, ffn_hidden=352, seq_len=64),
-        batch_size=16,
-        inner_steps=20,
-        rounds=10,
-        lr=2e-3,
-        warmup=20,
-        extra=True,
+        batch_size=16, inner_steps=20, rounds=10, lr=2e-3, warmup=20, extra=True,
     ),
     # a tiny model for a smoke run
     "quick": dict(
         model=dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176, seq_len=32),
-        batch_size=8,
-        inner_steps=10,
-        rounds=6,
-        lr=3e-3,
-        warmup=10,
-        extra=False,
+        batch_size=8, inner_steps=10, rounds=6, lr=3e-3, warmup=10, extra=False,
     ),
 }
 
@@ -131,24 +118,6 @@ ARMS = [
 ]
 EXTRA_ARMS = [Arm("c4", "(c') 3 full + chain k=d/4 (selective)", 1, "d4")]  # in the full run
 OPTIONAL_ARMS = [Arm("d4", "(d') 4 chains k=d/4 (uniform)", 4, "d4", run_wide=True)]  # --only d4
-
-
-def machine() -> str:
-    return f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__}"
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f}"
-
-
-def table(cols, lines, left=1) -> str:
-    widths = [max(len(c), *(len(l[i]) for l in lines)) for i, c in enumerate(cols)]
-    fmt = lambda row: "  ".join(v.ljust(w) if i < left else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))  # noqa: E731
-    return "\n".join([fmt(cols), "  ".join("-" * w for w in widths)] + [fmt(l) for l in lines])
 
 
 def make_spec(cfg: Dict[str, Any]) -> RunSpec:
@@ -188,12 +157,11 @@ Tensors = Dict[str, torch.Tensor]
 
 @dataclass
 class Member:
-    """One peer of the exchange: a full replica, or one stage of a chain."""
+    """One peer of the exchange: a full replica, or one stage of a chain, with its round engine
+    (peer/round_engine.py: its θ and strategy, as on a live peer)."""
 
     sender: str
-    names: List[str]  # the tensors it trains and sends
-    strategy: Any
-    theta: Tensors = field(default_factory=dict)
+    engine: RoundEngine
 
 
 @dataclass
@@ -219,7 +187,7 @@ def chain_forward(model, x, y, codec, T, cut):
 
 
 def chain_step(rep: Replica, x: torch.Tensor, y: torch.Tensor, micro_batches: int) -> float:
-    """``peer.pipeline.run_inner_step`` of both stages, in one process (tests/test_pipeline.py's
+    """``peer.gpipe.run_inner_step`` of both stages, in one process (tests/test_pipeline.py's
     reference, which it checks against the TCP chain)."""
     trainer, model = rep.trainer, rep.model
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -230,17 +198,9 @@ def chain_step(rep: Replica, x: torch.Tensor, y: torch.Tensor, micro_batches: in
         (loss / micro_batches).backward()
         total += loss.item()
     named = list(model.named_parameters())
-    if rep.U is not None:
-        project_gradients_(named, rep.U)
-    lr = trainer.lr
-    for group in trainer.optimizer.param_groups:
-        group["lr"] = lr
-    for g in rep.groups:
-        torch.nn.utils.clip_grad_norm_(g, trainer.spec.grad_clip)
-    trainer.optimizer.step()
-    trainer.step_count += 1
-    if rep.U is not None:
-        constrain_to_subspace_(named, rep.U, rep.T)
+    project = (lambda: project_gradients_(named, rep.U)) if rep.U is not None else None
+    constrain = (lambda: constrain_to_subspace_(named, rep.U, rep.T)) if rep.U is not None else None
+    trainer.apply_gradients(project, constrain, clip_groups=rep.groups)
     return total / micro_batches
 
 
@@ -255,6 +215,10 @@ def chain_evaluate(model, batches, codec, T, cut) -> float:
         count += y.numel()
     model.train()
     return total / count
+
+
+def _copy(theta: Tensors) -> Tensors:
+    return {n: t.clone() for n, t in theta.items()}
 
 
 def load(model, theta: Tensors) -> None:
@@ -296,18 +260,16 @@ def run_arm(job) -> Dict[str, Any]:
         model = build_model(spec.model, spec.seed)
         chain = i >= R - arm.chains
         if chain:
-            members = [Member(f"{name}-stage{s}", list(stage_shapes(spec, a, b)), make_strategy(spec, part=(a, b)))
+            members = [Member(f"{name}-stage{s}", RoundEngine(make_strategy(spec, part=(a, b)), _copy(theta0)))
                        for s, (a, b) in enumerate(stages)]
         else:
-            members = [Member(name, list(spec.param_shapes()), make_strategy(spec))]
-        for m in members:
-            m.theta = {n: t.clone() for n, t in theta0.items()}
+            members = [Member(name, RoundEngine(make_strategy(spec), _copy(theta0)))]
         rep = Replica(name, model, InnerTrainer(model, spec.inner), TrainStream(corpus, spec.model.seq_len, spec.data.batch_size,
                       spec.seed, shard=name), members, chain)
         if chain:
             params = dict(model.named_parameters())
             rep.cut, rep.codec, rep.U = cut, codec, U
-            rep.groups = [[params[n] for n in m.names] for m in members]
+            rep.groups = [[params[n] for n in m.engine.strategy.layout] for m in members]
         reps.append(rep)
     members = [m for rep in reps for m in rep.members]
     val = val_batches(corpus, spec.model.seq_len, spec.data.batch_size, spec.data.val_batches)
@@ -323,7 +285,7 @@ def run_arm(job) -> Dict[str, Any]:
     for round_no in range(rounds):
         payloads, pendings, losses = {}, {}, []
         for rep in reps:
-            theta = rep.members[0].theta  # every member's θ is the same (asserted below)
+            theta = rep.members[0].engine.theta  # every member's θ is the same (asserted below)
             load(rep.model, theta)
             if rep.chain:
                 rep.T = theta["embed.weight"].clone()
@@ -338,9 +300,7 @@ def run_arm(job) -> Dict[str, Any]:
                 tokens += x.numel()
             params = dict(rep.model.named_parameters())
             for m in rep.members:
-                delta = pseudo_gradient(start, params, m.names)
-                payloads[m.sender], pendings[m.sender] = m.strategy.encode(delta, round_no)
-        order = canonical_order(payloads)
+                payloads[m.sender], pendings[m.sender] = m.engine.encode(start, params)
         total_bytes = sum(len(p) for p in payloads.values())
         shared = None
         for m in members:
@@ -348,29 +308,23 @@ def run_arm(job) -> Dict[str, Any]:
             payload_sizes[m.sender].append(own)
             sent[m.sender] += (len(members) - 1) * own
             received[m.sender] += total_bytes - own
-            if round_no == 0 or shared is None:
-                decoded = [m.strategy.decode(payloads[s], round_no) for s in order]
-                if shared is None:
-                    shared = decoded
-                else:
-                    for a, b in zip(shared, decoded):
-                        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a), f"{m.sender} decoded differently"
-            else:
-                decoded = shared
-            m.strategy.apply(m.theta, m.strategy.aggregate(decoded))
+            decoded = decode_payloads(m.engine, payloads, round_no, shared, f"{m.sender} decoded differently")
+            if shared is None:
+                shared = decoded
+            m.engine.conclude(decoded, pendings[m.sender], delivered=True)
             if arm.run_wide and U is not None:  # the aggregate is not in span(U): project θ again, exactly
-                constrain_to_subspace_(m.theta, U, m.theta["embed.weight"], exact=True)
-            m.strategy.settle(pendings[m.sender], delivered=True)
+                constrain_to_subspace_(m.engine.theta, U, m.engine.theta["embed.weight"], exact=True)
+        theta = members[0].engine.theta
         for m in members[1:]:
-            assert all(torch.equal(members[0].theta[n], m.theta[n]) for n in m.theta), f"round {round_no}: θ of {m.sender} differs"
+            assert all(torch.equal(theta[n], m.engine.theta[n]) for n in theta), f"round {round_no}: θ of {m.sender} differs"
         last = round_no == rounds - 1
         val_loss = None
         if last or (round_no + 1) % max(1, rounds // 5) == 0:
-            load(evaluator, members[0].theta)
+            load(evaluator, members[0].engine.theta)
             val_loss = evaluate(evaluator, val)
         history.append(dict(round=round_no + 1, tokens=tokens, train_loss=sum(losses) / len(losses), val_loss=val_loss))
 
-    theta = members[0].theta
+    theta = members[0].engine.theta
     chain_view = None
     if arm.chains:  # the loss the chain's own model has: θ projected as at a round start, through the boundary
         load(evaluator, theta)
@@ -396,13 +350,7 @@ def run_arm(job) -> Dict[str, Any]:
 
 
 def run_arms(cfg, arms, jobs: int, threads: int) -> List[Dict[str, Any]]:
-    work = [(cfg, arm, threads) for arm in arms]
-    if jobs <= 1:
-        return [run_arm(w) for w in work]
-    import multiprocessing as mp
-
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        return list(pool.map(run_arm, work))
+    return run_jobs(run_arm, [(cfg, arm, threads) for arm in arms], jobs)
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -478,7 +426,7 @@ def main(argv=None) -> int:
     spec = make_spec(cfg)
     ms = spec.model
     t0 = time.monotonic()
-    print(f"bench/chains.py ({name}): {datetime.datetime.now().isoformat(timespec='seconds')}, {machine()}, "
+    print(f"bench/chains.py ({name}): {now()}, {machine()}, "
           f"{args.jobs} job(s) x {args.threads} thread(s)")
     print(f"model d {ms.d_model}, {ms.n_layers} layers, {ms.n_heads} heads, ffn {ms.ffn_hidden} ({ms.num_params():,} parameters), "
           f"batch {spec.data.batch_size}x{ms.seq_len}, {R} replicas, {cfg['rounds']} rounds of H={cfg['inner_steps']} "
@@ -493,7 +441,7 @@ def main(argv=None) -> int:
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
         result = dict(config=cfg, name=name, rows=rows, goals=lines, machine=machine(),
-                      date=datetime.datetime.now().isoformat(timespec="seconds"))
+                      date=now())
         args.json.write_text(json.dumps(result, indent=2, default=str))
     return 0
 

@@ -61,12 +61,14 @@ def warm_start(spec: RunSpec, steps: int, log=print) -> Tuple[Any, float]:
     return ws.theta, ws.final_val_loss
 
 
-def decode_payloads(strategy, payloads, order, round_no: int, shared, mismatch: str):
-    """What one member of a simulated round decodes: every payload in ``order``. Really decoded in
-    round 0, and while no member's decode is ``shared`` yet (checked identical to it when there is
-    one); later rounds reuse ``shared``, decoding being a pure function of the bytes."""
+def decode_payloads(engine, payloads, round_no: int, shared, mismatch: str):
+    """What one member's round engine decodes in a simulated round: every payload, in the canonical
+    order. Really decoded in round 0, and while no member's decode is ``shared`` yet (checked
+    identical to it when there is one); later rounds reuse ``shared``, decoding being a pure
+    function of the bytes."""
     if round_no == 0 or shared is None:
-        decoded = [strategy.decode(payloads[s], round_no) for s in order]
+        decoded, invalid = engine.decode(payloads)
+        assert not invalid, f"{mismatch}: rejected {invalid}"
         if shared is not None:
             for a, b in zip(shared, decoded):
                 assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a), mismatch

@@ -7,7 +7,7 @@ never touched, weight decay included. Decay applies to matrices only, not to the
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -56,18 +56,22 @@ class InnerTrainer:
         self,
         before_clip: Optional[Callable[[], None]] = None,
         after_step: Optional[Callable[[], None]] = None,
+        clip_groups: Optional[Sequence[Sequence[torch.nn.Parameter]]] = None,
     ) -> None:
         """The update from the gradients accumulated in the parameters (one backward, or a
         pipeline stage's micro-batches): ``before_clip()`` (e.g. project the gradients; it may raise,
         and then nothing is updated), the learning rate of the schedule, the clip of the
         trainable parameters' gradient norm to ``grad_clip``, AdamW's step, ``step_count += 1``,
-        then ``after_step()`` (e.g. constrain the updated weights). Every inner step goes through here."""
+        then ``after_step()`` (e.g. constrain the updated weights). Every inner step goes through here.
+        ``clip_groups``: clip each group's norm on its own (the stages of a chain simulated in one
+        process); default one group, the trainable parameters."""
         if before_clip is not None:
             before_clip()
         lr = self.lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        torch.nn.utils.clip_grad_norm_(self.params, self.spec.grad_clip)
+        for group in clip_groups if clip_groups is not None else (self.params,):
+            torch.nn.utils.clip_grad_norm_(group, self.spec.grad_clip)
         self.optimizer.step()
         self.step_count += 1
         if after_step is not None:
