@@ -145,25 +145,9 @@ class SimResult:
         return self.steps_per_replica * allreduce_bytes_per_step(self.num_params, self.replicas)
 
     def to_dict(self) -> Dict[str, object]:
-        return {
-            "strategy": self.strategy,
-            "aggregate": self.aggregate,
-            "replicas": self.replicas,
-            "rounds": self.rounds,
-            "inner_steps": self.inner_steps,
-            "num_params": self.num_params,
-            "tokens": self.tokens,
-            "initial_val_loss": self.initial_val_loss,
-            "final_val_loss": self.final_val_loss,
-            "payload_bytes": self.payload_bytes,
-            "bytes_sent_per_peer": self.bytes_sent_per_peer,
-            "bytes_received_per_peer": self.bytes_received_per_peer,
-            "dp_bytes_per_peer": self.dp_bytes_per_peer,
-            "verified_rounds": self.verified_rounds,
-            "wall_s": self.wall_s,
-            "history": [r.__dict__ for r in self.history],
-        }
-
+        keys = ("strategy aggregate replicas rounds inner_steps num_params tokens initial_val_loss final_val_loss "
+                "payload_bytes bytes_sent_per_peer bytes_received_per_peer dp_bytes_per_peer verified_rounds wall_s")
+        return {**{k: getattr(self, k) for k in keys.split()}, "history": [r.__dict__ for r in self.history]}
 
 @dataclass
 class SingleResult:
@@ -181,16 +165,8 @@ class SingleResult:
         return self.history[-1]["val_loss"] if self.history else self.initial_val_loss
 
     def to_dict(self) -> Dict[str, object]:
-        return {
-            "steps": self.steps,
-            "batch_size": self.batch_size,
-            "tokens": self.tokens,
-            "num_params": self.num_params,
-            "initial_val_loss": self.initial_val_loss,
-            "final_val_loss": self.final_val_loss,
-            "wall_s": self.wall_s,
-            "history": self.history,
-        }
+        keys = "steps batch_size tokens num_params initial_val_loss final_val_loss wall_s history"
+        return {k: getattr(self, k) for k in keys.split()}
 
 
 # --- the simulation ------------------------------------------------------------------------------
