@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from bench.common import best_of  # noqa: E402
 from peer.data import load_corpus, TrainStream  # noqa: E402
 from peer.inner import InnerTrainer  # noqa: E402
 from peer.model import build_model  # noqa: E402
@@ -69,15 +70,6 @@ def time_steps(spec: RunSpec, corpus, steps: int):
         times.append(time.perf_counter() - t)
     delta = pseudo_gradient(theta, dict(model.named_parameters()))
     return times, delta
-
-
-def best_of(fn, repeats: int):
-    out, best = None, float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t)
-    return out, best
 
 
 def run(sizes, H: int, steps: int, log=print):

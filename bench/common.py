@@ -38,6 +38,16 @@ def table(cols, lines, left=1) -> str:
     return "\n".join([fmt(cols), "  ".join("-" * w for w in widths)] + [fmt(line) for line in lines])
 
 
+def best_of(fn, repeats: int):
+    """(fn()'s result, the fastest of ``repeats`` wall-clock timings of it, in seconds)."""
+    out, best = None, float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return out, best
+
+
 def run_jobs(fn: Callable[[Any], Any], work: Sequence[Any], jobs: int) -> List[Any]:
     """``fn`` over ``work`` in order: here with one job, else in ``jobs`` spawned processes."""
     if jobs <= 1:
