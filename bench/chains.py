@@ -16,7 +16,7 @@ replica (one model whose forward and backward cross a stage boundary after block
   ``span(U)`` at the default rank ``spec.chain.effective_rank(d)``, with the lossless chain-local
   constraint exactly as peer/runtime.py + peer/gpipe.py run it;
 * (d) ``4 chains k=d/10``: uniform compression. Every replica is a compressed chain and the run
-  trains the subspace-constrained model (the run-wide variant of protocol/activations.py, what
+  trains the subspace-constrained model (the run-wide variant of protocol/subspace_constraint.py, what
   ``chain.compress_all`` describes): θ is projected once at the start and after every outer step
   (``exact=True``), so no replica drops anything at its round start;
 * extra row (``--quick`` skips it): (c') = (c) at the larger rank d // 4; ``--only ...,d4`` adds
@@ -77,14 +77,10 @@ from peer.model import build_model  # noqa: E402
 from peer.stage_links import link_codec  # noqa: E402
 from peer.round_engine import RoundEngine  # noqa: E402
 from peer.strategies import make_strategy  # noqa: E402
-from protocol.activations import (  # noqa: E402
-    compressed_boundary,
-    constrain_to_subspace_,
-    project_gradients_,
-    uncompressed_bytes_per_token,
-)
+from protocol.activations import compressed_boundary, uncompressed_bytes_per_token  # noqa: E402
 from protocol.frames import Activations, FrameFormat, Grads, encode_frame  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
+from protocol.subspace_constraint import constrain_to_subspace_, project_gradients_  # noqa: E402
 
 R = 4
 CONFIGS = {

@@ -13,7 +13,8 @@ import logging
 import time
 from typing import Dict, List
 
-from protocol.chains import ChainAssignment, form_chains
+from protocol.chain_formation import form_chains
+from protocol.chain_records import ChainAssignment
 from protocol.spec import RunSpec
 from swarm.records import publish_assignment, read_assignments, read_candidates
 

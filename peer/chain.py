@@ -26,7 +26,7 @@ from peer.model import Model, build_model
 from peer.resources import Resources
 from peer.stage_errors import LinkError, StageError
 from peer.stage_links import StageIdentity, StageListener, connect_link, link_codec
-from protocol.chains import CandidateRecord, ChainAssignment
+from protocol.chain_records import CandidateRecord, ChainAssignment
 from protocol.frames import FrameFormat
 from protocol.spec import RunSpec
 from swarm.records import publish_candidate, read_assignments, read_candidates

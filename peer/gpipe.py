@@ -50,7 +50,7 @@ from peer.inner import InnerTrainer
 from peer.model import Model
 from peer.stage_errors import NonFiniteGradients
 from peer.stage_links import StageLink
-from protocol.activations import constrain_to_subspace_, project_gradients_
+from protocol.subspace_constraint import constrain_to_subspace_, project_gradients_
 
 __all__ = ["run_inner_step"]
 
@@ -100,7 +100,7 @@ async def run_inner_step(
     stage (required) and on the last (its ``y`` gives the targets; its ``x``, if not None, is
     checked against the ids that arrive: BatchMismatch otherwise); None on middle stages.
     ``upstream``/``downstream``: the links to stages i-1 / i+1 (None at the ends; a single-stage
-    chain has neither). ``constraint``: U of the lossless variant (protocol/activations.py):
+    chain has neither). ``constraint``: U of the lossless variant (protocol/subspace_constraint.py):
     gradients of the output projections and of the embedding are projected before the clip and
     the weights after the update; None to train unconstrained. ``step``: the id frames carry
     (default ``trainer.step_count``).

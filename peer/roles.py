@@ -24,10 +24,10 @@ from peer.chain import ChainBroken, ChainMember
 from peer.data import Corpus, TrainStream
 from peer.inner import InnerTrainer, evaluate
 from peer.strategies import OuterStrategy, Tensors, make_strategy
-from protocol.activations import constrain_to_subspace_
 from protocol.partial import FULL, describe
 from protocol.payload import Part
 from protocol.spec import RunSpec
+from protocol.subspace_constraint import constrain_to_subspace_
 from swarm.console import human_bytes
 
 logger = logging.getLogger("voloco.peer")

@@ -36,10 +36,11 @@ from peer.stage_errors import (
     NonFiniteOutput,
 )
 from protocol import PROTOCOL_VERSION
-from protocol.activations import ActivationCodec, subspace_basis
+from protocol.activations import ActivationCodec
 from protocol.errors import FrameError
 from protocol.frames import Activations, Bye, Frame, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, Reject
 from protocol.frames import check_hello, encode_frame
+from protocol.subspace import subspace_basis
 
 try:  # pragma: no cover - depends on the platform
     import uvloop

@@ -37,6 +37,7 @@ import torch
 
 from protocol import PROTOCOL_VERSION
 from protocol.activations import token_id_bytes
+from protocol.bounded_unpack import bounded_unpack
 from protocol.errors import FrameError
 from protocol.spec import RunSpec
 
@@ -251,14 +252,7 @@ class FrameDecoder:
 
 def decode_body(body: bytes, fmt: FrameFormat) -> Frame:
     """One frame's msgpack body (without its length prefix), validated against ``fmt``."""
-    n = len(body)
-    try:
-        msg = msgpack.unpackb(
-            body, raw=False, strict_map_key=True, use_list=True,
-            max_str_len=n, max_bin_len=n, max_array_len=8, max_map_len=16, max_ext_len=0,
-        )
-    except Exception as e:  # msgpack raises ExtraData, FormatError, StackError, ValueError...
-        raise FrameError(f"frame is not valid msgpack: {type(e).__name__}: {e}") from None
+    msg = bounded_unpack(body, FrameError, "frame", max_array_len=8, max_map_len=16)
     if not isinstance(msg, dict):
         raise FrameError(f"frame must be a map, got {type(msg).__name__}")
     kind = msg.get("t")

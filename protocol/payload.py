@@ -18,6 +18,7 @@ import msgpack
 import torch
 
 from protocol import PROTOCOL_VERSION
+from protocol.bounded_unpack import bounded_unpack
 from protocol.codecs.base import Shape, TensorCodec
 from protocol.errors import PayloadError
 
@@ -106,20 +107,7 @@ def _unpack(data: Any, max_bytes: int) -> Dict[str, Any]:
     if len(data) > max_bytes:
         raise PayloadError(f"payload of {len(data)} bytes exceeds the limit of {max_bytes}")
     n = len(data)
-    try:
-        message = msgpack.unpackb(
-            data,
-            raw=False,
-            strict_map_key=True,
-            use_list=True,
-            max_str_len=n,
-            max_bin_len=n,
-            max_array_len=n,
-            max_map_len=n // 2,
-            max_ext_len=0,
-        )
-    except Exception as e:  # msgpack raises ExtraData, FormatError, StackError, ValueError, TypeError...
-        raise PayloadError(f"payload is not valid msgpack: {type(e).__name__}: {e}") from None
+    message = bounded_unpack(data, PayloadError, "payload", max_array_len=n, max_map_len=n // 2)
     if not isinstance(message, dict) or set(message) != _KEYS:
         raise PayloadError(f"payload must be a map with exactly the keys {sorted(_KEYS)}")
     return message

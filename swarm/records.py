@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 import hivemind
 from hivemind.utils import get_dht_time
 
-from protocol.chains import (
+from protocol.chain_records import (
     CandidateRecord,
     ChainAssignment,
     chain_candidates_key,

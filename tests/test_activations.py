@@ -1,4 +1,5 @@
-"""Subspace activation codec for pipeline chains (protocol/activations.py)."""
+"""Subspace activation codec for pipeline chains (protocol/activations.py), its basis (protocol/subspace.py)
+and the lossless constraint (protocol/subspace_constraint.py)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,13 @@ from protocol.activations import (
     check_activation_frame,
     check_gradient_frame,
     compressed_boundary,
-    constrain_to_subspace_,
-    is_output_projection,
-    project_gradients_,
-    project_rows_,
-    subspace_basis,
     token_id_bytes,
     uncompressed_bytes_per_token,
 )
 from protocol.errors import FrameError
 from protocol.spec import ModelSpec
+from protocol.subspace import subspace_basis
+from protocol.subspace_constraint import constrain_to_subspace_, is_output_projection, project_gradients_, project_rows_
 
 SPEC = ModelSpec(vocab_size=256, d_model=64, n_layers=2, n_heads=4, ffn_hidden=128, seq_len=32)
 K = 16  # 4x compression of the 64-wide stream
@@ -118,7 +116,7 @@ def test_basis_bits_are_pinned():
 
 
 def test_basis_is_the_canonical_qr_of_its_gaussian():
-    from protocol import activations as A
+    from protocol import subspace as A
 
     U = subspace_basis(128, 32, 3)
     seed = hashlib.sha256(A._BASIS_TAG + (3).to_bytes(32, "little") + (128).to_bytes(8, "little")).digest()

@@ -20,20 +20,16 @@ from protocol.capacity import (
     replica_bytes,
     stage_bytes,
 )
-from protocol.chains import (
-    Candidate,
+from protocol.chain_formation import form_chains, plan_chain
+from protocol.chain_records import (
     CandidateRecord,
     ChainAssignment,
     ChainError,
-    chain_id_for,
-    form_chains,
     latest_assignments,
-    make_chain,
     parse_assignment,
     parse_candidate,
-    plan_chain,
-    stage_shapes,
 )
+from protocol.chains import Candidate, chain_id_for, make_chain, stage_shapes
 from protocol.errors import ProtocolError
 from protocol.spec import RunSpec
 

@@ -21,11 +21,13 @@ from peer.model import build_model
 from peer.stage_errors import BatchMismatch, HandshakeRejected, LinkClosed, LinkProtocolError, LinkTimeout
 from peer.stage_links import StageIdentity, StageListener, connect_link, link_codec, run
 from protocol import PROTOCOL_VERSION
-from protocol.activations import compressed_boundary, constrain_to_subspace_, project_gradients_, subspace_basis
+from protocol.activations import compressed_boundary
 from protocol.chains import stage_shapes
 from protocol.errors import FrameError
 from protocol.frames import Activations, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, Reject, encode_frame
 from protocol.spec import ModelSpec, RunSpec
+from protocol.subspace import subspace_basis
+from protocol.subspace_constraint import constrain_to_subspace_, project_gradients_
 
 RUN = RunSpec(run_id="pipeline-test", seed=3).replace(
     model=dict(d_model=32, n_layers=4, n_heads=4, ffn_hidden=64, seq_len=16),

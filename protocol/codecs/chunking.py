@@ -1,4 +1,5 @@
-"""How the sparse codecs cut a tensor into blocks, identically on every peer.
+"""How the sparse codecs cut a tensor into blocks and keep the top-k entries of each, identically on
+every peer.
 
 SparseLoCo and DCT both select the top-k entries of each block. The block geometry is never sent:
 sender and receiver derive it from the tensor's shape and the codec's ``chunk``, so it must be a
@@ -11,16 +12,22 @@ pure function of those two. The rule:
   correct, merely degenerate).
 
 ``to_blocks`` and ``from_blocks`` are reshapes and one permute, never Python loops over blocks.
+``top_k_geometry`` gives a tensor's blocking and how many entries each block keeps,
+``select_top_k`` picks them (positions increasing within a block, as the wire sends them), and
+``check_positions`` validates positions a peer sent.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Tuple
 
+import numpy as np
 import torch
 
 from protocol.codecs.base import Shape
+from protocol.errors import PayloadError
 
 
 def block_side(n: int, chunk: int) -> int:
@@ -83,3 +90,26 @@ def to_blocks(x2d: torch.Tensor, bh: int, bw: int) -> torch.Tensor:
 def from_blocks(blocks: torch.Tensor, rows: int, cols: int, bh: int, bw: int) -> torch.Tensor:
     """(nblocks, bh*bw) -> (rows, cols): the inverse of ``to_blocks``."""
     return blocks.reshape(rows // bh, cols // bw, bh, bw).permute(0, 2, 1, 3).reshape(rows, cols)
+
+
+# --- top-k per block -------------------------------------------------------------------------------
+def top_k_geometry(shape: Shape, chunk: int, topk: int) -> Tuple[Blocking, int]:
+    """The blocking of a tensor of ``shape`` and the entries each of its blocks keeps."""
+    blocking = Blocking.of(shape, chunk)
+    return blocking, k_for_block(topk, chunk, blocking.block_numel)
+
+
+def select_top_k(blocks: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(nblocks, n) -> each block's ``k`` entries of largest magnitude: their positions (nblocks, k),
+    increasing within a block, and the entries at those positions."""
+    idx = blocks.abs().topk(k, dim=1, sorted=False).indices.sort(dim=1).values
+    return idx, blocks.gather(1, idx)
+
+
+def check_positions(idx: np.ndarray, block_numel: int, what: str, unit: str) -> None:
+    """Positions a peer sent, (nblocks, k): each inside its block of ``block_numel`` ``unit`` and
+    strictly increasing within it (a duplicate would count an entry twice). PayloadError otherwise."""
+    if idx.size and idx.max() >= block_numel:
+        raise PayloadError(f"{what} index out of range (block of {block_numel} {unit})")
+    if idx.shape[1] > 1 and not (np.diff(idx, axis=1) > 0).all():
+        raise PayloadError(f"{what} indices must increase strictly within each block")

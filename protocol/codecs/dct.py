@@ -24,9 +24,8 @@ import numpy as np
 import torch
 
 from protocol.codecs.base import Fields, Shape, TensorCodec
-from protocol.codecs.chunking import Blocking, k_for_block
+from protocol.codecs.chunking import Blocking, check_positions, select_top_k, top_k_geometry
 from protocol.codecs.fields import check_encodable, check_floats, expect_fields
-from protocol.errors import PayloadError
 
 _MAX_CHUNK = 256  # 256*256 = 2**16 positions per block: uint16 indices
 _VALUE_DTYPES = {"fp16": np.dtype("<f2"), "fp32": np.dtype("<f4")}
@@ -60,8 +59,7 @@ class DCTCodec(TensorCodec):
 
     # --- geometry --------------------------------------------------------------------------------
     def _geometry(self, shape: Shape) -> Tuple[Blocking, int]:
-        blocking = Blocking.of(shape, self.chunk)
-        return blocking, k_for_block(self.topk, self.chunk, blocking.block_numel)
+        return top_k_geometry(shape, self.chunk, self.topk)
 
     def _lengths(self, count: int) -> dict:
         return {"idx": 2 * count, "val": self._wire.itemsize * count}
@@ -83,9 +81,7 @@ class DCTCodec(TensorCodec):
         check_encodable(x)
         shape = tuple(x.shape)
         _, k = self._geometry(shape)
-        coeffs = self.coefficients(x.detach())
-        idx = coeffs.abs().topk(k, dim=1, sorted=False).indices.sort(dim=1).values
-        values = coeffs.gather(1, idx)
+        idx, values = select_top_k(self.coefficients(x.detach()), k)
         if self.value_dtype == "fp16":
             values = values.clamp(-_FP16_MAX, _FP16_MAX)
         fields = {
@@ -102,10 +98,7 @@ class DCTCodec(TensorCodec):
         values = np.frombuffer(raw["val"], dtype=self._wire).astype(np.float32)
         check_floats(values, "dct values")
         idx = np.frombuffer(raw["idx"], dtype="<u2").astype(np.int64).reshape(blocking.nblocks, k)
-        if count and idx.max() >= blocking.block_numel:
-            raise PayloadError(f"dct index out of range (block of {blocking.block_numel} coefficients)")
-        if k > 1 and not (np.diff(idx, axis=1) > 0).all():
-            raise PayloadError("dct indices must increase strictly within each block")
+        check_positions(idx, blocking.block_numel, "dct", "coefficients")
         coeffs = torch.from_numpy(values.reshape(blocking.nblocks, k))
         blocks = _inverse(blocking, torch.from_numpy(idx), coeffs)
         return blocking.join(blocks, shape)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from protocol.codecs.base import Fields, Shape, TensorCodec
-from protocol.codecs.chunking import Blocking, k_for_block
+from protocol.codecs.chunking import Blocking, check_positions, select_top_k, top_k_geometry
 from protocol.codecs.fields import (
     check_encodable,
     check_floats,
@@ -34,7 +34,6 @@ from protocol.codecs.fields import (
     packed_len,
     unpack_bits,
 )
-from protocol.errors import PayloadError
 
 INDEX_BITS = 12
 _MAX_CHUNK = 64  # 64*64 = 2**INDEX_BITS positions per block
@@ -55,8 +54,7 @@ class SparseLoCoCodec(TensorCodec):
 
     # --- geometry --------------------------------------------------------------------------------
     def _geometry(self, shape: Shape) -> Tuple[Blocking, int]:
-        blocking = Blocking.of(shape, self.chunk)
-        return blocking, k_for_block(self.topk, self.chunk, blocking.block_numel)
+        return top_k_geometry(shape, self.chunk, self.topk)
 
     def _lengths(self, count: int) -> dict:
         return {
@@ -74,10 +72,8 @@ class SparseLoCoCodec(TensorCodec):
         check_encodable(x)
         shape = tuple(x.shape)
         blocking, k = self._geometry(shape)
-        blocks = blocking.split(x.detach())
-        idx = blocks.abs().topk(k, dim=1, sorted=False).indices.sort(dim=1).values
-        kept = blocks.gather(1, idx).reshape(-1).double().numpy()
-        codes, lut = self._quantize(kept)
+        idx, kept = select_top_k(blocking.split(x.detach()), k)
+        codes, lut = self._quantize(kept.reshape(-1).double().numpy())
         fields = {
             "idx": pack_bits(idx.numpy(), INDEX_BITS),
             "codes": pack_bits(codes, self.bits),
@@ -112,10 +108,7 @@ class SparseLoCoCodec(TensorCodec):
         check_floats(lut, "sparseloco lookup table")
         codes = unpack_bits(raw["codes"], count, self.bits, "sparseloco codes")
         idx = unpack_bits(raw["idx"], count, INDEX_BITS, "sparseloco indices").reshape(blocking.nblocks, k)
-        if count and idx.max() >= blocking.block_numel:
-            raise PayloadError(f"sparseloco index out of range (block of {blocking.block_numel} entries)")
-        if k > 1 and not (np.diff(idx, axis=1) > 0).all():
-            raise PayloadError("sparseloco indices must increase strictly within each block")
+        check_positions(idx, blocking.block_numel, "sparseloco", "entries")
         values = torch.from_numpy(lut[codes].reshape(blocking.nblocks, k))
         dense = torch.zeros(blocking.nblocks, blocking.block_numel, dtype=torch.float32)
         dense.scatter_(1, torch.from_numpy(idx), values)
