@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -39,7 +40,8 @@ import torch  # noqa: E402
 
 from peer.data import load_corpus  # noqa: E402
 from peer.simulate import allgather_bytes_per_round, allreduce_bytes_per_step, simulate, train_single  # noqa: E402
-from peer.strategies import make_strategy  # noqa: E402
+from peer.robust import CLIP_MULTIPLE  # noqa: E402
+from peer.strategies import OuterStrategy, make_strategy  # noqa: E402
 from bench.common import human, machine, now, run_jobs, table  # noqa: E402
 from bench.common import warm_start as common_warm_start  # noqa: E402
 from bench.swarm_check import BENCH_SWARM, check_against_simulation, run_swarm  # noqa: E402
@@ -118,9 +120,9 @@ PAYLOAD_RATIO_SHAPES = {
 GROUPS = (2, 4, 8)
 
 
-def make_spec(cfg, outer: Dict[str, Any], inner: Dict[str, Any], steps: int) -> RunSpec:
+def make_spec(cfg, outer: Dict[str, Any], inner: Dict[str, Any], steps: int, seed: int = 0) -> RunSpec:
     inner = {"lr": cfg["lr"], "warmup_steps": cfg["warmup"], "total_steps": cfg.get("total_steps", steps), **inner}
-    return RunSpec(run_id="bench-compression", seed=0, model=ModelSpec(**cfg["model"])).replace(
+    return RunSpec(run_id="bench-compression", seed=seed, model=ModelSpec(**cfg["model"])).replace(
         data={"batch_size": cfg["batch_size"], "val_batches": 8},
         inner=inner,
         outer={"inner_steps": cfg["inner_steps"], **outer},
@@ -131,6 +133,13 @@ def run_arm(job) -> Dict[str, Any]:
     """One arm, in a worker process or in this one."""
     cfg, label, outer, inner, threads, init = job
     torch.set_num_threads(threads)
+    # bench knobs in an arm's outer changes: "clip" (multiple of the median norm, None: no clipping; the
+    # run-wide constant by default) and "seed" (of the model's initialization and the data order)
+    knobs = {k: outer[k] for k in ("clip", "seed") if k in outer} if isinstance(outer, dict) else {}
+    outer = {k: v for k, v in outer.items() if k not in knobs} if knobs else outer
+    clip = knobs.get("clip", CLIP_MULTIPLE)
+    OuterStrategy.clip_multiple = math.inf if clip is None else clip
+    seed = knobs.get("seed", 0)
     corpus = load_corpus("stdlib")
     replicas = cfg.get("replicas", R)
     t = time.monotonic()
@@ -149,7 +158,7 @@ def run_arm(job) -> Dict[str, Any]:
                    initial_val_loss=res.initial_val_loss, payload_bytes=allreduce_bytes_per_step(params, replicas),
                    sent_per_peer=dp, received_per_peer=dp, dp_per_peer=dp, curve=[p["val_loss"] for p in res.history])
     else:
-        spec = make_spec(cfg, outer, inner, cfg["steps"])
+        spec = make_spec(cfg, outer, inner, cfg["steps"], seed)
         H = spec.outer.inner_steps
         rounds = max(1, round(cfg["steps"] / H))
         res = simulate(spec, replicas, rounds, corpus=corpus, eval_every=max(1, rounds // 5), init_theta=init)
@@ -158,7 +167,7 @@ def run_arm(job) -> Dict[str, Any]:
                    sent_per_peer=res.bytes_sent_per_peer, received_per_peer=res.bytes_received_per_peer,
                    dp_per_peer=res.dp_bytes_per_peer,
                    curve=[(h.round * H, h.val_loss) for h in res.history if h.val_loss is not None])
-    row.update(outer=outer, inner=inner, replicas=1 if outer == "single" else replicas,
+    row.update(outer=outer, inner=inner, replicas=1 if outer == "single" else replicas, **knobs,
                wall_s=time.monotonic() - t)
     print(f"  {label}: val {row['val_loss']:.4f}, payload {human(row['payload_bytes'])}, {row['wall_s']:.0f} s", flush=True)
     return row

@@ -14,13 +14,12 @@ import time
 from typing import Dict, List
 
 from protocol.chain_formation import form_chains
-from protocol.chain_records import ChainAssignment
+from protocol.chain_records import ASSIGNMENT_TTL, ChainAssignment
 from protocol.spec import RunSpec
 from swarm.records import publish_assignment, read_assignments, read_candidates
 
 logger = logging.getLogger("voloco.coordinator")
 
-ASSIGNMENT_TTL = 60.0
 GRACE = 20.0  # seconds a new chain's members may still report "waiting" before it counts as broken
 
 

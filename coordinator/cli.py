@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from swarm.console import standalone_main
+from swarm.join_flags import add_join_token_arguments
 
 HELP = "start a run: first DHT node, publishes the run spec, prints the join command"
 
@@ -20,8 +21,16 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         help="multiaddrs to listen on (default: /ip4/0.0.0.0/tcp/31337; use tcp/0 for a free port)",
     )
     c.add_argument("--announce-maddrs", nargs="+", default=[], help="public multiaddrs to advertise (behind NAT or in Docker)")
-    c.add_argument("--identity", type=Path, help="private key file: a stable peer id across restarts (created if missing)")
-    c.add_argument("--address-file", type=Path, help="also write the join multiaddrs to this file, one per line")
+    c.add_argument(
+        "--identity", type=Path,
+        help="private key file (created if missing): a stable peer id and run key across restarts; the run key "
+        "signs the run spec and chain assignments, and its fingerprint is the --run-key peers join with",
+    )
+    c.add_argument(
+        "--address-file", type=Path,
+        help="also write the join multiaddrs to this file, one per line, and the run key's fingerprint to PATH.run-key",
+    )
+    add_join_token_arguments(c, coordinator=True)
 
 
 def run(args: argparse.Namespace) -> int:

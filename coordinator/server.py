@@ -3,6 +3,10 @@
 It is a convenience, not a single point of failure: peers that already run keep training while it
 is down (they find each other through any DHT node), and a restarted coordinator rebuilds its view
 from the progress records in the DHT.
+
+Its identity key is the run's key: it signs the run spec and the chain assignments, and the join
+command it prints carries the key's fingerprint (``--run-key``), so peers accept only this spec.
+Keep the key with ``--identity`` and a restarted coordinator keeps the run key.
 """
 
 from __future__ import annotations
@@ -18,14 +22,15 @@ from typing import List, Optional
 
 from coordinator.chain_former import ChainFormer
 from protocol.errors import SpecError
+from protocol.records import SPEC_TTL
 from protocol.spec import RunSpec
 from swarm.console import UsageError, human_bytes
 from swarm.dht import start_dht
+from swarm.identity import trust_of
+from swarm.join_flags import join_token
 from swarm.records import publish_run, read_progress
 
 logger = logging.getLogger("voloco.coordinator")
-
-SPEC_TTL = 120.0  # the spec record lives this long; the coordinator refreshes it at a third of that
 
 
 def load_spec(config: Optional[Path], run_id: Optional[str] = None, strategy: Optional[str] = None) -> RunSpec:
@@ -56,28 +61,43 @@ def join_addresses(dht) -> List[str]:
 
 def run_coordinator(args: argparse.Namespace) -> int:
     spec = load_spec(args.config, args.run_id, args.strategy)
+    token = join_token(args)
     if args.identity is not None and not args.identity.parent.is_dir():
         raise UsageError(f"--identity {str(args.identity)!r}: directory {str(args.identity.parent)!r} does not exist")
-    dht = start_dht((), args.host_maddrs, args.announce_maddrs, str(args.identity) if args.identity else None)
+    dht = start_dht((), args.host_maddrs, args.announce_maddrs, str(args.identity) if args.identity else None,
+                    join_token=token, run_ids=[spec.run_id])
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        if not publish_run(dht, spec, SPEC_TTL):
+        if not publish_run(dht, spec):
             logger.warning("the DHT did not accept the run spec yet; retrying")
         addrs = join_addresses(dht)
+        run_key = trust_of(dht).identity.fingerprint
         if args.address_file:
+            run_key_file(args.address_file).write_text(run_key + "\n")  # first: readers wait for the address file
             args.address_file.write_text("\n".join(addrs) + "\n")
         print(f"run {spec.run_id} (spec {spec.digest()}): strategy {spec.outer.strategy}, "
               f"{spec.model.num_params() / 1e6:.2f}M parameters, H={spec.outer.inner_steps}", flush=True)
-        print("join this run with:", flush=True)
-        print(f"  voloco peer --join {addrs[0]}", flush=True)
+        if token is None:
+            private = ""
+        elif args.join_token_file is not None:
+            private = f" --join-token-file {args.join_token_file}"
+        else:
+            private = " --join-token <the run's join token>"
+        print(f"join this {'private ' if token else ''}run with:", flush=True)
+        print(f"  voloco peer --join {addrs[0]} --run-key {run_key}{private}", flush=True)
         for extra in addrs[1:]:
             print(f"  (or --join {extra})", flush=True)
         watch(dht, spec, stop)
     finally:
         dht.shutdown()
     return 0
+
+
+def run_key_file(address_file: Path) -> Path:
+    """Where ``--address-file PATH`` also puts the run key's fingerprint: ``PATH.run-key``."""
+    return address_file.with_name(address_file.name + ".run-key")
 
 
 def watch(dht, spec: RunSpec, stop: threading.Event, period: float = 2.0, log_every: float = 10.0) -> None:
@@ -87,7 +107,7 @@ def watch(dht, spec: RunSpec, stop: threading.Event, period: float = 2.0, log_ev
     while not stop.wait(period):
         now = time.monotonic()
         if now - last_refresh >= SPEC_TTL / 3:
-            publish_run(dht, spec, SPEC_TTL)
+            publish_run(dht, spec)
             last_refresh = now
         try:
             former.step()

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from swarm.console import UsageError, standalone_main
+from swarm.join_flags import add_join_token_arguments, add_run_key_argument, join_token, run_key
 
 HELP = "join a run by its DHT address and train"
 
@@ -17,6 +18,8 @@ HELP = "join a run by its DHT address and train"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--join", nargs="+", required=True, metavar="MULTIADDR", help="DHT address(es) printed by the coordinator or any peer")
     p.add_argument("--run", dest="run_id", help="run id to join when the DHT announces several runs")
+    add_run_key_argument(p)
+    add_join_token_arguments(p, coordinator=False)
     p.add_argument("--data", help="a text file or a directory of text files to train on (default: the run spec's corpus)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default: cpu)")
     p.add_argument("--identity", type=Path, help="private key file: a stable peer id across restarts (created if missing)")
@@ -47,6 +50,7 @@ def run_peer(args: argparse.Namespace) -> int:
     from swarm.dht import parse_multiaddrs
 
     join = parse_multiaddrs(args.join)
+    key, token = run_key(args), join_token(args)
     if args.data is not None:
         _check_data(args.data)
     if args.max_rounds is not None and args.max_rounds < 0:
@@ -66,6 +70,8 @@ def run_peer(args: argparse.Namespace) -> int:
         PeerOptions(
             join=join,
             run_id=args.run_id,
+            run_key=key,
+            join_token=token,
             data=args.data,
             device=args.device,
             identity=str(args.identity) if args.identity else None,

@@ -1,22 +1,25 @@
-"""All-gather of opaque payloads in groups formed by hivemind's matchmaking.
+"""All-gather of signed payloads in groups formed by hivemind's matchmaking.
 
 hivemind's DecentralizedAverager finds groups (DHT-declared keys, leader election, timeouts) and
 then runs a butterfly all-reduce whose results differ in the last bits from member to member.
 Replicas that must stay bit-identical need every member to compute from the same bytes, so this
-subclass keeps the matchmaking and replaces the all-reduce with an all-gather:
+subclass keeps the matchmaking and replaces the all-reduce with an all-gather that any member may
+try to subvert:
 
-1. every member pulls every other member's payload (``rpc_fetch_payload``, streamed in chunks);
-2. every member pulls every other member's digest table (``rpc_payload_digests``): the sha256 of
-   each payload it holds;
-3. a sender whose payload has two different digests among the members is excluded (it sent
-   different bytes to different peers); a payload some member holds and another lacks (its sender
-   died mid-send) is fetched from a member that holds it, checked against the digest.
+1. every member signs its payload for (run, round, group, itself) with its libp2p identity key
+   (protocol/signed.py) and pulls every other member's envelope from that member
+   (``rpc_fetch_payload``, streamed in chunks, read with a size limit);
+2. rounds 2..R of protocol/reconcile.py's agreement: every member asks every other member for the
+   signed values it lacks (``rpc_relay``) and fetches the bytes of a new value from a member that
+   offered it. Each round has a deadline, counted from the group's start, so a silent or slow
+   member delays a round by at most that; a member that fails one round is not asked again.
 
-Every decision of step 3 (and the parsing of tables and matchmaking announcements) is
-protocol/reconcile.py's, a pure function of what arrived: this class only moves the bytes.
-
-Members that survive end with the same set of payloads, which the caller decodes and aggregates
-in a canonical order. The payloads are opaque here: validation is protocol/payload.py's job.
+Every decision (what verifies, what is accepted, who is excluded) is protocol/reconcile.py's; this
+class moves bytes and enforces the bounds: only members of a group get anything from the gather
+RPCs for that group, groups exist only for the rounds this peer takes part in (an RPC naming an
+unknown group waits a little for it, then gets nothing), one remote peer runs at most
+``CALLS_PER_PEER`` calls here at once, and nothing read from a peer exceeds the payload limit plus
+the envelope's overhead.
 
 The matchmaking key carries the round number, so only peers of the same round ever meet.
 """
@@ -31,6 +34,7 @@ import os
 import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -41,14 +45,21 @@ from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_logger
 
+from peer.exchange_io import CallLimiter, read_bounded_stream, retry_until
+from peer.identity import payload_signer
 from protocol import reconcile
+from protocol.errors import ProtocolError
+from protocol.signed import ENVELOPE_OVERHEAD, Binding, Signer
+from swarm.admission import Admitted
 
 logger = get_logger(__name__)
 
 CHUNK_BYTES = 1 << 18
 ROUND_BITS = 20  # the round number, mod 2**20, is the matchmaking bucket
-KEEP_GROUPS = 8  # recent groups whose payloads we keep serving to slower members
-MAX_TABLE_ENTRIES = 4096  # owners a groupmate's digest table may list
+KEEP_GROUPS = 8  # recent groups of ours whose payloads we keep serving to slower members
+CALLS_PER_PEER = 8  # gather RPCs one remote peer may have running here at once
+CANDIDATES_PER_OWNER = 4  # new values of one owner whose bytes one round tries to fetch
+DEFAULT_MAX_PAYLOAD_BYTES = 16 << 20  # for tools without a spec; a peer passes its strategy's bound
 
 
 @dataclass
@@ -65,13 +76,14 @@ class GatherResult:
 
 @dataclass
 class _Group:
-    payloads: Dict[bytes, bytes] = field(default_factory=dict)  # owner peer id bytes -> payload
-    gathered: asyncio.Event = field(default_factory=asyncio.Event)  # phase 1 over: digests may be served
-    registered: asyncio.Event = field(default_factory=asyncio.Event)  # our own payload is in `payloads`
+    group_id: bytes
+    agreement: reconcile.Agreement
+    members: frozenset
+    done: List[asyncio.Event] = field(default_factory=list)  # done[k]: round k over here (0: own payload sealed)
 
 
-class PayloadGatherer(DecentralizedAverager):
-    """hivemind matchmaking + a digest-checked all-gather of one payload per member."""
+class PayloadGatherer(Admitted, DecentralizedAverager):  # Admitted: a private run's gate (swarm/admission.py)
+    """hivemind matchmaking + a signed, agreed all-gather of one payload per member."""
 
     def __init__(
         self,
@@ -79,6 +91,8 @@ class PayloadGatherer(DecentralizedAverager):
         *,
         prefix: str,
         schema: bytes,
+        signer: Optional[Signer] = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         min_group_size: int = 2,
         max_group_size: int = 16,
         matchmaking_time: float = 3.0,
@@ -97,14 +111,23 @@ class PayloadGatherer(DecentralizedAverager):
             min_group_size=min_group_size,
             min_matchmaking_time=matchmaking_time,
             request_timeout=request_timeout,
-            allreduce_timeout=gather_timeout * 3,
+            # every agreement round has its own deadline of gather_timeout: this only catches a bug
+            allreduce_timeout=gather_timeout * (reconcile.agreement_rounds(max_group_size) + 2),
             next_chunk_timeout=gather_timeout,
             declare_state_period=10.0,
         )
+        signer = signer if signer is not None else payload_signer(dht)
+        if signer.peer_id != self.peer_id.to_bytes():
+            raise ValueError("the signing key is not this peer's libp2p identity")
         # peers of different runs or specs never match: the schema is the spec digest
         self.schema_hash = hashlib.sha256(schema).digest()
+        self._run = bytes(schema)
+        self._signer = signer
+        self._max_payload_bytes = max_payload_bytes
         self._max_group_size = max_group_size
         self._groups: "OrderedDict[bytes, _Group]" = OrderedDict()
+        self._group_opened: Optional[asyncio.Event] = None
+        self._calls = CallLimiter(CALLS_PER_PEER)
         self.state_provider: Optional[Callable[[], Tuple[Any, Sequence[torch.Tensor]]]] = None
 
     # ---- host-process API ---------------------------------------------------------------------
@@ -155,7 +178,7 @@ class PayloadGatherer(DecentralizedAverager):
         """Download (metadata, tensors) from the live peer that declared the highest priority (round)."""
         return self.load_state_from_peers(timeout=timeout)
 
-    # ---- averager-process side ----------------------------------------------------------------
+    # ---- averager-process side: one group's all-gather ----------------------------------------
     async def _prepare_round(self, round_no: int, path: str, expected: int, future: MPFuture):
         try:
             with open(path, "rb") as f:
@@ -168,91 +191,122 @@ class PayloadGatherer(DecentralizedAverager):
         except Exception as e:
             future.set_exception(e)
 
-    def _group(self, group_id: bytes) -> _Group:
-        groups = self._groups
-        if group_id not in groups:
-            groups[group_id] = _Group()
-            while len(groups) > KEEP_GROUPS:
-                groups.popitem(last=False)
-        return groups[group_id]
-
     async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs) -> GatherResult:
-        me = self.peer_id
         announced = reconcile.parse_announcements(
             [self.serializer.loads(self.serializer.loads(g)[2]) for g in group_info.gathered], self._round_no
         )
         start_hashes = {p.to_base58(): a[1] for p, a in zip(group_info.peer_ids, announced)}
-        group = self._group(group_info.group_id)
-        group.payloads[me.to_bytes()] = self._payload
-        group.registered.set()
-        others = [p for p in group_info.peer_ids if p != me]
+        members = tuple(p.to_bytes() for p in group_info.peer_ids)
+        binding = Binding(self._run, self._round_no, group_info.group_id, members)
+        group = self._open_group(group_info.group_id, reconcile.Agreement(binding, self._signer, self._max_payload_bytes))
         try:
-            fetched = await asyncio.gather(
-                *(self._fetch(p, group_info.group_id, owner=p) for p in others), return_exceptions=True
-            )
-            for peer, got in zip(others, fetched):
-                if isinstance(got, bytes):
-                    group.payloads[peer.to_bytes()] = got
-            group.gathered.set()
-
-            tables = await asyncio.gather(
-                *(self._fetch_digests(p, group_info.group_id) for p in others), return_exceptions=True
-            )
-            plan = reconcile.reconcile(
-                [p.to_bytes() for p in group_info.peer_ids],
-                reconcile.digest_table(group.payloads),
-                {p.to_bytes(): t if isinstance(t, dict) else None for p, t in zip(others, tables)},
-            )
-            for owner in plan.excluded:
-                group.payloads.pop(owner, None)
-            refetched: Dict[bytes, bytes] = {}
-            for owner, want in plan.refetch.items():
-                for holder in want.holders:
-                    try:
-                        got = await self._fetch(PeerID(holder), group_info.group_id, owner=PeerID(owner))
-                    except Exception as e:
-                        logger.debug(f"re-fetch of {_b58(owner)} from {_b58(holder)} failed: {e!r}")
-                        continue
-                    if want.accepts(got):
-                        group.payloads[owner] = refetched[owner] = got
-                        break
-            outcome = reconcile.finalize(plan, refetched)
+            group.agreement.seal(self._payload)
+            group.done[0].set()
+            await self._agree(group, [p for p in group_info.peer_ids if p != self.peer_id])
+            outcome = group.agreement.outcome()
+            for owner, why in outcome.excluded.items():
+                logger.warning(f"round {self._round_no}: excluded {_b58(owner)}: {why}")
             return GatherResult(
                 group=[p.to_base58() for p in group_info.peer_ids],
-                payloads={_b58(k): v for k, v in group.payloads.items() if k in outcome.keep},
+                payloads={_b58(k): v for k, v in outcome.payloads.items()},
                 excluded={_b58(k): why for k, why in outcome.excluded.items()},
                 start_hashes=start_hashes,
             )
         finally:
-            group.gathered.set()
+            for event in group.done:
+                event.set()
             future = self._running_groups.get(group_info.group_id)
             if future is not None and not future.done():
                 future.set_result(None)
 
-    async def _fetch(self, peer: PeerID, group_id: bytes, owner: PeerID) -> bytes:
-        stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
-
-        async def pull() -> bytes:
-            stream = await stub.rpc_fetch_payload(averaging_pb2.AveragingData(group_id=group_id, peer_id=owner.to_bytes()))
-            parts = []
-            async for msg in stream:
-                self._count(received=msg.ByteSize())
-                if msg.code != averaging_pb2.NO_CODE:
-                    raise KeyError(f"{peer} does not hold the payload of {owner}")
-                parts.append(msg.tensor_part.buffer)
-            if not parts:
-                raise KeyError(f"{peer} sent no payload")
-            return b"".join(parts)
-
-        return await asyncio.wait_for(pull(), timeout=self.gather_timeout)
-
-    async def _fetch_digests(self, peer: PeerID, group_id: bytes) -> Dict[bytes, bytes]:
-        stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
-        msg = await asyncio.wait_for(
-            stub.rpc_payload_digests(averaging_pb2.AveragingData(group_id=group_id)), timeout=self.gather_timeout
+    async def _agree(self, group: _Group, others: List[PeerID]) -> None:
+        """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed."""
+        agreement, gid = group.agreement, group.group_id
+        t0, slot = asyncio.get_running_loop().time(), self.gather_timeout
+        got = await asyncio.gather(
+            *(retry_until(t0 + slot, partial(self._fetch, p, gid, p.to_bytes(), b"", t0 + slot)) for p in others),
+            return_exceptions=True,
         )
-        self._count(received=msg.ByteSize())
-        return reconcile.parse_digest_table(msg.tensor_part.buffer, MAX_TABLE_ENTRIES)
+        for peer, envelope in zip(others, got):
+            try:
+                if isinstance(envelope, BaseException):
+                    raise envelope
+                agreement.take_envelope(peer.to_bytes(), envelope)
+            except Exception as e:
+                logger.info(f"round {self._round_no}: no valid payload from {peer} itself: {e!r}")
+        group.done[1].set()
+        live = list(others)
+        for k in range(2, agreement.rounds + 1):
+            start = t0 + (k - 1) * slot
+            request = agreement.request(k)
+            deadline = start + slot / 2
+            answers = await asyncio.gather(
+                *(retry_until(deadline, partial(self._relay, p, gid, request, deadline)) for p in live), return_exceptions=True
+            )
+            offered: Dict[bytes, Dict[bytes, Tuple[reconcile.Value, List[PeerID]]]] = {}
+            still = []
+            for peer, answer in zip(live, answers):
+                try:
+                    if isinstance(answer, BaseException):
+                        raise answer
+                    for value in agreement.offers(answer, k):
+                        offered.setdefault(value.owner, {}).setdefault(value.digest, (value, []))[1].append(peer)
+                    still.append(peer)
+                except Exception as e:  # late, gone or malformed: not asked again in this group
+                    logger.info(f"round {self._round_no}: agreement round {k}: stop asking {peer}: {e!r}")
+            live = still
+            await asyncio.gather(*(self._take(agreement, gid, list(c.values()), start + slot) for c in offered.values()))
+            group.done[k].set()
+
+    async def _take(self, agreement: reconcile.Agreement, gid: bytes, candidates, deadline: float) -> None:
+        """Accept an owner's new values, their bytes fetched from every member that offered them at
+        once (a stalling member must not hold up an honest one); the first that verifies counts."""
+        for value, holders in candidates[:CANDIDATES_PER_OWNER]:
+            if agreement.holds(value.owner) >= 2:
+                return
+            if not agreement.needs_bytes(value):
+                agreement.accept(value)
+                continue
+            fetches = [
+                asyncio.ensure_future(retry_until(deadline, partial(self._fetch, h, gid, value.owner, value.digest, deadline)))
+                for h in holders
+            ]
+            try:
+                for fetched in asyncio.as_completed(fetches):
+                    try:
+                        agreement.accept(value, await fetched)
+                        break
+                    except Exception as e:
+                        logger.debug(f"bytes of {_b58(value.owner)}'s offered payload: {e!r}")
+            finally:
+                for fetch in fetches:
+                    fetch.cancel()
+
+    async def _fetch(self, peer: PeerID, group_id: bytes, owner: bytes, digest: bytes, deadline: float) -> bytes:
+        """An envelope (``owner``'s own when ``digest`` is empty) from ``peer``, by ``deadline``."""
+        request = averaging_pb2.AveragingData(group_id=group_id, peer_id=owner, tensor_part=runtime_pb2.Tensor(buffer=digest))
+        self._count(sent=request.ByteSize())
+        handle = PayloadGatherer._get_handle_name(self.prefix, "rpc_fetch_payload")
+        envelope, wire = await asyncio.wait_for(
+            read_bounded_stream(
+                self._p2p, peer, handle, request, limit=self._max_payload_bytes + ENVELOPE_OVERHEAD, chunk=CHUNK_BYTES
+            ),
+            timeout=max(0.0, deadline - asyncio.get_running_loop().time()),
+        )
+        self._count(received=wire)
+        return envelope
+
+    async def _relay(self, peer: PeerID, group_id: bytes, request: bytes, deadline: float) -> bytes:
+        stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
+        message = averaging_pb2.AveragingData(group_id=group_id, tensor_part=runtime_pb2.Tensor(buffer=request))
+        self._count(sent=message.ByteSize())
+        answer = await asyncio.wait_for(
+            stub.rpc_relay(message), timeout=max(0.0, deadline - asyncio.get_running_loop().time())
+        )
+        self._count(received=answer.ByteSize())
+        if answer.code != averaging_pb2.NO_CODE:
+            raise KeyError(f"{peer} refused ({averaging_pb2.MessageCode.Name(answer.code)})")
+        return answer.tensor_part.buffer
 
     def _count(self, sent: int = 0, received: int = 0) -> None:
         with self._bytes_sent.get_lock():
@@ -260,38 +314,81 @@ class PayloadGatherer(DecentralizedAverager):
         with self._bytes_received.get_lock():
             self._bytes_received.value += received
 
+    # ---- averager-process side: groups and the RPCs -------------------------------------------
+    def _open_group(self, group_id: bytes, agreement: reconcile.Agreement) -> _Group:
+        """Only our own rounds create groups; the oldest beyond KEEP_GROUPS is forgotten."""
+        group = _Group(group_id, agreement, frozenset(agreement.members), [asyncio.Event() for _ in range(agreement.rounds + 1)])
+        self._groups[group_id] = group
+        while len(self._groups) > KEEP_GROUPS:
+            self._groups.popitem(last=False)
+        opened, self._group_opened = self._group_opened, asyncio.Event()
+        if opened is not None:
+            opened.set()
+        return group
+
+    async def _member_group(self, group_id: bytes, caller: PeerID) -> Optional[_Group]:
+        """The group ``caller`` asks about, if it is one of ours and ``caller`` is in it.
+
+        A member may ask before matchmaking told us about the group: wait a little for it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.gather_timeout
+        while group_id not in self._groups:
+            if self._group_opened is None:
+                self._group_opened = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._group_opened.wait(), timeout=max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                return None
+        group = self._groups[group_id]
+        return group if caller.to_bytes() in group.members else None
+
     async def rpc_fetch_payload(
         self, request: averaging_pb2.AveragingData, context: P2PContext
     ) -> AsyncIterator[averaging_pb2.AveragingData]:
-        """Serve the payload of ``request.peer_id`` (ours or a groupmate's) for one group."""
-        group = self._group(request.group_id)
-        waiter = group.registered if request.peer_id == self.peer_id.to_bytes() else group.gathered
-        try:
-            await asyncio.wait_for(waiter.wait(), timeout=self.gather_timeout)
-        except asyncio.TimeoutError:
-            pass
-        payload = group.payloads.get(request.peer_id)
-        if payload is None:
-            yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
-            return
-        for start in range(0, max(1, len(payload)), CHUNK_BYTES):
-            msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=payload[start : start + CHUNK_BYTES]))
-            self._count(sent=msg.ByteSize())
-            yield msg
+        """Serve an envelope of one group: ours (empty digest) or a value we accepted and offered."""
+        with self._calls.admit(context.remote_id) as admitted:
+            group = await self._member_group(request.group_id, context.remote_id) if admitted else None
+            envelope = None
+            if group is not None:
+                self._count(received=request.ByteSize())
+                digest = request.tensor_part.buffer
+                if request.peer_id == self.peer_id.to_bytes() and not digest:
+                    await group.done[0].wait()  # set as soon as the group is opened, or when it ends
+                    envelope = group.agreement.own_envelope()
+                else:
+                    envelope = group.agreement.serve(request.peer_id, digest)
+            if envelope is None:
+                yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
+                return
+            for start in range(0, len(envelope), CHUNK_BYTES):
+                msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=envelope[start : start + CHUNK_BYTES]))
+                self._count(sent=msg.ByteSize())
+                yield msg
 
-    async def rpc_payload_digests(
-        self, request: averaging_pb2.AveragingData, context: P2PContext
-    ) -> averaging_pb2.AveragingData:
-        """Which payloads this member holds for a group, by sha256: how members agree on one set."""
-        group = self._group(request.group_id)
-        try:
-            await asyncio.wait_for(group.gathered.wait(), timeout=self.gather_timeout)
-        except asyncio.TimeoutError:
-            pass
-        table = reconcile.encode_digest_table(reconcile.digest_table(group.payloads))
-        msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=table))
-        self._count(sent=msg.ByteSize())
-        return msg
+    async def rpc_aggregate_part(
+        self, stream: AsyncIterator[averaging_pb2.AveragingData], context: P2PContext
+    ) -> AsyncIterator[averaging_pb2.AveragingData]:
+        """hivemind's all-reduce, which this class replaces: nobody gets anything from it."""
+        yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
+
+    async def rpc_relay(self, request: averaging_pb2.AveragingData, context: P2PContext) -> averaging_pb2.AveragingData:
+        """Answer a member's agreement round k once our round k - 1 is over: the values it lacks."""
+        with self._calls.admit(context.remote_id) as admitted:
+            group = await self._member_group(request.group_id, context.remote_id) if admitted else None
+            if group is None:
+                return averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
+            self._count(received=request.ByteSize())
+            try:
+                k, have = reconcile.parse_request(request.tensor_part.buffer, len(group.members))
+                if k >= len(group.done):
+                    raise reconcile.GroupError(f"round {k} is past the agreement's {len(group.done) - 1}")
+            except ProtocolError as e:
+                logger.info(f"a relay request from {context.remote_id}: {e}")
+                return averaging_pb2.AveragingData(code=averaging_pb2.PROTOCOL_VIOLATION)
+            await group.done[k - 1].wait()  # set by its deadline at the latest, or when the group ends
+            msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=group.agreement.answer(have)))
+            self._count(sent=msg.ByteSize())
+            return msg
 
 
 def _b58(peer_id_bytes: bytes) -> str:

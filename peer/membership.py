@@ -4,6 +4,15 @@ Every peer publishes a progress record (protocol/records.py) under the run's key
 ``swarm.heartbeat_period`` and whenever its state changes, and reads everyone's to decide whom to
 wait for. Records are read through ``swarm.records`` (hivemind's DHT); a slow DHT never stops
 training (an unreadable view is an empty one).
+
+A record is a claim, not a promise: a peer may announce that it trains this round and never come.
+The round barrier therefore waits for announced peers only a *straggler allowance* past the last
+moment another peer of the round became ready (half this peer's own training time of the round, at
+least ``STRAGGLER_MIN_S``), and remembers the peers it waited for that then were not in its group:
+those are not waited for again until they appear in one of its groups' member lists, nor counted
+as someone to meet. A round far ahead of everyone is not believed either: "the swarm's round" is one
+that at least two other peers have reached (``swarm_round``), and peers that state sync caught
+lying (a state it refused, none served) are left out of the view for a while (``ignore``).
 """
 
 from __future__ import annotations
@@ -12,7 +21,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Set
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set
 
 from protocol.partial import choose_part
 from protocol.records import CHOOSING, Progress
@@ -24,6 +33,15 @@ logger = logging.getLogger("voloco.peer")
 # peers that take no part in rounds yet: booting, or waiting for a chain. A peer never waits for
 # them; one that went ahead alone meanwhile is caught up with (downloaded) when they start.
 NOT_IN_ROUNDS = ("stopped", "starting")
+STRAGGLER_MIN_S = 5.0  # the least a ready peer waits past the last arrival for announced peers
+STRAGGLER_FRACTION = 0.5  # ... and at most this fraction of its own training time of the round
+
+
+def swarm_round(rounds: Sequence[int]) -> int:
+    """The round the swarm is at as far as one peer's claim cannot move it: the second-highest of
+    ``rounds`` (reached by at least two peers), or the only one; -1 for none."""
+    ordered = sorted(rounds, reverse=True)
+    return ordered[1] if len(ordered) > 1 else (ordered[0] if ordered else -1)
 
 
 @dataclass
@@ -32,7 +50,7 @@ class Barrier:
 
     expected: int  # group size to expect: this peer and every peer of its round that is ready
     alone: bool  # no other live peer at all
-    behind: bool  # some peer is at a later round
+    behind: bool  # the swarm is at a later round
 
     @property
     def nobody_to_meet(self) -> bool:
@@ -46,14 +64,30 @@ class Membership:
         self.dht, self.spec, self.peer_id, self.stop = dht, spec, peer_id, stop
         self._progress = progress
         self._thread: Optional[threading.Thread] = None
+        self.no_shows: Set[str] = set()  # waited for, then not in our group: not waited for until they are
+        self._waited: Set[str] = set()  # whom the last barrier gave up waiting for
+        self._training_since: Optional[float] = None
+        self._ignored: Dict[str, float] = {}  # peer -> until when its records are left out
+        self.train_seconds = 0.0  # this peer's training time of its last round
 
     # ---- our record -----------------------------------------------------------------------------
     def publish(self) -> None:
         try:
             ttl = max(3 * self.spec.swarm.heartbeat_period, 10.0)  # a busy peer's heartbeat may be late
-            publish_progress(self.dht, self.spec.run_id, self.peer_id, self._progress(), ttl=ttl)
+            progress = self._progress()
+            self._note_state(progress.state)
+            publish_progress(self.dht, self.spec.run_id, self.peer_id, progress, ttl=ttl)
         except Exception as e:
             logger.debug(f"could not publish progress: {e!r}")
+
+    def _note_state(self, state: str) -> None:
+        """Time this peer's training (every state change is published): the straggler allowance scales with it."""
+        if state == "training":
+            if self._training_since is None:
+                self._training_since = time.monotonic()
+        elif self._training_since is not None:
+            self.train_seconds = time.monotonic() - self._training_since
+            self._training_since = None
 
     def start_heartbeat(self, extra: Callable[[], None]) -> None:
         """Publish every heartbeat period from a thread of its own, then call ``extra``."""
@@ -77,7 +111,12 @@ class Membership:
         except Exception as e:  # the DHT being slow must not stop training
             logger.debug(f"could not read progress records: {e!r}")
             return []
-        return [v for v in views if v.progress.spec == self.spec.digest()]
+        now = time.monotonic()
+        return [v for v in views if v.progress.spec == self.spec.digest() and self._ignored.get(v.peer_id, 0.0) <= now]
+
+    def ignore(self, peer_id: str, seconds: float) -> None:
+        """Leave ``peer_id``'s records out of the view for ``seconds`` (it was caught lying)."""
+        self._ignored[peer_id] = time.monotonic() + seconds
 
     def others(self, excluding=NOT_IN_ROUNDS) -> List[PeerView]:
         return [v for v in self.view() if v.peer_id != self.peer_id and v.progress.state not in excluding]
@@ -114,25 +153,60 @@ class Membership:
                 logger.info(f"waiting for {n} peers to start ({len(started)} so far, {last_log - t0:.0f} s)")
             time.sleep(0.25)
 
+    def straggler_allowance(self) -> float:
+        """How long past the last arrival a ready peer still waits for peers announced in its round."""
+        swarm = self.spec.swarm
+        allowance = max(STRAGGLER_MIN_S, 2 * swarm.heartbeat_period, STRAGGLER_FRACTION * self.train_seconds)
+        return min(allowance, swarm.round_wait)
+
+    def _note_group(self, mates: Set[str]) -> None:
+        """Last round's group was ``mates`` (+ us): whom we waited for in vain is skipped from now on."""
+        missing = self._waited - mates
+        if missing - self.no_shows:
+            logger.info(f"not waiting again for {_names(missing - self.no_shows)} until they join a group of ours")
+        self.no_shows = (self.no_shows | missing) - mates
+        self._waited = set()
+
     def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool) -> Barrier:
-        """Wait (up to ``swarm.round_wait``) until every live peer of ``round_no`` is ready.
+        """Wait until every live peer of ``round_no`` is ready: at most ``swarm.round_wait``, and at
+        most the straggler allowance past the last time a peer of the round became ready.
 
         ``mates``: last round's groupmates; those still finishing it (evaluating, checkpointing)
         will train this round with us, so the group must not close before they arrive.
-        ``first_round``: peers still "waiting" for the start quorum are about to train it too."""
-        deadline = time.monotonic() + self.spec.swarm.round_wait
+        ``first_round``: peers still "waiting" for the start quorum are about to train it too.
+        Peers that were waited for in vain and were not in our last group are not waited for."""
+        self._note_group(mates)
+        start = last_arrival = time.monotonic()
+        deadline, allowance = start + self.spec.swarm.round_wait, self.straggler_allowance()
         busy = ("training", "waiting") if first_round else ("training",)
+        arrived: Set[str] = set()
         while True:
             view = self.view()
             mine = [v for v in view if v.progress.round == round_no and v.peer_id != self.peer_id]
-            training = [v for v in mine if v.progress.state in busy]
-            finishing = [
+            ready = [v for v in mine if v.progress.state in ("ready", "exchanging")]
+            pending = [v for v in mine if v.progress.state in busy] + [
                 v for v in view
                 if v.peer_id in mates and v.progress.round == round_no - 1 and v.progress.state not in NOT_IN_ROUNDS
             ]
-            if not (training or finishing) or time.monotonic() > deadline or self.stop.is_set():
-                others = [v for v in view if v.peer_id != self.peer_id and v.progress.state not in NOT_IN_ROUNDS]
-                ready = [v for v in mine if v.progress.state in ("ready", "exchanging")]
-                behind = any(v.progress.round > round_no for v in others)
+            pending = [v for v in pending if v.peer_id not in self.no_shows]
+            now = time.monotonic()
+            if {v.peer_id for v in ready} - arrived:
+                arrived |= {v.peer_id for v in ready}
+                last_arrival = now
+            late = now - last_arrival > allowance
+            if not pending or late or now > deadline or self.stop.is_set():
+                self._waited = {v.peer_id for v in pending}
+                if pending and late:
+                    logger.info(f"round {round_no}: not waiting longer than {allowance:.1f} s past the last arrival "
+                                f"for {_names(self._waited)}")
+                others = [
+                    v for v in view
+                    if v.peer_id != self.peer_id and v.progress.state not in NOT_IN_ROUNDS and v.peer_id not in self.no_shows
+                ]
+                behind = swarm_round([v.progress.round for v in others]) > round_no
                 return Barrier(expected=1 + len(ready), alone=not others, behind=behind)
             time.sleep(0.25)
+
+
+def _names(peers: Iterable[str]) -> str:
+    return ", ".join(sorted(peers))

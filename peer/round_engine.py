@@ -7,8 +7,9 @@ shared and local buffers), and turns a round's agreed payloads into the next θ:
    into its local buffers and encodes the payload;
 2. ``decode``: every agreed payload, validated and decoded in the canonical order (by sender); a
    payload that fails validation is excluded, with the reason;
-3. ``conclude``: aggregate in that order, take the outer step on θ, settle the local buffers
-   (what was sent leaves them only if our payload counted), advance the round.
+3. ``conclude``: check and clip every contribution to the round's median norm, aggregate in
+   that order, take the outer step on θ only if it leaves θ finite (peer/robust.py), settle the
+   local buffers (what was sent leaves them only if our payload counted), advance the round.
 
 The live peer (peer/runtime.py), the in-process simulation (peer/simulate.py) and the benchmarks
 call this one engine, so the simulation computes what the swarm computes by construction.
@@ -24,6 +25,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from peer.robust import Contributions, robust_step
 from peer.state import params_hash
 from peer.strategies import OuterStrategy, Pending, Tensors, canonical_order, pseudo_gradient
 from protocol.errors import ProtocolError
@@ -39,6 +41,7 @@ class Settled:
     contributors: int  # payloads that went into the aggregate
     excluded: Dict[str, str] = field(default_factory=dict)  # sender -> why its payload did not count
     delivered: bool = False  # our own payload counted
+    clipped: Dict[str, float] = field(default_factory=dict)  # sender -> the smallest scale its update was clipped by
 
 
 class RoundEngine:
@@ -87,23 +90,27 @@ class RoundEngine:
 
     def decode(self, payloads: Mapping[str, bytes]) -> Tuple[List[Tensors], Dict[str, str]]:
         """Every payload decoded in the canonical order, and the senders whose payload is invalid."""
-        decoded: List[Tensors] = []
+        decoded = Contributions()
         invalid: Dict[str, str] = {}
         for sender in canonical_order(payloads):
             try:
                 decoded.append(self.strategy.decode(payloads[sender], self.round))
             except ProtocolError as e:
                 invalid[sender] = f"invalid payload: {e}"
+        decoded.senders = [s for s in canonical_order(payloads) if s not in invalid]
         return decoded, invalid
 
     def conclude(self, decoded: Sequence[Tensors], pending: Optional[Pending], delivered: bool,
                  excluded: Optional[Mapping[str, str]] = None) -> Settled:
-        """Aggregate ``decoded`` (in canonical order), apply the outer step, settle, next round."""
+        """Check and clip ``decoded`` (in canonical order), aggregate, apply the outer step, settle,
+        next round. A contribution refused on the way is listed in ``excluded`` (by sender when
+        ``decoded`` came from ``decode``)."""
         with self.lock:
-            self.strategy.apply(self._theta, self.strategy.aggregate(decoded))
+            outcome = robust_step(self.strategy, self._theta, decoded, self.round)
             if pending is not None:
                 self.strategy.settle(pending, delivered=delivered)
-            settled = Settled(self.round, len(decoded), dict(excluded or {}), delivered)
+            settled = Settled(self.round, outcome.contributors, {**(excluded or {}), **outcome.excluded}, delivered,
+                              outcome.clipped)
             self.round += 1
             self._hash = None
         return settled

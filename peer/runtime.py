@@ -43,6 +43,7 @@ from peer.state_sync import StateSync
 from protocol.keys import averager_prefix
 from protocol.records import CHOOSING, Progress
 from protocol.spec import RunSpec
+from swarm.admission import admission_gate
 from swarm.dht import start_dht
 from swarm.records import fetch_spec
 
@@ -53,6 +54,8 @@ logger = logging.getLogger("voloco.peer")
 class PeerOptions:
     join: Sequence[Any]  # parsed multiaddrs
     run_id: Optional[str] = None
+    run_key: Optional[str] = None  # fingerprint of the run's key: only a spec it signed is accepted
+    join_token: Optional[str] = None  # a private run's shared secret (swarm/admission.py)
     data: Optional[str] = None
     device: str = "cpu"
     identity: Optional[str] = None
@@ -117,7 +120,8 @@ class Peer:
         opts = self.opts
         if opts.threads:
             torch.set_num_threads(opts.threads)
-        self.dht = start_dht(opts.join, opts.host_maddrs, opts.announce_maddrs, opts.identity)
+        self.dht = start_dht(opts.join, opts.host_maddrs, opts.announce_maddrs, opts.identity,
+                             join_token=opts.join_token, run_key=opts.run_key)
         self.peer_id = self.dht.peer_id.to_base58()
         logger.info(f"peer {self.peer_id} joined the DHT")
         self.spec: RunSpec = fetch_spec(self.dht, opts.run_id, timeout=opts.spec_timeout)
@@ -153,10 +157,12 @@ class Peer:
             matchmaking_time=spec.swarm.matchmaking_time,
             gather_timeout=spec.swarm.gather_timeout,
             request_timeout=min(1.0, spec.swarm.matchmaking_time / 3),
+            max_payload_bytes=self.role.strategy.max_payload_bytes,  # every part's payload fits
         )
         self.sync = StateSync(spec, self.engine, self.gatherer, self.membership, self.peer_id,
                               set_state=self._set_state, on_installed=self._installed)
         self.gatherer.state_provider = self.sync.shareable_state
+        self.gatherer.authorizer = admission_gate(self.dht, spec.run_id)  # None in a public run
         self.gatherer.run_in_background(await_ready=True)
         self.install_signal_handlers()
 

@@ -12,6 +12,13 @@
   decode, token ids of another batch (``BatchMismatch``). Nothing a neighbour sends is fatal to
   the process.
 * ``link_codec``: the activation codec of a link (the subspace basis and the wire dtype).
+* Before the handshake completes a connection costs little: frames of at most
+  ``HANDSHAKE_MAX_BYTES``, reads of that size, one deadline for the whole handshake
+  (``handshake_timeout``), and at most ``MAX_PENDING_HANDSHAKES`` connections in a handshake at
+  once (a new one drops the oldest, so stalled strangers cannot lock an honest neighbour out).
+* With a ``LinkAuth`` (this stage's identity key and the peer id the chain assignment names for
+  the neighbour) both ends prove who they are (peer/stage_handshake.py, protocol/link_auth.py):
+  a stranger who copies a hello's public fields is rejected.
 
 The errors are in ``peer.stage_errors``.
 """
@@ -21,25 +28,22 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 from dataclasses import dataclass
-from typing import Any, Deque, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import torch
 
-from peer.stage_errors import (
-    BatchMismatch,
-    HandshakeRejected,
-    LinkClosed,
-    LinkError,
-    LinkProtocolError,
-    LinkTimeout,
-    NonFiniteOutput,
-)
+from peer import stage_handshake as handshake
+from peer.stage_errors import BatchMismatch, LinkClosed, LinkError, LinkProtocolError, LinkTimeout, NonFiniteOutput
+from peer.stage_handshake import LinkAuth
 from protocol import PROTOCOL_VERSION
 from protocol.activations import ActivationCodec
 from protocol.errors import FrameError
-from protocol.frames import Activations, Bye, Frame, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, Reject
-from protocol.frames import check_hello, encode_frame
+from protocol.frames import (
+    HANDSHAKE_MAX_BYTES, NONCE_BYTES, Activations, Bye, Frame, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, Reject,
+    encode_frame,
+)
 from protocol.subspace import subspace_basis
 
 try:  # pragma: no cover - depends on the platform
@@ -47,16 +51,12 @@ try:  # pragma: no cover - depends on the platform
 except ImportError:  # pragma: no cover
     uvloop = None
 
-__all__ = [
-    "StageIdentity",
-    "link_codec",
-    "StageLink",
-    "StageListener",
-    "connect_link",
-    "run",
-]
+__all__ = ["StageIdentity", "LinkAuth", "link_codec", "StageLink", "StageListener", "connect_link", "run"]
 
 log = logging.getLogger("voloco.pipeline")
+
+MAX_PENDING_HANDSHAKES = 4  # connections in a handshake at once, per listener
+READ_BYTES = 1 << 16  # what one read takes from the socket after the handshake
 
 
 # --- links -------------------------------------------------------------------------------------
@@ -124,7 +124,8 @@ class StageLink:
         self.local, self.role, self.fmt, self.codec = local, role, fmt, codec
         self.timeout = float(timeout)
         self.neighbour_stage = local.stage + 1 if role == "upstream" else local.stage - 1
-        self._decoder = FrameDecoder(fmt)
+        self._decoder = FrameDecoder(fmt, HANDSHAKE_MAX_BYTES)  # until handshake_done()
+        self._read_bytes = HANDSHAKE_MAX_BYTES
         self._frames: Deque[Frame] = collections.deque()
         self._error: Optional[LinkError] = None
         self.bytes_sent = 0
@@ -142,6 +143,11 @@ class StageLink:
     @property
     def closed(self) -> bool:
         return self._error is not None
+
+    def handshake_done(self) -> None:
+        """From now on frames may be as large as the format allows."""
+        self._decoder.max_frame_bytes = self.fmt.max_frame_bytes
+        self._read_bytes = READ_BYTES
 
     # -- failure --------------------------------------------------------------------------------
     def _fail(self, exc: LinkError, level: int = logging.WARNING) -> LinkError:
@@ -211,7 +217,7 @@ class StageLink:
             if remaining <= 0:
                 raise self._timeout(limit)
             try:
-                data = await asyncio.wait_for(self.reader.read(1 << 16), remaining)
+                data = await asyncio.wait_for(self.reader.read(self._read_bytes), remaining)
             except asyncio.TimeoutError:
                 raise self._timeout(limit) from None
             except (ConnectionError, OSError) as e:
@@ -306,47 +312,50 @@ class StageLink:
             pass
 
 
-def _hello(local: StageIdentity, role: str) -> Hello:
-    return Hello(run=local.run_digest, chain=local.chain_id, stage=local.stage, round=local.round, role=role, version=PROTOCOL_VERSION)
+def _hello(local: StageIdentity, role: str, nonce: bytes = b"") -> Hello:
+    return Hello(run=local.run_digest, chain=local.chain_id, stage=local.stage, round=local.round, role=role,
+                 version=PROTOCOL_VERSION, nonce=nonce)
 
 
 async def connect_link(
     host: str, port: int, *, local: StageIdentity, role: str, fmt: FrameFormat, codec: ActivationCodec,
-    timeout: float = 30.0, handshake_timeout: float = 10.0,
+    timeout: float = 30.0, handshake_timeout: float = 10.0, auth: Optional[LinkAuth] = None,
 ) -> StageLink:
     """Dial a neighbour's listener, send our hello, wait for hello_ok. ``role`` is ours on the
-    link (``"upstream"`` when dialling stage i+1). Raises HandshakeRejected (with the listener's
+    link (``"upstream"`` when dialling stage i+1). With ``auth``, the listener must prove it is
+    ``auth.neighbour`` and we prove who we are. Raises HandshakeRejected (with the listener's
     reason), LinkTimeout, LinkClosed or LinkProtocolError; OSError if nothing listens."""
+    deadline = asyncio.get_running_loop().time() + handshake_timeout
     reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), handshake_timeout)
     link = StageLink(reader, writer, local=local, role=role, fmt=fmt, codec=codec, timeout=timeout)
-    link.send(_hello(local, role))
-    frame = await link._recv_frame(handshake_timeout)
-    if isinstance(frame, Reject):
-        raise link._fail(HandshakeRejected(f"neighbour rejected our hello: {frame.reason}", link))
-    if not isinstance(frame, HelloOk):
-        raise link._fail(LinkProtocolError(f"expected hello_ok, got {type(frame).__name__}", link))
+    hello = _hello(local, role, os.urandom(NONCE_BYTES) if auth is not None else b"")
+    link.send(hello)
+    await handshake.dial(link, hello, auth, deadline)
+    link.handshake_done()
     return link
 
 
 class StageListener:
     """Accepts neighbours on a TCP port: each connection must open with a valid hello from the
     expected neighbour (stage ``local.stage - 1`` if ``role`` is ``"downstream"``, else
-    ``local.stage + 1``), same run digest, chain, round and protocol version. A bad hello is
+    ``local.stage + 1``), same run digest, chain, round and protocol version, and, when ``auth``
+    is set, prove it is ``auth.neighbour``, all within ``handshake_timeout``. A bad hello is
     answered with ``reject`` + the reason, logged, appended to ``rejected`` and closed; the
-    listener keeps accepting. Good links queue up for ``accept``."""
+    listener keeps accepting. Good links queue up for ``accept``. ``local`` and ``auth`` may be
+    changed between rounds."""
 
     def __init__(
         self, *, local: StageIdentity, role: str, fmt: FrameFormat, codec: ActivationCodec,
-        timeout: float = 30.0, handshake_timeout: float = 10.0,
+        timeout: float = 30.0, handshake_timeout: float = 5.0, auth: Optional[LinkAuth] = None,
     ):
         if role not in ("upstream", "downstream"):
             raise ValueError(f"role must be 'upstream' or 'downstream', got {role!r}")
-        self.local, self.role, self.fmt, self.codec = local, role, fmt, codec
+        self.local, self.role, self.fmt, self.codec, self.auth = local, role, fmt, codec, auth
         self.timeout, self.handshake_timeout = timeout, handshake_timeout
         self.rejected: List[str] = []
         self._queue: "asyncio.Queue[StageLink]" = asyncio.Queue()
         self._server: Optional[asyncio.AbstractServer] = None
-        self._handshakes: set = set()
+        self._handshakes: Dict[asyncio.Task, StageLink] = {}  # in the order they began
 
     @classmethod
     async def start(cls, host: str = "127.0.0.1", port: int = 0, **kwargs: Any) -> "StageListener":
@@ -360,36 +369,39 @@ class StageListener:
         return self._server.sockets[0].getsockname()[1]
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        link = StageLink(reader, writer, local=self.local, role=self.role, fmt=self.fmt, codec=self.codec, timeout=self.timeout)
+        if len(self._handshakes) >= MAX_PENDING_HANDSHAKES:  # close the one that has stalled longest
+            stale = self._handshakes.pop(next(iter(self._handshakes)))
+            stale._fail(LinkTimeout("dropped for a newer connection: too many in a handshake", stale), logging.INFO)
         task = asyncio.current_task()
-        self._handshakes.add(task)
+        self._handshakes[task] = link
         try:
-            link = StageLink(reader, writer, local=self.local, role=self.role, fmt=self.fmt, codec=self.codec, timeout=self.timeout)
-            try:
-                frame = await link._recv_frame(self.handshake_timeout)
-                check_hello(
-                    frame,
-                    run_digest=self.local.run_digest,
-                    chain_id=self.local.chain_id,
-                    stage=link.neighbour_stage,
-                    round=self.local.round,
-                    role=_opposite(self.role),
-                )
-            except FrameError as e:  # a well-formed hello from the wrong neighbour
-                reason = f"rejected hello: {e}"
-                self.rejected.append(reason)
-                try:
-                    writer.write(encode_frame(Reject(str(e))))
-                except Exception:  # pragma: no cover
-                    pass
-                link._fail(LinkProtocolError(reason, link))
-                return
-            except LinkError as e:  # garbage, timeout, closed before the hello
-                self.rejected.append(f"handshake failed: {e.reason}")
-                return
-            link.send(HelloOk())
-            self._queue.put_nowait(link)
+            if await self._handshake(link):
+                link.handshake_done()
+                link.send(HelloOk())
+                self._queue.put_nowait(link)
         finally:
-            self._handshakes.discard(task)
+            self._handshakes.pop(task, None)
+
+    async def _handshake(self, link: StageLink) -> bool:
+        """Whether the connection proved to be the expected neighbour (else answered, logged, closed)."""
+        local = self.local
+        expect = dict(run_digest=local.run_digest, chain_id=local.chain_id, stage=link.neighbour_stage,
+                      round=local.round, role=_opposite(self.role))
+        try:
+            await handshake.answer(link, expect, self.auth, asyncio.get_running_loop().time() + self.handshake_timeout)
+            return True
+        except FrameError as e:  # a well-formed hello from the wrong neighbour, or one that cannot prove who it is
+            reason = f"rejected hello: {e}"
+            self.rejected.append(reason)
+            try:
+                link.writer.write(encode_frame(Reject(str(e))))
+            except Exception:  # pragma: no cover
+                pass
+            link._fail(LinkProtocolError(reason, link))
+        except LinkError as e:  # garbage, timeout, closed before the hello
+            self.rejected.append(f"handshake failed: {e.reason}")
+        return False
 
     async def accept(self, timeout: Optional[float] = None) -> StageLink:
         """The next neighbour that passed the handshake (asyncio.TimeoutError after ``timeout``)."""
@@ -400,8 +412,8 @@ class StageListener:
             self._server.close()
             await self._server.wait_closed()
             self._server = None
-        for task in list(self._handshakes):
-            task.cancel()
+        for link in list(self._handshakes.values()):  # their handshakes end at once, as failed
+            link._fail(LinkClosed("the listener closed", link), logging.DEBUG)
         while not self._queue.empty():
             await self._queue.get_nowait().close(bye=False)
 

@@ -1,24 +1,62 @@
 """State sync: serve our state to late joiners, download the swarm's, check what we install.
 
 The state is θ, its round and the strategy's shared state (DiLoCo's outer momentum), served
-through hivemind's state sharing (``DecentralizedAverager.load_state_from_peers``). A downloaded
-state is untrusted: it must name this run spec and exactly this run's tensors, with their shapes
-and finite values, and be of at least the round we need.
+through hivemind's state sharing (``rpc_download_state``) and downloaded from a peer this peer
+chooses (peer/state_download.py), never from whoever declares the highest priority.
+
+What other peers claim is weighed, not believed:
+- the round to catch up to is one at least two live peers have reached (peer/membership.py's
+  ``swarm_round``): one peer announcing a round far ahead cannot make everyone chase it;
+- sources are peers at or a little above that round, the rounds most peers report first;
+- a peer that serves a state we refuse (malformed, older than it announced, non-finite, off the
+  hash its round's peers report) is left out of the membership view for ``REFUSE_FOR_S``; one that
+  serves nothing, for ``SILENT_FOR_S``; a catch-up makes at most ``MAX_ATTEMPTS`` downloads, and a
+  round that could not be had is not chased again for ``RETRY_TARGET_AFTER_S``;
+- a downloaded state must name this run spec and exactly this run's tensors, with their shapes,
+  every value finite and at most ``STATE_MAX_ABS`` after the cast to float32, and be of a round
+  between the one we need and the one its server announced (+1: it may have just finished one).
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
-from typing import Any, Callable, List, Sequence, Tuple
+from collections import Counter
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 
+from peer.membership import swarm_round
 from peer.round_engine import RoundEngine
+from peer.state import params_hash
+from peer.state_download import StateDownloader
 from protocol.errors import ProtocolError
 from protocol.spec import RunSpec
 
 logger = logging.getLogger("voloco.peer")
+
+MAX_ATTEMPTS = 3  # downloads per catch-up
+STATE_MAX_ABS = 1e6  # no trained weight or momentum comes near it; 1e300 or inf never passes
+ROUND_SPREAD = 2  # honest peers of a swarm are within a round or two of each other
+REFUSE_FOR_S = 600.0  # a peer that served a state we refused is left out of the view for this long
+SILENT_FOR_S = 60.0  # ... one that claimed a round we need and served nothing (no answer, too slow)
+RETRY_TARGET_AFTER_S = 60.0  # a round no peer could serve is not chased again sooner
+NOT_A_SOURCE = ("stopped", "starting")  # their rounds mean nothing yet
+
+
+class StateTooOld(ProtocolError):
+    """A state of a round before the one this peer needs."""
+
+
+def order_sources(views: Sequence[Any], target: int, slack: int = 0) -> List[Any]:
+    """The views of peers to download a state of at least ``target`` from, best first: peers from
+    ``target - slack`` to ``target + ROUND_SPREAD`` (one far ahead of that is an outlier, never
+    asked), rounds that two or more peers report first, then higher rounds, in random order among equals."""
+    counts = Counter(v.progress.round for v in views)
+    usable = [v for v in views if target - slack <= v.progress.round <= target + ROUND_SPREAD]
+    random.shuffle(usable)
+    return sorted(usable, key=lambda v: (counts[v.progress.round] < 2, -v.progress.round))
 
 
 class StateSync:
@@ -33,6 +71,8 @@ class StateSync:
         self.layout = spec.param_shapes()
         self.consistent = True  # False after a round whose group started from other parameters than ours
         self._set_state, self._on_installed = set_state, on_installed
+        self._fetch = StateDownloader(membership.dht, gatherer)
+        self._failed_target: Tuple[int, float] = (-1, 0.0)  # a round no peer served, and when to try again
 
     # ---- serving --------------------------------------------------------------------------------
     def shareable_state(self) -> Tuple[dict, List[torch.Tensor]]:
@@ -41,65 +81,133 @@ class StateSync:
         return meta, tensors
 
     def enable_sharing(self) -> None:
-        # late joiners download from the most advanced peer, and never from one that left its group's consensus
+        # hivemind's own loader would pick by this priority; ours (state_download) picks the peer itself
         self.gatherer.state_sharing_priority = float(2 * self.engine.round + (1 if self.consistent else 0))
         self.gatherer.allow_state_sharing = True
 
     # ---- downloading ----------------------------------------------------------------------------
+    def download(self, peer: str, timeout: float) -> Optional[Tuple[Any, List[torch.Tensor]]]:
+        """``peer``'s state, or None (logged) if it could not be had."""
+        expected = 4 * (sum(t.numel() for t in self.engine.theta.values())
+                        + sum(t.numel() for t in self.engine.strategy.shared_state().values()))
+        try:
+            return self._fetch(peer, expected, timeout)
+        except Exception as e:
+            logger.info(f"could not download the state of {peer}: {e!r}")
+            return None
+
     def catch_up(self, even_at_same_round: bool = False) -> None:
         """Download the current state if live peers are ahead of us (round 0 is the seed's, everywhere).
 
         ``even_at_same_round``: this peer ended a round off its group's parameters and must take a
         state of at least its own (new) round, even if no groupmate has published that round yet:
         a groupmate still evaluating it serves an older state, which is refused and asked again."""
-        others = self.membership.others(excluding=("stopped",))
-        ahead = max((v.progress.round for v in others), default=-1)
+        now = time.monotonic()
+        views = self.membership.others(excluding=NOT_A_SOURCE)
+        target = swarm_round([v.progress.round for v in views])
         if even_at_same_round:
-            if not others:
+            if not views:
                 return
-            ahead = max(ahead, self.engine.round)
-        elif ahead <= self.engine.round:
+            target = max(target, self.engine.round)
+        elif target <= self.engine.round:
             return
-        min_round = ahead
+        elif self._failed_target[0] == target and now < self._failed_target[1]:
+            return
+        sources = order_sources(views, target, slack=1 if even_at_same_round else 0)
+        if not sources:
+            return
         previous = self._set_state("syncing")
         try:
-            for attempt in range(3):
-                logger.info(f"downloading the state of round {ahead} from a live peer")
-                got = self.gatherer.load_state(timeout=self.spec.swarm.gather_timeout)
-                if got is not None:
-                    try:
-                        self.install(*got, min_round=min_round)
-                        self.consistent = True
-                        self.enable_sharing()
-                        return
-                    except ProtocolError as e:
-                        logger.warning(f"rejected a downloaded state: {e}")
-                time.sleep(1.0 + attempt)
-            logger.warning("could not download the current state; continuing from our own")
+            if self._download_and_install(sources, target, views):
+                return
+            self._failed_target = (target, time.monotonic() + RETRY_TARGET_AFTER_S)
+            logger.warning(f"could not download the state of round {target}; continuing from our own")
         finally:
             self._set_state(previous)
 
-    def install(self, meta: Any, tensors: Sequence[torch.Tensor], min_round: int = 0) -> None:
-        """Check a downloaded state and make it ours; ProtocolError (nothing changed) if it does not fit."""
+    def _download_and_install(self, sources: List[Any], target: int, views: Sequence[Any]) -> bool:
+        queue = list(sources)
+        for attempt in range(MAX_ATTEMPTS):
+            if not queue:
+                return False
+            view = queue.pop(0)
+            peer, claimed = view.peer_id, view.progress.round
+            logger.info(f"downloading the state of round {target} from {peer} (it reports round {claimed})")
+            got = self.download(peer, timeout=self.spec.swarm.gather_timeout)
+            if got is None:
+                self.membership.ignore(peer, SILENT_FOR_S)
+                continue
+            reported = _reported_hashes(views, excluding=peer)
+            try:
+                self.install(*got, min_round=target, max_round=claimed + 1, reported=reported)
+                self.consistent = True
+                self.enable_sharing()
+                return True
+            except StateTooOld as e:
+                if claimed < target:  # a groupmate still finishing the round: ask again
+                    logger.info(f"{peer} is still finishing round {claimed}: {e}")
+                    queue.append(view)
+                    time.sleep(1.0 + attempt)
+                    continue
+                self._refuse(peer, e)
+            except ProtocolError as e:
+                self._refuse(peer, e)
+        return False
+
+    def _refuse(self, peer: str, why: Exception) -> None:
+        logger.warning(f"refused the state {peer} served: {why}; not asking it again for {REFUSE_FOR_S:.0f} s")
+        self.membership.ignore(peer, REFUSE_FOR_S)
+
+    def install(self, meta: Any, tensors: Sequence[torch.Tensor], min_round: int = 0, max_round: Optional[int] = None,
+                reported: Optional[Mapping[int, Set[str]]] = None) -> None:
+        """Check a downloaded state and make it ours; ProtocolError (nothing changed) if it does not fit.
+
+        ``reported``: round -> the θ hashes other peers report for it; a state of a round some peers
+        report must have one of their hashes."""
         if not isinstance(meta, dict) or meta.get("spec") != self.spec.digest():
             raise ProtocolError("state is from another run spec")
         names, shared_names = meta.get("names"), meta.get("shared")
         if names != list(self.layout) or not isinstance(shared_names, list) or len(tensors) != len(names) + len(shared_names):
             raise ProtocolError("state does not list this run's tensors")
+        if not all(isinstance(k, str) for k in shared_names) or len(set(shared_names)) != len(shared_names):
+            raise ProtocolError("state's shared tensors are not distinct names")
         round_no = meta.get("round")
         if isinstance(round_no, bool) or not isinstance(round_no, int) or round_no < 0:
             raise ProtocolError("state has no valid round")
         if round_no < min_round:  # a peer that has not finished the round yet: try again
-            raise ProtocolError(f"state of round {round_no} is older than the swarm's round {min_round}")
-        theta = {}
-        for name, t in zip(names, tensors):
-            if tuple(t.shape) != tuple(self.layout[name]) or not torch.isfinite(t).all():
-                raise ProtocolError(f"state tensor {name} has a wrong shape or non-finite values")
-            theta[name] = t.to(torch.float32).clone()
-        shared = {k: t.to(torch.float32) for k, t in zip(shared_names, tensors[len(names):])}
+            raise StateTooOld(f"state of round {round_no} is older than the swarm's round {min_round}")
+        if max_round is not None and round_no > max_round:
+            raise ProtocolError(f"state of round {round_no} is ahead of the round {max_round - 1} its server reports")
+        theta = {name: _checked(name, t, self.layout[name]) for name, t in zip(names, tensors)}
+        shared = {k: _checked(k, t, None) for k, t in zip(shared_names, tensors[len(names):])}
+        hashes = (reported or {}).get(round_no)
+        if hashes and params_hash(theta) not in hashes:
+            raise ProtocolError(f"θ {params_hash(theta)} of round {round_no} is none of those its peers report")
         try:
             self.engine.install(theta, round_no, shared)
         except ValueError as e:
             raise ProtocolError(str(e)) from None
         self._on_installed(sum(t.numel() * t.element_size() for t in tensors))
         logger.info(f"installed the state of round {round_no} (θ {self.engine.params_hash()})")
+
+
+def _checked(name: str, t: Any, shape: Optional[Sequence[int]]) -> torch.Tensor:
+    """``t`` as a float32 copy, if it is a real tensor (of ``shape`` when given) whose values are
+    finite and bounded after the cast; ProtocolError otherwise."""
+    if not torch.is_tensor(t) or not (t.is_floating_point() or t.dtype in (torch.int32, torch.int64)):
+        raise ProtocolError(f"state tensor {name} is not a real tensor")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ProtocolError(f"state tensor {name} has shape {tuple(t.shape)}, not {tuple(shape)}")
+    t = t.to(torch.float32).clone()
+    if not bool(torch.isfinite(t).all()) or (t.numel() and float(t.abs().max()) > STATE_MAX_ABS):
+        raise ProtocolError(f"state tensor {name} has non-finite values or values beyond {STATE_MAX_ABS:g} (as float32)")
+    return t
+
+
+def _reported_hashes(views: Sequence[Any], excluding: str) -> Dict[int, Set[str]]:
+    """round -> the θ hashes peers (but ``excluding``) report for it (a training peer reports none)."""
+    out: Dict[int, Set[str]] = {}
+    for v in views:
+        if v.peer_id != excluding and v.progress.params_hash:
+            out.setdefault(v.progress.round, set()).add(v.progress.params_hash)
+    return out

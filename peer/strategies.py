@@ -10,6 +10,10 @@ sender), so every member of a group ends with bit-identical parameters whatever 
   (arXiv 2508.15706).
 - ``dct``: decoupled outer momentum; the top DCT coefficients of the momentum are synchronized,
   the residual stays local (arXiv 2510.03371, after DeMo arXiv 2411.19870).
+
+Before ``aggregate``, the round engine checks and clips every decoded contribution to the round's
+median norm (peer/robust.py); ``apply`` takes the outer step all or nothing: ``NonFiniteStep``,
+nothing changed, if it would leave a non-finite value in θ or in the strategy's state.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from protocol.chains import stage_shapes
 from protocol.partial import FULL, owned_shapes
 from protocol.payload import Part, decode_part_payload, encode_payload, payload_max_bytes
 from protocol.spec import RunSpec
+from peer.robust import CLIP_MULTIPLE, NonFiniteStep
 
 Tensors = Dict[str, torch.Tensor]
 Layout = Mapping[str, Tuple[int, ...]]
@@ -41,6 +46,7 @@ class OuterStrategy:
     """Base: encode a pseudo-gradient, aggregate decoded payloads, apply the outer step."""
 
     name = "base"
+    clip_multiple = CLIP_MULTIPLE  # contributions are clipped to this multiple of the median norm (peer/robust.py)
 
     def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: Part = FULL):
         """``part``: FULL, the slice a partial peer owns (protocol/partial.py), or the (start, end)
@@ -94,9 +100,21 @@ class OuterStrategy:
         return average(self.full_layout, decoded)
 
     def apply(self, theta: Tensors, update: Tensors) -> None:
-        """The outer step on the global parameters, in place."""
-        for name, u in update.items():
-            theta[name].sub_(u * self.lr)
+        """The outer step on the global parameters, in place, all or nothing: every new value is
+        computed and checked finite first (``NonFiniteStep``, θ and the strategy's state unchanged),
+        then the same operations are done in place (the same bits as a single pass)."""
+        for name, step in self._steps(update, commit=False):
+            if not bool(torch.isfinite(step).all()):
+                raise NonFiniteStep(f"a non-finite outer step for {name}")
+            if not bool(torch.isfinite(theta[name] - step * self.lr).all()):
+                raise NonFiniteStep(f"a non-finite value in {name}")
+        for name, step in self._steps(update, commit=True):
+            theta[name].sub_(step * self.lr)
+
+    def _steps(self, update: Tensors, commit: bool) -> Iterable[Tuple[str, torch.Tensor]]:
+        """(name, the step θ[name] moves by, before the outer lr); ``commit``: also update the
+        strategy's own state (outer momentum), else leave it as it is."""
+        return update.items()
 
     # -- state ------------------------------------------------------------------------------------
     def shared_state(self) -> Tensors:
@@ -122,13 +140,15 @@ class DiLoCo(OuterStrategy):
         # the outer momentum is shared state: it covers every tensor, owned by this peer or not
         self.momentum = {n: torch.zeros(s) for n, s in self.full_layout.items()}
 
-    def apply(self, theta: Tensors, update: Tensors) -> None:
+    def _steps(self, update: Tensors, commit: bool) -> Iterable[Tuple[str, torch.Tensor]]:
         mu, nesterov = self.spec.outer.momentum, self.spec.outer.nesterov
         for name, g in update.items():
-            buf = self.momentum[name]
-            buf.mul_(mu).add_(g)
-            step = g + buf * mu if nesterov else buf
-            theta[name].sub_(step * self.lr)
+            buf = self.momentum[name] * mu + g  # the same two operations as buf.mul_(mu).add_(g)
+            if not bool(torch.isfinite(buf).all()):
+                raise NonFiniteStep(f"a non-finite outer momentum for {name}")
+            if commit:
+                self.momentum[name].copy_(buf)
+            yield name, (g + buf * mu if nesterov else buf)
 
     def shared_state(self) -> Tensors:
         return {f"momentum.{n}": t for n, t in self.momentum.items()}

@@ -20,6 +20,7 @@ from protocol import PROTOCOL_VERSION
 from protocol.bounded_unpack import bounded_unpack
 from protocol.chains import Candidate, Chain, make_chain
 from protocol.errors import ProtocolError
+from protocol.keys import CANDIDATES_FIELD, CHAINS_FIELD
 from protocol.spec import RunSpec
 
 __all__ = [
@@ -32,12 +33,14 @@ __all__ = [
     "latest_assignments",
     "chains_key",
     "chain_candidates_key",
+    "ASSIGNMENT_TTL",
 ]
 
 MAX_STAGES = 64  # the most stages an assignment record may name
 MAX_PEER_ID = 128  # characters of a peer id
 MAX_RECORD_BYTES = 1 << 14
 CANDIDATE_STATES = ("waiting", "assigned", "leaving")
+ASSIGNMENT_TTL = 60.0  # seconds an assignment record lives; the coordinator refreshes live chains
 
 
 class ChainError(ProtocolError):
@@ -45,13 +48,13 @@ class ChainError(ProtocolError):
 
 
 def chains_key(run_id: str) -> str:
-    """Chain assignments, one subkey per chain id (published by the coordinator)."""
-    return f"{run_id}_chains"
+    """Chain assignments, one subkey per chain (owner marker + chain id), signed by the run's key."""
+    return f"{run_id}_{CHAINS_FIELD}"
 
 
 def chain_candidates_key(run_id: str) -> str:
-    """Chain candidate records, one subkey per peer id."""
-    return f"{run_id}_chain_candidates"
+    """Chain candidate records, one subkey per peer (its owner marker)."""
+    return f"{run_id}_{CANDIDATES_FIELD}"
 
 
 @dataclass(frozen=True)

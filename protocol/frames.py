@@ -13,6 +13,16 @@ A frame is a 4-byte big-endian length, then a msgpack map of exactly that many b
     bye          {"t"}
 
 The connecting side sends ``hello``; the other answers ``hello_ok`` or ``reject`` and closes.
+When the chain assignment names the peers of its stages, the handshake also proves who is on the
+other end (challenge–response with the libp2p identity keys, protocol/signed.py)::
+
+    hello        ... "nonce": 32 random bytes of the dialer (empty: no authentication offered)
+    challenge    {"t", "nonce": 32 random bytes of the listener, "key": its public key,
+                  "sig": its signature over the link's transcript, protocol/link_auth.py}
+    auth         {"t", "key": the dialer's public key, "sig": its signature over the transcript}
+
+hello -> challenge -> auth -> hello_ok (protocol/link_auth.py says what is signed and checked).
+Before the handshake completes a frame is at most ``HANDSHAKE_MAX_BYTES``.
 ``role`` is the sender's place on the link: the upstream stage (index i) sends activations and
 receives grads, the downstream one (i + 1) the reverse. Activations carry the subspace
 coefficients ``c = (h - T[tok]) U`` of ALGORITHMS.md section 5 (k = d_model without projection)
@@ -49,6 +59,10 @@ MAX_REASON = 512  # characters of a reject reason
 MAX_ID = 128  # characters of a run digest or chain id
 MAX_INT = 1 << 62  # upper bound of micro-batch ids, steps, rounds and stage indices
 SLACK = 1024  # the map header, keys and small fields of the largest frame
+HANDSHAKE_MAX_BYTES = 4096  # the largest frame before the handshake completes (a challenge is ~1.7 KiB)
+NONCE_BYTES = 32
+MAX_KEY_BYTES = 1024  # a libp2p RSA public key (4096 bits: ~550 bytes)
+MAX_SIG_BYTES = 512  # an RSA-4096 signature
 
 
 # --- frames ------------------------------------------------------------------------------------
@@ -62,11 +76,25 @@ class Hello:
     round: int
     role: str
     version: int = PROTOCOL_VERSION
+    nonce: bytes = b""  # the dialer's challenge to the listener; empty: no authentication
 
 
 @dataclass(frozen=True)
 class HelloOk:
     pass
+
+
+@dataclass(frozen=True)
+class Challenge:
+    nonce: bytes  # the listener's challenge to the dialer
+    key: bytes  # the listener's public key (libp2p protobuf)
+    sig: bytes  # its signature over the link's transcript (protocol/link_auth.py)
+
+
+@dataclass(frozen=True)
+class Auth:
+    key: bytes  # the dialer's public key
+    sig: bytes  # its signature over the link's transcript
 
 
 @dataclass(frozen=True)
@@ -94,11 +122,16 @@ class Bye:
     pass
 
 
-Frame = Union[Hello, HelloOk, Reject, Activations, Grads, Bye]
-_TYPE_NAMES = {Hello: "hello", HelloOk: "hello_ok", Reject: "reject", Activations: "activations", Grads: "grads", Bye: "bye"}
+Frame = Union[Hello, HelloOk, Challenge, Auth, Reject, Activations, Grads, Bye]
+_TYPE_NAMES = {
+    Hello: "hello", HelloOk: "hello_ok", Challenge: "challenge", Auth: "auth", Reject: "reject",
+    Activations: "activations", Grads: "grads", Bye: "bye",
+}
 _FIELDS = {
-    "hello": {"t", "v", "run", "chain", "stage", "round", "role"},
+    "hello": {"t", "v", "run", "chain", "stage", "round", "role", "nonce"},
     "hello_ok": {"t"},
+    "challenge": {"t", "nonce", "key", "sig"},
+    "auth": {"t", "key", "sig"},
     "reject": {"t", "reason"},
     "activations": {"t", "mb", "step", "shape", "dtype", "tokens", "data"},
     "grads": {"t", "mb", "step", "shape", "dtype", "data"},
@@ -165,7 +198,12 @@ def encode_frame(frame: Frame, fmt: Optional[FrameFormat] = None) -> bytes:
         raise TypeError(f"not a frame: {type(frame).__name__}")
     msg: Dict[str, Any] = {"t": kind}
     if isinstance(frame, Hello):
-        msg.update(v=frame.version, run=frame.run, chain=frame.chain, stage=frame.stage, round=frame.round, role=frame.role)
+        msg.update(v=frame.version, run=frame.run, chain=frame.chain, stage=frame.stage, round=frame.round, role=frame.role,
+                   nonce=frame.nonce)
+    elif isinstance(frame, Challenge):
+        msg.update(nonce=frame.nonce, key=frame.key, sig=frame.sig)
+    elif isinstance(frame, Auth):
+        msg.update(key=frame.key, sig=frame.sig)
     elif isinstance(frame, Reject):
         msg["reason"] = frame.reason[:MAX_REASON]
     elif isinstance(frame, (Activations, Grads)):
@@ -211,9 +249,11 @@ class FrameDecoder:
     lost its framing (or the peer is hostile) and must be closed.
     """
 
-    def __init__(self, fmt: FrameFormat):
+    def __init__(self, fmt: FrameFormat, max_frame_bytes: Optional[int] = None):
+        """``max_frame_bytes``: a tighter limit than the format's (``HANDSHAKE_MAX_BYTES`` before the
+        handshake completes); it may be changed between feeds."""
         self.fmt = fmt
-        self.max_frame_bytes = fmt.max_frame_bytes
+        self.max_frame_bytes = fmt.max_frame_bytes if max_frame_bytes is None else max_frame_bytes
         self._buf = bytearray()
         self._failed: Optional[str] = None
 
@@ -270,9 +310,15 @@ def decode_body(body: bytes, fmt: FrameFormat) -> Frame:
             round=_int(msg, "round"),
             role=_str(msg, "role", 16),
             version=_int(msg, "v"),
+            nonce=_bytes(msg, "nonce", (0, NONCE_BYTES)),
         )
     if kind == "hello_ok":
         return HelloOk()
+    if kind == "challenge":
+        return Challenge(_bytes(msg, "nonce", (NONCE_BYTES,)), _bytes(msg, "key", range(1, MAX_KEY_BYTES + 1)),
+                         _bytes(msg, "sig", range(1, MAX_SIG_BYTES + 1)))
+    if kind == "auth":
+        return Auth(_bytes(msg, "key", range(1, MAX_KEY_BYTES + 1)), _bytes(msg, "sig", range(1, MAX_SIG_BYTES + 1)))
     if kind == "bye":
         return Bye()
     if kind == "reject":
@@ -330,6 +376,13 @@ def _int(msg: Dict[str, Any], name: str) -> int:
     return v
 
 
+def _bytes(msg: Dict[str, Any], name: str, lengths) -> bytes:
+    v = msg[name]
+    if not isinstance(v, bytes) or len(v) not in lengths:
+        raise FrameError(f"frame field {name!r} must be bytes of an allowed length, got {_describe(v)}")
+    return v
+
+
 def _str(msg: Dict[str, Any], name: str, limit: int, allow_empty: bool = False) -> str:
     v = msg[name]
     if not isinstance(v, str) or len(v) > limit or (not v and not allow_empty):
@@ -367,6 +420,8 @@ __all__ = [
     "Frame",
     "Hello",
     "HelloOk",
+    "Challenge",
+    "Auth",
     "Reject",
     "Activations",
     "Grads",
@@ -378,4 +433,6 @@ __all__ = [
     "encode_frame",
     "decode_body",
     "check_hello",
+    "HANDSHAKE_MAX_BYTES",
+    "NONCE_BYTES",
 ]

@@ -1,157 +1,331 @@
-"""Which payloads a group agrees on after an all-gather: every decision, none of the I/O.
+"""Which payloads a group agrees on, when any member may lie: every decision, none of the I/O.
 
-The exchange (peer/exchange.py) moves bytes: it pulls each member's payload, then each member's
-digest table (the sha256 of every payload that member holds for the group). This module decides
-from what arrived:
+What counts as evidence (ARCHITECTURE.md, "Trust"): a signature tells who wrote a payload
+(protocol/signed.py binds it to run, round, group and owner); what a member *says* about another
+member's payload is no evidence at all. So:
 
-1. ``reconcile(members, mine, tables)``: an owner with two different digests among my table and
-   the others' is excluded ("sent different payloads to different members"); an owner I lack
-   whose digest every table agrees on is to be re-fetched, from the members whose table lists it
-   with that digest, in group order; a member that no table mentions "sent nothing in time".
-2. ``finalize(plan, fetched)``: a re-fetched payload is kept if its digest is the agreed one,
-   otherwise its owner is excluded ("payload lost: no live member could serve it").
+- a payload counts only in an envelope signed by its owner, a member of the group, for this
+  binding; a forged signature, or a valid one for another run, round or group, does not count;
+- an owner is excluded as an equivocator only on proof: two different payloads, both signed by it
+  for this binding; nobody's word can exclude an honest owner, whose payload is the only one that
+  can ever verify for it;
+- names outside the group are ignored and never fetched, whatever a member lists.
 
-Owners and members are peer ids as bytes; digests are ``payload_digest`` (sha256, 32 bytes).
+What remains is a dishonest owner that shows its payload, or a second one, to only some honest
+members, and late, so that they decide differently (θ splits). The rule that closes it is the
+authenticated broadcast of Dolev and Strong (SIAM J. Comput. 12(4), 1983), run for every owner at
+once over ``R`` rounds:
 
-These are today's rules, kept as they were when the decision lived inside the exchange, and they
-trust the tables: a table claiming another digest for someone's payload gets that owner excluded
-(even this member itself), and a table may name owners outside the group, which are then planned
-for re-fetch from the member that named them. tests/test_reconcile.py pins each of these.
+round 1      every member fetches each owner's envelope from the owner (``take_envelope``);
+round k > 1  every member asks every other member for the values (owner, digest) it accepted and
+             the asker lacks (``request``/``answer``). A value comes with a chain: the owner's
+             claim signature and relay signatures of distinct other members. It is accepted in
+             round k only if the chain holds at least k signatures and the payload's bytes arrive
+             (``offers``, then ``accept``); a member relays what it accepted, adding its signature.
+             At most two values per owner are kept: two are proof.
+decision     an owner with exactly one accepted value is kept; none: "sent nothing in time"; two:
+             "equivocated", with both signed claims as proof (``outcome``).
+
+Why honest members decide alike, given ``R = t + 1`` rounds and at most ``t`` dishonest members:
+a value an honest member accepts in a round k < R, it relays in round k + 1, so every honest member
+accepts it by then; a value accepted in round R carries R = t + 1 signatures, so one signer is
+honest and relayed it to everyone in an earlier round. ``R = n - 1`` (``agreement_rounds``)
+covers any number of dishonest members (two honest members are needed to disagree at all), up to
+``MAX_ROUNDS``. An honest owner's payload reaches every honest member in round 1, so it is always
+kept. In an honest group every member holds everything after round 1: later rounds exchange the
+small ``have`` lists and empty answers, and sign nothing.
+
+What this does not guarantee (peer/exchange.py bounds each):
+- timeliness: rounds end at deadlines; an honest member whose messages miss another honest
+  member's deadline (a partition, an overloaded host) counts as faulty to it, and the two may
+  decide differently. Their parameter hashes then differ, which the next round's start-hash check
+  repairs with a state download;
+- one view of the group: the binding holds the member list, so a matchmaking leader that tells
+  members different lists makes envelopes fail to verify across views (each view decides alone);
+- time: a member that answers each round just before its deadline makes the round take R deadlines.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import msgpack
 
+from protocol.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
+from protocol.signed import (
+    DIGEST_BYTES, MAX_ID_BYTES, MAX_PUBLIC_KEY_BYTES, MAX_SIGNATURE_BYTES, Binding, PublicKey, SignatureError, Signer,
+    claim_message, open_envelope, payload_digest, relay_message, seal,
+)
 
-DIGEST_BYTES = 32
-MAX_ID_BYTES = 1024  # a table's keys (peer ids) and values (digests) are bin entries no longer than this
+MAX_ROUNDS = 16  # agreement rounds at most: groups of up to 17 members tolerate any number of liars
 MAX_HASH_CHARS = 64  # an announced start hash is cut to this length
 
-EQUIVOCATED = "sent different payloads to different members"
-LOST = "payload lost: no live member could serve it"
-SILENT = "sent nothing in time"
+EQUIVOCATED = "equivocated: signed two different payloads for this round (proof held)"
+SILENT = "sent nothing in time: no payload signed by it reached the group"
 
-Owner = bytes  # the peer id, as bytes, of the member a payload comes from
-Member = bytes  # the peer id, as bytes, of a group member
-Digest = bytes
-DigestTable = Dict[Owner, Digest]
+Key = Tuple[bytes, bytes]  # (owner, digest)
 
 
 class GroupError(ProtocolError):
-    """A groupmate's digest table or matchmaking announcement that does not follow the protocol."""
+    """A groupmate's message or matchmaking announcement that does not follow the protocol."""
 
 
-def payload_digest(payload: bytes) -> Digest:
-    """How members name a payload to each other: its sha256."""
-    return hashlib.sha256(payload).digest()
+def agreement_rounds(group_size: int) -> int:
+    """R: one round per possible liar beyond two honest members, at least one, at most MAX_ROUNDS."""
+    return max(1, min(group_size - 1, MAX_ROUNDS))
 
 
-def digest_table(payloads: Mapping[Owner, bytes]) -> DigestTable:
-    """The table of the payloads one member holds: owner -> digest."""
-    return {owner: payload_digest(p) for owner, p in payloads.items()}
+def max_request_bytes(group_size: int) -> int:
+    return 64 + 2 * group_size * (MAX_ID_BYTES + DIGEST_BYTES + 8)
 
 
-def encode_digest_table(table: Mapping[Owner, Digest]) -> bytes:
-    return msgpack.packb(dict(table), use_bin_type=True)
-
-
-def parse_digest_table(raw: bytes, max_entries: int) -> DigestTable:
-    """A groupmate's table: a msgpack map of at most ``max_entries`` bytes -> 32-byte digest."""
-    try:
-        table = msgpack.unpackb(raw, raw=True, max_map_len=max_entries, max_bin_len=MAX_ID_BYTES)
-    except Exception as e:  # msgpack raises several types for truncated, oversized or extra data
-        raise GroupError(f"malformed digest table: {e}") from e
-    if not isinstance(table, dict):
-        raise GroupError(f"malformed digest table: a {type(table).__name__}, not a map")
-    if len(table) > max_entries:
-        raise GroupError(f"malformed digest table: {len(table)} entries, at most {max_entries}")
-    for owner, digest in table.items():
-        if not (isinstance(owner, bytes) and isinstance(digest, bytes)):
-            raise GroupError("malformed digest table: an entry is not bytes -> bytes")
-        if len(digest) != DIGEST_BYTES:
-            raise GroupError(f"malformed digest table: a digest of {len(digest)} bytes, not {DIGEST_BYTES}")
-    return table
+def max_answer_bytes(group_size: int) -> int:
+    relays = agreement_rounds(group_size) * (MAX_ID_BYTES + MAX_SIGNATURE_BYTES + 8)
+    item = MAX_ID_BYTES + DIGEST_BYTES + MAX_SIGNATURE_BYTES + 16 + relays
+    return 64 + group_size * (MAX_ID_BYTES + MAX_PUBLIC_KEY_BYTES + 8) + 2 * group_size * item
 
 
 @dataclass(frozen=True)
-class Refetch:
-    """A payload this member lacks and the group agrees on: where to fetch it, what it must hash to."""
+class Value:
+    """An owner's signed payload digest and the relay signatures that carried it here."""
 
-    digest: Digest
-    holders: Tuple[Member, ...]  # members whose table lists it with ``digest``, in group order: try each in turn
+    owner: bytes
+    digest: bytes
+    signature: bytes  # the owner's claim
+    relays: Tuple[Tuple[bytes, bytes], ...] = ()  # (signer, relay signature): distinct members, not the owner
 
-    def accepts(self, payload: bytes) -> bool:
-        return payload_digest(payload) == self.digest
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What ``reconcile`` decided before any re-fetch."""
-
-    keep: Dict[Owner, Digest]  # payloads this member holds and no table disputes
-    excluded: Dict[Owner, str]  # decided already: equivocating owners, silent members
-    refetch: Dict[Owner, Refetch]  # payloads this member lacks, in the order to fetch them
-    order: Tuple[Owner, ...]  # every owner decided on, in decision order (the exclusions' order)
+    @property
+    def key(self) -> Key:
+        return self.owner, self.digest
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """The round's agreed set after re-fetches."""
+    """The group's agreed set, as this member decided it."""
 
-    keep: Dict[Owner, Digest]  # the payloads every surviving member aggregates: held + re-fetched
-    excluded: Dict[Owner, str]  # owner -> why its payload is not used
-
-
-def reconcile(
-    members: Sequence[Member], mine: Mapping[Owner, Digest], tables: Mapping[Member, Optional[Mapping[Owner, Digest]]]
-) -> Plan:
-    """Decide from my table and the other members' which payloads to keep, exclude and re-fetch.
-
-    ``members``: the whole group, in group order. ``mine``: the digest of each payload I hold
-    (mine included). ``tables``: each other member's table, None where it failed or was malformed.
-    """
-    views: List[Mapping[Owner, Digest]] = [mine] + [t for t in tables.values() if t is not None]
-    claimed: Dict[Owner, set] = {}
-    for view in views:
-        for owner, digest in view.items():
-            claimed.setdefault(owner, set()).add(digest)
-    keep: Dict[Owner, Digest] = {}
-    excluded: Dict[Owner, str] = {}
-    refetch: Dict[Owner, Refetch] = {}
-    for owner, digests in claimed.items():
-        if len(digests) > 1:
-            excluded[owner] = EQUIVOCATED
-        elif owner in mine:
-            keep[owner] = mine[owner]
-        else:
-            (digest,) = digests
-            holders = tuple(m for m in members if tables.get(m) is not None and tables[m].get(owner) == digest)
-            refetch[owner] = Refetch(digest, holders)
-    silent = [m for m in members if m not in claimed]
-    for member in silent:
-        excluded[member] = SILENT
-    keep = {owner: d for owner, d in mine.items() if owner in keep}  # in the order I hold them
-    return Plan(keep=keep, excluded=excluded, refetch=refetch, order=tuple(claimed) + tuple(silent))
+    payloads: Dict[bytes, bytes]  # owner -> payload, in group order
+    excluded: Dict[bytes, str]  # owner -> why none of its payloads counts, in group order
+    proofs: Dict[bytes, Tuple[Value, Value]]  # equivocator -> two values it signed
 
 
-def finalize(plan: Plan, fetched: Mapping[Owner, bytes]) -> Outcome:
-    """Keep each re-fetched payload whose digest is the agreed one; the other planned ones are lost."""
-    keep = dict(plan.keep)
-    lost: Dict[Owner, str] = {}
-    for owner, want in plan.refetch.items():
-        payload = fetched.get(owner)
-        if payload is not None and want.accepts(payload):
-            keep[owner] = want.digest
-        else:
-            lost[owner] = LOST
-    reasons = {**plan.excluded, **lost}
-    return Outcome(keep=keep, excluded={owner: reasons[owner] for owner in plan.order if owner in reasons})
+class Agreement:
+    """One member's state of one group's agreement (see the module docstring for the rules)."""
+
+    def __init__(self, binding: Binding, signer: Signer, max_payload_bytes: int):
+        self.binding, self.context = binding, binding.context
+        self.members = tuple(binding.members)
+        self._member_set = set(self.members)
+        if signer.peer_id not in self._member_set or len(self._member_set) != len(self.members):
+            raise GroupError("the member list must name this peer once and every member once")
+        self.me, self._signer = signer.peer_id, signer
+        self.rounds = agreement_rounds(len(self.members))
+        self.max_payload_bytes = max_payload_bytes
+        self._keys: Dict[bytes, PublicKey] = {self.me: signer.verifier()}
+        self._accepted: Dict[bytes, Dict[bytes, Value]] = {}  # owner -> digest -> value
+        self._payloads: Dict[bytes, bytes] = {}  # digest -> payload
+        self._relayed: Dict[Key, bytes] = {}  # my relay signatures, made when first needed
+        self._verified: Set[bytes] = set()  # hashes of (signer, message, signature) that verified
+        self._own_envelope: Optional[bytes] = None
+
+    # ---- round 1 ------------------------------------------------------------------------------
+    def seal(self, payload: bytes) -> bytes:
+        """Sign my payload for this group; it is accepted here at once."""
+        if len(payload) > self.max_payload_bytes:
+            raise ValueError(f"my payload of {len(payload)} bytes exceeds the limit of {self.max_payload_bytes}")
+        self._own_envelope, signature = seal(self._signer, self.context, payload)
+        self._add(Value(self.me, payload_digest(payload), signature), payload)
+        return self._own_envelope
+
+    def take_envelope(self, owner: bytes, raw: bytes) -> bool:
+        """Round 1: ``owner``'s envelope, fetched from the owner. Raises SignatureError if it does
+        not prove itself; False if this owner already has two values."""
+        if owner not in self._member_set:
+            raise GroupError("not a member of this group")
+        key, signature, payload = open_envelope(raw, self.context, owner, self.max_payload_bytes)
+        self._keys.setdefault(owner, key)
+        return self._add(Value(owner, payload_digest(payload), signature), payload)
+
+    def own_envelope(self) -> Optional[bytes]:
+        return self._own_envelope
+
+    # ---- rounds 2..R: the asking side ---------------------------------------------------------
+    def request(self, round_no: int) -> bytes:
+        """What I ask every member in round ``round_no``: the values I already hold."""
+        have = [[owner, digest] for owner, values in self._accepted.items() for digest in values]
+        return msgpack.packb([round_no, have], use_bin_type=True)
+
+    def offers(self, raw: bytes, round_no: int) -> List[Value]:
+        """The new values of a member's answer whose chains hold at least ``round_no`` signatures.
+
+        Anything else is ignored: owners outside the group, forged or misbound signatures, chains
+        too short for this round, values already held, owners already proven to equivocate.
+        Raises GroupError for an answer that is not well-formed (the caller stops asking its sender).
+        """
+        keys, items = parse_answer(raw, len(self.members))
+        for peer, public_key in keys:
+            if peer in self._member_set and peer not in self._keys:
+                try:
+                    self._keys[peer] = PublicKey(peer, public_key)
+                except SignatureError:
+                    pass
+        out: List[Value] = []
+        seen: Set[Key] = set()
+        for owner, digest, signature, relays in items:
+            if owner not in self._member_set or owner == self.me or (owner, digest) in seen:
+                continue
+            held = self._accepted.get(owner, {})
+            if digest in held or len(held) >= 2:
+                continue
+            seen.add((owner, digest))
+            if not self._verify(owner, claim_message(self.context, owner, digest), signature):
+                continue
+            chain = self._chain(owner, digest, relays, need=round_no - 1)
+            if chain is not None:
+                out.append(Value(owner, digest, signature, chain))
+        return out
+
+    def needs_bytes(self, value: Value) -> bool:
+        return value.digest not in self._payloads
+
+    def holds(self, owner: bytes) -> int:
+        """How many values of ``owner`` I accepted (2: proven equivocator, nothing more to take)."""
+        return len(self._accepted.get(owner, {}))
+
+    def accept(self, value: Value, envelope: Optional[bytes] = None) -> bool:
+        """Accept an offered value once its bytes are here (held already, or ``envelope`` served by a
+        member that offered it). Raises SignatureError if the envelope is not that payload."""
+        payload = self._payloads.get(value.digest)
+        if payload is None:
+            if envelope is None:
+                return False
+            _, _, payload = open_envelope(envelope, self.context, value.owner, self.max_payload_bytes)
+            if payload_digest(payload) != value.digest:
+                raise SignatureError("the served payload is not the one offered")
+        return self._add(value, payload)
+
+    # ---- rounds 2..R: the answering side ------------------------------------------------------
+    def answer(self, have: Set[Key]) -> bytes:
+        """Every value I accepted that the asker lacks, with its chain and my relay signature."""
+        items: List[list] = []
+        keys: Dict[bytes, bytes] = {}
+        for owner, values in self._accepted.items():
+            if owner == self.me:  # my own payload went out in round 1; alone I cannot make a chain of 2
+                continue
+            for digest, value in values.items():
+                if (owner, digest) in have:
+                    continue
+                relays = list(value.relays) + [(self.me, self._relay_signature(owner, digest))]
+                items.append([owner, digest, value.signature, [list(r) for r in relays]])
+                for peer in [owner] + [signer for signer, _ in relays]:
+                    keys[peer] = self._keys[peer].raw
+        return msgpack.packb([[list(k) for k in keys.items()], items], use_bin_type=True)
+
+    def serve(self, owner: bytes, digest: bytes) -> Optional[bytes]:
+        """The envelope of an accepted value, for a member that was offered it and lacks its bytes."""
+        value = self._accepted.get(owner, {}).get(digest)
+        if value is None:
+            return None
+        return msgpack.packb([owner, self._keys[owner].raw, value.signature, self._payloads[digest]], use_bin_type=True)
+
+    # ---- the decision -------------------------------------------------------------------------
+    def outcome(self) -> Outcome:
+        payloads: Dict[bytes, bytes] = {}
+        excluded: Dict[bytes, str] = {}
+        proofs: Dict[bytes, Tuple[Value, Value]] = {}
+        for member in self.members:
+            values = list(self._accepted.get(member, {}).values())
+            if len(values) == 1:
+                payloads[member] = self._payloads[values[0].digest]
+            elif not values:
+                excluded[member] = SILENT
+            else:
+                excluded[member], proofs[member] = EQUIVOCATED, (values[0], values[1])
+        return Outcome(payloads, excluded, proofs)
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _add(self, value: Value, payload: bytes) -> bool:
+        values = self._accepted.setdefault(value.owner, {})
+        if value.digest in values or len(values) >= 2:
+            return False
+        values[value.digest] = value
+        self._payloads[value.digest] = payload
+        return True
+
+    def _chain(self, owner: bytes, digest: bytes, relays: Sequence[Tuple[bytes, bytes]], need: int):
+        """The first ``need`` valid relay signatures of distinct members other than the owner, or None."""
+        chain: List[Tuple[bytes, bytes]] = []
+        signers = {owner}
+        for signer, signature in relays:
+            if len(chain) >= need:
+                break
+            if signer in self._member_set and signer not in signers and self._verify(
+                signer, relay_message(self.context, signer, owner, digest), signature
+            ):
+                signers.add(signer)
+                chain.append((signer, signature))
+        return tuple(chain) if len(chain) >= need else None
+
+    def _verify(self, signer: bytes, message: bytes, signature: bytes) -> bool:
+        key = self._keys.get(signer)
+        if key is None:
+            return False
+        seen = hashlib.sha256(msgpack.packb([signer, message, signature], use_bin_type=True)).digest()
+        if seen in self._verified:
+            return True
+        if not key.verify(message, signature):
+            return False
+        self._verified.add(seen)
+        return True
+
+    def _relay_signature(self, owner: bytes, digest: bytes) -> bytes:
+        if (owner, digest) not in self._relayed:
+            self._relayed[(owner, digest)] = self._signer.sign(relay_message(self.context, self.me, owner, digest))
+        return self._relayed[(owner, digest)]
+
+
+# ---- wire: requests and answers of rounds 2..R ------------------------------------------------
+def parse_request(raw: bytes, group_size: int) -> Tuple[int, Set[Key]]:
+    """A member's round-k request: (k, the values it holds)."""
+    message = _unpack(raw, group_size, max_request_bytes(group_size), "relay request")
+    if not (isinstance(message, list) and len(message) == 2 and type(message[0]) is int and isinstance(message[1], list)):
+        raise GroupError("a relay request is [round, [[owner, digest], ...]]")
+    round_no, have = message
+    if not 2 <= round_no <= MAX_ROUNDS:
+        raise GroupError(f"relay round {round_no} is out of range")
+    return round_no, {tuple(pair) for pair in _pairs(have, 2 * group_size)}  # type: ignore[misc]
+
+
+def parse_answer(raw: bytes, group_size: int) -> Tuple[List[Tuple[bytes, bytes]], List[Tuple[bytes, bytes, bytes, list]]]:
+    """A member's answer: ([(peer, public key)], [(owner, digest, claim signature, [(signer, sig)])])."""
+    message = _unpack(raw, group_size, max_answer_bytes(group_size), "relay answer")
+    if not (isinstance(message, list) and len(message) == 2 and all(isinstance(m, list) for m in message)):
+        raise GroupError("a relay answer is [keys, items]")
+    keys = _pairs(message[0], group_size)
+    items = []
+    if len(message[1]) > 2 * group_size:
+        raise GroupError(f"a relay answer holds at most {2 * group_size} values")
+    for item in message[1]:
+        if not (isinstance(item, list) and len(item) == 4 and all(isinstance(f, bytes) for f in item[:3])):
+            raise GroupError("a relayed value is [owner, digest, signature, relays]")
+        items.append((item[0], item[1], item[2], _pairs(item[3], agreement_rounds(group_size))))
+    return keys, items
+
+
+def _unpack(raw: Any, group_size: int, limit: int, what: str) -> Any:
+    if not isinstance(raw, (bytes, bytearray)) or len(raw) > limit:
+        raise GroupError(f"a {what} must be bytes of at most {limit}")
+    return bounded_unpack(bytes(raw), GroupError, what, max_array_len=2 * group_size + 4, max_map_len=0)
+
+
+def _pairs(value: Any, at_most: int) -> List[Tuple[bytes, bytes]]:
+    if not isinstance(value, list) or len(value) > at_most:
+        raise GroupError(f"expected a list of at most {at_most} pairs")
+    if not all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, bytes) for x in p) for p in value):
+        raise GroupError("expected [bytes, bytes] pairs")
+    return [(p[0], p[1]) for p in value]
 
 
 # ---- matchmaking ------------------------------------------------------------------------------

@@ -1,16 +1,32 @@
-"""Schemas of the records peers put in the DHT, validated on read.
+"""Schemas of the records peers put in the DHT, validated on read, and the envelope around each.
 
-A record from the DHT is untrusted: any peer can write under a run's keys. Readers call
-``parse_progress`` and skip what fails, so one malformed record never breaks a peer or the
-coordinator's view of the swarm.
+A record from the DHT is untrusted: any node can write under a run's keys. Every record is stored
+in an envelope ``{"peer": peer id, "body": msgpack bytes, "mac": bytes}``:
+
+- its subkey carries the owner's public key (protocol/keys.py) and hivemind's
+  ``RSASignatureValidator`` checks the owner's signature over (key, subkey, envelope, expiration);
+- ``peer`` is the libp2p peer id the record speaks for, which must be the one derived from that
+  same key, so one key can never speak for another peer;
+- ``mac``, in a private run, is an HMAC-SHA256 keyed by the run's join token over (key id, subkey,
+  peer, body): only a holder of the token can write a record that readers accept.
+
+Readers call ``open_envelope`` and the ``parse_*`` functions and skip what fails, so one malformed
+record never breaks a peer or the coordinator's view of the swarm; they also skip a record whose
+expiration lies further ahead than its writer's TTL allows (``expires_too_late``), so a forged
+record cannot be made to outlive its author.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
+import msgpack
+
+from protocol.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
 
 CHOOSING = -2  # `part` of a peer that has not chosen its slice yet (-1: a full replica)
@@ -43,7 +59,9 @@ _TYPES = {f.name: f.type for f in fields(Progress)}
 
 
 def parse_progress(value: Any) -> Progress:
-    """Validate a progress record read from the DHT; ProtocolError on anything unexpected."""
+    """Validate a progress record (a map or an envelope's msgpack body); ProtocolError on anything unexpected."""
+    if isinstance(value, (bytes, bytearray)):
+        value = decode_body(bytes(value), "progress record")
     if not isinstance(value, dict) or set(value) != set(_TYPES):
         raise ProtocolError("progress record has missing or unknown fields")
     for name, kind in _TYPES.items():
@@ -61,3 +79,77 @@ def parse_progress(value: Any) -> Progress:
     if not math.isfinite(value["loss"]) and not math.isnan(value["loss"]):
         raise ProtocolError("progress.loss must be finite or NaN")
     return Progress(**{k: (float(v) if _TYPES[k] == "float" else v) for k, v in value.items()})
+
+
+# ---- the envelope ------------------------------------------------------------------------------
+MAX_PEER_ID = 128  # characters of a base58 peer id
+MAX_BODY_BYTES = 1 << 16  # the largest record body (a run spec is the largest)
+MAC_BYTES = 32
+CLOCK_SLACK = 60.0  # seconds two honest clocks may disagree
+MAX_RECORD_TTL = 3 * 3600.0  # the longest TTL an honest writer uses (3 heartbeats of the longest period)
+SPEC_TTL = 120.0  # the run spec record lives this long; the coordinator refreshes it at a third of that
+
+
+class RecordError(ProtocolError):
+    """A DHT record whose envelope, owner or proof does not hold."""
+
+
+def seal(peer_id: str, body: bytes, mac: bytes = b"") -> Dict[str, Any]:
+    """The envelope of a record; the DHT node signs it when it is stored."""
+    return {"peer": peer_id, "body": body, "mac": mac}
+
+
+def open_envelope(value: Any) -> Tuple[str, bytes, bytes]:
+    """(peer id, body, mac) of an envelope read from the DHT; RecordError on anything else."""
+    if not isinstance(value, dict) or set(value) != {"peer", "body", "mac"}:
+        raise RecordError("record is not an envelope {peer, body, mac}")
+    peer, body, mac = value["peer"], value["body"], value["mac"]
+    if not isinstance(peer, str) or not 0 < len(peer) <= MAX_PEER_ID:
+        raise RecordError("envelope peer must be a peer id string")
+    if not isinstance(body, bytes) or len(body) > MAX_BODY_BYTES:
+        raise RecordError(f"envelope body must be at most {MAX_BODY_BYTES} bytes")
+    if not isinstance(mac, bytes) or len(mac) not in (0, MAC_BYTES):
+        raise RecordError(f"envelope mac must be empty or {MAC_BYTES} bytes")
+    return peer, body, mac
+
+
+def decode_body(body: bytes, what: str) -> Any:
+    """The msgpack value of an envelope's body, decoded with every length bounded."""
+    n = len(body)
+    return bounded_unpack(body, RecordError, what, max_array_len=n, max_map_len=n)
+
+
+def encode_body(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+# ---- proofs of the join token (private runs) ---------------------------------------------------
+def token_key(token: str) -> bytes:
+    """The HMAC key every proof of a join token uses (the token itself never leaves the process)."""
+    return hashlib.sha256(b"voloco join token\x00" + token.encode()).digest()
+
+
+def record_mac(key: bytes, key_id: bytes, subkey: bytes, peer: str, body: bytes) -> bytes:
+    """A record's proof of the token: HMAC over what it says, where, and for whom."""
+    return hmac.new(key, msgpack.packb([b"voloco-record", key_id, subkey, peer, body]), hashlib.sha256).digest()
+
+
+def admission_proof(key: bytes, peer: str, public_key: bytes, expires: str) -> bytes:
+    """A node's proof of the token for the DHT's authorizer: HMAC over its peer id and RSA key."""
+    return hmac.new(key, msgpack.packb([b"voloco-admission", peer, public_key, expires]), hashlib.sha256).digest()
+
+
+def proof_ok(expected: bytes, got: bytes) -> bool:
+    return hmac.compare_digest(expected, got)
+
+
+# ---- expiration --------------------------------------------------------------------------------
+def peer_record_ttl(heartbeat_period: float) -> float:
+    """The TTL of a peer's progress and chain-candidate records: three heartbeats, at least 10 s."""
+    return max(3 * heartbeat_period, 10.0)
+
+
+def expires_too_late(expiration: float, now: float, ttl: float) -> bool:
+    """Whether a record expires further ahead than a writer with this TTL would ever set (with
+    a margin for late refreshes and clock skew): a forged long expiration is ignored, not kept."""
+    return expiration > now + 2 * ttl + CLOCK_SLACK

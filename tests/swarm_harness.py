@@ -82,15 +82,22 @@ class Proc:
 
 
 class Swarm:
-    def __init__(self, workdir: Path, strategy: str = "sparseloco", inner_steps: int = 20, spec_text: Optional[str] = None):
+    """A coordinator on loopback; ``add_peer`` starts peers that join it with its run key (and
+    ``join_token``, for a private run)."""
+
+    def __init__(self, workdir: Path, strategy: str = "sparseloco", inner_steps: int = 20, spec_text: Optional[str] = None,
+                 join_token: Optional[str] = None):
         self.workdir = workdir
         self.spec_path = workdir / "run.toml"
         self.spec_path.write_text(spec_text or TINY_SPEC.format(run_id="test", strategy=strategy, inner_steps=inner_steps))
         self.procs: List[Proc] = []
         self.peers: Dict[str, Proc] = {}
+        self.join_token = join_token
         addr_file = workdir / "coordinator.addr"
+        token = ["--join-token", join_token] if join_token else []
         self.coordinator = self._start(
-            voloco("coordinator", "--config", str(self.spec_path), "--host-maddrs", LOOPBACK, "--address-file", str(addr_file)),
+            voloco("coordinator", "--config", str(self.spec_path), "--host-maddrs", LOOPBACK, "--address-file", str(addr_file),
+                   *token),
             workdir / "coordinator.log",
         )
         deadline = time.monotonic() + 60
@@ -99,6 +106,11 @@ class Swarm:
                 raise RuntimeError("coordinator did not start:\n" + self.coordinator.text())
             time.sleep(0.2)
         self.join = addr_file.read_text().split()[0]
+        self.run_key = (workdir / "coordinator.addr.run-key").read_text().strip()  # written before the address file
+
+    def join_flags(self) -> List[str]:
+        """What a peer of this run passes: the coordinator's address, its run key, the join token."""
+        return ["--join", self.join, "--run-key", self.run_key] + (["--join-token", self.join_token] if self.join_token else [])
 
     def _start(self, argv: List[str], log: Path, env: Optional[Dict[str, str]] = None) -> Proc:
         proc = Proc(argv, log, env)
@@ -110,7 +122,7 @@ class Swarm:
         d.mkdir(exist_ok=True)
         (d / "status.json").unlink(missing_ok=True)
         argv = voloco(
-            "peer", "--join", self.join, "--host-maddrs", LOOPBACK, "--threads", "1",
+            "peer", *self.join_flags(), "--host-maddrs", LOOPBACK, "--threads", "1",
             "--status-file", str(d / "status.json"), "--checkpoint-dir", str(d / "ckpt"),
             "--identity", str(d / "identity.key"), *extra,
         )

@@ -35,7 +35,7 @@ SHAPES = [(), (0,), (1,), (1, 1), (0, 7), (7, 0), (5,), (64,), (67,), (131, 67),
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 shapes = st.lists(st.integers(0, 40), min_size=0, max_size=3).map(tuple) | st.sampled_from(SHAPES)
-scales = st.sampled_from([0.0, 1e-30, 1e-6, 1.0, 1e3, 1e20])
+scales = st.sampled_from([0.0, 1e-30, 1e-6, 1.0, 1e3, 1e5])  # up to ENCODE_MAX_ABS (1e6)
 
 
 def sample(shape, scale, seed, kind="normal"):
@@ -144,7 +144,7 @@ def test_all_zeros_decode_to_zeros(codec):
 
 
 @pytest.mark.parametrize("codec", CODECS, ids=codec_id)
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 1e25])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 1e25, 2e6])
 def test_encode_refuses_non_finite_or_huge(codec, bad):
     x = torch.ones(8, 8)
     x[3, 4] = bad
@@ -173,7 +173,7 @@ def test_dense_fp16_clamps_to_its_range():
     assert sent.tolist() == [65504.0, -65504.0, 1.0]
 
 
-@pytest.mark.parametrize("bad", [np.nan, np.inf, 1e31])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 1e31, 1e8, -3e8])
 def test_dense_rejects_bad_values(bad):
     data = np.ones(4, dtype="<f4")
     data[2] = bad
@@ -252,7 +252,7 @@ def test_sparseloco_rejects_out_of_range_indices():
         codec.decode(fields, (8, 8))
 
 
-@pytest.mark.parametrize("bad", [np.nan, np.inf, -1e30, 3e38])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -1e30, 3e38, 1e8, 1e29])
 def test_sparseloco_rejects_bad_lookup_tables(bad):
     codec, fields = valid_sparseloco()
     lut = np.frombuffer(fields["lut"], dtype="<f4").copy()

@@ -6,7 +6,6 @@ from types import SimpleNamespace
 
 from peer import state_sync
 from peer.state_sync import StateSync
-from protocol.errors import ProtocolError
 
 
 class Gatherer:
@@ -34,14 +33,16 @@ def make_peer(own_round, others_round, served_rounds):
     peer.spec = SimpleNamespace(swarm=SimpleNamespace(gather_timeout=1.0))
     peer.engine = SimpleNamespace(round=own_round)
     peer.gatherer = Gatherer(served_rounds)
-    peer.membership = SimpleNamespace(others=lambda excluding=(): [view])
+    peer.membership = SimpleNamespace(others=lambda excluding=(): [view], ignore=lambda peer, seconds: None)
     peer.peer_id, peer.consistent = "me", False
     peer._set_state, peer.enable_sharing = set_state, lambda: None
     peer.installed, peer.shown = [], shown
+    peer._failed_target = (-1, 0.0)
+    peer.download = lambda source, timeout: peer.gatherer.load_state(timeout)
 
-    def install(meta, tensors, min_round=0):
+    def install(meta, tensors, min_round=0, **checks):
         if meta["round"] < min_round:
-            raise ProtocolError(f"state of round {meta['round']} is older than the swarm's round {min_round}")
+            raise state_sync.StateTooOld(f"state of round {meta['round']} is older than the swarm's round {min_round}")
         peer.installed.append(meta["round"])
 
     peer.install = install

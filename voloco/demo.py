@@ -67,10 +67,13 @@ class Child:
         self.log_file.close()
 
 
-def peer_argv(join: str, workdir: Path, index: int, threads: int = 1, memory_gb: Optional[float] = None) -> List[str]:
+def peer_argv(
+    join: str, workdir: Path, index: int, threads: int = 1, memory_gb: Optional[float] = None, run_key: Optional[str] = None
+) -> List[str]:
     d = workdir / f"peer{index}"
     d.mkdir(parents=True, exist_ok=True)
     extra = ["--max-memory-gb", f"{memory_gb:.6f}"] if memory_gb is not None else []
+    extra += ["--run-key", run_key] if run_key else []
     return [
         sys.executable, "-m", "voloco", "peer", "--join", join,
         "--host-maddrs", LOOPBACK,
@@ -100,6 +103,16 @@ def wait_for_address(path: Path, child: Child, timeout: float = 60.0) -> str:
             return path.read_text().split()[0]
         time.sleep(0.2)
     raise UsageError(f"the coordinator did not start within {timeout:.0f} s; see {child.log}")
+
+
+def read_run_key(address_file: Path) -> Optional[str]:
+    """The run key's fingerprint the coordinator wrote beside its address file (before it)."""
+    from coordinator.server import run_key_file
+
+    try:
+        return run_key_file(address_file).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def read_status(workdir: Path, index: int) -> Optional[Dict[str, Any]]:
@@ -201,9 +214,11 @@ def run_demo(args: argparse.Namespace) -> int:
         coord = Child("coordinator", coordinator_argv(workdir, args.config, args.strategy), workdir / "coordinator.log")
         children.append(coord)
         join = wait_for_address(workdir / "coordinator.addr", coord)
+        run_key = read_run_key(workdir / "coordinator.addr")
         for i in range(args.peers + args.chain_peers):
             memory = small if i >= args.peers else None
-            children.append(Child(f"peer{i}", peer_argv(join, workdir, i, memory_gb=memory), workdir / f"peer{i}.log"))
+            argv = peer_argv(join, workdir, i, memory_gb=memory, run_key=run_key)
+            children.append(Child(f"peer{i}", argv, workdir / f"peer{i}.log"))
         deadline = t0 + args.minutes * 60
         while time.monotonic() < deadline:
             time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))

@@ -1,10 +1,15 @@
 """Checks and bit packing shared by the codecs: the trust boundary's building blocks.
 
 Every decoder validates a peer's fields the same way: exactly the expected keys, each a byte
-string of exactly the expected length, every float finite and bounded. The bound keeps a hostile
-but finite value (3e38, say) from overflowing to inf once several replicas are summed. Encoders
-refuse inputs beyond ``ENCODE_MAX_ABS``, far enough below the decode bound that everything they
-derive from those inputs (lookup tables, DCT coefficients) is still accepted by every receiver.
+string of exactly the expected length, every float finite and bounded. The bound, ``MAX_ABS`` =
+1e8, is far above any real pseudo-gradient (a parameter change of 1e8 means nothing but an attack
+or a diverged run) and far below float32's range, so a hostile but finite value cannot overflow
+to inf once replicas are summed or squared. It bounds what a payload can do before the median
+clipping of peer/robust.py, which bounds it relative to the round's other contributions.
+Encoders refuse inputs beyond ``ENCODE_MAX_ABS`` = 1e6, far enough below the decode bound that
+everything they derive from those inputs is still accepted by every receiver: a lookup-table entry
+is a mean of inputs, a DCT coefficient of a block of at most 64x64 at most 64x its largest entry
+(the block's L2 norm), and a truncated inverse DCT is no larger than that norm either.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ import torch
 
 from protocol.errors import PayloadError
 
-MAX_ABS = 1e30  # receivers reject any decoded float at or above this magnitude
-ENCODE_MAX_ABS = 1e24  # a pseudo-gradient this large means training diverged
+MAX_ABS = 1e8  # receivers reject any decoded float at or above this magnitude
+ENCODE_MAX_ABS = 1e6  # a pseudo-gradient this large means training diverged
 
 
 def expect_fields(fields: Any, lengths: Mapping[str, int]) -> Dict[str, bytes]:
@@ -40,7 +45,11 @@ def expect_fields(fields: Any, lengths: Mapping[str, int]) -> Dict[str, bytes]:
 def check_floats(values: np.ndarray, what: str) -> None:
     """Every value finite and below MAX_ABS in magnitude (NaN fails both comparisons)."""
     if values.size and not (-MAX_ABS < float(values.min()) and float(values.max()) < MAX_ABS):
-        raise PayloadError(f"{what} holds a non-finite value or one of magnitude >= {MAX_ABS:g}")
+        if not np.isfinite(values).all():
+            raise PayloadError(f"{what} holds a non-finite value")
+        peak = float(np.abs(values).max())
+        raise PayloadError(f"{what} holds a value of magnitude {peak:.3g}, at or above the bound {MAX_ABS:g}: "
+                           "no pseudo-gradient is that large")
 
 
 def check_encodable(x: torch.Tensor) -> None:

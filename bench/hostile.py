@@ -1,0 +1,294 @@
+"""One hostile peer among honest ones, real processes: does the swarm hold?
+
+    python bench/hostile.py [--quick] [--attacks NAME,NAME] [--rounds N] [--json OUT] [--workdir DIR]
+
+Every run is a coordinator and 4 peers on loopback, as processes (``voloco coordinator``,
+``voloco peer --wait-peers 4 --max-rounds K --threads 1``): the clean run has 4 honest peers, every
+other run 3 honest peers and 1 hostile one. Every peer trains K rounds of H inner steps, so honest
+peers train equal tokens in every run. Per run: the rounds every honest peer completed, the honest
+peers' validation loss against the clean run's, whether their parameters are identical, how many
+honest processes finished normally (none may exit with an error), their mean round time (first round
+excluded: it holds until all 4 peers have started) against the clean run's, and whether the attacker
+was excluded or clipped (read from the honest peers' round records and logs: ids that are not
+honest ones).
+
+An attack is one entry of ``ATTACKS``: a name, one line of description and how its hostile process
+is started. A hostile *peer* (``hostile_peer``) runs the real peer with one behaviour changed: this
+script re-runs itself with ``--as-peer BEHAVIOUR -- PEER FLAGS``, which installs the behaviour (a
+function of ``BEHAVIOURS``) and then runs ``voloco peer`` unchanged. ``poison-X``: the peer trains
+honestly, encodes its payload honestly, then multiplies every float on the wire (SparseLoCo's lookup
+tables, DCT's coefficients, dense values; clamped to the wire dtype's finite range) by X: a
+well-formed payload whose values are X times too large. The other attacks run the hostile
+processes the multi-process tests use (tests/stalling_peer.py: ``stall``, ``forged-round``;
+tests/hostile_exchange.py: ``framer``, ``invented-owners``); they never train, so the honest peers
+``--wait-peers 3`` in those runs. A new attack is one more line in ``ATTACKS`` (and, for a peer
+with one behaviour changed, one function in ``BEHAVIOURS``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1]))
+
+import msgpack  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench.common import machine, now, table  # noqa: E402
+from bench.swarm_check import BENCH_SWARM  # noqa: E402
+
+PEERS = 4
+CONFIGS = {
+    # the demo model (0.87M parameters), H = 30
+    "full": dict(model={}, data={"batch_size": 16}, inner_steps=30, rounds=5),
+    # the tests' tiny model: every run well under a minute
+    "quick": dict(model=dict(d_model=64, n_layers=2, n_heads=2, ffn_hidden=128, seq_len=64), data={"batch_size": 8},
+                  inner_steps=10, rounds=3),
+}
+SWARM = dict(BENCH_SWARM, round_wait=30.0, gather_timeout=15.0)
+
+
+# --- the behaviours a hostile peer process installs before it runs the real peer -----------------
+def scale_payload(data: bytes, factor: float) -> bytes:
+    """The same payload with every float on the wire multiplied by ``factor`` (clamped finite)."""
+    message = msgpack.unpackb(data, raw=False)
+    dtype = np.dtype("<f2") if str(message["codec"]).endswith("fp16") else np.dtype("<f4")
+    limit = float(np.finfo(dtype).max)
+    for _, fields in message["t"]:
+        for key in ("lut", "val", "data"):
+            if key in fields:
+                values = np.frombuffer(fields[key], dtype=dtype).astype(np.float64) * factor
+                fields[key] = np.clip(values, -limit, limit).astype(dtype).tobytes()
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def poison(arg: str) -> None:
+    """Every payload this peer sends is scaled by float(arg); everything else stays honest."""
+    from peer.round_engine import RoundEngine
+
+    factor, encode = float(arg), RoundEngine.encode
+
+    def poisoned(self, round_start, trained):
+        data, pending = encode(self, round_start, trained)
+        return scale_payload(data, factor), pending
+
+    RoundEngine.encode = poisoned
+
+
+BEHAVIOURS: Dict[str, Callable[[str], None]] = {"poison": poison}
+
+
+def run_as_peer(behaviour: str, peer_flags: List[str]) -> int:
+    kind, _, arg = behaviour.partition("=")
+    if kind not in BEHAVIOURS:
+        raise SystemExit(f"--as-peer {behaviour!r}: no behaviour {kind!r} (have: {', '.join(BEHAVIOURS)})")
+    BEHAVIOURS[kind](arg)
+    from voloco.cli import main
+
+    return main(["peer", *peer_flags])
+
+
+# --- attacks ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Run:
+    """What an attack needs to start its hostile process."""
+
+    join: str
+    run_key: str  # the fingerprint of the run's key (the coordinator's), "" if it wrote none
+    rounds: int
+    peer_flags: List[str]  # the flags an honest peer in its place would get (the peer index PEERS - 1)
+
+
+@dataclass(frozen=True)
+class Attack:
+    name: str
+    what: str
+    argv: Optional[Callable[[Run], List[str]]] = None  # None: the 4th peer is honest
+    peer: bool = True  # the hostile process is a peer that trains (honest peers --wait-peers for it)
+
+
+def hostile_peer(behaviour: str) -> Callable[[Run], List[str]]:
+    """The real peer with ``behaviour`` installed (``--as-peer``)."""
+    return lambda run: [sys.executable, str(HERE), "--as-peer", behaviour, "--", *run.peer_flags]
+
+
+def tests_process(module: str, *args: Callable[[Run], str]) -> Callable[[Run], List[str]]:
+    """A hostile process of tests/ (``python -m tests.MODULE ARGS`` from the repository root, wherever
+    this script runs from), each argument a function of the run."""
+    code = f"import runpy, sys; sys.path.insert(0, {str(HERE.parents[1])!r}); runpy.run_module('tests.{module}', run_name='__main__')"
+    return lambda run: [sys.executable, "-c", code, *(a(run) for a in args)]
+
+
+_join, _key, _rounds = (lambda run: run.join), (lambda run: run.run_key), (lambda run: str(run.rounds))
+_const = lambda text: (lambda run: text)  # noqa: E731
+
+ATTACKS: Dict[str, Attack] = {a.name: a for a in [
+    Attack("clean", "4 honest peers"),
+    Attack("poison-1e2", "a groupmate's well-formed payload, values x1e2", hostile_peer("poison=1e2")),
+    Attack("poison-1e4", "a groupmate's well-formed payload, values x1e4", hostile_peer("poison=1e4")),
+    Attack("poison-1e29", "a groupmate's well-formed payload, values x1e29", hostile_peer("poison=1e29")),
+    Attack("stall", "a progress record 'training' at the current round from a peer that never joins a group",
+           tests_process("stalling_peer", _join, _key, _const("stall"), _const("3600")), peer=False),
+    Attack("forged-round", "a progress record at round 2**62 (blocks catch-up if believed)",
+           tests_process("stalling_peer", _join, _key, _const("far-ahead"), _const("3600")), peer=False),
+    Attack("framer", "a groupmate that lies about every other member's payload digest",
+           tests_process("hostile_exchange", _join, _rounds, _const("frame")), peer=False),
+    Attack("invented-owners", "a groupmate that lists invented owners with huge payloads in its table",
+           tests_process("hostile_exchange", _join, _rounds, _const("invent")), peer=False),
+]}
+
+
+# --- one run ----------------------------------------------------------------------------------------
+def make_spec(cfg: Dict[str, Any]):
+    from protocol.spec import ModelSpec, RunSpec
+
+    return RunSpec(run_id="bench-hostile", seed=0, model=ModelSpec(**cfg["model"])).replace(
+        data=cfg["data"], outer={"inner_steps": cfg["inner_steps"]}, swarm=SWARM)
+
+
+def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float) -> Dict[str, Any]:
+    """Start the run, wait until every honest peer has stopped (or ``timeout``), read what they report."""
+    from voloco.demo import Child, coordinator_argv, peer_argv, read_status, wait_for_address
+    from voloco.demo import read_run_key
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "run.toml").write_text(spec.to_toml())
+    t0 = time.monotonic()
+    children: List[Any] = []
+    try:
+        coord = Child("coordinator", coordinator_argv(workdir, workdir / "run.toml", None), workdir / "coordinator.log")
+        children.append(coord)
+        join = wait_for_address(workdir / "coordinator.addr", coord)
+        key = read_run_key(workdir / "coordinator.addr")
+        wait = PEERS if attack.argv is None or attack.peer else PEERS - 1  # a non-peer never starts training
+        for i in range(PEERS):
+            argv = peer_argv(join, workdir, i, run_key=key) + ["--wait-peers", str(wait), "--max-rounds", str(rounds)]
+            if i == PEERS - 1 and attack.argv is not None:
+                argv = attack.argv(Run(join, key or "", rounds, argv[4:]))
+            children.append(Child(f"peer{i}", argv, workdir / f"peer{i}.log"))
+        honest = children[1:PEERS] if attack.argv is not None else children[1:]
+        deadline = t0 + timeout
+        while any(c.proc.poll() is None for c in honest) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        codes = [c.proc.poll() for c in honest]
+    finally:
+        for c in reversed(children):
+            c.stop(grace=10.0)
+    statuses = [read_status(workdir, i) for i in range(len(honest))]
+    logs = [(workdir / f"peer{i}.log").read_text(errors="replace") for i in range(len(honest))]
+    return summarize(attack, statuses, codes, logs, rounds, time.monotonic() - t0)
+
+
+def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wall: float) -> Dict[str, Any]:
+    live = [s for s in statuses if s]
+    ids = {s["peer_id"] for s in live}
+    records = [r for s in live for r in s["history"]]
+    seconds = [r["seconds"] for s in live for r in s["history"][1:]] or [r["seconds"] for r in records]
+    vals = [s["val_loss"] for s in live if isinstance(s.get("val_loss"), float) and math.isfinite(s["val_loss"])]
+    named = lambda pattern: sorted({pid for text in logs for pid in re.findall(pattern, text)} - ids)  # noqa: E731
+    excluded = {pid for r in records for pid in r["excluded"] if pid not in ids}
+    excluded |= set(named(r"(?:excluded the update|rejected the payload) of (\S+):"))
+    return dict(
+        attack=attack.name, what=attack.what, rounds=min((s["rounds"] for s in live), default=0), target_rounds=rounds,
+        initial_val_loss=max((s["initial_val_loss"] for s in live), default=None), val_losses=[s["val_loss"] for s in live],
+        val_loss=statistics.fmean(vals) if vals and len(vals) == len(live) else None,
+        hashes_equal=len({s["params_hash"] for s in live}) == 1 and len(live) == len(statuses),
+        honest=len(statuses), honest_ok=sum(1 for s, c in zip(statuses, codes) if s and c == 0 and s["rounds"] >= rounds),
+        exit_codes=codes, mean_round_s=statistics.fmean(seconds) if seconds else None,
+        attacker_excluded=sorted(excluded), attacker_clipped=named(r"clipped the update of (\S+) "), wall_s=round(wall, 1),
+    )
+
+
+# --- the table --------------------------------------------------------------------------------------
+def compare(results: List[Dict[str, Any]]) -> None:
+    clean = next((r for r in results if r["attack"] == "clean"), None)
+    for r in results:
+        ok = clean is not None and clean["val_loss"] and r["val_loss"] is not None
+        r["loss_vs_clean"] = r["val_loss"] / clean["val_loss"] if ok else None
+        ok = clean is not None and clean["mean_round_s"] and r["mean_round_s"]
+        r["time_vs_clean"] = r["mean_round_s"] / clean["mean_round_s"] if ok else None
+
+
+def print_table(results: List[Dict[str, Any]]) -> None:
+    def verdict(r):
+        if r["attack"] == "clean":
+            return "-"
+        how = [w for w, key in (("excluded", "attacker_excluded"), ("clipped", "attacker_clipped")) if r[key]]
+        return f"yes ({', '.join(how)})" if how else "no"
+
+    lines = [[r["attack"], f"{r['rounds']}/{r['target_rounds']}",
+              "-" if r["val_loss"] is None else f"{r['val_loss']:.4f}",
+              "-" if r["loss_vs_clean"] is None else f"{100 * (r['loss_vs_clean'] - 1):+.2f} %",
+              "yes" if r["hashes_equal"] else "NO", f"{r['honest_ok']}/{r['honest']}",
+              "-" if r["mean_round_s"] is None else f"{r['mean_round_s']:.1f} s",
+              "-" if r["time_vs_clean"] is None else f"{r['time_vs_clean']:.2f}x", verdict(r)] for r in results]
+    print(table(["attack", "rounds", "honest val loss", "vs clean", "θ equal", "honest ok", "round time", "vs clean",
+                 "attacker excluded/clipped"], lines))
+    print("\nhonest ok: honest processes that finished every round and exited normally. Goals: loss within 2 % of the\n"
+          "clean run, 0 honest processes lost, round time within 1.25x of the clean run.")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="the tests' tiny model, 3 rounds of H = 10: a smoke test")
+    ap.add_argument("--attacks", default=",".join(ATTACKS),
+                    help=f"comma-separated attacks to run, in this order (default: all: {', '.join(ATTACKS)}); "
+                    "the clean run is added first when missing")
+    ap.add_argument("--rounds", type=int, help="rounds every peer trains (default: 5, --quick 3)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take before it is stopped (default: 600)")
+    ap.add_argument("--workdir", type=Path, help="where every run's logs and status files go (default: a temporary folder)")
+    ap.add_argument("--json", type=Path, metavar="OUT", help="also write every run's figures as JSON to OUT")
+    ap.add_argument("--as-peer", metavar="BEHAVIOUR",
+                    help=f"internal, how this script starts a hostile peer: install BEHAVIOUR ({', '.join(BEHAVIOURS)}, "
+                    "e.g. poison=1e4) and run `voloco peer` with the flags after `--`")
+    if "--as-peer" in argv and "--" in argv:
+        cut = argv.index("--")
+        args = ap.parse_args(argv[:cut])
+        return run_as_peer(args.as_peer, argv[cut + 1:])
+    args = ap.parse_args(argv)
+    names = [n.strip() for n in args.attacks.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ATTACKS]
+    if unknown:
+        ap.error(f"unknown attack(s) {', '.join(unknown)}; have: {', '.join(ATTACKS)}")
+    names = (["clean"] if "clean" not in names else []) + names
+    name = "quick" if args.quick else "full"
+    cfg = CONFIGS[name]
+    rounds = args.rounds or cfg["rounds"]
+    if rounds < 2:
+        ap.error("--rounds must be at least 2")
+    spec = make_spec(cfg)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="voloco-hostile-"))
+    print(f"bench/hostile.py ({name}): {now()}, {machine()}\n{spec.outer.strategy}, "
+          f"{spec.model.num_params():,} parameters, {PEERS} peers (1 hostile), {rounds} rounds of H={spec.outer.inner_steps}; "
+          f"logs in {workdir}", flush=True)
+    t0 = time.monotonic()
+    results = []
+    for n in names:
+        r = run_attack(ATTACKS[n], spec, rounds, workdir / n, args.timeout)
+        results.append(r)
+        print(f"  {n}: {r['rounds']}/{rounds} rounds, val {r['val_loss']}, honest ok {r['honest_ok']}/{r['honest']}, "
+              f"{r['wall_s']:.0f} s", flush=True)
+    compare(results)
+    print()
+    print_table(results)
+    print(f"\ntotal {time.monotonic() - t0:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps(dict(config=cfg, name=name, rounds=rounds, date=now(), machine=machine(),
+                                             results=results), indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

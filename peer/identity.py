@@ -1,0 +1,21 @@
+"""The key this peer signs its payloads with: the RSA key behind its libp2p peer id.
+
+swarm/dht.py starts every DHT node with an identity file (``--identity``, or a temporary one) and
+keeps the loaded key (swarm/identity.py); the payload signer is that same key, so a receiver that
+hashes the public key to the sender's peer id knows the sender signed (protocol/signed.py).
+"""
+
+from __future__ import annotations
+
+from hivemind import DHT
+
+from protocol.signed import Signer
+from swarm.identity import trust_of
+
+
+def payload_signer(dht: DHT) -> Signer:
+    """The signer of this DHT node's peer id; RuntimeError if its key is not the node's identity."""
+    signer = Signer.from_der(trust_of(dht).identity.private_key.to_bytes())
+    if signer.peer_id != dht.peer_id.to_bytes():
+        raise RuntimeError(f"the identity key of {dht.peer_id} is not the key of its peer id")
+    return signer

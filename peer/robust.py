@@ -1,0 +1,199 @@
+"""Robust aggregation: every decoded contribution is checked and clipped before it is averaged,
+and the outer step is taken only if it leaves θ finite.
+
+A public run must assume that any groupmate sends well-formed but hostile updates. The codecs
+already refuse wire values that are non-finite or of magnitude >= 1e8 (protocol/codecs/fields.py);
+here, per round:
+
+1. **check**: every decoded tensor finite and below that bound (a contribution that fails is
+   excluded, with the reason; contributions that did not come through a codec are checked too);
+2. **clip** (SparseLoCo's production rule, as Templar's validators do it): per tensor name, over
+   the contributions that carry that tensor (a full replica, a partial slice owner and a chain stage
+   carry different sets: like is compared with like), the L2 norm of each; a contribution whose
+   norm exceeds ``multiple`` x the median of those norms (``CLIP_MULTIPLE`` = 1.5) is scaled down
+   to it. The median is the
+   lower one (``torch.median``'s convention): with 4 members it is the second smallest norm, so one
+   huge update is clipped to an honest size and one zero update cannot pull the limit to zero;
+3. **step**: the strategy's aggregate of the clipped contributions, then its outer step, all or
+   nothing (``OuterStrategy.apply`` raises ``NonFiniteStep`` before it changes anything). If the
+   step would leave a non-finite value (not reachable from bounded contributions and a finite θ,
+   kept as the last line), the largest contribution is excluded and the step retried; with none
+   left θ stays as it was. No honest peer ever raises because of what a groupmate sent.
+
+Every member must end bit-identical, so the arithmetic is fixed: norms are sums of float64
+squares of the float32 values added in a fixed order (numpy's cumulative sum is a sequential
+scan; ``torch.sum`` and BLAS dots split the sum by SIMD width and thread count, which differ
+between machines), the median comes from sorting a short list of those exact floats, and the
+scale is applied as one float32 multiplication per element. Contributions stay in the canonical
+order (by sender) they were decoded in; the inputs are never modified (the simulation hands the
+same decoded tensors to every replica).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from protocol.codecs.fields import MAX_ABS
+
+__all__ = ["CLIP_MULTIPLE", "Contributions", "NonFiniteStep", "Outcome", "Screening", "robust_step", "screen",
+           "squared_norm"]
+
+logger = logging.getLogger("voloco.peer.robust")
+
+Tensors = Dict[str, torch.Tensor]
+
+# Clip to 1.5x the round's median norm, not 1x: with the lower median of 4 contributions, 1x clips two
+# honest ones every round, and SparseLoCo's senders have already taken what they sent out of their
+# error buffers, so what the clip removes is lost: +1.2 % loss (one seed +5.5 %) at equal tokens from a
+# cold start, while 1.5x never clipped an honest SparseLoCo update there and costs nothing measurable
+# from a warm start either (bench/clip_cost.py, bench/RESULTS.md). A poisoned tensor still counts for
+# at most 1.5 honest ones.
+CLIP_MULTIPLE = 1.5
+_CHUNK = 1 << 20  # elements squared and summed at a time (bounds the float64 temporaries)
+_NOTABLE = 0.5  # a clip that removes more than half of a tensor's norm is logged
+
+
+class NonFiniteStep(ValueError):
+    """The outer step would leave a non-finite value in θ or the strategy's state (nothing changed)."""
+
+
+class Contributions(list):
+    """The decoded contributions of a round in the canonical order, with their senders' ids."""
+
+    def __init__(self, items: Iterable[Tensors] = (), senders: Optional[Sequence[str]] = None):
+        super().__init__(items)
+        self.senders = list(senders) if senders is not None else None
+
+
+def sender_names(decoded: Sequence[Tensors]) -> List[str]:
+    """The senders of ``decoded`` (a ``Contributions``), or "#i" for a plain list."""
+    senders = getattr(decoded, "senders", None)
+    if senders is not None and len(senders) == len(decoded):
+        return list(senders)
+    return [f"#{i}" for i in range(len(decoded))]
+
+
+def squared_norm(t: torch.Tensor) -> Tuple[float, float]:
+    """(Σ t², max |t|) of a float32 tensor: the sum in float64, added in a fixed sequential order,
+    so the same bits on every machine. A NaN or inf anywhere makes both non-finite (or NaN)."""
+    flat = t.detach().to("cpu", torch.float32).contiguous().reshape(-1).numpy()
+    total, peak = 0.0, 0.0
+    for start in range(0, flat.size, _CHUNK):
+        part = flat[start:start + _CHUNK].astype(np.float64)
+        peak = max(peak, float(np.abs(part).max()))  # NaN propagates through max
+        np.multiply(part, part, out=part)
+        total += float(np.cumsum(part)[-1])
+    return total, peak
+
+
+def _check(contribution: Tensors) -> Tuple[Optional[str], Dict[str, float]]:
+    """(why the contribution is refused, or None; the L2 norm of each of its tensors)."""
+    norms: Dict[str, float] = {}
+    for name, t in contribution.items():
+        if t.dtype != torch.float32:
+            return f"tensor {name!r} is {t.dtype}, not float32", norms
+        sq, peak = squared_norm(t)
+        if not (math.isfinite(sq) and math.isfinite(peak)):
+            return f"tensor {name!r} holds a non-finite value", norms
+        if peak >= MAX_ABS:
+            return f"tensor {name!r} holds a value of magnitude {peak:.3g}, at or above the bound {MAX_ABS:g}", norms
+        norms[name] = math.sqrt(sq)
+    return None, norms
+
+
+def lower_median(values: Sequence[float]) -> float:
+    """The lower median (of 4 values the second smallest): sorting exact floats, deterministic."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+@dataclass
+class Screening:
+    """What ``screen`` made of a round's contributions (positions index the input sequence)."""
+
+    kept: List[int] = field(default_factory=list)  # the contributions that go on, in input order
+    contributions: Dict[int, Tensors] = field(default_factory=dict)  # position -> clipped contribution
+    norms: Dict[int, float] = field(default_factory=dict)  # position -> its total L2 norm after clipping
+    excluded: Dict[int, str] = field(default_factory=dict)  # position -> why it was refused
+    clipped: Dict[int, float] = field(default_factory=dict)  # position -> smallest scale applied to a tensor
+    limits: Dict[str, float] = field(default_factory=dict)  # tensor name -> the norm it was clipped to
+
+
+def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE) -> Screening:
+    """Check every contribution, then clip each tensor to ``multiple`` x the median norm of that
+    tensor over the contributions that carry it (``math.inf``: no clipping)."""
+    out = Screening()
+    norms: Dict[int, Dict[str, float]] = {}
+    for i, contribution in enumerate(decoded):
+        why, n = _check(contribution)
+        if why is None:
+            out.kept.append(i)
+            norms[i] = n
+        else:
+            out.excluded[i] = why
+    scales: Dict[int, Dict[str, float]] = {i: {} for i in out.kept}
+    names = list(dict.fromkeys(name for i in out.kept for name in decoded[i]))  # first-seen order
+    for name in names:
+        carriers = [i for i in out.kept if name in norms[i]]
+        limit = multiple * lower_median([norms[i][name] for i in carriers])
+        if not math.isfinite(limit):
+            continue
+        out.limits[name] = limit
+        for i in carriers:
+            if norms[i][name] > limit:
+                scales[i][name] = limit / norms[i][name]
+    for i in out.kept:
+        contribution = dict(decoded[i])
+        for name, scale in scales[i].items():
+            contribution[name] = contribution[name] * torch.tensor(scale, dtype=torch.float32)
+        out.contributions[i] = contribution
+        total = sum(n * n * scales[i].get(name, 1.0) ** 2 for name, n in norms[i].items())
+        out.norms[i] = math.sqrt(total)
+        if scales[i]:
+            out.clipped[i] = min(scales[i].values())
+    return out
+
+
+@dataclass
+class Outcome:
+    """What ``robust_step`` did with a round's contributions, by sender."""
+
+    contributors: int  # contributions in the aggregate that was applied
+    excluded: Dict[str, str] = field(default_factory=dict)  # sender -> why its contribution did not count
+    clipped: Dict[str, float] = field(default_factory=dict)  # sender -> smallest scale applied to one of its tensors
+
+
+def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: int = -1,
+                multiple: Optional[float] = None) -> Outcome:
+    """Check, clip, aggregate with ``strategy`` and apply its outer step to ``theta`` (in place)."""
+    names = sender_names(decoded)
+    multiple = getattr(strategy, "clip_multiple", CLIP_MULTIPLE) if multiple is None else multiple
+    s = screen(decoded, multiple)
+    excluded = {names[i]: f"refused update: {why}" for i, why in s.excluded.items()}
+    kept = list(s.kept)
+    while kept:
+        try:
+            strategy.apply(theta, strategy.aggregate([s.contributions[i] for i in kept]))
+            break
+        except NonFiniteStep as e:  # the largest goes first; ties: the later in canonical order
+            worst = max(kept, key=lambda i: (s.norms[i], i))
+            kept.remove(worst)
+            excluded[names[worst]] = f"refused update: with it the outer step would leave {e}"
+    clipped = {names[i]: s.clipped[i] for i in kept if i in s.clipped}
+    _log(round_no, multiple, excluded, clipped)
+    return Outcome(len(kept), excluded, clipped)
+
+
+def _log(round_no: int, multiple: float, excluded: Dict[str, str], clipped: Dict[str, float]) -> None:
+    for sender, why in excluded.items():
+        logger.warning(f"round {round_no}: excluded the update of {sender}: {why}")
+    notable = {s: f for s, f in clipped.items() if f < _NOTABLE}
+    for sender, scale in notable.items():
+        logger.info(f"round {round_no}: clipped the update of {sender} to {multiple:g}x the round's median norm "
+                    f"(scaled by {scale:.2e} at the most)")

@@ -1,0 +1,132 @@
+"""The record validators every voloco DHT node runs: a record that fails them is neither stored
+nor returned by an honest node, and readers (swarm/records.py) check the same again.
+
+- hivemind's ``RSASignatureValidator``: a record whose subkey carries ``[owner:<key>]`` must be
+  signed by that key (over key, subkey, value and expiration);
+- hivemind's ``SchemaValidator`` with the layouts below: under a voloco key, every subkey carries
+  an owner and every value is an envelope (protocol/records.py) of bounded size;
+- ``OwnedRecordValidator``: the envelope names the peer id of the key that signed it, its
+  expiration is not absurdly far ahead, and, in a private run, it proves the join token.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import pydantic.v1 as pydantic
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.routing import DHTID
+from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
+from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from hivemind.utils import MSGPackSerializer, get_dht_time
+
+from protocol.keys import CANDIDATES_FIELD, CHAINS_FIELD, OWNER_PREFIX, PEERS_FIELD, RUNS_KEY, RUNS_PREFIX, split_subkey
+from protocol.records import (
+    MAC_BYTES,
+    MAX_BODY_BYTES,
+    MAX_PEER_ID,
+    MAX_RECORD_TTL,
+    RecordError,
+    expires_too_late,
+    open_envelope,
+    proof_ok,
+    record_mac,
+)
+from swarm.identity import Identity, peer_id_of
+
+logger = logging.getLogger("voloco.swarm")
+
+
+class Envelope(pydantic.BaseModel):
+    peer: pydantic.constr(strict=True, min_length=1, max_length=MAX_PEER_ID)
+    body: pydantic.conbytes(strict=True, max_length=MAX_BODY_BYTES)
+    mac: pydantic.conbytes(strict=True, max_length=MAC_BYTES)
+
+    class Config:
+        extra = pydantic.Extra.forbid
+
+
+class RunsSchema(pydantic.BaseModel):
+    """``voloco_runs``: one spec per (owner, run id)."""
+
+    runs: Dict[BytesWithPublicKey, Envelope]
+
+
+class RunSchema(pydantic.BaseModel):
+    """A run's keys, ``{run_id}_{field}``."""
+
+    peers: Dict[BytesWithPublicKey, Envelope]
+    chain_candidates: Dict[BytesWithPublicKey, Envelope]
+    chains: Dict[BytesWithPublicKey, Envelope]
+
+
+assert RUNS_KEY == f"{RUNS_PREFIX}_runs" and list(RunSchema.__fields__) == [PEERS_FIELD, CANDIDATES_FIELD, CHAINS_FIELD]
+
+
+def key_id(key: str) -> bytes:
+    """The DHT's id of a key, as validators see it (and record proofs bind to)."""
+    return DHTID.generate(source=key).to_bytes()
+
+
+def check_owned(kid: bytes, subkey: Any, value: Any, token_key: Optional[bytes]) -> Tuple[bytes, str, str, bytes]:
+    """(owner public key, subkey name, peer id, body) of an owned record, once its envelope, the
+    binding of its peer id to its owner and (in a private run) its proof of the token hold;
+    RecordError otherwise. The owner's signature is the RSASignatureValidator's to check."""
+    parts = split_subkey(subkey)
+    if parts is None:
+        raise RecordError("subkey carries no owner key")
+    owner, name = parts
+    peer, body, mac = open_envelope(value)
+    try:
+        owner_peer = peer_id_of(owner)
+    except ValueError:
+        raise RecordError("owner key is not an RSA public key") from None
+    if peer != owner_peer:
+        raise RecordError(f"record names peer {peer[-8:]} but is signed by the key of {owner_peer[-8:]}")
+    if token_key is not None and not proof_ok(record_mac(token_key, kid, subkey, peer, body), mac):
+        raise RecordError(f"record of {peer[-8:]} does not prove the run's join token")
+    return owner, name, peer, body
+
+
+class OwnedRecordValidator(RecordValidatorBase):
+    """Applies ``check_owned`` to every record whose subkey carries an owner marker, and refuses
+    an expiration further ahead than any honest writer sets."""
+
+    def __init__(self, token_key: Optional[bytes] = None):
+        self.token_key = token_key
+
+    def validate(self, record: DHTRecord) -> bool:
+        if OWNER_PREFIX not in record.subkey:
+            return True  # not a voloco record (hivemind's averager keys); the schema covers voloco keys
+        try:
+            subkey = MSGPackSerializer.loads(record.subkey)
+            value = MSGPackSerializer.loads(record.value)
+        except Exception:
+            return False
+        if expires_too_late(record.expiration_time, get_dht_time(), MAX_RECORD_TTL):
+            logger.debug("refusing a record that expires too far ahead")
+            return False
+        try:
+            check_owned(record.key, subkey, value, self.token_key)
+        except RecordError as e:
+            logger.debug(f"refusing a record: {e}")
+            return False
+        return True
+
+    def merge_with(self, other: RecordValidatorBase) -> bool:
+        return isinstance(other, OwnedRecordValidator) and other.token_key == self.token_key
+
+
+def node_validators(identity: Identity, token_key: Optional[bytes], run_ids: Sequence[str] = ()) -> List[RecordValidatorBase]:
+    """What ``hivemind.DHT(record_validators=...)`` gets on every voloco node."""
+    return [
+        RSASignatureValidator(identity.private_key),
+        SchemaValidator(RunsSchema, prefix=RUNS_PREFIX),
+        OwnedRecordValidator(token_key),
+        *(run_schema(r) for r in run_ids),
+    ]
+
+
+def run_schema(run_id: str) -> SchemaValidator:
+    return SchemaValidator(RunSchema, prefix=run_id)

@@ -1,0 +1,50 @@
+"""bench/hostile.py on its quick configuration: real processes, the clean run and one poisoned run, the table."""
+
+import json
+
+import pytest
+
+from bench import hostile as bh
+
+pytestmark = pytest.mark.slow
+
+
+def test_quick_clean_and_poisoned(tmp_path, capsys):
+    out = tmp_path / "h.json"
+    assert bh.main(["--quick", "--attacks", "poison-1e29", "--workdir", str(tmp_path / "runs"), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "attacker excluded/clipped" in text and "poison-1e29" in text
+    results = {r["attack"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(results) == ["clean", "poison-1e29"]  # the clean run is added first
+    clean, poisoned = results["clean"], results["poison-1e29"]
+    assert clean["honest"] == 4 and poisoned["honest"] == 3
+    for r in (clean, poisoned):
+        assert r["honest_ok"] == r["honest"] and r["hashes_equal"] and r["rounds"] == 3
+        assert r["val_loss"] < r["initial_val_loss"]
+    assert poisoned["attacker_excluded"] and not clean["attacker_excluded"]
+    assert poisoned["loss_vs_clean"] < 1.05
+
+
+def test_help_explains_every_flag(capsys):
+    with pytest.raises(SystemExit):
+        bh.main(["--help"])
+    text = capsys.readouterr().out
+    for flag in ("--quick", "--attacks", "--rounds", "--timeout", "--workdir", "--json", "--as-peer"):
+        assert flag in text
+
+
+def test_scale_payload_keeps_the_payload_well_formed():
+    import torch
+
+    from peer.strategies import make_strategy
+    from protocol.spec import RunSpec
+
+    spec = RunSpec().replace(model={"d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32, "seq_len": 8})
+    for strategy in ("sparseloco", "diloco", "dct"):
+        s = make_strategy(spec.replace(outer={"strategy": strategy}))
+        gen = torch.Generator().manual_seed(0)
+        data, pending = s.encode({n: torch.randn(sh, generator=gen) * 1e-2 for n, sh in s.layout.items()}, 0)
+        scaled = s.decode(bh.scale_payload(data, 1e2), 0)
+        for name, t in pending.sent.items():
+            want = t * 1e2  # exact for float32 wires; DCT's fp16 coefficients are rounded again after the scaling
+            assert float((scaled[name] - want).abs().max()) <= 1e-2 * float(want.abs().max()) + 1e-9

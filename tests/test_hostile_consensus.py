@@ -1,0 +1,60 @@
+"""A framing member and an owner-inventing member (tests/hostile_exchange.py) join a real swarm of
+three honest peers: whatever they claim in the agreement, honest peers keep every honest update,
+end every round with equal parameters, take no invented payload and keep training."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.swarm_harness import Proc, Swarm, assert_groups_identical, hashes_by_round
+
+pytestmark = pytest.mark.slow
+
+HONEST = ("a", "b", "c")
+
+
+def test_lying_members_change_nothing_for_honest_peers(tmp_path):
+    swarm = Swarm(tmp_path, strategy="sparseloco", inner_steps=60)
+    try:
+        for name in HONEST:
+            swarm.add_peer(name)
+        swarm.wait(lambda: min(swarm.round_of(n) for n in HONEST) >= 1, 180, "a first round of the honest peers")
+        liars = Proc([sys.executable, "-m", "tests.hostile_exchange", swarm.join, "3", "frame", "invent"], tmp_path / "liars.log")
+        swarm.procs.append(liars)
+        try:
+            liars.proc.wait(timeout=240)
+        except Exception:
+            pass
+        r = min(swarm.round_of(n) for n in HONEST)
+        swarm.wait(lambda: min(swarm.round_of(n) for n in HONEST) >= r + 1, 120, "a round after the liars left")
+        statuses = [swarm.status(n) for n in HONEST]
+        log = liars.text()
+        assert all(swarm.peers[n].proc.poll() is None for n in HONEST), "an honest peer exited"
+    finally:
+        swarm.close()
+
+    honest = {s["peer_id"] for s in statuses}
+    for mode in ("frame", "invent"):
+        assert f"LIED ({mode})" in log, f"the {mode} member never got to lie:\n{log[-3000:]}"
+    assert "SERVED" not in log, "an honest peer fetched an invented owner's payload"
+
+    # the same parameters after every round, at every honest peer
+    assert assert_groups_identical(statuses) >= 3
+    for rnd, hashes in hashes_by_round(statuses).items():
+        assert len(set(hashes.values())) == 1, f"round {rnd}: honest peers split: {hashes}"
+
+    attacked = [rec for s in statuses for rec in s["history"] if set(rec["group"]) - honest]
+    assert attacked, "no round had a lying member in its group"
+    rounds_with_both = {rec["round"] for rec in attacked if len(set(rec["group"]) - honest) == 2}
+    assert rounds_with_both, "the two liars never shared a group"
+    for rec in attacked:
+        excluded_honest = set(rec["excluded"]) & honest
+        assert not excluded_honest, f"round {rec['round']}: an honest sender was excluded: {rec['excluded']}"
+        assert len(rec["group"]) <= 5 and set(rec["excluded"]) <= set(rec["group"]), rec  # nobody invented counts
+        # every honest update applied, and nothing beyond the group's own payloads
+        assert len(honest) <= rec["contributors"] <= len(rec["group"]) - len(rec["excluded"]), rec
+
+    for s in statuses:
+        assert s["val_loss"] < s["initial_val_loss"] - 0.05, (s["peer_id"], s["initial_val_loss"], s["val_loss"])

@@ -1,0 +1,268 @@
+"""Liveness against records that lie: a peer announced but never arriving, forged rounds, poisoned
+states. The round barrier and state sync run on scripted views and a fake clock: no processes,
+no network, well under a second of waiting."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from peer import membership as membership_mod
+from peer import state_sync
+from peer.membership import STRAGGLER_MIN_S, Membership, swarm_round
+from peer.round_engine import RoundEngine
+from peer.state import params_hash
+from peer.state_sync import MAX_ATTEMPTS, StateSync, order_sources
+from peer.strategies import make_strategy
+from protocol.errors import ProtocolError
+from protocol.records import Progress
+from protocol.spec import RunSpec
+
+SPEC = RunSpec().replace(
+    model={"d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32, "seq_len": 8},
+    outer={"strategy": "diloco"},
+    swarm={"round_wait": 60.0, "heartbeat_period": 0.5},
+)
+
+
+def progress(round_no, state, params_hash=""):
+    return Progress(round=round_no, step=0, state=state, spec=SPEC.digest(), loss=0.0, val_loss=0.0, tokens=0,
+                    tokens_per_s=0.0, bytes_sent=0, bytes_received=0, params_hash=params_hash, part=-1)
+
+
+def view(peer, round_no, state="ready", params_hash=""):
+    return SimpleNamespace(peer_id=peer, progress=progress(round_no, state, params_hash), expires=0.0)
+
+
+class Clock:
+    """time.monotonic / time.sleep of the module under test: sleeping advances the clock."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, s):
+        self.now += s
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(membership_mod, "time", c)
+    monkeypatch.setattr(state_sync, "time", c)
+    return c
+
+
+def barrier_peer(monkeypatch, clock, script, train_seconds=4.0):
+    """A Membership whose view at time t (seconds since the barrier started) is ``script(t)``."""
+    m = Membership(dht=None, spec=SPEC, peer_id="me", progress=lambda: None, stop=threading.Event())
+    m.train_seconds = train_seconds
+    holder = {}
+    monkeypatch.setattr(m, "view", lambda: script(clock.now - holder["t0"]))
+
+    def wait(round_no, mates=frozenset()):
+        holder["t0"] = clock.now
+        barrier = m.wait_for_round(round_no, set(mates), first_round=False)
+        return barrier, clock.now - holder["t0"]
+
+    return m, wait
+
+
+def honest_then_ready(at):
+    """Honest peers a and b become ready at ``at`` seconds; x claims "training" for ever."""
+
+    def script(t):
+        return [view("me", 5, "ready"), view("x", 5, "training")] + [
+            view(p, 5, "ready" if t >= at[p] else "training") for p in ("a", "b")
+        ]
+
+    return script
+
+
+def test_a_peer_announced_but_never_arriving_delays_one_round_by_the_allowance_only(monkeypatch, clock, caplog):
+    m, wait = barrier_peer(monkeypatch, clock, honest_then_ready({"a": 1.0, "b": 3.0}))
+    assert m.straggler_allowance() == STRAGGLER_MIN_S  # half of 4 s of training is less than the minimum
+    with caplog.at_level(logging.INFO):
+        barrier, waited = wait(5)
+    assert barrier.expected == 3 and not barrier.alone
+    assert 3.0 + STRAGGLER_MIN_S <= waited <= 3.0 + STRAGGLER_MIN_S + 0.5  # not round_wait (60 s)
+    assert "not waiting longer" in caplog.text and "x" in caplog.text
+
+    # the next round's group was a and b: x did not show up, and is not waited for again
+    barrier, waited = wait(5, mates={"a", "b"})
+    assert waited <= 3.0 + 0.5 and m.no_shows == {"x"}
+
+    # once x is in a group of ours it counts again
+    m.wait_for_round(5, {"a", "b", "x"}, first_round=False)
+    assert m.no_shows == set()
+
+
+def test_a_no_show_is_nobody_to_meet_and_a_forged_round_does_not_put_us_behind(monkeypatch, clock):
+    script = lambda t: [view("me", 5), view("b", 5), view("x", 5, "training"), view("far", 2**62, "training")]  # noqa: E731
+    m, wait = barrier_peer(monkeypatch, clock, script)
+    m.no_shows = {"x"}
+    barrier, waited = wait(5, mates=set())
+    assert waited < 0.5 and barrier.expected == 2 and not barrier.behind and not barrier.alone  # "far" is not the swarm
+    m, wait = barrier_peer(monkeypatch, clock, lambda t: [view("me", 5), view("x", 5, "training")])
+    m.no_shows = {"x"}
+    barrier, _ = wait(5, mates=set())
+    assert barrier.alone  # a lone honest peer beside a staller trains alone instead of waiting for a group
+
+
+def test_ignored_peers_are_left_out_of_the_view_for_a_while(monkeypatch, clock):
+    m = Membership(dht=None, spec=SPEC, peer_id="me", progress=lambda: None, stop=threading.Event())
+    monkeypatch.setattr(membership_mod, "read_progress", lambda dht, run_id: [view("liar", 9), view("a", 3)])
+    m.ignore("liar", 60.0)
+    assert [v.peer_id for v in m.view()] == ["a"]
+    clock.sleep(61.0)
+    assert [v.peer_id for v in m.view()] == ["liar", "a"]
+
+
+def test_honest_stragglers_arriving_one_after_another_are_all_waited_for(monkeypatch, clock):
+    # each arrives within the allowance of the previous one: nobody is left behind
+    at = {"a": 4.0, "b": 8.0}
+    m, wait = barrier_peer(monkeypatch, clock, lambda t: [view("me", 5), *(view(p, 5, "ready" if t >= at[p] else "training") for p in at)])
+    barrier, waited = wait(5)
+    assert barrier.expected == 3 and 8.0 <= waited < 9.0 and m._waited == set()
+
+
+def test_the_allowance_follows_the_training_time_and_never_exceeds_round_wait(monkeypatch, clock):
+    m, _ = barrier_peer(monkeypatch, clock, lambda t: [], train_seconds=30.0)
+    assert m.straggler_allowance() == 15.0
+    m.train_seconds = 1000.0
+    assert m.straggler_allowance() == SPEC.swarm.round_wait
+
+
+def test_training_time_is_measured_from_the_published_states(monkeypatch, clock):
+    m = Membership(dht=None, spec=SPEC, peer_id="me", progress=lambda: None, stop=threading.Event())
+    m._note_state("training")
+    clock.sleep(7.0)
+    m._note_state("training")  # a heartbeat in the same state
+    clock.sleep(1.0)
+    m._note_state("ready")
+    assert m.train_seconds == 8.0
+
+
+# ---- the round to catch up to and whom to ask ---------------------------------------------------
+def test_one_forged_round_far_ahead_does_not_set_the_swarm_round():
+    assert swarm_round([2**62, 10, 10]) == 10
+    assert swarm_round([2**62, 10]) == 10
+    assert swarm_round([2**62, 0]) == 0
+    assert swarm_round([11, 11, 10]) == 11
+    assert swarm_round([7]) == 7 and swarm_round([]) == -1
+    views = [view("liar", 2**62), view("a", 10), view("b", 11), view("c", 10)]
+    ordered = [v.peer_id for v in order_sources(views, 10)]
+    assert "liar" not in ordered and ordered[-1] == "b"  # rounds two peers report first
+    assert [v.peer_id for v in order_sources([view("mate", 4)], 5, slack=1)] == ["mate"]
+
+
+# ---- catching up against lying peers -------------------------------------------------------------
+def served(engine, spec=SPEC, round_no=None, **changes):
+    meta, tensors = engine.shareable()
+    meta["spec"] = spec.digest()
+    if round_no is not None:
+        meta["round"] = round_no
+    for index, tensor in changes.items():
+        tensors[int(index[1:])] = tensor
+    return meta, tensors
+
+
+def syncing_peer(monkeypatch, views, serve, own_round=0):
+    """A real StateSync (real engine and checks) whose view is ``views`` and whose downloads ``serve(peer)``."""
+    monkeypatch.setattr(state_sync, "StateDownloader", lambda dht, gatherer: None)
+    theta = {n: torch.zeros(s) for n, s in SPEC.param_shapes().items()}
+    engine = RoundEngine(make_strategy(SPEC), theta)
+    engine.round = own_round
+    shown, ignored = [], {}
+    gatherer = SimpleNamespace()
+    membership = SimpleNamespace(
+        dht=None, others=lambda excluding=(): [v for v in views if ignored.get(v.peer_id, 0) <= state_sync.time.monotonic()],
+        ignore=lambda peer, seconds: ignored.__setitem__(peer, state_sync.time.monotonic() + seconds),
+    )
+    sync = StateSync(SPEC, engine, gatherer, membership, "me", set_state=lambda s: shown.append(s) or "training",
+                     on_installed=lambda n: None)
+    sync.asked = []
+
+    def download(peer, timeout):
+        sync.asked.append(peer)
+        return serve(peer)
+
+    sync.download = download
+    return sync, engine
+
+
+def honest_engine(round_no, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    engine = RoundEngine(make_strategy(SPEC), {n: torch.randn(s, generator=gen) * 0.02 for n, s in SPEC.param_shapes().items()})
+    engine.strategy.momentum = {n: torch.randn(s, generator=gen) * 1e-3 for n, s in SPEC.param_shapes().items()}
+    engine.round = round_no
+    return engine
+
+
+def test_a_forged_round_far_ahead_does_not_block_a_newcomers_catch_up(monkeypatch, clock):
+    honest = honest_engine(10)
+    views = [view("liar", 2**62, "training"), view("a", 10, "training"), view("b", 10, "training")]
+    sync, engine = syncing_peer(monkeypatch, views, lambda peer: served(honest) if peer != "liar" else served(honest, round_no=2**62))
+    sync.catch_up()
+    assert engine.round == 10 and engine.params_hash() == honest.params_hash() and "liar" not in sync.asked
+
+
+@pytest.mark.parametrize("poison", ["float64 1e300", "nan momentum", "beyond the bound", "hash", "older than claimed", "far ahead"])
+def test_a_poisoned_state_is_refused_and_its_server_not_asked_again(monkeypatch, clock, poison):
+    honest = honest_engine(10)
+    n_theta = len(SPEC.param_shapes())
+    meta, tensors = served(honest)
+    if poison == "float64 1e300":
+        bad = served(honest, t0=torch.full_like(tensors[0], 1e300, dtype=torch.float64))
+    elif poison == "nan momentum":
+        bad = served(honest, **{f"t{n_theta}": torch.full_like(tensors[n_theta], float("nan"))})
+    elif poison == "beyond the bound":
+        bad = served(honest, t0=tensors[0] + 1e7)
+    elif poison == "hash":
+        bad = served(honest, t0=tensors[0] + 0.5)
+    elif poison == "older than claimed":
+        bad = served(honest, round_no=3)
+    else:
+        bad = served(honest, round_no=500)
+    views = [view("liar", 10, "ready", honest.params_hash()), view("a", 10, "ready", honest.params_hash()), view("b", 10, "training")]
+    monkeypatch.setattr(state_sync, "order_sources", lambda views, target, slack=0: list(views))  # the liar first
+    sync, engine = syncing_peer(monkeypatch, views, lambda peer: bad if peer == "liar" else served(honest))
+    sync.catch_up()
+    assert sync.asked == ["liar", "a"] and engine.round == 10 and engine.params_hash() == honest.params_hash()
+    assert all(torch.isfinite(t).all() for t in engine.strategy.momentum.values())
+    engine.round = 9  # behind again: the liar is not asked again
+    sync.catch_up()
+    assert sync.asked[2:] == ["a"]
+
+
+def test_downloads_are_bounded_and_an_unservable_round_is_not_chased_again(monkeypatch, clock):
+    views = [view(p, 10, "training") for p in ("a", "b", "c", "d", "e")]
+    sync, engine = syncing_peer(monkeypatch, views, lambda peer: None)  # nobody answers
+    sync.catch_up()
+    assert len(sync.asked) == MAX_ATTEMPTS and engine.round == 0
+    sync.catch_up()
+    assert len(sync.asked) == MAX_ATTEMPTS  # the same round, too soon: not tried again
+    clock.sleep(state_sync.RETRY_TARGET_AFTER_S + state_sync.SILENT_FOR_S)
+    sync.catch_up()
+    assert len(sync.asked) == 2 * MAX_ATTEMPTS
+
+
+def test_install_checks_every_tensor_after_the_cast(monkeypatch, clock):
+    sync, engine = syncing_peer(monkeypatch, [], lambda peer: None)
+    honest = honest_engine(4)
+    meta, tensors = served(honest)
+    with pytest.raises(ProtocolError, match="non-finite|beyond"):
+        sync.install(meta, [tensors[0].double().fill_(1e300)] + tensors[1:])
+    with pytest.raises(ProtocolError, match="not a real tensor"):
+        sync.install(meta, [tensors[0].to(torch.complex64)] + tensors[1:])
+    with pytest.raises(ProtocolError, match="none of those its peers report"):
+        sync.install(meta, tensors, reported={4: {"0123456789abcdef"}})
+    assert engine.round == 0
+    sync.install(meta, tensors, reported={4: {params_hash(honest.theta)}, 5: {"x"}})
+    assert engine.round == 4 and engine.params_hash() == honest.params_hash()

@@ -1,0 +1,163 @@
+"""A stage listener against strangers: stalled connections before the handshake cost little and
+lock nobody out, and a stranger who copies a hello's public fields is not taken for a neighbour.
+Loopback TCP in one process, a few seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import tracemalloc
+from types import SimpleNamespace
+
+import pytest
+
+from peer.stage_errors import HandshakeRejected, LinkProtocolError
+from peer.stage_links import LinkAuth, StageIdentity, StageListener, connect_link, link_codec, run
+from protocol import link_auth
+from protocol.frames import HANDSHAKE_MAX_BYTES, FrameFormat, Hello
+from protocol.signed import Signer
+
+HOST = "127.0.0.1"
+FMT = FrameFormat(micro_batch=16, seq_len=512, k=512, d_model=512, vocab_size=256)  # frames up to ~16.8 MiB
+CODEC = link_codec(FMT.d_model, FMT.k, seed=0)
+STALLED = 16
+
+
+def ident(stage):
+    return StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=stage, round=3)
+
+
+def listen(**kwargs):
+    return StageListener.start(HOST, 0, local=ident(1), role="downstream", fmt=FMT, codec=CODEC, timeout=5, **kwargs)
+
+
+def dial(port, auth=None, stage=0):
+    return connect_link(HOST, port, local=ident(stage), role="upstream", fmt=FMT, codec=CODEC, timeout=5,
+                        handshake_timeout=5, auth=auth)
+
+
+async def stall(port, prefix: int, body: int):
+    """A connection that announces a frame of ``prefix`` bytes, sends ``body`` of them, and stalls."""
+    reader, writer = await asyncio.open_connection(HOST, port)
+    writer.write(struct.pack(">I", prefix) + b"\x00" * body)
+    await writer.drain()
+    return writer
+
+
+def test_stalled_connections_before_the_handshake_are_bounded_and_an_honest_one_still_gets_in():
+    async def main():
+        listener = await listen(handshake_timeout=30)
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        # half announce a huge frame and send 1 MiB of it; half stay just under the handshake limit
+        writers = [await stall(listener.port, FMT.max_frame_bytes - 8, 1 << 20) for _ in range(STALLED // 2)]
+        writers += [await stall(listener.port, HANDSHAKE_MAX_BYTES - 8, HANDSHAKE_MAX_BYTES - 100) for _ in range(STALLED // 2)]
+        await asyncio.sleep(0.5)
+        held = tracemalloc.get_traced_memory()[1] - base
+        pending = len(listener._handshakes)
+        link = await dial(listener.port)  # an honest neighbour, while the strangers still hold their sockets
+        accepted = await listener.accept(timeout=5)
+        tracemalloc.stop()
+        for w in writers:
+            w.close()
+        await link.close()
+        await accepted.close()
+        await listener.close()
+        return held, pending, listener.rejected
+
+    held, pending, rejected = run(main())
+    assert held < 4 << 20, f"{held / 2**20:.1f} MiB held for {STALLED} stalled connections"
+    assert pending <= 4
+    assert sum("exceeds the limit" in r for r in rejected) == STALLED // 2  # refused at the length prefix
+    assert sum("dropped for a newer connection" in r for r in rejected) >= STALLED // 2 - 4
+
+
+def test_silent_connections_time_out_within_the_handshake_deadline():
+    async def main():
+        listener = await listen(handshake_timeout=0.5)
+        writers = [(await asyncio.open_connection(HOST, listener.port))[1] for _ in range(3)]
+        await asyncio.sleep(1.5)
+        pending = len(listener._handshakes)
+        for w in writers:
+            w.close()
+        await listener.close()
+        return pending, listener.rejected
+
+    pending, rejected = run(main())
+    assert pending == 0 and sum("no complete frame within 0.5 s" in r for r in rejected) == 3
+
+
+@pytest.fixture(scope="module")
+def keys():
+    return {name: Signer.generate() for name in ("stage0", "stage1", "stranger")}
+
+
+def test_only_the_peer_the_chain_names_gets_in(keys):
+    s0, s1, stranger = keys["stage0"], keys["stage1"], keys["stranger"]
+
+    async def attempt(listener_key, dialer_auth):
+        listener = await listen(auth=LinkAuth(listener_key, s0.peer_id))
+        try:
+            link = await dial(listener.port, auth=dialer_auth)
+            accepted = await listener.accept(timeout=5)
+            await link.close()
+            await accepted.close()
+            return "ok", listener.rejected
+        except (HandshakeRejected, LinkProtocolError) as e:
+            return type(e).__name__ + ": " + e.reason, listener.rejected
+        finally:
+            await listener.close()
+
+    # the named stage 0, dialling the named stage 1: both proofs hold
+    assert run(attempt(s1, LinkAuth(s0, s1.peer_id)))[0] == "ok"
+    # a stranger with the public hello fields but no key: refused with the reason
+    outcome, rejected = run(attempt(s1, None))
+    assert outcome.startswith("HandshakeRejected") and "authenticates its neighbours" in outcome
+    # a stranger signing with its own key as stage 0's peer id
+    impostor = SimpleNamespace(peer_id=s0.peer_id, public_key=stranger.public_key, sign=stranger.sign)
+    outcome, rejected = run(attempt(s1, LinkAuth(impostor, s1.peer_id)))
+    assert outcome.startswith("HandshakeRejected") and "not the peer the chain names" in outcome
+    assert any("not the peer the chain names" in r for r in rejected)
+    # a listener that is not the named stage 1: the honest dialer refuses it
+    outcome, _ = run(attempt(stranger, LinkAuth(s0, s1.peer_id)))
+    assert outcome.startswith("LinkProtocolError") and "listener is not the peer" in outcome
+
+
+def test_a_listener_without_proof_is_refused_by_an_authenticating_dialer(keys):
+    async def main():
+        listener = await listen()  # answers hello_ok to anyone: not a proof of anything
+        try:
+            await dial(listener.port, auth=LinkAuth(keys["stage0"], keys["stage1"].peer_id))
+        except LinkProtocolError as e:
+            return e.reason
+        finally:
+            await listener.close()
+
+    assert "did not prove" in run(main())
+
+
+def test_a_signature_is_bound_to_its_side_and_its_nonces(keys):
+    s0, s1 = keys["stage0"], keys["stage1"]
+    hello = Hello(run="r", chain="c", stage=0, round=3, role="upstream", nonce=b"\x01" * 32)
+    key, sig = link_auth.prove(s0, "dialer", hello, s0.peer_id, s1.peer_id, b"\x02" * 32)
+    link_auth.check(s0.peer_id, key, sig, "dialer", hello, s0.peer_id, s1.peer_id, b"\x02" * 32)
+    for side, nonce in (("listener", b"\x02" * 32), ("dialer", b"\x03" * 32)):  # reflected, replayed
+        with pytest.raises(link_auth.LinkAuthError, match="does not verify"):
+            link_auth.check(s0.peer_id, key, sig, side, hello, s0.peer_id, s1.peer_id, nonce)
+    with pytest.raises(link_auth.LinkAuthError, match="not the peer"):
+        link_auth.check(s1.peer_id, key, sig, "dialer", hello, s0.peer_id, s1.peer_id, b"\x02" * 32)
+
+
+def test_handshake_frames_round_trip_and_their_fields_are_bounded():
+    from protocol.errors import FrameError
+    from protocol.frames import Auth, Challenge, FrameDecoder, encode_frame
+
+    frames = [Hello(run="r", chain="c", stage=0, round=3, role="upstream", nonce=b"\x01" * 32),
+              Challenge(b"\x02" * 32, b"k" * 600, b"s" * 256), Auth(b"k" * 600, b"s" * 256)]
+    assert FrameDecoder(FMT, HANDSHAKE_MAX_BYTES).feed(b"".join(encode_frame(f) for f in frames)) == frames
+    for bad in (Challenge(b"\x02" * 31, b"k", b"s"), Auth(b"k" * 1025, b"s"), Auth(b"k", b""),
+                Hello(run="r", chain="c", stage=0, round=3, role="upstream", nonce=b"\x01" * 16)):
+        with pytest.raises(FrameError, match="allowed length"):
+            FrameDecoder(FMT).feed(encode_frame(bad))
+    with pytest.raises(FrameError, match="exceeds the limit of 4096"):
+        FrameDecoder(FMT, HANDSHAKE_MAX_BYTES).feed(struct.pack(">I", HANDSHAKE_MAX_BYTES + 1))
