@@ -11,20 +11,20 @@ temporary file, removed once its DHT node has started.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import tempfile
 import weakref
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-import base58
-from hivemind.p2p import P2P
+import multihash
+from cryptography.hazmat.primitives import serialization
+from hivemind.p2p import P2P, PeerID
 from hivemind.proto import crypto_pb2
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
 from protocol.keys import key_fingerprint, owner_marker
-from protocol.signed import MAX_RSA_BITS, MIN_RSA_BITS, encode_public_key
-from protocol.signed import peer_id_of as libp2p_peer_id
 from protocol.spec import RunSpec
 from swarm.console import UsageError
 
@@ -70,14 +70,20 @@ def prepare_identity(path: Optional[str]) -> Tuple[Identity, str, bool]:
     return load_identity(path), path, created
 
 
+MIN_RSA_BITS, MAX_RSA_BITS = 2048, 4096  # weaker keys are refused; larger ones only cost verification time
+
+
 @functools.lru_cache(maxsize=4096)
 def peer_id_of(public_key: bytes) -> str:
     """The libp2p peer id of an OpenSSH-encoded RSA public key (as PeerID.from_identity derives
-    it from the private key); ValueError if it is not one, or not of 2048 to 4096 bits."""
+    it from the private key: the sha2-256 multihash of the key's libp2p protobuf); ValueError if
+    it is not one, or not of 2048 to 4096 bits."""
     key = RSAPublicKey.from_bytes(public_key)._public_key
     if not MIN_RSA_BITS <= key.key_size <= MAX_RSA_BITS:
         raise ValueError(f"RSA keys must have {MIN_RSA_BITS} to {MAX_RSA_BITS} bits")
-    return base58.b58encode(libp2p_peer_id(encode_public_key(key))).decode()
+    der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    encoded = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=der).SerializeToString()
+    return PeerID(multihash.encode(hashlib.sha256(encoded).digest(), multihash.coerce_code("sha2-256"))).to_base58()
 
 
 @dataclass
