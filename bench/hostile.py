@@ -86,7 +86,29 @@ def poison(arg: str) -> None:
     RoundEngine.encode = poisoned
 
 
-BEHAVIOURS: Dict[str, Callable[[str], None]] = {"poison": poison}
+def serve_poison(arg: str) -> None:
+    """The state this peer serves to newcomers is poisoned; it trains and exchanges honestly.
+    ``shift``: θ plus noise of 1 % of each tensor's scale (finite and plausible: only the hash tells);
+    ``huge``: θ times 1e30 (inf after the cast to float32)."""
+    import torch
+
+    from peer.state_sync import StateSync
+
+    if arg not in ("shift", "huge"):
+        raise SystemExit(f"serve-poison={arg!r}: shift or huge")
+    shareable = StateSync.shareable_state
+
+    def poisoned(self):
+        meta, tensors = shareable(self)
+        gen = torch.Generator().manual_seed(1)
+        if arg == "huge":
+            return meta, [t.double() * 1e30 for t in tensors]
+        return meta, [t + 0.01 * (float(t.abs().mean()) + 1e-3) * torch.randn(t.shape, generator=gen) for t in tensors]
+
+    StateSync.shareable_state = poisoned
+
+
+BEHAVIOURS: Dict[str, Callable[[str], None]] = {"poison": poison, "serve-poison": serve_poison}
 
 
 def run_as_peer(behaviour: str, peer_flags: List[str]) -> int:
@@ -116,6 +138,7 @@ class Attack:
     what: str
     argv: Optional[Callable[[Run], List[str]]] = None  # None: the 4th peer is honest
     peer: bool = True  # the hostile process is a peer that trains (honest peers --wait-peers for it)
+    late: bool = False  # one honest peer joins after the first round and must download the state
 
 
 def hostile_peer(behaviour: str) -> Callable[[Run], List[str]]:
@@ -146,6 +169,11 @@ ATTACKS: Dict[str, Attack] = {a.name: a for a in [
            tests_process("hostile_exchange", _join, _rounds, _const("frame")), peer=False),
     Attack("invented-owners", "a groupmate that lists invented owners with huge payloads in its table",
            tests_process("hostile_exchange", _join, _rounds, _const("invent")), peer=False),
+    Attack("forged-records", "a DHT node that writes a run spec with lr 50, progress at round 2**62 under every "
+           "peer's id and a chain assignment naming itself, with far expirations",
+           tests_process("hostile_records", _join, _const("bench-hostile"), _const("3600")), peer=False),
+    Attack("state-poison", "a groupmate that serves a late joiner θ shifted by 1 % noise (finite: only the hash tells)",
+           hostile_peer("serve-poison=shift"), late=True),
 ]}
 
 
@@ -172,13 +200,20 @@ def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float)
         join = wait_for_address(workdir / "coordinator.addr", coord)
         key = read_run_key(workdir / "coordinator.addr")
         wait = PEERS if attack.argv is None or attack.peer else PEERS - 1  # a non-peer never starts training
-        for i in range(PEERS):
-            argv = peer_argv(join, workdir, i, run_key=key) + ["--wait-peers", str(wait), "--max-rounds", str(rounds)]
+        late = PEERS - 2 if attack.late else None  # this honest peer starts after the first round
+        deadline = t0 + timeout
+        slots: List[Any] = [None] * PEERS
+        for i in [j for j in range(PEERS) if j != late] + ([late] if late is not None else []):
+            if i == late:  # joins a running swarm: its state comes from a download
+                while (read_status(workdir, 0) or {}).get("round", 0) < 1 and time.monotonic() < deadline:
+                    time.sleep(0.5)
+            quorum = 1 if i == late else wait - (1 if late is not None else 0)
+            argv = peer_argv(join, workdir, i, run_key=key) + ["--wait-peers", str(quorum), "--max-rounds", str(rounds)]
             if i == PEERS - 1 and attack.argv is not None:
                 argv = attack.argv(Run(join, key or "", rounds, argv[4:]))
-            children.append(Child(f"peer{i}", argv, workdir / f"peer{i}.log"))
-        honest = children[1:PEERS] if attack.argv is not None else children[1:]
-        deadline = t0 + timeout
+            slots[i] = Child(f"peer{i}", argv, workdir / f"peer{i}.log")
+            children.append(slots[i])
+        honest = slots[:PEERS - 1] if attack.argv is not None else slots
         while any(c.proc.poll() is None for c in honest) and time.monotonic() < deadline:
             time.sleep(0.5)
         codes = [c.proc.poll() for c in honest]
@@ -199,14 +234,22 @@ def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wal
     named = lambda pattern: sorted({pid for text in logs for pid in re.findall(pattern, text)} - ids)  # noqa: E731
     excluded = {pid for r in records for pid in r["excluded"] if pid not in ids}
     excluded |= set(named(r"(?:excluded the update|rejected the payload) of (\S+):"))
+    excluded |= set(named(r"refused the state (\S+) served"))
+    skipped = {pid for text in logs for line in re.findall(r"not waiting again for (.+?) until", text)
+               for pid in line.split(", ")} - ids
+    # forged records are dropped by every node's validators (nothing logs them): what counts is that
+    # no honest peer took one (the run's spec, an honest round, no chain)
+    spec_digests = {s.get("spec") for s in live}
+    ignored = bool(live) and len(spec_digests) == 1 and all(s["round"] <= rounds and not s.get("chain") for s in live)
     return dict(
-        attack=attack.name, what=attack.what, rounds=min((s["rounds"] for s in live), default=0), target_rounds=rounds,
+        attack=attack.name, what=attack.what, rounds=min((s["round"] for s in live), default=0), target_rounds=rounds,
         initial_val_loss=max((s["initial_val_loss"] for s in live), default=None), val_losses=[s["val_loss"] for s in live],
         val_loss=statistics.fmean(vals) if vals and len(vals) == len(live) else None,
         hashes_equal=len({s["params_hash"] for s in live}) == 1 and len(live) == len(statuses),
-        honest=len(statuses), honest_ok=sum(1 for s, c in zip(statuses, codes) if s and c == 0 and s["rounds"] >= rounds),
+        honest=len(statuses), honest_ok=sum(1 for s, c in zip(statuses, codes) if s and c == 0 and s["round"] >= rounds),
         exit_codes=codes, mean_round_s=statistics.fmean(seconds) if seconds else None,
-        attacker_excluded=sorted(excluded), attacker_clipped=named(r"clipped the update of (\S+) "), wall_s=round(wall, 1),
+        attacker_excluded=sorted(excluded), attacker_clipped=named(r"clipped the update of (\S+) "),
+        attacker_skipped=sorted(skipped), records_ignored=ignored and attack.name == "forged-records", wall_s=round(wall, 1),
     )
 
 
@@ -224,7 +267,8 @@ def print_table(results: List[Dict[str, Any]]) -> None:
     def verdict(r):
         if r["attack"] == "clean":
             return "-"
-        how = [w for w, key in (("excluded", "attacker_excluded"), ("clipped", "attacker_clipped")) if r[key]]
+        how = [w for w, key in (("excluded", "attacker_excluded"), ("clipped", "attacker_clipped"),
+                                ("skipped", "attacker_skipped"), ("records ignored", "records_ignored")) if r.get(key)]
         return f"yes ({', '.join(how)})" if how else "no"
 
     lines = [[r["attack"], f"{r['rounds']}/{r['target_rounds']}",

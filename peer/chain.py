@@ -4,7 +4,8 @@ The peer publishes a chain-candidate record (capacity, bandwidth, the endpoint o
 listener) and waits for the coordinator to put it in a chain (coordinator/chain_former.py). In a
 chain it runs one stage (a ``peer.model.Model`` with a block range) on an asyncio loop of its own:
 every round it opens fresh links to its neighbours (peer/stage_links.py; the handshake pins the
-round, so both ends hold the same T), and each inner step runs the GPipe schedule over them
+round, so both ends hold the same T, and each end proves it holds the key of the peer id the
+chain assignment names for its stage: peer/stage_handshake.py), and each inner step runs the GPipe schedule over them
 (peer/gpipe.py). When a neighbour dies, stalls or sends what this stage cannot use, the step
 raises a StageError with the parameters and optimizer state untouched: the peer drops the
 round's work (ChainBroken), reports itself waiting again, and the coordinator re-forms chains
@@ -20,11 +21,14 @@ import time
 from typing import Callable, Optional, Tuple
 
 import torch
+from hivemind.p2p import PeerID
 
 from peer.gpipe import run_inner_step
+from peer.identity import payload_signer
 from peer.model import Model, build_model
 from peer.resources import Resources
 from peer.stage_errors import LinkError, StageError
+from peer.stage_handshake import LinkAuth
 from peer.stage_links import StageIdentity, StageListener, connect_link, link_codec
 from protocol.chain_records import CandidateRecord, ChainAssignment
 from protocol.frames import FrameFormat
@@ -55,6 +59,7 @@ class ChainMember:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="stage-links")
         self._thread.start()
+        self._signer = None  # this peer's identity key, loaded at the first link (peer/identity.py)
         self.listener: StageListener = self._call(
             StageListener.start(
                 host, port, local=_PLACEHOLDER, role="downstream", fmt=self.fmt, codec=self.codec,
@@ -135,6 +140,8 @@ class ChainMember:
         round_no = sync()
         local = StageIdentity(self.spec.digest(), chain.chain_id, stage.index, round_no)
         self.listener.local = local
+        previous = chain.stages[stage.index - 1] if stage.index > 0 else None
+        self.listener.auth = None if previous is None else self._auth(previous.peer_id)
         self.close_links()
         deadline = time.monotonic() + deadline_s
         try:
@@ -153,7 +160,8 @@ class ChainMember:
                     try:
                         self.downstream = self._call(
                             connect_link(host.strip("[]"), int(port), local=local, role="upstream", fmt=self.fmt,
-                                         codec=self.codec, timeout=self.spec.chain.link_timeout),
+                                         codec=self.codec, timeout=self.spec.chain.link_timeout,
+                                         auth=self._auth(nxt.peer_id)),
                             timeout=30,
                         )
                         break
@@ -175,6 +183,12 @@ class ChainMember:
                         self.listener.local = StageIdentity(local.run_digest, local.chain_id, local.stage, round_no)
         except ChainBroken:
             raise
+
+    def _auth(self, neighbour: str) -> LinkAuth:
+        """What proves the link to ``neighbour`` (a base58 peer id from the chain assignment)."""
+        if self._signer is None:
+            self._signer = payload_signer(self.dht)
+        return LinkAuth(self._signer, PeerID.from_base58(neighbour).to_bytes())
 
     def inner_step(self, stage: Model, trainer, T: torch.Tensor, batch) -> Optional[float]:
         """One inner step of this stage (peer/gpipe.py). A neighbour that dies, stalls or sends
