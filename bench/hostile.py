@@ -5,12 +5,17 @@
 Every run is a coordinator and 4 peers on loopback, as processes (``voloco coordinator``,
 ``voloco peer --wait-peers 4 --max-rounds K --threads 1``): the clean run has 4 honest peers, every
 other run 3 honest peers and 1 hostile one. Every peer trains K rounds of H inner steps, so honest
-peers train equal tokens in every run. Per run: the rounds every honest peer completed, the honest
-peers' validation loss against the clean run's, whether their parameters are identical, how many
-honest processes finished normally (none may exit with an error), their mean round time (first round
-excluded: it holds until all 4 peers have started) against the clean run's, and whether the attacker
-was excluded or clipped (read from the honest peers' round records and logs: ids that are not
-honest ones).
+peers train equal tokens in every run. An attacker that trains (poison, state-poison) is compared
+with the clean run of 4 honest peers; one that does not train (stall, forged-round, framer,
+invented-owners, forged-records) with ``clean-3``, 3 honest peers and nobody else, so that the
+comparison measures the attack and not the missing fourth trainer. Per run: the rounds every honest
+peer completed, the honest peers' validation loss against the clean run's, whether their parameters
+are identical, how many honest processes finished normally (none may exit with an error), their
+mean round time (first round excluded: it holds until all peers have started) against the clean
+run's, and whether the attacker was excluded, clipped, skipped (a straggler no longer waited for),
+refused (a state it served) or its records ignored (read from the honest peers' round records,
+statuses and logs: ids that are not honest ones). In ``state-poison`` one honest peer joins after
+the first round, so it must download the state; the attacker serves θ with 1 % noise added.
 
 An attack is one entry of ``ATTACKS``: a name, one line of description and how its hostile process
 is started. A hostile *peer* (``hostile_peer``) runs the real peer with one behaviour changed: this
@@ -20,8 +25,8 @@ honestly, encodes its payload honestly, then multiplies every float on the wire 
 tables, DCT's coefficients, dense values; clamped to the wire dtype's finite range) by X: a
 well-formed payload whose values are X times too large. The other attacks run the hostile
 processes the multi-process tests use (tests/stalling_peer.py: ``stall``, ``forged-round``;
-tests/hostile_exchange.py: ``framer``, ``invented-owners``); they never train, so the honest peers
-``--wait-peers 3`` in those runs. A new attack is one more line in ``ATTACKS`` (and, for a peer
+tests/hostile_exchange.py: ``framer``, ``invented-owners``; tests/hostile_records.py:
+``forged-records``); they never train, so the honest peers ``--wait-peers 3`` in those runs. A new attack is one more line in ``ATTACKS`` (and, for a peer
 with one behaviour changed, one function in ``BEHAVIOURS``).
 """
 
@@ -140,6 +145,11 @@ class Attack:
     peer: bool = True  # the hostile process is a peer that trains (honest peers --wait-peers for it)
     late: bool = False  # one honest peer joins after the first round and must download the state
 
+    @property
+    def baseline(self) -> str:
+        """The clean run this attack is compared with: as many honest peers training as here."""
+        return "clean" if self.peer else "clean-3"
+
 
 def hostile_peer(behaviour: str) -> Callable[[Run], List[str]]:
     """The real peer with ``behaviour`` installed (``--as-peer``)."""
@@ -158,6 +168,7 @@ _const = lambda text: (lambda run: text)  # noqa: E731
 
 ATTACKS: Dict[str, Attack] = {a.name: a for a in [
     Attack("clean", "4 honest peers"),
+    Attack("clean-3", "3 honest peers: the baseline of the attackers that do not train", lambda run: [], peer=False),
     Attack("poison-1e2", "a groupmate's well-formed payload, values x1e2", hostile_peer("poison=1e2")),
     Attack("poison-1e4", "a groupmate's well-formed payload, values x1e4", hostile_peer("poison=1e4")),
     Attack("poison-1e29", "a groupmate's well-formed payload, values x1e29", hostile_peer("poison=1e29")),
@@ -211,6 +222,8 @@ def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float)
             argv = peer_argv(join, workdir, i, run_key=key) + ["--wait-peers", str(quorum), "--max-rounds", str(rounds)]
             if i == PEERS - 1 and attack.argv is not None:
                 argv = attack.argv(Run(join, key or "", rounds, argv[4:]))
+                if not argv:  # no 4th process
+                    continue
             slots[i] = Child(f"peer{i}", argv, workdir / f"peer{i}.log")
             children.append(slots[i])
         honest = slots[:PEERS - 1] if attack.argv is not None else slots
@@ -255,8 +268,8 @@ def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wal
 
 # --- the table --------------------------------------------------------------------------------------
 def compare(results: List[Dict[str, Any]]) -> None:
-    clean = next((r for r in results if r["attack"] == "clean"), None)
     for r in results:
+        clean = next((c for c in results if c["attack"] == ATTACKS[r["attack"]].baseline), None)
         ok = clean is not None and clean["val_loss"] and r["val_loss"] is not None
         r["loss_vs_clean"] = r["val_loss"] / clean["val_loss"] if ok else None
         ok = clean is not None and clean["mean_round_s"] and r["mean_round_s"]
@@ -265,7 +278,7 @@ def compare(results: List[Dict[str, Any]]) -> None:
 
 def print_table(results: List[Dict[str, Any]]) -> None:
     def verdict(r):
-        if r["attack"] == "clean":
+        if r["attack"].startswith("clean"):
             return "-"
         how = [w for w, key in (("excluded", "attacker_excluded"), ("clipped", "attacker_clipped"),
                                 ("skipped", "attacker_skipped"), ("records ignored", "records_ignored")) if r.get(key)]
@@ -277,9 +290,10 @@ def print_table(results: List[Dict[str, Any]]) -> None:
               "yes" if r["hashes_equal"] else "NO", f"{r['honest_ok']}/{r['honest']}",
               "-" if r["mean_round_s"] is None else f"{r['mean_round_s']:.1f} s",
               "-" if r["time_vs_clean"] is None else f"{r['time_vs_clean']:.2f}x", verdict(r)] for r in results]
-    print(table(["attack", "rounds", "honest val loss", "vs clean", "θ equal", "honest ok", "round time", "vs clean",
+    print(table(["attack", "rounds", "honest val loss", "vs clean*", "θ equal", "honest ok", "round time", "vs clean",
                  "attacker excluded/clipped"], lines))
-    print("\nhonest ok: honest processes that finished every round and exited normally. Goals: loss within 2 % of the\n"
+    print("\n*vs clean: against 'clean' (4 honest peers) for an attacker that trains, 'clean-3' (3) for one that does not."
+          "\nhonest ok: honest processes that finished every round and exited normally. Goals: loss within 2 % of the\n"
           "clean run, 0 honest processes lost, round time within 1.25x of the clean run.")
 
 
@@ -289,7 +303,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the tests' tiny model, 3 rounds of H = 10: a smoke test")
     ap.add_argument("--attacks", default=",".join(ATTACKS),
                     help=f"comma-separated attacks to run, in this order (default: all: {', '.join(ATTACKS)}); "
-                    "the clean run is added first when missing")
+                    "the clean runs they are compared with are added first: 'clean' (4 honest peers) for attackers "
+                    "that train, 'clean-3' (3 honest peers) for those that do not")
     ap.add_argument("--rounds", type=int, help="rounds every peer trains (default: 5, --quick 3)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take before it is stopped (default: 600)")
     ap.add_argument("--workdir", type=Path, help="where every run's logs and status files go (default: a temporary folder)")
@@ -306,7 +321,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     unknown = [n for n in names if n not in ATTACKS]
     if unknown:
         ap.error(f"unknown attack(s) {', '.join(unknown)}; have: {', '.join(ATTACKS)}")
-    names = (["clean"] if "clean" not in names else []) + names
+    baselines = sorted({ATTACKS[n].baseline for n in names} | ({n for n in names if n.startswith("clean")}), key=len)
+    names = baselines + [n for n in names if n not in baselines]
     name = "quick" if args.quick else "full"
     cfg = CONFIGS[name]
     rounds = args.rounds or cfg["rounds"]
