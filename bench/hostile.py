@@ -36,6 +36,7 @@ import argparse
 import json
 import math
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -198,15 +199,15 @@ def make_spec(cfg: Dict[str, Any]):
 
 def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float) -> Dict[str, Any]:
     """Start the run, wait until every honest peer has stopped (or ``timeout``), read what they report."""
-    from voloco.demo import Child, coordinator_argv, peer_argv, read_status, wait_for_address
-    from voloco.demo import read_run_key
+    from voloco.demo import Child, peer_argv, read_run_key, read_status, start_coordinator, wait_for_address
 
-    workdir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(workdir, ignore_errors=True)  # a previous run's address file and statuses would be read as this one's
+    workdir.mkdir(parents=True)
     (workdir / "run.toml").write_text(spec.to_toml())
     t0 = time.monotonic()
     children: List[Any] = []
     try:
-        coord = Child("coordinator", coordinator_argv(workdir, workdir / "run.toml", None), workdir / "coordinator.log")
+        coord = start_coordinator(workdir, workdir / "run.toml", None)
         children.append(coord)
         join = wait_for_address(workdir / "coordinator.addr", coord)
         key = read_run_key(workdir / "coordinator.addr")

@@ -31,7 +31,7 @@ from bench.common import machine, now, table  # noqa: E402
 from peer.data import load_corpus
 from peer.simulate import simulate  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
-from voloco.demo import Child, coordinator_argv, peer_argv, read_run_key, read_status, wait_for_address  # noqa: E402
+from voloco.demo import Child, peer_argv, read_run_key, read_status, start_coordinator, wait_for_address  # noqa: E402
 
 BENCH_SWARM = {"matchmaking_time": 2.0, "round_wait": 60.0, "gather_timeout": 30.0, "heartbeat_period": 0.5}
 
@@ -43,7 +43,7 @@ def run_swarm(spec: RunSpec, peers: int, rounds: int, workdir: Path, timeout: fl
     config.write_text(spec.to_toml())
     children: List[Child] = []
     try:
-        coord = Child("coordinator", coordinator_argv(workdir, config, None), workdir / "coordinator.log")
+        coord = start_coordinator(workdir, config, None)
         children.append(coord)
         join = wait_for_address(workdir / "coordinator.addr", coord)
         run_key = read_run_key(workdir / "coordinator.addr")

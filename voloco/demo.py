@@ -94,6 +94,17 @@ def coordinator_argv(workdir: Path, config: Optional[Path], strategy: Optional[s
     return argv
 
 
+def start_coordinator(workdir: Path, config: Optional[Path], strategy: Optional[str]) -> Child:
+    """The coordinator of a run in ``workdir``; the address and run-key files of an earlier run
+    there are removed first, so that ``wait_for_address`` reads this coordinator's."""
+    from coordinator.server import run_key_file
+
+    address = workdir / "coordinator.addr"
+    for stale in (address, run_key_file(address)):
+        stale.unlink(missing_ok=True)
+    return Child("coordinator", coordinator_argv(workdir, config, strategy), workdir / "coordinator.log")
+
+
 def wait_for_address(path: Path, child: Child, timeout: float = 60.0) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -211,7 +222,7 @@ def run_demo(args: argparse.Namespace) -> int:
     children: List[Child] = []
     interrupted = False
     try:
-        coord = Child("coordinator", coordinator_argv(workdir, args.config, args.strategy), workdir / "coordinator.log")
+        coord = start_coordinator(workdir, args.config, args.strategy)
         children.append(coord)
         join = wait_for_address(workdir / "coordinator.addr", coord)
         run_key = read_run_key(workdir / "coordinator.addr")
