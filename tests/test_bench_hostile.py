@@ -48,3 +48,29 @@ def test_scale_payload_keeps_the_payload_well_formed():
         for name, t in pending.sent.items():
             want = t * 1e2  # exact for float32 wires; DCT's fp16 coefficients are rounded again after the scaling
             assert float((scaled[name] - want).abs().max()) <= 1e-2 * float(want.abs().max()) + 1e-9
+
+
+def test_each_attack_is_compared_with_a_clean_run_of_as_many_honest_trainers():
+    assert bh.ATTACKS["poison-1e4"].baseline == "clean" and bh.ATTACKS["state-poison"].baseline == "clean"
+    for name in ("stall", "forged-round", "framer", "invented-owners", "forged-records"):
+        assert bh.ATTACKS[name].baseline == "clean-3", name
+    runs = [dict(attack=a, val_loss=v, mean_round_s=t) for a, v, t in
+            [("clean", 2.0, 10.0), ("clean-3", 2.2, 8.0), ("poison-1e4", 2.02, 11.0), ("stall", 2.2, 12.0)]]
+    bh.compare(runs)
+    by = {r["attack"]: r for r in runs}
+    assert by["poison-1e4"]["loss_vs_clean"] == pytest.approx(1.01) and by["poison-1e4"]["time_vs_clean"] == pytest.approx(1.1)
+    assert by["stall"]["loss_vs_clean"] == pytest.approx(1.0) and by["stall"]["time_vs_clean"] == pytest.approx(1.5)
+
+
+def test_a_served_state_poison_changes_theta_but_not_its_layout(monkeypatch):
+    import torch
+
+    from peer.state_sync import StateSync
+
+    monkeypatch.setattr(StateSync, "shareable_state", lambda self: ({"round": 3}, [torch.ones(4, 4), torch.zeros(2)]))
+    bh.serve_poison("shift")
+    meta, tensors = StateSync.shareable_state(None)
+    assert meta == {"round": 3} and [t.shape for t in tensors] == [(4, 4), (2,)]
+    assert all(bool(torch.isfinite(t).all()) for t in tensors) and not torch.equal(tensors[0], torch.ones(4, 4))
+    with pytest.raises(SystemExit):
+        bh.serve_poison("bogus")
