@@ -269,12 +269,20 @@ def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wal
 
 # --- the table --------------------------------------------------------------------------------------
 def compare(results: List[Dict[str, Any]]) -> None:
+    """Per run: its loss against ``clean-3`` (3 honest peers: the honest tokens of every attacked run,
+    the goal's baseline) and against ``clean`` (4 honest peers: what the attacker's share would have
+    added, had it trained honestly), its round time against the clean run with as many training
+    processes (``Attack.baseline``: the 2-core machine is shared)."""
+    runs = {r["attack"]: r for r in results}
+
+    def ratio(r, base, key):
+        b = runs.get(base)
+        return r[key] / b[key] if b is not None and b.get(key) and r.get(key) is not None else None
+
     for r in results:
-        clean = next((c for c in results if c["attack"] == ATTACKS[r["attack"]].baseline), None)
-        ok = clean is not None and clean["val_loss"] and r["val_loss"] is not None
-        r["loss_vs_clean"] = r["val_loss"] / clean["val_loss"] if ok else None
-        ok = clean is not None and clean["mean_round_s"] and r["mean_round_s"]
-        r["time_vs_clean"] = r["mean_round_s"] / clean["mean_round_s"] if ok else None
+        r["loss_vs_clean3"] = ratio(r, "clean-3", "val_loss")
+        r["loss_vs_clean"] = ratio(r, "clean", "val_loss")
+        r["time_vs_clean"] = ratio(r, ATTACKS[r["attack"]].baseline, "mean_round_s")
 
 
 def print_table(results: List[Dict[str, Any]]) -> None:
@@ -285,17 +293,20 @@ def print_table(results: List[Dict[str, Any]]) -> None:
                                 ("skipped", "attacker_skipped"), ("records ignored", "records_ignored")) if r.get(key)]
         return f"yes ({', '.join(how)})" if how else "no"
 
+    pct = lambda x: "-" if x is None else f"{100 * (x - 1):+.2f} %"  # noqa: E731
     lines = [[r["attack"], f"{r['rounds']}/{r['target_rounds']}",
               "-" if r["val_loss"] is None else f"{r['val_loss']:.4f}",
-              "-" if r["loss_vs_clean"] is None else f"{100 * (r['loss_vs_clean'] - 1):+.2f} %",
+              pct(r.get("loss_vs_clean3")), pct(r.get("loss_vs_clean")),
               "yes" if r["hashes_equal"] else "NO", f"{r['honest_ok']}/{r['honest']}",
               "-" if r["mean_round_s"] is None else f"{r['mean_round_s']:.1f} s",
               "-" if r["time_vs_clean"] is None else f"{r['time_vs_clean']:.2f}x", verdict(r)] for r in results]
-    print(table(["attack", "rounds", "honest val loss", "vs clean*", "θ equal", "honest ok", "round time", "vs clean",
-                 "attacker excluded/clipped"], lines))
-    print("\n*vs clean: against 'clean' (4 honest peers) for an attacker that trains, 'clean-3' (3) for one that does not."
-          "\nhonest ok: honest processes that finished every round and exited normally. Goals: loss within 2 % of the\n"
-          "clean run, 0 honest processes lost, round time within 1.25x of the clean run.")
+    print(table(["attack", "rounds", "honest val loss", "vs clean-3", "vs clean", "θ equal", "honest ok", "round time",
+                 "vs clean*", "attacker excluded/clipped"], lines))
+    print("\nvs clean-3: against 3 honest peers and nobody else, the honest tokens of every attacked run (the goal's\n"
+          "baseline); vs clean: against 4 honest peers (what the attacker's share adds when it is clipped, not dropped).\n"
+          "*round time against the clean run with as many training processes: 'clean' for an attacker that trains,\n"
+          "'clean-3' for one that does not. honest ok: honest processes that finished every round and exited normally.\n"
+          "Goals: loss within 2 % of clean-3, 0 honest processes lost, round time within 1.25x.")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -304,12 +315,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the tests' tiny model, 3 rounds of H = 10: a smoke test")
     ap.add_argument("--attacks", default=",".join(ATTACKS),
                     help=f"comma-separated attacks to run, in this order (default: all: {', '.join(ATTACKS)}); "
-                    "the clean runs they are compared with are added first: 'clean' (4 honest peers) for attackers "
-                    "that train, 'clean-3' (3 honest peers) for those that do not")
+                    "the clean runs they are compared with are added first: 'clean' (4 honest peers) and "
+                    "'clean-3' (3 honest peers, the honest tokens of an attacked run)")
     ap.add_argument("--rounds", type=int, help="rounds every peer trains (default: 5, --quick 3)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take before it is stopped (default: 600)")
     ap.add_argument("--workdir", type=Path, help="where every run's logs and status files go (default: a temporary folder)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write every run's figures as JSON to OUT")
+    ap.add_argument("--table", type=Path, metavar="IN", help="print the table of an earlier run's --json output and exit")
     ap.add_argument("--as-peer", metavar="BEHAVIOUR",
                     help=f"internal, how this script starts a hostile peer: install BEHAVIOUR ({', '.join(BEHAVIOURS)}, "
                     "e.g. poison=1e4) and run `voloco peer` with the flags after `--`")
@@ -318,11 +330,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         args = ap.parse_args(argv[:cut])
         return run_as_peer(args.as_peer, argv[cut + 1:])
     args = ap.parse_args(argv)
+    if args.table:
+        saved = json.loads(args.table.read_text())["results"]
+        compare(saved)
+        print_table(saved)
+        return 0
     names = [n.strip() for n in args.attacks.split(",") if n.strip()]
     unknown = [n for n in names if n not in ATTACKS]
     if unknown:
         ap.error(f"unknown attack(s) {', '.join(unknown)}; have: {', '.join(ATTACKS)}")
-    baselines = sorted({ATTACKS[n].baseline for n in names} | ({n for n in names if n.startswith("clean")}), key=len)
+    attacked = any(not n.startswith("clean") for n in names)
+    baselines = [b for b in ("clean", "clean-3") if b in names or attacked]
     names = baselines + [n for n in names if n not in baselines]
     name = "quick" if args.quick else "full"
     cfg = CONFIGS[name]
