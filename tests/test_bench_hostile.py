@@ -15,21 +15,22 @@ def test_quick_clean_and_poisoned(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "attacker excluded/clipped" in text and "poison-1e29" in text
     results = {r["attack"]: r for r in json.loads(out.read_text())["results"]}
-    assert list(results) == ["clean", "poison-1e29"]  # the clean run is added first
+    assert list(results) == ["clean", "clean-3", "poison-1e29"]  # the clean runs are added first
     clean, poisoned = results["clean"], results["poison-1e29"]
     assert clean["honest"] == 4 and poisoned["honest"] == 3
     for r in (clean, poisoned):
         assert r["honest_ok"] == r["honest"] and r["hashes_equal"] and r["rounds"] == 3
         assert r["val_loss"] < r["initial_val_loss"]
     assert poisoned["attacker_excluded"] and not clean["attacker_excluded"]
-    assert poisoned["loss_vs_clean"] < 1.05
+    assert results["clean-3"]["honest"] == 3 and results["clean-3"]["honest_ok"] == 3
+    assert poisoned["loss_vs_clean3"] < 1.05
 
 
 def test_help_explains_every_flag(capsys):
     with pytest.raises(SystemExit):
         bh.main(["--help"])
     text = capsys.readouterr().out
-    for flag in ("--quick", "--attacks", "--rounds", "--timeout", "--workdir", "--json", "--as-peer"):
+    for flag in ("--quick", "--attacks", "--rounds", "--timeout", "--workdir", "--json", "--table", "--as-peer"):
         assert flag in text
 
 
@@ -58,8 +59,10 @@ def test_each_attack_is_compared_with_a_clean_run_of_as_many_honest_trainers():
             [("clean", 2.0, 10.0), ("clean-3", 2.2, 8.0), ("poison-1e4", 2.02, 11.0), ("stall", 2.2, 12.0)]]
     bh.compare(runs)
     by = {r["attack"]: r for r in runs}
-    assert by["poison-1e4"]["loss_vs_clean"] == pytest.approx(1.01) and by["poison-1e4"]["time_vs_clean"] == pytest.approx(1.1)
-    assert by["stall"]["loss_vs_clean"] == pytest.approx(1.0) and by["stall"]["time_vs_clean"] == pytest.approx(1.5)
+    # loss: against 3 honest peers (equal honest tokens) and against 4; time: as many training processes
+    assert by["poison-1e4"]["loss_vs_clean3"] == pytest.approx(2.02 / 2.2) and by["poison-1e4"]["loss_vs_clean"] == pytest.approx(1.01)
+    assert by["poison-1e4"]["time_vs_clean"] == pytest.approx(1.1)
+    assert by["stall"]["loss_vs_clean3"] == pytest.approx(1.0) and by["stall"]["time_vs_clean"] == pytest.approx(1.5)
 
 
 def test_a_served_state_poison_changes_theta_but_not_its_layout(monkeypatch):
