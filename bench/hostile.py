@@ -331,7 +331,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return run_as_peer(args.as_peer, argv[cut + 1:])
     args = ap.parse_args(argv)
     if args.table:
-        saved = json.loads(args.table.read_text())["results"]
+        try:
+            saved = json.loads(args.table.read_text())["results"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            ap.error(f"--table {args.table}: not the --json output of this benchmark ({e!r})")
         compare(saved)
         print_table(saved)
         return 0

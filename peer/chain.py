@@ -5,8 +5,8 @@ listener) and waits for the coordinator to put it in a chain (coordinator/chain_
 chain it runs one stage (a ``peer.model.Model`` with a block range) on an asyncio loop of its own:
 every round it opens fresh links to its neighbours (peer/stage_links.py; the handshake pins the
 round, so both ends hold the same T, and each end proves it holds the key of the peer id the
-chain assignment names for its stage: peer/stage_handshake.py), and each inner step runs the GPipe schedule over them
-(peer/gpipe.py). When a neighbour dies, stalls or sends what this stage cannot use, the step
+chain assignment names for its stage: peer/stage_handshake.py), and each inner step runs the
+GPipe schedule over them (peer/gpipe.py). When a neighbour dies, stalls or sends what this stage cannot use, the step
 raises a StageError with the parameters and optimizer state untouched: the peer drops the
 round's work (ChainBroken), reports itself waiting again, and the coordinator re-forms chains
 from the waiting candidates under a newer epoch.
@@ -188,7 +188,11 @@ class ChainMember:
         """What proves the link to ``neighbour`` (a base58 peer id from the chain assignment)."""
         if self._signer is None:
             self._signer = payload_signer(self.dht)
-        return LinkAuth(self._signer, PeerID.from_base58(neighbour).to_bytes())
+        try:
+            expected = PeerID.from_base58(neighbour).to_bytes()
+        except (ValueError, TypeError):
+            raise self.broken(f"the chain assignment names {neighbour!r}, which is not a peer id") from None
+        return LinkAuth(self._signer, expected)
 
     def inner_step(self, stage: Model, trainer, T: torch.Tensor, batch) -> Optional[float]:
         """One inner step of this stage (peer/gpipe.py). A neighbour that dies, stalls or sends
