@@ -5,13 +5,19 @@ A chain stays while every member reports itself ``assigned``; when a member disa
 record expires) or returns to ``waiting`` (its chain broke), the chain's record is no longer
 refreshed and the waiting members are grouped again under a newer epoch, which supersedes the old
 chain for every reader.
+
+A chain that breaks young (its stages could not connect, or one died at once) is not formed again
+from the same members in the same order for a while: 30 s, doubling with every such failure up to
+10 min. Meanwhile its members stay in the pool, so a chain of other members, or of these with new
+candidates, is formed as soon as capacity allows; the members themselves log why they could not
+connect (peer/chain.py).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Dict, List
+from typing import Dict, List, Set, Tuple
 
 from protocol.chain_formation import form_chains
 from protocol.chain_records import ASSIGNMENT_TTL, ChainAssignment
@@ -21,6 +27,8 @@ from swarm.records import publish_assignment, read_assignments, read_candidates
 logger = logging.getLogger("voloco.coordinator")
 
 GRACE = 20.0  # seconds a new chain's members may still report "waiting" before it counts as broken
+YOUNG = 300.0  # a chain that breaks within this many seconds of forming counts as a failed formation
+BACKOFF_S, MAX_BACKOFF_S = 30.0, 600.0  # a failed formation is not repeated for this long, doubling
 
 
 class ChainFormer:
@@ -28,6 +36,8 @@ class ChainFormer:
         self.dht, self.spec = dht, spec
         self.published: Dict[str, float] = {}  # chain id -> when this coordinator last stored it
         self.formed_at: Dict[str, float] = {}  # chain id -> when it was formed (or first seen)
+        self.dead: Set[str] = set()  # chains seen broken
+        self.failures: Dict[Tuple[str, ...], Tuple[int, float]] = {}  # members -> (failed formations, retry after)
 
     def step(self) -> List[ChainAssignment]:
         """One pass: keep live chains alive, group waiting candidates into new ones; returns the new ones."""
@@ -36,11 +46,14 @@ class ChainFormer:
         current = {a.chain.chain_id: a for a in read_assignments(self.dht, self.spec).values()}
         busy = set()
         for chain_id, a in current.items():
+            if chain_id in self.dead:  # broke; its record lingers in the DHT until it expires
+                continue
             self.formed_at.setdefault(chain_id, now)
             young = now - self.formed_at[chain_id] < GRACE
             states = [candidates[p].state if p in candidates else None for p in a.chain.members]
             alive = all(s == "assigned" or (young and s == "waiting") for s in states)
             if not alive:
+                self._note_broken(chain_id, a, now)
                 continue
             busy.update(a.chain.members)
             if now - self.published.get(chain_id, 0.0) > ASSIGNMENT_TTL / 3:
@@ -53,12 +66,32 @@ class ChainFormer:
         epoch = int(time.time() * 1000)  # survives coordinator restarts: a newer chain always wins
         formed = []
         for chain in chains:
+            retry_at = self.failures.get(tuple(chain.members), (0, 0.0))[1]
+            if now < retry_at:
+                logger.debug(f"not forming again the chain of {', '.join(p[-6:] for p in chain.members)} for "
+                             f"{retry_at - now:.0f} s (it broke right after forming)")
+                continue
             assignment = ChainAssignment(self.spec.digest(), epoch, chain)
             publish_assignment(self.dht, self.spec, assignment, ASSIGNMENT_TTL)
             self.published[chain.chain_id] = self.formed_at[chain.chain_id] = now
+            self.dead.discard(chain.chain_id)  # the same members and ranges make the same id
             stages = ", ".join(f"{p[-6:]} blocks {s}-{e - 1}" for p, s, e in chain.ranges())
             logger.info(f"formed chain {chain.chain_id} of {len(chain.stages)} stages: {stages}")
             formed.append(assignment)
         if waiting:
             logger.info(f"{len(waiting)} chain candidate(s) wait for more capacity: {', '.join(p[-6:] for p in waiting)}")
         return formed
+
+    def _note_broken(self, chain_id: str, a: ChainAssignment, now: float) -> None:
+        """A chain that is no longer alive: once, remember a young one's members to back off from."""
+        self.dead.add(chain_id)
+        formed = self.formed_at.pop(chain_id, now)
+        self.published.pop(chain_id, None)
+        if now - formed > YOUNG:
+            return
+        key = tuple(a.chain.members)
+        count = self.failures.get(key, (0, 0.0))[0] + 1
+        wait = min(BACKOFF_S * 2 ** (count - 1), MAX_BACKOFF_S)
+        self.failures[key] = (count, now + wait)
+        logger.warning(f"chain {chain_id} ({', '.join(p[-6:] for p in key)}) broke {now - formed:.0f} s after forming "
+                       f"(failure {count}): not forming it from the same members for {wait:.0f} s")

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Callable, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from hivemind.p2p import PeerID
@@ -31,6 +31,7 @@ from peer.stage_errors import LinkError, StageError
 from peer.stage_handshake import LinkAuth
 from peer.stage_links import StageIdentity, StageListener, connect_link, link_codec
 from protocol.chain_records import CandidateRecord, ChainAssignment
+from protocol.endpoints import announced_endpoints, dial_order, format_endpoint, hosts_of_maddrs
 from protocol.frames import FrameFormat
 from protocol.spec import RunSpec
 from swarm.records import publish_candidate, read_assignments, read_candidates
@@ -40,12 +41,29 @@ logger = logging.getLogger("voloco.chain")
 _PLACEHOLDER = StageIdentity(run_digest="", chain_id="", stage=-1, round=-1)
 
 
+def _loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def unreachable(stage: int, peer_id: str, errors: Dict[str, str]) -> str:
+    """Why a stage could not dial its neighbour, and what the neighbour's operator can do."""
+    tried = "; ".join(f"{endpoint}: {why}" for endpoint, why in errors.items())
+    ports = sorted({e.rsplit(":", 1)[1] for e in errors})
+    return (f"could not connect to stage {stage} ({peer_id}) at {tried}. Its host must accept TCP on port "
+            f"{', '.join(ports)} from this one: open the port in its firewall or router, or start that peer with "
+            f"--stage-host (or --announce-maddrs) naming an address this host can reach")
+
+
 class ChainBroken(Exception):
     """The chain cannot go on (a neighbour died, stalled or misbehaved); the peer waits for a new one."""
 
 
 class ChainMember:
-    def __init__(self, dht, spec: RunSpec, peer_id: str, resources: Resources, host: str, port: int, stop: threading.Event):
+    def __init__(self, dht, spec: RunSpec, peer_id: str, resources: Resources, host: Optional[str], port: int,
+                 stop: threading.Event):
+        """``host``: ``--stage-host``, the one address to listen on and announce; None: listen on
+        every interface (on loopback only in a run whose DHT addresses are all loopback) and
+        announce the addresses the DHT node is seen at (protocol/endpoints.py)."""
         self.dht, self.spec, self.peer_id, self.resources, self.stop = dht, spec, peer_id, resources, stop
         self.state = "waiting"
         self.failed_epoch = -1
@@ -60,14 +78,17 @@ class ChainMember:
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="stage-links")
         self._thread.start()
         self._signer = None  # this peer's identity key, loaded at the first link (peer/identity.py)
+        seen = hosts_of_maddrs(str(m) for m in dht.get_visible_maddrs()) if host is None else [host]
+        bind = host if host is not None else ("0.0.0.0" if any(not _loopback(h) for h in seen) else "127.0.0.1")
         self.listener: StageListener = self._call(
             StageListener.start(
-                host, port, local=_PLACEHOLDER, role="downstream", fmt=self.fmt, codec=self.codec,
+                bind, port, local=_PLACEHOLDER, role="downstream", fmt=self.fmt, codec=self.codec,
                 timeout=spec.chain.link_timeout,
             ),
             timeout=30,
         )
-        self.endpoint = f"{host}:{self.listener.port}"
+        self.endpoint = announced_endpoints(seen, self.listener.port, override=host)
+        logger.info(f"stage listener on {bind}:{self.listener.port}, announced to chain neighbours as {self.endpoint}")
         self.upstream = self.downstream = None
         self.bytes_sent = self.bytes_received = 0
         self.tokens = 0  # tokens whose activations (or gradients) crossed this stage's links
@@ -155,26 +176,36 @@ class ChainMember:
                         time.sleep(0.5)
                 if endpoint is None:
                     raise self.broken(f"stage {nxt.index + 1} published no endpoint")
-                host, port = endpoint.rsplit(":", 1)
+                targets = dial_order(endpoint)
+                attempt, errors = 0, {}
                 while True:  # the next stage may still be finishing its previous round, or catching up
+                    host, port = targets[attempt % len(targets)]
+                    attempt += 1
                     try:
                         self.downstream = self._call(
-                            connect_link(host.strip("[]"), int(port), local=local, role="upstream", fmt=self.fmt,
+                            connect_link(host, port, local=local, role="upstream", fmt=self.fmt,
                                          codec=self.codec, timeout=self.spec.chain.link_timeout,
                                          auth=self._auth(nxt.peer_id)),
                             timeout=30,
                         )
                         break
                     except (LinkError, OSError, asyncio.TimeoutError) as e:
+                        errors[format_endpoint(host, port)] = str(e) or type(e).__name__
                         if time.monotonic() > deadline or self.stop.is_set():
-                            raise self.broken(f"could not connect to stage {nxt.index + 1} at {endpoint}: {e}")
-                        time.sleep(0.5)
+                            raise self.broken(unreachable(nxt.index + 1, nxt.peer_id, errors)) from None
+                        if attempt % len(targets) == 0:
+                            time.sleep(0.5)
                         if sync() != local.round:
                             local = StageIdentity(local.run_digest, local.chain_id, local.stage, sync())
                             self.listener.local = local
             while stage.index > 0 and self.upstream is None:
                 if time.monotonic() > deadline or self.stop.is_set():
-                    raise self.broken(f"stage {stage.index} did not connect within {deadline_s:.0f} s")
+                    raise self.broken(
+                        f"stage {stage.index} ({previous.peer_id}) did not connect to this stage's listener at "
+                        f"{self.endpoint} within {deadline_s:.0f} s: if it logged that it could not connect, TCP port "
+                        f"{self.listener.port} of this host must be reachable from its host (open it, or start this "
+                        f"peer with --stage-host or --announce-maddrs naming an address it can reach)"
+                    )
                 try:
                     self.upstream = self._call(self.listener.accept(timeout=2.0), timeout=7.0)
                 except (asyncio.TimeoutError, TimeoutError):

@@ -40,7 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "below what a full replica needs, the peer joins a pipeline chain instead",
     )
     p.add_argument("--bandwidth-mbps", type=float, help="this peer's link speed in Mbit/s, used to place it in a chain (default: 100)")
-    p.add_argument("--stage-host", default="127.0.0.1", help="address where chain neighbours reach this peer's stage listener (default: 127.0.0.1)")
+    p.add_argument(
+        "--stage-host",
+        help="the one address to listen on and announce for chain neighbours (default: listen on every interface and "
+        "announce the addresses the DHT sees this peer at: --announce-maddrs, else --host-maddrs' interfaces; loopback "
+        "only in a run on one machine)",
+    )
     p.add_argument("--stage-port", type=int, default=0, help="TCP port of the stage listener (default: any free port)")
 
 

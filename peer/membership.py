@@ -9,8 +9,11 @@ A record is a claim, not a promise: a peer may announce that it trains this roun
 The round barrier therefore waits for announced peers only a *straggler allowance* past the last
 moment another peer of the round became ready (half this peer's own training time of the round, at
 least ``STRAGGLER_MIN_S``), and remembers the peers it waited for that then were not in its group:
-those are not waited for again until they appear in one of its groups' member lists, nor counted
-as someone to meet. A round far ahead of everyone is not believed either: "the swarm's round" is one
+those are not waited for, nor counted as someone to meet, for a number of rounds that doubles with
+every such miss (2, 4, ... ``MAX_SKIP_ROUNDS``), or until they appear in one of its groups. The
+back-off bounds what a peer that announces itself and never comes costs (one allowance per skip
+period), and still lets an honest peer that fell behind once (an overloaded host, a lost matchmaking
+reply) back in: skipping it for ever would leave two honest peers chasing each other's round alone. A round far ahead of everyone is not believed either: "the swarm's round" is one
 that at least two other peers have reached (``swarm_round``), and peers that state sync caught
 lying (a state it refused, none served) are left out of the view for a while (``ignore``).
 """
@@ -30,11 +33,13 @@ from swarm.records import PeerView, publish_progress, read_progress
 
 logger = logging.getLogger("voloco.peer")
 
-# peers that take no part in rounds yet: booting, or waiting for a chain. A peer never waits for
+# peers that take no part in rounds yet: booting, waiting for a chain, or a chain stage still
+# connecting to its neighbours (a chain that cannot link never trains). A peer never waits for
 # them; one that went ahead alone meanwhile is caught up with (downloaded) when they start.
-NOT_IN_ROUNDS = ("stopped", "starting")
+NOT_IN_ROUNDS = ("stopped", "starting", "linking")
 STRAGGLER_MIN_S = 5.0  # the least a ready peer waits past the last arrival for announced peers
 STRAGGLER_FRACTION = 0.5  # ... and at most this fraction of its own training time of the round
+MAX_SKIP_ROUNDS = 32  # a peer waited for in vain again and again is skipped for at most this many rounds
 
 
 def swarm_round(rounds: Sequence[int]) -> int:
@@ -64,7 +69,9 @@ class Membership:
         self.dht, self.spec, self.peer_id, self.stop = dht, spec, peer_id, stop
         self._progress = progress
         self._thread: Optional[threading.Thread] = None
-        self.no_shows: Set[str] = set()  # waited for, then not in our group: not waited for until they are
+        self.no_shows: Set[str] = set()  # waited for, then not in our group: not waited for a while
+        self._strikes: Dict[str, int] = {}  # no-show -> how many times in a row it was waited for in vain
+        self._skip_until: Dict[str, int] = {}  # no-show -> the first round in which it is waited for again
         self._waited: Set[str] = set()  # whom the last barrier gave up waiting for
         self._training_since: Optional[float] = None
         self._ignored: Dict[str, float] = {}  # peer -> until when its records are left out
@@ -159,12 +166,22 @@ class Membership:
         allowance = max(STRAGGLER_MIN_S, 2 * swarm.heartbeat_period, STRAGGLER_FRACTION * self.train_seconds)
         return min(allowance, swarm.round_wait)
 
-    def _note_group(self, mates: Set[str]) -> None:
-        """Last round's group was ``mates`` (+ us): whom we waited for in vain is skipped from now on."""
+    def _note_group(self, mates: Set[str], round_no: int) -> None:
+        """Last round's group was ``mates`` (+ us): whom we waited for in vain is skipped for a while."""
         missing = self._waited - mates
+        for peer in missing:
+            strikes = self._strikes[peer] = self._strikes.get(peer, 0) + 1
+            self._skip_until[peer] = round_no + min(2**strikes, MAX_SKIP_ROUNDS)
         if missing - self.no_shows:
-            logger.info(f"not waiting again for {_names(missing - self.no_shows)} until they join a group of ours")
-        self.no_shows = (self.no_shows | missing) - mates
+            logger.info(f"not waiting again for {_names(missing - self.no_shows)} until they join a group of ours "
+                        f"or {min(self._skip_until[p] for p in missing - self.no_shows) - round_no} rounds have passed")
+        for peer in mates:
+            self._strikes.pop(peer, None)
+            self._skip_until.pop(peer, None)
+        expired = {p for p in self.no_shows if p in self._skip_until and self._skip_until[p] <= round_no}
+        if expired:
+            logger.info(f"round {round_no}: waiting again for {_names(expired)} if they train this round")
+        self.no_shows = (self.no_shows | missing) - mates - expired
         self._waited = set()
 
     def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool) -> Barrier:
@@ -174,8 +191,8 @@ class Membership:
         ``mates``: last round's groupmates; those still finishing it (evaluating, checkpointing)
         will train this round with us, so the group must not close before they arrive.
         ``first_round``: peers still "waiting" for the start quorum are about to train it too.
-        Peers that were waited for in vain and were not in our last group are not waited for."""
-        self._note_group(mates)
+        Peers that were waited for in vain and were not in our last group are not waited for a while."""
+        self._note_group(mates, round_no)
         start = last_arrival = time.monotonic()
         deadline, allowance = start + self.spec.swarm.round_wait, self.straggler_allowance()
         busy = ("training", "waiting") if first_round else ("training",)

@@ -19,12 +19,13 @@ state before it reports the round.
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
@@ -65,7 +66,7 @@ class PeerOptions:
     status_file: Optional[Path] = None
     max_memory_gb: Optional[float] = None  # declared memory for training; None: detect
     bandwidth_mbps: Optional[float] = None
-    stage_host: str = "127.0.0.1"  # where neighbours reach this peer's stage listener, if it joins a chain
+    stage_host: Optional[str] = None  # where neighbours reach this peer's stage listener (None: its DHT addresses)
     stage_port: int = 0
     max_rounds: Optional[int] = None
     threads: Optional[int] = None
@@ -73,12 +74,21 @@ class PeerOptions:
     wait_peers: int = 1  # before the first round, wait until this many peers (self included) have started
 
 
-def majority_hash(hashes: Dict[str, str]) -> str:
-    """The starting point most of a group shares (ties: the smallest hash, the same on every member)."""
+_HASH = re.compile(r"[0-9a-f]{16}")  # peer/state.py's params_hash
+
+
+def majority_hash(hashes: Dict[str, str], excluded: Iterable[str] = (), me: Optional[str] = None) -> str:
+    """The starting point most of a group shares (ties: the smallest hash, the same on every member).
+
+    Only members whose payload counted vote (``excluded`` do not: a silent, equivocating or invalid
+    sender may have announced anything), and only with a well-formed hash; ``me`` always votes.
+    A hash that wins this way is still only a name: the state download that follows must produce
+    parameters that hash to it, so a forged majority costs a refused download, never θ."""
+    votes = {m: h for m, h in hashes.items() if m == me or (m not in set(excluded) and _HASH.fullmatch(h))}
     counts: Dict[str, int] = {}
-    for h in hashes.values():
+    for h in votes.values():
         counts[h] = counts.get(h, 0) + 1
-    return min(counts, key=lambda h: (-counts[h], h))
+    return min(counts, key=lambda h: (-counts[h], h)) if counts else ""
 
 
 class Peer:
@@ -214,7 +224,7 @@ class Peer:
     def _one_round(self) -> None:
         spec, engine, role = self.spec, self.engine, self.role
         t0 = time.monotonic()
-        self._set_state("training")
+        self._set_state("linking" if isinstance(role, ChainStage) else "training")
         try:
             losses, round_start = self._inner_steps(spec.outer.inner_steps)
         except RoundAbandoned:
@@ -255,11 +265,12 @@ class Peer:
             logger.warning(f"round {self.round}: rejected the payload of {sender}: {why}")
         excluded.update(invalid)
         if result is not None:
-            self.sync.consistent = start_hash == majority_hash(result.start_hashes)
+            group_hash = majority_hash(result.start_hashes, excluded, me=self.peer_id)
+            self.sync.consistent = start_hash == group_hash
             if not self.sync.consistent:
                 logger.error(
                     f"round {self.round}: this peer started from parameters {start_hash}, most of its group from "
-                    f"{majority_hash(result.start_hashes)}; it will download the group's state after this round"
+                    f"{group_hash}; it will download the group's state after this round"
                 )
         with engine.lock:
             engine.conclude(decoded, pending, delivered=self.peer_id in payloads and self.peer_id not in excluded,
@@ -306,6 +317,7 @@ class Peer:
         (None, None) when the peer is stopping. Raises RoundAbandoned when the role cannot go on."""
         role = self.role
         round_start = role.begin_round(self.engine.theta, self._sync_round)
+        self._set_state("training")  # a chain stage is "linking" until its links are up
         bar = ProgressBar(H, f"round {self.round}")
         losses: List[float] = []
         try:

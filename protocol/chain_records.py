@@ -19,6 +19,7 @@ import msgpack
 from protocol import PROTOCOL_VERSION
 from protocol.bounded_unpack import bounded_unpack
 from protocol.chains import Candidate, Chain, make_chain
+from protocol.endpoints import MAX_ENDPOINTS, SEPARATOR
 from protocol.errors import ProtocolError
 from protocol.keys import CANDIDATES_FIELD, CHAINS_FIELD
 from protocol.spec import RunSpec
@@ -65,7 +66,7 @@ class CandidateRecord:
     capacity: int  # bytes it can give to training
     bandwidth: float  # Mbit/s it measured or was told
     state: str  # one of CANDIDATE_STATES
-    endpoint: str = ""  # "host:port" of its stage listener, where the previous stage connects
+    endpoint: str = ""  # "host:port[,host:port...]" of its stage listener (protocol/endpoints.py)
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -125,8 +126,10 @@ def parse_candidate(value: Any, spec: Optional[RunSpec] = None) -> CandidateReco
     if state not in CANDIDATE_STATES:
         raise ChainError(f"chain candidate state must be one of {CANDIDATE_STATES}, got {state!r}")
     endpoint = _short_str(rec["endpoint"], "chain candidate endpoint", 270) if rec["endpoint"] else ""
-    if endpoint and (not _ENDPOINT.match(endpoint) or not 0 < int(endpoint.rsplit(":", 1)[1]) < 65536):
-        raise ChainError(f"chain candidate endpoint must be host:port, got {endpoint!r}")
+    items = endpoint.split(SEPARATOR) if endpoint else []
+    if len(items) > MAX_ENDPOINTS or any(not _ENDPOINT.match(e) or not 0 < int(e.rsplit(":", 1)[1]) < 65536 for e in items):
+        raise ChainError(f"chain candidate endpoint must be host:port (up to {MAX_ENDPOINTS}, comma-separated), "
+                         f"got {endpoint!r}")
     return CandidateRecord(digest, capacity, float(bandwidth), state, endpoint)
 
 

@@ -30,7 +30,7 @@ from protocol.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
 
 CHOOSING = -2  # `part` of a peer that has not chosen its slice yet (-1: a full replica)
-STATES = ("starting", "waiting", "training", "ready", "exchanging", "syncing", "stopped")
+STATES = ("starting", "waiting", "linking", "training", "ready", "exchanging", "syncing", "stopped")
 # waiting: started, holding its first round until enough peers have started (``--wait-peers``)
 
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
@@ -81,6 +81,17 @@ class Proc:
         return self.log.read_text(errors="replace")
 
 
+def wait_for(predicate, timeout: float, what: str, logs: Callable[[], Dict[str, str]]) -> None:
+    """Poll ``predicate`` until it holds; after ``timeout`` s, fail with the tail of every log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    tails = "\n".join(f"--- {name}\n{text[-3000:]}" for name, text in logs().items())
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tails}")
+
+
 class Swarm:
     """A coordinator on loopback; ``add_peer`` starts peers that join it with its run key (and
     ``join_token``, for a private run)."""
@@ -136,13 +147,7 @@ class Swarm:
             return None
 
     def wait(self, predicate, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.5)
-        logs = "\n".join(f"--- {n}\n{p.text()[-3000:]}" for n, p in self.peers.items())
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{logs}")
+        wait_for(predicate, timeout, what, lambda: {n: p.text() for n, p in self.peers.items()})
 
     def round_of(self, name: str) -> int:
         s = self.status(name)
@@ -162,6 +167,11 @@ def hashes_by_round(statuses: List[dict]) -> Dict[int, Dict[str, str]]:
     return out
 
 
+def _brief(rec: dict) -> dict:
+    """A round record without the bulky fields, for an assertion message."""
+    return {k: (sorted(p[-6:] for p in v) if k == "group" else v) for k, v in rec.items() if k not in ("loss", "val_loss")}
+
+
 def assert_groups_identical(statuses: List[dict]) -> int:
     """Every pair of peers that were in the same group of a round holds the same parameters after it.
 
@@ -177,6 +187,10 @@ def assert_groups_identical(statuses: List[dict]) -> int:
                 if other in rec["excluded"]:
                     continue
                 mine, theirs = rec["params_hash"], by_peer[other][rnd]["params_hash"]
-                assert mine == theirs, f"round {rnd}: {pid[-6:]} has {mine}, groupmate {other[-6:]} has {theirs}"
+                assert mine == theirs, (
+                    f"round {rnd}: {pid[-6:]} has {mine}, groupmate {other[-6:]} has {theirs}\n"
+                    f"  {pid[-6:]}: {_brief(rec)}\n  {other[-6:]}: {_brief(by_peer[other][rnd])}\n"
+                    f"  round before: {_brief(rounds.get(rnd - 1, {}))} / {_brief(by_peer[other].get(rnd - 1, {}))}"
+                )
                 checked += 1
     return checked

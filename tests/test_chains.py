@@ -433,6 +433,9 @@ def test_newer_assignments_supersede_older_ones():
 @pytest.mark.parametrize("endpoint, ok", [
     ("127.0.0.1:4100", True), ("peer-3.example.org:65535", True), ("[::1]:9", True), ("", True),
     ("127.0.0.1", False), ("127.0.0.1:0", False), ("127.0.0.1:70000", False), ("a b:1", False), ("x" * 300 + ":1", False),
+    # a short list of endpoints (protocol/endpoints.py)
+    ("10.7.0.2:4100,[2001:db8::5]:4100", True), (",".join(["10.0.0.1:5"] * 4), True),
+    (",".join(["10.0.0.1:5"] * 5), False), ("10.7.0.2:4100,", False), ("10.7.0.2:4100,a b:1", False),
 ])
 def test_candidate_endpoint_is_host_and_port(endpoint, ok):
     raw = CandidateRecord(SPEC.digest(), 1000, 10.0, "waiting", endpoint).to_dict()

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from protocol.reconcile import SILENT
 from tests.swarm_harness import Proc, Swarm, assert_groups_identical
 
 pytestmark = pytest.mark.slow
@@ -40,15 +41,17 @@ def hostile_rounds(statuses, honest_ids):
 
 
 def test_garbage_payload_is_rejected_and_its_sender_excluded(tmp_path):
-    statuses, log = run_with_hostile(tmp_path, "garbage", rounds=2)
+    statuses, log = run_with_hostile(tmp_path, "garbage", rounds=3)
     honest = {s["peer_id"] for s in statuses}
     recs = hostile_rounds(statuses, honest)
     assert recs, f"the hostile peer never joined a group:\n{log}"
     for rec in recs:
         reasons = [why for pid, why in rec["excluded"].items() if pid not in honest]
-        assert reasons and all("invalid payload" in why for why in reasons), rec
+        # refused as invalid; or, on a loaded machine, its payload missed the deadline: either way excluded
+        assert reasons and all("invalid payload" in why or why == SILENT for why in reasons), rec
         # nothing of the hostile payload was aggregated (an honest member may have timed out too)
         assert rec["contributors"] == len(rec["group"]) - len(rec["excluded"]) <= 2
+    assert any("invalid payload" in why for rec in recs for why in rec["excluded"].values()), recs
 
 
 def test_equivocating_sender_is_excluded_by_every_member(tmp_path):

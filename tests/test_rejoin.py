@@ -1,0 +1,69 @@
+"""Two honest peers that lost each other once find each other again, and a group's start-hash vote
+counts only members whose payload counted. Scripted views and a fake clock: no processes."""
+
+from __future__ import annotations
+
+import threading
+
+from peer.membership import MAX_SKIP_ROUNDS, Membership
+from peer.runtime import majority_hash
+from tests.test_liveness import SPEC, Clock, view  # noqa: F401  (the clock fixture is re-exported below)
+from tests.test_liveness import clock  # noqa: F401
+
+
+def barrier(monkeypatch, clock, script):
+    m = Membership(dht=None, spec=SPEC, peer_id="me", progress=lambda: None, stop=threading.Event())
+    m.train_seconds = 4.0
+    monkeypatch.setattr(m, "view", lambda: script(m))
+    return m
+
+
+def test_a_peer_that_fell_behind_once_is_waited_for_again_after_two_rounds(monkeypatch, clock):
+    # round 5: "a" announced itself and did not come (a lost matchmaking reply, an overloaded host)
+    state = {"round": 5, "a": "training"}
+    m = barrier(monkeypatch, clock, lambda m: [view("me", state["round"]), view("a", state["round"], state["a"])])
+    b = m.wait_for_round(5, set(), first_round=False)
+    assert b.expected == 1 and m._waited == {"a"}
+    # rounds 6 and 7: "a" is skipped (we go alone at once, not after the allowance)
+    for r in (6, 7):
+        state["round"] = r
+        t0 = clock.now
+        b = m.wait_for_round(r, set(), first_round=False)
+        assert m.no_shows == {"a"} and clock.now - t0 < 0.5 and b.alone
+    # round 8: "a" caught up (downloaded our state) and trains our round: we wait for it again
+    state["round"] = 8
+    t0 = clock.now
+    m.wait_for_round(8, set(), first_round=False)
+    assert "a" not in m.no_shows and clock.now - t0 >= 4.0  # waited (the straggler allowance), not skipped
+
+
+def test_the_skip_doubles_with_every_miss_and_ends_when_the_peer_joins_a_group(monkeypatch, clock):
+    state = {"round": 0}
+    m = barrier(monkeypatch, clock, lambda m: [view("me", state["round"]), view("x", state["round"], "training")])
+    waited_rounds = []
+    for r in range(1, 200):
+        state["round"] = r
+        m.wait_for_round(r, set(), first_round=False)
+        if m._waited:  # x was waited for (in vain) this round
+            waited_rounds.append(r)
+    skipped = [b - a - 1 for a, b in zip(waited_rounds, waited_rounds[1:])]  # rounds between two waits
+    assert skipped[:5] == [2, 4, 8, 16, 32] and set(skipped[5:]) == {MAX_SKIP_ROUNDS}
+    # a staller costs one allowance per skip period: about 1 round in MAX_SKIP_ROUNDS in the long run
+    assert len(waited_rounds) <= 200 // MAX_SKIP_ROUNDS + 6
+    # once x turns up in our group, it starts from a clean slate
+    m.wait_for_round(200, {"x"}, first_round=False)
+    assert "x" not in m.no_shows and "x" not in m._strikes
+
+
+def test_only_members_whose_payload_counted_vote_on_the_start_hash():
+    mine, other = "0123456789abcdef", "fedcba9876543210"
+    # a two-member group: the attacker's payload was refused, so its (smallest) hash does not vote
+    assert majority_hash({"me": mine, "x": ""}, excluded={"x"}, me="me") == mine
+    assert majority_hash({"me": mine, "x": "0000000000000000"}, excluded={"x"}, me="me") == mine
+    # malformed hashes never vote, even from a counted member
+    assert majority_hash({"me": mine, "x": ""}, me="me") == mine
+    assert majority_hash({"me": mine, "x": "0" * 64}, me="me") == mine
+    # honest members: the majority wins; a tie goes to the smallest hash, the same on every member
+    assert majority_hash({"me": mine, "a": other, "b": other}, me="me") == other
+    assert majority_hash({"me": other, "a": mine}, me="me") == mine
+    assert majority_hash({"a": mine, "me": other}, me="a") == mine
