@@ -1,6 +1,6 @@
 """Tokens/s of a 2-stage chain over TCP, compressed vs uncompressed stage link.
 
-    python bench/stage_link.py [--json OUT] [--d 128] [--layers 2] [--k 16] [--rate 20mbit] ...
+    python bench/stage_link.py [--json OUT] [--d 128] [--layers 2] [--k 16] [--rate 20mbit 5mbit] ...
 
 Two processes, one stage each (torch on one thread each: the machine has two cores), linked by
 peer/stage_links.py's StageLink; stage 1 listens, stage 0 dials. Each arm runs ``--warmup`` steps,
@@ -14,13 +14,15 @@ T[tok], 2d bytes a token forward), "compressed" k = ``--k`` (subspace projection
 Arms:
 
 * loopback: both processes on 127.0.0.1 (the link is nearly free: measures the codec's cost);
-* netns (root only, with ``ip netns``): each process in its own network namespace, the two
-  linked by a veth pair whose ends both shape egress with ``tc qdisc ... tbf rate --rate``; the
+* netns (root only, with ``ip netns``), one arm per ``--rate``: each process in its own network
+  namespace, the two linked by a veth pair whose ends both shape egress with ``tc ... tbf``; the
   addresses (10.x.y.1/30, 10.x.y.2/30) exist only on that veth, inside those namespaces, so no
   traffic leaves them. The namespaces (and with them the veth) are deleted in ``finally``.
   Skipped with a note when not root or when ``ip netns`` fails.
 
-The ratio compressed/uncompressed of tokens/s is printed per arm. It is bounded by the
+The ratio compressed/uncompressed of tokens/s is printed per arm, and for the netns arms the bytes
+the two interfaces sent against the bytes of the frames the links sent (wire / frames: TCP/IP and
+Ethernet headers, ACKs and the handshake are the interfaces' alone). It is bounded by the
 compute: a step can be no faster than the stages' forward + backward, so the ratio approaches
 the byte ratio only when the link dominates (small models on slow links).
 """
@@ -124,6 +126,7 @@ async def worker(args) -> dict:
         "step_s": step_s,
         "tokens_per_s": args.batch * args.seq / step_s,
         "bytes_sent_per_step": sent / len(measured),
+        "bytes_sent_total": link.bytes_sent,  # every frame of the link's life, handshake included
         "losses": losses,
     }
 
@@ -146,8 +149,10 @@ def worker_argv(args, stage: int, k: int, host: str, port: int):
     ]  # fmt: skip
 
 
-def run_pair(args, k: int, host: str, prefixes=((), ())) -> dict:
-    """Both stages as subprocesses (``prefixes``: e.g. ``ip netns exec NS`` per stage)."""
+def run_pair(args, k: int, host: str, prefixes=((), ()), counters=None) -> dict:
+    """Both stages as subprocesses (``prefixes``: e.g. ``ip netns exec NS`` per stage).
+    ``counters()``: (stage 0's, stage 1's) interface tx bytes, read before and after the run."""
+    tx0 = counters() if counters else None
     port = free_port() if host == "127.0.0.1" else 7300 + random.randrange(1000)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     procs = []
@@ -170,7 +175,12 @@ def run_pair(args, k: int, host: str, prefixes=((), ())) -> dict:
                 p.wait()
     first, last = (outs[1], outs[0]) if outs[0]["stage"] == 1 else (outs[0], outs[1])
     tokens = args.batch * args.seq
-    return {
+    wire = {}
+    if counters:
+        tx1 = counters()
+        frames = first["bytes_sent_total"] + last["bytes_sent_total"]
+        wire = {"wire_bytes": (tx1[0] - tx0[0]) + (tx1[1] - tx0[1]), "frame_bytes": frames}
+    return {**wire,
         "k": k,
         "tokens_per_s": first["tokens_per_s"],
         "step_s": first["step_s"],
@@ -180,12 +190,12 @@ def run_pair(args, k: int, host: str, prefixes=((), ())) -> dict:
     }
 
 
-def arm(args, host: str, prefixes=((), ())) -> dict:
+def arm(args, host: str, prefixes=((), ()), counters=None) -> dict:
     """Uncompressed and compressed, alternated ``--repeats`` times; the median run of each."""
     runs = {"uncompressed": [], "compressed": []}
     for _ in range(args.repeats):
-        runs["uncompressed"].append(run_pair(args, args.d, host, prefixes))
-        runs["compressed"].append(run_pair(args, args.k, host, prefixes))
+        runs["uncompressed"].append(run_pair(args, args.d, host, prefixes, counters))
+        runs["compressed"].append(run_pair(args, args.k, host, prefixes, counters))
     out = {}
     for name, rs in runs.items():
         rs.sort(key=lambda r: r["tokens_per_s"])
@@ -235,6 +245,14 @@ class ShapedNamespaces:
     def prefixes(self):
         return tuple(("ip", "netns", "exec", ns) for ns in self.ns)
 
+    def tx_bytes(self):
+        """Bytes each end's veth sent (Ethernet frames: TCP/IP headers, ACKs and handshakes included)."""
+        out = []
+        for ns, dev in zip(self.ns, self.dev):
+            r = subprocess.run(["ip", "-n", ns, "-s", "-j", "link", "show", "dev", dev], check=True, capture_output=True, text=True)
+            out.append(json.loads(r.stdout)[0]["stats64"]["tx"]["bytes"])
+        return tuple(out)
+
 
 def netns_unavailable() -> str:
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
@@ -265,7 +283,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3, help="runs per arm and link (median reported)")
-    ap.add_argument("--rate", default="20mbit", help="tbf rate of the netns arm")
+    ap.add_argument("--rate", nargs="+", default=["20mbit", "5mbit"], help="tbf rates of the netns arms, one arm each")
     ap.add_argument("--no-netns", action="store_true")
     ap.add_argument("--arm-timeout", type=float, default=300)
     # worker mode (internal)
@@ -284,8 +302,9 @@ def main(argv=None) -> int:
     skip = "disabled (--no-netns)" if args.no_netns else netns_unavailable()
     if not skip:
         try:
-            with ShapedNamespaces(args.rate) as ns:
-                arms[f"netns tbf {args.rate}"] = arm(args, ns.addr[1], ns.prefixes())
+            for rate in args.rate:
+                with ShapedNamespaces(rate) as ns:
+                    arms[f"netns tbf {rate}"] = arm(args, ns.addr[1], ns.prefixes(), ns.tx_bytes)
         except subprocess.CalledProcessError as e:
             skip = f"namespace setup failed: {' '.join(e.cmd)}: {e.stderr.strip()}"
     print(f"{'arm':<22} {'link':<13} {'k':>4} {'B/token fwd':>11} {'B/token bwd':>11} {'step s':>8} {'tokens/s':>9}  runs")
@@ -298,6 +317,17 @@ def main(argv=None) -> int:
         res["byte_ratio"] = (u["fwd_bytes_per_token"] + u["bwd_bytes_per_token"]) / (c["fwd_bytes_per_token"] + c["bwd_bytes_per_token"])
     for label, res in arms.items():
         print(f"{label}: compressed / uncompressed tokens/s = {res['ratio']:.2f}x (bytes on the link {res['byte_ratio']:.1f}x fewer)")
+    print("frames' bytes per token against the codec's formula (fp16: forward 2k + 1, backward 2k), and the interfaces")
+    print(f"{'arm':<22} {'k':>4} {'formula B/tok':>13} {'frames B/tok':>12} {'wire / frames':>13}")
+    for label, res in arms.items():
+        for name in ("uncompressed", "compressed"):
+            r = res[name]
+            formula = (2 * r["k"] + 1) + 2 * r["k"]
+            framed = r["fwd_bytes_per_token"] + r["bwd_bytes_per_token"]
+            r["formula_bytes_per_token"] = formula
+            ratio = r["wire_bytes"] / r["frame_bytes"] if r.get("frame_bytes") else None
+            r["wire_over_frames"] = ratio
+            print(f"{label:<22} {r['k']:>4} {formula:>13} {framed:>12.1f} {'-' if ratio is None else f'{ratio:.3f}':>13}")
     if skip:
         print(f"netns arm skipped: {skip}")
     if args.json:

@@ -264,6 +264,7 @@ class Peer:
         for sender, why in invalid.items():
             logger.warning(f"round {self.round}: rejected the payload of {sender}: {why}")
         excluded.update(invalid)
+        group_hash = None
         if result is not None:
             group_hash = majority_hash(result.start_hashes, excluded, me=self.peer_id)
             self.sync.consistent = start_hash == group_hash
@@ -301,7 +302,10 @@ class Peer:
             seconds=time.monotonic() - t0,
         )
         if not self.sync.consistent:  # repair before reporting: the round ends with the group's parameters
-            self.sync.catch_up(even_at_same_round=True)
+            sources = None if result is None else {
+                m for m, h in result.start_hashes.items() if h == group_hash and m != self.peer_id
+            }
+            self.sync.catch_up(even_at_same_round=True, only=sources)
             record.params_hash = engine.params_hash()
             record.resynced = self.sync.consistent  # False: no groupmate served the round's state in time
         self.totals.history.append(record)

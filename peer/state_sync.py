@@ -96,14 +96,16 @@ class StateSync:
             logger.info(f"could not download the state of {peer}: {e!r}")
             return None
 
-    def catch_up(self, even_at_same_round: bool = False) -> None:
+    def catch_up(self, even_at_same_round: bool = False, only: Optional[Set[str]] = None) -> None:
         """Download the current state if live peers are ahead of us (round 0 is the seed's, everywhere).
 
         ``even_at_same_round``: this peer ended a round off its group's parameters and must take a
         state of at least its own (new) round, even if no groupmate has published that round yet:
-        a groupmate still evaluating it serves an older state, which is refused and asked again."""
+        a groupmate still evaluating it serves an older state, which is refused and asked again.
+        ``only``: download from these peers alone (the groupmates that started the round from the
+        group's parameters: any other source may hold another lineage)."""
         now = time.monotonic()
-        views = self.membership.others(excluding=NOT_A_SOURCE)
+        views = [v for v in self.membership.others(excluding=NOT_A_SOURCE) if only is None or v.peer_id in only]
         target = swarm_round([v.progress.round for v in views])
         if even_at_same_round:
             if not views:

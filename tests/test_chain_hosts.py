@@ -130,3 +130,25 @@ def test_a_full_replica_does_not_wait_for_a_chain_whose_stage_is_unreachable(tmp
             assert r["group"] == [swarm.status("full")["peer_id"]] or len(r["group"]) == 1, r
         print(f"full replica's median round: {statistics.median(before):.2f} s alone, "
               f"{statistics.median(beside):.2f} s beside the broken chain (x{ratio:.2f})")
+
+
+def test_three_low_memory_hosts_make_the_chains_their_capacity_allows(tmp_path):
+    with Hosts(["coord", "full", "s1", "s2", "s3"], rate="100mbit") as hosts:
+        swarm = HostSwarm(hosts, tmp_path)
+        swarm.add_peer("full")
+        for name in ("s1", "s2", "s3"):
+            swarm.add_peer(name, *SMALL)
+        stages = ("s1", "s2", "s3")
+        in_chain = lambda: [n for n in stages if (swarm.status(n) or {}).get("chain")]  # noqa: E731
+        swarm.wait(lambda: len(in_chain()) >= 2 and all(swarm.rounds(n) >= 2 for n in in_chain()), 240,
+                   "chains of the three low-memory hosts training")
+        chains: Dict[str, List[str]] = {}
+        for n in in_chain():
+            chains.setdefault(swarm.status(n)["chain"], []).append(n)
+        coordinator = swarm.text("coord")
+        if len(in_chain()) < 3:  # two of them hold the model together; the third waits, and is told so
+            assert "wait for more capacity" in coordinator, coordinator[-2000:]
+        for members in chains.values():
+            parts = sorted(tuple(swarm.status(n)["part"]) for n in members)
+            assert parts[0][0] == 0 and all(a[1] == b[0] for a, b in zip(parts, parts[1:])), parts  # contiguous blocks
+        assert assert_groups_identical([swarm.status(n) for n in ("full", *in_chain())]) >= 2
