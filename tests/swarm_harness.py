@@ -149,6 +149,10 @@ class Swarm:
     def wait(self, predicate, timeout: float, what: str) -> None:
         wait_for(predicate, timeout, what, lambda: {n: p.text() for n, p in self.peers.items()})
 
+    def wait_shared(self, names, pairs: int, timeout: float, what: str) -> None:
+        """Wait until ``names`` spent enough rounds in one group (see ``groupmate_pairs``)."""
+        self.wait(lambda: groupmate_pairs([self.status(n) for n in names]) >= pairs, timeout, what)
+
     def round_of(self, name: str) -> int:
         s = self.status(name)
         return s["round"] if s else -1
@@ -172,13 +176,9 @@ def _brief(rec: dict) -> dict:
     return {k: (sorted(p[-6:] for p in v) if k == "group" else v) for k, v in rec.items() if k not in ("loss", "val_loss")}
 
 
-def assert_groups_identical(statuses: List[dict]) -> int:
-    """Every pair of peers that were in the same group of a round holds the same parameters after it.
-
-    Returns the number of (round, group) pairs checked.
-    """
-    checked = 0
-    by_peer = {s["peer_id"]: {r["round"]: r for r in s["history"]} for s in statuses}
+def _groupmate_pairs(statuses: List[dict]):
+    """(peer, groupmate, their round records) for every round two of ``statuses`` spent in one group, both counting."""
+    by_peer = {s["peer_id"]: {r["round"]: r for r in s["history"]} for s in statuses if s}
     for pid, rounds in by_peer.items():
         for rnd, rec in rounds.items():
             for other in rec["group"]:
@@ -186,11 +186,28 @@ def assert_groups_identical(statuses: List[dict]) -> int:
                     continue
                 if other in rec["excluded"]:
                     continue
-                mine, theirs = rec["params_hash"], by_peer[other][rnd]["params_hash"]
-                assert mine == theirs, (
-                    f"round {rnd}: {pid[-6:]} has {mine}, groupmate {other[-6:]} has {theirs}\n"
-                    f"  {pid[-6:]}: {_brief(rec)}\n  {other[-6:]}: {_brief(by_peer[other][rnd])}\n"
-                    f"  round before: {_brief(rounds.get(rnd - 1, {}))} / {_brief(by_peer[other].get(rnd - 1, {}))}"
-                )
-                checked += 1
+                yield pid, other, rec, by_peer[other][rnd], rounds, by_peer[other]
+
+
+def groupmate_pairs(statuses: List[dict]) -> int:
+    """How many (round, peer, groupmate) triples ``assert_groups_identical`` would check: a test
+    waits for enough of them (rounds alone while a peer starts up do not count)."""
+    return sum(1 for _ in _groupmate_pairs(statuses))
+
+
+def assert_groups_identical(statuses: List[dict]) -> int:
+    """Every pair of peers that were in the same group of a round holds the same parameters after it.
+
+    Returns the number of (round, peer, groupmate) triples checked.
+    """
+    checked = 0
+    for pid, other, rec, theirs_rec, rounds, their_rounds in _groupmate_pairs(statuses):
+        mine, theirs = rec["params_hash"], theirs_rec["params_hash"]
+        rnd = rec["round"]
+        assert mine == theirs, (
+            f"round {rnd}: {pid[-6:]} has {mine}, groupmate {other[-6:]} has {theirs}\n"
+            f"  {pid[-6:]}: {_brief(rec)}\n  {other[-6:]}: {_brief(theirs_rec)}\n"
+            f"  round before: {_brief(rounds.get(rnd - 1, {}))} / {_brief(their_rounds.get(rnd - 1, {}))}"
+        )
+        checked += 1
     return checked

@@ -36,6 +36,7 @@ def test_a_stalling_peer_and_a_forged_round_neither_stall_rounds_nor_block_catch
         swarm.wait(lambda: min(swarm.round_of("a"), swarm.round_of("b")) >= start + 5, 240, "five rounds beside the liars")
         swarm.add_peer("late")
         swarm.wait(lambda: (swarm.status("late") or {}).get("rounds", 0) >= 2, 180, "the late joiner's first rounds")
+        swarm.wait_shared(("a", "b", "late"), 4, 120, "rounds in one group")
         statuses = [swarm.status(n) for n in ("a", "b", "late")]
         assert all(p.proc.poll() is None for p in swarm.peers.values()), "an honest peer exited"
         assert stall.proc.poll() is None and forged.proc.poll() is None, "a liar stopped early"

@@ -32,6 +32,7 @@ def test_three_peers_train_stay_identical_and_a_late_joiner_catches_up(swarm_fac
     swarm.wait(lambda: min(swarm.round_of("a"), swarm.round_of("b")) >= 2, 150, "two rounds of a and b")
     swarm.add_peer("late")
     swarm.wait(lambda: (swarm.status("late") or {}).get("rounds", 0) >= 2, 150, "the late joiner's first rounds")
+    swarm.wait_shared(("a", "b", "late"), 4, 120, "rounds in one group")
     statuses = [swarm.status(n) for n in ("a", "b", "late")]
     late = statuses[2]
     first = late["history"][0]
@@ -52,6 +53,7 @@ def test_sigkill_of_one_peer_does_not_stop_the_others(swarm_factory):
     swarm.peers["victim"].kill()
     r = min(swarm.round_of("a"), swarm.round_of("b"))
     swarm.wait(lambda: min(swarm.round_of("a"), swarm.round_of("b")) >= r + 3, 150, "three more rounds without the victim")
+    swarm.wait_shared(("a", "b"), 3, 120, "rounds of a and b in one group")
     statuses = [swarm.status(n) for n in ("a", "b")]
     assert assert_groups_identical(statuses) >= 3
     last = statuses[0]["history"][-1]
@@ -65,6 +67,7 @@ def test_every_strategy_trains_in_real_processes(swarm_factory, strategy):
     for name in ("a", "b"):
         swarm.add_peer(name)
     swarm.wait(lambda: min(swarm.round_of("a"), swarm.round_of("b")) >= 5, 150, f"five {strategy} rounds")
+    swarm.wait_shared(("a", "b"), 3, 120, "rounds of a and b in one group")  # not rounds alone while b starts
     statuses = [swarm.status("a"), swarm.status("b")]
     assert assert_groups_identical(statuses) >= 3
     start = max(s["initial_val_loss"] for s in statuses)  # a peer that joined late starts from a trained state
@@ -102,6 +105,7 @@ def test_partial_run_with_two_slices_and_four_peers(swarm_factory, tmp_path):
     for name in names:
         swarm.add_peer(name)
     swarm.wait(lambda: min(swarm.round_of(n) for n in names) >= 4, 200, "four partial rounds")
+    swarm.wait_shared(names, 4, 120, "partial rounds in groups")
     statuses = [swarm.status(n) for n in names]
     parts = sorted(s["part"] for s in statuses)
     # every slice has owners (the exact even spread of peers that see each other choosing is
