@@ -81,6 +81,7 @@ from protocol.activations import compressed_boundary, uncompressed_bytes_per_tok
 from protocol.frames import Activations, FrameFormat, Grads, encode_frame  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
 from protocol.subspace_constraint import constrain_to_subspace_, project_gradients_  # noqa: E402
+from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 
 R = 4
 CONFIGS = {
@@ -438,7 +439,7 @@ def main(argv=None) -> int:
     if args.json:
         result = dict(config=cfg, name=name, rows=rows, goals=lines, machine=machine(),
                       date=now())
-        args.json.write_text(json.dumps(result, indent=2, default=str))
+        args.json.write_text(strict_json(result, indent=2, default=str))
     return 0
 
 

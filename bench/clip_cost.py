@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import machine, now, table  # noqa: E402
 from bench.compression import run_arms, warm_start  # noqa: E402
 from protocol.spec import ModelSpec  # noqa: E402
+from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 
 CONFIGS = {
     # the compression bench's quick model, 15 rounds of H = 20: a few minutes for every arm of 3 seeds
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
     print_summary(summary)
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps(dict(config=cfg, name=name, date=now(), machine=machine(), rows=rows,
+        args.json.write_text(strict_json(dict(config=cfg, name=name, date=now(), machine=machine(), rows=rows,
                                              summary=summary), indent=2, default=str))
     return 0
 

@@ -36,6 +36,7 @@ from peer.inner import InnerTrainer  # noqa: E402
 from peer.model import build_model  # noqa: E402
 from peer.strategies import make_strategy, pseudo_gradient  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
+from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 
 SIZES = {
     # d_model, layers, heads, ffn: 10.8M and 99.3M parameters
@@ -132,7 +133,7 @@ def main(argv=None) -> int:
     print_table(rows, args.H)
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps(dict(date=datetime.datetime.now().isoformat(timespec="seconds"), machine=machine(),
+        args.json.write_text(strict_json(dict(date=datetime.datetime.now().isoformat(timespec="seconds"), machine=machine(),
                                              H=args.H, rows=rows), indent=2))
     return 0
 

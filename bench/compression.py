@@ -46,6 +46,7 @@ from bench.common import human, machine, now, run_jobs, table  # noqa: E402
 from bench.common import warm_start as common_warm_start  # noqa: E402
 from bench.swarm_check import BENCH_SWARM, check_against_simulation, run_swarm  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
+from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 
 R = 4
 CONFIGS = {
@@ -413,7 +414,7 @@ def main(argv=None) -> int:
         print_measured_groups(result["measured_groups"], ms.num_params())
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2, default=str))
+        args.json.write_text(strict_json(result, indent=2, default=str))
     return 0
 
 

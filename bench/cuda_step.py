@@ -47,6 +47,7 @@ from peer.inner import InnerTrainer  # noqa: E402
 from peer.model import build_model  # noqa: E402
 from peer.strategies import make_strategy, pseudo_gradient  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
+from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 
 SHAPES = {
     "demo": ({}, {}),  # RunSpec() defaults
@@ -217,7 +218,7 @@ def main(argv=None) -> int:
     print_tables(steps_rows, codec_rows, args.H)
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps(dict(date=when, machine=machine(device), device=device_name(device), H=args.H,
+        args.json.write_text(strict_json(dict(date=when, machine=machine(device), device=device_name(device), H=args.H,
                                              steps=steps_rows, codecs=codec_rows), indent=2))
     return 0
 

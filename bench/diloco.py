@@ -35,6 +35,7 @@ from bench.common import human, machine, now, run_jobs, table, warm_start  # noq
 from peer.data import load_corpus  # noqa: E402
 from peer.simulate import allreduce_bytes_per_step, simulate, train_single  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
+from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 
 CONFIGS = {
     # ~0.47M parameters, sequences of 64 bytes: a few minutes for the three arms on 2 cores
@@ -199,7 +200,7 @@ def main(argv=None) -> int:
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
         result.update(date=now(), machine=machine(), quick=args.quick)
-        args.json.write_text(json.dumps(result, indent=2))
+        args.json.write_text(strict_json(result, indent=2))
     return 0
 
 

@@ -53,6 +53,7 @@ import numpy as np  # noqa: E402
 
 from bench.common import machine, now, table  # noqa: E402
 from bench.swarm_check import BENCH_SWARM  # noqa: E402
+from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 
 PEERS = 4
 CONFIGS = {
@@ -367,7 +368,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print_table(results)
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps(dict(config=cfg, name=name, rounds=rounds, date=now(), machine=machine(),
+        args.json.write_text(strict_json(dict(config=cfg, name=name, rounds=rounds, date=now(), machine=machine(),
                                              results=results), indent=2, default=str))
     return 0
 

@@ -79,6 +79,7 @@ from peer.simulate import simulate  # noqa: E402
 from peer.strategies import make_strategy  # noqa: E402
 from protocol.partial import FULL, owned_shapes, slice_of  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
+from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 
 R = 4
 SLICES = (1, 2, 4)  # 1: the full arm
@@ -425,7 +426,7 @@ def main(argv=None) -> int:
     print("  (one seed, one data order: no error bars; the loss and RSS rows are single measurements)")
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps(dict(name=name, config=cfg, machine=machine(), threads=args.threads,
+        args.json.write_text(strict_json(dict(name=name, config=cfg, machine=machine(), threads=args.threads,
                                              date=now(),
                                              shapes={s: model_dict(s) for s in dict.fromkeys(cfg["cost_models"] + [cfg["sim_model"]])},
                                              costs=cost, flop_shares=shares, sim=sim, gaps=gaps, goals=goals),

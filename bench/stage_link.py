@@ -55,6 +55,7 @@ from peer.model import build_model  # noqa: E402
 from peer.stage_links import StageIdentity, StageListener, connect_link, link_codec, run  # noqa: E402
 from protocol.frames import FrameFormat  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
+from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 
 CHAIN = "ch-bench-stage-link"
 
@@ -331,7 +332,7 @@ def main(argv=None) -> int:
     if skip:
         print(f"netns arm skipped: {skip}")
     if args.json:
-        args.json.write_text(json.dumps(dict(
+        args.json.write_text(strict_json(dict(
             date=datetime.datetime.now().isoformat(timespec="seconds"), machine=machine(),
             config={k: v for k, v in vars(args).items() if k not in ("json", "worker", "host", "port")},
             params=params, arms=arms, netns_skipped=skip or None,

@@ -347,7 +347,9 @@ def main(argv=None) -> int:
     if skip:
         print(f"netns arms skipped: {skip}")
     if args.json:
-        args.json.write_text(json.dumps(dict(
+        from swarm.jsonout import dumps as strict_json  # NaN -> null: strict JSON
+
+        args.json.write_text(strict_json(dict(
             date=datetime.datetime.now().isoformat(timespec="seconds"), machine=machine(),
             config={k: v for k, v in vars(args).items() if k not in ("json", "worker", "transport", "host", "self_host", "peer")},
             arms=arms, netns_skipped=skip or None,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from coordinator.chain_former import ChainFormer
+from coordinator.dashboard import Dashboard
 from protocol.errors import SpecError
 from protocol.records import SPEC_TTL
 from protocol.spec import RunSpec
@@ -65,10 +66,11 @@ def run_coordinator(args: argparse.Namespace) -> int:
     if args.identity is not None and not args.identity.parent.is_dir():
         raise UsageError(f"--identity {str(args.identity)!r}: directory {str(args.identity.parent)!r} does not exist")
     dht = start_dht((), args.host_maddrs, args.announce_maddrs, str(args.identity) if args.identity else None,
-                    join_token=token, run_ids=[spec.run_id])
+                    join_token=token, run_ids=[spec.run_id], use_relay=getattr(args, "use_relay", True))
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    dashboard = Dashboard(dht, spec)
     try:
         if not publish_run(dht, spec):
             logger.warning("the DHT did not accept the run spec yet; retrying")
@@ -89,8 +91,13 @@ def run_coordinator(args: argparse.Namespace) -> int:
         print(f"  voloco peer --join {addrs[0]} --run-key {run_key}{private}", flush=True)
         for extra in addrs[1:]:
             print(f"  (or --join {extra})", flush=True)
-        watch(dht, spec, stop)
+        if getattr(args, "dashboard_port", 0):
+            url = dashboard.serve(getattr(args, "dashboard_host", "0.0.0.0"), args.dashboard_port)
+            if url:
+                print(f"dashboard: {url}  (JSON: {url}api/snapshot, Prometheus: {url}metrics)", flush=True)
+        watch(dht, spec, stop, dashboard=dashboard if dashboard.server is not None else None)  # off: no reads for it
     finally:
+        dashboard.stop()
         dht.shutdown()
     return 0
 
@@ -100,8 +107,9 @@ def run_key_file(address_file: Path) -> Path:
     return address_file.with_name(address_file.name + ".run-key")
 
 
-def watch(dht, spec: RunSpec, stop: threading.Event, period: float = 2.0, log_every: float = 10.0) -> None:
-    """Refresh the spec record, form chains from waiting candidates, and log the swarm's state."""
+def watch(dht, spec: RunSpec, stop: threading.Event, period: float = 2.0, log_every: float = 10.0,
+          dashboard: Optional[Dashboard] = None) -> None:
+    """Refresh the spec record, form chains from waiting candidates, refresh the dashboard's view, log the swarm."""
     former = ChainFormer(dht, spec)
     last_refresh = last_log = time.monotonic()
     while not stop.wait(period):
@@ -113,6 +121,11 @@ def watch(dht, spec: RunSpec, stop: threading.Event, period: float = 2.0, log_ev
             former.step()
         except Exception as e:  # a DHT hiccup must not stop the coordinator
             logger.warning(f"chain forming failed this pass: {e!r}")
+        if dashboard is not None:
+            try:
+                dashboard.refresh()
+            except Exception as e:
+                logger.warning(f"the dashboard's view failed this pass: {e!r}")
         if now - last_log >= log_every:
             last_log = now
             log_swarm(dht, spec)

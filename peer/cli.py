@@ -26,6 +26,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-dir", type=Path, help="directory for the peer's checkpoint; a restarted peer resumes from it")
     p.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], help="multiaddrs to listen on (default: any port)")
     p.add_argument("--announce-maddrs", nargs="+", default=[], help="public multiaddrs to advertise (behind NAT or in Docker)")
+    p.add_argument(
+        "--client-mode", action="store_true",
+        help="connect out only, accept no connections (behind a NAT or firewall without an open port): the peer "
+        "still trains and exchanges, but never leads a group or serves the DHT (the start-up check says if needed)",
+    )
+    p.add_argument("--use-relay", dest="use_relay", action="store_true", default=True,
+                   help="libp2p circuit relay: reach peers behind NATs through relays (default: on)")
+    p.add_argument("--no-relay", dest="use_relay", action="store_false", help="turn the circuit relay off")
+    p.add_argument("--use-auto-relay", action="store_true",
+                   help="behind a NAT: look for relays and become reachable through them (default: off)")
     p.add_argument("--status-file", type=Path, help="write the peer's status and round history as JSON after every round")
     p.add_argument("--max-rounds", type=int, help="stop after this round (default: the spec's max_rounds; 0 = never)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
@@ -47,6 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "only in a run on one machine)",
     )
     p.add_argument("--stage-port", type=int, default=0, help="TCP port of the stage listener (default: any free port)")
+    p.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
+                   help="serve this peer's Prometheus metrics at http://HOST:PORT/metrics (default: 0, off)")
 
 
 def run_peer(args: argparse.Namespace) -> int:
@@ -68,6 +80,8 @@ def run_peer(args: argparse.Namespace) -> int:
         raise UsageError("--bandwidth-mbps must be a positive number")
     if not 0 <= args.stage_port < 65536:
         raise UsageError("--stage-port must be a TCP port (0-65535)")
+    if not 0 <= args.metrics_port < 65536:
+        raise UsageError("--metrics-port must be a TCP port (1-65535), or 0 for none")
     if args.identity is not None and not args.identity.parent.is_dir():
         raise UsageError(f"--identity {str(args.identity)!r}: directory {str(args.identity.parent)!r} does not exist")
     _check_device(args.device)
@@ -83,6 +97,9 @@ def run_peer(args: argparse.Namespace) -> int:
             checkpoint_dir=args.checkpoint_dir,
             host_maddrs=args.host_maddrs,
             announce_maddrs=args.announce_maddrs,
+            client_mode=args.client_mode,
+            use_relay=args.use_relay,
+            use_auto_relay=args.use_auto_relay,
             status_file=args.status_file,
             max_rounds=args.max_rounds,
             threads=args.threads,
@@ -91,6 +108,7 @@ def run_peer(args: argparse.Namespace) -> int:
             stage_host=args.stage_host,
             stage_port=args.stage_port,
             wait_peers=args.wait_peers,
+            metrics_port=args.metrics_port,
         )
     )
 

@@ -181,6 +181,11 @@ class PayloadGatherer(Admitted, DecentralizedAverager):  # Admitted: a private r
     # ---- averager-process side: one group's all-gather ----------------------------------------
     async def _prepare_round(self, round_no: int, path: str, expected: int, future: MPFuture):
         try:
+            if self.client_mode and not getattr(self, "_serving", False):
+                # hivemind's client mode registers no handlers; members still pull this peer's payload
+                # and relay answers over the connections it opened to them (it only leads no group)
+                self._serving = True
+                await self.add_p2p_handlers(self._p2p, namespace=self.prefix)
             with open(path, "rb") as f:
                 self._round_no, self._payload = round_no, f.read()
             mm = self._matchmaking

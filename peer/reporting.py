@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -12,6 +10,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from swarm.console import human_bytes
+from swarm.jsonout import write_atomic
 
 logger = logging.getLogger("voloco.peer")
 
@@ -28,6 +27,7 @@ class RoundRecord:
     loss: float
     val_loss: float
     seconds: float
+    waited: float = 0.0  # seconds at the round's barrier, waiting for the peers of the round
     resynced: bool = False  # it started off the group's parameters and downloaded them after the round
 
 
@@ -58,6 +58,4 @@ def write_status(path: Optional[Path], status: Dict[str, Any]) -> None:
     """The status as JSON in ``path``, replaced atomically (readers never see half a file)."""
     if path is None:
         return
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(status))
-    os.replace(tmp, path)
+    write_atomic(path, status)  # strict JSON: an unknown loss (NaN) is written as null

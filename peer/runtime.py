@@ -29,11 +29,12 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
-from peer import checkpoints
+from peer import checkpoints, lifecycle
 from peer.chain import ChainMember
 from peer.data import load_corpus, val_batches
 from peer.exchange import PayloadGatherer
 from peer.membership import Membership
+from peer.metrics import serve_metrics
 from peer.model import build_model
 from peer.progress import ProgressBar
 from peer.reporting import RoundRecord, Totals, log_round, optimizer_state_bytes, write_status
@@ -41,11 +42,13 @@ from peer.resources import detect
 from peer.roles import ChainStage, FullReplica, Role, RoundAbandoned, SliceOwner
 from peer.round_engine import RoundEngine
 from peer.state_sync import StateSync
+from peer.utilization import Utilization, progress_extras
 from protocol.keys import averager_prefix
 from protocol.records import CHOOSING, Progress
 from protocol.spec import RunSpec
 from swarm.admission import admission_gate
 from swarm.dht import start_dht
+from swarm.reachability import UNKNOWN, watch_reachability
 from swarm.records import fetch_spec
 
 logger = logging.getLogger("voloco.peer")
@@ -63,6 +66,9 @@ class PeerOptions:
     checkpoint_dir: Optional[Path] = None
     host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",)
     announce_maddrs: Sequence[str] = ()
+    client_mode: bool = False  # connect out only (swarm/reachability.py tells whether it is needed)
+    use_relay: bool = True
+    use_auto_relay: bool = False
     status_file: Optional[Path] = None
     max_memory_gb: Optional[float] = None  # declared memory for training; None: detect
     bandwidth_mbps: Optional[float] = None
@@ -72,6 +78,7 @@ class PeerOptions:
     threads: Optional[int] = None
     spec_timeout: float = 30.0
     wait_peers: int = 1  # before the first round, wait until this many peers (self included) have started
+    metrics_port: int = 0  # serve Prometheus metrics on this port (peer/metrics.py); 0: off
 
 
 _HASH = re.compile(r"[0-9a-f]{16}")  # peer/state.py's params_hash
@@ -105,6 +112,9 @@ class Peer:
         self.role: Optional[Role] = None
         self.engine: Optional[RoundEngine] = None
         self._chain: Optional[ChainMember] = None
+        self.util = Utilization()  # time in inner steps / wall time, per round (peer/utilization.py)
+        self.reach = UNKNOWN  # "public" | "client" | "unknown": can other nodes dial this peer (swarm/reachability.py)
+        self.started = False  # start() done: the phase follows the state (peer/lifecycle.py)
 
     @property
     def round(self) -> int:
@@ -130,9 +140,13 @@ class Peer:
         opts = self.opts
         if opts.threads:
             torch.set_num_threads(opts.threads)
-        self.dht = start_dht(opts.join, opts.host_maddrs, opts.announce_maddrs, opts.identity,
-                             join_token=opts.join_token, run_key=opts.run_key)
+        lifecycle.set_phase(self, "joining the DHT")
+        self.dht = start_dht(opts.join, opts.host_maddrs, opts.announce_maddrs, opts.identity, opts.client_mode,
+                             join_token=opts.join_token, run_key=opts.run_key, use_relay=opts.use_relay,
+                             use_auto_relay=opts.use_auto_relay)
         self.peer_id = self.dht.peer_id.to_base58()
+        self.metrics = serve_metrics(self, opts.metrics_port) if opts.metrics_port else None
+        watch_reachability(self, self.dht, opts.join, opts.client_mode, opts.host_maddrs)  # sets self.reach
         logger.info(f"peer {self.peer_id} joined the DHT")
         self.spec: RunSpec = fetch_spec(self.dht, opts.run_id, timeout=opts.spec_timeout)
         spec = self.spec
@@ -143,6 +157,7 @@ class Peer:
             f"run {spec.run_id} (spec {spec.digest()}): {spec.model.num_params() / 1e6:.2f}M-parameter model, "
             f"strategy {spec.outer.strategy}, H={spec.outer.inner_steps}"
         )
+        lifecycle.set_phase(self, "loading data")
         self.corpus = load_corpus(opts.data or spec.data.corpus, spec.data.val_fraction)
         logger.info(f"data: {self.corpus}")
         self.device = torch.device(opts.device)
@@ -179,12 +194,15 @@ class Peer:
         if self.role.checkpointed:
             tokens = checkpoints.restore(opts.checkpoint_dir, spec, self.engine, self.role)
             self.totals.tokens = tokens or 0
+        lifecycle.set_phase(self, "getting the swarm's state")
         self.sync.catch_up()
         self._load_theta()
         self.initial_val_loss = self.val_loss = self._evaluate()
         if self.role.reports_loss:
             logger.info(f"round {self.round}: validation loss {self.val_loss:.3f} nats/byte")
         self.sync.enable_sharing()
+        self.started = True
+        lifecycle.report_phase(self)
 
     def _first_role(self, full: torch.nn.Module) -> Optional[Role]:
         """What this peer trains: the model (or one slice of it) if it fits, else a chain stage."""
@@ -193,6 +211,7 @@ class Peer:
             self._chain = ChainMember(
                 self.dht, spec, self.peer_id, self.resources, opts.stage_host, opts.stage_port, self.stop_event
             )
+            lifecycle.set_phase(self, "waiting for a chain")
             if self._chain.wait_for_assignment() is None:
                 return None
             return ChainStage(spec, self._chain, self.device, self.corpus)
@@ -300,6 +319,7 @@ class Peer:
             loss=sum(losses) / len(losses),  # NaN on a chain stage other than the last
             val_loss=self.val_loss,
             seconds=time.monotonic() - t0,
+            waited=t_wait - t_encode,
         )
         if not self.sync.consistent:  # repair before reporting: the round ends with the group's parameters
             sources = None if result is None else {
@@ -309,9 +329,9 @@ class Peer:
             record.params_hash = engine.params_hash()
             record.resynced = self.sync.consistent  # False: no groupmate served the round's state in time
         self.totals.history.append(record)
-        if role.checkpointed:
-            checkpoints.save(self.opts.checkpoint_dir, spec, engine, role, self.totals.tokens)
+        lifecycle.save_checkpoint(self)
         self.sync.enable_sharing()
+        self.util.round_done()
         self.membership.publish()
         write_status(self.opts.status_file, self.status())
         log_round(record, self.tokens_per_s)
@@ -332,6 +352,7 @@ class Peer:
                 t = time.monotonic()
                 loss = role.inner_step(x, y)
                 dt = time.monotonic() - t
+                self.util.busy(dt)
                 self.tokens_per_s = 0.8 * self.tokens_per_s + 0.2 * (x.numel() / dt) if self.tokens_per_s else x.numel() / dt
                 if role.counts_tokens:
                     self.totals.tokens += x.numel()
@@ -372,6 +393,7 @@ class Peer:
     def _set_state(self, state: str) -> str:
         previous, self.state = self.state, state
         self.membership.publish()
+        lifecycle.report_phase(self)
         return previous
 
     # ---- reporting ------------------------------------------------------------------------------
@@ -393,6 +415,7 @@ class Peer:
             bytes_received=self.totals.bytes_received,
             params_hash=engine.params_hash() if engine is not None and self.state != "training" else "",
             part=self.role.progress_part if self.role is not None else CHOOSING,
+            **progress_extras(self),  # device, util, reach
         )
 
     def status(self) -> Dict[str, Any]:
@@ -406,6 +429,7 @@ class Peer:
             "trainable_params": role.trainable,
             "optimizer_state_bytes": optimizer_state_bytes(role.trainer.optimizer),
             "state": self.state,
+            "phase": lifecycle.phase_of(self),
             "round": self.round,
             "initial_val_loss": self.initial_val_loss,
             "val_loss": self.val_loss,
@@ -418,10 +442,5 @@ class Peer:
         }
 
     def shutdown(self) -> None:
-        self.stop_event.set()
-        for closer in (self._chain, getattr(self, "gatherer", None), getattr(self, "dht", None)):
-            if closer is not None:
-                try:
-                    closer.shutdown()
-                except Exception as e:
-                    logger.debug(f"shutdown: {e!r}")
+        lifecycle.shutdown(self, (self._chain, getattr(self, "gatherer", None), getattr(self, "dht", None),
+                                  getattr(self, "metrics", None)))

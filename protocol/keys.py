@@ -19,6 +19,7 @@ RUNS_KEY = f"{RUNS_PREFIX}_runs"  # subkey: owner marker + run id; value: the ru
 
 # the field names of a run's keys, as hivemind's SchemaValidator(prefix=run_id) joins them: f"{run_id}_{field}"
 PEERS_FIELD, CANDIDATES_FIELD, CHAINS_FIELD = "peers", "chain_candidates", "chains"
+HISTORY_FIELD = "history"  # the loss history the coordinator keeps for its dashboard (protocol/history.py)
 
 OWNER_PREFIX, OWNER_SUFFIX = b"[owner:", b"]"
 _OWNER = re.compile(rb"\[owner:(ssh-rsa [A-Za-z0-9+/=]{16,4096})\]")

@@ -32,6 +32,7 @@ from protocol.errors import ProtocolError
 CHOOSING = -2  # `part` of a peer that has not chosen its slice yet (-1: a full replica)
 STATES = ("starting", "waiting", "linking", "training", "ready", "exchanging", "syncing", "stopped")
 # waiting: started, holding its first round until enough peers have started (``--wait-peers``)
+REACH = ("unknown", "public", "client")  # can other nodes dial this peer (swarm/reachability.py)?
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class Progress:
     bytes_received: int
     params_hash: str  # sha256 prefix of the parameters at the start of `round`
     part: int = CHOOSING  # -1: full replica; s >= 0: the slice it owns (partial updates)
+    device: str = ""  # what it trains on, e.g. "cpu" or "cuda:0 H100" (printable, at most 64 characters)
+    util: float = 0.0  # compute utilization: time in inner steps / wall time over its last round, in [0, 1]
+    reach: str = "unknown"  # one of REACH
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -78,6 +82,12 @@ def parse_progress(value: Any) -> Progress:
         raise ProtocolError(f"progress.state must be one of {STATES}")
     if not math.isfinite(value["loss"]) and not math.isnan(value["loss"]):
         raise ProtocolError("progress.loss must be finite or NaN")
+    if not value["device"].isprintable():
+        raise ProtocolError("progress.device must be printable")
+    if not 0.0 <= value["util"] <= 1.0:  # NaN fails too
+        raise ProtocolError("progress.util must lie in [0, 1]")
+    if value["reach"] not in REACH:
+        raise ProtocolError(f"progress.reach must be one of {REACH}")
     return Progress(**{k: (float(v) if _TYPES[k] == "float" else v) for k, v in value.items()})
 
 

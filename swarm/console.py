@@ -64,8 +64,19 @@ def standalone_main(
     command: Command,
     argv: Optional[List[str]] = None,
 ) -> int:
-    """``python -m peer`` / ``python -m coordinator``: one command's parser, without subcommands."""
-    parser = argparse.ArgumentParser(prog=prog, description=summary[0].upper() + summary[1:] + ".")
+    """``python -m peer`` / ``python -m coordinator``: one command's parser, without subcommands;
+    its flags also come from the settings file and the environment (swarm/settings.py)."""
+    from swarm.settings import SettingsError, add_settings_argument, parse_args, precedence_epilog
+
+    section = prog.split()[-1]  # "python -m peer": the [peer] table
+    parser = argparse.ArgumentParser(prog=prog, description=summary[0].upper() + summary[1:] + ".",
+                                     epilog=precedence_epilog(section))
     add_arguments(parser)
     add_log_level(parser)
-    return run_command(prog, command, parser.parse_args(argv))
+    add_settings_argument(parser)
+    try:
+        args = parse_args(parser, argv, section=section)
+    except UsageError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return run_command(prog, command, args)

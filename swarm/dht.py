@@ -1,20 +1,30 @@
 """This process's hivemind DHT node: the addresses it joins and its start-up, with its identity,
-its record validators and, in a private run, its authorizer."""
+its record validators and, in a private run, its authorizer; when it cannot start, one line that
+names the cause and the fix (``explain_start_failure``: a port in use, an address that is not this
+machine's, nothing or another peer id at the ``--join`` address, no usable p2pd, an identity in use,
+a private run without its token)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import re
 import shutil
 from typing import List, Optional, Sequence
 
 import hivemind
+from hivemind.p2p import PeerID
 from multiaddr import Multiaddr
 
 from protocol.records import token_key
 from swarm.admission import JoinTokenAuthorizer
 from swarm.console import UsageError
 from swarm.identity import NodeTrust, prepare_identity, register
+from swarm.reachability import dial, dial_failure, serve_dial_back
 from swarm.validators import node_validators
+
+logger = logging.getLogger("voloco.swarm")
 
 
 def parse_multiaddrs(addrs: Sequence[str], flag: str = "--join") -> List[Multiaddr]:
@@ -24,8 +34,11 @@ def parse_multiaddrs(addrs: Sequence[str], flag: str = "--join") -> List[Multiad
         try:
             maddr = Multiaddr(addr)
         except Exception as e:
-            raise UsageError(f"{flag} {addr!r} is not a multiaddr ({e}); expected e.g. /ip4/203.0.113.5/tcp/31337/p2p/QmPeerID") from None
+            example = "/ip4/203.0.113.5/tcp/31337/p2p/QmPeerID" if flag == "--join" else "/ip4/0.0.0.0/tcp/31337"
+            raise UsageError(f"{flag} {addr!r} is not a multiaddr ({e}); expected e.g. {example}") from None
         protocols = [p.name for p in maddr.protocols()]
+        if flag != "--join" and "p2p-circuit" not in protocols and not {"tcp", "udp"} & set(protocols):
+            raise UsageError(f"{flag} {addr!r} names no port; expected e.g. /ip4/0.0.0.0/tcp/31337")
         if flag == "--join" and "p2p" not in protocols:
             raise UsageError(f"{flag} {addr!r} has no /p2p/<peer id> part: copy the full address the coordinator printed")
         out.append(maddr)
@@ -42,15 +55,24 @@ def start_dht(
     join_token: Optional[str] = None,
     run_key: Optional[str] = None,
     run_ids: Sequence[str] = (),
+    use_relay: bool = True,
+    use_auto_relay: bool = False,
 ) -> hivemind.DHT:
-    """Start this process's DHT node; UsageError with what to check when the swarm is unreachable.
+    """Start this process's DHT node; UsageError naming the cause and the fix when it cannot start.
 
     The node's RSA identity (``identity_path``, created if missing; a temporary one without it)
     gives its peer id and signs its records; every node validates records the same way
     (swarm/validators.py, with the schemas of ``run_ids`` known from the start). With
     ``join_token``, the node speaks only to nodes that prove the same token (swarm/admission.py).
     ``run_key`` is the fingerprint ``fetch_spec`` will require of the run spec's signer.
+    ``client_mode``: the node only connects out (hivemind's DHT client mode); ``use_relay`` and
+    ``use_auto_relay`` are hivemind's circuit-relay options of its p2p daemon. Every node serves the
+    reachability dial-back (swarm/reachability.py).
     """
+    parse_multiaddrs(host_maddrs, "--host-maddrs")
+    for addr in parse_multiaddrs(announce_maddrs, "--announce-maddrs"):
+        if any(p.name in ("tcp", "udp") and addr.value_for_protocol(p.name) == "0" for p in addr.protocols()):
+            raise UsageError(f"--announce-maddrs {str(addr)!r}: give the real port others connect to, not 0")
     identity, path, created = prepare_identity(identity_path)
     key = token_key(join_token) if join_token is not None else None
     try:
@@ -65,18 +87,11 @@ def start_dht(
             record_validators=node_validators(identity, key, run_ids),
             authorizer=JoinTokenAuthorizer(identity, key) if key is not None else None,
             startup_timeout=30,
+            use_relay=use_relay,
+            use_auto_relay=use_auto_relay,
         )
     except Exception as e:
-        text = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        if initial_peers:
-            token = "that --join-token matches the run's (a private run), " if key is not None else (
-                "that the run is not private (it then needs its --join-token), ")
-            raise UsageError(
-                f"could not reach the DHT at {', '.join(map(str, initial_peers))} ({text}): check that the coordinator "
-                f"is running, that the address, port and peer id match what it printed, {token}and that no firewall "
-                f"blocks the port"
-            ) from None
-        raise UsageError(f"could not start a DHT node on {', '.join(host_maddrs)} ({text}): is the port free?") from None
+        raise UsageError(explain_start_failure(e, initial_peers, host_maddrs, key is not None, identity_path)) from None
     finally:
         if identity_path is None:  # the daemon has read its temporary identity
             shutil.rmtree(os.path.dirname(path), ignore_errors=True)
@@ -84,4 +99,94 @@ def start_dht(
         dht.shutdown()
         raise RuntimeError(f"the DHT node's peer id {dht.peer_id} is not that of its identity {identity.peer_id}")
     register(dht, NodeTrust(identity, token_key=key, run_key=run_key))
+    try:
+        dht.run_coroutine(serve_dial_back)
+    except Exception as e:  # advice for others, never a reason not to start
+        logger.warning(f"could not serve reachability checks: {e!r}")
     return dht
+
+
+# ---- why a node could not start ------------------------------------------------------------------
+def explain_start_failure(e: BaseException, initial_peers: Sequence[Multiaddr], host_maddrs: Sequence[str],
+                          private: bool, identity_path: Optional[str]) -> str:
+    """One line for hivemind's start-up failure ``e``: the cause, and what to do about it."""
+    text = str(e).strip()
+    low = text.lower()
+    last = text.splitlines()[-1] if text else type(e).__name__
+    hosts = " ".join(host_maddrs)
+    if "address already in use" in low:
+        port = _port_in(text)
+        return (f"--host-maddrs {hosts}: {'port ' + port if port else 'the port'} is in use by another program (another "
+                f"voloco node?): stop it, or listen on another port (tcp/0 picks a free one)")
+    if "cannot assign requested address" in low:
+        return (f"--host-maddrs {hosts}: this machine has no such address to listen on: listen on "
+                f"/ip4/0.0.0.0/tcp/PORT (every interface) and put the address others reach you at in --announce-maddrs")
+    if "failed to parse multiaddr" in low or "failed to listen" in low:
+        return f"--host-maddrs {hosts}: cannot listen there ({_daemon_said(last)}); expected e.g. /ip4/0.0.0.0/tcp/31337"
+    if "p2pd binary" in low or "exec format" in low or "failed to start p2pd" in low:
+        return (f"hivemind's p2p daemon (p2pd) cannot run ({_daemon_said(last)}): reinstall hivemind "
+                f"(pip install --force-reinstall --no-deps hivemind) or make its hivemind_cli/p2pd executable")
+    if "already taken by another peer" in low:
+        return (f"--identity {identity_path}: another running node already uses this identity (the same peer id is in "
+                f"the swarm): stop that process, or give this one its own --identity file")
+    if "failed to connect to bootstrap peers" in low and initial_peers:
+        return "could not reach the DHT: " + "; ".join(diagnose_join(initial_peers))
+    if "none of the initial_peers responded" in low and initial_peers:
+        if private:
+            return (f"could not reach the DHT at {_addr_list(initial_peers)}: it answers, but not to this join token: "
+                    f"check that --join-token is the one the run's coordinator was started with (a public run takes none)")
+        return (f"could not reach the DHT at {_addr_list(initial_peers)}: it answers, but its DHT does not: the run "
+                f"is private (start with its --join-token or --join-token-file), or the address is a --client-mode "
+                f"peer's (join through the coordinator or another peer)")
+    if initial_peers:
+        return (f"could not reach the DHT at {_addr_list(initial_peers)} ({last}): check that the coordinator is "
+                f"running and that the address, port and peer id match what it printed")
+    return f"could not start a DHT node on {hosts} ({last})"
+
+
+def diagnose_join(initial_peers: Sequence[Multiaddr], timeout: float = 5.0) -> List[str]:
+    """Why each ``--join`` address failed, found by dialing it from a fresh daemon (bounded by ``timeout``)."""
+
+    async def one(maddr: Multiaddr) -> str:
+        peer = maddr.value_for_protocol("p2p")
+        where = str(maddr.decapsulate(Multiaddr(f"/p2p/{peer}")))
+        try:
+            ok, _, error = await dial(PeerID.from_base58(peer), [Multiaddr(where)], timeout)
+        except Exception as e:
+            ok, error = False, f"the check itself failed: {e!r}"
+        if ok:
+            return f"{maddr}: it answers now (it may have just started): try again"
+        m = re.search(r"remote key matches (\w+)", error)
+        if m:
+            return (f"{maddr}: the node at {where} has peer id {m.group(1)}, not {peer}: copy the whole address the "
+                    f"coordinator printed (its peer id changes at every start without --identity)")
+        why = dial_failure(error)
+        if why == "connection refused":
+            return f"{maddr}: nothing listens at {where}: is the coordinator running, and is the port right?"
+        if why in ("timed out", "no route to the address"):
+            return (f"{maddr}: {where} does not answer ({why}): check the IP address, and that no firewall or router "
+                    f"blocks that TCP port on the coordinator's side")
+        return f"{maddr}: {why}"
+
+    async def all_of() -> List[str]:
+        return list(await asyncio.gather(*(one(m) for m in initial_peers)))
+
+    try:
+        return asyncio.run(asyncio.wait_for(all_of(), timeout + 15))
+    except Exception as e:
+        return [f"{_addr_list(initial_peers)} ({e!r}): check that the coordinator is running, that the address, port "
+                f"and peer id match what it printed, and that no firewall blocks the port"]
+
+
+def _addr_list(maddrs: Sequence[Multiaddr]) -> str:
+    return ", ".join(map(str, maddrs))
+
+
+def _port_in(text: str) -> str:
+    m = re.search(r"listen tcp\d?\s+[^\s]*:(\d+): bind", text)
+    return m.group(1) if m else ""
+
+
+def _daemon_said(line: str) -> str:
+    """p2pd's message without its 'Daemon failed to start: <date> <time>' prefix."""
+    return re.sub(r"^.*?failed to start:\s*(\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\s*)?", "", line, flags=re.I).strip() or line

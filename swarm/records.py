@@ -1,4 +1,5 @@
-"""The run's records in the DHT, read and written: the run spec, progress, chain candidates and assignments.
+"""The run's records in the DHT, read and written: the run spec, progress, chain candidates and assignments,
+the loss history.
 
 ``protocol/`` defines their keys, envelopes and schemas; this module does the DHT I/O. Every record
 is written under its writer's owned subkey and signed by its DHT node (swarm/validators.py). A
@@ -31,6 +32,7 @@ from protocol.chain_records import (
     parse_candidate,
 )
 from protocol.errors import ProtocolError, SpecError
+from protocol.history import HISTORY_TTL, HistoryRecord, history_key, parse_history
 from protocol.keys import RUNS_KEY, key_fingerprint, owned_subkey, peers_key
 from protocol.records import (
     MAX_RECORD_TTL,
@@ -282,3 +284,26 @@ def read_assignments(dht: hivemind.DHT, spec: RunSpec) -> Dict[str, ChainAssignm
             continue
         parsed.append(a)
     return latest_assignments(parsed)
+
+
+# ---- the loss history (coordinator) ---------------------------------------------------------------
+def publish_history(dht: hivemind.DHT, spec: RunSpec, record: HistoryRecord, ttl: float = HISTORY_TTL):
+    """Store the dashboard's loss history, signed by this node's key (the run's key); returns the store's future."""
+    return _store(dht, history_key(spec.run_id), record.to_bytes(), ttl)
+
+
+def read_history(dht: hivemind.DHT, spec: RunSpec) -> Optional[HistoryRecord]:
+    """The loss history of this run's spec, if the run's key stored one that parses; else None."""
+    owner = trust_of(dht).owners.get(spec.run_id)
+    for e in _read(dht, history_key(spec.run_id), HISTORY_TTL):
+        if e.owner != owner or e.name:
+            logger.debug(f"skipping a loss history signed by {e.peer}, not by the run's key")
+            continue
+        try:
+            record = parse_history(e.body)
+        except ProtocolError as err:
+            logger.debug(f"skipping a malformed loss history: {err}")
+            continue
+        if record.spec == spec.digest():
+            return record
+    return None

@@ -21,7 +21,16 @@ from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import MSGPackSerializer, get_dht_time
 
-from protocol.keys import CANDIDATES_FIELD, CHAINS_FIELD, OWNER_PREFIX, PEERS_FIELD, RUNS_KEY, RUNS_PREFIX, split_subkey
+from protocol.keys import (
+    CANDIDATES_FIELD,
+    CHAINS_FIELD,
+    HISTORY_FIELD,
+    OWNER_PREFIX,
+    PEERS_FIELD,
+    RUNS_KEY,
+    RUNS_PREFIX,
+    split_subkey,
+)
 from protocol.records import (
     MAC_BYTES,
     MAX_BODY_BYTES,
@@ -59,9 +68,11 @@ class RunSchema(pydantic.BaseModel):
     peers: Dict[BytesWithPublicKey, Envelope]
     chain_candidates: Dict[BytesWithPublicKey, Envelope]
     chains: Dict[BytesWithPublicKey, Envelope]
+    history: Dict[BytesWithPublicKey, Envelope]
 
 
-assert RUNS_KEY == f"{RUNS_PREFIX}_runs" and list(RunSchema.__fields__) == [PEERS_FIELD, CANDIDATES_FIELD, CHAINS_FIELD]
+assert RUNS_KEY == f"{RUNS_PREFIX}_runs"
+assert list(RunSchema.__fields__) == [PEERS_FIELD, CANDIDATES_FIELD, CHAINS_FIELD, HISTORY_FIELD]
 
 
 def key_id(key: str) -> bytes:

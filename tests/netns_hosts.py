@@ -304,6 +304,14 @@ class Hosts:
                 _sh("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *tbf_args(rate))
         self.rates[name] = rate
 
+    def block_inbound(self, name: str) -> None:
+        """Host ``name`` behind a NAT without port forwarding: its ``eth0`` drops every new connection
+        that comes in (iptables, conntrack), while its own connections out and their answers pass."""
+        if not shutil.which("iptables"):
+            raise RuntimeError("iptables is not installed")
+        _sh("ip", "netns", "exec", self.ns(name), "iptables", "-A", "INPUT", "-i", IFNAME,
+            "-m", "conntrack", "--ctstate", "NEW", "-j", "DROP")  # fmt: skip
+
     def link_down(self, name: str) -> None:
         """Take host ``name``'s ``eth0`` down: it can reach no one and no one reaches it."""
         _sh("ip", "-n", self.ns(name), "link", "set", IFNAME, "down")

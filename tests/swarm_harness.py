@@ -97,7 +97,7 @@ class Swarm:
     ``join_token``, for a private run)."""
 
     def __init__(self, workdir: Path, strategy: str = "sparseloco", inner_steps: int = 20, spec_text: Optional[str] = None,
-                 join_token: Optional[str] = None):
+                 join_token: Optional[str] = None, dashboard_port: int = 0):
         self.workdir = workdir
         self.spec_path = workdir / "run.toml"
         self.spec_path.write_text(spec_text or TINY_SPEC.format(run_id="test", strategy=strategy, inner_steps=inner_steps))
@@ -108,7 +108,7 @@ class Swarm:
         token = ["--join-token", join_token] if join_token else []
         self.coordinator = self._start(
             voloco("coordinator", "--config", str(self.spec_path), "--host-maddrs", LOOPBACK, "--address-file", str(addr_file),
-                   *token),
+                   "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port), *token),  # 0: none
             workdir / "coordinator.log",
         )
         deadline = time.monotonic() + 60
@@ -154,8 +154,10 @@ class Swarm:
         self.wait(lambda: groupmate_pairs([self.status(n) for n in names]) >= pairs, timeout, what)
 
     def round_of(self, name: str) -> int:
+        """The round a peer is in once it has trained one (-1 before: a peer writes its status file
+        from start-up on, and a late joiner's first status names the round it downloaded)."""
         s = self.status(name)
-        return s["round"] if s else -1
+        return s["round"] if s and s.get("history") else -1
 
     def close(self) -> None:
         for p in reversed(self.procs):

@@ -123,15 +123,21 @@ def test_a_full_replica_does_not_wait_for_a_chain_whose_stage_is_unreachable(tmp
         before = [r["seconds"] for r in history[2:alone]]
         beside = [r["seconds"] for r in history[start:]]
         ratio = statistics.median(beside) / statistics.median(before)
-        # the chain never exchanged: no round waited for its stages (round_wait is 20 s)
-        assert ratio < 1.5 and max(beside) < 15.0, (before, beside)
+        # the chain never exchanged: no round waited for its stages at the barrier (waiting for one
+        # would take the straggler allowance, >= 5 s, or round_wait, 20 s). The round time itself
+        # grows only by what the stage processes take of this machine's CPU (x1.21 on a quiet
+        # machine; see the note printed below), which a busy machine inflates further.
+        waited = [r["waited"] for r in history[start:]]
+        assert max(waited) < 1.0, (waited, beside)
+        assert ratio < 3.0 and max(beside) < 15.0, (before, beside)
         text = swarm.text(failed()[0])
         assert "10.254.254." in text and "--stage-host" in text  # says where it dialed and what to do
         assert not any(swarm.status(n) and swarm.status(n)["history"] for n in dead)  # the chain never trained
         for r in history[start:]:
             assert r["group"] == [swarm.status("full")["peer_id"]] or len(r["group"]) == 1, r
         print(f"full replica's median round: {statistics.median(before):.2f} s alone, "
-              f"{statistics.median(beside):.2f} s beside the broken chain (x{ratio:.2f})")
+              f"{statistics.median(beside):.2f} s beside the broken chain (x{ratio:.2f}); "
+              f"at most {max(waited):.2f} s at the barrier")
 
 
 def test_three_low_memory_hosts_make_the_chains_their_capacity_allows(tmp_path):

@@ -5,18 +5,22 @@
     voloco demo [--peers N] [--minutes M]    a coordinator and N peers on this machine
 
 Each command's flags and code live in its own layer (``coordinator.cli``, ``peer.cli``,
-``voloco.demo``); this module only composes them. Bad input exits with code 2 and one line on
+``voloco.demo``); this module only composes them. Every flag can also come from a settings file
+(``--settings``, a table per command) or a ``VOLOCO_<FLAG>`` environment variable (swarm/settings.py):
+flags > environment > settings file > defaults. Bad input exits with code 2 and one line on
 stderr that says what to fix.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import List, Optional
 
 import coordinator.cli
 import peer.cli
 from swarm.console import EXIT_USAGE, add_log_level, run_command
+from swarm.settings import SettingsError, add_settings_argument, parse_args, precedence_epilog
 from voloco import demo
 
 COMMANDS = {  # name: (one-line help, add_arguments, run)
@@ -31,19 +35,27 @@ def build_parser() -> argparse.ArgumentParser:
         prog="voloco",
         description="Train a language model together with volunteers over the internet.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Run `voloco COMMAND --help` for the flags of each command.",
+        epilog="Run `voloco COMMAND --help` for the flags of each command.\n"
+        "Every flag can also be set in a settings file (--settings) or a VOLOCO_* environment variable.\n"
+        "Precedence: flags > environment > settings file > defaults.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (summary, add_arguments, _) in COMMANDS.items():
-        p = sub.add_parser(name, help=summary)
+        p = sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".",
+                           epilog=precedence_epilog(name))
         add_arguments(p)
         add_log_level(p)
+        add_settings_argument(p)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parse_args(parser, argv)  # flags > VOLOCO_* environment > settings file > defaults
+    except SettingsError as e:
+        print(f"voloco: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE

@@ -2,7 +2,12 @@
 
 Every child runs in its own process group, so stopping the demo (or Ctrl+C) takes down each
 child's DHT process and p2pd daemon with it: nothing is left running. The children are
-``python -m voloco coordinator`` and ``python -m voloco peer``: what a person would run.
+``python -m voloco coordinator`` and ``python -m voloco peer``: what a person would run, with
+the demo's flags only (no ``VOLOCO_*`` variable reaches them, so no settings file either).
+
+While the peers start, the demo prints each one's phase (from its status file: joining the DHT,
+loading data, waiting for a chain, ...), then one line of rounds and validation loss every few
+seconds; it prints the coordinator's dashboard address when the coordinator announces one.
 """
 
 from __future__ import annotations
@@ -11,16 +16,19 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from protocol.capacity import replica_bytes
 from swarm.console import UsageError, human_bytes
+from swarm.jsonout import write as write_json
+from swarm.settings import ENV_PREFIX
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
@@ -40,12 +48,18 @@ def add_arguments(d: argparse.ArgumentParser) -> None:
     d.add_argument("--workdir", type=Path, help="where logs, checkpoints and status files go (default: a temporary directory)")
 
 
+def child_env() -> Dict[str, str]:
+    """The demo's environment without ``VOLOCO_*``: its children run with the demo's flags only."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+
+
 class Child:
     def __init__(self, name: str, argv: List[str], log: Path):
         self.name, self.log = name, log
         self.log_file = open(log, "wb")
         self.proc = subprocess.Popen(
-            argv, stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            argv, stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            env=child_env(),
         )
 
     def signal_group(self, sig: int) -> None:
@@ -201,6 +215,64 @@ def print_summary(summary: Dict[str, Any]) -> None:
     print(f"wall time        {summary['wall_s']:.0f} s")
 
 
+STARTED = ("training", "stopping", "stopped")  # phases past start-up (peer/lifecycle.py)
+_URL = re.compile(r"^dashboard: (https?://\S+)", re.M)
+
+
+def peer_phase(status: Optional[Dict[str, Any]], exit_code: Optional[int]) -> str:
+    """What a peer is doing, from its status file: its start-up phase, or ``round N`` once it trains."""
+    if exit_code is not None:
+        return f"exited ({exit_code})"
+    if status is None:
+        return "starting"
+    phase = status.get("phase") or ("training" if status.get("rounds") else "starting")
+    return f"round {status.get('round', 0)}" if phase in STARTED else phase
+
+
+def progress_line(elapsed: float, names: Sequence[str], statuses: Sequence[Optional[Dict[str, Any]]],
+                  exit_codes: Sequence[Optional[int]]) -> str:
+    """One line of the demo's progress: each peer's phase while any is starting, then rounds and loss."""
+    phases = [peer_phase(s, c) for s, c in zip(statuses, exit_codes)]
+    vals = [s["val_loss"] for s in statuses if s and _finite(s.get("val_loss")) and s.get("rounds")]
+    loss = f" | val loss {min(vals):.3f}" if vals else ""
+    head = f"[{elapsed:5.0f} s] "
+    if all(p.startswith("round ") for p in phases):
+        return head + "rounds " + " ".join(p.split()[1] for p in phases) + loss
+    return head + " | ".join(f"{n}: {p}" for n, p in zip(names, phases)) + loss
+
+
+def dashboard_address(log: Path) -> Optional[str]:
+    """The dashboard's address once the coordinator has logged it (``dashboard: URL``), else None."""
+    try:
+        found = _URL.search(log.read_text(errors="replace"))
+    except OSError:
+        return None
+    if found is None:
+        return None
+    return re.sub(r"//(0\.0\.0\.0|localhost|\[::\])(?=[:/])", "//127.0.0.1", found.group(1))
+
+
+def watch_progress(workdir: Path, coord: "Child", peers: List["Child"], names: Sequence[str], t0: float,
+                   deadline: float, live_every: float = 5.0) -> None:
+    """Print the peers' phases as they change while they start, then a live line every few seconds."""
+    last_line, last_print, dashboard = "", 0.0, None
+    while time.monotonic() < deadline:
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        now = time.monotonic()
+        if dashboard is None and (dashboard := dashboard_address(coord.log)) is not None:
+            print(f"dashboard: {dashboard}", flush=True)
+        statuses = [read_status(workdir, i) for i in range(len(peers))]
+        line = progress_line(now - t0, names, statuses, [c.proc.poll() for c in peers])
+        changed = line.split("] ", 1)[1] != last_line.split("] ", 1)[-1]
+        starting = not line.split("] ", 1)[1].startswith("rounds ")
+        if (starting and changed) or now - last_print >= (15.0 if starting else live_every):
+            print(line, flush=True)
+            last_line, last_print = line, now
+        if coord.proc.poll() is not None:
+            print(f"the coordinator exited with code {coord.proc.returncode}; see {coord.log}", flush=True)
+            return
+
+
 def run_demo(args: argparse.Namespace) -> int:
     from coordinator.server import load_spec  # hivemind and torch: not for `voloco --help`
 
@@ -231,14 +303,8 @@ def run_demo(args: argparse.Namespace) -> int:
             argv = peer_argv(join, workdir, i, memory_gb=memory, run_key=run_key)
             children.append(Child(f"peer{i}", argv, workdir / f"peer{i}.log"))
         deadline = t0 + args.minutes * 60
-        while time.monotonic() < deadline:
-            time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
-            statuses = [read_status(workdir, i) for i in range(args.peers + args.chain_peers)]
-            rounds = [s["round"] if s else "-" for s in statuses]
-            vals = [s["val_loss"] for s in statuses if s and _finite(s.get("val_loss"))]
-            dead = [c.name for c in children if c.proc.poll() is not None]
-            print(f"[{time.monotonic() - t0:5.0f} s] rounds {rounds} | val loss "
-                  f"{min(vals) if vals else float('nan'):.3f}" + (f" | exited: {', '.join(dead)}" if dead else ""), flush=True)
+        names = [f"peer{i}" + (" (chain)" if i >= args.peers else "") for i in range(args.peers + args.chain_peers)]
+        watch_progress(workdir, coord, children[1:], names, t0, deadline)
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted: stopping every process", flush=True)
@@ -250,5 +316,5 @@ def run_demo(args: argparse.Namespace) -> int:
     summary = summarize([read_status(workdir, i) for i in range(args.peers + args.chain_peers)], time.monotonic() - t0)
     print_summary(summary)
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=2))
+        write_json(args.json, summary, indent=2)  # strict JSON: an unknown loss is null, never NaN
     return 130 if interrupted else 0

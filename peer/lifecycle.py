@@ -1,0 +1,123 @@
+"""A peer's start-up phases, as it reports them, and its clean stop.
+
+Start-up takes a while (the DHT, the run spec, the corpus, a chain assignment, the swarm's state),
+so the peer says where it is: its status file (``--status-file``) is written at each phase with a
+``phase`` field, and keeps one afterwards, derived from its state:
+
+    starting -> joining the DHT -> loading data -> [waiting for a chain] -> getting the swarm's state
+    -> [waiting for peers] -> [linking the chain] -> training -> stopping -> stopped
+
+Until the first round ends the status has every key a full one has, with neutral values (round 0,
+no history, ``null`` losses), so readers need no special case.
+
+Stopping (Ctrl+C, SIGTERM): the round in progress is abandoned (its parameters stay those of the
+round's start; a gather under way ends within its own timeout), the peer writes a checkpoint when
+the last one is not of its current parameters (e.g. it stopped during its first round, or after
+downloading the swarm's state), says "stopped" in the DHT and its status file, and shuts down
+hivemind's averager and DHT processes, which stop their p2pd daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, Optional, Tuple
+
+from peer import checkpoints
+from peer.reporting import write_status
+
+logger = logging.getLogger("voloco.peer")
+
+# the start-up phases, and what the peer's state means once it runs
+STATE_PHASES = {"waiting": "waiting for peers", "linking": "linking the chain", "stopped": "stopped"}
+
+
+def set_phase(peer, phase: str) -> None:
+    """Enter a start-up phase: log it and write the status file with it."""
+    peer.phase = phase
+    logger.debug(f"phase: {phase}")
+    try:
+        write_status(peer.opts.status_file, peer.status() if getattr(peer, "engine", None) is not None else startup_status(peer))
+    except OSError as e:  # a status file that cannot be written must not stop the peer
+        logger.warning(f"could not write the status file {peer.opts.status_file}: {e}")
+
+
+def report_phase(peer) -> None:
+    """Once the peer runs: write the status file when its phase changes (training, linking, ...)."""
+    phase = phase_of(peer)
+    if getattr(peer, "started", False) and phase != getattr(peer, "_reported_phase", None):
+        peer._reported_phase = phase
+        set_phase(peer, phase)
+
+
+def phase_of(peer) -> str:
+    """The phase to report: the start-up phase until the peer runs, then its state's."""
+    if peer.state in STATE_PHASES:
+        return STATE_PHASES[peer.state]
+    if getattr(peer, "started", False):
+        return "stopping" if peer.stop_event.is_set() else "training"
+    return getattr(peer, "phase", "starting")
+
+
+def startup_status(peer) -> Dict[str, Any]:
+    """The status before the peer has a model: every key of ``Peer.status()``, neutral values."""
+    spec = getattr(peer, "spec", None)
+    return {
+        "peer_id": getattr(peer, "peer_id", ""),
+        "run_id": spec.run_id if spec is not None else None,
+        "spec": spec.digest() if spec is not None else None,
+        "strategy": spec.outer.strategy if spec is not None else None,
+        "state": peer.state,
+        "phase": phase_of(peer),
+        "round": 0,
+        "initial_val_loss": None,
+        "val_loss": None,
+        "tokens": 0,
+        "rounds": 0,
+        "bytes_sent": 0,
+        "bytes_received": 0,
+        "params_hash": "",
+        "history": [],
+    }
+
+
+def _saved_key(peer) -> Tuple[int, str]:
+    return peer.engine.round, peer.engine.params_hash()
+
+
+def save_checkpoint(peer) -> None:
+    """The end-of-round checkpoint (when --checkpoint-dir), remembered so the stop does not repeat it."""
+    if peer.role is None or not peer.role.checkpointed or peer.opts.checkpoint_dir is None:
+        return
+    checkpoints.save(peer.opts.checkpoint_dir, peer.spec, peer.engine, peer.role, peer.totals.tokens)
+    peer._checkpointed = _saved_key(peer)
+
+
+def final_checkpoint(peer) -> None:
+    """On stop: a checkpoint of the current parameters, unless the last one already is."""
+    engine = getattr(peer, "engine", None)
+    if engine is None or peer.role is None or not peer.role.checkpointed or peer.opts.checkpoint_dir is None:
+        return
+    if getattr(peer, "_checkpointed", None) == _saved_key(peer):
+        return
+    try:
+        save_checkpoint(peer)
+        logger.info(f"stopping: wrote a checkpoint of round {engine.round} to {peer.opts.checkpoint_dir}")
+    except Exception as e:  # never lose the rest of the stop to a full disk
+        logger.error(f"stopping: could not write a checkpoint: {e!r}")
+
+
+def shutdown(peer, closers: Tuple[Optional[Any], ...]) -> None:
+    """Checkpoint, then stop hivemind's processes (and with them p2pd): the chain's links, the
+    averager, the DHT, in that order."""
+    peer.stop_event.set()
+    final_checkpoint(peer)
+    if not getattr(peer, "started", False) and peer.state != "stopped":  # stopped during start-up
+        peer.state = "stopped"
+        set_phase(peer, "stopped")
+    for closer in closers:
+        if closer is not None:
+            try:
+                closer.shutdown()
+            except Exception as e:
+                logger.debug(f"shutdown: {e!r}")
+    logger.info("stopped")

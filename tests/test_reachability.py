@@ -1,0 +1,159 @@
+"""The reachability dial-back (swarm/reachability.py): real DHT nodes on loopback for the check,
+a stand-in daemon for the helper's bounds on what a hostile asker can make it do."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from types import SimpleNamespace
+
+import pytest
+from hivemind.p2p import PeerID
+from multiaddr import Multiaddr
+
+from swarm import reachability as reach
+from swarm.dht import start_dht
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    first = start_dht((), LOOPBACK)
+    second = start_dht(first.get_visible_maddrs(), LOOPBACK)
+    yield first, second
+    for d in (second, first):
+        d.shutdown()
+
+
+def test_a_node_on_loopback_is_dialed_back_at_its_address(nodes):
+    first, second = nodes
+    check = reach.check_reachability(second, [first.peer_id.to_base58()])
+    assert check.reach == reach.PUBLIC, check.answers
+    (answer,) = check.answers.values()
+    assert answer["ok"] is True and answer["seen"] == "127.0.0.1" and "/ip4/127.0.0.1/tcp/" in answer["addr"]
+    level, message = reach.advice(check, client_mode=False, port=None)
+    assert level == logging.INFO and "public" in message
+
+
+def test_an_address_nobody_listens_at_is_reported_unreachable_with_what_to_do(nodes):
+    first, second = nodes
+    port = free_port()
+    check = reach.check_reachability(first, [second.peer_id.to_base58()], addrs=[f"/ip4/127.0.0.1/tcp/{port}"])
+    assert check.reach == reach.CLIENT, check.answers
+    assert "refused" in check.reason
+    level, message = reach.advice(check, client_mode=False, port=None)
+    assert level == logging.WARNING
+    for hint in ("forward (or open) TCP port", "--announce-maddrs /ip4/127.0.0.1/tcp/", "--client-mode", "--host-maddrs"):
+        assert hint in message, message
+    _, quiet = reach.advice(check, client_mode=True, port=31337)
+    assert "--client-mode" in quiet and "still trains" in quiet
+
+
+def test_no_helper_or_a_silent_one_is_unknown_and_never_raises(nodes):
+    first, _ = nodes
+    assert reach.check_reachability(first, []).reach == reach.UNKNOWN
+    stranger = "QmXjP5fwkdJ9UytA8Zs8SYzqfg3Wzo5yz88RoE6Nxc3U5W"  # no such node: no answer
+    check = reach.check_reachability(first, [stranger], timeout=3)
+    assert check.reach == reach.UNKNOWN and check.answers[stranger]["ok"] is None
+
+
+def test_watch_sets_reach_in_the_background(nodes):
+    first, _ = nodes
+    third = start_dht(first.get_visible_maddrs(), LOOPBACK)  # a helper answers one check per asker every 10 s
+    try:
+        owner = SimpleNamespace()
+        thread = reach.watch_reachability(owner, third, first.get_visible_maddrs(), False, LOOPBACK)
+        assert owner.reach == reach.UNKNOWN  # at once, before any answer
+        thread.join(30)
+        assert owner.reach == reach.PUBLIC
+        client = SimpleNamespace()
+        reach.watch_reachability(client, third, [], True, LOOPBACK).join(30)
+        assert client.reach == reach.CLIENT  # a --client-mode peer is one, whatever the check finds
+    finally:
+        third.shutdown()
+
+
+def test_a_private_run_checks_with_its_token():
+    token = "t" * 24
+    first = start_dht((), LOOPBACK, join_token=token)
+    try:
+        second = start_dht(first.get_visible_maddrs(), LOOPBACK, join_token=token)
+        try:
+            assert reach.check_reachability(second, [first.peer_id.to_base58()]).reach == reach.PUBLIC
+        finally:
+            second.shutdown()
+    finally:
+        first.shutdown()
+
+
+# ---- the helper's bounds, against a stand-in daemon ---------------------------------------------
+class FakeP2P:
+    def __init__(self, asker: PeerID, seen: str):
+        self.asker, self.seen = asker, seen
+
+    async def list_peers(self):
+        return [SimpleNamespace(peer_id=self.asker, addrs=[Multiaddr(f"/ip4/{self.seen}/tcp/40000")])]
+
+
+def test_the_helper_dials_only_where_the_asker_connects_from_and_bounds_requests(monkeypatch):
+    asker = PeerID.from_base58("QmXjP5fwkdJ9UytA8Zs8SYzqfg3Wzo5yz88RoE6Nxc3U5W")
+    dialed = []
+
+    async def fake_dial(peer, targets, timeout):
+        dialed.append((peer, [str(t) for t in targets], timeout))
+        return False, "", "dial tcp: connection refused"
+
+    monkeypatch.setattr(reach, "dial", fake_dial)
+    servicer = reach.DialBack(FakeP2P(asker, "10.1.2.3"))
+
+    def ask(keys):
+        return asyncio.run(servicer._answer(asker, keys))
+
+    # a third party's address is never dialed: only the ports, on the asker's own IP
+    answer = ask([b"/ip4/8.8.8.8/tcp/53", b"/ip4/10.1.2.3/tcp/31337/p2p/QmXjP5fwkdJ9UytA8Zs8SYzqfg3Wzo5yz88RoE6Nxc3U5W"])
+    assert dialed == [(asker, ["/ip4/10.1.2.3/tcp/53", "/ip4/10.1.2.3/tcp/31337"], reach.DIAL_TIMEOUT_S)]
+    assert answer == {"ok": False, "addr": "", "seen": "10.1.2.3", "why": "connection refused"}
+    with pytest.raises(reach.ReachError, match="too soon"):  # one request per asker every MIN_INTERVAL_S
+        ask([b"/ip4/10.1.2.3/tcp/1"])
+    servicer._last.clear()
+    with pytest.raises(reach.ReachError, match="at most"):
+        ask([b"/ip4/10.1.2.3/tcp/%d" % p for p in range(1, reach.MAX_ADDRS + 2)])
+    with pytest.raises(reach.ReachError, match="at most"):
+        ask([b"/ip4/10.1.2.3/tcp/1" + b"/" * reach.MAX_ADDR_BYTES])
+    servicer._last.clear()
+    assert ask([b"garbage", b"/dns4/example.com/tcp/80", b"/ip4/10.1.2.3/udp/9"])["ok"] is None  # nothing to dial
+    assert len(dialed) == 1
+
+
+def test_the_handler_answers_garbage_with_a_bounded_message(monkeypatch):
+    from hivemind.proto import dht_pb2
+
+    asker = PeerID.from_base58("QmXjP5fwkdJ9UytA8Zs8SYzqfg3Wzo5yz88RoE6Nxc3U5W")
+    servicer = reach.DialBack(FakeP2P(asker, "10.1.2.3"))
+    request = dht_pb2.FindRequest(keys=[b"x" * 10_000] * 50)
+    response = asyncio.run(servicer.rpc_dial_back(request, SimpleNamespace(remote_id=asker)))
+    assert len(response.results) == 1 and len(response.results[0].value) < reach.MAX_ANSWER_BYTES
+
+
+def test_listen_port_and_endpoints():
+    assert reach.listen_port(["/ip4/0.0.0.0/tcp/0"]) is None
+    assert reach.listen_port(["/ip4/0.0.0.0/tcp/31337"]) == 31337
+    assert reach.tcp_endpoints(["/ip4/1.2.3.4/tcp/5/p2p/QmXjP5fwkdJ9UytA8Zs8SYzqfg3Wzo5yz88RoE6Nxc3U5W", "junk",
+                                "/ip6/::1/tcp/7", "/ip4/1.2.3.4/udp/5/quic"]) == [("ip4", "1.2.3.4", 5), ("ip6", "::1", 7)]
+
+
+def test_state_sources_that_others_cannot_dial_come_last():
+    from peer.state_sync import order_sources
+
+    view = lambda name, reach_: SimpleNamespace(peer_id=name, progress=SimpleNamespace(round=5, reach=reach_))  # noqa: E731
+    views = [view("hidden", "client"), view("open", "public"), view("new", "unknown")]
+    for _ in range(5):
+        assert [v.peer_id for v in order_sources(views, 5)][-1] == "hidden"
