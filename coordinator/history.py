@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional
 
-from protocol.history import HISTORY_TTL, MAX_POINTS, HistoryPoint, HistoryRecord
+from protocol.history import HISTORY_TTL, MAX_COUNT, MAX_POINTS, HistoryPoint, HistoryRecord
 
 logger = logging.getLogger("voloco.coordinator")
 
@@ -76,13 +76,13 @@ class LossSeries:
 
 def sample(run: Dict[str, Any], now: Optional[float] = None) -> Optional[HistoryPoint]:
     """The history point of a snapshot's run section; None before any live peer reported a round."""
-    if run["round"] < 0 or run["peers"] == 0:
-        return None
+    if run["round"] < 0 or run["peers"] == 0 or run["round"] > MAX_COUNT:
+        return None  # a round past MAX_COUNT is no honest one, and would make the stored record unreadable
     nan = float("nan")
-    return HistoryPoint(
+    return HistoryPoint(  # totals are sums of peers' claims: capped, so the record always parses (and packs)
         round=int(run["round"]),
-        tokens=int(run["tokens_total"]),
-        bytes=int(run["bytes_sent_total"]),
+        tokens=min(int(run["tokens_total"]), MAX_COUNT),
+        bytes=min(int(run["bytes_sent_total"]), MAX_COUNT),
         peers=int(run["peers"]),
         loss=run["loss"] if run["loss"] is not None else nan,
         val_loss=run["val_loss"] if run["val_loss"] is not None else nan,

@@ -160,11 +160,11 @@ def build_snapshot(info: RunInfo, views: Sequence[Any], assignments: Mapping[str
     rnd = swarm_round([v.progress.round for v in live])
     members = sorted(v.peer_id for v in live if v.progress.round == rnd)
     at_round = [v.progress for v in live if v.progress.round == rnd]
-    vals = [loss_or_nan(v.progress.val_loss) for v in live]
     rows = {v.peer_id: peer_row(v, role_of(v.peer_id, v.progress, assignments, candidates), now, record_ttl) for v in ours}
     shown = sorted(rows.values(), key=lambda r: (r["state"] == "stopped", -(r["tokens_per_s"] or 0.0), r["peer_id"]))
     points = (history or {}).get("points", [])
     best_hist = [pt["val_loss"] for pt in points if pt.get("val_loss") is not None and not math.isnan(pt["val_loss"])]
+    val_now = median_loss(p.val_loss for p in at_round)  # a median: one peer's claim cannot set the best
     tps = sum(r["tokens_per_s"] or 0.0 for r in rows.values() if r["state"] != "stopped")
     run = {
         "run_id": info.run_id,
@@ -175,15 +175,16 @@ def build_snapshot(info: RunInfo, views: Sequence[Any], assignments: Mapping[str
         "slices": info.slices,
         "time": wall_time,
         "round": rnd,
-        "members": members,
+        "members": members[:MAX_PEERS_SHOWN],  # bounded like the peers table
+        "members_total": len(members),
         "peers": len(live),
         "peers_stopped": len(ours) - len(live),
         "foreign_records": len(views) - len(ours),
         "chains": len({a.chain.chain_id for a in assignments.values()}),
         "candidates": len(candidates),
         "loss": median_loss(p.loss for p in at_round),
-        "val_loss": median_loss(p.val_loss for p in at_round),
-        "best_val_loss": min([x for x in vals if not math.isnan(x)] + best_hist, default=float("nan")),
+        "val_loss": val_now,
+        "best_val_loss": min(([] if math.isnan(val_now) else [val_now]) + best_hist, default=float("nan")),
         "tokens_per_s": tps,
         "tokens_total": totals.tokens.total if totals else sum(v.progress.tokens for v in ours),
         "bytes_sent_total": totals.sent.total if totals else sum(v.progress.bytes_sent for v in ours),

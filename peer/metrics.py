@@ -70,6 +70,8 @@ class _Server(ThreadingMixIn, WSGIServer):
 
 
 class _Quiet(WSGIRequestHandler):
+    timeout = 10.0  # seconds a connection may stay silent: idle or slow clients cannot pile up threads
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
         pass
 

@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import msgpack
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
@@ -84,6 +84,7 @@ class DialBack(ServicerBase):
         self.p2p = p2p
         self._probes: Optional[asyncio.Semaphore] = None
         self._last: Dict[PeerID, float] = {}
+        self._running: Set[asyncio.Task] = set()  # probes under way (a strong reference: tasks are weakly held)
 
     async def rpc_dial_back(self, request: dht_pb2.FindRequest, context: P2PContext) -> dht_pb2.FindResponse:
         """Dial the asker back from a fresh daemon; answer {"ok": bool|None, "addr", "seen", "why"}."""
@@ -120,11 +121,22 @@ class DialBack(ServicerBase):
             await asyncio.wait_for(self._probes.acquire(), QUEUE_WAIT_S)
         except asyncio.TimeoutError:
             raise ReachError("busy with other checks") from None
+        # The probe runs as a task of its own that holds the permit until its daemon is gone: an asker
+        # that cancels its call (hivemind cancels this handler) must neither leave a starting p2pd
+        # behind (P2P.create does not clean up when cancelled) nor free the permit early.
+        probe = asyncio.ensure_future(self._probe(asker, targets))
+        self._running.add(probe)
+        probe.add_done_callback(self._running.discard)
+        ok, addr, error = await asyncio.shield(probe)
+        return {"ok": ok, "addr": addr, "seen": seen[0][1], "why": dial_failure(error) if error else ""}
+
+    async def _probe(self, asker: PeerID, targets: List[Multiaddr]) -> Tuple[Optional[bool], str, str]:
         try:
-            ok, addr, error = await dial(asker, targets, DIAL_TIMEOUT_S)
+            return await dial(asker, targets, DIAL_TIMEOUT_S)
+        except Exception as e:  # e.g. the probe daemon did not start: no verdict on the asker
+            return None, "", f"the check failed here ({type(e).__name__})"
         finally:
             self._probes.release()
-        return {"ok": ok, "addr": addr, "seen": seen[0][1], "why": dial_failure(error) if error else ""}
 
     async def _seen_from(self, asker: PeerID) -> List[Tuple[str, str]]:
         """(ip4|ip6, ip) of the connections ``asker`` has open to this node, as this node sees them."""

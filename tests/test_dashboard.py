@@ -68,6 +68,9 @@ def test_one_liar_moves_neither_the_round_nor_the_loss():
     snap = snapshot([view("A", rnd=7, val_loss=2.0), view("B", rnd=7, val_loss=2.1), liar])
     assert snap["run"]["round"] == 7 and snap["run"]["members"] == ["A", "B"]
     assert snap["run"]["val_loss"] == pytest.approx(2.05)
+    assert snap["run"]["best_val_loss"] == pytest.approx(2.05)  # not the liar's 0.0: the best of the medians
+    history = {"stride": 1, "points": [{"round": 5, "val_loss": 1.9}, {"round": 6, "val_loss": float("nan")}]}
+    assert snapshot([view("A", rnd=7, val_loss=2.0), liar], history=history)["run"]["best_val_loss"] == 1.9
     assert swarm_round([5]) == 5 and swarm_round([]) == -1 and swarm_round([1, 9, 2]) == 2
     assert math.isnan(median_loss([float("inf"), -1.0, 1e9, float("nan")]))  # none of them is a loss
     assert median_loss([1.0, float("nan"), 3.0, -2.0]) == 2.0
@@ -99,6 +102,8 @@ def test_the_peers_table_is_bounded():
     peers = snap["peers"]
     assert peers["total"] == MAX_PEERS_SHOWN + 10 and peers["shown"] == len(peers["rows"]) == MAX_PEERS_SHOWN
     assert peers["rows"][0]["peer_id"] == f"P{MAX_PEERS_SHOWN + 9:04d}"  # the busiest first
+    run = snap["run"]  # the round's members are bounded too (a page of chips, not thousands)
+    assert len(run["members"]) == MAX_PEERS_SHOWN and run["members_total"] == MAX_PEERS_SHOWN + 10
 
 
 def test_totals_keep_peers_that_left_and_a_restored_floor():
@@ -267,3 +272,19 @@ def test_a_busy_dashboard_port_does_not_stop_the_coordinator(server, caplog):
         assert url.startswith("http://127.0.0.1:") and json.loads(get(dash.server, "/api/run")[2]) is None
     finally:
         dash.server.stop()
+
+
+def test_a_peer_claiming_huge_counts_leaves_the_stored_history_readable():
+    from protocol.history import MAX_COUNT, parse_history
+
+    totals = Totals()
+    huge = (1 << 64) - 1  # the most a msgpack int (a progress record) can claim
+    run = snapshot([view("A", tokens=huge, bytes_sent=huge), view("B", tokens=huge, bytes_sent=huge)],
+                   totals=totals)["run"]
+    assert run["tokens_total"] > MAX_COUNT
+    p = sample(run)
+    assert p.tokens == MAX_COUNT and p.bytes == MAX_COUNT
+    s = LossSeries()
+    s.add(p)
+    assert parse_history(s.record(SPEC).to_bytes()).points == [p]  # a restarted coordinator reads it back
+    assert sample({**run, "round": MAX_COUNT + 1}) is None

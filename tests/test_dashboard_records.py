@@ -221,3 +221,18 @@ def test_peer_metrics_server():
     finally:
         srv.shutdown()
 
+
+
+def test_peer_metrics_server_drops_silent_connections(monkeypatch):
+    import socket
+
+    from peer import metrics
+
+    assert metrics._Quiet.timeout is not None and 0 < metrics._Quiet.timeout <= 60
+    monkeypatch.setattr(metrics._Quiet, "timeout", 0.5)
+    srv = MetricsServer(lambda: progress(), lambda: "12D3KooWpeer", 0, host="127.0.0.1")
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:  # connects, never asks
+            assert s.recv(1) == b""  # the server hung up on it (its thread is free again)
+    finally:
+        srv.shutdown()

@@ -157,3 +157,49 @@ def test_state_sources_that_others_cannot_dial_come_last():
     views = [view("hidden", "client"), view("open", "public"), view("new", "unknown")]
     for _ in range(5):
         assert [v.peer_id for v in order_sources(views, 5)][-1] == "hidden"
+
+
+def test_an_asker_that_cancels_neither_kills_the_probe_nor_frees_its_permit(monkeypatch):
+    # hivemind cancels the handler when the asker cancels its call: a probe daemon being started then
+    # must still be shut down by its own task, and keep its permit (MAX_PROBES) until it is
+    asker = PeerID.from_base58("QmXjP5fwkdJ9UytA8Zs8SYzqfg3Wzo5yz88RoE6Nxc3U5W")
+    events = []
+
+    async def slow_dial(peer, targets, timeout):
+        events.append("start")
+        try:
+            await asyncio.sleep(0.3)
+        except asyncio.CancelledError:
+            events.append("cancelled")
+            raise
+        events.append("done")
+        return True, str(targets[0]), ""
+
+    monkeypatch.setattr(reach, "dial", slow_dial)
+    servicer = reach.DialBack(FakeP2P(asker, "10.1.2.3"))
+
+    async def scenario():
+        handler = asyncio.ensure_future(servicer._answer(asker, [b"/ip4/10.1.2.3/tcp/31337"]))
+        await asyncio.sleep(0.1)
+        handler.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        held = servicer._probes._value  # the probe is still running: its permit is still taken
+        await asyncio.sleep(0.4)
+        return held, servicer._probes._value
+
+    held, after = asyncio.run(scenario())
+    assert events == ["start", "done"]
+    assert held == reach.MAX_PROBES - 1 and after == reach.MAX_PROBES
+
+
+def test_a_probe_that_cannot_start_gives_no_verdict(monkeypatch):
+    asker = PeerID.from_base58("QmXjP5fwkdJ9UytA8Zs8SYzqfg3Wzo5yz88RoE6Nxc3U5W")
+
+    async def broken_dial(peer, targets, timeout):
+        raise RuntimeError("p2pd did not start")
+
+    monkeypatch.setattr(reach, "dial", broken_dial)
+    servicer = reach.DialBack(FakeP2P(asker, "10.1.2.3"))
+    answer = asyncio.run(servicer._answer(asker, [b"/ip4/10.1.2.3/tcp/31337"]))
+    assert answer["ok"] is None and servicer._probes._value == reach.MAX_PROBES

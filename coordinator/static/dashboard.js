@@ -157,9 +157,10 @@ function renderChart(history) {
 function renderMembers(run) {
   document.getElementById("round-no").textContent = run.round >= 0 ? String(run.round) : "–";
   const members = Array.isArray(run.members) ? run.members : [];
-  replaceChildren(document.getElementById("members"), members.length
-    ? members.map(id => { const c = el("span", "chip", shortId(id)); c.title = String(id); return c; })
-    : [el("span", "muted", "no live peer at this round")]);
+  const chips = members.map(id => { const c = el("span", "chip", shortId(id)); c.title = String(id); return c; });
+  const more = num(run.members_total) ? run.members_total - members.length : 0;
+  if (more > 0) chips.push(el("span", "muted", `and ${more} more`));
+  replaceChildren(document.getElementById("members"), chips.length ? chips : [el("span", "muted", "no live peer at this round")]);
 }
 
 function cell(text, cls) { return el("td", cls, text); }
