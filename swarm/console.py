@@ -36,7 +36,19 @@ def setup_logging(level: str = "info") -> None:
     hm_level = logging.DEBUG if level == "debug" else logging.ERROR
     for name in ("hivemind",):
         logging.getLogger(name).setLevel(hm_level)
+    if level != "debug":
+        averager = logging.getLogger("hivemind.averaging.averager")
+        if not any(isinstance(f, _NoGroupFilter) for f in averager.filters):
+            averager.addFilter(_NoGroupFilter())
     os.environ.setdefault("GOLOG_LOG_LEVEL", "error")
+
+
+class _NoGroupFilter(logging.Filter):
+    """hivemind logs a round without a group as an ERROR with a traceback; voloco's own warning
+    ("found no group; keeping this round's update locally") says it once, in words."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "could not find a group" not in record.getMessage()
 
 
 def add_log_level(parser: argparse.ArgumentParser) -> None:

