@@ -16,6 +16,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--config", type=Path, help="run spec as TOML (see README; omitted fields take their defaults)")
     c.add_argument("--run-id", help="override the run id of the spec (a-z, 0-9, '_', '-')")
     c.add_argument("--strategy", choices=["diloco", "sparseloco", "dct"], help="override outer.strategy of the spec")
+    c.add_argument("--tokenizer", type=Path, metavar="PATH", help="a tokenizer.json the run uses (data.tokenizer = \"bpe\"); "
+                   "without it, a bpe run trains one on its corpus; peers fetch it from the swarm and check its sha256")
     c.add_argument(
         "--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/31337"],
         help="multiaddrs to listen on (default: /ip4/0.0.0.0/tcp/31337; use tcp/0 for a free port)",

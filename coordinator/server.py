@@ -30,6 +30,7 @@ from swarm.dht import start_dht
 from swarm.identity import trust_of
 from swarm.join_flags import join_token
 from swarm.records import publish_run, read_progress
+from swarm.tokenizer_share import serve_tokenizer
 
 logger = logging.getLogger("voloco.coordinator")
 
@@ -62,6 +63,11 @@ def join_addresses(dht) -> List[str]:
 
 def run_coordinator(args: argparse.Namespace) -> int:
     spec = load_spec(args.config, args.run_id, args.strategy)
+    tokenizer_json = None
+    if spec.data.tokenizer != "bytes" or getattr(args, "tokenizer", None):
+        from peer.tokenizer import coordinator_tokenizer  # torch and tokenizers: only for a BPE run
+
+        spec, tokenizer_json = coordinator_tokenizer(spec, getattr(args, "tokenizer", None))
     token = join_token(args)
     if args.identity is not None and not args.identity.parent.is_dir():
         raise UsageError(f"--identity {str(args.identity)!r}: directory {str(args.identity.parent)!r} does not exist")
@@ -72,6 +78,8 @@ def run_coordinator(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     dashboard = Dashboard(dht, spec)
     try:
+        if tokenizer_json is not None:  # before the spec: a peer that reads the spec can fetch it at once
+            serve_tokenizer(dht, spec.run_id, tokenizer_json)
         if not publish_run(dht, spec):
             logger.warning("the DHT did not accept the run spec yet; retrying")
         addrs = join_addresses(dht)

@@ -88,6 +88,7 @@ def save(directory: Optional[Path], spec: RunSpec, engine: RoundEngine, role, to
         "stream": role.stream.state_dict(),
         "optimizer": opt_rest,
         "tokens": tokens,
+        "run_spec": spec.to_dict(),  # the whole spec, so `voloco export`/`generate` need nothing else
     }
     save_checkpoint(directory, tensors, meta)
 

@@ -1,7 +1,10 @@
 """Corpus, byte tokenizer and the per-peer training stream.
 
-Tokens are utf-8 bytes (vocabulary 256), so there is no tokenizer file to agree on. A corpus is
-read once into two uint8 tensors: the training text and the validation text. Files go to one side
+By default tokens are utf-8 bytes (vocabulary 256), so there is no tokenizer file to agree on; a run
+may use a BPE tokenizer instead (peer/tokenizer.py), and the corpus then holds token ids. A corpus is
+read once into two uint8 tensors: the training text and the validation text. Besides text files it
+may hold ``.jsonl`` and ``.parquet`` files of documents, or be a pre-tokenized directory whose shards
+are memory-mapped (peer/data_formats.py). Files go to one side
 or the other by a hash of their path relative to the corpus root, so every machine that reads the
 same files makes the same split; a single file is split by position instead.
 
@@ -20,10 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple, Union
 
+import numpy as np
 import torch
+
+from peer.data_formats import STRUCTURED, DataError, is_pretokenized, open_tokens, read_documents
 
 __all__ = [
     "VOCAB_SIZE",
+    "BYTE_VOCAB",
     "DEFAULT_MAX_BYTES",
     "DataError",
     "Corpus",
@@ -34,16 +41,12 @@ __all__ = [
     "val_batches",
 ]
 
-VOCAB_SIZE = 256
+VOCAB_SIZE = BYTE_VOCAB = 256
 DEFAULT_MAX_BYTES = 40 * 1024 * 1024
 # directories of the standard library that are not library source, or differ between machines
 _STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "lib-dynload", "test", "tests", "idle_test"}
 
 Batch = Tuple[torch.Tensor, torch.Tensor]
-
-
-class DataError(ValueError):
-    """A corpus that cannot be used; the message says what is wrong and what to do."""
 
 
 # --- tokenizer ---------------------------------------------------------------------------------
@@ -69,19 +72,43 @@ class Corpus:
     val_files: int
     split: str  # "file" (by a hash of each relative path) or "position" (the tail is held out)
     truncated: bool  # True when max_bytes stopped the reading before the end
+    # what train and val hold: utf-8 bytes, or the ids of a BPE tokenizer (then torch int32 tensors,
+    # or numpy arrays memory-mapped from pre-tokenized shards)
+    tokenizer: str = "bytes"
+    tokenizer_sha256: str = ""
+    vocab_size: int = BYTE_VOCAB
+    val_bytes: int = -1  # bytes of text the validation tokens stand for (-1: one byte per token)
+    fingerprint: str = ""  # pre-tokenized: a digest of the sidecar (hashing every shard would take long)
 
     def digest(self) -> str:
         """A short fingerprint of the exact bytes: peers can check they read the same corpus."""
+        if self.fingerprint:
+            return self.fingerprint
         h = hashlib.sha256()
         for part in (self.train, self.val):
             h.update(len(part).to_bytes(8, "little"))
-            h.update(part.numpy().tobytes())
+            h.update(np.asarray(part).tobytes())
         return h.hexdigest()[:16]
 
+    @property
+    def bytes_per_token(self) -> float:
+        """Bytes of validation text per validation token: converts a loss per token to one per byte."""
+        return self.val_bytes / len(self.val) if self.val_bytes > 0 and len(self.val) else 1.0
+
+    def per_byte(self, loss_per_token: float) -> float:
+        return loss_per_token / self.bytes_per_token
+
+    def loss_report(self, val_loss_per_byte: float) -> Dict[str, object]:
+        """Status fields that make runs with different tokenizers comparable."""
+        return {"tokenizer": self.tokenizer, "tokenizer_sha256": self.tokenizer_sha256,
+                "bytes_per_token": self.bytes_per_token, "val_loss_per_token": val_loss_per_byte * self.bytes_per_token}
+
     def __repr__(self) -> str:
+        unit = "bytes" if self.tokenizer == "bytes" else f"{self.tokenizer} tokens"
         return (
-            f"Corpus({self.source!r}, train={len(self.train)} bytes/{self.train_files} files, "
-            f"val={len(self.val)} bytes/{self.val_files} files, split={self.split}, truncated={self.truncated})"
+            f"Corpus({self.source!r}, train={len(self.train)} {unit}/{self.train_files} files, "
+            f"val={len(self.val)} {unit}/{self.val_files} files, split={self.split}, truncated={self.truncated}"
+            + (f", {self.bytes_per_token:.2f} bytes/token" if self.tokenizer != "bytes" else "") + ")"
         )
 
 
@@ -93,9 +120,11 @@ def load_corpus(
     source: Union[str, Path, None] = None,
     val_fraction: float = 0.1,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    text_field: str = "text",
 ) -> Corpus:
-    """Read a corpus: None or "stdlib" (the standard library's .py sources), a text file, or a
-    directory of text files (recursively; binaries and hidden entries are skipped).
+    """Read a corpus: None or "stdlib" (the standard library's .py sources), a text, ``.jsonl`` or
+    ``.parquet`` file, a directory of such files (recursively; binaries and hidden entries are
+    skipped), or a pre-tokenized directory (``voloco tokenize``: memory-mapped, not read).
 
     At most ``max_bytes`` are read, from files in sorted path order. A directory is split by file
     (``val_fraction`` of paths by hash); when that leaves one side empty, or for a single file, the
@@ -116,8 +145,10 @@ def load_corpus(
         label = str(source)
         if not path.exists():
             raise DataError(f"corpus path {path} does not exist: pass an existing text file or directory, or 'stdlib'")
+        if is_pretokenized(path):
+            return _pretokenized(path, label)
         if path.is_file():
-            data, truncated = _read_text(path, max_bytes)
+            data, truncated = _read_any(path, max_bytes, text_field)
             if not data:
                 raise DataError(f"corpus file {path} holds no utf-8 text: pass a non-empty text file")
             return _split_by_position(bytearray(data), val_fraction, label, 1, truncated)
@@ -132,7 +163,7 @@ def load_corpus(
         if total >= max_bytes:
             truncated = True
             break
-        data, cut = _read_text(root / rel, max_bytes - total)
+        data, cut = _read_any(root / rel, max_bytes - total, text_field, skip_unreadable=label.startswith("stdlib:"))
         if not data:
             continue
         truncated |= cut
@@ -174,14 +205,36 @@ def _walk(root: Path, stdlib: bool) -> List[str]:
     return sorted(out)
 
 
-def _read_text(path: Path, limit: int) -> Tuple[bytes, bool]:
+def _pretokenized(path: Path, label: str) -> Corpus:
+    train, val, meta = open_tokens(path)
+    raw = (path / "meta.json").read_bytes()
+    return Corpus(train, val, label, len(meta["train"]), len(meta["val"]), "shards", False,
+                  tokenizer=meta["tokenizer"], tokenizer_sha256=meta.get("tokenizer_sha256", ""),
+                  vocab_size=meta["vocab_size"], val_bytes=int(meta.get("val_bytes", -1)),
+                  fingerprint=hashlib.sha256(raw).hexdigest()[:16])
+
+
+def _read_any(path: Path, limit: int, text_field: str, skip_unreadable: bool = False) -> Tuple[bytes, bool]:
+    """A file's text: the documents of a .jsonl/.parquet file (DataError if bad), else its utf-8 text
+    (an unreadable file is a DataError, or skipped in the standard library: a distribution's dangling link)."""
+    if path.suffix in STRUCTURED:
+        data, cut = read_documents(path, limit, text_field)
+        if not data:
+            raise DataError(f"corpus file {path} holds no documents: remove it or fill it")
+        return data, cut
+    return _read_text(path, limit, skip_unreadable)
+
+
+def _read_text(path: Path, limit: int, skip_unreadable: bool = False) -> Tuple[bytes, bool]:
     """Up to ``limit`` bytes of a file, or b"" when it is not utf-8 text; and whether it was cut."""
     try:
         with open(path, "rb") as f:
             data = f.read(limit)
             cut = bool(f.read(1))
-    except OSError:
-        return b"", False
+    except OSError as e:
+        if skip_unreadable:
+            return b"", False
+        raise DataError(f"cannot read corpus file {path}: {e.strerror or e}") from None
     if b"\x00" in data:
         return b"", False
     try:
@@ -222,9 +275,12 @@ def _need(text: torch.Tensor, seq_len: int, what: str) -> int:
     return room
 
 
-def _windows(text: torch.Tensor, offsets: torch.Tensor, seq_len: int) -> Batch:
+def _windows(text, offsets: torch.Tensor, seq_len: int) -> Batch:
     idx = offsets.unsqueeze(1) + torch.arange(seq_len + 1)
-    chunk = text[idx].to(torch.int64)
+    if isinstance(text, torch.Tensor):
+        chunk = text[idx].to(torch.int64)
+    else:  # numpy: memory-mapped token shards
+        chunk = torch.from_numpy(np.asarray(text[idx.numpy()]).astype(np.int64))
     return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
 

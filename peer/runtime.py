@@ -31,7 +31,7 @@ import torch
 
 from peer import checkpoints, lifecycle
 from peer.chain import ChainMember
-from peer.data import load_corpus, val_batches
+from peer.data import val_batches
 from peer.exchange import PayloadGatherer
 from peer.membership import Membership
 from peer.metrics import serve_metrics
@@ -42,6 +42,7 @@ from peer.resources import detect
 from peer.roles import ChainStage, FullReplica, Role, RoundAbandoned, SliceOwner
 from peer.round_engine import RoundEngine
 from peer.state_sync import StateSync
+from peer.tokenizer import obtain_corpus
 from peer.utilization import Utilization, progress_extras
 from protocol.keys import averager_prefix
 from protocol.records import CHOOSING, Progress
@@ -158,7 +159,7 @@ class Peer:
             f"strategy {spec.outer.strategy}, H={spec.outer.inner_steps}"
         )
         lifecycle.set_phase(self, "loading data")
-        self.corpus = load_corpus(opts.data or spec.data.corpus, spec.data.val_fraction)
+        self.corpus = obtain_corpus(self.dht, spec, opts.data, opts.checkpoint_dir)  # the run's tokenizer, verified
         logger.info(f"data: {self.corpus}")
         self.device = torch.device(opts.device)
         self.resources = detect(self.device, opts.max_memory_gb, opts.bandwidth_mbps)
@@ -199,7 +200,7 @@ class Peer:
         self._load_theta()
         self.initial_val_loss = self.val_loss = self._evaluate()
         if self.role.reports_loss:
-            logger.info(f"round {self.round}: validation loss {self.val_loss:.3f} nats/byte")
+            logger.info(f"round {self.round}: validation loss {self.val_loss:.3f} nats/byte ({self.val_loss * self.corpus.bytes_per_token:.3f} nats/token)")
         self.sync.enable_sharing()
         self.started = True
         lifecycle.report_phase(self)
@@ -398,7 +399,7 @@ class Peer:
 
     # ---- reporting ------------------------------------------------------------------------------
     def _evaluate(self) -> float:
-        return self.role.evaluate(self.val)
+        return self.corpus.per_byte(self.role.evaluate(self.val))  # nats per byte with any tokenizer
 
     def _progress(self) -> Progress:
         engine = self.engine
@@ -433,6 +434,7 @@ class Peer:
             "round": self.round,
             "initial_val_loss": self.initial_val_loss,
             "val_loss": self.val_loss,
+            **self.corpus.loss_report(self.val_loss),  # val_loss_per_token, bytes_per_token, tokenizer
             "tokens": self.totals.tokens,
             "rounds": self.totals.rounds,
             "bytes_sent": self.totals.bytes_sent,

@@ -27,6 +27,7 @@ from protocol.errors import SpecError
 from protocol.layout import TensorInfo, tensor_layout
 from protocol.spec_fields import Int, SpecModel, Str
 from protocol.spec_sections import (  # noqa: F401 - the sections and constants are re-exported from here
+    BYTE_VOCAB,
     CHAIN_WIRE_DTYPES,
     DEFAULT_OUTER_LR,
     DENSE_DTYPES,
@@ -84,6 +85,10 @@ class RunSpec(SpecModel):
 
     @model_validator(mode="after")
     def _across_sections(self) -> "RunSpec":
+        if self.data.tokenizer == "bytes" and self.model.vocab_size != BYTE_VOCAB:
+            raise SpecError(f'model.vocab_size ({self.model.vocab_size}) must be {BYTE_VOCAB} with data.tokenizer = "bytes"')
+        if self.data.tokenizer == "bpe" and self.model.vocab_size <= BYTE_VOCAB:
+            raise SpecError(f'model.vocab_size ({self.model.vocab_size}) must exceed {BYTE_VOCAB} with data.tokenizer = "bpe"')
         if self.chain.rank > self.model.d_model:
             raise SpecError(f"chain.rank ({self.chain.rank}) must be <= model.d_model ({self.model.d_model})")
         self.model.check_slices(self.partial.slices, self.partial.attn_slices)

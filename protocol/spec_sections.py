@@ -7,12 +7,13 @@ by its dotted path (``model.n_layers``) when anything is wrong.
 """
 
 import math
-from typing import ClassVar, Dict, Literal, Tuple
+from typing import Any, ClassVar, Dict, Literal, Tuple
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from protocol.errors import SpecError
 from protocol.layout import check_slices, tensor_layout
+from protocol.presets import expand_preset
 from protocol.spec_fields import Bool, Float, Int, OptionalFloat, SpecModel, Str
 
 STRATEGIES = ("diloco", "sparseloco", "dct")
@@ -20,6 +21,9 @@ DENSE_DTYPES = ("fp32", "fp16")
 SPARSE_AGGREGATES = ("chosen", "mean")
 CHAIN_WIRE_DTYPES = ("fp16", "bf16")
 DEFAULT_OUTER_LR = {"diloco": 0.7, "sparseloco": 1.0, "dct": 1.0}
+TOKENIZERS = ("bytes", "bpe")  # bytes: utf-8 bytes, vocabulary 256; bpe: a byte-level BPE tokenizer.json
+BYTE_VOCAB = 256
+MAX_TOKENIZER_BYTES = 8 << 20  # the largest tokenizer.json a peer downloads
 
 MAX_PARAMS = 2 * 10**11  # the largest model a spec may describe (800 GB of fp32 weights)
 DAY = 86400.0  # seconds: the longest any timeout or wait may be
@@ -27,7 +31,7 @@ MAX_STEPS = 1 << 40  # step and round counters
 
 
 class ModelSpec(SpecModel):
-    """A Llama-style decoder (RMSNorm, RoPE, SwiGLU) over bytes."""
+    """A Llama-style decoder (RMSNorm, RoPE, SwiGLU) over bytes; ``preset`` names a shape (protocol/presets.py)."""
 
     _path: ClassVar[str] = "model"
 
@@ -40,6 +44,13 @@ class ModelSpec(SpecModel):
     rope_theta: Float(gt=0.0, le=1e12) = 10000.0
     norm_eps: Float(gt=0.0, le=1.0) = 1e-5
     init_std: Float(gt=0.0, le=10.0) = 0.02
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        """``preset = "125m"`` fills the shape fields not given (protocol/presets.py); explicit
+        fields win. The preset is not stored: the spec holds the fields it stands for."""
+        return expand_preset(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _shape(self) -> "ModelSpec":
@@ -77,6 +88,28 @@ class DataSpec(SpecModel):
     val_fraction: Float(gt=0.0, lt=1.0) = 0.1  # fraction of files held out for validation (by a hash of the path)
     batch_size: Int(ge=1, le=1 << 16) = 16  # sequences per inner step
     val_batches: Int(ge=1, le=1 << 16) = 8  # batches in one validation pass (fixed, the same on every peer)
+    # the fields below are left out of the serialized spec at their defaults: a byte-level run's
+    # digest is what it was before they existed
+    tokenizer: Literal[TOKENIZERS] = "bytes"
+    tokenizer_sha256: Str(max_length=64) = ""  # bpe: sha256 (hex) of the tokenizer.json every peer must use
+    text_field: Str(min_length=1, max_length=256) = "text"  # the text field of .jsonl records / column of .parquet
+
+    @model_validator(mode="after")
+    def _tokenizer(self) -> "DataSpec":
+        sha = self.tokenizer_sha256
+        if sha and not (len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+            raise SpecError("data.tokenizer_sha256 must be 64 lowercase hex digits (the sha256 of tokenizer.json), or empty")
+        if self.tokenizer == "bytes" and self.tokenizer_sha256:
+            raise SpecError('data.tokenizer_sha256 is set but data.tokenizer is "bytes": set data.tokenizer = "bpe" or drop it')
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler):
+        out = handler(self)
+        for name in ("tokenizer", "tokenizer_sha256", "text_field"):
+            if name in out and out[name] == type(self).model_fields[name].default:
+                del out[name]
+        return out
 
 
 class InnerSpec(SpecModel):
@@ -221,6 +254,9 @@ __all__ = [
     "SPARSE_AGGREGATES",
     "CHAIN_WIRE_DTYPES",
     "DEFAULT_OUTER_LR",
+    "TOKENIZERS",
+    "BYTE_VOCAB",
+    "MAX_TOKENIZER_BYTES",
     "MAX_PARAMS",
     "ModelSpec",
     "DataSpec",

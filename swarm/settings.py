@@ -40,7 +40,7 @@ from swarm.console import UsageError
 
 ENV_PREFIX = "VOLOCO_"
 SETTINGS_ENV = ENV_PREFIX + "SETTINGS"
-SECTIONS = ("coordinator", "peer", "demo")  # the tables a settings file may have
+SECTIONS = ("coordinator", "peer", "demo", "export", "generate", "tokenize")  # the tables a settings file may have
 
 PRECEDENCE = (
     "Every flag can also be set in a settings file (--settings PATH or $VOLOCO_SETTINGS: TOML, "

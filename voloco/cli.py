@@ -3,6 +3,9 @@
     voloco coordinator [--config run.toml]   start a run: first DHT node, publish the spec
     voloco peer --join MULTIADDR             join a run and train
     voloco demo [--peers N] [--minutes M]    a coordinator and N peers on this machine
+    voloco export CHECKPOINT_DIR OUT_DIR     a checkpoint as a Hugging Face transformers model
+    voloco generate --checkpoint DIR         sample text from a checkpoint
+    voloco tokenize INPUT OUT_DIR            pre-tokenize a corpus into memory-mapped shards
 
 Each command's flags and code live in its own layer (``coordinator.cli``, ``peer.cli``,
 ``voloco.demo``); this module only composes them. Every flag can also come from a settings file
@@ -21,12 +24,15 @@ import coordinator.cli
 import peer.cli
 from swarm.console import EXIT_USAGE, add_log_level, run_command
 from swarm.settings import SettingsError, add_settings_argument, parse_args, precedence_epilog
-from voloco import demo
+from voloco import demo, export, generate, tokenize
 
 COMMANDS = {  # name: (one-line help, add_arguments, run)
     "coordinator": (coordinator.cli.HELP, coordinator.cli.add_arguments, coordinator.cli.run),
     "peer": (peer.cli.HELP, peer.cli.add_arguments, peer.cli.run_peer),
     "demo": (demo.HELP, demo.add_arguments, demo.run_demo),
+    "export": (export.HELP, export.add_arguments, export.run_export),
+    "generate": (generate.HELP, generate.add_arguments, generate.run_generate),
+    "tokenize": (tokenize.HELP, tokenize.add_arguments, tokenize.run_tokenize),
 }
 
 

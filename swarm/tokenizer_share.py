@@ -1,0 +1,167 @@
+"""A BPE run's tokenizer.json, served and fetched over hivemind's P2P streams.
+
+A tokenizer (up to 8 MiB) does not fit the DHT's records (64 KiB bodies, protocol/records.py), so
+it travels over a libp2p stream instead, and the DHT only carries what binds it: the sha256 in the
+run spec that the run key signed. The coordinator serves the file; so does every peer once it
+holds a verified copy, so a newcomer gets it while the coordinator is down.
+
+The wire: the asker opens the stream ``voloco.<run_id>.tokenizer`` and writes the 64 hex digits of
+the sha256 it wants; the server answers an 8-byte big-endian length (0: it does not hold that
+file) and the bytes. The asker trusts nothing of it: the length is capped (``MAX_TOKENIZER_BYTES``),
+every read has a deadline, and the bytes count only if they hash to the spec's sha256.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+from contextlib import closing
+from functools import partial
+from typing import List, Optional, Sequence
+
+from hivemind.dht import DHT
+from hivemind.p2p import P2P, PeerID
+
+from protocol.spec import RunSpec
+from protocol.spec_sections import MAX_TOKENIZER_BYTES
+
+logger = logging.getLogger("voloco.swarm")
+
+PART = 1 << 16  # bytes per write or read
+ASK_BYTES = 64  # a sha256 in hex
+MIN_RATE = 256 << 10  # bytes/s: the slowest transfer allowed, on top of the per-read timeout
+MAX_SOURCES = 8  # peers asked, at most, before giving up
+
+
+class TokenizerFetchError(Exception):
+    """No peer served bytes that hash to the spec's tokenizer sha256."""
+
+
+def handle_name(run_id: str) -> str:
+    return f"voloco.{run_id}.tokenizer"
+
+
+# ---- the serving side (in the DHT's process) ---------------------------------------------------------
+async def _answer(raw: bytes, digest: str, _info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        ask = await asyncio.wait_for(reader.readexactly(ASK_BYTES), 10.0)
+        body = raw if ask == digest.encode("ascii") else b""
+        writer.write(len(body).to_bytes(8, "big"))
+        for i in range(0, len(body), PART):
+            writer.write(body[i:i + PART])
+            await asyncio.wait_for(writer.drain(), 30.0)
+        await writer.drain()
+    except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
+        pass  # the asker went away or stalled: its loss
+    finally:
+        writer.close()
+
+
+async def _register(handle: str, raw: bytes, digest: str, _dht, node) -> None:
+    await node.p2p.add_binary_stream_handler(handle, partial(_answer, raw, digest))
+
+
+_served: set = set()
+
+
+def serve_tokenizer(dht: DHT, run_id: str, raw: bytes) -> None:
+    """Answer tokenizer requests of ``run_id`` with ``raw`` from now on (once per DHT node and run)."""
+    if len(raw) > MAX_TOKENIZER_BYTES:
+        raise ValueError(f"a tokenizer of {len(raw)} bytes is over the limit of {MAX_TOKENIZER_BYTES}")
+    key = (id(dht), run_id)
+    if key in _served:
+        return
+    dht.run_coroutine(partial(_register, handle_name(run_id), bytes(raw), hashlib.sha256(raw).hexdigest()))
+    _served.add(key)
+
+
+# ---- the asking side ---------------------------------------------------------------------------------
+async def _ask(maddr, peer: str, handle: str, digest: str, timeout: float) -> bytes:
+    p2p = await P2P.replicate(maddr)
+    try:
+        _, reader, writer = await asyncio.wait_for(p2p.call_binary_stream_handler(PeerID.from_base58(peer), handle), timeout)
+        with closing(writer):
+            writer.write(digest.encode("ascii"))
+            await asyncio.wait_for(writer.drain(), timeout)
+            size = int.from_bytes(await asyncio.wait_for(reader.readexactly(8), timeout), "big")
+            if size == 0:
+                raise TokenizerFetchError("it does not hold this tokenizer")
+            if size > MAX_TOKENIZER_BYTES:
+                raise TokenizerFetchError(f"it announced {size} bytes, more than the limit of {MAX_TOKENIZER_BYTES}")
+            data = bytearray()
+            while len(data) < size:
+                chunk = await asyncio.wait_for(reader.read(min(PART, size - len(data))), timeout)
+                if not chunk:
+                    raise TokenizerFetchError(f"it closed the stream after {len(data)} of {size} bytes")
+                data += chunk
+            return bytes(data)
+    finally:
+        await p2p.shutdown()
+
+
+def _run(coro):
+    """Run ``coro`` on a fresh event loop in a helper thread (the caller may be inside a loop)."""
+    result: dict = {}
+
+    def target() -> None:
+        try:
+            result["ok"] = asyncio.run(coro)
+        except BaseException as e:
+            result["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True, name="tokenizer-fetch")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["ok"]
+
+
+def tokenizer_sources(dht: DHT, spec: RunSpec) -> List[str]:
+    """Whom to ask: the run key's node (the coordinator) first, then live peers of the run."""
+    from swarm.identity import peer_id_of, trust_of
+    from swarm.records import read_progress
+
+    trust = trust_of(dht)
+    me = trust.identity.peer_id
+    out: List[str] = []
+    owner = trust.owners.get(spec.run_id)
+    if owner is not None:
+        out.append(peer_id_of(owner))
+    try:
+        out += sorted(v.peer_id for v in read_progress(dht, spec.run_id) if v.progress.spec == spec.digest())
+    except Exception as e:  # a DHT hiccup: the coordinator alone may still answer
+        logger.debug(f"could not list peers to fetch the tokenizer from: {e!r}")
+    seen, unique = {me}, []
+    for p in out:
+        if p not in seen:
+            seen.add(p)
+            unique.append(p)
+    return unique[:MAX_SOURCES]
+
+
+def fetch_tokenizer(dht: DHT, spec: RunSpec, sources: Optional[Sequence[str]] = None, timeout: float = 20.0) -> bytes:
+    """The tokenizer.json bytes whose sha256 the spec names, from the first source that serves them."""
+    digest = spec.data.tokenizer_sha256
+    sources = list(sources) if sources is not None else tokenizer_sources(dht, spec)
+    maddr = dht.run_coroutine(DHT._get_p2p_daemon_listen_maddr)
+    failures = []
+    for peer in sources:
+        try:
+            deadline = timeout + MAX_TOKENIZER_BYTES / MIN_RATE
+            raw = _run(asyncio.wait_for(_ask(maddr, peer, handle_name(spec.run_id), digest, timeout), deadline))
+        except Exception as e:  # any failure of one source: try the next
+            failures.append(f"{peer[-8:]}: {str(e) or type(e).__name__}"[:160])
+            continue
+        got = hashlib.sha256(raw).hexdigest()
+        if got != digest:
+            failures.append(f"{peer[-8:]}: sent a file with sha256 {got[:16]}, not the spec's {digest[:16]}: refused")
+            logger.warning(f"refusing the tokenizer {peer} sent: its sha256 {got} is not the run spec's {digest}")
+            continue
+        return raw
+    raise TokenizerFetchError(
+        f"no peer served the run's tokenizer (sha256 {digest[:16]}) ({'; '.join(failures) or 'nobody to ask'}): is the "
+        f"coordinator up? Or copy its tokenizer.json into the checkpoint directory"
+    )
