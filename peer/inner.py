@@ -3,6 +3,14 @@
 Only parameters with ``requires_grad=True`` when the trainer is built enter the optimizer, so a
 frozen slice (partial mode, or the layers outside a pipeline stage) holds no Adam moments and is
 never touched, weight decay included. Decay applies to matrices only, not to the norm weights.
+
+Precision (``inner.precision``): ``"bf16"`` runs the forward pass and the loss under
+``torch.autocast(device_type, dtype=torch.bfloat16)``; the backward pass follows autocast's casts,
+so gradients reach the parameters in fp32. The parameters (the master weights), their gradients and
+the AdamW moments stay fp32 throughout, and so does every parameter a round's pseudo-gradient is
+taken from: precision changes which values a peer trains to, never the round's arithmetic.
+``"auto"``: bf16 on a CUDA device that supports it (``torch.cuda.is_bf16_supported()``), fp32
+elsewhere; ``"fp32"``: no autocast. ``"bf16"`` on the CPU works too (slowly; it is for tests).
 """
 
 from __future__ import annotations
@@ -14,9 +22,28 @@ import torch.nn as nn
 
 from protocol.spec import InnerSpec
 
-__all__ = ["InnerTrainer", "evaluate"]
+__all__ = ["InnerTrainer", "evaluate", "autocast_dtype"]
 
 Device = Union[str, torch.device]
+
+
+def autocast_dtype(precision: str, device: Device) -> Optional[torch.dtype]:
+    """The autocast dtype of the inner steps for ``inner.precision`` on ``device``, None for fp32."""
+    device = torch.device(device)
+    if precision == "fp32":
+        return None
+    if precision == "bf16":
+        return torch.bfloat16
+    if precision == "auto":
+        return torch.bfloat16 if device.type == "cuda" and _cuda_bf16(device) else None
+    raise ValueError(f"unknown inner precision {precision!r}")
+
+
+def _cuda_bf16(device: torch.device) -> bool:
+    if not torch.cuda.is_available():
+        return False
+    with torch.cuda.device(device):
+        return bool(torch.cuda.is_bf16_supported())
 
 
 class InnerTrainer:
@@ -35,6 +62,19 @@ class InnerTrainer:
             [g for g in groups if g["params"]], lr=inner.lr_at(0), betas=(inner.beta1, inner.beta2), eps=1e-8
         )
         self.step_count = 0
+        self.autocast_dtype = autocast_dtype(inner.precision, self.device)
+
+    @property
+    def precision(self) -> str:
+        """What the inner steps actually run in: "bf16" or "fp32" (``"auto"`` resolved)."""
+        return "fp32" if self.autocast_dtype is None else "bf16"
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor):
+        """The model's (logits, loss), under bf16 autocast when the precision says so."""
+        if self.autocast_dtype is None:
+            return self.model(x, y)
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype):
+            return self.model(x, y)
 
     @property
     def lr(self) -> float:
@@ -46,11 +86,11 @@ class InnerTrainer:
         self.model.train()
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
-        _, loss = self.model(x, y)
+        _, loss = self.forward(x, y)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.apply_gradients()
-        return loss.item()
+        return loss.float().item()
 
     def apply_gradients(
         self,

@@ -4,6 +4,16 @@ payloads become the next global parameters.
 All outer arithmetic runs on CPU float32, element-wise, in a canonical order (payloads sorted by
 sender), so every member of a group ends with bit-identical parameters whatever its device.
 
+Encoding is the exception, and it is local: a peer that trains on a GPU takes its pseudo-gradient
+there (``pseudo_gradient``: θ_start copied to the device, an exact copy, and one IEEE subtraction,
+so Δ has the same bits as on the CPU), folds in its error-feedback buffer and runs the codec's
+top-k, quantization or DCT on the device; only the packed payload fields come back to the CPU.
+How bit-identity is guaranteed anyway: decode, aggregate and the outer step read nothing but the
+payload bytes, and run on CPU float32 with element-wise operations in a fixed order on every
+member. The sender's hardware therefore affects only *which* values it sends (a top-k tie, the last
+bit of a bin mean, a DCT coefficient), never how the members combine them; and what the sender
+keeps as sent (``Pending.sent``, subtracted from its error buffer) is decoded from its own bytes.
+
 - ``diloco``: dense pseudo-gradients, mean, outer SGD with Nesterov momentum (arXiv 2311.08105).
 - ``sparseloco``: error feedback, chunked top-k, 2-bit values; each coordinate averaged over the
   replicas that kept it (or over all, ``aggregate = "mean"``), outer step with no momentum
@@ -168,14 +178,22 @@ class _ResidualStrategy(OuterStrategy):
         self.buffer = {n: torch.zeros(s) for n, s in self.layout.items()}
 
     def signal(self, delta: Tensors) -> Tensors:
-        return {n: self.buffer[n] * self.decay + d for n, d in delta.items()}
+        """On delta's device: the buffer moves there on first use and stays (a GPU peer's residual
+        lives on its GPU; it is local state, never sent as such)."""
+        out = {}
+        for n, d in delta.items():
+            if self.buffer[n].device != d.device:
+                self.buffer[n] = self.buffer[n].to(d.device)
+            out[n] = self.buffer[n] * self.decay + d
+        return out
 
     def settle(self, pending: "Pending", delivered: bool) -> None:
         for name, s in pending.signal.items():
-            self.buffer[name] = s - pending.sent[name] if delivered else s
+            self.buffer[name] = s - pending.sent[name].to(s.device) if delivered else s
 
     def local_state(self) -> Tensors:
-        return {f"{self.buffer_name}.{n}": t for n, t in self.buffer.items()}
+        """CPU tensors (copies when the buffers live on a GPU), so checkpoints load anywhere."""
+        return {f"{self.buffer_name}.{n}": t.cpu() for n, t in self.buffer.items()}
 
     def load_local_state(self, state: Mapping[str, torch.Tensor]) -> None:
         _load_into(self.buffer, state, f"{self.buffer_name}.")
@@ -237,8 +255,15 @@ def make_strategy(spec: RunSpec, layout: Optional[Layout] = None, part: Part = F
 def pseudo_gradient(
     theta_start: Tensors, theta_now: Mapping[str, torch.Tensor], names: Optional[Iterable[str]] = None
 ) -> Tensors:
-    """Δ = θ_start − θ_now on CPU float32, for ``names`` (default: every tensor of θ_start)."""
-    return {n: theta_start[n] - theta_now[n].detach().to("cpu", torch.float32) for n in (names or theta_start)}
+    """Δ = θ_start − θ_now in float32 on θ_now's device (a CUDA peer encodes on its GPU), for
+    ``names`` (default: every tensor of θ_start). θ_start is copied there exactly and the
+    subtraction is one IEEE operation per element, so Δ has the same bits on any device."""
+    out = {}
+    for n in names or theta_start:
+        now = theta_now[n].detach()
+        device = now.device if now.device.type == "cuda" else torch.device("cpu")
+        out[n] = theta_start[n].to(device, torch.float32) - now.to(device, torch.float32)
+    return out
 
 
 def _load_into(dst: Tensors, state: Mapping[str, torch.Tensor], prefix: str) -> None:

@@ -85,8 +85,8 @@ class RunSpec(SpecModel):
 
     @model_validator(mode="after")
     def _across_sections(self) -> "RunSpec":
-        if self.data.tokenizer == "bytes" and self.model.vocab_size != BYTE_VOCAB:
-            raise SpecError(f'model.vocab_size ({self.model.vocab_size}) must be {BYTE_VOCAB} with data.tokenizer = "bytes"')
+        if self.data.tokenizer == "bytes" and self.model.vocab_size < BYTE_VOCAB:  # larger: rows no byte uses
+            raise SpecError(f'model.vocab_size ({self.model.vocab_size}) must be at least {BYTE_VOCAB} with data.tokenizer = "bytes"')
         if self.data.tokenizer == "bpe" and self.model.vocab_size <= BYTE_VOCAB:
             raise SpecError(f'model.vocab_size ({self.model.vocab_size}) must exceed {BYTE_VOCAB} with data.tokenizer = "bpe"')
         if self.chain.rank > self.model.d_model:

@@ -20,6 +20,7 @@ STRATEGIES = ("diloco", "sparseloco", "dct")
 DENSE_DTYPES = ("fp32", "fp16")
 SPARSE_AGGREGATES = ("chosen", "mean")
 CHAIN_WIRE_DTYPES = ("fp16", "bf16")
+INNER_PRECISIONS = ("auto", "fp32", "bf16")  # auto: bf16 autocast on a CUDA device that supports it, else fp32
 DEFAULT_OUTER_LR = {"diloco": 0.7, "sparseloco": 1.0, "dct": 1.0}
 TOKENIZERS = ("bytes", "bpe")  # bytes: utf-8 bytes, vocabulary 256; bpe: a byte-level BPE tokenizer.json
 BYTE_VOCAB = 256
@@ -125,6 +126,17 @@ class InnerSpec(SpecModel):
     total_steps: Int(ge=1, le=MAX_STEPS) = 3000  # the cosine horizon, counted in a peer's own inner steps
     min_lr_ratio: Float(ge=0.0, le=1.0) = 0.1
     grad_clip: Float(gt=0.0, le=1e6) = 1.0
+    # left out of the serialized spec at its default, like data.tokenizer: digests are unchanged.
+    # The forward pass and loss under bf16 autocast, or fp32; parameters and AdamW stay fp32
+    # (peer/inner.py). Only the inner steps: θ, payloads and the outer step are the same either way.
+    precision: Literal[INNER_PRECISIONS] = "auto"
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler):
+        out = handler(self)
+        if out.get("precision") == type(self).model_fields["precision"].default:
+            del out["precision"]
+        return out
 
     @model_validator(mode="after")
     def _horizon(self) -> "InnerSpec":
@@ -253,6 +265,7 @@ __all__ = [
     "DENSE_DTYPES",
     "SPARSE_AGGREGATES",
     "CHAIN_WIRE_DTYPES",
+    "INNER_PRECISIONS",
     "DEFAULT_OUTER_LR",
     "TOKENIZERS",
     "BYTE_VOCAB",

@@ -1,10 +1,9 @@
 """The CUDA path: inner steps on a GPU, the round logic unchanged.
 
-By design only the inner steps (and evaluation) run on the device: θ, the strategies' buffers and
-the codecs stay on the CPU in float32 (``RoundEngine``; ``pseudo_gradient`` copies the trained
-parameters to the CPU first). So a member that trains on CUDA and one that trains on the CPU must
-decode and aggregate the same agreed payloads into bit-identical θ, and the bytes a CUDA member
-encodes must be those its parameters, copied to the CPU, encode to.
+The inner steps, evaluation and the encoder (pseudo-gradient, error feedback, top-k, quantization,
+DCT) run on the device; θ, decoding, aggregation and the outer step stay on the CPU in float32
+(``RoundEngine``, peer/strategies.py). So a member that trains on CUDA and one that trains on the
+CPU must decode and aggregate the same agreed payloads into bit-identical θ.
 
 Skipped where ``torch.cuda.is_available()`` is False (CI, laptops).
 """
@@ -80,10 +79,15 @@ def test_a_cuda_member_and_a_cpu_member_settle_to_identical_theta(strategy, corp
                 assert loss == loss and loss < 100  # finite
             payloads[name], pendings[name] = engine.encode(engine.theta, role.params)
             if round_no == 0:
-                # the bytes a CUDA member sends are those of its parameters copied to the CPU
+                # a CUDA member encodes on its GPU (peer/strategies.py): its bytes are those its
+                # parameters, copied to the CPU, encode to up to device rounding (top-k ties, bin
+                # means); dense fp32 has no arithmetic, a CPU member none of that difference
                 twin = RoundEngine(make_strategy(spec), {n: t.clone() for n, t in theta0.items()})
                 cpu_copy = {n: p.detach().cpu() for n, p in role.params.items()}
-                assert twin.encode(twin.theta, cpu_copy)[0] == payloads[name]
+                twin_bytes = twin.encode(twin.theta, cpu_copy)[0]
+                assert len(twin_bytes) == len(payloads[name])
+                if name == "cpu-member" or strategy == "diloco":
+                    assert twin_bytes == payloads[name]
         assert payloads["gpu-member"] != payloads["cpu-member"]  # they trained on different shards
         before = {name: engine.params_hash() for name, (_, engine) in members.items()}
         assert len(set(before.values())) == 1

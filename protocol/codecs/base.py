@@ -7,6 +7,14 @@ PayloadError, and nothing else, for any fields a hostile peer could send.
 Decoding must be bit-reproducible on every machine, CPU or GPU: only element-wise arithmetic in a
 fixed order, no matmul or reductions whose summation order a BLAS library may choose. Replicas
 stay bit-identical only because every member decodes the same bytes to the same floats.
+
+Encoding is device-generic: ``encode`` runs its tensor math (top-k, quantization, the DCT) on
+whatever device ``x`` lives on, a peer's GPU included, and copies only the packed fields to the
+CPU. Bit-identity across members does not depend on the encoder at all: ``decode`` runs on the
+CPU, in float32, from the field bytes alone, and so does everything after it (aggregation and
+the outer step, peer/strategies.py). A sender's hardware can change which values it sends (a tie
+in top-k, the last bit of a quantizer's bin mean), never how the members combine what was sent;
+and ``sent``, what the sender's error feedback subtracts, is itself decoded from its own bytes.
 """
 
 from __future__ import annotations
@@ -25,10 +33,11 @@ class TensorCodec(abc.ABC):
 
     @abc.abstractmethod
     def encode(self, x: torch.Tensor) -> Tuple[Fields, torch.Tensor]:
-        """Encode a float32 CPU tensor.
+        """Encode a float32 tensor, on its own device (CPU or GPU).
 
         Returns ``(fields, sent)``: ``sent`` is the dense float32 tensor, of x's shape, that every
-        receiver will decode from ``fields``, bit for bit (error feedback subtracts exactly it).
+        receiver will decode from ``fields``, bit for bit (error feedback subtracts exactly it); it
+        is decoded from the fields, so it is a CPU tensor whatever ``x``'s device.
         """
 
     @abc.abstractmethod

@@ -7,7 +7,8 @@ The sender transforms each block (see chunking.py) with the orthonormal, separab
   coefficient matrix, block after block, strictly increasing inside a block (no duplicates);
 * ``val``: the coefficients in the same order, fp16 (clamped to its finite range) or fp32.
 
-Encoding may use matmul: its result stays local. Decoding must give the same bits everywhere, so
+Encoding may use matmul, on the pseudo-gradient's device (a GPU's included, see base.py): its
+result stays local, only the chosen coefficients are sent. Decoding must give the same bits everywhere, so
 the inverse transform of the sparse coefficients is built from element-wise operations in a fixed
 order: for t = 0 .. k-1, ``acc += (c_t * D_r[i_t, :])[:, None] * D_c[j_t, :][None, :]``,
 vectorized over blocks. The basis itself is computed with Python's ``math.cos`` in float64 and
@@ -45,6 +46,12 @@ def dct_basis(n: int) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float64).to(torch.float32)
 
 
+@functools.lru_cache(maxsize=None)
+def _basis_on(n: int, device: torch.device) -> torch.Tensor:
+    """``dct_basis(n)`` copied (exactly) to ``device``, for the encoder's transform."""
+    return dct_basis(n).to(device)
+
+
 class DCTCodec(TensorCodec):
     def __init__(self, chunk: int = 64, topk: int = 32, value_dtype: str = "fp16"):
         if not 1 <= chunk <= _MAX_CHUNK:
@@ -73,7 +80,7 @@ class DCTCodec(TensorCodec):
         """Every block's DCT-II coefficients, (nblocks, bh*bw), positions as in the ``idx`` field."""
         blocking = Blocking.of(tuple(x.shape), self.chunk)
         blocks = blocking.split(x).reshape(-1, blocking.bh, blocking.bw)
-        d_r, d_c = dct_basis(blocking.bh), dct_basis(blocking.bw)
+        d_r, d_c = _basis_on(blocking.bh, x.device), _basis_on(blocking.bw, x.device)
         return (d_r @ blocks @ d_c.T).reshape(-1, blocking.block_numel)
 
     # --- encode ----------------------------------------------------------------------------------
@@ -81,12 +88,12 @@ class DCTCodec(TensorCodec):
         check_encodable(x)
         shape = tuple(x.shape)
         _, k = self._geometry(shape)
-        idx, values = select_top_k(self.coefficients(x.detach()), k)
+        idx, values = select_top_k(self.coefficients(x.detach()), k)  # on x's device
         if self.value_dtype == "fp16":
-            values = values.clamp(-_FP16_MAX, _FP16_MAX)
+            values = values.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16)  # round to nearest, as numpy does
         fields = {
-            "idx": idx.numpy().astype("<u2").tobytes(),
-            "val": values.numpy().astype(self._wire).tobytes(),
+            "idx": idx.to(torch.int32).cpu().numpy().astype("<u2").tobytes(),
+            "val": values.cpu().numpy().astype(self._wire, copy=False).tobytes(),
         }
         return fields, self.decode(fields, shape)
 

@@ -32,9 +32,9 @@ class DenseCodec(TensorCodec):
     def encode(self, x: torch.Tensor) -> Tuple[Fields, torch.Tensor]:
         check_encodable(x)
         x = x.detach().contiguous()
-        if self.dtype == "fp16":
-            x = x.clamp(-_FP16_MAX, _FP16_MAX)
-        fields = {"data": x.numpy().astype(self._wire, copy=False).tobytes()}
+        if self.dtype == "fp16":  # converted on x's device: round to nearest, as numpy does
+            x = x.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16)
+        fields = {"data": x.cpu().numpy().astype(self._wire, copy=False).tobytes()}
         return fields, self.decode(fields, tuple(x.shape))
 
     def decode(self, fields: Mapping[str, Any], shape: Shape) -> torch.Tensor:

@@ -75,6 +75,20 @@ def pack_bits(values: np.ndarray, bits: int) -> bytes:
     return np.packbits(bitmat.reshape(-1), bitorder="little").tobytes()
 
 
+def pack_bits_tensor(values: torch.Tensor, bits: int) -> bytes:
+    """``pack_bits`` computed on the tensor's own device (CPU or GPU): the same bytes, bit for bit
+    (integer arithmetic only); just the packed bytes are copied to the CPU."""
+    values = values.reshape(-1).to(torch.int64)
+    shifts = torch.arange(bits, device=values.device, dtype=torch.int64)
+    bitmat = ((values[:, None] >> shifts) & 1).reshape(-1)
+    pad = (-bitmat.numel()) % 8
+    if pad:
+        bitmat = torch.cat([bitmat, bitmat.new_zeros(pad)])
+    weights = torch.arange(8, device=values.device, dtype=torch.int64)
+    packed = (bitmat.reshape(-1, 8) << weights).sum(dim=1).to(torch.uint8)
+    return packed.cpu().numpy().tobytes()
+
+
 def unpack_bits(data: bytes, count: int, bits: int, what: str) -> np.ndarray:
     """The inverse of ``pack_bits``: ``count`` values as int64; the padding bits must be zero."""
     raw = np.frombuffer(data, dtype=np.uint8)

@@ -13,7 +13,8 @@ Fields, all bytes (block geometry and k follow from the shape and the codec's pa
 * ``codes``: one ``bits``-bit code per kept entry, in the same order, packed the same way;
 * ``lut``: 2**bits little-endian float32 values.
 
-Decoding is a table lookup and a scatter: no arithmetic at all, hence bit-reproducible.
+Encoding runs on the pseudo-gradient's device (a GPU peer's included, see base.py); decoding, on
+the CPU from the bytes, is a table lookup and a scatter: no arithmetic at all, hence bit-reproducible.
 Requiring increasing positions rejects duplicates, which would otherwise count an entry twice.
 """
 
@@ -30,7 +31,7 @@ from protocol.codecs.fields import (
     check_encodable,
     check_floats,
     expect_fields,
-    pack_bits,
+    pack_bits_tensor,
     packed_len,
     unpack_bits,
 )
@@ -69,34 +70,38 @@ class SparseLoCoCodec(TensorCodec):
 
     # --- encode ----------------------------------------------------------------------------------
     def encode(self, x: torch.Tensor) -> Tuple[Fields, torch.Tensor]:
+        """Top-k and quantization on x's device; only the packed fields come to the CPU."""
         check_encodable(x)
         shape = tuple(x.shape)
         blocking, k = self._geometry(shape)
         idx, kept = select_top_k(blocking.split(x.detach()), k)
-        codes, lut = self._quantize(kept.reshape(-1).double().numpy())
+        codes, lut = self._quantize(kept)
         fields = {
-            "idx": pack_bits(idx.numpy(), INDEX_BITS),
-            "codes": pack_bits(codes, self.bits),
-            "lut": lut.astype("<f4").tobytes(),
+            "idx": pack_bits_tensor(idx, INDEX_BITS),
+            "codes": pack_bits_tensor(codes, self.bits),
+            "lut": lut.cpu().numpy().astype("<f4").tobytes(),  # float64 -> float32, round to nearest
         }
         return fields, self.decode(fields, shape)
 
-    def _quantize(self, kept: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        """Codes in [0, 2**bits) and the table: each bin's mean, or its centre when it is empty."""
+    def _quantize(self, kept: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Codes in [0, 2**bits) and the table (float64): each bin's mean, or its centre when it is
+        empty. In float64 on kept's device; the same operations, in the same order, as the numpy
+        quantizer this replaced (the CPU bytes are unchanged, tests/test_gpu_encode.py)."""
         bins = 1 << self.bits
-        if kept.size == 0:
-            return np.zeros(0, dtype=np.int64), np.zeros(bins)
+        kept = kept.reshape(-1).to(torch.float64)
+        if kept.numel() == 0:
+            return torch.zeros(0, dtype=torch.int64, device=kept.device), torch.zeros(bins, dtype=torch.float64)
         shift = kept.mean()
         centered = kept - shift
-        scale = 2 * _SIGMAS * np.sqrt(np.mean(centered * centered)) / bins
-        if scale > 0:
-            codes = np.clip(np.floor(centered / scale) + bins // 2, 0, bins - 1).astype(np.int64)
+        scale = 2 * _SIGMAS * torch.sqrt(torch.mean(centered * centered)) / bins
+        if float(scale) > 0:
+            codes = torch.clamp(torch.floor(centered / scale) + bins // 2, 0, bins - 1).to(torch.int64)
         else:  # every kept value equal: one bin holds them all
-            codes = np.full(kept.size, bins // 2, dtype=np.int64)
-        counts = np.bincount(codes, minlength=bins)
-        sums = np.bincount(codes, weights=kept, minlength=bins)
-        centres = shift + (np.arange(bins) + 0.5 - bins / 2) * scale
-        lut = np.where(counts > 0, sums / np.maximum(counts, 1), centres)
+            codes = torch.full((kept.numel(),), bins // 2, dtype=torch.int64, device=kept.device)
+        counts = torch.bincount(codes, minlength=bins)
+        sums = torch.bincount(codes, weights=kept, minlength=bins)
+        centres = shift + (torch.arange(bins, dtype=torch.float64, device=kept.device) + 0.5 - bins / 2) * scale
+        lut = torch.where(counts > 0, sums / torch.clamp(counts, min=1), centres)
         return codes, lut
 
     # --- decode ----------------------------------------------------------------------------------
