@@ -59,7 +59,6 @@ the G − 1 other members and fetches theirs every round; a chain's stages are t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass, field

@@ -15,7 +15,6 @@ also given paired, seed by seed: (loss with clipping / loss without) - 1, mean a
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time

@@ -84,3 +84,12 @@ def decode_payloads(engine, payloads, round_no: int, shared, mismatch: str):
                 assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a), mismatch
         return decoded
     return shared
+
+
+def choose_names(arg: str, known, flag: str) -> list:
+    """A comma-separated choice from ``known`` (a flag's value); SystemExit naming what is unknown."""
+    names = [s.strip() for s in arg.split(",") if s.strip()]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise SystemExit(f"{flag}: unknown {bad or 'empty list'}; choose from {', '.join(known)}")
+    return names

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -41,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import best_of, table  # noqa: E402
+from bench.common import best_of, choose_names, table  # noqa: E402
 from peer.data import TrainStream, load_corpus  # noqa: E402
 from peer.inner import InnerTrainer  # noqa: E402
 from peer.model import build_model  # noqa: E402
@@ -121,7 +120,7 @@ def time_steps(spec: RunSpec, corpus, device: torch.device, warmup: int, steps: 
 
 def run(args, device: torch.device, log=print):
     corpus = load_corpus("stdlib")
-    shapes, codecs = _names(args.shapes, SHAPES, "--shapes"), _names(args.codecs, CODECS, "--codecs")
+    shapes, codecs = choose_names(args.shapes, SHAPES, "--shapes"), choose_names(args.codecs, CODECS, "--codecs")
     steps_rows, codec_rows = [], []
     for shape in shapes:
         spec = shape_spec(shape)
@@ -156,14 +155,6 @@ def run(args, device: torch.device, log=print):
                 f"= {100 * frac:6.2f} % of H={args.H} steps ({h_s:.2f} s)", flush=True)
         del delta
     return steps_rows, codec_rows
-
-
-def _names(arg: str, known, flag: str):
-    names = [s.strip() for s in arg.split(",") if s.strip()]
-    bad = [n for n in names if n not in known]
-    if bad or not names:
-        raise SystemExit(f"{flag}: unknown {bad or 'empty list'}; choose from {', '.join(known)}")
-    return names
 
 
 def print_tables(steps_rows, codec_rows, H: int, out=sys.stdout) -> None:

@@ -22,7 +22,6 @@ number of inner steps per peer. The ratio of the two is ≈ 2H/R.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path

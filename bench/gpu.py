@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import best_of, table  # noqa: E402
+from bench.common import best_of, choose_names, table  # noqa: E402
 from bench.cuda_step import device_name, machine, sync  # noqa: E402
 from peer.data import TrainStream, load_corpus  # noqa: E402
 from peer.inner import InnerTrainer  # noqa: E402
@@ -233,14 +233,6 @@ def print_tables(steps_rows, mem_rows, codec_rows, H, out=None) -> None:
           "decode on the CPU (one payload; a member decodes one per group member).", file=out)
 
 
-def _names(arg: str, known, flag: str):
-    names = [s.strip() for s in arg.split(",") if s.strip()]
-    bad = [n for n in names if n not in known]
-    if bad or not names:
-        raise SystemExit(f"{flag}: unknown {bad or 'empty list'}; choose from {', '.join(known)}")
-    return names
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default cuda; without a GPU: a message, exit 0)")
@@ -263,9 +255,9 @@ def main(argv=None) -> int:
               "no figure estimated. Run it on a GPU, or `--device cpu --shapes tiny` for a smoke test.")
         return 0
     cpu = device.type == "cpu"
-    args.shapes = _names(args.shapes or ("tiny" if cpu else "125m,350m"), SHAPES, "--shapes")
-    args.codecs = _names(args.codecs, CODECS, "--codecs")
-    args.precisions = _names(args.precisions, ("bf16", "fp32", "auto"), "--precisions")
+    args.shapes = choose_names(args.shapes or ("tiny" if cpu else "125m,350m"), SHAPES, "--shapes")
+    args.codecs = choose_names(args.codecs, CODECS, "--codecs")
+    args.precisions = choose_names(args.precisions, ("bf16", "fp32", "auto"), "--precisions")
     args.steps = args.steps if args.steps is not None else (3 if cpu else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if cpu else 3)
     if min(args.steps, args.H, args.codec_repeats, args.mem_steps, args.batch) < 1 or args.warmup < 0:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 from contextlib import closing
 from typing import Any, List, Optional, Tuple
 
@@ -26,6 +25,7 @@ from hivemind.proto.p2pd_pb2 import RPCError
 
 from protocol.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
+from swarm.loop_thread import run_in_fresh_loop
 
 MAX_METADATA_BYTES = 1 << 20
 MAX_FRAME_BYTES = (4 << 20) + MAX_METADATA_BYTES  # hivemind streams 64 KiB parts; its messages stay under 4 MiB
@@ -113,17 +113,4 @@ class StateDownloader:
         limit = expected_bytes + MAX_METADATA_BYTES + 64 * (expected_bytes // (1 << 16) + 64)  # framing per 64 KiB part
         deadline = timeout + expected_bytes / MIN_RATE
         coro = asyncio.wait_for(_download(self._maddr, self.handle, peer, limit, timeout), deadline)
-        result: dict = {}
-
-        def run() -> None:  # a fresh event loop of its own: the caller may be inside one
-            try:
-                result["ok"] = asyncio.run(coro)
-            except BaseException as e:  # handed to the caller's thread
-                result["error"] = e
-
-        thread = threading.Thread(target=run, daemon=True, name="state-download")
-        thread.start()
-        thread.join()
-        if "error" in result:
-            raise result["error"]
-        return result["ok"]
+        return run_in_fresh_loop(coro, "state-download")  # the caller may be inside an event loop

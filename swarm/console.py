@@ -78,7 +78,7 @@ def standalone_main(
 ) -> int:
     """``python -m peer`` / ``python -m coordinator``: one command's parser, without subcommands;
     its flags also come from the settings file and the environment (swarm/settings.py)."""
-    from swarm.settings import SettingsError, add_settings_argument, parse_args, precedence_epilog
+    from swarm.settings import add_settings_argument, parse_args, precedence_epilog
 
     section = prog.split()[-1]  # "python -m peer": the [peer] table
     parser = argparse.ArgumentParser(prog=prog, description=summary[0].upper() + summary[1:] + ".",

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import threading
 from contextlib import closing
 from functools import partial
 from typing import List, Optional, Sequence
@@ -26,6 +25,7 @@ from hivemind.p2p import P2P, PeerID
 
 from protocol.spec import RunSpec
 from protocol.spec_sections import MAX_TOKENIZER_BYTES
+from swarm.loop_thread import run_in_fresh_loop
 
 logger = logging.getLogger("voloco.swarm")
 
@@ -101,24 +101,6 @@ async def _ask(maddr, peer: str, handle: str, digest: str, timeout: float) -> by
         await p2p.shutdown()
 
 
-def _run(coro):
-    """Run ``coro`` on a fresh event loop in a helper thread (the caller may be inside a loop)."""
-    result: dict = {}
-
-    def target() -> None:
-        try:
-            result["ok"] = asyncio.run(coro)
-        except BaseException as e:
-            result["error"] = e
-
-    thread = threading.Thread(target=target, daemon=True, name="tokenizer-fetch")
-    thread.start()
-    thread.join()
-    if "error" in result:
-        raise result["error"]
-    return result["ok"]
-
-
 def tokenizer_sources(dht: DHT, spec: RunSpec) -> List[str]:
     """Whom to ask: the run key's node (the coordinator) first, then live peers of the run."""
     from swarm.identity import peer_id_of, trust_of
@@ -151,7 +133,8 @@ def fetch_tokenizer(dht: DHT, spec: RunSpec, sources: Optional[Sequence[str]] = 
     for peer in sources:
         try:
             deadline = timeout + MAX_TOKENIZER_BYTES / MIN_RATE
-            raw = _run(asyncio.wait_for(_ask(maddr, peer, handle_name(spec.run_id), digest, timeout), deadline))
+            raw = run_in_fresh_loop(
+                asyncio.wait_for(_ask(maddr, peer, handle_name(spec.run_id), digest, timeout), deadline), "tokenizer-fetch")
         except Exception as e:  # any failure of one source: try the next
             failures.append(f"{peer[-8:]}: {str(e) or type(e).__name__}"[:160])
             continue
