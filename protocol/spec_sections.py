@@ -196,6 +196,8 @@ class OuterSpec(SpecModel):
     lr: OptionalFloat(gt=0.0, le=1e3) = None  # None: the strategy's default (diloco 0.7, sparseloco and dct 1.0)
     momentum: Float(ge=0.0, lt=1.0) = 0.9  # diloco's outer Nesterov momentum
     nesterov: Bool = True
+    overlap: Bool = True  # train the next round while this round's exchange is in flight (one-step-delayed outer update)
+    min_inner_fraction: Float(gt=0.0, le=1.0) = 0.25  # a slower peer closes its round early, once its groupmates are ready, after at least this fraction of H
     dense_dtype: Literal[DENSE_DTYPES] = "fp32"  # diloco's wire dtype
     sparseloco: SparseLoCoSpec = Field(default_factory=SparseLoCoSpec)
     dct: DCTSpec = Field(default_factory=DCTSpec)
