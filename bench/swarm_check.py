@@ -34,6 +34,9 @@ from protocol.spec import RunSpec  # noqa: E402
 from voloco.demo import Child, peer_argv, read_run_key, read_status, start_coordinator, wait_for_address  # noqa: E402
 
 BENCH_SWARM = {"matchmaking_time": 2.0, "round_wait": 60.0, "gather_timeout": 30.0, "heartbeat_period": 0.5}
+# the simulation trains each round's H steps from that round's θ: the real peers must too (no overlap,
+# whose local delta depends on when an exchange ends, and no early close, which depends on timing)
+SEQUENTIAL = {"overlap": False, "min_inner_fraction": 1.0}
 
 
 def run_swarm(spec: RunSpec, peers: int, rounds: int, workdir: Path, timeout: float = 1800.0, log=print) -> List[Dict[str, Any]]:
@@ -124,7 +127,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = ap.parse_args(argv)
     if args.peers < 1 or args.rounds < 1:
         ap.error("--peers and --rounds must be at least 1")
-    spec = RunSpec(run_id="swarm-check").replace(outer={"strategy": args.strategy}, swarm=BENCH_SWARM)
+    spec = RunSpec(run_id="swarm-check").replace(outer={"strategy": args.strategy, **SEQUENTIAL}, swarm=BENCH_SWARM)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="voloco-swarm-check-"))
     print(f"{now()} | {machine()}\n{args.peers} peers x {args.rounds} rounds of the default run ({args.strategy}); logs in {workdir}")
     t0 = time.monotonic()

@@ -70,23 +70,39 @@ def saved_part(directory: Optional[Path], spec: RunSpec) -> Optional[Any]:
     return _usable(directory, spec, lambda tensors, meta: meta["part"], log=False)
 
 
-def save(directory: Optional[Path], spec: RunSpec, engine: RoundEngine, role, tokens: int) -> None:
+def trainer_snapshot(role) -> Dict[str, Any]:
+    """A copy of what a checkpoint holds of the role's training (the inner optimizer, its step, the
+    batch stream's position), taken now: a checkpoint written later, from another thread, holds
+    this moment's state while the inner steps go on."""
+    opt_tensors, opt_rest = flatten_optimizer_state(role.trainer.optimizer.state_dict(), "optimizer.")
+    return {
+        "tensors": {k: v.detach().to("cpu", copy=True) for k, v in opt_tensors.items()},
+        "optimizer": copy.deepcopy(opt_rest),
+        "inner_step": role.trainer.step_count,
+        "stream": copy.deepcopy(role.stream.state_dict()),
+    }
+
+
+def save(directory: Optional[Path], spec: RunSpec, engine: RoundEngine, role, tokens: int,
+         trainer: Optional[Dict[str, Any]] = None) -> None:
+    """Write a checkpoint of θ, its round, the strategy's buffers and ``trainer`` (a
+    ``trainer_snapshot``; None: the role's training state as it is now)."""
     if directory is None:
         return
-    opt_tensors, opt_rest = flatten_optimizer_state(role.trainer.optimizer.state_dict(), "optimizer.")
+    trainer = trainer if trainer is not None else trainer_snapshot(role)
     with engine.lock:
-        tensors: Dict[str, Any] = {f"theta.{n}": t for n, t in engine.theta.items()}
-        tensors.update({f"shared.{k}": v for k, v in engine.strategy.shared_state().items()})
-        tensors.update({f"local.{k}": v for k, v in engine.strategy.local_state().items()})
+        tensors: Dict[str, Any] = {f"theta.{n}": t.clone() for n, t in engine.theta.items()}
+        tensors.update({f"shared.{k}": v.clone() for k, v in engine.strategy.shared_state().items()})
+        tensors.update({f"local.{k}": v.clone() for k, v in engine.strategy.local_state().items()})
         round_no = engine.round
-    tensors.update(opt_tensors)
+    tensors.update(trainer["tensors"])
     meta = {
         "round": round_no,
         "spec": spec.digest(),
-        "inner_step": role.trainer.step_count,
+        "inner_step": trainer["inner_step"],
         "part": role.part,
-        "stream": role.stream.state_dict(),
-        "optimizer": opt_rest,
+        "stream": trainer["stream"],
+        "optimizer": trainer["optimizer"],
         "tokens": tokens,
         "run_spec": spec.to_dict(),  # the whole spec, so `voloco export`/`generate` need nothing else
     }

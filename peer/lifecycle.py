@@ -84,11 +84,12 @@ def _saved_key(peer) -> Tuple[int, str]:
     return peer.engine.round, peer.engine.params_hash()
 
 
-def save_checkpoint(peer) -> None:
-    """The end-of-round checkpoint (when --checkpoint-dir), remembered so the stop does not repeat it."""
+def save_checkpoint(peer, trainer: Optional[Dict[str, Any]] = None) -> None:
+    """The end-of-round checkpoint (when --checkpoint-dir), remembered so the stop does not repeat it.
+    ``trainer``: the training state to save (``checkpoints.trainer_snapshot``; None: as it is now)."""
     if peer.role is None or not peer.role.checkpointed or peer.opts.checkpoint_dir is None:
         return
-    checkpoints.save(peer.opts.checkpoint_dir, peer.spec, peer.engine, peer.role, peer.totals.tokens)
+    checkpoints.save(peer.opts.checkpoint_dir, peer.spec, peer.engine, peer.role, peer.totals.tokens, trainer)
     peer._checkpointed = _saved_key(peer)
 
 

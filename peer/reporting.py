@@ -29,6 +29,9 @@ class RoundRecord:
     seconds: float
     waited: float = 0.0  # seconds at the round's barrier, waiting for the peers of the round
     resynced: bool = False  # it started off the group's parameters and downloaded them after the round
+    steps: int = 0  # inner steps trained for the round (fewer than H: closed early, peer/early_close.py)
+    overlapped: int = 0  # of them, steps taken while the previous round's exchange was still in flight
+    util: float = float("nan")  # compute utilization since the previous round ended (peer/utilization.py)
 
 
 @dataclass
@@ -46,11 +49,12 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 def log_round(record: RoundRecord, tokens_per_s: float) -> None:
     excluded = f" ({len(record.excluded)} excluded)" if record.excluded else ""
+    overlapped = f" ({record.overlapped} overlapped)" if record.overlapped else ""
     logger.info(
         f"round {record.round} done | group {len(record.group)}{excluded} "
         f"| loss {record.loss:.3f} | val {record.val_loss:.3f} | {tokens_per_s / 1e3:.1f}k tok/s "
         f"| sent {human_bytes(record.bytes_sent)} recv {human_bytes(record.bytes_received)} "
-        f"| {record.seconds:.1f} s | θ {record.params_hash}"
+        f"| {record.steps} steps{overlapped} | util {record.util:.0%} | {record.seconds:.1f} s | θ {record.params_hash}"
     )
 
 

@@ -9,6 +9,9 @@ One round, as the peer sees it:
    payloads the group agrees on;
 4. the engine decodes, aggregates and applies them: every member ends with bit-identical θ;
 5. checkpoint (peer/checkpoints.py), evaluate, report (peer/reporting.py).
+The round loop itself is peer/round_loop.py: by default the exchange of a round runs while the
+next round's inner steps go on (one-step-delayed outer update), and a slower peer closes its round
+early once most of its round is ready (peer/early_close.py).
 
 A peer that finds no group keeps its pseudo-gradient in its local buffers (nothing is lost with
 SparseLoCo and DCT) and, if the swarm has moved on, downloads the current state from a live peer
@@ -19,13 +22,11 @@ state before it reports the round.
 from __future__ import annotations
 
 import logging
-import re
 import signal
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 
@@ -36,11 +37,11 @@ from peer.exchange import PayloadGatherer
 from peer.membership import Membership
 from peer.metrics import serve_metrics
 from peer.model import build_model
-from peer.progress import ProgressBar
-from peer.reporting import RoundRecord, Totals, log_round, optimizer_state_bytes, write_status
+from peer.reporting import Totals, optimizer_state_bytes, write_status
 from peer.resources import detect
-from peer.roles import ChainStage, FullReplica, Role, RoundAbandoned, SliceOwner
+from peer.roles import ChainStage, FullReplica, Role, SliceOwner
 from peer.round_engine import RoundEngine
+from peer.round_loop import RoundLoop, majority_hash
 from peer.state_sync import StateSync
 from peer.tokenizer import obtain_corpus
 from peer.utilization import Utilization, progress_extras
@@ -53,6 +54,8 @@ from swarm.reachability import UNKNOWN, watch_reachability
 from swarm.records import fetch_spec
 
 logger = logging.getLogger("voloco.peer")
+
+__all__ = ["Peer", "PeerOptions", "majority_hash"]  # majority_hash: peer/round_loop.py's
 
 
 @dataclass
@@ -82,23 +85,6 @@ class PeerOptions:
     metrics_port: int = 0  # serve Prometheus metrics on this port (peer/metrics.py); 0: off
 
 
-_HASH = re.compile(r"[0-9a-f]{16}")  # peer/state.py's params_hash
-
-
-def majority_hash(hashes: Dict[str, str], excluded: Iterable[str] = (), me: Optional[str] = None) -> str:
-    """The starting point most of a group shares (ties: the smallest hash, the same on every member).
-
-    Only members whose payload counted vote (``excluded`` do not: a silent, equivocating or invalid
-    sender may have announced anything), and only with a well-formed hash; ``me`` always votes.
-    A hash that wins this way is still only a name: the state download that follows must produce
-    parameters that hash to it, so a forged majority costs a refused download, never θ."""
-    votes = {m: h for m, h in hashes.items() if m == me or (m not in set(excluded) and _HASH.fullmatch(h))}
-    counts: Dict[str, int] = {}
-    for h in votes.values():
-        counts[h] = counts.get(h, 0) + 1
-    return min(counts, key=lambda h: (-counts[h], h)) if counts else ""
-
-
 class Peer:
     def __init__(self, opts: PeerOptions):
         self.opts = opts
@@ -112,6 +98,7 @@ class Peer:
         self.tokens_per_s = 0.0
         self.role: Optional[Role] = None
         self.engine: Optional[RoundEngine] = None
+        self.loop: Optional[RoundLoop] = None  # the round loop (peer/round_loop.py), once the peer has a role
         self._chain: Optional[ChainMember] = None
         self.util = Utilization()  # time in inner steps / wall time, per round (peer/utilization.py)
         self.reach = UNKNOWN  # "public" | "client" | "unknown": can other nodes dial this peer (swarm/reachability.py)
@@ -202,6 +189,7 @@ class Peer:
         if self.role.reports_loss:
             logger.info(f"round {self.round}: validation loss {self.val_loss:.3f} nats/byte ({self.val_loss * self.corpus.bytes_per_token:.3f} nats/token)")
         self.sync.enable_sharing()
+        self.loop = RoundLoop(self)
         self.started = True
         lifecycle.report_phase(self)
 
@@ -232,138 +220,16 @@ class Peer:
                 self._set_state("waiting")
                 self.membership.wait_for_quorum(self.opts.wait_peers)
             while not self.stop_event.is_set():
-                if max_rounds and self.round >= max_rounds:
+                if max_rounds and self.loop.rounds_started() >= max_rounds:
+                    self.loop.finish()
                     logger.info(f"reached round {self.round}: stopping as asked")
                     break
-                self._one_round()
+                self.loop.one_round()
         finally:
+            self.loop.drain()
             self.state = "stopped"
             self.membership.publish()
             write_status(self.opts.status_file, self.status())
-
-    def _one_round(self) -> None:
-        spec, engine, role = self.spec, self.engine, self.role
-        t0 = time.monotonic()
-        self._set_state("linking" if isinstance(role, ChainStage) else "training")
-        try:
-            losses, round_start = self._inner_steps(spec.outer.inner_steps)
-        except RoundAbandoned:
-            self._recover()
-            return
-        if losses is None:
-            return
-
-        t_train = time.monotonic()
-        payload, pending = engine.encode(round_start, role.params)
-        self._set_state("ready")
-        t_encode = time.monotonic()
-        last = self.totals.history[-1] if self.totals.history else None
-        mates = set(last.group) - {self.peer_id} if last is not None and last.round == self.round else set()
-        barrier = self.membership.wait_for_round(self.round, mates, first_round=self.totals.rounds == 0)
-        t_wait = time.monotonic()
-        if self.stop_event.is_set():
-            return
-        self.state = "exchanging"
-        result = None
-        start_hash = engine.params_hash()
-        if not barrier.nobody_to_meet:  # nobody of our round left to meet: catch up instead
-            result = self.gatherer.gather(
-                self.round, payload, start_hash=start_hash, expected_size=barrier.expected, timeout=spec.swarm.round_wait
-            )
-        if result is None and not barrier.alone and not self.membership.swarm_is_empty():
-            engine.defer(pending)
-            logger.warning(f"round {self.round}: found no group; keeping this round's update locally")
-            self._load_theta()
-            self.sync.catch_up()
-            return
-
-        t_gather = time.monotonic()
-        payloads = result.payloads if result is not None else {self.peer_id: payload}
-        excluded = dict(result.excluded) if result is not None else {}
-        decoded, invalid = engine.decode(payloads)
-        for sender, why in invalid.items():
-            logger.warning(f"round {self.round}: rejected the payload of {sender}: {why}")
-        excluded.update(invalid)
-        group_hash = None
-        if result is not None:
-            group_hash = majority_hash(result.start_hashes, excluded, me=self.peer_id)
-            self.sync.consistent = start_hash == group_hash
-            if not self.sync.consistent:
-                logger.error(
-                    f"round {self.round}: this peer started from parameters {start_hash}, most of its group from "
-                    f"{group_hash}; it will download the group's state after this round"
-                )
-        with engine.lock:
-            engine.conclude(decoded, pending, delivered=self.peer_id in payloads and self.peer_id not in excluded,
-                            excluded=excluded)
-            self._load_theta()
-        sent = result.bytes_sent if result is not None else 0
-        received = result.bytes_received if result is not None else 0
-        self.totals.bytes_sent += sent
-        self.totals.bytes_received += received
-        self.totals.rounds += 1
-        t_apply = time.monotonic()
-        self.val_loss = self._evaluate()
-        logger.debug(
-            f"round {self.round - 1} timing: train {t_train - t0:.2f} s, encode {t_encode - t_train:.2f} s, "
-            f"wait {t_wait - t_encode:.2f} s, gather {t_gather - t_wait:.2f} s, apply {t_apply - t_gather:.2f} s, "
-            f"eval {time.monotonic() - t_apply:.2f} s"
-        )
-        record = RoundRecord(
-            round=self.round,
-            params_hash=engine.params_hash(),
-            group=sorted(result.group) if result is not None else [self.peer_id],  # every member, contributing or not
-            contributors=len(decoded),
-            excluded=excluded,
-            bytes_sent=sent,
-            bytes_received=received,
-            loss=sum(losses) / len(losses),  # NaN on a chain stage other than the last
-            val_loss=self.val_loss,
-            seconds=time.monotonic() - t0,
-            waited=t_wait - t_encode,
-        )
-        if not self.sync.consistent:  # repair before reporting: the round ends with the group's parameters
-            sources = None if result is None else {
-                m for m, h in result.start_hashes.items() if h == group_hash and m != self.peer_id
-            }
-            self.sync.catch_up(even_at_same_round=True, only=sources)
-            record.params_hash = engine.params_hash()
-            record.resynced = self.sync.consistent  # False: no groupmate served the round's state in time
-        self.totals.history.append(record)
-        lifecycle.save_checkpoint(self)
-        self.sync.enable_sharing()
-        self.util.round_done()
-        self.membership.publish()
-        write_status(self.opts.status_file, self.status())
-        log_round(record, self.tokens_per_s)
-
-    def _inner_steps(self, H: int):
-        """H inner steps from θ; returns (losses, the parameters the round started from), or
-        (None, None) when the peer is stopping. Raises RoundAbandoned when the role cannot go on."""
-        role = self.role
-        round_start = role.begin_round(self.engine.theta, self._sync_round)
-        self._set_state("training")  # a chain stage is "linking" until its links are up
-        bar = ProgressBar(H, f"round {self.round}")
-        losses: List[float] = []
-        try:
-            for self.step in range(1, H + 1):
-                if self.stop_event.is_set():
-                    return None, None
-                x, y = role.stream.next_batch()
-                t = time.monotonic()
-                loss = role.inner_step(x, y)
-                dt = time.monotonic() - t
-                self.util.busy(dt)
-                self.tokens_per_s = 0.8 * self.tokens_per_s + 0.2 * (x.numel() / dt) if self.tokens_per_s else x.numel() / dt
-                if role.counts_tokens:
-                    self.totals.tokens += x.numel()
-                losses.append(loss)
-                self.last_loss = loss
-                bar.update(self.step, f"loss {self.last_loss:.3f} | {self.tokens_per_s / 1e3:.1f}k tok/s")
-        finally:
-            bar.close()
-            role.end_round()
-        return losses, round_start
 
     def _sync_round(self) -> int:
         """Catch up with the swarm if it is ahead; the round this peer trains next."""
@@ -384,6 +250,8 @@ class Peer:
 
     # ---- state ----------------------------------------------------------------------------------
     def _load_theta(self) -> None:
+        if self.loop is not None and self.loop.defers_load():
+            return  # the inner loop loads θ, with its local delta, at its next step (peer/round_loop.py)
         with self.engine.lock:
             self.role.load_theta(self.engine.theta)
 

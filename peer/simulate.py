@@ -44,6 +44,7 @@ from peer.inner import InnerTrainer, evaluate
 from peer.model import build_model
 from peer.roles import FullReplica, SliceOwner
 from peer.round_engine import RoundEngine
+from peer.round_loop import continue_from
 from peer.strategies import Tensors
 from protocol.partial import FULL
 from protocol.spec import RunSpec
@@ -204,6 +205,7 @@ def simulate(
     on_round: Optional[Callable[[RoundStats], None]] = None,
     parts: Optional[Sequence[int]] = None,
     eval_rounds: Iterable[int] = (),
+    overlap_steps: int = 0,
 ) -> SimResult:
     """Run ``rounds`` rounds of ``replicas`` replicas of the peer round loop in this process.
 
@@ -215,10 +217,15 @@ def simulate(
     inner optimizers and the strategies' buffers still start fresh.
     ``parts``: with partial updates (``spec.partial.slices`` > 1), the slice each replica owns
     (a ``SliceOwner``; ``FULL``, the default, a ``FullReplica``). ``eval_rounds``: further rounds
-    after which θ is evaluated.
+    after which θ is evaluated. ``overlap_steps``: the one-step-delayed outer update of a live
+    peer with overlap (peer/round_loop.py) whose exchange ends after that many inner steps of the
+    next round: each replica takes them from θ_send, then continues from θ + (θ_now − θ_send);
+    0: the sequential loop (every round from its θ).
     """
     if replicas < 1 or rounds < 0:
         raise ValueError("replicas must be >= 1 and rounds >= 0")
+    if not 0 <= overlap_steps <= spec.outer.inner_steps:
+        raise ValueError(f"overlap_steps must be in [0, H = {spec.outer.inner_steps}], got {overlap_steps}")
     corpus = corpus if corpus is not None else load_corpus(spec.data.corpus, spec.data.val_fraction)
     H = spec.outer.inner_steps
     shards = _shards(seed_shards, replicas)
@@ -254,15 +261,25 @@ def simulate(
         payloads: Dict[str, bytes] = {}
         pendings = {}
         losses: List[float] = []
+        sent: Dict[str, Tensors] = {}
+        overlapped = overlap_steps if round_no > 0 else 0  # steps of this round taken during the last exchange
+        last = round_no == rounds - 1
         for rep in reps:
-            rep.load_theta()
-            for _ in range(H):
+            if not overlap_steps:
+                rep.load_theta()
+            for _ in range(H - overlapped):
                 x, y = rep.role.stream.next_batch()
                 losses.append(rep.role.inner_step(x, y))
                 tokens += x.numel()
             if round_no == 0:
                 _assert_frozen(rep)
             payloads[rep.sender], pendings[rep.sender] = rep.engine.encode(rep.engine.theta, rep.role.params)
+            if overlap_steps and not last:  # the next round's first steps, while this round's exchange runs
+                sent[rep.sender] = {n: p.detach().clone() for n, p in rep.role.params.items()}
+                for _ in range(overlap_steps):
+                    x, y = rep.role.stream.next_batch()
+                    losses.append(rep.role.inner_step(x, y))
+                    tokens += x.numel()
         # 3. every member decodes the round's payloads in canonical order, aggregates, applies
         verify = round_no < verify_rounds
         shared_decoded: Optional[List[Tensors]] = None
@@ -282,12 +299,17 @@ def simulate(
             result.verified_rounds += 1
         for rep in reps[1:]:
             _assert_same([reps[0].engine.theta], [rep.engine.theta], f"round {round_no}: θ of {rep.sender} differs from {reps[0].sender}")
-        # 4. evaluate θ (runtime: load θ into the model, then evaluate)
-        last = round_no == rounds - 1
+        # 4. evaluate θ (runtime: load θ into the model, then evaluate; with overlap on a copy)
         val_loss = None
         if last or round_no + 1 in eval_rounds or (eval_every > 0 and (round_no + 1) % eval_every == 0):
+            local = {n: p.detach().clone() for n, p in reps[0].role.params.items()} if sent else None
             reps[0].load_theta()
             val_loss = reps[0].role.evaluate(val)
+            if local is not None:
+                _load_params(reps[0].role.model, local)
+        for rep in reps:  # with overlap: continue from θ + the steps taken meanwhile
+            if rep.sender in sent:
+                continue_from(rep.role.params, rep.engine.theta, sent[rep.sender])
         stats = RoundStats(
             round=round_no + 1,
             tokens=tokens,

@@ -25,7 +25,7 @@ def test_real_swarm_is_bit_identical_to_its_simulation(tmp_path):
     spec = RunSpec(run_id="real-vs-sim", seed=3, model=ModelSpec(d_model=48, n_layers=2, n_heads=2, ffn_hidden=96, seq_len=32)).replace(
         data={"batch_size": 4, "val_batches": 2},
         inner={"lr": 3e-3, "warmup_steps": 3, "total_steps": 40},
-        outer={"strategy": "sparseloco", "inner_steps": 8},
+        outer={"strategy": "sparseloco", "inner_steps": 8, **swarm_check.SEQUENTIAL},
         swarm=swarm_check.BENCH_SWARM,
     )
     statuses = swarm_check.run_swarm(spec, peers=3, rounds=3, workdir=tmp_path, timeout=300, log=lambda *a, **k: None)

@@ -1,0 +1,311 @@
+"""A peer's round loop: H inner steps, then the round's exchange, with or without overlap.
+
+Sequential (``outer.overlap = false``, and always on a chain stage, whose neighbours train in
+lockstep with it): train, wait for the round's peers, gather, apply, evaluate, checkpoint, then
+the next round's first step.
+
+Overlapped (the one-step-delayed outer update of ``shared/ALGORITHMS.md`` section 6, the default):
+at the end of round t the peer holds ``θ_send``; it hands the payload of ``Δ_t`` to a thread of its
+own that waits for the round's peers, gathers, decodes and takes the outer step on θ (the global
+parameters, which every member computes bit-identically from the same payloads), then evaluates
+and checkpoints, while the inner steps of round t + 1 go on from ``θ_send``. At the first step
+boundary after the exchange ended, the model continues from ``θ_{t+1} + (θ_now − θ_send)``: the
+steps taken meanwhile stay as a local delta, which the next pseudo-gradient ``θ_{t+1} − θ_end``
+carries into round t + 1. If the next round's steps end before the exchange does, the loop waits
+for it (at most one exchange is in flight: its θ is where the next payload is measured from).
+A round that found no group leaves θ as it was (its signal stays in the strategy's buffers, as in
+the sequential loop) and the local delta is kept the same way.
+
+Evaluation runs on a copy of the model built for it (peer/round_evaluator.py) and the checkpoint
+holds the inner optimizer and the batch stream as they were when the round's payload was made,
+so neither stalls the inner steps.
+
+Mixed speeds (peer/early_close.py): a peer still training when most of its round is ready closes
+the round after at least ``outer.min_inner_fraction`` of H and contributes what it has.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional
+
+import torch
+
+from peer import checkpoints, lifecycle
+from peer.early_close import EarlyClose, min_steps
+from peer.progress import ProgressBar
+from peer.reporting import RoundRecord, log_round, write_status
+from peer.roles import ChainStage, RoundAbandoned
+from peer.round_evaluator import RoundEvaluator
+
+logger = logging.getLogger("voloco.peer")
+
+_HASH = re.compile(r"[0-9a-f]{16}")  # peer/state.py's params_hash
+
+
+def majority_hash(hashes: Dict[str, str], excluded: Iterable[str] = (), me: Optional[str] = None) -> str:
+    """The starting point most of a group shares (ties: the smallest hash, the same on every member).
+
+    Only members whose payload counted vote (``excluded`` do not: a silent, equivocating or invalid
+    sender may have announced anything), and only with a well-formed hash; ``me`` always votes.
+    A hash that wins this way is still only a name: the state download that follows must produce
+    parameters that hash to it, so a forged majority costs a refused download, never θ."""
+    votes = {m: h for m, h in hashes.items() if m == me or (m not in set(excluded) and _HASH.fullmatch(h))}
+    counts: Dict[str, int] = {}
+    for h in votes.values():
+        counts[h] = counts.get(h, 0) + 1
+    return min(counts, key=lambda h: (-counts[h], h)) if counts else ""
+
+
+def continue_from(params: Dict[str, torch.Tensor], theta: Dict[str, torch.Tensor], sent: Dict[str, torch.Tensor]) -> None:
+    """The one-step-delayed update, in place: ``params ← θ + (params − θ_send)``. With no step
+    taken since ``sent`` the model is θ exactly, as in the sequential loop."""
+    with torch.no_grad():
+        for name, param in params.items():
+            param.sub_(sent[name]).add_(theta[name].to(param.device, param.dtype))
+
+
+@dataclass
+class Handoff:
+    """What the inner steps of a round hand to its exchange."""
+
+    payload: bytes
+    pending: Any
+    losses: List[float]
+    t0: float  # when the round's inner steps began
+    t_train: float  # when they ended
+    t_encode: float  # when the payload was ready
+    trainer: Optional[Dict[str, Any]] = None  # the training state to checkpoint (checkpoints.trainer_snapshot)
+    overlapped: int = 0  # inner steps taken while the previous round's exchange was in flight
+
+
+class RoundLoop:
+    def __init__(self, peer):
+        self.peer = peer
+        spec = peer.spec
+        self.overlap = bool(spec.outer.overlap) and not isinstance(peer.role, ChainStage)
+        self.min_steps = min_steps(spec.outer.inner_steps, spec.outer.min_inner_fraction)
+        self.early = EarlyClose(peer.membership, peer.peer_id, peer.stop_event)
+        self.evaluator = RoundEvaluator(peer) if self.overlap else None
+        self._thread: Optional[threading.Thread] = None
+        self._sent: Optional[Dict[str, torch.Tensor]] = None  # θ_send: the model when its payload was made
+        self._error: Optional[BaseException] = None
+        self.closed_early = 0  # rounds this peer closed early (fewer than H steps)
+        self._overlapped = 0  # steps of the current round taken while an exchange was in flight
+
+    # ---- the exchange in flight -----------------------------------------------------------------
+    @property
+    def in_flight(self) -> bool:
+        return self._thread is not None
+
+    def rounds_started(self) -> int:
+        """Rounds whose inner steps are done: the engine's round, and one more while its exchange runs."""
+        return self.peer.round + (1 if self.in_flight else 0)
+
+    def defers_load(self) -> bool:
+        """Whether θ must not be loaded into the model now: the exchange thread asks, and the inner
+        loop loads it (with the local delta) at its next step boundary."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def finish(self) -> None:
+        """Wait for the exchange in flight, then continue from θ + (model − θ_send)."""
+        thread = self._thread
+        if thread is None:
+            return
+        thread.join()
+        self._thread = None
+        peer, sent, self._sent = self.peer, self._sent, None
+        with peer.engine.lock:
+            continue_from(peer.role.params, peer.engine.theta, sent)
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def drain(self) -> None:
+        """On the way out: let the exchange in flight end, never raise."""
+        try:
+            self.finish()
+        except Exception as e:
+            logger.error(f"the last round's exchange failed: {e!r}")
+
+    # ---- one round ------------------------------------------------------------------------------
+    def one_round(self) -> None:
+        peer = self.peer
+        engine, role, spec = peer.engine, peer.role, peer.spec
+        t0 = time.monotonic()
+        if not self.in_flight:
+            peer._set_state("linking" if isinstance(role, ChainStage) else "training")
+        try:
+            losses, round_start = self._inner_steps(spec.outer.inner_steps)
+        except RoundAbandoned:
+            self.drain()
+            peer._recover()
+            return
+        if losses is None:
+            return
+        self.finish()
+        if self.overlap:
+            round_start = engine.theta  # θ of this round: the exchange before it has ended
+        t_train = time.monotonic()
+        payload, pending = engine.encode(round_start, role.params)
+        peer._set_state("ready")
+        handoff = Handoff(payload, pending, losses, t0, t_train, time.monotonic(), overlapped=self._overlapped)
+        if not self.overlap:
+            self._exchange(handoff)
+            return
+        if role.checkpointed and peer.opts.checkpoint_dir is not None:
+            handoff.trainer = checkpoints.trainer_snapshot(role)
+        with torch.no_grad():
+            self._sent = {n: p.detach().clone() for n, p in role.params.items()}
+        self._thread = threading.Thread(target=self._exchange_in_background, args=(handoff,), daemon=True,
+                                        name=f"exchange-{engine.round}")
+        self._thread.start()
+
+    def _inner_steps(self, H: int):
+        """Up to H inner steps; (losses, the parameters the round started from), or (None, None)
+        when the peer is stopping. Raises RoundAbandoned when the role cannot go on."""
+        peer = self.peer
+        role = peer.role
+        round_start = None if self.overlap else role.begin_round(peer.engine.theta, peer._sync_round)
+        if not self.in_flight:
+            peer._set_state("training")  # a chain stage is "linking" until its links are up
+        self.early.watch(self.rounds_started())
+        bar = ProgressBar(H, f"round {self.rounds_started()}")
+        losses: List[float] = []
+        self._overlapped = 0
+        try:
+            for peer.step in range(1, H + 1):
+                if peer.stop_event.is_set():
+                    return None, None
+                if self.in_flight and not self._thread.is_alive():
+                    self.finish()
+                    self.early.watch(peer.round)
+                if len(losses) >= self.min_steps and not self.in_flight and self.early.due():
+                    self.closed_early += 1
+                    logger.info(f"round {peer.round}: closing the round after {len(losses)} of {H} inner steps: "
+                                f"most of its peers are ready")
+                    break
+                x, y = role.stream.next_batch()
+                t = time.monotonic()
+                loss = role.inner_step(x, y)
+                dt = time.monotonic() - t
+                peer.util.busy(dt)
+                tps = x.numel() / dt
+                peer.tokens_per_s = 0.8 * peer.tokens_per_s + 0.2 * tps if peer.tokens_per_s else tps
+                if role.counts_tokens:
+                    peer.totals.tokens += x.numel()
+                losses.append(loss)
+                self._overlapped += self.in_flight
+                peer.last_loss = loss
+                bar.update(peer.step, f"loss {peer.last_loss:.3f} | {peer.tokens_per_s / 1e3:.1f}k tok/s")
+        finally:
+            bar.close()
+            self.early.unwatch()
+            role.end_round()
+        return losses, round_start
+
+    # ---- the exchange ---------------------------------------------------------------------------
+    def _exchange_in_background(self, handoff: Handoff) -> None:
+        try:
+            self._exchange(handoff)
+        except BaseException as e:  # re-raised by finish(), in the inner loop's thread
+            logger.exception(f"round {self.peer.round}: the exchange failed")
+            self._error = e
+        finally:
+            if self.peer.state in ("ready", "exchanging") and not self.peer.stop_event.is_set():
+                self.peer._set_state("training")  # the inner steps of the next round are under way
+
+    def _exchange(self, h: Handoff) -> None:
+        """Wait for the round's peers, gather, apply; then evaluate, checkpoint and report."""
+        peer = self.peer
+        engine, spec = peer.engine, peer.spec
+        last = peer.totals.history[-1] if peer.totals.history else None
+        mates = set(last.group) - {peer.peer_id} if last is not None and last.round == engine.round else set()
+        barrier = peer.membership.wait_for_round(engine.round, mates, first_round=peer.totals.rounds == 0)
+        t_wait = time.monotonic()
+        if peer.stop_event.is_set():
+            return
+        peer.state = "exchanging"
+        result = None
+        start_hash = engine.params_hash()
+        if not barrier.nobody_to_meet:  # nobody of our round left to meet: catch up instead
+            result = peer.gatherer.gather(
+                engine.round, h.payload, start_hash=start_hash, expected_size=barrier.expected,
+                timeout=spec.swarm.round_wait,
+            )
+        if result is None and not barrier.alone and not peer.membership.swarm_is_empty():
+            engine.defer(h.pending)
+            logger.warning(f"round {engine.round}: found no group; keeping this round's update locally")
+            peer._load_theta()
+            peer.sync.catch_up()
+            return
+
+        t_gather = time.monotonic()
+        payloads = result.payloads if result is not None else {peer.peer_id: h.payload}
+        excluded = dict(result.excluded) if result is not None else {}
+        decoded, invalid = engine.decode(payloads)
+        for sender, why in invalid.items():
+            logger.warning(f"round {engine.round}: rejected the payload of {sender}: {why}")
+        excluded.update(invalid)
+        group_hash = None
+        if result is not None:
+            group_hash = majority_hash(result.start_hashes, excluded, me=peer.peer_id)
+            peer.sync.consistent = start_hash == group_hash
+            if not peer.sync.consistent:
+                logger.error(
+                    f"round {engine.round}: this peer started from parameters {start_hash}, most of its group "
+                    f"from {group_hash}; it will download the group's state after this round"
+                )
+        with engine.lock:
+            engine.conclude(decoded, h.pending, delivered=peer.peer_id in payloads and peer.peer_id not in excluded,
+                            excluded=excluded)
+            peer._load_theta()
+        if self.overlap and not peer.stop_event.is_set():
+            peer._set_state("training")  # θ of the next round is known: its inner steps are under way
+        sent = result.bytes_sent if result is not None else 0
+        received = result.bytes_received if result is not None else 0
+        peer.totals.bytes_sent += sent
+        peer.totals.bytes_received += received
+        peer.totals.rounds += 1
+        t_apply = time.monotonic()
+        record = RoundRecord(
+            round=engine.round,
+            params_hash=engine.params_hash(),
+            group=sorted(result.group) if result is not None else [peer.peer_id],  # every member, contributing or not
+            contributors=len(decoded),
+            excluded=excluded,
+            bytes_sent=sent,
+            bytes_received=received,
+            loss=sum(h.losses) / len(h.losses),  # NaN on a chain stage other than the last
+            val_loss=float("nan"),
+            seconds=0.0,
+            waited=t_wait - h.t_encode,
+            steps=len(h.losses),
+            overlapped=h.overlapped,
+        )
+        if not peer.sync.consistent:  # repair before reporting: the round ends with the group's parameters
+            sources = None if result is None else {
+                m for m, hsh in result.start_hashes.items() if hsh == group_hash and m != peer.peer_id
+            }
+            peer.sync.catch_up(even_at_same_round=True, only=sources)
+            record.params_hash = engine.params_hash()
+            record.resynced = peer.sync.consistent  # False: no groupmate served the round's state in time
+        t_eval = time.monotonic()
+        peer.val_loss = record.val_loss = self.evaluator.evaluate() if self.evaluator is not None else peer._evaluate()
+        record.seconds = time.monotonic() - h.t0
+        logger.debug(
+            f"round {record.round - 1} timing: train {h.t_train - h.t0:.2f} s, encode {h.t_encode - h.t_train:.2f} s, "
+            f"wait {t_wait - h.t_encode:.2f} s, gather {t_gather - t_wait:.2f} s, apply {t_apply - t_gather:.2f} s, "
+            f"eval {time.monotonic() - t_eval:.2f} s"
+        )
+        record.util = peer.util.round_done()
+        peer.totals.history.append(record)
+        lifecycle.save_checkpoint(peer, h.trainer)
+        peer.sync.enable_sharing()
+        peer.membership.publish()
+        write_status(peer.opts.status_file, peer.status())
+        log_round(record, peer.tokens_per_s)
