@@ -73,6 +73,7 @@ def startup_status(peer) -> Dict[str, Any]:
         "val_loss": None,
         "tokens": 0,
         "rounds": 0,
+        "util": None,
         "bytes_sent": 0,
         "bytes_received": 0,
         "params_hash": "",

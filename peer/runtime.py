@@ -305,6 +305,7 @@ class Peer:
             **self.corpus.loss_report(self.val_loss),  # val_loss_per_token, bytes_per_token, tokenizer
             "tokens": self.totals.tokens,
             "rounds": self.totals.rounds,
+            "util": self.util.value,  # compute utilization: time in inner steps / wall time, last round
             "bytes_sent": self.totals.bytes_sent,
             "bytes_received": self.totals.bytes_received,
             "params_hash": self.engine.params_hash(),

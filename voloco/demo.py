@@ -154,7 +154,7 @@ def summarize(statuses: List[Optional[Dict[str, Any]]], wall_s: float) -> Dict[s
     final = [s["val_loss"] for s in live if _finite(s.get("val_loss"))]
     return {
         "peers": [
-            {k: s.get(k) for k in ("peer_id", "round", "rounds", "tokens", "val_loss", "bytes_sent", "bytes_received",
+            {k: s.get(k) for k in ("peer_id", "round", "rounds", "tokens", "val_loss", "util", "bytes_sent", "bytes_received",
                                    "params_hash", "part", "chain", "link_bytes_sent", "link_bytes_received")}
             for s in live
         ],
@@ -195,11 +195,12 @@ def _finite(x: Any) -> bool:
 
 def print_summary(summary: Dict[str, Any]) -> None:
     print()
-    print(f"{'peer':<14}{'role':<12}{'round':>6}{'tokens':>11}{'val loss':>10}{'sent':>11}{'received':>11}  params")
+    print(f"{'peer':<14}{'role':<12}{'round':>6}{'tokens':>11}{'val loss':>10}{'util':>6}{'sent':>11}{'received':>11}  params")
     for p in summary["peers"]:
         val = f"{p['val_loss']:.3f}" if _finite(p["val_loss"]) else "-"
         role = f"blocks {p['part'][0]}-{p['part'][1] - 1}" if p.get("chain") else "full"
-        print(f"{p['peer_id'][-12:]:<14}{role:<12}{p['round']:>6}{p['tokens']:>11,}{val:>10}"
+        util = f"{p['util']:.0%}" if _finite(p.get("util")) else "-"
+        print(f"{p['peer_id'][-12:]:<14}{role:<12}{p['round']:>6}{p['tokens']:>11,}{val:>10}{util:>6}"
               f"{human_bytes(p['bytes_sent']):>11}{human_bytes(p['bytes_received']):>11}  {p['params_hash']}")
     init, fin = summary["initial_val_loss"], summary["final_val_loss"]
     print()
