@@ -55,8 +55,8 @@ def most_are_done(views: Iterable[PeerView], me: str, round_no: int) -> bool:
 class EarlyClose:
     """Watches the round this peer trains; ``due()`` turns true when it should close the round."""
 
-    def __init__(self, membership, peer_id: str, stop: threading.Event):
-        self.membership, self.peer_id, self.stop = membership, peer_id, stop
+    def __init__(self, membership, peer_id: str, stop: threading.Event, enabled: bool = True):
+        self.membership, self.peer_id, self.stop, self.enabled = membership, peer_id, stop, enabled
         self._due = threading.Event()
         self._round: Optional[int] = None
         self._wake = threading.Event()
@@ -65,6 +65,8 @@ class EarlyClose:
     def watch(self, round_no: int) -> None:
         """Start watching ``round_no`` (the round the inner steps are for)."""
         self._due.clear()
+        if not self.enabled:
+            return
         self._round = round_no
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, daemon=True, name="early-close")

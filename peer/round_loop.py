@@ -88,12 +88,15 @@ class RoundLoop:
         self.peer = peer
         spec = peer.spec
         self.overlap = bool(spec.outer.overlap) and not isinstance(peer.role, ChainStage)
-        self.min_steps = min_steps(spec.outer.inner_steps, spec.outer.min_inner_fraction)
-        self.early = EarlyClose(peer.membership, peer.peer_id, peer.stop_event)
+        chain = isinstance(peer.role, ChainStage)  # its stages step together: none closes a round alone
+        self.min_steps = spec.outer.inner_steps if chain else min_steps(spec.outer.inner_steps, spec.outer.min_inner_fraction)
+        self.early = EarlyClose(peer.membership, peer.peer_id, peer.stop_event, enabled=self.min_steps < spec.outer.inner_steps)
         self.evaluator = RoundEvaluator(peer) if self.overlap else None
         self._thread: Optional[threading.Thread] = None
         self._sent: Optional[Dict[str, torch.Tensor]] = None  # θ_send: the model when its payload was made
         self._error: Optional[BaseException] = None
+        self._restart = False  # the exchange found no group: the steps taken meanwhile start nothing
+        self._linked = False  # a chain stage whose chain has trained a round (its links come up each round)
         self.closed_early = 0  # rounds this peer closed early (fewer than H steps)
         self._overlapped = 0  # steps of the current round taken while an exchange was in flight
 
@@ -111,19 +114,27 @@ class RoundLoop:
         loop loads it (with the local delta) at its next step boundary."""
         return self._thread is not None and threading.current_thread() is self._thread
 
-    def finish(self) -> None:
-        """Wait for the exchange in flight, then continue from θ + (model − θ_send)."""
+    def finish(self) -> bool:
+        """Wait for the exchange in flight, then continue from θ + (model − θ_send). False when that
+        exchange found no group: then, as in the sequential loop, the round's signal stays in the
+        strategy's buffers, the model restarts from θ (the swarm's, if it was ahead and this peer
+        caught up) and so does the round (the steps taken meanwhile were from a stale start)."""
         thread = self._thread
         if thread is None:
-            return
+            return True
         thread.join()
         self._thread = None
         peer, sent, self._sent = self.peer, self._sent, None
+        restart, self._restart = self._restart, False
         with peer.engine.lock:
-            continue_from(peer.role.params, peer.engine.theta, sent)
+            if restart:
+                peer.role.load_theta(peer.engine.theta)
+            else:
+                continue_from(peer.role.params, peer.engine.theta, sent)
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+        return not restart
 
     def drain(self) -> None:
         """On the way out: let the exchange in flight end, never raise."""
@@ -138,16 +149,19 @@ class RoundLoop:
         engine, role, spec = peer.engine, peer.role, peer.spec
         t0 = time.monotonic()
         if not self.in_flight:
-            peer._set_state("linking" if isinstance(role, ChainStage) else "training")
+            # a chain not linked yet is not waited for by the round's other peers ("linking" is not in
+            # rounds); once it has trained a round its stages count as training from the round's start
+            peer._set_state("linking" if isinstance(role, ChainStage) and not self._linked else "training")
         try:
             losses, round_start = self._inner_steps(spec.outer.inner_steps)
         except RoundAbandoned:
+            self._linked = False
             self.drain()
             peer._recover()
             return
-        if losses is None:
-            return
-        self.finish()
+        self._linked = True
+        if losses is None or not self.finish():
+            return  # stopping, or restarting the round from the swarm's θ
         if self.overlap:
             round_start = engine.theta  # θ of this round: the exchange before it has ended
         t_train = time.monotonic()
@@ -178,11 +192,14 @@ class RoundLoop:
         losses: List[float] = []
         self._overlapped = 0
         try:
-            for peer.step in range(1, H + 1):
+            while len(losses) < H:
+                peer.step = len(losses) + 1
                 if peer.stop_event.is_set():
                     return None, None
                 if self.in_flight and not self._thread.is_alive():
-                    self.finish()
+                    if not self.finish():
+                        losses, self._overlapped = [], 0
+                        bar.update(0)
                     self.early.watch(peer.round)
                 if len(losses) >= self.min_steps and not self.in_flight and self.early.due():
                     self.closed_early += 1
@@ -239,6 +256,7 @@ class RoundLoop:
             )
         if result is None and not barrier.alone and not peer.membership.swarm_is_empty():
             engine.defer(h.pending)
+            self._restart = self.overlap
             logger.warning(f"round {engine.round}: found no group; keeping this round's update locally")
             peer._load_theta()
             peer.sync.catch_up()
