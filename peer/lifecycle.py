@@ -14,16 +14,18 @@ Stopping (Ctrl+C, SIGTERM): the round in progress is abandoned (its parameters s
 round's start; a gather under way ends within its own timeout), the peer writes a checkpoint when
 the last one is not of its current parameters (e.g. it stopped during its first round, or after
 downloading the swarm's state), says "stopped" in the DHT and its status file, and shuts down
-hivemind's averager and DHT processes, which stop their p2pd daemon.
+hivemind's averager and DHT processes, which stop their p2pd daemon; the wire meter stops last.
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import Any, Dict, Optional, Tuple
 
 from peer import checkpoints
 from peer.reporting import write_status
+from swarm.wire_bytes import WireMeter, wire_report
 
 logger = logging.getLogger("voloco.peer")
 
@@ -76,9 +78,29 @@ def startup_status(peer) -> Dict[str, Any]:
         "util": None,
         "bytes_sent": 0,
         "bytes_received": 0,
+        "wire": wire_status(peer),
         "params_hash": "",
         "history": [],
     }
+
+
+def meter_wire(peer) -> None:
+    """Count every byte on the peer's wire from now on (swarm/wire_bytes.py: the TCP sockets of its
+    process tree, p2pd's included); ``shutdown`` stops the meter."""
+    peer.wire = WireMeter().start()
+
+
+def wire_status(peer) -> Optional[Dict[str, Any]]:
+    """The peer's wire bytes, polled now, and what they were: its payloads as it counted them
+    (exchange, state download), its chain links' activations, the control plane (the rest).
+    None when unknown (no meter yet, or the kernel's counters cannot be read here)."""
+    meter = getattr(peer, "wire", None)
+    if meter is None:
+        return None
+    role, totals = getattr(peer, "role", None), getattr(peer, "totals", None)
+    links = role.status() if role is not None else {}
+    payload = (totals.bytes_sent, totals.bytes_received) if totals is not None else (0, 0)
+    return wire_report(meter.totals(), payload, (links.get("link_bytes_sent", 0), links.get("link_bytes_received", 0)))
 
 
 def _saved_key(peer) -> Tuple[int, str]:
@@ -110,16 +132,23 @@ def final_checkpoint(peer) -> None:
 
 def shutdown(peer, closers: Tuple[Optional[Any], ...]) -> None:
     """Checkpoint, then stop hivemind's processes (and with them p2pd): the chain's links, the
-    averager, the DHT, in that order."""
+    averager, the DHT, in that order; then write the status once more, with the wire's final count
+    (the closed connections' last bytes included)."""
     peer.stop_event.set()
     final_checkpoint(peer)
     if not getattr(peer, "started", False) and peer.state != "stopped":  # stopped during start-up
         peer.state = "stopped"
         set_phase(peer, "stopped")
-    for closer in closers:
-        if closer is not None:
-            try:
-                closer.shutdown()
-            except Exception as e:
-                logger.debug(f"shutdown: {e!r}")
+    meter = getattr(peer, "wire", None)
+    with meter.closely() if meter is not None else nullcontext():  # p2pd's connections' last bytes
+        for closer in closers:
+            if closer is not None:
+                try:
+                    closer.shutdown()
+                except Exception as e:
+                    logger.debug(f"shutdown: {e!r}")
+    if meter is not None:
+        meter.shutdown()
+        if peer.state == "stopped":
+            set_phase(peer, phase_of(peer))
     logger.info("stopped")

@@ -1,7 +1,9 @@
 """A peer's Prometheus metrics (``--metrics-port N``): what its progress record says, scraped live.
 
 A collector on a registry of its own reads the peer's progress record (``Peer._progress``) at
-every scrape, so the numbers are the ones the peer publishes to the DHT. prometheus_client's WSGI
+every scrape, so the numbers are the ones the peer publishes to the DHT; the wire bytes
+(swarm/wire_bytes.py: every TCP byte of the peer's processes, and the control plane's share of
+them) come from the peer's status, which the DHT record leaves out. prometheus_client's WSGI
 app is served by the standard library's WSGI server in a daemon thread; ``shutdown`` stops it.
 """
 
@@ -10,12 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 from socketserver import ThreadingMixIn
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from peer.lifecycle import wire_status
 from protocol.records import STATES, Progress
 from swarm.console import UsageError
 
@@ -36,9 +39,18 @@ _COUNTERS = (
 )
 
 
+_WIRE_COUNTERS = (
+    ("voloco_peer_wire_bytes_sent", "TCP payload bytes the peer's processes sent (all traffic; retransmissions included)", "sent"),
+    ("voloco_peer_wire_bytes_received", "TCP payload bytes the peer's processes received (all traffic)", "received"),
+    ("voloco_peer_wire_packets_sent", "TCP segments the peer's processes sent, pure ACKs included", "packets_sent"),
+    ("voloco_peer_wire_packets_received", "TCP segments the peer's processes received", "packets_received"),
+)
+
+
 class ProgressCollector:
-    def __init__(self, progress: Callable[[], Progress], peer_id: Callable[[], str]):
-        self._progress, self._peer_id = progress, peer_id
+    def __init__(self, progress: Callable[[], Progress], peer_id: Callable[[], str],
+                 wire: Optional[Callable[[], Optional[dict]]] = None):
+        self._progress, self._peer_id, self._wire = progress, peer_id, wire
 
     def collect(self) -> Iterator[Metric]:
         try:
@@ -63,6 +75,28 @@ class ProgressCollector:
                                  labels=["peer", "device", "part", "reach"])
         info.add_metric([peer, p.device, str(p.part), p.reach], 1.0)
         yield info
+        yield from self._wire_metrics(peer)
+
+    def _wire_metrics(self, peer: str) -> Iterator[Metric]:
+        """The wire bytes (swarm/wire_bytes.wire_report), nothing when they are unknown."""
+        try:
+            wire = self._wire() if self._wire is not None else None
+        except Exception:
+            wire = None
+        if not wire:
+            return
+        for name, doc, key in _WIRE_COUNTERS:
+            c = CounterMetricFamily(name, doc, labels=["peer"])
+            c.add_metric([peer], float(wire[key]))
+            yield c
+        # by kind: control is what is left after the payloads and the chain's links, so it is a gauge
+        for way in ("sent", "received"):
+            g = GaugeMetricFamily(f"voloco_peer_wire_{way}_by_kind_bytes",
+                                  f"wire bytes {way} by kind: payload (exchange, state download), chain (stage "
+                                  f"links), control (DHT, matchmaking, framing: the rest)", labels=["peer", "kind"])
+            for kind, value in wire[f"{way}_by"].items():
+                g.add_metric([peer, kind], float(value))
+            yield g
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -79,9 +113,10 @@ class _Quiet(WSGIRequestHandler):
 class MetricsServer:
     """``/metrics`` (any path, as prometheus_client's app answers) on ``host:port``."""
 
-    def __init__(self, progress: Callable[[], Progress], peer_id: Callable[[], str], port: int, host: str = "0.0.0.0"):
+    def __init__(self, progress: Callable[[], Progress], peer_id: Callable[[], str], port: int, host: str = "0.0.0.0",
+                 wire: Optional[Callable[[], Optional[dict]]] = None):
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(ProgressCollector(progress, peer_id))
+        registry.register(ProgressCollector(progress, peer_id, wire))
         try:
             self._httpd = make_server(host, port, make_wsgi_app(registry), server_class=_Server, handler_class=_Quiet)
         except OSError as e:
@@ -98,5 +133,5 @@ class MetricsServer:
 
 
 def serve_metrics(peer: Any, port: int) -> MetricsServer:
-    """Serve ``peer``'s progress as Prometheus metrics on ``port`` (every interface)."""
-    return MetricsServer(peer._progress, lambda: peer.peer_id, port)
+    """Serve ``peer``'s progress and wire bytes as Prometheus metrics on ``port`` (every interface)."""
+    return MetricsServer(peer._progress, lambda: peer.peer_id, port, wire=lambda: wire_status(peer))

@@ -128,6 +128,7 @@ class Peer:
         opts = self.opts
         if opts.threads:
             torch.set_num_threads(opts.threads)
+        lifecycle.meter_wire(self)  # self.wire: every TCP byte of this peer's processes, from the DHT's first on
         lifecycle.set_phase(self, "joining the DHT")
         self.dht = start_dht(opts.join, opts.host_maddrs, opts.announce_maddrs, opts.identity, opts.client_mode,
                              join_token=opts.join_token, run_key=opts.run_key, use_relay=opts.use_relay,
@@ -308,6 +309,7 @@ class Peer:
             "util": self.util.value,  # compute utilization: time in inner steps / wall time, last round
             "bytes_sent": self.totals.bytes_sent,
             "bytes_received": self.totals.bytes_received,
+            "wire": lifecycle.wire_status(self),  # every TCP byte on the wire, and the control plane's share
             "params_hash": self.engine.params_hash(),
             "history": [r.__dict__ for r in self.totals.history],
         }
