@@ -1,6 +1,6 @@
 """Encode + decode time of one round's payload vs the time of H inner steps, per codec.
 
-    python bench/codec_speed.py [--json OUT] [--sizes 10M,100M] [--H 30]
+    python bench/codec_speed.py [--json OUT] [--sizes 10M,100M] [--codecs sparseloco,dct] [--H 30]
 
 For each model size: build the model, time a few inner steps (AdamW, batch 16x128 from the
 spec) after one warm-up step and extrapolate to H steps (the time of H steps is taken as H times
@@ -72,7 +72,7 @@ def time_steps(spec: RunSpec, corpus, steps: int):
     return times, delta
 
 
-def run(sizes, H: int, steps: int, log=print):
+def run(sizes, H: int, steps: int, log=print, codecs=tuple(CODECS), repeats=None):
     corpus = load_corpus("stdlib")
     rows = []
     for size in sizes:
@@ -85,17 +85,17 @@ def run(sizes, H: int, steps: int, log=print):
         h_s = H * step_s
         log(f"  inner step {step_s:.3f} s (median of {steps}: {', '.join(f'{t:.2f}' for t in times)}) -> H={H}: {h_s:.1f} s")
         layout = ms.param_shapes()
-        repeats = 3 if params < 20e6 else 1
-        for codec, outer in CODECS.items():
-            strategy = make_strategy(base.replace(outer=outer), layout)
-            (payload, _), enc_s = best_of(lambda: strategy.encode(delta, 0), repeats)
-            _, dec_s = best_of(lambda: strategy.decode(payload, 0), repeats)
+        best = repeats or (3 if params < 20e6 else 1)
+        for codec in codecs:
+            strategy = make_strategy(base.replace(outer=CODECS[codec]), layout)
+            (payload, _), enc_s = best_of(lambda: strategy.encode(delta, 0), best)
+            _, dec_s = best_of(lambda: strategy.decode(payload, 0), best)
             frac = (enc_s + dec_s) / h_s
             rows.append(dict(size=size, params=params, codec=codec, payload_bytes=len(payload), encode_s=enc_s,
                              decode_s=dec_s, step_s=step_s, H=H, h_steps_s=h_s, fraction=frac, meets_goal=frac < GOAL))
             log(f"  {codec:<11} payload {len(payload):>12,} B  encode {enc_s:7.3f} s  decode {dec_s:7.3f} s  "
                 f"{100 * frac:6.2f} % of H steps")
-        del delta
+        delta = None  # freed before the next size
     return rows
 
 
@@ -119,6 +119,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--sizes", default="10M,100M", help=f"comma-separated, of {sorted(SIZES)}")
+    ap.add_argument("--codecs", default=",".join(CODECS), help=f"comma-separated, of {list(CODECS)}")
+    ap.add_argument("--repeats", type=int, help="best of this many encodes and decodes (default: 3 below 20M parameters, else 1)")
     ap.add_argument("--H", type=int, default=30)
     ap.add_argument("--steps", type=int, default=3, help="inner steps to time (after one warm-up step)")
     ap.add_argument("--threads", type=int, default=2)
@@ -127,7 +129,11 @@ def main(argv=None) -> int:
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     t0 = time.monotonic()
     print(f"bench/codec_speed.py: {datetime.datetime.now().isoformat(timespec='seconds')}, {machine()}")
-    rows = run(sizes, args.H, args.steps)
+    codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
+    unknown = sorted(set(codecs) - set(CODECS))
+    if unknown:
+        ap.error(f"--codecs: unknown {unknown}, choose from {list(CODECS)}")
+    rows = run(sizes, args.H, args.steps, codecs=codecs, repeats=args.repeats)
     print()
     print_table(rows, args.H)
     print(f"\ntotal {time.monotonic() - t0:.0f} s")

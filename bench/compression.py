@@ -1,6 +1,6 @@
 """Compressed outer steps at equal tokens: quality and bytes of DiLoCo fp32/fp16, SparseLoCo, DCT.
 
-    python bench/compression.py [--quick] [--json OUT] [--tune] [--demo-sweep] [--jobs N]
+    python bench/compression.py [--quick] [--json OUT] [--tune] [--demo-sweep] [--jobs N] [--payloads]
 
 Same model, data, seeds and total tokens for every arm, R = 4 replicas of the real round loop
 (``peer.simulate.simulate``: real encoded payloads, every replica decodes all of them):
@@ -19,7 +19,10 @@ serves its payload to the R−1 other members and fetches theirs, so sent ≈ re
 all replicas, DCT beta/k, H). ``--demo-sweep`` runs the demo-scale SparseLoCo study instead: the
 0.87M demo model, 3 replicas, ~400 inner steps per replica, a few settings.
 
-A second table gives the wire bytes per peer per round for groups of 2, 4 and 8: SparseLoCo and
+Then payload sizes by model size up to 99.5M parameters (whole-model encodes; SparseLoCo's bits
+per kept entry against its indices' entropy bound); ``--payloads``: that table alone, no training.
+
+A further table gives the wire bytes per peer per round for groups of 2, 4 and 8: SparseLoCo and
 dense DiLoCo as all-gathers ((G−1)·payload) and a dense ring all-reduce (2·(G−1)/G·dense), and
 where SparseLoCo's all-gather would cross the dense ring all-reduce.
 """
@@ -36,6 +39,7 @@ from typing import Any, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import msgpack  # noqa: E402
 import torch  # noqa: E402
 
 from peer.data import load_corpus  # noqa: E402
@@ -45,6 +49,8 @@ from peer.strategies import OuterStrategy, make_strategy  # noqa: E402
 from bench.common import human, machine, now, run_jobs, table  # noqa: E402
 from bench.common import warm_start as common_warm_start  # noqa: E402
 from bench.swarm_check import BENCH_SWARM, check_against_simulation, run_swarm  # noqa: E402
+from protocol.codecs.chunking import top_k_geometry  # noqa: E402
+from protocol.codecs.index_coding import entropy_bound_bits  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 
@@ -119,6 +125,7 @@ PAYLOAD_RATIO_SHAPES = {
     "768x12 (99.5M)": dict(d_model=768, n_layers=12, n_heads=12, ffn_hidden=2560),
 }
 GROUPS = (2, 4, 8)
+PAYLOAD_GOAL = 200.0  # SparseLoCo against DiLoCo fp32 at the largest shape of PAYLOAD_RATIO_SHAPES
 
 
 def make_spec(cfg, outer: Dict[str, Any], inner: Dict[str, Any], steps: int, seed: int = 0) -> RunSpec:
@@ -231,9 +238,16 @@ def print_main(rows, with_goals=True):
           "vs fp32: loss ratio (lower is better) and payload ratio (x smaller) against the diloco fp32 arm.")
 
 
+def index_stats(payload: bytes, layout, codec) -> Dict[str, float]:
+    """SparseLoCo's kept entries, the bytes of its index fields and their entropy bound, from a payload."""
+    fields = dict(msgpack.unpackb(payload, raw=False)["t"])
+    geometry = {name: top_k_geometry(tuple(shape), codec.chunk, codec.topk) for name, shape in layout.items()}
+    return dict(kept=sum(b.nblocks * k for b, k in geometry.values()), idx_bytes=sum(len(fields[n]["idx"]) for n in layout),
+                idx_bound_bytes=sum(b.nblocks * entropy_bound_bits(b.block_numel, k) / 8 for b, k in geometry.values()))
+
+
 def payload_ratio_table(inner_steps: int):
-    lines = []
-    out = []
+    lines, out = [], []
     for label, m in PAYLOAD_RATIO_SHAPES.items():
         ms = ModelSpec(**m)
         layout = ms.param_shapes()
@@ -241,12 +255,24 @@ def payload_ratio_table(inner_steps: int):
         for name, outer in (("fp32", {"strategy": "diloco"}), ("sparseloco", {"strategy": "sparseloco"}), ("dct", {"strategy": "dct"})):
             s = make_strategy(RunSpec(model=ms).replace(outer=outer), layout)
             gen = torch.Generator().manual_seed(0)
-            sizes[name] = len(s.encode({n: torch.randn(sh, generator=gen) for n, sh in layout.items()}, 0)[0])
-        lines.append([label, str(len(layout)), f"{sizes['fp32']:,}", f"{sizes['sparseloco']:,}",
-                      f"{sizes['fp32'] / sizes['sparseloco']:.1f}x", f"{sizes['dct']:,}", f"{sizes['fp32'] / sizes['dct']:.1f}x"])
-        out.append(dict(model=label, params=ms.num_params(), tensors=len(layout), **{f"{k}_bytes": v for k, v in sizes.items()}))
-    print(table(["model", "tensors", "fp32 B", "sparseloco B", "ratio", "dct B", "ratio"], lines))
-    print("(encode only, random tensors; the payload sizes do not depend on the values)")
+            payload = s.encode({n: torch.randn(sh, generator=gen) for n, sh in layout.items()}, 0)[0]
+            sizes[name] = len(payload)
+            if name == "sparseloco":
+                stats = index_stats(payload, layout, s.codec)
+        bits = {k: 8 * v / stats["kept"] for k, v in (("all", sizes["sparseloco"]), *stats.items())}
+        lines.append([label, str(len(layout)), f"{stats['kept']:,}", f"{sizes['fp32']:,}", f"{sizes['sparseloco']:,}",
+                      f"{sizes['fp32'] / sizes['sparseloco']:.1f}x", f"{bits['all']:.2f}",
+                      f"{bits['idx_bytes']:.2f} ({bits['idx_bound_bytes']:.2f})", f"{sizes['dct']:,}",
+                      f"{sizes['fp32'] / sizes['dct']:.1f}x"])
+        out.append(dict(model=label, params=ms.num_params(), tensors=len(layout), **{f"{k}_bytes": v for k, v in sizes.items()},
+                        sparseloco_ratio=sizes["fp32"] / sizes["sparseloco"], **{f"sparseloco_{k}": v for k, v in stats.items()}))
+    print(table(["model", "tensors", "kept", "fp32 B", "sparseloco B", "ratio", "bits/kept", "idx bits/kept (bound)",
+                 "dct B", "ratio"], lines))
+    big = out[-1]
+    print(f"(encode only, random tensors; SparseLoCo's Rice-coded indices vary by a few bytes with the values. bits/kept:\n"
+          f"the whole payload per kept entry; idx bits/kept: its index fields, and the entropy bound log2 C(n, k) per block.)\n"
+          f"Goal SparseLoCo >= {PAYLOAD_GOAL:.0f}x at {big['model']}: {big['sparseloco_ratio']:.1f}x "
+          f"{'ok' if big['sparseloco_ratio'] >= PAYLOAD_GOAL else 'MISS'}")
     return out
 
 
@@ -350,6 +376,7 @@ def main(argv=None) -> int:
                     help="also run the SparseLoCo arm as real peer processes over hivemind (loopback) and compare it, "
                     "round by round, with its simulation (θ hashes, validation loss, bytes)")
     ap.add_argument("--real-only", action="store_true", help="only the real-processes checks, no simulated arms")
+    ap.add_argument("--payloads", action="store_true", help="only the payload sizes by model size (no training)")
     ap.add_argument("--groups", action="store_true",
                     help="also measure wire bytes per peer per round on real swarms of 2, 4 and 8 peers (SparseLoCo, dense DiLoCo)")
     ap.add_argument("--warm-start", type=int, default=0, metavar="STEPS",
@@ -376,7 +403,7 @@ def main(argv=None) -> int:
     if args.warm_start:
         cfg = dict(cfg, warm_start=args.warm_start)
         init, _ = warm_start(cfg, args.warm_start)
-    rows = run_arms(cfg, [] if args.real_only else arms, args.jobs, args.threads, init)
+    rows = run_arms(cfg, [] if args.real_only or args.payloads else arms, args.jobs, args.threads, init)
     if args.merge:
         old = json.loads(args.merge.read_text())
         if old.get("config") != json.loads(json.dumps(cfg)):
@@ -390,7 +417,9 @@ def main(argv=None) -> int:
     result: Dict[str, Any] = dict(config=cfg, name=name, rows=rows, date=now(),
                                   machine=machine())
     print()
-    if not rows:
+    if args.payloads:
+        result["payload_ratio_by_model"] = payload_ratio_table(cfg["inner_steps"])
+    elif not rows:
         pass
     elif args.demo_sweep:
         lines = [[r["arm"], str(r["replicas"]), str(r["rounds"] * r["H"]), f"{r['initial_val_loss']:.3f}", f"{r['val_loss']:.4f}",

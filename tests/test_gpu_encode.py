@@ -17,6 +17,7 @@ from peer.strategies import make_strategy, pseudo_gradient
 from protocol.codecs.dct import DCTCodec, dct_basis
 from protocol.codecs.dense import DenseCodec
 from protocol.codecs.fields import pack_bits, pack_bits_tensor
+from protocol.codecs.index_coding import encode_positions
 from protocol.codecs.sparseloco import SparseLoCoCodec
 from protocol.spec import RunSpec
 
@@ -46,7 +47,9 @@ def _old_sparseloco(codec: SparseLoCoCodec, x: torch.Tensor):
     sums = np.bincount(codes, weights=kept, minlength=bins)
     centres = shift + (np.arange(bins) + 0.5 - bins / 2) * scale
     lut = np.where(counts > 0, sums / np.maximum(counts, 1), centres)
-    return {"idx": pack_bits(idx.numpy(), 12), "codes": pack_bits(codes, codec.bits), "lut": lut.astype("<f4").tobytes()}
+    # positions as the codec codes them (tests/test_index_coding.py compares with the former 12-bit ones)
+    return {"idx": encode_positions(idx, blocking.block_numel), "codes": pack_bits(codes, codec.bits),
+            "lut": lut.astype("<f4").tobytes()}
 
 
 def _old_dct(codec: DCTCodec, x: torch.Tensor):

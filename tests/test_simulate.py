@@ -50,13 +50,15 @@ def test_simulate_learns_and_counts_real_bytes(corpus, strategy):
     assert res.final_val_loss < res.initial_val_loss - 0.3, (res.initial_val_loss, res.final_val_loss)
     assert res.tokens == R * ROUNDS * H * spec.data.batch_size * TINY.seq_len
 
-    # payload sizes: fixed by the layout and the codec (every field has a fixed length), equal to
-    # what a fresh encode of any tensors gives, and within the receivers' bound
+    # payload sizes: what a fresh encode of any tensors gives (every field of a fixed length), or
+    # within a few percent of it for SparseLoCo (entropy-coded indices), and within the receivers' bound
     layout = TINY.param_shapes()
     strategy_obj = make_strategy(spec, layout)
     expected = len(strategy_obj.encode({n: torch.randn(s) for n, s in layout.items()}, 0)[0])
-    assert all(b == expected for r in res.history for b in r.payload_bytes)
-    assert expected <= payload_max_bytes(strategy_obj.codec, layout)
+    sizes = [b for r in res.history for b in r.payload_bytes]
+    slack = 0.03 * expected if strategy == "sparseloco" else 0
+    assert all(abs(b - expected) <= slack for b in sizes), (sizes, expected)
+    assert max(sizes + [expected]) <= payload_max_bytes(strategy_obj.codec, layout)
     dense = 4 * TINY.num_params()
     if strategy == "diloco":
         assert dense < expected < dense + 64 * len(layout) + 256
@@ -64,7 +66,7 @@ def test_simulate_learns_and_counts_real_bytes(corpus, strategy):
         assert expected < dense / 20
 
     # all-gather accounting: each peer sends its payload to the R-1 others every round
-    assert res.bytes_sent_per_peer == ROUNDS * (R - 1) * expected == res.bytes_received_per_peer
+    assert res.bytes_sent_per_peer == pytest.approx((R - 1) * sum(sizes) / R) == res.bytes_received_per_peer
     assert res.dp_bytes_per_peer == pytest.approx(ROUNDS * H * 2 * (R - 1) / R * dense)
 
 

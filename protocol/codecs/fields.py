@@ -14,7 +14,7 @@ is a mean of inputs, a DCT coefficient of a block of at most 64x64 at most 64x i
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Union
 
 import numpy as np
 import torch
@@ -25,8 +25,9 @@ MAX_ABS = 1e8  # receivers reject any decoded float at or above this magnitude
 ENCODE_MAX_ABS = 1e6  # a pseudo-gradient this large means training diverged
 
 
-def expect_fields(fields: Any, lengths: Mapping[str, int]) -> Dict[str, bytes]:
-    """``fields`` must map exactly the names of ``lengths`` to byte strings of those lengths."""
+def expect_fields(fields: Any, lengths: Mapping[str, Union[int, range]]) -> Dict[str, bytes]:
+    """``fields`` must map exactly the names of ``lengths`` to byte strings of those lengths (a
+    ``range``: a length in it, for a field whose exact length its codec checks itself)."""
     if not isinstance(fields, Mapping):
         raise PayloadError(f"fields must be a map, got {type(fields).__name__}")
     if set(fields) != set(lengths):
@@ -36,7 +37,9 @@ def expect_fields(fields: Any, lengths: Mapping[str, int]) -> Dict[str, bytes]:
         value = fields[name]
         if not isinstance(value, (bytes, bytearray)):
             raise PayloadError(f"field {name!r} must be bytes, got {type(value).__name__}")
-        if len(value) != length:
+        if isinstance(length, range) and len(value) not in length:
+            raise PayloadError(f"field {name!r} must be {length.start} to {length.stop - 1} bytes, got {len(value)}")
+        if isinstance(length, int) and len(value) != length:
             raise PayloadError(f"field {name!r} must be {length} bytes, got {len(value)}")
         out[name] = bytes(value)
     return out
