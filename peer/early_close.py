@@ -14,8 +14,10 @@ clock agreement between volunteers, a round of equal peers is unchanged (the H s
 and the floor keeps a peer that lies about being ready from cutting anyone's round below that
 fraction.
 
-The check reads the progress records in a thread of its own (one DHT read a second while armed),
-so the inner loop only tests an event.
+The check reads the progress records in a thread of its own, so the inner loop only tests an event,
+and only once the round has reached its floor of steps (``arm``): before that, nothing it could read
+would close the round. It then reads every ``POLL_S`` or the membership's read interval, whichever is
+longer (peer/membership.py shares its reads with the round barrier).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from swarm.records import PeerView
 
 logger = logging.getLogger("voloco.peer")
 
-POLL_S = 1.0  # seconds between two reads of the progress records while a round is watched
+POLL_S = 2.0  # seconds between two reads of the progress records while a round is armed
 DONE_STATES = ("ready", "exchanging")
 
 
@@ -59,15 +61,22 @@ class EarlyClose:
         self.membership, self.peer_id, self.stop, self.enabled = membership, peer_id, stop, enabled
         self._due = threading.Event()
         self._round: Optional[int] = None
+        self._armed = False
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
     def watch(self, round_no: int) -> None:
-        """Start watching ``round_no`` (the round the inner steps are for)."""
+        """Watch ``round_no`` (the round the inner steps are for); reading starts once it is armed."""
         self._due.clear()
-        if not self.enabled:
+        self._armed = False
+        if self.enabled:
+            self._round = round_no
+
+    def arm(self) -> None:
+        """The round reached its floor of steps: from now on it may close (idempotent)."""
+        if not self.enabled or self._round is None or self._armed:
             return
-        self._round = round_no
+        self._armed = True
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, daemon=True, name="early-close")
             self._thread.start()
@@ -75,6 +84,7 @@ class EarlyClose:
 
     def unwatch(self) -> None:
         self._round = None
+        self._armed = False
         self._due.clear()
 
     def due(self) -> bool:
@@ -83,7 +93,7 @@ class EarlyClose:
     def _loop(self) -> None:
         while not self.stop.is_set():
             round_no = self._round
-            if round_no is None:
+            if round_no is None or not self._armed:
                 self._wake.wait(POLL_S)
                 self._wake.clear()
                 continue
@@ -92,6 +102,7 @@ class EarlyClose:
             except Exception as e:  # the DHT being slow never stops training
                 logger.debug(f"early close: could not read progress records: {e!r}")
                 views = []
-            if self._round == round_no and most_are_done(views, self.peer_id, round_no):
+            if self._round == round_no and self._armed and most_are_done(views, self.peer_id, round_no):
                 self._due.set()
-            self.stop.wait(POLL_S)
+            self._wake.wait(max(POLL_S, self.membership.read_interval()))  # or the next round's arm()
+            self._wake.clear()

@@ -1,9 +1,16 @@
 """Who is in the run, as this peer sees it: heartbeat, view, start quorum and the round barrier.
 
-Every peer publishes a progress record (protocol/records.py) under the run's key every
-``swarm.heartbeat_period`` and whenever its state changes, and reads everyone's to decide whom to
-wait for. Records are read through ``swarm.records`` (hivemind's DHT); a slow DHT never stops
-training (an unreadable view is an empty one).
+Every peer publishes a progress record (protocol/records.py) under the run's key whenever its state
+changes, and refreshes it while nothing changes every third of its TTL (at most every
+``swarm.heartbeat_period``); it reads everyone's to decide whom to wait for. Records are read through
+``swarm.records`` (hivemind's DHT). Every read moves every peer's signed record, so a peer reads at
+most every ``MIN_READ_S`` and, in a larger swarm, every ``N / SWARM_READS_PER_S`` seconds: the
+swarm's reads stay near ``SWARM_READS_PER_S`` a second however many peers it has (32 peers each
+reading four times a second fragmented a swarm: reads timed out, views came back partial and peers
+trained alone). Callers in between share the last view. A read that fails or misses records keeps
+the last view's records until they expire: a record is never removed from the DHT before its
+expiration, so a record missing from one read is a read that did not reach it, not a peer that left;
+a slow DHT never stops training, and never makes the swarm look empty.
 
 A record is a claim, not a promise: a peer may announce that it trains this round and never come.
 The round barrier therefore waits for announced peers only a *straggler allowance* past the last
@@ -26,8 +33,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set
 
+from hivemind.utils import get_dht_time
+
 from protocol.partial import choose_part
-from protocol.records import CHOOSING, Progress
+from protocol.records import CHOOSING, Progress, peer_record_ttl
 from protocol.spec import RunSpec
 from swarm.records import PeerView, publish_progress, read_progress
 
@@ -40,6 +49,9 @@ NOT_IN_ROUNDS = ("stopped", "starting", "linking")
 STRAGGLER_MIN_S = 5.0  # the least a ready peer waits past the last arrival for announced peers
 STRAGGLER_FRACTION = 0.5  # ... and at most this fraction of its own training time of the round
 MAX_SKIP_ROUNDS = 32  # a peer waited for in vain again and again is skipped for at most this many rounds
+MIN_READ_S = 0.5  # a peer reads the progress records at most this often ...
+SWARM_READS_PER_S = 8.0  # ... and at most N / this often in a swarm of N peers
+KEEPALIVE_TTL_FRACTION = 1 / 3  # an unchanged record is refreshed every third of its TTL (>= one heartbeat)
 
 
 def swarm_round(rounds: Sequence[int]) -> int:
@@ -76,14 +88,32 @@ class Membership:
         self._training_since: Optional[float] = None
         self._ignored: Dict[str, float] = {}  # peer -> until when its records are left out
         self.train_seconds = 0.0  # this peer's training time of its last round
+        self._read_lock = threading.Lock()  # one DHT read at a time; callers meanwhile share its result
+        self._views: List[PeerView] = []  # the last view read (every spec, nobody left out)
+        self._read_at: Optional[float] = None
+        self._published: Optional[tuple] = None  # (monotonic time, round, state) of the last record stored
 
     # ---- our record -----------------------------------------------------------------------------
-    def publish(self) -> None:
+    def ttl(self) -> float:
+        return peer_record_ttl(self.spec.swarm.heartbeat_period)  # a busy peer's heartbeat may be late
+
+    def keepalive_s(self) -> float:
+        """How often an unchanged progress record is stored again."""
+        return max(self.spec.swarm.heartbeat_period, KEEPALIVE_TTL_FRACTION * self.ttl())
+
+    def publish(self, only_if_due: bool = False) -> None:
+        """Store this peer's progress record; with ``only_if_due``, only if its round or state changed
+        or the last one is a keep-alive period old (the heartbeat)."""
         try:
-            ttl = max(3 * self.spec.swarm.heartbeat_period, 10.0)  # a busy peer's heartbeat may be late
             progress = self._progress()
+            now = time.monotonic()
+            if only_if_due and self._published is not None:
+                at, round_no, state = self._published
+                if (round_no, state) == (progress.round, progress.state) and now - at < self.keepalive_s():
+                    return
             self._note_state(progress.state)
-            publish_progress(self.dht, self.spec.run_id, self.peer_id, progress, ttl=ttl)
+            publish_progress(self.dht, self.spec.run_id, self.peer_id, progress, ttl=self.ttl())
+            self._published = (now, progress.round, progress.state)
         except Exception as e:
             logger.debug(f"could not publish progress: {e!r}")
 
@@ -101,7 +131,7 @@ class Membership:
 
         def loop() -> None:
             while not self.stop.wait(self.spec.swarm.heartbeat_period):
-                self.publish()
+                self.publish(only_if_due=True)
                 try:
                     extra()
                 except Exception as e:
@@ -111,15 +141,29 @@ class Membership:
         self._thread.start()
 
     # ---- everyone's ---------------------------------------------------------------------------------
+    def read_interval(self) -> float:
+        """The least time between two DHT reads of the progress records, for the swarm last seen."""
+        return max(MIN_READ_S, len(self._views) / SWARM_READS_PER_S)
+
     def view(self) -> List[PeerView]:
-        """Every progress record of this run spec (our own included)."""
-        try:
-            views = read_progress(self.dht, self.spec.run_id)
-        except Exception as e:  # the DHT being slow must not stop training
-            logger.debug(f"could not read progress records: {e!r}")
-            return []
+        """Every progress record of this run spec (our own included), read at most every ``read_interval``."""
+        with self._read_lock:
+            if self._read_at is None or time.monotonic() - self._read_at >= self.read_interval():
+                self._views = self._read()
+                self._read_at = time.monotonic()
+            views = self._views
         now = time.monotonic()
         return [v for v in views if v.progress.spec == self.spec.digest() and self._ignored.get(v.peer_id, 0.0) <= now]
+
+    def _read(self) -> List[PeerView]:
+        """A fresh read, with the last view's unexpired records it missed (see the module doc)."""
+        try:
+            fresh = read_progress(self.dht, self.spec.run_id)
+        except Exception as e:  # the DHT being slow must not stop training
+            logger.debug(f"could not read progress records: {e!r}")
+            fresh = []
+        seen, now = {v.peer_id for v in fresh}, get_dht_time()
+        return fresh + [v for v in self._views if v.peer_id not in seen and v.expires > now]
 
     def ignore(self, peer_id: str, seconds: float) -> None:
         """Leave ``peer_id``'s records out of the view for ``seconds`` (it was caught lying)."""

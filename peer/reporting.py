@@ -32,6 +32,8 @@ class RoundRecord:
     steps: int = 0  # inner steps trained for the round (fewer than H: closed early, peer/early_close.py)
     overlapped: int = 0  # of them, steps taken while the previous round's exchange was still in flight
     util: float = float("nan")  # compute utilization since the previous round ended (peer/utilization.py)
+    wire_sent: Optional[int] = None  # every TCP byte the peer's processes sent since the previous round ended
+    wire_received: Optional[int] = None  # (swarm/wire_bytes.py); None where the kernel's counters cannot be read
 
 
 @dataclass
@@ -50,10 +52,12 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 def log_round(record: RoundRecord, tokens_per_s: float) -> None:
     excluded = f" ({len(record.excluded)} excluded)" if record.excluded else ""
     overlapped = f" ({record.overlapped} overlapped)" if record.overlapped else ""
+    wire = "" if record.wire_sent is None else (
+        f" (wire {human_bytes(record.wire_sent)} / {human_bytes(record.wire_received or 0)}, control plane included)")
     logger.info(
         f"round {record.round} done | group {len(record.group)}{excluded} "
         f"| loss {record.loss:.3f} | val {record.val_loss:.3f} | {tokens_per_s / 1e3:.1f}k tok/s "
-        f"| sent {human_bytes(record.bytes_sent)} recv {human_bytes(record.bytes_received)} "
+        f"| sent {human_bytes(record.bytes_sent)} recv {human_bytes(record.bytes_received)}{wire} "
         f"| {record.steps} steps{overlapped} | util {record.util:.0%} | {record.seconds:.1f} s | θ {record.params_hash}"
     )
 

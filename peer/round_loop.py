@@ -31,7 +31,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -99,6 +99,16 @@ class RoundLoop:
         self._linked = False  # a chain stage whose chain has trained a round (its links come up each round)
         self.closed_early = 0  # rounds this peer closed early (fewer than H steps)
         self._overlapped = 0  # steps of the current round taken while an exchange was in flight
+        self._wire_mark = (0, 0)  # the wire totals (sent, received) when the previous round ended
+
+    def _wire_since_last_round(self) -> Tuple[Optional[int], Optional[int]]:
+        """Every TCP byte sent and received since the previous round ended; (None, None) when unknown."""
+        meter = getattr(self.peer, "wire", None)
+        totals = meter.totals() if meter is not None else None
+        if totals is None:
+            return None, None
+        (sent0, received0), self._wire_mark = self._wire_mark, (totals.sent, totals.received)
+        return totals.sent - sent0, totals.received - received0
 
     # ---- the exchange in flight -----------------------------------------------------------------
     @property
@@ -201,6 +211,8 @@ class RoundLoop:
                         losses, self._overlapped = [], 0
                         bar.update(0)
                     self.early.watch(peer.round)
+                if len(losses) >= self.min_steps and not self.in_flight:
+                    self.early.arm()
                 if len(losses) >= self.min_steps and not self.in_flight and self.early.due():
                     self.closed_early += 1
                     logger.info(f"round {peer.round}: closing the round after {len(losses)} of {H} inner steps: "
@@ -321,6 +333,7 @@ class RoundLoop:
             f"eval {time.monotonic() - t_eval:.2f} s"
         )
         record.util = peer.util.round_done()
+        record.wire_sent, record.wire_received = self._wire_since_last_round()
         peer.totals.history.append(record)
         lifecycle.save_checkpoint(peer, h.trainer)
         peer.sync.enable_sharing()

@@ -83,8 +83,15 @@ def verified_entries(key: str, found: Any, token_key: Optional[bytes], ttl: floa
     return out
 
 
-def _read(dht: hivemind.DHT, key: str, ttl: float) -> List[Entry]:
-    return verified_entries(key, dht.get(key, latest=True), trust_of(dht).token_key, ttl)
+# A read or write of a peer record visits about this many DHT nodes (hivemind stores a record on its 5
+# nearest nodes, num_replicas), not hivemind's default beam of bucket_size (20): every node that read a
+# key caches it and answers with all of it, so at 32 peers a default read moved 20 copies of 32 records.
+RECORD_BEAM = 5
+
+
+def _read(dht: hivemind.DHT, key: str, ttl: float, beam_size: Optional[int] = None) -> List[Entry]:
+    found = dht.get(key, latest=True, **({"beam_size": beam_size} if beam_size else {}))
+    return verified_entries(key, found, trust_of(dht).token_key, ttl)
 
 
 def _per_peer(entries: List[Entry], key: str) -> Dict[str, Entry]:
@@ -104,14 +111,15 @@ def _per_peer(entries: List[Entry], key: str) -> Dict[str, Entry]:
     return out
 
 
-def _store(dht: hivemind.DHT, key: str, body: bytes, ttl: float, name: str = "", wait: bool = False):
+def _store(dht: hivemind.DHT, key: str, body: bytes, ttl: float, name: str = "", wait: bool = False,
+           beam_size: Optional[int] = None):
     """Write ``body`` under this node's owned subkey: the DHT node signs it (RSASignatureValidator)."""
     trust = trust_of(dht)
     me = trust.identity
     subkey = owned_subkey(me.public_key, name)
     mac = record_mac(trust.token_key, key_id(key), subkey, me.peer_id, body) if trust.token_key is not None else b""
     return dht.store(key, seal(me.peer_id, body, mac), expiration_time=get_dht_time() + ttl, subkey=subkey,
-                     return_future=not wait)
+                     return_future=not wait, **({"beam_size": beam_size} if beam_size else {}))
 
 
 def _check_self(dht: hivemind.DHT, peer_id: str) -> None:
@@ -227,7 +235,7 @@ def read_progress(dht: hivemind.DHT, run_id: str) -> List[PeerView]:
     """Every live peer's last progress record, by the peer id it is bound to; the rest is skipped."""
     key = peers_key(run_id)
     out: List[PeerView] = []
-    for peer, e in _per_peer(_read(dht, key, _peer_ttl(dht, run_id)), key).items():
+    for peer, e in _per_peer(_read(dht, key, _peer_ttl(dht, run_id), beam_size=RECORD_BEAM), key).items():
         try:
             progress = parse_progress(e.body)
         except ProtocolError as err:
@@ -240,7 +248,7 @@ def read_progress(dht: hivemind.DHT, run_id: str) -> List[PeerView]:
 def publish_progress(dht: hivemind.DHT, run_id: str, peer_id: str, progress: Progress, ttl: float):
     """Store this node's progress record; returns the store's future (True once stored)."""
     _check_self(dht, peer_id)
-    return _store(dht, peers_key(run_id), encode_body(progress.to_dict()), ttl)
+    return _store(dht, peers_key(run_id), encode_body(progress.to_dict()), ttl, beam_size=RECORD_BEAM)
 
 
 # ---- chains: candidates (peers) and assignments (coordinator) -------------------------------------

@@ -50,11 +50,11 @@ class FakeDHT:
     def __init__(self, store: Dict[str, Dict[bytes, Tuple[object, float]]]):
         self.records = store
 
-    def store(self, key, value, expiration_time, subkey, return_future=False):
+    def store(self, key, value, expiration_time, subkey, return_future=False, **search):  # search: beam_size
         self.records.setdefault(key, {})[subkey] = (MSGPackSerializer.loads(MSGPackSerializer.dumps(value)), expiration_time)
         return True
 
-    def get(self, key, latest=True, return_future=False):
+    def get(self, key, latest=True, return_future=False, **search):
         items = self.records.get(key)
         found = None if not items else ValueWithExpiration(
             {k: ValueWithExpiration(v, e) for k, (v, e) in items.items()}, max(e for _, e in items.values()))

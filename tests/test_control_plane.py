@@ -1,0 +1,126 @@
+"""The control plane's rates: how often a peer reads and writes its progress records, and what a
+read that fails or misses records leaves in its view. Scripted DHT reads and a fake clock."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+from hivemind.utils import get_dht_time
+
+from peer import early_close as early_close_mod
+from peer import membership as membership_mod
+from peer.early_close import EarlyClose
+from peer.membership import MIN_READ_S, SWARM_READS_PER_S, Membership
+from tests.test_liveness import SPEC, clock, progress  # noqa: F401  (the clock fixture)
+
+
+def record(peer, round_no=3, state="training", ttl=30.0):
+    return SimpleNamespace(peer_id=peer, progress=progress(round_no, state), expires=get_dht_time() + ttl)
+
+
+class Reads:
+    """read_progress scripted: each call returns the next list (or raises it)."""
+
+    def __init__(self, *answers):
+        self.answers, self.calls = list(answers), 0
+
+    def __call__(self, dht, run_id):
+        self.calls += 1
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def member(monkeypatch, reads, progress_fn=lambda: None):
+    monkeypatch.setattr(membership_mod, "read_progress", reads)
+    return Membership(dht=None, spec=SPEC, peer_id="me", progress=progress_fn, stop=threading.Event())
+
+
+def ids(views):
+    return sorted(v.peer_id for v in views)
+
+
+def test_reads_are_shared_and_slow_down_as_the_swarm_grows(monkeypatch, clock):
+    small = Reads([record(p) for p in "abc"])
+    m = member(monkeypatch, small)
+    assert ids(m.view()) == ["a", "b", "c"]
+    clock.sleep(MIN_READ_S / 2)
+    m.view(), m.others(), m.swarm_is_empty()
+    assert small.calls == 1  # callers within the interval share one read
+    clock.sleep(MIN_READ_S)
+    m.view()
+    assert small.calls == 2
+    big = Reads([record(f"p{i}") for i in range(32)])
+    m = member(monkeypatch, big)
+    m.view()
+    assert m.read_interval() == 32 / SWARM_READS_PER_S == 4.0  # the swarm reads ~8 times a second in all
+    clock.sleep(3.9)
+    m.view()
+    assert big.calls == 1
+    clock.sleep(0.2)
+    m.view()
+    assert big.calls == 2
+
+
+def test_a_failed_or_partial_read_keeps_the_records_that_have_not_expired(monkeypatch, clock):
+    reads = Reads([record("a"), record("b"), record("gone", ttl=-1.0)], [record("a", state="ready")],
+                  TimeoutError("the DHT is slow"), [])
+    m = member(monkeypatch, reads)
+    assert ids(m.view()) == ["a", "b", "gone"]  # a fresh read is taken as it is
+    clock.sleep(1.0)
+    views = {v.peer_id: v for v in m.view()}  # b missing from one read: kept; "gone" expired: dropped
+    assert sorted(views) == ["a", "b"] and views["a"].progress.state == "ready"
+    clock.sleep(1.0)
+    assert ids(m.view()) == ["a", "b"] and not m.swarm_is_empty()  # a failed read is not an empty swarm
+    clock.sleep(1.0)
+    assert ids(m.view()) == ["a", "b"]
+    assert reads.calls == 4
+
+
+def test_the_heartbeat_stores_a_record_on_a_change_or_once_a_keepalive_period(monkeypatch, clock):
+    stored = []
+    monkeypatch.setattr(membership_mod, "publish_progress", lambda dht, run_id, peer, p, ttl: stored.append((p.state, ttl)))
+    shown = {"state": "training"}
+    m = member(monkeypatch, Reads([]), progress_fn=lambda: progress(3, shown["state"]))
+    keepalive = m.keepalive_s()
+    assert keepalive == pytest.approx(max(SPEC.swarm.heartbeat_period, m.ttl() / 3))
+    m.publish(only_if_due=True)
+    assert len(stored) == 1
+    for _ in range(int(keepalive / SPEC.swarm.heartbeat_period) - 1):  # heartbeats with nothing new
+        clock.sleep(SPEC.swarm.heartbeat_period)
+        m.publish(only_if_due=True)
+    assert len(stored) == 1
+    shown["state"] = "ready"
+    m.publish(only_if_due=True)  # a change goes out at once
+    assert [s for s, _ in stored] == ["training", "ready"]
+    clock.sleep(keepalive + 0.01)
+    m.publish(only_if_due=True)  # and an unchanged record is refreshed before it expires
+    assert len(stored) == 3 and all(ttl == m.ttl() for _, ttl in stored) and keepalive < m.ttl() / 2
+    m.publish()  # an explicit publish (a state change the caller knows of) always goes out
+    assert len(stored) == 4
+
+
+def test_early_close_reads_nothing_before_the_round_reaches_its_floor(monkeypatch):
+    monkeypatch.setattr(early_close_mod, "POLL_S", 0.01)
+    reads = []
+    done = [record("a", round_no=3, state="ready")]
+    membership = SimpleNamespace(view=lambda: reads.append(1) or done, read_interval=lambda: 0.01)
+    stop = threading.Event()
+    early = EarlyClose(membership, "me", stop)
+    try:
+        early.watch(3)
+        threading.Event().wait(0.2)
+        assert not reads and not early.due()  # watched, not armed: no DHT read
+        early.arm()
+        for _ in range(200):
+            if early.due():
+                break
+            threading.Event().wait(0.01)
+        assert early.due() and reads
+        early.watch(4)  # the next round: disarmed again until its floor
+        assert not early.due()
+    finally:
+        stop.set()
