@@ -18,8 +18,9 @@ Measured against the packets on the wire (3 peers on 20 Mbit/s test hosts, bench
 of the bytes sent, 97-98 % of those received. p2pd's UPnP discovery (``natPortMap``) sends a few
 UDP datagrams (about 1 KB at start-up): UDP has no counters in sock_diag and is not counted.
 
-The counts are TCP payload bytes: retransmitted bytes count again (they crossed the wire twice);
-TCP/IP headers and pure ACKs are not (``packets_*`` counts every segment, so a reader can add the
+The counts are TCP payload bytes: sent bytes as the other end acknowledged them (the kernel's
+``bytes_sent`` also counts attempts a full local queue dropped, which never reached the wire;
+swarm/sock_diag.py), retransmissions apart in ``retransmitted``; TCP/IP headers and pure ACKs are not (``packets_*`` counts every segment, so a reader can add the
 headers: 52 bytes a segment for IPv4 with TCP timestamps, 66 with Ethernet's). Where netlink
 cannot be used (not Linux, a sandbox that forbids it) the meter says so in one log line and its
 totals are None ("unknown"); it never stops the peer.
