@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -37,10 +37,16 @@ BENCH_SWARM = {"matchmaking_time": 2.0, "round_wait": 60.0, "gather_timeout": 30
 # the simulation trains each round's H steps from that round's θ: the real peers must too (no overlap,
 # whose local delta depends on when an exchange ends, and no early close, which depends on timing)
 SEQUENTIAL = {"overlap": False, "min_inner_fraction": 1.0}
+Watch = Callable[[List[Optional[Dict[str, Any]]], List[int]], None]  # (every peer's status now, the peers' pids)
 
 
-def run_swarm(spec: RunSpec, peers: int, rounds: int, workdir: Path, timeout: float = 1800.0, log=print) -> List[Dict[str, Any]]:
-    """Run ``rounds`` rounds of ``spec`` with ``peers`` real peer processes; their final statuses."""
+def run_swarm(spec: RunSpec, peers: int, rounds: int, workdir: Path, timeout: float = 1800.0, log=print,
+              quorum: Optional[int] = None, watch: Optional[Watch] = None) -> List[Dict[str, Any]]:
+    """Run ``rounds`` rounds of ``spec`` with ``peers`` real peer processes; their final statuses.
+
+    ``quorum``: every peer's ``--wait-peers`` (default: all of them). ``watch``, when given, is
+    called about once a second while the peers run, with every peer's status as it is now (None
+    where a peer has written none yet) and the peer processes' pids (to sample their /proc)."""
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "run.toml"
     config.write_text(spec.to_toml())
@@ -51,14 +57,18 @@ def run_swarm(spec: RunSpec, peers: int, rounds: int, workdir: Path, timeout: fl
         join = wait_for_address(workdir / "coordinator.addr", coord)
         run_key = read_run_key(workdir / "coordinator.addr")
         for i in range(peers):
-            argv = peer_argv(join, workdir, i, threads=1, run_key=run_key) + ["--wait-peers", str(peers), "--max-rounds", str(rounds)]
+            argv = peer_argv(join, workdir, i, threads=1, run_key=run_key) + [
+                "--wait-peers", str(quorum or peers), "--max-rounds", str(rounds)]
             children.append(Child(f"peer{i}", argv, workdir / f"peer{i}.log"))
         deadline = time.monotonic() + timeout
         last = -1
         while any(c.proc.poll() is None for c in children[1:]):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the swarm did not finish {rounds} rounds in {timeout:.0f} s; logs in {workdir}")
-            done = min((s or {}).get("round", 0) for s in (read_status(workdir, i) for i in range(peers)))
+            statuses = [read_status(workdir, i) for i in range(peers)]
+            if watch is not None:
+                watch(statuses, [c.proc.pid for c in children[1:]])
+            done = min((s or {}).get("round", 0) for s in statuses)
             if done != last:
                 log(f"    real swarm: {done}/{rounds} rounds done by every peer", flush=True)
                 last = done
