@@ -33,7 +33,7 @@ def human(n: float) -> str:
 
 def table(cols, lines, left=1) -> str:
     """Columns padded to their widest cell: the first ``left`` ones left-aligned, the others right."""
-    widths = [max(len(c), *(len(line[i]) for line in lines)) for i, c in enumerate(cols)]
+    widths = [max([len(c)] + [len(line[i]) for line in lines]) for i, c in enumerate(cols)]  # no lines: the header alone
     fmt = lambda row: "  ".join(v.ljust(w) if i < left else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))  # noqa: E731
     return "\n".join([fmt(cols), "  ".join("-" * w for w in widths)] + [fmt(line) for line in lines])
 

@@ -340,3 +340,9 @@ class RoundLoop:
         peer.membership.publish()
         write_status(peer.opts.status_file, peer.status())
         log_round(record, peer.tokens_per_s)
+        # a lineage that found a group of its own but fell rounds behind the swarm (restarts, a split)
+        # takes the swarm's state now, or the two go on apart for as long as each finds a group
+        before = engine.round
+        peer.sync.catch_up()  # downloads only when at least two live peers are at a later round
+        if engine.round != before and not peer.stop_event.is_set():
+            self._restart = self.overlap  # the steps taken meanwhile started from the stale θ

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from typing import List, Optional, Sequence
 
 import hivemind
@@ -22,9 +23,15 @@ from swarm.admission import JoinTokenAuthorizer
 from swarm.console import UsageError
 from swarm.identity import NodeTrust, prepare_identity, register
 from swarm.reachability import dial, dial_failure, serve_dial_back
+from swarm.rejoin import keep_joined
 from swarm.validators import node_validators
 
 logger = logging.getLogger("voloco.swarm")
+
+# A join node that answers but whose DHT does not reply in time (hivemind's 3 s per request) is most
+# often an overloaded one: 32 peers starting at once on a small machine lost one this way for good.
+JOIN_ATTEMPTS = 3
+JOIN_RETRY_S = 5.0
 
 
 def parse_multiaddrs(addrs: Sequence[str], flag: str = "--join") -> List[Multiaddr]:
@@ -73,8 +80,39 @@ def start_dht(
     for addr in parse_multiaddrs(announce_maddrs, "--announce-maddrs"):
         if any(p.name in ("tcp", "udp") and addr.value_for_protocol(p.name) == "0" for p in addr.protocols()):
             raise UsageError(f"--announce-maddrs {str(addr)!r}: give the real port others connect to, not 0")
-    identity, path, created = prepare_identity(identity_path)
     key = token_key(join_token) if join_token is not None else None
+    for attempt in range(1, JOIN_ATTEMPTS + 1):
+        try:
+            dht, identity = _start_node(initial_peers, host_maddrs, announce_maddrs, identity_path, client_mode, key,
+                                        run_ids, use_relay, use_auto_relay)
+            break
+        except _JoinTimeout as e:
+            if attempt == JOIN_ATTEMPTS:
+                raise UsageError(explain_start_failure(e.cause, initial_peers, host_maddrs, key is not None, identity_path)) from None
+            logger.warning(f"the DHT at {_addr_list(initial_peers)} did not answer this node in time (attempt {attempt} of "
+                           f"{JOIN_ATTEMPTS}; an overloaded node answers late): trying again in {JOIN_RETRY_S:.0f} s")
+            time.sleep(JOIN_RETRY_S)
+    register(dht, NodeTrust(identity, token_key=key, run_key=run_key))
+    try:
+        dht.run_coroutine(serve_dial_back)
+    except Exception as e:  # advice for others, never a reason not to start
+        logger.warning(f"could not serve reachability checks: {e!r}")
+    keep_joined(dht, initial_peers)  # a restarted coordinator, a host back online: find the swarm again
+    return dht
+
+
+class _JoinTimeout(Exception):
+    """The join nodes answer, but their DHT did not in time: worth another try."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _start_node(initial_peers, host_maddrs, announce_maddrs, identity_path, client_mode, key, run_ids, use_relay,
+                use_auto_relay):
+    """One attempt at starting the node: (dht, identity); UsageError, or _JoinTimeout to try again."""
+    identity, path, created = prepare_identity(identity_path)
     try:
         dht = hivemind.DHT(
             start=True,
@@ -91,6 +129,8 @@ def start_dht(
             use_auto_relay=use_auto_relay,
         )
     except Exception as e:
+        if initial_peers and key is None and "none of the initial_peers responded" in str(e).lower():
+            raise _JoinTimeout(e) from None
         raise UsageError(explain_start_failure(e, initial_peers, host_maddrs, key is not None, identity_path)) from None
     finally:
         if identity_path is None:  # the daemon has read its temporary identity
@@ -98,12 +138,7 @@ def start_dht(
     if dht.peer_id.to_base58() != identity.peer_id:
         dht.shutdown()
         raise RuntimeError(f"the DHT node's peer id {dht.peer_id} is not that of its identity {identity.peer_id}")
-    register(dht, NodeTrust(identity, token_key=key, run_key=run_key))
-    try:
-        dht.run_coroutine(serve_dial_back)
-    except Exception as e:  # advice for others, never a reason not to start
-        logger.warning(f"could not serve reachability checks: {e!r}")
-    return dht
+    return dht, identity
 
 
 # ---- why a node could not start ------------------------------------------------------------------

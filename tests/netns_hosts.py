@@ -98,6 +98,20 @@ def netns_unavailable() -> Optional[str]:
     return None
 
 
+def needs_netns_fixture():
+    """An autouse pytest fixture that skips each test of the module that binds it
+    (``_needs_netns = needs_netns_fixture()``) where ``netns_unavailable`` gives a reason."""
+    import pytest  # the harness itself runs without pytest (bench/)
+
+    @pytest.fixture(autouse=True)
+    def _needs_netns():
+        why = netns_unavailable()
+        if why:
+            pytest.skip(f"needs network namespaces: {why}")
+
+    return _needs_netns
+
+
 def _netns_names() -> List[str]:
     out = _sh("ip", "netns", "list").stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]

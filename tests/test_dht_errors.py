@@ -123,3 +123,26 @@ def test_the_command_line_prints_one_line_and_no_traceback():
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and f"port {port} is in use" in r.stderr
     assert [ln for ln in r.stderr.splitlines() if "error:" in ln] == [ln for ln in r.stderr.splitlines() if ln.strip()][-1:]
+
+
+def test_a_join_node_too_busy_to_answer_is_tried_again(monkeypatch, caplog):
+    import swarm.dht as dht_mod
+
+    attempts = []
+
+    class Busy:  # hivemind's DHT when the join node answers but its DHT replies too late
+        def __init__(self, **kwargs):
+            attempts.append(kwargs["initial_peers"])
+            raise RuntimeError("DHTNode bootstrap failed: none of the initial_peers responded to a ping.")
+
+    monkeypatch.setattr(dht_mod.hivemind, "DHT", Busy)
+    monkeypatch.setattr(dht_mod, "JOIN_RETRY_S", 0.0)
+    addr = Multiaddr(f"/ip4/127.0.0.1/tcp/1/p2p/{OTHER_ID}")
+    with caplog.at_level("WARNING", logger="voloco.swarm"):
+        message = fails([addr], LOOPBACK)
+    assert len(attempts) == dht_mod.JOIN_ATTEMPTS == 3
+    assert "it answers, but its DHT does not" in message
+    assert "attempt 1 of 3" in caplog.text and "attempt 2 of 3" in caplog.text
+    attempts.clear()  # with a join token the likely cause is the token: said at once, not retried
+    assert "check that --join-token is the one" in fails([addr], LOOPBACK, join_token="x" * 24)
+    assert len(attempts) == 1

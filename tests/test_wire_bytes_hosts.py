@@ -13,16 +13,11 @@ from __future__ import annotations
 import pytest
 
 from bench.wire_bytes import bench_spec, measure, report
-from tests.netns_hosts import netns_unavailable
+from tests.netns_hosts import needs_netns_fixture
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(autouse=True)
-def _needs_netns():
-    why = netns_unavailable()
-    if why:
-        pytest.skip(f"needs network namespaces: {why}")
+_needs_netns = needs_netns_fixture()
 
 
 def test_each_peers_wire_bytes_match_its_interface_within_ten_percent(tmp_path):

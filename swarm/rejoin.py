@@ -1,0 +1,90 @@
+"""Find the swarm again when the DHT has lost it.
+
+hivemind's DHT drops a node from its routing table after one failed request and suspends
+(blacklists) it for a time that doubles with every failure; a dropped node comes back only when
+one of the two sends the other a request. A restarted coordinator (the run's join node) therefore
+starts with an empty routing table, and once the peers have dropped its dead predecessor nobody
+tells it about them: a peer that joins through it finds nobody and trains alone for ever (seen on
+netns hosts: tests/fault_scenarios.py, ``late_joiner`` after ``coordinator``). ``keep_joined`` looks
+at the routing table every ``CHECK_EVERY_S`` and acts only when it is empty, or holds none of the
+join nodes and fewer than ``SMALL_TABLE`` nodes (a large swarm's tables need not hold the
+coordinator, and pinging it from every peer would cost it N pings a period): it pings the join
+addresses (and, with an empty table, the nodes it knew); a node that answers goes back into the
+table (and this node into its), comes off the blacklist, and a lookup of this node's own id fills
+the table again. Otherwise it costs one look at a local table.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from typing import Collection, Dict, Sequence, Set
+
+from hivemind.p2p import PeerID
+from multiaddr import Multiaddr
+
+logger = logging.getLogger("voloco.swarm")
+
+CHECK_EVERY_S = 5.0
+SMALL_TABLE = 5  # a table this small without a join node: this node may be in a swarm of its own
+KNOWN_MAX = 64  # nodes remembered to ask again once the table is empty
+
+_KNOWN: Set[PeerID] = set()  # in the DHT's process: the nodes its routing table held
+
+
+def needs_rejoin(present: Collection[PeerID], joins: Collection[PeerID]) -> bool:
+    """Whether a routing table holding ``present`` has lost the swarm that ``joins`` lead to."""
+    return not present or (not set(joins) & set(present) and len(present) < SMALL_TABLE)
+
+
+async def check(_dht, node, joins: Sequence[str]) -> int:
+    """In the DHT's process: ping the join nodes (and, with an empty table, the nodes known before)
+    if the routing table needs it; how many answered."""
+    present = set(node.protocol.routing_table.uid_to_peer_id.values())
+    if len(_KNOWN) < KNOWN_MAX:
+        _KNOWN.update(list(present)[: KNOWN_MAX - len(_KNOWN)])
+    addrs: Dict[PeerID, Multiaddr] = {PeerID.from_base58(Multiaddr(m).value_for_protocol("p2p")): Multiaddr(m)
+                                      for m in joins}
+    if not needs_rejoin(present, addrs):
+        return 0
+    ask = [p for p in addrs if p not in present] + ([p for p in _KNOWN if p not in addrs] if not present else [])
+    answered = 0
+    for peer in ask:
+        if peer in addrs:  # the daemon may have forgotten the address of a node it lost; hivemind has no
+            try:  # public call for this (P2P keeps its daemon client private)
+                await node.protocol.p2p._client.connect(peer, [addrs[peer].decapsulate("p2p")])
+            except Exception as e:
+                logger.debug(f"rejoin: cannot connect to {peer}: {e!r}")
+        if await node.protocol.call_ping(peer, validate=False) is not None:  # adds it to the table, and us to its
+            try:  # off the blacklist, its back-off reset (hivemind does the same when a request succeeds)
+                node.blacklist.register_success(peer)
+            except KeyError:  # it was not on it
+                pass
+            answered += 1
+    if answered:
+        await node.find_nearest_nodes([node.node_id])
+        logger.info(f"found the swarm again: {answered} node(s) answered, "
+                    f"{len(node.protocol.routing_table.uid_to_peer_id)} in the routing table")
+    return answered
+
+
+def keep_joined(dht, initial_peers: Sequence[Multiaddr], every: float = CHECK_EVERY_S) -> threading.Thread:
+    """A daemon thread that reconnects ``dht`` to the swarm whenever ``needs_rejoin`` says so."""
+    work = functools.partial(check, joins=[str(m) for m in initial_peers])
+
+    def loop() -> None:
+        stop = threading.Event()
+        while not stop.wait(every):
+            if not dht.is_alive():
+                return
+            try:
+                dht.run_coroutine(work)
+            except BaseException as e:  # a DHT shutting down (a cancelled future), a failed ping: try again later
+                logger.debug(f"rejoin: {e!r}")
+                if not dht.is_alive():
+                    return
+
+    thread = threading.Thread(target=loop, daemon=True, name="dht-rejoin")
+    thread.start()
+    return thread
