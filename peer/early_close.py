@@ -31,7 +31,7 @@ from swarm.records import PeerView
 
 logger = logging.getLogger("voloco.peer")
 
-POLL_S = 2.0  # seconds between two reads of the progress records while a round is armed
+POLL_S = 1.0  # seconds between two reads of the progress records while a round is armed
 DONE_STATES = ("ready", "exchanging")
 
 

@@ -262,11 +262,9 @@ class RoundLoop:
         result = None
         start_hash = engine.params_hash()
         if not barrier.nobody_to_meet:  # nobody of our round left to meet: catch up instead
-            # nobody of the round ready yet (the others are syncing, linking a chain, late): give a
-            # latecomer the straggler allowance to join, not the whole round_wait
-            timeout = spec.swarm.round_wait if barrier.expected > 1 else peer.membership.straggler_allowance()
             result = peer.gatherer.gather(
-                engine.round, h.payload, start_hash=start_hash, expected_size=barrier.expected, timeout=timeout,
+                engine.round, h.payload, start_hash=start_hash, expected_size=barrier.expected,
+                timeout=spec.swarm.round_wait,
             )
         if result is None and not barrier.alone and not peer.membership.swarm_is_empty():
             engine.defer(h.pending)
