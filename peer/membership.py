@@ -68,6 +68,7 @@ class Barrier:
     expected: int  # group size to expect: this peer and every peer of its round that is ready
     alone: bool  # no other live peer at all
     behind: bool  # the swarm is at a later round
+    only_syncing: bool = False  # every other live peer is downloading the state of an earlier round
 
     @property
     def nobody_to_meet(self) -> bool:
@@ -265,7 +266,8 @@ class Membership:
                     if v.peer_id != self.peer_id and v.progress.state not in NOT_IN_ROUNDS and v.peer_id not in self.no_shows
                 ]
                 behind = swarm_round([v.progress.round for v in others]) > round_no
-                return Barrier(expected=1 + len(ready), alone=not others, behind=behind)
+                syncing = bool(others) and all(v.progress.state == "syncing" and v.progress.round < round_no for v in others)
+                return Barrier(expected=1 + len(ready), alone=not others, behind=behind, only_syncing=syncing)
             time.sleep(0.25)
 
 

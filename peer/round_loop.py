@@ -262,9 +262,12 @@ class RoundLoop:
         result = None
         start_hash = engine.params_hash()
         if not barrier.nobody_to_meet:  # nobody of our round left to meet: catch up instead
+            # the only others are catching up to an earlier round (a chain stage that cannot link does,
+            # again and again): give them the straggler allowance to join, not the whole round_wait
+            short = barrier.expected == 1 and barrier.only_syncing
             result = peer.gatherer.gather(
                 engine.round, h.payload, start_hash=start_hash, expected_size=barrier.expected,
-                timeout=spec.swarm.round_wait,
+                timeout=peer.membership.straggler_allowance() if short else spec.swarm.round_wait,
             )
         if result is None and not barrier.alone and not peer.membership.swarm_is_empty():
             engine.defer(h.pending)
