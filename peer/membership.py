@@ -51,6 +51,7 @@ STRAGGLER_FRACTION = 0.5  # ... and at most this fraction of its own training ti
 MAX_SKIP_ROUNDS = 32  # a peer waited for in vain again and again is skipped for at most this many rounds
 MIN_READ_S = 0.5  # a peer reads the progress records at most this often ...
 SWARM_READS_PER_S = 8.0  # ... and at most N / this often in a swarm of N peers
+MAX_READ_S = 8.0  # never less often than this: many forged identities cannot slow the view down further
 KEEPALIVE_TTL_FRACTION = 1 / 3  # an unchanged record is refreshed every third of its TTL (>= one heartbeat)
 
 
@@ -144,7 +145,7 @@ class Membership:
     # ---- everyone's ---------------------------------------------------------------------------------
     def read_interval(self) -> float:
         """The least time between two DHT reads of the progress records, for the swarm last seen."""
-        return max(MIN_READ_S, len(self._views) / SWARM_READS_PER_S)
+        return min(MAX_READ_S, max(MIN_READ_S, len(self._views) / SWARM_READS_PER_S))
 
     def view(self) -> List[PeerView]:
         """Every progress record of this run spec (our own included), read at most every ``read_interval``."""

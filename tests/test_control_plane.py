@@ -12,7 +12,7 @@ from hivemind.utils import get_dht_time
 from peer import early_close as early_close_mod
 from peer import membership as membership_mod
 from peer.early_close import EarlyClose
-from peer.membership import MIN_READ_S, SWARM_READS_PER_S, Membership
+from peer.membership import MAX_READ_S, MIN_READ_S, SWARM_READS_PER_S, Membership
 from tests.test_liveness import SPEC, clock, progress  # noqa: F401  (the clock fixture)
 
 
@@ -63,6 +63,9 @@ def test_reads_are_shared_and_slow_down_as_the_swarm_grows(monkeypatch, clock):
     clock.sleep(0.2)
     m.view()
     assert big.calls == 2
+    sybils = member(monkeypatch, Reads([record(f"s{i}") for i in range(1000)]))  # one liar's 1000 identities
+    sybils.view()
+    assert sybils.read_interval() == MAX_READ_S  # slow the view down no further than this
 
 
 def test_a_failed_or_partial_read_keeps_the_records_that_have_not_expired(monkeypatch, clock):
