@@ -47,7 +47,8 @@ from hivemind.utils import MPFuture, get_logger
 
 from peer.exchange_io import CallLimiter, read_bounded_stream, retry_until
 from peer.identity import payload_signer
-from protocol import reconcile
+from peer.set_server import SetServer
+from protocol import group_sets, reconcile
 from protocol.errors import ProtocolError
 from protocol.signed import ENVELOPE_OVERHEAD, Binding, Signer
 from swarm.admission import Admitted
@@ -70,6 +71,7 @@ class GatherResult:
     payloads: Dict[str, bytes]  # sender -> payload, own included
     excluded: Dict[str, str]  # sender -> why its payload is not in `payloads`
     start_hashes: Dict[str, str]  # member -> hash of the parameters it started the round from
+    set_digest: str = ""  # the name of the agreed set (protocol/group_sets.py), served to other groups
     bytes_sent: int = 0
     bytes_received: int = 0
 
@@ -80,9 +82,10 @@ class _Group:
     agreement: reconcile.Agreement
     members: frozenset
     done: List[asyncio.Event] = field(default_factory=list)  # done[k]: round k over here (0: own payload sealed)
+    set_digest: Optional[str] = None  # the agreed set's name, once agreed (peer/set_server.py serves it)
 
 
-class PayloadGatherer(Admitted, DecentralizedAverager):  # Admitted: a private run's gate (swarm/admission.py)
+class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: a private run's gate (swarm/admission.py)
     """hivemind matchmaking + a signed, agreed all-gather of one payload per member."""
 
     def __init__(
@@ -209,6 +212,7 @@ class PayloadGatherer(Admitted, DecentralizedAverager):  # Admitted: a private r
             group.done[0].set()
             await self._agree(group, [p for p in group_info.peer_ids if p != self.peer_id])
             outcome = group.agreement.outcome()
+            group.set_digest = group_sets.set_digest(binding.context, outcome.payloads)
             for owner, why in outcome.excluded.items():
                 logger.warning(f"round {self._round_no}: excluded {_b58(owner)}: {why}")
             return GatherResult(
@@ -216,6 +220,7 @@ class PayloadGatherer(Admitted, DecentralizedAverager):  # Admitted: a private r
                 payloads={_b58(k): v for k, v in outcome.payloads.items()},
                 excluded={_b58(k): why for k, why in outcome.excluded.items()},
                 start_hashes=start_hashes,
+                set_digest=group.set_digest,
             )
         finally:
             for event in group.done:

@@ -70,6 +70,7 @@ class Barrier:
     alone: bool  # no other live peer at all
     behind: bool  # the swarm is at a later round
     only_syncing: bool = False  # every other live peer is downloading the state of an earlier round
+    ready: frozenset = frozenset()  # the other peers of the round that were ready (they may gather in other groups)
 
     @property
     def nobody_to_meet(self) -> bool:
@@ -268,7 +269,8 @@ class Membership:
                 ]
                 behind = swarm_round([v.progress.round for v in others]) > round_no
                 syncing = bool(others) and all(v.progress.state == "syncing" and v.progress.round < round_no for v in others)
-                return Barrier(expected=1 + len(ready), alone=not others, behind=behind, only_syncing=syncing)
+                return Barrier(expected=1 + len(ready), alone=not others, behind=behind, only_syncing=syncing,
+                               ready=frozenset(v.peer_id for v in ready))
             time.sleep(0.25)
 
 

@@ -34,6 +34,7 @@ class RoundRecord:
     util: float = float("nan")  # compute utilization since the previous round ended (peer/utilization.py)
     wire_sent: Optional[int] = None  # every TCP byte the peer's processes sent since the previous round ended
     wire_received: Optional[int] = None  # (swarm/wire_bytes.py); None where the kernel's counters cannot be read
+    sets: int = 1  # the groups' agreed sets θ was computed from: this peer's group's and other groups' (peer/group_merge.py)
 
 
 @dataclass
@@ -51,6 +52,8 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 def log_round(record: RoundRecord, tokens_per_s: float) -> None:
     excluded = f" ({len(record.excluded)} excluded)" if record.excluded else ""
+    if record.sets > 1:
+        excluded += f" + {record.sets - 1} other group(s), {record.contributors} payloads"
     overlapped = f" ({record.overlapped} overlapped)" if record.overlapped else ""
     wire = "" if record.wire_sent is None else (
         f" (wire {human_bytes(record.wire_sent)} / {human_bytes(record.wire_received or 0)}, control plane included)")

@@ -37,6 +37,7 @@ import torch
 
 from peer import checkpoints, lifecycle
 from peer.early_close import EarlyClose, min_steps
+from peer.group_merge import merge_round
 from peer.progress import ProgressBar
 from peer.reporting import RoundRecord, log_round, write_status
 from peer.roles import ChainStage, RoundAbandoned
@@ -280,6 +281,10 @@ class RoundLoop:
         t_gather = time.monotonic()
         payloads = result.payloads if result is not None else {peer.peer_id: h.payload}
         excluded = dict(result.excluded) if result is not None else {}
+        sets = 1
+        if result is not None and result.set_digest:  # other groups of the round: one θ from all their sets
+            payloads, across, sets = merge_round(peer, engine.round, result, barrier.ready)
+            excluded = {**{s: why for s, why in excluded.items() if s not in payloads}, **across}
         decoded, invalid = engine.decode(payloads)
         for sender, why in invalid.items():
             logger.warning(f"round {engine.round}: rejected the payload of {sender}: {why}")
@@ -319,6 +324,7 @@ class RoundLoop:
             waited=t_wait - h.t_encode,
             steps=len(h.losses),
             overlapped=h.overlapped,
+            sets=sets,
         )
         if not peer.sync.consistent:  # repair before reporting: the round ends with the group's parameters
             sources = None if result is None else {

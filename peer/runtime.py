@@ -94,6 +94,7 @@ class Peer:
         self.step = 0
         self.last_loss = float("nan")
         self.val_loss = float("nan")
+        self.gathered = (0, "")  # (round, name) of the last set this peer's group agreed (peer/group_merge.py)
         self.initial_val_loss = float("nan")
         self.tokens_per_s = 0.0
         self.role: Optional[Role] = None
@@ -286,6 +287,8 @@ class Peer:
             params_hash=engine.params_hash() if engine is not None and self.state != "training" else "",
             part=self.role.progress_part if self.role is not None else CHOOSING,
             **progress_extras(self),  # device, util, reach
+            gathered_round=self.gathered[0],
+            gathered=self.gathered[1],
         )
 
     def status(self) -> Dict[str, Any]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Dict, Tuple
 
@@ -54,12 +55,15 @@ class Progress:
     device: str = ""  # what it trains on, e.g. "cpu" or "cuda:0 H100" (printable, at most 64 characters)
     util: float = 0.0  # compute utilization: time in inner steps / wall time over its last round, in [0, 1]
     reach: str = "unknown"  # one of REACH
+    gathered_round: int = 0  # the round of the last payload set this peer's group agreed ...
+    gathered: str = ""  # ... and that set's name (protocol/group_sets.py), "" before any: other groups fetch it
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
 
 
 _TYPES = {f.name: f.type for f in fields(Progress)}
+_SET_NAME = re.compile(r"[0-9a-f]{32}")
 
 
 def parse_progress(value: Any) -> Progress:
@@ -88,6 +92,8 @@ def parse_progress(value: Any) -> Progress:
         raise ProtocolError("progress.util must lie in [0, 1]")
     if value["reach"] not in REACH:
         raise ProtocolError(f"progress.reach must be one of {REACH}")
+    if value["gathered"] and not _SET_NAME.fullmatch(value["gathered"]):
+        raise ProtocolError("progress.gathered must be empty or a set's name (32 hex digits)")
     return Progress(**{k: (float(v) if _TYPES[k] == "float" else v) for k, v in value.items()})
 
 

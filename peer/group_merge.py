@@ -1,0 +1,113 @@
+"""After a round's gather: the sets the round's other groups agreed, fetched, checked and merged.
+
+A swarm larger than ``swarm.max_group_size`` forms several groups in one round (hivemind's
+matchmaking bounds them). Each member names its group's agreed set in its progress record
+(``gathered_round``, ``gathered``), then waits for the peers that were ready in its round but are
+not in its group: until each has named a set, or has left the round's exchange (found no group,
+stopped), or the wait ran out: the straggler allowance past the last set that came in, never
+more than ``swarm.round_wait``. Every set named for the round is fetched from one of the peers that
+named it (another on failure), checked envelope by envelope (protocol/group_sets.py) and merged:
+θ is computed from the union, in canonical order, so groups that hold the same sets hold the same
+θ. A set that cannot be had in time leaves that round with a second θ; a member of the minority
+takes the majority's parameters at the next round's start-hash check.
+
+Only peers of the same part of the model (``progress.part``: a full replica, a slice, a stage)
+are asked: the others gather under another key.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Dict, Iterable, List, Set, Tuple
+
+from hivemind.p2p import PeerID
+
+from peer.membership import NOT_IN_ROUNDS
+from protocol import group_sets
+
+logger = logging.getLogger("voloco.peer")
+
+TRIES_PER_SET = 3  # peers that named a set asked for it, one after the other, before giving it up
+FETCH_TIMEOUT_S = 10.0  # the most one fetch of a set may take
+POLL_S = 0.25
+EXCHANGING = ("ready", "exchanging")  # states of a peer in its round's exchange
+
+
+def _b58(owner: bytes) -> str:
+    return PeerID(owner).to_base58()
+
+
+def merge_round(peer, round_no: int, result, ready: Iterable[str]) -> Tuple[Dict[str, bytes], Dict[str, str], int]:
+    """(sender -> payload over every set held, sender -> why it was left out of the union, sets merged).
+
+    ``result`` is this peer's GatherResult; ``ready``, the peers its barrier saw ready in the round."""
+    membership, gatherer, spec = peer.membership, peer.gatherer, peer.spec
+    peer.gathered = (round_no, result.set_digest)
+    membership.publish()
+    mine = set(result.group)
+    part = peer.role.progress_part
+    held: Dict[str, Dict[str, bytes]] = {result.set_digest: dict(result.payloads)}
+    tries: Dict[str, int] = {}
+    failed: Set[str] = set()  # peers that did not serve the set they named
+    outstanding: Set[str] = set(ready) - mine
+    t0 = last_arrival = time.monotonic()
+    allowance = membership.straggler_allowance() + 2 * spec.swarm.matchmaking_time
+    while not peer.stop_event.is_set():
+        view = [v for v in membership.view() if v.peer_id not in mine and v.progress.part == part
+                and v.progress.state not in NOT_IN_ROUNDS]
+        named: Dict[str, List[str]] = {}
+        for v in view:
+            p = v.progress
+            if p.gathered_round == round_no and p.gathered and p.gathered not in held:
+                named.setdefault(p.gathered, []).append(v.peer_id)
+        for digest, publishers in sorted(named.items()):
+            sources = [p for p in publishers if p not in failed]
+            if not sources or tries.get(digest, 0) >= TRIES_PER_SET:
+                continue
+            tries[digest] = tries.get(digest, 0) + 1
+            timeout = min(FETCH_TIMEOUT_S, max(1.0, allowance - (time.monotonic() - last_arrival)))
+            got = _fetch(gatherer, spec, sources[0], digest, round_no, timeout)
+            if got is None:
+                failed.add(sources[0])  # not asked again this round, whatever set it names next
+            else:
+                held[digest] = got
+                last_arrival = time.monotonic()
+        # whoever is in the round's exchange and has named no set yet: those the barrier saw ready, and
+        # any the view shows ready now (the barrier's view may have been a read behind)
+        by_peer = {v.peer_id: v.progress for v in view}
+        outstanding |= {v.peer_id for v in view if v.progress.round == round_no and v.progress.state in EXCHANGING}
+        outstanding = {
+            p for p in outstanding - membership.no_shows
+            if p in by_peer and by_peer[p].round == round_no and by_peer[p].state in EXCHANGING
+            and not (by_peer[p].gathered_round == round_no and by_peer[p].gathered)
+        }
+        unfetched = [d for d, pubs in named.items() if tries.get(d, 0) < TRIES_PER_SET and set(pubs) - failed]
+        now = time.monotonic()
+        if not view or (not outstanding and not unfetched and now - t0 > membership.read_interval() + POLL_S):
+            break  # alone, or nothing more to wait for in a view read after our set was named
+        if now - last_arrival > allowance or now - t0 > spec.swarm.round_wait:
+            logger.info(f"round {round_no}: merged {len(held) - 1} other groups' sets; not waiting longer for "
+                        f"{len(outstanding)} peers of the round and {len(unfetched)} sets")
+            break
+        time.sleep(POLL_S)
+    payloads, excluded = group_sets.union(held[d] for d in sorted(held))
+    if len(held) > 1:
+        logger.info(f"round {round_no}: merged the sets of {len(held) - 1} other group(s) of the round: "
+                    f"{len(payloads)} payloads in all")
+    return payloads, excluded, len(held)
+
+
+def _fetch(gatherer, spec, source: str, digest: str, round_no: int, timeout: float):
+    """The set ``digest`` from ``source``, checked, as sender (base58) -> payload; None on any failure."""
+    raw = gatherer.fetch_set(source, digest, timeout=timeout)
+    if raw is None:
+        return None
+    try:
+        checked = group_sets.open_set(raw, gatherer.run_digest, round_no, digest, spec.swarm.max_group_size,
+                                      gatherer.max_payload_bytes)
+    except group_sets.SetError as e:
+        logger.warning(f"round {round_no}: {source} served a set that is refused: {e}")
+        return None
+    return {_b58(owner): payload for owner, payload in checked.payloads.items()}
+

@@ -1,0 +1,125 @@
+"""One round, several groups, one θ: the payload sets groups agreed, named, packed, checked and merged.
+
+A swarm larger than ``swarm.max_group_size`` gathers in several groups in the same round. Each group
+agrees on a set of signed payloads (protocol/reconcile.py); every member then computes the round's
+θ from that set. Were that the end of it, every group would hold its own θ, and the swarm would be
+as many models as it has groups. Instead, a member names its group's set (``set_digest``) in its
+progress record, fetches the sets the other groups of its round named, checks every envelope in them
+against the signatures of their owners (``open_set``) and computes θ from the union of all the sets
+it holds (``union``), in the canonical order of the senders. Groups that hold the same sets compute
+the same θ, bit for bit; what one group could not fetch in time costs that round a second θ, which
+the next round's start-hash check repairs (peer/round_loop.py).
+
+Nothing from another group is trusted: a set is a list of envelopes, each signed by its owner for
+the binding (run, round, group, members) of the group it was sealed in, so a member serving a set
+can leave payloads out but cannot forge or alter one. Leaving out is harmless to the union as long
+as one honest member of that group serves the whole set. A sender with two different payloads in
+the sets of one round (it sealed one in each of two groups) is excluded from the union, as an
+equivocator is inside a group; the same payload sealed in two groups counts once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Dict, Hashable, Iterable, Mapping, Tuple
+
+import msgpack
+
+from protocol.bounded_unpack import bounded_unpack
+from protocol.errors import ProtocolError
+from protocol.signed import ENVELOPE_OVERHEAD, MAX_ID_BYTES, Binding, SignatureError, open_envelope, payload_digest
+
+DIGEST_CHARS = 32  # a set's name in a progress record: 128 bits of sha256, hex
+TWO_PAYLOADS = "equivocated: sealed two different payloads in two groups of this round"
+_TAG = "voloco/set/1"
+
+
+class SetError(ProtocolError):
+    """A served set that is not what it names, or not a set of this run and round at all."""
+
+
+@dataclass(frozen=True)
+class GroupSet:
+    """A group's agreed payloads, checked: owner (peer id bytes) -> payload."""
+
+    binding: Binding
+    payloads: Dict[bytes, bytes]
+    digest: str
+
+
+def set_digest(context: bytes, payloads: Mapping[bytes, bytes]) -> str:
+    """The name of the set ``payloads`` (owner -> payload) agreed under the binding ``context``."""
+    items = sorted([owner, payload_digest(p)] for owner, p in payloads.items())
+    return hashlib.sha256(msgpack.packb([_TAG, context, items], use_bin_type=True)).hexdigest()[:DIGEST_CHARS]
+
+
+def max_set_bytes(max_members: int, max_payload_bytes: int) -> int:
+    """The most a packed set of a group of ``max_members`` may weigh."""
+    return max_members * (max_payload_bytes + ENVELOPE_OVERHEAD + MAX_ID_BYTES + 16) + 4 * MAX_ID_BYTES * max_members + 4096
+
+
+def pack_set(binding: Binding, envelopes: Mapping[bytes, bytes]) -> bytes:
+    """What a member serves: the binding and one envelope per owner whose payload the group agreed."""
+    return msgpack.packb(
+        [_TAG, binding.run, binding.round, binding.group_id, list(binding.members),
+         [[owner, envelopes[owner]] for owner in sorted(envelopes)]],
+        use_bin_type=True,
+    )
+
+
+def open_set(raw: bytes, run: bytes, round_no: int, digest: str, max_members: int, max_payload_bytes: int) -> GroupSet:
+    """Check a served set: of this run and round, at most ``max_members`` members, every envelope
+    signed by its owner for the set's binding, and named ``digest``. Raises SetError otherwise."""
+    if not isinstance(raw, (bytes, bytearray)) or len(raw) > max_set_bytes(max_members, max_payload_bytes):
+        raise SetError("a set must be bytes within its size limit")
+    fields = bounded_unpack(bytes(raw), SetError, "group set", max_array_len=max(6, max_members), max_map_len=0)
+    if not (isinstance(fields, list) and len(fields) == 6 and fields[0] == _TAG):
+        raise SetError("a set is [tag, run, round, group id, members, envelopes]")
+    _, set_run, set_round, group_id, members, items = fields
+    if set_run != run or set_round != round_no:
+        raise SetError("the set belongs to another run or round")
+    if not isinstance(group_id, bytes) or not 0 < len(group_id) <= 64:
+        raise SetError("the set's group id must be 1 to 64 bytes")
+    if not (isinstance(members, list) and 2 <= len(members) <= max_members
+            and all(isinstance(m, bytes) and 0 < len(m) <= MAX_ID_BYTES for m in members)
+            and len(set(members)) == len(members)):
+        raise SetError(f"a set names 2 to {max_members} distinct members")
+    if not isinstance(items, list) or len(items) > len(members):
+        raise SetError("a set holds at most one envelope per member")
+    binding = Binding(run, round_no, group_id, tuple(members))
+    context, payloads = binding.context, {}
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], bytes) and isinstance(item[1], bytes)):
+            raise SetError("an entry of a set is [owner, envelope]")
+        owner, envelope = item
+        if owner not in members or owner in payloads:
+            raise SetError("an envelope of a set must be a member's, one per member")
+        try:
+            _, _, payloads[owner] = open_envelope(envelope, context, owner, max_payload_bytes)
+        except SignatureError as e:
+            raise SetError(f"an envelope of the set does not verify: {e}") from None
+    if not payloads:
+        raise SetError("an empty set")
+    named = set_digest(context, payloads)
+    if named != digest:
+        raise SetError("the set is not the one its name was asked for")
+    return GroupSet(binding, payloads, named)
+
+
+def union(sets: Iterable[Mapping[Hashable, bytes]]) -> Tuple[Dict[Hashable, bytes], Dict[Hashable, str]]:
+    """Every sender's payload across ``sets`` (the same payload in two sets counts once); a sender
+    with two different payloads counts with neither: (sender -> payload, sender -> why excluded)."""
+    merged: Dict[Hashable, bytes] = {}
+    excluded: Dict[Hashable, str] = {}
+    for payloads in sets:
+        for sender, payload in payloads.items():
+            if sender in excluded:
+                continue
+            held = merged.get(sender)
+            if held is None:
+                merged[sender] = payload
+            elif held != payload:
+                del merged[sender]
+                excluded[sender] = TWO_PAYLOADS
+    return merged, excluded
