@@ -4,8 +4,9 @@ A swarm larger than ``swarm.max_group_size`` forms several groups in one round (
 matchmaking bounds them). Each member names its group's agreed set in its progress record
 (``gathered_round``, ``gathered``), then waits for the peers that were ready in its round but are
 not in its group: until each has named a set, or has left the round's exchange (found no group,
-stopped), or the wait ran out: the straggler allowance past the last set that came in, never
-more than ``swarm.round_wait``. Every set named for the round is fetched from one of the peers that
+stopped), or too few are left to make a group of their own (``swarm.min_group_size``), or the wait
+ran out: the straggler allowance past the last set that came in, never more than
+``swarm.round_wait``. Every set named for the round is fetched from one of the peers that
 named it (another on failure), checked envelope by envelope (protocol/group_sets.py) and merged:
 θ is computed from the union, in canonical order, so groups that hold the same sets hold the same
 θ. A set that cannot be had in time leaves that round with a second θ; a member of the minority
@@ -19,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Dict, Iterable, List, Set, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Set
 
 from hivemind.p2p import PeerID
 
@@ -31,6 +33,7 @@ logger = logging.getLogger("voloco.peer")
 TRIES_PER_SET = 3  # peers that named a set asked for it, one after the other, before giving it up
 FETCH_TIMEOUT_S = 10.0  # the most one fetch of a set may take
 POLL_S = 0.25
+SKIP_ROUNDS = 8  # rounds a peer that was waited for in vain is not waited for again
 EXCHANGING = ("ready", "exchanging")  # states of a peer in its round's exchange
 
 
@@ -38,16 +41,35 @@ def _b58(owner: bytes) -> str:
     return PeerID(owner).to_base58()
 
 
-def merge_round(peer, round_no: int, result, ready: Iterable[str]) -> Tuple[Dict[str, bytes], Dict[str, str], int]:
-    """(sender -> payload over every set held, sender -> why it was left out of the union, sets merged).
+@dataclass
+class Merged:
+    """What a round's merge holds."""
 
-    ``result`` is this peer's GatherResult; ``ready``, the peers its barrier saw ready in the round."""
+    payloads: Dict[str, bytes]  # sender -> payload, over every set held
+    excluded: Dict[str, str]  # sender -> why it is left out of the union
+    sets: int  # sets held, our group's included
+    start_hashes: Dict[str, str] = field(default_factory=dict)  # other groups' senders -> the θ they started from
+
+
+def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optional[Dict[str, int]] = None) -> Merged:
+    """The union of our group's set and every set the round's other groups named in time.
+
+    ``result`` is this peer's GatherResult; ``ready``, the peers its barrier saw ready in the round.
+    The start hashes the senders of other groups' sets showed in their records while in the round's
+    exchange come back too: a group that started off the swarm's θ is outvoted by them, not only
+    by its own members (peer/round_loop.py).
+
+    ``skip`` (peer -> round), kept from round to round by the caller: a peer that stayed in the
+    round's exchange past the wait without naming a set is not waited for again for ``SKIP_ROUNDS``
+    rounds, or until it names one (a peer that claims to be ready and never gathers costs one wait)."""
+    skip = {} if skip is None else skip
     membership, gatherer, spec = peer.membership, peer.gatherer, peer.spec
     peer.gathered = (round_no, result.set_digest)
     membership.publish()
     mine = set(result.group)
     part = peer.role.progress_part
     held: Dict[str, Dict[str, bytes]] = {result.set_digest: dict(result.payloads)}
+    starts: Dict[str, str] = {}
     tries: Dict[str, int] = {}
     failed: Set[str] = set()  # peers that did not serve the set they named
     outstanding: Set[str] = set(ready) - mine
@@ -76,26 +98,35 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str]) -> Tuple[Dict
         # whoever is in the round's exchange and has named no set yet: those the barrier saw ready, and
         # any the view shows ready now (the barrier's view may have been a read behind)
         by_peer = {v.peer_id: v.progress for v in view}
+        senders = {s for payloads in list(held.values())[1:] for s in payloads}
+        starts.update({p: by_peer[p].params_hash for p in senders - set(starts) if p in by_peer
+                       and by_peer[p].round == round_no and by_peer[p].state in EXCHANGING and by_peer[p].params_hash})
         outstanding |= {v.peer_id for v in view if v.progress.round == round_no and v.progress.state in EXCHANGING}
+        for p in list(skip):
+            if skip[p] <= round_no or (p in by_peer and by_peer[p].gathered_round == round_no and by_peer[p].gathered):
+                del skip[p]
         outstanding = {
-            p for p in outstanding - membership.no_shows
+            p for p in outstanding - membership.no_shows - set(skip)
             if p in by_peer and by_peer[p].round == round_no and by_peer[p].state in EXCHANGING
             and not (by_peer[p].gathered_round == round_no and by_peer[p].gathered)
         }
         unfetched = [d for d, pubs in named.items() if tries.get(d, 0) < TRIES_PER_SET and set(pubs) - failed]
         now = time.monotonic()
-        if not view or (not outstanding and not unfetched and now - t0 > membership.read_interval() + POLL_S):
+        # fewer peers in the exchange than make a group: they cannot gather a set of their own
+        hopeless = len(outstanding) < spec.swarm.min_group_size
+        if not view or (hopeless and not unfetched and now - t0 > membership.read_interval() + POLL_S):
             break  # alone, or nothing more to wait for in a view read after our set was named
         if now - last_arrival > allowance or now - t0 > spec.swarm.round_wait:
             logger.info(f"round {round_no}: merged {len(held) - 1} other groups' sets; not waiting longer for "
                         f"{len(outstanding)} peers of the round and {len(unfetched)} sets")
+            skip.update({p: round_no + SKIP_ROUNDS for p in outstanding})
             break
         time.sleep(POLL_S)
     payloads, excluded = group_sets.union(held[d] for d in sorted(held))
     if len(held) > 1:
         logger.info(f"round {round_no}: merged the sets of {len(held) - 1} other group(s) of the round: "
                     f"{len(payloads)} payloads in all")
-    return payloads, excluded, len(held)
+    return Merged(payloads, excluded, len(held), starts)
 
 
 def _fetch(gatherer, spec, source: str, digest: str, round_no: int, timeout: float):

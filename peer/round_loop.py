@@ -101,6 +101,7 @@ class RoundLoop:
         self.closed_early = 0  # rounds this peer closed early (fewer than H steps)
         self._overlapped = 0  # steps of the current round taken while an exchange was in flight
         self._wire_mark = (0, 0)  # the wire totals (sent, received) when the previous round ended
+        self._merge_skip: Dict[str, int] = {}  # peers other groups' merges do not wait for, until a round
 
     def _wire_since_last_round(self) -> Tuple[Optional[int], Optional[int]]:
         """Every TCP byte sent and received since the previous round ended; (None, None) when unknown."""
@@ -281,22 +282,24 @@ class RoundLoop:
         t_gather = time.monotonic()
         payloads = result.payloads if result is not None else {peer.peer_id: h.payload}
         excluded = dict(result.excluded) if result is not None else {}
-        sets = 1
+        merged = None
         if result is not None and result.set_digest:  # other groups of the round: one θ from all their sets
-            payloads, across, sets = merge_round(peer, engine.round, result, barrier.ready)
-            excluded = {**{s: why for s, why in excluded.items() if s not in payloads}, **across}
+            merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip)
+            payloads = merged.payloads
+            excluded = {**{s: why for s, why in excluded.items() if s not in payloads}, **merged.excluded}
         decoded, invalid = engine.decode(payloads)
         for sender, why in invalid.items():
             logger.warning(f"round {engine.round}: rejected the payload of {sender}: {why}")
         excluded.update(invalid)
         group_hash = None
         if result is not None:
-            group_hash = majority_hash(result.start_hashes, excluded, me=peer.peer_id)
+            starts = {**(merged.start_hashes if merged is not None else {}), **result.start_hashes}
+            group_hash = majority_hash(starts, excluded, me=peer.peer_id)
             peer.sync.consistent = start_hash == group_hash
             if not peer.sync.consistent:
                 logger.error(
-                    f"round {engine.round}: this peer started from parameters {start_hash}, most of its group "
-                    f"from {group_hash}; it will download the group's state after this round"
+                    f"round {engine.round}: this peer started from parameters {start_hash}, most of the round's peers "
+                    f"from {group_hash}; it will download their state after this round"
                 )
         with engine.lock:
             engine.conclude(decoded, h.pending, delivered=peer.peer_id in payloads and peer.peer_id not in excluded,
@@ -324,11 +327,11 @@ class RoundLoop:
             waited=t_wait - h.t_encode,
             steps=len(h.losses),
             overlapped=h.overlapped,
-            sets=sets,
+            sets=merged.sets if merged is not None else 1,
         )
         if not peer.sync.consistent:  # repair before reporting: the round ends with the group's parameters
             sources = None if result is None else {
-                m for m, hsh in result.start_hashes.items() if hsh == group_hash and m != peer.peer_id
+                m for m, hsh in starts.items() if hsh == group_hash and m != peer.peer_id
             }
             peer.sync.catch_up(even_at_same_round=True, only=sources)
             record.params_hash = engine.params_hash()

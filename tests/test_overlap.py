@@ -12,7 +12,7 @@ from peer.early_close import min_steps, most_are_done
 from peer.round_loop import continue_from
 from protocol.records import Progress
 from swarm.records import PeerView
-from tests.swarm_harness import Swarm, TINY_SPEC, assert_groups_identical
+from tests.swarm_harness import Swarm, TINY_SPEC, assert_groups_identical, groupmate_pairs
 
 
 def view(peer_id: str, round_no: int, state: str) -> PeerView:
@@ -93,7 +93,10 @@ def test_overlapped_peers_stay_identical_and_a_slow_peer_closes_its_rounds_early
             s = swarm.status("c")
             return sum(1 for r in s["history"] if r["round"] > first and len(r["group"]) > 1) if s else 0
 
-        swarm.wait(lambda: slow_rounds_shared() >= 4, 300, "4 rounds of the throttled peer in a group")
+        def enough() -> bool:  # the last peer to start may join rounds after the throttled one had 4
+            return slow_rounds_shared() >= 4 and groupmate_pairs([swarm.status(n) for n in ("a", "b", "c")]) >= 12
+
+        swarm.wait(enough, 300, "4 rounds of the throttled peer in a group, 12 groupmate pairs")
         stop.set()
         statuses = [swarm.status(n) for n in ("a", "b", "c")]
         assert assert_groups_identical(statuses) >= 12  # overlap keeps every member's θ bit-identical

@@ -1,0 +1,155 @@
+"""peer/group_merge.py against a swarm's records: a member waits for the round's other groups to
+name their sets, fetches each from a peer that named it (another when one serves a bad set),
+merges them, and never waits past its allowance for a set that does not come."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+from typing import Dict, List, Optional
+
+from hivemind.p2p import PeerID
+
+from peer.group_merge import merge_round
+from protocol.group_sets import pack_set, set_digest
+from tests.agreement_sim import MAX_PAYLOAD, RUN, signer
+from tests.test_group_sets import ROUND, agreed_set
+
+
+def b58(owner: bytes) -> str:
+    return PeerID(owner).to_base58()
+
+
+def a_group(first: int, n: int, group_id: bytes):
+    binding, envelopes, payloads = agreed_set(first, n, group_id=group_id)
+    return pack_set(binding, envelopes), set_digest(binding.context, payloads), {b58(o): p for o, p in payloads.items()}
+
+
+def record(peer: str, state: str = "exchanging", gathered: str = "", round_no: int = ROUND, start: str = "a" * 16):
+    progress = SimpleNamespace(round=round_no, state=state, part=-1, gathered_round=ROUND if gathered else 0,
+                               gathered=gathered, params_hash=start)
+    return SimpleNamespace(peer_id=peer, progress=progress)
+
+
+class Swarm:
+    """The records a member reads (``views`` in turn, the last one for ever) and the sets peers serve."""
+
+    def __init__(self, views: List[list], serves: Dict[str, Dict[str, bytes]], allowance: float = 1.0):
+        self.views, self.serves, self.allowance = views, serves, allowance
+        self.no_shows: set = set()
+        self.asked: List[str] = []
+        self.published = 0
+
+    # membership
+    def view(self):
+        return self.views.pop(0) if len(self.views) > 1 else self.views[0]
+
+    def publish(self):
+        self.published += 1
+
+    def straggler_allowance(self) -> float:
+        return self.allowance
+
+    def read_interval(self) -> float:
+        return 0.0
+
+    # gatherer
+    run_digest, max_payload_bytes = RUN, MAX_PAYLOAD
+
+    def fetch_set(self, peer: str, digest: str, timeout: float) -> Optional[bytes]:
+        self.asked.append(peer)
+        return self.serves.get(peer, {}).get(digest)
+
+
+def member_of(swarm: Swarm, mine):
+    packed, digest, payloads = mine
+    spec = SimpleNamespace(swarm=SimpleNamespace(matchmaking_time=0.1, round_wait=10.0, max_group_size=16, min_group_size=2))
+    peer = SimpleNamespace(membership=swarm, gatherer=swarm, spec=spec, stop_event=threading.Event(),
+                           role=SimpleNamespace(progress_part=-1), gathered=(0, ""))
+    result = SimpleNamespace(group=sorted(payloads), payloads=payloads, set_digest=digest)
+    return peer, result
+
+
+def test_two_groups_merge_into_the_union_of_their_sets():
+    mine, theirs = a_group(0, 4, b"g1"), a_group(4, 4, b"g2")
+    others = sorted(theirs[2])
+    swarm = Swarm([[record(p) for p in others], [record(p, gathered=theirs[1], start="b" * 16) for p in others]],
+                  {others[0]: {theirs[1]: theirs[0]}})
+    peer, result = member_of(swarm, mine)
+    merged = merge_round(peer, ROUND, result, ready=others)
+    assert merged.payloads == {**mine[2], **theirs[2]} and merged.sets == 2 and not merged.excluded
+    assert peer.gathered == (ROUND, mine[1]) and swarm.published == 1
+    assert merged.start_hashes == {p: "b" * 16 for p in others}  # the other group's starts vote too
+    assert swarm.asked == [others[0]]  # one fetch of the set, however many named it
+
+
+def test_a_bad_set_from_one_peer_is_refused_and_another_peer_serves_the_named_one():
+    mine, theirs, forged = a_group(0, 3, b"g1"), a_group(3, 3, b"g2"), a_group(6, 3, b"g3")
+    others = sorted(theirs[2])
+    swarm = Swarm([[record(p, gathered=theirs[1]) for p in others]],
+                  {others[0]: {theirs[1]: forged[0]}, others[1]: {theirs[1]: theirs[0]}})
+    peer, result = member_of(swarm, mine)
+    merged = merge_round(peer, ROUND, result, ready=others)
+    assert merged.payloads == {**mine[2], **theirs[2]}
+    assert swarm.asked == [others[0], others[1]]
+
+
+def test_peers_that_never_name_a_set_are_waited_for_only_the_allowance():
+    mine = a_group(0, 3, b"g1")
+    silent = [b58(signer(9).peer_id), b58(signer(10).peer_id)]  # two of them could have made a group
+    swarm = Swarm([[record(p) for p in silent]], {}, allowance=0.5)
+    peer, result = member_of(swarm, mine)
+    t0 = time.monotonic()
+    merged = merge_round(peer, ROUND, result, ready=silent)
+    assert merged.payloads == mine[2] and merged.sets == 1
+    assert 0.5 <= time.monotonic() - t0 < 3.0
+
+
+def test_one_ready_peer_outside_every_group_is_not_waited_for():
+    mine = a_group(0, 3, b"g1")
+    late = b58(signer(9).peer_id)  # alone it can make no group: it will find none and catch up
+    swarm = Swarm([[record(late)]], {}, allowance=5.0)
+    peer, result = member_of(swarm, mine)
+    t0 = time.monotonic()
+    merge_round(peer, ROUND, result, ready=[late])
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_nobody_else_in_the_round_ends_the_merge_at_once():
+    mine = a_group(0, 3, b"g1")
+    swarm = Swarm([[]], {})
+    peer, result = member_of(swarm, mine)
+    t0 = time.monotonic()
+    merged = merge_round(peer, ROUND, result, ready=[])
+    assert merged.payloads == mine[2] and time.monotonic() - t0 < 0.5 and swarm.asked == []
+
+
+def test_a_peer_that_leaves_the_exchange_is_not_waited_for_and_a_set_named_later_still_counts():
+    mine, theirs = a_group(0, 3, b"g1"), a_group(3, 3, b"g2")
+    others = sorted(theirs[2])
+    gone = b58(signer(9).peer_id)
+    later = [record(p) for p in others] + [record(gone)]
+    named = [record(p, gathered=theirs[1], round_no=ROUND + 1, state="training") for p in others] + [
+        record(gone, state="training")]  # found no group: back to training, named nothing
+    swarm = Swarm([later, later, named], {others[2]: {theirs[1]: theirs[0]}}, allowance=5.0)
+    swarm.serves.update({o: {theirs[1]: theirs[0]} for o in others})
+    peer, result = member_of(swarm, mine)
+    t0 = time.monotonic()
+    merged = merge_round(peer, ROUND, result, ready=others + [gone])
+    assert merged.sets == 2 and merged.payloads == {**mine[2], **theirs[2]}
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_peers_waited_for_in_vain_are_not_waited_for_the_next_rounds():
+    mine = a_group(0, 3, b"g1")
+    silent = [b58(signer(9).peer_id), b58(signer(10).peer_id)]
+    swarm = Swarm([[record(p) for p in silent]], {}, allowance=0.5)
+    peer, result = member_of(swarm, mine)
+    skip: dict = {}
+    merge_round(peer, ROUND, result, ready=silent, skip=skip)
+    assert skip == {p: ROUND + 8 for p in silent}
+    swarm.views = [[record(p, round_no=ROUND + 1) for p in silent]]  # they claim to be ready again the next round
+    t0 = time.monotonic()
+    merge_round(peer, ROUND + 1, result, ready=silent, skip=skip)
+    assert time.monotonic() - t0 < 0.5
