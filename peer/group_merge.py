@@ -5,8 +5,8 @@ matchmaking bounds them). Each member names its group's agreed set in its progre
 (``gathered_round``, ``gathered``), then waits for the peers that were ready in its round but are
 not in its group: until each has named a set, or has left the round's exchange (found no group,
 stopped), or too few are left to make a group of their own (``swarm.min_group_size``), or the wait
-ran out: the straggler allowance past the last set that came in, never more than
-``swarm.round_wait``. Every set named for the round is fetched from one of the peers that
+ran out: the straggler allowance or ``swarm.gather_timeout`` (the larger) past the last set that
+came in, never more than ``swarm.round_wait``. Every set named for the round is fetched from one of the peers that
 named it (another on failure), checked envelope by envelope (protocol/group_sets.py) and merged:
 θ is computed from the union, in canonical order, so groups that hold the same sets hold the same
 θ. A set that cannot be had in time leaves that round with a second θ; a member of the minority
@@ -74,7 +74,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     failed: Set[str] = set()  # peers that did not serve the set they named
     outstanding: Set[str] = set(ready) - mine
     t0 = last_arrival = time.monotonic()
-    allowance = membership.straggler_allowance() + 2 * spec.swarm.matchmaking_time
+    # another group may form and agree as late as a gather's deadline after ours (a loaded host's matchmaking)
+    allowance = max(membership.straggler_allowance(), spec.swarm.gather_timeout) + 2 * spec.swarm.matchmaking_time
     while not peer.stop_event.is_set():
         view = [v for v in membership.view() if v.peer_id not in mine and v.progress.part == part
                 and v.progress.state not in NOT_IN_ROUNDS]

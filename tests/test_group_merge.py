@@ -64,7 +64,7 @@ class Swarm:
 
 def member_of(swarm: Swarm, mine):
     packed, digest, payloads = mine
-    spec = SimpleNamespace(swarm=SimpleNamespace(matchmaking_time=0.1, round_wait=10.0, max_group_size=16, min_group_size=2))
+    spec = SimpleNamespace(swarm=SimpleNamespace(matchmaking_time=0.1, gather_timeout=0.1, round_wait=10.0, max_group_size=16, min_group_size=2))
     peer = SimpleNamespace(membership=swarm, gatherer=swarm, spec=spec, stop_event=threading.Event(),
                            role=SimpleNamespace(progress_part=-1), gathered=(0, ""))
     result = SimpleNamespace(group=sorted(payloads), payloads=payloads, set_digest=digest)
