@@ -51,10 +51,13 @@ class Merged:
     start_hashes: Dict[str, str] = field(default_factory=dict)  # other groups' senders -> the θ they started from
 
 
-def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optional[Dict[str, int]] = None) -> Merged:
+def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optional[Dict[str, int]] = None) -> Optional[Merged]:
     """The union of our group's set and every set the round's other groups named in time.
 
-    ``result`` is this peer's GatherResult; ``ready``, the peers its barrier saw ready in the round.
+    ``result`` is this peer's GatherResult, or None when it found no group: then the union of the
+    other groups' sets is the round (its own payload stays in its buffers), the θ every group
+    computes, with no state to download; None if no set came either. ``ready``: the peers its
+    barrier saw ready in the round.
     The start hashes the senders of other groups' sets showed in their records while in the round's
     exchange come back too: a group that started off the swarm's θ is outvoted by them, not only
     by its own members (peer/round_loop.py).
@@ -64,11 +67,13 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     rounds, or until it names one (a peer that claims to be ready and never gathers costs one wait)."""
     skip = {} if skip is None else skip
     membership, gatherer, spec = peer.membership, peer.gatherer, peer.spec
-    peer.gathered = (round_no, result.set_digest)
-    membership.publish()
-    mine = set(result.group)
+    own = result.set_digest if result is not None else None
+    if result is not None:
+        peer.gathered = (round_no, result.set_digest)
+        membership.publish()
+    mine = set(result.group) if result is not None else {peer.peer_id}
     part = peer.role.progress_part
-    held: Dict[str, Dict[str, bytes]] = {result.set_digest: dict(result.payloads)}
+    held: Dict[str, Dict[str, bytes]] = {own: dict(result.payloads)} if result is not None else {}
     starts: Dict[str, str] = {}
     tries: Dict[str, int] = {}
     failed: Set[str] = set()  # peers that did not serve the set they named
@@ -99,7 +104,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         # whoever is in the round's exchange and has named no set yet: those the barrier saw ready, and
         # any the view shows ready now (the barrier's view may have been a read behind)
         by_peer = {v.peer_id: v.progress for v in view}
-        senders = {s for payloads in list(held.values())[1:] for s in payloads}
+        senders = {s for d, payloads in held.items() if d != own for s in payloads}
         starts.update({p: by_peer[p].params_hash for p in senders - set(starts) if p in by_peer
                        and by_peer[p].round == round_no and by_peer[p].state in EXCHANGING and by_peer[p].params_hash})
         outstanding |= {v.peer_id for v in view if v.progress.round == round_no and v.progress.state in EXCHANGING}
@@ -118,14 +123,16 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         if not view or (hopeless and not unfetched and now - t0 > membership.read_interval() + POLL_S):
             break  # alone, or nothing more to wait for in a view read after our set was named
         if now - last_arrival > allowance or now - t0 > spec.swarm.round_wait:
-            logger.info(f"round {round_no}: merged {len(held) - 1} other groups' sets; not waiting longer for "
+            logger.info(f"round {round_no}: merged {len(held) - (own is not None)} other groups' sets; not waiting longer for "
                         f"{len(outstanding)} peers of the round and {len(unfetched)} sets")
             skip.update({p: round_no + SKIP_ROUNDS for p in outstanding})
             break
         time.sleep(POLL_S)
+    if not held:
+        return None
     payloads, excluded = group_sets.union(held[d] for d in sorted(held))
-    if len(held) > 1:
-        logger.info(f"round {round_no}: merged the sets of {len(held) - 1} other group(s) of the round: "
+    if len(held) > (own is not None):
+        logger.info(f"round {round_no}: merged the sets of {len(held) - (own is not None)} other group(s) of the round: "
                     f"{len(payloads)} payloads in all")
     return Merged(payloads, excluded, len(held), starts)
 

@@ -271,7 +271,11 @@ class RoundLoop:
                 engine.round, h.payload, start_hash=start_hash, expected_size=barrier.expected,
                 timeout=peer.membership.straggler_allowance() if short else spec.swarm.round_wait,
             )
+        merged = None
         if result is None and not barrier.alone and not peer.membership.swarm_is_empty():
+            # no group of ours: the round's other groups' sets, if they named any, make the swarm's θ here too
+            merged = merge_round(peer, engine.round, None, barrier.ready, self._merge_skip)
+        if result is None and merged is None and not barrier.alone and not peer.membership.swarm_is_empty():
             engine.defer(h.pending)
             self._restart = self.overlap
             logger.warning(f"round {engine.round}: found no group; keeping this round's update locally")
@@ -282,9 +286,9 @@ class RoundLoop:
         t_gather = time.monotonic()
         payloads = result.payloads if result is not None else {peer.peer_id: h.payload}
         excluded = dict(result.excluded) if result is not None else {}
-        merged = None
         if result is not None and result.set_digest:  # other groups of the round: one θ from all their sets
             merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip)
+        if merged is not None:
             payloads = merged.payloads
             excluded = {**{s: why for s, why in excluded.items() if s not in payloads}, **merged.excluded}
         decoded, invalid = engine.decode(payloads)
@@ -292,8 +296,9 @@ class RoundLoop:
             logger.warning(f"round {engine.round}: rejected the payload of {sender}: {why}")
         excluded.update(invalid)
         group_hash = None
-        if result is not None:
-            starts = {**(merged.start_hashes if merged is not None else {}), **result.start_hashes}
+        if result is not None or merged is not None:
+            own = result.start_hashes if result is not None else {peer.peer_id: start_hash}
+            starts = {**(merged.start_hashes if merged is not None else {}), **own}
             group_hash = majority_hash(starts, excluded, me=peer.peer_id)
             peer.sync.consistent = start_hash == group_hash
             if not peer.sync.consistent:
@@ -330,7 +335,7 @@ class RoundLoop:
             sets=merged.sets if merged is not None else 1,
         )
         if not peer.sync.consistent:  # repair before reporting: the round ends with the group's parameters
-            sources = None if result is None else {
+            sources = None if result is None and merged is None else {
                 m for m, hsh in starts.items() if hsh == group_hash and m != peer.peer_id
             }
             peer.sync.catch_up(even_at_same_round=True, only=sources)

@@ -78,7 +78,7 @@ def throttle(pid: int, stop: threading.Event, run_s: float = 0.15, pause_s: floa
 
 @pytest.mark.slow
 def test_overlapped_peers_stay_identical_and_a_slow_peer_closes_its_rounds_early(tmp_path):
-    H = 20
+    H = 60  # rounds long enough that the throttled peer sees the others ready (early close reads once a second)
     swarm = Swarm(tmp_path, spec_text=TINY_SPEC.format(run_id="overlap", strategy="sparseloco", inner_steps=H))
     stop = threading.Event()
     try:
@@ -89,14 +89,17 @@ def test_overlapped_peers_stay_identical_and_a_slow_peer_closes_its_rounds_early
         throttle(slow.proc.pid, stop)
         first = swarm.round_of("c")
 
-        def slow_rounds_shared() -> int:
+        def slow_rounds_shared() -> list:
             s = swarm.status("c")
-            return sum(1 for r in s["history"] if r["round"] > first and len(r["group"]) > 1) if s else 0
+            return [r for r in s["history"] if r["round"] > first and len(r["group"]) > 1] if s else []
 
-        def enough() -> bool:  # the last peer to start may join rounds after the throttled one had 4
-            return slow_rounds_shared() >= 4 and groupmate_pairs([swarm.status(n) for n in ("a", "b", "c")]) >= 12
+        def enough() -> bool:  # the last peer to start may join rounds after the throttled one had 4, and on a
+            # loaded host the fast peers may be as slow as the throttled one for a few rounds
+            shared = slow_rounds_shared()
+            return (len(shared) >= 4 and any(r["steps"] < H for r in shared)
+                    and groupmate_pairs([swarm.status(n) for n in ("a", "b", "c")]) >= 12)
 
-        swarm.wait(enough, 300, "4 rounds of the throttled peer in a group, 12 groupmate pairs")
+        swarm.wait(enough, 300, "4 rounds of the throttled peer in a group, one closed early, 12 groupmate pairs")
         stop.set()
         statuses = [swarm.status(n) for n in ("a", "b", "c")]
         assert assert_groups_identical(statuses) >= 12  # overlap keeps every member's θ bit-identical
