@@ -59,8 +59,11 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     computes, with no state to download; None if no set came either. ``ready``: the peers its
     barrier saw ready in the round.
     The start hashes the senders of other groups' sets showed in their records while in the round's
-    exchange come back too: a group that started off the swarm's θ is outvoted by them, not only
-    by its own members (peer/round_loop.py).
+    exchange come back too: a peer with no group of its own takes the union only if most of them
+    started from its own θ, and otherwise downloads the swarm's state (peer/round_loop.py).
+    A group votes with its own members' announcements only: those are the same on every member,
+    while each member's view of the records is its own, and members that voted apart would end
+    the round apart.
 
     ``skip`` (peer -> round), kept from round to round by the caller: a peer that stayed in the
     round's exchange past the wait without naming a set is not waited for again for ``SKIP_ROUNDS``

@@ -275,6 +275,8 @@ class RoundLoop:
         if result is None and not barrier.alone and not peer.membership.swarm_is_empty():
             # no group of ours: the round's other groups' sets, if they named any, make the swarm's θ here too
             merged = merge_round(peer, engine.round, None, barrier.ready, self._merge_skip)
+            if merged is not None and majority_hash(merged.start_hashes) != start_hash:
+                merged = None  # their sets apply to a θ this peer is not known to hold: download it instead
         if result is None and merged is None and not barrier.alone and not peer.membership.swarm_is_empty():
             engine.defer(h.pending)
             self._restart = self.overlap
@@ -297,9 +299,11 @@ class RoundLoop:
         excluded.update(invalid)
         group_hash = None
         if result is not None or merged is not None:
-            own = result.start_hashes if result is not None else {peer.peer_id: start_hash}
-            starts = {**(merged.start_hashes if merged is not None else {}), **own}
-            group_hash = majority_hash(starts, excluded, me=peer.peer_id)
+            # a group votes with its members' announcements only: every member holds the same ones, so
+            # all decide alike (other groups' starts come from each member's own view of the records)
+            starts = result.start_hashes if result is not None else merged.start_hashes
+            voters_out = {**result.excluded, **invalid} if result is not None else excluded  # the same on every member
+            group_hash = majority_hash(starts, voters_out, me=peer.peer_id)
             peer.sync.consistent = start_hash == group_hash
             if not peer.sync.consistent:
                 logger.error(
