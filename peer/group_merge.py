@@ -59,8 +59,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     computes, with no state to download; None if no set came either. ``ready``: the peers its
     barrier saw ready in the round.
     The start hashes the senders of other groups' sets showed in their records while in the round's
-    exchange come back too: a peer with no group of its own takes the union only if most of them
-    started from its own θ, and otherwise downloads the swarm's state (peer/round_loop.py).
+    exchange come back too, for a peer with no group of its own (``result`` None: not called so
+    by the round loop yet, see the closing note of 2026-11-24).
     A group votes with its own members' announcements only: those are the same on every member,
     while each member's view of the records is its own, and members that voted apart would end
     the round apart.

@@ -273,11 +273,6 @@ class RoundLoop:
             )
         merged = None
         if result is None and not barrier.alone and not peer.membership.swarm_is_empty():
-            # no group of ours: the round's other groups' sets, if they named any, make the swarm's θ here too
-            merged = merge_round(peer, engine.round, None, barrier.ready, self._merge_skip)
-            if merged is not None and majority_hash(merged.start_hashes) != start_hash:
-                merged = None  # their sets apply to a θ this peer is not known to hold: download it instead
-        if result is None and merged is None and not barrier.alone and not peer.membership.swarm_is_empty():
             engine.defer(h.pending)
             self._restart = self.overlap
             logger.warning(f"round {engine.round}: found no group; keeping this round's update locally")
@@ -298,11 +293,11 @@ class RoundLoop:
             logger.warning(f"round {engine.round}: rejected the payload of {sender}: {why}")
         excluded.update(invalid)
         group_hash = None
-        if result is not None or merged is not None:
+        if result is not None:
             # a group votes with its members' announcements only: every member holds the same ones, so
             # all decide alike (other groups' starts come from each member's own view of the records)
-            starts = result.start_hashes if result is not None else merged.start_hashes
-            voters_out = {**result.excluded, **invalid} if result is not None else excluded  # the same on every member
+            starts = result.start_hashes
+            voters_out = {**result.excluded, **invalid}  # the same on every member
             group_hash = majority_hash(starts, voters_out, me=peer.peer_id)
             peer.sync.consistent = start_hash == group_hash
             if not peer.sync.consistent:
@@ -339,7 +334,7 @@ class RoundLoop:
             sets=merged.sets if merged is not None else 1,
         )
         if not peer.sync.consistent:  # repair before reporting: the round ends with the group's parameters
-            sources = None if result is None and merged is None else {
+            sources = None if result is None else {
                 m for m, hsh in starts.items() if hsh == group_hash and m != peer.peer_id
             }
             peer.sync.catch_up(even_at_same_round=True, only=sources)
