@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set
 
 from hivemind.p2p import PeerID
@@ -48,36 +48,24 @@ class Merged:
     payloads: Dict[str, bytes]  # sender -> payload, over every set held
     excluded: Dict[str, str]  # sender -> why it is left out of the union
     sets: int  # sets held, our group's included
-    start_hashes: Dict[str, str] = field(default_factory=dict)  # other groups' senders -> the θ they started from
 
 
-def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optional[Dict[str, int]] = None) -> Optional[Merged]:
+def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optional[Dict[str, int]] = None) -> Merged:
     """The union of our group's set and every set the round's other groups named in time.
 
-    ``result`` is this peer's GatherResult, or None when it found no group: then the union of the
-    other groups' sets is the round (its own payload stays in its buffers), the θ every group
-    computes, with no state to download; None if no set came either. ``ready``: the peers its
-    barrier saw ready in the round.
-    The start hashes the senders of other groups' sets showed in their records while in the round's
-    exchange come back too, for a peer with no group of its own (``result`` None: not called so
-    by the round loop yet, see the closing note of 2026-11-24).
-    A group votes with its own members' announcements only: those are the same on every member,
-    while each member's view of the records is its own, and members that voted apart would end
-    the round apart.
+    ``result`` is this peer's GatherResult; ``ready``, the peers its barrier saw ready in the round.
 
     ``skip`` (peer -> round), kept from round to round by the caller: a peer that stayed in the
     round's exchange past the wait without naming a set is not waited for again for ``SKIP_ROUNDS``
     rounds, or until it names one (a peer that claims to be ready and never gathers costs one wait)."""
     skip = {} if skip is None else skip
     membership, gatherer, spec = peer.membership, peer.gatherer, peer.spec
-    own = result.set_digest if result is not None else None
-    if result is not None:
-        peer.gathered = (round_no, result.set_digest)
-        membership.publish()
-    mine = set(result.group) if result is not None else {peer.peer_id}
+    own = result.set_digest
+    peer.gathered = (round_no, own)
+    membership.publish()
+    mine = set(result.group)
     part = peer.role.progress_part
-    held: Dict[str, Dict[str, bytes]] = {own: dict(result.payloads)} if result is not None else {}
-    starts: Dict[str, str] = {}
+    held: Dict[str, Dict[str, bytes]] = {own: dict(result.payloads)}
     tries: Dict[str, int] = {}
     failed: Set[str] = set()  # peers that did not serve the set they named
     outstanding: Set[str] = set(ready) - mine
@@ -107,9 +95,6 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         # whoever is in the round's exchange and has named no set yet: those the barrier saw ready, and
         # any the view shows ready now (the barrier's view may have been a read behind)
         by_peer = {v.peer_id: v.progress for v in view}
-        senders = {s for d, payloads in held.items() if d != own for s in payloads}
-        starts.update({p: by_peer[p].params_hash for p in senders - set(starts) if p in by_peer
-                       and by_peer[p].round == round_no and by_peer[p].state in EXCHANGING and by_peer[p].params_hash})
         outstanding |= {v.peer_id for v in view if v.progress.round == round_no and v.progress.state in EXCHANGING}
         for p in list(skip):
             if skip[p] <= round_no or (p in by_peer and by_peer[p].gathered_round == round_no and by_peer[p].gathered):
@@ -126,18 +111,16 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         if not view or (hopeless and not unfetched and now - t0 > membership.read_interval() + POLL_S):
             break  # alone, or nothing more to wait for in a view read after our set was named
         if now - last_arrival > allowance or now - t0 > spec.swarm.round_wait:
-            logger.info(f"round {round_no}: merged {len(held) - (own is not None)} other groups' sets; not waiting longer for "
+            logger.info(f"round {round_no}: merged {len(held) - 1} other groups' sets; not waiting longer for "
                         f"{len(outstanding)} peers of the round and {len(unfetched)} sets")
             skip.update({p: round_no + SKIP_ROUNDS for p in outstanding})
             break
         time.sleep(POLL_S)
-    if not held:
-        return None
     payloads, excluded = group_sets.union(held[d] for d in sorted(held))
-    if len(held) > (own is not None):
-        logger.info(f"round {round_no}: merged the sets of {len(held) - (own is not None)} other group(s) of the round: "
+    if len(held) > 1:
+        logger.info(f"round {round_no}: merged the sets of {len(held) - 1} other group(s) of the round: "
                     f"{len(payloads)} payloads in all")
-    return Merged(payloads, excluded, len(held), starts)
+    return Merged(payloads, excluded, len(held))
 
 
 def _fetch(gatherer, spec, source: str, digest: str, round_no: int, timeout: float):
