@@ -108,8 +108,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         now = time.monotonic()
         # fewer peers in the exchange than make a group: they cannot gather a set of their own
         hopeless = len(outstanding) < spec.swarm.min_group_size
-        if not view or (hopeless and not unfetched and now - t0 > membership.read_interval() + POLL_S):
-            break  # alone, or nothing more to wait for in a view read after our set was named
+        if not view or (hopeless and not unfetched and membership.read_began >= t0):
+            break  # alone, or nothing more to wait for in a view read after our group's gather
         if now - last_arrival > allowance or now - t0 > spec.swarm.round_wait:
             logger.info(f"round {round_no}: merged {len(held) - 1} other groups' sets; not waiting longer for "
                         f"{len(outstanding)} peers of the round and {len(unfetched)} sets")

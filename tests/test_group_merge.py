@@ -40,9 +40,11 @@ class Swarm:
         self.no_shows: set = set()
         self.asked: List[str] = []
         self.published = 0
+        self.read_began = float("-inf")
 
     # membership
     def view(self):
+        self.read_began = time.monotonic()  # every call reads afresh
         return self.views.pop(0) if len(self.views) > 1 else self.views[0]
 
     def publish(self):
@@ -50,9 +52,6 @@ class Swarm:
 
     def straggler_allowance(self) -> float:
         return self.allowance
-
-    def read_interval(self) -> float:
-        return 0.0
 
     # gatherer
     run_digest, max_payload_bytes = RUN, MAX_PAYLOAD

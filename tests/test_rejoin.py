@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from peer.membership import MAX_SKIP_ROUNDS, Membership
+from peer.membership import MAX_SKIP_ROUNDS, Membership, retry_round
 from peer.runtime import majority_hash
 from tests.test_liveness import SPEC, Clock, view  # noqa: F401  (the clock fixture is re-exported below)
 from tests.test_liveness import clock  # noqa: F401
@@ -18,19 +18,18 @@ def barrier(monkeypatch, clock, script):
     return m
 
 
-def test_a_peer_that_fell_behind_once_is_waited_for_again_after_two_rounds(monkeypatch, clock):
-    # round 5: "a" announced itself and did not come (a lost matchmaking reply, an overloaded host)
-    state = {"round": 5, "a": "training"}
+def test_a_peer_that_fell_behind_once_is_waited_for_again_within_two_rounds(monkeypatch, clock):
+    # round 6: "a" announced itself and did not come (a lost matchmaking reply, an overloaded host)
+    state = {"round": 6, "a": "training"}
     m = barrier(monkeypatch, clock, lambda m: [view("me", state["round"]), view("a", state["round"], state["a"])])
-    b = m.wait_for_round(5, set(), first_round=False)
+    b = m.wait_for_round(6, set(), first_round=False)
     assert b.expected == 1 and m._waited == {"a"}
-    # rounds 6 and 7: "a" is skipped (we go alone at once, not after the allowance)
-    for r in (6, 7):
-        state["round"] = r
-        t0 = clock.now
-        b = m.wait_for_round(r, set(), first_round=False)
-        assert m.no_shows == {"a"} and clock.now - t0 < 0.5 and b.alone
-    # round 8: "a" caught up (downloaded our state) and trains our round: we wait for it again
+    # round 7: "a" is skipped (we go alone at once, not after the allowance)
+    state["round"] = 7
+    t0 = clock.now
+    b = m.wait_for_round(7, set(), first_round=False)
+    assert m.no_shows == {"a"} and clock.now - t0 < 0.5 and b.alone
+    # round 8 (a multiple of the skip length, 2): "a" caught up and trains our round: we wait for it again
     state["round"] = 8
     t0 = clock.now
     m.wait_for_round(8, set(), first_round=False)
@@ -46,13 +45,34 @@ def test_the_skip_doubles_with_every_miss_and_ends_when_the_peer_joins_a_group(m
         m.wait_for_round(r, set(), first_round=False)
         if m._waited:  # x was waited for (in vain) this round
             waited_rounds.append(r)
-    skipped = [b - a - 1 for a, b in zip(waited_rounds, waited_rounds[1:])]  # rounds between two waits
-    assert skipped[:5] == [2, 4, 8, 16, 32] and set(skipped[5:]) == {MAX_SKIP_ROUNDS}
+    # it is waited for again on multiples of a skip length that doubles (2, 4, ... MAX_SKIP_ROUNDS)
+    assert waited_rounds[:7] == [1, 2, 4, 8, 16, 32, 64]
+    assert {b - a for a, b in zip(waited_rounds[6:], waited_rounds[7:])} == {MAX_SKIP_ROUNDS}
     # a staller costs one allowance per skip period: about 1 round in MAX_SKIP_ROUNDS in the long run
     assert len(waited_rounds) <= 200 // MAX_SKIP_ROUNDS + 6
     # once x turns up in our group, it starts from a clean slate
     m.wait_for_round(200, {"x"}, first_round=False)
     assert "x" not in m.no_shows and "x" not in m._strikes
+
+
+def test_peers_that_missed_a_staller_in_neighbouring_rounds_wait_for_it_again_together(monkeypatch, clock):
+    # "a" saw the staller's claim a read earlier than "b" and waited for it one round before "b" did
+    rounds = {"a": 14, "b": 15}
+    members = {}
+    for name in rounds:
+        members[name] = barrier(monkeypatch, clock, lambda m, name=name: [view("me", rounds[name]), view("x", rounds[name], "training")])
+    for name, m in members.items():
+        m.wait_for_round(rounds[name], set(), first_round=False)
+    waits = {name: [] for name in members}
+    for r in range(16, 41):
+        for name, m in members.items():
+            rounds[name] = r
+            m.wait_for_round(r, set(), first_round=False)
+            if m._waited:
+                waits[name].append(r)
+    assert waits["a"] == waits["b"] == [16, 20, 24, 32]
+    assert retry_round(17, 2) == retry_round(19, 2) == 20 and retry_round(20, 2) == 20
+    assert retry_round(1000, 40) == 1024 and retry_round(1025, 40) == 1024 + MAX_SKIP_ROUNDS
 
 
 def test_only_members_whose_payload_counted_vote_on_the_start_hash():
