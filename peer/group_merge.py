@@ -108,7 +108,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         now = time.monotonic()
         # fewer peers in the exchange than make a group: they cannot gather a set of their own
         hopeless = len(outstanding) < spec.swarm.min_group_size
-        if not view or (hopeless and not unfetched and membership.read_began >= t0):
+        if not view or (hopeless and not unfetched and membership.read_began > t0):
             break  # alone, or nothing more to wait for in a view read after our group's gather
         if now - last_arrival > allowance or now - t0 > spec.swarm.round_wait:
             logger.info(f"round {round_no}: merged {len(held) - 1} other groups' sets; not waiting longer for "

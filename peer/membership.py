@@ -162,6 +162,16 @@ class Membership:
         now = time.monotonic()
         return [v for v in views if v.progress.spec == self.spec.digest() and self._ignored.get(v.peer_id, 0.0) <= now]
 
+    def fresh_view(self, since: float, timeout: float) -> List[PeerView]:
+        """``view()`` from a DHT read that began after ``since`` (monotonic), waiting out the read
+        interval for it; after ``timeout`` seconds, the latest view there is."""
+        deadline = time.monotonic() + timeout
+        views = self.view()
+        while self.read_began <= since and time.monotonic() < deadline and not self.stop.is_set():
+            time.sleep(min(0.25, self.read_interval()))
+            views = self.view()
+        return views
+
     def _read(self) -> List[PeerView]:
         """A fresh read, with the last view's unexpired records it missed (see the module doc)."""
         try:

@@ -14,7 +14,11 @@ What other peers claim is weighed, not believed:
   round that could not be had is not chased again for ``RETRY_TARGET_AFTER_S``;
 - a downloaded state must name this run spec and exactly this run's tensors, with their shapes,
   every value finite and at most ``STATE_MAX_ABS`` after the cast to float32, and be of a round
-  between the one we need and the one its server announced (+1: it may have just finished one).
+  between the one we need and the one its server announced (+1: it may have just finished one). A
+  state further ahead is checked once more against a view read after the download (a fast peer's
+  rounds go by while its state travels), and refused only if its server still announces less;
+- peers that others cannot dial (``reach`` "client": hivemind's client mode shares no state) are
+  asked last, and never left out of the view for serving nothing: they are peers to meet in rounds.
 """
 
 from __future__ import annotations
@@ -49,6 +53,14 @@ class StateTooOld(ProtocolError):
     """A state of a round before the one this peer needs."""
 
 
+class StateAhead(ProtocolError):
+    """A state of a round beyond the one its server announced (+1)."""
+
+    def __init__(self, message: str, round_no: int):
+        super().__init__(message)
+        self.round = round_no
+
+
 def order_sources(views: Sequence[Any], target: int, slack: int = 0) -> List[Any]:
     """The views of peers to download a state of at least ``target`` from, best first: peers from
     ``target - slack`` to ``target + ROUND_SPREAD`` (one far ahead of that is an outlier, never
@@ -57,8 +69,11 @@ def order_sources(views: Sequence[Any], target: int, slack: int = 0) -> List[Any
     counts = Counter(v.progress.round for v in views)
     usable = [v for v in views if target - slack <= v.progress.round <= target + ROUND_SPREAD]
     random.shuffle(usable)
-    return sorted(usable, key=lambda v: (getattr(v.progress, "reach", "") == "client", counts[v.progress.round] < 2,
-                                         -v.progress.round))
+    return sorted(usable, key=lambda v: (_undialable(v), counts[v.progress.round] < 2, -v.progress.round))
+
+
+def _undialable(view: Any) -> bool:
+    return getattr(view.progress, "reach", "") == "client"
 
 
 class StateSync:
@@ -139,9 +154,11 @@ class StateSync:
             view = queue.pop(0)
             peer, claimed = view.peer_id, view.progress.round
             logger.info(f"downloading the state of round {target} from {peer} (it reports round {claimed})")
+            asked = time.monotonic()
             got = self.download(peer, timeout=self.spec.swarm.gather_timeout)
             if got is None:
-                self.membership.ignore(peer, SILENT_FOR_S)
+                if not _undialable(view):  # one nobody can dial serves nothing without lying
+                    self.membership.ignore(peer, SILENT_FOR_S)
                 continue
             reported = _reported_hashes(views, excluding=peer)
             try:
@@ -156,9 +173,29 @@ class StateSync:
                     time.sleep(1.0 + attempt)
                     continue
                 self._refuse(peer, e)
+            except StateAhead as e:
+                if self._install_ahead(got, peer, target, asked, e):
+                    return True
             except ProtocolError as e:
                 self._refuse(peer, e)
         return False
+
+    def _install_ahead(self, got, peer: str, target: int, asked: float, ahead: StateAhead) -> bool:
+        """A state of a round past its server's claim: install it if a view read after the download
+        shows the server announcing that round (-1), with that view's hashes; refuse it otherwise."""
+        views = self.membership.fresh_view(since=asked, timeout=2 * self.membership.read_interval() + 1.0)
+        claims = [v.progress.round for v in views if v.peer_id == peer]
+        if not claims or claims[0] + 1 < ahead.round:
+            self._refuse(peer, ahead)
+            return False
+        try:
+            self.install(*got, min_round=target, max_round=claims[0] + 1, reported=_reported_hashes(views, excluding=peer))
+        except ProtocolError as e:
+            self._refuse(peer, e)
+            return False
+        self.consistent = True
+        self.enable_sharing()
+        return True
 
     def _refuse(self, peer: str, why: Exception) -> None:
         logger.warning(f"refused the state {peer} served: {why}; not asking it again for {REFUSE_FOR_S:.0f} s")
@@ -183,7 +220,7 @@ class StateSync:
         if round_no < min_round:  # a peer that has not finished the round yet: try again
             raise StateTooOld(f"state of round {round_no} is older than the swarm's round {min_round}")
         if max_round is not None and round_no > max_round:
-            raise ProtocolError(f"state of round {round_no} is ahead of the round {max_round - 1} its server reports")
+            raise StateAhead(f"state of round {round_no} is ahead of the round {max_round - 1} its server reports", round_no)
         theta = {name: _checked(name, t, self.layout[name]) for name, t in zip(names, tensors)}
         shared = {k: _checked(k, t, None) for k, t in zip(shared_names, tensors[len(names):])}
         hashes = (reported or {}).get(round_no)

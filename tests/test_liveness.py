@@ -181,9 +181,10 @@ def syncing_peer(monkeypatch, views, serve, own_round=0):
     engine.round = own_round
     shown, ignored = [], {}
     gatherer = SimpleNamespace()
+    visible = lambda: [v for v in views if ignored.get(v.peer_id, 0) <= state_sync.time.monotonic()]  # noqa: E731
     membership = SimpleNamespace(
-        dht=None, others=lambda excluding=(): [v for v in views if ignored.get(v.peer_id, 0) <= state_sync.time.monotonic()],
-        ignore=lambda peer, seconds: ignored.__setitem__(peer, state_sync.time.monotonic() + seconds),
+        dht=None, others=lambda excluding=(): visible(), fresh_view=lambda since, timeout: visible(),
+        read_interval=lambda: 0.5, ignore=lambda peer, seconds: ignored.__setitem__(peer, state_sync.time.monotonic() + seconds),
     )
     sync = StateSync(SPEC, engine, gatherer, membership, "me", set_state=lambda s: shown.append(s) or "training",
                      on_installed=lambda n: None)

@@ -1,0 +1,63 @@
+"""Whom a catching-up peer asks for the state, and a fast honest server whose rounds go by while its
+state travels: scripted views, a real StateSync and engine, no processes."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+from peer import membership as membership_mod
+from peer.membership import Membership
+from protocol.records import Progress
+from tests.test_liveness import SPEC, clock, honest_engine, served, syncing_peer, view  # noqa: F401  (clock: a fixture)
+
+
+def client(peer, round_no):
+    p = Progress(round=round_no, step=0, state="ready", spec=SPEC.digest(), loss=0.0, val_loss=0.0, tokens=0,
+                 tokens_per_s=0.0, bytes_sent=0, bytes_received=0, params_hash="", part=-1, reach="client")
+    return SimpleNamespace(peer_id=peer, progress=p, expires=0.0)
+
+
+def test_a_client_ahead_of_us_is_not_left_out_of_the_view_for_serving_nothing(monkeypatch, clock):
+    views = [client("nat", 10), view("a", 10)]
+    sync, engine = syncing_peer(monkeypatch, views, lambda peer: None)  # nobody serves
+    sync.catch_up()
+    assert sync.asked == ["a", "nat"] and engine.round == 0  # the one nobody can dial last
+    assert [v.peer_id for v in sync.membership.others()] == ["nat"]  # still a peer to meet in rounds; "a" is not
+
+
+def test_a_fast_server_whose_round_moved_on_during_the_download_is_believed_after_a_fresh_read(monkeypatch, clock):
+    fast = honest_engine(12)
+    views = [view("fast", 10, "ready")]
+
+    def serve(peer):  # two solo rounds went by while its state travelled; its record now says so
+        views[0] = view("fast", 12, "ready", fast.params_hash())
+        return served(fast)
+
+    sync, engine = syncing_peer(monkeypatch, views, serve)
+    sync.catch_up()
+    assert sync.asked == ["fast"] and engine.round == 12 and engine.params_hash() == fast.params_hash()
+    assert [v.peer_id for v in sync.membership.others()] == ["fast"]  # not refused, not left out
+
+
+def test_a_server_still_announcing_less_than_it_served_is_refused(monkeypatch, clock):
+    liar = honest_engine(500)
+    views = [view("liar", 10, "ready"), view("a", 10, "ready")]
+    honest = honest_engine(10, seed=2)
+    sync, engine = syncing_peer(monkeypatch, views, lambda peer: served(liar) if peer == "liar" else served(honest))
+    monkeypatch.setattr("peer.state_sync.order_sources", lambda views, target, slack=0: list(views))  # the liar first
+    sync.catch_up()
+    assert sync.asked == ["liar", "a"] and engine.round == 10 and engine.params_hash() == honest.params_hash()
+    assert [v.peer_id for v in sync.membership.others()] == ["a"]
+
+
+def test_a_fresh_view_comes_from_a_read_begun_after_the_given_moment(monkeypatch, clock):
+    m = Membership(dht=None, spec=SPEC, peer_id="me", progress=lambda: None, stop=threading.Event())
+    claims = {"a": 3}
+    monkeypatch.setattr(membership_mod, "read_progress", lambda dht, run_id: [view("a", claims["a"])])
+    monkeypatch.setattr(membership_mod, "get_dht_time", lambda: 0.0)
+    assert m.view()[0].progress.round == 3
+    since = clock.now
+    claims["a"] = 5
+    assert m.view()[0].progress.round == 3  # within the read interval: the cached view
+    assert m.fresh_view(since, timeout=5.0)[0].progress.round == 5 and m.read_began > since
