@@ -35,10 +35,10 @@ import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
-from hivemind.averaging.averager import DecentralizedAverager
+from hivemind.averaging.averager import AveragingMode, DecentralizedAverager
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.dht import DHT
 from hivemind.p2p import P2PContext, PeerID
@@ -72,6 +72,7 @@ class GatherResult:
     excluded: Dict[str, str]  # sender -> why its payload is not in `payloads`
     start_hashes: Dict[str, str]  # member -> hash of the parameters it started the round from
     set_digest: str = ""  # the name of the agreed set (protocol/group_sets.py), served to other groups
+    unservable: FrozenSet[str] = frozenset()  # members in hivemind's client mode: they serve no state
     bytes_sent: int = 0
     bytes_received: int = 0
 
@@ -200,10 +201,10 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
             future.set_exception(e)
 
     async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs) -> GatherResult:
-        announced = reconcile.parse_announcements(
-            [self.serializer.loads(self.serializer.loads(g)[2]) for g in group_info.gathered], self._round_no
-        )
+        gathered = [self.serializer.loads(g) for g in group_info.gathered]  # hivemind's [bandwidth, mode, ours]
+        announced = reconcile.parse_announcements([self.serializer.loads(g[2]) for g in gathered], self._round_no)
         start_hashes = {p.to_base58(): a[1] for p, a in zip(group_info.peer_ids, announced)}
+        clients = frozenset(p.to_base58() for p, g in zip(group_info.peer_ids, gathered) if g[1] == AveragingMode.CLIENT.value)
         members = tuple(p.to_bytes() for p in group_info.peer_ids)
         binding = Binding(self._run, self._round_no, group_info.group_id, members)
         group = self._open_group(group_info.group_id, reconcile.Agreement(binding, self._signer, self._max_payload_bytes))
@@ -221,6 +222,7 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
                 excluded={_b58(k): why for k, why in outcome.excluded.items()},
                 start_hashes=start_hashes,
                 set_digest=group.set_digest,
+                unservable=clients,
             )
         finally:
             for event in group.done:

@@ -48,8 +48,11 @@ logger = logging.getLogger("voloco.peer")
 _HASH = re.compile(r"[0-9a-f]{16}")  # peer/state.py's params_hash
 
 
-def majority_hash(hashes: Dict[str, str], excluded: Iterable[str] = (), me: Optional[str] = None) -> str:
-    """The starting point most of a group shares (ties: the smallest hash, the same on every member).
+def majority_hash(hashes: Dict[str, str], excluded: Iterable[str] = (), me: Optional[str] = None,
+                  unservable: Iterable[str] = ()) -> str:
+    """The starting point most of a group shares (ties: one that a member able to serve its state
+    holds, not only ``unservable`` ones, which the others could not download; then the smallest
+    hash: the same on every member).
 
     Only members whose payload counted vote (``excluded`` do not: a silent, equivocating or invalid
     sender may have announced anything), and only with a well-formed hash; ``me`` always votes.
@@ -59,7 +62,8 @@ def majority_hash(hashes: Dict[str, str], excluded: Iterable[str] = (), me: Opti
     counts: Dict[str, int] = {}
     for h in votes.values():
         counts[h] = counts.get(h, 0) + 1
-    return min(counts, key=lambda h: (-counts[h], h)) if counts else ""
+    servable = {h for m, h in votes.items() if m not in set(unservable)}
+    return min(counts, key=lambda h: (-counts[h], h not in servable, h)) if counts else ""
 
 
 def continue_from(params: Dict[str, torch.Tensor], theta: Dict[str, torch.Tensor], sent: Dict[str, torch.Tensor]) -> None:
@@ -277,7 +281,7 @@ class RoundLoop:
             self._restart = self.overlap
             logger.warning(f"round {engine.round}: found no group; keeping this round's update locally")
             peer._load_theta()
-            peer.sync.catch_up()
+            peer.sync.catch_up(solo=last is not None and last.group == [peer.peer_id])
             return
 
         t_gather = time.monotonic()
@@ -298,7 +302,7 @@ class RoundLoop:
             # all decide alike (other groups' starts come from each member's own view of the records)
             starts = result.start_hashes
             voters_out = {**result.excluded, **invalid}  # the same on every member
-            group_hash = majority_hash(starts, voters_out, me=peer.peer_id)
+            group_hash = majority_hash(starts, voters_out, me=peer.peer_id, unservable=result.unservable)
             peer.sync.consistent = start_hash == group_hash
             if not peer.sync.consistent:
                 logger.error(
@@ -357,8 +361,9 @@ class RoundLoop:
         write_status(peer.opts.status_file, peer.status())
         log_round(record, peer.tokens_per_s)
         # a lineage that found a group of its own but fell rounds behind the swarm (restarts, a split)
-        # takes the swarm's state now, or the two go on apart for as long as each finds a group
+        # takes the swarm's state now, or the two go on apart for as long as each finds a group; a
+        # solo round's lineage (cut off) takes it even from an earlier round once the swarm is back
         before = engine.round
-        peer.sync.catch_up()  # downloads only when at least two live peers are at a later round
+        peer.sync.catch_up(solo=result is None)  # downloads only when at least two live peers are at a later round
         if engine.round != before and not peer.stop_event.is_set():
             self._restart = self.overlap  # the steps taken meanwhile started from the stale θ

@@ -72,6 +72,13 @@ def order_sources(views: Sequence[Any], target: int, slack: int = 0) -> List[Any
     return sorted(usable, key=lambda v: (_undialable(v), counts[v.progress.round] < 2, -v.progress.round))
 
 
+def _grouped(views: Sequence[Any], target: int) -> int:
+    """How many of ``views`` are at ``target`` or a little later and gathered in a group lately
+    (a set named for their last round or the one before: peer/group_merge.py)."""
+    return sum(1 for v in views if target <= v.progress.round <= target + ROUND_SPREAD
+               and getattr(v.progress, "gathered", "") and getattr(v.progress, "gathered_round", -9) >= v.progress.round - 2)
+
+
 def _undialable(view: Any) -> bool:
     return getattr(view.progress, "reach", "") == "client"
 
@@ -115,8 +122,13 @@ class StateSync:
             logger.info(f"could not download the state of {peer}: {e!r}")
             return None
 
-    def catch_up(self, even_at_same_round: bool = False, only: Optional[Set[str]] = None) -> None:
+    def catch_up(self, even_at_same_round: bool = False, only: Optional[Set[str]] = None, solo: bool = False) -> None:
         """Download the current state if live peers are ahead of us (round 0 is the seed's, everywhere).
+
+        ``solo``: this peer's last round was one it trained alone (cut off, its view empty). If the
+        swarm it lost is back in view at an earlier round (two or more peers there that gather in
+        groups), it takes the swarm's state of that round: its solo rounds raced ahead of the swarm's
+        (no waiting) and are one peer's lineage, the swarm's is everyone else's.
 
         ``even_at_same_round``: this peer ended a round off its group's parameters and must take a
         state of at least its own (new) round, even if no groupmate has published that round yet:
@@ -126,17 +138,21 @@ class StateSync:
         now = time.monotonic()
         views = [v for v in self.membership.others(excluding=NOT_A_SOURCE) if only is None or v.peer_id in only]
         target = swarm_round([v.progress.round for v in views])
+        rejoin = solo and not even_at_same_round and 0 <= target < self.engine.round and _grouped(views, target) >= 2
         if even_at_same_round:
             if not views:
                 return
             target = max(target, self.engine.round)
-        elif target <= self.engine.round:
+        elif target <= self.engine.round and not rejoin:
             return
-        elif self._failed_target[0] == target and now < self._failed_target[1]:
+        if not even_at_same_round and self._failed_target[0] == target and now < self._failed_target[1]:
             return
         sources = order_sources(views, target, slack=1 if even_at_same_round else 0)
         if not sources:
             return
+        if rejoin:
+            logger.info(f"rejoining the swarm: this peer's last round was solo and raced ahead to round "
+                        f"{self.engine.round}; taking the state of the swarm's round {target}")
         previous = self._set_state("syncing")
         try:
             if self._download_and_install(sources, target, views):

@@ -1,6 +1,8 @@
 """bench/hostile.py on its quick configuration: real processes, the clean run and one poisoned run, the table."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -19,11 +21,18 @@ def test_quick_clean_and_poisoned(tmp_path, capsys):
     clean, poisoned = results["clean"], results["poison-1e29"]
     assert clean["honest"] == 4 and poisoned["honest"] == 3
     for r in (clean, poisoned):
-        assert r["honest_ok"] == r["honest"] and r["hashes_equal"] and r["rounds"] == 3
+        assert r["honest_ok"] == r["honest"] and r["hashes_equal"] and r["rounds"] == 3, (r, what_happened(tmp_path / "runs" / r["attack"]))
         assert r["val_loss"] < r["initial_val_loss"]
     assert poisoned["attacker_excluded"] and not clean["attacker_excluded"]
     assert results["clean-3"]["honest"] == 3 and results["clean-3"]["honest_ok"] == 3
     assert poisoned["loss_vs_clean3"] < 1.05
+
+
+def what_happened(run: Path) -> str:
+    """The lines of a run's peer logs that tell how their parameters could have parted."""
+    pattern = re.compile(r"done \||no group|merged|download|installed|refused|resync|start|excluded|not waiting|Error")
+    return "\n".join(f"{log.stem}: {line[:220]}" for log in sorted(run.glob("peer*.log"))
+                     for line in log.read_text(errors="replace").splitlines() if pattern.search(line))
 
 
 def test_help_explains_every_flag(capsys):

@@ -87,3 +87,15 @@ def test_only_members_whose_payload_counted_vote_on_the_start_hash():
     assert majority_hash({"me": mine, "a": other, "b": other}, me="me") == other
     assert majority_hash({"me": other, "a": mine}, me="me") == mine
     assert majority_hash({"a": mine, "me": other}, me="a") == mine
+
+
+def test_a_tie_goes_to_a_start_that_a_member_able_to_serve_its_state_holds():
+    small, large = "0123456789abcdef", "fedcba9876543210"
+    # a full peer and a --client-mode peer that each trained round 0 alone: the client's smaller hash
+    # would win the tie, and the full peer could not download it (a client shares no state)
+    for me in ("full", "client"):
+        assert majority_hash({"full": large, "client": small}, me=me, unservable={"client"}) == large
+    # the count still comes first: two clients outvote one full peer (the full peer serves them)
+    assert majority_hash({"full": large, "c1": small, "c2": small}, me="full", unservable={"c1", "c2"}) == small
+    # no member able to serve either: the smallest, as before
+    assert majority_hash({"c1": large, "c2": small}, me="c1", unservable={"c1", "c2"}) == small

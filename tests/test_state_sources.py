@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
+import pytest
+
 from peer import membership as membership_mod
 from peer.membership import Membership
 from protocol.records import Progress
@@ -61,3 +63,28 @@ def test_a_fresh_view_comes_from_a_read_begun_after_the_given_moment(monkeypatch
     claims["a"] = 5
     assert m.view()[0].progress.round == 3  # within the read interval: the cached view
     assert m.fresh_view(since, timeout=5.0)[0].progress.round == 5 and m.read_began > since
+
+
+def grouped(peer, round_no, params_hash, gathered=True):
+    p = Progress(round=round_no, step=0, state="training", spec=SPEC.digest(), loss=0.0, val_loss=0.0, tokens=0,
+                 tokens_per_s=0.0, bytes_sent=0, bytes_received=0, params_hash=params_hash, part=-1,
+                 gathered_round=round_no - 1 if gathered else 0, gathered="ab" * 16 if gathered else "")
+    return SimpleNamespace(peer_id=peer, progress=p, expires=0.0)
+
+
+@pytest.mark.parametrize("case", ["solo", "not solo", "newcomers", "one peer"])
+def test_a_peer_whose_solo_rounds_raced_ahead_takes_the_state_of_the_swarm_it_lost(monkeypatch, clock, case):
+    swarm = honest_engine(20)
+    h = swarm.params_hash()
+    views = {
+        "solo": [grouped("a", 20, h), grouped("b", 20, h)],
+        "not solo": [grouped("a", 20, h), grouped("b", 20, h)],
+        "newcomers": [grouped("a", 20, h, gathered=False), grouped("b", 20, h, gathered=False)],  # never in a group
+        "one peer": [grouped("a", 20, h), grouped("b", 20, h, gathered=False)],
+    }[case]
+    sync, engine = syncing_peer(monkeypatch, views, lambda peer: served(swarm), own_round=30)
+    sync.catch_up(solo=case != "not solo")
+    if case == "solo":  # two peers that gather in groups, at an earlier round: their lineage wins
+        assert engine.round == 20 and engine.params_hash() == h and len(sync.asked) == 1
+    else:
+        assert engine.round == 30 and sync.asked == []
