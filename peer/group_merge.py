@@ -25,6 +25,7 @@ from typing import Dict, Iterable, List, Optional, Set
 
 from hivemind.p2p import PeerID
 
+from peer.exchange import GatherResult
 from peer.membership import NOT_IN_ROUNDS
 from protocol import group_sets
 
@@ -121,6 +122,38 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         logger.info(f"round {round_no}: merged the sets of {len(held) - 1} other group(s) of the round: "
                     f"{len(payloads)} payloads in all")
     return Merged(payloads, excluded, len(held))
+
+
+def adopt_own_set(peer, round_no: int, payload: bytes, start_hash: str, wait_s: float):
+    """After our gather of ``round_no`` failed: the set our group agreed without us knowing, if one
+    holds our ``payload`` (a timeout on our side can end a gather the other members completed with
+    our payload counted). Peers that finished the round name its set (``gathered``); a set that
+    holds our payload, signed by us for this round, is our group's outcome: taking it keeps us on
+    our groupmates' θ, where deferring the round would leave us apart from them. None if no set
+    named within ``wait_s`` holds it: the round is deferred as before."""
+    membership, gatherer, spec, me = peer.membership, peer.gatherer, peer.spec, peer.peer_id
+    part = peer.role.progress_part
+    tried: Set[str] = set()
+    deadline = time.monotonic() + wait_s
+    while not peer.stop_event.is_set():
+        for v in membership.view():
+            p = v.progress
+            if v.peer_id == me or p.part != part or p.gathered_round != round_no or not p.gathered or p.gathered in tried:
+                continue
+            if time.monotonic() >= deadline:
+                return None
+            tried.add(p.gathered)
+            timeout = min(FETCH_TIMEOUT_S, max(1.0, deadline - time.monotonic()))
+            got = _fetch(gatherer, spec, v.peer_id, p.gathered, round_no, timeout)
+            if got is not None and got.get(me) == payload:
+                logger.info(f"round {round_no}: our gather failed, but our group completed it with our payload "
+                            f"(set {p.gathered[:12]}, from {v.peer_id}): taking its outcome")
+                return GatherResult(group=sorted(got), payloads=got, excluded={}, start_hashes={me: start_hash},
+                                    set_digest=p.gathered)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(POLL_S)
+    return None
 
 
 def _fetch(gatherer, spec, source: str, digest: str, round_no: int, timeout: float):

@@ -37,7 +37,7 @@ import torch
 
 from peer import checkpoints, lifecycle
 from peer.early_close import EarlyClose, min_steps
-from peer.group_merge import merge_round
+from peer.group_merge import adopt_own_set, merge_round
 from peer.progress import ProgressBar
 from peer.reporting import RoundRecord, log_round, write_status
 from peer.roles import ChainStage, RoundAbandoned
@@ -276,6 +276,9 @@ class RoundLoop:
                 timeout=peer.membership.straggler_allowance() if short else spec.swarm.round_wait,
             )
         merged = None
+        if result is None and not barrier.nobody_to_meet and not peer.stop_event.is_set():
+            wait = 2 * peer.membership.read_interval() + spec.swarm.matchmaking_time
+            result = adopt_own_set(peer, engine.round, h.payload, start_hash, wait)
         if result is None and not barrier.alone and not peer.membership.swarm_is_empty():
             engine.defer(h.pending)
             self._restart = self.overlap

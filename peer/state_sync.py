@@ -18,7 +18,7 @@ What other peers claim is weighed, not believed:
   state further ahead is checked once more against a view read after the download (a fast peer's
   rounds go by while its state travels), and refused only if its server still announces less;
 - peers that others cannot dial (``reach`` "client": hivemind's client mode shares no state) are
-  asked last, and never left out of the view for serving nothing: they are peers to meet in rounds.
+  asked last.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def order_sources(views: Sequence[Any], target: int, slack: int = 0) -> List[Any
     counts = Counter(v.progress.round for v in views)
     usable = [v for v in views if target - slack <= v.progress.round <= target + ROUND_SPREAD]
     random.shuffle(usable)
-    return sorted(usable, key=lambda v: (_undialable(v), counts[v.progress.round] < 2, -v.progress.round))
+    return sorted(usable, key=lambda v: (getattr(v.progress, "reach", "") == "client", counts[v.progress.round] < 2,
+                                         -v.progress.round))
 
 
 def _grouped(views: Sequence[Any], target: int) -> int:
@@ -77,10 +78,6 @@ def _grouped(views: Sequence[Any], target: int) -> int:
     (a set named for their last round or the one before: peer/group_merge.py)."""
     return sum(1 for v in views if target <= v.progress.round <= target + ROUND_SPREAD
                and getattr(v.progress, "gathered", "") and getattr(v.progress, "gathered_round", -9) >= v.progress.round - 2)
-
-
-def _undialable(view: Any) -> bool:
-    return getattr(view.progress, "reach", "") == "client"
 
 
 class StateSync:
@@ -173,8 +170,9 @@ class StateSync:
             asked = time.monotonic()
             got = self.download(peer, timeout=self.spec.swarm.gather_timeout)
             if got is None:
-                if not _undialable(view):  # one nobody can dial serves nothing without lying
-                    self.membership.ignore(peer, SILENT_FOR_S)
+                # (a --client-mode peer too: left out, this peer trains on, and the client, which can
+                # dial out, downloads our state instead: waiting on it would leave both stuck)
+                self.membership.ignore(peer, SILENT_FOR_S)
                 continue
             reported = _reported_hashes(views, excluding=peer)
             try:

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 
 from hivemind.p2p import PeerID
 
-from peer.group_merge import merge_round
+from peer.group_merge import adopt_own_set, merge_round
 from protocol.group_sets import pack_set, set_digest
 from tests.agreement_sim import MAX_PAYLOAD, RUN, signer
 from tests.test_group_sets import ROUND, agreed_set
@@ -151,3 +151,33 @@ def test_peers_waited_for_in_vain_are_not_waited_for_the_next_rounds():
     t0 = time.monotonic()
     merge_round(peer, ROUND + 1, result, ready=silent, skip=skip)
     assert time.monotonic() - t0 < 0.5
+
+
+def test_a_member_whose_gather_failed_takes_the_set_its_group_completed_with_its_payload():
+    ours, theirs = a_group(0, 3, b"g1"), a_group(3, 3, b"g2")
+    me, mates = sorted(ours[2])[0], sorted(ours[2])[1:]
+    others = sorted(theirs[2])
+    views = [record(p, gathered=theirs[1], round_no=ROUND + 1, state="training") for p in others] + [
+        record(mates[0], gathered=ours[1], round_no=ROUND + 1, state="training")]
+    swarm = Swarm([views], {others[0]: {theirs[1]: theirs[0]}, mates[0]: {ours[1]: ours[0]}})
+    peer, _ = member_of(swarm, ours)
+    peer.peer_id = me
+    result = adopt_own_set(peer, ROUND, ours[2][me], "c" * 16, wait_s=1.0)
+    assert result is not None and result.payloads == ours[2] and result.set_digest == ours[1]
+    assert result.group == sorted(ours[2]) and result.start_hashes == {me: "c" * 16} and not result.excluded
+    # then merged with the other group's set, as any member's
+    merged = merge_round(peer, ROUND, result, ready=[])
+    assert merged.payloads == {**ours[2], **theirs[2]}
+
+
+def test_a_failed_member_whose_payload_is_in_no_set_defers_the_round():
+    ours, theirs = a_group(0, 3, b"g1"), a_group(3, 3, b"g2")
+    me = sorted(ours[2])[0]
+    others = sorted(theirs[2])
+    swarm = Swarm([[record(p, gathered=theirs[1], round_no=ROUND + 1) for p in others]], {others[0]: {theirs[1]: theirs[0]}})
+    peer, _ = member_of(swarm, ours)
+    peer.peer_id = me
+    t0 = time.monotonic()
+    assert adopt_own_set(peer, ROUND, ours[2][me], "c" * 16, wait_s=0.5) is None
+    assert adopt_own_set(peer, ROUND, b"another payload of ours", "c" * 16, wait_s=0.3) is None
+    assert time.monotonic() - t0 < 2.0 and swarm.asked == [others[0]] * 2  # once a call, however long it waits

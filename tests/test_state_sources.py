@@ -14,20 +14,6 @@ from protocol.records import Progress
 from tests.test_liveness import SPEC, clock, honest_engine, served, syncing_peer, view  # noqa: F401  (clock: a fixture)
 
 
-def client(peer, round_no):
-    p = Progress(round=round_no, step=0, state="ready", spec=SPEC.digest(), loss=0.0, val_loss=0.0, tokens=0,
-                 tokens_per_s=0.0, bytes_sent=0, bytes_received=0, params_hash="", part=-1, reach="client")
-    return SimpleNamespace(peer_id=peer, progress=p, expires=0.0)
-
-
-def test_a_client_ahead_of_us_is_not_left_out_of_the_view_for_serving_nothing(monkeypatch, clock):
-    views = [client("nat", 10), view("a", 10)]
-    sync, engine = syncing_peer(monkeypatch, views, lambda peer: None)  # nobody serves
-    sync.catch_up()
-    assert sync.asked == ["a", "nat"] and engine.round == 0  # the one nobody can dial last
-    assert [v.peer_id for v in sync.membership.others()] == ["nat"]  # still a peer to meet in rounds; "a" is not
-
-
 def test_a_fast_server_whose_round_moved_on_during_the_download_is_believed_after_a_fresh_read(monkeypatch, clock):
     fast = honest_engine(12)
     views = [view("fast", 10, "ready")]
