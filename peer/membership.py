@@ -243,6 +243,12 @@ class Membership:
         self.no_shows = skipped
         self._waited = set()
 
+    def forgive(self, peers: Iterable[str]) -> None:
+        """``peers`` are evidently training (this peer took their state): wait for them again."""
+        for peer in peers:
+            self._strikes.pop(peer, None)
+            self.no_shows.discard(peer)
+
     def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool) -> Barrier:
         """Wait until every live peer of ``round_no`` is ready: at most ``swarm.round_wait``, and at
         most the straggler allowance past the last time a peer of the round became ready.

@@ -260,6 +260,9 @@ class Peer:
     def _installed(self, nbytes: int) -> None:
         self._load_theta()
         self.totals.bytes_received += nbytes
+        # a state of an earlier round (a solo lineage rejoining the swarm): the rounds it trained past
+        # that one are abandoned, and the history keeps one record a round
+        self.totals.history = [r for r in self.totals.history if r.round < self.engine.round]
 
     def _set_state(self, state: str) -> str:
         previous, self.state = self.state, state

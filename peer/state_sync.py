@@ -153,6 +153,8 @@ class StateSync:
         previous = self._set_state("syncing")
         try:
             if self._download_and_install(sources, target, views):
+                if rejoin:  # the swarm it lost is training: the peers it skipped as no-shows are waited for again
+                    self.membership.forgive(v.peer_id for v in views)
                 return
             self._failed_target = (target, time.monotonic() + RETRY_TARGET_AFTER_S)
             logger.warning(f"could not download the state of round {target}; continuing from our own")

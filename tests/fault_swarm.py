@@ -65,7 +65,8 @@ class Recorder(threading.Thread):
             with self.lock:
                 self.ids[name] = s["peer_id"]
                 mine = self.records.setdefault(name, {})
-                for rec in s.get("history", []):
+                latest = {rec["round"]: rec for rec in s.get("history", [])}  # a round twice: the later record
+                for rec in latest.values():
                     old = mine.get(rec["round"])
                     if old is None or old["params_hash"] != rec["params_hash"]:
                         mine[rec["round"]] = {**rec, "seen": now}

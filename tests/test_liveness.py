@@ -185,7 +185,9 @@ def syncing_peer(monkeypatch, views, serve, own_round=0):
     membership = SimpleNamespace(
         dht=None, others=lambda excluding=(): visible(), fresh_view=lambda since, timeout: visible(),
         read_interval=lambda: 0.5, ignore=lambda peer, seconds: ignored.__setitem__(peer, state_sync.time.monotonic() + seconds),
+        forgiven=[],
     )
+    membership.forgive = lambda peers: membership.forgiven.extend(peers)
     sync = StateSync(SPEC, engine, gatherer, membership, "me", set_state=lambda s: shown.append(s) or "training",
                      on_installed=lambda n: None)
     sync.asked = []

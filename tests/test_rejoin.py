@@ -99,3 +99,15 @@ def test_a_tie_goes_to_a_start_that_a_member_able_to_serve_its_state_holds():
     assert majority_hash({"full": large, "c1": small, "c2": small}, me="full", unservable={"c1", "c2"}) == small
     # no member able to serve either: the smallest, as before
     assert majority_hash({"c1": large, "c2": small}, me="c1", unservable={"c1", "c2"}) == small
+
+
+def test_peers_forgiven_are_waited_for_again_at_once(monkeypatch, clock):
+    m = barrier(monkeypatch, clock, lambda m: [view("me", 7), view("a", 7, "training")])
+    m._strikes = {"a": 3}  # skipped: 7 is not a multiple of 8
+    m.wait_for_round(7, set(), first_round=False)
+    assert m.no_shows == {"a"}
+    m.forgive(["a"])
+    assert m.no_shows == set() and "a" not in m._strikes
+    t0 = clock.now
+    m.wait_for_round(7, set(), first_round=False)
+    assert clock.now - t0 >= 4.0  # waited for (the straggler allowance)

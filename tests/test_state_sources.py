@@ -72,5 +72,19 @@ def test_a_peer_whose_solo_rounds_raced_ahead_takes_the_state_of_the_swarm_it_lo
     sync.catch_up(solo=case != "not solo")
     if case == "solo":  # two peers that gather in groups, at an earlier round: their lineage wins
         assert engine.round == 20 and engine.params_hash() == h and len(sync.asked) == 1
+        assert sorted(sync.membership.forgiven) == ["a", "b"]  # its no-shows are waited for again
     else:
         assert engine.round == 30 and sync.asked == []
+
+
+def test_a_state_of_an_earlier_round_drops_the_abandoned_rounds_from_the_history():
+    from peer.reporting import RoundRecord, Totals
+    from peer.runtime import Peer
+
+    records = [RoundRecord(r, f"{r:016x}", ["me"], 1, {}, 0, 0, 0.0, 0.0, 1.0) for r in range(1, 9)]
+    peer = SimpleNamespace(totals=Totals(history=list(records)), engine=SimpleNamespace(round=5), _load_theta=lambda: None)
+    Peer._installed(peer, 1000)
+    assert [r.round for r in peer.totals.history] == [1, 2, 3, 4] and peer.totals.bytes_received == 1000
+    peer.engine.round = 9  # a catch-up forward keeps every record
+    Peer._installed(peer, 10)
+    assert [r.round for r in peer.totals.history] == [1, 2, 3, 4]
