@@ -16,11 +16,11 @@ A record is a claim, not a promise: a peer may announce that it trains this roun
 The round barrier therefore waits for announced peers only a *straggler allowance* past the last
 moment another peer of the round became ready (half this peer's own training time of the round, at
 least ``STRAGGLER_MIN_S``), and remembers the peers it waited for that then were not in its group:
-those are not waited for, nor counted as someone to meet, until they appear in one of its groups,
-except in rounds that are a multiple of a skip length that doubles with every such miss (2, 4, ...
-``MAX_SKIP_ROUNDS``; ``retry_round``). Peers that waited for the same no-show in neighbouring rounds
-(their views of its claim a read apart) so wait for it again in the same round: a retry costs the
-swarm one allowance, not one per peer. The
+those are not waited for, nor counted as someone to meet, for a number of rounds that doubles with
+every such miss (up to 2, 4, ... ``MAX_SKIP_ROUNDS``), or until they appear in one of its groups. A
+skip ends on a round that is a multiple of its length (``retry_round``), so peers that waited for
+the same no-show in neighbouring rounds (their views of its claim a read apart) soon wait for it
+again in the same round: a retry then costs the swarm one allowance, not one per peer. The
 back-off bounds what a peer that announces itself and never comes costs (one allowance per skip
 period), and still lets an honest peer that fell behind once (an overloaded host, a lost matchmaking
 reply) back in: skipping it for ever would leave two honest peers chasing each other's round alone. A round far ahead of everyone is not believed either: "the swarm's round" is one
@@ -89,6 +89,7 @@ class Membership:
         self._thread: Optional[threading.Thread] = None
         self.no_shows: Set[str] = set()  # waited for, then not in our group: not waited for a while
         self._strikes: Dict[str, int] = {}  # no-show -> how many times in a row it was waited for in vain
+        self._skip_until: Dict[str, int] = {}  # no-show -> the first round in which it is waited for again
         self._waited: Set[str] = set()  # whom the last barrier gave up waiting for
         self._training_since: Optional[float] = None
         self._ignored: Dict[str, float] = {}  # peer -> until when its records are left out
@@ -229,24 +230,27 @@ class Membership:
 
     def _note_group(self, mates: Set[str], round_no: int) -> None:
         """Last round's group was ``mates`` (+ us): whom we waited for in vain is skipped for a while."""
-        for peer in self._waited - mates:
-            self._strikes[peer] = self._strikes.get(peer, 0) + 1
+        missing = self._waited - mates
+        for peer in missing:
+            strikes = self._strikes[peer] = self._strikes.get(peer, 0) + 1
+            self._skip_until[peer] = retry_round(round_no + 1, strikes)
+        if missing - self.no_shows:
+            logger.info(f"not waiting again for {_names(missing - self.no_shows)} until they join a group of ours "
+                        f"or round {min(self._skip_until[p] for p in missing - self.no_shows)}")
         for peer in mates:
             self._strikes.pop(peer, None)
-        skipped = {p for p, strikes in self._strikes.items() if round_no % skip_length(strikes)}
-        if skipped - self.no_shows:
-            logger.info(f"not waiting again for {_names(skipped - self.no_shows)} until they join a group of ours "
-                        f"or round {min(retry_round(round_no, self._strikes[p]) for p in skipped - self.no_shows)}")
-        expired = self.no_shows - skipped - mates
+            self._skip_until.pop(peer, None)
+        expired = {p for p in self.no_shows if p in self._skip_until and self._skip_until[p] <= round_no}
         if expired:
             logger.info(f"round {round_no}: waiting again for {_names(expired)} if they train this round")
-        self.no_shows = skipped
+        self.no_shows = (self.no_shows | missing) - mates - expired
         self._waited = set()
 
     def forgive(self, peers: Iterable[str]) -> None:
         """``peers`` are evidently training (this peer took their state): wait for them again."""
         for peer in peers:
             self._strikes.pop(peer, None)
+            self._skip_until.pop(peer, None)
             self.no_shows.discard(peer)
 
     def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool) -> Barrier:

@@ -106,11 +106,11 @@ def test_a_peer_announced_but_never_arriving_delays_one_round_by_the_allowance_o
 def test_a_no_show_is_nobody_to_meet_and_a_forged_round_does_not_put_us_behind(monkeypatch, clock):
     script = lambda t: [view("me", 5), view("b", 5), view("x", 5, "training"), view("far", 2**62, "training")]  # noqa: E731
     m, wait = barrier_peer(monkeypatch, clock, script)
-    m._strikes = {"x": 1}  # waited for in vain once: skipped in round 5 (not a multiple of 2)
+    m.no_shows = {"x"}
     barrier, waited = wait(5, mates=set())
     assert waited < 0.5 and barrier.expected == 2 and not barrier.behind and not barrier.alone  # "far" is not the swarm
     m, wait = barrier_peer(monkeypatch, clock, lambda t: [view("me", 5), view("x", 5, "training")])
-    m._strikes = {"x": 1}  # waited for in vain once: skipped in round 5 (not a multiple of 2)
+    m.no_shows = {"x"}
     barrier, _ = wait(5, mates=set())
     assert barrier.alone  # a lone honest peer beside a staller trains alone instead of waiting for a group
 
