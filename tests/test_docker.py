@@ -75,9 +75,9 @@ class Compose:
     def __call__(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
         return ds.sh([*self.base, *args], timeout=timeout, check=check, env=self.env, cwd=ROOT)
 
-    def logs(self, tail: int = 60) -> str:
+    def logs(self, tail: int = 60, limit: int = 12000) -> str:
         r = self("logs", "--no-color", "--tail", str(tail), check=False, timeout=60)
-        return (r.stdout + r.stderr)[-12000:]
+        return (r.stdout + r.stderr)[-limit:]
 
 
 def peer_statuses(project: str) -> Dict[str, dict]:
@@ -176,7 +176,9 @@ def test_compose_swarm_in_docker(dockerd, tmp_path):
         def diagnostics() -> str:
             brief = {slot: [(r["round"], r["params_hash"], len(r["group"])) for r in s.get("history", [])]
                      for slot, s in peer_statuses(project).items()}
-            return f"statuses: {brief}\n{compose.logs()}"
+            # the lines that tell what each peer saw (joins, downloads, waits, groups it missed), not its round lines
+            told = [line for line in compose.logs(tail=100000, limit=1 << 26).splitlines() if " done | " not in line]
+            return f"statuses: {brief}\n" + "\n".join(told[:200]) + f"\n{compose.logs()}"
 
         def reached() -> bool:
             statuses = peer_statuses(project)
