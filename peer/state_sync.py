@@ -179,9 +179,6 @@ class StateSync:
             reported = _reported_hashes(views, excluding=peer)
             try:
                 self.install(*got, min_round=target, max_round=claimed + 1, reported=reported)
-                self.consistent = True
-                self.enable_sharing()
-                return True
             except StateTooOld as e:
                 if claimed < target:  # a groupmate still finishing the round: ask again
                     logger.info(f"{peer} is still finishing round {claimed}: {e}")
@@ -189,11 +186,16 @@ class StateSync:
                     time.sleep(1.0 + attempt)
                     continue
                 self._refuse(peer, e)
+                continue
             except StateAhead as e:
-                if self._install_ahead(got, peer, target, asked, e):
-                    return True
+                if not self._install_ahead(got, peer, target, asked, e):
+                    continue
             except ProtocolError as e:
                 self._refuse(peer, e)
+                continue
+            self.consistent = True
+            self.enable_sharing()
+            return True
         return False
 
     def _install_ahead(self, got, peer: str, target: int, asked: float, ahead: StateAhead) -> bool:
@@ -209,8 +211,6 @@ class StateSync:
         except ProtocolError as e:
             self._refuse(peer, e)
             return False
-        self.consistent = True
-        self.enable_sharing()
         return True
 
     def _refuse(self, peer: str, why: Exception) -> None:
