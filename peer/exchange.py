@@ -33,12 +33,14 @@ import multiprocessing as mp
 import os
 import tempfile
 from collections import OrderedDict
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, AsyncIterator, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 from hivemind.averaging.averager import AveragingMode, DecentralizedAverager
+from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.dht import DHT
 from hivemind.p2p import P2PContext, PeerID
@@ -61,6 +63,7 @@ KEEP_GROUPS = 8  # recent groups of ours whose payloads we keep serving to slowe
 CALLS_PER_PEER = 8  # gather RPCs one remote peer may have running here at once
 CANDIDATES_PER_OWNER = 4  # new values of one owner whose bytes one round tries to fetch
 DEFAULT_MAX_PAYLOAD_BYTES = 16 << 20  # for tools without a spec; a peer passes its strategy's bound
+GIVE_UP_POLL_S = 0.5  # how often a gather still looking for a group asks whether one can still form
 
 
 @dataclass
@@ -144,9 +147,12 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
         return int(self._bytes_received.value)
 
     def gather(
-        self, round_no: int, payload: bytes, *, start_hash: str, expected_size: int, timeout: float
+        self, round_no: int, payload: bytes, *, start_hash: str, expected_size: int, timeout: float,
+        give_up: Optional[Callable[[], bool]] = None,
     ) -> Optional[GatherResult]:
-        """Find a group of this round and all-gather payloads. None if no group formed in time."""
+        """Find a group of this round and all-gather payloads. None if no group formed in time, or
+        if ``give_up`` (asked every ``GIVE_UP_POLL_S`` while matchmaking is still looking) says that
+        no group can form any more: every other peer of the round has gathered already."""
         sent0, recv0 = self.bytes_sent, self.bytes_received
         future = MPFuture()
         expected = max(1, min(expected_size, self._max_group_size))
@@ -162,7 +168,9 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
             if os.path.exists(path):
                 os.unlink(path)
         try:
-            result = self.step(gather=reconcile.announcement(round_no, start_hash), timeout=timeout, allow_retries=True)
+            control = self.step(gather=reconcile.announcement(round_no, start_hash), timeout=timeout,
+                                allow_retries=True, wait=False)
+            result = self._outcome(control, give_up)
         except Exception as e:  # matchmaking or gather failure: the caller defers this round
             logger.debug(f"round {round_no}: no group ({e!r})")
             return None
@@ -171,6 +179,18 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
         result.bytes_sent = self.bytes_sent - sent0
         result.bytes_received = self.bytes_received - recv0
         return result
+
+    @staticmethod
+    def _outcome(control: StepControl, give_up: Optional[Callable[[], bool]]):
+        """The step's result; None once ``give_up`` says so while its matchmaking is still looking
+        (a step already gathering is never cancelled: its group counts on our payload)."""
+        while True:
+            try:
+                return control.result(timeout=GIVE_UP_POLL_S if give_up is not None else None)
+            except FuturesTimeout:
+                if control.stage == AveragingStage.LOOKING_FOR_GROUP and give_up():
+                    control.cancel()
+                    return None
 
     def get_current_state(self):
         """Called in this (host) process when a late joiner downloads our state."""

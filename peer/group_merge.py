@@ -2,9 +2,10 @@
 
 A swarm larger than ``swarm.max_group_size`` forms several groups in one round (hivemind's
 matchmaking bounds them). Each member names its group's agreed set in its progress record
-(``gathered_round``, ``gathered``), then waits for the peers that were ready in its round but are
-not in its group: until each has named a set, or has left the round's exchange (found no group,
-stopped), or too few are left to make a group of their own (``swarm.min_group_size``), or the wait
+(``gathered_round``, ``gathered``), then waits for the peers of its round that are not in its group
+(ready, or still training, unless the round's barrier already gave up on them): until each has named
+a set, or has left the round (found no group and caught up, stopped), or too few are left to make a
+group of their own (``swarm.min_group_size``), or the wait
 ran out: the straggler allowance or ``swarm.gather_timeout`` (the larger) past the last set that
 came in, never more than ``swarm.round_wait``. Every set named for the round is fetched from one of the peers that
 named it (another on failure), checked envelope by envelope (protocol/group_sets.py) and merged:
@@ -21,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Set
+from typing import Callable, Dict, Iterable, List, Optional, Set
 
 from hivemind.p2p import PeerID
 
@@ -35,7 +36,7 @@ TRIES_PER_SET = 3  # peers that named a set asked for it, one after the other, b
 FETCH_TIMEOUT_S = 10.0  # the most one fetch of a set may take
 POLL_S = 0.25
 SKIP_ROUNDS = 8  # rounds a peer that was waited for in vain is not waited for again
-EXCHANGING = ("ready", "exchanging")  # states of a peer in its round's exchange
+IN_ROUND = ("training", "ready", "exchanging")  # states of a peer that may still name a set for its round
 
 
 def _b58(owner: bytes) -> str:
@@ -51,14 +52,21 @@ class Merged:
     sets: int  # sets held, our group's included
 
 
-def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optional[Dict[str, int]] = None) -> Merged:
+def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optional[Dict[str, int]] = None,
+                gave_up: Iterable[str] = ()) -> Merged:
     """The union of our group's set and every set the round's other groups named in time.
 
     ``result`` is this peer's GatherResult; ``ready``, the peers its barrier saw ready in the round.
 
+    Peers still training the round are waited for too: a group that formed late (its peers came
+    from the round before, or closed the round late) names its set a little after ours, and a
+    member that stopped waiting for it while a groupmate merged it would leave the group with two
+    θ. ``gave_up``: the peers of the round the barrier stopped waiting for (still training past the
+    straggler allowance, or stalled): they are not waited for a second time.
+
     ``skip`` (peer -> round), kept from round to round by the caller: a peer that stayed in the
-    round's exchange past the wait without naming a set is not waited for again for ``SKIP_ROUNDS``
-    rounds, or until it names one (a peer that claims to be ready and never gathers costs one wait)."""
+    round past the wait without naming a set is not waited for again for ``SKIP_ROUNDS`` rounds, or
+    until it names one (a peer that claims to be in the round and never gathers costs one wait)."""
     skip = {} if skip is None else skip
     membership, gatherer, spec = peer.membership, peer.gatherer, peer.spec
     own = result.set_digest
@@ -70,6 +78,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     tries: Dict[str, int] = {}
     failed: Set[str] = set()  # peers that did not serve the set they named
     outstanding: Set[str] = set(ready) - mine
+    gave_up = set(gave_up)
     t0 = last_arrival = time.monotonic()
     # another group may form and agree as late as a gather's deadline after ours (a loaded host's matchmaking)
     allowance = max(membership.straggler_allowance(), spec.swarm.gather_timeout) + 2 * spec.swarm.matchmaking_time
@@ -93,16 +102,16 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             else:
                 held[digest] = got
                 last_arrival = time.monotonic()
-        # whoever is in the round's exchange and has named no set yet: those the barrier saw ready, and
-        # any the view shows ready now (the barrier's view may have been a read behind)
+        # whoever is in the round and has named no set yet: those the barrier saw ready, and any the view
+        # shows in the round now (the barrier's view may have been a read behind, or they came late)
         by_peer = {v.peer_id: v.progress for v in view}
-        outstanding |= {v.peer_id for v in view if v.progress.round == round_no and v.progress.state in EXCHANGING}
+        outstanding |= {v.peer_id for v in view if v.progress.round == round_no and v.progress.state in IN_ROUND}
         for p in list(skip):
             if skip[p] <= round_no or (p in by_peer and by_peer[p].gathered_round == round_no and by_peer[p].gathered):
                 del skip[p]
         outstanding = {
-            p for p in outstanding - membership.no_shows - set(skip)
-            if p in by_peer and by_peer[p].round == round_no and by_peer[p].state in EXCHANGING
+            p for p in outstanding - membership.no_shows - set(skip) - gave_up
+            if p in by_peer and by_peer[p].round == round_no and by_peer[p].state in IN_ROUND
             and not (by_peer[p].gathered_round == round_no and by_peer[p].gathered)
         }
         unfetched = [d for d, pubs in named.items() if tries.get(d, 0) < TRIES_PER_SET and set(pubs) - failed]
@@ -122,6 +131,37 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         logger.info(f"round {round_no}: merged the sets of {len(held) - 1} other group(s) of the round: "
                     f"{len(payloads)} payloads in all")
     return Merged(payloads, excluded, len(held))
+
+
+def no_group_left(peer, round_no: int, since: float, gave_up: Iterable[str] = ()) -> Callable[[], bool]:
+    """A ``give_up`` for the round's gather (peer/exchange.py): True once a view read that began
+    after ``since`` shows that some group of the round has gathered and no other peer of the round
+    is left to gather with (each has named its group's set, or left the round, or is one the
+    barrier gave up on, or a no-show). Matchmaking would wait out ``swarm.round_wait`` for nobody:
+    the round is deferred at once, and state sync takes the swarm's next state (the odd peer out of
+    a round whose other peers all found groups without it)."""
+    membership, me, part = peer.membership, peer.peer_id, peer.role.progress_part
+    gave_up = set(gave_up)
+
+    def check() -> bool:
+        view = membership.view()
+        if membership.read_began <= since:
+            return False
+        named = open_ = False
+        for v in view:
+            p = v.progress
+            if v.peer_id == me or p.part != part:
+                continue
+            done = p.gathered_round == round_no and bool(p.gathered)
+            named |= done
+            if (p.round == round_no and p.state in IN_ROUND and not done
+                    and v.peer_id not in gave_up and v.peer_id not in membership.no_shows):
+                open_ = True
+        if named and not open_:
+            logger.info(f"round {round_no}: every other peer of the round has gathered without us; not waiting for a group")
+        return named and not open_
+
+    return check
 
 
 def adopt_own_set(peer, round_no: int, payload: bytes, start_hash: str, wait_s: float):

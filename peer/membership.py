@@ -8,9 +8,12 @@ most every ``MIN_READ_S`` and, in a larger swarm, every ``N / SWARM_READS_PER_S`
 swarm's reads stay near ``SWARM_READS_PER_S`` a second however many peers it has (32 peers each
 reading four times a second fragmented a swarm: reads timed out, views came back partial and peers
 trained alone). Callers in between share the last view. A read that fails or misses records keeps
-the last view's records until they expire: a record is never removed from the DHT before its
-expiration, so a record missing from one read is a read that did not reach it, not a peer that left;
-a slow DHT never stops training, and never makes the swarm look empty.
+the last view's records until they expire, and ``MISSED_READS_KEPT`` read intervals more: a record
+is never removed from the DHT before its expiration, so a record missing from one read is a read
+that did not reach it, not a peer that left (on a loaded host a peer's keep-alive store and two
+reads can all be late within one TTL: 32 peers on 2 cores each saw 21 to 31 of the 32 for minutes
+and never reached their start quorum); a slow DHT never stops training, and never makes the swarm
+look empty.
 
 A record is a claim, not a promise: a peer may announce that it trains this round and never come.
 The round barrier therefore waits for announced peers only a *straggler allowance* past the last
@@ -56,6 +59,7 @@ MIN_READ_S = 0.5  # a peer reads the progress records at most this often ...
 SWARM_READS_PER_S = 8.0  # ... and at most N / this often in a swarm of N peers
 MAX_READ_S = 8.0  # never less often than this: many forged identities cannot slow the view down further
 KEEPALIVE_TTL_FRACTION = 1 / 3  # an unchanged record is refreshed every third of its TTL (>= one heartbeat)
+MISSED_READS_KEPT = 2  # a record missing from reads stays in the view this many read intervals past its expiry
 
 
 def swarm_round(rounds: Sequence[int]) -> int:
@@ -74,6 +78,7 @@ class Barrier:
     behind: bool  # the swarm is at a later round
     only_syncing: bool = False  # every other live peer is downloading the state of an earlier round
     ready: frozenset = frozenset()  # the other peers of the round that were ready (they may gather in other groups)
+    gave_up: frozenset = frozenset()  # the peers of the round it stopped waiting for (still training, or stalled)
 
     @property
     def nobody_to_meet(self) -> bool:
@@ -181,7 +186,8 @@ class Membership:
             logger.debug(f"could not read progress records: {e!r}")
             fresh = []
         seen, now = {v.peer_id for v in fresh}, get_dht_time()
-        return fresh + [v for v in self._views if v.peer_id not in seen and v.expires > now]
+        grace = MISSED_READS_KEPT * self.read_interval()
+        return fresh + [v for v in self._views if v.peer_id not in seen and v.expires + grace > now]
 
     def ignore(self, peer_id: str, seconds: float) -> None:
         """Leave ``peer_id``'s records out of the view for ``seconds`` (it was caught lying)."""
@@ -211,9 +217,11 @@ class Membership:
         Peers that are still starting do not count (they may still be loading data); a peer already
         past round 0 ends the wait (the run is under way: this peer caught up with it at start)."""
         t0 = last_log = time.monotonic()
+        started = {self.peer_id}  # a peer seen started counts until it is seen stopped (a read may miss it)
         while not self.stop.is_set():
-            view = self.others()
-            started = {v.peer_id for v in view} | {self.peer_id}
+            every = self.others(excluding=())
+            view = [v for v in every if v.progress.state not in NOT_IN_ROUNDS]
+            started = (started | {v.peer_id for v in view}) - {v.peer_id for v in every if v.progress.state == "stopped"}
             if len(started) >= n or any(v.progress.round > 0 for v in view):
                 logger.info(f"{len(started)} peers have started")
                 return
@@ -292,7 +300,7 @@ class Membership:
                 behind = swarm_round([v.progress.round for v in others]) > round_no
                 syncing = bool(others) and all(v.progress.state == "syncing" and v.progress.round < round_no for v in others)
                 return Barrier(expected=1 + len(ready), alone=not others, behind=behind, only_syncing=syncing,
-                               ready=frozenset(v.peer_id for v in ready))
+                               ready=frozenset(v.peer_id for v in ready), gave_up=frozenset(self._waited))
             time.sleep(0.25)
 
 

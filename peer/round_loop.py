@@ -37,7 +37,7 @@ import torch
 
 from peer import checkpoints, lifecycle
 from peer.early_close import EarlyClose, min_steps
-from peer.group_merge import adopt_own_set, merge_round
+from peer.group_merge import adopt_own_set, merge_round, no_group_left
 from peer.progress import ProgressBar
 from peer.reporting import RoundRecord, log_round, write_status
 from peer.roles import ChainStage, RoundAbandoned
@@ -274,6 +274,7 @@ class RoundLoop:
             result = peer.gatherer.gather(
                 engine.round, h.payload, start_hash=start_hash, expected_size=barrier.expected,
                 timeout=peer.membership.straggler_allowance() if short else spec.swarm.round_wait,
+                give_up=no_group_left(peer, engine.round, time.monotonic(), barrier.gave_up),
             )
         merged = None
         if result is None and not barrier.nobody_to_meet and not peer.stop_event.is_set():
@@ -291,7 +292,7 @@ class RoundLoop:
         payloads = result.payloads if result is not None else {peer.peer_id: h.payload}
         excluded = dict(result.excluded) if result is not None else {}
         if result is not None and result.set_digest:  # other groups of the round: one θ from all their sets
-            merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip)
+            merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip, gave_up=barrier.gave_up)
         if merged is not None:
             payloads = merged.payloads
             excluded = {**{s: why for s, why in excluded.items() if s not in payloads}, **merged.excluded}

@@ -69,7 +69,7 @@ def test_reads_are_shared_and_slow_down_as_the_swarm_grows(monkeypatch, clock):
 
 
 def test_a_failed_or_partial_read_keeps_the_records_that_have_not_expired(monkeypatch, clock):
-    reads = Reads([record("a"), record("b"), record("gone", ttl=-1.0)], [record("a", state="ready")],
+    reads = Reads([record("a"), record("b"), record("gone", ttl=-5.0)], [record("a", state="ready")],
                   TimeoutError("the DHT is slow"), [])
     m = member(monkeypatch, reads)
     assert ids(m.view()) == ["a", "b", "gone"]  # a fresh read is taken as it is
@@ -81,6 +81,30 @@ def test_a_failed_or_partial_read_keeps_the_records_that_have_not_expired(monkey
     clock.sleep(1.0)
     assert ids(m.view()) == ["a", "b"]
     assert reads.calls == 4
+
+
+def test_a_record_missed_by_reads_stays_a_little_past_its_expiry_in_a_large_swarm(monkeypatch, clock):
+    # 32 peers: reads every 4 s, so a late keep-alive and two reads that miss a record fit in its TTL
+    swarm = [record(f"p{i}") for i in range(31)]
+    late = record("late", ttl=-3.0)  # expired 3 s ago: its refresh is late, the swarm's reads missed it
+    m = member(monkeypatch, Reads(swarm + [late], swarm))
+    m.view()
+    clock.sleep(m.read_interval())
+    assert "late" in ids(m.view())  # within MISSED_READS_KEPT read intervals (8 s) of its expiry
+    gone = record("gone", ttl=-9.0)
+    m = member(monkeypatch, Reads(swarm + [gone], swarm))
+    m.view()
+    clock.sleep(m.read_interval())
+    assert "gone" not in ids(m.view())
+
+
+def test_the_start_quorum_counts_a_peer_seen_started_though_later_reads_miss_it(monkeypatch, clock):
+    a = record("a", round_no=0, state="waiting", ttl=-20.0)  # its refreshes are late and reads miss them
+    b, c = (record(p, round_no=0, state="waiting") for p in "bc")
+    reads = Reads([a, b], [b, c])
+    m = member(monkeypatch, reads)
+    m.wait_for_quorum(4)  # a, then b and c: 4 with us, though no single view held all three
+    assert reads.calls == 2
 
 
 def test_the_heartbeat_stores_a_record_on_a_change_or_once_a_keepalive_period(monkeypatch, clock):

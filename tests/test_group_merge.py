@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 
 from hivemind.p2p import PeerID
 
-from peer.group_merge import adopt_own_set, merge_round
+from peer.group_merge import adopt_own_set, merge_round, no_group_left
 from protocol.group_sets import pack_set, set_digest
 from tests.agreement_sim import MAX_PAYLOAD, RUN, signer
 from tests.test_group_sets import ROUND, agreed_set
@@ -153,6 +153,29 @@ def test_peers_waited_for_in_vain_are_not_waited_for_the_next_rounds():
     assert time.monotonic() - t0 < 0.5
 
 
+def test_a_group_still_training_the_round_is_waited_for_and_its_set_merged():
+    # the round's other group came from the round before and still trains when our group has gathered:
+    # a groupmate that read it a moment later as ready merges its set, so we must wait for it too
+    mine, theirs = a_group(0, 3, b"g1"), a_group(3, 3, b"g2")
+    others = sorted(theirs[2])
+    training = [record(p, state="training") for p in others]
+    swarm = Swarm([training, training, training, [record(p, gathered=theirs[1]) for p in others]],
+                  {others[0]: {theirs[1]: theirs[0]}}, allowance=5.0)
+    peer, result = member_of(swarm, mine)
+    merged = merge_round(peer, ROUND, result, ready=[])
+    assert merged.sets == 2 and merged.payloads == {**mine[2], **theirs[2]}
+
+
+def test_peers_the_barrier_gave_up_on_are_not_waited_for_again():
+    mine = a_group(0, 3, b"g1")
+    stalled = [b58(signer(9).peer_id), b58(signer(10).peer_id)]  # they claim to train the round, and never come
+    swarm = Swarm([[record(p, state="training") for p in stalled]], {}, allowance=5.0)
+    peer, result = member_of(swarm, mine)
+    t0 = time.monotonic()
+    merged = merge_round(peer, ROUND, result, ready=[], gave_up=stalled)
+    assert merged.sets == 1 and time.monotonic() - t0 < 1.0
+
+
 def test_a_member_whose_gather_failed_takes_the_set_its_group_completed_with_its_payload():
     ours, theirs = a_group(0, 3, b"g1"), a_group(3, 3, b"g2")
     me, mates = sorted(ours[2])[0], sorted(ours[2])[1:]
@@ -181,3 +204,39 @@ def test_a_failed_member_whose_payload_is_in_no_set_defers_the_round():
     assert adopt_own_set(peer, ROUND, ours[2][me], "c" * 16, wait_s=0.5) is None
     assert adopt_own_set(peer, ROUND, b"another payload of ours", "c" * 16, wait_s=0.3) is None
     assert time.monotonic() - t0 < 2.0 and swarm.asked == [others[0]] * 2  # once a call, however long it waits
+
+
+def test_a_gather_gives_up_once_every_other_peer_of_the_round_has_gathered():
+    mine, theirs = a_group(0, 1, b"g1"), a_group(1, 2, b"g2")
+    others = sorted(theirs[2])
+    still = [record(p, state="ready") for p in others]
+    done = [record(p, gathered=theirs[1], round_no=ROUND + 1, state="training") for p in others]
+    swarm = Swarm([still, done], {})
+    peer, _ = member_of(swarm, mine)
+    peer.peer_id = "me"
+    give_up = no_group_left(peer, ROUND, since=time.monotonic())
+    assert not give_up()  # they may still gather with us
+    assert give_up()  # both named their group's set: no group is left for us to join
+
+
+def test_a_gather_keeps_waiting_while_a_peer_of_the_round_can_still_join_it():
+    mine, theirs = a_group(0, 1, b"g1"), a_group(1, 2, b"g2")
+    others = sorted(theirs[2])
+    slow = b58(signer(9).peer_id)
+    views = [record(p, gathered=theirs[1], round_no=ROUND + 1, state="training") for p in others]
+    swarm = Swarm([views + [record(slow, state="training")]], {})
+    peer, _ = member_of(swarm, mine)
+    peer.peer_id = "me"
+    assert not no_group_left(peer, ROUND, since=time.monotonic())()  # the slow peer will be ready soon
+    assert no_group_left(peer, ROUND, since=time.monotonic(), gave_up=[slow])()  # ... unless it stalled
+    stale = no_group_left(peer, ROUND, since=time.monotonic() + 60)  # a view read before the gather began
+    assert not stale()
+
+
+def test_a_gather_with_nobody_else_in_the_round_does_not_give_up():
+    mine = a_group(0, 1, b"g1")
+    behind = b58(signer(9).peer_id)  # it will reach our round and gather with us
+    swarm = Swarm([[record(behind, round_no=ROUND - 1, state="training")]], {})
+    peer, _ = member_of(swarm, mine)
+    peer.peer_id = "me"
+    assert not no_group_left(peer, ROUND, since=time.monotonic())()
