@@ -84,6 +84,13 @@ class Barrier:
     def nobody_to_meet(self) -> bool:
         return self.alone or (self.behind and self.expected == 1)
 
+    @property
+    def gather_size(self) -> int:
+        """The group size the gather aims for: the ready peers and us, and at least a pair while
+        peers of the round are still coming (nobody ready yet is no reason to train alone: the gather
+        waits for one of them, until the round's wait ends or every other peer has gathered)."""
+        return max(self.expected, min(2, 1 + len(self.gave_up)))
+
 
 class Membership:
     """This peer's progress record in the DHT and its view of everyone else's."""

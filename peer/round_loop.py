@@ -66,6 +66,15 @@ def majority_hash(hashes: Dict[str, str], excluded: Iterable[str] = (), me: Opti
     return min(counts, key=lambda h: (-counts[h], h not in servable, h)) if counts else ""
 
 
+def _states(views) -> str:
+    """How many records of a view are in each (state, round), for a log line."""
+    counts: Dict[str, int] = {}
+    for v in views:
+        key = f"{v.progress.state} in round {v.progress.round}"
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none"
+
+
 def continue_from(params: Dict[str, torch.Tensor], theta: Dict[str, torch.Tensor], sent: Dict[str, torch.Tensor]) -> None:
     """The one-step-delayed update, in place: ``params ← θ + (params − θ_send)``. With no step
     taken since ``sent`` the model is θ exactly, as in the sequential loop."""
@@ -272,7 +281,7 @@ class RoundLoop:
             # again and again): give them the straggler allowance to join, not the whole round_wait
             short = barrier.expected == 1 and barrier.only_syncing
             result = peer.gatherer.gather(
-                engine.round, h.payload, start_hash=start_hash, expected_size=barrier.expected,
+                engine.round, h.payload, start_hash=start_hash, expected_size=barrier.gather_size,
                 timeout=peer.membership.straggler_allowance() if short else spec.swarm.round_wait,
                 give_up=no_group_left(peer, engine.round, time.monotonic(), barrier.gave_up),
             )
@@ -280,7 +289,11 @@ class RoundLoop:
         if result is None and not barrier.nobody_to_meet and not peer.stop_event.is_set():
             wait = 2 * peer.membership.read_interval() + spec.swarm.matchmaking_time
             result = adopt_own_set(peer, engine.round, h.payload, start_hash, wait)
-        if result is None and not barrier.alone and not peer.membership.swarm_is_empty():
+        if result is None and (barrier.alone or peer.membership.swarm_is_empty()):
+            seen = [v for v in peer.membership.view() if v.peer_id != peer.peer_id]
+            if seen:  # records, but none of a peer that takes part in rounds
+                logger.info(f"round {engine.round}: training alone: no other peer in rounds ({_states(seen)})")
+        elif result is None:
             engine.defer(h.pending)
             self._restart = self.overlap
             logger.warning(f"round {engine.round}: found no group; keeping this round's update locally")

@@ -47,3 +47,27 @@ def test_two_groups_of_a_round_end_it_with_one_theta(tmp_path):
             assert all(len(r["group"]) <= 2 for r in s["history"])
     finally:
         swarm.close()
+
+
+@pytest.mark.slow
+def test_the_odd_peer_out_of_a_round_does_not_wait_out_round_wait(tmp_path):
+    # 3 peers, groups of at most 2: each round one pair gathers and one peer is left over. With a
+    # round_wait of 300 s, a leftover that waited for a group that can no longer form would stall
+    # for 5 minutes; it gives up once both others have gathered and takes their next state instead.
+    spec = (TINY_SPEC.replace("round_wait = 20.0", "round_wait = 300.0")
+            .format(run_id="odd", strategy="sparseloco", inner_steps=10) + "max_group_size = 2\n")
+    swarm = Swarm(tmp_path, spec_text=spec)
+    names = NAMES[:3]
+    try:
+        for name in names:
+            swarm.add_peer(name, "--wait-peers", "3")
+        swarm.wait(lambda: min(swarm.round_of(n) for n in names) >= 5, 280,
+                   "5 rounds on all three peers, though one of them is left without a group each round")
+        logs = {n: swarm.peers[n].text() for n in names}
+        assert any("every other peer of the round has gathered without us" in t for t in logs.values()), logs
+        statuses = [swarm.status(n) for n in names]
+        for s in statuses:
+            assert all(len(r["group"]) <= 2 for r in s["history"])
+        assert max(r["seconds"] for s in statuses for r in s["history"]) < 150
+    finally:
+        swarm.close()
