@@ -169,7 +169,7 @@ class Membership:
         with self._read_lock:
             if self._read_at is None or time.monotonic() - self._read_at >= self.read_interval():
                 began = time.monotonic()
-                self._views = self._read()
+                self._views = self._read(began)
                 self._read_at, self.read_began = time.monotonic(), began
             views = self._views
         now = time.monotonic()
@@ -185,16 +185,18 @@ class Membership:
             views = self.view()
         return views
 
-    def _read(self) -> List[PeerView]:
-        """A fresh read, with the last view's unexpired records it missed (see the module doc)."""
+    def _read(self, began: float) -> List[PeerView]:
+        """A fresh read, with the last view's unexpired records it missed (see the module doc).
+        Unexpired when the read began: on a loaded host one read can outlast a record's TTL."""
         try:
             fresh = read_progress(self.dht, self.spec.run_id)
         except Exception as e:  # the DHT being slow must not stop training
             logger.debug(f"could not read progress records: {e!r}")
             fresh = []
-        seen, now = {v.peer_id for v in fresh}, get_dht_time()
+        seen = {v.peer_id for v in fresh}
+        at_start = get_dht_time() - (time.monotonic() - began)
         grace = MISSED_READS_KEPT * self.read_interval()
-        return fresh + [v for v in self._views if v.peer_id not in seen and v.expires + grace > now]
+        return fresh + [v for v in self._views if v.peer_id not in seen and v.expires + grace > at_start]
 
     def ignore(self, peer_id: str, seconds: float) -> None:
         """Leave ``peer_id``'s records out of the view for ``seconds`` (it was caught lying)."""

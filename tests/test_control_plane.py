@@ -98,6 +98,23 @@ def test_a_record_missed_by_reads_stays_a_little_past_its_expiry_in_a_large_swar
     assert "gone" not in ids(m.view())
 
 
+def test_a_read_that_outlasts_the_records_ttl_keeps_what_was_alive_when_it_began(monkeypatch, clock):
+    swarm = [record(f"p{i}", ttl=5.0) for i in range(8)]
+
+    def slow_empty_read(dht, run_id):  # a loaded host: the read takes 20 s and reaches nobody
+        clock.sleep(20.0)
+        monkeypatch.setattr(membership_mod, "get_dht_time", lambda: real() + 20.0)
+        return []
+
+    real = membership_mod.get_dht_time
+    reads = Reads(swarm)
+    m = member(monkeypatch, reads)
+    m.view()
+    monkeypatch.setattr(membership_mod, "read_progress", slow_empty_read)
+    clock.sleep(m.read_interval())
+    assert len(m.view()) == 8  # alive (and within the grace) when the read began: not a peer that left
+
+
 def test_the_start_quorum_counts_a_peer_seen_started_though_later_reads_miss_it(monkeypatch, clock):
     a = record("a", round_no=0, state="waiting", ttl=-20.0)  # its refreshes are late and reads miss them
     b, c = (record(p, round_no=0, state="waiting") for p in "bc")
