@@ -18,8 +18,9 @@ look empty.
 A record is a claim, not a promise: a peer may announce that it trains this round and never come.
 The round barrier therefore waits for announced peers only a *straggler allowance* past the last
 moment another peer of the round became ready (half this peer's own training time of the round, at
-least ``STRAGGLER_MIN_S``), and remembers the peers it waited for that then were not in its group:
-those are not waited for, nor counted as someone to meet, for a number of rounds that doubles with
+least ``STRAGGLER_MIN_S``), and remembers the peers it waited for that then were not in its group
+and did not gather in another one either (a set two peers name: a slower peer whose group formed
+after ours came, only not to us): those are not waited for, nor counted as someone to meet, for a number of rounds that doubles with
 every such miss (up to 2, 4, ... ``MAX_SKIP_ROUNDS``), or until they appear in one of its groups. A
 skip ends on a round that is a multiple of its length (``retry_round``), so peers that waited for
 the same no-show in neighbouring rounds (their views of its claim a read apart) soon wait for it
@@ -103,6 +104,7 @@ class Membership:
         self._strikes: Dict[str, int] = {}  # no-show -> how many times in a row it was waited for in vain
         self._skip_until: Dict[str, int] = {}  # no-show -> the first round in which it is waited for again
         self._waited: Set[str] = set()  # whom the last barrier gave up waiting for
+        self._waited_round = -1  # ... in which round
         self._training_since: Optional[float] = None
         self._ignored: Dict[str, float] = {}  # peer -> until when its records are left out
         self.train_seconds = 0.0  # this peer's training time of its last round
@@ -247,7 +249,7 @@ class Membership:
 
     def _note_group(self, mates: Set[str], round_no: int) -> None:
         """Last round's group was ``mates`` (+ us): whom we waited for in vain is skipped for a while."""
-        missing = self._waited - mates
+        missing = self._waited - mates - self._gathered_since(self._waited_round)
         for peer in missing:
             strikes = self._strikes[peer] = self._strikes.get(peer, 0) + 1
             self._skip_until[peer] = retry_round(round_no + 1, strikes)
@@ -262,6 +264,17 @@ class Membership:
             logger.info(f"round {round_no}: waiting again for {_names(expired)} if they train this round")
         self.no_shows = (self.no_shows | missing) - mates - expired
         self._waited = set()
+
+    def _gathered_since(self, round_no: int) -> Set[str]:
+        """Peers that gathered in a group in ``round_no`` or later: they came, only not in ours (a slower
+        peer of a round whose own group formed after ours, or ours found none). A set counts when
+        two peers name it (a group has at least two members), so one liar's claim alone does not."""
+        named: Dict[tuple, Set[str]] = {}
+        for v in self.view():
+            p = v.progress
+            if p.gathered and p.gathered_round >= round_no >= 0:
+                named.setdefault((p.gathered_round, p.gathered), set()).add(v.peer_id)
+        return set().union(*(peers for peers in named.values() if len(peers) >= 2))
 
     def forgive(self, peers: Iterable[str]) -> None:
         """``peers`` are evidently training (this peer took their state): wait for them again."""
@@ -298,7 +311,7 @@ class Membership:
                 last_arrival = now
             late = now - last_arrival > allowance
             if not pending or late or now > deadline or self.stop.is_set():
-                self._waited = {v.peer_id for v in pending}
+                self._waited, self._waited_round = {v.peer_id for v in pending}, round_no
                 if pending and late:
                     logger.info(f"round {round_no}: not waiting longer than {allowance:.1f} s past the last arrival "
                                 f"for {_names(self._waited)}")

@@ -4,6 +4,7 @@ no network, well under a second of waiting."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from types import SimpleNamespace
@@ -113,6 +114,19 @@ def test_a_no_show_is_nobody_to_meet_and_a_forged_round_does_not_put_us_behind(m
     m.no_shows = {"x"}
     barrier, _ = wait(5, mates=set())
     assert barrier.alone  # a lone honest peer beside a staller trains alone instead of waiting for a group
+
+
+def test_slower_peers_that_then_gathered_in_a_group_of_their_own_are_not_no_shows(monkeypatch, clock):
+    # a and b were still training when our barrier gave up on them; they then gathered together
+    # (both name one set for round 5), while x only claims a set nobody else names: x is a no-show
+    m, wait = barrier_peer(monkeypatch, clock, lambda t: [view("me", 5)] + [view(p, 5, "training") for p in "abx"])
+    wait(5)
+    later = [view("me", 5)] + [view(p, 6, "training") for p in "abx"]
+    for v, digest in zip(later[1:], ("1" * 32, "1" * 32, "2" * 32)):
+        v.progress = dataclasses.replace(v.progress, gathered_round=5, gathered=digest)
+    monkeypatch.setattr(m, "view", lambda: later)
+    m.wait_for_round(5, set(), first_round=False)  # our gather of round 5 found no group: we try the round again
+    assert m.no_shows == {"x"}
 
 
 def test_ignored_peers_are_left_out_of_the_view_for_a_while(monkeypatch, clock):
