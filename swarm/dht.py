@@ -29,9 +29,10 @@ from swarm.validators import node_validators
 logger = logging.getLogger("voloco.swarm")
 
 # A join node that answers but whose DHT does not reply in time (hivemind's 3 s per request) is most
-# often an overloaded one: 32 peers starting at once on a small machine lost one this way for good.
-JOIN_ATTEMPTS = 3
-JOIN_RETRY_S = 5.0
+# often an overloaded one: 32 peers starting at once on a small machine lost one this way for good
+# with 3 tries 5 s apart, and 17 of the 32 in another run; the waits between tries now double.
+JOIN_ATTEMPTS = 5
+JOIN_RETRY_S = 5.0  # the first wait; 10, 20, 40 s after it
 
 
 def parse_multiaddrs(addrs: Sequence[str], flag: str = "--join") -> List[Multiaddr]:
@@ -89,9 +90,10 @@ def start_dht(
         except _JoinTimeout as e:
             if attempt == JOIN_ATTEMPTS:
                 raise UsageError(explain_start_failure(e.cause, initial_peers, host_maddrs, key is not None, identity_path)) from None
+            wait = JOIN_RETRY_S * 2 ** (attempt - 1)
             logger.warning(f"the DHT at {_addr_list(initial_peers)} did not answer this node in time (attempt {attempt} of "
-                           f"{JOIN_ATTEMPTS}; an overloaded node answers late): trying again in {JOIN_RETRY_S:.0f} s")
-            time.sleep(JOIN_RETRY_S)
+                           f"{JOIN_ATTEMPTS}; an overloaded node answers late): trying again in {wait:.0f} s")
+            time.sleep(wait)
     register(dht, NodeTrust(identity, token_key=key, run_key=run_key))
     try:
         dht.run_coroutine(serve_dial_back)
