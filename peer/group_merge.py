@@ -27,7 +27,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Set
 from hivemind.p2p import PeerID
 
 from peer.exchange import GatherResult
-from peer.membership import NOT_IN_ROUNDS
+from peer.membership import NOT_IN_ROUNDS, TRAINING_STATES
 from protocol import group_sets
 
 logger = logging.getLogger("voloco.peer")
@@ -36,7 +36,7 @@ TRIES_PER_SET = 3  # peers that named a set asked for it, one after the other, b
 FETCH_TIMEOUT_S = 10.0  # the most one fetch of a set may take
 POLL_S = 0.25
 SKIP_ROUNDS = 8  # rounds a peer that was waited for in vain is not waited for again
-IN_ROUND = ("training", "ready", "exchanging")  # states of a peer that may still name a set for its round
+IN_ROUND = TRAINING_STATES  # states of a peer that may still name a set for its round
 
 
 def _b58(owner: bytes) -> str:

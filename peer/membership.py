@@ -53,6 +53,7 @@ logger = logging.getLogger("voloco.peer")
 # connecting to its neighbours (a chain that cannot link never trains). A peer never waits for
 # them; one that went ahead alone meanwhile is caught up with (downloaded) when they start.
 NOT_IN_ROUNDS = ("stopped", "starting", "linking")
+TRAINING_STATES = ("training", "ready", "exchanging")  # a peer in a round: past its start quorum
 STRAGGLER_MIN_S = 5.0  # the least a ready peer waits past the last arrival for announced peers
 STRAGGLER_FRACTION = 0.5  # ... and at most this fraction of its own training time of the round
 MAX_SKIP_ROUNDS = 32  # a peer waited for in vain again and again is skipped for at most this many rounds
@@ -225,16 +226,25 @@ class Membership:
     def wait_for_quorum(self, n: int) -> None:
         """A coordinated start: hold round 0 until ``n`` peers (this one included) have started.
 
-        Peers that are still starting do not count (they may still be loading data); a peer already
-        past round 0 ends the wait (the run is under way: this peer caught up with it at start)."""
+        Peers that are still starting do not count (they may still be loading data). A peer already
+        training ends the wait: it saw the quorum (or the run is under way, and this peer caught up
+        with it at start). Each peer's view is partial on a loaded host, so the peers of one swarm
+        reach their own count minutes apart (32 peers on 2 cores: 14:25:47 to 14:27:40), and the
+        first to reach it trained round 0 alone beside 30 peers still waiting; following the first
+        starts everyone within a read of each other."""
         t0 = last_log = time.monotonic()
         started = {self.peer_id}  # a peer seen started counts until it is seen stopped (a read may miss it)
         while not self.stop.is_set():
             every = self.others(excluding=())
             view = [v for v in every if v.progress.state not in NOT_IN_ROUNDS]
             started = (started | {v.peer_id for v in view}) - {v.peer_id for v in every if v.progress.state == "stopped"}
-            if len(started) >= n or any(v.progress.round > 0 for v in view):
+            if len(started) >= n:
                 logger.info(f"{len(started)} peers have started")
+                return
+            going = [v for v in view if v.progress.round > 0 or v.progress.state in TRAINING_STATES]
+            if going:
+                logger.info(f"{_names(v.peer_id for v in going[:3])} began training (round {going[0].progress.round}): "
+                            f"starting with them ({len(started)} of {n} peers seen started)")
                 return
             if time.monotonic() - last_log >= 10.0:
                 last_log = time.monotonic()

@@ -124,6 +124,14 @@ def test_the_start_quorum_counts_a_peer_seen_started_though_later_reads_miss_it(
     assert reads.calls == 2
 
 
+def test_the_start_quorum_ends_when_another_peer_began_training_on_its_own_count(monkeypatch, clock):
+    waiting = [record(p, round_no=0, state="waiting") for p in "abc"]
+    reads = Reads(waiting, waiting, waiting + [record("d", round_no=0, state="training")])
+    m = member(monkeypatch, reads)
+    m.wait_for_quorum(32)  # d's view reached 32; ours only 5: we follow d instead of training round 0 minutes later
+    assert reads.calls == 3
+
+
 def test_the_heartbeat_stores_a_record_on_a_change_or_once_a_keepalive_period(monkeypatch, clock):
     stored = []
     monkeypatch.setattr(membership_mod, "publish_progress", lambda dht, run_id, peer, p, ttl: stored.append((p.state, ttl)))
