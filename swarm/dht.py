@@ -103,6 +103,15 @@ def start_dht(
     return dht
 
 
+# hivemind's DHTNode caching that the run's records do without. After every read, ``cache_nearest``
+# stores the whole dictionary it found (every peer's progress record, ~1.2 KB each) at the nearest
+# node that lacked it, which checks every record's RSA signature and schema again: at 32 peers half
+# of a peer's DHT process was these stores (py-spy, in a start-quorum wait with nothing else to do).
+# ``cache_refresh_before_expiry`` re-reads a cached key before it expires in the background: the
+# run's readers read the records they need themselves (``latest``, merging every node's copy).
+NODE_CACHING = dict(cache_nearest=0, cache_refresh_before_expiry=0)
+
+
 class _JoinTimeout(Exception):
     """The join nodes answer, but their DHT did not in time: worth another try."""
 
@@ -129,6 +138,7 @@ def _start_node(initial_peers, host_maddrs, announce_maddrs, identity_path, clie
             startup_timeout=30,
             use_relay=use_relay,
             use_auto_relay=use_auto_relay,
+            **NODE_CACHING,
         )
     except Exception as e:
         if initial_peers and key is None and "none of the initial_peers responded" in str(e).lower():

@@ -7,18 +7,26 @@ nor returned by an honest node, and readers (swarm/records.py) check the same ag
   an owner and every value is an envelope (protocol/records.py) of bounded size;
 - ``OwnedRecordValidator``: the envelope names the peer id of the key that signed it, its
   expiration is not absurdly far ahead, and, in a private run, it proves the join token.
+
+``RememberingValidator`` runs them as hivemind's ``CompositeValidator`` does and remembers the
+records that passed: every node that answers a read or a store's search returns the whole
+dictionary of a key (every peer's progress record), and each answer was checked record by record
+again, RSA signature and schema included, though the records had not changed since the last read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import struct
+from collections import OrderedDict
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import pydantic.v1 as pydantic
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
-from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from hivemind.dht.validation import CompositeValidator, DHTRecord, RecordValidatorBase
 from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from protocol.keys import (
@@ -129,14 +137,69 @@ class OwnedRecordValidator(RecordValidatorBase):
         return isinstance(other, OwnedRecordValidator) and other.token_key == self.token_key
 
 
+VALID_RECORDS_KEPT = 8192  # records a node remembers as valid (a 16-byte digest each)
+
+
+class RememberingValidator(RecordValidatorBase):
+    """hivemind's ``CompositeValidator`` of ``validators`` that remembers, by digest, the last
+    ``VALID_RECORDS_KEPT`` records it passed, and passes them again unchecked.
+
+    Sound because a pass cannot turn into a refusal while the validators stay the same: the checks
+    depend on the record's bytes alone, but for "expires too far ahead", which only a record's own
+    age relaxes. A refusal is not remembered (it may pass later), so a hostile peer's records
+    cost what they did. Validators added later (``merge_with``: hivemind's ``DHT.add_validators``)
+    can refuse what passed before, so they clear what is remembered."""
+
+    def __init__(self, validators: Iterable[RecordValidatorBase], capacity: int = VALID_RECORDS_KEPT):
+        self.inner = CompositeValidator(validators)
+        self.capacity = capacity
+        self._passed: "OrderedDict[bytes, None]" = OrderedDict()
+        self.hits = self.checks = 0
+
+    @staticmethod
+    def _digest(record: DHTRecord) -> bytes:
+        h = hashlib.blake2b(digest_size=16)
+        for part in (record.key, record.subkey, record.value):
+            h.update(struct.pack("<Q", len(part)))
+            h.update(part)
+        h.update(struct.pack("<d", record.expiration_time))
+        return h.digest()
+
+    def validate(self, record: DHTRecord) -> bool:
+        digest = self._digest(record)
+        if digest in self._passed:
+            self._passed.move_to_end(digest)
+            self.hits += 1
+            return True
+        self.checks += 1
+        if not self.inner.validate(record):
+            return False
+        self._passed[digest] = None
+        if len(self._passed) > self.capacity:
+            self._passed.popitem(last=False)
+        return True
+
+    def sign_value(self, record: DHTRecord) -> bytes:
+        return self.inner.sign_value(record)
+
+    def strip_value(self, record: DHTRecord) -> bytes:
+        return self.inner.strip_value(record)
+
+    def merge_with(self, other: RecordValidatorBase) -> bool:
+        self.inner.extend([other])
+        self._passed.clear()
+        return True
+
+
 def node_validators(identity: Identity, token_key: Optional[bytes], run_ids: Sequence[str] = ()) -> List[RecordValidatorBase]:
-    """What ``hivemind.DHT(record_validators=...)`` gets on every voloco node."""
-    return [
+    """What ``hivemind.DHT(record_validators=...)`` gets on every voloco node: one
+    ``RememberingValidator`` of the validators above."""
+    return [RememberingValidator([
         RSASignatureValidator(identity.private_key),
         SchemaValidator(RunsSchema, prefix=RUNS_PREFIX),
         OwnedRecordValidator(token_key),
         *(run_schema(r) for r in run_ids),
-    ]
+    ])]
 
 
 def run_schema(run_id: str) -> SchemaValidator:
