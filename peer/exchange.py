@@ -45,7 +45,7 @@ from hivemind.averaging.group_info import GroupInfo
 from hivemind.dht import DHT
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
-from hivemind.utils import MPFuture, get_logger
+from hivemind.utils import MPFuture, get_dht_time, get_logger
 
 from peer.exchange_io import CallLimiter, read_bounded_stream, retry_until
 from peer.identity import payload_signer
@@ -64,6 +64,18 @@ CALLS_PER_PEER = 8  # gather RPCs one remote peer may have running here at once
 CANDIDATES_PER_OWNER = 4  # new values of one owner whose bytes one round tries to fetch
 DEFAULT_MAX_PAYLOAD_BYTES = 16 << 20  # for tools without a spec; a peer passes its strategy's bound
 GIVE_UP_POLL_S = 0.5  # how often a gather still looking for a group asks whether one can still form
+LATENCY_TIMEOUTS = 3.0  # a matchmaking request waits at least this many DHT read latencies for its answer
+
+
+def matchmaking_times(matchmaking_time: float, read_latency: float, limit: float) -> Tuple[float, float]:
+    """(a leader's wait for followers, a follower's wait for a leader's answer) on a host where one
+    DHT read takes ``read_latency`` seconds: the spec's ``matchmaking_time`` and a third of it,
+    stretched to ``LATENCY_TIMEOUTS`` read latencies for the answer (and three answers for the wait)
+    on a loaded host, at most ``limit``. At 32 peers on 2 cores a request timed out after 1 s again
+    and again and no group formed in 3 rounds; with 3.3 s and 10 s every round gathered 31-32 peers."""
+    request = max(matchmaking_time / 3, LATENCY_TIMEOUTS * max(0.0, read_latency))
+    wait = min(max(matchmaking_time, 3 * request), max(matchmaking_time, limit))
+    return wait, min(request, wait / 3)
 
 
 @dataclass
@@ -107,6 +119,7 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
         request_timeout: float = 1.0,
     ):
         self.gather_timeout = gather_timeout
+        self._matchmaking_time = matchmaking_time
         self._bytes_sent = mp.Value(ctypes.c_int64, 0)
         self._bytes_received = mp.Value(ctypes.c_int64, 0)
         super().__init__(
@@ -148,11 +161,12 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
 
     def gather(
         self, round_no: int, payload: bytes, *, start_hash: str, expected_size: int, timeout: float,
-        give_up: Optional[Callable[[], bool]] = None,
+        give_up: Optional[Callable[[], bool]] = None, read_latency: float = 0.0,
     ) -> Optional[GatherResult]:
         """Find a group of this round and all-gather payloads. None if no group formed in time, or
         if ``give_up`` (asked every ``GIVE_UP_POLL_S`` while matchmaking is still looking) says that
-        no group can form any more: every other peer of the round has gathered already."""
+        no group can form any more: every other peer of the round has gathered already.
+        ``read_latency``: how long a DHT read takes here now (``matchmaking_times``)."""
         sent0, recv0 = self.bytes_sent, self.bytes_received
         future = MPFuture()
         expected = max(1, min(expected_size, self._max_group_size))
@@ -161,7 +175,9 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
         fd, path = tempfile.mkstemp(prefix="voloco-payload-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
-        self._outer_pipe.send(("_prepare_round", [], dict(round_no=round_no, path=path, expected=expected, future=future)))
+        wait, request = matchmaking_times(self._matchmaking_time, read_latency, timeout / 4)
+        self._outer_pipe.send(("_prepare_round", [], dict(round_no=round_no, path=path, expected=expected, future=future,
+                                                          matchmaking_time=wait, request_timeout=request)))
         try:
             future.result(timeout=30)
         finally:
@@ -169,7 +185,7 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
                 os.unlink(path)
         try:
             control = self.step(gather=reconcile.announcement(round_no, start_hash), timeout=timeout,
-                                allow_retries=True, wait=False)
+                                scheduled_time=get_dht_time() + wait, allow_retries=True, wait=False)
             result = self._outcome(control, give_up)
         except Exception as e:  # matchmaking or gather failure: the caller defers this round
             logger.debug(f"round {round_no}: no group ({e!r})")
@@ -203,7 +219,8 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
         return self.load_state_from_peers(timeout=timeout)
 
     # ---- averager-process side: one group's all-gather ----------------------------------------
-    async def _prepare_round(self, round_no: int, path: str, expected: int, future: MPFuture):
+    async def _prepare_round(self, round_no: int, path: str, expected: int, future: MPFuture,
+                             matchmaking_time: float, request_timeout: float):
         try:
             if self.client_mode and not getattr(self, "_serving", False):
                 # hivemind's client mode registers no handlers; members still pull this peer's payload
@@ -216,6 +233,8 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
             mm.group_key_manager.group_bits = format(round_no % (1 << ROUND_BITS), f"0{ROUND_BITS}b")
             # close the group as soon as every live peer of the round has joined
             mm.target_group_size = mm.potential_leaders.target_group_size = expected
+            mm.min_matchmaking_time = mm.potential_leaders.min_matchmaking_time = matchmaking_time
+            mm.request_timeout = request_timeout
             future.set_result(None)
         except Exception as e:
             future.set_exception(e)

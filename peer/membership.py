@@ -37,8 +37,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set
+from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Set
 
 from hivemind.utils import get_dht_time
 
@@ -61,6 +62,7 @@ MIN_READ_S = 0.5  # a peer reads the progress records at most this often ...
 SWARM_READS_PER_S = 8.0  # ... and at most N / this often in a swarm of N peers
 MAX_READ_S = 8.0  # never less often than this: many forged identities cannot slow the view down further
 KEEPALIVE_TTL_FRACTION = 1 / 3  # an unchanged record is refreshed every third of its TTL (>= one heartbeat)
+LATENCIES_KEPT = 5  # reads whose durations give the host's DHT read latency
 MISSED_READS_KEPT = 2  # a record missing from reads stays in the view this many read intervals past its expiry
 
 
@@ -111,6 +113,7 @@ class Membership:
         self.train_seconds = 0.0  # this peer's training time of its last round
         self._read_lock = threading.Lock()  # one DHT read at a time; callers meanwhile share its result
         self._views: List[PeerView] = []  # the last view read (every spec, nobody left out)
+        self._latencies: Deque[float] = deque(maxlen=LATENCIES_KEPT)  # seconds the last reads took
         self._read_at: Optional[float] = None
         self.read_began = float("-inf")  # when the view's last DHT read began (monotonic)
         self._published: Optional[tuple] = None  # (monotonic time, round, state) of the last record stored
@@ -174,9 +177,17 @@ class Membership:
                 began = time.monotonic()
                 self._views = self._read(began)
                 self._read_at, self.read_began = time.monotonic(), began
+                self._latencies.append(self._read_at - began)
             views = self._views
         now = time.monotonic()
         return [v for v in views if v.progress.spec == self.spec.digest() and self._ignored.get(v.peer_id, 0.0) <= now]
+
+    def read_latency(self) -> float:
+        """How long a DHT read of the progress records takes on this host now: the median of the
+        last ``LATENCIES_KEPT`` reads (0 before any); matchmaking's timeouts stretch with it."""
+        with self._read_lock:
+            recent = sorted(self._latencies)
+        return recent[len(recent) // 2] if recent else 0.0
 
     def fresh_view(self, since: float, timeout: float) -> List[PeerView]:
         """``view()`` from a DHT read that began after ``since`` (monotonic), waiting out the read

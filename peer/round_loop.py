@@ -284,6 +284,7 @@ class RoundLoop:
                 engine.round, h.payload, start_hash=start_hash, expected_size=barrier.gather_size,
                 timeout=peer.membership.straggler_allowance() if short else spec.swarm.round_wait,
                 give_up=no_group_left(peer, engine.round, time.monotonic(), barrier.gave_up),
+                read_latency=peer.membership.read_latency(),
             )
         merged = None
         if result is None and not barrier.nobody_to_meet and not peer.stop_event.is_set():

@@ -171,7 +171,7 @@ class Peer:
             max_group_size=spec.swarm.max_group_size,
             matchmaking_time=spec.swarm.matchmaking_time,
             gather_timeout=spec.swarm.gather_timeout,
-            request_timeout=min(1.0, spec.swarm.matchmaking_time / 3),
+            request_timeout=spec.swarm.matchmaking_time / 3,  # a leader answers within a third of its wait
             max_payload_bytes=self.role.strategy.max_payload_bytes,  # every part's payload fits
         )
         self.sync = StateSync(spec, self.engine, self.gatherer, self.membership, self.peer_id,
