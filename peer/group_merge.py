@@ -62,7 +62,10 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     from the round before, or closed the round late) names its set a little after ours, and a
     member that stopped waiting for it while a groupmate merged it would leave the group with two
     θ. ``gave_up``: the peers of the round the barrier stopped waiting for (still training past the
-    straggler allowance, or stalled): they are not waited for a second time.
+    straggler allowance, or stalled): not waited for a second time while they still train, but
+    waited for once they have finished training the round (ready, matchmaking): a group of them is
+    about to name its set, and the first pair of 32 peers to gather, merging without the 30 others,
+    trained a θ of its own.
 
     ``skip`` (peer -> round), kept from round to round by the caller: a peer that stayed in the
     round past the wait without naming a set is not waited for again for ``SKIP_ROUNDS`` rounds, or
@@ -110,8 +113,9 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             if skip[p] <= round_no or (p in by_peer and by_peer[p].gathered_round == round_no and by_peer[p].gathered):
                 del skip[p]
         outstanding = {
-            p for p in outstanding - membership.no_shows - set(skip) - gave_up
+            p for p in outstanding - membership.no_shows - set(skip)
             if p in by_peer and by_peer[p].round == round_no and by_peer[p].state in IN_ROUND
+            and not (p in gave_up and by_peer[p].state == "training")
             and not (by_peer[p].gathered_round == round_no and by_peer[p].gathered)
         }
         unfetched = [d for d, pubs in named.items() if tries.get(d, 0) < TRIES_PER_SET and set(pubs) - failed]

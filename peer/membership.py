@@ -57,6 +57,7 @@ NOT_IN_ROUNDS = ("stopped", "starting", "linking")
 TRAINING_STATES = ("training", "ready", "exchanging")  # a peer in a round: past its start quorum
 STRAGGLER_MIN_S = 5.0  # the least a ready peer waits past the last arrival for announced peers
 STRAGGLER_FRACTION = 0.5  # ... and at most this fraction of its own training time of the round
+CARRY_ROUNDS = 2  # rounds a peer still coming to a round we waited for it in is judged again before it is a no-show
 MAX_SKIP_ROUNDS = 32  # a peer waited for in vain again and again is skipped for at most this many rounds
 MIN_READ_S = 0.5  # a peer reads the progress records at most this often ...
 SWARM_READS_PER_S = 8.0  # ... and at most N / this often in a swarm of N peers
@@ -108,6 +109,8 @@ class Membership:
         self._skip_until: Dict[str, int] = {}  # no-show -> the first round in which it is waited for again
         self._waited: Set[str] = set()  # whom the last barrier gave up waiting for
         self._waited_round = -1  # ... in which round
+        self._waited_steps: Dict[str, int] = {}  # ... at which inner step of it
+        self._carried: Dict[str, int] = {}  # peers waited for in a round they are still coming to -> that round
         self._training_since: Optional[float] = None
         self._ignored: Dict[str, float] = {}  # peer -> until when its records are left out
         self.train_seconds = 0.0  # this peer's training time of its last round
@@ -269,8 +272,27 @@ class Membership:
         return min(allowance, swarm.round_wait)
 
     def _note_group(self, mates: Set[str], round_no: int) -> None:
-        """Last round's group was ``mates`` (+ us): whom we waited for in vain is skipped for a while."""
-        missing = self._waited - mates - self._gathered_since(self._waited_round)
+        """Last round's group was ``mates`` (+ us): whom we waited for in vain is skipped for a while.
+
+        A peer still coming is judged later, not now: one still in the round it was waited in that
+        has finished training it (ready, exchanging) or trained on since (its step advanced) is
+        slower than us, not absent; it is judged again at the next barriers while it stays in that
+        round, for at most ``CARRY_ROUNDS`` rounds. (At 32 peers the first pair to gather struck the
+        30 others, still matchmaking, as no-shows, and trained ahead of them alone.)"""
+        candidates = {**self._carried, **{p: self._waited_round for p in self._waited}}
+        by_peer = {v.peer_id: v.progress for v in self.view()}
+        came = {r: self._gathered_since(r) for r in set(candidates.values())}
+        self._carried, missing = {}, set()
+        for peer, r in candidates.items():
+            if peer in mates or peer in came[r]:
+                continue
+            p = by_peer.get(peer)
+            coming = p is not None and p.round == r and (
+                p.state in ("ready", "exchanging") or (p.state == "training" and p.step > self._waited_steps.get(peer, p.step)))
+            if coming and r >= round_no - CARRY_ROUNDS:
+                self._carried[peer] = r
+            else:
+                missing.add(peer)
         for peer in missing:
             strikes = self._strikes[peer] = self._strikes.get(peer, 0) + 1
             self._skip_until[peer] = retry_round(round_no + 1, strikes)
@@ -280,6 +302,7 @@ class Membership:
         for peer in mates:
             self._strikes.pop(peer, None)
             self._skip_until.pop(peer, None)
+        self._waited_steps = {p: self._waited_steps[p] for p in self._carried if p in self._waited_steps}
         expired = {p for p in self.no_shows if p in self._skip_until and self._skip_until[p] <= round_no}
         if expired:
             logger.info(f"round {round_no}: waiting again for {_names(expired)} if they train this round")
@@ -333,6 +356,7 @@ class Membership:
             late = now - last_arrival > allowance
             if not pending or late or now > deadline or self.stop.is_set():
                 self._waited, self._waited_round = {v.peer_id for v in pending}, round_no
+                self._waited_steps.update({v.peer_id: v.progress.step for v in pending})
                 if pending and late:
                     logger.info(f"round {round_no}: not waiting longer than {allowance:.1f} s past the last arrival "
                                 f"for {_names(self._waited)}")

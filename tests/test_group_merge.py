@@ -176,6 +176,19 @@ def test_peers_the_barrier_gave_up_on_are_not_waited_for_again():
     assert merged.sets == 1 and time.monotonic() - t0 < 1.0
 
 
+def test_peers_the_barrier_gave_up_on_that_then_finished_training_are_waited_for():
+    # 30 peers were still training when the first pair's barrier gave up on them; by the pair's merge
+    # they are matchmaking: their group's set comes, and the pair merges it instead of training apart
+    mine, theirs = a_group(0, 2, b"g1"), a_group(2, 3, b"g2")
+    others = sorted(theirs[2])
+    matchmaking = [record(p, state="exchanging") for p in others]
+    named = [record(p, gathered=theirs[1]) for p in others]
+    swarm = Swarm([matchmaking] * 3 + [named], {others[0]: {theirs[1]: theirs[0]}}, allowance=5.0)
+    peer, result = member_of(swarm, mine)
+    merged = merge_round(peer, ROUND, result, ready=[], gave_up=others)
+    assert merged.sets == 2 and merged.payloads == {**mine[2], **theirs[2]}
+
+
 def test_a_member_whose_gather_failed_takes_the_set_its_group_completed_with_its_payload():
     ours, theirs = a_group(0, 3, b"g1"), a_group(3, 3, b"g2")
     me, mates = sorted(ours[2])[0], sorted(ours[2])[1:]

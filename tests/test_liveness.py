@@ -14,7 +14,7 @@ import torch
 
 from peer import membership as membership_mod
 from peer import state_sync
-from peer.membership import STRAGGLER_MIN_S, Membership, swarm_round
+from peer.membership import CARRY_ROUNDS, STRAGGLER_MIN_S, Membership, swarm_round
 from peer.round_engine import RoundEngine
 from peer.state import params_hash
 from peer.state_sync import MAX_ATTEMPTS, StateSync, order_sources
@@ -127,6 +127,35 @@ def test_slower_peers_that_then_gathered_in_a_group_of_their_own_are_not_no_show
     monkeypatch.setattr(m, "view", lambda: later)
     m.wait_for_round(5, set(), first_round=False)  # our gather of round 5 found no group: we try the round again
     assert m.no_shows == {"x"}
+
+
+def test_peers_still_coming_to_the_round_are_judged_later_not_struck(monkeypatch, clock):
+    # a, b and x were training round 5 when our barrier gave up on them (step 3). By our next barrier,
+    # a is matchmaking and b trained on; x has not moved: only x is a no-show now
+    m, wait = barrier_peer(monkeypatch, clock, lambda t: [view("me", 5)] + [view(p, 5, "training") for p in "abx"])
+    wait(5)
+    now = [view("me", 6), view("a", 5, "exchanging"), view("b", 5, "training"), view("x", 5, "training")]
+    now[2].progress = dataclasses.replace(now[2].progress, step=now[2].progress.step + 4)
+    monkeypatch.setattr(m, "view", lambda: now)
+    m.wait_for_round(6, set(), first_round=False)
+    assert m.no_shows == {"x"} and set(m._carried) == {"a", "b"}
+    # a and b then gathered in a group of their own: they came, and are never struck
+    later = [view("me", 7)] + [view(p, 6, "training") for p in "ab"]
+    for v in later[1:]:
+        v.progress = dataclasses.replace(v.progress, gathered_round=5, gathered="1" * 32)
+    monkeypatch.setattr(m, "view", lambda: later)
+    m.wait_for_round(7, set(), first_round=False)
+    assert m.no_shows == {"x"} and not m._carried
+
+
+def test_a_peer_that_claims_to_keep_coming_is_struck_after_the_carry(monkeypatch, clock):
+    m, wait = barrier_peer(monkeypatch, clock, lambda t: [view("me", 5), view("liar", 5, "training")])
+    wait(5)
+    stuck = [view("me", 5), view("liar", 5, "ready")]  # ready in round 5 for ever, never gathering
+    monkeypatch.setattr(m, "view", lambda: stuck)
+    for round_no in range(6, 6 + CARRY_ROUNDS + 1):
+        m.wait_for_round(round_no, set(), first_round=False)
+    assert m.no_shows == {"liar"} and not m._carried
 
 
 def test_ignored_peers_are_left_out_of_the_view_for_a_while(monkeypatch, clock):
