@@ -119,7 +119,7 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
         request_timeout: float = 1.0,
     ):
         self.gather_timeout = gather_timeout
-        self._matchmaking_time = matchmaking_time
+        self._matchmaking_time = self.matchmaking_wait = matchmaking_time
         self._bytes_sent = mp.Value(ctypes.c_int64, 0)
         self._bytes_received = mp.Value(ctypes.c_int64, 0)
         super().__init__(
@@ -176,6 +176,7 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
         wait, request = matchmaking_times(self._matchmaking_time, read_latency, timeout / 4)
+        self.matchmaking_wait = wait  # the merge of this round's sets waits as long for late groups
         self._outer_pipe.send(("_prepare_round", [], dict(round_no=round_no, path=path, expected=expected, future=future,
                                                           matchmaking_time=wait, request_timeout=request)))
         try:

@@ -84,7 +84,9 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     gave_up = set(gave_up)
     t0 = last_arrival = time.monotonic()
     # another group may form and agree as late as a gather's deadline after ours (a loaded host's matchmaking)
-    allowance = max(membership.straggler_allowance(), spec.swarm.gather_timeout) + 2 * spec.swarm.matchmaking_time
+    # (matchmaking's wait as stretched on this host for the round's gather: peer/exchange.py)
+    matchmaking = max(spec.swarm.matchmaking_time, getattr(gatherer, "matchmaking_wait", 0.0))
+    allowance = max(membership.straggler_allowance(), spec.swarm.gather_timeout) + 2 * matchmaking
     while not peer.stop_event.is_set():
         view = [v for v in membership.view() if v.peer_id not in mine and v.progress.part == part
                 and v.progress.state not in NOT_IN_ROUNDS]

@@ -189,6 +189,22 @@ def test_peers_the_barrier_gave_up_on_that_then_finished_training_are_waited_for
     assert merged.sets == 2 and merged.payloads == {**mine[2], **theirs[2]}
 
 
+def test_the_merge_waits_as_long_as_matchmaking_was_stretched_on_this_host():
+    # another group is still matchmaking for about 1.5 s (6 polls); the spec's times allow 0.3 s
+    mine, theirs = a_group(0, 2, b"g1"), a_group(2, 3, b"g2")
+    others = sorted(theirs[2])
+
+    def merged_with(wait):
+        views = [[record(p, state="exchanging") for p in others]] * 6 + [[record(p, gathered=theirs[1]) for p in others]]
+        swarm = Swarm(views, {others[0]: {theirs[1]: theirs[0]}}, allowance=0.1)
+        swarm.matchmaking_wait = wait
+        peer, result = member_of(swarm, mine)
+        return merge_round(peer, ROUND, result, ready=[]).sets
+
+    assert merged_with(0.0) == 1  # the spec's 0.1 s matchmaking: gave up on them
+    assert merged_with(1.0) == 2  # a loaded host's 1 s matchmaking: 2.1 s of allowance
+
+
 def test_a_member_whose_gather_failed_takes_the_set_its_group_completed_with_its_payload():
     ours, theirs = a_group(0, 3, b"g1"), a_group(3, 3, b"g2")
     me, mates = sorted(ours[2])[0], sorted(ours[2])[1:]
