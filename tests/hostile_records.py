@@ -80,7 +80,9 @@ def main() -> None:
         for victim in targets:
             body = encode_body(Progress(2**62, 0, "training", spec.digest(), 0.0, 0.0, 0, 0.0, 0, 0, "f" * 16, -1).to_dict())
             n += dht.store(peers_key(run_id), seal(victim, body), until, subkey=mine)
-            n += dht.store(peers_key(run_id), body, until, subkey=victim)
+            # a str subkey beside the bytes ones: another expiration, or this node's own storage
+            # compares the two subkeys on an expiration tie (hivemind's heap) and the forger crashes
+            n += dht.store(peers_key(run_id), body, until + 1.0, subkey=victim)
         if targets:
             chain = make_chain([(me, 0, 1), (targets[0], 1, spec.model.n_layers)])
             assignment = ChainAssignment(spec.digest(), 2**40, chain)
