@@ -27,12 +27,12 @@ import math
 import threading
 from typing import Iterable, Optional
 
+from peer.membership import DONE_STATES
 from swarm.records import PeerView
 
 logger = logging.getLogger("voloco.peer")
 
 POLL_S = 1.0  # seconds between two reads of the progress records while a round is armed
-DONE_STATES = ("ready", "exchanging")
 
 
 def min_steps(inner_steps: int, fraction: float) -> int:

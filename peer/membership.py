@@ -54,7 +54,8 @@ logger = logging.getLogger("voloco.peer")
 # connecting to its neighbours (a chain that cannot link never trains). A peer never waits for
 # them; one that went ahead alone meanwhile is caught up with (downloaded) when they start.
 NOT_IN_ROUNDS = ("stopped", "starting", "linking")
-TRAINING_STATES = ("training", "ready", "exchanging")  # a peer in a round: past its start quorum
+DONE_STATES = ("ready", "exchanging")  # a peer that has finished training its round
+TRAINING_STATES = ("training",) + DONE_STATES  # a peer in a round: past its start quorum
 STRAGGLER_MIN_S = 5.0  # the least a ready peer waits past the last arrival for announced peers
 STRAGGLER_FRACTION = 0.5  # ... and at most this fraction of its own training time of the round
 CARRY_ROUNDS = 2  # rounds a peer still coming to a round we waited for it in is judged again before it is a no-show
@@ -280,15 +281,16 @@ class Membership:
         round, for at most ``CARRY_ROUNDS`` rounds. (At 32 peers the first pair to gather struck the
         30 others, still matchmaking, as no-shows, and trained ahead of them alone.)"""
         candidates = {**self._carried, **{p: self._waited_round for p in self._waited}}
-        by_peer = {v.peer_id: v.progress for v in self.view()}
-        came = {r: self._gathered_since(r) for r in set(candidates.values())}
+        view = self.view()
+        by_peer = {v.peer_id: v.progress for v in view}
+        came = {r: _gathered_since(view, r) for r in set(candidates.values())}
         self._carried, missing = {}, set()
         for peer, r in candidates.items():
             if peer in mates or peer in came[r]:
                 continue
             p = by_peer.get(peer)
             coming = p is not None and p.round == r and (
-                p.state in ("ready", "exchanging") or (p.state == "training" and p.step > self._waited_steps.get(peer, p.step)))
+                p.state in DONE_STATES or (p.state == "training" and p.step > self._waited_steps.get(peer, p.step)))
             if coming and r >= round_no - CARRY_ROUNDS:
                 self._carried[peer] = r
             else:
@@ -308,17 +310,6 @@ class Membership:
             logger.info(f"round {round_no}: waiting again for {_names(expired)} if they train this round")
         self.no_shows = (self.no_shows | missing) - mates - expired
         self._waited = set()
-
-    def _gathered_since(self, round_no: int) -> Set[str]:
-        """Peers that gathered in a group in ``round_no`` or later: they came, only not in ours (a slower
-        peer of a round whose own group formed after ours, or ours found none). A set counts when
-        two peers name it (a group has at least two members), so one liar's claim alone does not."""
-        named: Dict[tuple, Set[str]] = {}
-        for v in self.view():
-            p = v.progress
-            if p.gathered and p.gathered_round >= round_no >= 0:
-                named.setdefault((p.gathered_round, p.gathered), set()).add(v.peer_id)
-        return set().union(*(peers for peers in named.values() if len(peers) >= 2))
 
     def forgive(self, peers: Iterable[str]) -> None:
         """``peers`` are evidently training (this peer took their state): wait for them again."""
@@ -343,7 +334,7 @@ class Membership:
         while True:
             view = self.view()
             mine = [v for v in view if v.progress.round == round_no and v.peer_id != self.peer_id]
-            ready = [v for v in mine if v.progress.state in ("ready", "exchanging")]
+            ready = [v for v in mine if v.progress.state in DONE_STATES]
             pending = [v for v in mine if v.progress.state in busy] + [
                 v for v in view
                 if v.peer_id in mates and v.progress.round == round_no - 1 and v.progress.state not in NOT_IN_ROUNDS
@@ -369,6 +360,19 @@ class Membership:
                 return Barrier(expected=1 + len(ready), alone=not others, behind=behind, only_syncing=syncing,
                                ready=frozenset(v.peer_id for v in ready), gave_up=frozenset(self._waited))
             time.sleep(0.25)
+
+
+def _gathered_since(view: Sequence[PeerView], round_no: int) -> Set[str]:
+    """Peers of ``view`` that gathered in a group in ``round_no`` or later: they came, only not in
+    ours (a slower peer of a round whose own group formed after ours, or ours found none). A set
+    counts when two peers name it (a group has at least two members), so one liar's claim alone
+    does not."""
+    named: Dict[tuple, Set[str]] = {}
+    for v in view:
+        p = v.progress
+        if p.gathered and p.gathered_round >= round_no >= 0:
+            named.setdefault((p.gathered_round, p.gathered), set()).add(v.peer_id)
+    return set().union(*(peers for peers in named.values() if len(peers) >= 2))
 
 
 def skip_length(strikes: int) -> int:
