@@ -146,6 +146,8 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
         self._max_payload_bytes = max_payload_bytes
         self._max_group_size = max_group_size
         self._groups: "OrderedDict[bytes, _Group]" = OrderedDict()
+        self._fetched: "OrderedDict[bytes, bytes]" = OrderedDict()  # sets fetched from other groups (set_server.py)
+        self._merged: "OrderedDict[bytes, Tuple[frozenset, bytes]]" = OrderedDict()  # set -> (members, what we merged)
         self._group_opened: Optional[asyncio.Event] = None
         self._calls = CallLimiter(CALLS_PER_PEER)
         self.state_provider: Optional[Callable[[], Tuple[Any, Sequence[torch.Tensor]]]] = None

@@ -10,7 +10,10 @@ ran out: the straggler allowance or ``swarm.gather_timeout`` (the larger) past t
 came in, never more than ``swarm.round_wait``. Every set named for the round is fetched from one of the peers that
 named it (another on failure), checked envelope by envelope (protocol/group_sets.py) and merged:
 θ is computed from the union, in canonical order, so groups that hold the same sets hold the same
-θ. A set that cannot be had in time leaves that round with a second θ; a member of the minority
+θ. Members of one group then tell each other which sets they merged and each takes the union of
+their lists (``agree_with_group``): one member may have seen a late group's set in time where its
+groupmate, whose view was a read behind, stopped waiting, and a group must end its round with one θ.
+A set that cannot be had in time leaves that round with a second θ; a member of the minority
 takes the majority's parameters at the next round's start-hash check.
 
 Only peers of the same part of the model (``progress.part``: a full replica, a slice, a stage)
@@ -79,6 +82,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     part = peer.role.progress_part
     held: Dict[str, Dict[str, bytes]] = {own: dict(result.payloads)}
     tries: Dict[str, int] = {}
+    seen_naming: Dict[str, List[str]] = {}  # set -> the peers seen naming it
     failed: Set[str] = set()  # peers that did not serve the set they named
     outstanding: Set[str] = set(ready) - mine
     gave_up = set(gave_up)
@@ -95,6 +99,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             p = v.progress
             if p.gathered_round == round_no and p.gathered and p.gathered not in held:
                 named.setdefault(p.gathered, []).append(v.peer_id)
+                if v.peer_id not in seen_naming.setdefault(p.gathered, []):
+                    seen_naming[p.gathered].append(v.peer_id)
         for digest, publishers in sorted(named.items()):
             sources = [p for p in publishers if p not in failed]
             if not sources or tries.get(digest, 0) >= TRIES_PER_SET:
@@ -132,11 +138,49 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             skip.update({p: round_no + SKIP_ROUNDS for p in outstanding})
             break
         time.sleep(POLL_S)
+    agree_with_group(peer, round_no, result, held, seen_naming, wait=allowance)
     payloads, excluded = group_sets.union(held[d] for d in sorted(held))
     if len(held) > 1:
         logger.info(f"round {round_no}: merged the sets of {len(held) - 1} other group(s) of the round: "
                     f"{len(payloads)} payloads in all")
     return Merged(payloads, excluded, len(held))
+
+
+def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, bytes]],
+                     publishers: Dict[str, List[str]], wait: float) -> None:
+    """Add to ``held`` the sets our groupmates merged for the round and we did not.
+
+    Each member tells the others which sets it holds (``offer_merged``) and asks each of them the
+    same (``merged_by``: answered once that member's own merge is over, or after ``wait`` s); a set
+    one of them names that we lack is fetched from it (it serves what it fetched), or from the peers
+    seen naming it. Members that all answer each other end with the same union, so the same θ.
+    A member that does not answer in time, or a set that cannot be had, leaves the group split
+    until the next round's start-hash check (a hostile member can still name different sets to
+    different members: that costs a round's θ, never a forged payload, every set being checked)."""
+    gatherer, me, own = peer.gatherer, peer.peer_id, result.set_digest
+    mates = [m for m in result.group if m != me and m not in result.unservable]  # client-mode members serve nothing
+    gatherer.offer_merged(own, result.group, sorted(held))
+    if not mates or not own:
+        return
+    answers = gatherer.merged_by(mates, own, timeout=max(2.0, wait))
+    lacking: Dict[str, List[str]] = {}
+    for mate, names in sorted(answers.items()):
+        for name in names or ():
+            if name not in held:
+                lacking.setdefault(name, []).append(mate)
+    for name, holders in sorted(lacking.items()):
+        sources = holders + [p for p in publishers.get(name, []) if p not in holders]
+        for source in sources[:TRIES_PER_SET]:
+            got = _fetch(gatherer, peer.spec, source, name, round_no, FETCH_TIMEOUT_S)
+            if got is not None:
+                held[name] = got
+                logger.info(f"round {round_no}: took set {name[:12]} that {holders[0]} of our group merged and we had not")
+                break
+        else:
+            logger.warning(f"round {round_no}: {holders[0]} of our group merged set {name[:12]}, which we could not "
+                           f"fetch: this round may end with a second θ")
+    if lacking:
+        gatherer.offer_merged(own, result.group, sorted(held))
 
 
 def no_group_left(peer, round_no: int, since: float, gave_up: Iterable[str] = ()) -> Callable[[], bool]:

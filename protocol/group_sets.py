@@ -123,3 +123,29 @@ def union(sets: Iterable[Mapping[Hashable, bytes]]) -> Tuple[Dict[Hashable, byte
                 del merged[sender]
                 excluded[sender] = TWO_PAYLOADS
     return merged, excluded
+
+
+MAX_NAMES = 256  # the most set names a member's list of what it merged may hold (groups in one round)
+_HEX = frozenset("0123456789abcdef")
+
+
+def pack_names(digests: Iterable[str]) -> bytes:
+    """A member's list of the sets it merged for a round, as it answers a groupmate: the names, sorted, joined."""
+    names = sorted(set(digests))
+    if len(names) > MAX_NAMES or any(len(d) != DIGEST_CHARS or not set(d) <= _HEX for d in names):
+        raise SetError("not a list of set names")
+    return "".join(names).encode()
+
+
+def parse_names(raw: bytes) -> Tuple[str, ...]:
+    """A groupmate's answer (``pack_names``), checked: at most ``MAX_NAMES`` well-formed set names."""
+    if len(raw) % DIGEST_CHARS or len(raw) > MAX_NAMES * DIGEST_CHARS:
+        raise SetError(f"a list of set names of {len(raw)} bytes")
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise SetError("a list of set names that is not ascii") from None
+    names = tuple(text[i : i + DIGEST_CHARS] for i in range(0, len(text), DIGEST_CHARS))
+    if not set(text) <= _HEX or len(set(names)) != len(names):
+        raise SetError("a list of set names with a malformed or repeated name")
+    return names

@@ -41,6 +41,8 @@ class Swarm:
         self.asked: List[str] = []
         self.published = 0
         self.read_began = float("-inf")
+        self.mates_merged: Dict[str, Optional[tuple]] = {}  # groupmate -> the sets it says it merged
+        self.offers: List[tuple] = []
 
     # membership
     def view(self):
@@ -60,13 +62,19 @@ class Swarm:
         self.asked.append(peer)
         return self.serves.get(peer, {}).get(digest)
 
+    def offer_merged(self, set_digest: str, members, names) -> None:
+        self.offers.append((set_digest, tuple(names)))
+
+    def merged_by(self, peers, set_digest: str, timeout: float):
+        return {p: self.mates_merged.get(p) for p in peers}
+
 
 def member_of(swarm: Swarm, mine):
     packed, digest, payloads = mine
     spec = SimpleNamespace(swarm=SimpleNamespace(matchmaking_time=0.1, gather_timeout=0.1, round_wait=10.0, max_group_size=16, min_group_size=2))
     peer = SimpleNamespace(membership=swarm, gatherer=swarm, spec=spec, stop_event=threading.Event(),
-                           role=SimpleNamespace(progress_part=-1), gathered=(0, ""))
-    result = SimpleNamespace(group=sorted(payloads), payloads=payloads, set_digest=digest)
+                           role=SimpleNamespace(progress_part=-1), gathered=(0, ""), peer_id=sorted(payloads)[0])
+    result = SimpleNamespace(group=sorted(payloads), payloads=payloads, set_digest=digest, unservable=frozenset())
     return peer, result
 
 
@@ -269,3 +277,40 @@ def test_a_gather_with_nobody_else_in_the_round_does_not_give_up():
     peer, _ = member_of(swarm, mine)
     peer.peer_id = "me"
     assert not no_group_left(peer, ROUND, since=time.monotonic())()
+
+
+def test_a_set_a_groupmate_merged_and_we_did_not_is_fetched_from_it():
+    # our view never showed the other group's set in time; our groupmate's did, and it merged it
+    mine, theirs = a_group(0, 2, b"g1"), a_group(2, 2, b"g2")
+    mate = sorted(mine[2])[1]
+    swarm = Swarm([[]], {mate: {theirs[1]: theirs[0]}})
+    swarm.mates_merged = {mate: tuple(sorted([mine[1], theirs[1]]))}
+    peer, result = member_of(swarm, mine)
+    merged = merge_round(peer, ROUND, result, ready=[])
+    assert merged.sets == 2 and merged.payloads == {**mine[2], **theirs[2]}
+    assert swarm.asked == [mate]
+    # what we tell our groupmates: first our own list, then the union we ended with
+    assert swarm.offers == [(mine[1], (mine[1],)), (mine[1], tuple(sorted([mine[1], theirs[1]])))]
+
+
+def test_a_set_named_by_a_groupmate_that_nobody_serves_changes_nothing():
+    mine = a_group(0, 3, b"g1")
+    mates = sorted(mine[2])[1:]
+    swarm = Swarm([[]], {})
+    swarm.mates_merged = {mates[0]: (mine[1], "f" * 32), mates[1]: None}  # one names a phantom, one never answers
+    peer, result = member_of(swarm, mine)
+    merged = merge_round(peer, ROUND, result, ready=[])
+    assert merged.sets == 1 and merged.payloads == mine[2]
+    assert swarm.asked == [mates[0]]  # asked once, for the phantom
+
+
+def test_client_mode_groupmates_are_not_asked():
+    mine = a_group(0, 2, b"g1")
+    mate = sorted(mine[2])[1]
+    swarm = Swarm([[]], {})
+    asked = []
+    swarm.merged_by = lambda peers, digest, timeout: asked.extend(peers) or {}
+    peer, result = member_of(swarm, mine)
+    result.unservable = frozenset([mate])
+    merge_round(peer, ROUND, result, ready=[])
+    assert asked == []

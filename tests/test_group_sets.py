@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.group_sets import DIGEST_CHARS, TWO_PAYLOADS, SetError, open_set, pack_set, set_digest, union
+from protocol.group_sets import (DIGEST_CHARS, MAX_NAMES, TWO_PAYLOADS, SetError, open_set, pack_names, pack_set,
+                                 parse_names, set_digest, union)
 from protocol.signed import seal
 from tests.agreement_sim import MAX_PAYLOAD, RUN, binding_of, signer
 
@@ -117,3 +118,32 @@ def test_union_counts_every_payload_once_and_an_equivocator_never():
     assert merged == {"p2": b"two", "p3": b"three", "p4": b"four"}
     assert excluded == {"p1": TWO_PAYLOADS}
     assert union([c, b, a]) == (merged, excluded)  # the same whatever order the sets came in
+
+
+# ---- a member's list of the sets it merged (what groupmates tell each other) ----------------------
+def test_a_list_of_set_names_round_trips_sorted_and_once():
+    a, b = "0" * DIGEST_CHARS, "ab" * (DIGEST_CHARS // 2)
+    assert parse_names(pack_names([b, a, b])) == (a, b)
+    assert parse_names(pack_names([])) == ()
+
+
+@pytest.mark.parametrize("raw", [b"0" * (DIGEST_CHARS - 1), b"G" * DIGEST_CHARS, b"0" * DIGEST_CHARS * 2,
+                                 b"\xff" * DIGEST_CHARS, b"0" * DIGEST_CHARS * (MAX_NAMES + 1)])
+def test_a_malformed_repeated_or_overlong_list_is_refused(raw):
+    with pytest.raises(SetError):
+        parse_names(raw)
+
+
+def test_what_is_not_a_set_name_is_never_packed():
+    with pytest.raises(SetError):
+        pack_names(["not a set name"])
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=3 * DIGEST_CHARS))
+def test_any_bytes_give_a_set_error_or_names_that_pack_back(raw):
+    try:
+        names = parse_names(raw)
+    except SetError:
+        return
+    assert pack_names(names) == raw
