@@ -49,6 +49,7 @@ from hivemind.utils import MPFuture, get_dht_time, get_logger
 
 from peer.exchange_io import CallLimiter, read_bounded_stream, retry_until
 from peer.identity import payload_signer
+from peer.matchmaking import end_stale_matchmaking, matchmaking_times
 from peer.set_server import SetServer
 from protocol import group_sets, reconcile
 from protocol.errors import ProtocolError
@@ -64,18 +65,6 @@ CALLS_PER_PEER = 8  # gather RPCs one remote peer may have running here at once
 CANDIDATES_PER_OWNER = 4  # new values of one owner whose bytes one round tries to fetch
 DEFAULT_MAX_PAYLOAD_BYTES = 16 << 20  # for tools without a spec; a peer passes its strategy's bound
 GIVE_UP_POLL_S = 0.5  # how often a gather still looking for a group asks whether one can still form
-LATENCY_TIMEOUTS = 3.0  # a matchmaking request waits at least this many DHT read latencies for its answer
-
-
-def matchmaking_times(matchmaking_time: float, read_latency: float, limit: float) -> Tuple[float, float]:
-    """(a leader's wait for followers, a follower's wait for a leader's answer) on a host where one
-    DHT read takes ``read_latency`` seconds: the spec's ``matchmaking_time`` and a third of it,
-    stretched to ``LATENCY_TIMEOUTS`` read latencies for the answer (and three answers for the wait)
-    on a loaded host, at most ``limit``. At 32 peers on 2 cores a request timed out after 1 s again
-    and again and no group formed in 3 rounds; with 3.3 s and 10 s every round gathered 31-32 peers."""
-    request = max(matchmaking_time / 3, LATENCY_TIMEOUTS * max(0.0, read_latency))
-    wait = min(max(matchmaking_time, 3 * request), max(matchmaking_time, limit))
-    return wait, min(request, wait / 3)
 
 
 @dataclass
@@ -233,6 +222,7 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
             with open(path, "rb") as f:
                 self._round_no, self._payload = round_no, f.read()
             mm = self._matchmaking
+            await end_stale_matchmaking(mm, round_no)
             mm.group_key_manager.group_bits = format(round_no % (1 << ROUND_BITS), f"0{ROUND_BITS}b")
             # close the group as soon as every live peer of the round has joined
             mm.target_group_size = mm.potential_leaders.target_group_size = expected
@@ -243,23 +233,31 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
             future.set_exception(e)
 
     async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs) -> GatherResult:
-        gathered = [self.serializer.loads(g) for g in group_info.gathered]  # hivemind's [bandwidth, mode, ours]
-        announced = reconcile.parse_announcements([self.serializer.loads(g[2]) for g in gathered], self._round_no)
-        start_hashes = {p.to_base58(): a[1] for p, a in zip(group_info.peer_ids, announced)}
-        clients = frozenset(p.to_base58() for p, g in zip(group_info.peer_ids, gathered) if g[1] == AveragingMode.CLIENT.value)
-        members = tuple(p.to_bytes() for p in group_info.peer_ids)
+        gathered = [self._read_gathered(g) for g in group_info.gathered]  # hivemind's [bandwidth, mode, ours]
+        kept, dropped = reconcile.members_of_round([g[2] if g else None for g in gathered], self._round_no)
+        me = group_info.peer_ids.index(self.peer_id)
+        if me not in kept:  # a matchmaking of ours that outlived its round: the others gather without us
+            raise reconcile.GroupError(f"our own matchmaking was for another round: {dropped[me]}")
+        for i, why in dropped.items():
+            logger.warning(f"round {self._round_no}: left {group_info.peer_ids[i]} out of the group: {why}")
+        peer_ids = [p for i, p in enumerate(group_info.peer_ids) if i in kept]
+        if len(peer_ids) < 2:
+            raise reconcile.GroupError(f"no other member of the group gathers for round {self._round_no}")
+        start_hashes = {group_info.peer_ids[i].to_base58(): a[1] for i, a in kept.items()}
+        clients = frozenset(group_info.peer_ids[i].to_base58() for i in kept if gathered[i][1] == AveragingMode.CLIENT.value)
+        members = tuple(p.to_bytes() for p in peer_ids)
         binding = Binding(self._run, self._round_no, group_info.group_id, members)
         group = self._open_group(group_info.group_id, reconcile.Agreement(binding, self._signer, self._max_payload_bytes))
         try:
             group.agreement.seal(self._payload)
             group.done[0].set()
-            await self._agree(group, [p for p in group_info.peer_ids if p != self.peer_id])
+            await self._agree(group, [p for p in peer_ids if p != self.peer_id])
             outcome = group.agreement.outcome()
             group.set_digest = group_sets.set_digest(binding.context, outcome.payloads)
             for owner, why in outcome.excluded.items():
                 logger.warning(f"round {self._round_no}: excluded {_b58(owner)}: {why}")
             return GatherResult(
-                group=[p.to_base58() for p in group_info.peer_ids],
+                group=[p.to_base58() for p in peer_ids],
                 payloads={_b58(k): v for k, v in outcome.payloads.items()},
                 excluded={_b58(k): why for k, why in outcome.excluded.items()},
                 start_hashes=start_hashes,
@@ -272,6 +270,14 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
             future = self._running_groups.get(group_info.group_id)
             if future is not None and not future.done():
                 future.set_result(None)
+
+    def _read_gathered(self, raw: bytes) -> Optional[list]:
+        """One member's matchmaking data, [bandwidth, mode, announcement]; None if it is not that."""
+        try:
+            value = self.serializer.loads(raw)
+        except Exception:
+            return None
+        return value if isinstance(value, (list, tuple)) and len(value) == 3 else None
 
     async def _agree(self, group: _Group, others: List[PeerID]) -> None:
         """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed."""

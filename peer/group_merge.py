@@ -39,6 +39,7 @@ TRIES_PER_SET = 3  # peers that named a set asked for it, one after the other, b
 FETCH_TIMEOUT_S = 10.0  # the most one fetch of a set may take
 POLL_S = 0.25
 SKIP_ROUNDS = 8  # rounds a peer that was waited for in vain is not waited for again
+QUIET_WAIT_S = 1.0  # how long a groupmate that did not say what it merged lately is waited for
 IN_ROUND = TRAINING_STATES  # states of a peer that may still name a set for its round
 
 
@@ -56,7 +57,7 @@ class Merged:
 
 
 def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optional[Dict[str, int]] = None,
-                gave_up: Iterable[str] = ()) -> Merged:
+                gave_up: Iterable[str] = (), quiet: Optional[Dict[str, int]] = None) -> Merged:
     """The union of our group's set and every set the round's other groups named in time.
 
     ``result`` is this peer's GatherResult; ``ready``, the peers its barrier saw ready in the round.
@@ -72,7 +73,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
 
     ``skip`` (peer -> round), kept from round to round by the caller: a peer that stayed in the
     round past the wait without naming a set is not waited for again for ``SKIP_ROUNDS`` rounds, or
-    until it names one (a peer that claims to be in the round and never gathers costs one wait)."""
+    until it names one (a peer that claims to be in the round and never gathers costs one wait).
+    ``quiet``: ``agree_with_group``'s, kept by the caller too."""
     skip = {} if skip is None else skip
     membership, gatherer, spec = peer.membership, peer.gatherer, peer.spec
     own = result.set_digest
@@ -138,7 +140,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             skip.update({p: round_no + SKIP_ROUNDS for p in outstanding})
             break
         time.sleep(POLL_S)
-    agree_with_group(peer, round_no, result, held, seen_naming, wait=allowance)
+    agree_with_group(peer, round_no, result, held, seen_naming, wait=allowance, quiet=quiet)
     payloads, excluded = group_sets.union(held[d] for d in sorted(held))
     if len(held) > 1:
         logger.info(f"round {round_no}: merged the sets of {len(held) - 1} other group(s) of the round: "
@@ -147,7 +149,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
 
 
 def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, bytes]],
-                     publishers: Dict[str, List[str]], wait: float) -> None:
+                     publishers: Dict[str, List[str]], wait: float, quiet: Optional[Dict[str, int]] = None) -> None:
     """Add to ``held`` the sets our groupmates merged for the round and we did not.
 
     Each member tells the others which sets it holds (``offer_merged``) and asks each of them the
@@ -156,13 +158,26 @@ def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, byte
     seen naming it. Members that all answer each other end with the same union, so the same θ.
     A member that does not answer in time, or a set that cannot be had, leaves the group split
     until the next round's start-hash check (a hostile member can still name different sets to
-    different members: that costs a round's θ, never a forged payload, every set being checked)."""
+    different members: that costs a round's θ, never a forged payload, every set being checked).
+    ``quiet`` (peer -> round), kept by the caller: groupmates that did not answer, asked again for
+    ``SKIP_ROUNDS`` rounds with a wait of ``QUIET_WAIT_S`` only."""
     gatherer, me, own = peer.gatherer, peer.peer_id, result.set_digest
-    mates = [m for m in result.group if m != me and m not in result.unservable]  # client-mode members serve nothing
+    quiet = {} if quiet is None else quiet
+    # members whose payload the group agreed (an excluded one misbehaved or went silent), client-mode
+    # members aside (they serve nothing)
+    mates = [m for m in result.group if m != me and m in result.payloads and m not in result.unservable]
     gatherer.offer_merged(own, result.group, sorted(held))
     if not mates or not own:
         return
-    answers = gatherer.merged_by(mates, own, timeout=max(2.0, wait))
+    for m in [m for m, until in quiet.items() if until <= round_no]:
+        del quiet[m]
+    # a member that left us waiting lately is asked, but not waited for long
+    answers = gatherer.merged_by(mates, own, timeout=QUIET_WAIT_S if set(mates) & set(quiet) else max(2.0, wait))
+    for mate, names in answers.items():
+        if names is None:
+            quiet[mate] = round_no + SKIP_ROUNDS
+        else:
+            quiet.pop(mate, None)
     lacking: Dict[str, List[str]] = {}
     for mate, names in sorted(answers.items()):
         for name in names or ():

@@ -341,12 +341,26 @@ def parse_announcement(value: Any) -> Tuple[int, str]:
     return value[0], value[1][:MAX_HASH_CHARS]
 
 
-def parse_announcements(values: Sequence[Any], round_no: int) -> List[Tuple[int, str]]:
-    """Every member's announcement; a group whose members are in different rounds is refused.
+def members_of_round(values: Sequence[Any], round_no: int) -> Tuple[Dict[int, Tuple[int, str]], Dict[int, str]]:
+    """Which members of a matchmade group gather for ``round_no``: (position -> announcement, for those
+    that do; position -> why, for the others).
 
-    The matchmaking key holds the round modulo 2**20, so only a wrap-around can mix rounds.
-    """
-    announced = [parse_announcement(v) for v in values]
-    if any(a[0] != round_no for a in announced):
-        raise GroupError(f"group mixes rounds {sorted(set(str(a[0]) for a in announced))}")
-    return announced
+    ``values``: each member's announcement, in the group's order (None where it could not be read).
+    The matchmaking key holds the round modulo 2**20, so an honest member of another round is a
+    wrap-around or a matchmaking of ours that outlived its round; a member announcing garbage or
+    another round is hostile or stale. Either way it is left out of the group, by every member
+    alike (they all hold the leader's same list), and the others gather without it: one bad
+    announcement no longer fails the whole group."""
+    kept: Dict[int, Tuple[int, str]] = {}
+    dropped: Dict[int, str] = {}
+    for i, value in enumerate(values):
+        try:
+            announced = parse_announcement(value)
+        except GroupError as e:
+            dropped[i] = str(e)
+            continue
+        if announced[0] != round_no:
+            dropped[i] = f"announced round {announced[0]}, not {round_no}"
+        else:
+            kept[i] = announced
+    return kept, dropped

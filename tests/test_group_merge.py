@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 
 from hivemind.p2p import PeerID
 
-from peer.group_merge import adopt_own_set, merge_round, no_group_left
+from peer.group_merge import QUIET_WAIT_S, SKIP_ROUNDS, adopt_own_set, merge_round, no_group_left
 from protocol.group_sets import pack_set, set_digest
 from tests.agreement_sim import MAX_PAYLOAD, RUN, signer
 from tests.test_group_sets import ROUND, agreed_set
@@ -314,3 +314,23 @@ def test_client_mode_groupmates_are_not_asked():
     result.unservable = frozenset([mate])
     merge_round(peer, ROUND, result, ready=[])
     assert asked == []
+
+
+def test_a_groupmate_that_does_not_answer_is_not_waited_for_long_again_and_an_excluded_one_is_never_asked():
+    mine = a_group(0, 3, b"g1")
+    mate, silent = sorted(mine[2])[1:]
+    swarm = Swarm([[]], {})
+    waits, asked = [], []
+    swarm.merged_by = lambda peers, digest, timeout: waits.append(timeout) or asked.append(list(peers)) or {
+        p: (None if p == silent else (mine[1],)) for p in peers}
+    peer, result = member_of(swarm, mine)
+    quiet: Dict[str, int] = {}
+    merge_round(peer, ROUND, result, ready=[], quiet=quiet)
+    assert quiet == {silent: ROUND + SKIP_ROUNDS} and waits[-1] >= 1.0
+    merge_round(peer, ROUND + 1, result, ready=[], quiet=quiet)
+    assert waits[-1] == QUIET_WAIT_S
+    merge_round(peer, ROUND + SKIP_ROUNDS, result, ready=[], quiet={silent: ROUND + SKIP_ROUNDS})
+    assert waits[-1] > QUIET_WAIT_S  # forgiven after SKIP_ROUNDS
+    result.payloads = {p: v for p, v in result.payloads.items() if p != silent}  # the group excluded it
+    merge_round(peer, ROUND + 9, result, ready=[])
+    assert asked[-1] == [mate]

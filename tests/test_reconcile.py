@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol.reconcile import (
-    EQUIVOCATED, SILENT, Agreement, GroupError, agreement_rounds, announcement, parse_announcement, parse_announcements,
+    EQUIVOCATED, SILENT, Agreement, GroupError, agreement_rounds, announcement, parse_announcement, members_of_round,
     parse_answer, parse_request,
 )
 from protocol.signed import Binding, SignatureError, Signer, claim_message, payload_digest, relay_message, seal
@@ -378,8 +378,17 @@ def test_malformed_announcement_raises_group_error(value):
         parse_announcement(value)
 
 
-def test_announcements_of_a_group_must_share_the_round():
-    assert parse_announcements([[3, "x"], [3, "y"]], 3) == [(3, "x"), (3, "y")]
-    assert parse_announcements([], 3) == []
-    with pytest.raises(GroupError, match="mixes rounds"):
-        parse_announcements([[3, "x"], [3 + (1 << 20), "y"]], 3)
+def test_members_announcing_another_round_or_garbage_are_left_out_and_the_rest_kept():
+    assert members_of_round([[3, "x"], [3, "y"]], 3) == ({0: (3, "x"), 1: (3, "y")}, {})
+    assert members_of_round([], 3) == ({}, {})
+    kept, dropped = members_of_round([[3, "x"], [3 + (1 << 20), "y"], None, [3, "z"], "junk"], 3)
+    assert kept == {0: (3, "x"), 3: (3, "z")}
+    assert set(dropped) == {1, 2, 4} and "announced round" in dropped[1]
+
+
+@settings(max_examples=200)
+@given(st.lists(st.one_of(st.none(), st.integers(), st.text(max_size=4), st.lists(st.one_of(st.integers(0, 4), st.text(max_size=3)), max_size=3)), max_size=8))
+def test_any_announcements_split_into_kept_and_dropped(values):
+    kept, dropped = members_of_round(values, 2)
+    assert set(kept) | set(dropped) == set(range(len(values))) and not set(kept) & set(dropped)
+    assert all(a[0] == 2 for a in kept.values())
