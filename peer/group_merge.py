@@ -172,7 +172,7 @@ def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, byte
     for m in [m for m, until in quiet.items() if until <= round_no]:
         del quiet[m]
     # a member that left us waiting lately is asked, but not waited for long
-    answers = gatherer.merged_by(mates, own, timeout=QUIET_WAIT_S if set(mates) & set(quiet) else max(2.0, wait))
+    answers = gatherer.merged_by({m: QUIET_WAIT_S if m in quiet else max(2.0, wait) for m in mates}, own)
     for mate, names in answers.items():
         if names is None:
             quiet[mate] = round_no + SKIP_ROUNDS
@@ -183,14 +183,19 @@ def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, byte
         for name in names or ():
             if name not in held:
                 lacking.setdefault(name, []).append(mate)
+    # bounded however many names a (hostile) groupmate lists: one source that fails is not asked again
+    deadline = time.monotonic() + max(wait, FETCH_TIMEOUT_S)
+    failed: Set[str] = set()
     for name, holders in sorted(lacking.items()):
-        sources = holders + [p for p in publishers.get(name, []) if p not in holders]
-        for source in sources[:TRIES_PER_SET]:
-            got = _fetch(gatherer, peer.spec, source, name, round_no, FETCH_TIMEOUT_S)
+        sources = [p for p in holders + publishers.get(name, []) if p not in failed]
+        for source in list(dict.fromkeys(sources))[:TRIES_PER_SET]:
+            left = deadline - time.monotonic()
+            got = _fetch(gatherer, peer.spec, source, name, round_no, min(FETCH_TIMEOUT_S, left)) if left > 0 else None
             if got is not None:
                 held[name] = got
                 logger.info(f"round {round_no}: took set {name[:12]} that {holders[0]} of our group merged and we had not")
                 break
+            failed.add(source)
         else:
             logger.warning(f"round {round_no}: {holders[0]} of our group merged set {name[:12]}, which we could not "
                            f"fetch: this round may end with a second θ")

@@ -69,17 +69,17 @@ class SetServer:
             set_digest=set_digest, members=frozenset(PeerID.from_base58(m).to_bytes() for m in members),
             packed=group_sets.pack_names(names))))
 
-    def merged_by(self, peers: Sequence[str], set_digest: str, timeout: float) -> Dict[str, Optional[Tuple[str, ...]]]:
-        """Each of ``peers`` (members of our group ``set_digest``): the sets it merged for the round,
-        asked all at once, each answer awaited until it has merged or ``timeout`` s; None for a peer
-        that did not answer in time, or answered something that is not a list of set names."""
+    def merged_by(self, waits: Dict[str, float], set_digest: str) -> Dict[str, Optional[Tuple[str, ...]]]:
+        """Each peer of ``waits`` (members of our group ``set_digest``): the sets it merged for the
+        round, asked all at once, each answer awaited until that peer has merged or for its wait (s);
+        None for a peer that did not answer in time, or answered something that is not a list of set names."""
         future = MPFuture()
-        self._outer_pipe.send(("_merged_by", [], dict(peers=list(peers), set_digest=set_digest, timeout=timeout, future=future)))
+        self._outer_pipe.send(("_merged_by", [], dict(waits=dict(waits), set_digest=set_digest, future=future)))
         try:
-            return future.result(timeout=timeout + 5.0)
+            return future.result(timeout=max(waits.values(), default=0.0) + 5.0)
         except Exception as e:
             logger.debug(f"the merges of group {set_digest}: {e!r}")
-            return {p: None for p in peers}
+            return {p: None for p in waits}
 
     # ---- averager-process side ----------------------------------------------------------------
     def _set_limit(self) -> int:
@@ -120,9 +120,10 @@ class SetServer:
         while len(self._merged) > KEEP_OFFERS:
             self._merged.popitem(last=False)
 
-    async def _merged_by(self, peers: Sequence[str], set_digest: str, timeout: float, future: MPFuture) -> None:
+    async def _merged_by(self, waits: Dict[str, float], set_digest: str, future: MPFuture) -> None:
         try:
-            answers = await asyncio.gather(*(self._ask_merged(p, set_digest, timeout) for p in peers))
+            peers = sorted(waits)
+            answers = await asyncio.gather(*(self._ask_merged(p, set_digest, waits[p]) for p in peers))
             future.set_result(dict(zip(peers, answers)))
         except Exception as e:
             future.set_exception(e)

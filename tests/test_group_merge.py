@@ -65,8 +65,8 @@ class Swarm:
     def offer_merged(self, set_digest: str, members, names) -> None:
         self.offers.append((set_digest, tuple(names)))
 
-    def merged_by(self, peers, set_digest: str, timeout: float):
-        return {p: self.mates_merged.get(p) for p in peers}
+    def merged_by(self, waits, set_digest: str):
+        return {p: self.mates_merged.get(p) for p in waits}
 
 
 def member_of(swarm: Swarm, mine):
@@ -309,7 +309,7 @@ def test_client_mode_groupmates_are_not_asked():
     mate = sorted(mine[2])[1]
     swarm = Swarm([[]], {})
     asked = []
-    swarm.merged_by = lambda peers, digest, timeout: asked.extend(peers) or {}
+    swarm.merged_by = lambda waits, digest: asked.extend(waits) or {}
     peer, result = member_of(swarm, mine)
     result.unservable = frozenset([mate])
     merge_round(peer, ROUND, result, ready=[])
@@ -321,16 +321,26 @@ def test_a_groupmate_that_does_not_answer_is_not_waited_for_long_again_and_an_ex
     mate, silent = sorted(mine[2])[1:]
     swarm = Swarm([[]], {})
     waits, asked = [], []
-    swarm.merged_by = lambda peers, digest, timeout: waits.append(timeout) or asked.append(list(peers)) or {
-        p: (None if p == silent else (mine[1],)) for p in peers}
+    swarm.merged_by = lambda ask, digest: waits.append(dict(ask)) or asked.append(sorted(ask)) or {
+        p: (None if p == silent else (mine[1],)) for p in ask}
     peer, result = member_of(swarm, mine)
     quiet: Dict[str, int] = {}
     merge_round(peer, ROUND, result, ready=[], quiet=quiet)
-    assert quiet == {silent: ROUND + SKIP_ROUNDS} and waits[-1] >= 1.0
+    assert quiet == {silent: ROUND + SKIP_ROUNDS} and min(waits[-1].values()) >= 1.0
     merge_round(peer, ROUND + 1, result, ready=[], quiet=quiet)
-    assert waits[-1] == QUIET_WAIT_S
+    assert waits[-1][silent] == QUIET_WAIT_S and waits[-1][mate] > QUIET_WAIT_S  # the others are waited for as before
     merge_round(peer, ROUND + SKIP_ROUNDS, result, ready=[], quiet={silent: ROUND + SKIP_ROUNDS})
-    assert waits[-1] > QUIET_WAIT_S  # forgiven after SKIP_ROUNDS
+    assert waits[-1][silent] > QUIET_WAIT_S  # forgiven after SKIP_ROUNDS
     result.payloads = {p: v for p, v in result.payloads.items() if p != silent}  # the group excluded it
     merge_round(peer, ROUND + 9, result, ready=[])
     assert asked[-1] == [mate]
+
+
+def test_a_groupmate_listing_many_sets_nobody_serves_costs_one_failed_fetch():
+    mine = a_group(0, 2, b"g1")
+    mate = sorted(mine[2])[1]
+    swarm = Swarm([[]], {})
+    swarm.mates_merged = {mate: tuple(f"{i:032x}" for i in range(200))}
+    peer, result = member_of(swarm, mine)
+    merged = merge_round(peer, ROUND, result, ready=[])
+    assert merged.sets == 1 and swarm.asked == [mate]
