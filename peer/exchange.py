@@ -275,9 +275,11 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
         """One member's matchmaking data, [bandwidth, mode, announcement]; None if it is not that."""
         try:
             value = self.serializer.loads(raw)
+            if isinstance(value, (list, tuple)) and len(value) == 3 and isinstance(value[2], bytes):
+                return [value[0], value[1], self.serializer.loads(value[2])]
         except Exception:
-            return None
-        return value if isinstance(value, (list, tuple)) and len(value) == 3 else None
+            pass
+        return None
 
     async def _agree(self, group: _Group, others: List[PeerID]) -> None:
         """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed."""

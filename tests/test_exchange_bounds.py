@@ -222,3 +222,17 @@ def test_a_relay_request_is_answered_once_our_previous_round_is_over():
     early, answer, bad = asyncio.run(scenario())
     assert not early and answer.code == averaging_pb2.NO_CODE and parse_answer(answer.tensor_part.buffer, 3) == ([], [])
     assert bad.code == averaging_pb2.PROTOCOL_VIOLATION
+
+
+def test_matchmaking_data_reads_as_hivemind_writes_it_and_garbage_reads_as_none():
+    from hivemind.averaging.averager import AveragingMode
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    g = gatherer()
+    g.serializer = MSGPackSerializer
+    announcement = [7, "ab" * 8]
+    written = MSGPackSerializer.dumps([100.0, AveragingMode.NODE.value, MSGPackSerializer.dumps(announcement)])
+    assert g._read_gathered(written) == [100.0, AveragingMode.NODE.value, announcement]
+    for junk in (b"", b"\xc1", MSGPackSerializer.dumps([1, 2]), MSGPackSerializer.dumps([1, 2, "not bytes"]),
+                 MSGPackSerializer.dumps([1, 2, b"\xc1"])):
+        assert g._read_gathered(junk) is None
