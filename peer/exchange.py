@@ -49,7 +49,7 @@ from hivemind.utils import MPFuture, get_dht_time, get_logger
 
 from peer.exchange_io import CallLimiter, read_bounded_stream, retry_until
 from peer.identity import payload_signer
-from peer.matchmaking import end_stale_matchmaking, matchmaking_times
+from peer.matchmaking import matchmaking_times
 from peer.set_server import SetServer
 from protocol import group_sets, reconcile
 from protocol.errors import ProtocolError
@@ -222,7 +222,6 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
             with open(path, "rb") as f:
                 self._round_no, self._payload = round_no, f.read()
             mm = self._matchmaking
-            await end_stale_matchmaking(mm, round_no)
             mm.group_key_manager.group_bits = format(round_no % (1 << ROUND_BITS), f"0{ROUND_BITS}b")
             # close the group as soon as every live peer of the round has joined
             mm.target_group_size = mm.potential_leaders.target_group_size = expected

@@ -44,39 +44,3 @@ def test_the_read_latency_is_the_median_of_the_last_reads(monkeypatch, clock):
         m.view()
     assert m.read_latency() == pytest.approx(0.3)  # of 0.2, 0.3, 9.0, 0.4, 0.2: one slow read moves nothing
 
-
-class _Step:
-    def __init__(self):
-        self.cancelled = False
-
-    def done(self):
-        return self.cancelled
-
-    def cancel(self):
-        self.cancelled = True
-
-
-def test_a_matchmaking_left_from_an_earlier_round_is_cancelled_and_waited_out(monkeypatch):
-    import asyncio
-    import time
-    from types import SimpleNamespace
-
-    import peer.matchmaking as matchmaking
-
-    step = _Step()
-    mm = SimpleNamespace(step_control=step, is_looking_for_group=True)
-
-    async def go():
-        asyncio.get_running_loop().call_later(0.3, lambda: setattr(mm, "is_looking_for_group", False))
-        t0 = time.monotonic()
-        await matchmaking.end_stale_matchmaking(mm, 7)
-        return time.monotonic() - t0
-
-    took = asyncio.run(go())
-    assert step.cancelled and 0.25 < took < 2.0
-    # one that does not end is waited for no longer than the bound
-    monkeypatch.setattr(matchmaking, "STALE_MATCHMAKING_WAIT_S", 0.2)
-    mm.is_looking_for_group = True
-    t0 = time.monotonic()
-    asyncio.run(matchmaking.end_stale_matchmaking(mm, 8))
-    assert time.monotonic() - t0 < 1.0
