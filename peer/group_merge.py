@@ -10,10 +10,7 @@ ran out: the straggler allowance or ``swarm.gather_timeout`` (the larger) past t
 came in, never more than ``swarm.round_wait``. Every set named for the round is fetched from one of the peers that
 named it (another on failure), checked envelope by envelope (protocol/group_sets.py) and merged:
 θ is computed from the union, in canonical order, so groups that hold the same sets hold the same
-θ. Members of one group then tell each other which sets they merged and each takes the union of
-their lists (``agree_with_group``): one member may have seen a late group's set in time where its
-groupmate, whose view was a read behind, stopped waiting, and a group must end its round with one θ.
-A set that cannot be had in time leaves that round with a second θ; a member of the minority
+θ. A set that cannot be had in time leaves that round with a second θ; a member of the minority
 takes the majority's parameters at the next round's start-hash check.
 
 Only peers of the same part of the model (``progress.part``: a full replica, a slice, a stage)
@@ -140,7 +137,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             skip.update({p: round_no + SKIP_ROUNDS for p in outstanding})
             break
         time.sleep(POLL_S)
-    agree_with_group(peer, round_no, result, held, seen_naming, wait=allowance, quiet=quiet)
+    # agree_with_group (below) is not called yet: wired in here, it stalled a 3-peer odd-one-out swarm
+    # test twice of two runs (passing without it); see the 2026-11-24 session note
     payloads, excluded = group_sets.union(held[d] for d in sorted(held))
     if len(held) > 1:
         logger.info(f"round {round_no}: merged the sets of {len(held) - 1} other group(s) of the round: "

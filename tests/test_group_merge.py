@@ -11,8 +11,8 @@ from typing import Dict, List, Optional
 
 from hivemind.p2p import PeerID
 
-from peer.group_merge import QUIET_WAIT_S, SKIP_ROUNDS, adopt_own_set, merge_round, no_group_left
-from protocol.group_sets import pack_set, set_digest
+from peer.group_merge import QUIET_WAIT_S, SKIP_ROUNDS, adopt_own_set, agree_with_group, merge_round, no_group_left
+from protocol.group_sets import pack_set, set_digest, union
 from tests.agreement_sim import MAX_PAYLOAD, RUN, signer
 from tests.test_group_sets import ROUND, agreed_set
 
@@ -279,6 +279,14 @@ def test_a_gather_with_nobody_else_in_the_round_does_not_give_up():
     assert not no_group_left(peer, ROUND, since=time.monotonic())()
 
 
+def agree(peer, round_no, result, ready=(), quiet=None):
+    """agree_with_group after a merge that held only our group's set (not wired into merge_round yet)."""
+    held = {result.set_digest: dict(result.payloads)}
+    agree_with_group(peer, round_no, result, held, {}, wait=0.5, quiet=quiet)
+    payloads, _ = union(held[d] for d in sorted(held))
+    return SimpleNamespace(sets=len(held), payloads=payloads)
+
+
 def test_a_set_a_groupmate_merged_and_we_did_not_is_fetched_from_it():
     # our view never showed the other group's set in time; our groupmate's did, and it merged it
     mine, theirs = a_group(0, 2, b"g1"), a_group(2, 2, b"g2")
@@ -286,7 +294,7 @@ def test_a_set_a_groupmate_merged_and_we_did_not_is_fetched_from_it():
     swarm = Swarm([[]], {mate: {theirs[1]: theirs[0]}})
     swarm.mates_merged = {mate: tuple(sorted([mine[1], theirs[1]]))}
     peer, result = member_of(swarm, mine)
-    merged = merge_round(peer, ROUND, result, ready=[])
+    merged = agree(peer, ROUND, result, ready=[])
     assert merged.sets == 2 and merged.payloads == {**mine[2], **theirs[2]}
     assert swarm.asked == [mate]
     # what we tell our groupmates: first our own list, then the union we ended with
@@ -299,7 +307,7 @@ def test_a_set_named_by_a_groupmate_that_nobody_serves_changes_nothing():
     swarm = Swarm([[]], {})
     swarm.mates_merged = {mates[0]: (mine[1], "f" * 32), mates[1]: None}  # one names a phantom, one never answers
     peer, result = member_of(swarm, mine)
-    merged = merge_round(peer, ROUND, result, ready=[])
+    merged = agree(peer, ROUND, result, ready=[])
     assert merged.sets == 1 and merged.payloads == mine[2]
     assert swarm.asked == [mates[0]]  # asked once, for the phantom
 
@@ -312,7 +320,7 @@ def test_client_mode_groupmates_are_not_asked():
     swarm.merged_by = lambda waits, digest: asked.extend(waits) or {}
     peer, result = member_of(swarm, mine)
     result.unservable = frozenset([mate])
-    merge_round(peer, ROUND, result, ready=[])
+    agree(peer, ROUND, result, ready=[])
     assert asked == []
 
 
@@ -325,14 +333,14 @@ def test_a_groupmate_that_does_not_answer_is_not_waited_for_long_again_and_an_ex
         p: (None if p == silent else (mine[1],)) for p in ask}
     peer, result = member_of(swarm, mine)
     quiet: Dict[str, int] = {}
-    merge_round(peer, ROUND, result, ready=[], quiet=quiet)
+    agree(peer, ROUND, result, ready=[], quiet=quiet)
     assert quiet == {silent: ROUND + SKIP_ROUNDS} and min(waits[-1].values()) >= 1.0
-    merge_round(peer, ROUND + 1, result, ready=[], quiet=quiet)
+    agree(peer, ROUND + 1, result, ready=[], quiet=quiet)
     assert waits[-1][silent] == QUIET_WAIT_S and waits[-1][mate] > QUIET_WAIT_S  # the others are waited for as before
-    merge_round(peer, ROUND + SKIP_ROUNDS, result, ready=[], quiet={silent: ROUND + SKIP_ROUNDS})
+    agree(peer, ROUND + SKIP_ROUNDS, result, ready=[], quiet={silent: ROUND + SKIP_ROUNDS})
     assert waits[-1][silent] > QUIET_WAIT_S  # forgiven after SKIP_ROUNDS
     result.payloads = {p: v for p, v in result.payloads.items() if p != silent}  # the group excluded it
-    merge_round(peer, ROUND + 9, result, ready=[])
+    agree(peer, ROUND + 9, result, ready=[])
     assert asked[-1] == [mate]
 
 
@@ -342,5 +350,5 @@ def test_a_groupmate_listing_many_sets_nobody_serves_costs_one_failed_fetch():
     swarm = Swarm([[]], {})
     swarm.mates_merged = {mate: tuple(f"{i:032x}" for i in range(200))}
     peer, result = member_of(swarm, mine)
-    merged = merge_round(peer, ROUND, result, ready=[])
+    merged = agree(peer, ROUND, result, ready=[])
     assert merged.sets == 1 and swarm.asked == [mate]
