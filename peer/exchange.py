@@ -49,7 +49,7 @@ from hivemind.utils import MPFuture, get_dht_time, get_logger
 
 from peer.exchange_io import CallLimiter, read_bounded_stream, retry_until
 from peer.identity import payload_signer
-from peer.matchmaking import matchmaking_times
+from peer.matchmaking import matchmaking_times, read_gathered
 from peer.set_server import SetServer
 from protocol import group_sets, reconcile
 from protocol.errors import ProtocolError
@@ -232,7 +232,7 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
             future.set_exception(e)
 
     async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs) -> GatherResult:
-        gathered = [self._read_gathered(g) for g in group_info.gathered]  # hivemind's [bandwidth, mode, ours]
+        gathered = [read_gathered(self.serializer, g) for g in group_info.gathered]  # hivemind's [bandwidth, mode, ours]
         kept, dropped = reconcile.members_of_round([g[2] if g else None for g in gathered], self._round_no)
         me = group_info.peer_ids.index(self.peer_id)
         if me not in kept:  # a matchmaking of ours that outlived its round: the others gather without us
@@ -269,16 +269,6 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
             future = self._running_groups.get(group_info.group_id)
             if future is not None and not future.done():
                 future.set_result(None)
-
-    def _read_gathered(self, raw: bytes) -> Optional[list]:
-        """One member's matchmaking data, [bandwidth, mode, announcement]; None if it is not that."""
-        try:
-            value = self.serializer.loads(raw)
-            if isinstance(value, (list, tuple)) and len(value) == 3 and isinstance(value[2], bytes):
-                return [value[0], value[1], self.serializer.loads(value[2])]
-        except Exception:
-            pass
-        return None
 
     async def _agree(self, group: _Group, others: List[PeerID]) -> None:
         """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed."""

@@ -54,7 +54,7 @@ class Merged:
 
 
 def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optional[Dict[str, int]] = None,
-                gave_up: Iterable[str] = (), quiet: Optional[Dict[str, int]] = None) -> Merged:
+                gave_up: Iterable[str] = ()) -> Merged:
     """The union of our group's set and every set the round's other groups named in time.
 
     ``result`` is this peer's GatherResult; ``ready``, the peers its barrier saw ready in the round.
@@ -70,8 +70,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
 
     ``skip`` (peer -> round), kept from round to round by the caller: a peer that stayed in the
     round past the wait without naming a set is not waited for again for ``SKIP_ROUNDS`` rounds, or
-    until it names one (a peer that claims to be in the round and never gathers costs one wait).
-    ``quiet``: ``agree_with_group``'s, kept by the caller too."""
+    until it names one (a peer that claims to be in the round and never gathers costs one wait)."""
     skip = {} if skip is None else skip
     membership, gatherer, spec = peer.membership, peer.gatherer, peer.spec
     own = result.set_digest
@@ -81,7 +80,6 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     part = peer.role.progress_part
     held: Dict[str, Dict[str, bytes]] = {own: dict(result.payloads)}
     tries: Dict[str, int] = {}
-    seen_naming: Dict[str, List[str]] = {}  # set -> the peers seen naming it
     failed: Set[str] = set()  # peers that did not serve the set they named
     outstanding: Set[str] = set(ready) - mine
     gave_up = set(gave_up)
@@ -98,8 +96,6 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             p = v.progress
             if p.gathered_round == round_no and p.gathered and p.gathered not in held:
                 named.setdefault(p.gathered, []).append(v.peer_id)
-                if v.peer_id not in seen_naming.setdefault(p.gathered, []):
-                    seen_naming[p.gathered].append(v.peer_id)
         for digest, publishers in sorted(named.items()):
             sources = [p for p in publishers if p not in failed]
             if not sources or tries.get(digest, 0) >= TRIES_PER_SET:
@@ -137,7 +133,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             skip.update({p: round_no + SKIP_ROUNDS for p in outstanding})
             break
         time.sleep(POLL_S)
-    # agree_with_group (below) is not called yet: wired in here, it stalled a 3-peer odd-one-out swarm
+    # agree_with_group (below) is not called yet: wired in here (with the peers seen naming each set and
+    # a per-peer dict of quiet groupmates kept by the caller), it stalled a 3-peer odd-one-out swarm
     # test twice of two runs (passing without it); see the 2026-11-24 session note
     payloads, excluded = group_sets.union(held[d] for d in sorted(held))
     if len(held) > 1:

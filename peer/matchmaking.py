@@ -1,9 +1,9 @@
-"""voloco's settings around hivemind's matchmaking (peer/exchange.py's gather): its times, stretched
-on a host whose DHT reads are slow."""
+"""voloco's side of hivemind's matchmaking (peer/exchange.py's gather): its times, stretched on a
+host whose DHT reads are slow, and each member's matchmaking data read back."""
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Optional, Tuple
 
 LATENCY_TIMEOUTS = 3.0  # a matchmaking request waits at least this many DHT read latencies for its answer
 
@@ -18,3 +18,15 @@ def matchmaking_times(matchmaking_time: float, read_latency: float, limit: float
     wait = min(max(matchmaking_time, 3 * request), max(matchmaking_time, limit))
     return wait, min(request, wait / 3)
 
+
+
+def read_gathered(serializer: Any, raw: bytes) -> Optional[list]:
+    """One member's matchmaking data as hivemind's ``step`` writes it, [bandwidth, mode, announcement]
+    (the announcement serialized inside); None if it is not that."""
+    try:
+        value = serializer.loads(raw)
+        if isinstance(value, (list, tuple)) and len(value) == 3 and isinstance(value[2], bytes):
+            return [value[0], value[1], serializer.loads(value[2])]
+    except Exception:
+        pass
+    return None

@@ -115,7 +115,6 @@ class RoundLoop:
         self._overlapped = 0  # steps of the current round taken while an exchange was in flight
         self._wire_mark = (0, 0)  # the wire totals (sent, received) when the previous round ended
         self._merge_skip: Dict[str, int] = {}  # peers other groups' merges do not wait for, until a round
-        self._quiet_mates: Dict[str, int] = {}  # groupmates that did not say what they merged: not waited for long
 
     def _wire_since_last_round(self) -> Tuple[Optional[int], Optional[int]]:
         """Every TCP byte sent and received since the previous round ended; (None, None) when unknown."""
@@ -307,8 +306,7 @@ class RoundLoop:
         payloads = result.payloads if result is not None else {peer.peer_id: h.payload}
         excluded = dict(result.excluded) if result is not None else {}
         if result is not None and result.set_digest:  # other groups of the round: one θ from all their sets
-            merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip, gave_up=barrier.gave_up,
-                                 quiet=self._quiet_mates)
+            merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip, gave_up=barrier.gave_up)
         if merged is not None:
             payloads = merged.payloads
             excluded = {**{s: why for s, why in excluded.items() if s not in payloads}, **merged.excluded}

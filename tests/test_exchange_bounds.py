@@ -228,11 +228,11 @@ def test_matchmaking_data_reads_as_hivemind_writes_it_and_garbage_reads_as_none(
     from hivemind.averaging.averager import AveragingMode
     from hivemind.utils.serializer import MSGPackSerializer
 
-    g = gatherer()
-    g.serializer = MSGPackSerializer
+    from peer.matchmaking import read_gathered
+
     announcement = [7, "ab" * 8]
     written = MSGPackSerializer.dumps([100.0, AveragingMode.NODE.value, MSGPackSerializer.dumps(announcement)])
-    assert g._read_gathered(written) == [100.0, AveragingMode.NODE.value, announcement]
+    assert read_gathered(MSGPackSerializer, written) == [100.0, AveragingMode.NODE.value, announcement]
     for junk in (b"", b"\xc1", MSGPackSerializer.dumps([1, 2]), MSGPackSerializer.dumps([1, 2, "not bytes"]),
                  MSGPackSerializer.dumps([1, 2, b"\xc1"])):
-        assert g._read_gathered(junk) is None
+        assert read_gathered(MSGPackSerializer, junk) is None
