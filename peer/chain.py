@@ -160,10 +160,9 @@ class ChainMember:
         stage = chain.stage_of(self.peer_id)
         round_no = sync()
         local = StageIdentity(self.spec.digest(), chain.chain_id, stage.index, round_no)
-        self.listener.local = local
         previous = chain.stages[stage.index - 1] if stage.index > 0 else None
-        self.listener.auth = None if previous is None else self._auth(previous.peer_id)
         self.close_links()
+        self._call(self.listener.retarget(local, None if previous is None else self._auth(previous.peer_id)), timeout=10)
         deadline = time.monotonic() + deadline_s
         try:
             if stage.index + 1 < len(chain.stages):
@@ -195,9 +194,10 @@ class ChainMember:
                             raise self.broken(unreachable(nxt.index + 1, nxt.peer_id, errors)) from None
                         if attempt % len(targets) == 0:
                             time.sleep(0.5)
-                        if sync() != local.round:
-                            local = StageIdentity(local.run_digest, local.chain_id, local.stage, sync())
-                            self.listener.local = local
+                        now_at = sync()
+                        if now_at != local.round:
+                            local = StageIdentity(local.run_digest, local.chain_id, local.stage, now_at)
+                            self._call(self.listener.retarget(local, self.listener.auth), timeout=10)
             while stage.index > 0 and self.upstream is None:
                 if time.monotonic() > deadline or self.stop.is_set():
                     raise self.broken(
@@ -211,7 +211,8 @@ class ChainMember:
                 except (asyncio.TimeoutError, TimeoutError):
                     round_no = sync()  # the previous stage may be waiting for us to catch up
                     if round_no != self.listener.local.round:
-                        self.listener.local = StageIdentity(local.run_digest, local.chain_id, local.stage, round_no)
+                        local = StageIdentity(local.run_digest, local.chain_id, local.stage, round_no)
+                        self._call(self.listener.retarget(local, self.listener.auth), timeout=10)
         except ChainBroken:
             raise
 

@@ -403,9 +403,29 @@ class StageListener:
             self.rejected.append(f"handshake failed: {e.reason}")
         return False
 
+    async def retarget(self, local: StageIdentity, auth: Optional[LinkAuth]) -> int:
+        """Accept as ``local`` from now on (a new round or chain): links that passed the handshake
+        as an earlier identity and were never accepted are closed, so ``accept`` cannot hand out a
+        link of a past round (its neighbour gave up on it long ago). Returns how many were dropped."""
+        changed = local != self.local or auth is not self.auth
+        self.local, self.auth = local, auth
+        dropped = 0
+        while changed and not self._queue.empty():
+            await self._queue.get_nowait().close(bye=False)
+            dropped += 1
+        return dropped
+
     async def accept(self, timeout: Optional[float] = None) -> StageLink:
-        """The next neighbour that passed the handshake (asyncio.TimeoutError after ``timeout``)."""
-        return await asyncio.wait_for(self._queue.get(), timeout)
+        """The next neighbour that passed the handshake as ``local`` is now and is still open
+        (asyncio.TimeoutError after ``timeout``)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            link = await asyncio.wait_for(self._queue.get(), left)
+            if link.local == self.local and not link.closed and not link.reader.at_eof():
+                return link
+            await link.close(bye=False)  # handshaken as an identity this listener has left, or gone
 
     async def close(self) -> None:
         if self._server is not None:

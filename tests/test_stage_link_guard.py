@@ -161,3 +161,40 @@ def test_handshake_frames_round_trip_and_their_fields_are_bounded():
             FrameDecoder(FMT).feed(encode_frame(bad))
     with pytest.raises(FrameError, match="exceeds the limit of 4096"):
         FrameDecoder(FMT, HANDSHAKE_MAX_BYTES).feed(struct.pack(">I", HANDSHAKE_MAX_BYTES + 1))
+
+
+def test_a_link_left_queued_from_an_earlier_round_is_never_accepted_later():
+    """CI saw this: a stage's chain broke before it accepted its neighbour's link; when the chain
+    re-formed rounds later, ``accept`` handed out that dead link first and the new one sat in the
+    queue while its dialer waited 30 s for a frame."""
+    async def main():
+        listener = await listen()
+        stale = await dial(listener.port)  # passed the handshake at round 3, never accepted
+        await asyncio.sleep(0.2)
+        await stale.close()
+        later = StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=1, round=9)
+        dropped = await listener.retarget(later, None)
+        fresh = await connect_link(HOST, listener.port, local=StageIdentity("run-digest", "ch-guard", 0, 9),
+                                   role="upstream", fmt=FMT, codec=CODEC, timeout=5, handshake_timeout=5)
+        accepted = await listener.accept(timeout=5)
+        got_round = accepted.local.round
+        # the same identity again (a chain re-formed at the same round): a link whose dialer has
+        # gone is skipped, one that is open is handed out
+        gone = await connect_link(HOST, listener.port, local=StageIdentity("run-digest", "ch-guard", 0, 9),
+                                  role="upstream", fmt=FMT, codec=CODEC, timeout=5, handshake_timeout=5)
+        await asyncio.sleep(0.2)
+        await gone.close(bye=False)
+        live = await connect_link(HOST, listener.port, local=StageIdentity("run-digest", "ch-guard", 0, 9),
+                                  role="upstream", fmt=FMT, codec=CODEC, timeout=5, handshake_timeout=5)
+        await asyncio.sleep(0.2)
+        second = await listener.accept(timeout=5)
+        second_peer, live_peer = second.peer, live.writer.get_extra_info("sockname")
+        for link in (fresh, accepted, live, second):
+            await link.close()
+        await listener.close()
+        return dropped, got_round, second_peer, live_peer
+
+    dropped, got_round, second_peer, live_peer = run(main())
+    assert dropped == 1
+    assert got_round == 9
+    assert second_peer == f"{live_peer[0]}:{live_peer[1]}"
