@@ -49,7 +49,7 @@ from hivemind.utils import MPFuture, get_dht_time, get_logger
 
 from peer.exchange_io import CallLimiter, read_bounded_stream, retry_until
 from peer.identity import payload_signer
-from peer.matchmaking import matchmaking_times, read_gathered
+from peer.matchmaking import cancel_step, describe_search, matchmaking_times, read_gathered
 from peer.set_server import SetServer
 from protocol import group_sets, reconcile
 from protocol.errors import ProtocolError
@@ -197,7 +197,7 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
                 return control.result(timeout=GIVE_UP_POLL_S if give_up is not None else None)
             except FuturesTimeout:
                 if control.stage == AveragingStage.LOOKING_FOR_GROUP and give_up():
-                    control.cancel()
+                    cancel_step(control)
                     return None
 
     def get_current_state(self):
@@ -222,6 +222,8 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
             with open(path, "rb") as f:
                 self._round_no, self._payload = round_no, f.read()
             mm = self._matchmaking
+            if mm.is_looking_for_group:
+                logger.warning(f"round {round_no}: the last round's matchmaking has not ended: {describe_search(mm)}")
             mm.group_key_manager.group_bits = format(round_no % (1 << ROUND_BITS), f"0{ROUND_BITS}b")
             # close the group as soon as every live peer of the round has joined
             mm.target_group_size = mm.potential_leaders.target_group_size = expected

@@ -54,7 +54,7 @@ class Merged:
 
 
 def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optional[Dict[str, int]] = None,
-                gave_up: Iterable[str] = ()) -> Merged:
+                gave_up: Iterable[str] = (), quiet: Optional[Dict[str, int]] = None) -> Merged:
     """The union of our group's set and every set the round's other groups named in time.
 
     ``result`` is this peer's GatherResult; ``ready``, the peers its barrier saw ready in the round.
@@ -70,7 +70,11 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
 
     ``skip`` (peer -> round), kept from round to round by the caller: a peer that stayed in the
     round past the wait without naming a set is not waited for again for ``SKIP_ROUNDS`` rounds, or
-    until it names one (a peer that claims to be in the round and never gathers costs one wait)."""
+    until it names one (a peer that claims to be in the round and never gathers costs one wait).
+
+    Then the group's members agree on the sets they merged (``agree_with_group``): one θ for the
+    group even where one member's fetch of a late set succeeded and another's stopped waiting.
+    ``quiet``, kept by the caller: groupmates that did not answer lately (see there)."""
     skip = {} if skip is None else skip
     membership, gatherer, spec = peer.membership, peer.gatherer, peer.spec
     own = result.set_digest
@@ -84,6 +88,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     outstanding: Set[str] = set(ready) - mine
     gave_up = set(gave_up)
     t0 = last_arrival = time.monotonic()
+    seen_naming: Dict[str, List[str]] = {}
     # another group may form and agree as late as a gather's deadline after ours (a loaded host's matchmaking)
     # (matchmaking's wait as stretched on this host for the round's gather: peer/exchange.py)
     matchmaking = max(spec.swarm.matchmaking_time, getattr(gatherer, "matchmaking_wait", 0.0))
@@ -96,6 +101,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             p = v.progress
             if p.gathered_round == round_no and p.gathered and p.gathered not in held:
                 named.setdefault(p.gathered, []).append(v.peer_id)
+        for digest, pubs in named.items():
+            seen_naming.setdefault(digest, []).extend(p for p in pubs if p not in seen_naming.get(digest, []))
         for digest, publishers in sorted(named.items()):
             sources = [p for p in publishers if p not in failed]
             if not sources or tries.get(digest, 0) >= TRIES_PER_SET:
@@ -133,9 +140,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             skip.update({p: round_no + SKIP_ROUNDS for p in outstanding})
             break
         time.sleep(POLL_S)
-    # agree_with_group (below) is not called yet: wired in here (with the peers seen naming each set and
-    # a per-peer dict of quiet groupmates kept by the caller), it stalled a 3-peer odd-one-out swarm
-    # test twice of two runs (passing without it); see the 2026-11-24 session note
+    # each member decided alone which late sets arrived in time: the group agrees on their union
+    agree_with_group(peer, round_no, result, held, seen_naming, allowance, quiet)
     payloads, excluded = group_sets.union(held[d] for d in sorted(held))
     if len(held) > 1:
         logger.info(f"round {round_no}: merged the sets of {len(held) - 1} other group(s) of the round: "

@@ -114,6 +114,7 @@ class RoundLoop:
         self.closed_early = 0  # rounds this peer closed early (fewer than H steps)
         self._overlapped = 0  # steps of the current round taken while an exchange was in flight
         self._wire_mark = (0, 0)  # the wire totals (sent, received) when the previous round ended
+        self._quiet_mates: Dict[str, int] = {}  # groupmates that left the merge agreement waiting, until a round
         self._merge_skip: Dict[str, int] = {}  # peers other groups' merges do not wait for, until a round
 
     def _wire_since_last_round(self) -> Tuple[Optional[int], Optional[int]]:
@@ -306,7 +307,8 @@ class RoundLoop:
         payloads = result.payloads if result is not None else {peer.peer_id: h.payload}
         excluded = dict(result.excluded) if result is not None else {}
         if result is not None and result.set_digest:  # other groups of the round: one θ from all their sets
-            merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip, gave_up=barrier.gave_up)
+            merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip, gave_up=barrier.gave_up,
+                                 quiet=self._quiet_mates)
         if merged is not None:
             payloads = merged.payloads
             excluded = {**{s: why for s, why in excluded.items() if s not in payloads}, **merged.excluded}
