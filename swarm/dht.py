@@ -7,12 +7,13 @@ a private run without its token)."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import re
 import shutil
 import time
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import hivemind
 from hivemind.p2p import PeerID
@@ -82,10 +83,86 @@ def start_dht(
         if any(p.name in ("tcp", "udp") and addr.value_for_protocol(p.name) == "0" for p in addr.protocols()):
             raise UsageError(f"--announce-maddrs {str(addr)!r}: give the real port others connect to, not 0")
     key = token_key(join_token) if join_token is not None else None
+    lock, fresh = _lock_identity(identity_path)
+    try:
+        dht = _join(initial_peers, host_maddrs, announce_maddrs, identity_path, client_mode, key, run_ids, use_relay,
+                    use_auto_relay, run_key, fresh)
+    except BaseException:
+        if lock is not None:
+            lock.close()
+        raise
+    if lock is not None:  # held for the node's life: released when it shuts down
+        stop = dht.shutdown
+
+        def shutdown() -> None:
+            try:
+                stop()
+            finally:
+                lock.close()
+
+        dht.shutdown = shutdown
+    return dht
+
+
+_HELD_IDENTITIES: Dict[str, Any] = {}  # identity file -> the open handle whose flock this process holds
+
+
+def _drop_in_child() -> None:
+    """A forked child holds no identity lock (an orphaned child of a killed peer would keep its
+    restart out): its copies of the handles close, the parent's lock stays."""
+    for handle in _HELD_IDENTITIES.values():
+        try:
+            os.close(handle.fileno())
+        except OSError:
+            pass
+    _HELD_IDENTITIES.clear()
+
+
+os.register_at_fork(after_in_child=_drop_in_child)
+
+
+class _IdentityLock:
+    """The flock on an identity file, held by this process for as long as its node runs."""
+
+    def __init__(self, path: str, handle):
+        self.path, self.handle = path, handle
+
+    def close(self) -> None:
+        if _HELD_IDENTITIES.get(self.path) is self.handle:
+            del _HELD_IDENTITIES[self.path]
+        try:
+            self.handle.close()  # releases the lock
+        except OSError:  # a forked child's copy, closed at the fork
+            pass
+
+
+def _lock_identity(identity_path: Optional[str]):
+    """(a lock held for the node's life or None, whether the file was created now); UsageError if
+    another node of this machine holds ``identity_path``. hivemind's own check asks the swarm
+    whether the peer id answers, which a node that joined a moment ago, or a loaded bootstrap node,
+    does not yet: two peers of one machine started with one --identity file were both let in."""
+    if identity_path is None:
+        return None, False
+    _, _, created = prepare_identity(identity_path)
+    real = os.path.realpath(identity_path)
+    handle = open(identity_path, "rb")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise UsageError(explain_start_failure(RuntimeError("already taken by another peer"), (), (), False,
+                                               identity_path)) from None
+    _HELD_IDENTITIES[real] = handle
+    return _IdentityLock(real, handle), created
+
+
+def _join(initial_peers, host_maddrs, announce_maddrs, identity_path, client_mode, key, run_ids, use_relay,
+          use_auto_relay, run_key, fresh: bool) -> hivemind.DHT:
+    """Start the node, trying the join again while the DHT answers late; then its services."""
     for attempt in range(1, JOIN_ATTEMPTS + 1):
         try:
             dht, identity = _start_node(initial_peers, host_maddrs, announce_maddrs, identity_path, client_mode, key,
-                                        run_ids, use_relay, use_auto_relay)
+                                        run_ids, use_relay, use_auto_relay, fresh)
             break
         except _JoinTimeout as e:
             if attempt == JOIN_ATTEMPTS:
@@ -121,9 +198,11 @@ class _JoinTimeout(Exception):
 
 
 def _start_node(initial_peers, host_maddrs, announce_maddrs, identity_path, client_mode, key, run_ids, use_relay,
-                use_auto_relay):
-    """One attempt at starting the node: (dht, identity); UsageError, or _JoinTimeout to try again."""
+                use_auto_relay, fresh: bool = False):
+    """One attempt at starting the node: (dht, identity); UsageError, or _JoinTimeout to try again.
+    ``fresh``: the identity file was created by this start."""
     identity, path, created = prepare_identity(identity_path)
+    created = created or fresh
     try:
         dht = hivemind.DHT(
             start=True,

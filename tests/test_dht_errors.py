@@ -96,6 +96,20 @@ def test_an_identity_file_in_use_by_another_node(tmp_path):
         run.shutdown()
 
 
+def test_an_identity_file_held_by_a_node_of_this_machine_even_without_a_swarm_to_ask(tmp_path):
+    """hivemind's check asks the swarm (none here, and a loaded one may not know the first node
+    yet); the file's lock says it at once, and frees it when that node shuts down."""
+    identity = str(tmp_path / "id.key")
+    first = start_dht((), LOOPBACK, identity_path=identity)
+    try:
+        message = fails((), LOOPBACK, identity_path=identity)
+        assert "another running node already uses this identity" in message and "--identity" in message
+    finally:
+        first.shutdown()
+    again = start_dht((), LOOPBACK, identity_path=identity)  # the file is free again
+    again.shutdown()
+
+
 def test_p2pd_missing_or_not_executable(monkeypatch, tmp_path):
     monkeypatch.setattr(p2p_daemon, "P2PD_FILENAME", "p2pd-not-installed")  # the DHT process is forked: it sees this
     assert "p2p daemon (p2pd) cannot run" in (message := fails((), LOOPBACK)) and "reinstall hivemind" in message
