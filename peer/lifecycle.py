@@ -20,6 +20,7 @@ hivemind's averager and DHT processes, which stop their p2pd daemon; the wire me
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import nullcontext
 from typing import Any, Dict, Optional, Tuple
 
@@ -28,6 +29,12 @@ from peer.reporting import write_status
 from swarm.wire_bytes import WireMeter, wire_report
 
 logger = logging.getLogger("voloco.peer")
+
+# before p2pd stops: p2pd closes its connections abortively (SO_LINGER 0), which zeroes the kernel's
+# counters at both ends, so the bytes of the last moment (the "stopped" record, replies in flight)
+# would be lost to this peer's wire meter and to its neighbours' (which re-read theirs every 50 ms):
+# this long lets them be acknowledged and read first
+SETTLE_S = 0.3
 
 # the start-up phases, and what the peer's state means once it runs
 STATE_PHASES = {"waiting": "waiting for peers", "linking": "linking the chain", "stopped": "stopped"}
@@ -141,6 +148,8 @@ def shutdown(peer, closers: Tuple[Optional[Any], ...]) -> None:
         set_phase(peer, "stopped")
     meter = getattr(peer, "wire", None)
     with meter.closely() if meter is not None else nullcontext():  # p2pd's connections' last bytes
+        if meter is not None and getattr(peer, "started", False):
+            time.sleep(SETTLE_S)
         for closer in closers:
             if closer is not None:
                 try:

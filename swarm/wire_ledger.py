@@ -94,6 +94,18 @@ class WireLedger:
                 self._ignored.add(cookie)
         self._ignored &= present.keys()  # cookies are never reused: forget those gone from the namespace
 
+    def refresh(self, entries: Iterable[SockStat]) -> None:
+        """Newer counters of sockets already followed (``sock_diag.lookup_tcp`` of ``live()``); entries
+        of other sockets are ignored, and a socket missing from them is left to the next dump."""
+        for s in entries:
+            old = self._live.get(s.cookie)
+            if old is not None and s.counters is not None:
+                self._live[s.cookie] = replace(old, counters=old.counters.latest(s.counters))
+
+    def live(self) -> list:
+        """The sockets followed now, as the last dump or refresh saw them."""
+        return list(self._live.values())
+
     def destroyed(self, notices: Iterable[SockStat]) -> None:
         """Sockets the kernel destroyed, with their final counters (they replace the last seen)."""
         for s in notices:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
 import struct
 import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import replace
 
 import pytest
 
@@ -20,7 +22,7 @@ from peer.metrics import MetricsServer
 from swarm import sock_diag
 from swarm.sock_diag import (INET_DIAG_INFO, NLMSG_DONE, NLMSG_ERROR, SOCK_DIAG_BY_FAMILY, TCP_LISTEN, DestroyFeed,
                              NetlinkError, SockStat, TcpCounters, dump_request, dump_tcp, parse_diag_msg,
-                             parse_replies, parse_tcp_info)
+                             parse_replies, parse_tcp_info, lookup_request, lookup_tcp)
 from swarm.wire_bytes import WireMeter, wire_report
 from swarm.wire_ledger import KEEP_GONE_POLLS, WireLedger, WireTotals
 from tests.test_dashboard_records import progress
@@ -343,17 +345,97 @@ def test_with_destroy_notices_a_connection_shorter_than_a_poll_counts():
         child.kill()
 
 
-def test_around_a_shutdown_the_meter_polls_closely():
-    calls = []
+def test_around_a_shutdown_the_meter_reads_closely_by_lookup_with_a_dump_now_and_then():
+    listener = socket.create_server(("127.0.0.1", 0))  # gives the tree (this process) its port
+    try:
+        port, inode = listener.getsockname()[1], os.fstat(listener.fileno()).st_ino
+        dumps, lookups = [], []
 
-    def dump():
-        calls.append(time.monotonic())
-        return []
+        def dump():
+            dumps.append(time.monotonic())
+            return [stat(1, inode, state=TCP_LISTEN, sport=port), stat(2, sport=port, sent=10)]
 
-    meter = WireMeter(dump=dump, feed=None, period=60.0).start()
-    before = len(calls)
-    with meter.closely(period=0.01):
-        time.sleep(0.3)
-    meter.shutdown()
-    assert len(calls) - before >= 10  # a poll every 10 ms, not one a minute
-    assert meter.totals() == WireTotals()
+        def lookup(live):
+            lookups.append([s.cookie for s in live])
+            return [stat(2, sport=port, sent=10 * (len(lookups) + 1))]
+
+        meter = WireMeter(dump=dump, feed=None, lookup=lookup, period=60.0).start()
+        before = len(dumps)
+        with meter.closely(period=0.01):
+            time.sleep(0.3)
+        meter.shutdown()
+        assert len(lookups) >= 10 and all(c == [2] for c in lookups)  # every 10 ms, not once a minute
+        assert len(dumps) - before >= 2  # new sockets still found now and then
+        assert meter.totals().sent == 10 * (len(lookups) + 1)  # the last lookup's reading counts
+    finally:
+        listener.close()
+
+
+def test_between_dumps_the_meter_re_reads_its_sockets_by_lookup():
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        port, inode = listener.getsockname()[1], os.fstat(listener.fileno()).st_ino
+        reads = []
+        dump = lambda: [stat(1, inode, state=TCP_LISTEN, sport=port), stat(2, sport=port, sent=5)]  # noqa: E731
+        meter = WireMeter(dump=dump, feed=None, lookup=lambda live: reads.append(1) or [stat(2, sport=port, sent=99)])
+        meter.start()
+        time.sleep(0.5)
+        meter.shutdown()
+        assert len(reads) >= 3  # several lookups between the dumps (every REFRESH_MIN_S at this cost)
+        assert meter._ledger.totals().sent == 99  # a dump's older reading never lowers a counter
+    finally:
+        listener.close()
+
+
+def test_a_failing_lookup_leaves_the_meter_on_dumps():
+    def broken(live):
+        raise OSError("no lookups here")
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        port, inode = listener.getsockname()[1], os.fstat(listener.fileno()).st_ino
+        meter = WireMeter(dump=lambda: [stat(1, inode, state=TCP_LISTEN, sport=port), stat(2, sport=port, sent=7)],
+                          feed=None, lookup=broken, period=60.0)
+        meter.poll()
+        meter.refresh()
+        meter.refresh()  # said once, then never tried again
+        assert meter._lookup is None and meter.unavailable is None and meter.totals().sent == 7
+    finally:
+        listener.close()
+
+
+def test_the_lookup_request_names_one_socket_by_its_addresses_and_cookie():
+    six = SockStat((7 << 32) | 9, 0, socket.AF_INET6, ESTABLISHED, "::1", 4000, "fe80::2", 5000, None)
+    raw = lookup_request(six, seq=3)
+    length, kind, flags, seq, _ = struct.unpack_from("=IHHII", raw)
+    assert (length, kind, flags, seq) == (len(raw), SOCK_DIAG_BY_FAMILY, 1, 3)  # a request, not a dump
+    family, proto, ext, _, states = struct.unpack_from("=BBBBI", raw, 16)
+    assert (family, proto, ext, states) == (socket.AF_INET6, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0xFFFFFFFF)
+    sport, dport = struct.unpack_from(">HH", raw, 24)
+    assert (sport, dport) == (4000, 5000)
+    assert raw[28:44] == socket.inet_pton(socket.AF_INET6, "::1")
+    assert raw[44:60] == socket.inet_pton(socket.AF_INET6, "fe80::2")
+    assert struct.unpack_from("=III", raw, 60) == (0, 9, 7)
+    four = lookup_request(stat(1, src="10.0.0.1"), seq=1)
+    assert four[28:44] == socket.inet_pton(socket.AF_INET, "10.0.0.1") + bytes(12) and len(four) == len(raw)
+
+
+def test_lookups_read_live_sockets_counters_and_leave_out_gone_ones():
+    _netlink_or_skip()
+    srv = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(srv.getsockname())
+    b, _ = srv.accept()
+    try:
+        mine = [s for s in dump_tcp() if s.state == ESTABLISHED and srv.getsockname()[1] in (s.sport, s.dport)]
+        assert len(mine) == 2
+        a.sendall(b"q" * 5000)
+        got = 0
+        while got < 5000:
+            got += len(b.recv(65536))
+        fresh = {s.cookie: s for s in lookup_tcp(mine)}
+        assert {fresh[s.cookie].counters.received for s in mine} == {0, 5000}
+        gone = replace(mine[0], cookie=mine[0].cookie + 1)  # another socket's cookie: not this one
+        assert lookup_tcp([gone]) == [] and lookup_tcp([]) == []
+    finally:
+        for s in (a, b, srv):
+            s.close()
