@@ -256,11 +256,11 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
             outcome = group.agreement.outcome()
             group.set_digest = group_sets.set_digest(binding.context, outcome.payloads)
             for owner, why in outcome.excluded.items():
-                logger.warning(f"round {self._round_no}: excluded {_b58(owner)}: {why}")
+                logger.warning(f"round {self._round_no}: excluded {base58(owner)}: {why}")
             return GatherResult(
                 group=[p.to_base58() for p in peer_ids],
-                payloads={_b58(k): v for k, v in outcome.payloads.items()},
-                excluded={_b58(k): why for k, why in outcome.excluded.items()},
+                payloads={base58(k): v for k, v in outcome.payloads.items()},
+                excluded={base58(k): why for k, why in outcome.excluded.items()},
                 start_hashes=start_hashes,
                 set_digest=group.set_digest,
                 unservable=clients,
@@ -330,7 +330,7 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
                         agreement.accept(value, await fetched)
                         break
                     except Exception as e:
-                        logger.debug(f"bytes of {_b58(value.owner)}'s offered payload: {e!r}")
+                        logger.debug(f"bytes of {base58(value.owner)}'s offered payload: {e!r}")
             finally:
                 for fetch in fetches:
                     fetch.cancel()
@@ -444,5 +444,6 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
             return msg
 
 
-def _b58(peer_id_bytes: bytes) -> str:
+def base58(peer_id_bytes: bytes) -> str:
+    """A peer id as hivemind's messages carry it (bytes), as the run's records name it."""
     return PeerID(peer_id_bytes).to_base58()

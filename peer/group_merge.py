@@ -24,9 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Set
 
-from hivemind.p2p import PeerID
-
-from peer.exchange import GatherResult
+from peer.exchange import GatherResult, base58
 from peer.membership import NOT_IN_ROUNDS, TRAINING_STATES
 from protocol import group_sets
 
@@ -38,10 +36,6 @@ POLL_S = 0.25
 SKIP_ROUNDS = 8  # rounds a peer that was waited for in vain is not waited for again
 QUIET_WAIT_S = 1.0  # how long a groupmate that did not say what it merged lately is waited for
 IN_ROUND = TRAINING_STATES  # states of a peer that may still name a set for its round
-
-
-def _b58(owner: bytes) -> str:
-    return PeerID(owner).to_base58()
 
 
 @dataclass
@@ -101,8 +95,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             p = v.progress
             if p.gathered_round == round_no and p.gathered and p.gathered not in held:
                 named.setdefault(p.gathered, []).append(v.peer_id)
-        for digest, pubs in named.items():
-            seen_naming.setdefault(digest, []).extend(p for p in pubs if p not in seen_naming.get(digest, []))
+                if v.peer_id not in seen_naming.setdefault(p.gathered, []):
+                    seen_naming[p.gathered].append(v.peer_id)
         for digest, publishers in sorted(named.items()):
             sources = [p for p in publishers if p not in failed]
             if not sources or tries.get(digest, 0) >= TRIES_PER_SET:
@@ -278,5 +272,5 @@ def _fetch(gatherer, spec, source: str, digest: str, round_no: int, timeout: flo
     except group_sets.SetError as e:
         logger.warning(f"round {round_no}: {source} served a set that is refused: {e}")
         return None
-    return {_b58(owner): payload for owner, payload in checked.payloads.items()}
+    return {base58(owner): payload for owner, payload in checked.payloads.items()}
 

@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import hivemind
 from hivemind.p2p import PeerID
@@ -22,7 +22,7 @@ from multiaddr import Multiaddr
 from protocol.records import token_key
 from swarm.admission import JoinTokenAuthorizer
 from swarm.console import UsageError
-from swarm.identity import NodeTrust, prepare_identity, register
+from swarm.identity import Identity, NodeTrust, prepare_identity, register
 from swarm.reachability import dial, dial_failure, serve_dial_back
 from swarm.rejoin import keep_joined
 from swarm.validators import node_validators
@@ -83,14 +83,18 @@ def start_dht(
         if any(p.name in ("tcp", "udp") and addr.value_for_protocol(p.name) == "0" for p in addr.protocols()):
             raise UsageError(f"--announce-maddrs {str(addr)!r}: give the real port others connect to, not 0")
     key = token_key(join_token) if join_token is not None else None
-    lock, fresh = _lock_identity(identity_path)
+    mine = _NodeIdentity(identity_path, *prepare_identity(identity_path))
+    lock = _lock_identity(identity_path) if identity_path is not None else None
     try:
-        dht = _join(initial_peers, host_maddrs, announce_maddrs, identity_path, client_mode, key, run_ids, use_relay,
-                    use_auto_relay, run_key, fresh)
+        dht = _join(initial_peers, host_maddrs, announce_maddrs, mine, client_mode, key, run_ids, use_relay,
+                    use_auto_relay, run_key)
     except BaseException:
         if lock is not None:
             lock.close()
         raise
+    finally:
+        if identity_path is None:  # the daemon has read its temporary identity
+            shutil.rmtree(os.path.dirname(mine.path), ignore_errors=True)
     if lock is not None:  # held for the node's life: released when it shuts down
         stop = dht.shutdown
 
@@ -136,14 +140,18 @@ class _IdentityLock:
             pass
 
 
-def _lock_identity(identity_path: Optional[str]):
-    """(a lock held for the node's life or None, whether the file was created now); UsageError if
-    another node of this machine holds ``identity_path``. hivemind's own check asks the swarm
-    whether the peer id answers, which a node that joined a moment ago, or a loaded bootstrap node,
-    does not yet: two peers of one machine started with one --identity file were both let in."""
-    if identity_path is None:
-        return None, False
-    _, _, created = prepare_identity(identity_path)
+class _NodeIdentity(NamedTuple):
+    given: Optional[str]  # the --identity file, None for a temporary identity
+    identity: Identity
+    path: str  # the file the daemon reads
+    created: bool  # made by this start: nobody else's
+
+
+def _lock_identity(identity_path: str) -> _IdentityLock:
+    """A lock on ``identity_path`` held for the node's life; UsageError if another node of this
+    machine holds it. hivemind's own check asks the swarm whether the peer id answers, which a node
+    that joined a moment ago, or a loaded bootstrap node, does not yet: two peers of one machine
+    started with one --identity file were both let in."""
     real = os.path.realpath(identity_path)
     handle = open(identity_path, "rb")
     try:
@@ -153,25 +161,25 @@ def _lock_identity(identity_path: Optional[str]):
         raise UsageError(explain_start_failure(RuntimeError("already taken by another peer"), (), (), False,
                                                identity_path)) from None
     _HELD_IDENTITIES[real] = handle
-    return _IdentityLock(real, handle), created
+    return _IdentityLock(real, handle)
 
 
-def _join(initial_peers, host_maddrs, announce_maddrs, identity_path, client_mode, key, run_ids, use_relay,
-          use_auto_relay, run_key, fresh: bool) -> hivemind.DHT:
+def _join(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity, client_mode, key, run_ids, use_relay,
+          use_auto_relay, run_key) -> hivemind.DHT:
     """Start the node, trying the join again while the DHT answers late; then its services."""
     for attempt in range(1, JOIN_ATTEMPTS + 1):
         try:
-            dht, identity = _start_node(initial_peers, host_maddrs, announce_maddrs, identity_path, client_mode, key,
-                                        run_ids, use_relay, use_auto_relay, fresh)
+            dht = _start_node(initial_peers, host_maddrs, announce_maddrs, mine, client_mode, key, run_ids, use_relay,
+                              use_auto_relay)
             break
         except _JoinTimeout as e:
             if attempt == JOIN_ATTEMPTS:
-                raise UsageError(explain_start_failure(e.cause, initial_peers, host_maddrs, key is not None, identity_path)) from None
+                raise UsageError(explain_start_failure(e.cause, initial_peers, host_maddrs, key is not None, mine.given)) from None
             wait = JOIN_RETRY_S * 2 ** (attempt - 1)
             logger.warning(f"the DHT at {_addr_list(initial_peers)} did not answer this node in time (attempt {attempt} of "
                            f"{JOIN_ATTEMPTS}; an overloaded node answers late): trying again in {wait:.0f} s")
             time.sleep(wait)
-    register(dht, NodeTrust(identity, token_key=key, run_key=run_key))
+    register(dht, NodeTrust(mine.identity, token_key=key, run_key=run_key))
     try:
         dht.run_coroutine(serve_dial_back)
     except Exception as e:  # advice for others, never a reason not to start
@@ -197,23 +205,20 @@ class _JoinTimeout(Exception):
         self.cause = cause
 
 
-def _start_node(initial_peers, host_maddrs, announce_maddrs, identity_path, client_mode, key, run_ids, use_relay,
-                use_auto_relay, fresh: bool = False):
-    """One attempt at starting the node: (dht, identity); UsageError, or _JoinTimeout to try again.
-    ``fresh``: the identity file was created by this start."""
-    identity, path, created = prepare_identity(identity_path)
-    created = created or fresh
+def _start_node(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity, client_mode, key, run_ids,
+                use_relay, use_auto_relay) -> hivemind.DHT:
+    """One attempt at starting the node; UsageError, or _JoinTimeout to try again."""
     try:
         dht = hivemind.DHT(
             start=True,
             initial_peers=[str(m) for m in initial_peers],
             host_maddrs=list(host_maddrs),
             announce_maddrs=list(announce_maddrs) or None,
-            identity_path=path,
-            check_if_identity_free=not created,  # a key made just now is nobody else's
+            identity_path=mine.path,
+            check_if_identity_free=not mine.created,  # a key made just now is nobody else's
             client_mode=client_mode,
-            record_validators=node_validators(identity, key, run_ids),
-            authorizer=JoinTokenAuthorizer(identity, key) if key is not None else None,
+            record_validators=node_validators(mine.identity, key, run_ids),
+            authorizer=JoinTokenAuthorizer(mine.identity, key) if key is not None else None,
             startup_timeout=30,
             use_relay=use_relay,
             use_auto_relay=use_auto_relay,
@@ -222,14 +227,11 @@ def _start_node(initial_peers, host_maddrs, announce_maddrs, identity_path, clie
     except Exception as e:
         if initial_peers and key is None and "none of the initial_peers responded" in str(e).lower():
             raise _JoinTimeout(e) from None
-        raise UsageError(explain_start_failure(e, initial_peers, host_maddrs, key is not None, identity_path)) from None
-    finally:
-        if identity_path is None:  # the daemon has read its temporary identity
-            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
-    if dht.peer_id.to_base58() != identity.peer_id:
+        raise UsageError(explain_start_failure(e, initial_peers, host_maddrs, key is not None, mine.given)) from None
+    if dht.peer_id.to_base58() != mine.identity.peer_id:
         dht.shutdown()
-        raise RuntimeError(f"the DHT node's peer id {dht.peer_id} is not that of its identity {identity.peer_id}")
-    return dht, identity
+        raise RuntimeError(f"the DHT node's peer id {dht.peer_id} is not that of its identity {mine.identity.peer_id}")
+    return dht
 
 
 # ---- why a node could not start ------------------------------------------------------------------
