@@ -2,7 +2,9 @@
 
 A swarm larger than ``swarm.max_group_size`` forms several groups in one round (hivemind's
 matchmaking bounds them). Each member names its group's agreed set in its progress record
-(``gathered_round``, ``gathered``), then waits for the peers of its round that are not in its group
+(``gathered_round``, ``gathered``, and the set of the round before in ``gathered_before``: a group
+that gathers late, on a loaded host, still finds the set of a peer that has trained on and named
+the next round's), then waits for the peers of its round that are not in its group
 (ready, or still training, unless the round's barrier already gave up on them): until each has named
 a set, or has left the round (found no group and caught up, stopped), or too few are left to make a
 group of their own (``swarm.min_group_size``), or the wait
@@ -72,6 +74,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     skip = {} if skip is None else skip
     membership, gatherer, spec = peer.membership, peer.gatherer, peer.spec
     own = result.set_digest
+    last_round, last = peer.gathered
+    peer.gathered_before = last if last_round == round_no - 1 else ""
     peer.gathered = (round_no, own)
     membership.publish()
     mine = set(result.group)
@@ -93,10 +97,11 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         named: Dict[str, List[str]] = {}
         for v in view:
             p = v.progress
-            if p.gathered_round == round_no and p.gathered and p.gathered not in held:
-                named.setdefault(p.gathered, []).append(v.peer_id)
-                if v.peer_id not in seen_naming.setdefault(p.gathered, []):
-                    seen_naming[p.gathered].append(v.peer_id)
+            name = p.set_of(round_no)
+            if name and name not in held:
+                named.setdefault(name, []).append(v.peer_id)
+                if v.peer_id not in seen_naming.setdefault(name, []):
+                    seen_naming[name].append(v.peer_id)
         for digest, publishers in sorted(named.items()):
             sources = [p for p in publishers if p not in failed]
             if not sources or tries.get(digest, 0) >= TRIES_PER_SET:
@@ -114,13 +119,13 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         by_peer = {v.peer_id: v.progress for v in view}
         outstanding |= {v.peer_id for v in view if v.progress.round == round_no and v.progress.state in IN_ROUND}
         for p in list(skip):
-            if skip[p] <= round_no or (p in by_peer and by_peer[p].gathered_round == round_no and by_peer[p].gathered):
+            if skip[p] <= round_no or (p in by_peer and by_peer[p].set_of(round_no)):
                 del skip[p]
         outstanding = {
             p for p in outstanding - membership.no_shows - set(skip)
             if p in by_peer and by_peer[p].round == round_no and by_peer[p].state in IN_ROUND
             and not (p in gave_up and by_peer[p].state == "training")
-            and not (by_peer[p].gathered_round == round_no and by_peer[p].gathered)
+            and not by_peer[p].set_of(round_no)
         }
         unfetched = [d for d, pubs in named.items() if tries.get(d, 0) < TRIES_PER_SET and set(pubs) - failed]
         now = time.monotonic()
@@ -217,7 +222,7 @@ def no_group_left(peer, round_no: int, since: float, gave_up: Iterable[str] = ()
             p = v.progress
             if v.peer_id == me or p.part != part:
                 continue
-            done = p.gathered_round == round_no and bool(p.gathered)
+            done = bool(p.set_of(round_no))
             named |= done
             if (p.round == round_no and p.state in IN_ROUND and not done
                     and v.peer_id not in gave_up and v.peer_id not in membership.no_shows):
@@ -243,18 +248,19 @@ def adopt_own_set(peer, round_no: int, payload: bytes, start_hash: str, wait_s: 
     while not peer.stop_event.is_set():
         for v in membership.view():
             p = v.progress
-            if v.peer_id == me or p.part != part or p.gathered_round != round_no or not p.gathered or p.gathered in tried:
+            name = p.set_of(round_no)
+            if v.peer_id == me or p.part != part or not name or name in tried:
                 continue
             if time.monotonic() >= deadline:
                 return None
-            tried.add(p.gathered)
+            tried.add(name)
             timeout = min(FETCH_TIMEOUT_S, max(1.0, deadline - time.monotonic()))
-            got = _fetch(gatherer, spec, v.peer_id, p.gathered, round_no, timeout)
+            got = _fetch(gatherer, spec, v.peer_id, name, round_no, timeout)
             if got is not None and got.get(me) == payload:
                 logger.info(f"round {round_no}: our gather failed, but our group completed it with our payload "
-                            f"(set {p.gathered[:12]}, from {v.peer_id}): taking its outcome")
+                            f"(set {name[:12]}, from {v.peer_id}): taking its outcome")
                 return GatherResult(group=sorted(got), payloads=got, excluded={}, start_hashes={me: start_hash},
-                                    set_digest=p.gathered)
+                                    set_digest=name)
         if time.monotonic() >= deadline:
             return None
         time.sleep(POLL_S)

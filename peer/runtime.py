@@ -95,6 +95,7 @@ class Peer:
         self.last_loss = float("nan")
         self.val_loss = float("nan")
         self.gathered = (0, "")  # (round, name) of the last set this peer's group agreed (peer/group_merge.py)
+        self.gathered_before = ""  # the name of the one its group agreed the round before, if any
         self.initial_val_loss = float("nan")
         self.tokens_per_s = 0.0
         self.role: Optional[Role] = None
@@ -292,6 +293,7 @@ class Peer:
             **progress_extras(self),  # device, util, reach
             gathered_round=self.gathered[0],
             gathered=self.gathered[1],
+            gathered_before=self.gathered_before,
         )
 
     def status(self) -> Dict[str, Any]:

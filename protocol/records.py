@@ -57,9 +57,18 @@ class Progress:
     reach: str = "unknown"  # one of REACH
     gathered_round: int = 0  # the round of the last payload set this peer's group agreed ...
     gathered: str = ""  # ... and that set's name (protocol/group_sets.py), "" before any: other groups fetch it
+    # the set its group agreed in round gathered_round - 1, "" if none: a group that gathers late in a
+    # round still finds the set of a peer that has already named the next round's
+    gathered_before: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
+
+    def set_of(self, round_no: int) -> str:
+        """The name of the set this peer's group agreed in ``round_no`` as far as the record says, "" if unknown."""
+        if self.gathered_round == round_no:
+            return self.gathered
+        return self.gathered_before if self.gathered_round == round_no + 1 else ""
 
 
 _TYPES = {f.name: f.type for f in fields(Progress)}
@@ -92,8 +101,9 @@ def parse_progress(value: Any) -> Progress:
         raise ProtocolError("progress.util must lie in [0, 1]")
     if value["reach"] not in REACH:
         raise ProtocolError(f"progress.reach must be one of {REACH}")
-    if value["gathered"] and not _SET_NAME.fullmatch(value["gathered"]):
-        raise ProtocolError("progress.gathered must be empty or a set's name (32 hex digits)")
+    for name in ("gathered", "gathered_before"):
+        if value[name] and not _SET_NAME.fullmatch(value[name]):
+            raise ProtocolError(f"progress.{name} must be empty or a set's name (32 hex digits)")
     return Progress(**{k: (float(v) if _TYPES[k] == "float" else v) for k, v in value.items()})
 
 

@@ -44,12 +44,20 @@ def test_progress_round_trips_with_device_util_reach():
     ("util", 1.5), ("util", -0.1), ("util", float("nan")), ("util", float("inf")), ("util", "0.5"), ("util", True),
     ("device", "x" * 65), ("device", 5), ("device", "cpu\n<b>"), ("device", "\x1b[31mred"),
     ("reach", "maybe"), ("reach", ""), ("reach", None),
+    ("gathered", "ab" * 15), ("gathered_before", "AB" * 16), ("gathered_before", "ab" * 17), ("gathered_before", None),
 ])
 def test_progress_refuses_bad_device_util_reach(field, value):
     d = progress().to_dict()
     d[field] = value
     with pytest.raises(ProtocolError):
         parse_progress(encode_body(d))
+
+
+def test_a_record_names_the_set_of_its_last_round_and_of_the_one_before():
+    p = progress(gathered_round=7, gathered="ab" * 16, gathered_before="cd" * 16)
+    assert parse_progress(encode_body(p.to_dict())) == p
+    assert (p.set_of(7), p.set_of(6), p.set_of(5), p.set_of(8)) == ("ab" * 16, "cd" * 16, "", "")
+    assert progress(gathered_round=7, gathered="ab" * 16).set_of(6) == ""  # none the round before
 
 
 def test_progress_refuses_a_record_without_the_new_fields():

@@ -13,6 +13,7 @@ from hivemind.p2p import PeerID
 
 from peer.group_merge import QUIET_WAIT_S, SKIP_ROUNDS, adopt_own_set, agree_with_group, merge_round, no_group_left
 from protocol.group_sets import pack_set, set_digest, union
+from protocol.records import Progress
 from tests.agreement_sim import MAX_PAYLOAD, RUN, signer
 from tests.test_group_sets import ROUND, agreed_set
 
@@ -26,9 +27,13 @@ def a_group(first: int, n: int, group_id: bytes):
     return pack_set(binding, envelopes), set_digest(binding.context, payloads), {b58(o): p for o, p in payloads.items()}
 
 
-def record(peer: str, state: str = "exchanging", gathered: str = "", round_no: int = ROUND, start: str = "a" * 16):
-    progress = SimpleNamespace(round=round_no, state=state, part=-1, gathered_round=ROUND if gathered else 0,
-                               gathered=gathered, params_hash=start)
+def record(peer: str, state: str = "exchanging", gathered: str = "", round_no: int = ROUND, start: str = "a" * 16,
+           gathered_round: Optional[int] = None, gathered_before: str = ""):
+    if gathered_round is None:
+        gathered_round = ROUND if gathered else 0
+    progress = Progress(round=round_no, step=0, state=state, spec="", loss=0.0, val_loss=0.0, tokens=0, tokens_per_s=0.0,
+                        bytes_sent=0, bytes_received=0, params_hash=start, part=-1, gathered_round=gathered_round,
+                        gathered=gathered, gathered_before=gathered_before)
     return SimpleNamespace(peer_id=peer, progress=progress)
 
 
@@ -88,6 +93,28 @@ def test_two_groups_merge_into_the_union_of_their_sets():
     assert merged.payloads == {**mine[2], **theirs[2]} and merged.sets == 2 and not merged.excluded
     assert peer.gathered == (ROUND, mine[1]) and swarm.published == 1
     assert swarm.asked == [others[0]]  # one fetch of the set, however many named it
+
+
+def test_a_late_group_finds_the_set_of_peers_that_already_named_the_next_rounds():
+    # 32 peers on 2 cores: a pair merged, trained on and named its round-2 set before a trio of round 1
+    # finished gathering; the trio must still find the pair's round-1 set, now the record's gathered_before
+    mine, theirs, later = a_group(0, 3, b"g1"), a_group(3, 2, b"g2"), a_group(3, 2, b"g3")
+    others = sorted(theirs[2])
+    moved_on = [record(p, state="training", round_no=ROUND + 2, gathered=later[1], gathered_round=ROUND + 1,
+                       gathered_before=theirs[1]) for p in others]
+    swarm = Swarm([moved_on], {others[0]: {theirs[1]: theirs[0]}})
+    peer, result = member_of(swarm, mine)
+    peer.gathered = (ROUND - 1, "c" * 32)
+    merged = merge_round(peer, ROUND, result, ready=others)
+    assert merged.payloads == {**mine[2], **theirs[2]} and merged.sets == 2
+    assert peer.gathered == (ROUND, mine[1]) and peer.gathered_before == "c" * 32  # what our record names now
+    # a set two rounds back is not this round's: never fetched for it
+    gone = [record(p, state="training", round_no=ROUND + 3, gathered=later[1], gathered_round=ROUND + 2,
+                   gathered_before=theirs[1]) for p in others]
+    swarm = Swarm([gone], {others[0]: {theirs[1]: theirs[0]}})
+    peer, result = member_of(swarm, mine)
+    assert merge_round(peer, ROUND, result, ready=others).sets == 1 and swarm.asked == []
+    assert peer.gathered_before == ""  # our group agreed no set the round before
 
 
 def test_a_bad_set_from_one_peer_is_refused_and_another_peer_serves_the_named_one():
