@@ -229,8 +229,10 @@ def no_group_left(peer, round_no: int, since: float, gave_up: Iterable[str] = ()
                 open_ = True
         if named and not open_:
             logger.info(f"round {round_no}: every other peer of the round has gathered without us; not waiting for a group")
+            check.fired = True
         return named and not open_
 
+    check.fired = False  # True once it gave the gather up: we never sent our payload, no set can hold it
     return check
 
 

@@ -275,20 +275,22 @@ class RoundLoop:
         if peer.stop_event.is_set():
             return
         peer.state = "exchanging"
-        result = None
+        result = give_up = None
         start_hash = engine.params_hash()
         if not barrier.nobody_to_meet:  # nobody of our round left to meet: catch up instead
             # the only others are catching up to an earlier round (a chain stage that cannot link does,
             # again and again): give them the straggler allowance to join, not the whole round_wait
             short = barrier.expected == 1 and barrier.only_syncing
+            give_up = no_group_left(peer, engine.round, time.monotonic(), barrier.gave_up)
             result = peer.gatherer.gather(
                 engine.round, h.payload, start_hash=start_hash, expected_size=barrier.gather_size,
                 timeout=peer.membership.straggler_allowance() if short else spec.swarm.round_wait,
-                give_up=no_group_left(peer, engine.round, time.monotonic(), barrier.gave_up),
+                give_up=give_up,
                 read_latency=peer.membership.read_latency(),
             )
         merged = None
-        if result is None and not barrier.nobody_to_meet and not peer.stop_event.is_set():
+        # a gather given up while matchmaking never sent our payload: no group can have completed with it
+        if result is None and give_up is not None and not give_up.fired and not peer.stop_event.is_set():
             wait = 2 * peer.membership.read_interval() + spec.swarm.matchmaking_time
             result = adopt_own_set(peer, engine.round, h.payload, start_hash, wait)
         if result is None and (barrier.alone or peer.membership.swarm_is_empty()):
