@@ -164,24 +164,36 @@ def parse_replies(data: bytes, seq: Optional[int] = None) -> Tuple[List[SockStat
     Raises NetlinkError for an NLMSG_ERROR, ValueError for bytes that are not netlink messages;
     messages of another sequence number (a stale dump) are skipped."""
     socks: List[SockStat] = []
-    offset = 0
-    while offset + _NLMSG.size <= len(data):
-        length, kind, _, msg_seq, _ = _NLMSG.unpack_from(data, offset)
-        if length < _NLMSG.size or offset + length > len(data):
-            raise ValueError(f"netlink message of length {length} at {offset} in {len(data)} bytes")
-        body, offset = offset + _NLMSG.size, offset + ((length + 3) & ~3)
+    for kind, msg_seq, body, end in _messages(data):
         if seq is not None and msg_seq != seq:
             continue
         if kind == NLMSG_DONE:
             return socks, True
         if kind == NLMSG_ERROR:
-            code = -_ERR.unpack_from(data, body)[0] if length >= _NLMSG.size + 4 else 0
+            code = _error_code(data, body, end)
             if code:
                 raise NetlinkError(code, f"sock_diag: {os.strerror(code)}")
             continue  # an acknowledgement
         if kind == SOCK_DIAG_BY_FAMILY:
-            socks.append(parse_diag_msg(data, body, body + length - _NLMSG.size))
+            socks.append(parse_diag_msg(data, body, end))
     return socks, False
+
+
+def _messages(data: bytes):
+    """(type, sequence number, body start, body end) of each netlink message in ``data``; ValueError
+    for bytes that are not netlink messages."""
+    offset = 0
+    while offset + _NLMSG.size <= len(data):
+        length, kind, _, seq, _ = _NLMSG.unpack_from(data, offset)
+        if length < _NLMSG.size or offset + length > len(data):
+            raise ValueError(f"netlink message of length {length} at {offset} in {len(data)} bytes")
+        yield kind, seq, offset + _NLMSG.size, offset + length
+        offset += (length + 3) & ~3
+
+
+def _error_code(data: bytes, body: int, end: int) -> int:
+    """The errno of an NLMSG_ERROR message's body (0: an acknowledgement)."""
+    return -_ERR.unpack_from(data, body)[0] if end - body >= 4 else 0
 
 
 def _netlink() -> socket.socket:
@@ -220,19 +232,14 @@ def lookup_tcp(socks: List["SockStat"], timeout: float = 2.0) -> List[SockStat]:
         pending = set(range(1, len(socks) + 1))
         while pending:
             data = nl.recv(1 << 17)
-            offset = 0
-            while offset + _NLMSG.size <= len(data):  # one reply (a message or an error) per request
-                length, kind, _, seq, _ = _NLMSG.unpack_from(data, offset)
-                if length < _NLMSG.size or offset + length > len(data):
-                    raise ValueError(f"netlink message of length {length} at {offset} in {len(data)} bytes")
+            for kind, seq, body, end in _messages(data):  # one reply (a message or an error) per request
                 pending.discard(seq)
                 if kind == SOCK_DIAG_BY_FAMILY:
-                    out.append(parse_diag_msg(data, offset + _NLMSG.size, offset + length))
+                    out.append(parse_diag_msg(data, body, end))
                 elif kind == NLMSG_ERROR:
-                    code = -_ERR.unpack_from(data, offset + _NLMSG.size)[0] if length >= _NLMSG.size + 4 else 0
+                    code = _error_code(data, body, end)
                     if code not in (0, errno.ENOENT, errno.ESTALE):
                         raise NetlinkError(code, f"sock_diag: {os.strerror(code)}")
-                offset += (length + 3) & ~3
     return out
 
 
