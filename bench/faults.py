@@ -11,10 +11,12 @@ instants (half aimed at a checkpoint being written), each peer restarted at once
 Per scenario: the rounds the survivors completed between the fault and the recovery, the time to
 recover (fault to the first round every member ends in one group with one θ), whether each
 returning peer was identical to its group after its first round back, and the validation loss of
-the recovered round against the undisturbed run's at equal tokens per peer (the in-process
-simulation of the four first peers, bit-identical to a real undisturbed swarm), and the fault's
-cost: how much it widened that gap since the swarm's last round before the fault (the scenarios share
-one swarm, so the gap adds up). PASS needs all of it: survivors trained on, returning peers
+the recovered round against the undisturbed run's at equal tokens trained into θ (the in-process
+simulation of the four first peers, bit-identical to a real undisturbed swarm; "r20.5": after 20.5
+of its rounds, tests/fault_losses.py), and the fault's cost: how much it widened that gap, the mean
+gap over the recovered round and the 2 after it against the mean over the swarm's last 3 rounds
+before the fault (the scenarios share one swarm, so the gap adds up; one round's gap alone moves
+from round to round). PASS needs all of it: survivors trained on, returning peers
 identical, the fault's cost within 2 %. Over the whole run every pair
 of groupmates must hold one θ in every round, and every checkpoint on disk must load.
 
@@ -48,12 +50,13 @@ def report(result: dict) -> str:
         ratio, cost = r["loss_ratio"], r["loss_cost"]
         lines.append([
             r["scenario"], str(r["survivor_rounds"]), f"{r['fault_round']} -> {r['recovered_round']}",
-            f"{r['recover_s']:.1f}", back, f"{r['val_loss']:.4f}", f"{r['undisturbed_val_loss']:.4f}",
+            f"{r['recover_s']:.1f}", back, f"{r['val_loss']:.4f}",
+            f"{r['undisturbed_val_loss']:.4f} (r{r['token_round']:.1f})" if r["undisturbed_val_loss"] else "-",
             f"{(ratio - 1) * 100:+.2f} %" if ratio is not None else "-",
             f"{cost * 100:+.2f} %" if cost is not None else "-", "PASS" if r["ok"] else "FAIL",
         ])
     cols = ["scenario", "survivor rounds", "rounds", "recover s", "returning (first round back)", "val loss",
-            "undisturbed", "vs undisturbed", "fault's cost", "result"]
+            "undisturbed at equal tokens", "vs undisturbed", "fault's cost", "result"]
     return table(cols, lines, left=1)
 
 

@@ -66,12 +66,16 @@ class RoundEngine:
                 self._hash = params_hash(self._theta)
             return self._hash
 
-    def install(self, theta: Tensors, round_no: int, shared: Optional[Mapping[str, torch.Tensor]] = None) -> None:
+    def install(self, theta: Tensors, round_no: int, shared: Optional[Mapping[str, torch.Tensor]] = None,
+                forget_local: bool = False) -> None:
         """Take a state from elsewhere (a checkpoint, a groupmate): θ, its round and, if given, the
-        strategy's shared state. Raises ValueError (nothing changed) if the shared state does not fit."""
+        strategy's shared state; ``forget_local``: zero the strategy's local buffers too. Raises
+        ValueError (nothing changed) if the shared state does not fit."""
         with self.lock:
             if shared is not None:
                 self.strategy.load_shared_state(shared)
+            if forget_local:
+                self.strategy.forget_local_state()
             self._theta, self.round, self._hash = theta, round_no, None
 
     def shareable(self) -> Tuple[Dict[str, object], List[torch.Tensor]]:

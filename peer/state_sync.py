@@ -242,10 +242,18 @@ class StateSync:
         hashes = (reported or {}).get(round_no)
         if hashes and params_hash(theta) not in hashes:
             raise ProtocolError(f"θ {params_hash(theta)} of round {round_no} is none of those its peers report")
+        # a whole round's exchange missed (a restart from an older checkpoint, a long stall) or a solo
+        # lineage left behind: the error-feedback residual (or local momentum) holds updates to a θ the
+        # swarm has moved on from, which the next payloads would send rounds late
+        own_round = self.engine.round
+        forget = not own_round <= round_no <= own_round + 1
         try:
-            self.engine.install(theta, round_no, shared)
+            self.engine.install(theta, round_no, shared, forget_local=forget)
         except ValueError as e:
             raise ProtocolError(str(e)) from None
+        if forget:
+            logger.info(f"cleared this peer's local {self.engine.strategy.name} buffers: they were of round "
+                        f"{own_round}'s lineage, not of round {round_no}'s")
         self._on_installed(sum(t.numel() * t.element_size() for t in tensors))
         logger.info(f"installed the state of round {round_no} (θ {self.engine.params_hash()})")
 

@@ -141,6 +141,9 @@ class OuterStrategy:
     def load_local_state(self, state: Mapping[str, torch.Tensor]) -> None:
         pass
 
+    def forget_local_state(self) -> None:
+        """Zero this replica's own buffers: they describe a θ lineage the replica has left."""
+
 
 class DiLoCo(OuterStrategy):
     name = "diloco"
@@ -197,6 +200,10 @@ class _ResidualStrategy(OuterStrategy):
 
     def load_local_state(self, state: Mapping[str, torch.Tensor]) -> None:
         _load_into(self.buffer, state, f"{self.buffer_name}.")
+
+    def forget_local_state(self) -> None:
+        for t in self.buffer.values():
+            t.zero_()
 
 
 class SparseLoCo(_ResidualStrategy):

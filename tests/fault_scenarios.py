@@ -17,17 +17,18 @@ The first fault comes once every peer has trained ``WARMUP_ROUNDS`` rounds in on
 Each scenario row: the rounds the survivors completed between the fault and the recovery, the time
 to recover (fault to the first round every member ended in one group with one θ), whether every
 returning peer was identical to its group after its first round back, and that round's validation
-loss against the undisturbed run's at equal tokens per peer: the simulation of the four first
-peers (peer/simulate.py with their ids as shards: bit-identical to a real undisturbed swarm,
+loss against the undisturbed run's at equal tokens trained into θ (tests/fault_losses.py): the
+simulation of the four first peers (peer/simulate.py with their ids as shards: bit-identical to a real undisturbed swarm,
 tests/test_real_vs_sim.py), in a process of its own while the swarm runs. The scenarios share one
 swarm, so the gap to the undisturbed run adds up from one to the next: a scenario's cost is how much
-it widened the gap (from the swarm's last round before its fault to its recovery), and that is
-what must stay within 2 %. Over the whole run: every pair of groupmates identical in every round,
+it widened the gap (its mean over the swarm's last ``LOSS_WINDOW`` rounds before the fault, against
+its mean over the recovered round and the rounds after it), and that is what must stay within 2 %. Over the whole run: every pair of groupmates identical in every round,
 and every checkpoint on disk loads.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import queue
 import random
@@ -38,6 +39,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from tests.fault_losses import WINDOW as LOSS_WINDOW, loss_window, score, token_rounds
 from tests.fault_swarm import FaultSwarm, checkpoint_problems, first_round_after, identical_to_group, recovered
 from tests.swarm_harness import assert_groups_identical
 
@@ -75,16 +77,21 @@ class Run:
         during = [len([r for r in sw.recorder.of(s).values() if t_fault < r["seen"] <= t_ok]) for s in survivors]
         firsts = {n: first_round_after(sw, n, t, grouped) for n, t in back.items()}
         rows = [sw.recorder.of(m)[rnd] for m in self.members]
-        # the swarm's last round before the fault (its largest group's): the gap to the undisturbed
-        # run that the faults before this one left
+        # the swarm's last rounds before the fault (each its largest group's): the gap to the undisturbed
+        # run that the faults before this one left; and its first rounds from the recovery on
         pre = [r for m in self.members for r in sw.recorder.of(m).values() if r["seen"] <= t_fault]
         last_pre = max(pre, key=lambda r: (r["round"], len(r["group"])), default=None)
+        before = loss_window(pre, range(last_pre["round"] - LOSS_WINDOW + 1, last_pre["round"] + 1)) if last_pre else {}
+        sw.wait(lambda: all(sw.last_round(m) >= rnd + LOSS_WINDOW - 1 for m in self.members), RECOVER_S,
+                f"{scenario}: {LOSS_WINDOW - 1} rounds past the recovery")
+        after = loss_window([r for m in self.members for r in sw.recorder.of(m).values()],
+                            range(rnd, rnd + LOSS_WINDOW))
         row = dict(
             scenario=scenario, fault_round=fault_round, recovered_round=rnd, recover_s=t_ok - t_fault,
             survivor_rounds=min(during) if during else 0,
             returning={n: (r["round"], identical_to_group(sw, n, r)) if r else None for n, r in firsts.items()},
             val_loss=rows[0]["val_loss"], round_before=last_pre and last_pre["round"],
-            val_loss_before=last_pre and last_pre["val_loss"], **extra,
+            val_losses_before=before, val_losses_after=after, **extra,
         )
         row["returning_ok"] = all(v is not None and v[1] for v in row["returning"].values())
         self.log(f"  {scenario}: recovered in round {rnd}, {row['recover_s']:.1f} s after the fault; survivors "
@@ -338,8 +345,10 @@ def run_faults(workdir: Path, scenarios: Sequence[str], kills: int = 100, seed: 
                     if not repair(run):
                         break
             statuses = sw.recorder.statuses()
-        last = max((r.get("recovered_round", 0) for r in run.rows), default=0)
-        losses = reference.upto(last) if last else {}
+        last = max((r.get("recovered_round", 0) + LOSS_WINDOW - 1 for r in run.rows), default=0)
+        records = [r for n in PEERS + [LATE] for r in sw.recorder.of(n).values()]
+        equal = token_rounds(records, len(PEERS), last)
+        losses = reference.upto(math.ceil(max(equal.values())) + 1) if last else {}
     finally:
         if reference is not None:
             reference.close()
@@ -348,14 +357,10 @@ def run_faults(workdir: Path, scenarios: Sequence[str], kills: int = 100, seed: 
     except AssertionError as e:
         pairs, problems = 0, [str(e)]
     problems += checkpoint_problems(workdir, PEERS + [LATE])
-    for row in run.rows:  # loss_ratio: the gap to the undisturbed run; loss_cost: how much this fault added
-        ref, ref_before = losses.get(row.get("recovered_round")), losses.get(row.get("round_before"))
-        row["undisturbed_val_loss"] = ref
-        row["loss_ratio"] = row["val_loss"] / ref if ref and row.get("val_loss") is not None else None
-        before = row["val_loss_before"] / ref_before if ref_before and row.get("val_loss_before") else 1.0
-        row["loss_cost"] = row["loss_ratio"] / before - 1 if row["loss_ratio"] is not None else None
-        row["ok"] = bool("failed" not in row and row["returning_ok"] and row["loss_cost"] is not None
-                         and abs(row["loss_cost"]) <= LOSS_TOLERANCE
+    for row in run.rows:  # the gap to the undisturbed run at equal tokens, and how much this fault added
+        if "failed" not in row:
+            score(row, equal, losses, LOSS_TOLERANCE)
+        row["ok"] = bool("failed" not in row and row["returning_ok"] and row["loss_ok"]
                          and (row["survivor_rounds"] >= 1 or row["scenario"] in ("random_kills",)))
     tokens_per_round = sw.spec.outer.inner_steps * sw.spec.data.batch_size * sw.spec.model.seq_len
     return dict(rows=run.rows, groupmate_pairs_checked=pairs, problems=problems, tokens_per_round=tokens_per_round,

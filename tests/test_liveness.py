@@ -312,3 +312,23 @@ def test_install_checks_every_tensor_after_the_cast(monkeypatch, clock):
     assert engine.round == 0
     sync.install(meta, tensors, reported={4: {params_hash(honest.theta)}, 5: {"x"}})
     assert engine.round == 4 and engine.params_hash() == honest.params_hash()
+
+
+@pytest.mark.parametrize("own_round,served_round,forgets", [(4, 4, False), (4, 5, False), (4, 6, True), (4, 30, True),
+                                                             (9, 5, True)])
+def test_a_state_past_a_missed_round_or_off_a_solo_lineage_clears_the_local_buffers(monkeypatch, clock, own_round,
+                                                                                     served_round, forgets):
+    sync, engine = syncing_peer(monkeypatch, [], lambda peer: None, own_round=own_round)
+    calls = []
+    monkeypatch.setattr(engine.strategy, "forget_local_state", lambda: calls.append(engine.round))
+    sync.install(*served(honest_engine(served_round)))
+    assert engine.round == served_round and calls == ([own_round] if forgets else [])
+
+
+def test_forgetting_zeroes_the_error_feedback_and_the_checkpointed_copy_follows():
+    spec = SPEC.replace(outer={"strategy": "sparseloco"})
+    strategy = make_strategy(spec)
+    for t in strategy.buffer.values():
+        t.fill_(0.5)
+    strategy.forget_local_state()
+    assert all(float(t.abs().sum()) == 0.0 for t in strategy.local_state().values())
