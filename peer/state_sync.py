@@ -251,7 +251,7 @@ class StateSync:
             self.engine.install(theta, round_no, shared, forget_local=forget)
         except ValueError as e:
             raise ProtocolError(str(e)) from None
-        if forget:
+        if forget and own_round > 0:  # (a newcomer's buffers were empty)
             logger.info(f"cleared this peer's local {self.engine.strategy.name} buffers: they were of round "
                         f"{own_round}'s lineage, not of round {round_no}'s")
         self._on_installed(sum(t.numel() * t.element_size() for t in tensors))
