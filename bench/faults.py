@@ -17,7 +17,7 @@ of its rounds, tests/fault_losses.py), and the fault's cost: how much it widened
 gap over the recovered round and the 2 after it against the mean over the swarm's last 3 rounds
 before the fault (the scenarios share one swarm, so the gap adds up; one round's gap alone moves
 from round to round). PASS needs all of it: survivors trained on, returning peers
-identical, the fault's cost within 2 %. Over the whole run every pair
+identical, the fault's cost at most +2 % (a lower loss is no harm). Over the whole run every pair
 of groupmates must hold one θ in every round, and every checkpoint on disk must load.
 
 Needs root (network namespaces).

@@ -8,6 +8,11 @@ largest group aggregated), over four, in undisturbed rounds, the loss between tw
 interpolated. One round's gap moves from round to round on its own (the swarm's loss moved by
 0.5-2 % between quiet rounds in one run), so a fault's cost compares the mean gap over the
 ``WINDOW`` rounds from its recovery on with the mean over the ``WINDOW`` rounds before it.
+
+A fault passes if its cost is at most the tolerance: a lower loss than the undisturbed run's at
+equal tokens is no harm. It is expected, too: a round with fewer contributors takes the same outer
+step on fewer tokens, and early in training an outer step is worth more than the tokens in it (one
+run: -2.53 % after a peer was stopped for 6 rounds, bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -73,4 +78,4 @@ def score(row: dict, equal: Mapping[int, float], reference: Mapping[int, float],
     after = mean_ratio(row.get("val_losses_after", {}), equal, reference)
     before = mean_ratio(row.get("val_losses_before", {}), equal, reference) or 1.0
     row["loss_cost"] = after / before - 1 if after is not None else None
-    row["loss_ok"] = row["loss_cost"] is not None and abs(row["loss_cost"]) <= tolerance
+    row["loss_ok"] = row["loss_cost"] is not None and row["loss_cost"] <= tolerance

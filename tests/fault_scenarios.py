@@ -22,7 +22,7 @@ simulation of the four first peers (peer/simulate.py with their ids as shards: b
 tests/test_real_vs_sim.py), in a process of its own while the swarm runs. The scenarios share one
 swarm, so the gap to the undisturbed run adds up from one to the next: a scenario's cost is how much
 it widened the gap (its mean over the swarm's last ``LOSS_WINDOW`` rounds before the fault, against
-its mean over the recovered round and the rounds after it), and that is what must stay within 2 %. Over the whole run: every pair of groupmates identical in every round,
+its mean over the recovered round and the rounds after it), and that must stay at most +2 % (tests/fault_losses.py). Over the whole run: every pair of groupmates identical in every round,
 and every checkpoint on disk loads.
 """
 
@@ -48,7 +48,7 @@ LATE = "e"
 RECOVER_S = 240.0  # the longest any recovery may take on a loaded 2-core machine
 WARMUP_ROUNDS = 15  # the first fault comes past the steep start of training, where a round is worth
 # 5-10 % of the loss and any lost round would miss the 2 % check; from here it is worth about 1 %
-LOSS_TOLERANCE = 0.02  # what one fault may add to the gap between the swarm's loss and the undisturbed run's
+LOSS_TOLERANCE = 0.02  # the most one fault may add to the gap between the swarm's loss and the undisturbed run's
 
 
 class Run:

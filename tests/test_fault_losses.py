@@ -53,3 +53,10 @@ def test_a_fault_that_set_the_swarm_back_costs_what_it_lost():
     row = _row(records, 10, 12)
     score(row, token_rounds(records, 4, 19), UNDISTURBED, 0.02)
     assert row["loss_cost"] > 0.02 and not row["loss_ok"]
+
+
+def test_a_lower_loss_than_the_undisturbed_runs_passes():
+    records = [rec(r) for r in range(1, 11)] + [rec(r, val_loss=UNDISTURBED[r + 3]) for r in range(11, 20)]
+    row = _row(records, 10, 12)
+    score(row, token_rounds(records, 4, 19), UNDISTURBED, 0.02)
+    assert row["loss_cost"] < -0.02 and row["loss_ok"]

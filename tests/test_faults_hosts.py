@@ -3,8 +3,8 @@
 SIGSTOPped past the round's deadline, a host's link down past it, two peers restarted at once and
 a few SIGKILLs at random instants. Each must end with every member in one group with one θ, the
 returning peers identical after their first round back, the survivors having trained on, and no
-fault widening the gap between the validation loss and the undisturbed run's at equal tokens by
-more than 5 % here, 2 % in bench/faults.py (the faults share one swarm: the gap adds up); every
+fault moving the gap between the validation loss and the undisturbed run's at equal tokens by
+more than 5 % here (bench/faults.py: at most +2 %) (the faults share one swarm: the gap adds up); every
 checkpoint must load.
 
 The coordinator's restart, the late joiner and 100 random kills are bench/faults.py's. About six
@@ -38,9 +38,9 @@ def test_survivors_train_on_and_returning_peers_rejoin_identical_through_each_fa
         assert row["returning_ok"], row  # identical to its group after its first round back
         if name != "random_kills":
             assert row["survivor_rounds"] >= 1, row  # the others trained on meanwhile
-        # what this fault added to the gap to the undisturbed run: bench/faults.py judges it at the
-        # issue's 2 %; one run of this tiny model moves by -1.8 % to +2.3 % from fault to fault (the
-        # peer that was away trained fewer tokens), so the test allows 5 %: a recovery that loses
-        # the swarm's progress shows far more
+        # what this fault added to the gap to the undisturbed run at equal tokens: bench/faults.py
+        # judges it at the 2 %; with 3 kills and fewer rounds it moves by a few points from
+        # run to run (-2.5 % to +1.4 % in one bench run), so the test allows 5 % either way: a
+        # recovery that loses the swarm's progress shows far more
         assert abs(row["loss_cost"]) <= 0.05, row
     assert rows["kill_mid_gather"]["burst_bytes"] > 0, rows["kill_mid_gather"]  # it died while sending its payload
