@@ -16,9 +16,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import hivemind
+from hivemind.dht.routing import DHTID
 from hivemind.utils import get_dht_time
 
 from protocol.chain_records import (
@@ -89,9 +91,41 @@ def verified_entries(key: str, found: Any, token_key: Optional[bytes], ttl: floa
 RECORD_BEAM = 5
 
 
-def _read(dht: hivemind.DHT, key: str, ttl: float, beam_size: Optional[int] = None) -> List[Entry]:
-    found = dht.get(key, latest=True, **({"beam_size": beam_size} if beam_size else {}))
-    return verified_entries(key, found, trust_of(dht).token_key, ttl)
+# Progress records are read often (the round barrier, early close, the dashboard). A node that holds
+# the key in its own storage is one of its replicas: every store reaches it (hivemind stores a record
+# on the num_replicas nearest nodes; in a swarm of up to 5 DHT nodes that is every node), so its
+# storage is as fresh as a network read, which would move every peer's record from every node of the
+# beam. Such a node reads locally, and over the network at least every REPLICA_NETWORK_READ_S (a
+# store that missed it, expired records); a node that is no replica always reads over the network.
+REPLICA_NETWORK_READ_S = 5.0
+_network_read_at: Dict[Tuple[str, str], float] = {}  # (node's peer id, key) -> when it last read over the network
+
+
+async def _replica_read(key: str, beam_size: Optional[int], _dht, node) -> Tuple[Any, bool]:
+    """In the DHT's process: (the key's value, read over the network?)."""
+    if node.protocol.storage.get(DHTID.generate(source=key)) is not None:
+        return await node.get(key, latest=False), False  # storage (and cache) only: no traversal
+    return await node.get(key, latest=True, **({"beam_size": beam_size} if beam_size else {})), True
+
+
+def _read(dht: hivemind.DHT, key: str, ttl: float, beam_size: Optional[int] = None, replica_ok: bool = False) -> List[Entry]:
+    """The verified records under ``key``; ``replica_ok``: from this node's own storage if it is a
+    replica of the key and has read it over the network within ``REPLICA_NETWORK_READ_S``."""
+    trust = trust_of(dht)
+    memo = (trust.identity.peer_id, key)
+    local = getattr(dht, "run_coroutine", None) if replica_ok else None  # (a stand-in DHT may not run coroutines)
+    recent = time.monotonic() - _network_read_at.get(memo, float("-inf")) < REPLICA_NETWORK_READ_S
+    found, networked = None, None
+    if local is not None and recent:
+        try:
+            found, networked = local(partial(_replica_read, key, beam_size))
+        except Exception as e:
+            logger.debug(f"a replica read of {key!r} failed ({e!r}); reading over the network")
+    if networked is None:
+        found, networked = dht.get(key, latest=True, **({"beam_size": beam_size} if beam_size else {})), True
+    if networked and replica_ok:
+        _network_read_at[memo] = time.monotonic()
+    return verified_entries(key, found, trust.token_key, ttl)
 
 
 def _per_peer(entries: List[Entry], key: str) -> Dict[str, Entry]:
@@ -235,7 +269,7 @@ def read_progress(dht: hivemind.DHT, run_id: str) -> List[PeerView]:
     """Every live peer's last progress record, by the peer id it is bound to; the rest is skipped."""
     key = peers_key(run_id)
     out: List[PeerView] = []
-    for peer, e in _per_peer(_read(dht, key, _peer_ttl(dht, run_id), beam_size=RECORD_BEAM), key).items():
+    for peer, e in _per_peer(_read(dht, key, _peer_ttl(dht, run_id), beam_size=RECORD_BEAM, replica_ok=True), key).items():
         try:
             progress = parse_progress(e.body)
         except ProtocolError as err:

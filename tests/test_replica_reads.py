@@ -1,0 +1,62 @@
+"""swarm/records.py: a DHT node that holds the progress key in its own storage (a replica) reads it
+there between network reads; real hivemind nodes on loopback."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from protocol.keys import peers_key
+from protocol.records import Progress
+from protocol.spec import RunSpec
+from swarm import records
+from swarm.dht import start_dht
+
+SPEC = RunSpec().replace(run_id="replica-test")
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+def progress(rnd: int) -> Progress:
+    return Progress(rnd, 0, "training", SPEC.digest(), 1.0, 0.5, 0, 0.0, 0, 0, "hash", -1)
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    coord = start_dht((), LOOPBACK, run_ids=[SPEC.run_id])
+    started = [coord]
+    try:
+        records.publish_run(coord, SPEC)
+        started += [start_dht(coord.get_visible_maddrs(), LOOPBACK, run_ids=[SPEC.run_id]) for _ in range(2)]
+        yield started
+    finally:
+        for n in started:
+            n.shutdown()
+
+
+def rounds(dht) -> dict:
+    return {v.peer_id: v.progress.round for v in records.read_progress(dht, SPEC.run_id)}
+
+
+def test_a_replica_sees_every_store_at_once_without_a_network_read(nodes):
+    _, a, b = nodes
+    me = a.peer_id.to_base58()
+    memo = (b.peer_id.to_base58(), peers_key(SPEC.run_id))
+    assert records.publish_progress(a, SPEC.run_id, me, progress(1), ttl=30).result(timeout=10)
+    assert rounds(b)[me] == 1  # the first read goes over the network
+    networked_at = records._network_read_at[memo]
+    for rnd in (2, 3):
+        assert records.publish_progress(a, SPEC.run_id, me, progress(rnd), ttl=30).result(timeout=10)
+        assert rounds(b)[me] == rnd  # b is a replica (3 nodes, 5 replicas): the store reached its storage
+    assert records._network_read_at[memo] == networked_at  # ... and it read it there
+
+
+def test_reads_go_over_the_network_again_after_the_interval(nodes, monkeypatch):
+    coord, a, _ = nodes
+    me = a.peer_id.to_base58()
+    memo = (coord.peer_id.to_base58(), peers_key(SPEC.run_id))
+    assert records.publish_progress(a, SPEC.run_id, me, progress(7), ttl=30).result(timeout=10)
+    monkeypatch.setattr(records, "REPLICA_NETWORK_READ_S", 0.0)
+    before = time.monotonic()
+    assert rounds(coord)[me] == 7
+    assert records._network_read_at[memo] >= before
