@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import hivemind
 from hivemind.dht.routing import DHTID
+from hivemind.dht.storage import DictionaryDHTValue
 from hivemind.utils import get_dht_time
 
 from protocol.chain_records import (
@@ -91,40 +92,55 @@ def verified_entries(key: str, found: Any, token_key: Optional[bytes], ttl: floa
 RECORD_BEAM = 5
 
 
-# Progress records are read often (the round barrier, early close, the dashboard). A node that holds
-# the key in its own storage is one of its replicas: every store reaches it (hivemind stores a record
-# on the num_replicas nearest nodes; in a swarm of up to 5 DHT nodes that is every node), so its
-# storage is as fresh as a network read, which would move every peer's record from every node of the
-# beam. Such a node reads locally, and over the network at least every REPLICA_NETWORK_READ_S (a
-# store that missed it, expired records); a node that is no replica always reads over the network.
+# Progress records are read often (the round barrier, early close, the dashboard), and a network read
+# moves every peer's record from every node of the beam. hivemind stores a record on the num_replicas
+# nearest nodes it finds (in a swarm of up to 5 DHT nodes: every node), and each store reaches their
+# storage at once. A node whose own storage held every record of its last network read, at the same
+# version, is such a replica: it reads its storage until REPLICA_NETWORK_READ_S after that read, then
+# reads over the network again and checks again. Any other node (a client-mode node, which no store
+# reaches; a node of a large swarm that is not among the key's nearest) reads over the network.
 REPLICA_NETWORK_READ_S = 5.0
-_network_read_at: Dict[Tuple[str, str], float] = {}  # (node's peer id, key) -> when it last read over the network
+_replica_since: Dict[Tuple[str, str], float] = {}  # (node's peer id, key) -> its last network read that found it a replica
 
 
-async def _replica_read(key: str, beam_size: Optional[int], _dht, node) -> Tuple[Any, bool]:
-    """In the DHT's process: (the key's value, read over the network?)."""
-    if node.protocol.storage.get(DHTID.generate(source=key)) is not None:
-        return await node.get(key, latest=False), False  # storage (and cache) only: no traversal
-    return await node.get(key, latest=True, **({"beam_size": beam_size} if beam_size else {})), True
+async def _replica_read(key: str, beam_size: Optional[int], from_storage: bool, _dht, node) -> Tuple[Any, bool]:
+    """In the DHT's process: (the key's value, whether this node's storage held all of it). With
+    ``from_storage``, from the storage alone (no traversal); else over the network, compared with
+    what the storage held before."""
+    if from_storage:
+        return await node.get(key, latest=False), True  # stops at the storage: its dictionary has not expired
+    stored = node.protocol.storage.get(DHTID.generate(source=key))
+    held = {}
+    if stored is not None and isinstance(stored.value, DictionaryDHTValue):
+        held = {subkey: item.expiration_time for subkey, item in stored.value.items()}
+    found = await node.get(key, latest=True, **({"beam_size": beam_size} if beam_size else {}))
+    replica = (not node.protocol.client_mode and found is not None and isinstance(found.value, dict)
+               and all(held.get(subkey, float("-inf")) >= item.expiration_time for subkey, item in found.value.items()))
+    return found, replica
 
 
 def _read(dht: hivemind.DHT, key: str, ttl: float, beam_size: Optional[int] = None, replica_ok: bool = False) -> List[Entry]:
-    """The verified records under ``key``; ``replica_ok``: from this node's own storage if it is a
-    replica of the key and has read it over the network within ``REPLICA_NETWORK_READ_S``."""
+    """The verified records under ``key``; ``replica_ok``: from this node's own storage while it is a
+    replica of the key (see above)."""
     trust = trust_of(dht)
     memo = (trust.identity.peer_id, key)
-    local = getattr(dht, "run_coroutine", None) if replica_ok else None  # (a stand-in DHT may not run coroutines)
-    recent = time.monotonic() - _network_read_at.get(memo, float("-inf")) < REPLICA_NETWORK_READ_S
-    found, networked = None, None
-    if local is not None and recent:
+    run = getattr(dht, "run_coroutine", None) if replica_ok else None  # (a stand-in DHT may not run coroutines)
+    found = None
+    if run is not None:
+        local = time.monotonic() - _replica_since.get(memo, float("-inf")) < REPLICA_NETWORK_READ_S
         try:
-            found, networked = local(partial(_replica_read, key, beam_size))
+            found, replica = run(partial(_replica_read, key, beam_size, local))
         except Exception as e:
-            logger.debug(f"a replica read of {key!r} failed ({e!r}); reading over the network")
-    if networked is None:
-        found, networked = dht.get(key, latest=True, **({"beam_size": beam_size} if beam_size else {})), True
-    if networked and replica_ok:
-        _network_read_at[memo] = time.monotonic()
+            logger.debug(f"a read of {key!r} in the DHT's process failed ({e!r}); reading it as a client")
+            run = None
+        else:
+            if not local:
+                if replica:
+                    _replica_since[memo] = time.monotonic()
+                else:
+                    _replica_since.pop(memo, None)
+    if run is None:
+        found = dht.get(key, latest=True, **({"beam_size": beam_size} if beam_size else {}))
     return verified_entries(key, found, trust.token_key, ttl)
 
 

@@ -44,11 +44,11 @@ def test_a_replica_sees_every_store_at_once_without_a_network_read(nodes):
     memo = (b.peer_id.to_base58(), peers_key(SPEC.run_id))
     assert records.publish_progress(a, SPEC.run_id, me, progress(1), ttl=30).result(timeout=10)
     assert rounds(b)[me] == 1  # the first read goes over the network
-    networked_at = records._network_read_at[memo]
+    networked_at = records._replica_since[memo]
     for rnd in (2, 3):
         assert records.publish_progress(a, SPEC.run_id, me, progress(rnd), ttl=30).result(timeout=10)
         assert rounds(b)[me] == rnd  # b is a replica (3 nodes, 5 replicas): the store reached its storage
-    assert records._network_read_at[memo] == networked_at  # ... and it read it there
+    assert records._replica_since[memo] == networked_at  # ... and it read it there
 
 
 def test_reads_go_over_the_network_again_after_the_interval(nodes, monkeypatch):
@@ -59,4 +59,20 @@ def test_reads_go_over_the_network_again_after_the_interval(nodes, monkeypatch):
     monkeypatch.setattr(records, "REPLICA_NETWORK_READ_S", 0.0)
     before = time.monotonic()
     assert rounds(coord)[me] == 7
-    assert records._network_read_at[memo] >= before
+    assert records._replica_since[memo] >= before
+
+
+def test_a_client_mode_node_is_no_replica_and_sees_every_update(nodes):
+    coord, a, _ = nodes
+    client = start_dht(coord.get_visible_maddrs(), LOOPBACK, client_mode=True, run_ids=[SPEC.run_id])
+    try:
+        me, mine = a.peer_id.to_base58(), client.peer_id.to_base58()
+        # a client's own store may land in its own storage (it counts itself among the nearest), but no
+        # other node's store reaches it: its storage must not pass for a replica's
+        assert records.publish_progress(client, SPEC.run_id, mine, progress(1), ttl=30).result(timeout=10)
+        for rnd in (11, 12):
+            assert records.publish_progress(a, SPEC.run_id, me, progress(rnd), ttl=30).result(timeout=10)
+            assert rounds(client)[me] == rnd
+        assert (mine, peers_key(SPEC.run_id)) not in records._replica_since
+    finally:
+        client.shutdown()
