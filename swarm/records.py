@@ -100,6 +100,12 @@ RECORD_BEAM = 5
 # reads over the network again and checks again. Any other node (a client-mode node, which no store
 # reaches; a node of a large swarm that is not among the key's nearest) reads over the network.
 REPLICA_NETWORK_READ_S = 5.0
+
+
+def _search(beam_size: Optional[int]) -> Dict[str, int]:
+    """A DHT call's search arguments: ``beam_size`` if given, else hivemind's default."""
+    return {"beam_size": beam_size} if beam_size else {}
+
 _replica_since: Dict[Tuple[str, str], float] = {}  # (node's peer id, key) -> its last network read that found it a replica
 
 
@@ -113,7 +119,7 @@ async def _replica_read(key: str, beam_size: Optional[int], from_storage: bool, 
     held = {}
     if stored is not None and isinstance(stored.value, DictionaryDHTValue):
         held = {subkey: item.expiration_time for subkey, item in stored.value.items()}
-    found = await node.get(key, latest=True, **({"beam_size": beam_size} if beam_size else {}))
+    found = await node.get(key, latest=True, **_search(beam_size))
     replica = (not node.protocol.client_mode and found is not None and isinstance(found.value, dict)
                and all(held.get(subkey, float("-inf")) >= item.expiration_time for subkey, item in found.value.items()))
     return found, replica
@@ -140,7 +146,7 @@ def _read(dht: hivemind.DHT, key: str, ttl: float, beam_size: Optional[int] = No
                 else:
                     _replica_since.pop(memo, None)
     if run is None:
-        found = dht.get(key, latest=True, **({"beam_size": beam_size} if beam_size else {}))
+        found = dht.get(key, latest=True, **_search(beam_size))
     return verified_entries(key, found, trust.token_key, ttl)
 
 
@@ -169,7 +175,7 @@ def _store(dht: hivemind.DHT, key: str, body: bytes, ttl: float, name: str = "",
     subkey = owned_subkey(me.public_key, name)
     mac = record_mac(trust.token_key, key_id(key), subkey, me.peer_id, body) if trust.token_key is not None else b""
     return dht.store(key, seal(me.peer_id, body, mac), expiration_time=get_dht_time() + ttl, subkey=subkey,
-                     return_future=not wait, **({"beam_size": beam_size} if beam_size else {}))
+                     return_future=not wait, **_search(beam_size))
 
 
 def _check_self(dht: hivemind.DHT, peer_id: str) -> None:
