@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COORD = "coord"
 PEERS = ("p0", "p1", "p2", "p3")
 SLOW = "p3"
+FRAME_HEADERS = 66  # bytes a frame: Ethernet 14, IPv4 20, TCP 20 and its timestamps option 12
 
 
 @dataclass
@@ -68,13 +69,16 @@ class Watch:
     launched: float
     start: Optional[float] = None
     end: Optional[float] = None
-    counters_start: Dict[str, Tuple[int, int]] = field(default_factory=dict)
-    counters_end: Dict[str, Tuple[int, int]] = field(default_factory=dict)
+    counters_start: Dict[str, Dict[str, int]] = field(default_factory=dict)  # host -> its eth0's link_stats
+    counters_end: Dict[str, Dict[str, int]] = field(default_factory=dict)
     seen: Dict[str, int] = field(default_factory=dict)
     capped: set = field(default_factory=set)  # hosts whose worker is in its CPU quota
     accounted_start: Dict[str, Tuple[Optional[int], Optional[int]]] = field(default_factory=dict)  # sent, received
     raw: List[Tuple[float, str, int, Optional[float]]] = field(default_factory=list)  # absolute times
     statuses: Dict[str, dict] = field(default_factory=dict)
+    # host -> its eth0's link_stats read as its newest status was read: the status's accounted totals
+    # and these counters end within one poll of each other
+    status_counters: Dict[str, Dict[str, int]] = field(default_factory=dict)
     busy: Dict[str, dict] = field(default_factory=dict)
     failure: Optional[str] = None
 
@@ -145,8 +149,8 @@ class ArmRunner:
             limit.add_tree(next(p.pid for h, p in self.procs if h == host))
         w.capped.add(host)
 
-    def _counters(self) -> Dict[str, Tuple[int, int]]:
-        return {h: self.hosts.counters(h) for h in PEERS}
+    def _counters(self) -> Dict[str, Dict[str, int]]:
+        return {h: self.hosts.link_stats(h) for h in PEERS}
 
     def _wait_file(self, path: Path, what: str, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
@@ -195,6 +199,8 @@ class ArmRunner:
             st = read_json(path)
             if st is None:
                 continue
+            if st != w.statuses.get(h):
+                w.status_counters[h] = self.hosts.link_stats(h)
             w.statuses[h] = st
             w.busy[h] = BusyLog.read(d / h / "busy.json")
             if st.get("phase") in ("waiting for peers", "training") or st.get("state") == "ready":
@@ -267,7 +273,15 @@ class ArmRunner:
                 limit._empty()  # SIGKILL to what is left in the quota: only this arm's workers ran there
 
 
-def summarize(arm: Arm, w: Watch, counters_launch: Dict[str, Tuple[int, int]], d: Path, per_step: int) -> Dict[str, Any]:
+def frame_payload(before: Dict[str, int], after: Dict[str, int], way: str) -> int:
+    """What of an interface's bytes between two readings is not frame headers: its bytes less
+    ``FRAME_HEADERS`` a packet (a GSO packet counts once, with one set of headers, as the kernel
+    sent it; a UDP datagram's 42 bytes of headers are taken as 66, a few KB over a run)."""
+    packets = after[f"{way}_packets"] - before[f"{way}_packets"]
+    return max(0, after[f"{way}_bytes"] - before[f"{way}_bytes"] - FRAME_HEADERS * packets)
+
+
+def summarize(arm: Arm, w: Watch, counters_launch: Dict[str, Dict[str, int]], d: Path, per_step: int) -> Dict[str, Any]:
     start = w.start if w.start is not None else w.launched
     points = sorted((Point(t - start, h, r, v) for t, h, r, v in w.raw if t <= w.end + 1.0), key=lambda p: p.t)
     last: Dict[str, Point] = {}
@@ -282,14 +296,17 @@ def summarize(arm: Arm, w: Watch, counters_launch: Dict[str, Tuple[int, int]], d
         sent, key = accounted(st)  # since the worker started: less what it had sent at the arm's start
         received = accounted(st, "received")[0]
         sent_start, received_start = w.accounted_start.get(h, (None, None))
-        (rx0, tx0), (rx1, tx1) = w.counters_start[h], w.counters_end[h]
+        c0, c1, launch = w.counters_start[h], w.counters_end[h], counters_launch[h]
         peers[h] = dict(
             speed="slow" if h == SLOW else "fast", peer_id=st.get("peer_id"), tokens=trained_tokens(st, per_step),
             tokens_stepped=st.get("tokens", 0),
             rounds=len(st.get("history", [])), busy_s=busy.get("busy_s"),
             util=busy["busy_s"] / (w.end - first) if first and w.end > first else None, own_util=own_util(st),
-            wire_sent=tx1 - tx0, wire_received=rx1 - rx0, wire_sent_with_startup=tx1 - counters_launch[h][1],
-            wire_received_with_startup=rx1 - counters_launch[h][0],
+            wire_sent=c1["tx_bytes"] - c0["tx_bytes"], wire_received=c1["rx_bytes"] - c0["rx_bytes"],
+            wire_sent_with_startup=c1["tx_bytes"] - launch["tx_bytes"],
+            wire_received_with_startup=c1["rx_bytes"] - launch["rx_bytes"],
+            wire_payload_sent_at_status=frame_payload(launch, w.status_counters.get(h, c1), "tx"),
+            wire_payload_received_at_status=frame_payload(launch, w.status_counters.get(h, c1), "rx"),
             accounted_sent=None if sent is None else sent - (sent_start or 0), accounted_sent_with_startup=sent,
             accounted_received=None if received is None else received - (received_start or 0),
             accounted_received_with_startup=received, accounted_key=key,

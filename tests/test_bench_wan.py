@@ -44,11 +44,14 @@ def test_quick_runs_every_arm_to_its_budget(tmp_path, capsys):
             assert p["busy_s"] > 0 and p["wire_sent"] > 0 and p["wire_received"] > 0, (name, host, p)
             if r["kind"] == "voloco":
                 assert p["accounted_sent"] > 0, (name, host, p)
-                # what the peer says it sent and received crossed its interface (Ethernet and TCP/IP
-                # headers on top: small control messages make them up to half)
+                # what the peer says it sent and received crossed its interface: its TCP payload since it
+                # started, against the interface's bytes less each packet's frame headers up to the moment
+                # its newest status was read (pure ACKs and small control messages made the headers half
+                # of a slow peer's sent bytes in one CI run; the bytes after its last status, a state
+                # download at a round's end, took a quarter of another's)
                 for way in ("sent", "received"):
-                    wire, mine = p[f"wire_{way}_with_startup"], p[f"accounted_{way}_with_startup"]
-                    assert 0.5 * wire <= mine <= 1.05 * wire, (name, host, way, p)
+                    wire, mine = p[f"wire_payload_{way}_at_status"], p[f"accounted_{way}_with_startup"]
+                    assert 0.85 * wire <= mine <= 1.05 * wire, (name, host, way, p)
         if r["kind"] == "voloco":
             assert r["final_val_loss"] < r["initial_val_loss"], name  # a few rounds of training show
             assert r["time_to_target_s"] is not None and r["time_to_target_s"] <= r["wall_s"] + 1.0, name
