@@ -52,7 +52,6 @@ from protocol.records import (
 from protocol.spec import RunSpec
 from swarm.console import UsageError
 from swarm.identity import NodeTrust, trust_of
-from swarm.replica_store import store_on_replicas
 from swarm.validators import check_owned, key_id, run_schema
 
 logger = logging.getLogger("voloco.swarm")
@@ -100,10 +99,7 @@ RECORD_BEAM = 5
 # version, is such a replica: it reads its storage until REPLICA_NETWORK_READ_S after that read, then
 # reads over the network again and checks again. Any other node (a client-mode node, which no store
 # reaches; a node of a large swarm that is not among the key's nearest) reads over the network.
-# A record that expires leaves the storage too, so a peer that stops is seen gone as soon as over the
-# network; what the interval bounds is how long a write that missed this node goes unseen. At 5 s these
-# checks were two thirds of the DHT's bytes in a 10 Mbit/s run of 4 peers (bench/RESULTS.md).
-REPLICA_NETWORK_READ_S = 15.0
+REPLICA_NETWORK_READ_S = 5.0
 
 
 def _search(beam_size: Optional[int]) -> Dict[str, int]:
@@ -172,20 +168,14 @@ def _per_peer(entries: List[Entry], key: str) -> Dict[str, Entry]:
 
 
 def _store(dht: hivemind.DHT, key: str, body: bytes, ttl: float, name: str = "", wait: bool = False,
-           beam_size: Optional[int] = None, often: bool = False):
-    """Write ``body`` under this node's owned subkey: the DHT node signs it (RSASignatureValidator).
-    ``often``: a record rewritten every few seconds goes straight to the key's remembered nearest
-    nodes (swarm/replica_store.py) instead of searching for them at every write."""
+           beam_size: Optional[int] = None):
+    """Write ``body`` under this node's owned subkey: the DHT node signs it (RSASignatureValidator)."""
     trust = trust_of(dht)
     me = trust.identity
     subkey = owned_subkey(me.public_key, name)
     mac = record_mac(trust.token_key, key_id(key), subkey, me.peer_id, body) if trust.token_key is not None else b""
-    value, expiration = seal(me.peer_id, body, mac), get_dht_time() + ttl
-    run = getattr(dht, "run_coroutine", None) if often else None  # (a stand-in DHT may not run coroutines)
-    if run is not None:
-        return run(partial(store_on_replicas, key=key, subkey=subkey, value=value, expiration=expiration,
-                           beam_size=beam_size), return_future=not wait)
-    return dht.store(key, value, expiration_time=expiration, subkey=subkey, return_future=not wait, **_search(beam_size))
+    return dht.store(key, seal(me.peer_id, body, mac), expiration_time=get_dht_time() + ttl, subkey=subkey,
+                     return_future=not wait, **_search(beam_size))
 
 
 def _check_self(dht: hivemind.DHT, peer_id: str) -> None:
@@ -314,7 +304,7 @@ def read_progress(dht: hivemind.DHT, run_id: str) -> List[PeerView]:
 def publish_progress(dht: hivemind.DHT, run_id: str, peer_id: str, progress: Progress, ttl: float):
     """Store this node's progress record; returns the store's future (True once stored)."""
     _check_self(dht, peer_id)
-    return _store(dht, peers_key(run_id), encode_body(progress.to_dict()), ttl, beam_size=RECORD_BEAM, often=True)
+    return _store(dht, peers_key(run_id), encode_body(progress.to_dict()), ttl, beam_size=RECORD_BEAM)
 
 
 # ---- chains: candidates (peers) and assignments (coordinator) -------------------------------------

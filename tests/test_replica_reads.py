@@ -11,19 +11,27 @@ from protocol.keys import peers_key
 from protocol.records import Progress
 from protocol.spec import RunSpec
 from swarm import records
-from tests.loopback_dht import join, loopback_swarm, progress as loopback_progress
+from swarm.dht import start_dht
 
 SPEC = RunSpec().replace(run_id="replica-test")
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
 
 def progress(rnd: int) -> Progress:
-    return loopback_progress(SPEC, rnd)
+    return Progress(rnd, 0, "training", SPEC.digest(), 1.0, 0.5, 0, 0.0, 0, 0, "hash", -1)
 
 
 @pytest.fixture(scope="module")
 def nodes():
-    with loopback_swarm(SPEC) as started:
+    coord = start_dht((), LOOPBACK, run_ids=[SPEC.run_id])
+    started = [coord]
+    try:
+        records.publish_run(coord, SPEC)
+        started += [start_dht(coord.get_visible_maddrs(), LOOPBACK, run_ids=[SPEC.run_id]) for _ in range(2)]
         yield started
+    finally:
+        for n in started:
+            n.shutdown()
 
 
 def rounds(dht) -> dict:
@@ -56,7 +64,7 @@ def test_reads_go_over_the_network_again_after_the_interval(nodes, monkeypatch):
 
 def test_a_client_mode_node_is_no_replica_and_sees_every_update(nodes):
     coord, a, _ = nodes
-    client = join(coord, SPEC, client_mode=True)
+    client = start_dht(coord.get_visible_maddrs(), LOOPBACK, client_mode=True, run_ids=[SPEC.run_id])
     try:
         me, mine = a.peer_id.to_base58(), client.peer_id.to_base58()
         # a client's own store may land in its own storage (it counts itself among the nearest), but no
