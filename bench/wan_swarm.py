@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from bench.wan_host import BusyLog, read_json
+from bench.wire_bytes import ip_payload
 from protocol.spec import RunSpec
 from swarm.jsonout import loads_strict
 
@@ -44,7 +45,6 @@ ROOT = Path(__file__).resolve().parents[1]
 COORD = "coord"
 PEERS = ("p0", "p1", "p2", "p3")
 SLOW = "p3"
-FRAME_HEADERS = 66  # bytes a frame: Ethernet 14, IPv4 20, TCP 20 and its timestamps option 12
 
 
 @dataclass
@@ -274,11 +274,10 @@ class ArmRunner:
 
 
 def frame_payload(before: Dict[str, int], after: Dict[str, int], way: str) -> int:
-    """What of an interface's bytes between two readings is not frame headers: its bytes less
-    ``FRAME_HEADERS`` a packet (a GSO packet counts once, with one set of headers, as the kernel
+    """What of an interface's bytes between two readings is not frame headers (bench/wire_bytes.py's
+    ``ip_payload`` of the difference; a GSO packet counts once, with one set of headers, as the kernel
     sent it; a UDP datagram's 42 bytes of headers are taken as 66, a few KB over a run)."""
-    packets = after[f"{way}_packets"] - before[f"{way}_packets"]
-    return max(0, after[f"{way}_bytes"] - before[f"{way}_bytes"] - FRAME_HEADERS * packets)
+    return max(0, ip_payload({k: after[k] - before[k] for k in after}, way))
 
 
 def summarize(arm: Arm, w: Watch, counters_launch: Dict[str, Dict[str, int]], d: Path, per_step: int) -> Dict[str, Any]:
