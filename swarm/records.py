@@ -106,6 +106,7 @@ def _search(beam_size: Optional[int]) -> Dict[str, int]:
     """A DHT call's search arguments: ``beam_size`` if given, else hivemind's default."""
     return {"beam_size": beam_size} if beam_size else {}
 
+
 _replica_since: Dict[Tuple[str, str], float] = {}  # (node's peer id, key) -> its last network read that found it a replica
 
 
