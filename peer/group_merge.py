@@ -9,7 +9,9 @@ the next round's), then waits for the peers of its round that are not in its gro
 a set, or has left the round (found no group and caught up, stopped), or too few are left to make a
 group of their own (``swarm.min_group_size``), or the wait
 ran out: the straggler allowance or ``swarm.gather_timeout`` (the larger) past the last set that
-came in, never more than ``swarm.round_wait``. Every set named for the round is fetched from one of the peers that
+came in, never more than ``swarm.round_wait``; both ``GATHERING_EXTRA`` gather timeouts longer while
+a peer it waits for has finished training (ready or exchanging: its group's set is coming, and a
+large group on a loaded host gathers for longer than a small one). Every set named for the round is fetched from one of the peers that
 named it (another on failure), checked envelope by envelope (protocol/group_sets.py) and merged:
 θ is computed from the union, in canonical order, so groups that hold the same sets hold the same
 θ. A set that cannot be had in time leaves that round with a second θ; a member of the minority
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Set
 
 from peer.exchange import GatherResult, base58
-from peer.membership import NOT_IN_ROUNDS, TRAINING_STATES
+from peer.membership import DONE_STATES, NOT_IN_ROUNDS, TRAINING_STATES
 from protocol import group_sets
 
 logger = logging.getLogger("voloco.peer")
@@ -38,6 +40,7 @@ POLL_S = 0.25
 SKIP_ROUNDS = 8  # rounds a peer that was waited for in vain is not waited for again
 QUIET_WAIT_S = 1.0  # how long a groupmate that did not say what it merged lately is waited for
 IN_ROUND = TRAINING_STATES  # states of a peer that may still name a set for its round
+GATHERING_EXTRA = 2  # gather_timeouts longer a peer waits while peers of the round that finished training have named no set
 
 
 @dataclass
@@ -133,7 +136,12 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         hopeless = len(outstanding) < spec.swarm.min_group_size
         if not view or (hopeless and not unfetched and membership.read_began > t0):
             break  # alone, or nothing more to wait for in a view read after our group's gather
-        if now - last_arrival > allowance or now - t0 > spec.swarm.round_wait:
+        # a peer of the round that has finished training and is matchmaking or gathering names its set
+        # once its group's gather ends: a group of 16 on a loaded host gathers for longer than a pair
+        # (32 peers on 2 cores: a pair gave up on the 16's set 7 s before it was named)
+        gathering = any(by_peer[p].state in DONE_STATES for p in outstanding)
+        extra = spec.swarm.gather_timeout * GATHERING_EXTRA if gathering else 0.0
+        if now - last_arrival > allowance + extra or now - t0 > spec.swarm.round_wait + extra:
             logger.info(f"round {round_no}: merged {len(held) - 1} other groups' sets; not waiting longer for "
                         f"{len(outstanding)} peers of the round and {len(unfetched)} sets")
             skip.update({p: round_no + SKIP_ROUNDS for p in outstanding})

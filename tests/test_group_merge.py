@@ -240,6 +240,27 @@ def test_the_merge_waits_as_long_as_matchmaking_was_stretched_on_this_host():
     assert merged_with(1.0) == 2  # a loaded host's 1 s matchmaking: 2.1 s of allowance
 
 
+def test_a_large_group_still_gathering_past_round_wait_is_waited_for_and_one_still_training_is_not():
+    # 32 peers on 2 cores: a pair gathered, then stopped waiting at round_wait 7 s before the group of
+    # 16 (matchmaking and gathering all along) named its set, and the round ended with two θ
+    mine, theirs = a_group(0, 2, b"g1"), a_group(2, 3, b"g2")
+    others = sorted(theirs[2])
+
+    def merged_while(state):
+        views = [[record(p, state=state) for p in others]] * 6 + [[record(p, gathered=theirs[1]) for p in others]]
+        swarm = Swarm(views, {others[0]: {theirs[1]: theirs[0]}}, allowance=0.1)
+        peer, result = member_of(swarm, mine)
+        peer.spec.swarm.gather_timeout, peer.spec.swarm.round_wait = 0.5, 0.7  # 0.7 s without the extra 1 s
+        t0 = time.monotonic()
+        sets = merge_round(peer, ROUND, result, ready=others).sets
+        return sets, time.monotonic() - t0
+
+    sets, took = merged_while("exchanging")
+    assert sets == 2 and took < 1.7
+    sets, took = merged_while("training")  # stragglers: the allowance and round_wait as they are
+    assert sets == 1 and took < 1.2
+
+
 def test_a_member_whose_gather_failed_takes_the_set_its_group_completed_with_its_payload():
     ours, theirs = a_group(0, 3, b"g1"), a_group(3, 3, b"g2")
     me, mates = sorted(ours[2])[0], sorted(ours[2])[1:]
