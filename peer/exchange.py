@@ -123,7 +123,6 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
             # every agreement round has its own deadline of gather_timeout: this only catches a bug
             allreduce_timeout=gather_timeout * (reconcile.agreement_rounds(max_group_size) + 2),
             next_chunk_timeout=gather_timeout,
-            declare_state_period=10.0,
         )
         signer = signer if signer is not None else payload_signer(dht)
         if signer.peer_id != self.peer_id.to_bytes():
@@ -206,9 +205,12 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
             raise RuntimeError("this peer has no state to share yet")
         return self.state_provider()
 
-    def load_state(self, timeout: float) -> Optional[Tuple[Any, List[torch.Tensor]]]:
-        """Download (metadata, tensors) from the live peer that declared the highest priority (round)."""
-        return self.load_state_from_peers(timeout=timeout)
+    async def _declare_for_download_periodically(self):
+        """Nothing. hivemind stores each peer as a state source under one DHT key every
+        ``declare_state_period`` (32 peers: a store every 0.3 s to one key of 32 subkeys, timing out
+        under load) for its own loader, which trusts the highest priority anyone declares. A voloco
+        peer names the peer it downloads from out of the progress records (peer/state_sync.py) and
+        never reads that key; ``rpc_download_state`` still serves while state sharing is allowed."""
 
     # ---- averager-process side: one group's all-gather ----------------------------------------
     async def _prepare_round(self, round_no: int, path: str, expected: int, future: MPFuture,

@@ -64,13 +64,17 @@ class StateAhead(ProtocolError):
 def order_sources(views: Sequence[Any], target: int, slack: int = 0) -> List[Any]:
     """The views of peers to download a state of at least ``target`` from, best first: peers from
     ``target - slack`` to ``target + ROUND_SPREAD`` (one far ahead of that is an outlier, never
-    asked), rounds that two or more peers report first, then higher rounds, in random order among equals;
-    peers that others cannot dial (``reach`` "client", swarm/reachability.py) last."""
+    asked), rounds that two or more peers report first, then higher rounds; within a round, the
+    parameters (``params_hash``) most of its peers report first (after a round that ended with two
+    θ, the majority's lineage, not the pair that stopped waiting for it); in random order among
+    equals; peers that others cannot dial (``reach`` "client", swarm/reachability.py) last."""
     counts = Counter(v.progress.round for v in views)
+    lineages = Counter((v.progress.round, getattr(v.progress, "params_hash", "")) for v in views)
     usable = [v for v in views if target - slack <= v.progress.round <= target + ROUND_SPREAD]
     random.shuffle(usable)
     return sorted(usable, key=lambda v: (getattr(v.progress, "reach", "") == "client", counts[v.progress.round] < 2,
-                                         -v.progress.round))
+                                         -v.progress.round,
+                                         -lineages[(v.progress.round, getattr(v.progress, "params_hash", ""))]))
 
 
 def _grouped(views: Sequence[Any], target: int) -> int:
@@ -104,9 +108,7 @@ class StateSync:
     def enable_sharing(self) -> None:
         if getattr(self.gatherer, "client_mode", False):  # hivemind's client mode shares no state (connect-out only peer)
             return
-        # hivemind's own loader would pick by this priority; ours (state_download) picks the peer itself
-        self.gatherer.state_sharing_priority = float(2 * self.engine.round + (1 if self.consistent else 0))
-        self.gatherer.allow_state_sharing = True
+        self.gatherer.allow_state_sharing = True  # rpc_download_state serves (no DHT declaration: exchange.py)
 
     # ---- downloading ----------------------------------------------------------------------------
     def download(self, peer: str, timeout: float) -> Optional[Tuple[Any, List[torch.Tensor]]]:

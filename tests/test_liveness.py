@@ -205,6 +205,16 @@ def test_one_forged_round_far_ahead_does_not_set_the_swarm_round():
     assert [v.peer_id for v in order_sources([view("mate", 4)], 5, slack=1)] == ["mate"]
 
 
+def test_sources_of_the_parameters_most_peers_of_a_round_report_come_first():
+    # a pair that stopped waiting for the round's other groups holds θ of its own: a peer catching up
+    # takes the majority's lineage, whichever order the views come in
+    for _ in range(20):
+        views = [view("p1", 7, params_hash="pair"), view("p2", 7, params_hash="pair")] + [
+            view(f"m{i}", 7, params_hash="most") for i in range(3)]
+        ordered = order_sources(views, 7)
+        assert [v.progress.params_hash for v in ordered] == ["most"] * 3 + ["pair"] * 2
+
+
 # ---- catching up against lying peers -------------------------------------------------------------
 def served(engine, spec=SPEC, round_no=None, **changes):
     meta, tensors = engine.shareable()
