@@ -13,7 +13,9 @@ is never removed from the DHT before its expiration, so a record missing from on
 that did not reach it, not a peer that left (on a loaded host a peer's keep-alive store and two
 reads can all be late within one TTL: 32 peers on 2 cores each saw 21 to 31 of the 32 for minutes
 and never reached their start quorum); a slow DHT never stops training, and never makes the swarm
-look empty.
+look empty: a view with no other live peer while a read of the last ``LIVE_MEMORY_TTLS`` record
+TTLs found some is reads that missed them, and the round barrier reads again (until
+``swarm.round_wait``) instead of training alone.
 
 A record is a claim, not a promise: a peer may announce that it trains this round and never come.
 The round barrier therefore waits for announced peers only a *straggler allowance* past the last
@@ -66,6 +68,7 @@ MAX_READ_S = 8.0  # never less often than this: many forged identities cannot sl
 KEEPALIVE_TTL_FRACTION = 1 / 3  # an unchanged record is refreshed every third of its TTL (>= one heartbeat)
 LATENCIES_KEPT = 5  # reads whose durations give the host's DHT read latency
 MISSED_READS_KEPT = 2  # a record missing from reads stays in the view this many read intervals past its expiry
+LIVE_MEMORY_TTLS = 2  # a peer seen live within this many record TTLs makes an empty view a missed read
 
 
 def swarm_round(rounds: Sequence[int]) -> int:
@@ -121,6 +124,7 @@ class Membership:
         self._read_at: Optional[float] = None
         self.read_began = float("-inf")  # when the view's last DHT read began (monotonic)
         self._published: Optional[tuple] = None  # (monotonic time, round, state) of the last record stored
+        self._live_seen: Dict[str, float] = {}  # other peer -> when a read last found it live (in rounds)
 
     # ---- our record -----------------------------------------------------------------------------
     def ttl(self) -> float:
@@ -212,6 +216,7 @@ class Membership:
             logger.debug(f"could not read progress records: {e!r}")
             fresh = []
         seen = {v.peer_id for v in fresh}
+        self._note_live(fresh)
         at_start = get_dht_time() - (time.monotonic() - began)
         grace = MISSED_READS_KEPT * self.read_interval()
         return fresh + [v for v in self._views if v.peer_id not in seen and v.expires + grace > at_start]
@@ -224,7 +229,31 @@ class Membership:
         return [v for v in self.view() if v.peer_id != self.peer_id and v.progress.state not in excluding]
 
     def swarm_is_empty(self) -> bool:
-        return not self.others()
+        """No other live peer in the view, and none in a read of the last ``LIVE_MEMORY_TTLS`` TTLs."""
+        return not self.others() and not self.lost_sight()
+
+    def _note_live(self, fresh: Sequence[PeerView]) -> None:
+        now, digest = time.monotonic(), self.spec.digest()
+        for v in fresh:
+            if v.peer_id == self.peer_id or v.progress.spec != digest:
+                continue
+            if v.progress.state == "stopped":
+                self._live_seen.pop(v.peer_id, None)
+            elif v.progress.state not in NOT_IN_ROUNDS:
+                self._live_seen[v.peer_id] = now
+        horizon = now - LIVE_MEMORY_TTLS * self.ttl()
+        self._live_seen = {p: t for p, t in self._live_seen.items() if t > horizon}  # bounded by the live swarm
+
+    def lost_sight(self) -> bool:
+        """Whether the view shows no other live peer while a read of the last ``LIVE_MEMORY_TTLS``
+        record TTLs found some (not no-shows): the reads missed them (32 peers on 2 cores: a peer
+        that had just counted 32 started found an empty view at its first barrier and trained round
+        1 alone), not a swarm that left: those that stop say so, and a killed peer's record stays
+        for its TTL. Never true once they have been out of sight that long."""
+        if self.others():
+            return False
+        horizon = time.monotonic() - LIVE_MEMORY_TTLS * self.ttl()
+        return any(t > horizon and p not in self.no_shows for p, t in self._live_seen.items())
 
     def choose_slice(self, slices: int) -> int:
         """The slice of a partial run to own: peers that start together see each other choosing
@@ -331,6 +360,7 @@ class Membership:
         deadline, allowance = start + self.spec.swarm.round_wait, self.straggler_allowance()
         busy = ("training", "waiting") if first_round else ("training",)
         arrived: Set[str] = set()
+        lost = False
         while True:
             view = self.view()
             mine = [v for v in view if v.progress.round == round_no and v.peer_id != self.peer_id]
@@ -345,6 +375,13 @@ class Membership:
                 arrived |= {v.peer_id for v in ready}
                 last_arrival = now
             late = now - last_arrival > allowance
+            if self.lost_sight() and now <= deadline and not self.stop.is_set():
+                if not lost:
+                    lost = True
+                    logger.info(f"round {round_no}: the last read found no other peer, though {len(self._live_seen)} "
+                                f"were live in the last {LIVE_MEMORY_TTLS * self.ttl():.0f} s: reading again")
+                time.sleep(0.25)
+                continue
             if not pending or late or now > deadline or self.stop.is_set():
                 self._waited, self._waited_round = {v.peer_id for v in pending}, round_no
                 self._waited_steps.update({v.peer_id: v.progress.step for v in pending})

@@ -14,7 +14,7 @@ import torch
 
 from peer import membership as membership_mod
 from peer import state_sync
-from peer.membership import CARRY_ROUNDS, STRAGGLER_MIN_S, Membership, swarm_round
+from peer.membership import CARRY_ROUNDS, LIVE_MEMORY_TTLS, STRAGGLER_MIN_S, Membership, swarm_round
 from peer.round_engine import RoundEngine
 from peer.state import params_hash
 from peer.state_sync import MAX_ATTEMPTS, StateSync, order_sources
@@ -102,6 +102,32 @@ def test_a_peer_announced_but_never_arriving_delays_one_round_by_the_allowance_o
     # once x is in a group of ours it counts again
     m.wait_for_round(5, {"a", "b", "x"}, first_round=False)
     assert m.no_shows == set()
+
+
+def test_reads_that_miss_every_peer_seen_live_lately_are_no_empty_swarm(monkeypatch, clock, caplog):
+    # 32 peers on 2 cores: a peer that had just counted 32 started found an empty view at its first
+    # barrier, trained round 1 alone and took a pair into a lineage of its own for two rounds
+    m = Membership(dht=None, spec=SPEC, peer_id="me", progress=lambda: None, stop=threading.Event())
+    t0 = clock.now
+
+    def reads(dht, run_id):  # records expire at once (expires 0): only reads keep them in the view
+        t = clock.now - t0
+        if t < 1.0:
+            return [view("a", 0, "training"), view("b", 0, "training"), view("gone", 0, "stopped")]
+        return [] if t < 20.0 else [view("a", 0, "ready"), view("b", 0, "ready")]
+
+    monkeypatch.setattr(membership_mod, "read_progress", reads)
+    assert {v.peer_id for v in m.others()} == {"a", "b"}
+    clock.sleep(5.0)
+    assert not m.others() and m.lost_sight() and not m.swarm_is_empty()
+    with caplog.at_level(logging.INFO):
+        barrier = m.wait_for_round(0, set(), first_round=True)
+    assert not barrier.alone and barrier.expected == 3 and clock.now - t0 >= 20.0
+    assert "found no other peer, though 2 were live" in caplog.text
+    # out of sight for LIVE_MEMORY_TTLS record TTLs: an empty view is an empty swarm again
+    monkeypatch.setattr(membership_mod, "read_progress", lambda dht, run_id: [])
+    clock.sleep(LIVE_MEMORY_TTLS * m.ttl() + 1.0)
+    assert m.swarm_is_empty() and m.wait_for_round(1, set(), first_round=False).alone
 
 
 def test_a_no_show_is_nobody_to_meet_and_a_forged_round_does_not_put_us_behind(monkeypatch, clock):
