@@ -31,11 +31,11 @@ logger = logging.getLogger("voloco.swarm")
 
 # A join node that answers but whose DHT does not reply in time (hivemind's 3 s per request) is most
 # often an overloaded one: 32 peers starting at once on a small machine lost one this way for good
-# with 3 tries 5 s apart, and 17 of the 32 in another run; the waits between tries now double, up to a
-# minute. With 5 tries over 75 s, 26 of 32 gave up while a test ran beside the swarm: 8 tries, 4 min.
-JOIN_ATTEMPTS = 8
-JOIN_RETRY_S = 5.0  # the first wait; 10, 20, 40 s after it, then JOIN_RETRY_MAX_S
-JOIN_RETRY_MAX_S = 60.0
+# with 3 tries 5 s apart, and 17 of the 32 in another run; the waits between tries now double. More
+# tries would make a peer without a private run's join token (refused the same way) wait longer to
+# learn it: 26 of 32 peers gave up after these 5 only with a test suite running beside the swarm.
+JOIN_ATTEMPTS = 5
+JOIN_RETRY_S = 5.0  # the first wait; 10, 20, 40 s after it
 
 
 def parse_multiaddrs(addrs: Sequence[str], flag: str = "--join") -> List[Multiaddr]:
@@ -180,7 +180,7 @@ def _join(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity, clie
                 why = explain_start_failure(e.cause, initial_peers, host_maddrs, key is not None, mine.given)
                 raise UsageError(f"{why} (or it was too busy to answer {JOIN_ATTEMPTS} tries over "
                                  f"{time.monotonic() - t0:.0f} s: try again later)") from None
-            wait = min(JOIN_RETRY_S * 2 ** (attempt - 1), JOIN_RETRY_MAX_S)
+            wait = JOIN_RETRY_S * 2 ** (attempt - 1)
             logger.warning(f"the DHT at {_addr_list(initial_peers)} did not answer this node in time (attempt {attempt} of "
                            f"{JOIN_ATTEMPTS}; an overloaded node answers late): trying again in {wait:.0f} s")
             time.sleep(wait)
