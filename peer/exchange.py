@@ -36,9 +36,8 @@ from collections import OrderedDict
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, AsyncIterator, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import AsyncIterator, Callable, Dict, FrozenSet, List, Optional, Tuple
 
-import torch
 from hivemind.averaging.averager import AveragingMode, DecentralizedAverager
 from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.averaging.group_info import GroupInfo
@@ -51,6 +50,7 @@ from peer.exchange_io import CallLimiter, read_bounded_stream, retry_until
 from peer.identity import payload_signer
 from peer.matchmaking import cancel_step, describe_search, matchmaking_times, read_gathered
 from peer.set_server import SetServer
+from peer.state_serving import StateServing
 from protocol import group_sets, reconcile
 from protocol.errors import ProtocolError
 from protocol.signed import ENVELOPE_OVERHEAD, Binding, Signer
@@ -90,7 +90,7 @@ class _Group:
     set_digest: Optional[str] = None  # the agreed set's name, once agreed (peer/set_server.py serves it)
 
 
-class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: a private run's gate (swarm/admission.py)
+class PayloadGatherer(Admitted, SetServer, StateServing, DecentralizedAverager):  # Admitted: a private run's gate (swarm/admission.py)
     """hivemind matchmaking + a signed, agreed all-gather of one payload per member."""
 
     def __init__(
@@ -138,7 +138,6 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
         self._merged: "OrderedDict[bytes, Tuple[frozenset, bytes]]" = OrderedDict()  # set -> (members, what we merged)
         self._group_opened: Optional[asyncio.Event] = None
         self._calls = CallLimiter(CALLS_PER_PEER)
-        self.state_provider: Optional[Callable[[], Tuple[Any, Sequence[torch.Tensor]]]] = None
 
     # ---- host-process API ---------------------------------------------------------------------
     @property
@@ -198,19 +197,6 @@ class PayloadGatherer(Admitted, SetServer, DecentralizedAverager):  # Admitted: 
                 if control.stage == AveragingStage.LOOKING_FOR_GROUP and give_up():
                     cancel_step(control)
                     return None
-
-    def get_current_state(self):
-        """Called in this (host) process when a late joiner downloads our state."""
-        if self.state_provider is None:
-            raise RuntimeError("this peer has no state to share yet")
-        return self.state_provider()
-
-    async def _declare_for_download_periodically(self):
-        """Nothing. hivemind stores each peer as a state source under one DHT key every
-        ``declare_state_period`` (32 peers: a store every 0.3 s to one key of 32 subkeys, timing out
-        under load) for its own loader, which trusts the highest priority anyone declares. A voloco
-        peer names the peer it downloads from out of the progress records (peer/state_sync.py) and
-        never reads that key; ``rpc_download_state`` still serves while state sharing is allowed."""
 
     # ---- averager-process side: one group's all-gather ----------------------------------------
     async def _prepare_round(self, round_no: int, path: str, expected: int, future: MPFuture,
