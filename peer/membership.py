@@ -230,7 +230,7 @@ class Membership:
 
     def swarm_is_empty(self) -> bool:
         """No other live peer in the view, and none in a read of the last ``LIVE_MEMORY_TTLS`` TTLs."""
-        return not self.others() and not self.lost_sight()
+        return not self.others() and not self._seen_live_lately()
 
     def _note_live(self, fresh: Sequence[PeerView]) -> None:
         now, digest = time.monotonic(), self.spec.digest()
@@ -241,8 +241,15 @@ class Membership:
                 self._live_seen.pop(v.peer_id, None)
             elif v.progress.state not in NOT_IN_ROUNDS:
                 self._live_seen[v.peer_id] = now
-        horizon = now - LIVE_MEMORY_TTLS * self.ttl()
-        self._live_seen = {p: t for p, t in self._live_seen.items() if t > horizon}  # bounded by the live swarm
+        self._live_seen = {p: t for p, t in self._live_seen.items() if t > self._live_horizon()}  # bounded by the live swarm
+
+    def _live_horizon(self) -> float:
+        return time.monotonic() - LIVE_MEMORY_TTLS * self.ttl()
+
+    def _seen_live_lately(self) -> bool:
+        """Whether a read of the last ``LIVE_MEMORY_TTLS`` record TTLs found another peer live (not a no-show)."""
+        horizon = self._live_horizon()
+        return any(t > horizon and p not in self.no_shows for p, t in self._live_seen.items())
 
     def lost_sight(self) -> bool:
         """Whether the view shows no other live peer while a read of the last ``LIVE_MEMORY_TTLS``
@@ -250,10 +257,7 @@ class Membership:
         that had just counted 32 started found an empty view at its first barrier and trained round
         1 alone), not a swarm that left: those that stop say so, and a killed peer's record stays
         for its TTL. Never true once they have been out of sight that long."""
-        if self.others():
-            return False
-        horizon = time.monotonic() - LIVE_MEMORY_TTLS * self.ttl()
-        return any(t > horizon and p not in self.no_shows for p, t in self._live_seen.items())
+        return not self.others() and self._seen_live_lately()
 
     def choose_slice(self, slices: int) -> int:
         """The slice of a partial run to own: peers that start together see each other choosing
