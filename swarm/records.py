@@ -52,6 +52,7 @@ from protocol.records import (
 from protocol.spec import RunSpec
 from swarm.console import UsageError
 from swarm.identity import NodeTrust, trust_of
+from swarm.lean_store import store_lean
 from swarm.validators import check_owned, key_id, run_schema
 
 logger = logging.getLogger("voloco.swarm")
@@ -100,6 +101,11 @@ RECORD_BEAM = 5
 # reads over the network again and checks again. Any other node (a client-mode node, which no store
 # reaches; a node of a large swarm that is not among the key's nearest) reads over the network.
 REPLICA_NETWORK_READ_S = 5.0
+
+
+# Stores search toward the key's shadow (swarm/lean_store.py) instead of fetching the key's value from
+# every node on the way; bench/wire_bytes.py --ops turns this off for its baseline.
+LEAN_STORES = True
 
 
 def _search(beam_size: Optional[int]) -> Dict[str, int]:
@@ -170,13 +176,17 @@ def _per_peer(entries: List[Entry], key: str) -> Dict[str, Entry]:
 
 def _store(dht: hivemind.DHT, key: str, body: bytes, ttl: float, name: str = "", wait: bool = False,
            beam_size: Optional[int] = None):
-    """Write ``body`` under this node's owned subkey: the DHT node signs it (RSASignatureValidator)."""
+    """Write ``body`` under this node's owned subkey: the DHT node signs it (RSASignatureValidator). A
+    real DHT stores it without fetching the key's value on the way (swarm/lean_store.py)."""
     trust = trust_of(dht)
     me = trust.identity
     subkey = owned_subkey(me.public_key, name)
     mac = record_mac(trust.token_key, key_id(key), subkey, me.peer_id, body) if trust.token_key is not None else b""
-    return dht.store(key, seal(me.peer_id, body, mac), expiration_time=get_dht_time() + ttl, subkey=subkey,
-                     return_future=not wait, **_search(beam_size))
+    value, expiration = seal(me.peer_id, body, mac), get_dht_time() + ttl
+    if LEAN_STORES and getattr(dht, "run_coroutine", None) is not None:  # (a stand-in DHT may not run coroutines)
+        return store_lean(dht, key, subkey, value, expiration, beam_size=beam_size, wait=wait)
+    return dht.store(key, value, expiration_time=expiration, subkey=subkey, return_future=not wait,
+                     **_search(beam_size))
 
 
 def _check_self(dht: hivemind.DHT, peer_id: str) -> None:

@@ -1,0 +1,103 @@
+"""swarm/lean_store.py: a store that searches toward the key's shadow reaches the key's nearest nodes,
+and every receiver still checks the record's signature; real hivemind nodes on loopback."""
+
+from __future__ import annotations
+
+import random
+from functools import partial
+
+import pytest
+from hivemind.dht.routing import DHTID
+from hivemind.utils import get_dht_time
+
+from protocol.keys import owned_subkey, peers_key
+from protocol.records import Progress, encode_body, seal
+from protocol.spec import RunSpec
+from swarm import records
+from swarm.dht import start_dht
+from swarm.identity import trust_of
+from swarm.lean_store import shadow_of, store_lean
+
+SPEC = RunSpec().replace(run_id="lean-store-test")
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+def test_the_shadow_has_the_same_nearest_nodes_as_the_key():
+    rng = random.Random(0)
+    for _ in range(200):
+        key = DHTID.generate(source=f"key-{rng.random()}")
+        nodes = [DHTID.generate() for _ in range(rng.randint(1, 64))]
+        assert shadow_of(key) != key
+        assert sorted(nodes, key=key.xor_distance) == sorted(nodes, key=shadow_of(key).xor_distance)
+
+
+async def _look(key: str, _dht, node) -> dict:
+    item = node.protocol.storage.get(DHTID.generate(source=key))
+    return {} if item is None else {s: v.value for s, v in item.value.items()}
+
+
+def held(dht, key: str) -> dict:
+    """The subkeys of ``key`` in this node's own storage (not its cache)."""
+    return dht.run_coroutine(partial(_look, key))
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    coord = start_dht((), LOOPBACK, run_ids=[SPEC.run_id])
+    started = [coord]
+    try:
+        records.publish_run(coord, SPEC)
+        started += [start_dht(coord.get_visible_maddrs(), LOOPBACK, run_ids=[SPEC.run_id]) for _ in range(3)]
+        yield started
+    finally:
+        for n in started:
+            n.shutdown()
+
+
+def test_a_progress_write_lands_in_every_replicas_storage_and_reads_back(nodes):
+    writer = nodes[1]
+    me = writer.peer_id.to_base58()
+    progress = Progress(3, 0, "training", SPEC.digest(), 1.0, 0.5, 0, 0.0, 0, 0, "hash", -1)
+    assert records.publish_progress(writer, SPEC.run_id, me, progress, ttl=30).result(timeout=10)
+    subkey = owned_subkey(trust_of(writer).identity.public_key)
+    for node in nodes:  # 4 nodes, 5 replicas: every node is one
+        assert subkey in held(node, peers_key(SPEC.run_id))
+    for reader in nodes:
+        seen = {v.peer_id: v.progress.round for v in records.read_progress(reader, SPEC.run_id)}
+        assert seen[me] == 3
+
+
+def test_receivers_refuse_a_record_under_another_nodes_subkey(nodes):
+    victim, forger = nodes[1], nodes[2]
+    key = peers_key(SPEC.run_id)
+    subkey = owned_subkey(trust_of(victim).identity.public_key, "forged")
+    value = seal(victim.peer_id.to_base58(), encode_body({"round": 99}), b"")
+    # the forger's validator cannot sign for the victim's key: nobody keeps it, the forger included
+    assert store_lean(forger, key, subkey, value, get_dht_time() + 30, wait=True) is False
+    for node in nodes:
+        assert subkey not in held(node, key)
+
+
+def test_a_client_mode_node_stores_on_others_not_itself(nodes):
+    client = start_dht(nodes[0].get_visible_maddrs(), LOOPBACK, client_mode=True, run_ids=[SPEC.run_id])
+    try:
+        key = peers_key(SPEC.run_id)
+        me = client.peer_id.to_base58()
+        progress = Progress(5, 0, "training", SPEC.digest(), 1.0, 0.5, 0, 0.0, 0, 0, "hash", -1)
+        assert records.publish_progress(client, SPEC.run_id, me, progress, ttl=30).result(timeout=10)
+        subkey = owned_subkey(trust_of(client).identity.public_key)
+        assert subkey not in held(client, key)
+        assert all(subkey in held(node, key) for node in nodes)
+    finally:
+        client.shutdown()
+
+
+def test_a_node_alone_keeps_its_own_record():
+    alone = start_dht((), LOOPBACK, run_ids=[SPEC.run_id])
+    try:
+        me = alone.peer_id.to_base58()
+        progress = Progress(1, 0, "training", SPEC.digest(), 1.0, 0.5, 0, 0.0, 0, 0, "hash", -1)
+        assert records.publish_progress(alone, SPEC.run_id, me, progress, ttl=30).result(timeout=10)
+        assert [v.peer_id for v in records.read_progress(alone, SPEC.run_id)] == [me]
+    finally:
+        alone.shutdown()
