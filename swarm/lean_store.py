@@ -1,4 +1,4 @@
-"""A DHT store that finds a key's nearest nodes without fetching the key's value on the way.
+"""DHT stores and reads that find a key's nearest nodes without fetching the key's value on the way.
 
 hivemind's ``DHTNode.store_many`` first searches for the nodes nearest the key, and every node it
 asks answers with the key's whole value, because a find request returns what the node holds. For
@@ -12,23 +12,42 @@ the key's. Nothing is stored under the shadow, so the answers carry node lists o
 goes to those nodes as ``store_many`` sends it: the same record, signed by the node's record
 validator, checked by each receiver's validators, kept in this node's own storage when it is among
 the nearest (and not in client mode).
+
+A lean read finds the nearest nodes the same way, then asks only ``READ_REPLICAS`` of them for the
+value (hivemind's ``get`` takes it from every node of its search) and merges their dictionaries as
+``get`` does, each record checked by this node's validators on arrival. A node among the nearest
+adds its own storage.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from functools import partial
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
+from hivemind.dht.node import _SearchState
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord
 from hivemind.p2p import PeerID
+from hivemind.utils import ValueWithExpiration
 
 logger = logging.getLogger("voloco.swarm")
 
 # Nodes asked beyond num_replicas, in the order of nearness, if some of the nearest do not answer.
 SPARE_CANDIDATES = 3
+
+# Replicas a lean read asks for the value: two, so that a replica that missed a store does not hide
+# that record; one when this node is a replica itself (its own storage is the other).
+READ_REPLICAS = 2
+
+# A key's nearest nodes, once searched, are reused this long: every write and read of a busy key
+# would otherwise search again (a find call to each node of the beam) for the same answer. A store
+# that a cached node does not take drops the entry, so the next call searches again.
+NEAREST_TTL_S = 15.0
+
+_nearest_cache: Dict[Tuple[DHTID, DHTID, int], Tuple[float, List[PeerID]]] = {}  # (node, key, count) -> (when, nodes)
 
 
 def shadow_of(key_id: DHTID) -> DHTID:
@@ -53,12 +72,8 @@ async def lean_store(key: str, subkey, value, expiration: float, beam_size: Opti
     """In the DHT's process: store ``value`` under ``key``/``subkey`` on the key's nearest nodes (as
     many as the node's ``num_replicas``); True if at least one kept it."""
     key_id = DHTID.generate(source=key)
-    shadow = shadow_of(key_id)
     wanted = node.num_replicas
-    search = {"beam_size": max(beam_size, wanted + SPARE_CANDIDATES)} if beam_size else {}
-    found = await node.find_nearest_nodes([shadow], k_nearest=wanted + SPARE_CANDIDATES,
-                                          exclude_self=node.protocol.client_mode, **search)
-    candidates: List[PeerID] = list(found.get(shadow, {}).values())
+    candidates = await _nearest(node, key_id, wanted + SPARE_CANDIDATES, beam_size)
 
     serializer = node.protocol.serializer
     value_bytes = serializer.dumps(value)
@@ -75,13 +90,64 @@ async def lean_store(key: str, subkey, value, expiration: float, beam_size: Opti
         results = await asyncio.gather(*(_store_on(node, p, key_id, subkey, value_bytes, expiration) for p in batch),
                                        return_exceptions=True)
         for peer_id, ok in zip(batch, results):
-            if isinstance(ok, BaseException):
-                logger.debug(f"storing {key!r} on {peer_id} failed: {ok!r}")
-            elif ok:
+            if ok is True:
                 stored += 1
+            else:
+                logger.debug(f"storing {key!r} on {peer_id} failed: {ok!r}")
+                _forget_nearest(node, key_id)
     if stored == 0:
         logger.debug(f"no node kept {key!r} ({len(candidates)} asked)")
     return stored > 0
+
+
+async def _nearest(node, key_id: DHTID, count: int, beam_size: Optional[int]) -> List[PeerID]:
+    """Up to ``count`` nodes nearest ``key_id`` (this node among them, unless in client mode),
+    nearest first, found by a search toward its shadow (or remembered, see ``NEAREST_TTL_S``)."""
+    memo = (node.node_id, key_id, count)
+    cached = _nearest_cache.get(memo)
+    if cached is not None and time.monotonic() - cached[0] < NEAREST_TTL_S:
+        return list(cached[1])
+    shadow = shadow_of(key_id)
+    search = {"beam_size": max(beam_size, count)} if beam_size else {}
+    found = await node.find_nearest_nodes([shadow], k_nearest=count, exclude_self=node.protocol.client_mode, **search)
+    nearest = list(found.get(shadow, {}).values())
+    if len(_nearest_cache) > 256:  # keys come and go (chain ids, runs): a bound, not a policy
+        _nearest_cache.clear()
+    _nearest_cache[memo] = (time.monotonic(), nearest)
+    return list(nearest)
+
+
+def _forget_nearest(node, key_id: DHTID) -> None:
+    for memo in [m for m in _nearest_cache if m[:2] == (node.node_id, key_id)]:
+        del _nearest_cache[memo]
+
+
+async def lean_get(key: str, beam_size: Optional[int], _dht, node) -> Optional[ValueWithExpiration]:
+    """In the DHT's process: ``key``'s value as ``DHTNode.get(key, latest=True)`` returns it, merged from
+    ``READ_REPLICAS`` of the key's nearest nodes (and this node's storage if it is one of them)."""
+    key_id = DHTID.generate(source=key)
+    nearest = await _nearest(node, key_id, node.num_replicas, beam_size)
+    merged = _SearchState(key_id, sufficient_expiration_time=float("inf"), serializer=node.protocol.serializer,
+                          record_validator=node.protocol.record_validator)
+    wanted = READ_REPLICAS
+    if node.peer_id in nearest:
+        nearest.remove(node.peer_id)
+        merged.add_candidate(node.protocol.storage.get(key_id), node.node_id)
+        wanted -= 1
+    answered = asked = 0
+    while answered < wanted and asked < len(nearest):
+        batch = nearest[asked:asked + wanted - answered]
+        asked += len(batch)
+        answers = await asyncio.gather(*(node.protocol.call_find(p, [key_id]) for p in batch), return_exceptions=True)
+        for peer_id, answer in zip(batch, answers):
+            if isinstance(answer, BaseException) or not answer or key_id not in answer:
+                logger.debug(f"reading {key!r} from {peer_id} failed: {answer!r}")
+                _forget_nearest(node, key_id)
+                continue
+            answered += 1
+            merged.add_candidate(answer[key_id][0], None)
+    merged.finish_search()
+    return await merged.future
 
 
 def store_lean(dht, key: str, subkey, value, expiration: float, beam_size: Optional[int] = None,

@@ -101,3 +101,40 @@ def test_a_node_alone_keeps_its_own_record():
         assert [v.peer_id for v in records.read_progress(alone, SPEC.run_id)] == [me]
     finally:
         alone.shutdown()
+
+
+class _Node:
+    """Just enough of a DHTNode to count searches: two other nodes, one of which may refuse stores."""
+
+    def __init__(self, refuse: bool = False):
+        from hivemind.p2p import PeerID
+        from hivemind.utils.serializer import MSGPackSerializer
+
+        self.node_id, self.peer_id, self.num_replicas = DHTID.generate(), PeerID(b"self"), 5
+        self.others = [PeerID(b"a"), PeerID(b"b")]
+        self.searches, self.refuse = 0, refuse
+        self.protocol = self  # the fields lean_store reads from node.protocol live here too
+        self.client_mode, self.record_validator, self.serializer = True, None, MSGPackSerializer
+
+    async def find_nearest_nodes(self, queries, k_nearest, exclude_self, **kw):
+        self.searches += 1
+        return {q: {DHTID.generate(): p for p in self.others} for q in queries}
+
+    async def call_store(self, peer_id, keys, values, expiration_time, subkeys):
+        return None if self.refuse and peer_id == self.others[0] else [True]
+
+
+def test_a_busy_key_is_searched_once_a_while_and_again_after_a_refused_store():
+    import asyncio
+
+    from swarm import lean_store as ls
+
+    ls._nearest_cache.clear()
+    node = _Node()
+    for _ in range(5):
+        assert asyncio.run(ls.lean_store("busy-key", None, b"v", get_dht_time() + 30, None, None, node))
+    assert node.searches == 1
+    refusing = _Node(refuse=True)
+    for _ in range(3):
+        assert asyncio.run(ls.lean_store("busy-key", None, b"v", get_dht_time() + 30, None, None, refusing))
+    assert refusing.searches == 3  # each refused store drops what the node remembered
