@@ -13,8 +13,8 @@ goes to those nodes as ``store_many`` sends it: the same record, signed by the n
 validator, checked by each receiver's validators, kept in this node's own storage when it is among
 the nearest (and not in client mode).
 
-A lean read finds the nearest nodes the same way, then asks only ``READ_REPLICAS`` of them for the
-value (hivemind's ``get`` takes it from every node of its search) and merges their dictionaries as
+A lean read finds the nearest nodes the same way, then asks only ``READ_REPLICAS`` of them, chosen
+at random, for the value (hivemind's ``get`` takes it from every node of its search) and merges their dictionaries as
 ``get`` does, each record checked by this node's validators on arrival. A node among the nearest
 adds its own storage.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from functools import partial
 from typing import Dict, List, Optional, Tuple
@@ -134,6 +135,7 @@ async def lean_get(key: str, beam_size: Optional[int], _dht, node) -> Optional[V
         nearest.remove(node.peer_id)
         merged.add_candidate(node.protocol.storage.get(key_id), node.node_id)
         wanted -= 1
+    random.shuffle(nearest)  # every replica holds every store: spread the readers over them, not on the nearest
     answered = asked = 0
     while answered < wanted and asked < len(nearest):
         batch = nearest[asked:asked + wanted - answered]
