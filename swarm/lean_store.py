@@ -14,9 +14,10 @@ validator, checked by each receiver's validators, kept in this node's own storag
 the nearest (and not in client mode).
 
 A lean read finds the nearest nodes the same way, then asks only ``READ_REPLICAS`` of them, chosen
-at random, for the value (hivemind's ``get`` takes it from every node of its search) and merges their dictionaries as
-``get`` does, each record checked by this node's validators on arrival. A node among the nearest
-adds its own storage.
+at random, for the value (hivemind's ``get`` takes it from every node of its search), and merges
+their dictionaries as ``get`` does, each record checked by this node's validators on arrival. A
+node among the nearest adds its own storage. One replica that withholds records hides nothing: the
+other one asked, or this node's own storage, still holds them.
 """
 
 from __future__ import annotations
