@@ -98,8 +98,9 @@ RECORD_BEAM = 5
 # num_replicas nearest nodes (in a swarm of up to 5 DHT nodes: every node), and each store reaches
 # their storage at once. A node whose own storage holds every record of its last network read (a
 # lean read: swarm/lean_store.py), at the same version, is such a replica: it reads its storage until
-# REPLICA_NETWORK_READ_S after that read, then reads over the network again and checks again. Any other node (a client-mode node, which no store
-# reaches; a node of a large swarm that is not among the key's nearest) reads over the network.
+# REPLICA_NETWORK_READ_S after that read, then reads over the network again and checks again. Any
+# other node (a client-mode node, which no store reaches; a node of a large swarm that is not among
+# the key's nearest) reads over the network.
 REPLICA_NETWORK_READ_S = 5.0
 
 

@@ -17,9 +17,9 @@ from swarm import records
 from swarm.dht import start_dht
 from swarm.identity import trust_of
 from swarm.lean_store import shadow_of, store_lean
+from tests.dht_nodes import LOOPBACK, loopback_nodes
 
 SPEC = RunSpec().replace(run_id="lean-store-test")
-LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
 
 def test_the_shadow_has_the_same_nearest_nodes_as_the_key():
@@ -43,15 +43,7 @@ def held(dht, key: str) -> dict:
 
 @pytest.fixture(scope="module")
 def nodes():
-    coord = start_dht((), LOOPBACK, run_ids=[SPEC.run_id])
-    started = [coord]
-    try:
-        records.publish_run(coord, SPEC)
-        started += [start_dht(coord.get_visible_maddrs(), LOOPBACK, run_ids=[SPEC.run_id]) for _ in range(3)]
-        yield started
-    finally:
-        for n in started:
-            n.shutdown()
+    yield from loopback_nodes(SPEC, others=3)
 
 
 def test_a_progress_write_lands_in_every_replicas_storage_and_reads_back(nodes):

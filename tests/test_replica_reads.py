@@ -12,9 +12,9 @@ from protocol.records import Progress
 from protocol.spec import RunSpec
 from swarm import records
 from swarm.dht import start_dht
+from tests.dht_nodes import LOOPBACK, loopback_nodes
 
 SPEC = RunSpec().replace(run_id="replica-test")
-LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
 
 def progress(rnd: int) -> Progress:
@@ -23,15 +23,7 @@ def progress(rnd: int) -> Progress:
 
 @pytest.fixture(scope="module")
 def nodes():
-    coord = start_dht((), LOOPBACK, run_ids=[SPEC.run_id])
-    started = [coord]
-    try:
-        records.publish_run(coord, SPEC)
-        started += [start_dht(coord.get_visible_maddrs(), LOOPBACK, run_ids=[SPEC.run_id]) for _ in range(2)]
-        yield started
-    finally:
-        for n in started:
-            n.shutdown()
+    yield from loopback_nodes(SPEC, others=2)
 
 
 def rounds(dht) -> dict:
