@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import time
+from functools import partial
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import hivemind
@@ -23,6 +24,7 @@ from protocol.records import token_key
 from swarm.admission import JoinTokenAuthorizer
 from swarm.console import UsageError
 from swarm.identity import Identity, NodeTrust, prepare_identity, register
+from swarm.join_probe import PRIVATE, PUBLIC, TOKEN_BAD, TOKEN_OK, run_access, serve_run_access
 from swarm.reachability import dial, dial_failure, serve_dial_back
 from swarm.rejoin import keep_joined
 from swarm.validators import node_validators
@@ -31,11 +33,15 @@ logger = logging.getLogger("voloco.swarm")
 
 # A join node that answers but whose DHT does not reply in time (hivemind's 3 s per request) is most
 # often an overloaded one: 32 peers starting at once on a small machine lost one this way for good
-# with 3 tries 5 s apart, and 17 of the 32 in another run; the waits between tries now double. More
-# tries would make a peer without a private run's join token (refused the same way) wait longer to
-# learn it: 26 of 32 peers gave up after these 5 only with a test suite running beside the swarm.
+# with 3 tries 5 s apart, and 17 of the 32 in another run; the waits between tries double. A private
+# run refuses a node without its token the same way, so after the first failure the node asks the
+# join nodes which it is (swarm/join_probe.py): refused, it stops at once with the flag to fix; busy,
+# it tries BUSY_JOIN_ATTEMPTS times (about 6 min: 13 of 32 peers gave up after 75 s in one run);
+# with no answer, JOIN_ATTEMPTS times (an older node, or one too busy to answer even that).
 JOIN_ATTEMPTS = 5
+BUSY_JOIN_ATTEMPTS = 10
 JOIN_RETRY_S = 5.0  # the first wait; 10, 20, 40 s after it
+MAX_JOIN_WAIT_S = 60.0
 
 
 def parse_multiaddrs(addrs: Sequence[str], flag: str = "--join") -> List[Multiaddr]:
@@ -170,21 +176,37 @@ def _join(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity, clie
           use_auto_relay, run_key) -> hivemind.DHT:
     """Start the node, trying the join again while the DHT answers late; then its services."""
     t0 = time.monotonic()
-    for attempt in range(1, JOIN_ATTEMPTS + 1):
+    attempts, access, attempt = JOIN_ATTEMPTS, None, 0
+    while True:
+        attempt += 1
         try:
             dht = _start_node(initial_peers, host_maddrs, announce_maddrs, mine, client_mode, key, run_ids, use_relay,
                               use_auto_relay)
             break
         except _JoinTimeout as e:
-            if attempt == JOIN_ATTEMPTS:
+            if access is None:
+                access = run_access(initial_peers, key)
+                if access in (PRIVATE, TOKEN_BAD) or (key is not None and access in (PUBLIC, None)):
+                    raise UsageError(_refused(e.cause, access, initial_peers, host_maddrs, key, mine)) from None
+                if access is not None:  # PUBLIC without a token, TOKEN_OK: busy
+                    attempts = BUSY_JOIN_ATTEMPTS
+            if attempt >= attempts:
                 why = explain_start_failure(e.cause, initial_peers, host_maddrs, key is not None, mine.given)
-                raise UsageError(f"{why} (or it was too busy to answer {JOIN_ATTEMPTS} tries over "
+                if access is not None:
+                    why = f"could not reach the DHT at {_addr_list(initial_peers)}: it is too busy to answer this node"
+                raise UsageError(f"{why} (or it was too busy to answer {attempts} tries over "
                                  f"{time.monotonic() - t0:.0f} s: try again later)") from None
-            wait = JOIN_RETRY_S * 2 ** (attempt - 1)
-            logger.warning(f"the DHT at {_addr_list(initial_peers)} did not answer this node in time (attempt {attempt} of "
-                           f"{JOIN_ATTEMPTS}; an overloaded node answers late): trying again in {wait:.0f} s")
+            wait = min(JOIN_RETRY_S * 2 ** (attempt - 1), MAX_JOIN_WAIT_S)
+            said = {PUBLIC: " (the run is public: the node is busy)",
+                    TOKEN_OK: " (it accepts this join token: the node is busy)"}.get(access, "")
+            logger.warning(f"the DHT at {_addr_list(initial_peers)} did not answer this node in time{said} (attempt "
+                           f"{attempt} of {attempts}; an overloaded node answers late): trying again in {wait:.0f} s")
             time.sleep(wait)
     register(dht, NodeTrust(mine.identity, token_key=key, run_key=run_key))
+    try:
+        dht.run_coroutine(partial(serve_run_access, key))
+    except Exception as e:  # advice for joiners, never a reason not to start
+        logger.warning(f"could not serve run-access questions: {e!r}")
     try:
         dht.run_coroutine(serve_dial_back)
     except Exception as e:  # advice for others, never a reason not to start
@@ -230,13 +252,24 @@ def _start_node(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity
             **NODE_CACHING,
         )
     except Exception as e:
-        if initial_peers and key is None and "none of the initial_peers responded" in str(e).lower():
+        if initial_peers and "none of the initial_peers responded" in str(e).lower():
             raise _JoinTimeout(e) from None
         raise UsageError(explain_start_failure(e, initial_peers, host_maddrs, key is not None, mine.given)) from None
     if dht.peer_id.to_base58() != mine.identity.peer_id:
         dht.shutdown()
         raise RuntimeError(f"the DHT node's peer id {dht.peer_id} is not that of its identity {mine.identity.peer_id}")
     return dht
+
+
+def _refused(cause: BaseException, access: Optional[str], initial_peers, host_maddrs, key, mine) -> str:
+    """Why a private run's join nodes refused this node, from what they said (``access``)."""
+    if access == PRIVATE:
+        return (f"could not reach the DHT at {_addr_list(initial_peers)}: the run is private: start with its "
+                f"--join-token or --join-token-file (ask whoever runs its coordinator)")
+    if access == PUBLIC:  # this node's authorizer refuses a run's nodes that prove no token
+        return (f"could not join the DHT at {_addr_list(initial_peers)}: the run is public and takes no join token: "
+                f"start without --join-token / --join-token-file")
+    return explain_start_failure(cause, initial_peers, host_maddrs, key is not None, mine.given)
 
 
 # ---- why a node could not start ------------------------------------------------------------------

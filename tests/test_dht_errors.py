@@ -73,7 +73,7 @@ def test_a_private_run_without_or_with_another_token():
     run = start_dht((), LOOPBACK, join_token="r" * 24)
     try:
         addr = run.get_visible_maddrs()[0]
-        assert "the run is private (start with its --join-token" in fails([addr], LOOPBACK)
+        assert "the run is private: start with its --join-token" in fails([addr], LOOPBACK)
         assert "check that --join-token is the one" in fails([addr], LOOPBACK, join_token="x" * 24)
     finally:
         run.shutdown()
@@ -81,7 +81,7 @@ def test_a_private_run_without_or_with_another_token():
 
 def test_a_token_for_a_public_run(node):
     _, addr = node
-    assert "a public run takes none" in fails([addr], LOOPBACK, join_token="x" * 24)
+    assert "the run is public and takes no join token" in fails([addr], LOOPBACK, join_token="x" * 24)
 
 
 def test_an_identity_file_in_use_by_another_node(tmp_path):
