@@ -52,7 +52,6 @@ from protocol.records import (
 from protocol.spec import RunSpec
 from swarm.console import UsageError
 from swarm.identity import NodeTrust, trust_of
-from swarm.lean_store import lean_get, store_lean
 from swarm.validators import check_owned, key_id, run_schema
 
 logger = logging.getLogger("voloco.swarm")
@@ -93,20 +92,14 @@ def verified_entries(key: str, found: Any, token_key: Optional[bytes], ttl: floa
 RECORD_BEAM = 5
 
 
-# Progress records are read often (the round barrier, early close, the dashboard), and so are chain
-# candidates and assignments (the coordinator's chain former, every 2 s). A record is stored on the
-# num_replicas nearest nodes (in a swarm of up to 5 DHT nodes: every node), and each store reaches
-# their storage at once. A node whose own storage holds every record of its last network read (a
-# lean read: swarm/lean_store.py), at the same version, is such a replica: it reads its storage until
-# REPLICA_NETWORK_READ_S after that read, then reads over the network again and checks again. Any
-# other node (a client-mode node, which no store reaches; a node of a large swarm that is not among
-# the key's nearest) reads over the network.
+# Progress records are read often (the round barrier, early close, the dashboard), and a network read
+# moves every peer's record from every node of the beam. hivemind stores a record on the num_replicas
+# nearest nodes it finds (in a swarm of up to 5 DHT nodes: every node), and each store reaches their
+# storage at once. A node whose own storage held every record of its last network read, at the same
+# version, is such a replica: it reads its storage until REPLICA_NETWORK_READ_S after that read, then
+# reads over the network again and checks again. Any other node (a client-mode node, which no store
+# reaches; a node of a large swarm that is not among the key's nearest) reads over the network.
 REPLICA_NETWORK_READ_S = 5.0
-
-
-# Stores search toward the key's shadow (swarm/lean_store.py) instead of fetching the key's value from
-# every node on the way; bench/wire_bytes.py --ops turns this off for its baseline.
-LEAN_STORES = True
 
 
 def _search(beam_size: Optional[int]) -> Dict[str, int]:
@@ -118,16 +111,16 @@ _replica_since: Dict[Tuple[str, str], float] = {}  # (node's peer id, key) -> it
 
 
 async def _replica_read(key: str, beam_size: Optional[int], from_storage: bool, _dht, node) -> Tuple[Any, bool]:
-    """In the DHT's process: (the key's value, whether this node's storage holds all of it). With
-    ``from_storage``, from the storage alone (no traversal); else over the network (swarm/lean_store.py),
-    compared with what the storage holds once the network has answered."""
+    """In the DHT's process: (the key's value, whether this node's storage held all of it). With
+    ``from_storage``, from the storage alone (no traversal); else over the network, compared with
+    what the storage held before."""
     if from_storage:
         return await node.get(key, latest=False), True  # stops at the storage: its dictionary has not expired
-    found = await lean_get(key, beam_size, _dht, node)
-    stored = node.protocol.storage.get(DHTID.generate(source=key))  # after the read: a store in flight has landed
+    stored = node.protocol.storage.get(DHTID.generate(source=key))
     held = {}
     if stored is not None and isinstance(stored.value, DictionaryDHTValue):
         held = {subkey: item.expiration_time for subkey, item in stored.value.items()}
+    found = await node.get(key, latest=True, **_search(beam_size))
     replica = (not node.protocol.client_mode and found is not None and isinstance(found.value, dict)
                and all(held.get(subkey, float("-inf")) >= item.expiration_time for subkey, item in found.value.items()))
     return found, replica
@@ -177,17 +170,13 @@ def _per_peer(entries: List[Entry], key: str) -> Dict[str, Entry]:
 
 def _store(dht: hivemind.DHT, key: str, body: bytes, ttl: float, name: str = "", wait: bool = False,
            beam_size: Optional[int] = None):
-    """Write ``body`` under this node's owned subkey: the DHT node signs it (RSASignatureValidator). A
-    real DHT stores it without fetching the key's value on the way (swarm/lean_store.py)."""
+    """Write ``body`` under this node's owned subkey: the DHT node signs it (RSASignatureValidator)."""
     trust = trust_of(dht)
     me = trust.identity
     subkey = owned_subkey(me.public_key, name)
     mac = record_mac(trust.token_key, key_id(key), subkey, me.peer_id, body) if trust.token_key is not None else b""
-    value, expiration = seal(me.peer_id, body, mac), get_dht_time() + ttl
-    if LEAN_STORES and getattr(dht, "run_coroutine", None) is not None:  # (a stand-in DHT may not run coroutines)
-        return store_lean(dht, key, subkey, value, expiration, beam_size=beam_size, wait=wait)
-    return dht.store(key, value, expiration_time=expiration, subkey=subkey, return_future=not wait,
-                     **_search(beam_size))
+    return dht.store(key, seal(me.peer_id, body, mac), expiration_time=get_dht_time() + ttl, subkey=subkey,
+                     return_future=not wait, **_search(beam_size))
 
 
 def _check_self(dht: hivemind.DHT, peer_id: str) -> None:
@@ -329,8 +318,7 @@ def read_candidates(dht: hivemind.DHT, spec: RunSpec) -> Dict[str, CandidateReco
     """Live chain candidates of this run, by peer id; malformed records are skipped."""
     key = chain_candidates_key(spec.run_id)
     out: Dict[str, CandidateRecord] = {}
-    ttl = peer_record_ttl(spec.swarm.heartbeat_period)
-    for peer, e in _per_peer(_read(dht, key, ttl, beam_size=RECORD_BEAM, replica_ok=True), key).items():
+    for peer, e in _per_peer(_read(dht, key, peer_record_ttl(spec.swarm.heartbeat_period)), key).items():
         try:
             out[peer] = parse_candidate(e.body, spec)
         except ProtocolError as err:
@@ -347,7 +335,7 @@ def read_assignments(dht: hivemind.DHT, spec: RunSpec) -> Dict[str, ChainAssignm
     Only assignments signed by the key that signed the run's spec count."""
     owner = trust_of(dht).owners.get(spec.run_id)
     parsed: List[ChainAssignment] = []
-    for e in _read(dht, chains_key(spec.run_id), ASSIGNMENT_TTL, beam_size=RECORD_BEAM, replica_ok=True):
+    for e in _read(dht, chains_key(spec.run_id), ASSIGNMENT_TTL):
         if e.owner != owner:
             logger.debug(f"skipping a chain assignment {e.name!r} signed by {e.peer}, not by the run's key")
             continue
