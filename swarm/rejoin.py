@@ -12,14 +12,25 @@ coordinator, and pinging it from every peer would cost it N pings a period): it 
 addresses (and, with an empty table, the nodes it knew); a node that answers goes back into the
 table (and this node into its), comes off the blacklist, and a lookup of this node's own id fills
 the table again. Otherwise it costs one look at a local table.
+
+A table can also look whole while the join node has forgotten this node: a coordinator SIGKILLed and
+restarted within a round or two, before any request to it failed, keeps its peer id in every peer's
+table, starts with an empty table of its own, and nobody tells it about the swarm (seen in
+bench/faults.py: after ``coordinator``, the late joiner found only the coordinator and trained alone for
+4 minutes). So every node also pings its join nodes every ``JOIN_REFRESH_S`` (its first at a random
+point of the period, so that a swarm's pings spread out): a ping puts the asker in the join node's
+table, which is all a newcomer's lookup through it needs. At N peers that is N / ``JOIN_REFRESH_S``
+pings a second at the coordinator.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import random
 import threading
-from typing import Collection, Dict, Sequence, Set
+import time
+from typing import Collection, Dict, Optional, Sequence, Set
 
 from hivemind.p2p import PeerID
 from multiaddr import Multiaddr
@@ -30,7 +41,21 @@ CHECK_EVERY_S = 5.0
 SMALL_TABLE = 5  # a table this small without a join node: this node may be in a swarm of its own
 KNOWN_MAX = 64  # nodes remembered to ask again once the table is empty
 
+JOIN_REFRESH_S = 30.0
+
 _KNOWN: Set[PeerID] = set()  # in the DHT's process: the nodes its routing table held
+_REFRESH_AT: Dict[str, float] = {}  # in the DHT's process: "next" -> when the join nodes are pinged anyway
+
+
+def refresh_due(now: float, period: float, schedule: Dict[str, float]) -> bool:
+    """Whether the periodic ping of the join nodes is due at ``now`` (``schedule`` holds the next
+    time; the first is drawn at random within one period)."""
+    if "next" not in schedule:
+        schedule["next"] = now + random.uniform(0.0, period)
+    if now < schedule["next"]:
+        return False
+    schedule["next"] = now + period
+    return True
 
 
 def needs_rejoin(present: Collection[PeerID], joins: Collection[PeerID]) -> bool:
@@ -38,15 +63,19 @@ def needs_rejoin(present: Collection[PeerID], joins: Collection[PeerID]) -> bool
     return not present or (not set(joins) & set(present) and len(present) < SMALL_TABLE)
 
 
-async def check(_dht, node, joins: Sequence[str]) -> int:
+async def check(_dht, node, joins: Sequence[str], refresh: float = JOIN_REFRESH_S) -> int:
     """In the DHT's process: ping the join nodes (and, with an empty table, the nodes known before)
-    if the routing table needs it; how many answered."""
+    if the routing table needs it, and the join nodes every ``refresh`` s anyway; how many answered."""
     present = set(node.protocol.routing_table.uid_to_peer_id.values())
     if len(_KNOWN) < KNOWN_MAX:
         _KNOWN.update(list(present)[: KNOWN_MAX - len(_KNOWN)])
     addrs: Dict[PeerID, Multiaddr] = {PeerID.from_base58(Multiaddr(m).value_for_protocol("p2p")): Multiaddr(m)
                                       for m in joins}
+    due = bool(addrs) and refresh_due(time.monotonic(), refresh, _REFRESH_AT)
     if not needs_rejoin(present, addrs):
+        if due:  # the table looks whole; make sure the join nodes still know this node
+            for peer in addrs:
+                await node.protocol.call_ping(peer, validate=False)
         return 0
     ask = [p for p in addrs if p not in present] + ([p for p in _KNOWN if p not in addrs] if not present else [])
     answered = 0
@@ -69,9 +98,14 @@ async def check(_dht, node, joins: Sequence[str]) -> int:
     return answered
 
 
-def keep_joined(dht, initial_peers: Sequence[Multiaddr], every: float = CHECK_EVERY_S) -> threading.Thread:
-    """A daemon thread that reconnects ``dht`` to the swarm whenever ``needs_rejoin`` says so."""
-    work = functools.partial(check, joins=[str(m) for m in initial_peers])
+def keep_joined(dht, initial_peers: Sequence[Multiaddr], every: Optional[float] = None,
+                refresh: Optional[float] = None) -> threading.Thread:
+    """A daemon thread that reconnects ``dht`` to the swarm whenever ``needs_rejoin`` says so (a look
+    every ``every`` s, default ``CHECK_EVERY_S``), and pings the join nodes every ``refresh`` s
+    (default ``JOIN_REFRESH_S``)."""
+    every = CHECK_EVERY_S if every is None else every
+    refresh = JOIN_REFRESH_S if refresh is None else refresh
+    work = functools.partial(check, joins=[str(m) for m in initial_peers], refresh=refresh)
 
     def loop() -> None:
         stop = threading.Event()

@@ -1,0 +1,67 @@
+"""A join node restarted before any request to it failed (swarm/rejoin.py): its peers' tables still
+hold its peer id, its own table is empty, and only the periodic ping of the join nodes tells it about
+the swarm again, so that a newcomer joining through it finds the peers. Real DHT nodes on loopback."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+import swarm.rejoin as rejoin
+from swarm.dht import start_dht
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+async def _peers(_dht, node) -> set:
+    return {p.to_base58() for p in node.protocol.routing_table.uid_to_peer_id.values()}
+
+
+def _table(dht) -> set:
+    return dht.run_coroutine(_peers)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_periodic_ping_comes_due_once_a_period_from_a_random_start():
+    schedule: dict = {}
+    first = [t for t in range(0, 100) if rejoin.refresh_due(float(t), 10.0, schedule)]
+    assert first[0] <= 10 and all(b - a == 10 for a, b in zip(first, first[1:])) and len(first) >= 9
+
+
+def test_a_restarted_join_node_learns_the_swarm_and_a_newcomer_finds_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(rejoin, "CHECK_EVERY_S", 0.5)
+    monkeypatch.setattr(rejoin, "JOIN_REFRESH_S", 2.0)
+    key, port = str(tmp_path / "coordinator.key"), _free_port()
+    where = [f"/ip4/127.0.0.1/tcp/{port}"]
+    coordinator = start_dht((), where, identity_path=key)
+    nodes = [coordinator]
+    try:
+        join = coordinator.get_visible_maddrs()
+        peer = start_dht(join, LOOPBACK)
+        nodes.append(peer)
+        me = peer.peer_id.to_base58()
+        assert me in _table(coordinator)
+        coordinator.shutdown()
+        coordinator = start_dht((), where, identity_path=key)  # the same peer id and port, an empty table
+        nodes[0] = coordinator
+        assert me not in _table(coordinator)
+        deadline = time.monotonic() + 30
+        while me not in _table(coordinator):
+            assert time.monotonic() < deadline, "the peer never told the restarted join node about itself"
+            time.sleep(0.5)
+        newcomer = start_dht(join, LOOPBACK)
+        nodes.append(newcomer)
+        assert me in _table(newcomer), "a newcomer joining through the restarted node did not find the peer"
+    finally:
+        for node in reversed(nodes):
+            try:
+                node.shutdown()
+            except Exception:
+                pass
