@@ -191,9 +191,9 @@ def _join(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity, clie
                 if access is not None:  # PUBLIC without a token, TOKEN_OK: busy
                     attempts = BUSY_JOIN_ATTEMPTS
             if attempt >= attempts:
-                why = explain_start_failure(e.cause, initial_peers, host_maddrs, key is not None, mine.given)
-                if access is not None:
-                    why = f"could not reach the DHT at {_addr_list(initial_peers)}: it is too busy to answer this node"
+                why = (f"could not reach the DHT at {_addr_list(initial_peers)}: it is too busy to answer this node"
+                       if access is not None else
+                       explain_start_failure(e.cause, initial_peers, host_maddrs, key is not None, mine.given))
                 raise UsageError(f"{why} (or it was too busy to answer {attempts} tries over "
                                  f"{time.monotonic() - t0:.0f} s: try again later)") from None
             wait = min(JOIN_RETRY_S * 2 ** (attempt - 1), MAX_JOIN_WAIT_S)

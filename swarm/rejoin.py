@@ -44,7 +44,6 @@ KNOWN_MAX = 64  # nodes remembered to ask again once the table is empty
 JOIN_REFRESH_S = 30.0
 
 _KNOWN: Set[PeerID] = set()  # in the DHT's process: the nodes its routing table held
-_REFRESH_AT: Dict[str, float] = {}  # in the DHT's process: "next" -> when the join nodes are pinged anyway
 
 
 def refresh_due(now: float, period: float, schedule: Dict[str, float]) -> bool:
@@ -63,17 +62,16 @@ def needs_rejoin(present: Collection[PeerID], joins: Collection[PeerID]) -> bool
     return not present or (not set(joins) & set(present) and len(present) < SMALL_TABLE)
 
 
-async def check(_dht, node, joins: Sequence[str], refresh: float = JOIN_REFRESH_S) -> int:
+async def check(_dht, node, joins: Sequence[str], refresh_joins: bool = False) -> int:
     """In the DHT's process: ping the join nodes (and, with an empty table, the nodes known before)
-    if the routing table needs it, and the join nodes every ``refresh`` s anyway; how many answered."""
+    if the routing table needs it, and the join nodes anyway with ``refresh_joins``; how many answered."""
     present = set(node.protocol.routing_table.uid_to_peer_id.values())
     if len(_KNOWN) < KNOWN_MAX:
         _KNOWN.update(list(present)[: KNOWN_MAX - len(_KNOWN)])
     addrs: Dict[PeerID, Multiaddr] = {PeerID.from_base58(Multiaddr(m).value_for_protocol("p2p")): Multiaddr(m)
                                       for m in joins}
-    due = bool(addrs) and refresh_due(time.monotonic(), refresh, _REFRESH_AT)
     if not needs_rejoin(present, addrs):
-        if due:  # the table looks whole; make sure the join nodes still know this node
+        if refresh_joins:  # the table looks whole; make sure the join nodes still know this node
             for peer in addrs:
                 await node.protocol.call_ping(peer, validate=False)
         return 0
@@ -105,15 +103,17 @@ def keep_joined(dht, initial_peers: Sequence[Multiaddr], every: Optional[float] 
     (default ``JOIN_REFRESH_S``)."""
     every = CHECK_EVERY_S if every is None else every
     refresh = JOIN_REFRESH_S if refresh is None else refresh
-    work = functools.partial(check, joins=[str(m) for m in initial_peers], refresh=refresh)
+    joins = [str(m) for m in initial_peers]
 
     def loop() -> None:
         stop = threading.Event()
+        schedule: Dict[str, float] = {}
         while not stop.wait(every):
             if not dht.is_alive():
                 return
+            due = bool(joins) and refresh_due(time.monotonic(), refresh, schedule)
             try:
-                dht.run_coroutine(work)
+                dht.run_coroutine(functools.partial(check, joins=joins, refresh_joins=due))
             except BaseException as e:  # a DHT shutting down (a cancelled future), a failed ping: try again later
                 logger.debug(f"rejoin: {e!r}")
                 if not dht.is_alive():
