@@ -1,4 +1,4 @@
-"""The key this peer signs its payloads with: the RSA key behind its libp2p peer id.
+"""The key this peer signs its payloads with: the Ed25519 (or RSA) key behind its libp2p peer id.
 
 swarm/dht.py starts every DHT node with an identity file (``--identity``, or a temporary one) and
 keeps the loaded key (swarm/identity.py); the payload signer is that same key, so a receiver that
@@ -15,7 +15,7 @@ from swarm.identity import trust_of
 
 def payload_signer(dht: DHT) -> Signer:
     """The signer of this DHT node's peer id; RuntimeError if its key is not the node's identity."""
-    signer = Signer.from_der(trust_of(dht).identity.private_key.to_bytes())
+    signer = Signer.from_libp2p(*trust_of(dht).identity.libp2p_key)
     if signer.peer_id != dht.peer_id.to_bytes():
         raise RuntimeError(f"the identity key of {dht.peer_id} is not the key of its peer id")
     return signer

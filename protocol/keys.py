@@ -1,12 +1,13 @@
 """The DHT key layout, and who owns each record under it.
 
 One well-known key lists the runs; everything else lives under a run's id. Every record is a
-subkey of one of these keys, and every subkey starts with its owner's marker: ``[owner:<ssh-rsa
-public key>]``, the form hivemind's ``RSASignatureValidator`` looks for. A node with that validator
+subkey of one of these keys, and every subkey starts with its owner's marker: ``[owner:<OpenSSH
+public key>]`` (``ssh-ed25519 ...``, or ``ssh-rsa ...`` for an RSA identity), the form hivemind's
+``RSASignatureValidator`` looks for. A node with swarm/validators.py's ``OwnerSignatureValidator``
 stores and returns a record only if its owner signed it, so nobody can write under another's
 subkey; what the owner may name after the marker (a run id, a chain id) is listed below.
 
-The owner's key is the same RSA key as its libp2p identity, so the peer id a record belongs to
+The owner's key is the same key as its libp2p identity, so the peer id a record belongs to
 is a function of its subkey (swarm/identity.py derives it); a record names that peer id too.
 """
 
@@ -22,7 +23,7 @@ PEERS_FIELD, CANDIDATES_FIELD, CHAINS_FIELD = "peers", "chain_candidates", "chai
 HISTORY_FIELD = "history"  # the loss history the coordinator keeps for its dashboard (protocol/history.py)
 
 OWNER_PREFIX, OWNER_SUFFIX = b"[owner:", b"]"
-_OWNER = re.compile(rb"\[owner:(ssh-rsa [A-Za-z0-9+/=]{16,4096})\]")
+_OWNER = re.compile(rb"\[owner:(ssh-ed25519 [A-Za-z0-9+/=]{68}|ssh-rsa [A-Za-z0-9+/=]{16,4096})\]")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{0,64}")
 
 FINGERPRINT_HEX = 32  # 128 bits: short enough to paste, far beyond a second-preimage search
@@ -39,7 +40,7 @@ def averager_prefix(run_id: str) -> str:
 
 
 def owner_marker(public_key: bytes) -> bytes:
-    """``[owner:<key>]`` for an OpenSSH-encoded RSA public key (hivemind's RSAPublicKey.to_bytes())."""
+    """``[owner:<key>]`` for an OpenSSH-encoded Ed25519 or RSA public key (``PublicKey.to_bytes()``)."""
     return OWNER_PREFIX + public_key + OWNER_SUFFIX
 
 

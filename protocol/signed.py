@@ -1,10 +1,11 @@
 """Signed payloads: a signature proves which peer id wrote a payload, for which run, round and group.
 
 A libp2p peer id is not a name a peer picks: it is the multihash of the peer's public key
-(https://github.com/libp2p/specs/blob/master/peer-ids/peer-ids.md). For an RSA key (what
-hivemind's identity files hold) the key is serialized as the protobuf ``crypto.pb.PublicKey
-{key_type = RSA, data = DER SubjectPublicKeyInfo}`` and the id is its sha2-256 multihash
-(0x12 0x20 + sha256). A receiver that is handed (public key, signature) checks that the key
+(https://github.com/libp2p/specs/blob/master/peer-ids/peer-ids.md), serialized as the protobuf
+``crypto.pb.PublicKey {key_type, data}``. For an Ed25519 key (what voloco creates) the data is the
+32-byte key, and the id is the protobuf itself as an identity multihash (0x00 0x24 + protobuf):
+the id *is* the key. For an RSA key (what hivemind's identity files hold) the data is the DER
+SubjectPublicKeyInfo and the id is its sha2-256 multihash (0x12 0x20 + sha256). A receiver that is handed (public key, signature) checks that the key
 hashes to the claimed peer id and that the signature verifies: then the holder of that peer id's
 private key, and nobody else, signed the message. The libp2p stream that delivered the bytes is
 no evidence of authorship: a member relays other members' payloads.
@@ -30,7 +31,7 @@ from typing import Tuple
 import msgpack
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives.asymmetric import ed25519, padding, rsa
 
 from protocol.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
@@ -40,8 +41,10 @@ __all__ = [
     "claim_message", "relay_message", "payload_digest", "ENVELOPE_OVERHEAD",
 ]
 
-_RSA_KEY_TYPE = 0  # crypto.pb.KeyType.RSA
+_RSA_KEY_TYPE, _ED25519_KEY_TYPE = 0, 1  # crypto.pb.KeyType
 _SHA2_256 = b"\x12\x20"  # multihash prefix: sha2-256, 32 bytes
+_ED25519_PREFIX = b"\x08\x01\x12\x20"  # the protobuf of an Ed25519 public key, before its 32 bytes
+_MAX_INLINE_KEY = 42  # libp2p inlines a serialized key of at most this many bytes in the peer id
 MIN_RSA_BITS, MAX_RSA_BITS = 2048, 4096  # weaker keys are refused; larger ones only cost verification time
 MAX_PUBLIC_KEY_BYTES = 1024  # a 4096-bit key's protobuf is about 550 bytes
 MAX_SIGNATURE_BYTES = MAX_RSA_BITS // 8
@@ -94,20 +97,31 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def encode_public_key(key: rsa.RSAPublicKey) -> bytes:
-    """The libp2p protobuf of an RSA public key (deterministic: field 1, then field 2)."""
+def encode_public_key(key) -> bytes:
+    """The libp2p protobuf of an Ed25519 or RSA public key (deterministic: field 1, then field 2)."""
+    if isinstance(key, ed25519.Ed25519PublicKey):
+        return _ED25519_PREFIX + key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     return b"\x08" + bytes([_RSA_KEY_TYPE]) + b"\x12" + _varint(len(der)) + der
 
 
 def peer_id_of(public_key: bytes) -> bytes:
-    """The libp2p peer id of a serialized public key (an RSA key is always longer than the 42 bytes
-    that would be inlined as an identity multihash)."""
+    """The libp2p peer id of a serialized public key: the key itself as an identity multihash when it
+    is at most 42 bytes (an Ed25519 key's 36), else its sha2-256 multihash (an RSA key)."""
+    if len(public_key) <= _MAX_INLINE_KEY:
+        return b"\x00" + _varint(len(public_key)) + public_key
     return _SHA2_256 + hashlib.sha256(public_key).digest()
 
 
+def key_of_peer_id(peer_id: bytes) -> bytes:
+    """The serialized public key inlined in a peer id (an Ed25519 one), or b"" if it only hashes it."""
+    if len(peer_id) >= 2 and peer_id[0] == 0 and peer_id[1] == len(peer_id) - 2 <= _MAX_INLINE_KEY:
+        return peer_id[2:]
+    return b""
+
+
 class PublicKey:
-    """A peer's RSA public key, checked to be the key of ``peer_id``."""
+    """A peer's Ed25519 or RSA public key, checked to be the key of ``peer_id``."""
 
     def __init__(self, peer_id: bytes, public_key: bytes):
         if not (isinstance(public_key, bytes) and len(public_key) <= MAX_PUBLIC_KEY_BYTES):
@@ -115,22 +129,50 @@ class PublicKey:
         if peer_id_of(public_key) != peer_id:
             raise SignatureError("the public key is not the key of that peer id")
         self.peer_id, self.raw = peer_id, public_key
-        self._key = _parse_rsa(public_key)
+        self._key = _parse_key(public_key)
 
     def verify(self, message: bytes, signature: bytes) -> bool:
         if not (isinstance(signature, bytes) and len(signature) <= MAX_SIGNATURE_BYTES):
             return False
         try:
-            self._key.verify(signature, message, _PSS, hashes.SHA256())
+            if isinstance(self._key, ed25519.Ed25519PublicKey):
+                self._key.verify(signature, message)
+            else:
+                self._key.verify(signature, message, _PSS, hashes.SHA256())
             return True
         except (InvalidSignature, ValueError):
             return False
 
 
-def _parse_rsa(public_key: bytes) -> rsa.RSAPublicKey:
+# Ed25519 points of small order, sign bit cleared (libsodium's list): a key among them would
+# accept signatures nobody made, so none is a peer's key.
+_SMALL_ORDER = {bytes.fromhex(h) for h in (
+    "0000000000000000000000000000000000000000000000000000000000000000",
+    "0100000000000000000000000000000000000000000000000000000000000000",
+    "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",
+    "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a",
+    "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+    "edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+    "eeffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+)}
+
+
+def ed25519_key(raw: bytes) -> ed25519.Ed25519PublicKey:
+    """An Ed25519 public key from its 32 bytes; SignatureError for anything else or a small-order point."""
+    if not isinstance(raw, bytes) or len(raw) != 32 or raw[:31] + bytes([raw[31] & 0x7F]) in _SMALL_ORDER:
+        raise SignatureError("not a usable Ed25519 public key")
+    try:
+        return ed25519.Ed25519PublicKey.from_public_bytes(raw)
+    except ValueError as e:
+        raise SignatureError(f"malformed Ed25519 public key: {e}") from None
+
+
+def _parse_key(public_key: bytes):
     """The strict inverse of ``encode_public_key``."""
+    if public_key[:4] == _ED25519_PREFIX and len(public_key) == len(_ED25519_PREFIX) + 32:
+        return ed25519_key(public_key[4:])
     if public_key[:3] != b"\x08\x00\x12":
-        raise SignatureError("not an RSA public key (only RSA identities are supported)")
+        raise SignatureError("not an Ed25519 or RSA public key (the identities libp2p peers of voloco have)")
     length, shift, i = 0, 0, 3
     while i < len(public_key) and i < 7:
         byte = public_key[i]
@@ -150,28 +192,47 @@ def _parse_rsa(public_key: bytes) -> rsa.RSAPublicKey:
 
 
 class Signer:
-    """This peer's identity: the private key whose public key hashes to its libp2p peer id."""
+    """This peer's identity: the private key whose public key is (Ed25519) or hashes to (RSA) its
+    libp2p peer id."""
 
-    def __init__(self, private_key: rsa.RSAPrivateKey):
-        if not isinstance(private_key, rsa.RSAPrivateKey) or not MIN_RSA_BITS <= private_key.key_size <= MAX_RSA_BITS:
-            raise SignatureError(f"an identity must be an RSA key of {MIN_RSA_BITS} to {MAX_RSA_BITS} bits")
+    def __init__(self, private_key):
+        rsa_ok = isinstance(private_key, rsa.RSAPrivateKey) and MIN_RSA_BITS <= private_key.key_size <= MAX_RSA_BITS
+        if not (rsa_ok or isinstance(private_key, ed25519.Ed25519PrivateKey)):
+            raise SignatureError(f"an identity must be an Ed25519 key or an RSA key of {MIN_RSA_BITS} to {MAX_RSA_BITS} bits")
         self._private_key = private_key
         self.public_key = encode_public_key(private_key.public_key())
         self.peer_id = peer_id_of(self.public_key)
 
     @classmethod
-    def generate(cls, bits: int = MIN_RSA_BITS) -> "Signer":
-        return cls(rsa.generate_private_key(public_exponent=65537, key_size=bits))
+    def generate(cls, kind: str = "ed25519") -> "Signer":
+        if kind == "rsa":
+            return cls(rsa.generate_private_key(public_exponent=65537, key_size=MIN_RSA_BITS))
+        return cls(ed25519.Ed25519PrivateKey.generate())
 
     @classmethod
     def from_der(cls, der: bytes) -> "Signer":
-        """From a DER private key (what a hivemind identity file's protobuf carries)."""
+        """From a DER private key (what a hivemind identity file's protobuf carries for RSA)."""
         try:
             return cls(serialization.load_der_private_key(der, password=None))
         except (ValueError, TypeError) as e:
             raise SignatureError(f"malformed private key: {e}") from None
 
+    @classmethod
+    def from_libp2p(cls, key_type: int, data: bytes) -> "Signer":
+        """From the fields of a libp2p ``crypto.pb.PrivateKey`` (an identity file): an Ed25519 key's
+        64 bytes (seed, then public key, which must match) or an RSA key's DER."""
+        if key_type == _RSA_KEY_TYPE:
+            return cls.from_der(data)
+        if key_type != _ED25519_KEY_TYPE or len(data) != 64:
+            raise SignatureError("an identity must be an Ed25519 key (64 bytes) or an RSA key")
+        signer = cls(ed25519.Ed25519PrivateKey.from_private_bytes(data[:32]))
+        if signer.public_key[4:] != data[32:]:
+            raise SignatureError("the Ed25519 identity's public half is not its private key's")
+        return signer
+
     def sign(self, message: bytes) -> bytes:
+        if isinstance(self._private_key, ed25519.Ed25519PrivateKey):
+            return self._private_key.sign(message)
         return self._private_key.sign(message, _PSS, hashes.SHA256())
 
     def verifier(self) -> PublicKey:

@@ -4,8 +4,8 @@ Three places check it, each with what it can see:
 
 - the DHT (``JoinTokenAuthorizer``, a hivemind ``TokenAuthorizerBase`` given to
   ``hivemind.DHT(authorizer=...)``): every DHT request and response carries an access token whose
-  signature is an HMAC, keyed by the join token, over the sender's peer id and RSA key, and is
-  signed with that key; a node without the token gets no answer from, and is not answered by, the
+  signature is an HMAC, keyed by the join token, over the sender's peer id and public key (Ed25519,
+  or RSA for an RSA identity), and is signed with that key; a node without the token gets no answer from, and is not answered by, the
   run's nodes, so it can neither read nor write the run's records;
 - every record (swarm/validators.py, swarm/records.py): its envelope's ``mac`` proves the token
   for that record, owner and peer; readers ignore a record without it;
@@ -30,7 +30,7 @@ from hivemind.utils.auth import TokenAuthorizerBase
 
 from protocol.keys import peers_key
 from protocol.records import MAX_RECORD_TTL, admission_proof, proof_ok
-from swarm.identity import Identity, peer_id_of, trust_of
+from swarm.identity import Identity, peer_id_of, public_key_from_bytes, trust_of
 from swarm.records import verified_entries
 
 logger = logging.getLogger("voloco.swarm")
@@ -65,6 +65,40 @@ class JoinTokenAuthorizer(TokenAuthorizerBase):
 
     def does_token_need_refreshing(self, access_token: AccessToken) -> bool:
         return float(access_token.expiration_time) < get_dht_time() + 3600
+
+    # hivemind's validate_request and validate_response, with the signer's key Ed25519 or RSA (theirs
+    # parse RSA keys only); the token, nonce, clock and service-key checks are theirs, unchanged.
+    async def validate_request(self, request) -> bool:
+        await self.refresh_token_if_needed()
+        auth = request.auth
+        if not self.is_token_valid(auth.client_access_token) or not _signed(request, auth.client_access_token):
+            return False
+        if auth.service_public_key and auth.service_public_key != self._local_public_key.to_bytes():
+            return False
+        window = self._MAX_CLIENT_SERVICER_TIME_DIFF.total_seconds()
+        with self._recent_nonces.freeze():
+            now = get_dht_time()
+            if abs(auth.time - now) > window or auth.nonce in self._recent_nonces:
+                return False  # clocks apart, or a request replayed
+        self._recent_nonces.store(auth.nonce, None, now + window * 3)
+        return True
+
+    async def validate_response(self, response, request) -> bool:
+        await self.refresh_token_if_needed()
+        auth = response.auth
+        return (self.is_token_valid(auth.service_access_token) and _signed(response, auth.service_access_token)
+                and auth.nonce == request.auth.nonce)
+
+
+def _signed(message, token: AccessToken) -> bool:
+    """Whether ``message`` (an authorized request or response) carries the signature of the token's key."""
+    try:
+        key = public_key_from_bytes(token.public_key)
+    except (ValueError, TypeError):
+        return False
+    signature = message.auth.signature
+    message.auth.signature = b""
+    return key.verify(message.SerializeToString(), signature)
 
 
 class AdmissionGate:

@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import hivemind
+from hivemind.proto import crypto_pb2
 from hivemind.p2p import PeerID
 from multiaddr import Multiaddr
 
@@ -77,7 +78,7 @@ def start_dht(
 ) -> hivemind.DHT:
     """Start this process's DHT node; UsageError naming the cause and the fix when it cannot start.
 
-    The node's RSA identity (``identity_path``, created if missing; a temporary one without it)
+    The node's identity (``identity_path``, created if missing; a temporary one without it)
     gives its peer id and signs its records; every node validates records the same way
     (swarm/validators.py, with the schemas of ``run_ids`` known from the start). With
     ``join_token``, the node speaks only to nodes that prove the same token (swarm/admission.py).
@@ -242,7 +243,8 @@ def _start_node(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity
             host_maddrs=list(host_maddrs),
             announce_maddrs=list(announce_maddrs) or None,
             identity_path=mine.path,
-            check_if_identity_free=not mine.created,  # a key made just now is nobody else's
+            # a key made just now is nobody else's; hivemind's check reads RSA identity files only
+            check_if_identity_free=not mine.created and mine.identity.libp2p_key[0] == crypto_pb2.KeyType.RSA,
             client_mode=client_mode,
             record_validators=node_validators(mine.identity, key, run_ids),
             authorizer=JoinTokenAuthorizer(mine.identity, key) if key is not None else None,

@@ -1,39 +1,111 @@
-"""This node's key, and what it trusts: one RSA key is both its libp2p identity (hence its peer
-id) and the key that signs its DHT records.
+"""This node's key, and what it trusts: one key is both its libp2p identity (hence its peer id)
+and the key that signs its DHT records.
 
 Because the two are one key, a record's owner (the public key in its subkey) determines the
 peer id it may speak for (``peer_id_of``): nobody can sign a record for another peer's id.
-hivemind writes identity files as an RSA key in a libp2p ``PrivateKey`` protobuf
-(``P2P.generate_identity``); a node without ``--identity`` gets a fresh one in a private
-temporary file, removed once its DHT node has started.
+Identity files are a libp2p ``PrivateKey`` protobuf, as p2pd reads them. voloco creates Ed25519
+keys: every record carries its owner's key and signature, and an Ed25519 key and signature take
+80 and 88 bytes in a record against an RSA-2048 key's 380 and 344 (bench/RESULTS.md, "Ed25519
+identities"). RSA identity files (hivemind's ``P2P.generate_identity``, older voloco peers) still
+load and sign. A node without ``--identity`` gets a fresh one in a private temporary file, removed
+once its DHT node has started.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
-import hashlib
 import os
 import tempfile
 import weakref
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
-import multihash
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
-from hivemind.p2p import P2P, PeerID
+from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+from hivemind.p2p import PeerID
 from hivemind.proto import crypto_pb2
-from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
+from hivemind.utils.crypto import PrivateKey, PublicKey, RSAPrivateKey, RSAPublicKey
 
+from protocol import signed
 from protocol.keys import key_fingerprint, owner_marker
 from protocol.spec import RunSpec
 from swarm.console import UsageError
 
 
+class Ed25519PublicKey(PublicKey):
+    """hivemind's public-key interface over an Ed25519 key: OpenSSH bytes, base64 signatures."""
+
+    def __init__(self, key: ed25519.Ed25519PublicKey):
+        self._public_key = key
+
+    def verify(self, data: bytes, signature: bytes) -> bool:
+        try:
+            raw = base64.b64decode(signature, validate=True)
+            if len(raw) != 64:
+                return False
+            self._public_key.verify(raw, data)
+            return True
+        except (binascii.Error, ValueError, InvalidSignature):
+            return False
+
+    def to_bytes(self) -> bytes:
+        return self._public_key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+
+    @classmethod
+    def from_bytes(cls, key: bytes) -> "Ed25519PublicKey":
+        loaded = serialization.load_ssh_public_key(key)
+        if not isinstance(loaded, ed25519.Ed25519PublicKey):
+            raise ValueError("not an Ed25519 public key")
+        signed.ed25519_key(loaded.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
+        return cls(loaded)
+
+
+class Ed25519PrivateKey(PrivateKey):
+    """hivemind's private-key interface over an Ed25519 key (what hivemind's validators and
+    authorizers call: ``sign`` gives base64, as ``RSAPrivateKey.sign`` does)."""
+
+    def __init__(self, key: Optional[ed25519.Ed25519PrivateKey] = None):
+        self._private_key = key if key is not None else ed25519.Ed25519PrivateKey.generate()
+
+    def sign(self, data: bytes) -> bytes:
+        return base64.b64encode(self._private_key.sign(data))
+
+    def get_public_key(self) -> Ed25519PublicKey:
+        return Ed25519PublicKey(self._private_key.public_key())
+
+    def libp2p_bytes(self) -> bytes:
+        """The 64 bytes of a libp2p Ed25519 private key: the seed, then the public key."""
+        seed = self._private_key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                               serialization.NoEncryption())
+        public = self._private_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return seed + public
+
+    def __getstate__(self):
+        return {"seed": self.libp2p_bytes()[:32]}
+
+    def __setstate__(self, state):
+        self._private_key = ed25519.Ed25519PrivateKey.from_private_bytes(state["seed"])
+
+
+def public_key_from_bytes(key: bytes) -> Union[Ed25519PublicKey, RSAPublicKey]:
+    """An owner's OpenSSH public key, Ed25519 or RSA; ValueError for anything else."""
+    try:
+        if key.startswith(b"ssh-ed25519 "):
+            return Ed25519PublicKey.from_bytes(key)
+        return RSAPublicKey.from_bytes(key)
+    except (UnsupportedAlgorithm, TypeError, signed.SignatureError) as e:
+        raise ValueError(f"not an Ed25519 or RSA public key: {e}") from None
+
+
 @dataclass(frozen=True)
 class Identity:
-    private_key: RSAPrivateKey
+    private_key: Union[Ed25519PrivateKey, RSAPrivateKey]
     public_key: bytes  # OpenSSH encoding, as in owner markers
     peer_id: str  # base58
+    libp2p_key: Tuple[int, bytes] = (crypto_pb2.KeyType.Ed25519, b"")  # the identity file's (key type, data)
 
     @property
     def marker(self) -> bytes:
@@ -45,18 +117,32 @@ class Identity:
 
 
 def load_identity(path: str) -> Identity:
-    """The identity in a libp2p private-key file; UsageError if it is not an RSA key."""
+    """The identity in a libp2p private-key file; UsageError if it is not an Ed25519 or RSA key."""
     try:
         with open(path, "rb") as f:
             message = crypto_pb2.PrivateKey.FromString(f.read())
-        if message.key_type != crypto_pb2.KeyType.RSA:
-            raise ValueError(f"key type {crypto_pb2.KeyType.Name(message.key_type)}, not RSA")
-        key = RSAPrivateKey.__new__(RSAPrivateKey)
-        key.__setstate__({"_private_key": message.data})  # hivemind's own unpickling path
-    except (OSError, ValueError, TypeError) as e:
-        raise UsageError(f"--identity {path!r} is not a usable RSA identity file ({e}): move it away to create a new one") from None
-    public = key.get_public_key().to_bytes()
-    return Identity(key, public, peer_id_of(public))
+        if message.key_type == crypto_pb2.KeyType.Ed25519:
+            signed.Signer.from_libp2p(message.key_type, message.data)  # the key, and that its two halves agree
+            key = Ed25519PrivateKey(ed25519.Ed25519PrivateKey.from_private_bytes(message.data[:32]))
+        elif message.key_type == crypto_pb2.KeyType.RSA:
+            key = RSAPrivateKey.__new__(RSAPrivateKey)
+            key.__setstate__({"_private_key": message.data})  # hivemind's own unpickling path
+        else:
+            raise ValueError(f"key type {crypto_pb2.KeyType.Name(message.key_type)}, not Ed25519 or RSA")
+        public = key.get_public_key().to_bytes()
+        peer_id = peer_id_of(public)
+    except (OSError, ValueError, TypeError, signed.SignatureError) as e:
+        raise UsageError(f"--identity {path!r} is not a usable identity file ({e}): move it away to create a new one") from None
+    return Identity(key, public, peer_id, (message.key_type, bytes(message.data)))
+
+
+def write_identity(path: str) -> None:
+    """A new Ed25519 identity file at ``path``, readable by its owner only (as hivemind writes its RSA ones)."""
+    key = Ed25519PrivateKey()
+    message = crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.Ed25519, data=key.libp2p_bytes())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+    with os.fdopen(fd, "wb") as f:
+        f.write(message.SerializeToString())
 
 
 def prepare_identity(path: Optional[str]) -> Tuple[Identity, str, bool]:
@@ -66,7 +152,7 @@ def prepare_identity(path: Optional[str]) -> Tuple[Identity, str, bool]:
         path = os.path.join(tempfile.mkdtemp(prefix="voloco-id-"), "identity.key")
     created = not os.path.exists(path)
     if created:
-        P2P.generate_identity(path)
+        write_identity(path)
     return load_identity(path), path, created
 
 
@@ -75,15 +161,13 @@ MIN_RSA_BITS, MAX_RSA_BITS = 2048, 4096  # weaker keys are refused; larger ones 
 
 @functools.lru_cache(maxsize=4096)
 def peer_id_of(public_key: bytes) -> str:
-    """The libp2p peer id of an OpenSSH-encoded RSA public key (as PeerID.from_identity derives
-    it from the private key: the sha2-256 multihash of the key's libp2p protobuf); ValueError if
-    it is not one, or not of 2048 to 4096 bits."""
-    key = RSAPublicKey.from_bytes(public_key)._public_key
-    if not MIN_RSA_BITS <= key.key_size <= MAX_RSA_BITS:
+    """The libp2p peer id of an OpenSSH-encoded Ed25519 or RSA public key (as p2pd derives it:
+    protocol/signed.py); ValueError if it is neither, a small-order Ed25519 point, or an RSA key
+    not of 2048 to 4096 bits."""
+    key = public_key_from_bytes(public_key)._public_key
+    if isinstance(key, rsa.RSAPublicKey) and not MIN_RSA_BITS <= key.key_size <= MAX_RSA_BITS:
         raise ValueError(f"RSA keys must have {MIN_RSA_BITS} to {MAX_RSA_BITS} bits")
-    der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    encoded = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=der).SerializeToString()
-    return PeerID(multihash.encode(hashlib.sha256(encoded).digest(), multihash.coerce_code("sha2-256"))).to_base58()
+    return PeerID(signed.peer_id_of(signed.encode_public_key(key))).to_base58()
 
 
 @dataclass

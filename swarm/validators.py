@@ -1,8 +1,9 @@
 """The record validators every voloco DHT node runs: a record that fails them is neither stored
 nor returned by an honest node, and readers (swarm/records.py) check the same again.
 
-- hivemind's ``RSASignatureValidator``: a record whose subkey carries ``[owner:<key>]`` must be
-  signed by that key (over key, subkey, value and expiration);
+- ``OwnerSignatureValidator``, hivemind's ``RSASignatureValidator`` for Ed25519 owners as well as
+  RSA ones: a record whose subkey carries ``[owner:<key>]`` must be signed by that key (over key,
+  subkey, value and expiration);
 - hivemind's ``SchemaValidator`` with the layouts below: under a voloco key, every subkey carries
   an owner and every value is an envelope (protocol/records.py) of bounded size;
 - ``OwnedRecordValidator``: the envelope names the peer id of the key that signed it, its
@@ -16,6 +17,7 @@ again, RSA signature and schema included, though the records had not changed sin
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import struct
@@ -50,7 +52,7 @@ from protocol.records import (
     proof_ok,
     record_mac,
 )
-from swarm.identity import Identity, peer_id_of
+from swarm.identity import Identity, peer_id_of, public_key_from_bytes
 
 logger = logging.getLogger("voloco.swarm")
 
@@ -91,7 +93,7 @@ def key_id(key: str) -> bytes:
 def check_owned(kid: bytes, subkey: Any, value: Any, token_key: Optional[bytes]) -> Tuple[bytes, str, str, bytes]:
     """(owner public key, subkey name, peer id, body) of an owned record, once its envelope, the
     binding of its peer id to its owner and (in a private run) its proof of the token hold;
-    RecordError otherwise. The owner's signature is the RSASignatureValidator's to check."""
+    RecordError otherwise. The owner's signature is the OwnerSignatureValidator's to check."""
     parts = split_subkey(subkey)
     if parts is None:
         raise RecordError("subkey carries no owner key")
@@ -100,12 +102,36 @@ def check_owned(kid: bytes, subkey: Any, value: Any, token_key: Optional[bytes])
     try:
         owner_peer = peer_id_of(owner)
     except ValueError:
-        raise RecordError("owner key is not an RSA public key") from None
+        raise RecordError("owner key is not an Ed25519 or RSA public key") from None
     if peer != owner_peer:
         raise RecordError(f"record names peer {peer[-8:]} but is signed by the key of {owner_peer[-8:]}")
     if token_key is not None and not proof_ok(record_mac(token_key, kid, subkey, peer, body), mac):
         raise RecordError(f"record of {peer[-8:]} does not prove the run's join token")
     return owner, name, peer, body
+
+
+class OwnerSignatureValidator(RSASignatureValidator):
+    """hivemind's signature check of owned records, for owners with an Ed25519 key (what voloco
+    identities are) or an RSA key: the marker, signature format and signed bytes are hivemind's,
+    so an RSA-owned record is checked exactly as ``RSASignatureValidator`` checks it."""
+
+    def validate(self, record: DHTRecord) -> bool:
+        owners = self._PUBLIC_KEY_RE.findall(record.key)
+        if record.subkey is not None:
+            owners += self._PUBLIC_KEY_RE.findall(record.subkey)
+        if not owners:
+            return True  # not protected by an owner
+        if len(set(owners)) > 1:
+            return False
+        try:
+            public_key = public_key_from_bytes(owners[0])
+        except (ValueError, TypeError):
+            return False  # (hivemind's raises here, and the whole answer carrying it is lost)
+        signatures = self._SIGNATURE_RE.findall(record.value)
+        if len(signatures) != 1:
+            return False
+        stripped = dataclasses.replace(record, value=self.strip_value(record))
+        return public_key.verify(self._serialize_record(stripped), signatures[0])
 
 
 class OwnedRecordValidator(RecordValidatorBase):
@@ -195,7 +221,7 @@ def node_validators(identity: Identity, token_key: Optional[bytes], run_ids: Seq
     """What ``hivemind.DHT(record_validators=...)`` gets on every voloco node: one
     ``RememberingValidator`` of the validators above."""
     return [RememberingValidator([
-        RSASignatureValidator(identity.private_key),
+        OwnerSignatureValidator(identity.private_key),
         SchemaValidator(RunsSchema, prefix=RUNS_PREFIX),
         OwnedRecordValidator(token_key),
         *(run_schema(r) for r in run_ids),

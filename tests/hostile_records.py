@@ -22,7 +22,7 @@ import tempfile
 import time
 
 import hivemind
-from hivemind.dht.crypto import RSASignatureValidator
+from swarm.validators import OwnerSignatureValidator
 from hivemind.utils import get_dht_time
 
 from protocol.chain_records import ChainAssignment, chains_key
@@ -64,7 +64,7 @@ def main() -> None:
     identity = prepare_identity(tempfile.mkdtemp() + "/evil.key")[0]
     me = identity.peer_id
     dht = hivemind.DHT(initial_peers=[join], host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True,
-                       record_validators=[RSASignatureValidator(identity.private_key)])
+                       record_validators=[OwnerSignatureValidator(identity.private_key)])
     spec = real_spec(dht, run_id)
     forged_spec = spec.replace(inner={"lr": 50.0}, data={"corpus": "~/.ssh"})
     mine = owned_subkey(identity.public_key)

@@ -46,7 +46,46 @@ def test_a_key_proves_only_its_own_peer_id():
     assert not key.verify(b"m", b"\0" * 256) and not key.verify(b"m", b"x" * 5000)
 
 
-def test_weak_or_non_rsa_keys_are_refused():
+def test_ed25519_identities_sign_and_their_peer_id_is_the_key():
+    from protocol.signed import key_of_peer_id
+
+    a, b = Signer.generate(), Signer.generate()
+    assert len(a.public_key) == 36 and a.peer_id[:2] == b"\x00\x24" and key_of_peer_id(a.peer_id) == a.public_key
+    key = PublicKey(a.peer_id, a.public_key)
+    assert key.verify(b"m", a.sign(b"m")) and not key.verify(b"m", b.sign(b"m")) and not key.verify(b"n", a.sign(b"m"))
+    with pytest.raises(SignatureError):
+        PublicKey(b.peer_id, a.public_key)
+    rsa_signer = Signer.generate("rsa")
+    assert key_of_peer_id(rsa_signer.peer_id) == b"" and rsa_signer.peer_id[:2] == b"\x12\x20"
+
+
+def test_an_ed25519_identity_file_gives_the_daemons_peer_id(tmp_path):
+    """The 64 bytes libp2p keeps (seed, then public key), as p2pd reads them; a file whose halves
+    disagree is refused."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    seed = key.private_bytes(ser.Encoding.Raw, ser.PrivateFormat.Raw, ser.NoEncryption())
+    public = key.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+    signer = Signer.from_libp2p(1, seed + public)
+    assert signer.public_key == b"\x08\x01\x12\x20" + public
+    with pytest.raises(SignatureError):
+        Signer.from_libp2p(1, seed + bytes(32))
+    with pytest.raises(SignatureError):
+        Signer.from_libp2p(1, seed)
+    with pytest.raises(SignatureError):
+        Signer.from_libp2p(2, seed + public)
+
+
+def test_small_order_ed25519_keys_are_refused():
+    for raw in ("01" + "00" * 31, "00" * 32, "ec" + "ff" * 30 + "7f", "ec" + "ff" * 31):
+        public = b"\x08\x01\x12\x20" + bytes.fromhex(raw)
+        with pytest.raises(SignatureError):
+            PublicKey(peer_id_of(public), public)
+
+
+def test_weak_or_unknown_keys_are_refused():
     weak = rsa.generate_private_key(public_exponent=65537, key_size=1024)
     with pytest.raises(SignatureError):
         Signer(weak)

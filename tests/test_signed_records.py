@@ -14,7 +14,7 @@ from typing import Dict, Tuple
 
 import hivemind
 import pytest
-from hivemind.dht.crypto import RSASignatureValidator
+from swarm.validators import OwnerSignatureValidator
 from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.p2p import PeerID
 from hivemind.proto import dht_pb2
@@ -38,7 +38,7 @@ TOKEN = "a-private-run-token-0123"
 
 @pytest.fixture(scope="module")
 def ids(tmp_path_factory):
-    """Three identities (RSA keys, as libp2p identity files): coordinator, honest peer, attacker."""
+    """Three identities (Ed25519 keys, as libp2p identity files): coordinator, honest peer, attacker."""
     d = tmp_path_factory.mktemp("ids")
     return {name: prepare_identity(str(d / f"{name}.key"))[0] for name in ("coord", "peer", "evil")}
 
@@ -215,8 +215,35 @@ def test_private_run_records_must_prove_the_token(ids):
 # ---- validators (what an honest node stores and returns) -------------------------------------------
 def signed(identity, key: str, subkey: bytes, value, ttl: float = 20.0) -> DHTRecord:
     record = DHTRecord(key_id(key), MSGPackSerializer.dumps(subkey), MSGPackSerializer.dumps(value), get_dht_time() + ttl)
-    return DHTRecord(record.key, record.subkey, RSASignatureValidator(identity.private_key).sign_value(record),
+    return DHTRecord(record.key, record.subkey, OwnerSignatureValidator(identity.private_key).sign_value(record),
                      record.expiration_time)
+
+
+def test_ed25519_and_rsa_owners_side_by_side(ids, tmp_path):
+    """An RSA identity file (hivemind's, an older voloco peer's) still signs records every node takes;
+    a signature moved to another record, or an owner key that is no key, is refused without raising."""
+    from hivemind.p2p import P2P
+
+    from swarm.identity import load_identity
+
+    P2P.generate_identity(str(tmp_path / "rsa.key"))
+    old, new = load_identity(str(tmp_path / "rsa.key")), ids["peer"]
+    assert old.public_key.startswith(b"ssh-rsa ") and new.public_key.startswith(b"ssh-ed25519 ")
+    assert old.peer_id.startswith("Qm") and new.peer_id.startswith("12D3KooW")
+    validator = OwnerSignatureValidator(ids["coord"].private_key)
+    key = peers_key(SPEC.run_id)
+    records = {}
+    for who in (old, new):
+        record = records[who.peer_id] = signed(who, key, owned_subkey(who.public_key), seal(who.peer_id, b"x"))
+        assert validator.validate(record)
+        assert len(record.subkey) + len(record.value) < (500 if who is new else 1000)
+    a, b = records[old.peer_id], records[new.peer_id]
+    sig_b = b.value[b.value.index(b"[signature:"):]
+    moved = DHTRecord(b.key, b.subkey, MSGPackSerializer.dumps(seal(new.peer_id, b"y")) + sig_b, b.expiration_time)
+    assert not validator.validate(moved)
+    for junk in (b"ssh-ed25519 AAAA", b"ssh-ed25519 " + b"A" * 68, b"not a key"):
+        assert not validator.validate(DHTRecord(a.key, MSGPackSerializer.dumps(b"[owner:" + junk + b"]"), b.value,
+                                                b.expiration_time))
 
 
 def test_validators_refuse_forged_records(ids):
@@ -347,7 +374,7 @@ def test_dht_nodes_refuse_forged_records_and_outsiders(ids, tmp_path):
         # a node with the token but no validators signs a record that claims the peer's id
         evil_key = ids["evil"]
         evil = hivemind.DHT(initial_peers=coord.get_visible_maddrs(), host_maddrs=LOOPBACK, start=True,
-                            record_validators=[RSASignatureValidator(evil_key.private_key)],
+                            record_validators=[OwnerSignatureValidator(evil_key.private_key)],
                             authorizer=JoinTokenAuthorizer(evil_key, token_key(TOKEN)))
         nodes.append(evil)
         subkey = owned_subkey(evil_key.public_key)
