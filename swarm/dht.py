@@ -218,7 +218,7 @@ def _join(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity, clie
 
 # hivemind's DHTNode caching that the run's records do without. After every read, ``cache_nearest``
 # stores the whole dictionary it found (every peer's progress record, ~1.2 KB each) at the nearest
-# node that lacked it, which checks every record's RSA signature and schema again: at 32 peers half
+# node that lacked it, which checks every record's signature and schema again: at 32 peers half
 # of a peer's DHT process was these stores (py-spy, in a start-quorum wait with nothing else to do).
 # ``cache_refresh_before_expiry`` re-reads a cached key before it expires in the background: the
 # run's readers read the records they need themselves (``latest``, merging every node's copy).

@@ -12,7 +12,7 @@ nor returned by an honest node, and readers (swarm/records.py) check the same ag
 ``RememberingValidator`` runs them as hivemind's ``CompositeValidator`` does and remembers the
 records that passed: every node that answers a read or a store's search returns the whole
 dictionary of a key (every peer's progress record), and each answer was checked record by record
-again, RSA signature and schema included, though the records had not changed since the last read.
+again, signature and schema included, though the records had not changed since the last read.
 """
 
 from __future__ import annotations
