@@ -53,6 +53,12 @@ class StateTooOld(ProtocolError):
     """A state of a round before the one this peer needs."""
 
 
+class StateUnreported(ProtocolError):
+    """A state whose θ is none of those the peers of its round report. The view may be older than
+    the state: a peer that applies its round's delayed update (overlap) stores a record with the new
+    θ, and a view read before that record shows the old one."""
+
+
 class StateAhead(ProtocolError):
     """A state of a round beyond the one its server announced (+1)."""
 
@@ -192,6 +198,9 @@ class StateSync:
             except StateAhead as e:
                 if not self._install_ahead(got, peer, target, asked, e):
                     continue
+            except StateUnreported as e:
+                if not self._install_rechecked(got, peer, target, claimed, asked, e):
+                    continue
             except ProtocolError as e:
                 self._refuse(peer, e)
                 continue
@@ -213,6 +222,20 @@ class StateSync:
         except ProtocolError as e:
             self._refuse(peer, e)
             return False
+        return True
+
+    def _install_rechecked(self, got, peer: str, target: int, claimed: int, asked: float, why: StateUnreported) -> bool:
+        """A state whose θ the view does not report: check it again against a view read after the
+        download, and refuse it (and its server for REFUSE_FOR_S) only if it does not fit that one either.
+        Refused at once, a newcomer whose first view lagged the peers by one record refused every
+        honest server, then left all of them out of its view, and trained alone for 10 minutes."""
+        views = self.membership.fresh_view(since=asked, timeout=2 * self.membership.read_interval() + 1.0)
+        try:
+            self.install(*got, min_round=target, max_round=claimed + 1, reported=_reported_hashes(views, excluding=peer))
+        except ProtocolError as e:
+            self._refuse(peer, e)
+            return False
+        logger.info(f"the state {peer} served fits a view read after the download (the first one, {why}, was older)")
         return True
 
     def _refuse(self, peer: str, why: Exception) -> None:
@@ -243,7 +266,7 @@ class StateSync:
         shared = {k: _checked(k, t, None) for k, t in zip(shared_names, tensors[len(names):])}
         hashes = (reported or {}).get(round_no)
         if hashes and params_hash(theta) not in hashes:
-            raise ProtocolError(f"θ {params_hash(theta)} of round {round_no} is none of those its peers report")
+            raise StateUnreported(f"θ {params_hash(theta)} of round {round_no} is none of those its peers report")
         # a whole round's exchange missed (a restart from an older checkpoint, a long stall) or a solo
         # lineage left behind: the error-feedback residual (or local momentum) holds updates to a θ the
         # swarm has moved on from, which the next payloads would send rounds late

@@ -323,6 +323,24 @@ def test_a_poisoned_state_is_refused_and_its_server_not_asked_again(monkeypatch,
     assert sync.asked[2:] == ["a"]
 
 
+def test_a_state_newer_than_the_view_is_checked_against_a_view_read_after_the_download(monkeypatch, clock):
+    """The first view shows the peers' round-10 records from before they applied the round's delayed
+    update; the server's state has it. A view read after the download shows the new θ: installed, and
+    nobody refused (before: every honest server refused, and left out of the view for 10 minutes)."""
+    before, after = honest_engine(10, seed=1), honest_engine(10, seed=2)
+    stale = [view(p, 10, "training", before.params_hash()) for p in ("a", "b", "c")]
+    fresh = [view(p, 10, "training", after.params_hash()) for p in ("a", "b", "c")]
+    sync, engine = syncing_peer(monkeypatch, stale, lambda peer: served(after))
+    sync.membership.fresh_view = lambda since, timeout: fresh
+    sync.catch_up()
+    assert engine.round == 10 and engine.params_hash() == after.params_hash() and len(sync.asked) == 1
+    # a state the later view does not report either is refused, as before
+    sync2, engine2 = syncing_peer(monkeypatch, stale, lambda peer: served(honest_engine(10, seed=3)))
+    sync2.membership.fresh_view = lambda since, timeout: fresh
+    sync2.catch_up()
+    assert engine2.round == 0 and sorted(sync2.asked) == ["a", "b", "c"]
+
+
 def test_downloads_are_bounded_and_an_unservable_round_is_not_chased_again(monkeypatch, clock):
     views = [view(p, 10, "training") for p in ("a", "b", "c", "d", "e")]
     sync, engine = syncing_peer(monkeypatch, views, lambda peer: None)  # nobody answers
