@@ -169,7 +169,10 @@ def report(results: List[Dict[str, Any]]) -> str:
 
 def op_costs(nodes: int = 4, reps: int = 10) -> Dict[str, float]:
     """Bytes on the wire (sent, summed over every node of a ``nodes``-node DHT on loopback) of one
-    ``publish_progress`` and one ``read_progress`` (what ``Membership.publish`` and ``view`` do)."""
+    ``publish_progress`` and one ``read_progress`` (what ``Membership.publish`` and ``view`` do). A
+    write is measured twice in the same run: through hivemind's own ``store`` (the baseline, which
+    fetches the key's value from every node its search asks) and as voloco stores (swarm/lean_store.py)."""
+    from swarm import records
     from swarm.dht import start_dht
     from swarm.records import publish_progress, read_progress
     from swarm.wire_bytes import WireMeter
@@ -194,9 +197,18 @@ def op_costs(nodes: int = 4, reps: int = 10) -> Dict[str, float]:
             time.sleep(1.5)
             return (sum(m.totals().sent for m in meters) - before) / reps
 
-        write = cost(lambda: publish_progress(me, "ops", me.peer_id.to_base58(), record, ttl=60).result())
+        def write() -> None:
+            publish_progress(me, "ops", me.peer_id.to_base58(), record, ttl=60).result()
+
+        records.LEAN_STORES = False
+        try:
+            baseline = cost(write)
+        finally:
+            records.LEAN_STORES = True
+        lean = cost(write)
         read = cost(lambda: read_progress(me, "ops"))
-        return {"nodes": nodes, "records": len(read_progress(me, "ops")), "write": write, "read": read}
+        return {"nodes": nodes, "records": len(read_progress(me, "ops")), "write_hivemind": baseline, "write": lean,
+                "read": read}
     finally:
         for m in meters:
             m.shutdown()
@@ -206,19 +218,26 @@ def op_costs(nodes: int = 4, reps: int = 10) -> Dict[str, float]:
 
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--peers", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--rate", default="20mbit")
+    ap.add_argument("--peers", type=int, default=3, help="peers, each on a test host of its own (default: 3)")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds each run trains before its peers stop (default: 4)")
+    ap.add_argument("--rate", default="20mbit", help="every host's link cap, both ways, as tc writes it (default: 20mbit)")
     ap.add_argument("--heartbeat", default="2.0", help="comma-separated swarm.heartbeat_period values, one run each")
-    ap.add_argument("--inner-steps", type=int, default=20)
-    ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--ops", type=int, default=0, metavar="N", help="measure one record write and read on N DHT nodes")
+    ap.add_argument("--inner-steps", type=int, default=20, help="inner steps H of a round (default: 20)")
+    ap.add_argument("--workdir", type=Path, default=None, help="where logs and status files go (default: a new "
+                    "temporary directory)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results as JSON to this file")
+    ap.add_argument("--ops", type=int, default=0, metavar="N", help="instead: measure one record write (hivemind's "
+                    "store and voloco's) and one read on N DHT nodes on loopback (no namespaces needed)")
     args = ap.parse_args(argv)
     if args.ops:
         ops = op_costs(args.ops)
-        print(f"{machine()}, {now()}: a DHT of {ops['nodes']} nodes holding {ops['records']} progress records: one "
-              f"write costs {human(ops['write'])}, one read {human(ops['read'])} on the wire (all nodes' bytes sent)")
+        print(f"{machine()}, {now()}: a DHT of {ops['nodes']} nodes holding {ops['records']} progress records, bytes "
+              "on the wire (all nodes' bytes sent)")
+        print(table(["operation", "bytes", "vs hivemind's store"], [
+            ["write, hivemind's store", human(ops["write_hivemind"]), "1.00"],
+            ["write, lean store", human(ops["write"]), f"{ops['write'] / ops['write_hivemind']:.2f}"],
+            ["read", human(ops["read"]), ""],
+        ]))
         if args.json:
             args.json.write_text(json.dumps({"machine": machine(), "date": now(), "ops": ops}, indent=1))
         return

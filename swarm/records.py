@@ -52,6 +52,7 @@ from protocol.records import (
 from protocol.spec import RunSpec
 from swarm.console import UsageError
 from swarm.identity import NodeTrust, trust_of
+from swarm.lean_store import store_lean
 from swarm.validators import check_owned, key_id, run_schema
 
 logger = logging.getLogger("voloco.swarm")
@@ -92,14 +93,20 @@ def verified_entries(key: str, found: Any, token_key: Optional[bytes], ttl: floa
 RECORD_BEAM = 5
 
 
-# Progress records are read often (the round barrier, early close, the dashboard), and a network read
-# moves every peer's record from every node of the beam. hivemind stores a record on the num_replicas
-# nearest nodes it finds (in a swarm of up to 5 DHT nodes: every node), and each store reaches their
-# storage at once. A node whose own storage held every record of its last network read, at the same
-# version, is such a replica: it reads its storage until REPLICA_NETWORK_READ_S after that read, then
-# reads over the network again and checks again. Any other node (a client-mode node, which no store
-# reaches; a node of a large swarm that is not among the key's nearest) reads over the network.
+# Progress records are read often (the round barrier, early close, the dashboard), and so are chain
+# candidates and assignments (the coordinator's chain former, every 2 s). A record is stored on the
+# num_replicas nearest nodes (in a swarm of up to 5 DHT nodes: every node), and each store reaches
+# their storage at once. A node whose own storage held every record of its last network read
+# (hivemind's get, from every node of the beam), at the same version, is such a replica: it reads its storage until
+# REPLICA_NETWORK_READ_S after that read, then reads over the network again and checks again. Any
+# other node (a client-mode node, which no store reaches; a node of a large swarm that is not among
+# the key's nearest) reads over the network.
 REPLICA_NETWORK_READ_S = 5.0
+
+
+# Stores search toward the key's shadow (swarm/lean_store.py) instead of fetching the key's value from
+# every node on the way; bench/wire_bytes.py --ops turns this off for its baseline.
+LEAN_STORES = True
 
 
 def _search(beam_size: Optional[int]) -> Dict[str, int]:
@@ -170,13 +177,17 @@ def _per_peer(entries: List[Entry], key: str) -> Dict[str, Entry]:
 
 def _store(dht: hivemind.DHT, key: str, body: bytes, ttl: float, name: str = "", wait: bool = False,
            beam_size: Optional[int] = None):
-    """Write ``body`` under this node's owned subkey: the DHT node signs it (RSASignatureValidator)."""
+    """Write ``body`` under this node's owned subkey: the DHT node signs it (RSASignatureValidator). A
+    real DHT stores it without fetching the key's value on the way (swarm/lean_store.py)."""
     trust = trust_of(dht)
     me = trust.identity
     subkey = owned_subkey(me.public_key, name)
     mac = record_mac(trust.token_key, key_id(key), subkey, me.peer_id, body) if trust.token_key is not None else b""
-    return dht.store(key, seal(me.peer_id, body, mac), expiration_time=get_dht_time() + ttl, subkey=subkey,
-                     return_future=not wait, **_search(beam_size))
+    value, expiration = seal(me.peer_id, body, mac), get_dht_time() + ttl
+    if LEAN_STORES and getattr(dht, "run_coroutine", None) is not None:  # (a stand-in DHT may not run coroutines)
+        return store_lean(dht, key, subkey, value, expiration, beam_size=beam_size, wait=wait)
+    return dht.store(key, value, expiration_time=expiration, subkey=subkey, return_future=not wait,
+                     **_search(beam_size))
 
 
 def _check_self(dht: hivemind.DHT, peer_id: str) -> None:
@@ -318,7 +329,8 @@ def read_candidates(dht: hivemind.DHT, spec: RunSpec) -> Dict[str, CandidateReco
     """Live chain candidates of this run, by peer id; malformed records are skipped."""
     key = chain_candidates_key(spec.run_id)
     out: Dict[str, CandidateRecord] = {}
-    for peer, e in _per_peer(_read(dht, key, peer_record_ttl(spec.swarm.heartbeat_period)), key).items():
+    ttl = peer_record_ttl(spec.swarm.heartbeat_period)
+    for peer, e in _per_peer(_read(dht, key, ttl, beam_size=RECORD_BEAM, replica_ok=True), key).items():
         try:
             out[peer] = parse_candidate(e.body, spec)
         except ProtocolError as err:
@@ -335,7 +347,7 @@ def read_assignments(dht: hivemind.DHT, spec: RunSpec) -> Dict[str, ChainAssignm
     Only assignments signed by the key that signed the run's spec count."""
     owner = trust_of(dht).owners.get(spec.run_id)
     parsed: List[ChainAssignment] = []
-    for e in _read(dht, chains_key(spec.run_id), ASSIGNMENT_TTL):
+    for e in _read(dht, chains_key(spec.run_id), ASSIGNMENT_TTL, beam_size=RECORD_BEAM, replica_ok=True):
         if e.owner != owner:
             logger.debug(f"skipping a chain assignment {e.name!r} signed by {e.peer}, not by the run's key")
             continue
