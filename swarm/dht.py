@@ -17,7 +17,6 @@ from functools import partial
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import hivemind
-from hivemind.proto import crypto_pb2
 from hivemind.p2p import PeerID
 from multiaddr import Multiaddr
 
@@ -26,7 +25,7 @@ from swarm.admission import JoinTokenAuthorizer
 from swarm.console import UsageError
 from swarm.identity import Identity, NodeTrust, prepare_identity, register
 from swarm.join_probe import PRIVATE, PUBLIC, TOKEN_BAD, TOKEN_OK, run_access, serve_run_access
-from swarm.reachability import dial, dial_failure, serve_dial_back
+from swarm.reachability import dial, dial_failure, peer_answers, serve_dial_back
 from swarm.rejoin import keep_joined
 from swarm.validators import node_validators
 
@@ -95,6 +94,7 @@ def start_dht(
     mine = _NodeIdentity(identity_path, *prepare_identity(identity_path))
     lock = _lock_identity(identity_path) if identity_path is not None else None
     try:
+        _check_identity_free(mine, initial_peers)
         dht = _join(initial_peers, host_maddrs, announce_maddrs, mine, client_mode, key, run_ids, use_relay,
                     use_auto_relay, run_key)
     except BaseException:
@@ -173,6 +173,20 @@ def _lock_identity(identity_path: str) -> _IdentityLock:
     return _IdentityLock(real, handle)
 
 
+def _check_identity_free(mine: "_NodeIdentity", initial_peers: Sequence[Multiaddr]) -> None:
+    """UsageError if a node elsewhere in the swarm already runs with this --identity (a key made just now
+    is nobody else's, and a temporary one is never given twice)."""
+    if mine.given is None or mine.created or not initial_peers:
+        return
+    try:
+        taken = asyncio.run(peer_answers(PeerID.from_base58(mine.identity.peer_id), initial_peers))
+    except Exception as e:  # the check is advice: a daemon that cannot start here fails the start below anyway
+        logger.debug(f"could not check whether {mine.identity.peer_id} is in use: {e!r}")
+        return
+    if taken:
+        raise UsageError(explain_start_failure(RuntimeError("already taken by another peer"), (), (), False, mine.given))
+
+
 def _join(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity, client_mode, key, run_ids, use_relay,
           use_auto_relay, run_key) -> hivemind.DHT:
     """Start the node, trying the join again while the DHT answers late; then its services."""
@@ -243,8 +257,7 @@ def _start_node(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity
             host_maddrs=list(host_maddrs),
             announce_maddrs=list(announce_maddrs) or None,
             identity_path=mine.path,
-            # a key made just now is nobody else's; hivemind's check reads RSA identity files only
-            check_if_identity_free=not mine.created and mine.identity.libp2p_key[0] == crypto_pb2.KeyType.RSA,
+            check_if_identity_free=False,  # start_dht asks itself: hivemind's check reads RSA identity files only
             client_mode=client_mode,
             record_validators=node_validators(mine.identity, key, run_ids),
             authorizer=JoinTokenAuthorizer(mine.identity, key) if key is not None else None,

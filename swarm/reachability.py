@@ -164,6 +164,26 @@ async def dial(peer: PeerID, targets: Sequence[Multiaddr], timeout: float) -> Tu
         await probe.shutdown()
 
 
+async def peer_answers(peer: PeerID, initial_peers: Sequence[Multiaddr], timeout: float = DIAL_TIMEOUT_S,
+                       attempts: int = 2) -> bool:
+    """Whether ``peer`` is in the swarm: a new daemon that joins through ``initial_peers`` finds and
+    reaches it (what hivemind's ``P2P.is_identity_taken`` asks, for a key of any type). Asked twice, a
+    second apart: a loaded daemon's first lookup can miss a peer it is connected to (an absent peer
+    is "not found" in under a second)."""
+    probe = await P2P.create(**{**PROBE_ARGS, "initial_peers": [str(m) for m in initial_peers]})
+    try:
+        for attempt in range(attempts):
+            try:
+                await asyncio.wait_for(probe._client.connect(peer, []), timeout)
+                return True
+            except Exception:  # not found, not reachable, or not in time
+                if attempt + 1 < attempts:
+                    await asyncio.sleep(1.0)
+        return False
+    finally:
+        await probe.shutdown()
+
+
 def dial_failure(text: str) -> str:
     """A libp2p dial error in a few words."""
     low = text.lower()

@@ -96,6 +96,28 @@ def test_an_identity_file_in_use_by_another_node(tmp_path):
         run.shutdown()
 
 
+@pytest.mark.parametrize("kind", ["ed25519", "rsa"])
+def test_a_copy_of_an_identity_file_in_use_elsewhere_in_the_swarm(tmp_path, kind):
+    """A copy of the file (another machine's, so no lock is shared): the swarm is asked whether the
+    peer id answers, for Ed25519 identities (which hivemind's own check cannot read) and RSA ones."""
+    import shutil
+
+    from hivemind.p2p import P2P
+
+    run = start_dht((), LOOPBACK)
+    addr, identity, copy = run.get_visible_maddrs()[0], str(tmp_path / "id.key"), str(tmp_path / "copy.key")
+    if kind == "rsa":
+        P2P.generate_identity(identity)
+    first = start_dht([addr], LOOPBACK, identity_path=identity)
+    shutil.copy(identity, copy)
+    try:
+        message = fails([addr], LOOPBACK, identity_path=copy)
+        assert "another running node already uses this identity" in message and copy in message
+    finally:
+        first.shutdown()
+        run.shutdown()
+
+
 def test_an_identity_file_held_by_a_node_of_this_machine_even_without_a_swarm_to_ask(tmp_path):
     """hivemind's check asks the swarm (none here, and a loaded one may not know the first node
     yet); the file's lock says it at once, and frees it when that node shuts down."""
