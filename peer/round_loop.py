@@ -303,6 +303,9 @@ class RoundLoop:
             logger.warning(f"round {engine.round}: found no group; keeping this round's update locally")
             peer._load_theta()
             peer.sync.catch_up(solo=last is not None and last.group == [peer.peer_id])
+            # the status says so too (its round, a state it installed, its wire bytes): a slow peer whose
+            # every round ended here, each behind the swarm's, kept its start-up status to the end
+            write_status(peer.opts.status_file, peer.status())
             return
 
         t_gather = time.monotonic()

@@ -105,7 +105,7 @@ class Identity:
     private_key: Union[Ed25519PrivateKey, RSAPrivateKey]
     public_key: bytes  # OpenSSH encoding, as in owner markers
     peer_id: str  # base58
-    libp2p_key: Tuple[int, bytes] = (crypto_pb2.KeyType.Ed25519, b"")  # the identity file's (key type, data)
+    libp2p_key: Tuple[int, bytes]  # the identity file's (key type, data): what the payload signer is made from
 
     @property
     def marker(self) -> bytes:
