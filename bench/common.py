@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, List, Sequence, Tuple
@@ -13,6 +14,15 @@ from typing import Any, Callable, List, Sequence, Tuple
 import torch
 
 from protocol.spec import RunSpec
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends the benchmark as Ctrl+C does: through its ``with`` blocks and ``finally`` clauses, so
+    the test hosts (network namespaces) and the peers in them are torn down, not left running."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def machine() -> str:

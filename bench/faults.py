@@ -34,7 +34,7 @@ from typing import List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import machine, now, table  # noqa: E402
+from bench.common import exit_on_sigterm, machine, now, table  # noqa: E402
 from tests.fault_scenarios import SCENARIOS, WARMUP_ROUNDS, run_faults  # noqa: E402
 from tests.netns_hosts import netns_unavailable  # noqa: E402
 
@@ -85,6 +85,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "(default: a new temporary folder)")
     ap.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write every row and check as JSON to OUT")
     args = ap.parse_args(argv)
+    exit_on_sigterm()
     why = netns_unavailable()
     if why:
         sys.exit(f"needs network namespaces: {why}")

@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import human, machine, now, table  # noqa: E402
+from bench.common import exit_on_sigterm, human, machine, now, table  # noqa: E402
 from bench.swarm_check import run_swarm  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
 from swarm.wire_bytes import process_tree  # noqa: E402
@@ -225,6 +225,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write every swarm's rows and samples as JSON to OUT")
     ap.add_argument("--quick", action="store_true", help="a smoke run: --peers 4 --rounds 2 --long-rounds 5 unless given")
     args = ap.parse_args(argv)
+    exit_on_sigterm()
     quick = dict(peers="4", rounds=2, long_rounds=5) if args.quick else dict(peers="8,16,32", rounds=3, long_rounds=50)
     for k, v in quick.items():
         if getattr(args, k) is None:

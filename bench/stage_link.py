@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench.common import exit_on_sigterm  # noqa: E402
 from peer.inner import InnerTrainer  # noqa: E402
 from peer.gpipe import run_inner_step  # noqa: E402
 from peer.model import build_model  # noqa: E402
@@ -292,6 +293,7 @@ def main(argv=None) -> int:
     ap.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    exit_on_sigterm()
     if args.worker is not None:
         print(json.dumps(run(worker(args))), flush=True)
         return 0

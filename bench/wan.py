@@ -69,7 +69,7 @@ if __name__ == "__main__":  # run as a script, bench/tokenizers.py would hide th
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import choose_names, human, machine, now, table  # noqa: E402
+from bench.common import exit_on_sigterm, choose_names, human, machine, now, table  # noqa: E402
 from bench.wan_swarm import PEERS, SLOW, Arm, ArmRunner, calibrate, time_to  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
 from swarm.jsonout import loads_strict, write as write_json  # noqa: E402
@@ -227,6 +227,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--workdir", type=Path, help="logs and status files (default: a temporary folder)")
     ap.add_argument("--merge", type=Path, metavar="EARLIER", help="take the arms not in --arms from this earlier --json")
     args = ap.parse_args(argv)
+    exit_on_sigterm()
     from tests.netns_hosts import CpuLimit, Hosts, cleanup_stale, cleanup_stale_cpu_limits, cpu_limit_unavailable
     from tests.netns_hosts import netns_unavailable, rate_bits
 

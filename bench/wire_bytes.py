@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import human, machine, now, table  # noqa: E402
+from bench.common import exit_on_sigterm, human, machine, now, table  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
 from tests.netns_hosts import Hosts, netns_unavailable  # noqa: E402
 
@@ -229,6 +229,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--ops", type=int, default=0, metavar="N", help="instead: measure one record write (hivemind's "
                     "store and voloco's) and one read on N DHT nodes on loopback (no namespaces needed)")
     args = ap.parse_args(argv)
+    exit_on_sigterm()
     if args.ops:
         ops = op_costs(args.ops)
         print(f"{machine()}, {now()}: a DHT of {ops['nodes']} nodes holding {ops['records']} progress records, bytes "
