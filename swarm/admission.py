@@ -5,8 +5,8 @@ Three places check it, each with what it can see:
 - the DHT (``JoinTokenAuthorizer``, a hivemind ``TokenAuthorizerBase`` given to
   ``hivemind.DHT(authorizer=...)``): every DHT request and response carries an access token whose
   signature is an HMAC, keyed by the join token, over the sender's peer id and public key (Ed25519,
-  or RSA for an RSA identity), and is signed with that key; a node without the token gets no answer from, and is not answered by, the
-  run's nodes, so it can neither read nor write the run's records;
+  or RSA for an RSA identity), and is signed with that key; a node without the token gets no answer
+  from, and is not answered by, the run's nodes, so it can neither read nor write the run's records;
 - every record (swarm/validators.py, swarm/records.py): its envelope's ``mac`` proves the token
   for that record, owner and peer; readers ignore a record without it;
 - the averager (``AdmissionGate``): hivemind's averaging messages have no auth field, so each
