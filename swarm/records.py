@@ -97,11 +97,18 @@ RECORD_BEAM = 5
 # candidates and assignments (the coordinator's chain former, every 2 s). A record is stored on the
 # num_replicas nearest nodes (in a swarm of up to 5 DHT nodes: every node), and each store reaches
 # their storage at once. A node whose own storage held every record of its last network read
-# (hivemind's get, from every node of the beam), at the same version, is such a replica: it reads its storage until
-# REPLICA_NETWORK_READ_S after that read, then reads over the network again and checks again. Any
-# other node (a client-mode node, which no store reaches; a node of a large swarm that is not among
+# (hivemind's get, from every node of the beam), at the same version, is such a replica (so is one
+# whose storage and read both found the key empty): it reads its storage until REPLICA_NETWORK_READ_S
+# after that read, then reads over the network again and checks again. While every record its storage
+# holds was refreshed lately (none expires within a third of its TTL: its writer's keep-alives come every
+# third), its storage still gets every store, and it keeps reading there up to REPLICA_TRUST_S after the
+# last network read: a network read moves every peer's record from every node of the beam, and at 10
+# Mbit/s these reads were half of a peer's control-plane bytes. A record near its expiry (a writer
+# that is late, gone, or whose stores stopped reaching this node) sends the next read to the network.
+# Any other node (a client-mode node, which no store reaches; a node of a large swarm that is not among
 # the key's nearest) reads over the network.
 REPLICA_NETWORK_READ_S = 5.0
+REPLICA_TRUST_S = 30.0
 
 
 # Stores search toward the key's shadow (swarm/lean_store.py) instead of fetching the key's value from
@@ -117,20 +124,36 @@ def _search(beam_size: Optional[int]) -> Dict[str, int]:
 _replica_since: Dict[Tuple[str, str], float] = {}  # (node's peer id, key) -> its last network read that found it a replica
 
 
-async def _replica_read(key: str, beam_size: Optional[int], from_storage: bool, _dht, node) -> Tuple[Any, bool]:
-    """In the DHT's process: (the key's value, whether this node's storage held all of it). With
-    ``from_storage``, from the storage alone (no traversal); else over the network, compared with
-    what the storage held before."""
-    if from_storage:
-        return await node.get(key, latest=False), True  # stops at the storage: its dictionary has not expired
+def _stored_items(node, key: str) -> Dict[Any, float]:
+    """subkey -> expiration of what this node's own storage holds under ``key`` (expired items dropped)."""
     stored = node.protocol.storage.get(DHTID.generate(source=key))
-    held = {}
-    if stored is not None and isinstance(stored.value, DictionaryDHTValue):
-        held = {subkey: item.expiration_time for subkey, item in stored.value.items()}
+    if stored is None or not isinstance(stored.value, DictionaryDHTValue):
+        return {}
+    now = get_dht_time()
+    return {subkey: item.expiration_time for subkey, item in stored.value.items() if item.expiration_time > now}
+
+
+async def _replica_read(key: str, beam_size: Optional[int], since: float, ttl: float, limits: Tuple[float, float],
+                        _dht, node) -> Tuple[Any, str]:
+    """In the DHT's process: (the key's value, where it came from). "storage": this node's own storage;
+    "replica": the network, and the storage held all of it; "network": the network, and it did not.
+    ``since``: seconds since the last network read that found this node a replica of ``key``;
+    ``limits``: (REPLICA_NETWORK_READ_S, REPLICA_TRUST_S), as the caller's process has them."""
+    network_s, trust_s = limits
+    held = _stored_items(node, key)
+    fresh = bool(held) and min(held.values()) > get_dht_time() + ttl / 3
+    if since < network_s or (since < trust_s and fresh):
+        # stops at the storage, whose dictionary has not expired (an empty storage would send hivemind's get out)
+        return (await node.get(key, latest=False) if held else None), "storage"
     found = await node.get(key, latest=True, **_search(beam_size))
-    replica = (not node.protocol.client_mode and found is not None and isinstance(found.value, dict)
-               and all(held.get(subkey, float("-inf")) >= item.expiration_time for subkey, item in found.value.items()))
-    return found, replica
+    if node.protocol.client_mode:
+        replica = False
+    elif found is None:
+        replica = not held  # the key is empty there and here
+    else:
+        replica = isinstance(found.value, dict) and all(
+            held.get(subkey, float("-inf")) >= item.expiration_time for subkey, item in found.value.items())
+    return found, "replica" if replica else "network"
 
 
 def _read(dht: hivemind.DHT, key: str, ttl: float, beam_size: Optional[int] = None, replica_ok: bool = False) -> List[Entry]:
@@ -141,18 +164,18 @@ def _read(dht: hivemind.DHT, key: str, ttl: float, beam_size: Optional[int] = No
     run = getattr(dht, "run_coroutine", None) if replica_ok else None  # (a stand-in DHT may not run coroutines)
     found = None
     if run is not None:
-        local = time.monotonic() - _replica_since.get(memo, float("-inf")) < REPLICA_NETWORK_READ_S
+        since = time.monotonic() - _replica_since.get(memo, float("-inf"))
+        began = time.monotonic()
         try:
-            found, replica = run(partial(_replica_read, key, beam_size, local))
+            found, source = run(partial(_replica_read, key, beam_size, since, ttl, (REPLICA_NETWORK_READ_S, REPLICA_TRUST_S)))
         except Exception as e:
             logger.debug(f"a read of {key!r} in the DHT's process failed ({e!r}); reading it as a client")
             run = None
         else:
-            if not local:
-                if replica:
-                    _replica_since[memo] = time.monotonic()
-                else:
-                    _replica_since.pop(memo, None)
+            if source == "replica":
+                _replica_since[memo] = began
+            elif source == "network":
+                _replica_since.pop(memo, None)
     if run is None:
         found = dht.get(key, latest=True, **_search(beam_size))
     return verified_entries(key, found, trust.token_key, ttl)
@@ -316,7 +339,7 @@ def read_progress(dht: hivemind.DHT, run_id: str) -> List[PeerView]:
 def publish_progress(dht: hivemind.DHT, run_id: str, peer_id: str, progress: Progress, ttl: float):
     """Store this node's progress record; returns the store's future (True once stored)."""
     _check_self(dht, peer_id)
-    return _store(dht, peers_key(run_id), encode_body(progress.to_dict()), ttl, beam_size=RECORD_BEAM)
+    return _store(dht, peers_key(run_id), encode_body(progress.to_wire()), ttl, beam_size=RECORD_BEAM)
 
 
 # ---- chains: candidates (peers) and assignments (coordinator) -------------------------------------

@@ -67,6 +67,28 @@ def test_progress_refuses_a_record_without_the_new_fields():
         parse_progress(d)
 
 
+def test_the_wire_form_is_positional_with_digests_as_bytes_and_reads_back_the_same():
+    p = progress(gathered_round=7, gathered="ab" * 16, gathered_before="cd" * 16, params_hash="0f" * 8)
+    wire = p.to_wire()
+    assert wire[3] == bytes.fromhex(SPEC.digest()) and wire[10] == bytes.fromhex("0f" * 8)
+    assert parse_progress(encode_body(wire)) == p
+    assert len(encode_body(wire)) < 0.5 * len(encode_body(p.to_dict()))
+    assert parse_progress(encode_body(progress().to_wire())) == progress()  # "hash": not hex, kept a string
+    assert parse_progress(encode_body(progress(device="cafe").to_wire())).device == "cafe"  # only digests turn to bytes
+
+
+@pytest.mark.parametrize("change", [
+    lambda w: w[:-1], lambda w: w + [""], lambda w: [],
+    lambda w: w[:3] + [b"\x00" * 33] + w[4:],  # a digest longer than any
+    lambda w: w[:2] + [b"tr"] + w[3:],  # bytes where a state's name goes
+    lambda w: w[:12] + [b"\xca\xfe"] + w[13:],  # bytes for the device
+    lambda w: w[:16] + [b"\xab" * 15] + w[17:],  # not a set's name
+])
+def test_the_wire_form_refuses_a_malformed_list(change):
+    with pytest.raises(ProtocolError):
+        parse_progress(encode_body(change(progress().to_wire())))
+
+
 # ---- the loss-history record ----------------------------------------------------------------------
 def hist(n: int = 3, **kw) -> HistoryRecord:
     pts = [HistoryPoint(r, r * 100, r * 10, 2, 2.0, float("nan") if r == 0 else 2.1, 1.7e9) for r in range(n)]

@@ -23,7 +23,10 @@ def progress(rnd: int) -> Progress:
 
 @pytest.fixture(scope="module")
 def nodes():
-    yield from loopback_nodes(SPEC, others=2)
+    for started in loopback_nodes(SPEC, others=2):
+        for n in started:
+            records.fetch_spec(n, SPEC.run_id)  # as a peer does first: the spec's TTL is the records'
+        yield started
 
 
 def rounds(dht) -> dict:
@@ -49,6 +52,7 @@ def test_reads_go_over_the_network_again_after_the_interval(nodes, monkeypatch):
     memo = (coord.peer_id.to_base58(), peers_key(SPEC.run_id))
     assert records.publish_progress(a, SPEC.run_id, me, progress(7), ttl=30).result(timeout=10)
     monkeypatch.setattr(records, "REPLICA_NETWORK_READ_S", 0.0)
+    monkeypatch.setattr(records, "REPLICA_TRUST_S", 0.0)
     before = time.monotonic()
     assert rounds(coord)[me] == 7
     assert records._replica_since[memo] >= before
@@ -68,3 +72,45 @@ def test_a_client_mode_node_is_no_replica_and_sees_every_update(nodes):
         assert (mine, peers_key(SPEC.run_id)) not in records._replica_since
     finally:
         client.shutdown()
+
+
+def test_a_replica_whose_records_are_fresh_keeps_reading_its_storage_past_the_interval(nodes, monkeypatch):
+    _, a, b = nodes
+    me = a.peer_id.to_base58()
+    memo = (b.peer_id.to_base58(), peers_key(SPEC.run_id))
+    assert records.publish_progress(a, SPEC.run_id, me, progress(20), ttl=30).result(timeout=10)
+    monkeypatch.setattr(records, "REPLICA_NETWORK_READ_S", 0.0)
+    records._replica_since.pop(memo, None)
+    assert rounds(b)[me] == 20  # a network read: it finds b a replica
+    networked_at = records._replica_since[memo]
+    assert records.publish_progress(a, SPEC.run_id, me, progress(21), ttl=30).result(timeout=10)
+    assert rounds(b)[me] == 21  # every record b holds expires far ahead: read from its storage
+    assert records._replica_since[memo] == networked_at
+    monkeypatch.setattr(records, "REPLICA_TRUST_S", 0.0)  # past the longest trust: the network again
+    assert rounds(b)[me] == 21
+    assert records._replica_since[memo] > networked_at
+
+
+def test_a_record_near_its_expiry_sends_the_next_read_to_the_network(nodes, monkeypatch):
+    coord, a, b = nodes
+    me, late = a.peer_id.to_base58(), coord.peer_id.to_base58()
+    memo = (b.peer_id.to_base58(), peers_key(SPEC.run_id))
+    monkeypatch.setattr(records, "REPLICA_NETWORK_READ_S", 0.0)
+    assert records.publish_progress(a, SPEC.run_id, me, progress(30), ttl=30).result(timeout=10)
+    # a writer whose keep-alives stopped: its record expires within a third of the readers' TTL (10 s)
+    assert records.publish_progress(coord, SPEC.run_id, late, progress(30), ttl=2).result(timeout=10)
+    records._replica_since.pop(memo, None)
+    rounds(b)
+    networked_at = records._replica_since[memo]
+    rounds(b)
+    assert records._replica_since[memo] > networked_at  # not trusted past the interval: read over the network
+
+
+def test_an_empty_key_read_on_a_replica_stays_off_the_network_within_the_interval(nodes):
+    _, _, b = nodes
+    key = "replica-test_nothing_here"
+    memo = (b.peer_id.to_base58(), key)
+    assert records._read(b, key, 10.0, replica_ok=True) == []
+    networked_at = records._replica_since[memo]  # empty there and here: a replica of an empty key
+    assert records._read(b, key, 10.0, replica_ok=True) == []
+    assert records._replica_since[memo] == networked_at
