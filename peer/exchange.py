@@ -55,6 +55,7 @@ from protocol import group_sets, reconcile
 from protocol.errors import ProtocolError
 from protocol.signed import ENVELOPE_OVERHEAD, Binding, Signer
 from swarm.admission import Admitted
+from swarm.group_keys import LeanGroupKeyManager
 
 logger = get_logger(__name__)
 
@@ -212,6 +213,8 @@ class PayloadGatherer(Admitted, SetServer, StateServing, DecentralizedAverager):
             mm = self._matchmaking
             if mm.is_looking_for_group:
                 logger.warning(f"round {round_no}: the last round's matchmaking has not ended: {describe_search(mm)}")
+            if not isinstance(mm.group_key_manager, LeanGroupKeyManager):  # its DHT calls at a fraction of the bytes
+                mm.group_key_manager = LeanGroupKeyManager.replacing(mm.group_key_manager)
             mm.group_key_manager.group_bits = format(round_no % (1 << ROUND_BITS), f"0{ROUND_BITS}b")
             # close the group as soon as every live peer of the round has joined
             mm.target_group_size = mm.potential_leaders.target_group_size = expected

@@ -78,6 +78,14 @@ def swarm_round(rounds: Sequence[int]) -> int:
     return ordered[1] if len(ordered) > 1 else (ordered[0] if ordered else -1)
 
 
+def acted_on(p: Progress) -> tuple:
+    """The fields of a progress record other peers act on: a change to one is published at once, the
+    rest (losses, tokens, "exchanging" after "ready") waits for the next keep-alive. Every store moves
+    the record to every replica, and a round used to store it 8 to 10 times."""
+    state = DONE_STATES[0] if p.state in DONE_STATES else p.state
+    return (p.round, state, p.params_hash, p.part, p.reach, p.gathered_round, p.gathered, p.gathered_before)
+
+
 @dataclass
 class Barrier:
     """What the wait before a round's exchange found."""
@@ -123,7 +131,7 @@ class Membership:
         self._latencies: Deque[float] = deque(maxlen=LATENCIES_KEPT)  # seconds the last reads took
         self._read_at: Optional[float] = None
         self.read_began = float("-inf")  # when the view's last DHT read began (monotonic)
-        self._published: Optional[tuple] = None  # (monotonic time, round, state) of the last record stored
+        self._published: Optional[tuple] = None  # (monotonic time, what others act on) of the last record stored
         self._live_seen: Dict[str, float] = {}  # other peer -> when a read last found it live (in rounds)
 
     # ---- our record -----------------------------------------------------------------------------
@@ -135,18 +143,18 @@ class Membership:
         return max(self.spec.swarm.heartbeat_period, KEEPALIVE_TTL_FRACTION * self.ttl())
 
     def publish(self, only_if_due: bool = False) -> None:
-        """Store this peer's progress record; with ``only_if_due``, only if its round or state changed
-        or the last one is a keep-alive period old (the heartbeat)."""
+        """Store this peer's progress record; with ``only_if_due``, only if something other peers act
+        on changed (``acted_on``) or the last one is a keep-alive period old (the heartbeat)."""
         try:
             progress = self._progress()
             now = time.monotonic()
             if only_if_due and self._published is not None:
-                at, round_no, state = self._published
-                if (round_no, state) == (progress.round, progress.state) and now - at < self.keepalive_s():
+                at, last = self._published
+                if last == acted_on(progress) and now - at < self.keepalive_s():
                     return
             self._note_state(progress.state)
             publish_progress(self.dht, self.spec.run_id, self.peer_id, progress, ttl=self.ttl())
-            self._published = (now, progress.round, progress.state)
+            self._published = (now, acted_on(progress))
         except Exception as e:
             logger.debug(f"could not publish progress: {e!r}")
 

@@ -382,7 +382,7 @@ class RoundLoop:
         peer.totals.history.append(record)
         lifecycle.save_checkpoint(peer, h.trainer)
         peer.sync.enable_sharing()
-        peer.membership.publish()
+        peer.membership.publish(only_if_due=True)  # losses and tokens alone wait for the keep-alive
         write_status(peer.opts.status_file, peer.status())
         log_round(record, peer.tokens_per_s)
         # a lineage that found a group of its own but fell rounds behind the swarm (restarts, a split)

@@ -16,12 +16,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import hivemind
-from hivemind.dht.routing import DHTID
-from hivemind.dht.storage import DictionaryDHTValue
 from hivemind.utils import get_dht_time
 
 from protocol.chain_records import (
@@ -53,6 +50,7 @@ from protocol.spec import RunSpec
 from swarm.console import UsageError
 from swarm.identity import NodeTrust, trust_of
 from swarm.lean_store import store_lean
+from swarm.replica_reads import replica_get, search_args
 from swarm.validators import check_owned, key_id, run_schema
 
 logger = logging.getLogger("voloco.swarm")
@@ -93,22 +91,7 @@ def verified_entries(key: str, found: Any, token_key: Optional[bytes], ttl: floa
 RECORD_BEAM = 5
 
 
-# Progress records are read often (the round barrier, early close, the dashboard), and so are chain
-# candidates and assignments (the coordinator's chain former, every 2 s). A record is stored on the
-# num_replicas nearest nodes (in a swarm of up to 5 DHT nodes: every node), and each store reaches
-# their storage at once. A node whose own storage held every record of its last network read
-# (hivemind's get, from every node of the beam), at the same version, is such a replica (so is one
-# whose storage and read both found the key empty): it reads its storage until REPLICA_NETWORK_READ_S
-# after that read, then reads over the network again and checks again. While every record its storage
-# holds was refreshed lately (none expires within a third of its TTL: its writer's keep-alives come every
-# third), its storage still gets every store, and it keeps reading there up to REPLICA_TRUST_S after the
-# last network read: a network read moves every peer's record from every node of the beam, and at 10
-# Mbit/s these reads were half of a peer's control-plane bytes. A record near its expiry (a writer
-# that is late, gone, or whose stores stopped reaching this node) sends the next read to the network.
-# Any other node (a client-mode node, which no store reaches; a node of a large swarm that is not among
-# the key's nearest) reads over the network.
-REPLICA_NETWORK_READ_S = 5.0
-REPLICA_TRUST_S = 30.0
+# Reads of the run's keys that a replica of them serves from its own storage: swarm/replica_reads.py.
 
 
 # Stores search toward the key's shadow (swarm/lean_store.py) instead of fetching the key's value from
@@ -116,68 +99,14 @@ REPLICA_TRUST_S = 30.0
 LEAN_STORES = True
 
 
-def _search(beam_size: Optional[int]) -> Dict[str, int]:
-    """A DHT call's search arguments: ``beam_size`` if given, else hivemind's default."""
-    return {"beam_size": beam_size} if beam_size else {}
-
-
-_replica_since: Dict[Tuple[str, str], float] = {}  # (node's peer id, key) -> its last network read that found it a replica
-
-
-def _stored_items(node, key: str) -> Dict[Any, float]:
-    """subkey -> expiration of what this node's own storage holds under ``key`` (expired items dropped)."""
-    stored = node.protocol.storage.get(DHTID.generate(source=key))
-    if stored is None or not isinstance(stored.value, DictionaryDHTValue):
-        return {}
-    now = get_dht_time()
-    return {subkey: item.expiration_time for subkey, item in stored.value.items() if item.expiration_time > now}
-
-
-async def _replica_read(key: str, beam_size: Optional[int], since: float, ttl: float, limits: Tuple[float, float],
-                        _dht, node) -> Tuple[Any, str]:
-    """In the DHT's process: (the key's value, where it came from). "storage": this node's own storage;
-    "replica": the network, and the storage held all of it; "network": the network, and it did not.
-    ``since``: seconds since the last network read that found this node a replica of ``key``;
-    ``limits``: (REPLICA_NETWORK_READ_S, REPLICA_TRUST_S), as the caller's process has them."""
-    network_s, trust_s = limits
-    held = _stored_items(node, key)
-    fresh = bool(held) and min(held.values()) > get_dht_time() + ttl / 3
-    if since < network_s or (since < trust_s and fresh):
-        # stops at the storage, whose dictionary has not expired (an empty storage would send hivemind's get out)
-        return (await node.get(key, latest=False) if held else None), "storage"
-    found = await node.get(key, latest=True, **_search(beam_size))
-    if node.protocol.client_mode:
-        replica = False
-    elif found is None:
-        replica = not held  # the key is empty there and here
-    else:
-        replica = isinstance(found.value, dict) and all(
-            held.get(subkey, float("-inf")) >= item.expiration_time for subkey, item in found.value.items())
-    return found, "replica" if replica else "network"
-
-
 def _read(dht: hivemind.DHT, key: str, ttl: float, beam_size: Optional[int] = None, replica_ok: bool = False) -> List[Entry]:
     """The verified records under ``key``; ``replica_ok``: from this node's own storage while it is a
-    replica of the key (see above)."""
+    replica of the key (swarm/replica_reads.py)."""
     trust = trust_of(dht)
-    memo = (trust.identity.peer_id, key)
-    run = getattr(dht, "run_coroutine", None) if replica_ok else None  # (a stand-in DHT may not run coroutines)
-    found = None
-    if run is not None:
-        since = time.monotonic() - _replica_since.get(memo, float("-inf"))
-        began = time.monotonic()
-        try:
-            found, source = run(partial(_replica_read, key, beam_size, since, ttl, (REPLICA_NETWORK_READ_S, REPLICA_TRUST_S)))
-        except Exception as e:
-            logger.debug(f"a read of {key!r} in the DHT's process failed ({e!r}); reading it as a client")
-            run = None
-        else:
-            if source == "replica":
-                _replica_since[memo] = began
-            elif source == "network":
-                _replica_since.pop(memo, None)
-    if run is None:
-        found = dht.get(key, latest=True, **_search(beam_size))
+    if replica_ok and getattr(dht, "run_coroutine", None) is not None:  # (a stand-in DHT may not run coroutines)
+        found = replica_get(dht, key, ttl, beam_size)
+    else:
+        found = dht.get(key, latest=True, **search_args(beam_size))
     return verified_entries(key, found, trust.token_key, ttl)
 
 
@@ -210,7 +139,7 @@ def _store(dht: hivemind.DHT, key: str, body: bytes, ttl: float, name: str = "",
     if LEAN_STORES and getattr(dht, "run_coroutine", None) is not None:  # (a stand-in DHT may not run coroutines)
         return store_lean(dht, key, subkey, value, expiration, beam_size=beam_size, wait=wait)
     return dht.store(key, value, expiration_time=expiration, subkey=subkey, return_future=not wait,
-                     **_search(beam_size))
+                     **search_args(beam_size))
 
 
 def _check_self(dht: hivemind.DHT, peer_id: str) -> None:

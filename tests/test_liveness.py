@@ -218,6 +218,28 @@ def test_training_time_is_measured_from_the_published_states(monkeypatch, clock)
     assert m.train_seconds == 8.0
 
 
+def test_only_what_other_peers_act_on_is_published_at_once(monkeypatch, clock):
+    stored = []
+    monkeypatch.setattr(membership_mod, "publish_progress", lambda dht, run, peer, p, ttl: stored.append(p))
+    now = {"p": progress(3, "training", "aa")}
+    m = Membership(dht=None, spec=SPEC, peer_id="me", progress=lambda: now["p"], stop=threading.Event())
+    m.publish()
+    assert len(stored) == 1
+
+    def step(**changes):
+        now["p"] = dataclasses.replace(now["p"], **changes)
+        m.publish(only_if_due=True)
+        return len(stored)
+
+    assert step(loss=2.5, tokens=900, step=7) == 1  # numbers only: the keep-alive carries them
+    assert step(state="ready") == 2
+    assert step(state="exchanging") == 2  # as good as "ready" to the round barrier
+    assert step(gathered_round=3, gathered="ab" * 16) == 3  # other groups fetch the set it names
+    assert step(round=4, params_hash="bb", state="training") == 4
+    clock.sleep(m.keepalive_s())
+    assert step(val_loss=1.9) == 5 and stored[-1].val_loss == 1.9  # the keep-alive
+
+
 # ---- the round to catch up to and whom to ask ---------------------------------------------------
 def test_one_forged_round_far_ahead_does_not_set_the_swarm_round():
     assert swarm_round([2**62, 10, 10]) == 10

@@ -1,4 +1,4 @@
-"""swarm/records.py: a DHT node that holds the progress key in its own storage (a replica) reads it
+"""swarm/replica_reads.py: a DHT node that holds the progress key in its own storage (a replica) reads it
 there between network reads; real hivemind nodes on loopback."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from protocol.keys import peers_key
 from protocol.records import Progress
 from protocol.spec import RunSpec
-from swarm import records
+from swarm import records, replica_reads
 from swarm.dht import start_dht
 from tests.dht_nodes import LOOPBACK, loopback_nodes
 
@@ -39,11 +39,11 @@ def test_a_replica_sees_every_store_at_once_without_a_network_read(nodes):
     memo = (b.peer_id.to_base58(), peers_key(SPEC.run_id))
     assert records.publish_progress(a, SPEC.run_id, me, progress(1), ttl=30).result(timeout=10)
     assert rounds(b)[me] == 1  # the first read goes over the network
-    networked_at = records._replica_since[memo]
+    networked_at = replica_reads._replica_since[memo]
     for rnd in (2, 3):
         assert records.publish_progress(a, SPEC.run_id, me, progress(rnd), ttl=30).result(timeout=10)
         assert rounds(b)[me] == rnd  # b is a replica (3 nodes, 5 replicas): the store reached its storage
-    assert records._replica_since[memo] == networked_at  # ... and it read it there
+    assert replica_reads._replica_since[memo] == networked_at  # ... and it read it there
 
 
 def test_reads_go_over_the_network_again_after_the_interval(nodes, monkeypatch):
@@ -51,11 +51,11 @@ def test_reads_go_over_the_network_again_after_the_interval(nodes, monkeypatch):
     me = a.peer_id.to_base58()
     memo = (coord.peer_id.to_base58(), peers_key(SPEC.run_id))
     assert records.publish_progress(a, SPEC.run_id, me, progress(7), ttl=30).result(timeout=10)
-    monkeypatch.setattr(records, "REPLICA_NETWORK_READ_S", 0.0)
-    monkeypatch.setattr(records, "REPLICA_TRUST_S", 0.0)
+    monkeypatch.setattr(replica_reads, "REPLICA_NETWORK_READ_S", 0.0)
+    monkeypatch.setattr(replica_reads, "REPLICA_TRUST_S", 0.0)
     before = time.monotonic()
     assert rounds(coord)[me] == 7
-    assert records._replica_since[memo] >= before
+    assert replica_reads._replica_since[memo] >= before
 
 
 def test_a_client_mode_node_is_no_replica_and_sees_every_update(nodes):
@@ -69,7 +69,7 @@ def test_a_client_mode_node_is_no_replica_and_sees_every_update(nodes):
         for rnd in (11, 12):
             assert records.publish_progress(a, SPEC.run_id, me, progress(rnd), ttl=30).result(timeout=10)
             assert rounds(client)[me] == rnd
-        assert (mine, peers_key(SPEC.run_id)) not in records._replica_since
+        assert (mine, peers_key(SPEC.run_id)) not in replica_reads._replica_since
     finally:
         client.shutdown()
 
@@ -79,38 +79,41 @@ def test_a_replica_whose_records_are_fresh_keeps_reading_its_storage_past_the_in
     me = a.peer_id.to_base58()
     memo = (b.peer_id.to_base58(), peers_key(SPEC.run_id))
     assert records.publish_progress(a, SPEC.run_id, me, progress(20), ttl=30).result(timeout=10)
-    monkeypatch.setattr(records, "REPLICA_NETWORK_READ_S", 0.0)
-    records._replica_since.pop(memo, None)
+    monkeypatch.setattr(replica_reads, "REPLICA_NETWORK_READ_S", 0.0)
+    replica_reads._replica_since.pop(memo, None)
     assert rounds(b)[me] == 20  # a network read: it finds b a replica
-    networked_at = records._replica_since[memo]
+    networked_at = replica_reads._replica_since[memo]
     assert records.publish_progress(a, SPEC.run_id, me, progress(21), ttl=30).result(timeout=10)
     assert rounds(b)[me] == 21  # every record b holds expires far ahead: read from its storage
-    assert records._replica_since[memo] == networked_at
-    monkeypatch.setattr(records, "REPLICA_TRUST_S", 0.0)  # past the longest trust: the network again
+    assert replica_reads._replica_since[memo] == networked_at
+    monkeypatch.setattr(replica_reads, "REPLICA_TRUST_S", 0.0)  # past the longest trust: the network again
     assert rounds(b)[me] == 21
-    assert records._replica_since[memo] > networked_at
+    assert replica_reads._replica_since[memo] > networked_at
 
 
 def test_a_record_near_its_expiry_sends_the_next_read_to_the_network(nodes, monkeypatch):
     coord, a, b = nodes
     me, late = a.peer_id.to_base58(), coord.peer_id.to_base58()
     memo = (b.peer_id.to_base58(), peers_key(SPEC.run_id))
-    monkeypatch.setattr(records, "REPLICA_NETWORK_READ_S", 0.0)
+    monkeypatch.setattr(replica_reads, "REPLICA_NETWORK_READ_S", 0.0)
     assert records.publish_progress(a, SPEC.run_id, me, progress(30), ttl=30).result(timeout=10)
     # a writer whose keep-alives stopped: its record expires within a third of the readers' TTL (10 s)
     assert records.publish_progress(coord, SPEC.run_id, late, progress(30), ttl=2).result(timeout=10)
-    records._replica_since.pop(memo, None)
+    replica_reads._replica_since.pop(memo, None)
     rounds(b)
-    networked_at = records._replica_since[memo]
+    networked_at = replica_reads._replica_since[memo]
     rounds(b)
-    assert records._replica_since[memo] > networked_at  # not trusted past the interval: read over the network
+    assert replica_reads._replica_since[memo] > networked_at  # not trusted past the interval: read over the network
 
 
-def test_an_empty_key_read_on_a_replica_stays_off_the_network_within_the_interval(nodes):
-    _, _, b = nodes
+def test_an_empty_key_read_on_a_replica_stays_off_the_network_and_sees_the_first_store(nodes, monkeypatch):
+    coord, a, b = nodes
     key = "replica-test_nothing_here"
     memo = (b.peer_id.to_base58(), key)
     assert records._read(b, key, 10.0, replica_ok=True) == []
-    networked_at = records._replica_since[memo]  # empty there and here: a replica of an empty key
+    networked_at = replica_reads._replica_since[memo]  # empty there and here: a replica of an empty key
+    monkeypatch.setattr(replica_reads, "REPLICA_NETWORK_READ_S", 0.0)  # b is among the key's nearest (3 nodes)
     assert records._read(b, key, 10.0, replica_ok=True) == []
-    assert records._replica_since[memo] == networked_at
+    assert replica_reads._replica_since[memo] == networked_at  # read from its storage
+    assert records._store(a, key, b"first", ttl=10.0, wait=True)
+    assert [e.body for e in records._read(b, key, 10.0, replica_ok=True)] == [b"first"]
