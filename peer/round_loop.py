@@ -37,7 +37,7 @@ import torch
 
 from peer import checkpoints, lifecycle
 from peer.early_close import EarlyClose, min_steps
-from peer.group_merge import adopt_own_set, merge_round, no_group_left
+from peer.group_merge import FETCH_TIMEOUT_S, adopt_own_set, adopt_round_set, merge_round, no_group_left
 from peer.progress import ProgressBar
 from peer.reporting import RoundRecord, log_round, write_status
 from peer.roles import ChainStage, RoundAbandoned
@@ -289,10 +289,12 @@ class RoundLoop:
                 read_latency=peer.membership.read_latency(),
             )
         merged = None
-        # a gather given up while matchmaking never sent our payload: no group can have completed with it
-        if result is None and give_up is not None and not give_up.fired and not peer.stop_event.is_set():
+        if result is None and give_up is not None and not peer.stop_event.is_set():
             wait = 2 * peer.membership.read_interval() + spec.swarm.matchmaking_time
-            result = adopt_own_set(peer, engine.round, h.payload, start_hash, wait)
+            if give_up.fired:  # given up while matchmaking: our payload went nowhere, the others' sets are named
+                result = adopt_round_set(peer, engine.round, start_hash, max(wait, FETCH_TIMEOUT_S))
+            else:
+                result = adopt_own_set(peer, engine.round, h.payload, start_hash, wait)
         if result is None and (barrier.alone or peer.membership.swarm_is_empty()):
             seen = [v for v in peer.membership.view() if v.peer_id != peer.peer_id]
             if seen:  # records, but none of a peer that takes part in rounds

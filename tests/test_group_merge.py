@@ -11,7 +11,8 @@ from typing import Dict, List, Optional
 
 from hivemind.p2p import PeerID
 
-from peer.group_merge import QUIET_WAIT_S, SKIP_ROUNDS, adopt_own_set, agree_with_group, merge_round, no_group_left
+from peer.group_merge import (QUIET_WAIT_S, SKIP_ROUNDS, adopt_own_set, adopt_round_set, agree_with_group, merge_round,
+                              no_group_left)
 from protocol.group_sets import pack_set, set_digest, union
 from protocol.records import Progress
 from tests.agreement_sim import MAX_PAYLOAD, RUN, signer
@@ -289,6 +290,33 @@ def test_a_failed_member_whose_payload_is_in_no_set_defers_the_round():
     assert adopt_own_set(peer, ROUND, ours[2][me], "c" * 16, wait_s=0.5) is None
     assert adopt_own_set(peer, ROUND, b"another payload of ours", "c" * 16, wait_s=0.3) is None
     assert time.monotonic() - t0 < 2.0 and swarm.asked == [others[0]] * 2  # once a call, however long it waits
+
+
+def test_a_peer_the_round_gathered_without_takes_a_named_set_and_merges_the_rest():
+    # two groups gathered without us; we take one's set (as if our payload had been left out), then the
+    # other's is merged as by any member: the same union, so the same θ, without downloading the state
+    mine, g1, g2 = a_group(0, 1, b"g0"), a_group(1, 2, b"g1"), a_group(3, 2, b"g2")
+    me = sorted(mine[2])[0]
+    first, second = sorted(g1[2]), sorted(g2[2])
+    views = ([record(p, gathered=g1[1], round_no=ROUND + 1, state="training") for p in first]
+             + [record(p, gathered=g2[1], round_no=ROUND + 1, state="training") for p in second])
+    swarm = Swarm([views], {first[0]: {g1[1]: g1[0]}, second[0]: {g2[1]: g2[0]}})
+    peer, _ = member_of(swarm, mine)
+    peer.peer_id = me
+    result = adopt_round_set(peer, ROUND, "c" * 16, wait_s=1.0)
+    assert result is not None and me not in result.payloads and result.payloads in (g1[2], g2[2])
+    assert result.start_hashes == {me: "c" * 16} and not result.excluded
+    merged = merge_round(peer, ROUND, result, ready=[])
+    assert merged.payloads == {**g1[2], **g2[2]} and me not in merged.payloads
+
+
+def test_a_peer_the_round_gathered_without_defers_when_no_named_set_can_be_had():
+    mine, theirs = a_group(0, 1, b"g0"), a_group(1, 2, b"g1")
+    others = sorted(theirs[2])
+    swarm = Swarm([[record(p, gathered=theirs[1], round_no=ROUND + 1) for p in others]], {})  # nobody serves it
+    peer, _ = member_of(swarm, mine)
+    peer.peer_id = sorted(mine[2])[0]
+    assert adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.3) is None
 
 
 def test_a_gather_gives_up_once_every_other_peer_of_the_round_has_gathered():
