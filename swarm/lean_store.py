@@ -39,7 +39,7 @@ SPARE_CANDIDATES = 3
 # would otherwise search again (a find call to each node of the beam) for the same answer. A store
 # that a cached node does not take drops the entry, and so does any change to the nodes this node
 # knows (a newcomer may be nearer than the nodes remembered), so the next call searches again.
-NEAREST_TTL_S = 60.0
+NEAREST_TTL_S = 15.0
 
 # (node, key, count) -> (when, the nodes this node knew then, the nearest nodes)
 _nearest_cache: Dict[Tuple[DHTID, DHTID, int], Tuple[float, int, List[PeerID]]] = {}

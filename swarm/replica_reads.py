@@ -8,7 +8,8 @@ their storage at once. A node whose own storage held every record of its last ne
 whose storage and read both found the key empty): it reads its storage until REPLICA_NETWORK_READ_S
 after that read, then reads over the network again and checks again. While every record its storage
 holds was refreshed lately (none expires within a third of its TTL: its writer's keep-alives come every
-third), its storage still gets every store, and it keeps reading there up to REPLICA_TRUST_S after the
+third), and it holds as many records as that network read found (none has expired here since), its
+storage still gets every store, and it keeps reading there up to REPLICA_TRUST_S after the
 last network read: a network read moves every peer's record from every node of the beam, and at 10
 Mbit/s these reads were half of a peer's control-plane bytes. A record near its expiry (a writer
 that is late, gone, or whose stores stopped reaching this node) sends the next read to the network.
@@ -45,6 +46,7 @@ def search_args(beam_size: Optional[int]) -> Dict[str, int]:
 
 
 _replica_since: Dict[Tuple[str, str], float] = {}  # (node's peer id, key) -> its last network read that found it a replica
+_replica_held: Dict[Tuple[str, str], int] = {}  # ... and how many records that read found
 
 
 def _stored_items(node, key: str) -> Dict[Any, float]:
@@ -66,15 +68,20 @@ def _among_nearest(node, key: str) -> bool:
 
 
 async def _replica_read(key: str, beam_size: Optional[int], since: float, ttl: float, limits: Tuple[float, float],
-                        _dht, node) -> Tuple[Any, str]:
+                        expected: int, _dht, node) -> Tuple[Any, str]:
     """In the DHT's process: (the key's value, where it came from). "storage": this node's own storage;
     "replica": the network, and the storage held all of it; "network": the network, and it did not.
     ``since``: seconds since the last network read that found this node a replica of ``key``;
-    ``limits``: (REPLICA_NETWORK_READ_S, REPLICA_TRUST_S), as the caller's process has them."""
+    ``limits``: (REPLICA_NETWORK_READ_S, REPLICA_TRUST_S), as the caller's process has them;
+    ``expected``: how many records that read found (one that has expired here since is a writer
+    whose stores stopped coming: the storage is not trusted past the interval)."""
     network_s, trust_s = limits
     held = _stored_items(node, key)
     # every record refreshed lately, or none, where every store would come here
-    fresh = min(held.values()) > get_dht_time() + ttl / 3 if held else _among_nearest(node, key)
+    if held:
+        fresh = len(held) >= expected and min(held.values()) > get_dht_time() + ttl / 3
+    else:
+        fresh = expected == 0 and _among_nearest(node, key)
     if since < network_s or (since < trust_s and fresh):
         # stops at the storage, whose dictionary has not expired (an empty storage would send hivemind's get out)
         return (await node.get(key, latest=False) if held else None), "storage"
@@ -89,17 +96,20 @@ async def _replica_read(key: str, beam_size: Optional[int], since: float, ttl: f
     return found, "replica" if replica else "network"
 
 
-def _note(memo: Tuple[str, str], source: str, began: float) -> None:
+def _note(memo: Tuple[str, str], source: str, began: float, found: Any) -> None:
     if source == "replica":
         _replica_since[memo] = began
+        _replica_held[memo] = len(found.value) if found is not None and isinstance(found.value, dict) else 0
     elif source == "network":
         _replica_since.pop(memo, None)
+        _replica_held.pop(memo, None)
 
 
 def _call(dht: hivemind.DHT, key: str, ttl: float, beam_size: Optional[int]):
     memo = (dht.peer_id.to_base58(), key)
     since = time.monotonic() - _replica_since.get(memo, float("-inf"))
-    return memo, partial(_replica_read, key, beam_size, since, ttl, (REPLICA_NETWORK_READ_S, REPLICA_TRUST_S))
+    return memo, partial(_replica_read, key, beam_size, since, ttl, (REPLICA_NETWORK_READ_S, REPLICA_TRUST_S),
+                         _replica_held.get(memo, 0))
 
 
 def replica_get(dht: hivemind.DHT, key: str, ttl: float, beam_size: Optional[int] = None) -> Any:
@@ -112,7 +122,7 @@ def replica_get(dht: hivemind.DHT, key: str, ttl: float, beam_size: Optional[int
     except Exception as e:
         logger.debug(f"a read of {key!r} in the DHT's process failed ({e!r}); reading it as a client")
         return dht.get(key, latest=True, **search_args(beam_size))
-    _note(memo, source, began)
+    _note(memo, source, began, found)
     return found
 
 
@@ -121,5 +131,5 @@ async def replica_get_async(dht: hivemind.DHT, key: str, ttl: float, beam_size: 
     began = time.monotonic()
     memo, call = _call(dht, key, ttl, beam_size)
     found, source = await dht.run_coroutine(call, return_future=True)
-    _note(memo, source, began)
+    _note(memo, source, began, found)
     return found

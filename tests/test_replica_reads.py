@@ -117,3 +117,19 @@ def test_an_empty_key_read_on_a_replica_stays_off_the_network_and_sees_the_first
     assert replica_reads._replica_since[memo] == networked_at  # read from its storage
     assert records._store(a, key, b"first", ttl=10.0, wait=True)
     assert [e.body for e in records._read(b, key, 10.0, replica_ok=True)] == [b"first"]
+
+
+def test_a_record_that_expired_here_since_the_last_network_read_sends_the_next_read_out(nodes, monkeypatch):
+    coord, a, b = nodes
+    memo = (b.peer_id.to_base58(), peers_key(SPEC.run_id))
+    monkeypatch.setattr(replica_reads, "REPLICA_NETWORK_READ_S", 0.0)
+    assert records.publish_progress(a, SPEC.run_id, a.peer_id.to_base58(), progress(40), ttl=30).result(timeout=10)
+    assert records.publish_progress(coord, SPEC.run_id, coord.peer_id.to_base58(), progress(40), ttl=4.5).result(timeout=10)
+    replica_reads._replica_since.pop(memo, None)
+    rounds(b)
+    networked_at = replica_reads._replica_since[memo]
+    rounds(b)
+    assert replica_reads._replica_since[memo] == networked_at  # both fresh: from its storage
+    time.sleep(4.6)  # the coordinator's record expires unrefreshed, unseen by any read near its end
+    rounds(b)
+    assert replica_reads._replica_since[memo] > networked_at  # one record fewer than found: the network
