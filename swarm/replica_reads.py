@@ -38,6 +38,7 @@ logger = logging.getLogger("voloco.swarm")
 
 REPLICA_NETWORK_READ_S = 5.0
 REPLICA_TRUST_S = 30.0
+MAX_KEYS_REMEMBERED = 256
 
 
 def search_args(beam_size: Optional[int]) -> Dict[str, int]:
@@ -98,6 +99,9 @@ async def _replica_read(key: str, beam_size: Optional[int], since: float, ttl: f
 
 def _note(memo: Tuple[str, str], source: str, began: float, found: Any) -> None:
     if source == "replica":
+        if len(_replica_since) >= MAX_KEYS_REMEMBERED and memo not in _replica_since:
+            _replica_since.clear()  # a new matchmaking key every round: a bound, not a policy
+            _replica_held.clear()
         _replica_since[memo] = began
         _replica_held[memo] = len(found.value) if found is not None and isinstance(found.value, dict) else 0
     elif source == "network":
