@@ -256,16 +256,19 @@ def adopt_own_set(peer, round_no: int, payload: bytes, start_hash: str, wait_s: 
                   "our gather failed, but our group completed it with our payload")
 
 
-def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float):
+def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage: Iterable[str] = ()):
     """After our gather of ``round_no`` was given up because every other peer of the round gathered
     without us (``no_group_left``): a set they named, as if our group had left our payload out. Its
     outcome (then merged with the round's other sets, as any member's) puts us on the swarm's θ at
     the price of fetching one set, where deferring the round cost a download of the whole state
     (3.7 MB at the 0.87M model of bench/wan.py, against a set's 57 KB). Our round's update stays in
-    the local buffers, as when a round is deferred. Our start θ is not checked against theirs: the
-    next round's start-hash vote sends a peer that took a set on another θ to state sync. None if
-    no named set can be had within ``wait_s``."""
-    return _adopt(peer, round_no, start_hash, wait_s, lambda got: True,
+    the local buffers, as when a round is deferred. Only a set with a member of ``lineage`` (our
+    last round's groupmates, whose θ we took then) counts: a set gathered on another θ would give
+    us a θ nobody has (a peer that trained its last round alone, or on a lineage of its own, defers
+    and downloads as before); the next round's start-hash vote still catches a groupmate that has
+    changed θ since. None if no such set can be had within ``wait_s``."""
+    lineage = set(lineage)
+    return _adopt(peer, round_no, start_hash, wait_s, lambda got: bool(lineage & set(got)),
                   "every other peer gathered without us: taking their set instead of their state")
 
 

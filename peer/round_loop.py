@@ -292,7 +292,7 @@ class RoundLoop:
         if result is None and give_up is not None and not peer.stop_event.is_set():
             wait = 2 * peer.membership.read_interval() + spec.swarm.matchmaking_time
             if give_up.fired:  # given up while matchmaking: our payload went nowhere, the others' sets are named
-                result = adopt_round_set(peer, engine.round, start_hash, max(wait, FETCH_TIMEOUT_S))
+                result = adopt_round_set(peer, engine.round, start_hash, max(wait, FETCH_TIMEOUT_S), lineage=mates)
             else:
                 result = adopt_own_set(peer, engine.round, h.payload, start_hash, wait)
         if result is None and (barrier.alone or peer.membership.swarm_is_empty()):

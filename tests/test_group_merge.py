@@ -303,8 +303,9 @@ def test_a_peer_the_round_gathered_without_takes_a_named_set_and_merges_the_rest
     swarm = Swarm([views], {first[0]: {g1[1]: g1[0]}, second[0]: {g2[1]: g2[0]}})
     peer, _ = member_of(swarm, mine)
     peer.peer_id = me
-    result = adopt_round_set(peer, ROUND, "c" * 16, wait_s=1.0)
-    assert result is not None and me not in result.payloads and result.payloads in (g1[2], g2[2])
+    assert adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.3) is None  # no groupmate of our last round in either
+    result = adopt_round_set(peer, ROUND, "c" * 16, wait_s=1.0, lineage=[first[1]])
+    assert result is not None and result.payloads == g1[2]
     assert result.start_hashes == {me: "c" * 16} and not result.excluded
     merged = merge_round(peer, ROUND, result, ready=[])
     assert merged.payloads == {**g1[2], **g2[2]} and me not in merged.payloads
@@ -316,7 +317,7 @@ def test_a_peer_the_round_gathered_without_defers_when_no_named_set_can_be_had()
     swarm = Swarm([[record(p, gathered=theirs[1], round_no=ROUND + 1) for p in others]], {})  # nobody serves it
     peer, _ = member_of(swarm, mine)
     peer.peer_id = sorted(mine[2])[0]
-    assert adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.3) is None
+    assert adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.3, lineage=others) is None
 
 
 def test_a_gather_gives_up_once_every_other_peer_of_the_round_has_gathered():
