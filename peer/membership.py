@@ -147,14 +147,14 @@ class Membership:
         on changed (``acted_on``) or the last one is a keep-alive period old (the heartbeat)."""
         try:
             progress = self._progress()
-            now = time.monotonic()
+            now, key = time.monotonic(), acted_on(progress)
             if only_if_due and self._published is not None:
                 at, last = self._published
-                if last == acted_on(progress) and now - at < self.keepalive_s():
+                if last == key and now - at < self.keepalive_s():
                     return
             self._note_state(progress.state)
             publish_progress(self.dht, self.spec.run_id, self.peer_id, progress, ttl=self.ttl())
-            self._published = (now, acted_on(progress))
+            self._published = (now, key)
         except Exception as e:
             logger.debug(f"could not publish progress: {e!r}")
 

@@ -68,8 +68,11 @@ class Progress:
         """The record as it goes in the DHT: its fields in order, hex digests as bytes. Written every
         few seconds by every peer and carried by every read, so every byte counts: 130 bytes against
         the 333 of a map (msgpack) for a typical record."""
-        return [bytes.fromhex(v) if name in _HEX_FIELDS and _HEX.fullmatch(v) else v
-                for name, v in ((name, getattr(self, name)) for name in _FIELDS)]
+        wire = [getattr(self, name) for name in _FIELDS]
+        for i in _HEX_INDICES:
+            if _HEX.fullmatch(wire[i]):
+                wire[i] = bytes.fromhex(wire[i])
+        return wire
 
     def set_of(self, round_no: int) -> str:
         """The name of the set this peer's group agreed in ``round_no`` as far as the record says, "" if unknown."""
@@ -83,6 +86,7 @@ _FIELDS = tuple(_TYPES)
 _SET_NAME = re.compile(r"[0-9a-f]{32}")
 _HEX = re.compile(r"(?:[0-9a-f]{2})+")  # a digest: written as its bytes
 _HEX_FIELDS = ("spec", "params_hash", "gathered", "gathered_before")
+_HEX_INDICES = tuple(_FIELDS.index(name) for name in _HEX_FIELDS)
 
 
 def parse_progress(value: Any) -> Progress:

@@ -46,8 +46,9 @@ def search_args(beam_size: Optional[int]) -> Dict[str, int]:
     return {"beam_size": beam_size} if beam_size else {}
 
 
-_replica_since: Dict[Tuple[str, str], float] = {}  # (node's peer id, key) -> its last network read that found it a replica
-_replica_held: Dict[Tuple[str, str], int] = {}  # ... and how many records that read found
+# (node's peer id, key) -> when its last network read that found it a replica began, and how many
+# records that read found
+_confirmed: Dict[Tuple[str, str], Tuple[float, int]] = {}
 
 
 def _stored_items(node, key: str) -> Dict[Any, float]:
@@ -99,21 +100,18 @@ async def _replica_read(key: str, beam_size: Optional[int], since: float, ttl: f
 
 def _note(memo: Tuple[str, str], source: str, began: float, found: Any) -> None:
     if source == "replica":
-        if len(_replica_since) >= MAX_KEYS_REMEMBERED and memo not in _replica_since:
-            _replica_since.clear()  # a new matchmaking key every round: a bound, not a policy
-            _replica_held.clear()
-        _replica_since[memo] = began
-        _replica_held[memo] = len(found.value) if found is not None and isinstance(found.value, dict) else 0
+        if len(_confirmed) >= MAX_KEYS_REMEMBERED and memo not in _confirmed:
+            _confirmed.clear()  # a new matchmaking key every round: a bound, not a policy
+        _confirmed[memo] = (began, len(found.value) if found is not None and isinstance(found.value, dict) else 0)
     elif source == "network":
-        _replica_since.pop(memo, None)
-        _replica_held.pop(memo, None)
+        _confirmed.pop(memo, None)
 
 
 def _call(dht: hivemind.DHT, key: str, ttl: float, beam_size: Optional[int]):
     memo = (dht.peer_id.to_base58(), key)
-    since = time.monotonic() - _replica_since.get(memo, float("-inf"))
-    return memo, partial(_replica_read, key, beam_size, since, ttl, (REPLICA_NETWORK_READ_S, REPLICA_TRUST_S),
-                         _replica_held.get(memo, 0))
+    at, expected = _confirmed.get(memo, (float("-inf"), 0))
+    return memo, partial(_replica_read, key, beam_size, time.monotonic() - at, ttl,
+                         (REPLICA_NETWORK_READ_S, REPLICA_TRUST_S), expected)
 
 
 def replica_get(dht: hivemind.DHT, key: str, ttl: float, beam_size: Optional[int] = None) -> Any:

@@ -55,14 +55,14 @@ def test_polls_between_network_reads_come_from_storage_and_are_spaced(nodes, mon
     memo = (b.peer_id.to_base58(), key)
     assert run(group_keys.LeanGroupKeyManager(c, "gk-test_avg", "0110", 4).declare_averager(
         key, c.peer_id, get_dht_time() + 30))
-    replica_reads._replica_since.pop(memo, None)
+    replica_reads._confirmed.pop(memo, None)
     began = time.monotonic()
     assert [p for p, _ in run(manager.get_averagers(key, True))] == [c.peer_id]  # over the network: b is a replica
-    networked_at = replica_reads._replica_since[memo]
+    networked_at = replica_reads._confirmed[memo][0]
     assert networked_at >= began
     for _ in range(3):
         assert [p for p, _ in run(manager.get_averagers(key, True))] == [c.peer_id]
-    assert replica_reads._replica_since[memo] == networked_at  # from b's storage
+    assert replica_reads._confirmed[memo][0] == networked_at  # from b's storage
     assert time.monotonic() - began >= 3 * group_keys.MIN_POLL_S  # and never closer than MIN_POLL_S apart
 
 

@@ -29,6 +29,11 @@ def nodes():
         yield started
 
 
+def memo_of(node, key: str = peers_key(SPEC.run_id)) -> tuple:
+    """What swarm/replica_reads.py remembers ``node``'s replica reads of ``key`` by."""
+    return node.peer_id.to_base58(), key
+
+
 def rounds(dht) -> dict:
     return {v.peer_id: v.progress.round for v in records.read_progress(dht, SPEC.run_id)}
 
@@ -36,26 +41,26 @@ def rounds(dht) -> dict:
 def test_a_replica_sees_every_store_at_once_without_a_network_read(nodes):
     _, a, b = nodes
     me = a.peer_id.to_base58()
-    memo = (b.peer_id.to_base58(), peers_key(SPEC.run_id))
+    memo = memo_of(b)
     assert records.publish_progress(a, SPEC.run_id, me, progress(1), ttl=30).result(timeout=10)
     assert rounds(b)[me] == 1  # the first read goes over the network
-    networked_at = replica_reads._replica_since[memo]
+    networked_at = replica_reads._confirmed[memo][0]
     for rnd in (2, 3):
         assert records.publish_progress(a, SPEC.run_id, me, progress(rnd), ttl=30).result(timeout=10)
         assert rounds(b)[me] == rnd  # b is a replica (3 nodes, 5 replicas): the store reached its storage
-    assert replica_reads._replica_since[memo] == networked_at  # ... and it read it there
+    assert replica_reads._confirmed[memo][0] == networked_at  # ... and it read it there
 
 
 def test_reads_go_over_the_network_again_after_the_interval(nodes, monkeypatch):
     coord, a, _ = nodes
     me = a.peer_id.to_base58()
-    memo = (coord.peer_id.to_base58(), peers_key(SPEC.run_id))
+    memo = memo_of(coord)
     assert records.publish_progress(a, SPEC.run_id, me, progress(7), ttl=30).result(timeout=10)
     monkeypatch.setattr(replica_reads, "REPLICA_NETWORK_READ_S", 0.0)
     monkeypatch.setattr(replica_reads, "REPLICA_TRUST_S", 0.0)
     before = time.monotonic()
     assert rounds(coord)[me] == 7
-    assert replica_reads._replica_since[memo] >= before
+    assert replica_reads._confirmed[memo][0] >= before
 
 
 def test_a_client_mode_node_is_no_replica_and_sees_every_update(nodes):
@@ -69,7 +74,7 @@ def test_a_client_mode_node_is_no_replica_and_sees_every_update(nodes):
         for rnd in (11, 12):
             assert records.publish_progress(a, SPEC.run_id, me, progress(rnd), ttl=30).result(timeout=10)
             assert rounds(client)[me] == rnd
-        assert (mine, peers_key(SPEC.run_id)) not in replica_reads._replica_since
+        assert memo_of(client) not in replica_reads._confirmed
     finally:
         client.shutdown()
 
@@ -77,59 +82,59 @@ def test_a_client_mode_node_is_no_replica_and_sees_every_update(nodes):
 def test_a_replica_whose_records_are_fresh_keeps_reading_its_storage_past_the_interval(nodes, monkeypatch):
     _, a, b = nodes
     me = a.peer_id.to_base58()
-    memo = (b.peer_id.to_base58(), peers_key(SPEC.run_id))
+    memo = memo_of(b)
     assert records.publish_progress(a, SPEC.run_id, me, progress(20), ttl=30).result(timeout=10)
     monkeypatch.setattr(replica_reads, "REPLICA_NETWORK_READ_S", 0.0)
-    replica_reads._replica_since.pop(memo, None)
+    replica_reads._confirmed.pop(memo, None)
     assert rounds(b)[me] == 20  # a network read: it finds b a replica
-    networked_at = replica_reads._replica_since[memo]
+    networked_at = replica_reads._confirmed[memo][0]
     assert records.publish_progress(a, SPEC.run_id, me, progress(21), ttl=30).result(timeout=10)
     assert rounds(b)[me] == 21  # every record b holds expires far ahead: read from its storage
-    assert replica_reads._replica_since[memo] == networked_at
+    assert replica_reads._confirmed[memo][0] == networked_at
     monkeypatch.setattr(replica_reads, "REPLICA_TRUST_S", 0.0)  # past the longest trust: the network again
     assert rounds(b)[me] == 21
-    assert replica_reads._replica_since[memo] > networked_at
+    assert replica_reads._confirmed[memo][0] > networked_at
 
 
 def test_a_record_near_its_expiry_sends_the_next_read_to_the_network(nodes, monkeypatch):
     coord, a, b = nodes
     me, late = a.peer_id.to_base58(), coord.peer_id.to_base58()
-    memo = (b.peer_id.to_base58(), peers_key(SPEC.run_id))
+    memo = memo_of(b)
     monkeypatch.setattr(replica_reads, "REPLICA_NETWORK_READ_S", 0.0)
     assert records.publish_progress(a, SPEC.run_id, me, progress(30), ttl=30).result(timeout=10)
     # a writer whose keep-alives stopped: its record expires within a third of the readers' TTL (10 s)
     assert records.publish_progress(coord, SPEC.run_id, late, progress(30), ttl=2).result(timeout=10)
-    replica_reads._replica_since.pop(memo, None)
+    replica_reads._confirmed.pop(memo, None)
     rounds(b)
-    networked_at = replica_reads._replica_since[memo]
+    networked_at = replica_reads._confirmed[memo][0]
     rounds(b)
-    assert replica_reads._replica_since[memo] > networked_at  # not trusted past the interval: read over the network
+    assert replica_reads._confirmed[memo][0] > networked_at  # not trusted past the interval: read over the network
 
 
 def test_an_empty_key_read_on_a_replica_stays_off_the_network_and_sees_the_first_store(nodes, monkeypatch):
     coord, a, b = nodes
     key = "replica-test_nothing_here"
-    memo = (b.peer_id.to_base58(), key)
+    memo = memo_of(b, key)
     assert records._read(b, key, 10.0, replica_ok=True) == []
-    networked_at = replica_reads._replica_since[memo]  # empty there and here: a replica of an empty key
+    networked_at = replica_reads._confirmed[memo][0]  # empty there and here: a replica of an empty key
     monkeypatch.setattr(replica_reads, "REPLICA_NETWORK_READ_S", 0.0)  # b is among the key's nearest (3 nodes)
     assert records._read(b, key, 10.0, replica_ok=True) == []
-    assert replica_reads._replica_since[memo] == networked_at  # read from its storage
+    assert replica_reads._confirmed[memo][0] == networked_at  # read from its storage
     assert records._store(a, key, b"first", ttl=10.0, wait=True)
     assert [e.body for e in records._read(b, key, 10.0, replica_ok=True)] == [b"first"]
 
 
 def test_a_record_that_expired_here_since_the_last_network_read_sends_the_next_read_out(nodes, monkeypatch):
     coord, a, b = nodes
-    memo = (b.peer_id.to_base58(), peers_key(SPEC.run_id))
+    memo = memo_of(b)
     monkeypatch.setattr(replica_reads, "REPLICA_NETWORK_READ_S", 0.0)
     assert records.publish_progress(a, SPEC.run_id, a.peer_id.to_base58(), progress(40), ttl=30).result(timeout=10)
     assert records.publish_progress(coord, SPEC.run_id, coord.peer_id.to_base58(), progress(40), ttl=4.5).result(timeout=10)
-    replica_reads._replica_since.pop(memo, None)
+    replica_reads._confirmed.pop(memo, None)
     rounds(b)
-    networked_at = replica_reads._replica_since[memo]
+    networked_at = replica_reads._confirmed[memo][0]
     rounds(b)
-    assert replica_reads._replica_since[memo] == networked_at  # both fresh: from its storage
+    assert replica_reads._confirmed[memo][0] == networked_at  # both fresh: from its storage
     time.sleep(4.6)  # the coordinator's record expires unrefreshed, unseen by any read near its end
     rounds(b)
-    assert replica_reads._replica_since[memo] > networked_at  # one record fewer than found: the network
+    assert replica_reads._confirmed[memo][0] > networked_at  # one record fewer than found: the network
