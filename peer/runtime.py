@@ -44,7 +44,7 @@ from peer.round_engine import RoundEngine
 from peer.round_loop import RoundLoop, majority_hash
 from peer.state_sync import StateSync
 from peer.tokenizer import obtain_corpus
-from peer.utilization import Utilization, progress_extras
+from peer.utilization import Utilization, device_label, progress_extras
 from protocol.keys import averager_prefix
 from protocol.records import CHOOSING, Progress
 from protocol.spec import RunSpec
@@ -304,6 +304,8 @@ class Peer:
             "spec": self.spec.digest(),
             "strategy": self.spec.outer.strategy,
             **role.status(),
+            "device": device_label(str(self.device)),  # cuda:0 NVIDIA H100 80GB HBM3, cpu
+            "precision": role.trainer.precision,  # what the inner steps run in: bf16 or fp32
             "trainable_params": role.trainable,
             "optimizer_state_bytes": optimizer_state_bytes(role.trainer.optimizer),
             "state": self.state,
