@@ -111,17 +111,22 @@ def _model(spec: RunSpec):
     return copy.deepcopy(_BUILT[key])
 
 
-def train(spec: RunSpec, corpus, device, precision: str, warmup: int, steps: int, part: int = -1, keep_delta=False):
-    """Build a peer's model on the device and time its inner steps: a dict of figures (and Δ)."""
+def train(spec: RunSpec, corpus, device, precision: str, warmup: int, steps: int, part: int = -1, keep_delta=False,
+          compile=False):
+    """Build a peer's model on the device and time its inner steps: a dict of figures (and Δ).
+    ``compile``: the forward pass through torch.compile; ``warmup_s`` holds the compile time."""
     base = _fresh(device)
     model = _model(spec).to(device)
     owned = make_strategy(spec, part=part).layout
     for name, p in model.named_parameters():  # as Role does: the rest has no gradients, no AdamW state
         p.requires_grad_(name in owned)
-    trainer = InnerTrainer(model, spec.replace(inner={"precision": precision}).inner, device)
+    trainer = InnerTrainer(model, spec.replace(inner={"precision": precision}).inner, device, compile=compile)
     stream = TrainStream(corpus, spec.model.seq_len, spec.data.batch_size, spec.seed, shard="gpu-bench")
+    t = time.perf_counter()
     for _ in range(warmup):
         trainer.step(*stream.next_batch())
+    sync(device)
+    warmup_s = time.perf_counter() - t
     theta = {n: p.detach().to("cpu", torch.float32).clone() for n, p in model.named_parameters()} if keep_delta else None
     times, losses = [], []
     for _ in range(steps):
@@ -132,7 +137,8 @@ def train(spec: RunSpec, corpus, device, precision: str, warmup: int, steps: int
         sync(device)
         times.append(time.perf_counter() - t)
     peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else None
-    out = dict(precision=trainer.precision, step_s=statistics.median(times), peak_mem_bytes=peak,
+    out = dict(precision=trainer.precision + ("+compile" if compile else ""), step_s=statistics.median(times),
+               warmup_s=warmup_s, peak_mem_bytes=peak,
                state_bytes=_state_bytes(trainer), trainable=sum(p.numel() for p in trainer.params),
                first_loss=losses[0], last_loss=losses[-1])
     delta = pseudo_gradient(theta, dict(model.named_parameters())) if keep_delta else None
@@ -166,8 +172,10 @@ def run(args, device, peak, log=print):
         log(f"{shape}: {ms.num_params():,} parameters, batch {spec.data.batch_size} x seq {ms.seq_len} = {tokens} tokens/step, "
             f"{fpt / 1e9:.3f} GFLOPs/token; {args.warmup} warm-up + {args.steps} timed steps on {device}", flush=True)
         full, delta = None, None
-        for i, precision in enumerate(args.precisions):
-            fig, d = train(spec, corpus, device, precision, args.warmup, args.steps, keep_delta=i == 0)
+        arms = [(p, False) for p in args.precisions] + ([(args.precisions[0], True)] if args.compile else [])
+        for i, (precision, compiled) in enumerate(arms):
+            fig, d = train(spec, corpus, device, precision, args.warmup, args.steps, keep_delta=i == 0 and "codecs" in args.parts,
+                           compile=compiled)
             if i == 0:
                 full, delta = fig, d
             tps = tokens / fig["step_s"]
@@ -175,54 +183,80 @@ def run(args, device, peak, log=print):
             steps_rows.append(dict(shape=shape, params=ms.num_params(), tokens_per_step=tokens, flops_per_token=fpt,
                                    tokens_per_s=tps, mfu=mfu, **fig))
             log(f"  {fig['precision']}: step {1e3 * fig['step_s']:.2f} ms -> {tps:,.0f} tokens/s"
-                + (f", MFU {100 * mfu:.1f} %" if mfu is not None else "") + f"; loss {fig['first_loss']:.3f} -> {fig['last_loss']:.3f}",
+                + (f", MFU {100 * mfu:.1f} %" if mfu is not None else "") + f"; loss {fig['first_loss']:.3f} -> {fig['last_loss']:.3f}"
+                + f"; {args.warmup} warm-up steps {fig['warmup_s']:.1f} s",
                 flush=True)
-        base_tps = steps_rows[-1]["tokens_per_s"]
-        for r in steps_rows[-len(args.precisions):]:
+        base_tps = steps_rows[-len(arms) + len(args.precisions) - 1]["tokens_per_s"]  # the last precision, eager
+        for r in steps_rows[-len(arms):]:
             r["speedup_vs_last"] = r["tokens_per_s"] / base_tps
-        mem_rows.append(dict(shape=shape, peer="full", slices=1, attention=False, trainable=full["trainable"],
-                             peak_mem_bytes=full["peak_mem_bytes"], state_bytes=full["state_bytes"], step_s=full["step_s"]))
-        for attention in (False, True):
-            pspec = shape_spec(shape, args.batch, SLICES, attention)
-            fig, _ = train(pspec, corpus, device, args.precisions[0], 1, args.mem_steps, part=0)
-            mem_rows.append(dict(shape=shape, peer=f"partial S={SLICES}" + (" +attn" if attention else ""), slices=SLICES,
-                                 attention=attention, trainable=fig["trainable"], peak_mem_bytes=fig["peak_mem_bytes"],
-                                 state_bytes=fig["state_bytes"], step_s=fig["step_s"]))
-        for r in mem_rows[-3:]:
-            r["peak_ratio"] = (r["peak_mem_bytes"] / full["peak_mem_bytes"]) if full["peak_mem_bytes"] else None
-            r["state_ratio"] = r["state_bytes"] / full["state_bytes"]
-            log(f"  {r['peer']:<16} trainable {r['trainable']:,}  state {r['state_bytes'] / 2**20:,.1f} MiB"
-                + (f"  peak {r['peak_mem_bytes'] / 2**30:.2f} GiB ({100 * r['peak_ratio']:.0f} % of full)" if r["peak_ratio"] else ""),
-                flush=True)
-        h_s = args.H * full["step_s"]
-        cpu_delta = {n: t.cpu() for n, t in delta.items()} if device.type != "cpu" else None
-        for codec in args.codecs:
-            payload, enc_s, dec_s, exact = time_codec(spec, codec, delta, args.codec_repeats, device)
-            cpu_enc_s = time_codec(spec, codec, cpu_delta, args.codec_repeats, torch.device("cpu"))[1] if cpu_delta else enc_s
-            row = dict(shape=shape, codec=codec, payload_bytes=len(payload), encode_device=str(device), encode_s=enc_s,
-                       cpu_encode_s=cpu_enc_s, decode_s=dec_s, H=args.H, h_steps_s=h_s, fraction=(enc_s + dec_s) / h_s,
-                       cpu_fraction=(cpu_enc_s + dec_s) / h_s, sent_equals_decoded=exact)
-            codec_rows.append(row)
-            log(f"  {codec:<10} {len(payload):>11,} B  encode {enc_s:.3f} s on {device} (CPU {cpu_enc_s:.3f} s)  decode {dec_s:.3f} s"
-                f"  = {100 * row['fraction']:.2f} % of H={args.H} steps ({h_s:.2f} s)", flush=True)
-        del delta, cpu_delta
+        if "memory" in args.parts:
+            mem_rows.extend(memory_rows(args, shape, corpus, device, full))
+        if "codecs" in args.parts:
+            codec_rows.extend(codec_rows_of(args, spec, shape, device, full, delta, log))
+        del delta
         _fresh(device)
     return steps_rows, mem_rows, codec_rows
 
 
+def memory_rows(args, shape, corpus, device, full, log=print):
+    """Peak memory of a full peer (``full``: its figures) against partial peers of S = SLICES."""
+    rows = [dict(shape=shape, peer="full", slices=1, attention=False, trainable=full["trainable"],
+                 peak_mem_bytes=full["peak_mem_bytes"], state_bytes=full["state_bytes"], step_s=full["step_s"])]
+    for attention in (False, True):
+        pspec = shape_spec(shape, args.batch, SLICES, attention)
+        fig, _ = train(pspec, corpus, device, args.precisions[0], 1, args.mem_steps, part=0)
+        rows.append(dict(shape=shape, peer=f"partial S={SLICES}" + (" +attn" if attention else ""), slices=SLICES,
+                         attention=attention, trainable=fig["trainable"], peak_mem_bytes=fig["peak_mem_bytes"],
+                         state_bytes=fig["state_bytes"], step_s=fig["step_s"]))
+    for r in rows:
+        r["peak_ratio"] = (r["peak_mem_bytes"] / full["peak_mem_bytes"]) if full["peak_mem_bytes"] else None
+        r["state_ratio"] = r["state_bytes"] / full["state_bytes"]
+        log(f"  {r['peer']:<16} trainable {r['trainable']:,}  state {r['state_bytes'] / 2**20:,.1f} MiB"
+            + (f"  peak {r['peak_mem_bytes'] / 2**30:.2f} GiB ({100 * r['peak_ratio']:.0f} % of full)" if r["peak_ratio"] else ""),
+            flush=True)
+    return rows
+
+
+def codec_rows_of(args, spec, shape, device, full, delta, log=print):
+    """One round's payload of ``delta`` per codec: encode on the device and on the CPU, decode on the CPU."""
+    rows = []
+    h_s = args.H * full["step_s"]
+    cpu_delta = {n: t.cpu() for n, t in delta.items()} if device.type != "cpu" else None
+    for codec in args.codecs:
+        payload, enc_s, dec_s, exact = time_codec(spec, codec, delta, args.codec_repeats, device)
+        cpu_enc_s = time_codec(spec, codec, cpu_delta, args.codec_repeats, torch.device("cpu"))[1] if cpu_delta else enc_s
+        row = dict(shape=shape, codec=codec, payload_bytes=len(payload), encode_device=str(device), encode_s=enc_s,
+                   cpu_encode_s=cpu_enc_s, decode_s=dec_s, H=args.H, h_steps_s=h_s, fraction=(enc_s + dec_s) / h_s,
+                   cpu_fraction=(cpu_enc_s + dec_s) / h_s, sent_equals_decoded=exact)
+        rows.append(row)
+        log(f"  {codec:<10} {len(payload):>11,} B  encode {enc_s:.3f} s on {device} (CPU {cpu_enc_s:.3f} s)  decode {dec_s:.3f} s"
+            f"  = {100 * row['fraction']:.2f} % of H={args.H} steps ({h_s:.2f} s)", flush=True)
+    return rows
+
+
 def print_tables(steps_rows, mem_rows, codec_rows, H, out=None) -> None:
     out = out or sys.stdout
-    cols = ["shape", "params", "precision", "step ms", "tokens/s", "MFU", "vs last precision", "loss first -> last"]
+    cols = ["shape", "params", "precision", "step ms", "tokens/s", "MFU", "vs last precision", "warm-up s", "loss first -> last"]
     lines = [[r["shape"], f"{r['params'] / 1e6:.1f}M", r["precision"], f"{1e3 * r['step_s']:.2f}", f"{r['tokens_per_s']:,.0f}",
               f"{100 * r['mfu']:.1f} %" if r["mfu"] is not None else "-", f"{r['speedup_vs_last']:.2f}x",
-              f"{r['first_loss']:.3f} -> {r['last_loss']:.3f}"] for r in steps_rows]
+              f"{r['warmup_s']:.1f}", f"{r['first_loss']:.3f} -> {r['last_loss']:.3f}"] for r in steps_rows]
     print(table(cols, lines, left=3), file=out)
+    if mem_rows:
+        print_memory(mem_rows, out)
+    if codec_rows:
+        print_codecs(codec_rows, H, out)
+
+
+def print_memory(mem_rows, out) -> None:
     cols = ["shape", "peer", "trainable", "params+grads+AdamW", "peak GPU memory", "peak / full", "state / full", "step ms"]
     lines = [[r["shape"], r["peer"], f"{r['trainable'] / 1e6:.2f}M", f"{r['state_bytes'] / 2**20:,.1f} MiB",
               f"{r['peak_mem_bytes'] / 2**30:.2f} GiB" if r["peak_mem_bytes"] is not None else "-",
               f"{100 * r['peak_ratio']:.0f} %" if r["peak_ratio"] is not None else "-", f"{100 * r['state_ratio']:.0f} %",
               f"{1e3 * r['step_s']:.2f}"] for r in mem_rows]
     print("\n" + table(cols, lines, left=2), file=out)
+
+
+def print_codecs(codec_rows, H, out) -> None:
     cols = ["shape", "codec", "payload B", "encode s", "encode s (CPU)", "decode s (CPU)", f"H={H} steps s", "(enc+dec)/H",
             "with CPU encode", "sent == decoded"]
     lines = [[r["shape"], r["codec"], f"{r['payload_bytes']:,}", f"{r['encode_s']:.3f}", f"{r['cpu_encode_s']:.3f}",
@@ -245,6 +279,10 @@ def main(argv=None) -> int:
     ap.add_argument("--H", type=int, default=30, help="inner steps per round the codec cost is compared with (default 30)")
     ap.add_argument("--codecs", default="sparseloco", help=f"comma-separated, of {', '.join(CODECS)} (default sparseloco)")
     ap.add_argument("--codec-repeats", type=int, default=2, help="encode and decode each timed this often, best kept (default 2)")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time the first precision with the forward pass through torch.compile (a peer's --compile)")
+    ap.add_argument("--parts", default="steps,memory,codecs",
+                    help="comma-separated, of steps, memory, codecs: which tables to measure (default all three)")
     ap.add_argument("--peak-tflops", type=float, default=None, help="the device's peak dense bf16 TFLOP/s (default: by device name)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (default 0: torch's default)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write the rows and the machine line to this JSON file")
@@ -257,6 +295,7 @@ def main(argv=None) -> int:
     cpu = device.type == "cpu"
     args.shapes = choose_names(args.shapes or ("tiny" if cpu else "125m,350m"), SHAPES, "--shapes")
     args.codecs = choose_names(args.codecs, CODECS, "--codecs")
+    args.parts = choose_names(args.parts, ("steps", "memory", "codecs"), "--parts")
     args.precisions = choose_names(args.precisions, ("bf16", "fp32", "auto"), "--precisions")
     args.steps = args.steps if args.steps is not None else (3 if cpu else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if cpu else 3)

@@ -45,19 +45,21 @@ class Role:
 
     kind = "role"
 
-    def __init__(self, spec: RunSpec, part: Part, model: torch.nn.Module, device: torch.device, corpus: Corpus, shard: str):
+    def __init__(self, spec: RunSpec, part: Part, model: torch.nn.Module, device: torch.device, corpus: Corpus, shard: str,
+                 compile: bool = False):
         self.spec, self.part, self.device = spec, part, device
         self.model = model.to(device)
         self.params: Dict[str, torch.nn.Parameter] = dict(self.model.named_parameters())
         self.strategy: OuterStrategy = make_strategy(spec, part=part)
         for name, p in self.params.items():  # partial updates: no gradients, no optimizer state for the rest
             p.requires_grad_(name in self.strategy.layout)
-        self.trainer = InnerTrainer(self.model, spec.inner, device)
+        self.trainer = InnerTrainer(self.model, spec.inner, device, compile=compile)
         self.trainable = sum(p.numel() for p in self.trainer.params)
         self.stream = TrainStream(corpus, spec.model.seq_len, spec.data.batch_size, spec.seed, shard=shard)
         logger.info(
             f"training {self.describe()}: {self.trainable / 1e6:.3f}M of {spec.model.num_params() / 1e6:.3f}M parameters "
-            f"trainable, AdamW state {human_bytes(8 * self.trainable)}"
+            f"trainable, AdamW state {human_bytes(8 * self.trainable)}, inner steps in {self.trainer.precision} on {device}"
+            + (" through torch.compile (the first steps compile it)" if compile else "")
         )
 
     # ---- the interface the round loop uses -----------------------------------------------------
@@ -120,15 +122,17 @@ class Role:
 class FullReplica(Role):
     kind = "full"
 
-    def __init__(self, spec: RunSpec, model: torch.nn.Module, device: torch.device, corpus: Corpus, peer_id: str):
-        super().__init__(spec, FULL, model, device, corpus, shard=peer_id)
+    def __init__(self, spec: RunSpec, model: torch.nn.Module, device: torch.device, corpus: Corpus, peer_id: str,
+                 compile: bool = False):
+        super().__init__(spec, FULL, model, device, corpus, shard=peer_id, compile=compile)
 
 
 class SliceOwner(Role):
     kind = "slice"
 
-    def __init__(self, spec: RunSpec, slice_index: int, model: torch.nn.Module, device: torch.device, corpus: Corpus, peer_id: str):
-        super().__init__(spec, slice_index, model, device, corpus, shard=peer_id)
+    def __init__(self, spec: RunSpec, slice_index: int, model: torch.nn.Module, device: torch.device, corpus: Corpus, peer_id: str,
+                 compile: bool = False):
+        super().__init__(spec, slice_index, model, device, corpus, shard=peer_id, compile=compile)
 
 
 class ChainStage(Role):

@@ -80,6 +80,7 @@ class PeerOptions:
     stage_port: int = 0
     max_rounds: Optional[int] = None
     threads: Optional[int] = None
+    compile: bool = False  # the inner steps' forward pass through torch.compile (peer/inner.py)
     spec_timeout: float = 30.0
     wait_peers: int = 1  # before the first round, wait until this many peers (self included) have started
     metrics_port: int = 0  # serve Prometheus metrics on this port (peer/metrics.py); 0: off
@@ -206,14 +207,16 @@ class Peer:
             lifecycle.set_phase(self, "waiting for a chain")
             if self._chain.wait_for_assignment() is None:
                 return None
+            if opts.compile:
+                logger.warning("--compile applies to full and partial peers: this chain stage's inner steps run eagerly")
             return ChainStage(spec, self._chain, self.device, self.corpus)
         slices = spec.partial.slices
         if slices <= 1:
-            return FullReplica(spec, full, self.device, self.corpus, self.peer_id)
+            return FullReplica(spec, full, self.device, self.corpus, self.peer_id, compile=opts.compile)
         part = checkpoints.saved_part(opts.checkpoint_dir, spec)  # a restarted peer keeps its slice
         if part not in range(slices):
             part = self.membership.choose_slice(slices)
-        return SliceOwner(spec, int(part), full, self.device, self.corpus, self.peer_id)
+        return SliceOwner(spec, int(part), full, self.device, self.corpus, self.peer_id, compile=opts.compile)
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
@@ -306,6 +309,7 @@ class Peer:
             **role.status(),
             "device": device_label(str(self.device)),  # cuda:0 NVIDIA H100 80GB HBM3, cpu
             "precision": role.trainer.precision,  # what the inner steps run in: bf16 or fp32
+            "compiled": role.trainer.compiled,  # --compile: the forward pass through torch.compile
             "trainable_params": role.trainable,
             "optimizer_state_bytes": optimizer_state_bytes(role.trainer.optimizer),
             "state": self.state,

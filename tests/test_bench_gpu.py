@@ -55,3 +55,14 @@ def test_mfu_uses_the_peak_of_the_device_or_the_override(tmp_path):
 def test_without_a_gpu_it_says_so_and_exits_0(capsys):
     assert gpu.main([]) == 0
     assert "no CUDA GPU" in capsys.readouterr().out
+
+
+def test_steps_only_with_a_compiled_arm(tmp_path):
+    """``--parts steps --compile``: the eager and the torch.compile rows, no memory or codec rows."""
+    out = tmp_path / "out.json"
+    assert gpu.main(["--device", "cpu", "--shapes", "tiny", "--threads", "1", "--precisions", "fp32", "--steps", "2",
+                     "--warmup", "1", "--parts", "steps", "--compile", "--json", str(out)]) == 0
+    data = loads_strict(out.read_text())
+    assert [r["precision"] for r in data["steps"]] == ["fp32", "fp32+compile"]
+    assert data["steps"][0]["speedup_vs_last"] == 1.0 and data["steps"][1]["warmup_s"] > 0
+    assert data["memory"] == [] and data["codecs"] == []

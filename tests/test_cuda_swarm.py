@@ -21,17 +21,19 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("strategy", ["sparseloco", "diloco"])
-def test_a_cuda_peer_and_a_cpu_peer_share_every_round_bit_identically(tmp_path, strategy):
+@pytest.mark.parametrize("strategy,compiled", [("sparseloco", False), ("diloco", False), ("sparseloco", True)])
+def test_a_cuda_peer_and_a_cpu_peer_share_every_round_bit_identically(tmp_path, strategy, compiled):
+    """``compiled``: the GPU peer runs with --compile (its forward pass through torch.compile)."""
     swarm = Swarm(tmp_path, strategy=strategy)
     try:
-        swarm.add_peer("gpu", "--device", "cuda")
+        swarm.add_peer("gpu", "--device", "cuda", *(["--compile"] if compiled else []))
         swarm.add_peer("cpu", "--device", "cpu")
-        swarm.wait(lambda: min(swarm.round_of("gpu"), swarm.round_of("cpu")) >= 4, 180, "four rounds of both peers")
+        swarm.wait(lambda: min(swarm.round_of("gpu"), swarm.round_of("cpu")) >= 4, 240, "four rounds of both peers")
         swarm.wait_shared(("gpu", "cpu"), 3, 120, "rounds of both peers in one group")
         gpu, cpu = swarm.status("gpu"), swarm.status("cpu")
         assert gpu["device"].startswith("cuda") and gpu["precision"] == "bf16", (gpu["device"], gpu["precision"])
         assert cpu["device"] == "cpu" and cpu["precision"] == "fp32", (cpu["device"], cpu["precision"])
+        assert gpu["compiled"] is compiled and cpu["compiled"] is False
         assert assert_groups_identical([gpu, cpu]) >= 3
         start = max(s["initial_val_loss"] for s in (gpu, cpu))
         for s in (gpu, cpu):

@@ -177,3 +177,20 @@ def test_apply_gradients_hooks(corpus):
     assert trainer.optimizer.state_dict()["param_groups"] == state["param_groups"]
     for n, p in trainer.model.named_parameters():
         assert torch.equal(p, before[n]), n
+
+
+def test_compiled_trainer_trains_the_same_modules_to_about_the_same_values(corpus):
+    """``compile=True`` (a peer's --compile): the same parameters and optimizer are updated, the
+    losses agree with the eager trainer's to float tolerance (fused kernels round differently),
+    and the state dict has the same keys, so checkpoints and payloads do not change."""
+    pytest.importorskip("torch._dynamo")
+    eager_model = build_model(SMALL, seed=0, mlp_slices=1)
+    compiled_model = copy.deepcopy(eager_model)
+    eager, compiled = InnerTrainer(eager_model, INNER), InnerTrainer(compiled_model, INNER, compile=True)
+    assert compiled.compiled and not eager.compiled and compiled.model is compiled_model
+    for x, y in _batches(corpus, 3):
+        assert compiled.step(x, y) == pytest.approx(eager.step(x, y), abs=1e-4)
+    for (name, a), (_, b) in zip(eager_model.named_parameters(), compiled_model.named_parameters()):
+        assert torch.allclose(a, b, atol=1e-4), name
+    assert compiled.state_dict().keys() == eager.state_dict().keys() and compiled.step_count == 3
+    assert list(compiled_model.state_dict()) == list(eager_model.state_dict())  # no "_orig_mod." prefixes
