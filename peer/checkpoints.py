@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, TypeVar
+from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
 
 import torch
 
@@ -89,6 +89,12 @@ def save(directory: Optional[Path], spec: RunSpec, engine: RoundEngine, role, to
     ``trainer_snapshot``; None: the role's training state as it is now)."""
     if directory is None:
         return
+    save_checkpoint(directory, *collect(spec, engine, role, tokens, trainer))
+
+
+def collect(spec: RunSpec, engine: RoundEngine, role, tokens: int,
+            trainer: Optional[Dict[str, Any]] = None) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """What ``save`` writes, as copies taken now: (tensors, metadata), to write later or elsewhere."""
     trainer = trainer if trainer is not None else trainer_snapshot(role)
     with engine.lock:
         tensors: Dict[str, Any] = {f"theta.{n}": t.clone() for n, t in engine.theta.items()}
@@ -106,7 +112,7 @@ def save(directory: Optional[Path], spec: RunSpec, engine: RoundEngine, role, to
         "tokens": tokens,
         "run_spec": spec.to_dict(),  # the whole spec, so `voloco export`/`generate` need nothing else
     }
-    save_checkpoint(directory, tensors, meta)
+    return tensors, meta
 
 
 def _snapshot(strategy, role) -> Callable[[], None]:

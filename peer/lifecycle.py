@@ -123,11 +123,30 @@ def save_checkpoint(peer, trainer: Optional[Dict[str, Any]] = None) -> None:
     peer._checkpointed = _saved_key(peer)
 
 
+def checkpoint_round(peer, trainer: Optional[Dict[str, Any]] = None) -> None:
+    """The end-of-round checkpoint (when --checkpoint-dir): collected now, written by the peer's
+    checkpoint writer in its own thread (peer/checkpoint_writer.py), so training goes on meanwhile.
+    ``trainer``: as for ``save_checkpoint``."""
+    if peer.role is None or not peer.role.checkpointed or peer.opts.checkpoint_dir is None:
+        return
+    tensors, meta = checkpoints.collect(peer.spec, peer.engine, peer.role, peer.totals.tokens, trainer)
+    key, directory = _saved_key(peer), peer.opts.checkpoint_dir
+
+    def saved() -> None:
+        peer._checkpointed = key
+
+    peer.checkpoint_writer.submit(lambda: checkpoints.save_checkpoint(directory, tensors, meta), saved)
+
+
 def final_checkpoint(peer) -> None:
-    """On stop: a checkpoint of the current parameters, unless the last one already is."""
+    """On stop: a checkpoint of the current parameters, unless the last one already is (after the
+    write in progress, if any, has ended)."""
     engine = getattr(peer, "engine", None)
     if engine is None or peer.role is None or not peer.role.checkpointed or peer.opts.checkpoint_dir is None:
         return
+    writer = getattr(peer, "checkpoint_writer", None)
+    if writer is not None:
+        writer.wait()
     if getattr(peer, "_checkpointed", None) == _saved_key(peer):
         return
     try:

@@ -87,13 +87,15 @@ def continue_from(params: Dict[str, torch.Tensor], theta: Dict[str, torch.Tensor
 class Handoff:
     """What the inner steps of a round hand to its exchange."""
 
-    payload: bytes
+    payload: Optional[bytes]  # None until encoded (with overlap, in the exchange's thread)
     pending: Any
     losses: List[float]
     t0: float  # when the round's inner steps began
     t_train: float  # when they ended
     t_encode: float  # when the payload was ready
-    trainer: Optional[Dict[str, Any]] = None  # the training state to checkpoint (checkpoints.trainer_snapshot)
+    # the training state to checkpoint (checkpoints.trainer_snapshot), taken when the inner steps ended;
+    # with overlap, None when no checkpoint is due this round (peer/checkpoint_writer.py)
+    trainer: Optional[Dict[str, Any]] = None
     overlapped: int = 0  # inner steps taken while the previous round's exchange was in flight
 
 
@@ -188,21 +190,23 @@ class RoundLoop:
         self._linked = True
         if losses is None or not self.finish():
             return  # stopping, or restarting the round from the swarm's θ
-        if self.overlap:
-            round_start = engine.theta  # θ of this round: the exchange before it has ended
         t_train = time.monotonic()
-        payload, pending = engine.encode(round_start, role.params)
-        peer._set_state("ready")
-        handoff = Handoff(payload, pending, losses, t0, t_train, time.monotonic(), overlapped=self._overlapped)
         if not self.overlap:
-            self._exchange(handoff)
+            payload, pending = engine.encode(round_start, role.params)
+            peer._set_state("ready")
+            self._exchange(Handoff(payload, pending, losses, t0, t_train, time.monotonic(), overlapped=self._overlapped))
             return
-        if role.checkpointed and peer.opts.checkpoint_dir is not None:
+        # overlap: the payload is encoded in the exchange's thread from a snapshot of the model, so
+        # the next round's inner steps start at once (on a GPU the encode is 27-34 % of H = 30 steps:
+        # bench/RESULTS.md, "GPU figures")
+        handoff = Handoff(None, None, losses, t0, t_train, t_train, overlapped=self._overlapped)
+        if role.checkpointed and peer.opts.checkpoint_dir is not None and peer.checkpoint_writer.due():
             handoff.trainer = checkpoints.trainer_snapshot(role)
         with torch.no_grad():
             self._sent = {n: p.detach().clone() for n, p in role.params.items()}
-        self._thread = threading.Thread(target=self._exchange_in_background, args=(handoff,), daemon=True,
-                                        name=f"exchange-{engine.round}")
+        round_start = engine.theta  # θ of this round: the exchange before it has ended
+        self._thread = threading.Thread(target=self._exchange_in_background, args=(handoff, round_start, self._sent),
+                                        daemon=True, name=f"exchange-{engine.round}")
         self._thread.start()
 
     def _inner_steps(self, H: int):
@@ -254,8 +258,13 @@ class RoundLoop:
         return losses, round_start
 
     # ---- the exchange ---------------------------------------------------------------------------
-    def _exchange_in_background(self, handoff: Handoff) -> None:
+    def _exchange_in_background(self, handoff: Handoff, round_start, sent) -> None:
+        """Encode the round's payload (θ_round_start − θ_send), then exchange it."""
         try:
+            handoff.payload, handoff.pending = self.peer.engine.encode(round_start, sent)
+            handoff.t_encode = time.monotonic()
+            if not self.peer.stop_event.is_set():
+                self.peer._set_state("ready")
             self._exchange(handoff)
         except BaseException as e:  # re-raised by finish(), in the inner loop's thread
             logger.exception(f"round {self.peer.round}: the exchange failed")
@@ -382,7 +391,8 @@ class RoundLoop:
         record.util = peer.util.round_done()
         record.wire_sent, record.wire_received = self._wire_since_last_round()
         peer.totals.history.append(record)
-        lifecycle.save_checkpoint(peer, h.trainer)
+        if h.trainer is not None or (not self.overlap and peer.checkpoint_writer.due()):
+            lifecycle.checkpoint_round(peer, h.trainer)  # written in the background, at a bounded cost
         peer.sync.enable_sharing()
         peer.membership.publish(only_if_due=True)  # losses and tokens alone wait for the keep-alive
         write_status(peer.opts.status_file, peer.status())

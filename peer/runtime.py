@@ -44,6 +44,7 @@ from peer.round_engine import RoundEngine
 from peer.round_loop import RoundLoop, majority_hash
 from peer.state_sync import StateSync
 from peer.tokenizer import obtain_corpus
+from peer.checkpoint_writer import CheckpointWriter
 from peer.utilization import Utilization, device_label, progress_extras
 from protocol.keys import averager_prefix
 from protocol.records import CHOOSING, Progress
@@ -91,6 +92,7 @@ class Peer:
         self.opts = opts
         self.stop_event = threading.Event()
         self.totals = Totals()
+        self.checkpoint_writer = CheckpointWriter()  # end-of-round checkpoints, in the background
         self.state = "starting"
         self.step = 0
         self.last_loss = float("nan")

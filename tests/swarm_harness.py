@@ -128,13 +128,15 @@ class Swarm:
         self.procs.append(proc)
         return proc
 
-    def add_peer(self, name: str, *extra: str, env: Optional[Dict[str, str]] = None, log: Optional[str] = None) -> Proc:
+    def add_peer(self, name: str, *extra: str, env: Optional[Dict[str, str]] = None, log: Optional[str] = None,
+                 checkpoint: bool = True) -> Proc:
+        """``checkpoint``: give it a --checkpoint-dir (``NAME/ckpt``)."""
         d = self.workdir / name
         d.mkdir(exist_ok=True)
         (d / "status.json").unlink(missing_ok=True)
         argv = voloco(
             "peer", *self.join_flags(), "--host-maddrs", LOOPBACK, "--threads", "1",
-            "--status-file", str(d / "status.json"), "--checkpoint-dir", str(d / "ckpt"),
+            "--status-file", str(d / "status.json"), *(["--checkpoint-dir", str(d / "ckpt")] if checkpoint else []),
             "--identity", str(d / "identity.key"), *extra,
         )
         self.peers[name] = self._start(argv, self.workdir / (log or f"{name}.log"), env)

@@ -1,0 +1,26 @@
+"""bench/stalls.py on the tiny shape: both arms run a real peer alone, the checkpoint arm leaves a
+checkpoint on disk, and the rows reach the JSON."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from swarm.jsonout import loads_strict
+
+_spec = importlib.util.spec_from_file_location("bench_stalls", Path(__file__).resolve().parents[1] / "bench" / "stalls.py")
+stalls = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stalls)
+
+pytestmark = pytest.mark.slow
+
+
+def test_both_arms_measure_a_lone_peer_and_write_json(tmp_path, capsys):
+    out = tmp_path / "out.json"
+    assert stalls.main(["--shape", "tiny", "--rounds", "2", "--skip", "1", "--threads", "1", "--timeout", "240",
+                        "--json", str(out)]) == 0
+    rows = loads_strict(out.read_text())["rows"]
+    assert [r["checkpoints"] for r in rows] == [False, True]
+    assert all(r["rounds"] >= 2 and 0 < r["util"] <= 1 for r in rows)
+    assert rows[0]["files"] == [] and "checkpoint.safetensors" in rows[1]["files"]
+    assert "util / baseline" in capsys.readouterr().out
