@@ -23,7 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="a text file or a directory of text files to train on (default: the run spec's corpus)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default: cpu)")
     p.add_argument("--identity", type=Path, help="private key file: a stable peer id across restarts (created if missing)")
-    p.add_argument("--checkpoint-dir", type=Path, help="directory for the peer's checkpoint; a restarted peer resumes from it")
+    p.add_argument("--checkpoint-dir", type=Path,
+                   help="directory for the peer's checkpoint; a restarted peer resumes from it (written in the background "
+                   "at the end of a round: every round for a small model, at most a tenth of the wall time for a large one, "
+                   "and on stop)")
     p.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], help="multiaddrs to listen on (default: any port)")
     p.add_argument("--announce-maddrs", nargs="+", default=[], help="public multiaddrs to advertise (behind NAT or in Docker)")
     p.add_argument(
