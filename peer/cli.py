@@ -45,8 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compile", action="store_true",
         help="run the inner steps' forward pass through torch.compile: about 2x the tokens/s on a GPU at the 125m "
-        "and 350m shapes (bench/gpu.py --compile), after 20-30 s of compiling at start; needs a C compiler; "
-        "a full or partial peer only, not a chain stage (default: off)",
+        "and 350m shapes (bench/gpu.py --compile), after 20-30 s of compiling at start; needs a C compiler (if "
+        "the compile fails, the peer says so and trains without it); a full or partial peer only, not a chain "
+        "stage (default: off)",
     )
     p.add_argument(
         "--wait-peers", type=int, default=1, metavar="N",

@@ -15,12 +15,15 @@ elsewhere; ``"fp32"``: no autocast. ``"bf16"`` on the CPU works too (slowly; it 
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 
 from protocol.spec import InnerSpec
+
+logger = logging.getLogger("voloco.peer")
 
 __all__ = ["InnerTrainer", "evaluate", "autocast_dtype"]
 
@@ -50,7 +53,9 @@ class InnerTrainer:
     """``compile=True``: the training forward pass runs through ``torch.compile`` (fused kernels,
     far fewer launches: the 125m and 350m shapes are launch-bound on a fast GPU; bench/gpu.py
     ``--compile``). The first steps take the compile time; the parameters, their names and the
-    optimizer are the same modules, so checkpoints and payloads do not change. Evaluation stays eager."""
+    optimizer are the same modules, so checkpoints and payloads do not change. Evaluation stays eager.
+    If the first compiled forward pass fails (no C compiler, an unsupported platform), the trainer
+    says why once and goes on eagerly: ``compiled`` is then False."""
 
     def __init__(self, model: nn.Module, inner: InnerSpec, device: Device = "cpu", compile: bool = False):
         inner.check()
@@ -59,6 +64,7 @@ class InnerTrainer:
         self.model = model.to(self.device)
         self.compiled = compile
         self._forward_model = torch.compile(self.model) if compile else self.model
+        self._compile_checked = not compile  # the first compiled call either works or turns compile off
         self.params: List[nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters (every one has requires_grad=False)")
@@ -78,6 +84,17 @@ class InnerTrainer:
 
     def forward(self, x: torch.Tensor, y: torch.Tensor):
         """The model's (logits, loss), under bf16 autocast when the precision says so."""
+        if not self._compile_checked:
+            self._compile_checked = True
+            try:
+                return self._forward(x, y)
+            except Exception as e:  # torch.compile's errors come at the first call
+                why = (str(e).splitlines() or [""])[0][:200]
+                logger.warning(f"--compile: torch.compile failed ({type(e).__name__}: {why}); training without it")
+                self.compiled, self._forward_model = False, self.model
+        return self._forward(x, y)
+
+    def _forward(self, x: torch.Tensor, y: torch.Tensor):
         if self.autocast_dtype is None:
             return self._forward_model(x, y)
         with torch.autocast(self.device.type, dtype=self.autocast_dtype):

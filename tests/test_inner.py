@@ -194,3 +194,26 @@ def test_compiled_trainer_trains_the_same_modules_to_about_the_same_values(corpu
         assert torch.allclose(a, b, atol=1e-4), name
     assert compiled.state_dict().keys() == eager.state_dict().keys() and compiled.step_count == 3
     assert list(compiled_model.state_dict()) == list(eager_model.state_dict())  # no "_orig_mod." prefixes
+
+
+def test_a_failing_compile_falls_back_to_eager_once_with_a_warning(corpus, monkeypatch, caplog):
+    """No C compiler or an unsupported platform: the first compiled call fails, the trainer says so
+    and trains eagerly from then on (the same step, not lost)."""
+    import peer.inner as inner_mod
+
+    def broken_compile(model):
+        def call(*args, **kwargs):
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nmore detail")
+        return call
+
+    monkeypatch.setattr(inner_mod.torch, "compile", broken_compile)
+    model = build_model(SMALL, seed=0, mlp_slices=1)
+    eager = InnerTrainer(copy.deepcopy(model), INNER)
+    trainer = InnerTrainer(model, INNER, compile=True)
+    (x, y), = _batches(corpus, 1)
+    assert trainer.step(x, y) == eager.step(x, y)
+    assert not trainer.compiled and trainer.step_count == 1
+    assert "torch.compile failed (RuntimeError: InvalidCxxCompiler: No working C++ compiler found)" in caplog.text
+    caplog.clear()
+    trainer.step(x, y)
+    assert "torch.compile" not in caplog.text  # said once
