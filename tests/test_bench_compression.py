@@ -1,13 +1,11 @@
 """bench/compression.py on its quick configuration: the arms run from a shared warm start, ratios and goals print,
 and the payload sizes by model size meet the 200x goal at 99.5M."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("bench_compression", Path(__file__).resolve().parents[1] / "bench" / "compression.py")
-bc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bc)
+from tests.bench_loader import load_bench
+
+bc = load_bench("compression")
 
 
 def test_quick_arms_with_a_warm_start(tmp_path, capsys):

@@ -1,14 +1,12 @@
 """bench/diloco.py end to end on a tiny configuration: every arm runs, the table prints, ratios are sane."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("bench_diloco", Path(__file__).resolve().parents[1] / "bench" / "diloco.py")
-bd = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bd)
+from tests.bench_loader import load_bench
+
+bd = load_bench("diloco")
 
 
 def test_every_arm_runs_at_equal_tokens(tmp_path, capsys):

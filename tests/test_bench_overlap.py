@@ -1,18 +1,15 @@
 """bench/overlap.py and the simulation's overlap (peer/simulate.py ``overlap_steps``), on a tiny model."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from peer.data import load_corpus
 from peer.simulate import simulate
 from protocol.spec import ModelSpec, RunSpec
+from tests.bench_loader import load_bench
 
-_spec = importlib.util.spec_from_file_location("bench_overlap", Path(__file__).resolve().parents[1] / "bench" / "overlap.py")
-bo = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bo)
+bo = load_bench("overlap")
 
 SPEC = RunSpec(run_id="overlap-sim", seed=2, model=ModelSpec(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=16)).replace(
     data={"batch_size": 4, "val_batches": 2}, outer={"strategy": "sparseloco", "inner_steps": 4})

@@ -1,17 +1,14 @@
 """bench/partial.py: the pieces of the partial-updates benchmark, on a tiny model."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
 from peer.data import load_corpus, val_batches
 from protocol.spec import ModelSpec
+from tests.bench_loader import load_bench
 
-_spec = importlib.util.spec_from_file_location("bench_partial", Path(__file__).resolve().parents[1] / "bench" / "partial.py")
-bp = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bp)
+bp = load_bench("partial")
 
 TINY = dict(d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=32)
 CFG = dict(sim_model="tiny", batch_size=4, inner_steps=3, rounds=2, lr=3e-3, warmup=2, val_batches=2)

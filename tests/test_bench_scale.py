@@ -3,15 +3,13 @@ after the fifth) and the JSON holds together: a row per round, one θ and one gr
 (4 peers on loopback, quorum 4), positive byte counts, and peer 0's process tree sampled after
 rounds 1 and 5 with positive memory, descriptors and threads."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("bench_scale", Path(__file__).resolve().parents[1] / "bench" / "scale.py")
-bs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bs)
+from tests.bench_loader import load_bench
+
+bs = load_bench("scale")
 
 pytestmark = pytest.mark.slow
 

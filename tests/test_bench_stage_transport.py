@@ -1,17 +1,16 @@
 """bench/stage_transport.py: a quick loopback run (TCP and a hivemind P2P stream), and its --help."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.bench_loader import load_bench
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "stage_transport.py"
 
-_spec = importlib.util.spec_from_file_location("bench_stage_transport", SCRIPT)
-bst = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bst)
+bst = load_bench("stage_transport")
 
 
 def test_help_explains_every_flag():

@@ -1,16 +1,13 @@
 """bench/stalls.py on the tiny shape: both arms run a real peer alone, the checkpoint arm leaves a
 checkpoint on disk, and the rows reach the JSON."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from swarm.jsonout import loads_strict
+from tests.bench_loader import load_bench
 
-_spec = importlib.util.spec_from_file_location("bench_stalls", Path(__file__).resolve().parents[1] / "bench" / "stalls.py")
-stalls = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(stalls)
+stalls = load_bench("stalls")
 
 pytestmark = pytest.mark.slow
 

@@ -6,17 +6,13 @@ must be bit-identical to the simulation's, and so must the validation losses: th
 nothing and loses nothing, and the benchmarks' simulated figures are those of real peers.
 """
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from protocol.spec import ModelSpec, RunSpec
+from tests.bench_loader import load_bench
 
-_path = Path(__file__).resolve().parents[1] / "bench" / "swarm_check.py"
-_spec = importlib.util.spec_from_file_location("bench_swarm_check", _path)
-swarm_check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(swarm_check)
+swarm_check = load_bench("swarm_check")
 
 pytestmark = pytest.mark.slow
 
