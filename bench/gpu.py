@@ -173,6 +173,7 @@ def run(args, device, peak, log=print):
             f"{fpt / 1e9:.3f} GFLOPs/token; {args.warmup} warm-up + {args.steps} timed steps on {device}", flush=True)
         full, delta = None, None
         arms = [(p, False) for p in args.precisions] + ([(args.precisions[0], True)] if args.compile else [])
+        shape_rows = []
         for i, (precision, compiled) in enumerate(arms):
             fig, d = train(spec, corpus, device, precision, args.warmup, args.steps, keep_delta=i == 0 and "codecs" in args.parts,
                            compile=compiled)
@@ -180,15 +181,16 @@ def run(args, device, peak, log=print):
                 full, delta = fig, d
             tps = tokens / fig["step_s"]
             mfu = fpt * tps / (peak * 1e12) if peak else None
-            steps_rows.append(dict(shape=shape, params=ms.num_params(), tokens_per_step=tokens, flops_per_token=fpt,
+            shape_rows.append(dict(shape=shape, params=ms.num_params(), tokens_per_step=tokens, flops_per_token=fpt,
                                    tokens_per_s=tps, mfu=mfu, **fig))
             log(f"  {fig['precision']}: step {1e3 * fig['step_s']:.2f} ms -> {tps:,.0f} tokens/s"
                 + (f", MFU {100 * mfu:.1f} %" if mfu is not None else "") + f"; loss {fig['first_loss']:.3f} -> {fig['last_loss']:.3f}"
                 + f"; {args.warmup} warm-up steps {fig['warmup_s']:.1f} s",
                 flush=True)
-        base_tps = steps_rows[-len(arms) + len(args.precisions) - 1]["tokens_per_s"]  # the last precision, eager
-        for r in steps_rows[-len(arms):]:
+        base_tps = shape_rows[len(args.precisions) - 1]["tokens_per_s"]  # the last precision, eager
+        for r in shape_rows:
             r["speedup_vs_last"] = r["tokens_per_s"] / base_tps
+        steps_rows.extend(shape_rows)
         if "memory" in args.parts:
             mem_rows.extend(memory_rows(args, shape, corpus, device, full))
         if "codecs" in args.parts:

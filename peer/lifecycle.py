@@ -114,10 +114,20 @@ def _saved_key(peer) -> Tuple[int, str]:
     return peer.engine.round, peer.engine.params_hash()
 
 
+def checkpointing(peer) -> bool:
+    """Whether this peer writes checkpoints: --checkpoint-dir is given and its role has them."""
+    return peer.role is not None and peer.role.checkpointed and peer.opts.checkpoint_dir is not None
+
+
+def checkpoint_due(peer) -> bool:
+    """Whether a round ending now gets a checkpoint (the writer's cost rule, peer/checkpoint_writer.py)."""
+    return checkpointing(peer) and peer.checkpoint_writer.due()
+
+
 def save_checkpoint(peer, trainer: Optional[Dict[str, Any]] = None) -> None:
-    """The end-of-round checkpoint (when --checkpoint-dir), remembered so the stop does not repeat it.
+    """A checkpoint written now, in this thread (the stop's), remembered so it is not repeated.
     ``trainer``: the training state to save (``checkpoints.trainer_snapshot``; None: as it is now)."""
-    if peer.role is None or not peer.role.checkpointed or peer.opts.checkpoint_dir is None:
+    if not checkpointing(peer):
         return
     checkpoints.save(peer.opts.checkpoint_dir, peer.spec, peer.engine, peer.role, peer.totals.tokens, trainer)
     peer._checkpointed = _saved_key(peer)
@@ -127,7 +137,7 @@ def checkpoint_round(peer, trainer: Optional[Dict[str, Any]] = None) -> None:
     """The end-of-round checkpoint (when --checkpoint-dir): collected now, written by the peer's
     checkpoint writer in its own thread (peer/checkpoint_writer.py), so training goes on meanwhile.
     ``trainer``: as for ``save_checkpoint``."""
-    if peer.role is None or not peer.role.checkpointed or peer.opts.checkpoint_dir is None:
+    if not checkpointing(peer):
         return
     tensors, meta = checkpoints.collect(peer.spec, peer.engine, peer.role, peer.totals.tokens, trainer)
     key, directory = _saved_key(peer), peer.opts.checkpoint_dir
@@ -142,7 +152,7 @@ def final_checkpoint(peer) -> None:
     """On stop: a checkpoint of the current parameters, unless the last one already is (after the
     write in progress, if any, has ended)."""
     engine = getattr(peer, "engine", None)
-    if engine is None or peer.role is None or not peer.role.checkpointed or peer.opts.checkpoint_dir is None:
+    if engine is None or not checkpointing(peer):
         return
     writer = getattr(peer, "checkpoint_writer", None)
     if writer is not None:

@@ -200,7 +200,7 @@ class RoundLoop:
         # the next round's inner steps start at once (on a GPU the encode is 27-34 % of H = 30 steps:
         # bench/RESULTS.md, "GPU figures")
         handoff = Handoff(None, None, losses, t0, t_train, t_train, overlapped=self._overlapped)
-        if role.checkpointed and peer.opts.checkpoint_dir is not None and peer.checkpoint_writer.due():
+        if lifecycle.checkpoint_due(peer):
             handoff.trainer = checkpoints.trainer_snapshot(role)
         with torch.no_grad():
             self._sent = {n: p.detach().clone() for n, p in role.params.items()}
@@ -391,7 +391,7 @@ class RoundLoop:
         record.util = peer.util.round_done()
         record.wire_sent, record.wire_received = self._wire_since_last_round()
         peer.totals.history.append(record)
-        if h.trainer is not None or (not self.overlap and peer.checkpoint_writer.due()):
+        if h.trainer is not None or (not self.overlap and lifecycle.checkpoint_due(peer)):
             lifecycle.checkpoint_round(peer, h.trainer)  # written in the background, at a bounded cost
         peer.sync.enable_sharing()
         peer.membership.publish(only_if_due=True)  # losses and tokens alone wait for the keep-alive

@@ -32,6 +32,7 @@ import torch
 
 from peer import checkpoints, lifecycle
 from peer.chain import ChainMember
+from peer.checkpoint_writer import CheckpointWriter
 from peer.data import val_batches
 from peer.exchange import PayloadGatherer
 from peer.membership import Membership
@@ -44,7 +45,6 @@ from peer.round_engine import RoundEngine
 from peer.round_loop import RoundLoop, majority_hash
 from peer.state_sync import StateSync
 from peer.tokenizer import obtain_corpus
-from peer.checkpoint_writer import CheckpointWriter
 from peer.utilization import Utilization, device_label, progress_extras
 from protocol.keys import averager_prefix
 from protocol.records import CHOOSING, Progress
