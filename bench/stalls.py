@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="small", choices=sorted(SHAPES), help="model shape (default small: 10.7M parameters)")
     ap.add_argument("--device", default="cpu", help="the peer's --device (default cpu)")
     ap.add_argument("--compile", action="store_true", help="the peer's --compile")
-    ap.add_argument("--strategy", default="sparseloco", help="outer strategy (default sparseloco)")
+    ap.add_argument("--strategy", default="sparseloco", choices=("sparseloco", "diloco", "dct"), help="outer strategy (default sparseloco)")
     ap.add_argument("--H", type=int, default=30, help="inner steps per round (default 30)")
     ap.add_argument("--rounds", type=int, default=8, help="rounds measured per arm (default 8)")
     ap.add_argument("--skip", type=int, default=3, help="first rounds left out: start-up, compile (default 3)")
@@ -84,6 +84,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=900, help="seconds an arm may take (default 900)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write the rows as JSON to OUT")
     args = ap.parse_args(argv)
+    if min(args.H, args.rounds, args.threads) < 1 or args.skip < 0 or args.timeout <= 0:
+        ap.error("--H, --rounds and --threads must be >= 1, --skip >= 0, --timeout > 0")
     exit_on_sigterm()
     print(f"bench/stalls.py: {now()}, {machine()}; shape {args.shape}, H={args.H}, {args.device}"
           + (" --compile" if args.compile else ""), flush=True)

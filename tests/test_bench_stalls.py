@@ -21,3 +21,10 @@ def test_both_arms_measure_a_lone_peer_and_write_json(tmp_path, capsys):
     assert all(r["rounds"] >= 2 and 0 < r["util"] <= 1 for r in rows)
     assert rows[0]["files"] == [] and "checkpoint.safetensors" in rows[1]["files"]
     assert "util / baseline" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad", [["--rounds", "0"], ["--H", "0"], ["--skip", "-1"], ["--shape", "huge"]])
+def test_bad_arguments_are_refused_with_a_message(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        stalls.main(bad)
+    assert e.value.code == 2 and "error:" in capsys.readouterr().err
