@@ -245,9 +245,12 @@ class Membership:
         for v in fresh:
             if v.peer_id == self.peer_id or v.progress.spec != digest:
                 continue
-            if v.progress.state == "stopped":
+            if v.progress.state in NOT_IN_ROUNDS:
+                # read, and not in rounds (stopped, restarting, a chain stage back to linking): not a
+                # missed read. A stage that cannot link flips between "syncing" and "linking"; kept
+                # here, it had the round's barrier "read again" for 11 s of a full replica's round
                 self._live_seen.pop(v.peer_id, None)
-            elif v.progress.state not in NOT_IN_ROUNDS:
+            else:
                 self._live_seen[v.peer_id] = now
         self._live_seen = {p: t for p, t in self._live_seen.items() if t > self._live_horizon()}  # bounded by the live swarm
 

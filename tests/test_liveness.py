@@ -408,3 +408,16 @@ def test_forgetting_zeroes_the_error_feedback_and_the_checkpointed_copy_follows(
         t.fill_(0.5)
     strategy.forget_local_state()
     assert all(float(t.abs().sum()) == 0.0 for t in strategy.local_state().values())
+
+
+def test_a_peer_read_again_out_of_rounds_is_not_a_missed_read(monkeypatch, clock):
+    # a chain stage that cannot link flips between "syncing" (catching up) and "linking" (not in
+    # rounds): a full replica's barrier read it as a peer lost from sight and waited 11 s for it
+    m = Membership(dht=None, spec=SPEC, peer_id="me", progress=lambda: None, stop=threading.Event())
+    states = iter(["syncing", "linking"])
+    monkeypatch.setattr(membership_mod, "read_progress", lambda dht, run_id: [view("stage", 0, next(states, "linking"))])
+    assert [v.peer_id for v in m.others()] == ["stage"]
+    clock.sleep(5.0)
+    assert not m.others() and not m.lost_sight() and m.swarm_is_empty()
+    t0 = clock.now
+    assert m.wait_for_round(0, set(), first_round=False).alone and clock.now - t0 < 0.5
