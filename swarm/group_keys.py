@@ -31,7 +31,7 @@ from typing import List, Tuple
 import numpy as np
 from hivemind.averaging.key_manager import GroupKey, GroupKeyManager, is_valid_group
 from hivemind.p2p import PeerID
-from hivemind.utils import DHTExpiration, get_logger
+from hivemind.utils import DHTExpiration, get_dht_time, get_logger
 
 from swarm.lean_store import lean_store
 from swarm.replica_reads import replica_get_async
@@ -56,6 +56,8 @@ class LeanGroupKeyManager(GroupKeyManager):
         # as hivemind's: leaving re-declares with the same expiration, a hair later, so it replaces the entry
         if not looking_for_group:
             expiration_time = float(np.nextafter(expiration_time, float("inf")))
+            if expiration_time <= get_dht_time():  # every node refuses an expired record: the store is bytes for nothing
+                return False
         store = partial(lean_store, group_key, peer_id.to_bytes(), looking_for_group, expiration_time, None)
         return bool(await self.dht.run_coroutine(store, return_future=True))
 

@@ -25,6 +25,7 @@ pings a second at the coordinator.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import random
@@ -38,6 +39,9 @@ from multiaddr import Multiaddr
 logger = logging.getLogger("voloco.swarm")
 
 CHECK_EVERY_S = 5.0
+CONNECT_TIMEOUT_S = 10.0  # a dial to a join node that hangs (a link down, a black-holed route) is given up
+CHECK_TIMEOUT_S = 60.0  # a check the DHT has not answered by then is abandoned and tried again
+LOST_LOG_EVERY_S = 60.0  # a node that cannot find the swarm again says so this often
 SMALL_TABLE = 5  # a table this small without a join node: this node may be in a swarm of its own
 KNOWN_MAX = 64  # nodes remembered to ask again once the table is empty
 
@@ -64,7 +68,8 @@ def needs_rejoin(present: Collection[PeerID], joins: Collection[PeerID]) -> bool
 
 async def check(_dht, node, joins: Sequence[str], refresh_joins: bool = False) -> int:
     """In the DHT's process: ping the join nodes (and, with an empty table, the nodes known before)
-    if the routing table needs it, and the join nodes anyway with ``refresh_joins``; how many answered."""
+    if the routing table needs it, and the join nodes anyway with ``refresh_joins``; how many answered
+    (-1: the table needed no one)."""
     present = set(node.protocol.routing_table.uid_to_peer_id.values())
     if len(_KNOWN) < KNOWN_MAX:
         _KNOWN.update(list(present)[: KNOWN_MAX - len(_KNOWN)])
@@ -74,13 +79,14 @@ async def check(_dht, node, joins: Sequence[str], refresh_joins: bool = False) -
         if refresh_joins:  # the table looks whole; make sure the join nodes still know this node
             for peer in addrs:
                 await node.protocol.call_ping(peer, validate=False)
-        return 0
+        return -1
     ask = [p for p in addrs if p not in present] + ([p for p in _KNOWN if p not in addrs] if not present else [])
     answered = 0
     for peer in ask:
         if peer in addrs:  # the daemon may have forgotten the address of a node it lost; hivemind has no
             try:  # public call for this (P2P keeps its daemon client private)
-                await node.protocol.p2p._client.connect(peer, [addrs[peer].decapsulate("p2p")])
+                await asyncio.wait_for(node.protocol.p2p._client.connect(peer, [addrs[peer].decapsulate("p2p")]),
+                                       CONNECT_TIMEOUT_S)
             except Exception as e:
                 logger.debug(f"rejoin: cannot connect to {peer}: {e!r}")
         if await node.protocol.call_ping(peer, validate=False) is not None:  # adds it to the table, and us to its
@@ -96,6 +102,27 @@ async def check(_dht, node, joins: Sequence[str], refresh_joins: bool = False) -
     return answered
 
 
+class LostSwarm:
+    """Says in the log, at most once a ``LOST_LOG_EVERY_S``, that this node keeps failing to find the
+    swarm again. ``note`` takes a check's result: -1 none needed, 0 nobody answered, n > 0 found."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock, self.since, self.logged = clock, None, None
+
+    def note(self, answered: int) -> None:
+        now = self.clock()
+        if answered != 0:
+            self.since = self.logged = None
+            return
+        if self.since is None:
+            self.since = now
+        due = self.logged is None or now - self.logged >= LOST_LOG_EVERY_S
+        if due and now - self.since >= LOST_LOG_EVERY_S / 4:  # a miss or two is a moment, not a lost swarm
+            self.logged = now
+            logger.warning(f"this peer has lost the swarm for {now - self.since:.0f} s: neither the join nodes nor "
+                           f"the nodes it knew answer; still trying (is its network link up?)")
+
+
 def keep_joined(dht, initial_peers: Sequence[Multiaddr], every: Optional[float] = None,
                 refresh: Optional[float] = None) -> threading.Thread:
     """A daemon thread that reconnects ``dht`` to the swarm whenever ``needs_rejoin`` says so (a look
@@ -108,14 +135,19 @@ def keep_joined(dht, initial_peers: Sequence[Multiaddr], every: Optional[float] 
     def loop() -> None:
         stop = threading.Event()
         schedule: Dict[str, float] = {}
+        lost = LostSwarm()
         while not stop.wait(every):
             if not dht.is_alive():
                 return
             due = bool(joins) and refresh_due(time.monotonic(), refresh, schedule)
+            future = None
             try:
-                dht.run_coroutine(functools.partial(check, joins=joins, refresh_joins=due))
-            except BaseException as e:  # a DHT shutting down (a cancelled future), a failed ping: try again later
-                logger.debug(f"rejoin: {e!r}")
+                future = dht.run_coroutine(functools.partial(check, joins=joins, refresh_joins=due), return_future=True)
+                lost.note(future.result(timeout=CHECK_TIMEOUT_S))
+            except BaseException as e:  # a DHT shutting down (a cancelled future), a failed ping, or a check
+                logger.debug(f"rejoin: {e!r}")  # that hangs (abandoned, not this thread's end): try again later
+                if future is not None and not future.done():
+                    future.cancel()
                 if not dht.is_alive():
                     return
 

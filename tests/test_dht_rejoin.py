@@ -4,6 +4,7 @@ the swarm again, so that a newcomer joining through it finds the peers. Real DHT
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 
@@ -65,3 +66,20 @@ def test_a_restarted_join_node_learns_the_swarm_and_a_newcomer_finds_it(tmp_path
                 node.shutdown()
             except Exception:
                 pass
+
+
+def test_a_peer_that_keeps_failing_to_find_the_swarm_says_so_at_a_bounded_rate(caplog):
+    now = [0.0]
+    lost = rejoin.LostSwarm(clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="voloco.swarm"):
+        for t in range(0, 300, 5):  # a check every 5 s, nobody answering for 5 minutes
+            now[0] = float(t)
+            lost.note(0)
+    warnings = [r.getMessage() for r in caplog.records if "lost the swarm" in r.getMessage()]
+    assert len(warnings) == 5 and "for 15 s" in warnings[0]  # after a quarter of a minute, then once a minute
+    caplog.clear()
+    lost.note(2)  # found again: the next loss starts a new count
+    now[0] += 5
+    lost.note(-1)
+    lost.note(0)
+    assert not [r for r in caplog.records if "lost the swarm" in r.getMessage()]

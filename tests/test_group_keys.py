@@ -73,3 +73,13 @@ def test_a_subkey_no_peer_id_can_be_made_of_is_skipped(nodes):
     assert a.store(key, True, get_dht_time() + 30, subkey=a.peer_id.to_bytes())
     got = run(group_keys.LeanGroupKeyManager(a, "gk-test_avg", "0111", 4).get_averagers(key, True))
     assert [p for p, _ in got] == [a.peer_id]
+
+
+def test_leaving_after_the_declaration_expired_stores_nothing(nodes, monkeypatch):
+    # every node refuses an expired record: hivemind re-declares a search that ended at its deadline anyway
+    a = nodes[0]
+    lean = group_keys.LeanGroupKeyManager(a, "gk-test_avg", "0101", 4)
+    calls = []
+    monkeypatch.setattr(group_keys, "lean_store", lambda *args: calls.append(args))
+    assert not run(lean.declare_averager(KEY + "1", a.peer_id, get_dht_time() - 1.0, looking_for_group=False))
+    assert calls == []
