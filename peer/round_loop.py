@@ -314,7 +314,9 @@ class RoundLoop:
             self._restart = self.overlap
             logger.warning(f"round {engine.round}: found no group; keeping this round's update locally")
             peer._load_theta()
-            peer.sync.catch_up(solo=last is not None and last.group == [peer.peer_id])
+            # a lineage of its own: a solo last round, or none since this process started (restarted from
+            # a checkpoint of its solo rounds, it waited at round 533 while the swarm was at 368)
+            peer.sync.catch_up(solo=last is None or last.group == [peer.peer_id])
             # the status says so too (its round, a state it installed, its wire bytes): a slow peer whose
             # every round ended here, each behind the swarm's, kept its start-up status to the end
             write_status(peer.opts.status_file, peer.status())

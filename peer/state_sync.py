@@ -133,7 +133,8 @@ class StateSync:
     def catch_up(self, even_at_same_round: bool = False, only: Optional[Set[str]] = None, solo: bool = False) -> None:
         """Download the current state if live peers are ahead of us (round 0 is the seed's, everywhere).
 
-        ``solo``: this peer's last round was one it trained alone (cut off, its view empty). If the
+        ``solo``: this peer's last round was one it trained alone (cut off, its view empty), or it has
+        found no group in the first round since it started (its checkpoint may be of such rounds). If the
         swarm it lost is back in view at an earlier round (two or more peers there that gather in
         groups), it takes the swarm's state of that round: its solo rounds raced ahead of the swarm's
         (no waiting) and are one peer's lineage, the swarm's is everyone else's.
