@@ -81,6 +81,8 @@ async def check(_dht, node, joins: Sequence[str], refresh_joins: bool = False) -
                 await node.protocol.call_ping(peer, validate=False)
         return -1
     ask = [p for p in addrs if p not in present] + ([p for p in _KNOWN if p not in addrs] if not present else [])
+    if not ask:  # a join node itself with a small table (the coordinator): nobody to ask, nothing lost
+        return -1
     answered = 0
     for peer in ask:
         if peer in addrs:  # the daemon may have forgotten the address of a node it lost; hivemind has no

@@ -4,6 +4,7 @@ the swarm again, so that a newcomer joining through it finds the peers. Real DHT
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import time
@@ -49,6 +50,9 @@ def test_a_restarted_join_node_learns_the_swarm_and_a_newcomer_finds_it(tmp_path
         nodes.append(peer)
         me = peer.peer_id.to_base58()
         assert me in _table(coordinator)
+        # nothing lost on either side: a join node with nobody to ask, a peer whose table holds its join node
+        assert coordinator.run_coroutine(functools.partial(rejoin.check, joins=[])) == -1
+        assert peer.run_coroutine(functools.partial(rejoin.check, joins=[str(m) for m in join])) == -1
         coordinator.shutdown()
         coordinator = start_dht((), where, identity_path=key)  # the same peer id and port, an empty table
         nodes[0] = coordinator
