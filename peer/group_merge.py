@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Set
 
 from peer.exchange import GatherResult, base58
 from peer.membership import DONE_STATES, NOT_IN_ROUNDS, TRAINING_STATES
@@ -256,16 +256,6 @@ def adopt_own_set(peer, round_no: int, payload: bytes, start_hash: str, wait_s: 
                   "our gather failed, but our group completed it with our payload")
 
 
-def round_lineage(round_no: int, mates: Set[str], installed_from: Tuple[int, FrozenSet[str]], me: str) -> Set[str]:
-    """The peers whose groups began ``round_no`` from our θ: last round's groupmates, or, when this
-    round's θ came by a state download (``installed_from``: round, peers), its server and the peers
-    that reported that θ. A peer that catches up with a fast swarm downloads round N as the swarm
-    gathers it; without a lineage it could not take the round's set, and downloaded again, round after
-    round (bench/faults.py: six times in a row, 10 s each)."""
-    installed_round, peers = installed_from
-    return set(peers) - {me} if installed_round == round_no else set(mates)
-
-
 def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage: Iterable[str] = ()):
     """After our gather of ``round_no`` was given up because every other peer of the round gathered
     without us (``no_group_left``): a set they named, as if our group had left our payload out. Its
@@ -273,8 +263,7 @@ def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage
     the price of fetching one set, where deferring the round cost a download of the whole state
     (3.7 MB at the 0.87M model of bench/wan.py, against a set's 57 KB). Our round's update stays in
     the local buffers, as when a round is deferred. Only a set with a member of ``lineage`` (our
-    last round's groupmates, whose θ we took then; or, in a round whose state we downloaded, its
-    server and the peers that reported its θ) counts: a set gathered on another θ would give
+    last round's groupmates, whose θ we took then) counts: a set gathered on another θ would give
     us a θ nobody has (a peer that trained its last round alone, or on a lineage of its own, defers
     and downloads as before); the next round's start-hash vote still catches a groupmate that has
     changed θ since. None if no such set can be had within ``wait_s``."""

@@ -37,7 +37,7 @@ import torch
 
 from peer import checkpoints, lifecycle
 from peer.early_close import EarlyClose, min_steps
-from peer.group_merge import FETCH_TIMEOUT_S, adopt_own_set, adopt_round_set, merge_round, no_group_left, round_lineage
+from peer.group_merge import FETCH_TIMEOUT_S, adopt_own_set, adopt_round_set, merge_round, no_group_left
 from peer.progress import ProgressBar
 from peer.reporting import RoundRecord, log_round, write_status
 from peer.roles import ChainStage, RoundAbandoned
@@ -279,7 +279,6 @@ class RoundLoop:
         engine, spec = peer.engine, peer.spec
         last = peer.totals.history[-1] if peer.totals.history else None
         mates = set(last.group) - {peer.peer_id} if last is not None and last.round == engine.round else set()
-        lineage = round_lineage(engine.round, mates, peer.sync.installed_from, peer.peer_id)
         barrier = peer.membership.wait_for_round(engine.round, mates, first_round=peer.totals.rounds == 0)
         t_wait = time.monotonic()
         if peer.stop_event.is_set():
@@ -302,7 +301,7 @@ class RoundLoop:
         if result is None and give_up is not None and not peer.stop_event.is_set():
             wait = 2 * peer.membership.read_interval() + spec.swarm.matchmaking_time
             if give_up.fired:  # given up while matchmaking: our payload went nowhere, the others' sets are named
-                result = adopt_round_set(peer, engine.round, start_hash, max(wait, FETCH_TIMEOUT_S), lineage=lineage)
+                result = adopt_round_set(peer, engine.round, start_hash, max(wait, FETCH_TIMEOUT_S), lineage=mates)
             else:
                 result = adopt_own_set(peer, engine.round, h.payload, start_hash, wait)
         if result is None and (barrier.alone or peer.membership.swarm_is_empty()):

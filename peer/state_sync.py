@@ -27,7 +27,7 @@ import logging
 import random
 import time
 from collections import Counter
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -104,9 +104,6 @@ class StateSync:
         self._set_state, self._on_installed = set_state, on_installed
         self._fetch = StateDownloader(membership.dht, gatherer)
         self._failed_target: Tuple[int, float] = (-1, 0.0)  # a round no peer served, and when to try again
-        # (round, peers) of the last state installed: its server, and the peers that reported its θ for
-        # that round. Their groups started the round from our θ, so a set they gather is ours to take
-        self.installed_from: Tuple[int, FrozenSet[str]] = (-1, frozenset())
 
     # ---- serving --------------------------------------------------------------------------------
     def shareable_state(self) -> Tuple[dict, List[torch.Tensor]]:
@@ -210,7 +207,6 @@ class StateSync:
                 continue
             self.consistent = True
             self.enable_sharing()
-            self.installed_from = (self.engine.round, _lineage(views, peer, self.engine.round, self.engine.params_hash()))
             return True
         return False
 
@@ -299,12 +295,6 @@ def _checked(name: str, t: Any, shape: Optional[Sequence[int]]) -> torch.Tensor:
     if not bool(torch.isfinite(t).all()) or (t.numel() and float(t.abs().max()) > STATE_MAX_ABS):
         raise ProtocolError(f"state tensor {name} has non-finite values or values beyond {STATE_MAX_ABS:g} (as float32)")
     return t
-
-
-def _lineage(views: Sequence[Any], source: str, round_no: int, theta_hash: str) -> FrozenSet[str]:
-    """The server of a state installed for ``round_no`` and every peer ``views`` shows reporting its θ."""
-    return frozenset({source} | {v.peer_id for v in views
-                                 if v.progress.round == round_no and v.progress.params_hash == theta_hash})
 
 
 def _reported_hashes(views: Sequence[Any], excluding: str) -> Dict[int, Set[str]]:

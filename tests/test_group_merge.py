@@ -429,11 +429,3 @@ def test_a_groupmate_listing_many_sets_nobody_serves_costs_one_failed_fetch():
     peer, result = member_of(swarm, mine)
     merged = agree(peer, ROUND, result, ready=[])
     assert merged.sets == 1 and swarm.asked == [mate]
-
-
-def test_the_lineage_of_a_downloaded_round_is_its_server_and_the_peers_on_its_theta():
-    from peer.group_merge import round_lineage
-
-    assert round_lineage(7, {"a"}, (-1, frozenset()), "me") == {"a"}  # trained from last round's group
-    assert round_lineage(7, set(), (7, frozenset({"s", "b", "me"})), "me") == {"s", "b"}  # downloaded this round
-    assert round_lineage(8, {"a"}, (7, frozenset({"s"})), "me") == {"a"}  # a download of an earlier round

@@ -421,16 +421,3 @@ def test_a_peer_read_again_out_of_rounds_is_not_a_missed_read(monkeypatch, clock
     assert not m.others() and not m.lost_sight() and m.swarm_is_empty()
     t0 = clock.now
     assert m.wait_for_round(0, set(), first_round=False).alone and clock.now - t0 < 0.5
-
-
-def test_an_installed_state_names_its_lineage_for_the_round(monkeypatch, clock):
-    # a peer that downloads round 10 while the swarm gathers it may take the round's set instead of
-    # chasing the swarm with download after download: the set must come from peers on the θ it took
-    honest = honest_engine(10)
-    views = [view("a", 10, "training"), view("b", 10, "ready", honest.params_hash()),
-             view("d", 10, "ready", honest.params_hash()), view("c", 10, "ready", "f" * 16)]
-    sync, engine = syncing_peer(monkeypatch, views, lambda peer: served(honest))
-    assert sync.installed_from == (-1, frozenset())
-    sync.catch_up()
-    source = sync.asked[0]
-    assert engine.round == 10 and sync.installed_from == (10, frozenset({source, "b", "d"}))  # not c: another θ
