@@ -15,7 +15,7 @@ the recovered round against the undisturbed run's at equal tokens trained into Î
 simulation of the four first peers, bit-identical to a real undisturbed swarm; "r20.5": after 20.5
 of its rounds, tests/fault_losses.py), and the fault's cost: how much it widened that gap, the mean
 gap over the recovered round and the 2 after it against the mean over the swarm's last 3 rounds
-before the fault (the scenarios share one swarm, so the gap adds up; one round's gap alone moves
+before the fault (counted as even where the swarm was ahead) (the scenarios share one swarm, so the gap adds up; one round's gap alone moves
 from round to round). PASS needs all of it: survivors trained on, returning peers
 identical, the fault's cost at most +2 % (a lower loss is no harm). Over the whole run every pair
 of groupmates must hold one Î¸ in every round, and every checkpoint on disk must load.
@@ -68,7 +68,7 @@ def summary(result: dict) -> str:
     return (f"{result['groupmate_pairs_checked']} (round, peer, groupmate) pairs checked identical; "
             f"{len(problems)} problem(s) (unloadable checkpoints, refused checkpoints, groupmates apart){kills}; "
             f"{result['rounds']} rounds, {result['tokens_per_round']} tokens per peer a round, "
-            f"{result['wall_s']:.0f} s" + "".join(f"\n  problem: {p[:500]}" for p in problems))
+            f"{result['wall_s']:.0f} s" + "".join(f"\n  problem: {p[:4000]}" for p in problems))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -22,7 +22,8 @@ simulation of the four first peers (peer/simulate.py with their ids as shards: b
 tests/test_real_vs_sim.py), in a process of its own while the swarm runs. The scenarios share one
 swarm, so the gap to the undisturbed run adds up from one to the next: a scenario's cost is how much
 it widened the gap (its mean over the swarm's last ``LOSS_WINDOW`` rounds before the fault, against
-its mean over the recovered round and the rounds after it), and that must stay at most +2 % (tests/fault_losses.py). Over the whole run: every pair of groupmates identical in every round,
+its mean over the recovered round and the rounds after it; a gap before it that was in the swarm's
+favour counts as even), and that must stay at most +2 % (tests/fault_losses.py). Over the whole run: every pair of groupmates identical in every round,
 and every checkpoint on disk loads.
 """
 

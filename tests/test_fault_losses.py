@@ -55,6 +55,20 @@ def test_a_fault_that_set_the_swarm_back_costs_what_it_lost():
     assert row["loss_cost"] > 0.02 and not row["loss_ok"]
 
 
+def test_a_swarm_ahead_of_the_undisturbed_run_is_charged_only_past_even():
+    # 3 % ahead before the fault, 1 % ahead after it: nothing lost against the undisturbed run
+    ahead = [rec(r, val_loss=UNDISTURBED[r] * 0.97) for r in range(1, 11)]
+    records = ahead + [rec(r, val_loss=UNDISTURBED[r] * 0.99) for r in range(11, 20)]
+    row = _row(records, 10, 12)
+    score(row, token_rounds(records, 4, 19), UNDISTURBED, 0.02)
+    assert row["loss_cost"] == pytest.approx(-0.01) and row["loss_ok"]
+    # 3 % ahead before, 3 % behind after: charged the 3 % past even, not the 6 % swing
+    records = ahead + [rec(r, val_loss=UNDISTURBED[r] * 1.03) for r in range(11, 20)]
+    row = _row(records, 10, 12)
+    score(row, token_rounds(records, 4, 19), UNDISTURBED, 0.02)
+    assert row["loss_cost"] == pytest.approx(0.03) and not row["loss_ok"]
+
+
 def test_a_lower_loss_than_the_undisturbed_runs_passes():
     records = [rec(r) for r in range(1, 11)] + [rec(r, val_loss=UNDISTURBED[r + 3]) for r in range(11, 20)]
     row = _row(records, 10, 12)
