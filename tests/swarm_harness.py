@@ -181,14 +181,21 @@ def _brief(rec: dict) -> dict:
 
 
 def _groupmate_pairs(statuses: List[dict]):
-    """(peer, groupmate, their round records) for every round two of ``statuses`` spent in one group, both counting."""
+    """(peer, groupmate, their round records) for every round two of ``statuses`` spent in one group, both counting.
+
+    Both records must name each other: a record of the groupmate's that names another group is of
+    another group of the round. That happens where a peer was killed in the middle of a round's
+    gather and restarted at once (the fault tests record a peer's rounds across its restarts): its
+    old process had its payload counted in the first group, and its new one trained the round again
+    from its checkpoint and gathered it in a group of its own (one θ per group; the round's two
+    groups meet at the next round's start-hash check)."""
     by_peer = {s["peer_id"]: {r["round"]: r for r in s["history"]} for s in statuses if s}
     for pid, rounds in by_peer.items():
         for rnd, rec in rounds.items():
             for other in rec["group"]:
                 if other == pid or other not in by_peer or rnd not in by_peer[other]:
                     continue
-                if other in rec["excluded"]:
+                if other in rec["excluded"] or pid not in by_peer[other][rnd]["group"]:
                     continue
                 yield pid, other, rec, by_peer[other][rnd], rounds, by_peer[other]
 

@@ -1,0 +1,33 @@
+"""tests/swarm_harness.py's check that groupmates end a round with one θ, on round records."""
+
+import pytest
+
+from tests.swarm_harness import assert_groups_identical, groupmate_pairs
+
+
+def rec(round_no, group, params_hash, excluded=None):
+    return dict(round=round_no, group=sorted(group), params_hash=params_hash, excluded=excluded or {}, contributors=len(group))
+
+
+def status(peer, *records):
+    return dict(peer_id=peer, history=list(records))
+
+
+def test_groupmates_apart_are_caught():
+    statuses = [status("a", rec(1, "ab", "x")), status("b", rec(1, "ab", "y"))]
+    with pytest.raises(AssertionError, match="round 1: a has x, groupmate b has y"):
+        assert_groups_identical(statuses)
+
+
+def test_groupmates_alike_pass_and_an_excluded_member_is_not_compared():
+    statuses = [status("a", rec(1, "abc", "x", {"c": "sent nothing"})), status("b", rec(1, "abc", "x", {"c": "sent nothing"})),
+                status("c", rec(2, "c", "z"))]
+    assert assert_groups_identical(statuses) == 2  # a-b and b-a; c sent nothing (it died) and recorded no round 1
+
+
+def test_a_record_of_another_group_of_the_round_is_not_a_groupmates():
+    # b was killed in round 5's gather after a and c had its payload, restarted, and gathered round 5
+    # again with d: its record of round 5 is of that second group
+    statuses = [status("a", rec(5, "abc", "x")), status("c", rec(5, "abc", "x")),
+                status("b", rec(5, "bd", "w")), status("d", rec(5, "bd", "w"))]
+    assert assert_groups_identical(statuses) == groupmate_pairs(statuses) == 4
