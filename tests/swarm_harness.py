@@ -188,14 +188,16 @@ def _groupmate_pairs(statuses: List[dict]):
     gather and restarted at once (the fault tests record a peer's rounds across its restarts): its
     old process had its payload counted in the first group, and its new one trained the round again
     from its checkpoint and gathered it in a group of its own (one θ per group; the round's two
-    groups meet at the next round's start-hash check)."""
+    groups meet at the next round's start-hash check). A record that does not name its own peer
+    took another group's set (peer/group_merge.py's ``adopt_round_set``): it must hold that
+    group's θ, and is compared with every member of it."""
     by_peer = {s["peer_id"]: {r["round"]: r for r in s["history"]} for s in statuses if s}
     for pid, rounds in by_peer.items():
         for rnd, rec in rounds.items():
             for other in rec["group"]:
                 if other == pid or other not in by_peer or rnd not in by_peer[other]:
                     continue
-                if other in rec["excluded"] or pid not in by_peer[other][rnd]["group"]:
+                if other in rec["excluded"] or (pid in rec["group"] and pid not in by_peer[other][rnd]["group"]):
                     continue
                 yield pid, other, rec, by_peer[other][rnd], rounds, by_peer[other]
 

@@ -31,3 +31,10 @@ def test_a_record_of_another_group_of_the_round_is_not_a_groupmates():
     statuses = [status("a", rec(5, "abc", "x")), status("c", rec(5, "abc", "x")),
                 status("b", rec(5, "bd", "w")), status("d", rec(5, "bd", "w"))]
     assert assert_groups_identical(statuses) == groupmate_pairs(statuses) == 4
+
+
+def test_a_peer_that_took_another_groups_set_is_compared_with_its_members():
+    # c found round 7 gathered without it and took a and b's set: its record names their group, not itself
+    statuses = [status("a", rec(7, "ab", "x")), status("b", rec(7, "ab", "x")), status("c", rec(7, "ab", "y"))]
+    with pytest.raises(AssertionError, match="round 7: c has y, groupmate a has x"):
+        assert_groups_identical(statuses)
