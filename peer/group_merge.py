@@ -147,13 +147,26 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             skip.update({p: round_no + SKIP_ROUNDS for p in outstanding})
             break
         time.sleep(POLL_S)
-    # each member decided alone which late sets arrived in time: the group agrees on their union
-    agree_with_group(peer, round_no, result, held, seen_naming, allowance, quiet)
+    # each member decided alone which late sets arrived in time: the group agrees on their union. A
+    # groupmate answers once its own merge is over, and its view may have shown it a group still
+    # gathering that ours did not: then its merge runs on, to round_wait (and the gathering extra,
+    # and a fetch) past its start, at most a gather slot after ours. Its answer is waited for that
+    # long (it comes as soon as that merge ends), or the two end the round with two θ (a faults run:
+    # one member stopped after 9 s with its own set, its groupmate merged a second set at 14 s)
+    longest = mate_merge_bound(spec) - (time.monotonic() - t0)
+    agree_with_group(peer, round_no, result, held, seen_naming, max(allowance, longest), quiet)
     payloads, excluded = group_sets.union(held[d] for d in sorted(held))
     if len(held) > 1:
         logger.info(f"round {round_no}: merged the sets of {len(held) - 1} other group(s) of the round: "
                     f"{len(payloads)} payloads in all")
     return Merged(payloads, excluded, len(held))
+
+
+def mate_merge_bound(spec) -> float:
+    """The longest a groupmate's ``merge_round`` may run, counted from the start of ours: its wait
+    (``round_wait`` and the gathering extra), a fetch begun at its end, and a gather slot of skew
+    between our group's members' starts."""
+    return spec.swarm.round_wait + (GATHERING_EXTRA + 1) * spec.swarm.gather_timeout + FETCH_TIMEOUT_S
 
 
 def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, bytes]],

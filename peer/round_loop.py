@@ -301,7 +301,11 @@ class RoundLoop:
         if result is None and give_up is not None and not peer.stop_event.is_set():
             wait = 2 * peer.membership.read_interval() + spec.swarm.matchmaking_time
             if give_up.fired:  # given up while matchmaking: our payload went nowhere, the others' sets are named
-                result = adopt_round_set(peer, engine.round, start_hash, max(wait, FETCH_TIMEOUT_S), lineage=mates)
+                # only a set of our last round's groupmates can be taken; with none (a state just
+                # downloaded, a fresh start) nothing is waited for (it cost 10 s a try in a peer's
+                # chase of the swarm: bench/RESULTS.md): the swarm's state is taken at once
+                if mates:
+                    result = adopt_round_set(peer, engine.round, start_hash, max(wait, FETCH_TIMEOUT_S), lineage=mates)
             else:
                 result = adopt_own_set(peer, engine.round, h.payload, start_hash, wait)
         if result is None and (barrier.alone or peer.membership.swarm_is_empty()):

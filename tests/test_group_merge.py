@@ -11,8 +11,8 @@ from typing import Dict, List, Optional
 
 from hivemind.p2p import PeerID
 
-from peer.group_merge import (QUIET_WAIT_S, SKIP_ROUNDS, adopt_own_set, adopt_round_set, agree_with_group, merge_round,
-                              no_group_left)
+from peer.group_merge import (QUIET_WAIT_S, SKIP_ROUNDS, adopt_own_set, adopt_round_set, agree_with_group, mate_merge_bound,
+                              merge_round, no_group_left)
 from protocol.group_sets import pack_set, set_digest, union
 from protocol.records import Progress
 from tests.agreement_sim import MAX_PAYLOAD, RUN, signer
@@ -429,3 +429,22 @@ def test_a_groupmate_listing_many_sets_nobody_serves_costs_one_failed_fetch():
     peer, result = member_of(swarm, mine)
     merged = agree(peer, ROUND, result, ready=[])
     assert merged.sets == 1 and swarm.asked == [mate]
+
+
+def test_a_groupmate_still_merging_is_waited_for_as_long_as_its_merge_may_run():
+    # our view shows nobody else in the round: our merge ends at once; a groupmate whose view showed a
+    # group still gathering merges its set up to round_wait (and more) later, and must be waited for
+    mine, theirs = a_group(0, 2, b"g1"), a_group(2, 2, b"g2")
+    mate = sorted(mine[2])[1]
+    swarm = Swarm([[]], {mate: {theirs[1]: theirs[0]}})
+    waits = []
+
+    def merged_by(ask, digest):
+        waits.append(dict(ask))
+        return {mate: tuple(sorted([mine[1], theirs[1]]))}
+
+    swarm.merged_by = merged_by
+    peer, result = member_of(swarm, mine)
+    merged = merge_round(peer, ROUND, result, ready=[])
+    assert merged.sets == 2 and merged.payloads == {**mine[2], **theirs[2]}
+    assert waits[0][mate] >= mate_merge_bound(peer.spec) - 1.0 > peer.spec.swarm.round_wait
