@@ -90,6 +90,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     gave_up = set(gave_up)
     t0 = last_arrival = time.monotonic()
     seen_naming: Dict[str, List[str]] = {}
+    others: Set[str] = set()  # peers of the round outside our group seen in it, or naming a set for it
     # another group may form and agree as late as a gather's deadline after ours (a loaded host's matchmaking)
     # (matchmaking's wait as stretched on this host for the round's gather: peer/exchange.py)
     matchmaking = max(spec.swarm.matchmaking_time, getattr(gatherer, "matchmaking_wait", 0.0))
@@ -120,7 +121,9 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         # whoever is in the round and has named no set yet: those the barrier saw ready, and any the view
         # shows in the round now (the barrier's view may have been a read behind, or they came late)
         by_peer = {v.peer_id: v.progress for v in view}
-        outstanding |= {v.peer_id for v in view if v.progress.round == round_no and v.progress.state in IN_ROUND}
+        in_round = {v.peer_id for v in view if v.progress.round == round_no and v.progress.state in IN_ROUND}
+        outstanding |= in_round
+        others |= in_round | {p for pubs in named.values() for p in pubs}
         for p in list(skip):
             if skip[p] <= round_no or (p in by_peer and by_peer[p].set_of(round_no)):
                 del skip[p]
@@ -148,13 +151,17 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             break
         time.sleep(POLL_S)
     # each member decided alone which late sets arrived in time: the group agrees on their union. A
-    # groupmate answers once its own merge is over, and its view may have shown it a group still
-    # gathering that ours did not: then its merge runs on, to round_wait (and the gathering extra,
-    # and a fetch) past its start, at most a gather slot after ours. Its answer is waited for that
-    # long (it comes as soon as that merge ends), or the two end the round with two θ (a faults run:
-    # one member stopped after 9 s with its own set, its groupmate merged a second set at 14 s)
-    longest = mate_merge_bound(spec) - (time.monotonic() - t0)
-    agree_with_group(peer, round_no, result, held, seen_naming, max(allowance, longest), quiet)
+    # groupmate answers once its own merge is over. Where the round has other groups, its view may
+    # have shown it one still gathering that ours no longer waited for: then its merge runs on, to
+    # round_wait (and the gathering extra, and a fetch) past its start, at most a gather slot after
+    # ours. Its answer is then waited for that long (it comes as soon as that merge ends), or the two
+    # end the round with two θ (a faults run: one member stopped after 9 s with its own set, its
+    # groupmate merged a second set at 14 s). A round with no other group in sight waits as before:
+    # a groupmate that never answers costs the allowance, not the longest merge
+    wait = allowance
+    if others or len(held) > 1:
+        wait = max(allowance, mate_merge_bound(spec) - (time.monotonic() - t0))
+    agree_with_group(peer, round_no, result, held, seen_naming, wait, quiet)
     payloads, excluded = group_sets.union(held[d] for d in sorted(held))
     if len(held) > 1:
         logger.info(f"round {round_no}: merged the sets of {len(held) - 1} other group(s) of the round: "

@@ -432,11 +432,12 @@ def test_a_groupmate_listing_many_sets_nobody_serves_costs_one_failed_fetch():
 
 
 def test_a_groupmate_still_merging_is_waited_for_as_long_as_its_merge_may_run():
-    # our view shows nobody else in the round: our merge ends at once; a groupmate whose view showed a
-    # group still gathering merges its set up to round_wait (and more) later, and must be waited for
+    # our view shows one peer of another group in the round, too few to gather: our merge ends at
+    # once; a groupmate whose view showed that group gathering merges its set up to round_wait (and
+    # more) later, and must be waited for
     mine, theirs = a_group(0, 2, b"g1"), a_group(2, 2, b"g2")
     mate = sorted(mine[2])[1]
-    swarm = Swarm([[]], {mate: {theirs[1]: theirs[0]}})
+    swarm = Swarm([[record(sorted(theirs[2])[0], state="training")]], {mate: {theirs[1]: theirs[0]}})
     waits = []
 
     def merged_by(ask, digest):
@@ -448,3 +449,14 @@ def test_a_groupmate_still_merging_is_waited_for_as_long_as_its_merge_may_run():
     merged = merge_round(peer, ROUND, result, ready=[])
     assert merged.sets == 2 and merged.payloads == {**mine[2], **theirs[2]}
     assert waits[0][mate] >= mate_merge_bound(peer.spec) - 1.0 > peer.spec.swarm.round_wait
+
+
+def test_with_no_other_group_in_sight_a_silent_groupmate_costs_only_the_allowance():
+    mine = a_group(0, 2, b"g1")
+    mate = sorted(mine[2])[1]
+    swarm = Swarm([[]], {})
+    waits = []
+    swarm.merged_by = lambda ask, digest: waits.append(dict(ask)) or {mate: None}
+    peer, result = member_of(swarm, mine)
+    assert merge_round(peer, ROUND, result, ready=[]).sets == 1
+    assert waits[0][mate] < peer.spec.swarm.round_wait
