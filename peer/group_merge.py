@@ -286,9 +286,14 @@ def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage
     last round's groupmates, whose θ we took then) counts: a set gathered on another θ would give
     us a θ nobody has (a peer that trained its last round alone, or on a lineage of its own, defers
     and downloads as before); the next round's start-hash vote still catches a groupmate that has
-    changed θ since. None if no such set can be had within ``wait_s``."""
+    changed θ since. Most of the set's owners must be of ``lineage``: only owners vote in their
+    group's start-hash check, so that group then took our θ as its start, and the set's outcome from
+    our θ is the group's. One of two is not enough (a faults run: a peer took the set of its last
+    groupmate and a peer of another lineage; their tied vote went to the other θ, the groupmate
+    downloaded it, and the peer that took the set ended the round on a θ nobody else held). None if
+    no such set can be had within ``wait_s``."""
     lineage = set(lineage)
-    return _adopt(peer, round_no, start_hash, wait_s, lambda got: bool(lineage & set(got)),
+    return _adopt(peer, round_no, start_hash, wait_s, lambda got: 2 * len(lineage & set(got)) > len(got),
                   "every other peer gathered without us: taking their set instead of their state")
 
 

@@ -304,7 +304,8 @@ def test_a_peer_the_round_gathered_without_takes_a_named_set_and_merges_the_rest
     peer, _ = member_of(swarm, mine)
     peer.peer_id = me
     assert adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.3) is None  # no groupmate of our last round in either
-    result = adopt_round_set(peer, ROUND, "c" * 16, wait_s=1.0, lineage=[first[1]])
+    assert adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.3, lineage=[first[1]]) is None  # one of two owners
+    result = adopt_round_set(peer, ROUND, "c" * 16, wait_s=1.0, lineage=first)
     assert result is not None and result.payloads == g1[2]
     assert result.start_hashes == {me: "c" * 16} and not result.excluded
     merged = merge_round(peer, ROUND, result, ready=[])
