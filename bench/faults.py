@@ -18,7 +18,9 @@ gap over the recovered round and the 2 after it against the mean over the swarm'
 before the fault (counted as even where the swarm was ahead) (the scenarios share one swarm, so the gap adds up; one round's gap alone moves
 from round to round). PASS needs all of it: survivors trained on, returning peers
 identical, the fault's cost at most +2 % (a lower loss is no harm). Over the whole run every pair
-of groupmates must hold one θ in every round, and every checkpoint on disk must load.
+of groupmates must hold one θ in every round, or be back on one θ within 3 rounds (a member cut off
+mid-gather decides alone; the next round's start-hash check repairs it: such splits are counted and
+printed), and every checkpoint on disk must load.
 
 Needs root (network namespaces).
 """
@@ -65,10 +67,13 @@ def summary(result: dict) -> str:
     kills = (f"; random kills: {random_row['kills']} ({random_row['kills_at_checkpoint']} while a checkpoint was "
              f"being written, {random_row['kills_in_startup']} during a start-up)") if random_row else ""
     problems = result["problems"]
-    return (f"{result['groupmate_pairs_checked']} (round, peer, groupmate) pairs checked identical; "
-            f"{len(problems)} problem(s) (unloadable checkpoints, refused checkpoints, groupmates apart){kills}; "
+    repaired = result.get("repaired_splits", [])
+    return (f"{result['groupmate_pairs_checked'] - len(repaired)} of {result['groupmate_pairs_checked']} (round, peer, "
+            f"groupmate) pairs identical, {len(repaired)} apart and back on one θ within 3 rounds; "
+            f"{len(problems)} problem(s) (unloadable checkpoints, refused checkpoints, groupmates apart for longer){kills}; "
             f"{result['rounds']} rounds, {result['tokens_per_round']} tokens per peer a round, "
-            f"{result['wall_s']:.0f} s" + "".join(f"\n  problem: {p[:4000]}" for p in problems))
+            f"{result['wall_s']:.0f} s" + "".join(f"\n  problem: {p[:4000]}" for p in problems)
+            + "".join(f"\n  repaired split: {p[:1000]}" for p in repaired))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -158,10 +158,10 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     # end the round with two θ (a faults run: one member stopped after 9 s with its own set, its
     # groupmate merged a second set at 14 s). A round with no other group in sight waits as before:
     # a groupmate that never answers costs the allowance, not the longest merge
-    wait = allowance
-    if others or len(held) > 1:
-        wait = max(allowance, mate_merge_bound(spec) - (time.monotonic() - t0))
-    agree_with_group(peer, round_no, result, held, seen_naming, wait, quiet)
+    wait, quiet_wait = allowance, QUIET_WAIT_S
+    if others or len(held) > 1:  # a groupmate that left us waiting lately too (our own link may have been down)
+        wait, quiet_wait = max(allowance, mate_merge_bound(spec) - (time.monotonic() - t0)), allowance
+    agree_with_group(peer, round_no, result, held, seen_naming, wait, quiet, quiet_wait)
     payloads, excluded = group_sets.union(held[d] for d in sorted(held))
     if len(held) > 1:
         logger.info(f"round {round_no}: merged the sets of {len(held) - 1} other group(s) of the round: "
@@ -177,7 +177,8 @@ def mate_merge_bound(spec) -> float:
 
 
 def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, bytes]],
-                     publishers: Dict[str, List[str]], wait: float, quiet: Optional[Dict[str, int]] = None) -> None:
+                     publishers: Dict[str, List[str]], wait: float, quiet: Optional[Dict[str, int]] = None,
+                     quiet_wait: float = QUIET_WAIT_S) -> None:
     """Add to ``held`` the sets our groupmates merged for the round and we did not.
 
     Each member tells the others which sets it holds (``offer_merged``) and asks each of them the
@@ -188,7 +189,9 @@ def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, byte
     until the next round's start-hash check (a hostile member can still name different sets to
     different members: that costs a round's θ, never a forged payload, every set being checked).
     ``quiet`` (peer -> round), kept by the caller: groupmates that did not answer, asked again for
-    ``SKIP_ROUNDS`` rounds with a wait of ``QUIET_WAIT_S`` only."""
+    ``SKIP_ROUNDS`` rounds with a wait of ``quiet_wait`` only (``QUIET_WAIT_S``; the merge's allowance
+    where the round showed another group: a peer whose link had been down had marked its groupmates
+    quiet, then waited 1 s for one that merged another group's set 1.2 s later, and split from it)."""
     gatherer, me, own = peer.gatherer, peer.peer_id, result.set_digest
     quiet = {} if quiet is None else quiet
     # members whose payload the group agreed (an excluded one misbehaved or went silent), client-mode
@@ -200,7 +203,7 @@ def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, byte
     for m in [m for m, until in quiet.items() if until <= round_no]:
         del quiet[m]
     # a member that left us waiting lately is asked, but not waited for long
-    answers = gatherer.merged_by({m: QUIET_WAIT_S if m in quiet else max(2.0, wait) for m in mates}, own)
+    answers = gatherer.merged_by({m: quiet_wait if m in quiet else max(2.0, wait) for m in mates}, own)
     for mate, names in answers.items():
         if names is None:
             quiet[mate] = round_no + SKIP_ROUNDS

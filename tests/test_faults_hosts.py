@@ -30,8 +30,11 @@ def test_survivors_train_on_and_returning_peers_rejoin_identical_through_each_fa
     result = run_faults(tmp_path, SCENARIOS, kills=3)
     print(report(result), summary(result), sep="\n")
     rows = {r["scenario"]: r for r in result["rows"]}
-    assert not result["problems"], result["problems"]  # groupmates apart, a checkpoint that does not load
+    # groupmates apart for longer than the next rounds' start-hash checks, a checkpoint that does not load
+    assert not result["problems"], result["problems"]
     assert result["groupmate_pairs_checked"] >= 20
+    # a member cut off mid-gather may end a round alone, rarely (0-1 a run in this session's runs)
+    assert len(result["repaired_splits"]) * 20 <= result["groupmate_pairs_checked"], result["repaired_splits"]
     for name in SCENARIOS:
         row = rows[name]
         assert "failed" not in row, row

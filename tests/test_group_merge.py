@@ -461,3 +461,15 @@ def test_with_no_other_group_in_sight_a_silent_groupmate_costs_only_the_allowanc
     peer, result = member_of(swarm, mine)
     assert merge_round(peer, ROUND, result, ready=[]).sets == 1
     assert waits[0][mate] < peer.spec.swarm.round_wait
+
+
+def test_a_quiet_groupmate_is_waited_for_the_allowance_where_the_round_shows_another_group():
+    mine, theirs = a_group(0, 2, b"g1"), a_group(2, 2, b"g2")
+    mate = sorted(mine[2])[1]
+    waits = []
+    for view in ([record(sorted(theirs[2])[0], state="training")], []):
+        swarm = Swarm([view], {}, allowance=3.0)
+        swarm.merged_by = lambda ask, digest: waits.append(dict(ask)) or {mate: (mine[1],)}
+        peer, result = member_of(swarm, mine)
+        merge_round(peer, ROUND, result, ready=[], quiet={mate: ROUND + 3})
+    assert waits[0][mate] >= 3.0 and waits[1][mate] == QUIET_WAIT_S

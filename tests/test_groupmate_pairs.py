@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.swarm_harness import assert_groups_identical, groupmate_pairs
+from tests.swarm_harness import assert_groups_identical, groupmate_pairs, groupmate_splits
 
 
 def rec(round_no, group, params_hash, excluded=None):
@@ -38,3 +38,15 @@ def test_a_peer_that_took_another_groups_set_is_compared_with_its_members():
     statuses = [status("a", rec(7, "ab", "x")), status("b", rec(7, "ab", "x")), status("c", rec(7, "ab", "y"))]
     with pytest.raises(AssertionError, match="round 7: c has y, groupmate a has x"):
         assert_groups_identical(statuses)
+
+
+def test_a_split_back_on_one_theta_within_three_rounds_counts_as_repaired_and_a_longer_one_does_not():
+    # round 5: b was cut off mid-gather and decided alone; round 6's start-hash check brought it back
+    repaired = [status("a", rec(5, "ab", "x"), rec(6, "ab", "y")), status("b", rec(5, "ab", "w"), rec(6, "ab", "y"))]
+    checked, ok, bad = groupmate_splits(repaired)
+    assert checked == 4 and len(ok) == 2 and not bad and "round 5: a has x, groupmate b has w" in ok[0]
+    lasting = [status("a", *[rec(r, "ab", f"a{r}") for r in range(5, 10)]),
+               status("b", *[rec(r, "ab", f"b{r}") for r in range(5, 10)])]
+    checked, ok, bad = groupmate_splits(lasting)
+    assert checked == 10 and len(bad) == 8  # rounds 5-8, both ways: apart in every later round recorded
+    assert len(ok) == 2 and "not seen again" in ok[0]  # round 9: the last one recorded
