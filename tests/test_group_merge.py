@@ -11,8 +11,8 @@ from typing import Dict, List, Optional
 
 from hivemind.p2p import PeerID
 
-from peer.group_merge import (QUIET_WAIT_S, SKIP_ROUNDS, adopt_own_set, adopt_round_set, agree_with_group, mate_merge_bound,
-                              merge_round, no_group_left)
+from peer.group_merge import (QUIET_WAIT_S, SKIP_ROUNDS, adopt_own_set, adopt_round_set, agree_with_group, merge_round,
+                              no_group_left)
 from protocol.group_sets import pack_set, set_digest, union
 from protocol.records import Progress
 from tests.agreement_sim import MAX_PAYLOAD, RUN, signer
@@ -431,45 +431,3 @@ def test_a_groupmate_listing_many_sets_nobody_serves_costs_one_failed_fetch():
     merged = agree(peer, ROUND, result, ready=[])
     assert merged.sets == 1 and swarm.asked == [mate]
 
-
-def test_a_groupmate_still_merging_is_waited_for_as_long_as_its_merge_may_run():
-    # our view shows one peer of another group in the round, too few to gather: our merge ends at
-    # once; a groupmate whose view showed that group gathering merges its set up to round_wait (and
-    # more) later, and must be waited for
-    mine, theirs = a_group(0, 2, b"g1"), a_group(2, 2, b"g2")
-    mate = sorted(mine[2])[1]
-    swarm = Swarm([[record(sorted(theirs[2])[0], state="training")]], {mate: {theirs[1]: theirs[0]}})
-    waits = []
-
-    def merged_by(ask, digest):
-        waits.append(dict(ask))
-        return {mate: tuple(sorted([mine[1], theirs[1]]))}
-
-    swarm.merged_by = merged_by
-    peer, result = member_of(swarm, mine)
-    merged = merge_round(peer, ROUND, result, ready=[])
-    assert merged.sets == 2 and merged.payloads == {**mine[2], **theirs[2]}
-    assert waits[0][mate] >= mate_merge_bound(peer.spec) - 1.0 > peer.spec.swarm.round_wait
-
-
-def test_with_no_other_group_in_sight_a_silent_groupmate_costs_only_the_allowance():
-    mine = a_group(0, 2, b"g1")
-    mate = sorted(mine[2])[1]
-    swarm = Swarm([[]], {})
-    waits = []
-    swarm.merged_by = lambda ask, digest: waits.append(dict(ask)) or {mate: None}
-    peer, result = member_of(swarm, mine)
-    assert merge_round(peer, ROUND, result, ready=[]).sets == 1
-    assert waits[0][mate] < peer.spec.swarm.round_wait
-
-
-def test_a_quiet_groupmate_is_waited_for_the_allowance_where_the_round_shows_another_group():
-    mine, theirs = a_group(0, 2, b"g1"), a_group(2, 2, b"g2")
-    mate = sorted(mine[2])[1]
-    waits = []
-    for view in ([record(sorted(theirs[2])[0], state="training")], []):
-        swarm = Swarm([view], {}, allowance=3.0)
-        swarm.merged_by = lambda ask, digest: waits.append(dict(ask)) or {mate: (mine[1],)}
-        peer, result = member_of(swarm, mine)
-        merge_round(peer, ROUND, result, ready=[], quiet={mate: ROUND + 3})
-    assert waits[0][mate] >= 3.0 and waits[1][mate] == QUIET_WAIT_S
