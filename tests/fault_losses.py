@@ -10,13 +10,15 @@ interpolated. One round's gap moves from round to round on its own (the swarm's 
 ``WINDOW`` rounds from its recovery on with the mean over the ``WINDOW`` rounds before it.
 
 A fault passes if its cost is at most the tolerance: a lower loss than the undisturbed run's at
-equal tokens is no harm. The gap before the fault is counted from no better than even: a swarm that
-was 3.5 % ahead of the undisturbed run (a lucky stretch: the gap moved from -3.5 % to -0.6 % between
-neighbouring scenarios of one run) and is 0.7 % ahead after a fault has lost nothing the issue
-asks for (within 2 % of the undisturbed run at equal tokens); one that earlier faults of the same
-swarm left behind is charged for what this fault added to that gap. It is expected, too: a round with fewer contributors takes the same outer
+equal tokens is no harm. It is expected, too: a round with fewer contributors takes the same outer
 step on fewer tokens, and early in training an outer step is worth more than the tokens in it (one
 run: -2.53 % after a peer was stopped for 6 rounds, bench/RESULTS.md).
+
+The gap before the fault is counted from no better than even: a swarm that was 3.5 % ahead of the
+undisturbed run (a lucky stretch: the gap moved from -3.5 % to -0.7 % between neighbouring
+scenarios of one run) and is 0.7 % ahead after a fault has lost nothing the issue asks for (within
+2 % of the undisturbed run at equal tokens); one that earlier faults of the same swarm left behind
+is charged for what this fault added to that gap.
 """
 
 from __future__ import annotations

@@ -208,6 +208,12 @@ def groupmate_pairs(statuses: List[dict]) -> int:
     return sum(1 for _ in _groupmate_pairs(statuses))
 
 
+def _apart(pid: str, other: str, rec: dict, theirs: dict) -> str:
+    """Two groupmates' records of a round that hold different θ, for a message."""
+    return (f"round {rec['round']}: {pid[-6:]} has {rec['params_hash']}, groupmate {other[-6:]} has "
+            f"{theirs['params_hash']}\n  {pid[-6:]}: {_brief(rec)}\n  {other[-6:]}: {_brief(theirs)}")
+
+
 def groupmate_splits(statuses: List[dict], repair_rounds: int = 3) -> Tuple[int, List[str], List[str]]:
     """Every pair of groupmates apart after a round: (pairs checked, splits repaired, splits not).
 
@@ -216,19 +222,17 @@ def groupmate_splits(statuses: List[dict], repair_rounds: int = 3) -> Tuple[int,
     deadlines, and a member cut off mid-gather (a link down, a host starved of CPU) may decide
     alone; the next round's start-hash check then brings it back to its group's θ. A split that
     lasts longer is a fault of the protocol, not of the network."""
-    by_peer = {s["peer_id"]: {r["round"]: r for r in s["history"]} for s in statuses if s}
     checked, repaired, not_repaired = 0, [], []
-    for pid, other, rec, theirs, _, _ in _groupmate_pairs(statuses):
+    for pid, other, rec, theirs, rounds, their_rounds in _groupmate_pairs(statuses):
         checked += 1
         if rec["params_hash"] == theirs["params_hash"]:
             continue
         rnd = rec["round"]
-        what = (f"round {rnd}: {pid[-6:]} has {rec['params_hash']}, groupmate {other[-6:]} has {theirs['params_hash']}\n"
-                f"  {pid[-6:]}: {_brief(rec)}\n  {other[-6:]}: {_brief(theirs)}")
-        later = [k for k in range(rnd + 1, rnd + repair_rounds + 1) if k in by_peer[pid] and k in by_peer[other]]
+        what = _apart(pid, other, rec, theirs)
+        later = [k for k in range(rnd + 1, rnd + repair_rounds + 1) if k in rounds and k in their_rounds]
         if not later:  # neither recorded a round after it together: the run ended (or one died) first
             repaired.append(what + "\n  (not seen again: no later round of both was recorded)")
-        elif any(by_peer[pid][k]["params_hash"] == by_peer[other][k]["params_hash"] for k in later):
+        elif any(rounds[k]["params_hash"] == their_rounds[k]["params_hash"] for k in later):
             repaired.append(what)
         else:
             not_repaired.append(what)
@@ -245,9 +249,8 @@ def assert_groups_identical(statuses: List[dict]) -> int:
         mine, theirs = rec["params_hash"], theirs_rec["params_hash"]
         rnd = rec["round"]
         assert mine == theirs, (
-            f"round {rnd}: {pid[-6:]} has {mine}, groupmate {other[-6:]} has {theirs}\n"
-            f"  {pid[-6:]}: {_brief(rec)}\n  {other[-6:]}: {_brief(theirs_rec)}\n"
-            f"  round before: {_brief(rounds.get(rnd - 1, {}))} / {_brief(their_rounds.get(rnd - 1, {}))}"
+            _apart(pid, other, rec, theirs_rec)
+            + f"\n  round before: {_brief(rounds.get(rnd - 1, {}))} / {_brief(their_rounds.get(rnd - 1, {}))}"
         )
         checked += 1
     return checked
