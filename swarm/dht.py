@@ -23,6 +23,7 @@ from multiaddr import Multiaddr
 from protocol.records import token_key
 from swarm.admission import JoinTokenAuthorizer
 from swarm.console import UsageError
+from swarm.dht_channels import install_channels
 from swarm.identity import Identity, NodeTrust, prepare_identity, register
 from swarm.join_probe import PRIVATE, PUBLIC, TOKEN_BAD, TOKEN_OK, run_access, serve_run_access
 from swarm.reachability import dial, dial_failure, peer_answers, serve_dial_back
@@ -222,6 +223,10 @@ def _join(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity, clie
         dht.run_coroutine(partial(serve_run_access, key))
     except Exception as e:  # advice for joiners, never a reason not to start
         logger.warning(f"could not serve run-access questions: {e!r}")
+    try:
+        dht.run_coroutine(install_channels)
+    except Exception as e:  # the node's calls stay unary, as hivemind makes them
+        logger.warning(f"could not open DHT channels: {e!r}")
     try:
         dht.run_coroutine(serve_dial_back)
     except Exception as e:  # advice for others, never a reason not to start

@@ -1,0 +1,331 @@
+"""A DHT node's calls to a peer over one stream kept open, in place of a stream for each call.
+
+hivemind's DHTProtocol sends every ping, store and find as a unary call, and its p2p daemon opens a
+libp2p stream for each: the stream's open, accept and close frames and their acknowledgements are
+most of a small call's packets. At 10 Mbit/s these calls, not the payloads, were most of a SparseLoCo
+peer's bytes (bench/RESULTS.md, "What a SparseLoCo peer's packets are"). One 340-byte store on
+loopback cost 1,517 bytes on the wire in 12 packets as a unary call, and 625 bytes in 3 packets on a
+stream kept open.
+
+A channel carries hivemind's own request and response messages, framed by
+protocol/dht_channel_frames.py, to one peer; calls are pipelined (each has an id its answer echoes).
+The serving side hands each request to the node's DHTProtocol through hivemind's ``AuthRPCWrapper``,
+as hivemind's own handlers are registered: a private run's authorizer checks every request, the
+record validators every record, the routing table learns the caller, exactly as for a unary call.
+
+The calling side installs itself as the protocol's ``get_stub``, under hivemind's ``AuthRPCWrapper``
+(requests are signed as before). A peer that does not serve channels (plain hivemind, an older
+voloco) is called unary, and so is any peer for ``NO_CHANNEL_S`` after a channel to it could not be
+opened; a call whose channel broke before it was answered is made again unary (pings, stores and
+finds may be repeated).
+
+Bounds: a frame's body is at most hivemind's own unary bound (4 MiB); a caller keeps at most
+``MAX_PENDING`` calls in flight on a channel and ``MAX_CHANNELS`` channels open, and closes a channel
+idle for ``IDLE_S``; a server serves at most ``MAX_SERVED_PER_PEER`` channels of one peer and
+``MAX_SERVED`` in all, reads one request at a time from each, and closes one silent for ``SERVED_IDLE_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from typing import Any, Callable, Dict, Optional
+
+from hivemind.dht.protocol import DHTProtocol
+from hivemind.p2p import P2PContext, PeerID
+from hivemind.proto import dht_pb2
+from hivemind.utils.auth import AuthRole, AuthRPCWrapper
+
+from protocol.dht_channel_frames import (
+    ERROR, FIND, HEADER_BYTES, METHODS, OK, PING, STORE, ChannelFrameError, answer_header, error_body,
+    parse_header, request_header,
+)
+
+logger = logging.getLogger("voloco.swarm")
+
+HANDLER = "voloco.dht.channel.v1"
+MAX_PENDING = 32
+MAX_CHANNELS = 256
+IDLE_S = 60.0
+NO_CHANNEL_S = 15.0
+OPEN_TIMEOUT_S = 5.0
+MAX_SERVED_PER_PEER = 4
+MAX_SERVED = 1024
+SERVED_IDLE_S = 300.0
+BODY_TIMEOUT_S = 30.0  # a body announced by a header must arrive within this
+
+REQUESTS = {PING: dht_pb2.PingRequest, STORE: dht_pb2.StoreRequest, FIND: dht_pb2.FindRequest}
+RESPONSES = {PING: dht_pb2.PingResponse, STORE: dht_pb2.StoreResponse, FIND: dht_pb2.FindResponse}
+
+
+class ChannelBroken(ConnectionError):
+    """The channel closed before the call was answered."""
+
+
+class ChannelError(RuntimeError):
+    """The serving peer answered the call with an error."""
+
+
+# ---- the serving side -------------------------------------------------------------------------------
+class ChannelServer:
+    """Serves channels: each request goes to the node's DHTProtocol as hivemind's handlers send it."""
+
+    def __init__(self, protocol: DHTProtocol):
+        self.protocol = protocol
+        self.servicer = AuthRPCWrapper(protocol, AuthRole.SERVICER, protocol.authorizer)
+        self.serving: Counter = Counter()  # peer -> channels open
+        self.stats: Counter = Counter()
+
+    async def handle(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = stream_info.peer_id
+        if self.serving[peer] >= MAX_SERVED_PER_PEER or sum(self.serving.values()) >= MAX_SERVED:
+            self.stats["refused_channels"] += 1
+            writer.close()
+            return
+        self.serving[peer] += 1
+        self.stats["channels"] += 1
+        try:
+            while True:
+                try:
+                    head = parse_header(await asyncio.wait_for(reader.readexactly(HEADER_BYTES), SERVED_IDLE_S),
+                                        answer=False)
+                    body = await asyncio.wait_for(reader.readexactly(head.length), BODY_TIMEOUT_S)
+                except ChannelFrameError as e:
+                    self.stats["bad_frames"] += 1
+                    logger.debug(f"DHT channel from {peer}: {e}; closing it")
+                    return
+                except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
+                    return
+                status, out = await self._serve(head.kind, body, peer)
+                writer.write(answer_header(status, head.call_id, len(out)) + out)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            self.serving[peer] -= 1
+            if self.serving[peer] <= 0:
+                del self.serving[peer]
+            writer.close()
+
+    async def _serve(self, method: int, body: bytes, peer: PeerID):
+        name = METHODS[method]
+        try:
+            request = REQUESTS[method].FromString(body)
+        except Exception:
+            self.stats["bad_requests"] += 1
+            return ERROR, error_body(f"{name}: not a {REQUESTS[method].__name__}")
+        context = P2PContext(handle_name=f"{type(self.protocol).__name__}.{name}", local_id=self.protocol.p2p.peer_id,
+                             remote_id=peer)
+        try:
+            response = await getattr(self.servicer, name)(request, context)
+        except Exception as e:
+            logger.debug(f"DHT channel {name} from {peer} failed: {e!r}")
+            return ERROR, error_body(f"{name} failed: {type(e).__name__}")
+        if response is None:  # the authorizer refused the request
+            self.stats["refused_calls"] += 1
+            return ERROR, error_body(f"{name}: request refused")
+        out = response.SerializeToString()
+        try:
+            answer_header(OK, 0, len(out))
+        except ValueError:
+            return ERROR, error_body(f"{name}: the answer is over the channel's bound")
+        self.stats[name] += 1
+        return OK, out
+
+
+# ---- the calling side -------------------------------------------------------------------------------
+class _Channel:
+    """One open stream to a peer, with the calls in flight on it."""
+
+    def __init__(self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.peer, self.reader, self.writer = peer, reader, writer
+        self.pending: Dict[int, asyncio.Future] = {}
+        self.next_id = 0
+        self.used = time.monotonic()
+        self.closed = False
+        self.slots = asyncio.Semaphore(MAX_PENDING)
+        self.write_lock = asyncio.Lock()
+        self.reading = asyncio.create_task(self._read())
+
+    async def call(self, method: int, request, timeout: Optional[float]):
+        async with self.slots:
+            if self.closed:
+                raise ChannelBroken(f"the channel to {self.peer} is closed")
+            self.used = time.monotonic()
+            call_id, self.next_id = self.next_id, (self.next_id + 1) % 2**32
+            body = request.SerializeToString()
+            answer = asyncio.get_running_loop().create_future()
+            self.pending[call_id] = answer
+            try:
+                async with self.write_lock:
+                    self.writer.write(request_header(method, call_id, len(body)) + body)
+                    await self.writer.drain()
+                status, out = await asyncio.wait_for(asyncio.shield(answer), timeout)
+            except (ConnectionError, RuntimeError) as e:
+                if isinstance(e, ChannelBroken):
+                    raise
+                self.close()
+                raise ChannelBroken(f"writing to {self.peer}: {e!r}") from None
+            finally:
+                self.pending.pop(call_id, None)
+            self.used = time.monotonic()
+        if status != OK:
+            raise ChannelError(f"{METHODS[method]} at {self.peer}: {out.decode('utf-8', 'replace')}")
+        return RESPONSES[method].FromString(out)
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                head = parse_header(await self.reader.readexactly(HEADER_BYTES), answer=True)
+                out = await self.reader.readexactly(head.length)
+                answer = self.pending.get(head.call_id)
+                if answer is not None and not answer.done():
+                    answer.set_result((head.kind, out))
+        except ChannelFrameError as e:
+            logger.debug(f"DHT channel to {self.peer}: {e}; closing it")
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for answer in self.pending.values():
+            if not answer.done():
+                answer.set_exception(ChannelBroken(f"the channel to {self.peer} closed"))
+        self.writer.close()
+        if self.reading is not asyncio.current_task():
+            self.reading.cancel()
+
+
+class ChannelPool:
+    """The channels this node keeps to its peers, opened on first use."""
+
+    def __init__(self, p2p):
+        self.p2p = p2p
+        self.channels: Dict[PeerID, _Channel] = {}
+        self.opening: Dict[PeerID, asyncio.Lock] = {}
+        self.no_channel_until: Dict[PeerID, float] = {}
+        self.stats: Counter = Counter()
+        self._swept = time.monotonic()
+
+    async def call(self, peer: PeerID, method: int, request, timeout: Optional[float], unary: Callable):
+        channel = await self._channel(peer, timeout)
+        if channel is None:
+            self.stats["unary"] += 1
+            return await unary(request, timeout=timeout)
+        began = time.monotonic()
+        try:
+            response = await channel.call(method, request, timeout)
+        except ChannelBroken:
+            self.stats["broken"] += 1
+            if self.channels.get(peer) is channel:
+                del self.channels[peer]
+            left = None if timeout is None else max(0.1, timeout - (time.monotonic() - began))
+            self.stats["unary"] += 1
+            return await unary(request, timeout=left)
+        self.stats["channel"] += 1
+        return response
+
+    async def _channel(self, peer: PeerID, timeout: Optional[float]) -> Optional[_Channel]:
+        self._sweep()
+        channel = self.channels.get(peer)
+        if channel is not None and not channel.closed:
+            return channel
+        if time.monotonic() < self.no_channel_until.get(peer, 0.0):
+            return None
+        lock = self.opening.setdefault(peer, asyncio.Lock())
+        async with lock:
+            channel = self.channels.get(peer)
+            if channel is not None and not channel.closed:
+                return channel
+            if time.monotonic() < self.no_channel_until.get(peer, 0.0):
+                return None
+            wait = OPEN_TIMEOUT_S if timeout is None else min(OPEN_TIMEOUT_S, timeout)
+            try:
+                _, reader, writer = await asyncio.wait_for(self.p2p.call_binary_stream_handler(peer, HANDLER), wait)
+            except Exception as e:
+                self.stats["open_failed"] += 1
+                self._forget(peer)
+                self.no_channel_until[peer] = time.monotonic() + NO_CHANNEL_S
+                logger.debug(f"no DHT channel to {peer} ({e!r}): unary calls for {NO_CHANNEL_S:.0f} s")
+                return None
+            if len(self.channels) >= MAX_CHANNELS:
+                self._close_least_used()
+            channel = self.channels[peer] = _Channel(peer, reader, writer)
+            self.stats["opened"] += 1
+            return channel
+
+    def _forget(self, peer: PeerID) -> None:
+        if len(self.no_channel_until) > 4 * MAX_CHANNELS:  # a bound, not a policy
+            now = time.monotonic()
+            self.no_channel_until = {p: t for p, t in self.no_channel_until.items() if t > now}
+        if len(self.opening) > 4 * MAX_CHANNELS:
+            self.opening = {p: lock for p, lock in self.opening.items() if lock.locked()}
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        if now - self._swept < IDLE_S / 6:
+            return
+        self._swept = now
+        for peer, channel in list(self.channels.items()):
+            if channel.closed or (not channel.pending and now - channel.used > IDLE_S):
+                channel.close()
+                del self.channels[peer]
+
+    def _close_least_used(self) -> None:
+        peer = min(self.channels, key=lambda p: self.channels[p].used)
+        self.channels.pop(peer).close()
+
+    def close(self) -> None:
+        for channel in self.channels.values():
+            channel.close()
+        self.channels.clear()
+
+
+class ChannelStub:
+    """What the protocol's ``get_stub`` wraps: hivemind's stub methods, over a channel where one opens."""
+
+    def __init__(self, pool: ChannelPool, peer: PeerID, unary: Any):
+        self._pool, self._peer, self._unary = pool, peer, unary
+
+    async def rpc_ping(self, request, timeout: Optional[float] = None):
+        return await self._pool.call(self._peer, PING, request, timeout, self._unary.rpc_ping)
+
+    async def rpc_store(self, request, timeout: Optional[float] = None):
+        return await self._pool.call(self._peer, STORE, request, timeout, self._unary.rpc_store)
+
+    async def rpc_find(self, request, timeout: Optional[float] = None):
+        return await self._pool.call(self._peer, FIND, request, timeout, self._unary.rpc_find)
+
+
+async def install_channels(_dht, node) -> None:
+    """In the DHT's process: serve channels, and make the node's DHT calls over them."""
+    protocol: DHTProtocol = node.protocol
+    server = ChannelServer(protocol)
+    await protocol.p2p.add_binary_stream_handler(HANDLER, server.handle)
+    pool = ChannelPool(protocol.p2p)
+
+    def get_stub(peer: PeerID) -> AuthRPCWrapper:
+        unary = super(DHTProtocol, protocol).get_stub(protocol.p2p, peer)
+        return AuthRPCWrapper(ChannelStub(pool, peer, unary), AuthRole.CLIENT, protocol.authorizer,
+                              service_public_key=None)
+
+    protocol.get_stub = get_stub
+    protocol._voloco_channels = (server, pool)
+
+
+async def channel_stats(_dht, node) -> Dict[str, int]:
+    """In the DHT's process: what its channels carried (calls made and served, by kind)."""
+    server, pool = getattr(node.protocol, "_voloco_channels", (None, None))
+    if server is None:
+        return {}
+    out = {f"calls_{k}": v for k, v in pool.stats.items()}
+    out.update({f"served_{k}": v for k, v in server.stats.items()})
+    out["open"] = sum(1 for c in pool.channels.values() if not c.closed)
+    return out
+
