@@ -214,20 +214,25 @@ class ChannelPool:
         self._swept = time.monotonic()
 
     async def call(self, peer: PeerID, method: int, request, timeout: Optional[float], unary: Callable):
+        """The call's response, over a channel where one opens, else unary; within ``timeout`` in all
+        (a fall-back unary call gets at least a tenth of a second)."""
+        began = time.monotonic()
+
+        def left() -> Optional[float]:
+            return None if timeout is None else max(0.1, timeout - (time.monotonic() - began))
+
         channel = await self._channel(peer, timeout)
         if channel is None:
             self.stats["unary"] += 1
-            return await unary(request, timeout=timeout)
-        began = time.monotonic()
+            return await unary(request, timeout=left())
         try:
-            response = await channel.call(method, request, timeout)
+            response = await channel.call(method, request, left())
         except ChannelBroken:
             self.stats["broken"] += 1
             if self.channels.get(peer) is channel:
                 del self.channels[peer]
-            left = None if timeout is None else max(0.1, timeout - (time.monotonic() - began))
             self.stats["unary"] += 1
-            return await unary(request, timeout=left)
+            return await unary(request, timeout=left())
         self.stats["channel"] += 1
         return response
 
