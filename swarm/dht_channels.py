@@ -19,10 +19,11 @@ voloco) is called unary, and so is any peer for ``NO_CHANNEL_S`` after a channel
 opened; a call whose channel broke before it was answered is made again unary (pings, stores and
 finds may be repeated).
 
-Bounds: a frame's body is at most hivemind's own unary bound (4 MiB); a caller keeps at most
-``MAX_PENDING`` calls in flight on a channel and ``MAX_CHANNELS`` channels open, and closes a channel
-idle for ``IDLE_S``; a server serves at most ``MAX_SERVED_PER_PEER`` channels of one peer and
-``MAX_SERVED`` in all, reads one request at a time from each, and closes one silent for ``SERVED_IDLE_S``.
+Bounds: a frame's body is at most hivemind's own unary bound (4 MiB). A caller keeps at most
+``MAX_PENDING`` calls in flight on a channel and ``MAX_CHANNELS`` channels open; it closes a channel
+idle for ``IDLE_S``, or whose last ``TIMEOUTS_TO_CLOSE`` calls went unanswered in time (the next call
+opens another). A server serves at most ``MAX_SERVED_PER_PEER`` channels of one peer and ``MAX_SERVED``
+in all, reads one request at a time from each, and closes one silent for ``SERVED_IDLE_S``.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ OPEN_TIMEOUT_S = 5.0
 MAX_SERVED_PER_PEER = 4
 MAX_SERVED = 1024
 SERVED_IDLE_S = 300.0
+TIMEOUTS_TO_CLOSE = 2
 BODY_TIMEOUT_S = 30.0  # a body announced by a header must arrive within this
 
 REQUESTS = {PING: dht_pb2.PingRequest, STORE: dht_pb2.StoreRequest, FIND: dht_pb2.FindRequest}
@@ -145,6 +147,7 @@ class _Channel:
         self.next_id = 0
         self.used = time.monotonic()
         self.closed = False
+        self.timeouts = 0  # calls in a row that were not answered in time
         self.slots = asyncio.Semaphore(MAX_PENDING)
         self.write_lock = asyncio.Lock()
         self.reading = asyncio.create_task(self._read())
@@ -162,7 +165,14 @@ class _Channel:
                 async with self.write_lock:
                     self.writer.write(request_header(method, call_id, len(body)) + body)
                     await self.writer.drain()
-                status, out = await asyncio.wait_for(asyncio.shield(answer), timeout)
+                try:
+                    status, out = await asyncio.wait_for(asyncio.shield(answer), timeout)
+                except asyncio.TimeoutError:
+                    self.timeouts += 1
+                    if self.timeouts >= TIMEOUTS_TO_CLOSE:  # a stream that may be dead: the next call opens another
+                        self.close()
+                    raise
+                self.timeouts = 0
             except (ConnectionError, RuntimeError) as e:
                 if isinstance(e, ChannelBroken):
                     raise

@@ -257,3 +257,30 @@ def test_a_call_whose_channel_breaks_is_made_again_unary():
     answer, unary_calls, pool_stats, took = asyncio.run(run())
     assert answer.available and len(unary_calls) == 1 and 0 < unary_calls[0] <= 5.0
     assert pool_stats["broken"] == 1 and took < 5.0
+
+
+def test_a_channel_whose_calls_go_unanswered_is_closed_and_the_next_call_opens_another():
+    async def run():
+        async def silent(reader, writer):
+            while await reader.read(1024):
+                pass
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        streams = _Streams(server.sockets[0].getsockname()[1])
+        pool = ChannelPool(streams)
+
+        async def unary(request, timeout=None):
+            raise AssertionError("no fall-back: the channel opened")
+
+        timed_out = 0
+        for _ in range(dht_channels.TIMEOUTS_TO_CLOSE + 1):
+            try:
+                await pool.call("peer", frames.PING, dht_pb2.PingRequest(), 0.2, unary)
+            except asyncio.TimeoutError:
+                timed_out += 1
+        server.close()
+        return timed_out, streams.opened
+
+    timed_out, opened = asyncio.run(run())
+    assert timed_out == dht_channels.TIMEOUTS_TO_CLOSE + 1
+    assert opened == 2  # closed after TIMEOUTS_TO_CLOSE unanswered calls; the next call opened a new one
