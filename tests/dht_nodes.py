@@ -1,9 +1,9 @@
 """Real hivemind DHT nodes on loopback for the record tests: a first node that publishes the run's
-spec, then ``others`` nodes that join it."""
+spec (if given), then ``others`` nodes that join it."""
 
 from __future__ import annotations
 
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 from protocol.spec import RunSpec
 from swarm import records
@@ -12,13 +12,16 @@ from swarm.dht import start_dht
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
 
-def loopback_nodes(spec: RunSpec, others: int) -> Iterator[List]:
-    """Yields [first, *others] started nodes; shuts them all down afterwards (a generator for a fixture)."""
-    first = start_dht((), LOOPBACK, run_ids=[spec.run_id])
+def loopback_nodes(spec: Optional[RunSpec], others: int) -> Iterator[List]:
+    """Yields [first, *others] started nodes; shuts them all down afterwards (a generator for a fixture).
+    With ``spec`` None, the nodes know no run and the first publishes none."""
+    run_ids = [spec.run_id] if spec is not None else []
+    first = start_dht((), LOOPBACK, run_ids=run_ids)
     started = [first]
     try:
-        records.publish_run(first, spec)
-        started += [start_dht(first.get_visible_maddrs(), LOOPBACK, run_ids=[spec.run_id]) for _ in range(others)]
+        if spec is not None:
+            records.publish_run(first, spec)
+        started += [start_dht(first.get_visible_maddrs(), LOOPBACK, run_ids=run_ids) for _ in range(others)]
         yield started
     finally:
         for n in started:

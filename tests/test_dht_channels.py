@@ -20,7 +20,7 @@ from protocol import dht_channel_frames as frames
 from swarm import dht_channels
 from swarm.dht import start_dht
 from swarm.dht_channels import HANDLER, ChannelPool, channel_stats
-from tests.dht_nodes import LOOPBACK
+from tests.dht_nodes import LOOPBACK, loopback_nodes
 
 TOKEN = "channel-test-token-0123456789"
 
@@ -60,14 +60,7 @@ def stats(dht) -> dict:
 
 @pytest.fixture(scope="module")
 def trio():
-    first = start_dht((), LOOPBACK)
-    nodes = [first]
-    try:
-        nodes += [start_dht(first.get_visible_maddrs(), LOOPBACK) for _ in range(2)]
-        yield nodes
-    finally:
-        for n in nodes:
-            n.shutdown()
+    yield from loopback_nodes(None, others=2)
 
 
 def test_stores_and_reads_go_over_channels_and_reach_every_node(trio):

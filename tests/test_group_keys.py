@@ -11,22 +11,14 @@ from hivemind.averaging.key_manager import GroupKeyManager
 from hivemind.utils import get_dht_time
 
 from swarm import group_keys, replica_reads
-from swarm.dht import start_dht
-from tests.dht_nodes import LOOPBACK
+from tests.dht_nodes import loopback_nodes
 
 KEY = "gk-test_avg.0b0101"
 
 
 @pytest.fixture(scope="module")
 def nodes():
-    first = start_dht((), LOOPBACK)
-    started = [first]
-    try:
-        started += [start_dht(first.get_visible_maddrs(), LOOPBACK) for _ in range(2)]
-        yield started
-    finally:
-        for n in started:
-            n.shutdown()
+    yield from loopback_nodes(None, others=2)
 
 
 def run(coro):
