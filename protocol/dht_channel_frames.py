@@ -28,7 +28,6 @@ HEADER_BYTES = HEADER.size
 
 PING, STORE, FIND = 1, 2, 3
 METHODS = {PING: "rpc_ping", STORE: "rpc_store", FIND: "rpc_find"}
-METHOD_OF = {name: code for code, name in METHODS.items()}
 
 OK, ERROR = 0, 1
 STATUSES = (OK, ERROR)

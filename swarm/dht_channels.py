@@ -40,7 +40,7 @@ from hivemind.proto import dht_pb2
 from hivemind.utils.auth import AuthRole, AuthRPCWrapper
 
 from protocol.dht_channel_frames import (
-    ERROR, FIND, HEADER_BYTES, METHODS, OK, PING, STORE, ChannelFrameError, answer_header, error_body,
+    ERROR, FIND, HEADER_BYTES, MAX_BODY_BYTES, METHODS, OK, PING, STORE, ChannelFrameError, answer_header, error_body,
     parse_header, request_header,
 )
 
@@ -129,9 +129,7 @@ class ChannelServer:
             self.stats["refused_calls"] += 1
             return ERROR, error_body(f"{name}: request refused")
         out = response.SerializeToString()
-        try:
-            answer_header(OK, 0, len(out))
-        except ValueError:
+        if len(out) > MAX_BODY_BYTES:
             return ERROR, error_body(f"{name}: the answer is over the channel's bound")
         self.stats[name] += 1
         return OK, out
@@ -173,9 +171,9 @@ class _Channel:
                         self.close()
                     raise
                 self.timeouts = 0
+            except ChannelBroken:
+                raise
             except (ConnectionError, RuntimeError) as e:
-                if isinstance(e, ChannelBroken):
-                    raise
                 self.close()
                 raise ChannelBroken(f"writing to {self.peer}: {e!r}") from None
             finally:
@@ -265,7 +263,7 @@ class ChannelPool:
                 _, reader, writer = await asyncio.wait_for(self.p2p.call_binary_stream_handler(peer, HANDLER), wait)
             except Exception as e:
                 self.stats["open_failed"] += 1
-                self._forget(peer)
+                self._prune()
                 self.no_channel_until[peer] = time.monotonic() + NO_CHANNEL_S
                 logger.debug(f"no DHT channel to {peer} ({e!r}): unary calls for {NO_CHANNEL_S:.0f} s")
                 return None
@@ -275,7 +273,8 @@ class ChannelPool:
             self.stats["opened"] += 1
             return channel
 
-    def _forget(self, peer: PeerID) -> None:
+    def _prune(self) -> None:
+        """Drop what the pool remembers of peers past their use, once it grows large."""
         if len(self.no_channel_until) > 4 * MAX_CHANNELS:  # a bound, not a policy
             now = time.monotonic()
             self.no_channel_until = {p: t for p, t in self.no_channel_until.items() if t > now}
