@@ -25,6 +25,7 @@ from functools import partial
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SPACING_S = 0.05
+MAX_VALUE_BYTES = 256 * 1024  # a find's answer holds 8 of them, and a frame is at most 4 MiB
 
 
 def _lo() -> tuple:
@@ -86,11 +87,13 @@ def inside(args) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--calls", type=int, default=200, help="calls of each kind (default 200)")
-    ap.add_argument("--value-bytes", type=int, default=300, help="bytes of each stored value (default 300)")
+    ap.add_argument("--calls", type=int, default=200, help="calls of each kind, at least 1 (default 200)")
+    ap.add_argument("--value-bytes", type=int, default=300, help=f"bytes of each stored value, 1 to {MAX_VALUE_BYTES} (default 300)")
     ap.add_argument("--json", metavar="OUT", help="also write the figures to this JSON file")
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.calls < 1 or not 1 <= args.value_bytes <= MAX_VALUE_BYTES:
+        ap.error(f"--calls must be >= 1 and --value-bytes in [1, {MAX_VALUE_BYTES}] (a find's answer holds 8 values, a frame at most 4 MiB)")
     if args.inside:
         print(json.dumps(inside(args)), flush=True)
         os._exit(0)  # the nodes are shut down; skip the interpreter's teardown of their threads
