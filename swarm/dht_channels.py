@@ -16,8 +16,8 @@ record validators every record, the routing table learns the caller, exactly as 
 The calling side installs itself as the protocol's ``get_stub``, under hivemind's ``AuthRPCWrapper``
 (requests are signed as before). A peer that does not serve channels (plain hivemind, an older
 voloco) is called unary, and so is any peer for ``NO_CHANNEL_S`` after a channel to it could not be
-opened; a call whose channel broke before it was answered is made again unary (pings, stores and
-finds may be repeated).
+opened; a call whose channel broke before it was answered is made again unary, signed anew in a
+private run (pings, stores and finds may be repeated).
 
 Bounds: a frame's body is at most hivemind's own unary bound (4 MiB). A caller keeps at most
 ``MAX_PENDING`` calls in flight on a channel and ``MAX_CHANNELS`` channels open; it closes a channel
@@ -213,8 +213,8 @@ class _Channel:
 class ChannelPool:
     """The channels this node keeps to its peers, opened on first use."""
 
-    def __init__(self, p2p):
-        self.p2p = p2p
+    def __init__(self, p2p, authorizer=None):
+        self.p2p, self.authorizer = p2p, authorizer
         self.channels: Dict[PeerID, _Channel] = {}
         self.opening: Dict[PeerID, asyncio.Lock] = {}
         self.no_channel_until: Dict[PeerID, float] = {}
@@ -239,10 +239,19 @@ class ChannelPool:
             self.stats["broken"] += 1
             if self.channels.get(peer) is channel:
                 del self.channels[peer]
+            await self._sign_anew(request)
             self.stats["unary"] += 1
             return await unary(request, timeout=left())
         self.stats["channel"] += 1
         return response
+
+    async def _sign_anew(self, request) -> None:
+        """A call made again after its channel broke may have reached the peer, whose authorizer would
+        refuse its nonce a second time as a replay: sign it again, with a fresh nonce (the wrapper
+        around this stub checks the answer against the request's nonce as it is then)."""
+        if self.authorizer is not None and request.HasField("auth"):
+            request.auth.signature = b""
+            await self.authorizer.sign_request(request, None)
 
     async def _channel(self, peer: PeerID, timeout: Optional[float]) -> Optional[_Channel]:
         self._sweep()
@@ -322,7 +331,7 @@ async def install_channels(_dht, node) -> None:
     protocol: DHTProtocol = node.protocol
     server = ChannelServer(protocol)
     await protocol.p2p.add_binary_stream_handler(HANDLER, server.handle)
-    pool = ChannelPool(protocol.p2p)
+    pool = ChannelPool(protocol.p2p, protocol.authorizer)
 
     def get_stub(peer: PeerID) -> AuthRPCWrapper:
         unary = super(DHTProtocol, protocol).get_stub(protocol.p2p, peer)

@@ -197,6 +197,38 @@ def test_a_private_run_refuses_a_channel_request_without_the_token():
         node.shutdown()
 
 
+async def _lose_answers(_dht, node) -> None:
+    """In a node's process: serve each channel request, then close the channel unanswered."""
+    server, _ = node.protocol._voloco_channels
+    serve = server._serve
+
+    async def lossy(*args):
+        await serve(*args)
+        raise ConnectionError("the answer is lost")
+
+    server._serve = lossy
+
+
+async def _ping(peer_id, _dht, node):
+    return await node.protocol.call_ping(peer_id)
+
+
+def test_a_private_call_made_again_unary_after_its_answer_was_lost_is_signed_anew():
+    """The request reached the peer, which saw its nonce: the same signed request sent again unary
+    would be refused as a replay."""
+    node = start_dht((), LOOPBACK, join_token=TOKEN)
+    try:
+        node.run_coroutine(_lose_answers)
+        member = start_dht(node.get_visible_maddrs(), LOOPBACK, join_token=TOKEN)
+        try:
+            assert member.run_coroutine(partial(_ping, node.peer_id)) is not None
+            assert stats(member).get("calls_broken", 0) >= 1
+        finally:
+            member.shutdown()
+    finally:
+        node.shutdown()
+
+
 def test_a_plain_hivemind_peer_is_called_unary():
     node = start_dht((), LOOPBACK)
     try:
