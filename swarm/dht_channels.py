@@ -56,7 +56,7 @@ MAX_SERVED_PER_PEER = 4
 MAX_SERVED = 1024
 SERVED_IDLE_S = 300.0
 TIMEOUTS_TO_CLOSE = 2
-BODY_TIMEOUT_S = 30.0  # a body announced by a header must arrive within this
+BODY_TIMEOUT_S = 30.0  # a body announced by a header must arrive within this, and an answer leave
 
 REQUESTS = {PING: dht_pb2.PingRequest, STORE: dht_pb2.StoreRequest, FIND: dht_pb2.FindRequest}
 RESPONSES = {PING: dht_pb2.PingResponse, STORE: dht_pb2.StoreResponse, FIND: dht_pb2.FindResponse}
@@ -102,8 +102,8 @@ class ChannelServer:
                     return
                 status, out = await self._serve(head.kind, body, peer)
                 writer.write(answer_header(status, head.call_id, len(out)) + out)
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
+                await asyncio.wait_for(writer.drain(), BODY_TIMEOUT_S)  # a caller that reads nothing is dropped
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
             return
         finally:
             self.serving[peer] -= 1
@@ -159,12 +159,16 @@ class _Channel:
             body = request.SerializeToString()
             answer = asyncio.get_running_loop().create_future()
             self.pending[call_id] = answer
+            began = time.monotonic()
             try:
-                async with self.write_lock:
-                    self.writer.write(request_header(method, call_id, len(body)) + body)
-                    await self.writer.drain()
                 try:
-                    status, out = await asyncio.wait_for(asyncio.shield(answer), timeout)
+                    await asyncio.wait_for(self._send(request_header(method, call_id, len(body)) + body), timeout)
+                except asyncio.TimeoutError:  # a stream that takes no more: its frames may be cut, so it goes
+                    self.close()
+                    raise
+                left = None if timeout is None else max(0.0, timeout - (time.monotonic() - began))
+                try:
+                    status, out = await asyncio.wait_for(asyncio.shield(answer), left)
                 except asyncio.TimeoutError:
                     self.timeouts += 1
                     if self.timeouts >= TIMEOUTS_TO_CLOSE:  # a stream that may be dead: the next call opens another
@@ -182,6 +186,13 @@ class _Channel:
         if status != OK:
             raise ChannelError(f"{METHODS[method]} at {self.peer}: {out.decode('utf-8', 'replace')}")
         return RESPONSES[method].FromString(out)
+
+    async def _send(self, frame: bytes) -> None:
+        async with self.write_lock:
+            if self.closed:
+                raise ChannelBroken(f"the channel to {self.peer} is closed")
+            self.writer.write(frame)
+            await self.writer.drain()
 
     async def _read(self) -> None:
         try:

@@ -309,3 +309,46 @@ def test_a_channel_whose_calls_go_unanswered_is_closed_and_the_next_call_opens_a
     timed_out, opened = asyncio.run(run())
     assert timed_out == dht_channels.TIMEOUTS_TO_CLOSE + 1
     assert opened == 2  # closed after TIMEOUTS_TO_CLOSE unanswered calls; the next call opened a new one
+
+
+class _StuckStreams:
+    """A stand-in for hivemind's P2P whose streams take no bytes: every write waits for ever."""
+
+    def __init__(self):
+        self.opened = 0
+
+    async def call_binary_stream_handler(self, _peer, _name):
+        self.opened += 1
+
+        class Stuck:
+            def write(self, _data):
+                pass
+
+            async def drain(self):
+                await asyncio.Event().wait()
+
+            def close(self):
+                pass
+
+        return None, asyncio.StreamReader(), Stuck()
+
+
+def test_a_call_whose_stream_takes_no_bytes_ends_within_its_timeout_and_the_channel_is_replaced():
+    async def run():
+        streams = _StuckStreams()
+        pool = ChannelPool(streams)
+
+        async def unary(request, timeout=None):
+            raise AssertionError("no fall-back: the channel opened")
+
+        took = []
+        for _ in range(2):
+            began = time.monotonic()
+            with pytest.raises(asyncio.TimeoutError):
+                await pool.call("peer", frames.PING, dht_pb2.PingRequest(), 0.3, unary)
+            took.append(time.monotonic() - began)
+        return took, streams.opened
+
+    took, opened = asyncio.run(run())
+    assert max(took) < 2.0
+    assert opened == 2  # a stream whose frame may be cut is not used again
