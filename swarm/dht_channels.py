@@ -216,6 +216,7 @@ class _Channel:
         for answer in self.pending.values():
             if not answer.done():
                 answer.set_exception(ChannelBroken(f"the channel to {self.peer} closed"))
+                answer.exception()  # marked as read: a caller that timed out will not read it (asyncio would log it)
         self.writer.close()
         if self.reading is not asyncio.current_task():
             self.reading.cancel()

@@ -4,6 +4,7 @@ served by the node's own DHTProtocol behind hivemind's authorizer wrapper; real 
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import struct
 import time
@@ -352,3 +353,23 @@ def test_a_call_whose_stream_takes_no_bytes_ends_within_its_timeout_and_the_chan
     took, opened = asyncio.run(run())
     assert max(took) < 2.0
     assert opened == 2  # a stream whose frame may be cut is not used again
+
+
+def test_closing_a_channel_under_a_timed_out_call_logs_no_unread_error(caplog):
+    """The call whose timeout closes the channel leaves its answer unread: asyncio must not log it."""
+    async def run():
+        async def silent(reader, writer):
+            while await reader.read(1024):
+                pass
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        pool = ChannelPool(_Streams(server.sockets[0].getsockname()[1]))
+        for _ in range(dht_channels.TIMEOUTS_TO_CLOSE):
+            with pytest.raises(asyncio.TimeoutError):
+                await pool.call("peer", frames.PING, dht_pb2.PingRequest(), 0.2, None)
+        server.close()
+
+    with caplog.at_level("ERROR", logger="asyncio"):
+        asyncio.run(run())
+        gc.collect()
+    assert "never retrieved" not in caplog.text
