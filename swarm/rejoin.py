@@ -7,7 +7,9 @@ starts with an empty routing table, and once the peers have dropped its dead pre
 tells it about them: a peer that joins through it finds nobody and trains alone for ever (seen on
 netns hosts: tests/fault_scenarios.py, ``late_joiner`` after ``coordinator``). ``keep_joined`` looks
 at the routing table every ``CHECK_EVERY_S`` and acts only when it is empty, or holds none of the
-join nodes and fewer than ``SMALL_TABLE`` nodes (a large swarm's tables need not hold the
+join nodes and fewer than ``SMALL_TABLE`` nodes (a node on hivemind's blacklist does not count: this
+node's lookups skip it, and after a link was down every node of a table may be suspended for minutes,
+its reads answered from its own storage alone) (a large swarm's tables need not hold the
 coordinator, and pinging it from every peer would cost it N pings a period): it pings the join
 addresses (and, with an empty table, the nodes it knew); a node that answers goes back into the
 table (and this node into its), comes off the blacklist, and a lookup of this node's own id fills
@@ -70,15 +72,18 @@ async def check(_dht, node, joins: Sequence[str], refresh_joins: bool = False) -
     """In the DHT's process: ping the join nodes (and, with an empty table, the nodes known before)
     if the routing table needs it, and the join nodes anyway with ``refresh_joins``; how many answered
     (-1: the table needed no one)."""
-    present = set(node.protocol.routing_table.uid_to_peer_id.values())
+    table = set(node.protocol.routing_table.uid_to_peer_id.values())
     if len(_KNOWN) < KNOWN_MAX:
-        _KNOWN.update(list(present)[: KNOWN_MAX - len(_KNOWN)])
+        _KNOWN.update(list(table)[: KNOWN_MAX - len(_KNOWN)])
+    # a suspended node is not asked by this node's lookups: a table of suspended nodes reads nobody
+    present = {p for p in table if p not in node.blacklist}
     addrs: Dict[PeerID, Multiaddr] = {PeerID.from_base58(Multiaddr(m).value_for_protocol("p2p")): Multiaddr(m)
                                       for m in joins}
     if not needs_rejoin(present, addrs):
         if refresh_joins:  # the table looks whole; make sure the join nodes still know this node
             for peer in addrs:
-                await node.protocol.call_ping(peer, validate=False)
+                if await node.protocol.call_ping(peer, validate=False) is not None:
+                    _lift_suspension(node, peer)
         return -1
     ask = [p for p in addrs if p not in present] + ([p for p in _KNOWN if p not in addrs] if not present else [])
     if not ask:  # a join node itself with a small table (the coordinator): nobody to ask, nothing lost
@@ -92,16 +97,22 @@ async def check(_dht, node, joins: Sequence[str], refresh_joins: bool = False) -
             except Exception as e:
                 logger.debug(f"rejoin: cannot connect to {peer}: {e!r}")
         if await node.protocol.call_ping(peer, validate=False) is not None:  # adds it to the table, and us to its
-            try:  # off the blacklist, its back-off reset (hivemind does the same when a request succeeds)
-                node.blacklist.register_success(peer)
-            except KeyError:  # it was not on it
-                pass
+            _lift_suspension(node, peer)
             answered += 1
     if answered:
         await node.find_nearest_nodes([node.node_id])
         logger.info(f"found the swarm again: {answered} node(s) answered, "
                     f"{len(node.protocol.routing_table.uid_to_peer_id)} in the routing table")
     return answered
+
+
+def _lift_suspension(node, peer: PeerID) -> None:
+    """A node that answered comes off the blacklist, its back-off reset (hivemind does the same when a
+    lookup's request succeeds; a ping's success does not)."""
+    try:
+        node.blacklist.register_success(peer)
+    except KeyError:  # it was not on it
+        pass
 
 
 class LostSwarm:

@@ -87,3 +87,48 @@ def test_a_peer_that_keeps_failing_to_find_the_swarm_says_so_at_a_bounded_rate(c
     lost.note(-1)
     lost.note(0)
     assert not [r for r in caplog.records if "lost the swarm" in r.getMessage()]
+
+
+async def _suspend_all(_dht, node, failures: int) -> None:
+    """In a node's process: suspend every node of its table as hivemind does after ``failures``
+    requests in a row went unanswered (a link down for a while: the suspensions doubled each time)."""
+    for peer in node.protocol.routing_table.uid_to_peer_id.values():
+        node.blacklist.ban_counter[peer] = failures - 1
+        node.blacklist.register_failure(peer)
+
+
+async def _hold_locally(_dht, node) -> None:
+    from hivemind.dht.routing import DHTID
+    from hivemind.utils import MSGPackSerializer, get_dht_time
+
+    node.protocol.storage.store(DHTID.generate(source="progress"), MSGPackSerializer.dumps("round 7"),
+                                get_dht_time() + 60)
+
+
+async def _suspended(_dht, node) -> int:
+    return sum(1 for p in node.protocol.routing_table.uid_to_peer_id.values() if p in node.blacklist)
+
+
+def test_a_table_whose_every_node_is_suspended_counts_as_lost_and_an_answer_lifts_every_suspension():
+    """After a link came back, a table may still hold every node, each suspended for minutes: the node's
+    reads then answer from its own storage only, and it trains alone. That is a lost swarm too; once a
+    join node answers, the suspensions made while this node was cut off are lifted, not only the join node's."""
+    join_node = start_dht((), LOOPBACK)
+    nodes = [join_node]
+    try:
+        join = [str(m) for m in join_node.get_visible_maddrs()]
+        other = start_dht(join, LOOPBACK)
+        nodes.append(other)
+        peer = start_dht(join, LOOPBACK)
+        nodes.append(peer)
+        assert other.peer_id.to_base58() in _table(peer)
+        other.run_coroutine(_hold_locally)  # a record only the other peer holds
+        peer.run_coroutine(functools.partial(_suspend_all, failures=8))  # 5 s * 2 ** 7: over 10 minutes
+        assert peer.run_coroutine(_suspended) == 2
+        assert peer.get("progress", latest=True) is None  # reads see nobody
+        assert peer.run_coroutine(functools.partial(rejoin.check, joins=join)) >= 1
+        assert peer.run_coroutine(_suspended) == 0
+        assert peer.get("progress", latest=True).value == "round 7"
+    finally:
+        for node in reversed(nodes):
+            node.shutdown()
