@@ -35,6 +35,7 @@ import threading
 import time
 from typing import Collection, Dict, Optional, Sequence, Set
 
+from hivemind.dht.routing import DHTID
 from hivemind.p2p import PeerID
 from multiaddr import Multiaddr
 
@@ -88,7 +89,7 @@ async def check(_dht, node, joins: Sequence[str], refresh_joins: bool = False) -
     ask = [p for p in addrs if p not in present] + ([p for p in _KNOWN if p not in addrs] if not present else [])
     if not ask:  # a join node itself with a small table (the coordinator): nobody to ask, nothing lost
         return -1
-    answered = 0
+    answered: Dict[DHTID, PeerID] = {}
     for peer in ask:
         if peer in addrs:  # the daemon may have forgotten the address of a node it lost; hivemind has no
             try:  # public call for this (P2P keeps its daemon client private)
@@ -96,14 +97,19 @@ async def check(_dht, node, joins: Sequence[str], refresh_joins: bool = False) -
                                        CONNECT_TIMEOUT_S)
             except Exception as e:
                 logger.debug(f"rejoin: cannot connect to {peer}: {e!r}")
-        if await node.protocol.call_ping(peer, validate=False) is not None:  # adds it to the table, and us to its
+        node_id = await node.protocol.call_ping(peer, validate=False)  # puts it in our table, and us in its
+        if node_id is not None:
             _lift_suspension(node, peer)
-            answered += 1
-    if answered:
-        await node.find_nearest_nodes([node.node_id])
-        logger.info(f"found the swarm again: {answered} node(s) answered, "
+            answered[node_id] = peer
+    if answered:  # the suspensions made while this node was cut off say nothing of the nodes suspended:
+        node.blacklist.clear()  # kept, the lookup below would leave them out
+        # the lookup starts from the nodes that answered: hivemind adds them to the table in tasks of their
+        # own, and a lookup from the table alone found nobody ("1 in the routing table" after a link was down)
+        await node.find_nearest_nodes([node.node_id], node_to_peer_id=dict(answered))
+        await asyncio.sleep(0)  # the tasks that add the nodes the lookup reached
+        logger.info(f"found the swarm again: {len(answered)} node(s) answered, "
                     f"{len(node.protocol.routing_table.uid_to_peer_id)} in the routing table")
-    return answered
+    return len(answered)
 
 
 def _lift_suspension(node, peer: PeerID) -> None:

@@ -4,6 +4,7 @@ the swarm again, so that a newcomer joining through it finds the peers. Real DHT
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import socket
@@ -89,6 +90,20 @@ def test_a_peer_that_keeps_failing_to_find_the_swarm_says_so_at_a_bounded_rate(c
     assert not [r for r in caplog.records if "lost the swarm" in r.getMessage()]
 
 
+@contextlib.contextmanager
+def _join_node_and_two_peers():
+    """A join node's addresses, and two peers that joined through it."""
+    nodes = [start_dht((), LOOPBACK)]
+    try:
+        join = [str(m) for m in nodes[0].get_visible_maddrs()]
+        for _ in range(2):
+            nodes.append(start_dht(join, LOOPBACK))
+        yield join, nodes[1], nodes[2]
+    finally:
+        for node in reversed(nodes):
+            node.shutdown()
+
+
 async def _suspend_all(_dht, node, failures: int) -> None:
     """In a node's process: suspend every node of its table as hivemind does after ``failures``
     requests in a row went unanswered (a link down for a while: the suspensions doubled each time)."""
@@ -113,14 +128,7 @@ def test_a_table_whose_every_node_is_suspended_counts_as_lost_and_an_answer_lift
     """After a link came back, a table may still hold every node, each suspended for minutes: the node's
     reads then answer from its own storage only, and it trains alone. That is a lost swarm too; once a
     join node answers, the suspensions made while this node was cut off are lifted, not only the join node's."""
-    join_node = start_dht((), LOOPBACK)
-    nodes = [join_node]
-    try:
-        join = [str(m) for m in join_node.get_visible_maddrs()]
-        other = start_dht(join, LOOPBACK)
-        nodes.append(other)
-        peer = start_dht(join, LOOPBACK)
-        nodes.append(peer)
+    with _join_node_and_two_peers() as (join, other, peer):
         assert other.peer_id.to_base58() in _table(peer)
         other.run_coroutine(_hold_locally)  # a record only the other peer holds
         peer.run_coroutine(functools.partial(_suspend_all, failures=8))  # 5 s * 2 ** 7: over 10 minutes
@@ -129,6 +137,24 @@ def test_a_table_whose_every_node_is_suspended_counts_as_lost_and_an_answer_lift
         assert peer.run_coroutine(functools.partial(rejoin.check, joins=join)) >= 1
         assert peer.run_coroutine(_suspended) == 0
         assert peer.get("progress", latest=True).value == "round 7"
-    finally:
-        for node in reversed(nodes):
-            node.shutdown()
+
+
+async def _forget_all(_dht, node) -> None:
+    """In a node's process: an empty table, every node it held suspended, none remembered."""
+    table = node.protocol.routing_table
+    for uid, peer in list(table.uid_to_peer_id.items()):
+        node.blacklist.ban_counter[peer] = 7
+        node.blacklist.register_failure(peer)
+        del table[uid]
+    rejoin._KNOWN.clear()
+
+
+def test_a_node_that_found_the_swarm_again_fills_its_table_with_the_nodes_it_had_suspended():
+    with _join_node_and_two_peers() as (join, other, peer):
+        peer.run_coroutine(_forget_all)
+        assert not _table(peer)
+        assert peer.run_coroutine(functools.partial(rejoin.check, joins=join)) == 1  # the join node alone
+        deadline = time.monotonic() + 10  # hivemind adds the nodes that answered in tasks of their own
+        while other.peer_id.to_base58() not in _table(peer):
+            assert time.monotonic() < deadline, "the lookup after the rejoin left out the node it had suspended"
+            time.sleep(0.2)
