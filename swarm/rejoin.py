@@ -105,10 +105,9 @@ async def check(_dht, node, joins: Sequence[str], refresh_joins: bool = False) -
         node.blacklist.clear()  # kept, the lookup below would leave them out
         # the lookup starts from the nodes that answered: hivemind adds them to the table in tasks of their
         # own, and a lookup from the table alone found nobody ("1 in the routing table" after a link was down)
-        await node.find_nearest_nodes([node.node_id], node_to_peer_id=dict(answered))
-        await asyncio.sleep(0)  # the tasks that add the nodes the lookup reached
-        logger.info(f"found the swarm again: {len(answered)} node(s) answered, "
-                    f"{len(node.protocol.routing_table.uid_to_peer_id)} in the routing table")
+        found = await node.find_nearest_nodes([node.node_id], node_to_peer_id=dict(answered))
+        reached = {p for nearest in found.values() for p in nearest.values()} - {node.peer_id}
+        logger.info(f"found the swarm again: {len(answered)} node(s) answered, {len(reached)} found through them")
     return len(answered)
 
 
