@@ -7,13 +7,14 @@ starts with an empty routing table, and once the peers have dropped its dead pre
 tells it about them: a peer that joins through it finds nobody and trains alone for ever (seen on
 netns hosts: tests/fault_scenarios.py, ``late_joiner`` after ``coordinator``). ``keep_joined`` looks
 at the routing table every ``CHECK_EVERY_S`` and acts only when it is empty, or holds none of the
-join nodes and fewer than ``SMALL_TABLE`` nodes (a node on hivemind's blacklist does not count: this
-node's lookups skip it, and after a link was down every node of a table may be suspended for minutes,
-its reads answered from its own storage alone) (a large swarm's tables need not hold the
-coordinator, and pinging it from every peer would cost it N pings a period): it pings the join
-addresses (and, with an empty table, the nodes it knew); a node that answers goes back into the
-table (and this node into its), comes off the blacklist, and a lookup of this node's own id fills
-the table again. Otherwise it costs one look at a local table.
+join nodes and fewer than ``SMALL_TABLE`` nodes (a large swarm's tables need not hold the
+coordinator, and pinging it from every peer would cost it N pings a period). A node on hivemind's
+blacklist does not count: this node's lookups skip it, and after a link was down every node of a
+table may be suspended for minutes, its reads answered from its own storage alone. It then pings the
+join addresses (and, with an empty table, the nodes it knew); a node that answers goes back into the
+table (and this node into its), the suspensions made while this node was cut off are lifted, and a
+lookup of this node's own id from the nodes that answered fills the table again. Otherwise it costs
+one look at a local table.
 
 A table can also look whole while the join node has forgotten this node: a coordinator SIGKILLed and
 restarted within a round or two, before any request to it failed, keeps its peer id in every peer's
@@ -99,7 +100,6 @@ async def check(_dht, node, joins: Sequence[str], refresh_joins: bool = False) -
                 logger.debug(f"rejoin: cannot connect to {peer}: {e!r}")
         node_id = await node.protocol.call_ping(peer, validate=False)  # puts it in our table, and us in its
         if node_id is not None:
-            _lift_suspension(node, peer)
             answered[node_id] = peer
     if answered:  # the suspensions made while this node was cut off say nothing of the nodes suspended:
         node.blacklist.clear()  # kept, the lookup below would leave them out

@@ -10,10 +10,9 @@ import logging
 import socket
 import time
 
-import pytest
-
 import swarm.rejoin as rejoin
 from swarm.dht import start_dht
+from tests.dht_nodes import loopback_nodes
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
@@ -90,18 +89,7 @@ def test_a_peer_that_keeps_failing_to_find_the_swarm_says_so_at_a_bounded_rate(c
     assert not [r for r in caplog.records if "lost the swarm" in r.getMessage()]
 
 
-@contextlib.contextmanager
-def _join_node_and_two_peers():
-    """A join node's addresses, and two peers that joined through it."""
-    nodes = [start_dht((), LOOPBACK)]
-    try:
-        join = [str(m) for m in nodes[0].get_visible_maddrs()]
-        for _ in range(2):
-            nodes.append(start_dht(join, LOOPBACK))
-        yield join, nodes[1], nodes[2]
-    finally:
-        for node in reversed(nodes):
-            node.shutdown()
+_three_nodes = contextlib.contextmanager(loopback_nodes)  # a join node and two peers that joined through it
 
 
 async def _suspend_all(_dht, node, failures: int) -> None:
@@ -128,7 +116,8 @@ def test_a_table_whose_every_node_is_suspended_counts_as_lost_and_an_answer_lift
     """After a link came back, a table may still hold every node, each suspended for minutes: the node's
     reads then answer from its own storage only, and it trains alone. That is a lost swarm too; once a
     join node answers, the suspensions made while this node was cut off are lifted, not only the join node's."""
-    with _join_node_and_two_peers() as (join, other, peer):
+    with _three_nodes(None, others=2) as (join_node, other, peer):
+        join = [str(m) for m in join_node.get_visible_maddrs()]
         assert other.peer_id.to_base58() in _table(peer)
         other.run_coroutine(_hold_locally)  # a record only the other peer holds
         peer.run_coroutine(functools.partial(_suspend_all, failures=8))  # 5 s * 2 ** 7: over 10 minutes
@@ -150,7 +139,8 @@ async def _forget_all(_dht, node) -> None:
 
 
 def test_a_node_that_found_the_swarm_again_fills_its_table_with_the_nodes_it_had_suspended():
-    with _join_node_and_two_peers() as (join, other, peer):
+    with _three_nodes(None, others=2) as (join_node, other, peer):
+        join = [str(m) for m in join_node.get_visible_maddrs()]
         peer.run_coroutine(_forget_all)
         assert not _table(peer)
         assert peer.run_coroutine(functools.partial(rejoin.check, joins=join)) == 1  # the join node alone
