@@ -110,8 +110,8 @@ class InnerTrainer:
         self.model.train()
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
+        self.optimizer.zero_grad(set_to_none=True)  # a refused step's gradients must not add to this one
         _, loss = self.forward(x, y)
-        self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.apply_gradients()
         return loss.float().item()
@@ -137,6 +137,9 @@ class InnerTrainer:
         for group in clip_groups if clip_groups is not None else (self.params,):
             torch.nn.utils.clip_grad_norm_(group, self.spec.grad_clip)
         self.optimizer.step()
+        # the gradients are spent: freed now, they do not sit beside the next forward's activations
+        # (nor beside a round's exchange buffers) — 4 bytes a parameter less at the peak
+        self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
         if after_step is not None:
             after_step()

@@ -154,7 +154,7 @@ with LivePeak() as probe:
     kept = run(spec)
 e = estimate(spec, spec.model.n_layers, embed=True, head=True)
 print(json.dumps({"live": probe.peak - base_live, "rss": peak_rss() - base_rss, "estimate": e.total,
-                  "state": e.state + e.outer, "activations": e.activations}))
+                  "state": e.state + e.outer + e.step, "activations": e.activations}))
 """
 
 
