@@ -275,7 +275,7 @@ def adopt_own_set(peer, round_no: int, payload: bytes, start_hash: str, wait_s: 
     our groupmates' θ, where deferring the round would leave us apart from them. None if no set
     named within ``wait_s`` holds it: the round is deferred as before."""
     me = peer.peer_id
-    return _adopt(peer, round_no, start_hash, wait_s, lambda got: got.get(me) == payload,
+    return _adopt(peer, round_no, start_hash, wait_s, lambda got, view: got.get(me) == payload,
                   "our gather failed, but our group completed it with our payload")
 
 
@@ -294,19 +294,37 @@ def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage
     our θ is the group's. One of two is not enough (a faults run: a peer took the set of its last
     groupmate and a peer of another lineage; their tied vote went to the other θ, the groupmate
     downloaded it, and the peer that took the set ended the round on a θ nobody else held). None if
-    no such set can be had within ``wait_s``."""
+    no such set can be had within ``wait_s``.
+
+    A groupmate of our last round counts only where its record names, for that round, the set our
+    group agreed (``peer.gathered``): a member cut off in the middle of the round's gather decided it
+    with a set of its own, and its θ is then apart from theirs (a faults run: a peer whose link
+    went down decided its round alone with 3 payloads, took its groupmates' next set onto its own θ,
+    and was back on theirs only 4 rounds later, by the start-hash vote). Such a peer, or one whose
+    groupmates' records no longer name that round, defers and downloads instead."""
     lineage = set(lineage)
-    return _adopt(peer, round_no, start_hash, wait_s, lambda got: 2 * len(lineage & set(got)) > len(got),
+    before, ours = peer.gathered
+
+    def kin(view) -> Set[str]:
+        if before != round_no - 1 or not ours:
+            return set()
+        return {v.peer_id for v in view if v.peer_id in lineage and v.progress.set_of(before) == ours}
+
+    return _adopt(peer, round_no, start_hash, wait_s, lambda got, view: 2 * len(kin(view) & set(got)) > len(got),
                   "every other peer gathered without us: taking their set instead of their state")
 
 
-def _adopt(peer, round_no: int, start_hash: str, wait_s: float, accept: Callable[[Dict[str, bytes]], bool], why: str):
+def _adopt(peer, round_no: int, start_hash: str, wait_s: float, accept: Callable[[Dict[str, bytes], list], bool],
+           why: str):
+    """The first set named for ``round_no`` that ``accept(set, records)`` takes (``records``: the
+    membership view the set's name was read from), as a GatherResult; None past ``wait_s``."""
     membership, gatherer, spec, me = peer.membership, peer.gatherer, peer.spec, peer.peer_id
     part = peer.role.progress_part
     tried: Set[str] = set()
     deadline = time.monotonic() + wait_s
     while not peer.stop_event.is_set():
-        for v in membership.view():
+        view = membership.view()
+        for v in view:
             p = v.progress
             name = p.set_of(round_no)
             if v.peer_id == me or p.part != part or not name or name in tried:
@@ -316,7 +334,7 @@ def _adopt(peer, round_no: int, start_hash: str, wait_s: float, accept: Callable
             tried.add(name)
             timeout = min(FETCH_TIMEOUT_S, max(1.0, deadline - time.monotonic()))
             got = _fetch(gatherer, spec, v.peer_id, name, round_no, timeout)
-            if got is not None and accept(got):
+            if got is not None and accept(got, view):
                 logger.info(f"round {round_no}: {why} (set {name[:12]}, from {v.peer_id})")
                 return GatherResult(group=sorted(got), payloads=got, excluded={}, start_hashes={me: start_hash},
                                     set_digest=name)

@@ -298,11 +298,12 @@ def test_a_peer_the_round_gathered_without_takes_a_named_set_and_merges_the_rest
     mine, g1, g2 = a_group(0, 1, b"g0"), a_group(1, 2, b"g1"), a_group(3, 2, b"g2")
     me = sorted(mine[2])[0]
     first, second = sorted(g1[2]), sorted(g2[2])
-    views = ([record(p, gathered=g1[1], round_no=ROUND + 1, state="training") for p in first]
+    before = "e" * 32  # the set our group (we and g1's members) agreed in the round before
+    views = ([record(p, gathered=g1[1], round_no=ROUND + 1, state="training", gathered_before=before) for p in first]
              + [record(p, gathered=g2[1], round_no=ROUND + 1, state="training") for p in second])
     swarm = Swarm([views], {first[0]: {g1[1]: g1[0]}, second[0]: {g2[1]: g2[0]}})
     peer, _ = member_of(swarm, mine)
-    peer.peer_id = me
+    peer.peer_id, peer.gathered = me, (ROUND - 1, before)
     assert adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.3) is None  # no groupmate of our last round in either
     assert adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.3, lineage=[first[1]]) is None  # one of two owners
     result = adopt_round_set(peer, ROUND, "c" * 16, wait_s=1.0, lineage=first)
@@ -310,6 +311,31 @@ def test_a_peer_the_round_gathered_without_takes_a_named_set_and_merges_the_rest
     assert result.start_hashes == {me: "c" * 16} and not result.excluded
     merged = merge_round(peer, ROUND, result, ready=[])
     assert merged.payloads == {**g1[2], **g2[2]} and me not in merged.payloads
+
+
+def test_a_groupmate_that_agreed_another_set_last_round_is_not_of_our_lineage():
+    # a faults run: b's link went down during round 34's gather; b decided the round with a set of its
+    # own, its groupmates with theirs. In round 35, taking their set onto b's θ gave b a θ nobody held
+    # (repaired 4 rounds later). Only groupmates whose records name our set of the round before count.
+    mine, g1 = a_group(0, 1, b"g0"), a_group(1, 3, b"g1")
+    me, first = sorted(mine[2])[0], sorted(g1[2])
+    ours, theirs = "e" * 32, "f" * 32
+    for mates_before, gathered in [(theirs, (ROUND - 1, ours)),  # they agreed another set than ours
+                                   ("", (ROUND - 1, ours)),  # their records no longer name that round
+                                   (ours, (ROUND - 2, ours)),  # our last set is older than the round before
+                                   (ours, (ROUND - 1, ""))]:
+        views = [record(p, gathered=g1[1], round_no=ROUND + 1, state="training", gathered_before=mates_before)
+                 for p in first]
+        peer, _ = member_of(Swarm([views], {first[0]: {g1[1]: g1[0]}}), mine)
+        peer.peer_id, peer.gathered = me, gathered
+        assert adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.3, lineage=first) is None, (mates_before, gathered)
+    # two of three owners of the set agreed ours: most of its owners are of our lineage
+    views = [record(p, gathered=g1[1], round_no=ROUND + 1, state="training", gathered_before=b)
+             for p, b in zip(first, (ours, ours, theirs))]
+    peer, _ = member_of(Swarm([views], {first[0]: {g1[1]: g1[0]}}), mine)
+    peer.peer_id, peer.gathered = me, (ROUND - 1, ours)
+    result = adopt_round_set(peer, ROUND, "c" * 16, wait_s=1.0, lineage=first)
+    assert result is not None and result.payloads == g1[2]
 
 
 def test_a_peer_the_round_gathered_without_defers_when_no_named_set_can_be_had():
