@@ -181,7 +181,9 @@ def probe(job: Dict[str, Any]) -> Dict[str, Any]:
         rss_peak=peak,
         cuda_peak=torch.cuda.max_memory_allocated() if cuda else None,
         param_bytes=sum(p.numel() * p.element_size() for p in params),
-        grad_bytes=sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
+        # one gradient a trainable parameter, of its dtype, held from the backward to AdamW's step
+        # (the trainer frees them after each step, so they are counted, not read)
+        grad_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
         opt_bytes=opt,
         trainable=sum(p.numel() for p in params if p.requires_grad),
     )
