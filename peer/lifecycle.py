@@ -7,6 +7,10 @@ so the peer says where it is: its status file (``--status-file``) is written at 
     starting -> joining the DHT -> loading data -> [waiting for a chain] -> getting the swarm's state
     -> [waiting for peers] -> [linking the chain] -> training -> stopping -> stopped
 
+A running peer whose role abandoned a round goes back to a phase of its own until it has another:
+"waiting for a chain" (a stage whose chain broke; its status names no chain meanwhile) or
+"recovering", then "linking the chain" or "training" again.
+
 Until the first round ends the status has every key a full one has, with neutral values (round 0,
 no history, ``null`` losses), so readers need no special case.
 
@@ -63,7 +67,10 @@ def phase_of(peer) -> str:
     if peer.state in STATE_PHASES:
         return STATE_PHASES[peer.state]
     if getattr(peer, "started", False):
-        return "stopping" if peer.stop_event.is_set() else "training"
+        if peer.stop_event.is_set():
+            return "stopping"
+        # "starting" once running: the role abandoned a round and is getting another (peer/runtime.py)
+        return getattr(peer, "phase", "recovering") if peer.state == "starting" else "training"
     return getattr(peer, "phase", "starting")
 
 
