@@ -257,6 +257,18 @@ def repair(run: Run) -> bool:
         return False
 
 
+def _warnings(sw: FaultSwarm, last: int = 30) -> str:
+    """Each log's last warnings and its DHT rejoins: what a failed scenario's peers said, where the
+    failure's own message keeps only the logs' last lines (CI showed no line of a peer cut off 4 min)."""
+    keep = (" WARN ", " ERROR ", "found the swarm again")
+    out = []
+    for name, text in sw.texts().items():
+        lines = [line for line in text.splitlines() if any(k in line for k in keep)]
+        out.append(f"  --- {name}: {len(lines)} warnings and rejoins, the last {min(last, len(lines))}:")
+        out += [f"    {line[:300]}" for line in lines[-last:]]
+    return "\n".join(out)
+
+
 # ---- the whole run ------------------------------------------------------------------------------
 def _simulate(spec_toml: str, peer_ids: Sequence[str], allowed, out) -> None:
     """In a process of its own: the undisturbed run of these peers, each round's validation loss put
@@ -344,6 +356,7 @@ def run_faults(workdir: Path, scenarios: Sequence[str], kills: int = 100, seed: 
                     SCENARIOS[name](run)
                 except AssertionError as e:  # this scenario failed; the next ones still run, after a repair
                     log(f"  {name}: FAILED: {str(e)[:400]}", flush=True)
+                    log(_warnings(sw), flush=True)
                     run.rows.append(dict(scenario=name, failed=str(e)[:2000], recover_s=time.monotonic() - t))
                     if not repair(run):
                         break
