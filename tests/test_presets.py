@@ -7,21 +7,15 @@ arithmetic only.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from bench import memory_peak
 from peer.resources import HEADROOM
 from protocol.capacity import replica_bytes
 from protocol.errors import SpecError
 from protocol.presets import PRESETS, preset_param_count
 from protocol.spec import ModelSpec, RunSpec
-
-ROOT = Path(__file__).resolve().parent.parent
+from swarm.jsonout import loads_strict
 
 # parameters at vocab_size 256 (the byte-level run): untied embedding and head, no biases
 PARAM_COUNTS_256 = {"demo": 869_504, "125m": 85_347_072, "350m": 308_855_808, "1.3b": 1_215_399_936}
@@ -92,96 +86,9 @@ def test_big_presets_need_a_chain_on_a_small_machine():
 
 
 # --- the estimate against the real peak ----------------------------------------------------------
-_MEASURE = r"""
-import ctypes, gc, json, sys
-import torch
-torch.set_num_threads(1)
-from torch.utils._python_dispatch import TorchDispatchMode
-from peer.inner import InnerTrainer
-from peer.model import build_model
-from protocol.capacity import estimate
-from protocol.spec import RunSpec
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-
-libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = MallInfo2
-
-def live():  # bytes malloc has handed out and not had back: heap chunks in use + mmapped chunks
-    m = libc.mallinfo2()
-    return m.uordblks + m.hblkhd
-
-class LivePeak(TorchDispatchMode):  # samples live() after every aten op, backward and AdamW included
-    peak = 0
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.peak = max(self.peak, live())
-        return out
-
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
-
-def peak_rss():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-
-def run(spec):
-    model = build_model(spec.model, 0)
-    # a peer's steady state holds θ at the round's start and one strategy buffer (the 8 P term)
-    held = [p.detach().clone() for p in model.parameters()] + [torch.ones_like(p) for p in model.parameters()]
-    trainer = InnerTrainer(model, spec.inner)
-    g = torch.Generator().manual_seed(0)
-    shape = (spec.data.batch_size, spec.model.seq_len)
-    x = torch.randint(0, spec.model.vocab_size, shape, generator=g)
-    y = torch.randint(0, spec.model.vocab_size, shape, generator=g)
-    trainer.step(x, y)  # the first step allocates AdamW's moments; the second is the steady state
-    trainer.step(x, y)
-    return model, trainer, held
-
-tiny = RunSpec.from_dict({"model": {"d_model": 8, "n_layers": 1, "n_heads": 2, "ffn_hidden": 8, "seq_len": 8},
-                          "data": {"batch_size": 1}})
-run(tiny)  # loads kernels and thread pools, which the estimate does not count
-gc.collect()
-spec = RunSpec.from_dict(json.loads(sys.argv[1]))
-base_rss, base_live = rss(), live()
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # resets VmHWM to the current resident size
-with LivePeak() as probe:
-    kept = run(spec)
-e = estimate(spec, spec.model.n_layers, embed=True, head=True)
-print(json.dumps({"live": probe.peak - base_live, "rss": peak_rss() - base_rss, "estimate": e.total,
-                  "state": e.state + e.outer + e.step, "activations": e.activations}))
-"""
-
-
-def _measure(spec_dict) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", _MEASURE, json.dumps(spec_dict)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _can_reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux") or not _can_reset_peak(),
+@pytest.mark.skipif(not memory_peak.can_measure(),
                     reason="needs Linux's /proc/self/clear_refs to reset the peak resident size")
-@pytest.mark.parametrize("case", [
-    {"model": {"preset": "demo"}},  # activations dominate: 16 sequences of 128 bytes
-    {"model": {"d_model": 256, "n_layers": 2, "n_heads": 8, "ffn_hidden": 704, "seq_len": 256}, "data": {"batch_size": 8}},
-    {"model": {"d_model": 512, "n_layers": 2, "n_heads": 8, "ffn_hidden": 1408, "seq_len": 64}, "data": {"batch_size": 2}},
-], ids=["demo", "d256-seq256", "d512-state-bound"])
+@pytest.mark.parametrize("case", sorted(memory_peak.SHAPES))
 def test_memory_estimate_bounds_the_real_peak(case):
     """A real peer's model built, AdamW, θ snapshot and strategy buffer, two inner steps (forward,
     backward, update), in a fresh process after the framework's own start-up:
@@ -192,7 +99,7 @@ def test_memory_estimate_bounds_the_real_peak(case):
       the estimate does not count, stays within the memory the decision leaves for them: a peer
       takes a full replica when the estimate is below HEADROOM (80 %) of its free memory.
     """
-    m = _measure(case)
+    m = memory_peak.measure(memory_peak.SHAPES[case])
     ratio = m["estimate"] / m["live"]
     print(f"{case}: live peak {m['live'] / 1e6:.1f} MB, resident peak {m['rss'] / 1e6:.1f} MB, estimate "
           f"{m['estimate'] / 1e6:.1f} MB (state {m['state'] / 1e6:.1f} + activations {m['activations'] / 1e6:.1f}),"
@@ -200,3 +107,15 @@ def test_memory_estimate_bounds_the_real_peak(case):
     assert m["live"] <= m["estimate"], m
     assert ratio <= 2.0, m
     assert m["rss"] <= m["estimate"] / HEADROOM, m
+
+
+@pytest.mark.skipif(not memory_peak.can_measure(),
+                    reason="needs Linux's /proc/self/clear_refs to reset the peak resident size")
+def test_memory_peak_bench_prints_its_table_and_json(tmp_path, capsys):
+    out = tmp_path / "peak.json"
+    assert memory_peak.main(["--shapes", "demo", "--json", str(out)]) == 0
+    assert "estimate / live" in capsys.readouterr().out
+    (row,) = loads_strict(out.read_text())["rows"]
+    assert row["shape"] == "demo" and row["live"] > 0 and row["estimate_over_live"] == row["estimate"] / row["live"]
+    with pytest.raises(SystemExit):
+        memory_peak.main(["--shapes", "d9999"])
