@@ -35,4 +35,5 @@ def test_each_peers_wire_bytes_match_its_interface_within_ten_percent(tmp_path):
         # the headers are the interface's alone: its raw bytes exceed the peer's by at least 40 a packet
         assert link["tx_bytes"] > wire["sent"] + 40 * link["tx_packets"], row
         assert wire["packets_sent"] >= link["tx_packets"] * 0.9, row  # a GSO packet is several segments
-        assert 0 < wire["retransmitted"] < wire["sent"] * 0.1, row
+        # a link that drops nothing needs no retransmission (tests/test_wire_retransmits_hosts.py makes some)
+        assert 0 <= wire["retransmitted"] < wire["sent"] * 0.1, row
