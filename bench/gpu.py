@@ -93,9 +93,11 @@ def _fresh(device):
 
 
 def _state_bytes(trainer: InnerTrainer) -> int:
-    """Parameters + gradients + AdamW state, in bytes (whatever the device)."""
+    """Parameters + gradients + AdamW state, in bytes (whatever the device). A gradient is counted
+    for each trainable parameter: the trainer frees them after each step (peer/inner.py), but they
+    are alive from each backward to its step."""
     n = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
-    n += sum(p.grad.numel() * p.grad.element_size() for p in trainer.params if p.grad is not None)
+    n += sum(p.numel() * p.element_size() for p in trainer.params if p.requires_grad)
     n += sum(t.numel() * t.element_size() for s in trainer.optimizer.state.values() for t in s.values() if torch.is_tensor(t))
     return n
 

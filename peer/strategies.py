@@ -237,8 +237,15 @@ def average(layout: Layout, decoded: Sequence[Tensors], over_choosers: bool = Fa
         for t in parts[1:]:
             acc.add_(t)
         if over_choosers:
-            kept = sum(((t != 0).to(torch.float32) for t in parts[1:]), (parts[0] != 0).to(torch.float32))
-            out[name] = acc.div_(kept.clamp_(min=1.0))
+            # a count of the payloads that kept each coordinate, in the narrowest integer type that
+            # holds it; only a coordinate kept by two or more is divided (x / 1 is x, bit for bit), a
+            # few percent of them for sparse payloads; small counts convert to float32 exactly
+            kept = (parts[0] != 0).to(torch.uint8 if len(parts) < 256 else torch.int32)
+            for t in parts[1:]:
+                kept.add_(t != 0)
+            shared = kept > 1
+            acc[shared] = acc[shared] / kept[shared].to(torch.float32)
+            out[name] = acc
         else:
             out[name] = acc.div_(len(parts))
     return out
