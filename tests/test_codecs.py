@@ -87,6 +87,21 @@ def test_blocks_round_trip(shape, chunk):
     assert torch.equal(blocking.join(blocks, shape), x)
 
 
+@given(shape=shapes, chunk=st.integers(1, 70), data=st.data())
+@settings(max_examples=60, deadline=None)
+def test_scatter_is_join_of_blocks_zero_but_for_the_kept_entries(shape, chunk, data):
+    blocking = Blocking.of(shape, chunk)
+    n, k = blocking.block_numel, data.draw(st.integers(0, min(blocking.block_numel, 6)))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    idx = np.array([np.sort(rng.choice(n, k, replace=False)) for _ in range(blocking.nblocks)],
+                   dtype=np.int64).reshape(blocking.nblocks, k)
+    values = torch.from_numpy(rng.standard_normal((blocking.nblocks, k)).astype(np.float32))
+    blocks = torch.zeros(blocking.nblocks, n)
+    blocks.scatter_(1, torch.from_numpy(idx), values)
+    got = blocking.scatter(idx, values, shape)
+    assert got.shape == tuple(shape) and torch.equal(got, blocking.join(blocks, shape))
+
+
 def test_blocks_are_contiguous_tiles():
     x = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     blocks = to_blocks(x, 2, 3)

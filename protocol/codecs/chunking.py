@@ -80,6 +80,18 @@ class Blocking:
         """The inverse of ``split``: (nblocks, bh*bw) -> a tensor of ``shape``."""
         return from_blocks(blocks, self.rows, self.cols, self.bh, self.bw).reshape(shape)
 
+    def scatter(self, idx: np.ndarray, values: torch.Tensor, shape: Shape) -> torch.Tensor:
+        """``join`` of blocks that are zero but for ``values`` (nblocks, k) at positions ``idx``
+        (nblocks, k), distinct within each block: the same tensor, built without the dense blocks
+        and their permuted copy (a SparseLoCo payload keeps 1.6 % of the entries)."""
+        per_row = self.cols // self.bw
+        block = np.arange(idx.shape[0], dtype=np.int64)[:, None]
+        row = (block // per_row) * self.bh + idx // self.bw
+        col = (block % per_row) * self.bw + idx % self.bw
+        dense = torch.zeros(self.rows * self.cols, dtype=values.dtype)
+        dense[torch.from_numpy((row * self.cols + col).reshape(-1))] = values.reshape(-1)
+        return dense.reshape(shape)
+
 
 def to_blocks(x2d: torch.Tensor, bh: int, bw: int) -> torch.Tensor:
     """(rows, cols) -> (nblocks, bh*bw); bh and bw must divide rows and cols."""

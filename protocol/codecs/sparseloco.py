@@ -123,6 +123,4 @@ class SparseLoCoCodec(TensorCodec):
         # in range and strictly increasing within each block (index_coding checks, or gaps guarantee, both)
         idx = index_coding.decode_positions(raw["idx"], blocking.nblocks, k, blocking.block_numel, "sparseloco indices")
         values = torch.from_numpy(lut[codes].reshape(blocking.nblocks, k))
-        dense = torch.zeros(blocking.nblocks, blocking.block_numel, dtype=torch.float32)
-        dense.scatter_(1, torch.from_numpy(idx), values)
-        return blocking.join(dense, shape)
+        return blocking.scatter(idx, values, shape)
