@@ -88,8 +88,16 @@ def arithmetic(arm: str):
         robust.squared_norm, strategies.average = saved
 
 
-def one_exchange(spec: RunSpec, theta, trained, repeats: int) -> dict:
-    """Best-of timings of one member's exchange with ``len(trained)`` groupmates, and its θ hash."""
+def trained_params(theta, member: int):
+    """Member ``member``'s parameters after its inner steps: θ plus a small step of its own seed."""
+    g = torch.Generator().manual_seed(1000 + member)
+    return {n: t + 1e-3 * torch.randn(t.shape, generator=g) for n, t in theta.items()}
+
+
+def one_exchange(spec: RunSpec, theta, group: int, repeats: int) -> dict:
+    """Best-of timings of one member's exchange in a group of ``group``, and its θ hash. Each
+    member's parameters are made, encoded and dropped in turn: a real member holds its own alone,
+    and 16 models' worth of them held at once slowed this process's decode five-fold."""
     best = {p: float("inf") for p in PHASES}
     result = None
     for _ in range(repeats):
@@ -97,10 +105,15 @@ def one_exchange(spec: RunSpec, theta, trained, repeats: int) -> dict:
         # they are: what it sent is settled after the round), then concludes as member 0
         me = RoundEngine(strategies.make_strategy(spec), {n: t.clone() for n, t in theta.items()})
         # (only member 0's pending state is kept: each is two dense copies of the model)
-        t0 = time.perf_counter()
-        encoded = [me.encode(me.theta, tr) for tr in trained[:1]]
-        encoded += [(me.encode(me.theta, tr)[0], None) for tr in trained[1:]]
-        best["encode"] = min(best["encode"], (time.perf_counter() - t0) / len(trained))
+        encoded, took = [], 0.0
+        for i in range(group):
+            trained = trained_params(theta, i)
+            t0 = time.perf_counter()
+            data, pending = me.encode(me.theta, trained)
+            took += time.perf_counter() - t0
+            encoded.append((data, pending if i == 0 else None))
+            del trained, pending
+        best["encode"] = min(best["encode"], took / group)
         payloads = {f"peer{i:02d}": data for i, (data, _) in enumerate(encoded)}
         t0 = time.perf_counter()
         decoded, invalid = me.decode(payloads)
@@ -142,14 +155,10 @@ def main(argv=None) -> int:
         theta = {n: p.detach().clone() for n, p in build_model(spec.model, spec.seed).named_parameters()}
         params = sum(t.numel() for t in theta.values())
         for G in groups:
-            trained = []
-            for i in range(G):
-                g = torch.Generator().manual_seed(1000 + i)
-                trained.append({n: t + 1e-3 * torch.randn(t.shape, generator=g) for n, t in theta.items()})
             arms = {}
             for arm in ("reference", "current"):
                 with arithmetic(arm):
-                    arms[arm] = one_exchange(spec, theta, trained, args.repeats)
+                    arms[arm] = one_exchange(spec, theta, G, args.repeats)
                 r = arms[arm]
                 print(f"  {shape} G={G} {arm:9s}: " + ", ".join(f"{p} {r[p]:.3f} s" for p in PHASES), flush=True)
             if arms["reference"]["theta"] != arms["current"]["theta"]:
@@ -158,7 +167,6 @@ def main(argv=None) -> int:
             for arm, r in arms.items():
                 rows.append(dict(shape=shape, params=params, group=G, arm=arm, **r,
                                  ratio=arms["reference"]["total"] / r["total"]))
-            del trained
     cols = ["shape", "params", "G", "arithmetic", "encode s (each)", "decode s", "conclude s", "hash s", "total s",
             "reference / this", "θ"]
     lines = [[r["shape"], f"{r['params'] / 1e6:.1f}M", str(r["group"]), r["arm"], f"{r['encode']:.3f}",
