@@ -50,6 +50,8 @@ PHASES = ("encode", "decode", "conclude", "hash")
 
 
 def reference_squared_norm(t: torch.Tensor):
+    """``peer.robust.squared_norm`` by its definition: every element squared in float64 and summed
+    in order within each chunk, the chunks' sums in order (tests/test_robust.py pins the bits to it)."""
     flat = t.detach().to("cpu", torch.float32).contiguous().reshape(-1).numpy()
     total, peak = 0.0, 0.0
     for start in range(0, flat.size, robust._CHUNK):
@@ -61,6 +63,8 @@ def reference_squared_norm(t: torch.Tensor):
 
 
 def reference_average(layout, decoded, over_choosers: bool = False):
+    """``peer.strategies.average`` by its definition: with ``over_choosers``, the payloads that kept
+    each coordinate counted in float32 and every coordinate divided by its count."""
     out = {}
     for name in layout:
         parts = [d[name] for d in decoded if name in d]

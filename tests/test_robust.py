@@ -40,23 +40,10 @@ def test_squared_norm_is_float64_and_flags_non_finite():
         assert not (math.isfinite(sq) and math.isfinite(peak))
 
 
-def _sequential_squared_norm(t: torch.Tensor):
-    """The definition: every element's square in float64, summed in order within each chunk, the
-    chunks' sums in order; max |x| over every element."""
-    from peer.robust import _CHUNK
-
-    flat = t.reshape(-1).numpy()
-    total, peak = 0.0, 0.0
-    for start in range(0, flat.size, _CHUNK):
-        part = flat[start:start + _CHUNK].astype(np.float64)
-        peak = max(peak, float(np.abs(part).max()))
-        total += float(np.cumsum(part * part)[-1])
-    return total, peak
-
-
 @pytest.mark.parametrize("density", [0.0, 0.016, 0.5, 1.0])
 def test_squared_norm_skips_zeros_and_keeps_the_bits_of_the_sum_over_every_element(monkeypatch, density):
     import peer.robust as robust
+    from bench.outer_step import reference_squared_norm  # the definition: every element, in order
 
     monkeypatch.setattr(robust, "_CHUNK", 1000)  # several chunks, a partial one last
     g = torch.Generator().manual_seed(7)
@@ -64,12 +51,13 @@ def test_squared_norm_skips_zeros_and_keeps_the_bits_of_the_sum_over_every_eleme
         x = torch.randn(n, generator=g) * torch.exp(8 * torch.randn(n, generator=g))  # magnitudes far apart
         x[torch.rand(n, generator=g) >= density] = 0.0
         x[torch.rand(n, generator=g) < 0.05] = -0.0
-        got, want = squared_norm(x), _sequential_squared_norm(x)
+        got, want = squared_norm(x), reference_squared_norm(x)
         assert got[0].hex() == want[0].hex() and got[1] == want[1], (n, got, want)
     assert not math.isfinite(squared_norm(vec(0.0, -float("inf"), 0.0))[0])
 
 
 def test_chosen_average_is_bit_identical_to_dividing_by_a_float_count():
+    from bench.outer_step import reference_average
     from peer.strategies import average
 
     g = torch.Generator().manual_seed(3)
@@ -84,14 +72,9 @@ def test_chosen_average_is_bit_identical_to_dividing_by_a_float_count():
         decoded.append(d)
     decoded[2].pop("b")  # a contribution that does not carry a tensor
     got = average(layout, decoded, over_choosers=True)
+    want = reference_average(layout, decoded, over_choosers=True)  # a float32 count, every coordinate divided
     for name in layout:
-        parts = [d[name] for d in decoded if name in d]
-        acc, count = parts[0].clone(), (parts[0] != 0).to(torch.float32)
-        for t in parts[1:]:
-            acc.add_(t)
-            count.add_((t != 0).to(torch.float32))
-        want = acc.div_(count.clamp_(min=1.0))
-        assert torch.equal(got[name].view(torch.int32), want.view(torch.int32)), name
+        assert torch.equal(got[name].view(torch.int32), want[name].view(torch.int32)), name
 
 
 def test_lower_median():
