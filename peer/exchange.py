@@ -46,8 +46,9 @@ from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_dht_time, get_logger
 
-from peer.exchange_io import CallLimiter, read_bounded_stream, retry_until
+from peer.exchange_io import CallLimiter, read_bounded_stream, refused, retry_until
 from peer.identity import payload_signer
+from peer.late_join import LateJoin
 from peer.matchmaking import cancel_step, describe_search, matchmaking_times, read_gathered
 from peer.set_server import SetServer
 from peer.state_serving import StateServing
@@ -89,10 +90,14 @@ class _Group:
     members: frozenset
     done: List[asyncio.Event] = field(default_factory=list)  # done[k]: round k over here (0: own payload sealed)
     set_digest: Optional[str] = None  # the agreed set's name, once agreed (peer/set_server.py serves it)
+    info: Optional[GroupInfo] = None  # hivemind's group, as matchmaking assembled it (peer/late_join.py serves it)
+    round_no: int = -1
 
 
-class PayloadGatherer(Admitted, SetServer, StateServing, DecentralizedAverager):  # Admitted: a private run's gate (swarm/admission.py)
+class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, DecentralizedAverager):  # Admitted: a private run's gate (swarm/admission.py)
     """hivemind matchmaking + a signed, agreed all-gather of one payload per member."""
+
+    _round_no = -1  # the round being gathered, set as each round's matchmaking is prepared
 
     def __init__(
         self,
@@ -211,6 +216,7 @@ class PayloadGatherer(Admitted, SetServer, StateServing, DecentralizedAverager):
             with open(path, "rb") as f:
                 self._round_no, self._payload = round_no, f.read()
             mm = self._matchmaking
+            self._begin_round_search(mm)
             if mm.is_looking_for_group:
                 logger.warning(f"round {round_no}: the last round's matchmaking has not ended: {describe_search(mm)}")
             if not isinstance(mm.group_key_manager, LeanGroupKeyManager):  # its DHT calls at a fraction of the bytes
@@ -239,7 +245,8 @@ class PayloadGatherer(Admitted, SetServer, StateServing, DecentralizedAverager):
         clients = frozenset(group_info.peer_ids[i].to_base58() for i in kept if gathered[i][1] == AveragingMode.CLIENT.value)
         members = tuple(p.to_bytes() for p in peer_ids)
         binding = Binding(self._run, self._round_no, group_info.group_id, members)
-        group = self._open_group(group_info.group_id, reconcile.Agreement(binding, self._signer, self._max_payload_bytes))
+        group = self._open_group(group_info.group_id, reconcile.Agreement(binding, self._signer, self._max_payload_bytes),
+                                 info=group_info)
         try:
             group.agreement.seal(self._payload)
             group.done[0].set()
@@ -349,7 +356,7 @@ class PayloadGatherer(Admitted, SetServer, StateServing, DecentralizedAverager):
         )
         self._count(received=answer.ByteSize())
         if answer.code != averaging_pb2.NO_CODE:
-            raise KeyError(f"{peer} refused ({averaging_pb2.MessageCode.Name(answer.code)})")
+            raise refused(peer, answer.code)
         return answer.tensor_part.buffer
 
     def _count(self, sent: int = 0, received: int = 0) -> None:
@@ -359,9 +366,10 @@ class PayloadGatherer(Admitted, SetServer, StateServing, DecentralizedAverager):
             self._bytes_received.value += received
 
     # ---- averager-process side: groups and the RPCs -------------------------------------------
-    def _open_group(self, group_id: bytes, agreement: reconcile.Agreement) -> _Group:
+    def _open_group(self, group_id: bytes, agreement: reconcile.Agreement, info: Optional[GroupInfo] = None) -> _Group:
         """Only our own rounds create groups; the oldest beyond KEEP_GROUPS is forgotten."""
-        group = _Group(group_id, agreement, frozenset(agreement.members), [asyncio.Event() for _ in range(agreement.rounds + 1)])
+        group = _Group(group_id, agreement, frozenset(agreement.members), [asyncio.Event() for _ in range(agreement.rounds + 1)],
+                       info=info, round_no=self._round_no)
         self._groups[group_id] = group
         while len(self._groups) > KEEP_GROUPS:
             self._groups.popitem(last=False)
@@ -373,9 +381,15 @@ class PayloadGatherer(Admitted, SetServer, StateServing, DecentralizedAverager):
     async def _member_group(self, group_id: bytes, caller: PeerID) -> Optional[_Group]:
         """The group ``caller`` asks about, if it is one of ours and ``caller`` is in it.
 
-        A member may ask before matchmaking told us about the group: wait a little for it."""
+        A member may ask before matchmaking told us about the group: wait a little for it, and ask
+        the leaders of this round whether it is one they assembled with us (peer/late_join.py). None
+        at once when we gather this round in another group (``_gathers_elsewhere``)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.gather_timeout
+        if group_id not in self._groups:
+            if self._gathers_elsewhere(group_id):
+                return None
+            self._start_late_join(group_id)
         while group_id not in self._groups:
             if self._group_opened is None:
                 self._group_opened = asyncio.Event()
@@ -385,6 +399,11 @@ class PayloadGatherer(Admitted, SetServer, StateServing, DecentralizedAverager):
                 return None
         group = self._groups[group_id]
         return group if caller.to_bytes() in group.members else None
+
+    def _refusal(self, group_id: bytes) -> int:
+        """The code an RPC about a group we do not serve to the caller answers: GROUP_DISBANDED when
+        we gather this round elsewhere (the caller stops asking: peer/exchange_io.py's NotInGroup)."""
+        return averaging_pb2.GROUP_DISBANDED if self._gathers_elsewhere(group_id) else averaging_pb2.BAD_GROUP_ID
 
     async def rpc_fetch_payload(
         self, request: averaging_pb2.AveragingData, context: P2PContext
@@ -402,7 +421,7 @@ class PayloadGatherer(Admitted, SetServer, StateServing, DecentralizedAverager):
                 else:
                     envelope = group.agreement.serve(request.peer_id, digest)
             if envelope is None:
-                yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
+                yield averaging_pb2.AveragingData(code=self._refusal(request.group_id))
                 return
             for start in range(0, len(envelope), CHUNK_BYTES):
                 msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=envelope[start : start + CHUNK_BYTES]))
@@ -420,7 +439,7 @@ class PayloadGatherer(Admitted, SetServer, StateServing, DecentralizedAverager):
         with self._calls.admit(context.remote_id) as admitted:
             group = await self._member_group(request.group_id, context.remote_id) if admitted else None
             if group is None:
-                return averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
+                return averaging_pb2.AveragingData(code=self._refusal(request.group_id))
             self._count(received=request.ByteSize())
             try:
                 k, have = reconcile.parse_request(request.tensor_part.buffer, len(group.members))

@@ -29,6 +29,19 @@ class ExchangeLimitError(IOError):
     """A peer sent more than the exchange reads from it."""
 
 
+class NotInGroup(KeyError):
+    """A member of our group answered that it gathers this round in another group: it will not
+    take part in ours, so it is not asked again (peer/late_join.py)."""
+
+
+def refused(peer: PeerID, code: int) -> KeyError:
+    """The error for an answer that carries ``code`` instead of data."""
+    name = averaging_pb2.MessageCode.Name(code)
+    if code == averaging_pb2.GROUP_DISBANDED:
+        return NotInGroup(f"{peer} gathers this round in another group ({name})")
+    return KeyError(f"{peer} does not serve it ({name})")
+
+
 async def read_bounded_stream(
     p2p: P2P, peer: PeerID, handle_name: str, request: averaging_pb2.AveragingData, *, limit: int, chunk: int
 ) -> Tuple[bytes, int]:
@@ -57,7 +70,7 @@ async def read_bounded_stream(
                 raise KeyError(f"{peer} failed: {RPCError.FromString(data).message[:200]}")
             msg = averaging_pb2.AveragingData.FromString(data)
             if msg.code != averaging_pb2.NO_CODE:
-                raise KeyError(f"{peer} does not serve it ({averaging_pb2.MessageCode.Name(msg.code)})")
+                raise refused(peer, msg.code)
             total += len(msg.tensor_part.buffer)
             if total > limit:
                 raise ExchangeLimitError(f"{peer} sent more than {limit} bytes")
@@ -90,13 +103,14 @@ class CallLimiter:
 
 async def retry_until(deadline: float, attempt: Callable[[], Awaitable[T]]) -> T:
     """``attempt()`` until it succeeds, each try bounded by the time left to ``deadline`` (event-loop
-    time); the last failure is raised. A peer that sent too much is not asked again."""
+    time); the last failure is raised. A peer that sent too much, or gathers in another group, is not
+    asked again."""
     loop = asyncio.get_running_loop()
     pause = FIRST_PAUSE
     while True:
         try:
             return await asyncio.wait_for(attempt(), timeout=max(0.0, deadline - loop.time()))
-        except ExchangeLimitError:
+        except (ExchangeLimitError, NotInGroup):
             raise
         except Exception:
             if deadline - loop.time() <= pause:

@@ -171,7 +171,19 @@ def test_calls_naming_unknown_groups_create_and_evict_nothing():
 
     g, answers = asyncio.run(scenario())
     assert list(g._groups) == [GID]
-    assert all([m.code for m in a] == [averaging_pb2.BAD_GROUP_ID] for a in answers)
+    # a group of the round is open here: any other group of it is refused at once, as one we gather elsewhere
+    assert all([m.code for m in a] == [averaging_pb2.GROUP_DISBANDED] for a in answers)
+
+
+def test_a_group_unknown_here_is_refused_after_the_wait_when_we_gather_in_none():
+    async def scenario():
+        g = gatherer(timeout=0.05)
+        g._round_no = 3  # the open group is of an earlier round
+        open_group(g)
+        g._round_no = 4
+        return await collect(g.rpc_fetch_payload(fetch_request(gid=os.urandom(16)), context(MATE)))
+
+    assert [m.code for m in asyncio.run(scenario())] == [averaging_pb2.BAD_GROUP_ID]
 
 
 def test_a_member_that_asks_before_the_group_opens_here_is_served_once_it_does():

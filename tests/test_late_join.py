@@ -1,0 +1,72 @@
+"""A follower that misses the message naming its group still gathers in it (peer/late_join.py).
+
+Three real gatherers on loopback. Each drops the first BEGIN_ALLREDUCE it receives, as a follower
+does whose wait for it ran out on a loaded host: hivemind's matchmaking then goes on looking while
+its leader has already assembled the group with it. Every member must still end the round in one
+group holding every member's payload (before peer/late_join.py, the leader excluded the followers
+after a gather slot and they gathered apart)."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from peer.exchange import PayloadGatherer
+from swarm.dht import start_dht
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+class MissesItsGroup(PayloadGatherer):
+    """Drops the first group its leader names to it, as if the message came after its wait."""
+
+    async def _prepare_round(self, *args, **kwargs):
+        mm = self._matchmaking
+        if not getattr(mm, "_missed", None):
+            mm._missed = []
+            assemble = mm.follower_assemble_group
+
+            async def late(leader, msg):
+                if not mm._missed:
+                    mm._missed.append(msg.group_id)
+                    raise asyncio.TimeoutError()  # hivemind's follower gives the leader up here
+                return await assemble(leader, msg)
+
+            mm.follower_assemble_group = late
+        return await super()._prepare_round(*args, **kwargs)
+
+
+MissesItsGroup.__name__ = MissesItsGroup.__qualname__ = "PayloadGatherer"  # hivemind names handlers after the class
+
+
+@pytest.fixture
+def gatherers():
+    first = start_dht((), LOOPBACK)
+    nodes = [first] + [start_dht(first.get_visible_maddrs(), LOOPBACK) for _ in range(2)]
+    made = []
+    try:
+        for node in nodes:
+            g = MissesItsGroup(node, prefix="late-join-test", schema=b"late-join", min_group_size=2, max_group_size=3,
+                               matchmaking_time=3.0, gather_timeout=20.0)
+            g.run_in_background(await_ready=True)
+            made.append(g)
+        yield made
+    finally:
+        for g in made:
+            g.shutdown()
+        for node in nodes:
+            node.shutdown()
+
+
+def test_a_follower_that_missed_its_group_gathers_in_it(gatherers):
+    def gather(i):
+        g = gatherers[i]
+        return g.gather(7, f"payload of member {i}".encode(), start_hash="0123456789abcdef", expected_size=3, timeout=60)
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(gather, range(3)))
+    assert all(r is not None for r in results), "a member found no group"
+    assert {len(r.payloads) for r in results} == {3}, [sorted(r.excluded.values()) for r in results]
+    assert len({r.set_digest for r in results}) == 1
