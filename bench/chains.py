@@ -1,4 +1,4 @@
-"""Heterogeneous replicas (ALGORITHMS.md section 5): pipeline chains beside full replicas, SparseLoCo.
+"""Heterogeneous replicas (docs/chains.md): pipeline chains beside full replicas, SparseLoCo.
 
     python bench/chains.py [--quick] [--json OUT] [--only a,c] [--jobs N] [--threads T]
 

@@ -1,5 +1,6 @@
-"""Partial parameter updates (arXiv 2509.22418, ALGORITHMS.md section 4): full peers against
-partial peers that train one of S slices of the MLP hidden neurons (S = 2 and S = 4), SparseLoCo.
+"""Partial parameter updates (arXiv 2509.22418; docs/codecs.md, "Partial parameter slices"): full
+peers against partial peers that train one of S slices of the MLP hidden neurons (S = 2 and S = 4),
+SparseLoCo.
 
 Per arm and model shape, one peer's cost:
 

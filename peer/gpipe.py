@@ -1,6 +1,6 @@
 """The GPipe schedule of one inner step of a chain stage, over its links to its neighbours.
 
-A chain (ALGORITHMS.md section 5) is one replica cut into stages, one low-resource peer each;
+A chain (docs/chains.md) is one replica cut into stages, one low-resource peer each;
 stage ``i`` is a ``peer.model.Model`` built with ``blocks=(start, end)``: blocks ``[start, end)``,
 stage 0 also the embedding and the last stage the final norm and head. Every stage calls
 ``run_inner_step`` with the same ``step``::

@@ -1,7 +1,7 @@
 """Subspace compression of the activations and activation-gradients between pipeline stages.
 
-A *chain* is one replica cut into pipeline stages, one low-resource peer per stage (ALGORITHMS.md
-section 5; arXiv 2601.02360 with the compression of arXiv 2506.01260). Between two stages travel,
+A *chain* is one replica cut into pipeline stages, one low-resource peer per stage (docs/chains.md;
+arXiv 2601.02360 with the compression of arXiv 2506.01260). Between two stages travel,
 per token, the hidden state forward and its gradient backward. Both are compressed onto a fixed
 k-dimensional subspace of R^d:
 

@@ -25,7 +25,8 @@ hello -> challenge -> auth -> hello_ok (protocol/link_auth.py says what is signe
 Before the handshake completes a frame is at most ``HANDSHAKE_MAX_BYTES``.
 ``role`` is the sender's place on the link: the upstream stage (index i) sends activations and
 receives grads, the downstream one (i + 1) the reverse. Activations carry the subspace
-coefficients ``c = (h - T[tok]) U`` of ALGORITHMS.md section 5 (k = d_model without projection)
+coefficients ``c = (h - T[tok]) U`` (protocol/activations.py; docs/chains.md, "Subspace-projected
+activations"; k = d_model without projection)
 and the token ids the receiver needs to rebuild ``h``; grads carry ``g U``.
 
 Token ids travel little-endian in the fewest bytes the vocabulary needs (1 up to 256 ids, 2 up

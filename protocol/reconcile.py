@@ -1,8 +1,8 @@
 """Which payloads a group agrees on, when any member may lie: every decision, none of the I/O.
 
-What counts as evidence (ARCHITECTURE.md, "Trust"): a signature tells who wrote a payload
-(protocol/signed.py binds it to run, round, group and owner); what a member *says* about another
-member's payload is no evidence at all. So:
+What counts as evidence (docs/trust.md, "Identities and signatures"): a signature tells who wrote
+a payload (protocol/signed.py binds it to run, round, group and owner); what a member *says* about
+another member's payload is no evidence at all. So:
 
 - a payload counts only in an envelope signed by its owner, a member of the group, for this
   binding; a forged signature, or a valid one for another run, round or group, does not count;

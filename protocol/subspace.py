@@ -3,8 +3,8 @@
 ``subspace_basis(d, k, seed)`` is U (d, k) with orthonormal columns: the Q of a QR of a Gaussian
 drawn from the run's seed, so every peer builds the same U, bit for bit, without communication.
 The codec that sends coefficients on span(U) is protocol/activations.py; the constraint that makes
-it lossless, protocol/subspace_constraint.py (ALGORITHMS.md section 5). Pure torch arithmetic, no
-I/O.
+it lossless, protocol/subspace_constraint.py (docs/chains.md, "Subspace-projected activations").
+Pure torch arithmetic, no I/O.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ TINY = dict(
 
 
 def test_link_bytes_reference_point():
-    # ALGORITHMS.md section 5: d 1024, k 160, fp16 -> 160·2 + id forward, 160·2 backward
+    # bytes per token (docs/chains.md): d 1024, k 160, fp16 -> 160·2 + id forward, 160·2 backward
     spec = RunSpec().replace(model={"d_model": 1024, "n_heads": 8, "ffn_hidden": 2048, "seq_len": 16})
     link = chains.link_bytes(spec, 160)
     assert (link["forward"], link["backward"]) == (321, 320)  # 1-byte ids: 256-token vocabulary

@@ -107,7 +107,8 @@ def test_bytes_per_token_match_the_activation_codec():
     fmt = FrameFormat.for_run(RunSpec().replace(model=dict(d_model=1024, n_heads=8, ffn_hidden=2816, vocab_size=50000, seq_len=16)), micro_batch=1, k=160)
     frame = Activations(0, 0, torch.zeros(1, 16, dtype=torch.long), torch.zeros(1, 16, 160, dtype=torch.float16))
     raw = encode_frame(frame, fmt)
-    payload = 16 * 322  # ALGORITHMS.md section 5: 322 bytes per token at d 1024, k 160
+    # bytes per token (docs/chains.md): 160 fp16 values + a 2-byte token id (vocabulary 50,000) = 322
+    payload = 16 * 322
     assert payload < len(raw) < payload + 80
 
 

@@ -1,4 +1,4 @@
-"""The DCT codec: top-k coefficients of each block's 2-D DCT-II (ALGORITHMS.md section 3).
+"""The DCT codec: top-k coefficients of each block's 2-D DCT-II (docs/codecs.md, "DCT momentum").
 
 The sender transforms each block (see chunking.py) with the orthonormal, separable DCT-II,
 ``C = D_r X D_c^T``, and keeps the ``k`` coefficients of largest magnitude. Fields, all bytes:

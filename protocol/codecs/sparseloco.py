@@ -1,4 +1,4 @@
-"""SparseLoCo's codec: per-block top-k, values quantized to a few bits (ALGORITHMS.md section 2).
+"""SparseLoCo's codec: per-block top-k, values quantized to a few bits (docs/codecs.md, "SparseLoCo").
 
 Each block (see chunking.py) keeps its ``k`` largest magnitudes. The kept values of the whole
 tensor share one quantizer: subtract their mean, cut +-3 sigma into 2**bits equal bins, and send
