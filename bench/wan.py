@@ -32,10 +32,11 @@ against hivemind.Optimizer at the same rate: how many times sooner at the target
 fewer interface bytes.
 
 Accounted bytes: a voloco peer's ``wire`` counts, summed over its sockets (swarm/sock_diag.py): sent
-as the other end acknowledged them. Until 2026-11-24 it was tcp_info's ``bytes_sent``, which also
-counts every attempt the host's own full ``tbf`` queue dropped (TCP sends those bytes again as new
-data): 112.5 MiB accounted against 68.4 MiB on the interface for DiLoCo at 10 Mbit/s. Both ways are
-printed; received bytes stay under the interface's count (headers on top).
+as the other end acknowledged them, not tcp_info's ``bytes_sent``, which also counts every attempt
+the host's own full ``tbf`` queue dropped (TCP sends those bytes again as new data): 112.5 MiB
+against 68.4 MiB on the interface for DiLoCo at 10 Mbit/s (tests/test_wire_bytes_hosts.py checks
+the acknowledged count against the interface). Both ways are printed; received bytes stay under the
+interface's count (headers on top).
 
 hivemind.Optimizer's learning rate: the voloco peer's AdamW lr (tuned for its batch of 16) scaled
 by sqrt(target_batch_size / 16), the square-root rule of the LAMB paper that hivemind's guide links
@@ -44,8 +45,9 @@ Checked in one process (plain AdamW on the same model, data and schedule, the fu
 setting: 576 samples a step, 14 steps, lr 0.012): validation loss 5.19, 3.69, 3.35, 3.20, then down
 every step to 3.14, no divergence (twice that lr ends at 2.99 at 640 samples a step in one process,
 but diverged on the hosts in one of two runs; hivemind's 256 samples a step at 100 Mbit/s, lr 0.008:
-2.76, 1.5x that 3.10). The 10 Mbit/s run that ended at 607 had twice the rule's lr and, the real
-cause, fp16 state downloads (bench/wan_hivemind.py): those are off now. The voloco inner lr unscaled
+2.76, 1.5x that 3.10). A 10 Mbit/s hivemind arm with twice the rule's lr and fp16 state downloads
+ended at a validation loss of 607, from the fp16 downloads (bench/wan_hivemind.py says why): state
+downloads stay uncompressed. The voloco inner lr unscaled
 (0.002) would leave 14 Adam steps of that size for the whole budget, a baseline that barely moves.
 
 ``--quick``: a 0.1M-parameter model, H = 10, 3 rounds, 10 Mbit/s only (a few minutes; the test).

@@ -33,12 +33,13 @@ from swarm.validators import node_validators
 logger = logging.getLogger("voloco.swarm")
 
 # A join node that answers but whose DHT does not reply in time (hivemind's 3 s per request) is most
-# often an overloaded one: 32 peers starting at once on a small machine lost one this way for good
-# with 3 tries 5 s apart, and 17 of the 32 in another run; the waits between tries double. A private
+# often an overloaded one: with 32 peers starting at once on a small machine, 3 tries 5 s apart can
+# leave from one to 17 of them out for good, so the waits between tries double. A private
 # run refuses a node without its token the same way, so after the first failure the node asks the
 # join nodes which it is (swarm/join_probe.py): refused, it stops at once with the flag to fix; busy,
-# it tries BUSY_JOIN_ATTEMPTS times (about 6 min: 13 of 32 peers gave up after 75 s in one run);
+# it tries BUSY_JOIN_ATTEMPTS times (about 6 min: 75 s of tries is too short for 13 of 32 peers);
 # with no answer, JOIN_ATTEMPTS times (an older node, or one too busy to answer even that).
+# tests/test_join_probe.py and tests/test_dht_errors.py check the number of tries in each case.
 JOIN_ATTEMPTS = 5
 BUSY_JOIN_ATTEMPTS = 10
 JOIN_RETRY_S = 5.0  # the first wait; 10, 20, 40 s after it

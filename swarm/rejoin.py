@@ -4,8 +4,8 @@ hivemind's DHT drops a node from its routing table after one failed request and 
 (blacklists) it for a time that doubles with every failure; a dropped node comes back only when
 one of the two sends the other a request. A restarted coordinator (the run's join node) therefore
 starts with an empty routing table, and once the peers have dropped its dead predecessor nobody
-tells it about them: a peer that joins through it finds nobody and trains alone for ever (seen on
-netns hosts: tests/fault_scenarios.py, ``late_joiner`` after ``coordinator``). ``keep_joined`` looks
+tells it about them: a peer that joins through it finds nobody and trains alone for ever
+(bench/faults.py runs this case: ``late_joiner`` after ``coordinator``). ``keep_joined`` looks
 at the routing table every ``CHECK_EVERY_S`` and acts only when it is empty, or holds none of the
 join nodes and fewer than ``SMALL_TABLE`` nodes (a large swarm's tables need not hold the
 coordinator, and pinging it from every peer would cost it N pings a period). A node on hivemind's
@@ -14,16 +14,17 @@ table may be suspended for minutes, its reads answered from its own storage alon
 join addresses (and, with an empty table, the nodes it knew); a node that answers goes back into the
 table (and this node into its), the suspensions made while this node was cut off are lifted, and a
 lookup of this node's own id from the nodes that answered fills the table again. Otherwise it costs
-one look at a local table.
+one look at a local table. tests/test_dht_rejoin.py checks both on real DHT nodes (a table whose
+every node is suspended, an empty table filled again).
 
 A table can also look whole while the join node has forgotten this node: a coordinator SIGKILLed and
 restarted within a round or two, before any request to it failed, keeps its peer id in every peer's
-table, starts with an empty table of its own, and nobody tells it about the swarm (seen in
-bench/faults.py: after ``coordinator``, the late joiner found only the coordinator and trained alone for
-4 minutes). So every node also pings its join nodes every ``JOIN_REFRESH_S`` (its first at a random
-point of the period, so that a swarm's pings spread out): a ping puts the asker in the join node's
-table, which is all a newcomer's lookup through it needs. At N peers that is N / ``JOIN_REFRESH_S``
-pings a second at the coordinator.
+table, starts with an empty table of its own, and nobody tells it about the swarm: a newcomer that
+joins through it finds only the coordinator and trains alone. So every node also pings its join
+nodes every ``JOIN_REFRESH_S`` (its first at a random point of the period, so that a swarm's pings
+spread out): a ping puts the asker in the join node's table, which is all a newcomer's lookup
+through it needs. At N peers that is N / ``JOIN_REFRESH_S`` pings a second at the coordinator
+(tests/test_dht_rejoin.py: ``test_a_restarted_join_node_learns_the_swarm_and_a_newcomer_finds_it``).
 """
 
 from __future__ import annotations

@@ -259,7 +259,8 @@ def repair(run: Run) -> bool:
 
 def _warnings(sw: FaultSwarm, last: int = 30) -> str:
     """Each log's last warnings and its DHT rejoins: what a failed scenario's peers said, where the
-    failure's own message keeps only the logs' last lines (CI showed no line of a peer cut off 4 min)."""
+    failure's own message keeps only the logs' last lines (which may show nothing of a peer cut off for
+    minutes)."""
     keep = (" WARN ", " ERROR ", "found the swarm again")
     out = []
     for name, text in sw.texts().items():

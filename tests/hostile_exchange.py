@@ -8,12 +8,13 @@ valid zero update signed with its own identity, then lies in every agreement ans
 
 - ``frame``: for every other member, a payload digest that member never signed, under a claim the
   framer signed itself (nobody can make a valid one) and the framer's relay signature; a fresh lie
-  for every request, so different members hear different lies. This is the table that used to get
-  every honest sender excluded as an "equivocator";
+  for every request, so different members hear different lies. Only proof excludes an owner
+  (protocol/reconcile.py): were a member's word enough, this table would get every honest sender
+  excluded as an "equivocator";
 - ``invent``: owners outside the group: two with real keys and validly signed payloads of huge
   values for this very group, the rest random ids, and it serves their envelopes to anyone who
-  asks (logged: "SERVED"; nobody should ask). This is the table whose 50 invented owners used to
-  take 96 % of the aggregate.
+  asks (logged: "SERVED"; nobody should ask). Names outside the group are ignored: counted, this
+  table's 50 invented owners would take 96 % of the aggregate.
 Both log "LIED" for every lie told, so a test can tell the attack was made.
 """
 

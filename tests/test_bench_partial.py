@@ -45,7 +45,7 @@ def test_frozen_slices_skip_only_weight_gradient_flops():
 
 # big enough that every weight matrix (256 KiB) is its own mapping under the fixed mmap threshold, so the
 # RSS peak must rise by the new state; the tiny model's tensors fit in heap pages the warm-up freed (a
-# peak of 0 to 60 KB, which CI once measured as 0)
+# peak of 0 to 60 KB, possibly 0)
 SMALL = dict(d_model=128, n_layers=2, n_heads=2, ffn_hidden=512, seq_len=32)
 
 

@@ -314,9 +314,10 @@ def test_a_peer_the_round_gathered_without_takes_a_named_set_and_merges_the_rest
 
 
 def test_a_groupmate_that_agreed_another_set_last_round_is_not_of_our_lineage():
-    # a faults run: b's link went down during round 34's gather; b decided the round with a set of its
-    # own, its groupmates with theirs. In round 35, taking their set onto b's θ gave b a θ nobody held
-    # (repaired 4 rounds later). Only groupmates whose records name our set of the round before count.
+    # b's link goes down during a round's gather: b decides the round with a set of its own, its
+    # groupmates with theirs. Taking their set onto b's θ in the next round would give b a θ nobody
+    # holds (repaired only rounds later). Only groupmates whose records name our set of the round
+    # before count.
     mine, g1 = a_group(0, 1, b"g0"), a_group(1, 3, b"g1")
     me, first = sorted(mine[2])[0], sorted(g1[2])
     ours, theirs = "e" * 32, "f" * 32

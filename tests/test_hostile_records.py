@@ -54,7 +54,7 @@ def test_private_run_admits_only_token_holders(tmp_path):
         assert "--join-token" in outsider.stderr
         swarm.add_peer("b")
         # rounds in one group, not rounds counted from a round the late joiner reached by downloading the state
-        # (a CI run's late joiner, slow to start, downloaded round r + 2 and had trained none with a)
+        # (a late joiner slow to start may download round r + 2, having trained no round with a)
         swarm.wait_shared("ab", 4, 150, "two rounds of a and the late joiner in one group")
         statuses = [swarm.status("a"), swarm.status("b")]
         assert all(p.proc.poll() is None for p in swarm.peers.values()), "a peer exited"

@@ -164,9 +164,10 @@ def test_handshake_frames_round_trip_and_their_fields_are_bounded():
 
 
 def test_a_link_left_queued_from_an_earlier_round_is_never_accepted_later():
-    """CI saw this: a stage's chain broke before it accepted its neighbour's link; when the chain
-    re-formed rounds later, ``accept`` handed out that dead link first and the new one sat in the
-    queue while its dialer waited 30 s for a frame."""
+    """A link that passed the handshake but was never accepted (its chain broke first) is dropped when
+    the listener is retargeted to a later round (``StageListener.retarget``): otherwise, when the chain
+    re-forms, ``accept`` would hand out that dead link first while the new one sits in the queue and
+    its dialer waits ``link_timeout`` (30 s) for a frame."""
     async def main():
         listener = await listen()
         stale = await dial(listener.port)  # passed the handshake at round 3, never accepted
