@@ -14,7 +14,7 @@ replica (one model whose forward and backward cross a stage boundary after block
   (the identity codec: ``h - T[tok]`` in fp16, no constraint);
 * (c) ``3 full + chain k=d/10``: selective compression. Only the chain projects its boundary onto
   ``span(U)`` at the default rank ``spec.chain.effective_rank(d)``, with the lossless chain-local
-  constraint exactly as peer/runtime.py + peer/gpipe.py run it;
+  constraint exactly as peer/host/runtime.py + peer/chain/gpipe.py run it;
 * (d) ``4 chains k=d/10``: uniform compression. Every replica is a compressed chain and the run
   trains the subspace-constrained model (the run-wide variant of protocol/subspace_constraint.py, what
   ``chain.compress_all`` describes): θ is projected once at the start and after every outer step
@@ -22,7 +22,7 @@ replica (one model whose forward and backward cross a stage boundary after block
 * extra row (``--quick`` skips it): (c') = (c) at the larger rank d // 4; ``--only ...,d4`` adds
   (d') = (d) at d // 4 (not in the default run, to keep it short).
 
-The in-process simulation follows the runtime step by step (peer/simulate.py's round loop, which
+The in-process simulation follows the runtime step by step (peer/round/simulate.py's round loop, which
 trains full replicas only):
 
 * a full replica: load θ, H x ``InnerTrainer.step`` (global-norm clip), Δ = θ − θ_local, one
@@ -70,12 +70,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.common import decode_payloads, human, machine, now, run_jobs, table  # noqa: E402
-from peer.data import TrainStream, load_corpus, val_batches  # noqa: E402
-from peer.inner import InnerTrainer, evaluate  # noqa: E402
-from peer.model import build_model  # noqa: E402
-from peer.stage_links import link_codec  # noqa: E402
-from peer.round_engine import RoundEngine  # noqa: E402
-from peer.strategies import make_strategy  # noqa: E402
+from peer.training.data import TrainStream, load_corpus, val_batches  # noqa: E402
+from peer.training.inner import InnerTrainer, evaluate  # noqa: E402
+from peer.training.model import build_model  # noqa: E402
+from peer.chain.links import link_codec  # noqa: E402
+from peer.outer.engine import RoundEngine  # noqa: E402
+from peer.outer.strategies import make_strategy  # noqa: E402
 from protocol.activations import compressed_boundary, uncompressed_bytes_per_token  # noqa: E402
 from protocol.frames import Activations, FrameFormat, Grads, encode_frame  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
@@ -154,7 +154,7 @@ Tensors = Dict[str, torch.Tensor]
 @dataclass
 class Member:
     """One peer of the exchange: a full replica, or one stage of a chain, with its round engine
-    (peer/round_engine.py: its θ and strategy, as on a live peer)."""
+    (peer/outer/engine.py: its θ and strategy, as on a live peer)."""
 
     sender: str
     engine: RoundEngine
@@ -183,7 +183,7 @@ def chain_forward(model, x, y, codec, T, cut):
 
 
 def chain_step(rep: Replica, x: torch.Tensor, y: torch.Tensor, micro_batches: int) -> float:
-    """``peer.gpipe.run_inner_step`` of both stages, in one process (tests/test_pipeline.py's
+    """``peer.chain.gpipe.run_inner_step`` of both stages, in one process (tests/test_pipeline.py's
     reference, which it checks against the TCP chain)."""
     trainer, model = rep.trainer, rep.model
     trainer.optimizer.zero_grad(set_to_none=True)

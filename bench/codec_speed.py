@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.common import best_of  # noqa: E402
-from peer.data import load_corpus, TrainStream  # noqa: E402
-from peer.inner import InnerTrainer  # noqa: E402
-from peer.model import build_model  # noqa: E402
-from peer.strategies import make_strategy, pseudo_gradient  # noqa: E402
+from peer.training.data import load_corpus, TrainStream  # noqa: E402
+from peer.training.inner import InnerTrainer  # noqa: E402
+from peer.training.model import build_model  # noqa: E402
+from peer.outer.strategies import make_strategy, pseudo_gradient  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 

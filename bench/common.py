@@ -71,8 +71,8 @@ def run_jobs(fn: Callable[[Any], Any], work: Sequence[Any], jobs: int) -> List[A
 def warm_start(spec: RunSpec, steps: int, log=print) -> Tuple[Any, float]:
     """θ after ``steps`` single-process steps on a shard no arm trains on: the shared start of
     every arm (DiLoCo's protocol), and its validation loss. Its inner optimizer is not carried over."""
-    from peer.data import load_corpus
-    from peer.simulate import train_single
+    from peer.training.data import load_corpus
+    from peer.round.simulate import train_single
 
     t = time.monotonic()
     ws = train_single(spec, steps, corpus=load_corpus("stdlib"), shard="warm-start", keep_theta=True)

@@ -3,7 +3,7 @@
     python bench/compression.py [--quick] [--json OUT] [--tune] [--demo-sweep] [--jobs N] [--payloads]
 
 Same model, data, seeds and total tokens for every arm, R = 4 replicas of the real round loop
-(``peer.simulate.simulate``: real encoded payloads, every replica decodes all of them):
+(``peer.round.simulate.simulate``: real encoded payloads, every replica decodes all of them):
 
 * ``per-step DP``: the quality proxy of per-step data parallel: one process, batch R·B (the
   tokens of the R replicas' step together), N steps; its bytes are analytic: a ring all-reduce of
@@ -13,7 +13,7 @@ Same model, data, seeds and total tokens for every arm, R = 4 replicas of the re
   coordinate averaged over the replicas that kept it (``--tune`` adds the plain mean);
 * ``dct``: decoupled DCT momentum, top-32 coefficients per 64x64 block, fp16 values.
 
-Bytes per peer over the run follow the exchange's all-gather (peer/exchange.py): each member
+Bytes per peer over the run follow the exchange's all-gather (peer/exchange/gatherer.py): each member
 serves its payload to the R−1 other members and fetches theirs, so sent ≈ received ≈
 (R−1)·payload per round. ``--tune`` adds the tuning arms (SparseLoCo outer lr, the plain mean over
 all replicas, DCT beta/k, H). ``--demo-sweep`` runs the demo-scale SparseLoCo study instead: the
@@ -42,10 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import msgpack  # noqa: E402
 import torch  # noqa: E402
 
-from peer.data import load_corpus  # noqa: E402
-from peer.simulate import allgather_bytes_per_round, allreduce_bytes_per_step, simulate, train_single  # noqa: E402
-from peer.robust import CLIP_MULTIPLE  # noqa: E402
-from peer.strategies import OuterStrategy, make_strategy  # noqa: E402
+from peer.training.data import load_corpus  # noqa: E402
+from peer.round.simulate import allgather_bytes_per_round, allreduce_bytes_per_step, simulate, train_single  # noqa: E402
+from peer.outer.robust import CLIP_MULTIPLE  # noqa: E402
+from peer.outer.strategies import OuterStrategy, make_strategy  # noqa: E402
 from bench.common import human, machine, now, run_jobs, table  # noqa: E402
 from bench.common import warm_start as common_warm_start  # noqa: E402
 from bench.swarm_check import BENCH_SWARM, check_against_simulation, run_swarm  # noqa: E402

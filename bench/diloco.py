@@ -4,8 +4,8 @@
 
 Arms (same model, data, seeds, total tokens):
 
-* ``single``: one process, plain AdamW (``peer.simulate.train_single``), batch B, R_max·N steps;
-* ``diloco R=2``: 2 replicas of the real round loop (``peer.simulate.simulate``), N·R_max/2 steps each;
+* ``single``: one process, plain AdamW (``peer.round.simulate.train_single``), batch B, R_max·N steps;
+* ``diloco R=2``: 2 replicas of the real round loop (``peer.round.simulate.simulate``), N·R_max/2 steps each;
 * ``diloco R=4``: 4 replicas, N steps each;
 * ``dp R=4`` (context, ``--arms 1,2,4,dp``): one process, batch R_max·B, N steps: what per-step
   data parallel over the R_max replicas computes (DiLoCo's compute-matched baseline). The goal is
@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.common import human, machine, now, run_jobs, table, warm_start  # noqa: E402
-from peer.data import load_corpus  # noqa: E402
-from peer.simulate import allreduce_bytes_per_step, simulate, train_single  # noqa: E402
+from peer.training.data import load_corpus  # noqa: E402
+from peer.round.simulate import allreduce_bytes_per_step, simulate, train_single  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 

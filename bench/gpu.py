@@ -17,7 +17,7 @@ d_model 64, 2 layers, seq 64, batch 4), everything in one run, against its basel
   PaLM's formula, arXiv 2204.02311, appendix B). The peak comes from ``PEAK_TFLOPS`` by device name
   or ``--peak-tflops``; unknown (and on the CPU) the MFU is left empty. Baseline: fp32 tokens/s.
 * memory: ``torch.cuda.max_memory_allocated`` over a full peer's life (model to the device, AdamW
-  state, ``--mem-steps`` steps) against a partial peer of S = 4 slices (peer/roles.py SliceOwner:
+  state, ``--mem-steps`` steps) against a partial peer of S = 4 slices (peer/training/roles.py SliceOwner:
   the whole model, only slice 0 and the shared tensors trainable, so no gradients or AdamW state for
   the rest), MLP slices only and MLP + attention slices. Also, device-independent: the bytes of
   parameters + gradients + AdamW state. Baseline: the full peer (ratio partial / full).
@@ -44,10 +44,10 @@ import torch  # noqa: E402
 
 from bench.common import best_of, choose_names, table  # noqa: E402
 from bench.cuda_step import device_name, machine, sync  # noqa: E402
-from peer.data import TrainStream, load_corpus  # noqa: E402
-from peer.inner import InnerTrainer  # noqa: E402
-from peer.model import build_model  # noqa: E402
-from peer.strategies import make_strategy, pseudo_gradient  # noqa: E402
+from peer.training.data import TrainStream, load_corpus  # noqa: E402
+from peer.training.inner import InnerTrainer  # noqa: E402
+from peer.training.model import build_model  # noqa: E402
+from peer.outer.strategies import make_strategy, pseudo_gradient  # noqa: E402
 from protocol.presets import PRESETS  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
@@ -94,7 +94,7 @@ def _fresh(device):
 
 def _state_bytes(trainer: InnerTrainer) -> int:
     """Parameters + gradients + AdamW state, in bytes (whatever the device). A gradient is counted
-    for each trainable parameter: the trainer frees them after each step (peer/inner.py), but they
+    for each trainable parameter: the trainer frees them after each step (peer/training/inner.py), but they
     are alive from each backward to its step."""
     n = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
     n += sum(p.numel() * p.element_size() for p in trainer.params if p.requires_grad)

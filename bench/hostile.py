@@ -82,7 +82,7 @@ def scale_payload(data: bytes, factor: float) -> bytes:
 
 def poison(arg: str) -> None:
     """Every payload this peer sends is scaled by float(arg); everything else stays honest."""
-    from peer.round_engine import RoundEngine
+    from peer.outer.engine import RoundEngine
 
     factor, encode = float(arg), RoundEngine.encode
 
@@ -99,7 +99,7 @@ def serve_poison(arg: str) -> None:
     ``huge``: θ times 1e30 (inf after the cast to float32)."""
     import torch
 
-    from peer.state_sync import StateSync
+    from peer.round.state_sync import StateSync
 
     if arg not in ("shift", "huge"):
         raise SystemExit(f"serve-poison={arg!r}: shift or huge")

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import exit_on_sigterm, machine, now, table  # noqa: E402
-from peer.resources import HEADROOM  # noqa: E402
+from peer.training.resources import HEADROOM  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
 
 SHAPES = {
@@ -46,8 +46,8 @@ import ctypes, gc, json, sys
 import torch
 torch.set_num_threads(1)
 from torch.utils._python_dispatch import TorchDispatchMode
-from peer.inner import InnerTrainer
-from peer.model import build_model
+from peer.training.inner import InnerTrainer
+from peer.training.model import build_model
 from protocol.capacity import estimate
 from protocol.spec import RunSpec
 

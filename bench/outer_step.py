@@ -13,7 +13,7 @@ member's ``decode`` of the G payloads (validation included), ``conclude`` (check
 clipping, the aggregate, the outer step) and the θ hash, best of ``--repeats``.
 
 Two arms in one run, on the same payloads: ``current`` (the code as it is) and ``reference``:
-``peer.robust.squared_norm`` and ``peer.strategies.average`` replaced by their definitions (every
+``peer.outer.robust.squared_norm`` and ``peer.outer.strategies.average`` replaced by their definitions (every
 element squared and summed in order; the payloads that kept a coordinate counted in float32 and
 every coordinate divided by it), as they were computed before they skipped what adds nothing.
 Both arms must end on the same θ hash: the bench fails otherwise. Ratio: reference / current.
@@ -32,11 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import peer.robust as robust  # noqa: E402
-import peer.strategies as strategies  # noqa: E402
+import peer.outer.robust as robust  # noqa: E402
+import peer.outer.strategies as strategies  # noqa: E402
 from bench.common import choose_names, exit_on_sigterm, machine, now, table  # noqa: E402
-from peer.model import build_model  # noqa: E402
-from peer.round_engine import RoundEngine  # noqa: E402
+from peer.training.model import build_model  # noqa: E402
+from peer.outer.engine import RoundEngine  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
 
@@ -50,7 +50,7 @@ PHASES = ("encode", "decode", "conclude", "hash")
 
 
 def reference_squared_norm(t: torch.Tensor):
-    """``peer.robust.squared_norm`` by its definition: every element squared in float64 and summed
+    """``peer.outer.robust.squared_norm`` by its definition: every element squared in float64 and summed
     in order within each chunk, the chunks' sums in order (tests/test_robust.py pins the bits to it)."""
     flat = t.detach().to("cpu", torch.float32).contiguous().reshape(-1).numpy()
     total, peak = 0.0, 0.0
@@ -63,7 +63,7 @@ def reference_squared_norm(t: torch.Tensor):
 
 
 def reference_average(layout, decoded, over_choosers: bool = False):
-    """``peer.strategies.average`` by its definition: with ``over_choosers``, the payloads that kept
+    """``peer.outer.strategies.average`` by its definition: with ``over_choosers``, the payloads that kept
     each coordinate counted in float32 and every coordinate divided by its count."""
     out = {}
     for name in layout:

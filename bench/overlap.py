@@ -5,8 +5,8 @@
 
 With overlap (the default, ``outer.overlap``) a live peer trains the next round's first steps
 while its exchange is in flight, then continues from θ + (the steps taken meanwhile)
-(peer/round_loop.py). How many steps that is depends on how long the exchange takes: a delay of
-0.25 means the exchange ended after a quarter of the next round. ``peer.simulate.simulate`` with
+(peer/round/loop.py). How many steps that is depends on how long the exchange takes: a delay of
+0.25 means the exchange ended after a quarter of the next round. ``peer.round.simulate.simulate`` with
 ``overlap_steps`` runs exactly that (R = 4 replicas of the real round engine, real payloads); a
 delay of 0 is the sequential loop. Arms of one seed differ only in the delay, so the cost is given
 paired, seed by seed: (loss with the delay / loss at 0) - 1, mean ± spread.
@@ -27,8 +27,8 @@ import torch  # noqa: E402
 
 from bench.common import machine, now, run_jobs, table  # noqa: E402
 from bench.compression import make_spec  # noqa: E402
-from peer.data import load_corpus  # noqa: E402
-from peer.simulate import simulate  # noqa: E402
+from peer.training.data import load_corpus  # noqa: E402
+from peer.round.simulate import simulate  # noqa: E402
 from protocol.spec import ModelSpec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
 

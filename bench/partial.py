@@ -6,7 +6,7 @@ Per arm and model shape, one peer's cost:
 
 - peak training memory: each arm's probe runs in a fresh subprocess (warm up on a tiny model so the
   code and kernels are loaded, take the baseline, then build the model, freeze the tensors its part
-  does not own as peer/runtime.py does, build InnerTrainer, run a few inner steps on random tokens)
+  does not own as peer/host/runtime.py does, build InnerTrainer, run a few inner steps on random tokens)
   and reports its peak RSS minus the baseline RSS. The peak is the process's own high-water mark
   (VmHWM, reset at the baseline through /proc/self/clear_refs): getrusage(RUSAGE_SELF).ru_maxrss
   cannot be used in a child, it starts at the parent's peak (the kernel carries it across exec).
@@ -28,7 +28,7 @@ Per arm and model shape, one peer's cost:
   model of bench/compression.py (each member serves its payload to the G−1 others, G = R = 4).
 
 Then validation loss at equal tokens from the in-process simulation of R = 4 replicas
-(peer/simulate.py: the live peer's roles and round engine): replica r is a slice owner of slice
+(peer/round/simulate.py: the live peer's roles and round engine): replica r is a slice owner of slice
 r % S (a full replica when S = 1) with its own model copy, the non-owned tensors frozen, its own
 InnerTrainer and TrainStream shard ``replica{r}`` (the same shards in every arm); every replica
 decodes every payload in the canonical order (really in round 0, checked identical; later rounds
@@ -74,10 +74,10 @@ from bench.partial_probes import (  # noqa: E402  (the arm's model and its cost 
     saved_activation_bytes,
     step_flops,
 )
-from peer.data import Corpus, load_corpus, val_batches  # noqa: E402
-from peer.model import build_model  # noqa: E402
-from peer.simulate import simulate  # noqa: E402
-from peer.strategies import make_strategy  # noqa: E402
+from peer.training.data import Corpus, load_corpus, val_batches  # noqa: E402
+from peer.training.model import build_model  # noqa: E402
+from peer.round.simulate import simulate  # noqa: E402
+from peer.outer.strategies import make_strategy  # noqa: E402
 from protocol.partial import FULL, owned_shapes, slice_of  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
@@ -261,7 +261,7 @@ def full_init(model_cfg: Dict[str, Any], seed: int = 0) -> Dict[str, torch.Tenso
 
 def simulate_partial(cfg: Dict[str, Any], slices: int, rounds: int, corpus: Corpus, val, theta_full,
                      replicas: int = R, eval_rounds=()) -> Dict[str, Any]:
-    """R replicas of the peer round loop (peer/simulate.py: the live peer's roles and round engine),
+    """R replicas of the peer round loop (peer/round/simulate.py: the live peer's roles and round engine),
     replica r owning slice r % S (every tensor when S = 1)."""
     H = cfg["inner_steps"]
     spec = make_spec(model_dict(cfg["sim_model"]), slices, cfg["batch_size"], H, cfg["lr"], cfg["warmup"],

@@ -1,7 +1,7 @@
 """One arm of the partial-updates benchmark (bench/partial.py) and what one inner step costs it.
 
 - the arm: its run spec (``make_spec``), the part replica r owns (``part_of``), the model with
-  torch's default init (``fresh_model``) and the freezing peer/runtime.py does (``freeze``);
+  torch's default init (``fresh_model``) and the freezing peer/host/runtime.py does (``freeze``);
 - FLOPs of one forward + backward (``step_flops``, FlopCounterMode with CPU SDPA counted by
   torch's own formulas), the bytes autograd saves for backward (``saved_activation_bytes``) and
   the MLP weight-gradient share of a full peer's step (``flop_shares``);
@@ -19,8 +19,8 @@ from typing import Any, Dict, Optional
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from peer.inner import InnerTrainer
-from peer.model import Model
+from peer.training.inner import InnerTrainer
+from peer.training.model import Model
 from protocol.partial import FULL, owned_shapes
 from protocol.spec import ModelSpec, RunSpec
 
@@ -43,7 +43,7 @@ def part_of(slices: int, replica: int = 0) -> int:
 
 
 def freeze(model: torch.nn.Module, owned) -> None:
-    """What peer/runtime.py does before building InnerTrainer."""
+    """What peer/host/runtime.py does before building InnerTrainer."""
     for name, p in model.named_parameters():
         p.requires_grad_(name in owned)
 

@@ -3,7 +3,7 @@
     python bench/stage_link.py [--json OUT] [--d 128] [--layers 2] [--k 16] [--rate 20mbit 5mbit] ...
 
 Two processes, one stage each (torch on one thread each: the machine has two cores), linked by
-peer/stage_links.py's StageLink; stage 1 listens, stage 0 dials. Each arm runs ``--warmup`` steps,
+peer/chain/links.py's StageLink; stage 1 listens, stage 0 dials. Each arm runs ``--warmup`` steps,
 then times ``--steps`` inner steps (GPipe, ``--micro`` micro-batches, AdamW) at stage 0, whose
 step ends when the last gradient frame is in: tokens/s = batch x seq_len / median step time.
 Each arm alternates uncompressed and compressed runs ``--repeats`` times and reports the median
@@ -50,10 +50,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench.common import exit_on_sigterm  # noqa: E402
-from peer.inner import InnerTrainer  # noqa: E402
-from peer.gpipe import run_inner_step  # noqa: E402
-from peer.model import build_model  # noqa: E402
-from peer.stage_links import StageIdentity, StageListener, connect_link, link_codec, run  # noqa: E402
+from peer.training.inner import InnerTrainer  # noqa: E402
+from peer.chain.gpipe import run_inner_step  # noqa: E402
+from peer.training.model import build_model  # noqa: E402
+from peer.chain.links import StageIdentity, StageListener, connect_link, link_codec, run  # noqa: E402
 from protocol.frames import FrameFormat  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)

@@ -2,7 +2,7 @@
 
     python bench/stage_transport.py [--json OUT] [--rate 20mbit 5mbit] [--mbytes 4] [--pings 20] ...
 
-Chain stages pass activation frames over plain asyncio TCP (peer/stage_links.py); this measures
+Chain stages pass activation frames over plain asyncio TCP (peer/chain/links.py); this measures
 what hivemind's P2P streams (p2pd: TCP + TLS/noise + yamux, with NAT traversal, relays and
 authenticated peer ids) would cost instead. A receiver and a sender process (uvloop where
 installed) exchange frames with a 4-byte length prefix (the first body byte says what the frame

@@ -4,7 +4,7 @@ Used by ``bench/compression.py --real``. ``run_swarm`` starts a coordinator with
 and ``peers`` peers (``voloco peer --wait-peers N --max-rounds K --threads 1``) on loopback, waits
 until every peer has stopped after round K, and returns their status files (round history with
 θ hashes, validation losses and stream-level byte counts). ``check_against_simulation`` then runs
-``peer.simulate.simulate`` for the same spec with the peers' ids as data shards (a real peer's
+``peer.round.simulate.simulate`` for the same spec with the peers' ids as data shards (a real peer's
 shard is its peer id; the simulation's shard names are also its sender ids, so the canonical
 aggregation order is the same) on one torch thread, and compares round by round: θ hash of every
 real peer against the simulation's, validation loss, bytes per round.
@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.common import machine, now, table  # noqa: E402
-from peer.data import load_corpus
-from peer.simulate import simulate  # noqa: E402
+from peer.training.data import load_corpus
+from peer.round.simulate import simulate  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
 from voloco.demo import Child, peer_argv, read_run_key, read_status, start_coordinator, wait_for_address  # noqa: E402
 

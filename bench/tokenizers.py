@@ -2,14 +2,14 @@
 
     python bench/tokenizers.py [--steps N] [--vocab 1024,4096] [--threads T] [--json OUT]
 
-One process, plain AdamW (peer/simulate.py ``train_single``, the spec's inner schedule with its
+One process, plain AdamW (peer/round/simulate.py ``train_single``, the spec's inner schedule with its
 horizon set to the run), the same small model shape in every arm (d 128, 4 layers, 4 heads,
 ffn 352; only the embedding and head grow with the vocabulary), the same seed, batch size and
 number of steps. Each arm sees the same bytes of text: the bytes arm trains on sequences of
 ``--bytes-seq`` (256) tokens = bytes, a BPE arm on sequences of ``round(256 / bytes_per_token)``
 tokens, so a step covers about the same text and the same context in bytes. The BPE tokenizers
 are trained on the corpus's training split exactly as a coordinator trains one
-(peer/tokenizer.py ``train_bpe``); bytes per token is measured on the validation split, and the
+(peer/training/tokenizer.py ``train_bpe``); bytes per token is measured on the validation split, and the
 validation loss per byte is the loss per token divided by it. No goal: a table to compare.
 """
 
@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.common import machine, now, table  # noqa: E402
-from peer.data import load_corpus  # noqa: E402
-from peer.simulate import train_single  # noqa: E402
-from peer.tokenizer import BYTES, load_tokenizer, tokenize_corpus, train_bpe  # noqa: E402
+from peer.training.data import load_corpus  # noqa: E402
+from peer.round.simulate import train_single  # noqa: E402
+from peer.training.tokenizer import BYTES, load_tokenizer, tokenize_corpus, train_bpe  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
 from swarm.jsonout import write as write_json  # noqa: E402
 

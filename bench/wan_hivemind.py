@@ -7,8 +7,8 @@
 
 ``bootstrap``: a plain hivemind DHT node, the first one, on the coordinator's host; it writes its
 addresses to FILE and waits for SIGINT/SIGTERM. ``worker``: joins it and trains the run spec's
-model (peer/model.py, the same initialization from ``spec.seed``) on the same data stream as a
-voloco peer (peer/data.py's ``TrainStream``, sharded by its peer id), with ``hivemind.Optimizer``
+model (peer/training/model.py, the same initialization from ``spec.seed``) on the same data stream as a
+voloco peer (peer/training/data.py's ``TrainStream``, sharded by its peer id), with ``hivemind.Optimizer``
 configured as hivemind's documentation recommends (the docstring's "Configuration guide"; the
 values are chosen in bench/wan.py, ``hivemind_settings``):
 
@@ -34,7 +34,7 @@ and gradient clipping (applied to the averaged gradient), its learning rate and 
 cosine to ``min_lr_ratio``) counted in global steps, as hivemind's scheduler requires.
 
 It starts on the bench's signal (``--go-file`` appears: every worker is ready, like voloco's
-``--wait-peers``), evaluates the validation loss exactly as a voloco peer does (peer/inner.py's
+``--wait-peers``), evaluates the validation loss exactly as a voloco peer does (peer/training/inner.py's
 ``evaluate`` on ``val_batches``, in nats per byte) after every global step, and writes its status
 (tokens, history of (time, epoch, val loss)) as strict JSON; compute time goes to ``--busy-file``
 (bench/wan_host.py's ``BusyLog``: forward and backward of every local batch, ``--slowdown`` times
@@ -102,9 +102,9 @@ def worker(args) -> int:
     from hivemind.compression import Float16Compression
 
     from bench.wan_host import BusyLog
-    from peer.data import TrainStream, load_corpus, val_batches
-    from peer.inner import evaluate
-    from peer.model import build_model
+    from peer.training.data import TrainStream, load_corpus, val_batches
+    from peer.training.inner import evaluate
+    from peer.training.model import build_model
     from protocol.spec import RunSpec
 
     stop = _stopper()

@@ -8,7 +8,7 @@ inner steps (forward, backward, local optimizer step), the wall-clock times of i
 one, and its step count, rewritten atomically after every step. The bench reads it to compute each
 worker's compute utilization over the same window for every arm (its first step to the arm's end),
 whatever the peer's own status reports. For a voloco peer it wraps ``Utilization.busy``
-(peer/utilization.py), which the round loop calls with the duration of every inner step: the same
+(peer/host/utilization.py), which the round loop calls with the duration of every inner step: the same
 figure the peer's own ``util`` is made of.
 
 ``SLOWDOWN`` makes a worker's device that many times slower: after every inner step it waits
@@ -73,9 +73,10 @@ def slowed(step, slowdown: float):
 
 
 def run_peer(busy_file: str, slowdown: float, flags: list) -> int:
-    """``voloco peer FLAGS`` in this process, ``slowdown`` times slower per inner step (peer/inner.py's
+    """``voloco peer FLAGS`` in this process, ``slowdown`` times slower per inner step (peer/training/inner.py's
     ``InnerTrainer.step``: the round loop times it, waits included), every step's duration in ``busy_file``."""
-    from peer import inner, utilization
+    from peer.training import inner
+    from peer.host import utilization
     from voloco.cli import main
 
     inner.InnerTrainer.step = slowed(inner.InnerTrainer.step, slowdown)
@@ -95,9 +96,9 @@ def probe(run_toml: str, slowdown: float, seconds: float, out: str) -> int:
     slower as a peer's; tokens/s into ``out``."""
     import torch
 
-    from peer.data import TrainStream, load_corpus
-    from peer.inner import InnerTrainer
-    from peer.model import build_model
+    from peer.training.data import TrainStream, load_corpus
+    from peer.training.inner import InnerTrainer
+    from peer.training.model import build_model
     from protocol.spec import RunSpec
 
     torch.set_num_threads(1)

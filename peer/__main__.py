@@ -2,6 +2,6 @@
 
 import sys
 
-from peer.cli import main
+from peer.host.cli import main
 
 sys.exit(main())

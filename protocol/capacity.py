@@ -1,6 +1,6 @@
 """How much memory training a model, or a pipeline stage of it, takes: a conservative estimate.
 
-Everything is fp32 (4 bytes a value), as peer/model.py trains; mixed precision only lowers the
+Everything is fp32 (4 bytes a value), as peer/training/model.py trains; mixed precision only lowers the
 real figure. For a stage that owns ``P`` parameters and ``L`` blocks and keeps the activations of
 ``n = micro_batch * seq_len`` tokens alive at once::
 
@@ -11,7 +11,7 @@ real figure. For a stage that owns ``P`` parameters and ``L`` blocks and keeps t
                                       holds sqrt(exp_avg_sq) of every tensor of a group at once
           +  4 n (L A_block + [head] A_head + [embed] 2)     activations kept for backward
 
-The step's transient and the activations are never alive together (peer/inner.py frees the
+The step's transient and the activations are never alive together (peer/training/inner.py frees the
 gradients after each step, and backward frees the activations before the step), so their sum is
 conservative by the smaller of the two; it is kept a sum so that a stage's bytes grow by exactly
 ``layer_bytes`` a block (protocol/chain_formation.py relies on that). For a state-bound shape

@@ -8,7 +8,7 @@ progress record, fetches the sets the other groups of its round named, checks ev
 against the signatures of their owners (``open_set``) and computes θ from the union of all the sets
 it holds (``union``), in the canonical order of the senders. Groups that hold the same sets compute
 the same θ, bit for bit; what one group could not fetch in time costs that round a second θ, which
-the next round's start-hash check repairs (peer/round_loop.py).
+the next round's start-hash check repairs (peer/round/loop.py).
 
 Nothing from another group is trusted: a set is a list of envelopes, each signed by its owner for
 the binding (run, round, group, members) of the group it was sealed in, so a member serving a set

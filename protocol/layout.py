@@ -75,7 +75,7 @@ class NameParts(NamedTuple):
 
 
 def tensor_name(kind: str, block: Optional[int] = None, slice: Optional[int] = None) -> str:
-    """The parameter name peer/model.py gives a tensor of ``kind`` (in ``block``, of ``slice``)."""
+    """The parameter name peer/training/model.py gives a tensor of ``kind`` (in ``block``, of ``slice``)."""
     stem = _STEM[kind]
     prefix = "" if kind in _TOP_LEVEL else f"blocks.{block}."
     return f"{prefix}{stem}{'' if slice is None else f'.{slice}'}.weight"

@@ -35,7 +35,7 @@ covers any number of dishonest members (two honest members are needed to disagre
 kept. In an honest group every member holds everything after round 1: later rounds exchange the
 small ``have`` lists and empty answers, and sign nothing.
 
-What this does not guarantee (peer/exchange.py bounds each):
+What this does not guarantee (peer/exchange/gatherer.py bounds each):
 - timeliness: rounds end at deadlines; an honest member whose messages miss another honest
   member's deadline (a partition, an overloaded host) counts as faulty to it, and the two may
   decide differently. Their parameter hashes then differ, which the next round's start-hash check

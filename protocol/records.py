@@ -29,10 +29,9 @@ import msgpack
 
 from protocol.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
+from protocol.peer_states import STATES  # noqa: F401  (re-exported: readers of records name it here)
 
 CHOOSING = -2  # `part` of a peer that has not chosen its slice yet (-1: a full replica)
-STATES = ("starting", "waiting", "linking", "training", "ready", "exchanging", "syncing", "stopped")
-# waiting: started, holding its first round until enough peers have started (``--wait-peers``)
 REACH = ("unknown", "public", "client")  # can other nodes dial this peer (swarm/reachability.py)?
 
 

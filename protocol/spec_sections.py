@@ -71,7 +71,7 @@ class ModelSpec(SpecModel):
         check_slices(self, mlp_slices, attn_slices)
 
     def param_shapes(self, mlp_slices: int = 1, attn_slices: int = 1) -> Dict[str, Tuple[int, ...]]:
-        """Every trainable tensor of the model, by the name peer/model.py gives it, in a fixed order
+        """Every trainable tensor of the model, by the name peer/training/model.py gives it, in a fixed order
         (protocol/layout.py). With slices > 1, the MLP hidden neurons (attention heads) are
         separate tensors per slice: ``blocks.{i}.mlp.gate.{s}.weight`` and so on."""
         return {name: t.shape for name, t in tensor_layout(self, mlp_slices, attn_slices).items()}
@@ -128,7 +128,7 @@ class InnerSpec(SpecModel):
     grad_clip: Float(gt=0.0, le=1e6) = 1.0
     # left out of the serialized spec at its default, like data.tokenizer: digests are unchanged.
     # The forward pass and loss under bf16 autocast, or fp32; parameters and AdamW stay fp32
-    # (peer/inner.py). Only the inner steps: θ, payloads and the outer step are the same either way.
+    # (peer/training/inner.py). Only the inner steps: θ, payloads and the outer step are the same either way.
     precision: Literal[INNER_PRECISIONS] = "auto"
 
     @model_serializer(mode="wrap")

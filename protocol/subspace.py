@@ -28,7 +28,7 @@ def subspace_basis(d: int, k: int, seed: int) -> torch.Tensor:
 
     * the generator is seeded from sha256(tag, seed, d), not from ``seed`` itself, so U is
       independent of the weights ``build_model`` draws from the same seed;
-    * the Gaussian comes from integers only (Irwin-Hall, as peer/model.py's ``_exact_normal``):
+    * the Gaussian comes from integers only (Irwin-Hall, as peer/training/model.py's ``_exact_normal``):
       torch's float ``normal_`` gives different bits on different CPU vector paths;
     * Q comes from classical Gram-Schmidt with one re-orthogonalisation, in float64, every sum a
       fixed pairwise tree of element-wise additions (no BLAS, no torch reduction whose order
@@ -82,7 +82,7 @@ def _gram_schmidt(G: torch.Tensor) -> torch.Tensor:
 
 
 def _exact_gaussian(rows: int, cols: int, generator: torch.Generator) -> torch.Tensor:
-    """float64 (rows, cols) ~ N(0, 1), bits depending only on the generator (cf. peer/model.py).
+    """float64 (rows, cols) ~ N(0, 1), bits depending only on the generator (cf. peer/training/model.py).
 
     Sum of 12 uniforms of 15 bits each, four from one 62-bit integer draw, minus 6: integers, one
     exact division by a power of two. Rows are drawn one after another (row-major)."""

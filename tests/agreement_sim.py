@@ -1,6 +1,6 @@
 """A group's agreement (protocol/reconcile.py) without the network, for unit tests.
 
-``run_group`` plays the exchange's loop (peer/exchange.py ``_agree``) in lock-step rounds for
+``run_group`` plays the exchange's loop (peer/exchange/gatherer.py ``_agree``) in lock-step rounds for
 every honest member: round 1 fetches each owner's envelope from the owner, each later round asks
 every other member for what it lacks and fetches the bytes of new values from a member that
 offered them. Members are ``Member`` objects; a hostile one overrides what it sends to whom.

@@ -18,7 +18,7 @@ Each scenario row: the rounds the survivors completed between the fault and the 
 to recover (fault to the first round every member ended in one group with one θ), whether every
 returning peer was identical to its group after its first round back, and that round's validation
 loss against the undisturbed run's at equal tokens trained into θ (tests/fault_losses.py): the
-simulation of the four first peers (peer/simulate.py with their ids as shards: bit-identical to a real undisturbed swarm,
+simulation of the four first peers (peer/round/simulate.py with their ids as shards: bit-identical to a real undisturbed swarm,
 tests/test_real_vs_sim.py), in a process of its own while the swarm runs. The scenarios share one
 swarm, so the gap to the undisturbed run adds up from one to the next: a scenario's cost is how much
 it widened the gap (its mean over the swarm's last ``LOSS_WINDOW`` rounds before the fault, against
@@ -275,8 +275,8 @@ def _simulate(spec_toml: str, peer_ids: Sequence[str], allowed, out) -> None:
     """In a process of its own: the undisturbed run of these peers, each round's validation loss put
     on ``out``, never more than ``allowed.value`` rounds ahead (the swarm's pace: CPU it would take
     from the swarm)."""
-    from peer.data import load_corpus
-    from peer.simulate import simulate
+    from peer.training.data import load_corpus
+    from peer.round.simulate import simulate
     from protocol.spec import RunSpec
 
     torch.set_num_threads(1)  # as the peers (--threads 1): the same kernels, the same bits
@@ -292,7 +292,7 @@ def _simulate(spec_toml: str, peer_ids: Sequence[str], allowed, out) -> None:
 
 
 class Undisturbed:
-    """The undisturbed run of the first peers (peer/simulate.py with their ids as shards: bit-identical
+    """The undisturbed run of the first peers (peer/round/simulate.py with their ids as shards: bit-identical
     to a real undisturbed swarm, tests/test_real_vs_sim.py), simulated while the swarm runs, a few
     rounds ahead of ``pace()`` at most: round -> validation loss."""
 

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from bench.swarm_check import SEQUENTIAL
 from bench.wire_bytes import TINY_MODEL
-from peer.state import CheckpointError, checkpoint_paths, read_checkpoint
+from peer.checkpoints.files import CheckpointError, checkpoint_paths, read_checkpoint
 from protocol.spec import RunSpec
 from tests.netns_hosts import Hosts
 from tests.swarm_harness import Proc, voloco, wait_for

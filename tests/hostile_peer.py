@@ -24,7 +24,7 @@ import torch
 from hivemind.p2p import P2PContext
 from hivemind.proto import averaging_pb2, runtime_pb2
 
-from peer import exchange
+from peer.exchange import gatherer as exchange
 from protocol.codecs import make_codec
 from protocol.keys import averager_prefix
 from protocol.payload import encode_payload

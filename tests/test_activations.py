@@ -8,7 +8,7 @@ import hashlib
 import pytest
 import torch
 
-from peer.model import build_model
+from peer.training.model import build_model
 from protocol.activations import (
     ActivationCodec,
     bytes_per_token,

@@ -46,7 +46,7 @@ def test_help_explains_every_flag(capsys):
 def test_scale_payload_keeps_the_payload_well_formed():
     import torch
 
-    from peer.strategies import make_strategy
+    from peer.outer.strategies import make_strategy
     from protocol.spec import RunSpec
 
     spec = RunSpec().replace(model={"d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32, "seq_len": 8})
@@ -77,7 +77,7 @@ def test_each_attack_is_compared_with_a_clean_run_of_as_many_honest_trainers():
 def test_a_served_state_poison_changes_theta_but_not_its_layout(monkeypatch):
     import torch
 
-    from peer.state_sync import StateSync
+    from peer.round.state_sync import StateSync
 
     monkeypatch.setattr(StateSync, "shareable_state", lambda self: ({"round": 3}, [torch.ones(4, 4), torch.zeros(2)]))
     bh.serve_poison("shift")

@@ -1,11 +1,11 @@
-"""bench/overlap.py and the simulation's overlap (peer/simulate.py ``overlap_steps``), on a tiny model."""
+"""bench/overlap.py and the simulation's overlap (peer/round/simulate.py ``overlap_steps``), on a tiny model."""
 
 import json
 
 import pytest
 
-from peer.data import load_corpus
-from peer.simulate import simulate
+from peer.training.data import load_corpus
+from peer.round.simulate import simulate
 from protocol.spec import ModelSpec, RunSpec
 from tests.bench_loader import load_bench
 

@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from peer.data import load_corpus, val_batches
+from peer.training.data import load_corpus, val_batches
 from protocol.spec import ModelSpec
 from tests.bench_loader import load_bench
 

@@ -1,4 +1,4 @@
-"""Cancelling a hivemind averaging step (peer/matchmaking.py: cancel_step): by the time the
+"""Cancelling a hivemind averaging step (peer/exchange/matchmaking.py: cancel_step): by the time the
 averager process is signalled, the step already reads as cancelled there. hivemind's own
 ``StepControl.cancel`` signals first; an averager that woke in between kept waiting on its
 matchmaking for the round's whole wait, and the peer's later steps queued behind it."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from hivemind.averaging.control import StepControl
 from hivemind.utils.mpfuture import MPFuture
 
-from peer.matchmaking import cancel_step
+from peer.exchange.matchmaking import cancel_step
 
 
 def _step(trigger: MPFuture, cancel: MPFuture) -> StepControl:

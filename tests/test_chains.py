@@ -109,7 +109,7 @@ def test_fits_full_replica_and_max_blocks_boundaries():
 
 def test_activation_estimate_covers_what_autograd_saves():
     """Saved-tensor hooks count every tensor a block and the head keep for backward."""
-    from peer.model import Model
+    from peer.training.model import Model
 
     spec = RunSpec(run_id="act").replace(
         model=dict(d_model=64, n_heads=4, ffn_hidden=176, seq_len=32, n_layers=1, vocab_size=300), data={"batch_size": 2}

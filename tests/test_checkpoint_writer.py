@@ -1,8 +1,8 @@
-"""peer/checkpoint_writer.py: end-of-round checkpoints written in their own thread, at a bounded cost."""
+"""peer/checkpoints/writer.py: end-of-round checkpoints written in their own thread, at a bounded cost."""
 
 import threading
 
-from peer.checkpoint_writer import CheckpointWriter
+from peer.checkpoints.writer import CheckpointWriter
 
 
 class Clock:

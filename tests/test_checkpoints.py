@@ -1,7 +1,7 @@
 """Checkpoints on disk are untrusted: every load returns exactly what was saved or refuses the file.
 
 A real peer checkpoint (θ, a strategy's buffers, AdamW state, the stream position) is written by
-``peer.checkpoints.save``; its bytes are then damaged in many ways, a save is killed mid-way, and
+``peer.checkpoints.contents.save``; its bytes are then damaged in many ways, a save is killed mid-way, and
 metadata of the wrong types is written with a valid checksum. Seconds, no network.
 """
 
@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from peer import checkpoints
-from peer.data import load_corpus
-from peer.model import build_model
-from peer.roles import FullReplica
-from peer.round_engine import RoundEngine
-from peer.state import (
+from peer.checkpoints import contents as checkpoints
+from peer.training.data import load_corpus
+from peer.training.model import build_model
+from peer.training.roles import FullReplica
+from peer.outer.engine import RoundEngine
+from peer.checkpoints.files import (
     CHECKPOINT_NAME, PREVIOUS_NAME, CheckpointError, load_checkpoint, read_checkpoint, remove_stale_temp, save_checkpoint,
 )
 from protocol.spec import RunSpec
@@ -155,7 +155,7 @@ def test_a_non_finite_state_is_never_written_nor_loaded(tmp_path, corpus, caplog
     # a file with a NaN whose checksum was computed over the NaN (written by hand): refused at load
     from safetensors.torch import save as st_save
 
-    from peer.state import checkpoint_digest
+    from peer.checkpoints.files import checkpoint_digest
 
     meta_json = json.dumps({"round": 9})
     forged = st_save(poisoned, metadata={"voloco": meta_json, "voloco_sha256": checkpoint_digest(poisoned, meta_json)})
@@ -213,7 +213,7 @@ def test_the_temp_file_of_a_killed_save_is_removed_at_start(tmp_path, corpus):
         import os, signal, sys, torch
         sys.path.insert(0, {str(REPO)!r})
         from pathlib import Path
-        from peer import state
+        from peer.checkpoints import files as state
         os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
         state.save_checkpoint(Path({str(tmp_path)!r}), {{"theta.x": torch.ones(3)}}, {{"round": 2}})
     """)

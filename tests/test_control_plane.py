@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 from hivemind.utils import get_dht_time
 
-from peer import early_close as early_close_mod
-from peer import membership as membership_mod
-from peer.early_close import EarlyClose
-from peer.membership import MAX_READ_S, MIN_READ_S, SWARM_READS_PER_S, Membership
+from peer.round import membership as membership_mod
+from peer.round.early_close import EarlyClose
+from peer.round.membership import Membership
+from protocol.timing import Timing
 from tests.test_liveness import SPEC, clock, progress  # noqa: F401  (the clock fixture)
 
 
@@ -47,16 +47,16 @@ def test_reads_are_shared_and_slow_down_as_the_swarm_grows(monkeypatch, clock):
     small = Reads([record(p) for p in "abc"])
     m = member(monkeypatch, small)
     assert ids(m.view()) == ["a", "b", "c"]
-    clock.sleep(MIN_READ_S / 2)
+    clock.sleep(Timing.read_min_s / 2)
     m.view(), m.others(), m.swarm_is_empty()
     assert small.calls == 1  # callers within the interval share one read
-    clock.sleep(MIN_READ_S)
+    clock.sleep(Timing.read_min_s)
     m.view()
     assert small.calls == 2
     big = Reads([record(f"p{i}") for i in range(32)])
     m = member(monkeypatch, big)
     m.view()
-    assert m.read_interval() == 32 / SWARM_READS_PER_S == 4.0  # the swarm reads ~8 times a second in all
+    assert m.read_interval() == 32 / Timing.swarm_reads_per_s == 4.0  # the swarm reads ~8 times a second in all
     clock.sleep(3.9)
     m.view()
     assert big.calls == 1
@@ -65,7 +65,7 @@ def test_reads_are_shared_and_slow_down_as_the_swarm_grows(monkeypatch, clock):
     assert big.calls == 2
     sybils = member(monkeypatch, Reads([record(f"s{i}") for i in range(1000)]))  # one liar's 1000 identities
     sybils.view()
-    assert sybils.read_interval() == MAX_READ_S  # slow the view down no further than this
+    assert sybils.read_interval() == Timing.read_max_s  # slow the view down no further than this
 
 
 def test_a_failed_or_partial_read_keeps_the_records_that_have_not_expired(monkeypatch, clock):
@@ -155,11 +155,11 @@ def test_the_heartbeat_stores_a_record_on_a_change_or_once_a_keepalive_period(mo
     assert len(stored) == 4
 
 
-def test_early_close_reads_nothing_before_the_round_reaches_its_floor(monkeypatch):
-    monkeypatch.setattr(early_close_mod, "POLL_S", 0.01)
+def test_early_close_reads_nothing_before_the_round_reaches_its_floor():
     reads = []
     done = [record("a", round_no=3, state="ready")]
-    membership = SimpleNamespace(view=lambda: reads.append(1) or done, read_interval=lambda: 0.01)
+    membership = SimpleNamespace(view=lambda: reads.append(1) or done, read_interval=lambda: 0.01,
+                                 timing=Timing(early_close_poll_s=0.01))
     stop = threading.Event()
     early = EarlyClose(membership, "me", stop)
     try:

@@ -2,7 +2,7 @@
 
 The inner steps, evaluation and the encoder (pseudo-gradient, error feedback, top-k, quantization,
 DCT) run on the device; θ, decoding, aggregation and the outer step stay on the CPU in float32
-(``RoundEngine``, peer/strategies.py). So a member that trains on CUDA and one that trains on the
+(``RoundEngine``, peer/outer/strategies.py). So a member that trains on CUDA and one that trains on the
 CPU must decode and aggregate the same agreed payloads into bit-identical θ.
 
 Skipped where ``torch.cuda.is_available()`` is False (CI, laptops).
@@ -17,12 +17,12 @@ pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine"
 )
 
-from peer.data import load_corpus  # noqa: E402
-from peer.model import build_model  # noqa: E402
-from peer.roles import FullReplica  # noqa: E402
-from peer.round_engine import RoundEngine  # noqa: E402
-from peer.simulate import simulate  # noqa: E402
-from peer.strategies import make_strategy  # noqa: E402
+from peer.training.data import load_corpus  # noqa: E402
+from peer.training.model import build_model  # noqa: E402
+from peer.training.roles import FullReplica  # noqa: E402
+from peer.outer.engine import RoundEngine  # noqa: E402
+from peer.round.simulate import simulate  # noqa: E402
+from peer.outer.strategies import make_strategy  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
 
 SPEC = RunSpec().replace(
@@ -79,7 +79,7 @@ def test_a_cuda_member_and_a_cpu_member_settle_to_identical_theta(strategy, corp
                 assert loss == loss and loss < 100  # finite
             payloads[name], pendings[name] = engine.encode(engine.theta, role.params)
             if round_no == 0:
-                # a CUDA member encodes on its GPU (peer/strategies.py): its bytes are those its
+                # a CUDA member encodes on its GPU (peer/outer/strategies.py): its bytes are those its
                 # parameters, copied to the CPU, encode to up to device rounding (top-k ties, bin
                 # means); dense fp32 has no arithmetic, a CPU member none of that difference
                 twin = RoundEngine(make_strategy(spec), {n: t.clone() for n, t in theta0.items()})

@@ -12,8 +12,8 @@ import msgpack
 import pytest
 from hivemind.utils import MSGPackSerializer, ValueWithExpiration, get_dht_time
 
-from peer.metrics import MetricsServer
-from peer.utilization import Utilization, device_label, progress_extras
+from peer.host.metrics import MetricsServer
+from peer.host.utilization import Utilization, device_label, progress_extras
 from protocol.errors import ProtocolError
 from protocol.history import MAX_POINTS, HistoryPoint, HistoryRecord, history_key, parse_history
 from protocol.keys import owned_subkey
@@ -256,7 +256,7 @@ def test_peer_metrics_server():
 def test_peer_metrics_server_drops_silent_connections(monkeypatch):
     import socket
 
-    from peer import metrics
+    from peer.host import metrics
 
     assert metrics._Quiet.timeout is not None and 0 < metrics._Quiet.timeout <= 60
     monkeypatch.setattr(metrics._Quiet, "timeout", 0.5)

@@ -1,7 +1,7 @@
 import torch
 import pytest
 
-from peer.data import (
+from peer.training.data import (
     DataError,
     TrainStream,
     decode,
@@ -46,7 +46,7 @@ def test_stdlib_corpus(stdlib):
 
 
 def test_stdlib_skips_site_packages_and_tests():
-    from peer.data import _walk
+    from peer.training.data import _walk
 
     files = _walk(stdlib_dir(), stdlib=True)
     assert files == sorted(files) and all(f.endswith(".py") for f in files)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from peer.data import DataError, TrainStream, load_corpus, val_batches
-from peer.data_formats import META_NAME, Segments, write_tokens
-from peer.tokenizer import BYTES, tokenize_corpus
+from peer.training.data import DataError, TrainStream, load_corpus, val_batches
+from peer.training.data_formats import META_NAME, Segments, write_tokens
+from peer.training.tokenizer import BYTES, tokenize_corpus
 
 DOCS = [f"document {i}: " + "the quick brown fox jumps over the lazy dog. " * (3 + i % 5) for i in range(60)]
 

@@ -78,7 +78,7 @@ def test_strict_json_helper():
 
 
 def test_peer_status_file_is_strict_json(tmp_path):
-    from peer.reporting import write_status
+    from peer.round.report import write_status
 
     path = tmp_path / "status.json"
     write_status(path, {"val_loss": float("nan"), "history": [{"loss": float("nan")}]})
@@ -97,7 +97,7 @@ def test_a_peer_still_starting_has_a_full_status(capsys):
     import threading
     from types import SimpleNamespace
 
-    from peer.lifecycle import set_phase, startup_status
+    from peer.host.lifecycle import set_phase, startup_status
     from voloco.demo import print_summary
 
     fake = SimpleNamespace(state="starting", stop_event=threading.Event(), opts=SimpleNamespace(status_file=None), engine=None)

@@ -1,4 +1,4 @@
-"""The exchange's bounds (peer/exchange.py, peer/exchange_io.py), without a network: what a peer
+"""The exchange's bounds (peer/exchange/gatherer.py, peer/exchange/bounds.py), without a network: what a peer
 can make this process read, create, evict and wait for through the gather RPCs."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 
-from peer.exchange import CALLS_PER_PEER, PayloadGatherer
-from peer.exchange_io import CallLimiter, ExchangeLimitError, read_bounded_stream, retry_until
+from peer.exchange.gatherer import CALLS_PER_PEER, PayloadGatherer
+from peer.exchange.bounds import CallLimiter, ExchangeLimitError, read_bounded_stream, retry_until
 from protocol.reconcile import Agreement, parse_answer
 from protocol.signed import open_envelope
 from tests.agreement_sim import MAX_PAYLOAD, binding_of, signer
@@ -240,7 +240,7 @@ def test_matchmaking_data_reads_as_hivemind_writes_it_and_garbage_reads_as_none(
     from hivemind.averaging.averager import AveragingMode
     from hivemind.utils.serializer import MSGPackSerializer
 
-    from peer.matchmaking import read_gathered
+    from peer.exchange.matchmaking import read_gathered
 
     announcement = [7, "ab" * 8]
     written = MSGPackSerializer.dumps([100.0, AveragingMode.NODE.value, MSGPackSerializer.dumps(announcement)])

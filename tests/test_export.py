@@ -1,5 +1,5 @@
 """``voloco export``: a peer's checkpoint as a Hugging Face transformers Llama model whose logits
-are voloco's, with a tokenizer that gives peer/data.py's ids."""
+are voloco's, with a tokenizer that gives peer/training/data.py's ids."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from peer import checkpoints
-from peer.data import encode
-from peer.inner import InnerTrainer
-from peer.model import build_model
-from peer.state import CHECKPOINT_NAME, PREVIOUS_NAME
+from peer.checkpoints import contents as checkpoints
+from peer.training.data import encode
+from peer.training.inner import InnerTrainer
+from peer.training.model import build_model
+from peer.checkpoints.files import CHECKPOINT_NAME, PREVIOUS_NAME
 from protocol.spec import RunSpec
 from voloco.cli import main
 from voloco.export import byte_tokenizer, hf_weights, load_run
@@ -28,7 +28,7 @@ TEXTS = ["hello, world", "héllo wörld 🙂\n\ttabs  and  spaces", "def f(x):\n
 
 
 def write_checkpoint(directory: Path, spec: RunSpec, seed: int = 0, round_no: int = 3):
-    """A checkpoint as a peer writes it (peer/checkpoints.py ``save``), of a model built from ``seed``:
+    """A checkpoint as a peer writes it (peer/checkpoints/contents.py ``save``), of a model built from ``seed``:
     the engine and role carry exactly what ``save`` reads."""
     model = build_model(spec.model, seed, spec.partial.slices, spec.partial.attn_slices)
     theta = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -155,7 +155,7 @@ def test_damaged_newest_falls_back_to_the_previous(tmp_path):
 
 def test_spec_comes_from_the_flag_when_not_recorded(tmp_path, capsys):
     """A checkpoint of an older voloco names its spec's digest only: --spec supplies the spec."""
-    from peer.state import read_checkpoint, save_checkpoint
+    from peer.checkpoints.files import read_checkpoint, save_checkpoint
 
     spec = RunSpec.from_dict(SMALL)
     write_checkpoint(tmp_path / "ckpt", spec)

@@ -1,4 +1,4 @@
-"""peer/exchange.py's gather gives up a matchmaking that can find nobody, and never a gather under way."""
+"""peer/exchange/gatherer.py's gather gives up a matchmaking that can find nobody, and never a gather under way."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 
 from hivemind.averaging.control import AveragingStage
 
-from peer.exchange import PayloadGatherer
+from peer.exchange.gatherer import PayloadGatherer
 
 
 class Control:

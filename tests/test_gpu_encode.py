@@ -1,4 +1,4 @@
-"""Device-generic encoding (protocol/codecs, peer/strategies.py).
+"""Device-generic encoding (protocol/codecs, peer/outer/strategies.py).
 
 The codecs' encoders run on the pseudo-gradient's device and copy only the packed fields to the
 CPU; decoding stays on the CPU, from the bytes. On the CPU the generic path must give exactly the
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from peer.strategies import make_strategy, pseudo_gradient
+from peer.outer.strategies import make_strategy, pseudo_gradient
 from protocol.codecs.dct import DCTCodec, dct_basis
 from protocol.codecs.dense import DenseCodec
 from protocol.codecs.fields import pack_bits, pack_bits_tensor

@@ -1,4 +1,4 @@
-"""peer/group_merge.py against a swarm's records: a member waits for the round's other groups to
+"""peer/round/merge.py against a swarm's records: a member waits for the round's other groups to
 name their sets, fetches each from a peer that named it (another when one serves a bad set),
 merges them, and never waits past its allowance for a set that does not come."""
 
@@ -11,10 +11,11 @@ from typing import Dict, List, Optional
 
 from hivemind.p2p import PeerID
 
-from peer.group_merge import (QUIET_WAIT_S, SKIP_ROUNDS, adopt_own_set, adopt_round_set, agree_with_group, merge_round,
+from peer.round.merge import (adopt_own_set, adopt_round_set, agree_with_group, merge_round,
                               no_group_left)
 from protocol.group_sets import pack_set, set_digest, union
 from protocol.records import Progress
+from protocol.timing import Timing
 from tests.agreement_sim import MAX_PAYLOAD, RUN, signer
 from tests.test_group_sets import ROUND, agreed_set
 
@@ -36,6 +37,9 @@ def record(peer: str, state: str = "exchanging", gathered: str = "", round_no: i
                         bytes_sent=0, bytes_received=0, params_hash=start, part=-1, gathered_round=gathered_round,
                         gathered=gathered, gathered_before=gathered_before)
     return SimpleNamespace(peer_id=peer, progress=progress)
+
+
+QUIET_WAIT_S, SKIP_ROUNDS = Timing.quiet_mate_s, Timing.merge_skip_rounds  # the merge's defaults
 
 
 class Swarm:
@@ -77,7 +81,9 @@ class Swarm:
 
 def member_of(swarm: Swarm, mine):
     packed, digest, payloads = mine
-    spec = SimpleNamespace(swarm=SimpleNamespace(matchmaking_time=0.1, gather_timeout=0.1, round_wait=10.0, max_group_size=16, min_group_size=2))
+    spec = SimpleNamespace(swarm=SimpleNamespace(matchmaking_time=0.1, gather_timeout=0.1, round_wait=10.0, heartbeat_period=0.5,
+                                                 max_group_size=16, min_group_size=2))
+    swarm.timing = Timing.from_spec(spec)
     peer = SimpleNamespace(membership=swarm, gatherer=swarm, spec=spec, stop_event=threading.Event(),
                            role=SimpleNamespace(progress_part=-1), gathered=(0, ""), peer_id=sorted(payloads)[0])
     result = SimpleNamespace(group=sorted(payloads), payloads=payloads, set_digest=digest, unservable=frozenset())
@@ -252,6 +258,7 @@ def test_a_large_group_still_gathering_past_round_wait_is_waited_for_and_one_sti
         swarm = Swarm(views, {others[0]: {theirs[1]: theirs[0]}}, allowance=0.1)
         peer, result = member_of(swarm, mine)
         peer.spec.swarm.gather_timeout, peer.spec.swarm.round_wait = 0.5, 0.7  # 0.7 s without the extra 1 s
+        swarm.timing = Timing.from_spec(peer.spec)
         t0 = time.monotonic()
         sets = merge_round(peer, ROUND, result, ready=others).sets
         return sets, time.monotonic() - t0

@@ -1,4 +1,4 @@
-"""A swarm larger than one group stays one model (peer/group_merge.py): 4 real peers whose groups
+"""A swarm larger than one group stays one model (peer/round/merge.py): 4 real peers whose groups
 hold at most 2 gather in two groups a round, and every round in which both groups merged each
 other's set ends with one θ on all four."""
 

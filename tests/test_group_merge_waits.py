@@ -1,10 +1,11 @@
-"""How long a member of a group waits for its groupmates' lists of merged sets (peer/group_merge.py):
+"""How long a member of a group waits for its groupmates' lists of merged sets (peer/round/merge.py):
 as long as a groupmate's merge may run where the round shows another group, the allowance where it
 shows none, and a groupmate that left us waiting lately is not waited for long again."""
 
 from __future__ import annotations
 
-from peer.group_merge import QUIET_WAIT_S, mate_merge_bound, merge_round
+from peer.round.merge import merge_round
+from protocol.timing import Timing
 from tests.test_group_merge import Swarm, a_group, member_of, record
 from tests.test_group_sets import ROUND
 
@@ -26,7 +27,7 @@ def test_a_groupmate_still_merging_is_waited_for_as_long_as_its_merge_may_run():
     peer, result = member_of(swarm, mine)
     merged = merge_round(peer, ROUND, result, ready=[])
     assert merged.sets == 2 and merged.payloads == {**mine[2], **theirs[2]}
-    assert waits[0][mate] >= mate_merge_bound(peer.spec) - 1.0 > peer.spec.swarm.round_wait
+    assert waits[0][mate] >= Timing.from_spec(peer.spec).mate_merge_bound() - 1.0 > peer.spec.swarm.round_wait
 
 
 def test_with_no_other_group_in_sight_a_silent_groupmate_costs_only_the_allowance():
@@ -49,4 +50,4 @@ def test_a_quiet_groupmate_is_waited_for_the_allowance_where_the_round_shows_ano
         swarm.merged_by = lambda ask, digest: waits.append(dict(ask)) or {mate: (mine[1],)}
         peer, result = member_of(swarm, mine)
         merge_round(peer, ROUND, result, ready=[], quiet={mate: ROUND + 3})
-    assert waits[0][mate] >= 3.0 and waits[1][mate] == QUIET_WAIT_S
+    assert waits[0][mate] >= 3.0 and waits[1][mate] == Timing.quiet_mate_s

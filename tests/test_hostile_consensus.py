@@ -59,7 +59,7 @@ def test_lying_members_change_nothing_for_honest_peers(tmp_path):
         excluded_honest = set(rec["excluded"]) & honest
         assert not excluded_honest, f"round {rec['round']}: an honest sender was excluded: {rec['excluded']}"
         # the round's members: the group's, or, where the group merged the sets of the round's other
-        # groups (peer/group_merge.py), the swarm's five; an invented owner is never one of them
+        # groups (peer/round/merge.py), the swarm's five; an invented owner is never one of them
         members = set(rec["group"]) if rec["sets"] == 1 else honest | liars
         assert len(rec["group"]) <= 5 and set(rec["excluded"]) <= members, rec  # nobody invented counts
         # every honest update applied, and nothing beyond the round's members' own payloads

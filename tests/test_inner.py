@@ -5,9 +5,9 @@ import time
 import pytest
 import torch
 
-from peer.data import TrainStream, load_corpus, val_batches
-from peer.inner import InnerTrainer, evaluate
-from peer.model import build_model
+from peer.training.data import TrainStream, load_corpus, val_batches
+from peer.training.inner import InnerTrainer, evaluate
+from peer.training.model import build_model
 from protocol.spec import InnerSpec, ModelSpec
 
 SMALL = ModelSpec(d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=32)
@@ -199,7 +199,7 @@ def test_compiled_trainer_trains_the_same_modules_to_about_the_same_values(corpu
 def test_a_failing_compile_falls_back_to_eager_once_with_a_warning(corpus, monkeypatch, caplog):
     """No C compiler or an unsupported platform: the first compiled call fails, the trainer says so
     and trains eagerly from then on (the same step, not lost)."""
-    import peer.inner as inner_mod
+    import peer.training.inner as inner_mod
 
     def broken_compile(model):
         def call(*args, **kwargs):

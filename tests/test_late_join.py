@@ -1,9 +1,9 @@
-"""A follower that misses the message naming its group still gathers in it (peer/late_join.py).
+"""A follower that misses the message naming its group still gathers in it (peer/exchange/late_join.py).
 
 Three real gatherers on loopback. Each drops the first BEGIN_ALLREDUCE it receives, as a follower
 does whose wait for it ran out on a loaded host: hivemind's matchmaking then goes on looking while
 its leader has already assembled the group with it. Every member must still end the round in one
-group holding every member's payload (before peer/late_join.py, the leader excluded the followers
+group holding every member's payload (before peer/exchange/late_join.py, the leader excluded the followers
 after a gather slot and they gathered apart)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from peer.exchange import PayloadGatherer
+from peer.exchange.gatherer import PayloadGatherer
 from swarm.dht import start_dht
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]

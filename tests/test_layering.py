@@ -9,6 +9,11 @@ Every import counts, also one inside a function (the lazy imports of the command
 
 One exception, by design: the coordinator trains a run's BPE tokenizer on the corpus exactly as
 peers read it, so it may use the peer's data modules (``ALLOWED``), and nothing else of the peer.
+
+Inside peer/, the sub-packages have levels too (``PEER_LEVELS``): the exchange moves bytes and knows
+nothing of training; training, the outer step, chain stages and checkpoints use the exchange and one
+another; the round uses all of those; the host (the process) uses everything. A sub-package imports
+only its own level and the levels below.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ FORBIDDEN: Dict[str, Set[str]] = {
 
 
 ALLOWED: Dict[str, Set[str]] = {
-    "coordinator": {"peer.data", "peer.data_formats", "peer.tokenizer"},
+    "coordinator": {"peer.training.data", "peer.training.data_formats", "peer.training.tokenizer"},
 }
 
 
@@ -59,6 +64,40 @@ def violations(package: str, root: Path = ROOT) -> List[str]:
             if module.split(".")[0] in forbidden and not any(module == a or module.startswith(a + ".") for a in allowed):
                 found.append(f"{path.relative_to(root).as_posix()} imports {module}")
     return found
+
+
+PEER_LEVELS: Dict[str, int] = {
+    "exchange": 0,
+    "training": 1, "outer": 1, "chain": 1, "checkpoints": 1,
+    "round": 2,
+    "host": 3,
+}
+
+
+def peer_violations(root: Path = ROOT) -> List[str]:
+    """Imports of a peer sub-package from one of a higher level (``PEER_LEVELS``)."""
+    found = []
+    for sub, level in sorted(PEER_LEVELS.items()):
+        for path in sorted((root / "peer" / sub).rglob("*.py")):
+            for module in sorted(imported_modules(path, root)):
+                parts = module.split(".")
+                if parts[0] == "peer" and len(parts) > 1 and PEER_LEVELS.get(parts[1], -1) > level:
+                    found.append(f"{path.relative_to(root).as_posix()} imports {module}")
+    return found
+
+
+def test_peer_sub_packages_import_only_their_level_and_below():
+    assert sorted(p.name for p in (ROOT / "peer").iterdir() if (p / "__init__.py").is_file()) == sorted(PEER_LEVELS)
+    assert peer_violations() == []
+
+
+def test_the_peer_levels_check_sees_an_upward_import(tmp_path):
+    for sub in PEER_LEVELS:
+        (tmp_path / "peer" / sub).mkdir(parents=True)
+        (tmp_path / "peer" / sub / "__init__.py").write_text("")
+    (tmp_path / "peer" / "exchange" / "a.py").write_text("from peer.round import loop\n")
+    (tmp_path / "peer" / "round" / "b.py").write_text("from ..training import model\n")
+    assert peer_violations(tmp_path) == ["peer/exchange/a.py imports peer.round", "peer/exchange/a.py imports peer.round.loop"]
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))

@@ -16,8 +16,8 @@ import time
 import psutil
 import pytest
 
-from peer.checkpoints import check_meta
-from peer.state import first_usable
+from peer.checkpoints.contents import check_meta
+from peer.checkpoints.files import first_usable
 from swarm.jsonout import loads_strict
 from tests.swarm_harness import Swarm
 

@@ -12,16 +12,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from peer import membership as membership_mod
-from peer import state_sync
-from peer.membership import CARRY_ROUNDS, LIVE_MEMORY_TTLS, STRAGGLER_MIN_S, Membership, swarm_round
-from peer.round_engine import RoundEngine
-from peer.state import params_hash
-from peer.state_sync import MAX_ATTEMPTS, StateSync, order_sources
-from peer.strategies import make_strategy
+from peer.round import membership as membership_mod
+from peer.round import state_sync
+from peer.round.membership import Membership, swarm_round
+from peer.outer.engine import RoundEngine
+from peer.checkpoints.files import params_hash
+from peer.round.state_sync import MAX_ATTEMPTS, StateSync, order_sources
+from peer.outer.strategies import make_strategy
 from protocol.errors import ProtocolError
 from protocol.records import Progress
 from protocol.spec import RunSpec
+from protocol.timing import Timing
 
 SPEC = RunSpec().replace(
     model={"d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32, "seq_len": 8},
@@ -88,11 +89,11 @@ def honest_then_ready(at):
 
 def test_a_peer_announced_but_never_arriving_delays_one_round_by_the_allowance_only(monkeypatch, clock, caplog):
     m, wait = barrier_peer(monkeypatch, clock, honest_then_ready({"a": 1.0, "b": 3.0}))
-    assert m.straggler_allowance() == STRAGGLER_MIN_S  # half of 4 s of training is less than the minimum
+    assert m.straggler_allowance() == Timing.straggler_min_s  # half of 4 s of training is less than the minimum
     with caplog.at_level(logging.INFO):
         barrier, waited = wait(5)
     assert barrier.expected == 3 and not barrier.alone
-    assert 3.0 + STRAGGLER_MIN_S <= waited <= 3.0 + STRAGGLER_MIN_S + 0.5  # not round_wait (60 s)
+    assert 3.0 + Timing.straggler_min_s <= waited <= 3.0 + Timing.straggler_min_s + 0.5  # not round_wait (60 s)
     assert "not waiting longer" in caplog.text and "x" in caplog.text
 
     # the next round's group was a and b: x did not show up, and is not waited for again
@@ -126,7 +127,7 @@ def test_reads_that_miss_every_peer_seen_live_lately_are_no_empty_swarm(monkeypa
     assert "found no other peer, though 2 were live" in caplog.text
     # out of sight for LIVE_MEMORY_TTLS record TTLs: an empty view is an empty swarm again
     monkeypatch.setattr(membership_mod, "read_progress", lambda dht, run_id: [])
-    clock.sleep(LIVE_MEMORY_TTLS * m.ttl() + 1.0)
+    clock.sleep(Timing.live_memory_ttls * m.ttl() + 1.0)
     assert m.swarm_is_empty() and m.wait_for_round(1, set(), first_round=False).alone
 
 
@@ -179,7 +180,7 @@ def test_a_peer_that_claims_to_keep_coming_is_struck_after_the_carry(monkeypatch
     wait(5)
     stuck = [view("me", 5), view("liar", 5, "ready")]  # ready in round 5 for ever, never gathering
     monkeypatch.setattr(m, "view", lambda: stuck)
-    for round_no in range(6, 6 + CARRY_ROUNDS + 1):
+    for round_no in range(6, 6 + Timing.carry_rounds + 1):
         m.wait_for_round(round_no, set(), first_round=False)
     assert m.no_shows == {"liar"} and not m._carried
 
@@ -276,7 +277,7 @@ def served(engine, spec=SPEC, round_no=None, **changes):
 
 def syncing_peer(monkeypatch, views, serve, own_round=0):
     """A real StateSync (real engine and checks) whose view is ``views`` and whose downloads ``serve(peer)``."""
-    monkeypatch.setattr(state_sync, "StateDownloader", lambda dht, gatherer: None)
+    monkeypatch.setattr(state_sync, "StateDownloader", lambda dht, gatherer, min_rate: None)
     theta = {n: torch.zeros(s) for n, s in SPEC.param_shapes().items()}
     engine = RoundEngine(make_strategy(SPEC), theta)
     engine.round = own_round
@@ -286,7 +287,7 @@ def syncing_peer(monkeypatch, views, serve, own_round=0):
     membership = SimpleNamespace(
         dht=None, others=lambda excluding=(): visible(), fresh_view=lambda since, timeout: visible(),
         read_interval=lambda: 0.5, ignore=lambda peer, seconds: ignored.__setitem__(peer, state_sync.time.monotonic() + seconds),
-        forgiven=[],
+        forgiven=[], timing=Timing.from_spec(SPEC),
     )
     membership.forgive = lambda peers: membership.forgiven.extend(peers)
     sync = StateSync(SPEC, engine, gatherer, membership, "me", set_state=lambda s: shown.append(s) or "training",
@@ -370,7 +371,7 @@ def test_downloads_are_bounded_and_an_unservable_round_is_not_chased_again(monke
     assert len(sync.asked) == MAX_ATTEMPTS and engine.round == 0
     sync.catch_up()
     assert len(sync.asked) == MAX_ATTEMPTS  # the same round, too soon: not tried again
-    clock.sleep(state_sync.RETRY_TARGET_AFTER_S + state_sync.SILENT_FOR_S)
+    clock.sleep(Timing.retry_target_s + Timing.silent_source_s)
     sync.catch_up()
     assert len(sync.asked) == 2 * MAX_ATTEMPTS
 

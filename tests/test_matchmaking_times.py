@@ -1,15 +1,19 @@
-"""Matchmaking's timeouts stretch with the host's DHT read latency (peer/exchange.py:
-matchmaking_times; peer/membership.py: Membership.read_latency): a loaded host's leaders answer
+"""Matchmaking's timeouts stretch with the host's DHT read latency (protocol/timing.py:
+Timing.matchmaking; peer/round/membership.py: Membership.read_latency): a loaded host's leaders answer
 late, and a follower that gives up on each after the spec's third of a second... never joins one."""
 
 from __future__ import annotations
 
 import pytest
 
-from peer import membership as membership_mod
-from peer.matchmaking import LATENCY_TIMEOUTS, matchmaking_times
+from peer.round import membership as membership_mod
+from protocol.timing import Timing
 from tests.test_control_plane import Reads, member, record
 from tests.test_liveness import clock  # noqa: F401  (the clock fixture)
+
+
+def matchmaking_times(matchmaking_time: float, read_latency: float, limit: float):
+    return Timing(matchmaking_s=matchmaking_time).matchmaking(read_latency, limit)
 
 
 def test_a_quiet_host_keeps_the_specs_times():
@@ -19,7 +23,7 @@ def test_a_quiet_host_keeps_the_specs_times():
 
 def test_a_loaded_host_waits_longer_for_answers_and_for_followers():
     wait, request = matchmaking_times(3.0, 1.2, 15.0)
-    assert request == pytest.approx(LATENCY_TIMEOUTS * 1.2)
+    assert request == pytest.approx(Timing.latency_timeouts * 1.2)
     assert wait == pytest.approx(3 * request)  # hivemind: an answer's wait stays under the leader's
 
 

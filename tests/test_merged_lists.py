@@ -1,4 +1,4 @@
-"""peer/set_server.py's answers to groupmates about the sets we merged, and the sets we keep
+"""peer/exchange/set_server.py's answers to groupmates about the sets we merged, and the sets we keep
 serving after fetching them, without a network: who is told, how long a question is held open,
 and what stays bounded."""
 
@@ -9,8 +9,9 @@ from collections import OrderedDict
 
 from hivemind.proto import averaging_pb2, runtime_pb2
 
-from peer.set_server import KEEP_FETCHED, KEEP_OFFERS, MERGED_POLL_S
+from peer.exchange.set_server import KEEP_FETCHED, KEEP_OFFERS
 from protocol.group_sets import DIGEST_CHARS, pack_names, parse_names
+from protocol.timing import Timing
 from tests.test_exchange_bounds import MATE, ME, OUTSIDER, context, gatherer
 
 OURS, THEIRS = "1" * DIGEST_CHARS, "2" * DIGEST_CHARS
@@ -44,7 +45,7 @@ def test_a_question_asked_before_we_merged_is_answered_once_we_have():
 
     async def go():
         question = asyncio.create_task(g.rpc_merged(ask(wait=5.0), context(MATE)))
-        await asyncio.sleep(3 * MERGED_POLL_S)
+        await asyncio.sleep(3 * Timing.merged_poll_s)
         assert not question.done()
         await g._offer_merged(OURS, MEMBERS, pack_names([OURS]))
         return await asyncio.wait_for(question, 2.0)
@@ -91,7 +92,7 @@ def test_offers_and_fetched_sets_are_bounded():
 
 
 def test_fetched_sets_are_bounded_in_bytes_too(monkeypatch):
-    import peer.set_server as set_server
+    import peer.exchange.set_server as set_server
 
     monkeypatch.setattr(set_server, "KEEP_FETCHED_BYTES", 100)
     g = server()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from peer.model import Model, _exact_normal, build_model
+from peer.training.model import Model, _exact_normal, build_model
 from protocol.spec import ModelSpec
 
 GOLDEN_DEFAULT_SEED0 = "aad1a404add8349f"
@@ -62,7 +62,7 @@ def test_init_is_the_same_on_the_scalar_cpu_path():
     # torch's float32 normal_ gives other bits on its scalar path (ARM, old x86) than with AVX2;
     # our init must not: run it with the vector kernels disabled and compare.
     code = (
-        "import hashlib; from peer.model import build_model; from protocol.spec import ModelSpec\n"
+        "import hashlib; from peer.training.model import build_model; from protocol.spec import ModelSpec\n"
         "h = hashlib.sha256()\n"
         "for n, p in build_model(ModelSpec(), 0).named_parameters():\n"
         "    h.update(n.encode()); h.update(p.detach().numpy().tobytes())\n"

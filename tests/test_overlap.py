@@ -1,5 +1,5 @@
-"""Overlap (one-step-delayed outer update) and mixed speeds (early close), peer/round_loop.py and
-peer/early_close.py: the algebra and the rule as functions, then real peers, one of them throttled."""
+"""Overlap (one-step-delayed outer update) and mixed speeds (early close), peer/round/loop.py and
+peer/round/early_close.py: the algebra and the rule as functions, then real peers, one of them throttled."""
 
 import os
 import signal
@@ -8,8 +8,8 @@ import threading
 import pytest
 import torch
 
-from peer.early_close import min_steps, most_are_done
-from peer.round_loop import continue_from
+from peer.round.early_close import min_steps, most_are_done
+from peer.round.loop import continue_from
 from protocol.records import Progress
 from swarm.records import PeerView
 from tests.swarm_harness import Swarm, TINY_SPEC, assert_groups_identical, groupmate_pairs

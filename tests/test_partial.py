@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peer.inner import InnerTrainer
-from peer.model import build_model
-from peer.strategies import make_strategy
+from peer.training.inner import InnerTrainer
+from peer.training.model import build_model
+from peer.outer.strategies import make_strategy
 from protocol.errors import PayloadError
 from protocol.partial import FULL, choose_part, owned_shapes, part_layouts, slice_of
 from protocol.spec import RunSpec

@@ -1,4 +1,4 @@
-"""Pipeline stages of a chain (peer/model.py's block ranges, peer/stage_links.py, peer/gpipe.py):
+"""Pipeline stages of a chain (peer/training/model.py's block ranges, peer/chain/links.py, peer/chain/gpipe.py):
 stage models, links over loopback TCP, steps.
 
 Every chain here runs its stages as asyncio tasks of this process, linked by real TCP sockets on
@@ -15,11 +15,11 @@ import time
 import pytest
 import torch
 
-from peer.inner import InnerTrainer
-from peer.gpipe import run_inner_step
-from peer.model import build_model
-from peer.stage_errors import BatchMismatch, HandshakeRejected, LinkClosed, LinkProtocolError, LinkTimeout
-from peer.stage_links import StageIdentity, StageListener, connect_link, link_codec, run
+from peer.training.inner import InnerTrainer
+from peer.chain.gpipe import run_inner_step
+from peer.training.model import build_model
+from peer.chain.errors import BatchMismatch, HandshakeRejected, LinkClosed, LinkProtocolError, LinkTimeout
+from peer.chain.links import StageIdentity, StageListener, connect_link, link_codec, run
 from protocol import PROTOCOL_VERSION
 from protocol.activations import compressed_boundary
 from protocol.chains import stage_shapes

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peer.data import TrainStream, load_corpus
-from peer.inner import InnerTrainer, autocast_dtype
-from peer.model import build_model
+from peer.training.data import TrainStream, load_corpus
+from peer.training.inner import InnerTrainer, autocast_dtype
+from peer.training.model import build_model
 from protocol.spec import InnerSpec, ModelSpec, RunSpec
 
 SMALL = ModelSpec(d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=32)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from bench import memory_peak
-from peer.resources import HEADROOM
+from peer.training.resources import HEADROOM
 from protocol.capacity import replica_bytes
 from protocol.errors import SpecError
 from protocol.presets import PRESETS, preset_param_count

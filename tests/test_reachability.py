@@ -151,7 +151,7 @@ def test_listen_port_and_endpoints():
 
 
 def test_state_sources_that_others_cannot_dial_come_last():
-    from peer.state_sync import order_sources
+    from peer.round.state_sync import order_sources
 
     view = lambda name, reach_: SimpleNamespace(peer_id=name, progress=SimpleNamespace(round=5, reach=reach_))  # noqa: E731
     views = [view("hidden", "client"), view("open", "public"), view("new", "unknown")]

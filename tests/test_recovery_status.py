@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
-from peer import lifecycle
-from peer.roles import ChainStage
-from peer.runtime import Peer
+from peer.host import lifecycle
+from peer.training.roles import ChainStage
+from peer.host.runtime import Peer
 from swarm.jsonout import loads_strict
 
 

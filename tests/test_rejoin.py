@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import threading
 
-from peer.membership import MAX_SKIP_ROUNDS, Membership, retry_round
-from peer.runtime import majority_hash
+from peer.round.membership import Membership, retry_round
+from peer.host.runtime import majority_hash
+from protocol.timing import Timing
 from tests.test_liveness import SPEC, Clock, view  # noqa: F401  (the clock fixture is re-exported below)
 from tests.test_liveness import clock  # noqa: F401
 
@@ -45,11 +46,11 @@ def test_the_skip_doubles_with_every_miss_and_ends_when_the_peer_joins_a_group(m
         m.wait_for_round(r, set(), first_round=False)
         if m._waited:  # x was waited for (in vain) this round
             waited_rounds.append(r)
-    # the skip doubles (2, 4, ... MAX_SKIP_ROUNDS) and ends on a multiple of its length
+    # the skip doubles (2, 4, ... Timing.max_skip_rounds) and ends on a multiple of its length
     assert waited_rounds[:6] == [1, 4, 8, 16, 32, 64]
-    assert {b - a for a, b in zip(waited_rounds[5:], waited_rounds[6:])} == {MAX_SKIP_ROUNDS}
-    # a staller costs one allowance per skip period: about 1 round in MAX_SKIP_ROUNDS in the long run
-    assert len(waited_rounds) <= 200 // MAX_SKIP_ROUNDS + 6
+    assert {b - a for a, b in zip(waited_rounds[5:], waited_rounds[6:])} == {Timing.max_skip_rounds}
+    # a staller costs one allowance per skip period: about 1 round in Timing.max_skip_rounds in the long run
+    assert len(waited_rounds) <= 200 // Timing.max_skip_rounds + 6
     # once x turns up in our group, it starts from a clean slate
     m.wait_for_round(200, {"x"}, first_round=False)
     assert "x" not in m.no_shows and "x" not in m._strikes
@@ -72,7 +73,7 @@ def test_peers_that_missed_a_staller_in_neighbouring_rounds_wait_for_it_again_to
                 waits[name].append(r)
     assert waits["a"] == waits["b"] == [18, 20, 24, 32]
     assert retry_round(17, 2) == retry_round(19, 2) == 20 and retry_round(20, 2) == 20
-    assert retry_round(1000, 40) == 1024 and retry_round(1025, 40) == 1024 + MAX_SKIP_ROUNDS
+    assert retry_round(1000, 40) == 1024 and retry_round(1025, 40) == 1024 + Timing.max_skip_rounds
 
 
 def test_only_members_whose_payload_counted_vote_on_the_start_hash():

@@ -4,8 +4,9 @@ two peers flip-flopping between two parameter sets, each refusing the other's ol
 
 from types import SimpleNamespace
 
-from peer import state_sync
-from peer.state_sync import StateSync
+from peer.round import state_sync
+from peer.round.state_sync import StateSync
+from protocol.timing import Timing
 
 
 class Gatherer:
@@ -33,7 +34,8 @@ def make_peer(own_round, others_round, served_rounds):
     peer.spec = SimpleNamespace(swarm=SimpleNamespace(gather_timeout=1.0))
     peer.engine = SimpleNamespace(round=own_round)
     peer.gatherer = Gatherer(served_rounds)
-    peer.membership = SimpleNamespace(others=lambda excluding=(): [view], ignore=lambda peer, seconds: None)
+    peer.membership = SimpleNamespace(others=lambda excluding=(): [view], ignore=lambda peer, seconds: None,
+                                      timing=Timing(gather_slot_s=1.0))
     peer.peer_id, peer.consistent = "me", False
     peer._set_state, peer.enable_sharing = set_state, lambda: None
     peer.installed, peer.shown = [], shown

@@ -1,4 +1,4 @@
-"""Robust aggregation (peer/robust.py) on its own and through the round engine: milliseconds."""
+"""Robust aggregation (peer/outer/robust.py) on its own and through the round engine: milliseconds."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from peer.robust import Contributions, NonFiniteStep, lower_median, robust_step, screen, squared_norm
-from peer.round_engine import RoundEngine
-from peer.strategies import make_strategy
+from peer.outer.robust import Contributions, NonFiniteStep, lower_median, robust_step, screen, squared_norm
+from peer.outer.engine import RoundEngine
+from peer.outer.strategies import make_strategy
 from protocol.spec import RunSpec
 
 SPEC = RunSpec().replace(model={"d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32, "seq_len": 8})
@@ -42,7 +42,7 @@ def test_squared_norm_is_float64_and_flags_non_finite():
 
 @pytest.mark.parametrize("density", [0.0, 0.016, 0.5, 1.0])
 def test_squared_norm_skips_zeros_and_keeps_the_bits_of_the_sum_over_every_element(monkeypatch, density):
-    import peer.robust as robust
+    import peer.outer.robust as robust
     from bench.outer_step import reference_squared_norm  # the definition: every element, in order
 
     monkeypatch.setattr(robust, "_CHUNK", 1000)  # several chunks, a partial one last
@@ -58,7 +58,7 @@ def test_squared_norm_skips_zeros_and_keeps_the_bits_of_the_sum_over_every_eleme
 
 def test_chosen_average_is_bit_identical_to_dividing_by_a_float_count():
     from bench.outer_step import reference_average
-    from peer.strategies import average
+    from peer.outer.strategies import average
 
     g = torch.Generator().manual_seed(3)
     layout = {"w": (64, 33), "b": (17,)}

@@ -5,9 +5,9 @@ import threading
 import pytest
 import torch
 
-from peer.round_engine import RoundEngine
-from peer.state import params_hash
-from peer.strategies import make_strategy
+from peer.outer.engine import RoundEngine
+from peer.checkpoints.files import params_hash
+from peer.outer.strategies import make_strategy
 from protocol.spec import RunSpec
 
 SPEC = RunSpec().replace(model={"d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32, "seq_len": 8})

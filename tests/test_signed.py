@@ -9,7 +9,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from hivemind.p2p import P2P, PeerID
 
-from peer.identity import payload_signer
+from peer.exchange.identity import payload_signer
 from protocol.signed import (
     ENVELOPE_OVERHEAD, PublicKey, SignatureError, Signer, encode_public_key, open_envelope, peer_id_of, seal,
 )

@@ -1,18 +1,18 @@
-"""peer/simulate.py: the in-process replica simulation learns, keeps θ identical, counts real bytes."""
+"""peer/round/simulate.py: the in-process replica simulation learns, keeps θ identical, counts real bytes."""
 
 import math
 
 import pytest
 import torch
 
-from peer.data import load_corpus
-from peer.simulate import (
+from peer.training.data import load_corpus
+from peer.round.simulate import (
     allgather_bytes_per_round,
     allreduce_bytes_per_step,
     simulate,
     train_single,
 )
-from peer.strategies import average, make_strategy
+from peer.outer.strategies import average, make_strategy
 from protocol.payload import payload_max_bytes
 from protocol.spec import ModelSpec, RunSpec
 

@@ -7,7 +7,7 @@ import pytest
 
 from coordinator import chain_former as former_mod
 from coordinator.chain_former import BACKOFF_S, ChainFormer
-from peer.chain import unreachable
+from peer.chain.stage import unreachable
 from protocol.chain_records import CandidateRecord
 from protocol.endpoints import (
     MAX_ENDPOINTS, EndpointError, announced_endpoints, dial_order, hosts_of_maddrs, split_endpoints,

@@ -1,5 +1,5 @@
-"""Bad input from a neighbour never crashes a chain stage (peer/gpipe.py, peer/stage_links.py,
-peer/chain.py): whatever a neighbour sends that the stage cannot use (garbage bytes, NaN values,
+"""Bad input from a neighbour never crashes a chain stage (peer/chain/gpipe.py, peer/chain/links.py,
+peer/chain/stage.py): whatever a neighbour sends that the stage cannot use (garbage bytes, NaN values,
 another batch's ids, values that overflow, extreme gradients) ends the step with a StageError at
 the schedule level, and with ChainBroken at the chain member's level: the reason logged, the link
 closed, the parameters, the optimizer state and the step counter untouched."""
@@ -14,13 +14,13 @@ import time
 import pytest
 import torch
 
-from peer.chain import ChainBroken, ChainMember
-from peer.gpipe import run_inner_step
-from peer.inner import InnerTrainer
-from peer.model import build_model
-from peer.resources import Resources
-from peer.stage_errors import BatchMismatch, LinkProtocolError, NonFiniteGradients, NonFiniteOutput, StageError
-from peer.stage_links import StageIdentity, StageListener, connect_link, link_codec, run
+from peer.chain.stage import ChainBroken, ChainMember
+from peer.chain.gpipe import run_inner_step
+from peer.training.inner import InnerTrainer
+from peer.training.model import build_model
+from peer.training.resources import Resources
+from peer.chain.errors import BatchMismatch, LinkProtocolError, NonFiniteGradients, NonFiniteOutput, StageError
+from peer.chain.links import StageIdentity, StageListener, connect_link, link_codec, run
 from protocol import PROTOCOL_VERSION
 from protocol.frames import Activations, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, encode_frame
 

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from peer.stage_errors import HandshakeRejected, LinkProtocolError
-from peer.stage_links import LinkAuth, StageIdentity, StageListener, connect_link, link_codec, run
+from peer.chain.errors import HandshakeRejected, LinkProtocolError
+from peer.chain.links import LinkAuth, StageIdentity, StageListener, connect_link, link_codec, run
 from protocol import link_auth
 from protocol.frames import HANDSHAKE_MAX_BYTES, FrameFormat, Hello
 from protocol.signed import Signer

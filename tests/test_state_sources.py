@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from peer import membership as membership_mod
-from peer.membership import Membership
+from peer.round import membership as membership_mod
+from peer.round.membership import Membership
 from protocol.records import Progress
 from tests.test_liveness import SPEC, clock, honest_engine, served, syncing_peer, view  # noqa: F401  (clock: a fixture)
 
@@ -33,7 +33,7 @@ def test_a_server_still_announcing_less_than_it_served_is_refused(monkeypatch, c
     views = [view("liar", 10, "ready"), view("a", 10, "ready")]
     honest = honest_engine(10, seed=2)
     sync, engine = syncing_peer(monkeypatch, views, lambda peer: served(liar) if peer == "liar" else served(honest))
-    monkeypatch.setattr("peer.state_sync.order_sources", lambda views, target, slack=0: list(views))  # the liar first
+    monkeypatch.setattr("peer.round.state_sync.order_sources", lambda views, target, slack=0: list(views))  # the liar first
     sync.catch_up()
     assert sync.asked == ["liar", "a"] and engine.round == 10 and engine.params_hash() == honest.params_hash()
     assert [v.peer_id for v in sync.membership.others()] == ["a"]
@@ -78,8 +78,8 @@ def test_a_peer_whose_solo_rounds_raced_ahead_takes_the_state_of_the_swarm_it_lo
 
 
 def test_a_state_of_an_earlier_round_drops_the_abandoned_rounds_from_the_history():
-    from peer.reporting import RoundRecord, Totals
-    from peer.runtime import Peer
+    from peer.round.report import RoundRecord, Totals
+    from peer.host.runtime import Peer
 
     records = [RoundRecord(r, f"{r:016x}", ["me"], 1, {}, 0, 0, 0.0, 0.0, 1.0) for r in range(1, 9)]
     peer = SimpleNamespace(totals=Totals(history=list(records)), engine=SimpleNamespace(round=5), _load_theta=lambda: None)

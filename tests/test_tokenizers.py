@@ -9,8 +9,8 @@ from functools import partial
 import numpy as np
 import pytest
 
-from peer.data import DataError, TrainStream, load_corpus
-from peer.tokenizer import (
+from peer.training.data import DataError, TrainStream, load_corpus
+from peer.training.tokenizer import (
     BYTES,
     TokenizerError,
     cached,

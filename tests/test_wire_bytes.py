@@ -17,8 +17,8 @@ from dataclasses import replace
 
 import pytest
 
-from peer.lifecycle import wire_status
-from peer.metrics import MetricsServer
+from peer.host.lifecycle import wire_status
+from peer.host.metrics import MetricsServer
 from swarm import sock_diag
 from swarm.sock_diag import (INET_DIAG_INFO, NLMSG_DONE, NLMSG_ERROR, SOCK_DIAG_BY_FAMILY, TCP_LISTEN, DestroyFeed,
                              NetlinkError, SockStat, TcpCounters, dump_request, dump_tcp, parse_diag_msg,

@@ -7,7 +7,7 @@
     voloco generate --checkpoint DIR         sample text from a checkpoint
     voloco tokenize INPUT OUT_DIR            pre-tokenize a corpus into memory-mapped shards
 
-Each command's flags and code live in its own layer (``coordinator.cli``, ``peer.cli``,
+Each command's flags and code live in its own layer (``coordinator.cli``, ``peer.host.cli``,
 ``voloco.demo``); this module only composes them. Every flag can also come from a settings file
 (``--settings``, a table per command) or a ``VOLOCO_<FLAG>`` environment variable (swarm/settings.py):
 flags > environment > settings file > defaults. Bad input exits with code 2 and one line on
@@ -21,14 +21,14 @@ import sys
 from typing import List, Optional
 
 import coordinator.cli
-import peer.cli
+import peer.host.cli
 from swarm.console import EXIT_USAGE, add_log_level, run_command
 from swarm.settings import SettingsError, add_settings_argument, parse_args, precedence_epilog
 from voloco import demo, export, generate, tokenize
 
 COMMANDS = {  # name: (one-line help, add_arguments, run)
     "coordinator": (coordinator.cli.HELP, coordinator.cli.add_arguments, coordinator.cli.run),
-    "peer": (peer.cli.HELP, peer.cli.add_arguments, peer.cli.run_peer),
+    "peer": (peer.host.cli.HELP, peer.host.cli.add_arguments, peer.host.cli.run_peer),
     "demo": (demo.HELP, demo.add_arguments, demo.run_demo),
     "export": (export.HELP, export.add_arguments, export.run_export),
     "generate": (generate.HELP, generate.add_arguments, generate.run_generate),

@@ -216,7 +216,7 @@ def print_summary(summary: Dict[str, Any]) -> None:
     print(f"wall time        {summary['wall_s']:.0f} s")
 
 
-STARTED = ("training", "stopping", "stopped")  # phases past start-up (peer/lifecycle.py)
+STARTED = ("training", "stopping", "stopped")  # phases past start-up (peer/host/lifecycle.py)
 _URL = re.compile(r"^dashboard: (https?://\S+)", re.M)
 
 

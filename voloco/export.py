@@ -5,7 +5,7 @@ OUT_DIR gets what ``transformers.AutoModelForCausalLM.from_pretrained`` and
 ``model.safetensors`` (float32, Hugging Face names) and the tokenizer (``tokenizer.json`` and
 ``tokenizer_config.json``). transformers itself is not needed to export.
 
-The mapping is exact, no permutation: peer/model.py already rotates the pairs (i, i + head_dim/2)
+The mapping is exact, no permutation: peer/training/model.py already rotates the pairs (i, i + head_dim/2)
 ("rotate half"), as transformers' Llama does; its fused ``qkv`` rows are q, k, v one after the
 other, each head after head, so they split into ``q_proj``, ``k_proj``, ``v_proj`` as they are.
 Under partial updates (``[partial] slices > 1``) a projection is stored as slices, which are put
@@ -14,7 +14,7 @@ columns). The head is untied (``tie_word_embeddings = false``) as in voloco.
 
 Tokenizer: a BPE run's (``data.tokenizer = "bpe"``) ``tokenizer.json``, which its peers keep
 beside their checkpoint, is copied after checking it against ``data.tokenizer_sha256``; a
-byte-level run (peer/data.py: token id = utf-8 byte value) gets a ``tokenizers`` byte-level
+byte-level run (peer/training/data.py: token id = utf-8 byte value) gets a ``tokenizers`` byte-level
 tokenizer with exactly that mapping.
 
 The checkpoint's run spec comes from its metadata (peers record it there), or from ``--spec``
@@ -33,8 +33,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from peer.checkpoints import check_meta
-from peer.state import CheckpointError, Tensors, checkpoint_paths, read_checkpoint
+from peer.checkpoints.contents import check_meta
+from peer.checkpoints.files import CheckpointError, Tensors, checkpoint_paths, read_checkpoint
 from protocol.errors import SpecError
 from protocol.layout import tensor_name
 from protocol.spec import RunSpec
@@ -72,8 +72,8 @@ class LoadedRun:
         return p
 
     def model(self):
-        """peer/model.py's Model with this checkpoint's weights, in eval mode, on the CPU."""
-        from peer.model import Model
+        """peer/training/model.py's Model with this checkpoint's weights, in eval mode, on the CPU."""
+        from peer.training.model import Model
 
         spec = self.spec
         with torch.random.fork_rng(devices=[]):
@@ -226,7 +226,7 @@ def _bytes_to_unicode() -> Dict[int, str]:
 
 
 def byte_tokenizer():
-    """A ``tokenizers.Tokenizer`` whose ids are the utf-8 bytes of the text, as peer/data.py's
+    """A ``tokenizers.Tokenizer`` whose ids are the utf-8 bytes of the text, as peer/training/data.py's
     ``encode``: a byte-level BPE with the 256 byte symbols (id = byte value) and no merges."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 

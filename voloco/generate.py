@@ -1,14 +1,14 @@
 """``voloco generate --checkpoint DIR``: sample text from a peer's checkpoint, to see what the swarm
 has learned.
 
-The model is peer/model.py's, loaded as ``voloco export`` reads it (voloco/export.py ``load_run``),
-on the CPU. Tokens are utf-8 bytes (peer/data.py), or a ``tokenizer.json`` beside the checkpoint
+The model is peer/training/model.py's, loaded as ``voloco export`` reads it (voloco/export.py ``load_run``),
+on the CPU. Tokens are utf-8 bytes (peer/training/data.py), or a ``tokenizer.json`` beside the checkpoint
 (a run with a trained tokenizer saves it there). Sampling: temperature, then the ``top_k`` most
 likely tokens, from a generator seeded by ``--seed`` (the same output for the same seed on the same
 machine); ``--temperature 0`` is greedy. The context is cut to the model's ``seq_len`` last tokens.
 
 Only a checkpoint for now: downloading a live peer's state needs a DHT node and the swarm's
-membership view (peer/state_sync.py); a volunteer's own peer writes checkpoints with
+membership view (peer/round/state_sync.py); a volunteer's own peer writes checkpoints with
 ``--checkpoint-dir``, and that is what this reads.
 """
 
@@ -21,7 +21,7 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from peer.data import decode as decode_bytes
+from peer.training.data import decode as decode_bytes
 from swarm.console import UsageError
 from voloco.export import LoadedRun, add_spec_argument, load_run
 

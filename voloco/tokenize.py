@@ -31,9 +31,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 
 
 def run_tokenize(args: argparse.Namespace) -> int:
-    from peer.data import DEFAULT_MAX_BYTES, DataError, load_corpus
-    from peer.data_formats import dtype_for, write_tokens
-    from peer.tokenizer import BYTES, load_tokenizer, train_bpe
+    from peer.training.data import DEFAULT_MAX_BYTES, DataError, load_corpus
+    from peer.training.data_formats import dtype_for, write_tokens
+    from peer.training.tokenizer import BYTES, load_tokenizer, train_bpe
 
     t0 = time.monotonic()
     try:

@@ -12,7 +12,7 @@ Encoding is device-generic: ``encode`` runs its tensor math (top-k, quantization
 whatever device ``x`` lives on, a peer's GPU included, and copies only the packed fields to the
 CPU. Bit-identity across members does not depend on the encoder at all: ``decode`` runs on the
 CPU, in float32, from the field bytes alone, and so does everything after it (aggregation and
-the outer step, peer/strategies.py). A sender's hardware can change which values it sends (a tie
+the outer step, peer/outer/strategies.py). A sender's hardware can change which values it sends (a tie
 in top-k, the last bit of a quantizer's bin mean), never how the members combine what was sent;
 and ``sent``, what the sender's error feedback subtracts, is itself decoded from its own bytes.
 """

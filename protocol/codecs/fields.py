@@ -5,7 +5,7 @@ string of exactly the expected length, every float finite and bounded. The bound
 1e8, is far above any real pseudo-gradient (a parameter change of 1e8 means nothing but an attack
 or a diverged run) and far below float32's range, so a hostile but finite value cannot overflow
 to inf once replicas are summed or squared. It bounds what a payload can do before the median
-clipping of peer/robust.py, which bounds it relative to the round's other contributions.
+clipping of peer/outer/robust.py, which bounds it relative to the round's other contributions.
 Encoders refuse inputs beyond ``ENCODE_MAX_ABS`` = 1e6, far enough below the decode bound that
 everything they derive from those inputs is still accepted by every receiver: a lookup-table entry
 is a mean of inputs, a DCT coefficient of a block of at most 64x64 at most 64x its largest entry

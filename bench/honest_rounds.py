@@ -1,0 +1,162 @@
+"""Long runs of a few honest peers on a loaded host: how often is an honest member's update lost?
+
+    python bench/honest_rounds.py [--peers 3] [--seeds 3] [--rounds 100] [--H 10] [--load 4]
+                                  [--nice 0,5,10] [--json OUT]
+
+For each seed: a coordinator and ``--peers`` honest peers as processes on loopback
+(tests/swarm_harness.py, the tiny model, SparseLoCo, ``--threads 1``, ``--wait-peers`` all of them),
+trained for ``--rounds`` rounds while ``--load`` processes spin on the CPU beside them (a busy loop
+each, at normal priority: the load average it makes is sampled and printed), peer i at the niceness
+``--nice`` gives it (mixed speeds: the slower peers close rounds early, groups form while a peer is
+still training, and matchmaking waits out its leader's expiration). Nobody is hostile, so
+every round should be one group of every peer, with every payload counted. Per seed, over the rounds
+every peer recorded:
+
+- ``excluded``: rounds in which a peer's record excludes a member (nobody hostile: each is an
+  honest update lost for that round);
+- ``short``: rounds whose group lacked a peer of the run (it gathered elsewhere, or alone);
+- ``took set``: rounds a peer ended by taking another group's set or deferring ("taking their set",
+  "our group completed it", "found no group" in its log);
+- ``θ apart``: rounds whose peers' parameter hashes differ;
+- ``lost s``: the seconds those rounds took beyond the run's median round;
+- ``late joins``: members that learnt of their group only from the others' requests and joined it
+  (peer/exchange/late_join.py: each one a member that would otherwise have been excluded).
+
+The failure this finds: a follower that missed the message naming its group (peer/exchange/late_join.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import exit_on_sigterm, machine, now, table  # noqa: E402
+from swarm.jsonout import dumps as strict_json  # noqa: E402
+from tests.swarm_harness import TINY_SPEC, Swarm  # noqa: E402
+
+TOOK_SET = ("taking their set", "our group completed it", "found no group")
+LATE_JOIN = "its message naming the group had missed us"
+
+
+class Load:
+    """``n`` busy-loop processes, and the 1-minute load average sampled every 5 s while they run."""
+
+    def __init__(self, n: int):
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+        self.samples, self._stop = [], threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(5.0):
+            self.samples.append(os.getloadavg()[0])
+
+    def close(self) -> None:
+        self._stop.set()
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+def spec_text(seed: int, H: int) -> str:
+    return TINY_SPEC.format(run_id=f"honest-{seed}", strategy="sparseloco", inner_steps=H).replace("seed = 1", f"seed = {seed}")
+
+
+def run_seed(args, seed: int, workdir: Path) -> dict:
+    swarm = Swarm(workdir, spec_text=spec_text(seed, args.H))
+    names = [f"p{i}" for i in range(args.peers)]
+    t0 = time.monotonic()
+    try:
+        for name, nice in zip(names, args.nice):
+            proc = swarm.add_peer(name, "--wait-peers", str(args.peers), "--max-rounds", str(args.rounds + 5), checkpoint=False)
+            os.setpriority(os.PRIO_PGRP, proc.proc.pid, nice)  # its DHT, averager and p2pd processes inherit it
+        swarm.wait(lambda: all((swarm.status(n) or {}).get("rounds", 0) >= args.rounds for n in names), args.timeout,
+                   f"{args.rounds} rounds on every peer")
+        statuses = {n: swarm.status(n) for n in names}
+        logs = {n: swarm.peers[n].text() for n in names}
+    finally:
+        swarm.close()
+    ids = {s["peer_id"] for s in statuses.values()}
+    by_round = {}
+    for s in statuses.values():
+        for r in s["history"]:
+            by_round.setdefault(r["round"], []).append(r)
+    rounds = sorted(by_round)[: args.rounds]
+    median = statistics.median(max(r["seconds"] for r in by_round[n]) for n in rounds)
+    bad = {"excluded": set(), "short": set(), "apart": set()}
+    for n in rounds:
+        recs = by_round[n]
+        if any(r["excluded"] for r in recs):
+            bad["excluded"].add(n)
+        if any(set(r["group"]) != ids for r in recs) or len(recs) < len(ids):
+            bad["short"].add(n)
+        if len({r["params_hash"] for r in recs}) > 1:
+            bad["apart"].add(n)
+    took = sum(text.count(phrase) for text in logs.values() for phrase in TOOK_SET)
+    late = sum(text.count(LATE_JOIN) for text in logs.values())
+    any_bad = set().union(*bad.values())
+    lost = sum(max(0.0, max(r["seconds"] for r in by_round[n]) - median) for n in any_bad)
+    return dict(seed=seed, rounds=len(rounds), excluded=len(bad["excluded"]), short=len(bad["short"]), took_set=took,
+                apart=len(bad["apart"]), lost_s=lost, late_joins=late, median_round_s=median, wall_s=time.monotonic() - t0,
+                bad_rounds=sorted(any_bad))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--peers", type=int, default=3, help="honest peers per run (default 3)")
+    ap.add_argument("--seeds", type=int, default=3, help="runs, one per seed 1..N (default 3)")
+    ap.add_argument("--rounds", type=int, default=100, help="rounds counted per run (default 100)")
+    ap.add_argument("--H", type=int, default=10, help="inner steps per round (default 10)")
+    ap.add_argument("--load", type=int, default=4, help="busy-loop processes beside the peers (default 4)")
+    ap.add_argument("--nice", default="0,5,10", help="niceness of peer 0, 1, ... (the last repeats; default 0,5,10)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds one run may take (default 3600)")
+    ap.add_argument("--json", type=Path, metavar="OUT", help="also write the rows as JSON to OUT")
+    args = ap.parse_args(argv)
+    try:
+        nice = [int(n) for n in args.nice.split(",")]
+    except ValueError:
+        ap.error(f"--nice must be comma-separated integers, not {args.nice!r}")
+    args.nice = (nice + [nice[-1]] * args.peers)[: args.peers]
+    if min(args.peers - 1, args.seeds, args.rounds, args.H) < 1 or args.load < 0 or args.timeout <= 0:
+        ap.error("--peers must be >= 2, --seeds, --rounds and --H >= 1, --load >= 0, --timeout > 0")
+    exit_on_sigterm()
+    print(f"bench/honest_rounds.py: {now()}, {machine()}; {args.peers} peers, H={args.H}, {args.rounds} rounds x "
+          f"{args.seeds} seeds, {args.load} busy loops, niceness {args.nice}", flush=True)
+    rows = []
+    load = Load(args.load)
+    try:
+        with tempfile.TemporaryDirectory(prefix="voloco-honest-") as tmp:
+            for seed in range(1, args.seeds + 1):
+                workdir = Path(tmp) / f"seed{seed}"
+                workdir.mkdir()
+                row = run_seed(args, seed, workdir)
+                row["load"] = statistics.mean(load.samples[-max(1, int(row["wall_s"] / 5)):]) if load.samples else 0.0
+                rows.append(row)
+                print(f"  seed {seed}: {row['rounds']} rounds, {row['excluded']} with an exclusion, {row['short']} short, "
+                      f"load {row['load']:.1f}, bad rounds {row['bad_rounds']}", flush=True)
+    finally:
+        load.close()
+    cols = ["seed", "rounds", "excluded", "short", "took set", "θ apart", "lost s", "late joins", "median round s", "load avg"]
+    lines = [[str(r["seed"]), str(r["rounds"]), str(r["excluded"]), str(r["short"]), str(r["took_set"]), str(r["apart"]),
+              f"{r['lost_s']:.1f}", str(r["late_joins"]), f"{r['median_round_s']:.2f}", f"{r['load']:.1f}"] for r in rows]
+    total = ["all", str(sum(r["rounds"] for r in rows))] + [str(sum(r[k] for r in rows)) for k in
+                                                            ("excluded", "short", "took_set", "apart")]
+    lines.append(total + [f"{sum(r['lost_s'] for r in rows):.1f}", str(sum(r["late_joins"] for r in rows)), "", ""])
+    print("\n" + table(cols, lines))
+    if args.json:
+        args.json.write_text(strict_json(dict(date=now(), machine=machine(), args=vars(args) | {"json": str(args.json)},
+                                              rows=rows), indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

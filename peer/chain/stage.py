@@ -1,0 +1,265 @@
+"""A low-resource peer's life in a pipeline chain: candidate, stage, and back to candidate.
+
+The peer publishes a chain-candidate record (capacity, bandwidth, the endpoint of its stage
+listener) and waits for the coordinator to put it in a chain (coordinator/chain_former.py). In a
+chain it runs one stage (a ``peer.training.model.Model`` with a block range) on an asyncio loop of its own:
+every round it opens fresh links to its neighbours (peer/chain/links.py; the handshake pins the
+round, so both ends hold the same T, and each end proves it holds the key of the peer id the
+chain assignment names for its stage: peer/chain/handshake.py), and each inner step runs the
+GPipe schedule over them (peer/chain/gpipe.py). When a neighbour dies, stalls or sends what this stage cannot use, the step
+raises a StageError with the parameters and optimizer state untouched: the peer drops the
+round's work (ChainBroken), reports itself waiting again, and the coordinator re-forms chains
+from the waiting candidates under a newer epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+from hivemind.p2p import PeerID
+
+from peer.chain.gpipe import run_inner_step
+from peer.exchange.identity import payload_signer
+from peer.training.model import Model, build_model
+from peer.training.resources import Resources
+from peer.chain.errors import LinkError, StageError
+from peer.chain.handshake import LinkAuth
+from peer.chain.links import StageIdentity, StageListener, connect_link, link_codec
+from protocol.chain_records import CandidateRecord, ChainAssignment
+from protocol.endpoints import announced_endpoints, dial_order, format_endpoint, hosts_of_maddrs
+from protocol.frames import FrameFormat
+from protocol.spec import RunSpec
+from swarm.records import publish_candidate, read_assignments, read_candidates
+
+logger = logging.getLogger("voloco.chain")
+
+_PLACEHOLDER = StageIdentity(run_digest="", chain_id="", stage=-1, round=-1)
+
+
+def _loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def unreachable(stage: int, peer_id: str, errors: Dict[str, str]) -> str:
+    """Why a stage could not dial its neighbour, and what the neighbour's operator can do."""
+    tried = "; ".join(f"{endpoint}: {why}" for endpoint, why in errors.items())
+    ports = sorted({e.rsplit(":", 1)[1] for e in errors})
+    return (f"could not connect to stage {stage} ({peer_id}) at {tried}. Its host must accept TCP on port "
+            f"{', '.join(ports)} from this one: open the port in its firewall or router, or start that peer with "
+            f"--stage-host (or --announce-maddrs) naming an address this host can reach")
+
+
+class ChainBroken(Exception):
+    """The chain cannot go on (a neighbour died, stalled or misbehaved); the peer waits for a new one."""
+
+
+class ChainMember:
+    def __init__(self, dht, spec: RunSpec, peer_id: str, resources: Resources, host: Optional[str], port: int,
+                 stop: threading.Event):
+        """``host``: ``--stage-host``, the one address to listen on and announce; None: listen on
+        every interface (on loopback only in a run whose DHT addresses are all loopback) and
+        announce the addresses the DHT node is seen at (protocol/endpoints.py)."""
+        self.dht, self.spec, self.peer_id, self.resources, self.stop = dht, spec, peer_id, resources, stop
+        self.state = "waiting"
+        self.failed_epoch = -1
+        self.assignment: Optional[ChainAssignment] = None
+        self.k = spec.chain.effective_rank(spec.model.d_model)
+        dtype = torch.float16 if spec.chain.wire_dtype == "fp16" else torch.bfloat16
+        self.codec = link_codec(spec.model.d_model, self.k, spec.seed, dtype)
+        micro = max(1, spec.data.batch_size // spec.chain.micro_batches)
+        self.fmt = FrameFormat.for_run(spec, micro_batch=micro, k=self.k)
+        self.U = self.codec.U if self.k < spec.model.d_model else None  # the lossless constraint
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="stage-links")
+        self._thread.start()
+        self._signer = None  # this peer's identity key, loaded at the first link (peer/exchange/identity.py)
+        seen = hosts_of_maddrs(str(m) for m in dht.get_visible_maddrs()) if host is None else [host]
+        bind = host if host is not None else ("0.0.0.0" if any(not _loopback(h) for h in seen) else "127.0.0.1")
+        self.listener: StageListener = self._call(
+            StageListener.start(
+                bind, port, local=_PLACEHOLDER, role="downstream", fmt=self.fmt, codec=self.codec,
+                timeout=spec.chain.link_timeout,
+            ),
+            timeout=30,
+        )
+        self.endpoint = announced_endpoints(seen, self.listener.port, override=host)
+        logger.info(f"stage listener on {bind}:{self.listener.port}, announced to chain neighbours as {self.endpoint}")
+        self.upstream = self.downstream = None
+        self.bytes_sent = self.bytes_received = 0
+        self.tokens = 0  # tokens whose activations (or gradients) crossed this stage's links
+
+    # ---- candidate --------------------------------------------------------------------------------
+    def publish(self) -> None:
+        record = CandidateRecord(
+            self.spec.digest(), self.resources.memory_bytes, self.resources.bandwidth_mbps, self.state, self.endpoint
+        )
+        try:
+            ttl = max(3 * self.spec.swarm.heartbeat_period, 10.0)
+            publish_candidate(self.dht, self.spec.run_id, self.peer_id, record, ttl)
+        except Exception as e:
+            logger.debug(f"could not publish the candidate record: {e!r}")
+
+    def wait_for_assignment(self) -> Optional[ChainAssignment]:
+        """Block until the coordinator puts this peer in a chain (None if the peer is stopping)."""
+        self.state = "waiting"
+        last_log = 0.0
+        while not self.stop.is_set():
+            self.publish()
+            try:
+                mine = read_assignments(self.dht, self.spec).get(self.peer_id)
+            except Exception as e:
+                logger.debug(f"could not read chain assignments: {e!r}")
+                mine = None
+            if mine is not None and mine.epoch > self.failed_epoch:
+                self.assignment, self.state = mine, "assigned"
+                self.publish()
+                stage = mine.chain.stage_of(self.peer_id)
+                logger.info(
+                    f"joined chain {mine.chain.chain_id} as stage {stage.index + 1} of {len(mine.chain.stages)} "
+                    f"(blocks {stage.start_block}-{stage.end_block - 1}); activations at rank {self.k} of "
+                    f"{self.spec.model.d_model}"
+                )
+                return mine
+            if time.monotonic() - last_log > 10:
+                last_log = time.monotonic()
+                logger.info(f"waiting for a chain: {self.resources.describe(self.spec)}")
+            self.stop.wait(1.0)
+        return None
+
+    def stage_range(self) -> Tuple[int, int]:
+        stage = self.assignment.chain.stage_of(self.peer_id)
+        return stage.start_block, stage.end_block
+
+    def build_stage(self) -> Model:
+        """This stage's share of the run's model, on the CPU, with the full model's bits."""
+        spec = self.spec
+        return build_model(spec.model, spec.seed, spec.partial.slices, spec.partial.attn_slices, blocks=self.stage_range())
+
+    def broken(self, why: str) -> ChainBroken:
+        """Give up this chain: back to the candidate pool, never to this assignment again."""
+        self.close_links()
+        if self.assignment is not None:
+            self.failed_epoch = self.assignment.epoch
+            logger.warning(f"chain {self.assignment.chain.chain_id} broke: {why}; waiting for a new chain")
+        self.assignment, self.state = None, "waiting"
+        self.publish()
+        return ChainBroken(why)
+
+    # ---- links ------------------------------------------------------------------------------------
+    def open_links(self, sync: Callable[[], int], deadline_s: float) -> None:
+        """Connect to this round's neighbours: dial stage i+1, accept stage i-1.
+
+        ``sync`` catches this peer up with the swarm (a stage whose round failed while its
+        neighbour's succeeded is a round behind) and returns its round; the handshake pins it."""
+        chain = self.assignment.chain
+        stage = chain.stage_of(self.peer_id)
+        round_no = sync()
+        local = StageIdentity(self.spec.digest(), chain.chain_id, stage.index, round_no)
+        previous = chain.stages[stage.index - 1] if stage.index > 0 else None
+        self.close_links()
+        self._call(self.listener.retarget(local, None if previous is None else self._auth(previous.peer_id)), timeout=10)
+        deadline = time.monotonic() + deadline_s
+        try:
+            if stage.index + 1 < len(chain.stages):
+                nxt = chain.stages[stage.index + 1]
+                endpoint = None
+                while endpoint is None and time.monotonic() < deadline and not self.stop.is_set():
+                    record = read_candidates(self.dht, self.spec).get(nxt.peer_id)
+                    endpoint = record.endpoint if record is not None and record.endpoint else None
+                    if endpoint is None:
+                        time.sleep(0.5)
+                if endpoint is None:
+                    raise self.broken(f"stage {nxt.index + 1} published no endpoint")
+                targets = dial_order(endpoint)
+                attempt, errors = 0, {}
+                while True:  # the next stage may still be finishing its previous round, or catching up
+                    host, port = targets[attempt % len(targets)]
+                    attempt += 1
+                    try:
+                        self.downstream = self._call(
+                            connect_link(host, port, local=local, role="upstream", fmt=self.fmt,
+                                         codec=self.codec, timeout=self.spec.chain.link_timeout,
+                                         auth=self._auth(nxt.peer_id)),
+                            timeout=30,
+                        )
+                        break
+                    except (LinkError, OSError, asyncio.TimeoutError) as e:
+                        errors[format_endpoint(host, port)] = str(e) or type(e).__name__
+                        if time.monotonic() > deadline or self.stop.is_set():
+                            raise self.broken(unreachable(nxt.index + 1, nxt.peer_id, errors)) from None
+                        if attempt % len(targets) == 0:
+                            time.sleep(0.5)
+                        now_at = sync()
+                        if now_at != local.round:
+                            local = StageIdentity(local.run_digest, local.chain_id, local.stage, now_at)
+                            self._call(self.listener.retarget(local, self.listener.auth), timeout=10)
+            while stage.index > 0 and self.upstream is None:
+                if time.monotonic() > deadline or self.stop.is_set():
+                    raise self.broken(
+                        f"stage {stage.index} ({previous.peer_id}) did not connect to this stage's listener at "
+                        f"{self.endpoint} within {deadline_s:.0f} s: if it logged that it could not connect, TCP port "
+                        f"{self.listener.port} of this host must be reachable from its host (open it, or start this "
+                        f"peer with --stage-host or --announce-maddrs naming an address it can reach)"
+                    )
+                try:
+                    self.upstream = self._call(self.listener.accept(timeout=2.0), timeout=7.0)
+                except (asyncio.TimeoutError, TimeoutError):
+                    round_no = sync()  # the previous stage may be waiting for us to catch up
+                    if round_no != self.listener.local.round:
+                        local = StageIdentity(local.run_digest, local.chain_id, local.stage, round_no)
+                        self._call(self.listener.retarget(local, self.listener.auth), timeout=10)
+        except ChainBroken:
+            raise
+
+    def _auth(self, neighbour: str) -> LinkAuth:
+        """What proves the link to ``neighbour`` (a base58 peer id from the chain assignment)."""
+        if self._signer is None:
+            self._signer = payload_signer(self.dht)
+        try:
+            expected = PeerID.from_base58(neighbour).to_bytes()
+        except (ValueError, TypeError):
+            raise self.broken(f"the chain assignment names {neighbour!r}, which is not a peer id") from None
+        return LinkAuth(self._signer, expected)
+
+    def inner_step(self, stage: Model, trainer, T: torch.Tensor, batch) -> Optional[float]:
+        """One inner step of this stage (peer/chain/gpipe.py). A neighbour that dies, stalls or sends
+        what this stage cannot use raises ChainBroken (reason logged, links closed, parameters
+        and optimizer state as they were); bad arguments of the caller raise ValueError."""
+        limit = self.spec.chain.link_timeout * 4
+        step = run_inner_step(
+            stage, trainer, T=T, micro_batches=self.spec.chain.micro_batches, batch=batch,
+            upstream=self.upstream, downstream=self.downstream, constraint=self.U,
+        )
+        try:  # the deadline cancels the step on the loop, so it never updates after we gave up
+            loss = self._call(asyncio.wait_for(step, limit), timeout=limit + 10)
+        except (StageError, TimeoutError) as e:
+            raise self.broken(f"inner step failed: {e or f'no step within {limit:g} s'}")
+        self.tokens += batch[0].numel()
+        return loss
+
+    def close_links(self) -> None:
+        for link in (self.upstream, self.downstream):
+            if link is not None:
+                self.bytes_sent += link.bytes_sent
+                self.bytes_received += link.bytes_received
+                try:
+                    self._call(link.close(), timeout=5)
+                except Exception as e:
+                    logger.debug(f"closing a stage link: {e!r}")
+        self.upstream = self.downstream = None
+
+    def shutdown(self) -> None:
+        self.close_links()
+        try:
+            self._call(self.listener.close(), timeout=5)
+        except Exception:
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def _call(self, coro, timeout: float):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)

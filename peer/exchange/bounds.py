@@ -1,0 +1,121 @@
+"""The exchange's bounds on what other peers can make this process read, hold and wait for.
+
+- ``read_bounded_stream``: a streamed RPC answer read frame by frame, refused as soon as one frame
+  or the whole answer exceeds its limit. hivemind's own stream reader allocates whatever length a
+  frame header announces, so the exchange reads its payload streams here instead (the frames are
+  hivemind's: a marker byte, an 8-byte big-endian length, a protobuf);
+- ``CallLimiter``: how many RPCs one remote peer may have running here at once;
+- ``retry_until``: a call repeated after quick failures (a reset stream, a group not open there
+  yet) until a deadline, so that a transient failure between honest members costs no payload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from contextlib import closing
+from typing import Awaitable, Callable, Dict, Iterator, List, Tuple, TypeVar
+
+from hivemind.p2p import P2P, PeerID
+from hivemind.proto import averaging_pb2
+from hivemind.proto.p2pd_pb2 import RPCError
+
+from protocol.timing import Timing
+
+FRAME_SLACK = 1024  # a frame's protobuf fields around its chunk of payload
+T = TypeVar("T")
+
+
+class ExchangeLimitError(IOError):
+    """A peer sent more than the exchange reads from it."""
+
+
+class NotInGroup(KeyError):
+    """A member of our group answered that it gathers this round in another group: it will not
+    take part in ours, so it is not asked again (peer/exchange/late_join.py)."""
+
+
+def refused(peer: PeerID, code: int) -> KeyError:
+    """The error for an answer that carries ``code`` instead of data."""
+    name = averaging_pb2.MessageCode.Name(code)
+    if code == averaging_pb2.GROUP_DISBANDED:
+        return NotInGroup(f"{peer} gathers this round in another group ({name})")
+    return KeyError(f"{peer} does not serve it ({name})")
+
+
+async def read_bounded_stream(
+    p2p: P2P, peer: PeerID, handle_name: str, request: averaging_pb2.AveragingData, *, limit: int, chunk: int
+) -> Tuple[bytes, int]:
+    """Call a stream handler that answers ``AveragingData`` chunks; return (the joined buffers, wire bytes).
+
+    Raises ExchangeLimitError past ``limit`` bytes of buffers or a frame longer than ``chunk`` plus
+    slack, KeyError when the peer answers with a code or an error, before reading any further.
+    """
+    _, reader, writer = await p2p.call_binary_stream_handler(peer, handle_name)
+    with closing(writer):
+        await P2P.send_protobuf(request, writer)
+        await P2P.send_protobuf(P2P.END_OF_STREAM, writer)
+        parts: List[bytes] = []
+        total = wire = 0
+        while True:
+            try:
+                marker = await reader.readexactly(1)
+            except asyncio.IncompleteReadError:  # the handler finished: end of the answer
+                break
+            size = int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER)
+            if size > chunk + FRAME_SLACK:
+                raise ExchangeLimitError(f"{peer} announced a frame of {size} bytes (at most {chunk + FRAME_SLACK})")
+            data = await reader.readexactly(size)
+            wire += 1 + P2P.HEADER_LEN + size
+            if marker == P2P.ERROR_MARKER:
+                raise KeyError(f"{peer} failed: {RPCError.FromString(data).message[:200]}")
+            msg = averaging_pb2.AveragingData.FromString(data)
+            if msg.code != averaging_pb2.NO_CODE:
+                raise refused(peer, msg.code)
+            total += len(msg.tensor_part.buffer)
+            if total > limit:
+                raise ExchangeLimitError(f"{peer} sent more than {limit} bytes")
+            parts.append(msg.tensor_part.buffer)
+    if not parts:
+        raise KeyError(f"{peer} sent nothing")
+    return b"".join(parts), wire
+
+
+class CallLimiter:
+    """At most ``per_peer`` running calls from each remote peer; the others are refused at once."""
+
+    def __init__(self, per_peer: int):
+        self.per_peer = per_peer
+        self._running: Dict[PeerID, int] = {}
+
+    @contextlib.contextmanager
+    def admit(self, peer: PeerID) -> Iterator[bool]:
+        if self._running.get(peer, 0) >= self.per_peer:
+            yield False
+            return
+        self._running[peer] = self._running.get(peer, 0) + 1
+        try:
+            yield True
+        finally:
+            self._running[peer] -= 1
+            if not self._running[peer]:
+                del self._running[peer]
+
+
+async def retry_until(deadline: float, attempt: Callable[[], Awaitable[T]], first_pause: float = Timing.retry_first_pause_s,
+                      longest_pause: float = Timing.retry_longest_pause_s) -> T:
+    """``attempt()`` until it succeeds, each try bounded by the time left to ``deadline`` (event-loop
+    time); the last failure is raised. A peer that sent too much, or gathers in another group, is not
+    asked again."""
+    loop = asyncio.get_running_loop()
+    pause = first_pause
+    while True:
+        try:
+            return await asyncio.wait_for(attempt(), timeout=max(0.0, deadline - loop.time()))
+        except (ExchangeLimitError, NotInGroup):
+            raise
+        except Exception:
+            if deadline - loop.time() <= pause:
+                raise
+        await asyncio.sleep(pause)
+        pause = min(2 * pause, longest_pause)

@@ -1,0 +1,463 @@
+"""All-gather of signed payloads in groups formed by hivemind's matchmaking.
+
+hivemind's DecentralizedAverager finds groups (DHT-declared keys, leader election, timeouts) and
+then runs a butterfly all-reduce whose results differ in the last bits from member to member.
+Replicas that must stay bit-identical need every member to compute from the same bytes, so this
+subclass keeps the matchmaking and replaces the all-reduce with an all-gather that any member may
+try to subvert:
+
+1. every member signs its payload for (run, round, group, itself) with its libp2p identity key
+   (protocol/signed.py) and pulls every other member's envelope from that member
+   (``rpc_fetch_payload``, streamed in chunks, read with a size limit);
+2. rounds 2..R of protocol/reconcile.py's agreement: every member asks every other member for the
+   signed values it lacks (``rpc_relay``) and fetches the bytes of a new value from a member that
+   offered it. Each round has a deadline, counted from the group's start, so a silent or slow
+   member delays a round by at most that; a member that fails one round is not asked again.
+
+Every decision (what verifies, what is accepted, who is excluded) is protocol/reconcile.py's; this
+class moves bytes and enforces the bounds: only members of a group get anything from the gather
+RPCs for that group, groups exist only for the rounds this peer takes part in (an RPC naming an
+unknown group waits a little for it, then gets nothing), one remote peer runs at most
+``CALLS_PER_PEER`` calls here at once, and nothing read from a peer exceeds the payload limit plus
+the envelope's overhead.
+
+The matchmaking key carries the round number, so only peers of the same round ever meet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import hashlib
+import multiprocessing as mp
+import os
+import tempfile
+from collections import OrderedDict
+from concurrent.futures import TimeoutError as FuturesTimeout
+from dataclasses import dataclass, field
+from functools import partial
+from typing import AsyncIterator, Callable, Dict, FrozenSet, List, Optional, Tuple
+
+from hivemind.averaging.averager import AveragingMode, DecentralizedAverager
+from hivemind.averaging.control import AveragingStage, StepControl
+from hivemind.averaging.group_info import GroupInfo
+from hivemind.dht import DHT
+from hivemind.p2p import P2PContext, PeerID
+from hivemind.proto import averaging_pb2, runtime_pb2
+from hivemind.utils import MPFuture, get_dht_time, get_logger
+
+from peer.exchange.bounds import CallLimiter, read_bounded_stream, refused, retry_until
+from peer.exchange.identity import payload_signer
+from peer.exchange.late_join import LateJoin
+from peer.exchange.matchmaking import cancel_step, describe_search, read_gathered
+from peer.exchange.set_server import SetServer
+from peer.exchange.state_serving import StateServing
+from protocol import group_sets, reconcile
+from protocol.errors import ProtocolError
+from protocol.signed import ENVELOPE_OVERHEAD, Binding, Signer
+from protocol.timing import Timing
+from swarm.admission import Admitted
+from swarm.group_keys import LeanGroupKeyManager
+
+logger = get_logger(__name__)
+
+CHUNK_BYTES = 1 << 18
+ROUND_BITS = 20  # the round number, mod 2**20, is the matchmaking bucket
+KEEP_GROUPS = 8  # recent groups of ours whose payloads we keep serving to slower members
+CALLS_PER_PEER = 8  # gather RPCs one remote peer may have running here at once
+CANDIDATES_PER_OWNER = 4  # new values of one owner whose bytes one round tries to fetch
+DEFAULT_MAX_PAYLOAD_BYTES = 16 << 20  # for tools without a spec; a peer passes its strategy's bound
+
+
+@dataclass
+class GatherResult:
+    """What one member holds after a round's all-gather."""
+
+    group: List[str]  # every member of the group, as base58 peer ids
+    payloads: Dict[str, bytes]  # sender -> payload, own included
+    excluded: Dict[str, str]  # sender -> why its payload is not in `payloads`
+    start_hashes: Dict[str, str]  # member -> hash of the parameters it started the round from
+    set_digest: str = ""  # the name of the agreed set (protocol/group_sets.py), served to other groups
+    unservable: FrozenSet[str] = frozenset()  # members in hivemind's client mode: they serve no state
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+
+@dataclass
+class _Group:
+    group_id: bytes
+    agreement: reconcile.Agreement
+    members: frozenset
+    done: List[asyncio.Event] = field(default_factory=list)  # done[k]: round k over here (0: own payload sealed)
+    set_digest: Optional[str] = None  # the agreed set's name, once agreed (peer/exchange/set_server.py serves it)
+    info: Optional[GroupInfo] = None  # hivemind's group, as matchmaking assembled it (peer/exchange/late_join.py serves it)
+    round_no: int = -1
+
+
+class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, DecentralizedAverager):  # Admitted: a private run's gate (swarm/admission.py)
+    """hivemind matchmaking + a signed, agreed all-gather of one payload per member."""
+
+    _round_no = -1  # the round being gathered, set as each round's matchmaking is prepared
+    timing = Timing()  # every wait of the exchange; __init__ sets the run's (protocol/timing.py)
+
+    def __init__(
+        self,
+        dht: DHT,
+        *,
+        prefix: str,
+        schema: bytes,
+        signer: Optional[Signer] = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        min_group_size: int = 2,
+        max_group_size: int = 16,
+        matchmaking_time: float = 3.0,
+        gather_timeout: float = 30.0,
+        request_timeout: float = 1.0,
+        timing: Optional[Timing] = None,
+    ):
+        # every wait of the exchange (protocol/timing.py); the spec's matchmaking and gather times win
+        self.timing = (timing or Timing()).with_(matchmaking_s=matchmaking_time, gather_slot_s=gather_timeout)
+        self.gather_timeout = gather_timeout
+        self.matchmaking_wait = matchmaking_time  # as stretched for the last round on this host (peer/round/merge.py)
+        self._bytes_sent = mp.Value(ctypes.c_int64, 0)
+        self._bytes_received = mp.Value(ctypes.c_int64, 0)
+        super().__init__(
+            averaged_tensors=(),
+            dht=dht,
+            start=False,
+            prefix=prefix,
+            target_group_size=max_group_size,
+            min_group_size=min_group_size,
+            min_matchmaking_time=matchmaking_time,
+            request_timeout=request_timeout,
+            # every agreement round has its own deadline of gather_timeout: this only catches a bug
+            allreduce_timeout=gather_timeout * (reconcile.agreement_rounds(max_group_size) + 2),
+            next_chunk_timeout=gather_timeout,
+        )
+        signer = signer if signer is not None else payload_signer(dht)
+        if signer.peer_id != self.peer_id.to_bytes():
+            raise ValueError("the signing key is not this peer's libp2p identity")
+        # peers of different runs or specs never match: the schema is the spec digest
+        self.schema_hash = hashlib.sha256(schema).digest()
+        self._run = bytes(schema)
+        self._signer = signer
+        self._max_payload_bytes = max_payload_bytes
+        self._max_group_size = max_group_size
+        self._groups: "OrderedDict[bytes, _Group]" = OrderedDict()
+        self._fetched: "OrderedDict[bytes, bytes]" = OrderedDict()  # sets fetched from other groups (set_server.py)
+        self._merged: "OrderedDict[bytes, Tuple[frozenset, bytes]]" = OrderedDict()  # set -> (members, what we merged)
+        self._group_opened: Optional[asyncio.Event] = None
+        self._calls = CallLimiter(CALLS_PER_PEER)
+
+    # ---- host-process API ---------------------------------------------------------------------
+    @property
+    def bytes_sent(self) -> int:
+        return int(self._bytes_sent.value)
+
+    @property
+    def bytes_received(self) -> int:
+        return int(self._bytes_received.value)
+
+    def gather(
+        self, round_no: int, payload: bytes, *, start_hash: str, expected_size: int, timeout: float,
+        give_up: Optional[Callable[[], bool]] = None, read_latency: float = 0.0,
+    ) -> Optional[GatherResult]:
+        """Find a group of this round and all-gather payloads. None if no group formed in time, or
+        if ``give_up`` (asked every ``Timing.give_up_poll_s`` while matchmaking is still looking) says that
+        no group can form any more: every other peer of the round has gathered already.
+        ``read_latency``: how long a DHT read takes here now (``Timing.matchmaking``)."""
+        sent0, recv0 = self.bytes_sent, self.bytes_received
+        future = MPFuture()
+        expected = max(1, min(expected_size, self._max_group_size))
+        # the control pipe is non-blocking on the averager's side and drops large messages: hand the
+        # payload over through a file in shared memory instead
+        fd, path = tempfile.mkstemp(prefix="voloco-payload-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        wait, request = self.timing.matchmaking(read_latency, timeout / 4)
+        self.matchmaking_wait = wait  # the merge of this round's sets waits as long for late groups
+        self._outer_pipe.send(("_prepare_round", [], dict(round_no=round_no, path=path, expected=expected, future=future,
+                                                          matchmaking_time=wait, request_timeout=request)))
+        try:
+            future.result(timeout=self.timing.prepare_s)
+        finally:
+            if os.path.exists(path):
+                os.unlink(path)
+        try:
+            control = self.step(gather=reconcile.announcement(round_no, start_hash), timeout=timeout,
+                                scheduled_time=get_dht_time() + wait, allow_retries=True, wait=False)
+            result = self._outcome(control, give_up, self.timing.give_up_poll_s)
+        except Exception as e:  # matchmaking or gather failure: the caller defers this round
+            logger.debug(f"round {round_no}: no group ({e!r})")
+            return None
+        if not isinstance(result, GatherResult):
+            return None
+        result.bytes_sent = self.bytes_sent - sent0
+        result.bytes_received = self.bytes_received - recv0
+        return result
+
+    @staticmethod
+    def _outcome(control: StepControl, give_up: Optional[Callable[[], bool]], poll: float = Timing.give_up_poll_s):
+        """The step's result; None once ``give_up`` says so while its matchmaking is still looking
+        (a step already gathering is never cancelled: its group counts on our payload)."""
+        while True:
+            try:
+                return control.result(timeout=poll if give_up is not None else None)
+            except FuturesTimeout:
+                if control.stage == AveragingStage.LOOKING_FOR_GROUP and give_up():
+                    cancel_step(control)
+                    return None
+
+    # ---- averager-process side: one group's all-gather ----------------------------------------
+    async def _prepare_round(self, round_no: int, path: str, expected: int, future: MPFuture,
+                             matchmaking_time: float, request_timeout: float):
+        try:
+            if self.client_mode and not getattr(self, "_serving", False):
+                # hivemind's client mode registers no handlers; members still pull this peer's payload
+                # and relay answers over the connections it opened to them (it only leads no group)
+                self._serving = True
+                await self.add_p2p_handlers(self._p2p, namespace=self.prefix)
+            with open(path, "rb") as f:
+                self._round_no, self._payload = round_no, f.read()
+            mm = self._matchmaking
+            self._begin_round_search(mm)
+            if mm.is_looking_for_group:
+                logger.warning(f"round {round_no}: the last round's matchmaking has not ended: {describe_search(mm)}")
+            if not isinstance(mm.group_key_manager, LeanGroupKeyManager):  # its DHT calls at a fraction of the bytes
+                mm.group_key_manager = LeanGroupKeyManager.replacing(mm.group_key_manager)
+            mm.group_key_manager.group_bits = format(round_no % (1 << ROUND_BITS), f"0{ROUND_BITS}b")
+            # close the group as soon as every live peer of the round has joined
+            mm.target_group_size = mm.potential_leaders.target_group_size = expected
+            mm.min_matchmaking_time = mm.potential_leaders.min_matchmaking_time = matchmaking_time
+            mm.request_timeout = request_timeout
+            future.set_result(None)
+        except Exception as e:
+            future.set_exception(e)
+
+    async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs) -> GatherResult:
+        gathered = [read_gathered(self.serializer, g) for g in group_info.gathered]  # hivemind's [bandwidth, mode, ours]
+        kept, dropped = reconcile.members_of_round([g[2] if g else None for g in gathered], self._round_no)
+        me = group_info.peer_ids.index(self.peer_id)
+        if me not in kept:  # a matchmaking of ours that outlived its round: the others gather without us
+            raise reconcile.GroupError(f"our own matchmaking was for another round: {dropped[me]}")
+        for i, why in dropped.items():
+            logger.warning(f"round {self._round_no}: left {group_info.peer_ids[i]} out of the group: {why}")
+        peer_ids = [p for i, p in enumerate(group_info.peer_ids) if i in kept]
+        if len(peer_ids) < 2:
+            raise reconcile.GroupError(f"no other member of the group gathers for round {self._round_no}")
+        start_hashes = {group_info.peer_ids[i].to_base58(): a[1] for i, a in kept.items()}
+        clients = frozenset(group_info.peer_ids[i].to_base58() for i in kept if gathered[i][1] == AveragingMode.CLIENT.value)
+        members = tuple(p.to_bytes() for p in peer_ids)
+        binding = Binding(self._run, self._round_no, group_info.group_id, members)
+        group = self._open_group(group_info.group_id, reconcile.Agreement(binding, self._signer, self._max_payload_bytes),
+                                 info=group_info)
+        try:
+            group.agreement.seal(self._payload)
+            group.done[0].set()
+            await self._agree(group, [p for p in peer_ids if p != self.peer_id])
+            outcome = group.agreement.outcome()
+            group.set_digest = group_sets.set_digest(binding.context, outcome.payloads)
+            for owner, why in outcome.excluded.items():
+                logger.warning(f"round {self._round_no}: excluded {base58(owner)}: {why}")
+            return GatherResult(
+                group=[p.to_base58() for p in peer_ids],
+                payloads={base58(k): v for k, v in outcome.payloads.items()},
+                excluded={base58(k): why for k, why in outcome.excluded.items()},
+                start_hashes=start_hashes,
+                set_digest=group.set_digest,
+                unservable=clients,
+            )
+        finally:
+            for event in group.done:
+                event.set()
+            future = self._running_groups.get(group_info.group_id)
+            if future is not None and not future.done():
+                future.set_result(None)
+
+    async def _agree(self, group: _Group, others: List[PeerID]) -> None:
+        """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed."""
+        agreement, gid = group.agreement, group.group_id
+        t0, slot = asyncio.get_running_loop().time(), self.gather_timeout
+        got = await asyncio.gather(
+            *(retry_until(t0 + slot, partial(self._fetch, p, gid, p.to_bytes(), b"", t0 + slot)) for p in others),
+            return_exceptions=True,
+        )
+        for peer, envelope in zip(others, got):
+            try:
+                if isinstance(envelope, BaseException):
+                    raise envelope
+                agreement.take_envelope(peer.to_bytes(), envelope)
+            except Exception as e:
+                logger.info(f"round {self._round_no}: no valid payload from {peer} itself: {e!r}")
+        group.done[1].set()
+        live = list(others)
+        for k in range(2, agreement.rounds + 1):
+            start = t0 + (k - 1) * slot
+            request = agreement.request(k)
+            deadline = start + slot / 2
+            answers = await asyncio.gather(
+                *(retry_until(deadline, partial(self._relay, p, gid, request, deadline)) for p in live), return_exceptions=True
+            )
+            offered: Dict[bytes, Dict[bytes, Tuple[reconcile.Value, List[PeerID]]]] = {}
+            still = []
+            for peer, answer in zip(live, answers):
+                try:
+                    if isinstance(answer, BaseException):
+                        raise answer
+                    for value in agreement.offers(answer, k):
+                        offered.setdefault(value.owner, {}).setdefault(value.digest, (value, []))[1].append(peer)
+                    still.append(peer)
+                except Exception as e:  # late, gone or malformed: not asked again in this group
+                    logger.info(f"round {self._round_no}: agreement round {k}: stop asking {peer}: {e!r}")
+            live = still
+            await asyncio.gather(*(self._take(agreement, gid, list(c.values()), start + slot) for c in offered.values()))
+            group.done[k].set()
+
+    async def _take(self, agreement: reconcile.Agreement, gid: bytes, candidates, deadline: float) -> None:
+        """Accept an owner's new values, their bytes fetched from every member that offered them at
+        once (a stalling member must not hold up an honest one); the first that verifies counts."""
+        for value, holders in candidates[:CANDIDATES_PER_OWNER]:
+            if agreement.holds(value.owner) >= 2:
+                return
+            if not agreement.needs_bytes(value):
+                agreement.accept(value)
+                continue
+            fetches = [
+                asyncio.ensure_future(retry_until(deadline, partial(self._fetch, h, gid, value.owner, value.digest, deadline)))
+                for h in holders
+            ]
+            try:
+                for fetched in asyncio.as_completed(fetches):
+                    try:
+                        agreement.accept(value, await fetched)
+                        break
+                    except Exception as e:
+                        logger.debug(f"bytes of {base58(value.owner)}'s offered payload: {e!r}")
+            finally:
+                for fetch in fetches:
+                    fetch.cancel()
+
+    async def _fetch(self, peer: PeerID, group_id: bytes, owner: bytes, digest: bytes, deadline: float) -> bytes:
+        """An envelope (``owner``'s own when ``digest`` is empty) from ``peer``, by ``deadline``."""
+        request = averaging_pb2.AveragingData(group_id=group_id, peer_id=owner, tensor_part=runtime_pb2.Tensor(buffer=digest))
+        self._count(sent=request.ByteSize())
+        handle = PayloadGatherer._get_handle_name(self.prefix, "rpc_fetch_payload")
+        envelope, wire = await asyncio.wait_for(
+            read_bounded_stream(
+                self._p2p, peer, handle, request, limit=self._max_payload_bytes + ENVELOPE_OVERHEAD, chunk=CHUNK_BYTES
+            ),
+            timeout=max(0.0, deadline - asyncio.get_running_loop().time()),
+        )
+        self._count(received=wire)
+        return envelope
+
+    async def _relay(self, peer: PeerID, group_id: bytes, request: bytes, deadline: float) -> bytes:
+        stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
+        message = averaging_pb2.AveragingData(group_id=group_id, tensor_part=runtime_pb2.Tensor(buffer=request))
+        self._count(sent=message.ByteSize())
+        answer = await asyncio.wait_for(
+            stub.rpc_relay(message), timeout=max(0.0, deadline - asyncio.get_running_loop().time())
+        )
+        self._count(received=answer.ByteSize())
+        if answer.code != averaging_pb2.NO_CODE:
+            raise refused(peer, answer.code)
+        return answer.tensor_part.buffer
+
+    def _count(self, sent: int = 0, received: int = 0) -> None:
+        with self._bytes_sent.get_lock():
+            self._bytes_sent.value += sent
+        with self._bytes_received.get_lock():
+            self._bytes_received.value += received
+
+    # ---- averager-process side: groups and the RPCs -------------------------------------------
+    def _open_group(self, group_id: bytes, agreement: reconcile.Agreement, info: Optional[GroupInfo] = None) -> _Group:
+        """Only our own rounds create groups; the oldest beyond KEEP_GROUPS is forgotten."""
+        group = _Group(group_id, agreement, frozenset(agreement.members), [asyncio.Event() for _ in range(agreement.rounds + 1)],
+                       info=info, round_no=self._round_no)
+        self._groups[group_id] = group
+        while len(self._groups) > KEEP_GROUPS:
+            self._groups.popitem(last=False)
+        opened, self._group_opened = self._group_opened, asyncio.Event()
+        if opened is not None:
+            opened.set()
+        return group
+
+    async def _member_group(self, group_id: bytes, caller: PeerID) -> Optional[_Group]:
+        """The group ``caller`` asks about, if it is one of ours and ``caller`` is in it.
+
+        A member may ask before matchmaking told us about the group: wait a little for it, and ask
+        the leaders of this round whether it is one they assembled with us (peer/exchange/late_join.py). None
+        at once when we gather this round in another group (``_gathers_elsewhere``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.gather_timeout
+        if group_id not in self._groups:
+            if self._gathers_elsewhere(group_id):
+                return None
+            self._start_late_join(group_id)
+        while group_id not in self._groups:
+            if self._group_opened is None:
+                self._group_opened = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._group_opened.wait(), timeout=max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                return None
+        group = self._groups[group_id]
+        return group if caller.to_bytes() in group.members else None
+
+    def _refusal(self, group_id: bytes) -> int:
+        """The code an RPC about a group we do not serve to the caller answers: GROUP_DISBANDED when
+        we gather this round elsewhere (the caller stops asking: peer/exchange/bounds.py's NotInGroup)."""
+        return averaging_pb2.GROUP_DISBANDED if self._gathers_elsewhere(group_id) else averaging_pb2.BAD_GROUP_ID
+
+    async def rpc_fetch_payload(
+        self, request: averaging_pb2.AveragingData, context: P2PContext
+    ) -> AsyncIterator[averaging_pb2.AveragingData]:
+        """Serve an envelope of one group: ours (empty digest) or a value we accepted and offered."""
+        with self._calls.admit(context.remote_id) as admitted:
+            group = await self._member_group(request.group_id, context.remote_id) if admitted else None
+            envelope = None
+            if group is not None:
+                self._count(received=request.ByteSize())
+                digest = request.tensor_part.buffer
+                if request.peer_id == self.peer_id.to_bytes() and not digest:
+                    await group.done[0].wait()  # set as soon as the group is opened, or when it ends
+                    envelope = group.agreement.own_envelope()
+                else:
+                    envelope = group.agreement.serve(request.peer_id, digest)
+            if envelope is None:
+                yield averaging_pb2.AveragingData(code=self._refusal(request.group_id))
+                return
+            for start in range(0, len(envelope), CHUNK_BYTES):
+                msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=envelope[start : start + CHUNK_BYTES]))
+                self._count(sent=msg.ByteSize())
+                yield msg
+
+    async def rpc_aggregate_part(
+        self, stream: AsyncIterator[averaging_pb2.AveragingData], context: P2PContext
+    ) -> AsyncIterator[averaging_pb2.AveragingData]:
+        """hivemind's all-reduce, which this class replaces: nobody gets anything from it."""
+        yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
+
+    async def rpc_relay(self, request: averaging_pb2.AveragingData, context: P2PContext) -> averaging_pb2.AveragingData:
+        """Answer a member's agreement round k once our round k - 1 is over: the values it lacks."""
+        with self._calls.admit(context.remote_id) as admitted:
+            group = await self._member_group(request.group_id, context.remote_id) if admitted else None
+            if group is None:
+                return averaging_pb2.AveragingData(code=self._refusal(request.group_id))
+            self._count(received=request.ByteSize())
+            try:
+                k, have = reconcile.parse_request(request.tensor_part.buffer, len(group.members))
+                if k >= len(group.done):
+                    raise reconcile.GroupError(f"round {k} is past the agreement's {len(group.done) - 1}")
+            except ProtocolError as e:
+                logger.info(f"a relay request from {context.remote_id}: {e}")
+                return averaging_pb2.AveragingData(code=averaging_pb2.PROTOCOL_VIOLATION)
+            await group.done[k - 1].wait()  # set by its deadline at the latest, or when the group ends
+            msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=group.agreement.answer(have)))
+            self._count(sent=msg.ByteSize())
+            return msg
+
+
+def base58(peer_id_bytes: bytes) -> str:
+    """A peer id as hivemind's messages carry it (bytes), as the run's records name it."""
+    return PeerID(peer_id_bytes).to_base58()

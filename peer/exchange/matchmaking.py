@@ -1,0 +1,57 @@
+"""voloco's side of hivemind's matchmaking (peer/exchange/gatherer.py's gather): each member's
+matchmaking data read back, a step cancelled without a race, and what a search still holds. Its
+times, stretched on a host whose DHT reads are slow, are ``Timing.matchmaking`` (protocol/timing.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional
+
+from hivemind.utils.mpfuture import MPFuture
+
+
+def read_gathered(serializer: Any, raw: bytes) -> Optional[list]:
+    """One member's matchmaking data as hivemind's ``step`` writes it, [bandwidth, mode, announcement]
+    (the announcement serialized inside); None if it is not that."""
+    try:
+        value = serializer.loads(raw)
+        if isinstance(value, (list, tuple)) and len(value) == 3 and isinstance(value[2], bytes):
+            return [value[0], value[1], serializer.loads(value[2])]
+    except Exception:
+        pass
+    return None
+
+
+def cancel_step(control: Any) -> None:
+    """Cancel a hivemind averaging step (a ``StepControl``) so that its matchmaking ends now.
+
+    hivemind's ``StepControl.cancel`` first signals the averager process, then marks the step
+    cancelled. An averager that wakes on the signal before the mark (a loaded host) finds the step
+    not cancelled and goes on awaiting its ``look_for_group`` until the step's own timeout (the
+    round's whole wait), and every later step of this peer queues behind it ("Another
+    look_for_group is already in progress"): seen in CI as a peer stuck for minutes, and as a stale
+    step joining a later round's group. Marking the step first (its state is in shared memory)
+    closes the race."""
+    if isinstance(control, MPFuture):
+        MPFuture.cancel(control)
+    control.cancel()
+
+
+def describe_search(mm: Any) -> str:
+    """What a hivemind ``Matchmaking`` still looking for a group holds and awaits (for a log line when
+    a new round's step would queue behind it): followers, leader, and the stacks of its tasks."""
+    parts = [f"{len(getattr(mm, 'current_followers', {}))} followers",
+             f"leader {getattr(mm, 'current_leader', None)}",
+             f"group {'assembled' if mm.assembled_group.done() else 'pending'}"]
+    for task in asyncio.all_tasks():
+        frames, coro = [], task.get_coro()
+        while coro is not None and len(frames) < 16:  # the chain of awaits, outermost first
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+            if frame is not None:
+                frames.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+        if any(f.split(":")[0] in ("look_for_group", "_request_join_potential_leaders", "rpc_join_group",
+                                   "begin_search", "find_peers_or_notify_cancel", "_declare_averager_periodically",
+                                   "_update_queue_periodically") for f in frames):
+            parts.append(f"task {' > '.join(frames)}")
+    return "; ".join(parts)

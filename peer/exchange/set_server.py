@@ -1,0 +1,190 @@
+"""Serving and fetching the payload sets groups agreed, so several groups of one round make one θ.
+
+A mixin of peer/exchange/gatherer.py's ``PayloadGatherer`` (the averager process holds the agreements and
+the libp2p streams): ``rpc_fetch_set`` serves the packed set (protocol/group_sets.py) one of our
+recent groups agreed, or one we fetched lately, by its name, to any peer the run admits;
+``fetch_set`` fetches one from a peer, from the host process, read with the size limit of a full
+group's set. What comes back is only bytes: protocol/group_sets.py's ``open_set`` checks every
+signature before anything counts.
+
+``rpc_merged`` tells a member of one of our groups which sets we merged for that group's round
+(``offer_merged``), once we know: members that merged different sets (one saw a late group's set
+in time, another did not) each take the union of their groupmates' lists (``merged_by``,
+peer/round/merge.py), so a group ends its round with one θ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import AsyncIterator, Dict, Optional, Sequence, Tuple
+
+from hivemind.p2p import P2PContext, PeerID
+from hivemind.proto import averaging_pb2, runtime_pb2
+from hivemind.utils import MPFuture, get_logger
+
+from peer.exchange.bounds import read_bounded_stream
+from protocol import group_sets
+from protocol.signed import payload_digest
+
+logger = get_logger(__name__)
+
+SET_CHUNK_BYTES = 1 << 18
+KEEP_FETCHED = 8  # sets fetched from other groups we keep serving (a groupmate may lack one we merged)
+KEEP_FETCHED_BYTES = 64 << 20  # and the most bytes they may take together
+KEEP_OFFERS = 8  # our recent rounds' lists of merged sets, answered to groupmates
+
+
+class SetServer:
+    """Needs of its host class: ``_groups`` (group id -> group with ``agreement`` and ``set_digest``),
+    ``_calls`` (a CallLimiter), ``_p2p``, ``prefix``, ``_count``, ``_outer_pipe``,
+    ``_max_group_size``, ``_max_payload_bytes``, ``_fetched`` and ``_merged`` (empty OrderedDicts),
+    ``timing`` (protocol/timing.py)."""
+
+    # ---- host-process API ---------------------------------------------------------------------
+    @property
+    def run_digest(self) -> bytes:
+        """What every binding of this run names as its run (the spec digest the gatherer was made for)."""
+        return self._run
+
+    @property
+    def max_payload_bytes(self) -> int:
+        return self._max_payload_bytes
+
+    def fetch_set(self, peer: str, digest: str, timeout: float) -> Optional[bytes]:
+        """The packed set named ``digest`` from ``peer`` (base58), unchecked; None if it has none in time."""
+        future = MPFuture()
+        self._outer_pipe.send(("_fetch_set", [], dict(peer=peer, digest=digest, timeout=timeout, future=future)))
+        try:
+            return future.result(timeout=timeout + self.timing.pipe_slack_s)
+        except Exception as e:
+            logger.debug(f"set {digest} from {peer}: {e!r}")
+            return None
+
+    def offer_merged(self, set_digest: str, members: Sequence[str], names: Sequence[str]) -> None:
+        """The sets we merged for the round of our group ``set_digest`` (its own included): what its
+        ``members`` (base58) are told when they ask (``merged_by``)."""
+        self._outer_pipe.send(("_offer_merged", [], dict(
+            set_digest=set_digest, members=frozenset(PeerID.from_base58(m).to_bytes() for m in members),
+            packed=group_sets.pack_names(names))))
+
+    def merged_by(self, waits: Dict[str, float], set_digest: str) -> Dict[str, Optional[Tuple[str, ...]]]:
+        """Each peer of ``waits`` (members of our group ``set_digest``): the sets it merged for the
+        round, asked all at once, each answer awaited until that peer has merged or for its wait (s);
+        None for a peer that did not answer in time, or answered something that is not a list of set names."""
+        future = MPFuture()
+        self._outer_pipe.send(("_merged_by", [], dict(waits=dict(waits), set_digest=set_digest, future=future)))
+        try:
+            return future.result(timeout=max(waits.values(), default=0.0) + self.timing.pipe_slack_s)
+        except Exception as e:
+            logger.debug(f"the merges of group {set_digest}: {e!r}")
+            return {p: None for p in waits}
+
+    # ---- averager-process side ----------------------------------------------------------------
+    def _set_limit(self) -> int:
+        return group_sets.max_set_bytes(self._max_group_size, self._max_payload_bytes)
+
+    async def _fetch_set(self, peer: str, digest: str, timeout: float, future: MPFuture) -> None:
+        try:
+            request = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=digest.encode()))
+            self._count(sent=request.ByteSize())
+            handle = type(self)._get_handle_name(self.prefix, "rpc_fetch_set")
+            raw, wire = await asyncio.wait_for(
+                read_bounded_stream(self._p2p, PeerID.from_base58(peer), handle, request, limit=self._set_limit(),
+                                    chunk=SET_CHUNK_BYTES),
+                timeout=timeout,
+            )
+            self._count(received=wire)
+            self._keep_fetched(digest.encode(), raw)
+            future.set_result(raw)
+        except Exception as e:
+            future.set_exception(e)
+
+    def _keep_fetched(self, digest: bytes, raw: bytes) -> None:
+        """Keep a fetched set to serve it on (unchecked here: whoever fetches it checks it, as any set)."""
+        kept = self._fetched
+        kept[digest] = raw
+        while len(kept) > KEEP_FETCHED or (len(kept) > 1 and sum(map(len, kept.values())) > KEEP_FETCHED_BYTES):
+            kept.popitem(last=False)
+
+    def _group_of_set(self, name: bytes):
+        for group in reversed(self._groups.values()):
+            if group.set_digest is not None and group.set_digest.encode() == name:
+                return group
+        return None
+
+    async def _offer_merged(self, set_digest: str, members: frozenset, packed: bytes) -> None:
+        self._merged[set_digest.encode()] = (members, packed)
+        self._merged.move_to_end(set_digest.encode())
+        while len(self._merged) > KEEP_OFFERS:
+            self._merged.popitem(last=False)
+
+    async def _merged_by(self, waits: Dict[str, float], set_digest: str, future: MPFuture) -> None:
+        try:
+            peers = sorted(waits)
+            answers = await asyncio.gather(*(self._ask_merged(p, set_digest, waits[p]) for p in peers))
+            future.set_result(dict(zip(peers, answers)))
+        except Exception as e:
+            future.set_exception(e)
+
+    async def _ask_merged(self, peer: str, set_digest: str, timeout: float) -> Optional[Tuple[str, ...]]:
+        request = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=set_digest.encode()), weight=timeout)
+        try:
+            stub = self.get_stub(self._p2p, PeerID.from_base58(peer), namespace=self.prefix)
+            self._count(sent=request.ByteSize())
+            answer = await asyncio.wait_for(stub.rpc_merged(request), timeout=timeout + self.timing.rpc_slack_s)
+            self._count(received=answer.ByteSize())
+            if answer.code != averaging_pb2.NO_CODE:
+                return None
+            return group_sets.parse_names(answer.tensor_part.buffer)
+        except Exception as e:
+            logger.debug(f"what {peer} merged for group {set_digest}: {e!r}")
+            return None
+
+    def _packed_set(self, digest: bytes) -> Optional[bytes]:
+        group = self._group_of_set(digest)
+        if group is not None:
+            agreement = group.agreement
+            payloads = agreement.outcome().payloads
+            envelopes = {owner: agreement.serve(owner, payload_digest(p)) for owner, p in payloads.items()}
+            return group_sets.pack_set(agreement.binding, envelopes)
+        return self._fetched.get(digest)
+
+    async def rpc_fetch_set(
+        self, request: averaging_pb2.AveragingData, context: P2PContext
+    ) -> AsyncIterator[averaging_pb2.AveragingData]:
+        """Serve the set one of our recent groups agreed, by its name."""
+        with self._calls.admit(context.remote_id) as admitted:
+            digest = request.tensor_part.buffer
+            packed = self._packed_set(digest) if admitted and len(digest) == group_sets.DIGEST_CHARS else None
+            if packed is None:
+                yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
+                return
+            self._count(received=request.ByteSize())
+            for start in range(0, len(packed), SET_CHUNK_BYTES):
+                msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=packed[start : start + SET_CHUNK_BYTES]))
+                self._count(sent=msg.ByteSize())
+                yield msg
+
+    async def rpc_merged(self, request: averaging_pb2.AveragingData, context: P2PContext) -> averaging_pb2.AveragingData:
+        """A member of one of our groups asks which sets we merged for its round: answered once we
+        have merged (``offer_merged``), held open at most the wait it names (``weight``, capped)."""
+        with self._calls.admit(context.remote_id) as admitted:
+            name = request.tensor_part.buffer
+            if not admitted or len(name) != group_sets.DIGEST_CHARS:
+                return averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
+            self._count(received=request.ByteSize())
+            wait = min(max(request.weight, 0.0), self.timing.merged_wait_max_s) if math.isfinite(request.weight) else 0.0
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait
+            while True:  # a slower member may not have agreed or merged yet
+                members, packed = self._merged.get(name, (None, None))
+                if members is not None and context.remote_id.to_bytes() not in members:
+                    return averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
+                if packed is not None:
+                    msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=packed))
+                    self._count(sent=msg.ByteSize())
+                    return msg
+                if loop.time() >= deadline:
+                    return averaging_pb2.AveragingData(code=averaging_pb2.NOT_LOOKING_FOR_GROUP)
+                await asyncio.sleep(self.timing.merged_poll_s)

@@ -1,0 +1,132 @@
+"""The round engine: what every member of a group computes once a round's payloads are agreed.
+
+No I/O: the engine holds the global parameters θ, the round number and the outer strategy (its
+shared and local buffers), and turns a round's agreed payloads into the next θ:
+
+1. ``encode``: Δ = θ_round_start − θ_local for the tensors this peer sends; the strategy folds it
+   into its local buffers and encodes the payload;
+2. ``decode``: every agreed payload, validated and decoded in the canonical order (by sender); a
+   payload that fails validation is excluded, with the reason;
+3. ``conclude``: check and clip every contribution to the round's median norm, aggregate in
+   that order, take the outer step on θ only if it leaves θ finite (peer/outer/robust.py), settle the
+   local buffers (what was sent leaves them only if our payload counted), advance the round.
+
+The live peer (peer/host/runtime.py), the in-process simulation (peer/round/simulate.py) and the benchmarks
+call this one engine, so the simulation computes what the swarm computes by construction.
+Every operation that reads or changes θ, the round or the strategy's state holds ``lock``
+(a peer serves its state to late joiners from another thread).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from peer.outer.robust import Contributions, robust_step
+from peer.checkpoints.files import params_hash
+from peer.outer.strategies import OuterStrategy, Pending, Tensors, canonical_order, pseudo_gradient
+from protocol.errors import ProtocolError
+
+__all__ = ["RoundEngine", "Settled"]
+
+
+@dataclass
+class Settled:
+    """What one settled round did, for the record."""
+
+    round: int  # the round that was settled (θ is now that of round + 1)
+    contributors: int  # payloads that went into the aggregate
+    excluded: Dict[str, str] = field(default_factory=dict)  # sender -> why its payload did not count
+    delivered: bool = False  # our own payload counted
+    clipped: Dict[str, float] = field(default_factory=dict)  # sender -> the smallest scale its update was clipped by
+
+
+class RoundEngine:
+    """θ, the round number and the outer strategy of one replica (or of one part of it)."""
+
+    def __init__(self, strategy: OuterStrategy, theta: Tensors, round_no: int = 0):
+        self.strategy = strategy
+        self.round = round_no
+        self.lock = threading.RLock()
+        self._theta = theta
+        self._hash: Optional[str] = None
+
+    # ---- θ ------------------------------------------------------------------------------------
+    @property
+    def theta(self) -> Tensors:
+        return self._theta
+
+    def params_hash(self) -> str:
+        """The hash of θ (cached until θ changes; consistent with concurrent updates)."""
+        with self.lock:
+            if self._hash is None:
+                self._hash = params_hash(self._theta)
+            return self._hash
+
+    def install(self, theta: Tensors, round_no: int, shared: Optional[Mapping[str, torch.Tensor]] = None,
+                forget_local: bool = False) -> None:
+        """Take a state from elsewhere (a checkpoint, a groupmate): θ, its round and, if given, the
+        strategy's shared state; ``forget_local``: zero the strategy's local buffers too. Raises
+        ValueError (nothing changed) if the shared state does not fit."""
+        with self.lock:
+            if shared is not None:
+                self.strategy.load_shared_state(shared)
+            if forget_local:
+                self.strategy.forget_local_state()
+            self._theta, self.round, self._hash = theta, round_no, None
+
+    def shareable(self) -> Tuple[Dict[str, object], List[torch.Tensor]]:
+        """(metadata, tensors) of what every replica holds identically: θ and the shared state."""
+        with self.lock:
+            shared = self.strategy.shared_state()
+            meta = {"round": self.round, "names": list(self._theta), "shared": sorted(shared)}
+            tensors = [t.clone() for t in self._theta.values()] + [shared[k].clone() for k in sorted(shared)]
+        return meta, tensors
+
+    # ---- a round ------------------------------------------------------------------------------
+    def encode(self, round_start: Mapping[str, torch.Tensor], trained: Mapping[str, torch.Tensor]) -> Tuple[bytes, Pending]:
+        """The payload of this round from the parameters it started from and those it trained."""
+        delta = pseudo_gradient(dict(round_start), trained, self.strategy.layout)
+        return self.strategy.encode(delta, self.round)
+
+    def decode(self, payloads: Mapping[str, bytes]) -> Tuple[List[Tensors], Dict[str, str]]:
+        """Every payload decoded in the canonical order, and the senders whose payload is invalid."""
+        decoded = Contributions()
+        invalid: Dict[str, str] = {}
+        for sender in canonical_order(payloads):
+            try:
+                decoded.append(self.strategy.decode(payloads[sender], self.round))
+            except ProtocolError as e:
+                invalid[sender] = f"invalid payload: {e}"
+        decoded.senders = [s for s in canonical_order(payloads) if s not in invalid]
+        return decoded, invalid
+
+    def conclude(self, decoded: Sequence[Tensors], pending: Optional[Pending], delivered: bool,
+                 excluded: Optional[Mapping[str, str]] = None) -> Settled:
+        """Check and clip ``decoded`` (in canonical order), aggregate, apply the outer step, settle,
+        next round. A contribution refused on the way is listed in ``excluded`` (by sender when
+        ``decoded`` came from ``decode``)."""
+        with self.lock:
+            outcome = robust_step(self.strategy, self._theta, decoded, self.round)
+            if pending is not None:
+                self.strategy.settle(pending, delivered=delivered)
+            settled = Settled(self.round, outcome.contributors, {**(excluded or {}), **outcome.excluded}, delivered,
+                              outcome.clipped)
+            self.round += 1
+            self._hash = None
+        return settled
+
+    def settle_round(self, payloads: Mapping[str, bytes], pending: Optional[Pending], me: str,
+                     excluded: Optional[Mapping[str, str]] = None) -> Settled:
+        """``decode`` then ``conclude``: the whole round from the agreed payloads (own included)."""
+        decoded, invalid = self.decode(payloads)
+        excluded = {**(excluded or {}), **invalid}
+        return self.conclude(decoded, pending, delivered=me in payloads and me not in excluded, excluded=excluded)
+
+    def defer(self, pending: Pending) -> None:
+        """The round found no group: keep all of this round's signal in the local buffers."""
+        with self.lock:
+            self.strategy.settle(pending, delivered=False)

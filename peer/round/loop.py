@@ -1,0 +1,414 @@
+"""A peer's round loop: H inner steps, then the round's exchange, with or without overlap.
+
+Sequential (``outer.overlap = false``, and always on a chain stage, whose neighbours train in
+lockstep with it): train, wait for the round's peers, gather, apply, evaluate, checkpoint, then
+the next round's first step.
+
+Overlapped (the one-step-delayed outer update of ``shared/ALGORITHMS.md`` section 6, the default):
+at the end of round t the peer holds ``θ_send``; it hands the payload of ``Δ_t`` to a thread of its
+own that waits for the round's peers, gathers, decodes and takes the outer step on θ (the global
+parameters, which every member computes bit-identically from the same payloads), then evaluates
+and checkpoints, while the inner steps of round t + 1 go on from ``θ_send``. At the first step
+boundary after the exchange ended, the model continues from ``θ_{t+1} + (θ_now − θ_send)``: the
+steps taken meanwhile stay as a local delta, which the next pseudo-gradient ``θ_{t+1} − θ_end``
+carries into round t + 1. If the next round's steps end before the exchange does, the loop waits
+for it (at most one exchange is in flight: its θ is where the next payload is measured from).
+A round that found no group leaves θ as it was (its signal stays in the strategy's buffers, as in
+the sequential loop) and the local delta is kept the same way.
+
+Evaluation runs on a copy of the model built for it (peer/training/evaluator.py) and the checkpoint
+holds the inner optimizer and the batch stream as they were when the round's payload was made,
+so neither stalls the inner steps.
+
+Mixed speeds (peer/round/early_close.py): a peer still training when most of its round is ready closes
+the round after at least ``outer.min_inner_fraction`` of H and contributes what it has.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+import torch
+
+from peer.checkpoints import contents as checkpoints
+from peer.checkpoints import schedule
+from peer.round.early_close import EarlyClose, min_steps
+from peer.round.merge import adopt_own_set, adopt_round_set, merge_round, no_group_left
+from peer.training.progress_bar import ProgressBar
+from peer.round.report import RoundRecord, log_round, write_status
+from peer.training.roles import ChainStage, RoundAbandoned
+from peer.training.evaluator import RoundEvaluator
+
+logger = logging.getLogger("voloco.peer")
+
+_HASH = re.compile(r"[0-9a-f]{16}")  # peer/checkpoints/files.py's params_hash
+
+
+def majority_hash(hashes: Dict[str, str], excluded: Iterable[str] = (), me: Optional[str] = None,
+                  unservable: Iterable[str] = ()) -> str:
+    """The starting point most of a group shares (ties: one that a member able to serve its state
+    holds, not only ``unservable`` ones, which the others could not download; then the smallest
+    hash: the same on every member).
+
+    Only members whose payload counted vote (``excluded`` do not: a silent, equivocating or invalid
+    sender may have announced anything), and only with a well-formed hash; ``me`` always votes.
+    A hash that wins this way is still only a name: the state download that follows must produce
+    parameters that hash to it, so a forged majority costs a refused download, never θ."""
+    votes = {m: h for m, h in hashes.items() if m == me or (m not in set(excluded) and _HASH.fullmatch(h))}
+    counts: Dict[str, int] = {}
+    for h in votes.values():
+        counts[h] = counts.get(h, 0) + 1
+    servable = {h for m, h in votes.items() if m not in set(unservable)}
+    return min(counts, key=lambda h: (-counts[h], h not in servable, h)) if counts else ""
+
+
+def _states(views) -> str:
+    """How many records of a view are in each (state, round), for a log line."""
+    counts: Dict[str, int] = {}
+    for v in views:
+        key = f"{v.progress.state} in round {v.progress.round}"
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none"
+
+
+def continue_from(params: Dict[str, torch.Tensor], theta: Dict[str, torch.Tensor], sent: Dict[str, torch.Tensor]) -> None:
+    """The one-step-delayed update, in place: ``params ← θ + (params − θ_send)``. With no step
+    taken since ``sent`` the model is θ exactly, as in the sequential loop."""
+    with torch.no_grad():
+        for name, param in params.items():
+            param.sub_(sent[name]).add_(theta[name].to(param.device, param.dtype))
+
+
+@dataclass
+class Handoff:
+    """What the inner steps of a round hand to its exchange."""
+
+    payload: Optional[bytes]  # None until encoded (with overlap, in the exchange's thread)
+    pending: Any
+    losses: List[float]
+    t0: float  # when the round's inner steps began
+    t_train: float  # when they ended
+    t_encode: float  # when the payload was ready
+    # the training state to checkpoint (checkpoints.trainer_snapshot), taken when the inner steps ended;
+    # with overlap, None when no checkpoint is due this round (peer/checkpoints/writer.py)
+    trainer: Optional[Dict[str, Any]] = None
+    overlapped: int = 0  # inner steps taken while the previous round's exchange was in flight
+
+
+class RoundLoop:
+    def __init__(self, peer):
+        self.peer = peer
+        spec = peer.spec
+        self.overlap = bool(spec.outer.overlap) and not isinstance(peer.role, ChainStage)
+        chain = isinstance(peer.role, ChainStage)  # its stages step together: none closes a round alone
+        self.min_steps = spec.outer.inner_steps if chain else min_steps(spec.outer.inner_steps, spec.outer.min_inner_fraction)
+        self.early = EarlyClose(peer.membership, peer.peer_id, peer.stop_event, enabled=self.min_steps < spec.outer.inner_steps)
+        self.evaluator = RoundEvaluator(peer) if self.overlap else None
+        self._thread: Optional[threading.Thread] = None
+        self._sent: Optional[Dict[str, torch.Tensor]] = None  # θ_send: the model when its payload was made
+        self._error: Optional[BaseException] = None
+        self._restart = False  # the exchange found no group: the steps taken meanwhile start nothing
+        self._linked = False  # a chain stage whose chain has trained a round (its links come up each round)
+        self.closed_early = 0  # rounds this peer closed early (fewer than H steps)
+        self._overlapped = 0  # steps of the current round taken while an exchange was in flight
+        self._wire_mark = (0, 0)  # the wire totals (sent, received) when the previous round ended
+        self._quiet_mates: Dict[str, int] = {}  # groupmates that left the merge agreement waiting, until a round
+        self._merge_skip: Dict[str, int] = {}  # peers other groups' merges do not wait for, until a round
+
+    def _wire_since_last_round(self) -> Tuple[Optional[int], Optional[int]]:
+        """Every TCP byte sent and received since the previous round ended; (None, None) when unknown."""
+        meter = getattr(self.peer, "wire", None)
+        totals = meter.totals() if meter is not None else None
+        if totals is None:
+            return None, None
+        (sent0, received0), self._wire_mark = self._wire_mark, (totals.sent, totals.received)
+        return totals.sent - sent0, totals.received - received0
+
+    # ---- the exchange in flight -----------------------------------------------------------------
+    @property
+    def in_flight(self) -> bool:
+        return self._thread is not None
+
+    def rounds_started(self) -> int:
+        """Rounds whose inner steps are done: the engine's round, and one more while its exchange runs."""
+        return self.peer.round + (1 if self.in_flight else 0)
+
+    def defers_load(self) -> bool:
+        """Whether θ must not be loaded into the model now: the exchange thread asks, and the inner
+        loop loads it (with the local delta) at its next step boundary."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def finish(self) -> bool:
+        """Wait for the exchange in flight, then continue from θ + (model − θ_send). False when that
+        exchange found no group: then, as in the sequential loop, the round's signal stays in the
+        strategy's buffers, the model restarts from θ (the swarm's, if it was ahead and this peer
+        caught up) and so does the round (the steps taken meanwhile were from a stale start)."""
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join()
+        self._thread = None
+        peer, sent, self._sent = self.peer, self._sent, None
+        restart, self._restart = self._restart, False
+        with peer.engine.lock:
+            if restart:
+                peer.role.load_theta(peer.engine.theta)
+            else:
+                continue_from(peer.role.params, peer.engine.theta, sent)
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return not restart
+
+    def drain(self) -> None:
+        """On the way out: let the exchange in flight end, never raise."""
+        try:
+            self.finish()
+        except Exception as e:
+            logger.error(f"the last round's exchange failed: {e!r}")
+
+    # ---- one round ------------------------------------------------------------------------------
+    def one_round(self) -> None:
+        peer = self.peer
+        engine, role, spec = peer.engine, peer.role, peer.spec
+        t0 = time.monotonic()
+        if not self.in_flight:
+            # a chain not linked yet is not waited for by the round's other peers ("linking" is not in
+            # rounds); once it has trained a round its stages count as training from the round's start
+            peer._set_state("linking" if isinstance(role, ChainStage) and not self._linked else "training")
+        try:
+            losses, round_start = self._inner_steps(spec.outer.inner_steps)
+        except RoundAbandoned:
+            self._linked = False
+            self.drain()
+            peer._recover()
+            return
+        self._linked = True
+        if losses is None or not self.finish():
+            return  # stopping, or restarting the round from the swarm's θ
+        t_train = time.monotonic()
+        if not self.overlap:
+            payload, pending = engine.encode(round_start, role.params)
+            peer._set_state("ready")
+            self._exchange(Handoff(payload, pending, losses, t0, t_train, time.monotonic(), overlapped=self._overlapped))
+            return
+        # overlap: the payload is encoded in the exchange's thread from a snapshot of the model, so
+        # the next round's inner steps start at once (on a GPU the encode is 27-34 % of H = 30 steps:
+        # bench/RESULTS.md, "GPU figures")
+        handoff = Handoff(None, None, losses, t0, t_train, t_train, overlapped=self._overlapped)
+        if schedule.checkpoint_due(peer):
+            handoff.trainer = checkpoints.trainer_snapshot(role)
+        with torch.no_grad():
+            self._sent = {n: p.detach().clone() for n, p in role.params.items()}
+        round_start = engine.theta  # θ of this round: the exchange before it has ended
+        self._thread = threading.Thread(target=self._exchange_in_background, args=(handoff, round_start, self._sent),
+                                        daemon=True, name=f"exchange-{engine.round}")
+        self._thread.start()
+
+    def _inner_steps(self, H: int):
+        """Up to H inner steps; (losses, the parameters the round started from), or (None, None)
+        when the peer is stopping. Raises RoundAbandoned when the role cannot go on."""
+        peer = self.peer
+        role = peer.role
+        round_start = None if self.overlap else role.begin_round(peer.engine.theta, peer._sync_round)
+        if not self.in_flight:
+            peer._set_state("training")  # a chain stage is "linking" until its links are up
+        self.early.watch(self.rounds_started())
+        bar = ProgressBar(H, f"round {self.rounds_started()}")
+        losses: List[float] = []
+        self._overlapped = 0
+        try:
+            while len(losses) < H:
+                peer.step = len(losses) + 1
+                if peer.stop_event.is_set():
+                    return None, None
+                if self.in_flight and not self._thread.is_alive():
+                    if not self.finish():
+                        losses, self._overlapped = [], 0
+                        bar.update(0)
+                    self.early.watch(peer.round)
+                if len(losses) >= self.min_steps and not self.in_flight:
+                    self.early.arm()
+                if len(losses) >= self.min_steps and not self.in_flight and self.early.due():
+                    self.closed_early += 1
+                    logger.info(f"round {peer.round}: closing the round after {len(losses)} of {H} inner steps: "
+                                f"most of its peers are ready")
+                    break
+                x, y = role.stream.next_batch()
+                t = time.monotonic()
+                loss = role.inner_step(x, y)
+                dt = time.monotonic() - t
+                peer.util.busy(dt)
+                tps = x.numel() / dt
+                peer.tokens_per_s = 0.8 * peer.tokens_per_s + 0.2 * tps if peer.tokens_per_s else tps
+                if role.counts_tokens:
+                    peer.totals.tokens += x.numel()
+                losses.append(loss)
+                self._overlapped += self.in_flight
+                peer.last_loss = loss
+                bar.update(peer.step, f"loss {peer.last_loss:.3f} | {peer.tokens_per_s / 1e3:.1f}k tok/s")
+        finally:
+            bar.close()
+            self.early.unwatch()
+            role.end_round()
+        return losses, round_start
+
+    # ---- the exchange ---------------------------------------------------------------------------
+    def _exchange_in_background(self, handoff: Handoff, round_start, sent) -> None:
+        """Encode the round's payload (θ_round_start − θ_send), then exchange it."""
+        try:
+            handoff.payload, handoff.pending = self.peer.engine.encode(round_start, sent)
+            handoff.t_encode = time.monotonic()
+            if not self.peer.stop_event.is_set():
+                self.peer._set_state("ready")
+            self._exchange(handoff)
+        except BaseException as e:  # re-raised by finish(), in the inner loop's thread
+            logger.exception(f"round {self.peer.round}: the exchange failed")
+            self._error = e
+        finally:
+            if self.peer.state in ("ready", "exchanging") and not self.peer.stop_event.is_set():
+                self.peer._set_state("training")  # the inner steps of the next round are under way
+
+    def _exchange(self, h: Handoff) -> None:
+        """Wait for the round's peers, gather, apply; then evaluate, checkpoint and report."""
+        peer = self.peer
+        engine, spec = peer.engine, peer.spec
+        last = peer.totals.history[-1] if peer.totals.history else None
+        mates = set(last.group) - {peer.peer_id} if last is not None and last.round == engine.round else set()
+        barrier = peer.membership.wait_for_round(engine.round, mates, first_round=peer.totals.rounds == 0)
+        t_wait = time.monotonic()
+        if peer.stop_event.is_set():
+            return
+        peer.state = "exchanging"
+        result = give_up = None
+        start_hash = engine.params_hash()
+        if not barrier.nobody_to_meet:  # nobody of our round left to meet: catch up instead
+            # the only others are catching up to an earlier round (a chain stage that cannot link does,
+            # again and again): give them the straggler allowance to join, not the whole round_wait
+            short = barrier.expected == 1 and barrier.only_syncing
+            give_up = no_group_left(peer, engine.round, time.monotonic(), barrier.gave_up)
+            result = peer.gatherer.gather(
+                engine.round, h.payload, start_hash=start_hash, expected_size=barrier.gather_size,
+                timeout=peer.membership.straggler_allowance() if short else peer.membership.timing.round_wait_s,
+                give_up=give_up,
+                read_latency=peer.membership.read_latency(),
+            )
+        merged = None
+        if result is None and give_up is not None and not peer.stop_event.is_set():
+            timing = peer.membership.timing
+            wait = timing.no_group_wait(peer.membership.read_interval())
+            if give_up.fired:  # given up while matchmaking: our payload went nowhere, the others' sets are named
+                # only a set of our last round's groupmates can be taken; with none (a state just
+                # downloaded, a fresh start) nothing is waited for (it cost 10 s a try in a peer's
+                # chase of the swarm: bench/RESULTS.md): the swarm's state is taken at once
+                if mates:
+                    result = adopt_round_set(peer, engine.round, start_hash, max(wait, timing.set_fetch_s), lineage=mates)
+            else:
+                result = adopt_own_set(peer, engine.round, h.payload, start_hash, wait)
+        if result is None and (barrier.alone or peer.membership.swarm_is_empty()):
+            seen = [v for v in peer.membership.view() if v.peer_id != peer.peer_id]
+            if seen:  # records, but none of a peer that takes part in rounds
+                logger.info(f"round {engine.round}: training alone: no other peer in rounds ({_states(seen)})")
+        elif result is None:
+            engine.defer(h.pending)
+            self._restart = self.overlap
+            logger.warning(f"round {engine.round}: found no group; keeping this round's update locally")
+            peer._load_theta()
+            # a lineage of its own: a solo last round, or none since this process started (restarted from
+            # a checkpoint of its solo rounds, it waited at round 533 while the swarm was at 368)
+            peer.sync.catch_up(solo=last is None or last.group == [peer.peer_id])
+            # the status says so too (its round, a state it installed, its wire bytes): a slow peer whose
+            # every round ended here, each behind the swarm's, kept its start-up status to the end
+            write_status(peer.opts.status_file, peer.status())
+            return
+
+        t_gather = time.monotonic()
+        payloads = result.payloads if result is not None else {peer.peer_id: h.payload}
+        excluded = dict(result.excluded) if result is not None else {}
+        if result is not None and result.set_digest:  # other groups of the round: one θ from all their sets
+            merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip, gave_up=barrier.gave_up,
+                                 quiet=self._quiet_mates)
+        if merged is not None:
+            payloads = merged.payloads
+            excluded = {**{s: why for s, why in excluded.items() if s not in payloads}, **merged.excluded}
+        decoded, invalid = engine.decode(payloads)
+        for sender, why in invalid.items():
+            logger.warning(f"round {engine.round}: rejected the payload of {sender}: {why}")
+        excluded.update(invalid)
+        group_hash = None
+        if result is not None:
+            # a group votes with its members' announcements only: every member holds the same ones, so
+            # all decide alike (other groups' starts come from each member's own view of the records)
+            starts = result.start_hashes
+            voters_out = {**result.excluded, **invalid}  # the same on every member
+            group_hash = majority_hash(starts, voters_out, me=peer.peer_id, unservable=result.unservable)
+            peer.sync.consistent = start_hash == group_hash
+            if not peer.sync.consistent:
+                logger.error(
+                    f"round {engine.round}: this peer started from parameters {start_hash}, most of the round's peers "
+                    f"from {group_hash}; it will download their state after this round"
+                )
+        with engine.lock:
+            engine.conclude(decoded, h.pending, delivered=peer.peer_id in payloads and peer.peer_id not in excluded,
+                            excluded=excluded)
+            peer._load_theta()
+        if self.overlap and not peer.stop_event.is_set():
+            peer._set_state("training")  # θ of the next round is known: its inner steps are under way
+        sent = result.bytes_sent if result is not None else 0
+        received = result.bytes_received if result is not None else 0
+        peer.totals.bytes_sent += sent
+        peer.totals.bytes_received += received
+        peer.totals.rounds += 1
+        t_apply = time.monotonic()
+        record = RoundRecord(
+            round=engine.round,
+            params_hash=engine.params_hash(),
+            group=sorted(result.group) if result is not None else [peer.peer_id],  # every member, contributing or not
+            contributors=len(decoded),
+            excluded=excluded,
+            bytes_sent=sent,
+            bytes_received=received,
+            loss=sum(h.losses) / len(h.losses),  # NaN on a chain stage other than the last
+            val_loss=float("nan"),
+            seconds=0.0,
+            waited=t_wait - h.t_encode,
+            steps=len(h.losses),
+            overlapped=h.overlapped,
+            sets=merged.sets if merged is not None else 1,
+        )
+        if not peer.sync.consistent:  # repair before reporting: the round ends with the group's parameters
+            sources = None if result is None else {
+                m for m, hsh in starts.items() if hsh == group_hash and m != peer.peer_id
+            }
+            peer.sync.catch_up(even_at_same_round=True, only=sources)
+            record.params_hash = engine.params_hash()
+            record.resynced = peer.sync.consistent  # False: no groupmate served the round's state in time
+        t_eval = time.monotonic()
+        peer.val_loss = record.val_loss = self.evaluator.evaluate() if self.evaluator is not None else peer._evaluate()
+        record.seconds = time.monotonic() - h.t0
+        logger.debug(
+            f"round {record.round - 1} timing: train {h.t_train - h.t0:.2f} s, encode {h.t_encode - h.t_train:.2f} s, "
+            f"wait {t_wait - h.t_encode:.2f} s, gather {t_gather - t_wait:.2f} s, apply {t_apply - t_gather:.2f} s, "
+            f"eval {time.monotonic() - t_eval:.2f} s"
+        )
+        record.util = peer.util.round_done()
+        record.wire_sent, record.wire_received = self._wire_since_last_round()
+        peer.totals.history.append(record)
+        if h.trainer is not None or (not self.overlap and schedule.checkpoint_due(peer)):
+            schedule.checkpoint_round(peer, h.trainer)  # written in the background, at a bounded cost
+        peer.sync.enable_sharing()
+        peer.membership.publish(only_if_due=True)  # losses and tokens alone wait for the keep-alive
+        write_status(peer.opts.status_file, peer.status())
+        log_round(record, peer.tokens_per_s)
+        # a lineage that found a group of its own but fell rounds behind the swarm (restarts, a split)
+        # takes the swarm's state now, or the two go on apart for as long as each finds a group; a
+        # solo round's lineage (cut off) takes it even from an earlier round once the swarm is back
+        before = engine.round
+        peer.sync.catch_up(solo=result is None)  # downloads only when at least two live peers are at a later round
+        if engine.round != before and not peer.stop_event.is_set():
+            self._restart = self.overlap  # the steps taken meanwhile started from the stale θ

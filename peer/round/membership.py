@@ -1,0 +1,434 @@
+"""Who is in the run, as this peer sees it: heartbeat, view, start quorum and the round barrier.
+
+Every peer publishes a progress record (protocol/records.py) under the run's key whenever its state
+changes, and refreshes it while nothing changes every third of its TTL (at most every
+``swarm.heartbeat_period``); it reads everyone's to decide whom to wait for. Records are read through
+``swarm.records`` (hivemind's DHT). Every read moves every peer's signed record, so a peer reads at
+most every ``Timing.read_min_s`` and, in a larger swarm, every ``N / Timing.swarm_reads_per_s`` seconds: the
+swarm's reads stay near ``swarm_reads_per_s`` a second however many peers it has (32 peers each
+reading four times a second fragmented a swarm: reads timed out, views came back partial and peers
+trained alone). Callers in between share the last view. A read that fails or misses records keeps
+the last view's records until they expire, and ``Timing.missed_reads_kept`` read intervals more: a record
+is never removed from the DHT before its expiration, so a record missing from one read is a read
+that did not reach it, not a peer that left (on a loaded host a peer's keep-alive store and two
+reads can all be late within one TTL: 32 peers on 2 cores each saw 21 to 31 of the 32 for minutes
+and never reached their start quorum); a slow DHT never stops training, and never makes the swarm
+look empty: a view with no other live peer while a read of the last ``Timing.live_memory_ttls`` record
+TTLs found some is reads that missed them, and the round barrier reads again (until
+``swarm.round_wait``) instead of training alone.
+
+A record is a claim, not a promise: a peer may announce that it trains this round and never come.
+The round barrier therefore waits for announced peers only a *straggler allowance* past the last
+moment another peer of the round became ready (half this peer's own training time of the round, at
+least ``Timing.straggler_min_s``), and remembers the peers it waited for that then were not in its group
+and did not gather in another one either (a set two peers name: a slower peer whose group formed
+after ours came, only not to us): those are not waited for, nor counted as someone to meet, for a number of rounds that doubles with
+every such miss (up to 2, 4, ... ``Timing.max_skip_rounds``), or until they appear in one of its groups. A
+skip ends on a round that is a multiple of its length (``retry_round``), so peers that waited for
+the same no-show in neighbouring rounds (their views of its claim a read apart) soon wait for it
+again in the same round: a retry then costs the swarm one allowance, not one per peer. The
+back-off bounds what a peer that announces itself and never comes costs (one allowance per skip
+period), and still lets an honest peer that fell behind once (an overloaded host, a lost matchmaking
+reply) back in: skipping it for ever would leave two honest peers chasing each other's round alone. A round far ahead of everyone is not believed either: "the swarm's round" is one
+that at least two other peers have reached (``swarm_round``), and peers that state sync caught
+lying (a state it refused, none served) are left out of the view for a while (``ignore``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Set
+
+from hivemind.utils import get_dht_time
+
+from protocol import peer_states
+from protocol.partial import choose_part
+from protocol.peer_states import DONE, IN_ROUND, NOT_IN_ROUNDS
+from protocol.records import CHOOSING, Progress, peer_record_ttl
+from protocol.spec import RunSpec
+from protocol.timing import Timing
+from swarm.records import PeerView, publish_progress, read_progress
+
+logger = logging.getLogger("voloco.peer")
+
+# peers that take no part in rounds yet: booting, waiting for a chain, or a chain stage still
+# connecting to its neighbours (a chain that cannot link never trains). A peer never waits for
+# them; one that went ahead alone meanwhile is caught up with (downloaded) when they start.
+LATENCIES_KEPT = 5  # reads whose durations give the host's DHT read latency
+
+
+def swarm_round(rounds: Sequence[int]) -> int:
+    """The round the swarm is at as far as one peer's claim cannot move it: the second-highest of
+    ``rounds`` (reached by at least two peers), or the only one; -1 for none."""
+    ordered = sorted(rounds, reverse=True)
+    return ordered[1] if len(ordered) > 1 else (ordered[0] if ordered else -1)
+
+
+def acted_on(p: Progress) -> tuple:
+    """The fields of a progress record other peers act on: a change to one is published at once, the
+    rest (losses, tokens, "exchanging" after "ready") waits for the next keep-alive. Every store moves
+    the record to every replica, and a round used to store it 8 to 10 times."""
+    state = peer_states.settled(p.state)
+    return (p.round, state, p.params_hash, p.part, p.reach, p.gathered_round, p.gathered, p.gathered_before)
+
+
+@dataclass
+class Barrier:
+    """What the wait before a round's exchange found."""
+
+    expected: int  # group size to expect: this peer and every peer of its round that is ready
+    alone: bool  # no other live peer at all
+    behind: bool  # the swarm is at a later round
+    only_syncing: bool = False  # every other live peer is downloading the state of an earlier round
+    ready: frozenset = frozenset()  # the other peers of the round that were ready (they may gather in other groups)
+    gave_up: frozenset = frozenset()  # the peers of the round it stopped waiting for (still training, or stalled)
+
+    @property
+    def nobody_to_meet(self) -> bool:
+        return self.alone or (self.behind and self.expected == 1)
+
+    @property
+    def gather_size(self) -> int:
+        """The group size the gather aims for: the ready peers and us, and at least a pair while
+        peers of the round are still coming (nobody ready yet is no reason to train alone: the gather
+        waits for one of them, until the round's wait ends or every other peer has gathered)."""
+        return max(self.expected, min(2, 1 + len(self.gave_up)))
+
+
+class Membership:
+    """This peer's progress record in the DHT and its view of everyone else's."""
+
+    def __init__(self, dht, spec: RunSpec, peer_id: str, progress: Callable[[], Progress], stop: threading.Event,
+                 timing: Optional[Timing] = None):
+        self.dht, self.spec, self.peer_id, self.stop = dht, spec, peer_id, stop
+        self.timing = timing if timing is not None else Timing.from_spec(spec)  # every wait of the round
+        self._progress = progress
+        self._thread: Optional[threading.Thread] = None
+        self.no_shows: Set[str] = set()  # waited for, then not in our group: not waited for a while
+        self._strikes: Dict[str, int] = {}  # no-show -> how many times in a row it was waited for in vain
+        self._skip_until: Dict[str, int] = {}  # no-show -> the first round in which it is waited for again
+        self._waited: Set[str] = set()  # whom the last barrier gave up waiting for
+        self._waited_round = -1  # ... in which round
+        self._waited_steps: Dict[str, int] = {}  # ... at which inner step of it
+        self._carried: Dict[str, int] = {}  # peers waited for in a round they are still coming to -> that round
+        self._training_since: Optional[float] = None
+        self._ignored: Dict[str, float] = {}  # peer -> until when its records are left out
+        self.train_seconds = 0.0  # this peer's training time of its last round
+        self._read_lock = threading.Lock()  # one DHT read at a time; callers meanwhile share its result
+        self._views: List[PeerView] = []  # the last view read (every spec, nobody left out)
+        self._latencies: Deque[float] = deque(maxlen=LATENCIES_KEPT)  # seconds the last reads took
+        self._read_at: Optional[float] = None
+        self.read_began = float("-inf")  # when the view's last DHT read began (monotonic)
+        self._published: Optional[tuple] = None  # (monotonic time, what others act on) of the last record stored
+        self._live_seen: Dict[str, float] = {}  # other peer -> when a read last found it live (in rounds)
+
+    # ---- our record -----------------------------------------------------------------------------
+    def ttl(self) -> float:
+        return peer_record_ttl(self.spec.swarm.heartbeat_period)  # a busy peer's heartbeat may be late
+
+    def keepalive_s(self) -> float:
+        """How often an unchanged progress record is stored again."""
+        return self.timing.keepalive(self.ttl())
+
+    def publish(self, only_if_due: bool = False) -> None:
+        """Store this peer's progress record; with ``only_if_due``, only if something other peers act
+        on changed (``acted_on``) or the last one is a keep-alive period old (the heartbeat)."""
+        try:
+            progress = self._progress()
+            now, key = time.monotonic(), acted_on(progress)
+            if only_if_due and self._published is not None:
+                at, last = self._published
+                if last == key and now - at < self.keepalive_s():
+                    return
+            self._note_state(progress.state)
+            publish_progress(self.dht, self.spec.run_id, self.peer_id, progress, ttl=self.ttl())
+            self._published = (now, key)
+        except Exception as e:
+            logger.debug(f"could not publish progress: {e!r}")
+
+    def _note_state(self, state: str) -> None:
+        """Time this peer's training (every state change is published): the straggler allowance scales with it."""
+        if state == "training":
+            if self._training_since is None:
+                self._training_since = time.monotonic()
+        elif self._training_since is not None:
+            self.train_seconds = time.monotonic() - self._training_since
+            self._training_since = None
+
+    def start_heartbeat(self, extra: Callable[[], None]) -> None:
+        """Publish every heartbeat period from a thread of its own, then call ``extra``."""
+
+        def loop() -> None:
+            while not self.stop.wait(self.timing.heartbeat_s):
+                self.publish(only_if_due=True)
+                try:
+                    extra()
+                except Exception as e:
+                    logger.debug(f"heartbeat: {e!r}")
+
+        self._thread = threading.Thread(target=loop, daemon=True, name="heartbeat")
+        self._thread.start()
+
+    # ---- everyone's ---------------------------------------------------------------------------------
+    def read_interval(self) -> float:
+        """The least time between two DHT reads of the progress records, for the swarm last seen."""
+        return self.timing.read_interval(len(self._views))
+
+    def view(self) -> List[PeerView]:
+        """Every progress record of this run spec (our own included), read at most every ``read_interval``."""
+        with self._read_lock:
+            if self._read_at is None or time.monotonic() - self._read_at >= self.read_interval():
+                began = time.monotonic()
+                self._views = self._read(began)
+                self._read_at, self.read_began = time.monotonic(), began
+                self._latencies.append(self._read_at - began)
+            views = self._views
+        now = time.monotonic()
+        return [v for v in views if v.progress.spec == self.spec.digest() and self._ignored.get(v.peer_id, 0.0) <= now]
+
+    def read_latency(self) -> float:
+        """How long a DHT read of the progress records takes on this host now: the median of the
+        last ``LATENCIES_KEPT`` reads (0 before any); matchmaking's timeouts stretch with it."""
+        with self._read_lock:
+            recent = sorted(self._latencies)
+        return recent[len(recent) // 2] if recent else 0.0
+
+    def fresh_view(self, since: float, timeout: float) -> List[PeerView]:
+        """``view()`` from a DHT read that began after ``since`` (monotonic), waiting out the read
+        interval for it; after ``timeout`` seconds, the latest view there is."""
+        deadline = time.monotonic() + timeout
+        views = self.view()
+        while self.read_began <= since and time.monotonic() < deadline and not self.stop.is_set():
+            time.sleep(min(self.timing.view_poll_s, self.read_interval()))
+            views = self.view()
+        return views
+
+    def _read(self, began: float) -> List[PeerView]:
+        """A fresh read, with the last view's unexpired records it missed (see the module doc).
+        Unexpired when the read began: on a loaded host one read can outlast a record's TTL."""
+        try:
+            fresh = read_progress(self.dht, self.spec.run_id)
+        except Exception as e:  # the DHT being slow must not stop training
+            logger.debug(f"could not read progress records: {e!r}")
+            fresh = []
+        seen = {v.peer_id for v in fresh}
+        self._note_live(fresh)
+        at_start = get_dht_time() - (time.monotonic() - began)
+        grace = self.timing.missed_reads_kept * self.read_interval()
+        return fresh + [v for v in self._views if v.peer_id not in seen and v.expires + grace > at_start]
+
+    def ignore(self, peer_id: str, seconds: float) -> None:
+        """Leave ``peer_id``'s records out of the view for ``seconds`` (it was caught lying)."""
+        self._ignored[peer_id] = time.monotonic() + seconds
+
+    def others(self, excluding=NOT_IN_ROUNDS) -> List[PeerView]:
+        return [v for v in self.view() if v.peer_id != self.peer_id and v.progress.state not in excluding]
+
+    def swarm_is_empty(self) -> bool:
+        """No other live peer in the view, and none in a read of the last ``Timing.live_memory_ttls`` TTLs."""
+        return not self.others() and not self._seen_live_lately()
+
+    def _note_live(self, fresh: Sequence[PeerView]) -> None:
+        now, digest = time.monotonic(), self.spec.digest()
+        for v in fresh:
+            if v.peer_id == self.peer_id or v.progress.spec != digest:
+                continue
+            if v.progress.state in NOT_IN_ROUNDS:
+                # read, and not in rounds (stopped, restarting, a chain stage back to linking): not a
+                # missed read. A stage that cannot link flips between "syncing" and "linking"; kept
+                # here, it had the round's barrier "read again" for 11 s of a full replica's round
+                self._live_seen.pop(v.peer_id, None)
+            else:
+                self._live_seen[v.peer_id] = now
+        self._live_seen = {p: t for p, t in self._live_seen.items() if t > self._live_horizon()}  # bounded by the live swarm
+
+    def _live_horizon(self) -> float:
+        return time.monotonic() - self.timing.live_memory_ttls * self.ttl()
+
+    def _seen_live_lately(self) -> bool:
+        """Whether a read of the last ``Timing.live_memory_ttls`` record TTLs found another peer live (not a no-show)."""
+        horizon = self._live_horizon()
+        return any(t > horizon and p not in self.no_shows for p, t in self._live_seen.items())
+
+    def lost_sight(self) -> bool:
+        """Whether the view shows no other live peer while a read of the last ``Timing.live_memory_ttls``
+        record TTLs found some (not no-shows): the reads missed them (32 peers on 2 cores: a peer
+        that had just counted 32 started found an empty view at its first barrier and trained round
+        1 alone), not a swarm that left: those that stop say so, and a killed peer's record stays
+        for its TTL. Never true once they have been out of sight that long."""
+        return not self.others() and self._seen_live_lately()
+
+    def choose_slice(self, slices: int) -> int:
+        """The slice of a partial run to own: peers that start together see each other choosing
+        and spread over the slices."""
+        time.sleep(self.timing.empty_view_wait())
+        view = self.others(excluding=("stopped",))
+        owners = [v.progress.part for v in view if v.progress.part >= 0]
+        waiting = [v.peer_id for v in view if v.progress.part == CHOOSING]
+        part = choose_part(slices, owners, waiting, self.peer_id)
+        counts = {s: owners.count(s) for s in range(slices)}
+        logger.info(f"took slice {part} of {slices} (live owners per slice before: {counts})")
+        return part
+
+    def wait_for_quorum(self, n: int) -> None:
+        """A coordinated start: hold round 0 until ``n`` peers (this one included) have started.
+
+        Peers that are still starting do not count (they may still be loading data). A peer already
+        training ends the wait: it saw the quorum (or the run is under way, and this peer caught up
+        with it at start). Each peer's view is partial on a loaded host, so the peers of one swarm
+        reach their own count minutes apart (32 peers on 2 cores: 14:25:47 to 14:27:40), and the
+        first to reach it trained round 0 alone beside 30 peers still waiting; following the first
+        starts everyone within a read of each other."""
+        t0 = last_log = time.monotonic()
+        started = {self.peer_id}  # a peer seen started counts until it is seen stopped (a read may miss it)
+        while not self.stop.is_set():
+            every = self.others(excluding=())
+            view = [v for v in every if v.progress.state not in NOT_IN_ROUNDS]
+            started = (started | {v.peer_id for v in view}) - {v.peer_id for v in every if v.progress.state == "stopped"}
+            if len(started) >= n:
+                logger.info(f"{len(started)} peers have started")
+                return
+            going = [v for v in view if v.progress.round > 0 or v.progress.state in IN_ROUND]
+            if going:
+                logger.info(f"{_names(v.peer_id for v in going[:3])} began training (round {going[0].progress.round}): "
+                            f"starting with them ({len(started)} of {n} peers seen started)")
+                return
+            if time.monotonic() - last_log >= 10.0:
+                last_log = time.monotonic()
+                logger.info(f"waiting for {n} peers to start ({len(started)} so far, {last_log - t0:.0f} s)")
+            time.sleep(self.timing.view_poll_s)
+
+    def straggler_allowance(self) -> float:
+        """How long past the last arrival a ready peer still waits for peers announced in its round."""
+        return self.timing.straggler_allowance(self.train_seconds)
+
+    def _note_group(self, mates: Set[str], round_no: int) -> None:
+        """Last round's group was ``mates`` (+ us): whom we waited for in vain is skipped for a while.
+
+        A peer still coming is judged later, not now: one still in the round it was waited in that
+        has finished training it (ready, exchanging) or trained on since (its step advanced) is
+        slower than us, not absent; it is judged again at the next barriers while it stays in that
+        round, for at most ``Timing.carry_rounds`` rounds. (At 32 peers the first pair to gather struck the
+        30 others, still matchmaking, as no-shows, and trained ahead of them alone.)"""
+        candidates = {**self._carried, **{p: self._waited_round for p in self._waited}}
+        view = self.view()
+        by_peer = {v.peer_id: v.progress for v in view}
+        came = {r: _gathered_since(view, r) for r in set(candidates.values())}
+        self._carried, missing = {}, set()
+        for peer, r in candidates.items():
+            if peer in mates or peer in came[r]:
+                continue
+            p = by_peer.get(peer)
+            coming = p is not None and p.round == r and (
+                p.state in DONE or (p.state == "training" and p.step > self._waited_steps.get(peer, p.step)))
+            if coming and r >= round_no - self.timing.carry_rounds:
+                self._carried[peer] = r
+            else:
+                missing.add(peer)
+        for peer in missing:
+            strikes = self._strikes[peer] = self._strikes.get(peer, 0) + 1
+            self._skip_until[peer] = retry_round(round_no + 1, strikes, self.timing.max_skip_rounds)
+        if missing - self.no_shows:
+            logger.info(f"not waiting again for {_names(missing - self.no_shows)} until they join a group of ours "
+                        f"or round {min(self._skip_until[p] for p in missing - self.no_shows)}")
+        for peer in mates:
+            self._strikes.pop(peer, None)
+            self._skip_until.pop(peer, None)
+        self._waited_steps = {p: self._waited_steps[p] for p in self._carried if p in self._waited_steps}
+        expired = {p for p in self.no_shows if p in self._skip_until and self._skip_until[p] <= round_no}
+        if expired:
+            logger.info(f"round {round_no}: waiting again for {_names(expired)} if they train this round")
+        self.no_shows = (self.no_shows | missing) - mates - expired
+        self._waited = set()
+
+    def forgive(self, peers: Iterable[str]) -> None:
+        """``peers`` are evidently training (this peer took their state): wait for them again."""
+        for peer in peers:
+            self._strikes.pop(peer, None)
+            self._skip_until.pop(peer, None)
+            self.no_shows.discard(peer)
+
+    def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool) -> Barrier:
+        """Wait until every live peer of ``round_no`` is ready: at most ``swarm.round_wait``, and at
+        most the straggler allowance past the last time a peer of the round became ready.
+
+        ``mates``: last round's groupmates; those still finishing it (evaluating, checkpointing)
+        will train this round with us, so the group must not close before they arrive.
+        ``first_round``: peers still "waiting" for the start quorum are about to train it too.
+        Peers that were waited for in vain and were not in our last group are not waited for a while."""
+        self._note_group(mates, round_no)
+        start = last_arrival = time.monotonic()
+        deadline, allowance = start + self.timing.round_wait_s, self.straggler_allowance()
+        busy = ("training", "waiting") if first_round else ("training",)
+        arrived: Set[str] = set()
+        lost = False
+        while True:
+            view = self.view()
+            mine = [v for v in view if v.progress.round == round_no and v.peer_id != self.peer_id]
+            ready = [v for v in mine if v.progress.state in DONE]
+            pending = [v for v in mine if v.progress.state in busy] + [
+                v for v in view
+                if v.peer_id in mates and v.progress.round == round_no - 1 and v.progress.state not in NOT_IN_ROUNDS
+            ]
+            pending = [v for v in pending if v.peer_id not in self.no_shows]
+            now = time.monotonic()
+            if {v.peer_id for v in ready} - arrived:
+                arrived |= {v.peer_id for v in ready}
+                last_arrival = now
+            late = now - last_arrival > allowance
+            if self.lost_sight() and now <= deadline and not self.stop.is_set():
+                if not lost:
+                    lost = True
+                    logger.info(f"round {round_no}: the last read found no other peer, though {len(self._live_seen)} "
+                                f"were live in the last {self.timing.live_memory_ttls * self.ttl():.0f} s: reading again")
+                time.sleep(self.timing.view_poll_s)
+                continue
+            if not pending or late or now > deadline or self.stop.is_set():
+                self._waited, self._waited_round = {v.peer_id for v in pending}, round_no
+                self._waited_steps.update({v.peer_id: v.progress.step for v in pending})
+                if pending and late:
+                    logger.info(f"round {round_no}: not waiting longer than {allowance:.1f} s past the last arrival "
+                                f"for {_names(self._waited)}")
+                others = [
+                    v for v in view
+                    if v.peer_id != self.peer_id and v.progress.state not in NOT_IN_ROUNDS and v.peer_id not in self.no_shows
+                ]
+                behind = swarm_round([v.progress.round for v in others]) > round_no
+                syncing = bool(others) and all(v.progress.state == "syncing" and v.progress.round < round_no for v in others)
+                return Barrier(expected=1 + len(ready), alone=not others, behind=behind, only_syncing=syncing,
+                               ready=frozenset(v.peer_id for v in ready), gave_up=frozenset(self._waited))
+            time.sleep(self.timing.view_poll_s)
+
+
+def _gathered_since(view: Sequence[PeerView], round_no: int) -> Set[str]:
+    """Peers of ``view`` that gathered in a group in ``round_no`` or later: they came, only not in
+    ours (a slower peer of a round whose own group formed after ours, or ours found none). A set
+    counts when two peers name it (a group has at least two members), so one liar's claim alone
+    does not."""
+    named: Dict[tuple, Set[str]] = {}
+    for v in view:
+        p = v.progress
+        if p.gathered and p.gathered_round >= round_no >= 0:
+            named.setdefault((p.gathered_round, p.gathered), set()).add(v.peer_id)
+    return set().union(*(peers for peers in named.values() if len(peers) >= 2))
+
+
+def skip_length(strikes: int, longest: int = Timing.max_skip_rounds) -> int:
+    """Rounds in a skip period of a peer waited for in vain ``strikes`` times in a row (at most
+    ``longest``: ``Timing.max_skip_rounds``)."""
+    return min(2 ** min(strikes, 16), longest)
+
+
+def retry_round(round_no: int, strikes: int, longest: int = Timing.max_skip_rounds) -> int:
+    """The first round from ``round_no`` on in which a peer waited for in vain ``strikes`` times in a
+    row is waited for again: a multiple of its skip length, the same round for every peer."""
+    length = skip_length(strikes, longest)
+    return -(-round_no // length) * length
+
+
+def _names(peers: Iterable[str]) -> str:
+    return ", ".join(sorted(peers))

@@ -1,0 +1,350 @@
+"""After a round's gather: the sets the round's other groups agreed, fetched, checked and merged.
+
+A swarm larger than ``swarm.max_group_size`` forms several groups in one round (hivemind's
+matchmaking bounds them). Each member names its group's agreed set in its progress record
+(``gathered_round``, ``gathered``, and the set of the round before in ``gathered_before``: a group
+that gathers late, on a loaded host, still finds the set of a peer that has trained on and named
+the next round's), then waits for the peers of its round that are not in its group
+(ready, or still training, unless the round's barrier already gave up on them): until each has named
+a set, or has left the round (found no group and caught up, stopped), or too few are left to make a
+group of their own (``swarm.min_group_size``), or the wait
+ran out: the straggler allowance or ``swarm.gather_timeout`` (the larger) past the last set that
+came in, never more than ``swarm.round_wait``; both ``Timing.gathering_extra_slots`` gather timeouts longer while
+a peer it waits for has finished training (ready or exchanging: its group's set is coming, and a
+large group on a loaded host gathers for longer than a small one). Every set named for the round is fetched from one of the peers that
+named it (another on failure), checked envelope by envelope (protocol/group_sets.py) and merged:
+θ is computed from the union, in canonical order, so groups that hold the same sets hold the same
+θ. A set that cannot be had in time leaves that round with a second θ; a member of the minority
+takes the majority's parameters at the next round's start-hash check.
+
+Only peers of the same part of the model (``progress.part``: a full replica, a slice, a stage)
+are asked: the others gather under another key.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Optional, Set
+
+from peer.exchange.gatherer import GatherResult, base58
+from protocol import group_sets
+from protocol.peer_states import DONE, IN_ROUND, NOT_IN_ROUNDS
+
+logger = logging.getLogger("voloco.peer")
+
+TRIES_PER_SET = 3  # peers that named a set asked for it, one after the other, before giving it up
+
+
+@dataclass
+class Merged:
+    """What a round's merge holds."""
+
+    payloads: Dict[str, bytes]  # sender -> payload, over every set held
+    excluded: Dict[str, str]  # sender -> why it is left out of the union
+    sets: int  # sets held, our group's included
+
+
+def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optional[Dict[str, int]] = None,
+                gave_up: Iterable[str] = (), quiet: Optional[Dict[str, int]] = None) -> Merged:
+    """The union of our group's set and every set the round's other groups named in time.
+
+    ``result`` is this peer's GatherResult; ``ready``, the peers its barrier saw ready in the round.
+
+    Peers still training the round are waited for too: a group that formed late (its peers came
+    from the round before, or closed the round late) names its set a little after ours, and a
+    member that stopped waiting for it while a groupmate merged it would leave the group with two
+    θ. ``gave_up``: the peers of the round the barrier stopped waiting for (still training past the
+    straggler allowance, or stalled): not waited for a second time while they still train, but
+    waited for once they have finished training the round (ready, matchmaking): a group of them is
+    about to name its set, and the first pair of 32 peers to gather, merging without the 30 others,
+    trained a θ of its own.
+
+    ``skip`` (peer -> round), kept from round to round by the caller: a peer that stayed in the
+    round past the wait without naming a set is not waited for again for ``Timing.merge_skip_rounds`` rounds, or
+    until it names one (a peer that claims to be in the round and never gathers costs one wait).
+
+    Then the group's members agree on the sets they merged (``agree_with_group``): one θ for the
+    group even where one member's fetch of a late set succeeded and another's stopped waiting.
+    ``quiet``, kept by the caller: groupmates that did not answer lately (see there)."""
+    skip = {} if skip is None else skip
+    membership, gatherer, spec = peer.membership, peer.gatherer, peer.spec
+    own = result.set_digest
+    last_round, last = peer.gathered
+    peer.gathered_before = last if last_round == round_no - 1 else ""
+    peer.gathered = (round_no, own)
+    membership.publish()
+    mine = set(result.group)
+    part = peer.role.progress_part
+    held: Dict[str, Dict[str, bytes]] = {own: dict(result.payloads)}
+    tries: Dict[str, int] = {}
+    failed: Set[str] = set()  # peers that did not serve the set they named
+    outstanding: Set[str] = set(ready) - mine
+    gave_up = set(gave_up)
+    t0 = last_arrival = time.monotonic()
+    seen_naming: Dict[str, List[str]] = {}
+    others: Set[str] = set()  # peers of the round outside our group seen in it, or naming a set for it
+    # another group may form and agree as late as a gather's deadline after ours (a loaded host's matchmaking)
+    # (matchmaking's wait as stretched on this host for the round's gather: peer/exchange/gatherer.py)
+    timing = membership.timing
+    allowance = timing.merge_allowance(membership.straggler_allowance(), getattr(gatherer, "matchmaking_wait", 0.0))
+    while not peer.stop_event.is_set():
+        view = [v for v in membership.view() if v.peer_id not in mine and v.progress.part == part
+                and v.progress.state not in NOT_IN_ROUNDS]
+        named: Dict[str, List[str]] = {}
+        for v in view:
+            p = v.progress
+            name = p.set_of(round_no)
+            if name and name not in held:
+                named.setdefault(name, []).append(v.peer_id)
+                if v.peer_id not in seen_naming.setdefault(name, []):
+                    seen_naming[name].append(v.peer_id)
+        for digest, publishers in sorted(named.items()):
+            sources = [p for p in publishers if p not in failed]
+            if not sources or tries.get(digest, 0) >= TRIES_PER_SET:
+                continue
+            tries[digest] = tries.get(digest, 0) + 1
+            timeout = min(timing.set_fetch_s, max(timing.set_fetch_min_s, allowance - (time.monotonic() - last_arrival)))
+            got = _fetch(gatherer, spec, sources[0], digest, round_no, timeout)
+            if got is None:
+                failed.add(sources[0])  # not asked again this round, whatever set it names next
+            else:
+                held[digest] = got
+                last_arrival = time.monotonic()
+        # whoever is in the round and has named no set yet: those the barrier saw ready, and any the view
+        # shows in the round now (the barrier's view may have been a read behind, or they came late)
+        by_peer = {v.peer_id: v.progress for v in view}
+        in_round = {v.peer_id for v in view if v.progress.round == round_no and v.progress.state in IN_ROUND}
+        outstanding |= in_round
+        others |= in_round | {p for pubs in named.values() for p in pubs}
+        for p in list(skip):
+            if skip[p] <= round_no or (p in by_peer and by_peer[p].set_of(round_no)):
+                del skip[p]
+        outstanding = {
+            p for p in outstanding - membership.no_shows - set(skip)
+            if p in by_peer and by_peer[p].round == round_no and by_peer[p].state in IN_ROUND
+            and not (p in gave_up and by_peer[p].state == "training")
+            and not by_peer[p].set_of(round_no)
+        }
+        unfetched = [d for d, pubs in named.items() if tries.get(d, 0) < TRIES_PER_SET and set(pubs) - failed]
+        now = time.monotonic()
+        # fewer peers in the exchange than make a group: they cannot gather a set of their own
+        hopeless = len(outstanding) < spec.swarm.min_group_size
+        if not view or (hopeless and not unfetched and membership.read_began > t0):
+            break  # alone, or nothing more to wait for in a view read after our group's gather
+        # a peer of the round that has finished training and is matchmaking or gathering names its set
+        # once its group's gather ends: a group of 16 on a loaded host gathers for longer than a pair
+        # (32 peers on 2 cores: a pair gave up on the 16's set 7 s before it was named)
+        gathering = any(by_peer[p].state in DONE for p in outstanding)
+        extra = timing.gathering_extra() if gathering else 0.0
+        if now - last_arrival > allowance + extra or now - t0 > timing.round_wait_s + extra:
+            logger.info(f"round {round_no}: merged {len(held) - 1} other groups' sets; not waiting longer for "
+                        f"{len(outstanding)} peers of the round and {len(unfetched)} sets")
+            skip.update({p: round_no + timing.merge_skip_rounds for p in outstanding})
+            break
+        time.sleep(timing.view_poll_s)
+    # each member decided alone which late sets arrived in time: the group agrees on their union. A
+    # groupmate answers once its own merge is over. Where the round has other groups, its view may
+    # have shown it one still gathering that ours no longer waited for: then its merge runs on, to
+    # round_wait (and the gathering extra, and a fetch) past its start, at most a gather slot after
+    # ours. Its answer is then waited for that long (it comes as soon as that merge ends), or the two
+    # end the round with two θ (a faults run: one member stopped after 9 s with its own set, its
+    # groupmate merged a second set at 14 s). A round with no other group in sight waits as before:
+    # a groupmate that never answers costs the allowance, not the longest merge
+    wait, quiet_wait = allowance, timing.quiet_mate_s
+    if others or len(held) > 1:  # a groupmate that left us waiting lately too (our own link may have been down)
+        wait, quiet_wait = max(allowance, timing.mate_merge_bound() - (time.monotonic() - t0)), allowance
+    agree_with_group(peer, round_no, result, held, seen_naming, wait, quiet, quiet_wait)
+    payloads, excluded = group_sets.union(held[d] for d in sorted(held))
+    if len(held) > 1:
+        logger.info(f"round {round_no}: merged the sets of {len(held) - 1} other group(s) of the round: "
+                    f"{len(payloads)} payloads in all")
+    return Merged(payloads, excluded, len(held))
+
+
+def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, bytes]],
+                     publishers: Dict[str, List[str]], wait: float, quiet: Optional[Dict[str, int]] = None,
+                     quiet_wait: Optional[float] = None) -> None:
+    """Add to ``held`` the sets our groupmates merged for the round and we did not.
+
+    Each member tells the others which sets it holds (``offer_merged``) and asks each of them the
+    same (``merged_by``: answered once that member's own merge is over, or after ``wait`` s); a set
+    one of them names that we lack is fetched from it (it serves what it fetched), or from the peers
+    seen naming it. Members that all answer each other end with the same union, so the same θ.
+    A member that does not answer in time, or a set that cannot be had, leaves the group split
+    until the next round's start-hash check (a hostile member can still name different sets to
+    different members: that costs a round's θ, never a forged payload, every set being checked).
+    ``quiet`` (peer -> round), kept by the caller: groupmates that did not answer, asked again for
+    ``Timing.merge_skip_rounds`` rounds with a wait of ``quiet_wait`` only (``Timing.quiet_mate_s`` when
+    None; the merge's allowance
+    where the round showed another group: a peer whose link had been down had marked its groupmates
+    quiet, then waited 1 s for one that merged another group's set 1.2 s later, and split from it)."""
+    gatherer, me, own = peer.gatherer, peer.peer_id, result.set_digest
+    timing = peer.membership.timing
+    quiet = {} if quiet is None else quiet
+    quiet_wait = timing.quiet_mate_s if quiet_wait is None else quiet_wait
+    # members whose payload the group agreed (an excluded one misbehaved or went silent), client-mode
+    # members aside (they serve nothing)
+    mates = [m for m in result.group if m != me and m in result.payloads and m not in result.unservable]
+    gatherer.offer_merged(own, result.group, sorted(held))
+    if not mates or not own:
+        return
+    for m in [m for m, until in quiet.items() if until <= round_no]:
+        del quiet[m]
+    # a member that left us waiting lately is asked, but not waited for long
+    answers = gatherer.merged_by({m: quiet_wait if m in quiet else max(timing.mate_answer_min_s, wait) for m in mates}, own)
+    for mate, names in answers.items():
+        if names is None:
+            quiet[mate] = round_no + timing.merge_skip_rounds
+        else:
+            quiet.pop(mate, None)
+    lacking: Dict[str, List[str]] = {}
+    for mate, names in sorted(answers.items()):
+        for name in names or ():
+            if name not in held:
+                lacking.setdefault(name, []).append(mate)
+    # bounded however many names a (hostile) groupmate lists: one source that fails is not asked again
+    deadline = time.monotonic() + max(wait, timing.set_fetch_s)
+    failed: Set[str] = set()
+    for name, holders in sorted(lacking.items()):
+        sources = [p for p in holders + publishers.get(name, []) if p not in failed]
+        for source in list(dict.fromkeys(sources))[:TRIES_PER_SET]:
+            left = deadline - time.monotonic()
+            got = _fetch(gatherer, peer.spec, source, name, round_no, min(timing.set_fetch_s, left)) if left > 0 else None
+            if got is not None:
+                held[name] = got
+                logger.info(f"round {round_no}: took set {name[:12]} that {holders[0]} of our group merged and we had not")
+                break
+            failed.add(source)
+        else:
+            logger.warning(f"round {round_no}: {holders[0]} of our group merged set {name[:12]}, which we could not "
+                           f"fetch: this round may end with a second θ")
+    if lacking:
+        gatherer.offer_merged(own, result.group, sorted(held))
+
+
+def no_group_left(peer, round_no: int, since: float, gave_up: Iterable[str] = ()) -> Callable[[], bool]:
+    """A ``give_up`` for the round's gather (peer/exchange/gatherer.py): True once a view read that began
+    after ``since`` shows that some group of the round has gathered and no other peer of the round
+    is left to gather with (each has named its group's set, or left the round, or is one the
+    barrier gave up on, or a no-show). Matchmaking would wait out ``swarm.round_wait`` for nobody:
+    the round is deferred at once, and state sync takes the swarm's next state (the odd peer out of
+    a round whose other peers all found groups without it)."""
+    membership, me, part = peer.membership, peer.peer_id, peer.role.progress_part
+    gave_up = set(gave_up)
+
+    def check() -> bool:
+        view = membership.view()
+        if membership.read_began <= since:
+            return False
+        named = open_ = False
+        for v in view:
+            p = v.progress
+            if v.peer_id == me or p.part != part:
+                continue
+            done = bool(p.set_of(round_no))
+            named |= done
+            if (p.round == round_no and p.state in IN_ROUND and not done
+                    and v.peer_id not in gave_up and v.peer_id not in membership.no_shows):
+                open_ = True
+        if named and not open_:
+            logger.info(f"round {round_no}: every other peer of the round has gathered without us; not waiting for a group")
+            check.fired = True
+        return named and not open_
+
+    check.fired = False  # True once it gave the gather up: we never sent our payload, no set can hold it
+    return check
+
+
+def adopt_own_set(peer, round_no: int, payload: bytes, start_hash: str, wait_s: float):
+    """After our gather of ``round_no`` failed: the set our group agreed without us knowing, if one
+    holds our ``payload`` (a timeout on our side can end a gather the other members completed with
+    our payload counted). Peers that finished the round name its set (``gathered``); a set that
+    holds our payload, signed by us for this round, is our group's outcome: taking it keeps us on
+    our groupmates' θ, where deferring the round would leave us apart from them. None if no set
+    named within ``wait_s`` holds it: the round is deferred as before."""
+    me = peer.peer_id
+    return _adopt(peer, round_no, start_hash, wait_s, lambda got, view: got.get(me) == payload,
+                  "our gather failed, but our group completed it with our payload")
+
+
+def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage: Iterable[str] = ()):
+    """After our gather of ``round_no`` was given up because every other peer of the round gathered
+    without us (``no_group_left``): a set they named, as if our group had left our payload out. Its
+    outcome (then merged with the round's other sets, as any member's) puts us on the swarm's θ at
+    the price of fetching one set, where deferring the round cost a download of the whole state
+    (3.7 MB at the 0.87M model of bench/wan.py, against a set's 57 KB). Our round's update stays in
+    the local buffers, as when a round is deferred. Only a set with a member of ``lineage`` (our
+    last round's groupmates, whose θ we took then) counts: a set gathered on another θ would give
+    us a θ nobody has (a peer that trained its last round alone, or on a lineage of its own, defers
+    and downloads as before); the next round's start-hash vote still catches a groupmate that has
+    changed θ since. Most of the set's owners must be of ``lineage``: only owners vote in their
+    group's start-hash check, so that group then took our θ as its start, and the set's outcome from
+    our θ is the group's. One of two is not enough (a faults run: a peer took the set of its last
+    groupmate and a peer of another lineage; their tied vote went to the other θ, the groupmate
+    downloaded it, and the peer that took the set ended the round on a θ nobody else held). None if
+    no such set can be had within ``wait_s``.
+
+    A groupmate of our last round counts only where its record names, for that round, the set our
+    group agreed (``peer.gathered``): a member cut off in the middle of the round's gather decided it
+    with a set of its own, and its θ is then apart from theirs (a faults run: a peer whose link
+    went down decided its round alone with 3 payloads, took its groupmates' next set onto its own θ,
+    and was back on theirs only 4 rounds later, by the start-hash vote). Such a peer, or one whose
+    groupmates' records no longer name that round, defers and downloads instead."""
+    lineage = set(lineage)
+    before, ours = peer.gathered
+
+    def kin(view) -> Set[str]:
+        if before != round_no - 1 or not ours:
+            return set()
+        return {v.peer_id for v in view if v.peer_id in lineage and v.progress.set_of(before) == ours}
+
+    return _adopt(peer, round_no, start_hash, wait_s, lambda got, view: 2 * len(kin(view) & set(got)) > len(got),
+                  "every other peer gathered without us: taking their set instead of their state")
+
+
+def _adopt(peer, round_no: int, start_hash: str, wait_s: float, accept: Callable[[Dict[str, bytes], list], bool],
+           why: str):
+    """The first set named for ``round_no`` that ``accept(set, records)`` takes (``records``: the
+    membership view the set's name was read from), as a GatherResult; None past ``wait_s``."""
+    membership, gatherer, spec, me = peer.membership, peer.gatherer, peer.spec, peer.peer_id
+    timing = membership.timing
+    part = peer.role.progress_part
+    tried: Set[str] = set()
+    deadline = time.monotonic() + wait_s
+    while not peer.stop_event.is_set():
+        view = membership.view()
+        for v in view:
+            p = v.progress
+            name = p.set_of(round_no)
+            if v.peer_id == me or p.part != part or not name or name in tried:
+                continue
+            if time.monotonic() >= deadline:
+                return None
+            tried.add(name)
+            timeout = min(timing.set_fetch_s, max(timing.set_fetch_min_s, deadline - time.monotonic()))
+            got = _fetch(gatherer, spec, v.peer_id, name, round_no, timeout)
+            if got is not None and accept(got, view):
+                logger.info(f"round {round_no}: {why} (set {name[:12]}, from {v.peer_id})")
+                return GatherResult(group=sorted(got), payloads=got, excluded={}, start_hashes={me: start_hash},
+                                    set_digest=name)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(timing.view_poll_s)
+    return None
+
+
+def _fetch(gatherer, spec, source: str, digest: str, round_no: int, timeout: float):
+    """The set ``digest`` from ``source``, checked, as sender (base58) -> payload; None on any failure."""
+    raw = gatherer.fetch_set(source, digest, timeout=timeout)
+    if raw is None:
+        return None
+    try:
+        checked = group_sets.open_set(raw, gatherer.run_digest, round_no, digest, spec.swarm.max_group_size,
+                                      gatherer.max_payload_bytes)
+    except group_sets.SetError as e:
+        logger.warning(f"round {round_no}: {source} served a set that is refused: {e}")
+        return None
+    return {base58(owner): payload for owner, payload in checked.payloads.items()}
+

@@ -1,0 +1,72 @@
+"""What a peer tells people: one log line a round, its status as JSON, its running totals."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from swarm.console import human_bytes
+from swarm.jsonout import write_atomic
+
+logger = logging.getLogger("voloco.peer")
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    params_hash: str
+    group: List[str]
+    contributors: int
+    excluded: Dict[str, str]
+    bytes_sent: int
+    bytes_received: int
+    loss: float
+    val_loss: float
+    seconds: float
+    waited: float = 0.0  # seconds at the round's barrier, waiting for the peers of the round
+    resynced: bool = False  # it started off the group's parameters and downloaded them after the round
+    steps: int = 0  # inner steps trained for the round (fewer than H: closed early, peer/round/early_close.py)
+    overlapped: int = 0  # of them, steps taken while the previous round's exchange was still in flight
+    util: float = float("nan")  # compute utilization since the previous round ended (peer/host/utilization.py)
+    wire_sent: Optional[int] = None  # every TCP byte the peer's processes sent since the previous round ended
+    wire_received: Optional[int] = None  # (swarm/wire_bytes.py); None where the kernel's counters cannot be read
+    sets: int = 1  # the groups' agreed sets θ was computed from: this peer's group's and other groups' (peer/round/merge.py)
+
+
+@dataclass
+class Totals:
+    tokens: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    rounds: int = 0
+    history: List[RoundRecord] = field(default_factory=list)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(t.numel() * t.element_size() for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t))
+
+
+def log_round(record: RoundRecord, tokens_per_s: float) -> None:
+    excluded = f" ({len(record.excluded)} excluded)" if record.excluded else ""
+    if record.sets > 1:
+        excluded += f" + {record.sets - 1} other group(s), {record.contributors} payloads"
+    overlapped = f" ({record.overlapped} overlapped)" if record.overlapped else ""
+    wire = "" if record.wire_sent is None else (
+        f" (wire {human_bytes(record.wire_sent)} / {human_bytes(record.wire_received or 0)}, control plane included)")
+    logger.info(
+        f"round {record.round} done | group {len(record.group)}{excluded} "
+        f"| loss {record.loss:.3f} | val {record.val_loss:.3f} | {tokens_per_s / 1e3:.1f}k tok/s "
+        f"| sent {human_bytes(record.bytes_sent)} recv {human_bytes(record.bytes_received)}{wire} "
+        f"| {record.steps} steps{overlapped} | util {record.util:.0%} | {record.seconds:.1f} s | θ {record.params_hash}"
+    )
+
+
+def write_status(path: Optional[Path], status: Dict[str, Any]) -> None:
+    """The status as JSON in ``path``, replaced atomically (readers never see half a file)."""
+    if path is None:
+        return
+    write_atomic(path, status)  # strict JSON: an unknown loss (NaN) is written as null

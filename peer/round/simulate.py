@@ -1,0 +1,404 @@
+"""R replicas of the real round logic in one process, for benchmarks and tests.
+
+``simulate`` runs, round after round, what every live full peer runs, minus the network: each
+replica is a ``FullReplica`` role (peer/training/roles.py: its own model copy, ``InnerTrainer`` with its
+AdamW state, ``TrainStream`` on shard ``f"replica{i}"``) with its own ``RoundEngine``
+(peer/outer/engine.py: its own θ and strategy object, hence its own error-feedback or DCT-momentum
+buffer). These are the objects a live peer (peer/host/runtime.py) uses, so the simulation computes what
+the swarm computes by construction. One round:
+
+1. every replica loads its θ into its model and trains H inner steps;
+2. ``engine.encode``: the real bytes a peer would put on the wire;
+3. every replica's engine decodes ALL payloads in the canonical order and concludes the round:
+   aggregate, outer step on its own θ (DiLoCo's outer momentum, the strategy's shared state, is
+   updated by each replica from the same aggregate, as on real peers), settle its buffers.
+
+After each round the θ of every replica is checked bit-identical to replica 0's (``torch.equal``,
+cheap). Decoding every payload once per replica costs R² decodes; for the first ``verify_rounds``
+rounds each replica really decodes the bytes itself (and the decoded tensors are checked
+identical), afterwards the tensors replica 0 decoded are handed to the other replicas (decoding is
+a pure function of the bytes, as the codecs guarantee and the first rounds check). Aggregate,
+apply and settle always run per replica.
+
+Byte accounting follows the real exchange (``peer/exchange/gatherer.py``, an all-gather): each member
+serves its payload to the other R−1 members and fetches their R−1 payloads, so per round
+``sent = (R−1)·len(own payload)`` and ``received = Σ len(other payloads)``. Per-step data-parallel
+training is not simulated for bytes: a ring all-reduce of fp32 gradients sends (and receives)
+``2·(R−1)/R · 4 · params`` bytes per peer per step, computed analytically
+(``allreduce_bytes_per_step``).
+
+``train_single`` is the single-process baseline: plain AdamW (the same ``InnerTrainer``) on one
+model, no outer loop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
+
+import torch
+
+from peer.training.data import Corpus, TrainStream, load_corpus, val_batches
+from peer.training.inner import InnerTrainer, evaluate
+from peer.training.model import build_model
+from peer.training.roles import FullReplica, SliceOwner
+from peer.outer.engine import RoundEngine
+from peer.round.loop import continue_from
+from peer.outer.strategies import Tensors
+from protocol.partial import FULL
+from protocol.spec import RunSpec
+
+__all__ = [
+    "RoundStats",
+    "SimResult",
+    "SingleResult",
+    "simulate",
+    "train_single",
+    "allreduce_bytes_per_step",
+    "allgather_bytes_per_round",
+]
+
+# --- analytic byte models ------------------------------------------------------------------------
+def allreduce_bytes_per_step(num_params: int, replicas: int, bytes_per_value: int = 4) -> float:
+    """Bytes one peer sends (and receives) in a ring all-reduce of ``num_params`` values.
+
+    A ring all-reduce is a reduce-scatter then an all-gather, each R−1 steps of 1/R of the
+    tensor: 2·(R−1)/R · bytes_per_value · num_params per peer. 0 for a single replica.
+    """
+    if replicas <= 1:
+        return 0.0
+    return 2.0 * (replicas - 1) / replicas * bytes_per_value * num_params
+
+
+def allgather_bytes_per_round(payload_bytes: int, group: int) -> int:
+    """Bytes one member sends (≈ receives) in the exchange's all-gather: its payload to G−1 members."""
+    return max(0, group - 1) * payload_bytes
+
+
+# --- results -------------------------------------------------------------------------------------
+@dataclass
+class RoundStats:
+    round: int  # rounds completed (1-based after the first outer step)
+    tokens: int  # tokens trained so far, all replicas together
+    train_loss: float  # mean inner-step loss of this round, over replicas and steps
+    val_loss: Optional[float]  # on θ after this round's outer step (None when not evaluated)
+    payload_bytes: List[int]  # len(encoded payload) of each replica this round
+    seconds: float
+    params_hash: str = ""  # of θ after this round's outer step (``peer.checkpoints.files.params_hash``, as peers report it)
+
+
+@dataclass
+class SimResult:
+    strategy: str
+    replicas: int
+    rounds: int
+    inner_steps: int
+    num_params: int
+    initial_val_loss: float
+    history: List[RoundStats] = field(default_factory=list)
+    verified_rounds: int = 0  # rounds in which every replica decoded every payload itself
+    aggregate: str = "mean"  # the spec's: "chosen" for SparseLoCo's average over the replicas that kept a coordinate
+    wall_s: float = 0.0
+    theta: Optional[Tensors] = None
+
+    @property
+    def final_val_loss(self) -> float:
+        vals = [r.val_loss for r in self.history if r.val_loss is not None]
+        return vals[-1] if vals else self.initial_val_loss
+
+    @property
+    def tokens(self) -> int:
+        return self.history[-1].tokens if self.history else 0
+
+    @property
+    def steps_per_replica(self) -> int:
+        return self.rounds * self.inner_steps
+
+    @property
+    def payload_bytes(self) -> float:
+        """One replica's encoded payload for one round (mean over replicas and rounds)."""
+        sizes = [b for r in self.history for b in r.payload_bytes]
+        return sum(sizes) / len(sizes) if sizes else 0.0
+
+    @property
+    def payload_bytes_per_replica(self) -> List[int]:
+        """Σ over rounds of each replica's payload sizes (what each one encoded in total)."""
+        return [sum(r.payload_bytes[i] for r in self.history) for i in range(self.replicas)]
+
+    @property
+    def bytes_sent_per_peer(self) -> float:
+        """All-gather model: each member serves its payload to R−1 members, every round (mean over peers)."""
+        return sum(allgather_bytes_per_round(b, self.replicas) for b in self.payload_bytes_per_replica) / self.replicas
+
+    @property
+    def bytes_received_per_peer(self) -> float:
+        """All-gather model: each member fetches the R−1 other payloads, every round (mean over peers)."""
+        total = 0
+        for r in self.history:
+            s = sum(r.payload_bytes)
+            total += sum(s - b for b in r.payload_bytes)
+        return total / self.replicas
+
+    @property
+    def dp_bytes_per_peer(self) -> float:
+        """Analytic: what per-step fp32 ring all-reduce would send per peer for the same inner steps."""
+        return self.steps_per_replica * allreduce_bytes_per_step(self.num_params, self.replicas)
+
+    def to_dict(self) -> Dict[str, object]:
+        keys = ("strategy aggregate replicas rounds inner_steps num_params tokens initial_val_loss final_val_loss "
+                "payload_bytes bytes_sent_per_peer bytes_received_per_peer dp_bytes_per_peer verified_rounds wall_s")
+        return {**{k: getattr(self, k) for k in keys.split()}, "history": [r.__dict__ for r in self.history]}
+
+@dataclass
+class SingleResult:
+    steps: int
+    batch_size: int
+    tokens: int
+    num_params: int
+    initial_val_loss: float
+    history: List[Dict[str, float]] = field(default_factory=list)  # {"step", "tokens", "val_loss"}
+    wall_s: float = 0.0
+    theta: Optional[Tensors] = None
+
+    @property
+    def final_val_loss(self) -> float:
+        return self.history[-1]["val_loss"] if self.history else self.initial_val_loss
+
+    def to_dict(self) -> Dict[str, object]:
+        keys = "steps batch_size tokens num_params initial_val_loss final_val_loss wall_s history"
+        return {k: getattr(self, k) for k in keys.split()}
+
+
+# --- the simulation ------------------------------------------------------------------------------
+@dataclass
+class _Replica:
+    sender: str
+    role: FullReplica  # the model, its inner trainer and batch stream, as on a live full peer
+    engine: RoundEngine  # its own θ and strategy object (error-feedback / momentum buffers)
+
+    def load_theta(self) -> None:
+        self.role.load_theta(self.engine.theta)
+
+
+def _shards(seed_shards: Union[str, Sequence[str]], replicas: int) -> List[str]:
+    if isinstance(seed_shards, str):
+        return [f"{seed_shards}{i}" for i in range(replicas)]
+    shards = [str(s) for s in seed_shards]
+    if len(shards) != replicas or len(set(shards)) != replicas:
+        raise ValueError(f"seed_shards must name {replicas} distinct shards, got {shards}")
+    return shards
+
+
+def simulate(
+    spec: RunSpec,
+    replicas: int,
+    rounds: int,
+    *,
+    corpus: Optional[Corpus] = None,
+    seed_shards: Union[str, Sequence[str]] = "replica",
+    eval_every: int = 1,
+    device: str = "cpu",
+    verify_rounds: int = 1,
+    keep_theta: bool = False,
+    init_theta: Optional[Tensors] = None,
+    on_round: Optional[Callable[[RoundStats], None]] = None,
+    parts: Optional[Sequence[int]] = None,
+    eval_rounds: Iterable[int] = (),
+    overlap_steps: int = 0,
+) -> SimResult:
+    """Run ``rounds`` rounds of ``replicas`` replicas of the peer round loop in this process.
+
+    ``seed_shards``: a prefix (shard of replica i is f"{prefix}{i}", "replica" by default) or an
+    explicit list of shard names; the shard also serves as the replica's sender id in the
+    canonical order. ``eval_every``: evaluate θ every that many rounds (and always after the last).
+    ``verify_rounds``: rounds in which every replica decodes every payload itself (R² decodes).
+    ``init_theta``: start from these parameters instead of the seed's (a shared warm start); the
+    inner optimizers and the strategies' buffers still start fresh.
+    ``parts``: with partial updates (``spec.partial.slices`` > 1), the slice each replica owns
+    (a ``SliceOwner``; ``FULL``, the default, a ``FullReplica``). ``eval_rounds``: further rounds
+    after which θ is evaluated. ``overlap_steps``: the one-step-delayed outer update of a live
+    peer with overlap (peer/round/loop.py) whose exchange ends after that many inner steps of the
+    next round: each replica takes them from θ_send, then continues from θ + (θ_now − θ_send);
+    0: the sequential loop (every round from its θ).
+    """
+    if replicas < 1 or rounds < 0:
+        raise ValueError("replicas must be >= 1 and rounds >= 0")
+    if not 0 <= overlap_steps <= spec.outer.inner_steps:
+        raise ValueError(f"overlap_steps must be in [0, H = {spec.outer.inner_steps}], got {overlap_steps}")
+    corpus = corpus if corpus is not None else load_corpus(spec.data.corpus, spec.data.val_fraction)
+    H = spec.outer.inner_steps
+    shards = _shards(seed_shards, replicas)
+    parts = list(parts) if parts is not None else [FULL] * replicas
+    if len(parts) != replicas:
+        raise ValueError(f"parts must name the part of each of the {replicas} replicas, got {parts}")
+    eval_rounds = set(eval_rounds)
+    t0 = time.monotonic()
+
+    reps: List[_Replica] = []
+    for shard, part in zip(shards, parts):
+        model = build_model(spec.model, spec.seed, spec.partial.slices, spec.partial.attn_slices)
+        if init_theta is not None:
+            _load_params(model, init_theta)
+        dev = torch.device(device)
+        role = FullReplica(spec, model, dev, corpus, shard) if part == FULL else SliceOwner(spec, part, model, dev, corpus, shard)
+        theta = {n: p.detach().to("cpu", torch.float32).clone() for n, p in role.params.items()}
+        reps.append(_Replica(sender=shard, role=role, engine=RoundEngine(role.strategy, theta)))
+    val = val_batches(corpus, spec.model.seq_len, spec.data.batch_size, spec.data.val_batches)
+    result = SimResult(
+        strategy=spec.outer.strategy,
+        replicas=replicas,
+        rounds=rounds,
+        inner_steps=H,
+        num_params=spec.model.num_params(),
+        initial_val_loss=reps[0].role.evaluate(val),
+        aggregate=spec.outer.sparseloco.aggregate if spec.outer.strategy == "sparseloco" else "mean",
+    )
+    tokens = 0
+    for round_no in range(rounds):
+        t_round = time.monotonic()
+        # 1-2. local training and encoding, replica by replica (each from its own θ, all equal)
+        payloads: Dict[str, bytes] = {}
+        pendings = {}
+        losses: List[float] = []
+        sent: Dict[str, Tensors] = {}
+        overlapped = overlap_steps if round_no > 0 else 0  # steps of this round taken during the last exchange
+        last = round_no == rounds - 1
+        for rep in reps:
+            if not overlap_steps:
+                rep.load_theta()
+            for _ in range(H - overlapped):
+                x, y = rep.role.stream.next_batch()
+                losses.append(rep.role.inner_step(x, y))
+                tokens += x.numel()
+            if round_no == 0:
+                _assert_frozen(rep)
+            payloads[rep.sender], pendings[rep.sender] = rep.engine.encode(rep.engine.theta, rep.role.params)
+            if overlap_steps and not last:  # the next round's first steps, while this round's exchange runs
+                sent[rep.sender] = {n: p.detach().clone() for n, p in rep.role.params.items()}
+                for _ in range(overlap_steps):
+                    x, y = rep.role.stream.next_batch()
+                    losses.append(rep.role.inner_step(x, y))
+                    tokens += x.numel()
+        # 3. every member decodes the round's payloads in canonical order, aggregates, applies
+        verify = round_no < verify_rounds
+        shared_decoded: Optional[List[Tensors]] = None
+        for rep in reps:
+            if verify or shared_decoded is None:
+                decoded, invalid = rep.engine.decode(payloads)
+                if invalid:
+                    raise AssertionError(f"round {round_no}: replica {rep.sender} rejected payloads: {invalid}")
+                if shared_decoded is None:
+                    shared_decoded = decoded
+                else:
+                    _assert_same(shared_decoded, decoded, f"round {round_no}: replica {rep.sender} decoded differently")
+            else:
+                decoded = shared_decoded
+            rep.engine.conclude(decoded, pendings[rep.sender], delivered=True)
+        if verify:
+            result.verified_rounds += 1
+        for rep in reps[1:]:
+            _assert_same([reps[0].engine.theta], [rep.engine.theta], f"round {round_no}: θ of {rep.sender} differs from {reps[0].sender}")
+        # 4. evaluate θ (runtime: load θ into the model, then evaluate; with overlap on a copy)
+        val_loss = None
+        if last or round_no + 1 in eval_rounds or (eval_every > 0 and (round_no + 1) % eval_every == 0):
+            local = {n: p.detach().clone() for n, p in reps[0].role.params.items()} if sent else None
+            reps[0].load_theta()
+            val_loss = reps[0].role.evaluate(val)
+            if local is not None:
+                _load_params(reps[0].role.model, local)
+        for rep in reps:  # with overlap: continue from θ + the steps taken meanwhile
+            if rep.sender in sent:
+                continue_from(rep.role.params, rep.engine.theta, sent[rep.sender])
+        stats = RoundStats(
+            round=round_no + 1,
+            tokens=tokens,
+            train_loss=sum(losses) / len(losses) if losses else float("nan"),
+            val_loss=val_loss,
+            payload_bytes=[len(payloads[r.sender]) for r in reps],
+            seconds=time.monotonic() - t_round,
+            params_hash=reps[0].engine.params_hash(),
+        )
+        result.history.append(stats)
+        if on_round is not None:
+            on_round(stats)
+    result.wall_s = time.monotonic() - t0
+    if keep_theta:
+        result.theta = {n: t.clone() for n, t in reps[0].engine.theta.items()}
+    return result
+
+
+def _load_params(model: torch.nn.Module, theta: Tensors) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(theta[name].to(p.dtype))
+
+
+def _assert_frozen(rep: _Replica) -> None:
+    """Frozen means frozen: weight decay and Adam never touch the tensors a replica does not own."""
+    for name, p in rep.role.params.items():
+        if name not in rep.engine.strategy.layout and not torch.equal(p.detach().to("cpu", torch.float32), rep.engine.theta[name]):
+            raise AssertionError(f"{rep.sender}: frozen tensor {name} changed")
+
+
+def _assert_same(a: Sequence[Tensors], b: Sequence[Tensors], what: str) -> None:
+    if len(a) != len(b):
+        raise AssertionError(what)
+    for x, y in zip(a, b):
+        for name, t in x.items():
+            if not torch.equal(t, y[name]):
+                raise AssertionError(f"{what} (tensor {name})")
+
+
+# --- the single-process baseline -----------------------------------------------------------------
+def train_single(
+    spec: RunSpec,
+    steps: int,
+    *,
+    corpus: Optional[Corpus] = None,
+    batch_size: Optional[int] = None,
+    shard: str = "single",
+    eval_every: int = 0,
+    device: str = "cpu",
+    on_eval: Optional[Callable[[Dict[str, float]], None]] = None,
+    init_theta: Optional[Tensors] = None,
+    keep_theta: bool = False,
+) -> SingleResult:
+    """Plain AdamW (``InnerTrainer`` with ``spec.inner``, schedule included) on one model for
+    ``steps`` steps of ``batch_size`` sequences (default ``spec.data.batch_size``); no outer loop.
+
+    For equal tokens with R replicas of N steps each, pass ``steps = R·N`` (same batch), or
+    ``steps = N, batch_size = R·B`` (the data-parallel equivalent). The cosine horizon is
+    ``spec.inner.total_steps``: set it to ``steps`` in the spec you pass. ``init_theta``: start
+    from these parameters (fresh optimizer); ``keep_theta``: return the final ones in ``.theta``.
+    """
+    corpus = corpus if corpus is not None else load_corpus(spec.data.corpus, spec.data.val_fraction)
+    batch_size = batch_size or spec.data.batch_size
+    t0 = time.monotonic()
+    model = build_model(spec.model, spec.seed)
+    if init_theta is not None:
+        _load_params(model, init_theta)
+    model = model.to(device)
+    trainer = InnerTrainer(model, spec.inner, device)
+    stream = TrainStream(corpus, spec.model.seq_len, batch_size, spec.seed, shard=shard)
+    val = val_batches(corpus, spec.model.seq_len, spec.data.batch_size, spec.data.val_batches)
+    result = SingleResult(
+        steps=steps,
+        batch_size=batch_size,
+        tokens=0,
+        num_params=spec.model.num_params(),
+        initial_val_loss=evaluate(model, val, device),
+    )
+    for step in range(1, steps + 1):
+        x, y = stream.next_batch()
+        trainer.step(x, y)
+        result.tokens += x.numel()
+        if step == steps or (eval_every > 0 and step % eval_every == 0):
+            point = {"step": step, "tokens": result.tokens, "val_loss": evaluate(model, val, device)}
+            result.history.append(point)
+            if on_eval is not None:
+                on_eval(point)
+    result.wall_s = time.monotonic() - t0
+    if keep_theta:
+        result.theta = {n: p.detach().to("cpu", torch.float32).clone() for n, p in model.named_parameters()}
+    return result

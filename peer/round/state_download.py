@@ -1,0 +1,117 @@
+"""Download a replica state from one peer this peer chose, every byte bounded.
+
+hivemind's ``load_state_from_peers`` downloads from whichever peer declares the highest priority in
+the DHT (any peer can declare any number) and reads whatever a frame header announces. Here the
+caller (peer/round/state_sync.py) names the peer, and the answer of hivemind's ``rpc_download_state`` is
+read frame by frame with limits: a frame at most ``MAX_FRAME_BYTES``, the whole answer at most what
+this run's state can weigh (θ and the shared state in float32, plus the metadata), tensors only in
+float32 without compression (what every honest peer serves), each whole and of the size its shape
+says. The call runs on its own event loop in a helper thread, over a replica of the DHT's p2p
+daemon, with a deadline for the whole download.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from contextlib import closing
+from typing import Any, List, Optional, Tuple
+
+import torch
+from hivemind.dht import DHT
+from hivemind.p2p import P2P, PeerID
+from hivemind.proto import averaging_pb2, runtime_pb2
+from hivemind.proto.p2pd_pb2 import RPCError
+
+from protocol.bounded_unpack import bounded_unpack
+from protocol.errors import ProtocolError
+from protocol.timing import Timing
+from swarm.loop_thread import run_in_fresh_loop
+
+MAX_METADATA_BYTES = 1 << 20
+MAX_FRAME_BYTES = (4 << 20) + MAX_METADATA_BYTES  # hivemind streams 64 KiB parts; its messages stay under 4 MiB
+
+
+class StateDownloadError(ProtocolError):
+    """A peer's answer to a state download that this peer does not read any further."""
+
+
+async def _frames(reader: asyncio.StreamReader, limit: int, timeout: float):
+    """The protobuf frames of a stream answer (hivemind's framing: a marker, an 8-byte length, the bytes)."""
+    total = 0
+    while True:
+        try:
+            marker = await asyncio.wait_for(reader.readexactly(1), timeout)
+        except asyncio.IncompleteReadError:  # the handler finished
+            return
+        size = int.from_bytes(await asyncio.wait_for(reader.readexactly(P2P.HEADER_LEN), timeout), P2P.BYTEORDER)
+        total += size
+        if size > MAX_FRAME_BYTES or total > limit:
+            raise StateDownloadError(f"announced a frame of {size} bytes ({total} in all; at most {limit})")
+        data = await asyncio.wait_for(reader.readexactly(size), timeout)
+        if marker == P2P.ERROR_MARKER:
+            message = RPCError.FromString(data).message
+            if message:
+                raise StateDownloadError(f"failed: {message[:200]}")
+            return
+        yield averaging_pb2.DownloadData.FromString(data)
+
+
+def _tensor(parts: List[runtime_pb2.Tensor]) -> torch.Tensor:
+    head = parts[0]
+    if head.compression != runtime_pb2.CompressionType.NONE or head.dtype != "float32":
+        raise StateDownloadError(f"sent a tensor as {head.dtype or '?'} with compression {head.compression} (only float32, uncompressed)")
+    shape = [int(s) for s in head.size]
+    buffer = bytearray(b"".join(p.buffer for p in parts))
+    if any(s < 0 for s in shape) or len(buffer) != 4 * math.prod(shape):
+        raise StateDownloadError(f"sent {len(buffer)} bytes for a float32 tensor of shape {shape}")
+    return torch.frombuffer(buffer, dtype=torch.float32).reshape(shape) if buffer else torch.zeros(shape)
+
+
+async def _download(maddr, handle: str, peer: str, limit: int, timeout: float) -> Tuple[Any, List[torch.Tensor]]:
+    p2p = await P2P.replicate(maddr)
+    try:
+        _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer), handle)
+        with closing(writer):
+            await P2P.send_protobuf(averaging_pb2.DownloadRequest(), writer)
+            await P2P.send_protobuf(P2P.END_OF_STREAM, writer)
+            metadata: Optional[bytes] = None
+            tensors: List[torch.Tensor] = []
+            parts: List[runtime_pb2.Tensor] = []
+            async for message in _frames(reader, limit, timeout):
+                if message.metadata:
+                    if metadata is not None or len(message.metadata) > MAX_METADATA_BYTES:
+                        raise StateDownloadError("sent its metadata twice or too large")
+                    metadata = message.metadata
+                if message.tensor_part.dtype and parts:  # a new tensor begins
+                    tensors.append(_tensor(parts))
+                    parts = []
+                parts.append(message.tensor_part)
+            if parts:
+                tensors.append(_tensor(parts))
+    finally:
+        await p2p.shutdown()
+    if metadata is None:
+        raise StateDownloadError("does not share its state")
+    n = len(metadata)
+    meta = bounded_unpack(metadata, StateDownloadError, "state metadata", max_array_len=n, max_map_len=n)
+    return meta, tensors
+
+
+class StateDownloader:
+    """Downloads through the DHT's p2p daemon from the peer the caller names."""
+
+    def __init__(self, dht, gatherer, min_rate: float = Timing.download_min_rate):
+        self.min_rate = min_rate  # bytes/s: the slowest download allowed, on top of the per-frame timeout
+        self.dht = dht
+        self.handle = type(gatherer)._get_handle_name(gatherer.prefix, "rpc_download_state")
+        self._maddr = None
+
+    def __call__(self, peer: str, expected_bytes: int, timeout: float) -> Tuple[Any, List[torch.Tensor]]:
+        """(metadata, tensors) of ``peer``'s state; StateDownloadError (or an OSError, a timeout) if it fails."""
+        if self._maddr is None:
+            self._maddr = self.dht.run_coroutine(DHT._get_p2p_daemon_listen_maddr)
+        limit = expected_bytes + MAX_METADATA_BYTES + 64 * (expected_bytes // (1 << 16) + 64)  # framing per 64 KiB part
+        deadline = timeout + expected_bytes / self.min_rate
+        coro = asyncio.wait_for(_download(self._maddr, self.handle, peer, limit, timeout), deadline)
+        return run_in_fresh_loop(coro, "state-download")  # the caller may be inside an event loop

@@ -1,0 +1,303 @@
+"""State sync: serve our state to late joiners, download the swarm's, check what we install.
+
+The state is θ, its round and the strategy's shared state (DiLoCo's outer momentum), served
+through hivemind's state sharing (``rpc_download_state``) and downloaded from a peer this peer
+chooses (peer/round/state_download.py), never from whoever declares the highest priority.
+
+What other peers claim is weighed, not believed:
+- the round to catch up to is one at least two live peers have reached (peer/round/membership.py's
+  ``swarm_round``): one peer announcing a round far ahead cannot make everyone chase it;
+- sources are peers at or a little above that round, the rounds most peers report first;
+- a peer that serves a state we refuse (malformed, older than it announced, non-finite, off the
+  hash its round's peers report) is left out of the membership view for ``Timing.refuse_source_s``; one that
+  serves nothing, for ``Timing.silent_source_s``; a catch-up makes at most ``MAX_ATTEMPTS`` downloads, and a
+  round that could not be had is not chased again for ``Timing.retry_target_s``;
+- a downloaded state must name this run spec and exactly this run's tensors, with their shapes,
+  every value finite and at most ``STATE_MAX_ABS`` after the cast to float32, and be of a round
+  between the one we need and the one its server announced (+1: it may have just finished one). A
+  state further ahead is checked once more against a view read after the download (a fast peer's
+  rounds go by while its state travels), and refused only if its server still announces less;
+- peers that others cannot dial (``reach`` "client": hivemind's client mode shares no state) are
+  asked last.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import Counter
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+import torch
+
+from peer.round.membership import swarm_round
+from peer.outer.engine import RoundEngine
+from peer.checkpoints.files import params_hash
+from peer.round.state_download import StateDownloader
+from protocol.errors import ProtocolError
+from protocol.peer_states import NOT_A_SOURCE
+from protocol.spec import RunSpec
+
+logger = logging.getLogger("voloco.peer")
+
+MAX_ATTEMPTS = 3  # downloads per catch-up
+STATE_MAX_ABS = 1e6  # no trained weight or momentum comes near it; 1e300 or inf never passes
+ROUND_SPREAD = 2  # honest peers of a swarm are within a round or two of each other
+
+
+class StateTooOld(ProtocolError):
+    """A state of a round before the one this peer needs."""
+
+
+class StateUnreported(ProtocolError):
+    """A state whose θ is none of those the peers of its round report. The view may be older than
+    the state: a peer that applies its round's delayed update (overlap) stores a record with the new
+    θ, and a view read before that record shows the old one."""
+
+
+class StateAhead(ProtocolError):
+    """A state of a round beyond the one its server announced (+1)."""
+
+    def __init__(self, message: str, round_no: int):
+        super().__init__(message)
+        self.round = round_no
+
+
+def order_sources(views: Sequence[Any], target: int, slack: int = 0) -> List[Any]:
+    """The views of peers to download a state of at least ``target`` from, best first: peers from
+    ``target - slack`` to ``target + ROUND_SPREAD`` (one far ahead of that is an outlier, never
+    asked), rounds that two or more peers report first, then higher rounds; within a round, the
+    parameters (``params_hash``) most of its peers report first (after a round that ended with two
+    θ, the majority's lineage, not the pair that stopped waiting for it); in random order among
+    equals; peers that others cannot dial (``reach`` "client", swarm/reachability.py) last."""
+    counts = Counter(v.progress.round for v in views)
+    lineages = Counter((v.progress.round, getattr(v.progress, "params_hash", "")) for v in views)
+    usable = [v for v in views if target - slack <= v.progress.round <= target + ROUND_SPREAD]
+    random.shuffle(usable)
+    return sorted(usable, key=lambda v: (getattr(v.progress, "reach", "") == "client", counts[v.progress.round] < 2,
+                                         -v.progress.round,
+                                         -lineages[(v.progress.round, getattr(v.progress, "params_hash", ""))]))
+
+
+def _grouped(views: Sequence[Any], target: int) -> int:
+    """How many of ``views`` are at ``target`` or a little later and gathered in a group lately
+    (a set named for their last round or the one before: peer/round/merge.py)."""
+    return sum(1 for v in views if target <= v.progress.round <= target + ROUND_SPREAD
+               and getattr(v.progress, "gathered", "") and getattr(v.progress, "gathered_round", -9) >= v.progress.round - 2)
+
+
+class StateSync:
+    """Serving and downloading the replica state of one peer."""
+
+    def __init__(self, spec: RunSpec, engine: RoundEngine, gatherer, membership, peer_id: str,
+                 set_state: Callable[[str], str], on_installed: Callable[[int], None]):
+        """``set_state(s)``: shows state ``s`` in the progress record, returns the previous one;
+        ``on_installed(nbytes)``: θ changed (load it into the model) and ``nbytes`` were received."""
+        self.spec, self.engine, self.gatherer, self.membership = spec, engine, gatherer, membership
+        self.peer_id = peer_id
+        self.layout = spec.param_shapes()
+        self.consistent = True  # False after a round whose group started from other parameters than ours
+        self._set_state, self._on_installed = set_state, on_installed
+        self._fetch = StateDownloader(membership.dht, gatherer, membership.timing.download_min_rate)
+        self._failed_target: Tuple[int, float] = (-1, 0.0)  # a round no peer served, and when to try again
+
+    # ---- serving --------------------------------------------------------------------------------
+    def shareable_state(self) -> Tuple[dict, List[torch.Tensor]]:
+        meta, tensors = self.engine.shareable()
+        meta["spec"] = self.spec.digest()
+        return meta, tensors
+
+    def enable_sharing(self) -> None:
+        if getattr(self.gatherer, "client_mode", False):  # hivemind's client mode shares no state (connect-out only peer)
+            return
+        self.gatherer.allow_state_sharing = True  # rpc_download_state serves (no DHT declaration: exchange.py)
+
+    # ---- downloading ----------------------------------------------------------------------------
+    def download(self, peer: str, timeout: float) -> Optional[Tuple[Any, List[torch.Tensor]]]:
+        """``peer``'s state, or None (logged) if it could not be had."""
+        expected = 4 * (sum(t.numel() for t in self.engine.theta.values())
+                        + sum(t.numel() for t in self.engine.strategy.shared_state().values()))
+        try:
+            return self._fetch(peer, expected, timeout)
+        except Exception as e:
+            logger.info(f"could not download the state of {peer}: {e!r}")
+            return None
+
+    def catch_up(self, even_at_same_round: bool = False, only: Optional[Set[str]] = None, solo: bool = False) -> None:
+        """Download the current state if live peers are ahead of us (round 0 is the seed's, everywhere).
+
+        ``solo``: this peer's last round was one it trained alone (cut off, its view empty), or it has
+        found no group in the first round since it started (its checkpoint may be of such rounds). If the
+        swarm it lost is back in view at an earlier round (two or more peers there that gather in
+        groups), it takes the swarm's state of that round: its solo rounds raced ahead of the swarm's
+        (no waiting) and are one peer's lineage, the swarm's is everyone else's.
+
+        ``even_at_same_round``: this peer ended a round off its group's parameters and must take a
+        state of at least its own (new) round, even if no groupmate has published that round yet:
+        a groupmate still evaluating it serves an older state, which is refused and asked again.
+        ``only``: download from these peers alone (the groupmates that started the round from the
+        group's parameters: any other source may hold another lineage)."""
+        now = time.monotonic()
+        views = [v for v in self.membership.others(excluding=NOT_A_SOURCE) if only is None or v.peer_id in only]
+        target = swarm_round([v.progress.round for v in views])
+        rejoin = solo and not even_at_same_round and 0 <= target < self.engine.round and _grouped(views, target) >= 2
+        if even_at_same_round:
+            if not views:
+                return
+            target = max(target, self.engine.round)
+        elif target <= self.engine.round and not rejoin:
+            return
+        if not even_at_same_round and self._failed_target[0] == target and now < self._failed_target[1]:
+            return
+        sources = order_sources(views, target, slack=1 if even_at_same_round else 0)
+        if not sources:
+            return
+        if rejoin:
+            logger.info(f"rejoining the swarm: this peer's last round was solo and raced ahead to round "
+                        f"{self.engine.round}; taking the state of the swarm's round {target}")
+        previous = self._set_state("syncing")
+        try:
+            if self._download_and_install(sources, target, views):
+                if rejoin:  # the swarm it lost is training: the peers it skipped as no-shows are waited for again
+                    self.membership.forgive(v.peer_id for v in views)
+                return
+            self._failed_target = (target, time.monotonic() + self.membership.timing.retry_target_s)
+            logger.warning(f"could not download the state of round {target}; continuing from our own")
+        finally:
+            self._set_state(previous)
+
+    def _download_and_install(self, sources: List[Any], target: int, views: Sequence[Any]) -> bool:
+        queue = list(sources)
+        for attempt in range(MAX_ATTEMPTS):
+            if not queue:
+                return False
+            view = queue.pop(0)
+            peer, claimed = view.peer_id, view.progress.round
+            logger.info(f"downloading the state of round {target} from {peer} (it reports round {claimed})")
+            asked = time.monotonic()
+            got = self.download(peer, timeout=self.membership.timing.gather_slot_s)
+            if got is None:
+                # (a --client-mode peer too: left out, this peer trains on, and the client, which can
+                # dial out, downloads our state instead: waiting on it would leave both stuck)
+                self.membership.ignore(peer, self.membership.timing.silent_source_s)
+                continue
+            reported = _reported_hashes(views, excluding=peer)
+            try:
+                self.install(*got, min_round=target, max_round=claimed + 1, reported=reported)
+            except StateTooOld as e:
+                if claimed < target:  # a groupmate still finishing the round: ask again
+                    logger.info(f"{peer} is still finishing round {claimed}: {e}")
+                    queue.append(view)
+                    time.sleep(self.membership.timing.download_pause_s * (1 + attempt))
+                    continue
+                self._refuse(peer, e)
+                continue
+            except StateAhead as e:
+                if not self._install_ahead(got, peer, target, asked, e):
+                    continue
+            except StateUnreported as e:
+                if not self._install_rechecked(got, peer, target, claimed, asked, e):
+                    continue
+            except ProtocolError as e:
+                self._refuse(peer, e)
+                continue
+            self.consistent = True
+            self.enable_sharing()
+            return True
+        return False
+
+    def _install_ahead(self, got, peer: str, target: int, asked: float, ahead: StateAhead) -> bool:
+        """A state of a round past its server's claim: install it if a view read after the download
+        shows the server announcing that round (-1), with that view's hashes; refuse it otherwise."""
+        views = self.membership.fresh_view(since=asked, timeout=self.membership.timing.recheck_wait(self.membership.read_interval()))
+        claims = [v.progress.round for v in views if v.peer_id == peer]
+        if not claims or claims[0] + 1 < ahead.round:
+            self._refuse(peer, ahead)
+            return False
+        try:
+            self.install(*got, min_round=target, max_round=claims[0] + 1, reported=_reported_hashes(views, excluding=peer))
+        except ProtocolError as e:
+            self._refuse(peer, e)
+            return False
+        return True
+
+    def _install_rechecked(self, got, peer: str, target: int, claimed: int, asked: float, why: StateUnreported) -> bool:
+        """A state whose θ the view does not report: check it again against a view read after the
+        download, and refuse it (and its server for ``Timing.refuse_source_s``) only if it does not fit that one either.
+        Refused at once, a newcomer whose first view lagged the peers by one record refused every
+        honest server, then left all of them out of its view, and trained alone for 10 minutes."""
+        views = self.membership.fresh_view(since=asked, timeout=self.membership.timing.recheck_wait(self.membership.read_interval()))
+        try:
+            self.install(*got, min_round=target, max_round=claimed + 1, reported=_reported_hashes(views, excluding=peer))
+        except ProtocolError as e:
+            self._refuse(peer, e)
+            return False
+        logger.info(f"the state {peer} served fits a view read after the download (the first one, {why}, was older)")
+        return True
+
+    def _refuse(self, peer: str, why: Exception) -> None:
+        logger.warning(f"refused the state {peer} served: {why}; not asking it again for {self.membership.timing.refuse_source_s:.0f} s")
+        self.membership.ignore(peer, self.membership.timing.refuse_source_s)
+
+    def install(self, meta: Any, tensors: Sequence[torch.Tensor], min_round: int = 0, max_round: Optional[int] = None,
+                reported: Optional[Mapping[int, Set[str]]] = None) -> None:
+        """Check a downloaded state and make it ours; ProtocolError (nothing changed) if it does not fit.
+
+        ``reported``: round -> the θ hashes other peers report for it; a state of a round some peers
+        report must have one of their hashes."""
+        if not isinstance(meta, dict) or meta.get("spec") != self.spec.digest():
+            raise ProtocolError("state is from another run spec")
+        names, shared_names = meta.get("names"), meta.get("shared")
+        if names != list(self.layout) or not isinstance(shared_names, list) or len(tensors) != len(names) + len(shared_names):
+            raise ProtocolError("state does not list this run's tensors")
+        if not all(isinstance(k, str) for k in shared_names) or len(set(shared_names)) != len(shared_names):
+            raise ProtocolError("state's shared tensors are not distinct names")
+        round_no = meta.get("round")
+        if isinstance(round_no, bool) or not isinstance(round_no, int) or round_no < 0:
+            raise ProtocolError("state has no valid round")
+        if round_no < min_round:  # a peer that has not finished the round yet: try again
+            raise StateTooOld(f"state of round {round_no} is older than the swarm's round {min_round}")
+        if max_round is not None and round_no > max_round:
+            raise StateAhead(f"state of round {round_no} is ahead of the round {max_round - 1} its server reports", round_no)
+        theta = {name: _checked(name, t, self.layout[name]) for name, t in zip(names, tensors)}
+        shared = {k: _checked(k, t, None) for k, t in zip(shared_names, tensors[len(names):])}
+        hashes = (reported or {}).get(round_no)
+        if hashes and params_hash(theta) not in hashes:
+            raise StateUnreported(f"θ {params_hash(theta)} of round {round_no} is none of those its peers report")
+        # a whole round's exchange missed (a restart from an older checkpoint, a long stall) or a solo
+        # lineage left behind: the error-feedback residual (or local momentum) holds updates to a θ the
+        # swarm has moved on from, which the next payloads would send rounds late
+        own_round = self.engine.round
+        forget = not own_round <= round_no <= own_round + 1
+        try:
+            self.engine.install(theta, round_no, shared, forget_local=forget)
+        except ValueError as e:
+            raise ProtocolError(str(e)) from None
+        if forget and own_round > 0:  # (a newcomer's buffers were empty)
+            logger.info(f"cleared this peer's local {self.engine.strategy.name} buffers: they were of round "
+                        f"{own_round}'s lineage, not of round {round_no}'s")
+        self._on_installed(sum(t.numel() * t.element_size() for t in tensors))
+        logger.info(f"installed the state of round {round_no} (θ {self.engine.params_hash()})")
+
+
+def _checked(name: str, t: Any, shape: Optional[Sequence[int]]) -> torch.Tensor:
+    """``t`` as a float32 copy, if it is a real tensor (of ``shape`` when given) whose values are
+    finite and bounded after the cast; ProtocolError otherwise."""
+    if not torch.is_tensor(t) or not (t.is_floating_point() or t.dtype in (torch.int32, torch.int64)):
+        raise ProtocolError(f"state tensor {name} is not a real tensor")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ProtocolError(f"state tensor {name} has shape {tuple(t.shape)}, not {tuple(shape)}")
+    t = t.to(torch.float32).clone()
+    if not bool(torch.isfinite(t).all()) or (t.numel() and float(t.abs().max()) > STATE_MAX_ABS):
+        raise ProtocolError(f"state tensor {name} has non-finite values or values beyond {STATE_MAX_ABS:g} (as float32)")
+    return t
+
+
+def _reported_hashes(views: Sequence[Any], excluding: str) -> Dict[int, Set[str]]:
+    """round -> the θ hashes peers (but ``excluding``) report for it (a training peer reports none)."""
+    out: Dict[int, Set[str]] = {}
+    for v in views:
+        if v.peer_id != excluding and v.progress.params_hash:
+            out.setdefault(v.progress.round, set()).add(v.progress.params_hash)
+    return out

@@ -1,0 +1,63 @@
+"""A peer's state, as its progress record publishes it, and the moves between states.
+
+Other peers act on this field (who to wait for, who may still name a set for a round, whose round
+means something), so the names, their groupings and the moves a peer makes are defined here once:
+
+    starting    joining, downloading the swarm's state, or recovering after its role lost a round
+    waiting     started, holding its first round until ``--wait-peers`` peers have started
+    linking     a chain stage bringing its links up (not counted in rounds until they are)
+    training    in a round: its inner steps
+    ready       its round's payload is made; waiting for its group
+    exchanging  gathering its group's payloads and taking the outer step
+    syncing     downloading the swarm's state (then back to the state it left)
+    stopped     gone for good
+
+Groupings (each a frozenset):
+
+- ``NOT_IN_ROUNDS``: states that take no part in the round they name;
+- ``DONE``: a peer that has finished training its round (its group's set is coming);
+- ``IN_ROUND``: a peer in a round: it trains, or it is done and about to gather;
+- ``NOT_A_SOURCE``: a peer whose round means nothing yet (never a state source).
+
+``TRANSITIONS`` is the table of moves a live peer makes; ``allowed(old, new)`` reads it.
+Guarded by tests/test_peer_states.py.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, FrozenSet
+
+STARTING, WAITING, LINKING, TRAINING = "starting", "waiting", "linking", "training"
+READY, EXCHANGING, SYNCING, STOPPED = "ready", "exchanging", "syncing", "stopped"
+STATES = (STARTING, WAITING, LINKING, TRAINING, READY, EXCHANGING, SYNCING, STOPPED)
+
+NOT_IN_ROUNDS: FrozenSet[str] = frozenset({STOPPED, STARTING, LINKING})
+DONE: FrozenSet[str] = frozenset({READY, EXCHANGING})
+IN_ROUND: FrozenSet[str] = frozenset({TRAINING}) | DONE
+NOT_A_SOURCE: FrozenSet[str] = frozenset({STOPPED, STARTING})
+
+_LIVE = frozenset(STATES) - {STOPPED}
+# old state -> the states a peer may move to from it (the same state: a re-publication, always allowed)
+TRANSITIONS: Dict[str, FrozenSet[str]] = {
+    STARTING: frozenset({WAITING, LINKING, TRAINING, SYNCING, STOPPED}),
+    WAITING: frozenset({LINKING, TRAINING, SYNCING, STARTING, STOPPED}),
+    LINKING: frozenset({TRAINING, SYNCING, STARTING, STOPPED}),
+    # a chain stage whose next round's links are not up yet goes back to linking
+    TRAINING: frozenset({READY, LINKING, SYNCING, STARTING, STOPPED}),
+    # with overlap, the next round's steps are under way while the exchange of the last one waits
+    READY: frozenset({EXCHANGING, TRAINING, SYNCING, STARTING, STOPPED}),
+    EXCHANGING: frozenset({TRAINING, READY, LINKING, SYNCING, STARTING, STOPPED}),
+    SYNCING: _LIVE | {STOPPED},  # back to whichever state the download interrupted
+    STOPPED: frozenset(),
+}
+
+
+def allowed(old: str, new: str) -> bool:
+    """Whether a peer in ``old`` may move to ``new`` (an unknown state never)."""
+    return new in STATES and (old == new or new in TRANSITIONS.get(old, frozenset()))
+
+
+def settled(state: str) -> str:
+    """``state`` with the two done states as one: the move from ready to exchanging changes nothing
+    another peer acts on, so it waits for the next keep-alive instead of a publication."""
+    return READY if state in DONE else state
