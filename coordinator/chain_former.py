@@ -10,7 +10,7 @@ A chain that breaks young (its stages could not connect, or one died at once) is
 from the same members in the same order for a while: 30 s, doubling with every such failure up to
 10 min. Meanwhile its members stay in the pool, so a chain of other members, or of these with new
 candidates, is formed as soon as capacity allows; the members themselves log why they could not
-connect (peer/chain.py).
+connect (peer/chain/stage.py).
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def run_coordinator(args: argparse.Namespace) -> int:
     spec = load_spec(args.config, args.run_id, args.strategy)
     tokenizer_json = None
     if spec.data.tokenizer != "bytes" or getattr(args, "tokenizer", None):
-        from peer.tokenizer import coordinator_tokenizer  # torch and tokenizers: only for a BPE run
+        from peer.training.tokenizer import coordinator_tokenizer  # torch and tokenizers: only for a BPE run
 
         spec, tokenizer_json = coordinator_tokenizer(spec, getattr(args, "tokenizer", None))
     token = join_token(args)
