@@ -2,14 +2,15 @@
 
 At the 125m shape a checkpoint (θ, the strategy's buffers, AdamW's moments: 1.4 GB) takes about
 6 s to check, digest, serialize and fsync, while a GPU peer trains a round of H = 30 steps in
-0.5 s. Written by the round's exchange, every round, it held the next round's inner steps for
-as long: one peer alone on an H200 was busy 10-12 % of the time (bench/RESULTS.md, "GPU figures").
+0.5 s. Written by the round's exchange every round, it would hold the next round's inner steps for
+as long, and a GPU peer would spend most of its time waiting on it.
 
 So a checkpoint is collected at the end of a round (a consistent copy, in memory), then written by
 this writer's own thread while training goes on; and a new one is due only when the writer is idle
 and the time since the last write ended is at least ``COST_RATIO`` times that write's duration. A
 small model's checkpoint (milliseconds) is still written every round; a large one's at most a tenth
 of the wall time. The stop waits for a write in progress before its own final checkpoint.
+Guarded by tests/test_checkpoint_writer.py.
 """
 
 from __future__ import annotations

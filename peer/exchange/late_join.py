@@ -5,8 +5,8 @@ when the leader assembles the group, BEGIN_ALLREDUCE with the members. A followe
 only ``request_timeout`` (plus the leader's expiration, for the second), then closes the stream and
 looks for another leader. On a loaded host the leader can assemble the group before it has seen that
 close: the group names the follower, the others gather with it, and the follower, still looking,
-never opens the group. Its payload was lost for the round (the others waited a gather slot for it,
-then excluded it) and it took their set afterwards.
+never opens the group. Its payload is then lost for the round (the others wait a gather slot for it,
+then exclude it) and it takes their set afterwards.
 
 This mixin of peer/exchange/gatherer.py's ``PayloadGatherer`` closes that gap at the gather:
 

@@ -29,9 +29,9 @@ def cancel_step(control: Any) -> None:
     cancelled. An averager that wakes on the signal before the mark (a loaded host) finds the step
     not cancelled and goes on awaiting its ``look_for_group`` until the step's own timeout (the
     round's whole wait), and every later step of this peer queues behind it ("Another
-    look_for_group is already in progress"): seen in CI as a peer stuck for minutes, and as a stale
-    step joining a later round's group. Marking the step first (its state is in shared memory)
-    closes the race."""
+    look_for_group is already in progress"): the peer is stuck for minutes, or a stale step joins a
+    later round's group. Marking the step first (its state is in shared memory) closes the race
+    (tests/test_cancel_step.py)."""
     if isinstance(control, MPFuture):
         MPFuture.cancel(control)
     control.cancel()

@@ -25,7 +25,7 @@ class StateServing:
 
     async def _declare_for_download_periodically(self):
         """Nothing. hivemind stores each peer as a state source under one DHT key every
-        ``declare_state_period`` (32 peers: a store every 0.3 s to one key of 32 subkeys, timing out
-        under load) for its own loader, which trusts the highest priority anyone declares. A voloco
-        peer names the peer it downloads from out of the progress records (peer/round/state_sync.py) and
-        never reads that key; ``rpc_download_state`` still serves while state sharing is allowed."""
+        ``declare_state_period`` (in a large swarm, many stores a second to one key of a subkey per
+        peer, which time out under load) for its own loader, which trusts the highest priority anyone
+        declares. A voloco peer names the peer it downloads from out of the progress records
+        (peer/round/state_sync.py) and never reads that key; ``rpc_download_state`` still serves while state sharing is allowed."""

@@ -4,7 +4,7 @@ Sequential (``outer.overlap = false``, and always on a chain stage, whose neighb
 lockstep with it): train, wait for the round's peers, gather, apply, evaluate, checkpoint, then
 the next round's first step.
 
-Overlapped (the one-step-delayed outer update of ``shared/ALGORITHMS.md`` section 6, the default):
+Overlapped (the one-step-delayed outer update of docs/round.md, "Overlap"; the default):
 at the end of round t the peer holds ``θ_send``; it hands the payload of ``Δ_t`` to a thread of its
 own that waits for the round's peers, gathers, decodes and takes the outer step on θ (the global
 parameters, which every member computes bit-identically from the same payloads), then evaluates
@@ -198,8 +198,8 @@ class RoundLoop:
             self._exchange(Handoff(payload, pending, losses, t0, t_train, time.monotonic(), overlapped=self._overlapped))
             return
         # overlap: the payload is encoded in the exchange's thread from a snapshot of the model, so
-        # the next round's inner steps start at once (on a GPU the encode is 27-34 % of H = 30 steps:
-        # bench/RESULTS.md, "GPU figures")
+        # the next round's inner steps start at once (on a GPU the encode takes about a third as long
+        # as H = 30 steps)
         handoff = Handoff(None, None, losses, t0, t_train, t_train, overlapped=self._overlapped)
         if schedule.checkpoint_due(peer):
             handoff.trainer = checkpoints.trainer_snapshot(role)
@@ -303,9 +303,9 @@ class RoundLoop:
             timing = peer.membership.timing
             wait = timing.no_group_wait(peer.membership.read_interval())
             if give_up.fired:  # given up while matchmaking: our payload went nowhere, the others' sets are named
-                # only a set of our last round's groupmates can be taken; with none (a state just
-                # downloaded, a fresh start) nothing is waited for (it cost 10 s a try in a peer's
-                # chase of the swarm: bench/RESULTS.md): the swarm's state is taken at once
+                # only a set of our last round's groupmates can be taken (adopt_round_set); with
+                # none (a state just downloaded, a fresh start) no set can be, so nothing is waited for
+                # and the swarm's state is taken at once
                 if mates:
                     result = adopt_round_set(peer, engine.round, start_hash, max(wait, timing.set_fetch_s), lineage=mates)
             else:
@@ -319,11 +319,12 @@ class RoundLoop:
             self._restart = self.overlap
             logger.warning(f"round {engine.round}: found no group; keeping this round's update locally")
             peer._load_theta()
-            # a lineage of its own: a solo last round, or none since this process started (restarted from
-            # a checkpoint of its solo rounds, it waited at round 533 while the swarm was at 368)
+            # a lineage of its own: a solo last round, or none since this process started (a peer
+            # restarted from a checkpoint of its solo rounds may be rounds ahead of the swarm;
+            # tests/test_state_sources.py)
             peer.sync.catch_up(solo=last is None or last.group == [peer.peer_id])
             # the status says so too (its round, a state it installed, its wire bytes): a slow peer whose
-            # every round ended here, each behind the swarm's, kept its start-up status to the end
+            # every round ends here would otherwise keep its start-up status
             write_status(peer.opts.status_file, peer.status())
             return
 

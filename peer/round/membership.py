@@ -5,17 +5,17 @@ changes, and refreshes it while nothing changes every third of its TTL (at most 
 ``swarm.heartbeat_period``); it reads everyone's to decide whom to wait for. Records are read through
 ``swarm.records`` (hivemind's DHT). Every read moves every peer's signed record, so a peer reads at
 most every ``Timing.read_min_s`` and, in a larger swarm, every ``N / Timing.swarm_reads_per_s`` seconds: the
-swarm's reads stay near ``swarm_reads_per_s`` a second however many peers it has (32 peers each
-reading four times a second fragmented a swarm: reads timed out, views came back partial and peers
-trained alone). Callers in between share the last view. A read that fails or misses records keeps
-the last view's records until they expire, and ``Timing.missed_reads_kept`` read intervals more: a record
-is never removed from the DHT before its expiration, so a record missing from one read is a read
-that did not reach it, not a peer that left (on a loaded host a peer's keep-alive store and two
-reads can all be late within one TTL: 32 peers on 2 cores each saw 21 to 31 of the 32 for minutes
-and never reached their start quorum); a slow DHT never stops training, and never makes the swarm
+swarm's reads stay near ``swarm_reads_per_s`` a second however many peers it has (at a fixed rate
+per peer, a large swarm's reads time out, views come back partial and peers train alone). Callers
+in between share the last view (tests/test_control_plane.py). A read that fails or misses records
+keeps the last view's records until they expire, and ``Timing.missed_reads_kept`` read intervals
+more: a record is never removed from the DHT before its expiration, so a record missing from one
+read is a read that did not reach it, not a peer that left (on a loaded host a peer's keep-alive
+store and two reads can all be late within one TTL, and a view that dropped such records would stay
+partial, short of its start quorum); a slow DHT never stops training, and never makes the swarm
 look empty: a view with no other live peer while a read of the last ``Timing.live_memory_ttls`` record
 TTLs found some is reads that missed them, and the round barrier reads again (until
-``swarm.round_wait``) instead of training alone.
+``swarm.round_wait``) instead of training alone (tests/test_liveness.py).
 
 A record is a claim, not a promise: a peer may announce that it trains this round and never come.
 The round barrier therefore waits for announced peers only a *straggler allowance* past the last
@@ -29,8 +29,9 @@ the same no-show in neighbouring rounds (their views of its claim a read apart) 
 again in the same round: a retry then costs the swarm one allowance, not one per peer. The
 back-off bounds what a peer that announces itself and never comes costs (one allowance per skip
 period), and still lets an honest peer that fell behind once (an overloaded host, a lost matchmaking
-reply) back in: skipping it for ever would leave two honest peers chasing each other's round alone. A round far ahead of everyone is not believed either: "the swarm's round" is one
-that at least two other peers have reached (``swarm_round``), and peers that state sync caught
+reply) back in: skipping it for ever would leave two honest peers chasing each other's round alone
+(tests/test_rejoin.py). A round far ahead of everyone is not believed either: "the swarm's round" is
+one that at least two other peers have reached (``swarm_round``), and peers that state sync caught
 lying (a state it refused, none served) are left out of the view for a while (``ignore``).
 """
 
@@ -55,9 +56,11 @@ from swarm.records import PeerView, publish_progress, read_progress
 
 logger = logging.getLogger("voloco.peer")
 
-# peers that take no part in rounds yet: booting, waiting for a chain, or a chain stage still
-# connecting to its neighbours (a chain that cannot link never trains). A peer never waits for
-# them; one that went ahead alone meanwhile is caught up with (downloaded) when they start.
+# NOT_IN_ROUNDS (protocol/peer_states.py): peers that take no part in rounds: stopped, or not yet
+# (booting, waiting for a chain, or a chain stage still connecting to its neighbours: a chain that
+# cannot link never trains). A peer never waits for them; one that went ahead alone meanwhile is
+# caught up with (downloaded) when they start.
+
 LATENCIES_KEPT = 5  # reads whose durations give the host's DHT read latency
 
 
@@ -70,8 +73,9 @@ def swarm_round(rounds: Sequence[int]) -> int:
 
 def acted_on(p: Progress) -> tuple:
     """The fields of a progress record other peers act on: a change to one is published at once, the
-    rest (losses, tokens, "exchanging" after "ready") waits for the next keep-alive. Every store moves
-    the record to every replica, and a round used to store it 8 to 10 times."""
+    rest (losses, tokens, "exchanging" after "ready") waits for the next keep-alive, as every store
+    moves the record to every replica (tests/test_liveness.py,
+    ``test_only_what_other_peers_act_on_is_published_at_once``)."""
     state = peer_states.settled(p.state)
     return (p.round, state, p.params_hash, p.part, p.reach, p.gathered_round, p.gathered, p.gathered_before)
 
@@ -240,7 +244,8 @@ class Membership:
             if v.progress.state in NOT_IN_ROUNDS:
                 # read, and not in rounds (stopped, restarting, a chain stage back to linking): not a
                 # missed read. A stage that cannot link flips between "syncing" and "linking"; kept
-                # here, it had the round's barrier "read again" for 11 s of a full replica's round
+                # here, it would have the round's barrier read again for nothing
+                # (tests/test_liveness.py, test_a_peer_read_again_out_of_rounds_is_not_a_missed_read)
                 self._live_seen.pop(v.peer_id, None)
             else:
                 self._live_seen[v.peer_id] = now
@@ -256,10 +261,10 @@ class Membership:
 
     def lost_sight(self) -> bool:
         """Whether the view shows no other live peer while a read of the last ``Timing.live_memory_ttls``
-        record TTLs found some (not no-shows): the reads missed them (32 peers on 2 cores: a peer
-        that had just counted 32 started found an empty view at its first barrier and trained round
-        1 alone), not a swarm that left: those that stop say so, and a killed peer's record stays
-        for its TTL. Never true once they have been out of sight that long."""
+        record TTLs found some (not no-shows): the reads missed them, not a swarm that left: those
+        that stop say so, and a killed peer's record stays for its TTL. Never true once they have
+        been out of sight that long (tests/test_liveness.py,
+        ``test_reads_that_miss_every_peer_seen_live_lately_are_no_empty_swarm``)."""
         return not self.others() and self._seen_live_lately()
 
     def choose_slice(self, slices: int) -> int:
@@ -280,9 +285,10 @@ class Membership:
         Peers that are still starting do not count (they may still be loading data). A peer already
         training ends the wait: it saw the quorum (or the run is under way, and this peer caught up
         with it at start). Each peer's view is partial on a loaded host, so the peers of one swarm
-        reach their own count minutes apart (32 peers on 2 cores: 14:25:47 to 14:27:40), and the
-        first to reach it trained round 0 alone beside 30 peers still waiting; following the first
-        starts everyone within a read of each other."""
+        can reach their own count minutes apart, and the first to reach it would train round 0 alone
+        beside peers still waiting; following the first starts everyone within a read of each other
+        (tests/test_control_plane.py,
+        ``test_the_start_quorum_ends_when_another_peer_began_training_on_its_own_count``)."""
         t0 = last_log = time.monotonic()
         started = {self.peer_id}  # a peer seen started counts until it is seen stopped (a read may miss it)
         while not self.stop.is_set():
@@ -312,8 +318,10 @@ class Membership:
         A peer still coming is judged later, not now: one still in the round it was waited in that
         has finished training it (ready, exchanging) or trained on since (its step advanced) is
         slower than us, not absent; it is judged again at the next barriers while it stays in that
-        round, for at most ``Timing.carry_rounds`` rounds. (At 32 peers the first pair to gather struck the
-        30 others, still matchmaking, as no-shows, and trained ahead of them alone.)"""
+        round, for at most ``Timing.carry_rounds`` rounds: struck at once, the peers still
+        matchmaking when the first pair of a large swarm gathers would be no-shows to that pair,
+        which would then train ahead of them alone (tests/test_liveness.py,
+        ``test_peers_still_coming_to_the_round_are_judged_later_not_struck``)."""
         candidates = {**self._carried, **{p: self._waited_round for p in self._waited}}
         view = self.view()
         by_peer = {v.peer_id: v.progress for v in view}

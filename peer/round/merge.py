@@ -4,18 +4,20 @@ A swarm larger than ``swarm.max_group_size`` forms several groups in one round (
 matchmaking bounds them). Each member names its group's agreed set in its progress record
 (``gathered_round``, ``gathered``, and the set of the round before in ``gathered_before``: a group
 that gathers late, on a loaded host, still finds the set of a peer that has trained on and named
-the next round's), then waits for the peers of its round that are not in its group
-(ready, or still training, unless the round's barrier already gave up on them): until each has named
-a set, or has left the round (found no group and caught up, stopped), or too few are left to make a
-group of their own (``swarm.min_group_size``), or the wait
-ran out: the straggler allowance or ``swarm.gather_timeout`` (the larger) past the last set that
-came in, never more than ``swarm.round_wait``; both ``Timing.gathering_extra_slots`` gather timeouts longer while
-a peer it waits for has finished training (ready or exchanging: its group's set is coming, and a
-large group on a loaded host gathers for longer than a small one). Every set named for the round is fetched from one of the peers that
-named it (another on failure), checked envelope by envelope (protocol/group_sets.py) and merged:
-θ is computed from the union, in canonical order, so groups that hold the same sets hold the same
-θ. A set that cannot be had in time leaves that round with a second θ; a member of the minority
-takes the majority's parameters at the next round's start-hash check.
+the next round's), then waits for the peers of its round that are not in its group (ready, or
+still training, unless the round's barrier already gave up on them): until each has named a set,
+or has left the round (found no group and caught up, stopped), or too few are left to make a
+group of their own (``swarm.min_group_size``), or the wait ran out: the straggler allowance or
+``swarm.gather_timeout`` (the larger), and two matchmakings (``Timing.merge_allowance``), past the
+last set that came in, never more than ``swarm.round_wait``; both ``Timing.gathering_extra_slots``
+gather timeouts longer while a peer it waits for has finished training (ready or exchanging: its
+group's set is coming, and a large group on a loaded host gathers for longer than a small one).
+Every set named for the round is fetched from one of the peers that named it (another on
+failure), checked envelope by envelope (protocol/group_sets.py) and merged: θ is computed from the
+union, in canonical order, so groups that hold the same sets hold the same θ. A set that cannot be
+had in time leaves that round with a second θ; a member of the minority takes the majority's
+parameters at the next round's start-hash check. Guarded by tests/test_group_merge.py and
+tests/test_group_merge_waits.py.
 
 Only peers of the same part of the model (``progress.part``: a full replica, a slice, a stage)
 are asked: the others gather under another key.
@@ -58,8 +60,9 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     θ. ``gave_up``: the peers of the round the barrier stopped waiting for (still training past the
     straggler allowance, or stalled): not waited for a second time while they still train, but
     waited for once they have finished training the round (ready, matchmaking): a group of them is
-    about to name its set, and the first pair of 32 peers to gather, merging without the 30 others,
-    trained a θ of its own.
+    about to name its set, and a first pair that merged without them would train a θ of its own
+    (tests/test_group_merge.py,
+    ``test_peers_the_barrier_gave_up_on_that_then_finished_training_are_waited_for``).
 
     ``skip`` (peer -> round), kept from round to round by the caller: a peer that stayed in the
     round past the wait without naming a set is not waited for again for ``Timing.merge_skip_rounds`` rounds, or
@@ -134,8 +137,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         if not view or (hopeless and not unfetched and membership.read_began > t0):
             break  # alone, or nothing more to wait for in a view read after our group's gather
         # a peer of the round that has finished training and is matchmaking or gathering names its set
-        # once its group's gather ends: a group of 16 on a loaded host gathers for longer than a pair
-        # (32 peers on 2 cores: a pair gave up on the 16's set 7 s before it was named)
+        # once its group's gather ends: a large group on a loaded host gathers for longer than a pair
+        # (test_a_large_group_still_gathering_past_round_wait_is_waited_for_and_one_still_training_is_not)
         gathering = any(by_peer[p].state in DONE for p in outstanding)
         extra = timing.gathering_extra() if gathering else 0.0
         if now - last_arrival > allowance + extra or now - t0 > timing.round_wait_s + extra:
@@ -149,9 +152,9 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     # have shown it one still gathering that ours no longer waited for: then its merge runs on, to
     # round_wait (and the gathering extra, and a fetch) past its start, at most a gather slot after
     # ours. Its answer is then waited for that long (it comes as soon as that merge ends), or the two
-    # end the round with two θ (a faults run: one member stopped after 9 s with its own set, its
-    # groupmate merged a second set at 14 s). A round with no other group in sight waits as before:
-    # a groupmate that never answers costs the allowance, not the longest merge
+    # would end the round with two θ, one of them without the late set. A round with no other group
+    # in sight waits only the allowance: a groupmate that never answers costs that, not the longest
+    # merge (tests/test_group_merge_waits.py)
     wait, quiet_wait = allowance, timing.quiet_mate_s
     if others or len(held) > 1:  # a groupmate that left us waiting lately too (our own link may have been down)
         wait, quiet_wait = max(allowance, timing.mate_merge_bound() - (time.monotonic() - t0)), allowance
@@ -177,9 +180,11 @@ def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, byte
     different members: that costs a round's θ, never a forged payload, every set being checked).
     ``quiet`` (peer -> round), kept by the caller: groupmates that did not answer, asked again for
     ``Timing.merge_skip_rounds`` rounds with a wait of ``quiet_wait`` only (``Timing.quiet_mate_s`` when
-    None; the merge's allowance
-    where the round showed another group: a peer whose link had been down had marked its groupmates
-    quiet, then waited 1 s for one that merged another group's set 1.2 s later, and split from it)."""
+    None; the merge's allowance where the round showed another group: a groupmate marked quiet while
+    our own link was down may merge another group's set a little after the short wait, which would
+    split the group). Guarded by tests/test_group_merge.py
+    (``test_a_groupmate_that_does_not_answer_is_not_waited_for_long_again_and_an_excluded_one_is_never_asked``)
+    and tests/test_group_merge_waits.py."""
     gatherer, me, own = peer.gatherer, peer.peer_id, result.set_digest
     timing = peer.membership.timing
     quiet = {} if quiet is None else quiet
@@ -273,7 +278,7 @@ def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage
     """After our gather of ``round_no`` was given up because every other peer of the round gathered
     without us (``no_group_left``): a set they named, as if our group had left our payload out. Its
     outcome (then merged with the round's other sets, as any member's) puts us on the swarm's θ at
-    the price of fetching one set, where deferring the round cost a download of the whole state
+    the price of fetching one set, where deferring the round costs a download of the whole state
     (3.7 MB at the 0.87M model of bench/wan.py, against a set's 57 KB). Our round's update stays in
     the local buffers, as when a round is deferred. Only a set with a member of ``lineage`` (our
     last round's groupmates, whose θ we took then) counts: a set gathered on another θ would give
@@ -281,17 +286,17 @@ def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage
     and downloads as before); the next round's start-hash vote still catches a groupmate that has
     changed θ since. Most of the set's owners must be of ``lineage``: only owners vote in their
     group's start-hash check, so that group then took our θ as its start, and the set's outcome from
-    our θ is the group's. One of two is not enough (a faults run: a peer took the set of its last
-    groupmate and a peer of another lineage; their tied vote went to the other θ, the groupmate
-    downloaded it, and the peer that took the set ended the round on a θ nobody else held). None if
-    no such set can be had within ``wait_s``.
+    our θ is the group's. One of two is not enough: with one owner of each lineage the tied vote may
+    go to the other θ, our groupmate then downloads it, and we would end the round on a θ nobody
+    else holds. None if no such set can be had within ``wait_s`` (tests/test_group_merge.py,
+    ``test_a_peer_the_round_gathered_without_takes_a_named_set_and_merges_the_rest``).
 
     A groupmate of our last round counts only where its record names, for that round, the set our
     group agreed (``peer.gathered``): a member cut off in the middle of the round's gather decided it
-    with a set of its own, and its θ is then apart from theirs (a faults run: a peer whose link
-    went down decided its round alone with 3 payloads, took its groupmates' next set onto its own θ,
-    and was back on theirs only 4 rounds later, by the start-hash vote). Such a peer, or one whose
-    groupmates' records no longer name that round, defers and downloads instead."""
+    with a set of its own, and its θ is then apart from theirs: their next set taken onto that θ
+    would leave it apart until a later start-hash vote. Such a peer, or one whose groupmates'
+    records no longer name that round, defers and downloads instead (tests/test_group_merge.py,
+    ``test_a_groupmate_that_agreed_another_set_last_round_is_not_of_our_lineage``)."""
     lineage = set(lineage)
     before, ours = peer.gathered
 

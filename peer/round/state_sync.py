@@ -111,7 +111,7 @@ class StateSync:
     def enable_sharing(self) -> None:
         if getattr(self.gatherer, "client_mode", False):  # hivemind's client mode shares no state (connect-out only peer)
             return
-        self.gatherer.allow_state_sharing = True  # rpc_download_state serves (no DHT declaration: exchange.py)
+        self.gatherer.allow_state_sharing = True  # rpc_download_state serves (no DHT declaration: peer/exchange/state_serving.py)
 
     # ---- downloading ----------------------------------------------------------------------------
     def download(self, peer: str, timeout: float) -> Optional[Tuple[Any, List[torch.Tensor]]]:
@@ -225,8 +225,9 @@ class StateSync:
     def _install_rechecked(self, got, peer: str, target: int, claimed: int, asked: float, why: StateUnreported) -> bool:
         """A state whose θ the view does not report: check it again against a view read after the
         download, and refuse it (and its server for ``Timing.refuse_source_s``) only if it does not fit that one either.
-        Refused at once, a newcomer whose first view lagged the peers by one record refused every
-        honest server, then left all of them out of its view, and trained alone for 10 minutes."""
+        Refused at once, a newcomer whose first view lags the peers by one record would refuse every
+        honest server and leave them all out of its view, training alone meanwhile (tests/test_liveness.py,
+        ``test_a_state_newer_than_the_view_is_checked_against_a_view_read_after_the_download``)."""
         views = self.membership.fresh_view(since=asked, timeout=self.membership.timing.recheck_wait(self.membership.read_interval()))
         try:
             self.install(*got, min_round=target, max_round=claimed + 1, reported=_reported_hashes(views, excluding=peer))

@@ -8,7 +8,8 @@
 
 Every role builds its share of the model, names the tensors it sends (its strategy's layout),
 loads θ into its model, runs an inner step and says whether its tokens count. The round loop
-(peer/host/runtime.py) calls only this interface: it has no branch on the kind of role. A role whose
+(peer/round/loop.py) trains through this interface; it asks the kind of role only where a chain
+stage's round differs (no overlap, no early close, "linking" until its links are up). A role whose
 round cannot go on (a chain that broke) raises ``RoundAbandoned``; ``recover`` then gets the
 peer back to a trainable role, or None when the peer is stopping.
 """
