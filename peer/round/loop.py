@@ -22,6 +22,10 @@ so neither stalls the inner steps.
 
 Mixed speeds (peer/round/early_close.py): a peer still training when most of its round is ready closes
 the round after at least ``outer.min_inner_fraction`` of H and contributes what it has.
+
+Each step of the exchange (gather, adopt a set, train alone, defer and catch up, stop) is decided by
+protocol/round_policy.py from the facts this loop gathers; it ends in an agreed set, a state caught
+up, or a stop.
 """
 
 from __future__ import annotations
@@ -39,10 +43,12 @@ from peer.checkpoints import contents as checkpoints
 from peer.checkpoints import schedule
 from peer.round.early_close import EarlyClose, min_steps
 from peer.round.merge import adopt_own_set, adopt_round_set, merge_round, no_group_left
-from peer.training.progress_bar import ProgressBar
 from peer.round.report import RoundRecord, log_round, write_status
-from peer.training.roles import ChainStage, RoundAbandoned
 from peer.training.evaluator import RoundEvaluator
+from peer.training.progress_bar import ProgressBar
+from peer.training.roles import ChainStage, RoundAbandoned
+from protocol import round_policy
+from protocol.round_policy import Step
 
 logger = logging.getLogger("voloco.peer")
 
@@ -277,17 +283,19 @@ class RoundLoop:
     def _exchange(self, h: Handoff) -> None:
         """Wait for the round's peers, gather, apply; then evaluate, checkpoint and report."""
         peer = self.peer
-        engine, spec = peer.engine, peer.spec
+        engine = peer.engine
         last = peer.totals.history[-1] if peer.totals.history else None
         mates = set(last.group) - {peer.peer_id} if last is not None and last.round == engine.round else set()
         barrier = peer.membership.wait_for_round(engine.round, mates, first_round=peer.totals.rounds == 0)
         t_wait = time.monotonic()
-        if peer.stop_event.is_set():
+        # each step of the exchange is protocol/round_policy.py's decision, from the facts gathered here
+        step = round_policy.after_barrier(peer.stop_event.is_set(), barrier.nobody_to_meet)
+        if step is Step.STOP:
             return
         peer.state = "exchanging"
-        result = give_up = None
+        result = None
         start_hash = engine.params_hash()
-        if not barrier.nobody_to_meet:  # nobody of our round left to meet: catch up instead
+        if step is Step.GATHER:  # (nobody of our round left to meet: no group, catch up)
             # the only others are catching up to an earlier round (a chain stage that cannot link does,
             # again and again): give them the straggler allowance to join, not the whole round_wait
             short = barrier.expected == 1 and barrier.only_syncing
@@ -298,23 +306,26 @@ class RoundLoop:
                 give_up=give_up,
                 read_latency=peer.membership.read_latency(),
             )
+            # given up while matchmaking (give_up.fired): our payload went nowhere and only a set of our
+            # last round's groupmates can be taken (adopt_round_set); with none (a state just downloaded,
+            # a fresh start) no set can be, and the swarm's state is taken at once
+            step = round_policy.after_gather(result is not None, give_up.fired, bool(mates), peer.stop_event.is_set())
         merged = None
-        if result is None and give_up is not None and not peer.stop_event.is_set():
-            timing = peer.membership.timing
-            wait = timing.no_group_wait(peer.membership.read_interval())
-            if give_up.fired:  # given up while matchmaking: our payload went nowhere, the others' sets are named
-                # only a set of our last round's groupmates can be taken (adopt_round_set); with
-                # none (a state just downloaded, a fresh start) no set can be, so nothing is waited for
-                # and the swarm's state is taken at once
-                if mates:
-                    result = adopt_round_set(peer, engine.round, start_hash, max(wait, timing.set_fetch_s), lineage=mates)
-            else:
-                result = adopt_own_set(peer, engine.round, h.payload, start_hash, wait)
-        if result is None and (barrier.alone or peer.membership.swarm_is_empty()):
+        timing = peer.membership.timing
+        if step is Step.ADOPT_ROUND_SET:
+            wait = max(timing.no_group_wait(peer.membership.read_interval()), timing.set_fetch_s)
+            result = adopt_round_set(peer, engine.round, start_hash, wait, lineage=mates)
+            step = round_policy.after_adopt(result is not None)
+        elif step is Step.ADOPT_OWN_SET:
+            result = adopt_own_set(peer, engine.round, h.payload, start_hash, timing.no_group_wait(peer.membership.read_interval()))
+            step = round_policy.after_adopt(result is not None)
+        if step is Step.NO_GROUP:
+            step = round_policy.without_group(barrier.alone or peer.membership.swarm_is_empty())
+        if step is Step.ALONE:
             seen = [v for v in peer.membership.view() if v.peer_id != peer.peer_id]
             if seen:  # records, but none of a peer that takes part in rounds
                 logger.info(f"round {engine.round}: training alone: no other peer in rounds ({_states(seen)})")
-        elif result is None:
+        elif step is Step.DEFER:
             engine.defer(h.pending)
             self._restart = self.overlap
             logger.warning(f"round {engine.round}: found no group; keeping this round's update locally")

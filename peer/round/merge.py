@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Set
 
 from peer.exchange.gatherer import GatherResult, base58
-from protocol import group_sets
-from protocol.peer_states import DONE, IN_ROUND, NOT_IN_ROUNDS
+from protocol import group_sets, round_policy
+from protocol.peer_states import IN_ROUND, NOT_IN_ROUNDS
 
 logger = logging.getLogger("voloco.peer")
 
@@ -131,17 +131,17 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             and not by_peer[p].set_of(round_no)
         }
         unfetched = [d for d, pubs in named.items() if tries.get(d, 0) < TRIES_PER_SET and set(pubs) - failed]
-        now = time.monotonic()
-        # fewer peers in the exchange than make a group: they cannot gather a set of their own
-        hopeless = len(outstanding) < spec.swarm.min_group_size
-        if not view or (hopeless and not unfetched and membership.read_began > t0):
-            break  # alone, or nothing more to wait for in a view read after our group's gather
         # a peer of the round that has finished training and is matchmaking or gathering names its set
         # once its group's gather ends: a large group on a loaded host gathers for longer than a pair
         # (test_a_large_group_still_gathering_past_round_wait_is_waited_for_and_one_still_training_is_not)
-        gathering = any(by_peer[p].state in DONE for p in outstanding)
-        extra = timing.gathering_extra() if gathering else 0.0
-        if now - last_arrival > allowance + extra or now - t0 > timing.round_wait_s + extra:
+        extra = timing.gathering_extra() if round_policy.still_gathering(by_peer[p].state for p in outstanding) else 0.0
+        clock = round_policy.MergeClock(now=time.monotonic(), started=t0, last_arrival=last_arrival, allowance=allowance,
+                                        extra=extra, round_wait=timing.round_wait_s)
+        decision = round_policy.merge_wait(clock, bool(view), len(outstanding), len(unfetched), spec.swarm.min_group_size,
+                                           fresh_read=membership.read_began > t0)
+        if decision is round_policy.MergeWait.NOTHING_LEFT:
+            break  # alone, or nothing more to wait for in a view read after our group's gather
+        if decision is round_policy.MergeWait.TIMED_OUT:
             logger.info(f"round {round_no}: merged {len(held) - 1} other groups' sets; not waiting longer for "
                         f"{len(outstanding)} peers of the round and {len(unfetched)} sets")
             skip.update({p: round_no + timing.merge_skip_rounds for p in outstanding})
@@ -243,20 +243,13 @@ def no_group_left(peer, round_no: int, since: float, gave_up: Iterable[str] = ()
         view = membership.view()
         if membership.read_began <= since:
             return False
-        named = open_ = False
-        for v in view:
-            p = v.progress
-            if v.peer_id == me or p.part != part:
-                continue
-            done = bool(p.set_of(round_no))
-            named |= done
-            if (p.round == round_no and p.state in IN_ROUND and not done
-                    and v.peer_id not in gave_up and v.peer_id not in membership.no_shows):
-                open_ = True
-        if named and not open_:
+        records = [(v.peer_id, v.progress.round, v.progress.state, v.progress.part, bool(v.progress.set_of(round_no)))
+                   for v in view]
+        left = round_policy.nobody_left(records, me, part, round_no, frozenset(gave_up | membership.no_shows))
+        if left:
             logger.info(f"round {round_no}: every other peer of the round has gathered without us; not waiting for a group")
             check.fired = True
-        return named and not open_
+        return left
 
     check.fired = False  # True once it gave the gather up: we never sent our payload, no set can hold it
     return check

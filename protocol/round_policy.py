@@ -1,0 +1,145 @@
+"""The decisions of a round's exchange, pure: what a peer does next, from what it knows now.
+
+No I/O and no clock: the round loop (peer/round/loop.py) and the merge of a round's sets
+(peer/round/merge.py) gather the facts (the barrier's result, the gather's, the records of the
+view, the times they measured) and carry out what these functions decide.
+
+A round's exchange moves through ``Step``s:
+
+    BARRIER ──stopping──────────────────────────────────────────────> STOP
+       │ nobody of the round left to meet ──────────────────────────> NO_GROUP
+       v
+    GATHER ──a group's set──────────────────────────────────────────> CONCLUDE
+       │ no group, and the gather gave up because every other peer
+       │ gathered without us: with last round's groupmates ─────────> ADOPT_ROUND_SET
+       │                      with none (a fresh lineage) ──────────> NO_GROUP
+       │ no group otherwise (our gather timed out) ─────────────────> ADOPT_OWN_SET
+    ADOPT_* ──a set that holds us (or our lineage)──────────────────> CONCLUDE
+       │ none ──────────────────────────────────────────────────────> NO_GROUP
+    NO_GROUP ──no other peer in rounds (alone, or the swarm is empty)> ALONE
+       │ otherwise ─────────────────────────────────────────────────> DEFER
+
+and ends in one ``Outcome``: ``AGREED`` (CONCLUDE: a set of the round, merged with the round's
+other groups' sets; ALONE: a set of our payload only), ``CAUGHT_UP`` (DEFER: the round's update
+stays in the strategy's buffers and the swarm's state is taken), or ``STOPPED``.
+
+``merge_wait`` decides when the merge of a round's sets stops waiting for the round's other
+groups, and ``nobody_left`` when a gather still looking for a group can give up. Both take the
+times as inputs. Guarded by tests/test_round_policy.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Dict, FrozenSet, Iterable, Tuple
+
+from protocol.peer_states import DONE, IN_ROUND
+
+
+class Step(Enum):
+    BARRIER = "barrier"
+    GATHER = "gather"
+    ADOPT_OWN_SET = "adopt our group's set"
+    ADOPT_ROUND_SET = "adopt the round's set"
+    NO_GROUP = "no group"
+    CONCLUDE = "conclude"
+    ALONE = "train alone"
+    DEFER = "defer and catch up"
+    STOP = "stop"
+
+
+class Outcome(Enum):
+    AGREED = "agreed"
+    CAUGHT_UP = "caught up by state"
+    STOPPED = "stopped"
+
+
+OUTCOME: Dict[Step, Outcome] = {Step.CONCLUDE: Outcome.AGREED, Step.ALONE: Outcome.AGREED,
+                                Step.DEFER: Outcome.CAUGHT_UP, Step.STOP: Outcome.STOPPED}
+FINAL: FrozenSet[Step] = frozenset(OUTCOME)
+
+
+def after_barrier(stopping: bool, nobody_to_meet: bool) -> Step:
+    """The step after the round's barrier: nobody of our round left to meet skips the gather."""
+    if stopping:
+        return Step.STOP
+    return Step.NO_GROUP if nobody_to_meet else Step.GATHER
+
+
+def after_gather(got_group: bool, gave_up: bool, has_mates: bool, stopping: bool = False) -> Step:
+    """The step after the gather. ``gave_up``: it stopped looking because every other peer of the
+    round had gathered (our payload went nowhere); ``has_mates``: we had groupmates last round (only
+    a set of our own lineage can be taken)."""
+    if got_group:
+        return Step.CONCLUDE
+    if stopping:
+        return Step.NO_GROUP
+    if gave_up:
+        return Step.ADOPT_ROUND_SET if has_mates else Step.NO_GROUP
+    return Step.ADOPT_OWN_SET  # a timeout on our side can end a gather our group completed with our payload
+
+
+def after_adopt(got_set: bool) -> Step:
+    return Step.CONCLUDE if got_set else Step.NO_GROUP
+
+
+def without_group(alone: bool) -> Step:
+    """No set of the round holds our payload: with no other peer in rounds we train alone (a solo
+    set), otherwise the round is deferred and the swarm's state taken."""
+    return Step.ALONE if alone else Step.DEFER
+
+
+class MergeWait(Enum):
+    GO_ON = "go on waiting"
+    NOTHING_LEFT = "nothing left to wait for"
+    TIMED_OUT = "timed out"
+
+
+@dataclass(frozen=True)
+class MergeClock:
+    """The times the merge measured (seconds, any one clock) and the waits it was given."""
+
+    now: float
+    started: float  # when the merge began
+    last_arrival: float  # when the last set came in (the start, before any)
+    allowance: float  # Timing.merge_allowance
+    extra: float  # Timing.gathering_extra, while a peer it waits for has finished training; else 0
+    round_wait: float  # Timing.round_wait_s
+
+
+def merge_wait(clock: MergeClock, records_seen: bool, outstanding: int, unfetched: int, min_group_size: int,
+               fresh_read: bool) -> MergeWait:
+    """Whether the merge of a round's sets waits on. ``outstanding``: peers of the round that may
+    still name a set; ``unfetched``: named sets not yet fetched (or tried); ``fresh_read``: the view
+    was read after our group's gather. Fewer outstanding peers than make a group cannot gather a set
+    of their own."""
+    if not records_seen or (outstanding < min_group_size and not unfetched and fresh_read):
+        return MergeWait.NOTHING_LEFT
+    c = clock
+    if c.now - c.last_arrival > c.allowance + c.extra or c.now - c.started > c.round_wait + c.extra:
+        return MergeWait.TIMED_OUT
+    return MergeWait.GO_ON
+
+
+# (peer id, its round, its state, the part it trains, whether it named a set for the round in question)
+Record = Tuple[str, int, str, int, bool]
+
+
+def nobody_left(records: Iterable[Record], me: str, part: int, round_no: int, not_waited: FrozenSet[str]) -> bool:
+    """Whether a gather still looking for a group of ``round_no`` can give up: some peer of our part
+    has named a set for the round and none is left in it to gather with (each has named its set, or
+    left the round, or is one we no longer wait for: ``not_waited``)."""
+    named = open_ = False
+    for peer, rnd, state, their_part, has_set in records:
+        if peer == me or their_part != part:
+            continue
+        named |= has_set
+        if rnd == round_no and state in IN_ROUND and not has_set and peer not in not_waited:
+            open_ = True
+    return named and not open_
+
+
+def still_gathering(states: Iterable[str]) -> bool:
+    """Whether any of these peers has finished training its round (its group's set is coming)."""
+    return any(s in DONE for s in states)

@@ -1,0 +1,97 @@
+"""protocol/round_policy.py: a round's exchange, step by step, decided from facts alone (no I/O, no clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol import round_policy as rp
+from protocol.round_policy import MergeClock, MergeWait, Outcome, Step
+
+
+@pytest.mark.parametrize("stopping,nobody,step", [
+    (True, False, Step.STOP), (True, True, Step.STOP),
+    (False, False, Step.GATHER), (False, True, Step.NO_GROUP),
+])
+def test_after_the_barrier(stopping, nobody, step):
+    assert rp.after_barrier(stopping, nobody) is step
+
+
+@pytest.mark.parametrize("got,gave_up,mates,stopping,step", [
+    (True, False, False, False, Step.CONCLUDE),
+    (True, True, True, True, Step.CONCLUDE),  # a group's set counts even while stopping
+    (False, True, True, False, Step.ADOPT_ROUND_SET),  # the others gathered without us: our lineage's set
+    (False, True, False, False, Step.NO_GROUP),  # ... and with no lineage of ours, none can be taken
+    (False, False, True, False, Step.ADOPT_OWN_SET),  # our gather timed out: our group may have our payload
+    (False, False, False, False, Step.ADOPT_OWN_SET),
+    (False, False, True, True, Step.NO_GROUP),  # stopping: nothing more is waited for
+])
+def test_after_the_gather(got, gave_up, mates, stopping, step):
+    assert rp.after_gather(got, gave_up, mates, stopping) is step
+
+
+@pytest.mark.parametrize("got,step", [(True, Step.CONCLUDE), (False, Step.NO_GROUP)])
+def test_after_adopting(got, step):
+    assert rp.after_adopt(got) is step
+
+
+@pytest.mark.parametrize("alone,step", [(True, Step.ALONE), (False, Step.DEFER)])
+def test_without_a_group(alone, step):
+    assert rp.without_group(alone) is step
+
+
+def test_every_final_step_has_one_of_three_outcomes_and_every_path_ends_in_one():
+    assert set(rp.OUTCOME.values()) == set(Outcome) and len(Outcome) == 3
+    ends = set()
+    for stopping in (False, True):
+        for nobody in (False, True):
+            step = rp.after_barrier(stopping, nobody)
+            for got in (False, True):
+                for gave_up in (False, True):
+                    for mates in (False, True):
+                        for adopted in (False, True):
+                            for alone in (False, True):
+                                s = step
+                                if s is Step.GATHER:
+                                    s = rp.after_gather(got, gave_up, mates, stopping)
+                                if s in (Step.ADOPT_OWN_SET, Step.ADOPT_ROUND_SET):
+                                    s = rp.after_adopt(adopted)
+                                if s is Step.NO_GROUP:
+                                    s = rp.without_group(alone)
+                                assert s in rp.FINAL, s
+                                ends.add(rp.OUTCOME[s])
+    assert ends == set(Outcome)
+
+
+def clock(now, started=0.0, last=0.0, allowance=10.0, extra=0.0, round_wait=60.0):
+    return MergeClock(now=now, started=started, last_arrival=last, allowance=allowance, extra=extra, round_wait=round_wait)
+
+
+@pytest.mark.parametrize("c,seen,outstanding,unfetched,fresh,decision", [
+    (clock(1.0), False, 5, 0, True, MergeWait.NOTHING_LEFT),  # nobody else in the records
+    (clock(1.0), True, 1, 0, True, MergeWait.NOTHING_LEFT),  # one peer cannot make a group of its own
+    (clock(1.0), True, 1, 0, False, MergeWait.GO_ON),  # ... unless the view predates our gather
+    (clock(1.0), True, 1, 1, True, MergeWait.GO_ON),  # a named set still to fetch
+    (clock(1.0), True, 2, 0, True, MergeWait.GO_ON),  # two peers may still gather and name a set
+    (clock(10.5), True, 2, 0, True, MergeWait.TIMED_OUT),  # the allowance past the last arrival
+    (clock(10.5, extra=60.0), True, 2, 0, True, MergeWait.GO_ON),  # ... longer while a peer finished training
+    (clock(12.0, last=5.0), True, 2, 0, True, MergeWait.GO_ON),  # counted from the last arrival
+    (clock(61.0, last=55.0), True, 2, 0, True, MergeWait.TIMED_OUT),  # never past round_wait
+])
+def test_when_the_merge_stops_waiting(c, seen, outstanding, unfetched, fresh, decision):
+    assert rp.merge_wait(c, seen, outstanding, unfetched, 2, fresh) is decision
+
+
+R = 7
+
+
+@pytest.mark.parametrize("records,not_waited,left", [
+    ([("a", R, "exchanging", -1, True), ("b", R, "exchanging", -1, True)], set(), True),  # all gathered without us
+    ([("a", R, "exchanging", -1, True), ("b", R, "training", -1, False)], set(), False),  # b may still gather with us
+    ([("a", R, "exchanging", -1, True), ("b", R, "training", -1, False)], {"b"}, True),  # ... unless we no longer wait for b
+    ([("a", R, "ready", -1, False), ("b", R, "ready", -1, False)], set(), False),  # nobody has gathered yet
+    ([("a", R, "exchanging", -1, True), ("c", R, "ready", 2, False)], set(), True),  # another part gathers apart
+    ([("a", R, "exchanging", -1, True), ("d", R + 1, "training", -1, False)], set(), True),  # d left the round
+    ([("me", R, "ready", -1, False), ("a", R, "exchanging", -1, True)], set(), True),  # our own record aside
+])
+def test_when_a_gather_can_give_up(records, not_waited, left):
+    assert rp.nobody_left(records, "me", -1, R, frozenset(not_waited)) is left
