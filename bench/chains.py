@@ -28,7 +28,7 @@ trains full replicas only):
 * a full replica: load θ, H x ``InnerTrainer.step`` (global-norm clip), Δ = θ − θ_local, one
   payload of the whole model;
 * a chain: one model, one AdamW (element-wise, so one optimizer over both stages equals one per
-  stage; tests/test_pipeline.py checks this emulation bit-identical to stages linked over TCP), one
+  stage; tests/chain/test_pipeline.py checks this emulation bit-identical to stages linked over TCP), one
   ``TrainStream`` whose shard is the replica's (both stages draw the same batches). Round start as
   ``Peer._load_theta_into_model``: load θ, then, when k < d, ``constrain_to_subspace_(..., U,
   T=θ["embed.weight"], exact=True)``; that projected start is ``round_start`` and T is θ's
@@ -183,7 +183,7 @@ def chain_forward(model, x, y, codec, T, cut):
 
 
 def chain_step(rep: Replica, x: torch.Tensor, y: torch.Tensor, micro_batches: int) -> float:
-    """``peer.chain.gpipe.run_inner_step`` of both stages, in one process (tests/test_pipeline.py's
+    """``peer.chain.gpipe.run_inner_step`` of both stages, in one process (tests/chain/test_pipeline.py's
     reference, which it checks against the TCP chain)."""
     trainer, model = rep.trainer, rep.model
     trainer.optimizer.zero_grad(set_to_none=True)

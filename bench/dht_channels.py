@@ -2,7 +2,7 @@
 
     python bench/dht_channels.py [--calls 200] [--value-bytes 300] [--json OUT]
 
-Needs root (a network namespace of its own, tests/netns_hosts.py): two voloco DHT nodes run on the
+Needs root (a network namespace of its own, tests/support/netns_hosts.py): two voloco DHT nodes run on the
 loopback of one host, and nothing else does, so the loopback's counters are the two nodes' traffic
 alone. Node b sends ``--calls`` stores of a ``--value-bytes`` value (a progress record is about 300
 bytes with its signature) and as many finds of that key to node a, one every 50 ms: first as hivemind
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
         print(json.dumps(inside(args)), flush=True)
         os._exit(0)  # the nodes are shut down; skip the interpreter's teardown of their threads
 
-    from tests.netns_hosts import Hosts, netns_unavailable
+    from tests.support.netns_hosts import Hosts, netns_unavailable
 
     if (why := netns_unavailable()) is not None:
         print(f"needs network namespaces: {why}", file=sys.stderr)

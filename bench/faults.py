@@ -2,8 +2,8 @@
 
 Four peers of a tiny SparseLoCo run (d 64, 2 layers, H 20, sequential rounds) and a coordinator,
 each on a host of its own (network namespaces on a bridge, every link capped with tbf at --rate:
-tests/netns_hosts.py), then a fifth peer that joins late. Once every peer has trained --warmup
-rounds (past the steep start of training), the scenarios (tests/fault_scenarios.py) run in this order: a peer SIGKILLed mid-gather and restarted; a peer SIGSTOPped past the round's
+tests/support/netns_hosts.py), then a fifth peer that joins late. Once every peer has trained --warmup
+rounds (past the steep start of training), the scenarios (tests/support/fault_scenarios.py) run in this order: a peer SIGKILLed mid-gather and restarted; a peer SIGSTOPped past the round's
 deadline, then resumed; the coordinator SIGKILLed and restarted; a host's link down past the round's
 deadline, then up; a late joiner mid-round; two peers restarted at once; --kills SIGKILLs at random
 instants (half aimed at a checkpoint being written), each peer restarted at once.
@@ -13,7 +13,7 @@ recover (fault to the first round every member ends in one group with one θ), w
 returning peer was identical to its group after its first round back, and the validation loss of
 the recovered round against the undisturbed run's at equal tokens trained into θ (the in-process
 simulation of the four first peers, bit-identical to a real undisturbed swarm; "r20.5": after 20.5
-of its rounds, tests/fault_losses.py), and the fault's cost: how much it widened that gap, the mean
+of its rounds, tests/support/fault_losses.py), and the fault's cost: how much it widened that gap, the mean
 gap over the recovered round and the 2 after it against the mean over the swarm's last 3 rounds
 before the fault (counted as even where the swarm was ahead) (the scenarios share one swarm, so the gap adds up; one round's gap alone moves
 from round to round). PASS needs all of it: survivors trained on, returning peers
@@ -37,8 +37,8 @@ from typing import List, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import exit_on_sigterm, machine, now, table  # noqa: E402
-from tests.fault_scenarios import SCENARIOS, WARMUP_ROUNDS, run_faults  # noqa: E402
-from tests.netns_hosts import netns_unavailable  # noqa: E402
+from tests.support.fault_scenarios import SCENARIOS, WARMUP_ROUNDS, run_faults  # noqa: E402
+from tests.support.netns_hosts import netns_unavailable  # noqa: E402
 
 
 def report(result: dict) -> str:

@@ -1,10 +1,11 @@
 """Long runs of a few honest peers on a loaded host: how often is an honest member's update lost?
 
     python bench/honest_rounds.py [--peers 3] [--seeds 3] [--rounds 100] [--H 10] [--load 4]
-                                  [--nice 0,5,10] [--json OUT]
+                                  [--nice 0,5,10] [--swarm tests|defaults] [--json OUT]
 
 For each seed: a coordinator and ``--peers`` honest peers as processes on loopback
-(tests/swarm_harness.py, the tiny model, SparseLoCo, ``--threads 1``, ``--wait-peers`` all of them),
+(tests/support/swarm_harness.py, the tiny model, SparseLoCo, ``--threads 1``, ``--wait-peers`` all of them;
+the tests' short ``[swarm]`` waits, or with ``--swarm defaults`` the spec's own, as a user's run has),
 trained for ``--rounds`` rounds while ``--load`` processes spin on the CPU beside them (a busy loop
 each, at normal priority: the load average it makes is sampled and printed), peer i at the niceness
 ``--nice`` gives it (mixed speeds: the slower peers close rounds early, groups form while a peer is
@@ -41,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import exit_on_sigterm, machine, now, table  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
-from tests.swarm_harness import TINY_SPEC, Swarm  # noqa: E402
+from tests.support.swarm_harness import TINY_SPEC, Swarm  # noqa: E402
 
 TOOK_SET = ("taking their set", "our group completed it", "found no group")
 LATE_JOIN = "its message naming the group had missed us"
@@ -67,12 +68,13 @@ class Load:
             p.wait()
 
 
-def spec_text(seed: int, H: int) -> str:
-    return TINY_SPEC.format(run_id=f"honest-{seed}", strategy="sparseloco", inner_steps=H).replace("seed = 1", f"seed = {seed}")
+def spec_text(seed: int, H: int, swarm: str = "tests") -> str:
+    text = TINY_SPEC.format(run_id=f"honest-{seed}", strategy="sparseloco", inner_steps=H).replace("seed = 1", f"seed = {seed}")
+    return text.split("[swarm]")[0] if swarm == "defaults" else text
 
 
 def run_seed(args, seed: int, workdir: Path) -> dict:
-    swarm = Swarm(workdir, spec_text=spec_text(seed, args.H))
+    swarm = Swarm(workdir, spec_text=spec_text(seed, args.H, args.swarm))
     names = [f"p{i}" for i in range(args.peers)]
     t0 = time.monotonic()
     try:
@@ -118,6 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--H", type=int, default=10, help="inner steps per round (default 10)")
     ap.add_argument("--load", type=int, default=4, help="busy-loop processes beside the peers (default 4)")
     ap.add_argument("--nice", default="0,5,10", help="niceness of peer 0, 1, ... (the last repeats; default 0,5,10)")
+    ap.add_argument("--swarm", default="tests", choices=("tests", "defaults"),
+                    help="[swarm] waits: the tests' short ones (default) or the spec's defaults (matchmaking 3 s, gather 30 s)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds one run may take (default 3600)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write the rows as JSON to OUT")
     args = ap.parse_args(argv)
@@ -130,7 +134,7 @@ def main(argv=None) -> int:
         ap.error("--peers must be >= 2, --seeds, --rounds and --H >= 1, --load >= 0, --timeout > 0")
     exit_on_sigterm()
     print(f"bench/honest_rounds.py: {now()}, {machine()}; {args.peers} peers, H={args.H}, {args.rounds} rounds x "
-          f"{args.seeds} seeds, {args.load} busy loops, niceness {args.nice}", flush=True)
+          f"{args.seeds} seeds, {args.load} busy loops, niceness {args.nice}, {args.swarm} waits", flush=True)
     rows = []
     load = Load(args.load)
     try:

@@ -24,8 +24,8 @@ function of ``BEHAVIOURS``) and then runs ``voloco peer`` unchanged. ``poison-X`
 honestly, encodes its payload honestly, then multiplies every float on the wire (SparseLoCo's lookup
 tables, DCT's coefficients, dense values; clamped to the wire dtype's finite range) by X: a
 well-formed payload whose values are X times too large. The other attacks run the hostile
-processes the multi-process tests use (tests/stalling_peer.py: ``stall``, ``forged-round``;
-tests/hostile_exchange.py: ``framer``, ``invented-owners``; tests/hostile_records.py:
+processes the multi-process tests use (tests/support/stalling_peer.py: ``stall``, ``forged-round``;
+tests/support/hostile_exchange.py: ``framer``, ``invented-owners``; tests/support/hostile_records.py:
 ``forged-records``); they never train, so the honest peers ``--wait-peers 3`` in those runs. A new attack is one more line in ``ATTACKS`` (and, for a peer
 with one behaviour changed, one function in ``BEHAVIOURS``).
 """

@@ -13,7 +13,7 @@ peer's steady state), runs two inner steps (forward, backward, update) and repor
   safe), resident / (estimate / HEADROOM) <= 1 (what the estimate leaves out fits the headroom a peer
   keeps: it takes a full replica when the estimate is below HEADROOM of its free memory).
 
-Needs Linux (/proc/self/clear_refs) and glibc. tests/test_presets.py asserts the bounds on these shapes.
+Needs Linux (/proc/self/clear_refs) and glibc. tests/protocol/test_presets.py asserts the bounds on these shapes.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ PHASES = ("encode", "decode", "conclude", "hash")
 
 def reference_squared_norm(t: torch.Tensor):
     """``peer.outer.robust.squared_norm`` by its definition: every element squared in float64 and summed
-    in order within each chunk, the chunks' sums in order (tests/test_robust.py pins the bits to it)."""
+    in order within each chunk, the chunks' sums in order (tests/outer/test_robust.py pins the bits to it)."""
     flat = t.detach().to("cpu", torch.float32).contiguous().reshape(-1).numpy()
     total, peak = 0.0, 0.0
     for start in range(0, flat.size, robust._CHUNK):

@@ -4,7 +4,7 @@ without and with end-of-round checkpoints.
     python bench/stalls.py [--shape small] [--device cpu|cuda] [--compile] [--rounds N]
                            [--threads N] [--json OUT]
 
-One coordinator and one peer as processes on loopback (tests/swarm_harness.py), the peer alone
+One coordinator and one peer as processes on loopback (tests/support/swarm_harness.py), the peer alone
 (every round is a round of one, so nothing waits on other peers), overlap on (the default). Two
 arms on the same shape, one after the other: ``--checkpoint-dir`` off (the baseline) and on.
 Rows: the peer's compute utilization (time in inner steps / wall time; the median over the rounds
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import exit_on_sigterm, machine, now, table  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
-from tests.swarm_harness import Swarm  # noqa: E402
+from tests.support.swarm_harness import Swarm  # noqa: E402
 
 SHAPES = {  # model fields, batch size
     "tiny": ("d_model = 64\nn_layers = 2\nn_heads = 2\nffn_hidden = 128\nseq_len = 64", 8),

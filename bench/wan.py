@@ -3,10 +3,10 @@
     python bench/wan.py [--quick] [--json OUT] [--rates 10mbit,100mbit] [--arms ...] [--rounds N]
                         [--target LOSS] [--cpus 0.4] [--slowdown 2] [--workdir DIR] [--merge EARLIER.json]
 
-Needs root (network namespaces and cgroups). Hosts (tests/netns_hosts.py): ``coord`` (the voloco
+Needs root (network namespaces and cgroups). Hosts (tests/support/netns_hosts.py): ``coord`` (the voloco
 coordinator, or hivemind's bootstrap node) and peers ``p0``..``p3``, every link capped with tbf
 both ways at the arm's rate. Each peer's processes run under the same CPU quota (``--cpus``,
-tests/netns_hosts.py's ``CpuLimit``, a cgroup) once started up, so that the peers compute alike
+tests/support/netns_hosts.py's ``CpuLimit``, a cgroup) once started up, so that the peers compute alike
 and leave room for the coordinator and the p2p daemons. p3 is ``--slowdown`` times slower: after
 each inner step it waits that many times the step's duration, less one (bench/wan_host.py), as a
 slower device would keep it busy. Neither torch threads (a peer already runs on one; four peers
@@ -34,7 +34,7 @@ fewer interface bytes.
 Accounted bytes: a voloco peer's ``wire`` counts, summed over its sockets (swarm/sock_diag.py): sent
 as the other end acknowledged them, not tcp_info's ``bytes_sent``, which also counts every attempt
 the host's own full ``tbf`` queue dropped (TCP sends those bytes again as new data): 112.5 MiB
-against 68.4 MiB on the interface for DiLoCo at 10 Mbit/s (tests/test_wire_bytes_hosts.py checks
+against 68.4 MiB on the interface for DiLoCo at 10 Mbit/s (tests/system/test_wire_bytes_hosts.py checks
 the acknowledged count against the interface). Both ways are printed; received bytes stay under the
 interface's count (headers on top).
 
@@ -91,7 +91,7 @@ def base_spec(quick: bool) -> RunSpec:
     spec = RunSpec(run_id="wan", seed=0)
     if quick:
         spec = spec.replace(model=QUICK_MODEL, data=dict(batch_size=8, val_batches=2), outer=dict(inner_steps=10),
-                            swarm=dict(matchmaking_time=2.0, heartbeat_period=0.5))  # tests/swarm_harness.py's
+                            swarm=dict(matchmaking_time=2.0, heartbeat_period=0.5))  # tests/support/swarm_harness.py's
     return spec
 
 
@@ -230,8 +230,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--merge", type=Path, metavar="EARLIER", help="take the arms not in --arms from this earlier --json")
     args = ap.parse_args(argv)
     exit_on_sigterm()
-    from tests.netns_hosts import CpuLimit, Hosts, cleanup_stale, cleanup_stale_cpu_limits, cpu_limit_unavailable
-    from tests.netns_hosts import netns_unavailable, rate_bits
+    from tests.support.netns_hosts import CpuLimit, Hosts, cleanup_stale, cleanup_stale_cpu_limits, cpu_limit_unavailable
+    from tests.support.netns_hosts import netns_unavailable, rate_bits
 
     arms = choose_names(args.arms, ARMS, "--arms")
     rates = [r.strip() for r in (args.rates or ("10mbit" if args.quick else "10mbit,100mbit")).split(",") if r.strip()]

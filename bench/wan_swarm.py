@@ -1,6 +1,6 @@
 """One arm of bench/wan.py on the test hosts: start it, watch it to its token budget, stop it, measure.
 
-The hosts (tests/netns_hosts.py) are ``coord`` (the voloco coordinator, or hivemind's bootstrap
+The hosts (tests/support/netns_hosts.py) are ``coord`` (the voloco coordinator, or hivemind's bootstrap
 node) and four peers ``p0``..``p3``; ``p3``'s inner steps are ``slowdown`` times slower
 (bench/wan_host.py). Every worker process is started inside its host's namespace, from the
 repository root with ``python -m``; once it has started up (a voloco peer waits for its

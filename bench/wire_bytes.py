@@ -1,6 +1,6 @@
 """True wire bytes: what each peer says it sent and received against its host's interface counters.
 
-A coordinator and ``--peers`` peers, each on a test host of its own (tests/netns_hosts.py: network
+A coordinator and ``--peers`` peers, each on a test host of its own (tests/support/netns_hosts.py: network
 namespaces on a bridge, every link capped with tbf at ``--rate``), train ``--rounds`` rounds of a
 tiny SparseLoCo run (``--wait-peers``: they start together) and stop. Per peer:
 
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import exit_on_sigterm, human, machine, now, table  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
-from tests.netns_hosts import Hosts, netns_unavailable  # noqa: E402
+from tests.support.netns_hosts import Hosts, netns_unavailable  # noqa: E402
 
 HEADER_BYTES = 14 + 20 + 32  # Ethernet, IPv4, TCP with timestamps: what a data segment or pure ACK carries
 TINY_MODEL = {"d_model": 64, "n_layers": 2, "n_heads": 2, "ffn_hidden": 128, "seq_len": 64}

@@ -20,7 +20,7 @@ Groupings (each a frozenset):
 - ``NOT_A_SOURCE``: a peer whose round means nothing yet (never a state source).
 
 ``TRANSITIONS`` is the table of moves a live peer makes; ``allowed(old, new)`` reads it.
-Guarded by tests/test_peer_states.py.
+Guarded by tests/protocol/test_peer_states.py.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ stays in the strategy's buffers and the swarm's state is taken), or ``STOPPED``.
 
 ``merge_wait`` decides when the merge of a round's sets stops waiting for the round's other
 groups, and ``nobody_left`` when a gather still looking for a group can give up. Both take the
-times as inputs. Guarded by tests/test_round_policy.py.
+times as inputs. Guarded by tests/protocol/test_round_policy.py.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ the stream, norms only read it. Hence, with ``P = U U^T``:
 
 Then ``h - T[tok] = (E - T)[tok] + sum of writes`` lies in span(U) at every boundary, and the
 forward is exact up to the 16-bit rounding of c: relative error ~2e-4 (fp16; 1.7e-3 in bf16),
-measured in tests/test_activations.py. It also makes the backward lossless: every parameter of a
+measured in tests/protocol/test_activations.py. It also makes the backward lossless: every parameter of a
 stage moves its boundary output only inside span(U) (all paths pass through an output projection
 or the embedding drift), so ``g`` and ``P g`` give that stage the same gradient for every
 parameter except the output projections and the embedding, and for those the same *projected*

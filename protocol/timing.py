@@ -6,7 +6,7 @@ merge of a round's sets, state sync, the exchange) are each given the peer's ``T
 their waits from it. A wait decides only how long a peer waits, never what a round contains.
 
 Each field says which wait it sets and why it has its value; the methods are the formulas that
-combine them. Guarded by tests/test_timing.py (and, for each wait's effect, the tests its field names).
+combine them. Guarded by tests/protocol/test_timing.py (and, for each wait's effect, the tests its field names).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ class Timing:
     # ---- the round barrier and the view (peer/round/membership.py) -------------------------------
     straggler_min_s: float = 5.0
     """The least a ready peer waits past the last arrival for peers that announced the round
-    (tests/test_liveness.py)."""
+    (tests/round/test_liveness.py)."""
     straggler_fraction: float = 0.5
     """... and at most this fraction of its own training time of the round, if that is longer."""
     read_min_s: float = 0.5
-    """A peer reads the progress records at most this often (tests/test_control_plane.py) ..."""
+    """A peer reads the progress records at most this often (tests/round/test_control_plane.py) ..."""
     swarm_reads_per_s: float = 8.0
     """... and at most N / this often in a swarm of N peers: the swarm's reads stay near this rate."""
     read_max_s: float = 8.0
@@ -53,26 +53,26 @@ class Timing:
     carry_rounds: int = 2
     """Rounds a peer still coming to a round we waited for it in is judged again before it is a no-show."""
     max_skip_rounds: int = 32
-    """A peer waited for in vain again and again is skipped for at most this many rounds (tests/test_rejoin.py)."""
+    """A peer waited for in vain again and again is skipped for at most this many rounds (tests/round/test_rejoin.py)."""
 
     # ---- early close (peer/round/early_close.py) -----------------------------------------------
     early_close_poll_s: float = 1.0
     """Between two reads of the progress records while a round is armed to close early
-    (tests/test_control_plane.py)."""
+    (tests/round/test_control_plane.py)."""
 
     # ---- the matchmaking (peer/exchange/matchmaking.py, peer/exchange/gatherer.py) --------------
     latency_timeouts: float = 3.0
     """A matchmaking request waits at least this many DHT read latencies for its answer
-    (tests/test_matchmaking_times.py)."""
+    (tests/exchange/test_matchmaking_times.py)."""
     give_up_poll_s: float = 0.5
     """How often a gather still looking for a group asks whether one can still form
-    (tests/test_gather_give_up.py)."""
+    (tests/exchange/test_gather_give_up.py)."""
     prepare_s: float = 30.0
     """The longest the averager process may take to take a round's payload and settings."""
 
     # ---- the round's sets (peer/round/merge.py, peer/exchange/set_server.py) --------------------
     set_fetch_s: float = 10.0
-    """The most one fetch of another group's set may take (tests/test_group_merge.py) ..."""
+    """The most one fetch of another group's set may take (tests/round/test_group_merge.py) ..."""
     set_fetch_min_s: float = 1.0
     """... and the least time a fetch is given, however little of the merge's wait is left."""
     merge_skip_rounds: int = 8
@@ -85,7 +85,7 @@ class Timing:
     gathering_extra_slots: int = 2
     """Gather slots longer a peer waits while peers of the round that finished training have named no set."""
     merged_wait_max_s: float = 600.0
-    """The longest a groupmate's question about our merge is held open here (tests/test_merged_lists.py)."""
+    """The longest a groupmate's question about our merge is held open here (tests/exchange/test_merged_lists.py)."""
     merged_poll_s: float = 0.1
     """Between two looks at our own merge while a groupmate's question waits for it."""
     pipe_slack_s: float = 5.0
@@ -94,7 +94,7 @@ class Timing:
     """What a question to a groupmate may take beyond the wait it asks the groupmate to hold it."""
     retry_first_pause_s: float = 0.1
     """A gather call that failed quickly (a reset stream, a group not open there yet) is tried again
-    after this pause, doubling (tests/test_exchange_bounds.py) ..."""
+    after this pause, doubling (tests/exchange/test_exchange_bounds.py) ..."""
     retry_longest_pause_s: float = 1.0
     """... up to this pause, until its deadline."""
     late_join_pause_s: float = 1.0
@@ -102,11 +102,11 @@ class Timing:
 
     # ---- state sync (peer/round/state_sync.py) ---------------------------------------------------
     refuse_source_s: float = 600.0
-    """A peer that served a state we refused is left out of the view for this long (tests/test_state_sources.py)."""
+    """A peer that served a state we refused is left out of the view for this long (tests/round/test_state_sources.py)."""
     silent_source_s: float = 60.0
     """... one that claimed a round we need and served nothing (no answer, too slow)."""
     retry_target_s: float = 60.0
-    """A round no peer could serve is not chased again sooner (tests/test_liveness.py)."""
+    """A round no peer could serve is not chased again sooner (tests/round/test_liveness.py)."""
     download_pause_s: float = 1.0
     """The pause before the next download of a catch-up, longer by this after each failure."""
     recheck_s: float = 1.0

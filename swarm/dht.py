@@ -39,7 +39,7 @@ logger = logging.getLogger("voloco.swarm")
 # join nodes which it is (swarm/join_probe.py): refused, it stops at once with the flag to fix; busy,
 # it tries BUSY_JOIN_ATTEMPTS times (about 6 min: 75 s of tries is too short for 13 of 32 peers);
 # with no answer, JOIN_ATTEMPTS times (an older node, or one too busy to answer even that).
-# tests/test_join_probe.py and tests/test_dht_errors.py check the number of tries in each case.
+# tests/swarm/test_join_probe.py and tests/swarm/test_dht_errors.py check the number of tries in each case.
 JOIN_ATTEMPTS = 5
 BUSY_JOIN_ATTEMPTS = 10
 JOIN_RETRY_S = 5.0  # the first wait; 10, 20, 40 s after it

@@ -14,7 +14,7 @@ table may be suspended for minutes, its reads answered from its own storage alon
 join addresses (and, with an empty table, the nodes it knew); a node that answers goes back into the
 table (and this node into its), the suspensions made while this node was cut off are lifted, and a
 lookup of this node's own id from the nodes that answered fills the table again. Otherwise it costs
-one look at a local table. tests/test_dht_rejoin.py checks both on real DHT nodes (a table whose
+one look at a local table. tests/swarm/test_dht_rejoin.py checks both on real DHT nodes (a table whose
 every node is suspended, an empty table filled again).
 
 A table can also look whole while the join node has forgotten this node: a coordinator SIGKILLed and
@@ -24,7 +24,7 @@ joins through it finds only the coordinator and trains alone. So every node also
 nodes every ``JOIN_REFRESH_S`` (its first at a random point of the period, so that a swarm's pings
 spread out): a ping puts the asker in the join node's table, which is all a newcomer's lookup
 through it needs. At N peers that is N / ``JOIN_REFRESH_S`` pings a second at the coordinator
-(tests/test_dht_rejoin.py: ``test_a_restarted_join_node_learns_the_swarm_and_a_newcomer_finds_it``).
+(tests/swarm/test_dht_rejoin.py: ``test_a_restarted_join_node_learns_the_swarm_and_a_newcomer_finds_it``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ abortively when it reads the end): between two dumps the meter re-reads the sock
 lookup, every 50 ms (``refresh``), so a neighbour that leaves takes at most that long of bytes with
 it; around the peer's own shutdown, when p2pd closes them all, ``closely`` reads every 10 ms.
 Measured against the packets on the wire (3 peers on 20 Mbit/s test hosts, 3 rounds of 14 s,
-tests/test_wire_bytes_hosts.py): 96.4-99.6 % of the bytes each way (89.7-98.4 % with dumps every
+tests/system/test_wire_bytes_hosts.py): 96.4-99.6 % of the bytes each way (89.7-98.4 % with dumps every
 0.25 s alone). p2pd's UPnP discovery (``natPortMap``) sends a few
 UDP datagrams (about 1 KB at start-up): UDP has no counters in sock_diag and is not counted.
 

@@ -15,7 +15,7 @@ stage 0 also the embedding and the last stage the final norm and head. Every sta
 
 Micro-batches are processed in order 0..M-1 at every stage, forward and backward, so each
 stage accumulates its parameter gradients in the same order as one process running the M
-micro-batches one after another (what ``tests/test_pipeline.py`` compares against). The loss of
+micro-batches one after another (what ``tests/chain/test_pipeline.py`` compares against). The loss of
 a micro-batch is scaled by 1/M: the sum of the gradients is the gradient of the whole batch's
 mean loss (micro-batches have equal sizes). The update is the ordinary inner trainer's
 (``InnerTrainer.apply_gradients``), made only after all M micro-batches went through: a step

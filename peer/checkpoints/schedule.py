@@ -3,7 +3,7 @@
 The functions take the peer for what it holds (``opts.checkpoint_dir``, ``spec``, ``engine``, ``role``,
 ``totals``, ``checkpoint_writer``) and remember the last (round, θ hash) written in
 ``peer._checkpointed``, so a stop right after a round's checkpoint does not write it again.
-Guarded by tests/test_checkpoints.py and tests/test_checkpoint_writer.py.
+Guarded by tests/checkpoints/test_checkpoints.py and tests/checkpoints/test_checkpoint_writer.py.
 """
 
 from __future__ import annotations

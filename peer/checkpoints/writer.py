@@ -10,7 +10,7 @@ this writer's own thread while training goes on; and a new one is due only when 
 and the time since the last write ended is at least ``COST_RATIO`` times that write's duration. A
 small model's checkpoint (milliseconds) is still written every round; a large one's at most a tenth
 of the wall time. The stop waits for a write in progress before its own final checkpoint.
-Guarded by tests/test_checkpoint_writer.py.
+Guarded by tests/checkpoints/test_checkpoint_writer.py.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ This mixin of peer/exchange/gatherer.py's ``PayloadGatherer`` closes that gap at
   the group learns without waiting out its slot that this member gathers elsewhere (its payload then
   reaches the round through that group's set).
 
-Guarded by tests/test_late_join.py.
+Guarded by tests/exchange/test_late_join.py.
 """
 
 from __future__ import annotations

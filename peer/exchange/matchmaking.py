@@ -31,7 +31,7 @@ def cancel_step(control: Any) -> None:
     round's whole wait), and every later step of this peer queues behind it ("Another
     look_for_group is already in progress"): the peer is stuck for minutes, or a stale step joins a
     later round's group. Marking the step first (its state is in shared memory) closes the race
-    (tests/test_cancel_step.py)."""
+    (tests/exchange/test_cancel_step.py)."""
     if isinstance(control, MPFuture):
         MPFuture.cancel(control)
     control.cancel()

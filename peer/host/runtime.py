@@ -253,7 +253,7 @@ class Peer:
         """The role abandoned the round: drop its work, get a role to go on with, catch up."""
         self._load_theta()
         # the status file says so at once, not the last round's status (its chain, "exchanging") while a
-        # stage whose chain broke waits, minutes perhaps, for a new chain (tests/test_recovery_status.py)
+        # stage whose chain broke waits, minutes perhaps, for a new chain (tests/round/test_recovery_status.py)
         self.phase = "waiting for a chain" if isinstance(self.role, ChainStage) else "recovering"
         self._set_state("starting")
         role = self.role.recover(self.corpus)

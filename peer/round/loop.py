@@ -332,7 +332,7 @@ class RoundLoop:
             peer._load_theta()
             # a lineage of its own: a solo last round, or none since this process started (a peer
             # restarted from a checkpoint of its solo rounds may be rounds ahead of the swarm;
-            # tests/test_state_sources.py)
+            # tests/round/test_state_sources.py)
             peer.sync.catch_up(solo=last is None or last.group == [peer.peer_id])
             # the status says so too (its round, a state it installed, its wire bytes): a slow peer whose
             # every round ends here would otherwise keep its start-up status

@@ -7,7 +7,7 @@ changes, and refreshes it while nothing changes every third of its TTL (at most 
 most every ``Timing.read_min_s`` and, in a larger swarm, every ``N / Timing.swarm_reads_per_s`` seconds: the
 swarm's reads stay near ``swarm_reads_per_s`` a second however many peers it has (at a fixed rate
 per peer, a large swarm's reads time out, views come back partial and peers train alone). Callers
-in between share the last view (tests/test_control_plane.py). A read that fails or misses records
+in between share the last view (tests/round/test_control_plane.py). A read that fails or misses records
 keeps the last view's records until they expire, and ``Timing.missed_reads_kept`` read intervals
 more: a record is never removed from the DHT before its expiration, so a record missing from one
 read is a read that did not reach it, not a peer that left (on a loaded host a peer's keep-alive
@@ -15,7 +15,7 @@ store and two reads can all be late within one TTL, and a view that dropped such
 partial, short of its start quorum); a slow DHT never stops training, and never makes the swarm
 look empty: a view with no other live peer while a read of the last ``Timing.live_memory_ttls`` record
 TTLs found some is reads that missed them, and the round barrier reads again (until
-``swarm.round_wait``) instead of training alone (tests/test_liveness.py).
+``swarm.round_wait``) instead of training alone (tests/round/test_liveness.py).
 
 A record is a claim, not a promise: a peer may announce that it trains this round and never come.
 The round barrier therefore waits for announced peers only a *straggler allowance* past the last
@@ -30,7 +30,7 @@ again in the same round: a retry then costs the swarm one allowance, not one per
 back-off bounds what a peer that announces itself and never comes costs (one allowance per skip
 period), and still lets an honest peer that fell behind once (an overloaded host, a lost matchmaking
 reply) back in: skipping it for ever would leave two honest peers chasing each other's round alone
-(tests/test_rejoin.py). A round far ahead of everyone is not believed either: "the swarm's round" is
+(tests/round/test_rejoin.py). A round far ahead of everyone is not believed either: "the swarm's round" is
 one that at least two other peers have reached (``swarm_round``), and peers that state sync caught
 lying (a state it refused, none served) are left out of the view for a while (``ignore``).
 """
@@ -74,7 +74,7 @@ def swarm_round(rounds: Sequence[int]) -> int:
 def acted_on(p: Progress) -> tuple:
     """The fields of a progress record other peers act on: a change to one is published at once, the
     rest (losses, tokens, "exchanging" after "ready") waits for the next keep-alive, as every store
-    moves the record to every replica (tests/test_liveness.py,
+    moves the record to every replica (tests/round/test_liveness.py,
     ``test_only_what_other_peers_act_on_is_published_at_once``)."""
     state = peer_states.settled(p.state)
     return (p.round, state, p.params_hash, p.part, p.reach, p.gathered_round, p.gathered, p.gathered_before)
@@ -245,7 +245,7 @@ class Membership:
                 # read, and not in rounds (stopped, restarting, a chain stage back to linking): not a
                 # missed read. A stage that cannot link flips between "syncing" and "linking"; kept
                 # here, it would have the round's barrier read again for nothing
-                # (tests/test_liveness.py, test_a_peer_read_again_out_of_rounds_is_not_a_missed_read)
+                # (tests/round/test_liveness.py, test_a_peer_read_again_out_of_rounds_is_not_a_missed_read)
                 self._live_seen.pop(v.peer_id, None)
             else:
                 self._live_seen[v.peer_id] = now
@@ -263,7 +263,7 @@ class Membership:
         """Whether the view shows no other live peer while a read of the last ``Timing.live_memory_ttls``
         record TTLs found some (not no-shows): the reads missed them, not a swarm that left: those
         that stop say so, and a killed peer's record stays for its TTL. Never true once they have
-        been out of sight that long (tests/test_liveness.py,
+        been out of sight that long (tests/round/test_liveness.py,
         ``test_reads_that_miss_every_peer_seen_live_lately_are_no_empty_swarm``)."""
         return not self.others() and self._seen_live_lately()
 
@@ -287,7 +287,7 @@ class Membership:
         with it at start). Each peer's view is partial on a loaded host, so the peers of one swarm
         can reach their own count minutes apart, and the first to reach it would train round 0 alone
         beside peers still waiting; following the first starts everyone within a read of each other
-        (tests/test_control_plane.py,
+        (tests/round/test_control_plane.py,
         ``test_the_start_quorum_ends_when_another_peer_began_training_on_its_own_count``)."""
         t0 = last_log = time.monotonic()
         started = {self.peer_id}  # a peer seen started counts until it is seen stopped (a read may miss it)
@@ -320,7 +320,7 @@ class Membership:
         slower than us, not absent; it is judged again at the next barriers while it stays in that
         round, for at most ``Timing.carry_rounds`` rounds: struck at once, the peers still
         matchmaking when the first pair of a large swarm gathers would be no-shows to that pair,
-        which would then train ahead of them alone (tests/test_liveness.py,
+        which would then train ahead of them alone (tests/round/test_liveness.py,
         ``test_peers_still_coming_to_the_round_are_judged_later_not_struck``)."""
         candidates = {**self._carried, **{p: self._waited_round for p in self._waited}}
         view = self.view()

@@ -16,8 +16,8 @@ Every set named for the round is fetched from one of the peers that named it (an
 failure), checked envelope by envelope (protocol/group_sets.py) and merged: θ is computed from the
 union, in canonical order, so groups that hold the same sets hold the same θ. A set that cannot be
 had in time leaves that round with a second θ; a member of the minority takes the majority's
-parameters at the next round's start-hash check. Guarded by tests/test_group_merge.py and
-tests/test_group_merge_waits.py.
+parameters at the next round's start-hash check. Guarded by tests/round/test_group_merge.py and
+tests/round/test_group_merge_waits.py.
 
 Only peers of the same part of the model (``progress.part``: a full replica, a slice, a stage)
 are asked: the others gather under another key.
@@ -61,7 +61,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     straggler allowance, or stalled): not waited for a second time while they still train, but
     waited for once they have finished training the round (ready, matchmaking): a group of them is
     about to name its set, and a first pair that merged without them would train a θ of its own
-    (tests/test_group_merge.py,
+    (tests/round/test_group_merge.py,
     ``test_peers_the_barrier_gave_up_on_that_then_finished_training_are_waited_for``).
 
     ``skip`` (peer -> round), kept from round to round by the caller: a peer that stayed in the
@@ -154,7 +154,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     # ours. Its answer is then waited for that long (it comes as soon as that merge ends), or the two
     # would end the round with two θ, one of them without the late set. A round with no other group
     # in sight waits only the allowance: a groupmate that never answers costs that, not the longest
-    # merge (tests/test_group_merge_waits.py)
+    # merge (tests/round/test_group_merge_waits.py)
     wait, quiet_wait = allowance, timing.quiet_mate_s
     if others or len(held) > 1:  # a groupmate that left us waiting lately too (our own link may have been down)
         wait, quiet_wait = max(allowance, timing.mate_merge_bound() - (time.monotonic() - t0)), allowance
@@ -182,9 +182,9 @@ def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, byte
     ``Timing.merge_skip_rounds`` rounds with a wait of ``quiet_wait`` only (``Timing.quiet_mate_s`` when
     None; the merge's allowance where the round showed another group: a groupmate marked quiet while
     our own link was down may merge another group's set a little after the short wait, which would
-    split the group). Guarded by tests/test_group_merge.py
+    split the group). Guarded by tests/round/test_group_merge.py
     (``test_a_groupmate_that_does_not_answer_is_not_waited_for_long_again_and_an_excluded_one_is_never_asked``)
-    and tests/test_group_merge_waits.py."""
+    and tests/round/test_group_merge_waits.py."""
     gatherer, me, own = peer.gatherer, peer.peer_id, result.set_digest
     timing = peer.membership.timing
     quiet = {} if quiet is None else quiet
@@ -281,14 +281,14 @@ def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage
     group's start-hash check, so that group then took our θ as its start, and the set's outcome from
     our θ is the group's. One of two is not enough: with one owner of each lineage the tied vote may
     go to the other θ, our groupmate then downloads it, and we would end the round on a θ nobody
-    else holds. None if no such set can be had within ``wait_s`` (tests/test_group_merge.py,
+    else holds. None if no such set can be had within ``wait_s`` (tests/round/test_group_merge.py,
     ``test_a_peer_the_round_gathered_without_takes_a_named_set_and_merges_the_rest``).
 
     A groupmate of our last round counts only where its record names, for that round, the set our
     group agreed (``peer.gathered``): a member cut off in the middle of the round's gather decided it
     with a set of its own, and its θ is then apart from theirs: their next set taken onto that θ
     would leave it apart until a later start-hash vote. Such a peer, or one whose groupmates'
-    records no longer name that round, defers and downloads instead (tests/test_group_merge.py,
+    records no longer name that round, defers and downloads instead (tests/round/test_group_merge.py,
     ``test_a_groupmate_that_agreed_another_set_last_round_is_not_of_our_lineage``)."""
     lineage = set(lineage)
     before, ours = peer.gathered

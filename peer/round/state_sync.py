@@ -226,7 +226,7 @@ class StateSync:
         """A state whose θ the view does not report: check it again against a view read after the
         download, and refuse it (and its server for ``Timing.refuse_source_s``) only if it does not fit that one either.
         Refused at once, a newcomer whose first view lags the peers by one record would refuse every
-        honest server and leave them all out of its view, training alone meanwhile (tests/test_liveness.py,
+        honest server and leave them all out of its view, training alone meanwhile (tests/round/test_liveness.py,
         ``test_a_state_newer_than_the_view_is_checked_against_a_view_read_after_the_download``)."""
         views = self.membership.fresh_view(since=asked, timeout=self.membership.timing.recheck_wait(self.membership.read_interval()))
         try:

@@ -94,7 +94,7 @@ class SparseLoCoCodec(TensorCodec):
     def _quantize(self, kept: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Codes in [0, 2**bits) and the table (float64): each bin's mean, or its centre when it is
         empty. In float64 on kept's device; the same operations, in the same order, as the numpy
-        quantizer this replaced (the CPU bytes are unchanged, tests/test_gpu_encode.py)."""
+        quantizer this replaced (the CPU bytes are unchanged, tests/system/test_gpu_encode.py)."""
         bins = 1 << self.bits
         kept = kept.reshape(-1).to(torch.float64)
         if kept.numel() == 0:

@@ -1,0 +1,47 @@
+"""bench/scale.py --quick end to end: a 4-peer swarm trains 6 rounds (5, and one more to sample
+after the fifth) and the JSON holds together: a row per round, one θ and one group each round
+(4 peers on loopback, quorum 4), positive byte counts, and peer 0's process tree sampled after
+rounds 1 and 5 with positive memory, descriptors and threads."""
+
+import json
+
+import pytest
+
+from tests.support.bench_loader import load_bench
+
+bs = load_bench("scale")
+
+pytestmark = pytest.mark.slow
+
+
+def test_quick_scale_run_reports_rounds_and_resources(tmp_path, capsys):
+    out = tmp_path / "scale.json"
+    assert bs.main(["--quick", "--workdir", str(tmp_path / "runs"), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "distinct θ" in printed and "fds tree" in printed
+    runs = json.loads(out.read_text())["runs"]
+    assert len(runs) == 1  # --peers 4 is the long run's size: run once
+    run = runs[0]
+    assert run["peers"] == 4 and run["long"] and run["failure"] is None and run["rounds"] == 6
+    assert [r["round"] for r in run["rows"]] == sorted({r["round"] for r in run["rows"]})
+    assert len(run["rows"]) == 6
+    for r in run["rows"]:
+        assert r["peers"] == 4 and r["groups"] >= 1 and sum(r["group_sizes"]) <= 4
+        assert 1 <= r["distinct_theta"] <= 4 and 0 <= r["alone"] <= 4
+        assert r["payload_sent_per_peer"] >= 0 and r["round_s"] > 0
+    assert any(r["payload_sent_per_peer"] > 0 for r in run["rows"])  # some round had a group to send to
+    assert any(r["wire_per_peer"] for r in run["rows"])  # the status' wire, read after rounds (None where netlink is blocked)
+    assert [u["after_rounds"] for u in run["usage"]] == [1, 5]
+    for u in run["usage"]:
+        assert u["rounds_ended"] >= u["after_rounds"]
+        assert len(u["processes"]) >= 2  # the peer and at least its DHT's process (p2pd under it)
+        assert u["rss_kib"] > 0 and u["pss_kib"] > 0 and u["fds"] > 0 and u["threads"] > 0
+        assert all(p["rss_kib"] > 0 and p["fds"] > 0 for p in u["processes"])
+        assert any(p["name"] == "p2pd" for p in u["processes"])
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(SystemExit):
+        bs.main(["--peers", "4,x"])
+    with pytest.raises(SystemExit):
+        bs.main(["--peers", "0"])

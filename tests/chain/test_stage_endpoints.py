@@ -1,0 +1,116 @@
+"""Stage endpoints other hosts can reach (protocol/endpoints.py), the record that carries them, and
+the coordinator's back-off from a chain that breaks right after forming (coordinator/chain_former.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator import chain_former as former_mod
+from coordinator.chain_former import BACKOFF_S, ChainFormer
+from peer.chain.stage import unreachable
+from protocol.chain_records import CandidateRecord
+from protocol.endpoints import (
+    MAX_ENDPOINTS, EndpointError, announced_endpoints, dial_order, hosts_of_maddrs, split_endpoints,
+)
+from tests.protocol.test_chains import SPEC, X
+
+PID = "12D3KooWCmtZqaLzWHULDRi8X2BM11MqxHhCH26rkAXpCarXJWar"
+
+
+def test_hosts_come_from_the_dht_addresses_without_unspecified_or_relayed_ones():
+    maddrs = [f"/ip4/127.0.0.1/tcp/4001/p2p/{PID}", f"/ip4/10.7.0.2/tcp/4001/p2p/{PID}", "/ip4/0.0.0.0/tcp/4001",
+              "/ip6/::/tcp/1", f"/ip4/10.7.0.2/tcp/4002/p2p/{PID}", f"/ip4/5.6.7.8/tcp/1/p2p/{PID}/p2p-circuit",
+              "/dns4/peer.example.org/tcp/4001", "/ip6/2001:db8::5/tcp/4001", "garbage", ""]
+    assert hosts_of_maddrs(maddrs) == ["127.0.0.1", "10.7.0.2", "peer.example.org", "2001:db8::5"]
+
+
+def test_a_loopback_endpoint_is_announced_only_when_nothing_else_is_there():
+    assert announced_endpoints(["127.0.0.1", "10.7.0.2"], 4100) == "10.7.0.2:4100"
+    assert announced_endpoints(["127.0.0.1"], 4100) == "127.0.0.1:4100"  # a run on one machine
+    assert announced_endpoints([], 4100) == "127.0.0.1:4100"
+    assert announced_endpoints(["fe80::1", "192.168.1.5", "2001:db8::5"], 9) == "192.168.1.5:9,[2001:db8::5]:9,[fe80::1]:9"
+    assert announced_endpoints(["127.0.0.1", "10.7.0.2"], 4100, override="peer.example.org") == "peer.example.org:4100"
+    many = announced_endpoints([f"10.0.0.{i}" for i in range(1, 10)], 5)
+    assert len(many.split(",")) == MAX_ENDPOINTS
+    with pytest.raises(EndpointError):
+        announced_endpoints(["10.0.0.1"], 0)
+
+
+def test_a_dialer_skips_a_neighbours_loopback_when_it_announced_another_address():
+    assert dial_order("127.0.0.1:5,10.7.0.3:5") == [("10.7.0.3", 5)]
+    assert dial_order("127.0.0.1:5") == [("127.0.0.1", 5)]  # the neighbour is on this host
+    assert dial_order("[2001:db8::5]:7,10.0.0.1:7") == [("2001:db8::5", 7), ("10.0.0.1", 7)]
+    for bad in ("10.0.0.1", "10.0.0.1:0", "10.0.0.1:x", ":5", ",".join(["10.0.0.1:5"] * (MAX_ENDPOINTS + 1))):
+        with pytest.raises(EndpointError):
+            split_endpoints(bad)
+
+
+def test_a_stage_that_cannot_dial_says_where_and_what_to_open():
+    why = unreachable(2, PID, {"10.7.0.3:41234": "Connect call failed", "[2001:db8::5]:41234": "timed out"})
+    assert "stage 2" in why and PID in why and "10.7.0.3:41234: Connect call failed" in why
+    assert "port 41234" in why and "--stage-host" in why and "--announce-maddrs" in why
+
+
+class FakeSwarm:
+    """The coordinator's view of the DHT: candidate records and the assignments it published."""
+
+    def __init__(self, peers):
+        self.candidates = {p: CandidateRecord(SPEC.digest(), int(0.6 * X), 100.0, "waiting", "10.0.0.1:5") for p in peers}
+        self.assignments = {}
+        self.published = []
+
+    def install(self, monkeypatch, clock):
+        monkeypatch.setattr(former_mod, "read_candidates", lambda dht, spec: dict(self.candidates))
+        monkeypatch.setattr(former_mod, "read_assignments", lambda dht, spec: dict(self.assignments))
+        monkeypatch.setattr(former_mod, "publish_assignment", self.publish)
+        monkeypatch.setattr(former_mod.time, "monotonic", lambda: clock[0])
+
+    def publish(self, dht, spec, a, ttl):
+        self.published.append(a)
+        for p in a.chain.members:
+            self.assignments[p] = a
+
+    def set_state(self, state):
+        for p, rec in self.candidates.items():
+            self.candidates[p] = CandidateRecord(rec.spec, rec.capacity, rec.bandwidth, state, rec.endpoint)
+
+
+def test_a_chain_that_breaks_at_once_is_not_formed_again_from_the_same_members_for_a_while(monkeypatch):
+    clock = [1000.0]
+    swarm = FakeSwarm(["a", "b"])
+    swarm.install(monkeypatch, clock)
+    former = ChainFormer(None, SPEC)
+
+    def form_and_break():
+        assert len(former.step()) == 1  # formed
+        swarm.set_state("assigned")
+        clock[0] += 30
+        assert former.step() == []  # alive: nothing new
+        swarm.set_state("waiting")  # the stages could not connect: both back in the pool
+        clock[0] += 30
+        assert former.step() == []  # broken, and not formed again at once
+
+    form_and_break()
+    clock[0] += BACKOFF_S - 5
+    assert former.step() == []
+    clock[0] += 10
+    form_and_break()  # after the back-off: tried again, broke again
+    clock[0] += BACKOFF_S + 5
+    assert former.step() == []  # twice as long this time
+    clock[0] += BACKOFF_S
+    assert len(former.step()) == 1
+    assert former.failures[("b", "a")][0] == 2 or former.failures[("a", "b")][0] == 2
+
+
+def test_a_chain_that_trained_for_a_while_and_broke_is_formed_again_at_once(monkeypatch):
+    clock = [1000.0]
+    swarm = FakeSwarm(["a", "b"])
+    swarm.install(monkeypatch, clock)
+    former = ChainFormer(None, SPEC)
+    assert len(former.step()) == 1
+    swarm.set_state("assigned")
+    clock[0] += 3600  # an hour of training, then one member restarted
+    former.step()
+    swarm.set_state("waiting")
+    clock[0] += 1
+    assert len(former.step()) == 1 and not former.failures

@@ -1,0 +1,102 @@
+"""peer/exchange/set_server.py's answers to groupmates about the sets we merged, and the sets we keep
+serving after fetching them, without a network: who is told, how long a question is held open,
+and what stays bounded."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+
+from hivemind.proto import averaging_pb2, runtime_pb2
+
+from peer.exchange.set_server import KEEP_FETCHED, KEEP_OFFERS
+from protocol.group_sets import DIGEST_CHARS, pack_names, parse_names
+from protocol.timing import Timing
+from tests.exchange.test_exchange_bounds import MATE, ME, OUTSIDER, context, gatherer
+
+OURS, THEIRS = "1" * DIGEST_CHARS, "2" * DIGEST_CHARS
+MEMBERS = frozenset([ME.peer_id, MATE.peer_id])
+
+
+def server():
+    g = gatherer()
+    g._fetched, g._merged = OrderedDict(), OrderedDict()
+    return g
+
+
+def ask(name: str = OURS, wait: float = 0.0) -> averaging_pb2.AveragingData:
+    return averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=name.encode()), weight=wait)
+
+
+def test_a_groupmate_is_told_what_we_merged_and_an_outsider_nothing():
+    g = server()
+
+    async def go():
+        await g._offer_merged(OURS, MEMBERS, pack_names([OURS, THEIRS]))
+        return await g.rpc_merged(ask(), context(MATE)), await g.rpc_merged(ask(), context(OUTSIDER))
+
+    told, refused = asyncio.run(go())
+    assert parse_names(told.tensor_part.buffer) == (OURS, THEIRS)
+    assert refused.code == averaging_pb2.BAD_GROUP_ID and not refused.tensor_part.buffer
+
+
+def test_a_question_asked_before_we_merged_is_answered_once_we_have():
+    g = server()
+
+    async def go():
+        question = asyncio.create_task(g.rpc_merged(ask(wait=5.0), context(MATE)))
+        await asyncio.sleep(3 * Timing.merged_poll_s)
+        assert not question.done()
+        await g._offer_merged(OURS, MEMBERS, pack_names([OURS]))
+        return await asyncio.wait_for(question, 2.0)
+
+    assert parse_names(asyncio.run(go()).tensor_part.buffer) == (OURS,)
+
+
+def test_a_question_is_held_open_no_longer_than_it_asks_and_a_nan_wait_is_none():
+    g = server()
+
+    async def go(wait):
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        answer = await g.rpc_merged(ask(wait=wait), context(MATE))
+        return answer, loop.time() - t0
+
+    for wait, most in ((0.3, 1.5), (float("nan"), 0.5), (-5.0, 0.5)):
+        answer, took = asyncio.run(go(wait))
+        assert answer.code == averaging_pb2.NOT_LOOKING_FOR_GROUP and took < most
+
+
+def test_malformed_names_are_refused_at_once():
+    g = server()
+    for name in ("short", "x" * (DIGEST_CHARS + 1)):
+        answer = asyncio.run(g.rpc_merged(ask(name, wait=30.0), context(MATE)))
+        assert answer.code == averaging_pb2.BAD_GROUP_ID
+
+
+def test_offers_and_fetched_sets_are_bounded():
+    g = server()
+
+    async def offer_many():
+        for i in range(3 * KEEP_OFFERS):
+            await g._offer_merged(f"{i:032x}", MEMBERS, pack_names([]))
+
+    asyncio.run(offer_many())
+    assert len(g._merged) == KEEP_OFFERS and f"{3 * KEEP_OFFERS - 1:032x}".encode() in g._merged
+    for i in range(3 * KEEP_FETCHED):
+        g._keep_fetched(f"{i:032x}".encode(), b"set")
+    assert len(g._fetched) == KEEP_FETCHED
+    # a fetched set is served on by its name; an unknown name gets nothing
+    assert g._packed_set(f"{3 * KEEP_FETCHED - 1:032x}".encode()) == b"set"
+    assert g._packed_set(b"0" * DIGEST_CHARS) is None
+
+
+def test_fetched_sets_are_bounded_in_bytes_too(monkeypatch):
+    import peer.exchange.set_server as set_server
+
+    monkeypatch.setattr(set_server, "KEEP_FETCHED_BYTES", 100)
+    g = server()
+    for i in range(4):
+        g._keep_fetched(str(i).encode(), b"x" * 60)
+    assert list(g._fetched) == [b"3"]  # the newest is kept even alone over the bound
+

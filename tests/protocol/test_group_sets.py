@@ -1,0 +1,149 @@
+"""Several groups of one round merge their agreed sets (protocol/group_sets.py): a served set is
+checked envelope by envelope against its owners' signatures and its name, whatever the bytes, and
+the union counts every payload once and an equivocator's never."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protocol.group_sets import (DIGEST_CHARS, MAX_NAMES, TWO_PAYLOADS, SetError, open_set, pack_names, pack_set,
+                                 parse_names, set_digest, union)
+from protocol.signed import seal
+from tests.support.agreement_sim import MAX_PAYLOAD, RUN, binding_of, signer
+
+ROUND = 7
+
+
+def agreed_set(first: int, n: int, group_id: bytes = b"group-1", payloads=None):
+    """(binding, owner -> envelope, owner -> payload) of an honest group of keys first..first+n-1."""
+    keys = [signer(i) for i in range(first, first + n)]
+    binding = binding_of([k.peer_id for k in keys], round_no=ROUND, group_id=group_id)
+    payloads = payloads or {k.peer_id: b"payload of %d" % (first + i) for i, k in enumerate(keys)}
+    envelopes = {k.peer_id: seal(k, binding.context, payloads[k.peer_id])[0] for k in keys if k.peer_id in payloads}
+    return binding, envelopes, payloads
+
+
+def opened(binding, envelopes, payloads, **kw):
+    raw = pack_set(binding, envelopes)
+    return open_set(raw, kw.pop("run", RUN), kw.pop("round_no", ROUND), kw.pop("digest", set_digest(binding.context, payloads)),
+                    kw.pop("max_members", 16), MAX_PAYLOAD)
+
+
+def test_a_served_set_opens_to_its_payloads_under_its_name():
+    binding, envelopes, payloads = agreed_set(0, 4)
+    checked = opened(binding, envelopes, payloads)
+    assert checked.payloads == payloads and len(checked.digest) == DIGEST_CHARS
+    assert checked.binding == binding
+
+
+def test_the_name_binds_the_group_and_every_payload():
+    binding, _, payloads = agreed_set(0, 3)
+    other_group = binding_of(list(binding.members), round_no=ROUND, group_id=b"group-2")
+    changed = {**payloads, binding.members[0]: b"another payload"}
+    names = {set_digest(binding.context, payloads), set_digest(other_group.context, payloads),
+             set_digest(binding.context, changed), set_digest(binding.context, dict(list(payloads.items())[:2]))}
+    assert len(names) == 4
+
+
+def test_a_set_that_leaves_a_payload_out_is_not_the_named_set():
+    binding, envelopes, payloads = agreed_set(0, 4)
+    left_out = dict(list(envelopes.items())[:3])
+    with pytest.raises(SetError, match="not the one"):
+        opened(binding, left_out, payloads)
+
+
+def test_a_forged_or_misbound_envelope_is_refused():
+    binding, envelopes, payloads = agreed_set(0, 3)
+    owner = binding.members[1]
+    other = binding_of(list(binding.members), round_no=ROUND, group_id=b"elsewhere")
+    forged = {**envelopes, owner: seal(signer(9), binding.context, payloads[owner])[0]}  # signed by a non-owner
+    misbound = {**envelopes, owner: seal(signer(1), other.context, payloads[owner])[0]}  # sealed for another group
+    for bad in (forged, misbound):
+        with pytest.raises(SetError):
+            opened(binding, bad, payloads)
+
+
+def test_a_set_of_another_run_or_round_or_too_large_a_group_is_refused():
+    binding, envelopes, payloads = agreed_set(0, 5)
+    with pytest.raises(SetError, match="another run or round"):
+        opened(binding, envelopes, payloads, round_no=ROUND + 1)
+    with pytest.raises(SetError, match="another run or round"):
+        opened(binding, envelopes, payloads, run=b"other run")
+    with pytest.raises(SetError):
+        opened(binding, envelopes, payloads, max_members=4)
+
+
+def test_an_envelope_of_a_non_member_or_twice_is_refused():
+    binding, envelopes, payloads = agreed_set(0, 3)
+    raw = msgpack.unpackb(pack_set(binding, envelopes), raw=False)
+    outsider = signer(11)
+    twice = raw[:5] + [raw[5] + [raw[5][0]]]
+    stranger = raw[:5] + [raw[5][:2] + [[outsider.peer_id, seal(outsider, binding.context, b"x")[0]]]]
+    for bad in (twice, stranger):
+        with pytest.raises(SetError):
+            open_set(msgpack.packb(bad, use_bin_type=True), RUN, ROUND, set_digest(binding.context, payloads), 16, MAX_PAYLOAD)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=4096))
+def test_any_bytes_give_a_set_error_or_a_checked_set(raw):
+    try:
+        open_set(raw, RUN, ROUND, "0" * DIGEST_CHARS, 16, MAX_PAYLOAD)
+    except SetError:
+        pass
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_mutating_a_valid_set_never_passes_as_it(data):
+    binding, envelopes, payloads = agreed_set(0, 3)
+    raw = bytearray(pack_set(binding, envelopes))
+    i = data.draw(st.integers(0, len(raw) - 1))
+    raw[i] ^= data.draw(st.integers(1, 255))
+    try:
+        checked = open_set(bytes(raw), RUN, ROUND, set_digest(binding.context, payloads), 16, MAX_PAYLOAD)
+    except SetError:
+        return
+    assert checked.payloads == payloads  # a flip in bytes nothing depends on (never in a signed field)
+
+
+def test_union_counts_every_payload_once_and_an_equivocator_never():
+    a = {"p1": b"one", "p2": b"two"}
+    b = {"p3": b"three", "p2": b"two"}  # p2 sealed the same payload in two groups: counts once
+    c = {"p4": b"four", "p1": b"ONE"}  # p1 sealed two different payloads: counts with neither
+    merged, excluded = union([a, b, c])
+    assert merged == {"p2": b"two", "p3": b"three", "p4": b"four"}
+    assert excluded == {"p1": TWO_PAYLOADS}
+    assert union([c, b, a]) == (merged, excluded)  # the same whatever order the sets came in
+
+
+# ---- a member's list of the sets it merged (what groupmates tell each other) ----------------------
+def test_a_list_of_set_names_round_trips_sorted_and_once():
+    a, b = "0" * DIGEST_CHARS, "ab" * (DIGEST_CHARS // 2)
+    assert parse_names(pack_names([b, a, b])) == (a, b)
+    assert parse_names(pack_names([])) == ()
+
+
+@pytest.mark.parametrize("raw", [b"0" * (DIGEST_CHARS - 1), b"G" * DIGEST_CHARS, b"0" * DIGEST_CHARS * 2,
+                                 b"\xff" * DIGEST_CHARS, b"0" * DIGEST_CHARS * (MAX_NAMES + 1)])
+def test_a_malformed_repeated_or_overlong_list_is_refused(raw):
+    with pytest.raises(SetError):
+        parse_names(raw)
+
+
+def test_what_is_not_a_set_name_is_never_packed():
+    with pytest.raises(SetError):
+        pack_names(["not a set name"])
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=3 * DIGEST_CHARS))
+def test_any_bytes_give_a_set_error_or_names_that_pack_back(raw):
+    try:
+        names = parse_names(raw)
+    except SetError:
+        return
+    assert pack_names(names) == raw

@@ -1,0 +1,114 @@
+"""Two honest peers that lost each other once find each other again, and a group's start-hash vote
+counts only members whose payload counted. Scripted views and a fake clock: no processes."""
+
+from __future__ import annotations
+
+import threading
+
+from peer.round.membership import Membership, retry_round
+from peer.host.runtime import majority_hash
+from protocol.timing import Timing
+from tests.conftest import Clock  # noqa: F401
+from tests.round.test_liveness import SPEC, view
+
+
+def barrier(monkeypatch, clock, script):
+    m = Membership(dht=None, spec=SPEC, peer_id="me", progress=lambda: None, stop=threading.Event())
+    m.train_seconds = 4.0
+    monkeypatch.setattr(m, "view", lambda: script(m))
+    return m
+
+
+def test_a_peer_that_fell_behind_once_is_waited_for_again_within_two_rounds(monkeypatch, clock):
+    # round 6: "a" announced itself and did not come (a lost matchmaking reply, an overloaded host)
+    state = {"round": 6, "a": "training"}
+    m = barrier(monkeypatch, clock, lambda m: [view("me", state["round"]), view("a", state["round"], state["a"])])
+    b = m.wait_for_round(6, set(), first_round=False)
+    assert b.expected == 1 and m._waited == {"a"}
+    # round 7: "a" is skipped (we go alone at once, not after the allowance)
+    state["round"] = 7
+    t0 = clock.now
+    b = m.wait_for_round(7, set(), first_round=False)
+    assert m.no_shows == {"a"} and clock.now - t0 < 0.5 and b.alone
+    # round 8 (a multiple of the skip length, 2): "a" caught up and trains our round: we wait for it again
+    state["round"] = 8
+    t0 = clock.now
+    m.wait_for_round(8, set(), first_round=False)
+    assert "a" not in m.no_shows and clock.now - t0 >= 4.0  # waited (the straggler allowance), not skipped
+
+
+def test_the_skip_doubles_with_every_miss_and_ends_when_the_peer_joins_a_group(monkeypatch, clock):
+    state = {"round": 0}
+    m = barrier(monkeypatch, clock, lambda m: [view("me", state["round"]), view("x", state["round"], "training")])
+    waited_rounds = []
+    for r in range(1, 200):
+        state["round"] = r
+        m.wait_for_round(r, set(), first_round=False)
+        if m._waited:  # x was waited for (in vain) this round
+            waited_rounds.append(r)
+    # the skip doubles (2, 4, ... Timing.max_skip_rounds) and ends on a multiple of its length
+    assert waited_rounds[:6] == [1, 4, 8, 16, 32, 64]
+    assert {b - a for a, b in zip(waited_rounds[5:], waited_rounds[6:])} == {Timing.max_skip_rounds}
+    # a staller costs one allowance per skip period: about 1 round in Timing.max_skip_rounds in the long run
+    assert len(waited_rounds) <= 200 // Timing.max_skip_rounds + 6
+    # once x turns up in our group, it starts from a clean slate
+    m.wait_for_round(200, {"x"}, first_round=False)
+    assert "x" not in m.no_shows and "x" not in m._strikes
+
+
+def test_peers_that_missed_a_staller_in_neighbouring_rounds_wait_for_it_again_together(monkeypatch, clock):
+    # "a" saw the staller's claim a read earlier than "b" and waited for it one round before "b" did
+    rounds = {"a": 14, "b": 15}
+    members = {}
+    for name in rounds:
+        members[name] = barrier(monkeypatch, clock, lambda m, name=name: [view("me", rounds[name]), view("x", rounds[name], "training")])
+    for name, m in members.items():
+        m.wait_for_round(rounds[name], set(), first_round=False)
+    waits = {name: [] for name in members}
+    for r in range(16, 41):
+        for name, m in members.items():
+            rounds[name] = r
+            m.wait_for_round(r, set(), first_round=False)
+            if m._waited:
+                waits[name].append(r)
+    assert waits["a"] == waits["b"] == [18, 20, 24, 32]
+    assert retry_round(17, 2) == retry_round(19, 2) == 20 and retry_round(20, 2) == 20
+    assert retry_round(1000, 40) == 1024 and retry_round(1025, 40) == 1024 + Timing.max_skip_rounds
+
+
+def test_only_members_whose_payload_counted_vote_on_the_start_hash():
+    mine, other = "0123456789abcdef", "fedcba9876543210"
+    # a two-member group: the attacker's payload was refused, so its (smallest) hash does not vote
+    assert majority_hash({"me": mine, "x": ""}, excluded={"x"}, me="me") == mine
+    assert majority_hash({"me": mine, "x": "0000000000000000"}, excluded={"x"}, me="me") == mine
+    # malformed hashes never vote, even from a counted member
+    assert majority_hash({"me": mine, "x": ""}, me="me") == mine
+    assert majority_hash({"me": mine, "x": "0" * 64}, me="me") == mine
+    # honest members: the majority wins; a tie goes to the smallest hash, the same on every member
+    assert majority_hash({"me": mine, "a": other, "b": other}, me="me") == other
+    assert majority_hash({"me": other, "a": mine}, me="me") == mine
+    assert majority_hash({"a": mine, "me": other}, me="a") == mine
+
+
+def test_a_tie_goes_to_a_start_that_a_member_able_to_serve_its_state_holds():
+    small, large = "0123456789abcdef", "fedcba9876543210"
+    # a full peer and a --client-mode peer that each trained round 0 alone: the client's smaller hash
+    # would win the tie, and the full peer could not download it (a client shares no state)
+    for me in ("full", "client"):
+        assert majority_hash({"full": large, "client": small}, me=me, unservable={"client"}) == large
+    # the count still comes first: two clients outvote one full peer (the full peer serves them)
+    assert majority_hash({"full": large, "c1": small, "c2": small}, me="full", unservable={"c1", "c2"}) == small
+    # no member able to serve either: the smallest, as before
+    assert majority_hash({"c1": large, "c2": small}, me="c1", unservable={"c1", "c2"}) == small
+
+
+def test_peers_forgiven_are_waited_for_again_at_once(monkeypatch, clock):
+    m = barrier(monkeypatch, clock, lambda m: [view("me", 7), view("a", 7, "training")])
+    m.no_shows, m._strikes, m._skip_until = {"a"}, {"a": 3}, {"a": 8}
+    m.wait_for_round(7, set(), first_round=False)
+    assert m.no_shows == {"a"}
+    m.forgive(["a"])
+    assert m.no_shows == set() and "a" not in m._strikes
+    t0 = clock.now
+    m.wait_for_round(7, set(), first_round=False)
+    assert clock.now - t0 >= 4.0  # waited for (the straggler allowance)

@@ -1,0 +1,90 @@
+"""Whom a catching-up peer asks for the state, and a fast honest server whose rounds go by while its
+state travels: scripted views, a real StateSync and engine, no processes."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from peer.round import membership as membership_mod
+from peer.round.membership import Membership
+from protocol.records import Progress
+from tests.round.test_liveness import SPEC, honest_engine, served, syncing_peer, view
+
+
+def test_a_fast_server_whose_round_moved_on_during_the_download_is_believed_after_a_fresh_read(monkeypatch, clock):
+    fast = honest_engine(12)
+    views = [view("fast", 10, "ready")]
+
+    def serve(peer):  # two solo rounds went by while its state travelled; its record now says so
+        views[0] = view("fast", 12, "ready", fast.params_hash())
+        return served(fast)
+
+    sync, engine = syncing_peer(monkeypatch, views, serve)
+    sync.catch_up()
+    assert sync.asked == ["fast"] and engine.round == 12 and engine.params_hash() == fast.params_hash()
+    assert [v.peer_id for v in sync.membership.others()] == ["fast"]  # not refused, not left out
+
+
+def test_a_server_still_announcing_less_than_it_served_is_refused(monkeypatch, clock):
+    liar = honest_engine(500)
+    views = [view("liar", 10, "ready"), view("a", 10, "ready")]
+    honest = honest_engine(10, seed=2)
+    sync, engine = syncing_peer(monkeypatch, views, lambda peer: served(liar) if peer == "liar" else served(honest))
+    monkeypatch.setattr("peer.round.state_sync.order_sources", lambda views, target, slack=0: list(views))  # the liar first
+    sync.catch_up()
+    assert sync.asked == ["liar", "a"] and engine.round == 10 and engine.params_hash() == honest.params_hash()
+    assert [v.peer_id for v in sync.membership.others()] == ["a"]
+
+
+def test_a_fresh_view_comes_from_a_read_begun_after_the_given_moment(monkeypatch, clock):
+    m = Membership(dht=None, spec=SPEC, peer_id="me", progress=lambda: None, stop=threading.Event())
+    claims = {"a": 3}
+    monkeypatch.setattr(membership_mod, "read_progress", lambda dht, run_id: [view("a", claims["a"])])
+    monkeypatch.setattr(membership_mod, "get_dht_time", lambda: 0.0)
+    assert m.view()[0].progress.round == 3
+    since = clock.now
+    claims["a"] = 5
+    assert m.view()[0].progress.round == 3  # within the read interval: the cached view
+    assert m.fresh_view(since, timeout=5.0)[0].progress.round == 5 and m.read_began > since
+
+
+def grouped(peer, round_no, params_hash, gathered=True):
+    p = Progress(round=round_no, step=0, state="training", spec=SPEC.digest(), loss=0.0, val_loss=0.0, tokens=0,
+                 tokens_per_s=0.0, bytes_sent=0, bytes_received=0, params_hash=params_hash, part=-1,
+                 gathered_round=round_no - 1 if gathered else 0, gathered="ab" * 16 if gathered else "")
+    return SimpleNamespace(peer_id=peer, progress=p, expires=0.0)
+
+
+@pytest.mark.parametrize("case", ["solo", "not solo", "newcomers", "one peer"])
+def test_a_peer_whose_solo_rounds_raced_ahead_takes_the_state_of_the_swarm_it_lost(monkeypatch, clock, case):
+    swarm = honest_engine(20)
+    h = swarm.params_hash()
+    views = {
+        "solo": [grouped("a", 20, h), grouped("b", 20, h)],
+        "not solo": [grouped("a", 20, h), grouped("b", 20, h)],
+        "newcomers": [grouped("a", 20, h, gathered=False), grouped("b", 20, h, gathered=False)],  # never in a group
+        "one peer": [grouped("a", 20, h), grouped("b", 20, h, gathered=False)],
+    }[case]
+    sync, engine = syncing_peer(monkeypatch, views, lambda peer: served(swarm), own_round=30)
+    sync.catch_up(solo=case != "not solo")
+    if case == "solo":  # two peers that gather in groups, at an earlier round: their lineage wins
+        assert engine.round == 20 and engine.params_hash() == h and len(sync.asked) == 1
+        assert sorted(sync.membership.forgiven) == ["a", "b"]  # its no-shows are waited for again
+    else:
+        assert engine.round == 30 and sync.asked == []
+
+
+def test_a_state_of_an_earlier_round_drops_the_abandoned_rounds_from_the_history():
+    from peer.round.report import RoundRecord, Totals
+    from peer.host.runtime import Peer
+
+    records = [RoundRecord(r, f"{r:016x}", ["me"], 1, {}, 0, 0, 0.0, 0.0, 1.0) for r in range(1, 9)]
+    peer = SimpleNamespace(totals=Totals(history=list(records)), engine=SimpleNamespace(round=5), _load_theta=lambda: None)
+    Peer._installed(peer, 1000)
+    assert [r.round for r in peer.totals.history] == [1, 2, 3, 4] and peer.totals.bytes_received == 1000
+    peer.engine.round = 9  # a catch-up forward keeps every record
+    Peer._installed(peer, 10)
+    assert [r.round for r in peer.totals.history] == [1, 2, 3, 4]

@@ -1,0 +1,443 @@
+"""True wire bytes (swarm/sock_diag.py, swarm/wire_ledger.py, swarm/wire_bytes.py): the netlink
+parser on constructed replies, the ledger's bookkeeping across polls and closed sockets, the
+meter on real sockets of a child process, and how it degrades where netlink cannot be used."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import replace
+
+import pytest
+
+from peer.host.lifecycle import wire_status
+from peer.host.metrics import MetricsServer
+from swarm import sock_diag
+from swarm.sock_diag import (INET_DIAG_INFO, NLMSG_DONE, NLMSG_ERROR, SOCK_DIAG_BY_FAMILY, TCP_LISTEN, DestroyFeed,
+                             NetlinkError, SockStat, TcpCounters, dump_request, dump_tcp, parse_diag_msg,
+                             parse_replies, parse_tcp_info, lookup_request, lookup_tcp)
+from swarm.wire_bytes import WireMeter, wire_report
+from swarm.wire_ledger import KEEP_GONE_POLLS, WireLedger, WireTotals
+from tests.coordinator.test_dashboard_records import progress
+
+ESTABLISHED = 1
+FIN = 1  # tcpi_bytes_acked counts the FIN of a connection closed gracefully
+
+
+# ---- constructed netlink replies -------------------------------------------------------------------
+def tcp_info(sent=0, received=0, acked=None, retrans=0, segs_out=0, segs_in=0, size=232) -> bytes:
+    info = bytearray(max(size, 232))
+    struct.pack_into("=QQII", info, 120, sent if acked is None else acked, received, segs_out, segs_in)
+    struct.pack_into("=QQ", info, 200, sent, retrans)
+    return bytes(info[:size])
+
+
+def diag_msg(cookie, inode, state=ESTABLISHED, src="10.0.0.1", sport=4000, dst="10.0.0.2", dport=5000,
+             info=None, family=socket.AF_INET, extra=b"") -> bytes:
+    n = 4 if family == socket.AF_INET else 16
+    addr = lambda a: socket.inet_pton(family, a).ljust(16, b"\0")  # noqa: E731
+    body = struct.pack("=BBBB", family, state, 0, 0) + struct.pack(">HH", sport, dport) + addr(src) + addr(dst)
+    body += struct.pack("=III", 0, cookie & 0xFFFFFFFF, cookie >> 32) + struct.pack("=IIIII", 0, 0, 0, 0, inode)
+    assert len(body) == 72 and n
+    body += extra  # attributes before the wanted one must be skipped
+    if info is not None:
+        body += rta(INET_DIAG_INFO, info)
+    return body
+
+
+def rta(kind: int, data: bytes) -> bytes:
+    raw = struct.pack("=HH", 4 + len(data), kind) + data
+    return raw + bytes(-len(raw) % 4)
+
+
+def nlmsg(kind: int, body: bytes, seq: int = 1) -> bytes:
+    raw = struct.pack("=IHHII", 16 + len(body), kind, 2, seq, 0) + body
+    return raw + bytes(-len(raw) % 4)
+
+
+def stat(cookie, inode=0, state=ESTABLISHED, sport=4000, dport=5000, src="10.0.0.1", dst="10.0.0.2", sent=0, received=0,
+         counters=True) -> SockStat:
+    c = TcpCounters(sent, received, 0, 1, 1) if counters else None
+    return SockStat(cookie, inode, socket.AF_INET, state, src, sport, dst, dport, c)
+
+
+def test_the_dump_request_asks_for_tcp_sockets_with_their_tcp_info():
+    raw = dump_request(socket.AF_INET6, seq=7)
+    length, kind, flags, seq, _ = struct.unpack_from("=IHHII", raw)
+    assert (length, kind, flags, seq) == (len(raw), SOCK_DIAG_BY_FAMILY, 0x301, 7) and len(raw) == 16 + 56
+    family, proto, ext, _, states = struct.unpack_from("=BBBBI", raw, 16)
+    assert (family, proto, ext) == (socket.AF_INET6, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1))
+    assert states & (1 << TCP_LISTEN) and not states & (1 << 6)  # listeners (their ports) yes; TIME_WAIT no
+
+
+def test_replies_parse_into_sockets_with_their_counters():
+    info = tcp_info(sent=1500, received=700, retrans=100, segs_out=9, segs_in=8)
+    data = (nlmsg(SOCK_DIAG_BY_FAMILY, diag_msg(2**40 + 5, 77, info=info, extra=rta(8, b"\1")))
+            + nlmsg(SOCK_DIAG_BY_FAMILY, diag_msg(6, 0, family=socket.AF_INET6, src="::1", dst="fe80::2", info=info))
+            + nlmsg(SOCK_DIAG_BY_FAMILY, diag_msg(9, 0, state=6), seq=2)  # another dump's: skipped
+            + nlmsg(NLMSG_DONE, struct.pack("=i", 0)))
+    socks, done = parse_replies(data, seq=1)
+    assert done and len(socks) == 2
+    a, b = socks
+    assert (a.cookie, a.inode, a.src, a.sport, a.dst, a.dport) == (2**40 + 5, 77, "10.0.0.1", 4000, "10.0.0.2", 5000)
+    assert a.counters == TcpCounters(1500, 700, 100, 9, 8)
+    assert (b.family, b.src, b.dst) == (socket.AF_INET6, "::1", "fe80::2")
+    assert parse_replies(data[:len(data) - 20], seq=1) == (socks, False)  # the DONE in the next recv
+    assert parse_diag_msg(diag_msg(1, 1)).counters is None  # no INET_DIAG_INFO: no counters
+
+
+def test_older_kernels_tcp_info_is_read_as_far_as_it_goes():
+    assert parse_tcp_info(tcp_info(sent=10, acked=8, received=5, size=136)) == TcpCounters(8, 5, 0, 0, 0)  # 4.1
+    assert parse_tcp_info(tcp_info(sent=10, acked=8, received=5, segs_out=3, segs_in=2, size=160)) == TcpCounters(8, 5, 0, 3, 2)
+    assert parse_tcp_info(tcp_info(sent=10, acked=8, received=5, retrans=1, size=216)) == TcpCounters(8, 5, 1, 0, 0)  # acked, not attempted
+    assert parse_tcp_info(bytes(104)) is None  # before 4.1: no byte counters
+
+
+def test_errors_and_garbage():
+    with pytest.raises(NetlinkError) as e:
+        parse_replies(nlmsg(NLMSG_ERROR, struct.pack("=i", -errno.EPERM) + bytes(16)))
+    assert e.value.errno == errno.EPERM
+    assert parse_replies(nlmsg(NLMSG_ERROR, struct.pack("=i", 0) + bytes(16))) == ([], False)  # an ack
+    with pytest.raises(ValueError):
+        parse_replies(struct.pack("=IHHII", 400, SOCK_DIAG_BY_FAMILY, 0, 1, 0) + bytes(20))  # longer than the data
+    with pytest.raises(ValueError):
+        parse_replies(nlmsg(SOCK_DIAG_BY_FAMILY, bytes(40)))  # shorter than an inet_diag_msg
+    with pytest.raises(ValueError):
+        parse_diag_msg(diag_msg(1, 1) + struct.pack("=HH", 200, INET_DIAG_INFO))  # an attribute past the end
+
+
+def test_an_abortive_close_zeroes_the_counters_and_the_larger_reading_wins():
+    before, zeroed = TcpCounters(900, 400, 10, 7, 6), TcpCounters()
+    assert before.latest(zeroed) == zeroed.latest(before) == before
+    assert TcpCounters(1, 9).latest(TcpCounters(5, 2)) == TcpCounters(5, 9)
+
+
+# ---- the ledger -----------------------------------------------------------------------------------
+def never():
+    raise AssertionError("the /proc walk should not be needed")
+
+
+def test_the_trees_listening_port_claims_its_connections_without_a_proc_walk():
+    ledger = WireLedger()
+    ledger.update([stat(1, inode=10, state=TCP_LISTEN, sport=4000, dport=0, counters=False)], {10})
+    assert ledger.ports == {4000}
+    ledger.update([stat(2, inode=11, sport=4000, sent=100, received=50)], never)  # libp2p dials from its port
+    ledger.update([stat(2, inode=0, sport=4000, sent=300, received=80)], never)  # orphaned: still followed
+    assert ledger.totals() == WireTotals(300, 80, 0, 1, 1, 1)
+
+
+def test_sockets_by_inode_and_foreign_ones_are_decided_once():
+    walks = []
+
+    def owned():
+        walks.append(1)
+        return {21}
+
+    ledger = WireLedger()
+    dump = [stat(1, inode=20, sport=6000, sent=999), stat(2, inode=21, sport=7000, sent=40, received=4),
+            stat(3, inode=0, sport=8000, sent=5)]  # not yet accept()ed: no inode, decided later
+    ledger.update(dump, owned)
+    ledger.update(dump, owned)
+    assert len(walks) == 1 and ledger.totals().sent == 40
+    ledger.update(dump[:2] + [stat(3, inode=22, sport=8000, sent=6)], lambda: {21, 22})
+    assert ledger.totals().sent == 46
+
+
+def test_closed_sockets_keep_their_bytes():
+    ledger = WireLedger()
+    ledger.update([stat(1, inode=5, sent=100, received=10), stat(2, inode=6, sent=1, received=2)], {5, 6})
+    ledger.update([stat(1, inode=5, sent=150, received=10), stat(2, inode=0, sent=0, received=0)], set())  # 2 reset
+    ledger.update([], set())  # both gone
+    assert ledger.totals() == WireTotals(151, 12, 0, 2, 2, 2)
+    for _ in range(KEEP_GONE_POLLS + 2):
+        ledger.update([stat(9, inode=99, sent=7)], set())
+    assert ledger.totals() == WireTotals(151, 12, 0, 2, 2, 2) and ledger.closed == ledger.totals()
+
+
+def test_destroy_notices_give_final_counts_and_short_lived_connections():
+    ledger = WireLedger()
+    ledger.update([stat(1, inode=10, state=TCP_LISTEN, sport=4000, dport=0, counters=False),
+                   stat(2, inode=11, sport=4000, sent=100)], {10, 11})
+    ledger.destroyed([stat(2, sport=4000, sent=180, received=3)])  # its final counters
+    ledger.destroyed([stat(3, sport=4000, sent=50)])  # born and gone between two polls, from the tree's port
+    ledger.destroyed([stat(4, sport=4001, sent=7000)])  # someone else's
+    ledger.destroyed([stat(5, sport=4000, sent=0, received=0)])  # an abortive close before any poll: nothing to add
+    ledger.update([], set())
+    assert ledger.totals() == WireTotals(230, 3, 0, 3, 3, 3)
+    ledger.destroyed([stat(2, sport=4000, sent=0)])  # a late, zeroed notice never lowers a count
+    assert ledger.totals().sent == 230
+
+
+def test_a_connection_between_two_processes_of_the_tree_never_counts():
+    ledger = WireLedger()
+    a = stat(1, inode=1, src="127.0.0.1", sport=4000, dst="127.0.0.1", dport=4001, sent=10)
+    b = stat(2, inode=2, src="127.0.0.1", sport=4001, dst="127.0.0.1", dport=4000, received=10)
+    ledger.update([a, b], {1, 2})
+    assert ledger.totals() == WireTotals()
+
+
+def test_the_report_splits_the_wire_into_payload_chain_and_control():
+    totals = WireTotals(1000, 800, 5, 20, 19, 3)
+    report = wire_report(totals, payload=(300, 200), chain=(100, 0))
+    assert report["sent"] == 1000 and report["sockets"] == 3
+    assert report["sent_by"] == {"payload": 300, "chain": 100, "control": 600}
+    assert report["received_by"] == {"payload": 200, "chain": 0, "control": 600}
+    assert wire_report(totals, payload=(5000, 0))["sent_by"]["control"] == 0  # never negative
+    assert wire_report(None, (0, 0)) is None
+
+
+# ---- where the counters cannot be read -------------------------------------------------------------
+def test_without_netlink_the_meter_says_unknown_once_and_never_raises(caplog):
+    def no_netlink():
+        raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+
+    meter = WireMeter(dump=no_netlink)
+    with caplog.at_level(logging.INFO, logger="voloco.swarm"):
+        meter.start()
+        assert meter.totals() is None and meter.totals() is None
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "wire bytes: unknown" in caplog.records[0].message and meter._thread is None
+    meter.shutdown()
+
+    class Peer:  # what the status and the metrics read
+        wire, role = meter, None
+        totals = type("T", (), {"bytes_sent": 1, "bytes_received": 2})()
+
+    assert wire_status(Peer()) is None and wire_status(object()) is None
+
+
+def test_without_a_socket_family_for_netlink_the_dump_raises_oserror(monkeypatch):
+    monkeypatch.delattr(sock_diag.socket, "AF_NETLINK", raising=False)
+    with pytest.raises(OSError):
+        dump_tcp()
+    with pytest.raises(OSError):
+        DestroyFeed()
+
+
+def test_the_metrics_carry_the_wire_bytes_when_known():
+    wire = {"w": wire_report(WireTotals(1000, 800, 5, 20, 19, 3), (300, 200))}
+    srv = MetricsServer(lambda: progress(), lambda: "12D3KooWpeer", 0, host="127.0.0.1", wire=lambda: wire["w"])
+    try:
+        read = lambda: urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/metrics", timeout=10).read().decode()  # noqa: E731
+        text = read()
+        assert 'voloco_peer_wire_bytes_sent_total{peer="12D3KooWpeer"} 1000.0' in text
+        assert 'voloco_peer_wire_packets_received_total{peer="12D3KooWpeer"} 19.0' in text
+        assert 'voloco_peer_wire_sent_by_kind_bytes{kind="control",peer="12D3KooWpeer"} 700.0' in text
+        wire["w"] = None
+        assert "voloco_peer_wire" not in read() and "voloco_peer_round" in read()
+    finally:
+        srv.shutdown()
+
+
+# ---- real sockets --------------------------------------------------------------------------------
+def _netlink_or_skip() -> None:
+    try:
+        dump_tcp()
+    except OSError as e:
+        pytest.skip(f"no sock_diag here: {e}")
+
+
+# a child that connects to argv[1]'s port, sends argv[2] bytes, reads argv[3] bytes, says so, and
+# closes and exits when told
+CLIENT = r"""
+import socket, sys
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+c.sendall(b"x" * int(sys.argv[2]))
+want, got = int(sys.argv[3]), 0
+while got < want:
+    got += len(c.recv(65536))
+print("read", flush=True)
+sys.stdin.readline()
+c.close()
+"""
+
+# a child that listens, prints its port, sends argv[1] bytes to whoever connects, closes, and exits
+SERVER = r"""
+import socket, sys
+srv = socket.create_server(("127.0.0.1", 0))
+print(srv.getsockname()[1], flush=True)
+sys.stdin.readline()
+conn, _ = srv.accept()
+conn.sendall(b"y" * int(sys.argv[1]))
+conn.close()
+"""
+
+
+def test_the_meter_counts_a_child_processs_connection_to_the_byte_after_it_is_gone():
+    _netlink_or_skip()
+    srv = socket.create_server(("127.0.0.1", 0))
+    child = subprocess.Popen([sys.executable, "-c", CLIENT, str(srv.getsockname()[1]), "123456", "54321"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    conn = None
+    try:
+        meter = WireMeter(root=child.pid, feed=None)  # only the child's tree: this process's end is not its
+        conn, _ = srv.accept()
+        got = 0
+        while got < 123456:
+            got += len(conn.recv(65536))
+        conn.sendall(b"z" * 54321)
+        assert child.stdout.readline().strip() == "read"
+        meter.poll()  # sees the child's socket while it lives
+        child.stdin.write("bye\n")
+        child.stdin.flush()
+        child.wait(30)
+        time.sleep(0.2)
+        totals = meter.totals()  # the socket and the process are gone: the bytes stay
+        # sent: acknowledged bytes, and a closed connection's FIN takes one sequence number
+        assert (totals.sent - FIN, totals.received, totals.sockets) == (123456, 54321, 1)
+    finally:
+        child.kill()
+        for s in (conn, srv):
+            if s is not None:
+                s.close()
+
+
+def test_a_connection_inside_the_tree_is_not_on_the_wire():
+    _netlink_or_skip()
+    srv = socket.create_server(("127.0.0.1", 0))
+    c = socket.create_connection(srv.getsockname())
+    a, _ = srv.accept()
+    try:
+        meter = WireMeter(feed=None)  # this process holds both ends
+        before = meter.totals()  # what sockets an earlier test left open here (closing) count meanwhile
+        c.sendall(b"q" * 5000)
+        a.recv(10000)
+        after = meter.totals()
+        assert after.sent - before.sent < 5000 and after.received - before.received < 5000
+    finally:
+        for s in (a, c, srv):
+            s.close()
+
+
+def test_with_destroy_notices_a_connection_shorter_than_a_poll_counts():
+    _netlink_or_skip()
+    try:
+        DestroyFeed().close()
+    except OSError as e:
+        pytest.skip(f"no destroy notices without CAP_NET_ADMIN: {e}")
+    child = subprocess.Popen([sys.executable, "-c", SERVER, "77777"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        port = int(child.stdout.readline())
+        # the polls see only listeners (the child's port): the connection can count by its notice alone
+        listeners = lambda: [s for s in dump_tcp() if s.state == TCP_LISTEN]  # noqa: E731
+        meter = WireMeter(root=child.pid, dump=listeners).start()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        with socket.create_connection(("127.0.0.1", port)) as c:
+            got = 0
+            while chunk := c.recv(65536):
+                got += len(chunk)
+        child.wait(30)
+        deadline = time.monotonic() + 10
+        while (meter.totals() or WireTotals()).sent < 77777 + FIN and time.monotonic() < deadline:
+            time.sleep(0.05)
+        totals = meter.totals()
+        assert got == 77777 and (totals.sent - FIN, totals.sockets) == (77777, 1)
+        assert totals.received in (0, 1)  # the client's FIN takes a sequence number: 1 if it came before the end
+        meter.shutdown()
+    finally:
+        child.kill()
+
+
+def test_around_a_shutdown_the_meter_reads_closely_by_lookup_with_a_dump_now_and_then():
+    listener = socket.create_server(("127.0.0.1", 0))  # gives the tree (this process) its port
+    try:
+        port, inode = listener.getsockname()[1], os.fstat(listener.fileno()).st_ino
+        dumps, lookups = [], []
+
+        def dump():
+            dumps.append(time.monotonic())
+            return [stat(1, inode, state=TCP_LISTEN, sport=port), stat(2, sport=port, sent=10)]
+
+        def lookup(live):
+            lookups.append([s.cookie for s in live])
+            return [stat(2, sport=port, sent=10 * (len(lookups) + 1))]
+
+        meter = WireMeter(dump=dump, feed=None, lookup=lookup, period=60.0).start()
+        before = len(dumps)
+        with meter.closely(period=0.01):
+            time.sleep(0.3)
+        meter.shutdown()
+        assert len(lookups) >= 10 and all(c == [2] for c in lookups)  # every 10 ms, not once a minute
+        assert len(dumps) - before >= 2  # new sockets still found now and then
+        assert meter.totals().sent == 10 * (len(lookups) + 1)  # the last lookup's reading counts
+    finally:
+        listener.close()
+
+
+def test_between_dumps_the_meter_re_reads_its_sockets_by_lookup():
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        port, inode = listener.getsockname()[1], os.fstat(listener.fileno()).st_ino
+        reads = []
+        dump = lambda: [stat(1, inode, state=TCP_LISTEN, sport=port), stat(2, sport=port, sent=5)]  # noqa: E731
+        meter = WireMeter(dump=dump, feed=None, lookup=lambda live: reads.append(1) or [stat(2, sport=port, sent=99)])
+        meter.start()
+        time.sleep(0.5)
+        meter.shutdown()
+        assert len(reads) >= 3  # several lookups between the dumps (every REFRESH_MIN_S at this cost)
+        assert meter._ledger.totals().sent == 99  # a dump's older reading never lowers a counter
+    finally:
+        listener.close()
+
+
+def test_a_failing_lookup_leaves_the_meter_on_dumps():
+    def broken(live):
+        raise OSError("no lookups here")
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        port, inode = listener.getsockname()[1], os.fstat(listener.fileno()).st_ino
+        meter = WireMeter(dump=lambda: [stat(1, inode, state=TCP_LISTEN, sport=port), stat(2, sport=port, sent=7)],
+                          feed=None, lookup=broken, period=60.0)
+        meter.poll()
+        meter.refresh()
+        meter.refresh()  # said once, then never tried again
+        assert meter._lookup is None and meter.unavailable is None and meter.totals().sent == 7
+    finally:
+        listener.close()
+
+
+def test_the_lookup_request_names_one_socket_by_its_addresses_and_cookie():
+    six = SockStat((7 << 32) | 9, 0, socket.AF_INET6, ESTABLISHED, "::1", 4000, "fe80::2", 5000, None)
+    raw = lookup_request(six, seq=3)
+    length, kind, flags, seq, _ = struct.unpack_from("=IHHII", raw)
+    assert (length, kind, flags, seq) == (len(raw), SOCK_DIAG_BY_FAMILY, 1, 3)  # a request, not a dump
+    family, proto, ext, _, states = struct.unpack_from("=BBBBI", raw, 16)
+    assert (family, proto, ext, states) == (socket.AF_INET6, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0xFFFFFFFF)
+    sport, dport = struct.unpack_from(">HH", raw, 24)
+    assert (sport, dport) == (4000, 5000)
+    assert raw[28:44] == socket.inet_pton(socket.AF_INET6, "::1")
+    assert raw[44:60] == socket.inet_pton(socket.AF_INET6, "fe80::2")
+    assert struct.unpack_from("=III", raw, 60) == (0, 9, 7)
+    four = lookup_request(stat(1, src="10.0.0.1"), seq=1)
+    assert four[28:44] == socket.inet_pton(socket.AF_INET, "10.0.0.1") + bytes(12) and len(four) == len(raw)
+
+
+def test_lookups_read_live_sockets_counters_and_leave_out_gone_ones():
+    _netlink_or_skip()
+    srv = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(srv.getsockname())
+    b, _ = srv.accept()
+    try:
+        mine = [s for s in dump_tcp() if s.state == ESTABLISHED and srv.getsockname()[1] in (s.sport, s.dport)]
+        assert len(mine) == 2
+        a.sendall(b"q" * 5000)
+        got = 0
+        while got < 5000:
+            got += len(b.recv(65536))
+        fresh = {s.cookie: s for s in lookup_tcp(mine)}
+        assert {fresh[s.cookie].counters.received for s in mine} == {0, 5000}
+        gone = replace(mine[0], cookie=mine[0].cookie + 1)  # another socket's cookie: not this one
+        assert lookup_tcp([gone]) == [] and lookup_tcp([]) == []
+    finally:
+        for s in (a, b, srv):
+            s.close()

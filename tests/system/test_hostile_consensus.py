@@ -1,0 +1,69 @@
+"""A framing member and an owner-inventing member (tests/support/hostile_exchange.py) join a real swarm of
+three honest peers: whatever they claim in the agreement, honest peers keep every honest update,
+end every round with equal parameters, take no invented payload and keep training."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.support.swarm_harness import Proc, Swarm, assert_groups_identical, hashes_by_round
+
+pytestmark = pytest.mark.slow
+
+HONEST = ("a", "b", "c")
+
+
+def test_lying_members_change_nothing_for_honest_peers(tmp_path):
+    swarm = Swarm(tmp_path, strategy="sparseloco", inner_steps=60)
+    try:
+        for name in HONEST:
+            swarm.add_peer(name)
+        swarm.wait(lambda: min(swarm.round_of(n) for n in HONEST) >= 1, 180, "a first round of the honest peers")
+        liars = Proc([sys.executable, "-m", "tests.support.hostile_exchange", swarm.join, "3", "frame", "invent"], tmp_path / "liars.log")
+        swarm.procs.append(liars)
+        try:
+            liars.proc.wait(timeout=240)
+        except Exception:
+            pass
+        r = min(swarm.round_of(n) for n in HONEST)
+        swarm.wait(lambda: min(swarm.round_of(n) for n in HONEST) >= r + 1, 120, "a round after the liars left")
+        statuses = [swarm.status(n) for n in HONEST]
+        log = liars.text()
+        assert all(swarm.peers[n].proc.poll() is None for n in HONEST), "an honest peer exited"
+    finally:
+        swarm.close()
+
+    honest = {s["peer_id"] for s in statuses}
+    for mode in ("frame", "invent"):
+        assert f"LIED ({mode})" in log, f"the {mode} member never got to lie:\n{log[-3000:]}"
+    assert "SERVED" not in log, "an honest peer fetched an invented owner's payload"
+
+    # honest groupmates end every round with the same parameters, whatever the liars claimed
+    assert assert_groups_identical(statuses) >= 3
+    # matchmaking may put honest peers in different groups for a round (under load: two groups of
+    # the five); the swarm is then one θ again in the next round
+    by_round = hashes_by_round(statuses)
+    for rnd, hashes in by_round.items():
+        if len(set(hashes.values())) > 1 and rnd + 1 in by_round:
+            assert len(set(by_round[rnd + 1].values())) == 1, f"round {rnd}: honest peers split and stayed split: {by_round}"
+
+    attacked = [rec for s in statuses for rec in s["history"] if set(rec["group"]) - honest]
+    assert attacked, "no round had a lying member in its group"
+    rounds_with_both = {rec["round"] for rec in attacked if len(set(rec["group"]) - honest) == 2}
+    assert rounds_with_both, "the two liars never shared a group"
+    liars = {m for rec in attacked for m in rec["group"]} - honest
+    assert len(liars) == 2, liars
+    for rec in attacked:
+        excluded_honest = set(rec["excluded"]) & honest
+        assert not excluded_honest, f"round {rec['round']}: an honest sender was excluded: {rec['excluded']}"
+        # the round's members: the group's, or, where the group merged the sets of the round's other
+        # groups (peer/round/merge.py), the swarm's five; an invented owner is never one of them
+        members = set(rec["group"]) if rec["sets"] == 1 else honest | liars
+        assert len(rec["group"]) <= 5 and set(rec["excluded"]) <= members, rec  # nobody invented counts
+        # every honest update applied, and nothing beyond the round's members' own payloads
+        assert len(set(rec["group"]) & honest) <= rec["contributors"] <= len(members) - len(rec["excluded"]), rec
+
+    for s in statuses:
+        assert s["val_loss"] < s["initial_val_loss"] - 0.05, (s["peer_id"], s["initial_val_loss"], s["val_loss"])
