@@ -114,6 +114,16 @@ class Timing:
     download_min_rate: float = float(1 << 20)
     """Bytes/s: a state download slower than this on top of its per-frame timeout is given up."""
 
+    # ---- chain stages (peer/chain/stage.py) -------------------------------------------------------
+    chain_poll_s: float = 1.0
+    """Between two reads of the chain assignments while a candidate waits for a chain."""
+    chain_redial_s: float = 0.5
+    """Between two reads of the next stage's endpoint, and between two passes over its addresses."""
+    chain_call_s: float = 30.0
+    """The longest a stage's listener or link set-up may take on its event loop."""
+    chain_retarget_s: float = 10.0
+    """The longest the listener takes to expect another round or neighbour."""
+
     # ---- the host (peer/host/lifecycle.py) -------------------------------------------------------
     settle_s: float = 0.3
     """On stop, before p2pd closes its connections: the last bytes reach the kernel's counters."""

@@ -34,6 +34,7 @@ from protocol.chain_records import CandidateRecord, ChainAssignment
 from protocol.endpoints import announced_endpoints, dial_order, format_endpoint, hosts_of_maddrs
 from protocol.frames import FrameFormat
 from protocol.spec import RunSpec
+from protocol.timing import Timing
 from swarm.records import publish_candidate, read_assignments, read_candidates
 
 logger = logging.getLogger("voloco.chain")
@@ -60,11 +61,12 @@ class ChainBroken(Exception):
 
 class ChainMember:
     def __init__(self, dht, spec: RunSpec, peer_id: str, resources: Resources, host: Optional[str], port: int,
-                 stop: threading.Event):
+                 stop: threading.Event, timing: Optional[Timing] = None):
         """``host``: ``--stage-host``, the one address to listen on and announce; None: listen on
         every interface (on loopback only in a run whose DHT addresses are all loopback) and
         announce the addresses the DHT node is seen at (protocol/endpoints.py)."""
         self.dht, self.spec, self.peer_id, self.resources, self.stop = dht, spec, peer_id, resources, stop
+        self.timing = timing if timing is not None else Timing.from_spec(spec)  # every wait (protocol/timing.py)
         self.state = "waiting"
         self.failed_epoch = -1
         self.assignment: Optional[ChainAssignment] = None
@@ -85,7 +87,7 @@ class ChainMember:
                 bind, port, local=_PLACEHOLDER, role="downstream", fmt=self.fmt, codec=self.codec,
                 timeout=spec.chain.link_timeout,
             ),
-            timeout=30,
+            timeout=self.timing.chain_call_s,
         )
         self.endpoint = announced_endpoints(seen, self.listener.port, override=host)
         logger.info(f"stage listener on {bind}:{self.listener.port}, announced to chain neighbours as {self.endpoint}")
@@ -128,7 +130,7 @@ class ChainMember:
             if time.monotonic() - last_log > 10:
                 last_log = time.monotonic()
                 logger.info(f"waiting for a chain: {self.resources.describe(self.spec)}")
-            self.stop.wait(1.0)
+            self.stop.wait(self.timing.chain_poll_s)
         return None
 
     def stage_range(self) -> Tuple[int, int]:
@@ -162,7 +164,7 @@ class ChainMember:
         local = StageIdentity(self.spec.digest(), chain.chain_id, stage.index, round_no)
         previous = chain.stages[stage.index - 1] if stage.index > 0 else None
         self.close_links()
-        self._call(self.listener.retarget(local, None if previous is None else self._auth(previous.peer_id)), timeout=10)
+        self._call(self.listener.retarget(local, None if previous is None else self._auth(previous.peer_id)), timeout=self.timing.chain_retarget_s)
         deadline = time.monotonic() + deadline_s
         try:
             if stage.index + 1 < len(chain.stages):
@@ -172,7 +174,7 @@ class ChainMember:
                     record = read_candidates(self.dht, self.spec).get(nxt.peer_id)
                     endpoint = record.endpoint if record is not None and record.endpoint else None
                     if endpoint is None:
-                        time.sleep(0.5)
+                        time.sleep(self.timing.chain_redial_s)
                 if endpoint is None:
                     raise self.broken(f"stage {nxt.index + 1} published no endpoint")
                 targets = dial_order(endpoint)
@@ -185,7 +187,7 @@ class ChainMember:
                             connect_link(host, port, local=local, role="upstream", fmt=self.fmt,
                                          codec=self.codec, timeout=self.spec.chain.link_timeout,
                                          auth=self._auth(nxt.peer_id)),
-                            timeout=30,
+                            timeout=self.timing.chain_call_s,
                         )
                         break
                     except (LinkError, OSError, asyncio.TimeoutError) as e:
@@ -193,11 +195,11 @@ class ChainMember:
                         if time.monotonic() > deadline or self.stop.is_set():
                             raise self.broken(unreachable(nxt.index + 1, nxt.peer_id, errors)) from None
                         if attempt % len(targets) == 0:
-                            time.sleep(0.5)
+                            time.sleep(self.timing.chain_redial_s)
                         now_at = sync()
                         if now_at != local.round:
                             local = StageIdentity(local.run_digest, local.chain_id, local.stage, now_at)
-                            self._call(self.listener.retarget(local, self.listener.auth), timeout=10)
+                            self._call(self.listener.retarget(local, self.listener.auth), timeout=self.timing.chain_retarget_s)
             while stage.index > 0 and self.upstream is None:
                 if time.monotonic() > deadline or self.stop.is_set():
                     raise self.broken(
@@ -212,7 +214,7 @@ class ChainMember:
                     round_no = sync()  # the previous stage may be waiting for us to catch up
                     if round_no != self.listener.local.round:
                         local = StageIdentity(local.run_digest, local.chain_id, local.stage, round_no)
-                        self._call(self.listener.retarget(local, self.listener.auth), timeout=10)
+                        self._call(self.listener.retarget(local, self.listener.auth), timeout=self.timing.chain_retarget_s)
         except ChainBroken:
             raise
 

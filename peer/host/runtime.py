@@ -209,7 +209,8 @@ class Peer:
         spec, opts = self.spec, self.opts
         if not self.resources.fits(spec):
             self._chain = ChainMember(
-                self.dht, spec, self.peer_id, self.resources, opts.stage_host, opts.stage_port, self.stop_event
+                self.dht, spec, self.peer_id, self.resources, opts.stage_host, opts.stage_port, self.stop_event,
+                timing=self.timing,
             )
             lifecycle.set_phase(self, "waiting for a chain")
             if self._chain.wait_for_assignment() is None:

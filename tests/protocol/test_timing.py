@@ -38,10 +38,10 @@ def test_the_merge_waits_combine_the_spec_and_the_measured_matchmaking():
 
 
 def test_no_round_module_holds_a_wait_constant():
-    """The round and the exchange read their waits from a Timing: no module-level *_S constant and no
-    sleep or wait on a number there."""
+    """The round, the exchange and chain stages read their waits from a Timing: no module-level *_S
+    constant and no sleep or wait on a number there."""
     found = []
-    for path in sorted((ROOT / "peer" / "round").glob("*.py")) + sorted((ROOT / "peer" / "exchange").glob("*.py")):
+    for path in sorted(p for sub in ("round", "exchange", "chain") for p in (ROOT / "peer" / sub).glob("*.py")):
         tree = ast.parse(path.read_text())
         for node in tree.body:
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.endswith("_S") for t in node.targets):
