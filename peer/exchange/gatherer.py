@@ -36,7 +36,7 @@ from collections import OrderedDict
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from functools import partial
-from typing import AsyncIterator, Callable, Dict, FrozenSet, List, Optional, Tuple
+from typing import AsyncIterator, Callable, Dict, List, Optional, Tuple
 
 from hivemind.averaging.averager import AveragingMode, DecentralizedAverager
 from hivemind.averaging.control import AveragingStage, StepControl
@@ -50,6 +50,7 @@ from peer.exchange.bounds import CallLimiter, read_bounded_stream, refused, retr
 from peer.exchange.identity import payload_signer
 from peer.exchange.late_join import LateJoin
 from peer.exchange.matchmaking import cancel_step, describe_search, read_gathered
+from peer.exchange.results import GatherResult, base58
 from peer.exchange.set_server import SetServer
 from peer.exchange.state_serving import StateServing
 from protocol import group_sets, reconcile
@@ -67,20 +68,6 @@ KEEP_GROUPS = 8  # recent groups of ours whose payloads we keep serving to slowe
 CALLS_PER_PEER = 8  # gather RPCs one remote peer may have running here at once
 CANDIDATES_PER_OWNER = 4  # new values of one owner whose bytes one round tries to fetch
 DEFAULT_MAX_PAYLOAD_BYTES = 16 << 20  # for tools without a spec; a peer passes its strategy's bound
-
-
-@dataclass
-class GatherResult:
-    """What one member holds after a round's all-gather."""
-
-    group: List[str]  # every member of the group, as base58 peer ids
-    payloads: Dict[str, bytes]  # sender -> payload, own included
-    excluded: Dict[str, str]  # sender -> why its payload is not in `payloads`
-    start_hashes: Dict[str, str]  # member -> hash of the parameters it started the round from
-    set_digest: str = ""  # the name of the agreed set (protocol/group_sets.py), served to other groups
-    unservable: FrozenSet[str] = frozenset()  # members in hivemind's client mode: they serve no state
-    bytes_sent: int = 0
-    bytes_received: int = 0
 
 
 @dataclass
@@ -456,8 +443,3 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
             msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=group.agreement.answer(have)))
             self._count(sent=msg.ByteSize())
             return msg
-
-
-def base58(peer_id_bytes: bytes) -> str:
-    """A peer id as hivemind's messages carry it (bytes), as the run's records name it."""
-    return PeerID(peer_id_bytes).to_base58()

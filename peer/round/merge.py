@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Set
 
-from peer.exchange.gatherer import GatherResult, base58
+from peer.exchange.results import GatherResult, base58
 from protocol import group_sets, round_policy
 from protocol.peer_states import IN_ROUND, NOT_IN_ROUNDS
 

@@ -1,0 +1,28 @@
+"""What a round's gather hands back to the round (peer/round/loop.py and merge.py): the group, the
+agreed payloads, who was excluded and why, and the name of the agreed set."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, List
+
+from hivemind.p2p import PeerID
+
+
+@dataclass
+class GatherResult:
+    """What one member holds after a round's all-gather."""
+
+    group: List[str]  # every member of the group, as base58 peer ids
+    payloads: Dict[str, bytes]  # sender -> payload, own included
+    excluded: Dict[str, str]  # sender -> why its payload is not in `payloads`
+    start_hashes: Dict[str, str]  # member -> hash of the parameters it started the round from
+    set_digest: str = ""  # the name of the agreed set (protocol/group_sets.py), served to other groups
+    unservable: FrozenSet[str] = frozenset()  # members in hivemind's client mode: they serve no state
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+
+def base58(peer_id_bytes: bytes) -> str:
+    """A peer id as hivemind's messages carry it (bytes), as the run's records name it."""
+    return PeerID(peer_id_bytes).to_base58()
