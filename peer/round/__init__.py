@@ -3,8 +3,8 @@
 ``loop`` runs H inner steps and the round's exchange (overlapped with the next round's steps),
 ``membership`` reads the run's progress records (who is in which round, who is ready), ``early_close``
 closes a slow peer's round once most of its peers are ready, ``merge`` joins the sets that several
-groups of one round agreed into one θ, ``union`` takes a set of the last round that came late into
-it, and ``state_sync`` / ``state_download`` bring a peer that fell behind onto the swarm's state.
-``report`` is what a round leaves: its record, its log line, the status file. ``simulate`` runs many
-replicas of the round in one process, for benchmarks and tests.
+groups of one round agreed into one θ, and ``state_sync`` / ``state_download`` bring a peer that fell
+behind onto the swarm's state. ``report`` is what a round leaves: its record, its log line, the
+status file. ``simulate`` runs many replicas of the round in one process, for
+benchmarks and tests.
 """

@@ -43,7 +43,6 @@ from peer.checkpoints import contents as checkpoints
 from peer.checkpoints import schedule
 from peer.round.early_close import EarlyClose, min_steps
 from peer.round.merge import adopt_own_set, adopt_round_set, merge_round, no_group_left
-from peer.round import union
 from peer.round.report import RoundRecord, log_round, write_status
 from peer.training.evaluator import RoundEvaluator
 from peer.training.progress_bar import ProgressBar
@@ -126,7 +125,6 @@ class RoundLoop:
         self._wire_mark = (0, 0)  # the wire totals (sent, received) when the previous round ended
         self._quiet_mates: Dict[str, int] = {}  # groupmates that left the merge agreement waiting, until a round
         self._merge_skip: Dict[str, int] = {}  # peers other groups' merges do not wait for, until a round
-        self._last_round: Optional[union.LastRound] = None  # the last round concluded from a union of sets
 
     def _wire_since_last_round(self) -> Tuple[Optional[int], Optional[int]]:
         """Every TCP byte sent and received since the previous round ended; (None, None) when unknown."""
@@ -294,9 +292,6 @@ class RoundLoop:
         step = round_policy.after_barrier(peer.stop_event.is_set(), barrier.nobody_to_meet)
         if step is Step.STOP:
             return
-        # a set of the last round that we lacked when we concluded it: θ from the larger union, before
-        # this round's start hash is announced (peer/round/union.py)
-        union.repair(peer, self._last_round)
         peer.state = "exchanging"
         result = None
         start_hash = engine.params_hash()
@@ -371,13 +366,9 @@ class RoundLoop:
                     f"from {group_hash}; it will download their state after this round"
                 )
         with engine.lock:
-            # what concluding this round again from a larger union takes (a set named after we stopped waiting)
-            self._last_round = None if merged is None else union.LastRound(engine.round, engine.snapshot(), merged.held)
             engine.conclude(decoded, h.pending, delivered=peer.peer_id in payloads and peer.peer_id not in excluded,
                             excluded=excluded)
             peer._load_theta()
-            if self._last_round is not None:
-                self._last_round.after_hash = engine.params_hash()
         if self.overlap and not peer.stop_event.is_set():
             peer._set_state("training")  # θ of the next round is known: its inner steps are under way
         sent = result.bytes_sent if result is not None else 0
