@@ -374,12 +374,11 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
 
         A member may ask before matchmaking told us about the group: wait a little for it, and ask
         the leaders of this round whether it is one they assembled with us (peer/exchange/late_join.py). None
-        at once when we gather this round in another group (``_gathers_elsewhere``)."""
+        once the wait is over; a group of ours for this round already open (``_gathers_elsewhere``) asks
+        no leader (the caller is then told GROUP_DISBANDED: ``_refusal``)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.gather_timeout
-        if group_id not in self._groups:
-            if self._gathers_elsewhere(group_id):
-                return None
+        if group_id not in self._groups and not self._gathers_elsewhere(group_id):
             self._start_late_join(group_id)
         while group_id not in self._groups:
             if self._group_opened is None:

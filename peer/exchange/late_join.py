@@ -16,9 +16,10 @@ This mixin of peer/exchange/gatherer.py's ``PayloadGatherer`` closes that gap at
   groups the answering peer gathers in). A group that names this peer with the very matchmaking data
   it sent for this round is handed to its matchmaking as if BEGIN_ALLREDUCE had arrived, and the
   gather goes on as for any follower;
-- a peer already gathering in another group of the round refuses at once (``GROUP_DISBANDED``), so
-  the group learns without waiting out its slot that this member gathers elsewhere (its payload then
-  reaches the round through that group's set).
+- a peer already gathering in another group of the round asks nobody and, once the wait for the
+  group is over, answers ``GROUP_DISBANDED``: the group stops asking it (its payload reaches the round
+  through the other group's set). It does not refuse at once: the other group's timing would change,
+  and with it which late sets the round's merge still waits for.
 
 Guarded by tests/exchange/test_late_join.py.
 """
