@@ -81,12 +81,15 @@ class LateJoin:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.gather_timeout
         for _ in range(ASK_TRIES):
-            for leader in list(self._asked_leaders):
-                info = await self._ask_group(leader, group_id, max(0.1, deadline - loop.time()))
+            # every leader at once: one that never answers does not hold up the one that assembled the group
+            leaders = list(self._asked_leaders)
+            infos = await asyncio.gather(*(self._ask_group(leader, group_id, max(0.1, deadline - loop.time()))
+                                           for leader in leaders))
+            for leader, info in zip(leaders, infos):
                 if info is not None and await self._adopt(info, leader):
                     return
-                if group_id in self._groups or loop.time() >= deadline:
-                    return
+            if group_id in self._groups or loop.time() >= deadline:
+                return
             await asyncio.sleep(min(self.timing.late_join_pause_s, max(0.0, deadline - loop.time())))
 
     async def _ask_group(self, leader: PeerID, group_id: bytes, timeout: float) -> Optional[GroupInfo]:
