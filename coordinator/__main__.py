@@ -1,7 +1,6 @@
 """``python -m coordinator``: start a run's coordinator alone (``voloco coordinator`` is the same)."""
 
-import sys
-
 from coordinator.cli import main
+from swarm.console import exit_process
 
-sys.exit(main())
+exit_process(main)

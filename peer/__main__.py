@@ -1,7 +1,6 @@
 """``python -m peer --join MULTIADDR``: start a peer alone (``voloco peer`` is the same)."""
 
-import sys
-
 from peer.host.cli import main
+from swarm.console import exit_process
 
-sys.exit(main())
+exit_process(main)

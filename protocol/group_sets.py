@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Dict, Hashable, Iterable, Mapping, Tuple
+from typing import Dict, FrozenSet, Hashable, Iterable, Mapping, Sequence, Tuple
 
 import msgpack
 
@@ -149,3 +149,56 @@ def parse_names(raw: bytes) -> Tuple[str, ...]:
     if not set(text) <= _HEX or len(set(names)) != len(names):
         raise SetError("a list of set names with a malformed or repeated name")
     return names
+
+
+# ---- the union of the last round, agreed by the next round's group ----------------------------
+LISTERS = 2  # counted members that must announce a set of the last round before the group takes it
+_UNION_TAG = "voloco/union/1"
+
+
+def late_union(last: Mapping[str, Tuple[str, Sequence[str]]], counted: Iterable[str]) -> FrozenSet[str]:
+    """The sets of the last round that a group takes into that round's union: each name that at
+    least ``LISTERS`` members whose payload the group counted announced (``last``: member -> (base,
+    names), from the matchmaking announcements every member holds alike; ``counted``: the owners
+    of the agreed payloads, the same on every member). Every member computes the same union. Two
+    listers, not one: a lone member naming a set nobody can fetch would otherwise send the group
+    to a state download; a set of the last round's group that several members of this one held is
+    the common case (tests/protocol/test_group_sets.py)."""
+    listed: Dict[str, int] = {}
+    for member in set(counted):
+        for name in set(last.get(member, ("", ()))[1]):
+            listed[name] = listed.get(name, 0) + 1
+    return frozenset(n for n, k in listed.items() if k >= LISTERS)
+
+
+def repaired_key(base: str, names: Iterable[str]) -> str:
+    """The name, in the form of a start hash, of θ computed from the θ hashed ``base`` with the
+    sets ``names``: what a member whose union grows votes as its start."""
+    packed = msgpack.packb([_UNION_TAG, base, sorted(set(names))], use_bin_type=True)
+    return hashlib.sha256(packed).hexdigest()[:16]
+
+
+def start_keys(starts: Mapping[str, str], last: Mapping[str, Tuple[str, Sequence[str]]],
+               union: FrozenSet[str]) -> Dict[str, str]:
+    """What each member's start counts as in the group's start vote, once the group takes ``union``
+    into the last round: its announced start where its sets already hold the union (or it has no
+    base: a state installed, or a round without a group), else the key of θ from its base with its
+    sets and the union (``repaired_key``); a key that names what another member already started
+    from (the same base, exactly those sets) counts as that member's start. Every member computes
+    the same keys, so the vote ends alike everywhere; a member whose union grew and who cannot
+    fetch a set of it has not got its key's θ and takes the state of the vote's winner
+    (peer/round/union.py)."""
+    started: Dict[Tuple[str, FrozenSet[str]], str] = {}
+    for member in sorted(starts):
+        base, names = last.get(member, ("", ()))
+        if base and union <= set(names):
+            started.setdefault((base, frozenset(names)), starts[member])
+    keys: Dict[str, str] = {}
+    for member, start in starts.items():
+        base, names = last.get(member, ("", ()))
+        if not base or union <= set(names):
+            keys[member] = start
+        else:
+            grown = frozenset(names) | union
+            keys[member] = started.get((base, grown), repaired_key(base, grown))
+    return keys

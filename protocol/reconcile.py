@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import msgpack
 
@@ -329,19 +329,41 @@ def _pairs(value: Any, at_most: int) -> List[Tuple[bytes, bytes]]:
 
 
 # ---- matchmaking ------------------------------------------------------------------------------
-def announcement(round_no: int, start_hash: str) -> List[Any]:
-    """What each member announces in matchmaking: [round, hash of its starting parameters]."""
-    return [round_no, start_hash]
+MAX_LAST_SETS = 64  # names of its last round's sets a member announces at most (groups of one round)
 
 
-def parse_announcement(value: Any) -> Tuple[int, str]:
-    """A groupmate's announcement as (round, start hash cut to 64 characters)."""
-    if not (isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[0], int) and isinstance(value[1], str)):
+class Announced(NamedTuple):
+    """A member's matchmaking announcement, checked (``announcement``)."""
+
+    round: int
+    start_hash: str  # the hash of the parameters it starts the round from
+    base: str = ""  # the hash of θ before its last round's outer step ("": it did not conclude round - 1)
+    last_sets: Tuple[str, ...] = ()  # the names of the sets that round's θ was computed from
+
+
+def announcement(round_no: int, start_hash: str, base: str = "", last_sets: Sequence[str] = ()) -> List[Any]:
+    """What each member announces in matchmaking: [round, start hash, base hash, [set names]]: the
+    last two say which θ and which sets of round - 1 its start was computed from
+    (protocol/group_sets.py, ``late_union``)."""
+    return [round_no, start_hash, base, sorted(last_sets)[:MAX_LAST_SETS]]
+
+
+def parse_announcement(value: Any) -> Announced:
+    """A groupmate's announcement, hashes cut to 64 characters; the short form [round, start hash]
+    is read as one with no last round."""
+    if not (isinstance(value, (list, tuple)) and len(value) in (2, 4) and isinstance(value[0], int)
+            and isinstance(value[1], str)):
         raise GroupError(f"malformed matchmaking announcement {value!r:.80}")
-    return value[0], value[1][:MAX_HASH_CHARS]
+    if len(value) == 2:
+        return Announced(value[0], value[1][:MAX_HASH_CHARS])
+    base, names = value[2], value[3]
+    if not (isinstance(base, str) and isinstance(names, (list, tuple)) and len(names) <= MAX_LAST_SETS
+            and all(isinstance(n, str) and 0 < len(n) <= MAX_HASH_CHARS for n in names)):
+        raise GroupError(f"malformed last-round sets in an announcement {value!r:.80}")
+    return Announced(value[0], value[1][:MAX_HASH_CHARS], base[:MAX_HASH_CHARS], tuple(sorted(set(names))))
 
 
-def members_of_round(values: Sequence[Any], round_no: int) -> Tuple[Dict[int, Tuple[int, str]], Dict[int, str]]:
+def members_of_round(values: Sequence[Any], round_no: int) -> Tuple[Dict[int, Announced], Dict[int, str]]:
     """Which members of a matchmade group gather for ``round_no``: (position -> announcement, for those
     that do; position -> why, for the others).
 
@@ -351,7 +373,7 @@ def members_of_round(values: Sequence[Any], round_no: int) -> Tuple[Dict[int, Tu
     another round is hostile or stale. Either way it is left out of the group, by every member
     alike (they all hold the leader's same list), and the others gather without it: one bad
     announcement no longer fails the whole group."""
-    kept: Dict[int, Tuple[int, str]] = {}
+    kept: Dict[int, Announced] = {}
     dropped: Dict[int, str] = {}
     for i, value in enumerate(values):
         try:

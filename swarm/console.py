@@ -69,6 +69,29 @@ def run_command(prog: str, command: Command, args: argparse.Namespace) -> int:
         return 130
 
 
+def exit_process(main: Callable[[], int]) -> None:
+    """Run a command as this process's entry point and end the process with its exit code, without
+    the interpreter's teardown: by then the command has written its checkpoint, stopped hivemind's
+    processes and flushed its files, and a daemon thread still inside a torch call while the
+    interpreter's C++ libraries are destroyed can abort the exit ("terminate called without an
+    active exception", exit code 134) after a clean stop. Logs and standard streams are flushed and
+    any child process left is ended first. An exception still ends the process the ordinary way,
+    with its traceback."""
+    code = main()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    import multiprocessing
+
+    for child in multiprocessing.active_children():  # none after a clean stop
+        child.terminate()
+        child.join(timeout=5.0)
+    os._exit(code if isinstance(code, int) else 1)
+
+
 def standalone_main(
     prog: str,
     summary: str,

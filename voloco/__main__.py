@@ -1,7 +1,6 @@
 """``python -m voloco``: the same as the ``voloco`` command."""
 
-import sys
-
 from voloco.cli import main
+from swarm.console import exit_process
 
-sys.exit(main())
+exit_process(main)

@@ -22,7 +22,7 @@ from typing import List, Optional
 
 import coordinator.cli
 import peer.host.cli
-from swarm.console import EXIT_USAGE, add_log_level, run_command
+from swarm.console import EXIT_USAGE, add_log_level, exit_process, run_command
 from swarm.settings import SettingsError, add_settings_argument, parse_args, precedence_epilog
 from voloco import demo, export, generate, tokenize
 
@@ -66,3 +66,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     return run_command(f"voloco {args.command}", COMMANDS[args.command][2], args)
+
+
+def entry() -> None:
+    """The ``voloco`` console script: ``main`` as this process's entry point (swarm/console.py, ``exit_process``)."""
+    exit_process(main)

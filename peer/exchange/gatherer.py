@@ -36,7 +36,7 @@ from collections import OrderedDict
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from functools import partial
-from typing import AsyncIterator, Callable, Dict, List, Optional, Tuple
+from typing import AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
 
 from hivemind.averaging.averager import AveragingMode, DecentralizedAverager
 from hivemind.averaging.control import AveragingStage, StepControl
@@ -148,11 +148,14 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
     def gather(
         self, round_no: int, payload: bytes, *, start_hash: str, expected_size: int, timeout: float,
         give_up: Optional[Callable[[], bool]] = None, read_latency: float = 0.0,
+        last: Tuple[str, Sequence[str]] = ("", ()),
     ) -> Optional[GatherResult]:
         """Find a group of this round and all-gather payloads. None if no group formed in time, or
         if ``give_up`` (asked every ``Timing.give_up_poll_s`` while matchmaking is still looking) says that
         no group can form any more: every other peer of the round has gathered already.
-        ``read_latency``: how long a DHT read takes here now (``Timing.matchmaking``)."""
+        ``read_latency``: how long a DHT read takes here now (``Timing.matchmaking``). ``last``: the
+        hash of θ before our last round's outer step and the sets it was concluded from, announced
+        to the group (peer/round/union.py)."""
         sent0, recv0 = self.bytes_sent, self.bytes_received
         future = MPFuture()
         expected = max(1, min(expected_size, self._max_group_size))
@@ -171,7 +174,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
             if os.path.exists(path):
                 os.unlink(path)
         try:
-            control = self.step(gather=reconcile.announcement(round_no, start_hash), timeout=timeout,
+            control = self.step(gather=reconcile.announcement(round_no, start_hash, *last), timeout=timeout,
                                 scheduled_time=get_dht_time() + wait, allow_retries=True, wait=False)
             result = self._outcome(control, give_up, self.timing.give_up_poll_s)
         except Exception as e:  # matchmaking or gather failure: the caller defers this round
@@ -232,7 +235,8 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
         peer_ids = [p for i, p in enumerate(group_info.peer_ids) if i in kept]
         if len(peer_ids) < 2:
             raise reconcile.GroupError(f"no other member of the group gathers for round {self._round_no}")
-        start_hashes = {group_info.peer_ids[i].to_base58(): a[1] for i, a in kept.items()}
+        start_hashes = {group_info.peer_ids[i].to_base58(): a.start_hash for i, a in kept.items()}
+        last_sets = {group_info.peer_ids[i].to_base58(): (a.base, a.last_sets) for i, a in kept.items()}
         clients = frozenset(group_info.peer_ids[i].to_base58() for i in kept if gathered[i][1] == AveragingMode.CLIENT.value)
         members = tuple(p.to_bytes() for p in peer_ids)
         binding = Binding(self._run, self._round_no, group_info.group_id, members)
@@ -251,6 +255,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
                 payloads={base58(k): v for k, v in outcome.payloads.items()},
                 excluded={base58(k): why for k, why in outcome.excluded.items()},
                 start_hashes=start_hashes,
+                last_sets=last_sets,
                 set_digest=group.set_digest,
                 unservable=clients,
             )

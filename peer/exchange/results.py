@@ -3,8 +3,8 @@ agreed payloads, who was excluded and why, and the name of the agreed set."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, FrozenSet, List
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, List, Tuple
 
 from hivemind.p2p import PeerID
 
@@ -17,6 +17,8 @@ class GatherResult:
     payloads: Dict[str, bytes]  # sender -> payload, own included
     excluded: Dict[str, str]  # sender -> why its payload is not in `payloads`
     start_hashes: Dict[str, str]  # member -> hash of the parameters it started the round from
+    # member -> (hash of θ before its last round's outer step, the sets it concluded that round from)
+    last_sets: Dict[str, Tuple[str, Tuple[str, ...]]] = field(default_factory=dict)
     set_digest: str = ""  # the name of the agreed set (protocol/group_sets.py), served to other groups
     unservable: FrozenSet[str] = frozenset()  # members in hivemind's client mode: they serve no state
     bytes_sent: int = 0

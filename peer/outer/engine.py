@@ -94,11 +94,15 @@ class RoundEngine:
 
     def decode(self, payloads: Mapping[str, bytes]) -> Tuple[List[Tensors], Dict[str, str]]:
         """Every payload decoded in the canonical order, and the senders whose payload is invalid."""
+        return self.decode_at(payloads, self.round)
+
+    def decode_at(self, payloads: Mapping[str, bytes], round_no: int) -> Tuple[List[Tensors], Dict[str, str]]:
+        """``decode`` for the payloads of round ``round_no`` (a round concluded again: peer/round/union.py)."""
         decoded = Contributions()
         invalid: Dict[str, str] = {}
         for sender in canonical_order(payloads):
             try:
-                decoded.append(self.strategy.decode(payloads[sender], self.round))
+                decoded.append(self.strategy.decode(payloads[sender], round_no))
             except ProtocolError as e:
                 invalid[sender] = f"invalid payload: {e}"
         decoded.senders = [s for s in canonical_order(payloads) if s not in invalid]
@@ -118,6 +122,22 @@ class RoundEngine:
             self.round += 1
             self._hash = None
         return settled
+
+    def snapshot(self) -> Tuple[int, Tensors, Tensors]:
+        """(round, θ, the strategy's shared state), copied: what concluding this round again starts from."""
+        with self.lock:
+            theta = {n: t.clone() for n, t in self._theta.items()}
+            return self.round, theta, {k: v.clone() for k, v in self.strategy.shared_state().items()}
+
+    def redo(self, snapshot: Tuple[int, Tensors, Tensors], decoded: Sequence[Tensors],
+             excluded: Optional[Mapping[str, str]] = None) -> Settled:
+        """Conclude the round of ``snapshot`` again, from its θ and shared state, with ``decoded``:
+        the same arithmetic as ``conclude``, so the same bits as a member that concluded it with
+        these payloads the first time. The local buffers are not settled again."""
+        round_no, theta, shared = snapshot
+        with self.lock:
+            self.install({n: t.clone() for n, t in theta.items()}, round_no, shared)
+            return self.conclude(decoded, None, delivered=False, excluded=excluded)
 
     def settle_round(self, payloads: Mapping[str, bytes], pending: Optional[Pending], me: str,
                      excluded: Optional[Mapping[str, str]] = None) -> Settled:

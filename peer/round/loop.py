@@ -43,6 +43,7 @@ from peer.checkpoints import contents as checkpoints
 from peer.checkpoints import schedule
 from peer.round.early_close import EarlyClose, min_steps
 from peer.round.merge import adopt_own_set, adopt_round_set, merge_round, no_group_left
+from peer.round import union
 from peer.round.report import RoundRecord, log_round, write_status
 from peer.training.evaluator import RoundEvaluator
 from peer.training.progress_bar import ProgressBar
@@ -125,6 +126,7 @@ class RoundLoop:
         self._wire_mark = (0, 0)  # the wire totals (sent, received) when the previous round ended
         self._quiet_mates: Dict[str, int] = {}  # groupmates that left the merge agreement waiting, until a round
         self._merge_skip: Dict[str, int] = {}  # peers other groups' merges do not wait for, until a round
+        self._last_round: Optional[union.LastRound] = None  # what concluding the last round again takes
 
     def _wire_since_last_round(self) -> Tuple[Optional[int], Optional[int]]:
         """Every TCP byte sent and received since the previous round ended; (None, None) when unknown."""
@@ -305,6 +307,7 @@ class RoundLoop:
                 timeout=peer.membership.straggler_allowance() if short else peer.membership.timing.round_wait_s,
                 give_up=give_up,
                 read_latency=peer.membership.read_latency(),
+                last=union.announce(self._last_round, engine),
             )
             # given up while matchmaking (give_up.fired): our payload went nowhere and only a set of our
             # last round's groupmates can be taken (adopt_round_set); with none (a state just downloaded,
@@ -354,21 +357,29 @@ class RoundLoop:
         excluded.update(invalid)
         group_hash = None
         if result is not None:
-            # a group votes with its members' announcements only: every member holds the same ones, so
-            # all decide alike (other groups' starts come from each member's own view of the records)
-            starts = result.start_hashes
+            # the group's union of the last round first (peer/round/union.py): θ recomputed where it grew,
+            # and each member's start counted as what it then holds. A group votes with its members'
+            # announcements only: every member holds the same ones, so all decide alike (other groups'
+            # starts come from each member's own view of the records)
+            taken = union.take_group_union(peer, self._last_round, result)
+            starts = taken.keys
             voters_out = {**result.excluded, **invalid}  # the same on every member
             group_hash = majority_hash(starts, voters_out, me=peer.peer_id, unservable=result.unservable)
-            peer.sync.consistent = start_hash == group_hash
+            peer.sync.consistent = taken.holds and starts.get(peer.peer_id, start_hash) == group_hash
             if not peer.sync.consistent:
                 logger.error(
-                    f"round {engine.round}: this peer started from parameters {start_hash}, most of the round's peers "
-                    f"from {group_hash}; it will download their state after this round"
+                    f"round {engine.round}: this peer started from parameters {starts.get(peer.peer_id, start_hash)}, "
+                    f"most of the round's peers from {group_hash}; it will download their state after this round"
                 )
         with engine.lock:
+            # what concluding this round again takes, should the next round's group hold a set we lack
+            self._last_round = None if merged is None else union.LastRound(
+                engine.round, engine.snapshot(), merged.held, base=engine.params_hash())
             engine.conclude(decoded, h.pending, delivered=peer.peer_id in payloads and peer.peer_id not in excluded,
                             excluded=excluded)
             peer._load_theta()
+            if self._last_round is not None:
+                self._last_round.after_hash = engine.params_hash()
         if self.overlap and not peer.stop_event.is_set():
             peer._set_state("training")  # θ of the next round is known: its inner steps are under way
         sent = result.bytes_sent if result is not None else 0

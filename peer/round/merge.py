@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Set
 
 from peer.exchange.results import GatherResult, base58
@@ -46,6 +46,7 @@ class Merged:
     payloads: Dict[str, bytes]  # sender -> payload, over every set held
     excluded: Dict[str, str]  # sender -> why it is left out of the union
     sets: int  # sets held, our group's included
+    held: Dict[str, Dict[str, bytes]] = field(default_factory=dict)  # set name -> sender -> payload
 
 
 def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optional[Dict[str, int]] = None,
@@ -163,7 +164,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     if len(held) > 1:
         logger.info(f"round {round_no}: merged the sets of {len(held) - 1} other group(s) of the round: "
                     f"{len(payloads)} payloads in all")
-    return Merged(payloads, excluded, len(held))
+    return Merged(payloads, excluded, len(held), held)
 
 
 def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, bytes]],

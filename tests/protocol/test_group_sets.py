@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.group_sets import (DIGEST_CHARS, MAX_NAMES, TWO_PAYLOADS, SetError, open_set, pack_names, pack_set,
+from protocol.group_sets import (DIGEST_CHARS, MAX_NAMES, TWO_PAYLOADS, SetError, late_union, open_set, pack_names, pack_set,
+                                 repaired_key, start_keys,
                                  parse_names, set_digest, union)
 from protocol.signed import seal
 from tests.support.agreement_sim import MAX_PAYLOAD, RUN, binding_of, signer
@@ -147,3 +148,51 @@ def test_any_bytes_give_a_set_error_or_names_that_pack_back(raw):
     except SetError:
         return
     assert pack_names(names) == raw
+
+
+# ---- the union of the last round, as the next round's group takes it --------------------------
+B = "b" * 16  # a base: θ before the last round's outer step
+
+
+@pytest.mark.parametrize("last, counted, union", [
+    ({"a": (B, ("s1",)), "b": (B, ("s1",))}, "ab", {"s1"}),  # one group, one set: nothing new
+    ({"a": (B, ("s1",)), "b": (B, ("s1", "s2")), "c": (B, ("s1", "s2"))}, "abc", {"s1", "s2"}),
+    ({"a": (B, ("s1",)), "b": (B, ("s1", "s2")), "c": (B, ("s1",))}, "abc", {"s1"}),  # one lister: not taken
+    ({"a": (B, ("s1",)), "b": (B, ("s1", "s2")), "c": (B, ("s1", "s2"))}, "ab", {"s1"}),  # c's payload not counted
+    ({"a": ("", ()), "b": ("c" * 16, ("s3",)), "c": (B, ("s3",))}, "abc", {"s3"}),  # any base lists
+    ({}, "ab", set()),
+])
+def test_the_late_union_is_every_set_two_counted_members_announce(last, counted, union):
+    assert late_union(last, counted) == union
+
+
+def test_start_keys_count_members_that_will_hold_one_theta_as_one():
+    s_short, s_full, other = "1" * 16, "2" * 16, "3" * 16
+    last = {"a": (B, ("s1",)), "b": (B, ("s1", "s2")), "c": (B, ("s1", "s2")), "d": ("", ()), "e": ("e" * 16, ("s1",))}
+    starts = {"a": s_short, "b": s_full, "c": s_full, "d": other, "e": other}
+    u = late_union(last, starts)
+    assert u == {"s1", "s2"}
+    keys = start_keys(starts, last, u)
+    # a's union grows to b's and c's: its start counts as theirs; d (no base) and e (another base) vote as announced
+    assert keys == {"a": s_full, "b": s_full, "c": s_full, "d": other, "e": repaired_key("e" * 16, {"s1", "s2"})}
+    # nobody held the grown union yet: members of one base get one key, from the base and the sets alone
+    last2 = {"a": (B, ("s1", "s2")), "b": (B, ("s1", "s3")), "c": (B, ("s2", "s3"))}
+    keys2 = start_keys({m: s_short for m in last2}, last2, late_union(last2, "abc"))
+    assert set(keys2.values()) == {repaired_key(B, {"s1", "s2", "s3"})}
+
+
+@settings(max_examples=200)
+@given(st.dictionaries(st.sampled_from("abcdef"), st.tuples(st.sampled_from(["", B, "c" * 16]),
+                                                              st.lists(st.sampled_from(["s1", "s2", "s3"]), max_size=3)),
+                       max_size=6),
+       st.data())
+def test_start_keys_are_the_same_whatever_the_order_members_are_listed_in(last, data):
+    last = {m: (b, tuple(sorted(set(n)))) for m, (b, n) in last.items()}
+    starts = {m: data.draw(st.sampled_from(["1" * 16, "2" * 16])) for m in last}
+    u = late_union(last, list(starts))
+    shuffled = dict(data.draw(st.permutations(list(last.items()))))
+    assert start_keys(starts, last, u) == start_keys({m: starts[m] for m in shuffled}, shuffled, u)
+    # a member whose sets hold the union, or that has no base, votes with its announced start
+    for m, key in start_keys(starts, last, u).items():
+        if not last[m][0] or u <= set(last[m][1]):
+            assert key == starts[m]

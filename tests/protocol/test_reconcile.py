@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol.reconcile import (
-    EQUIVOCATED, SILENT, Agreement, GroupError, agreement_rounds, announcement, parse_announcement, members_of_round,
+    EQUIVOCATED, MAX_LAST_SETS, SILENT, Agreement, GroupError, agreement_rounds, announcement, parse_announcement, members_of_round,
     parse_answer, parse_request,
 )
 from protocol.signed import Binding, SignatureError, Signer, claim_message, payload_digest, relay_message, seal
@@ -368,21 +368,26 @@ def test_any_bytes_as_an_envelope_are_refused(raw):
 
 # ---- matchmaking announcements ------------------------------------------------------------------
 def test_announcement_round_trip_cuts_the_hash_to_64_characters():
-    assert parse_announcement(announcement(5, "ab" * 40)) == (5, "ab" * 32)
-    assert parse_announcement((5, "h")) == (5, "h")
+    assert parse_announcement(announcement(5, "ab" * 40)) == (5, "ab" * 32, "", ())
+    assert parse_announcement((5, "h")) == (5, "h", "", ())  # the short form: no last round
+    got = parse_announcement(announcement(5, "h", "b" * 70, ["s2", "s1", "s1"]))
+    assert got.base == "b" * 64 and got.last_sets == ("s1", "s2")
+    assert len(announcement(5, "h", "b", [f"{i:04d}" for i in range(200)])[3]) == MAX_LAST_SETS
 
 
-@pytest.mark.parametrize("value", [None, [], [1], [1, "h", 2], ["1", "h"], [1, b"h"], {"round": 1}, 1.5])
+@pytest.mark.parametrize("value", [None, [], [1], [1, "h", 2], ["1", "h"], [1, b"h"], {"round": 1}, 1.5,
+                                   [1, "h", "b"], [1, "h", 2, []], [1, "h", "b", "s"], [1, "h", "b", [1]],
+                                   [1, "h", "b", [""]], [1, "h", "b", ["s"] * (MAX_LAST_SETS + 1)]])
 def test_malformed_announcement_raises_group_error(value):
     with pytest.raises(GroupError):
         parse_announcement(value)
 
 
 def test_members_announcing_another_round_or_garbage_are_left_out_and_the_rest_kept():
-    assert members_of_round([[3, "x"], [3, "y"]], 3) == ({0: (3, "x"), 1: (3, "y")}, {})
+    assert members_of_round([[3, "x"], [3, "y", "b", ["s"]]], 3) == ({0: (3, "x", "", ()), 1: (3, "y", "b", ("s",))}, {})
     assert members_of_round([], 3) == ({}, {})
     kept, dropped = members_of_round([[3, "x"], [3 + (1 << 20), "y"], None, [3, "z"], "junk"], 3)
-    assert kept == {0: (3, "x"), 3: (3, "z")}
+    assert kept == {0: (3, "x", "", ()), 3: (3, "z", "", ())}
     assert set(dropped) == {1, 2, 4} and "announced round" in dropped[1]
 
 

@@ -1,0 +1,123 @@
+"""The union of a round's sets, agreed by the next round's group: θ recomputed when it grows.
+
+θ of round r + 1 is a deterministic function of θ of round r and the union of the signed sets of
+round r that a member holds (protocol/group_sets.py: ``union``, in canonical order). How long a
+member's merge waited for the round's other groups decides which sets it holds, so two members
+may conclude round r from different unions. The next round's group settles it:
+
+- a member keeps what concluding round r again takes (``LastRound``: θ and the strategy's shared
+  state before the outer step, and the sets it held) and announces in round r + 1's matchmaking
+  the hash of that θ (its **base**) and the names of those sets (``announce``);
+- every member holds the same announcements and the same agreed payloads, so every member computes
+  the same union of round r for the group (``late_union``: the names at least two counted members
+  announce) and the same key for each member's start (``start_keys``);
+- a member whose sets lack part of that union fetches the missing sets from the members that
+  announced them, checks every envelope, and concludes round r again from its base with the larger
+  union (``RoundEngine.redo``: the same bits as a member that held every set the first time; the
+  round's local buffers are settled once) before it concludes round r + 1 (``take_group_union``).
+
+Members of one base then hold one θ whichever of them waited longest, and the start vote counts
+them as one. A member that cannot fetch a set of the union (a lister gone, a hostile lister) has
+not got the θ its key names: it takes the vote winner's state, as a member that started apart
+does. A member without a base (a state installed since, a round without a group) votes with its
+announced start. Guarded by tests/protocol/test_group_sets.py (the keys) and
+tests/round/test_union.py (the recomputation).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from peer.round.merge import TRIES_PER_SET, _fetch
+from protocol import group_sets
+
+logger = logging.getLogger("voloco.peer")
+
+
+@dataclass
+class LastRound:
+    """What concluding round ``round`` again takes."""
+
+    round: int
+    snapshot: object  # RoundEngine.snapshot(): θ and the shared state before the round's outer step
+    sets: Dict[str, Dict[str, bytes]]  # set name -> sender -> payload: every set the union held
+    base: str  # θ's hash before the round's outer step
+    after_hash: str = ""  # θ's hash once the round was concluded (a state installed since changes θ)
+
+
+@dataclass
+class GroupUnion:
+    """What the group's union of the last round means for this round's start vote."""
+
+    keys: Dict[str, str]  # member -> what its start counts as in the vote (protocol/group_sets.py)
+    holds: bool  # θ is what our own key names (False: a set of the union could not be had)
+    taken: int = 0  # sets taken into the last round's union
+
+
+def announce(last: Optional[LastRound], engine) -> Tuple[str, Tuple[str, ...]]:
+    """(base, set names) to announce in this round's matchmaking; ("", ()) when θ is no longer the
+    one the kept round concluded (a state installed since, a round deferred or trained alone)."""
+    if last is None or engine.round != last.round + 1 or engine.params_hash() != last.after_hash:
+        return "", ()
+    return last.base, tuple(sorted(last.sets))
+
+
+def take_group_union(peer, last: Optional[LastRound], result) -> GroupUnion:
+    """Take the group's union of the last round (see the module docstring); never raises."""
+    union = group_sets.late_union(result.last_sets, result.payloads)
+    keys = group_sets.start_keys(result.start_hashes, result.last_sets, union)
+    base, names = result.last_sets.get(peer.peer_id, ("", ()))
+    lacking = sorted(union - set(names))
+    if not base or not lacking:
+        return GroupUnion(keys, True)
+    if last is None or base != last.base or set(names) != set(last.sets):
+        return GroupUnion(keys, False)  # not what we announced: cannot happen unless θ changed in between
+    try:
+        return GroupUnion(keys, _take(peer, last, result, lacking, keys[peer.peer_id]), len(lacking))
+    except Exception as e:  # the round stays as concluded; the vote sends us to the winner's state
+        logger.warning(f"round {last.round}: could not take the group's sets into its union: {e!r}")
+        return GroupUnion(keys, False)
+
+
+def _take(peer, last: LastRound, result, lacking: List[str], key: str) -> bool:
+    engine, gatherer, timing = peer.engine, peer.gatherer, peer.membership.timing
+    listers = {name: [m for m in sorted(result.payloads) if m != peer.peer_id and m not in result.unservable
+                      and name in result.last_sets.get(m, ("", ()))[1]] for name in lacking}
+    deadline = time.monotonic() + timing.set_fetch_s  # all of them together: the round ends late by at most this
+    got: Dict[str, Dict[str, bytes]] = {}
+    for name in lacking:
+        for source in listers[name][:TRIES_PER_SET]:
+            left = deadline - time.monotonic()
+            fetched = _fetch(gatherer, peer.spec, source, name, last.round, left) if left > 0 else None
+            if fetched is not None:
+                got[name] = fetched
+                break
+        else:
+            logger.warning(f"round {last.round}: the group took set {name[:12]} into the round's union and we could "
+                           f"not fetch it from {len(listers[name])} members that hold it")
+            return False
+    sets = {**last.sets, **got}
+    payloads, excluded = group_sets.union(sets[d] for d in sorted(sets))
+    with engine.lock:
+        if engine.round != last.round + 1 or engine.params_hash() != last.after_hash:
+            return False
+        old = last.after_hash
+        decoded, invalid = engine.decode_at(payloads, last.round)
+        engine.redo(last.snapshot, decoded, {**excluded, **invalid})
+        last.sets, last.after_hash = sets, engine.params_hash()
+    logger.info(f"round {last.round}: took {len(got)} set(s) of the round that our group held into its union "
+                f"({len(payloads)} payloads): θ {old} -> {last.after_hash}")
+    history = peer.totals.history
+    if history and history[-1].round == last.round + 1:
+        history[-1].params_hash, history[-1].sets = last.after_hash, len(sets)
+        history[-1].contributors = len(decoded)
+    if key != group_sets.repaired_key(last.base, sets):
+        # the key names a start another member announced: recomputed, θ must be that one, bit for bit
+        if key != last.after_hash:
+            logger.error(f"round {last.round}: the union recomputed gives θ {last.after_hash}, not {key} as the "
+                         f"member that held it announced")
+            return False
+    return True
