@@ -152,23 +152,17 @@ def parse_names(raw: bytes) -> Tuple[str, ...]:
 
 
 # ---- the union of the last round, agreed by the next round's group ----------------------------
-LISTERS = 2  # counted members that must announce a set of the last round before the group takes it
 _UNION_TAG = "voloco/union/1"
 
 
 def late_union(last: Mapping[str, Tuple[str, Sequence[str]]], counted: Iterable[str]) -> FrozenSet[str]:
-    """The sets of the last round that a group takes into that round's union: each name that at
-    least ``LISTERS`` members whose payload the group counted announced (``last``: member -> (base,
-    names), from the matchmaking announcements every member holds alike; ``counted``: the owners
-    of the agreed payloads, the same on every member). Every member computes the same union. Two
-    listers, not one: a lone member naming a set nobody can fetch would otherwise send the group
-    to a state download; a set of the last round's group that several members of this one held is
-    the common case (tests/protocol/test_group_sets.py)."""
-    listed: Dict[str, int] = {}
-    for member in set(counted):
-        for name in set(last.get(member, ("", ()))[1]):
-            listed[name] = listed.get(name, 0) + 1
-    return frozenset(n for n, k in listed.items() if k >= LISTERS)
+    """The sets of the last round that a group takes into that round's union: every name that a
+    member whose payload the group counted announced (``last``: member -> (base, names), from the
+    matchmaking announcements every member holds alike; ``counted``: the owners of the agreed
+    payloads, the same on every member). Every member computes the same union
+    (tests/protocol/test_group_sets.py)."""
+    counted = set(counted)
+    return frozenset(n for member, (_, names) in last.items() if member in counted for n in names)
 
 
 def repaired_key(base: str, names: Iterable[str]) -> str:

@@ -9,18 +9,20 @@ may conclude round r from different unions. The next round's group settles it:
   state before the outer step, and the sets it held) and announces in round r + 1's matchmaking
   the hash of that θ (its **base**) and the names of those sets (``announce``);
 - every member holds the same announcements and the same agreed payloads, so every member computes
-  the same union of round r for the group (``late_union``: the names at least two counted members
-  announce) and the same key for each member's start (``start_keys``);
+  the same union of round r for the group (``late_union``: every name a counted member announces)
+  and the same key for each member's start (``start_keys``);
 - a member whose sets lack part of that union fetches the missing sets from the members that
   announced them, checks every envelope, and concludes round r again from its base with the larger
   union (``RoundEngine.redo``: the same bits as a member that held every set the first time; the
   round's local buffers are settled once) before it concludes round r + 1 (``take_group_union``).
 
 Members of one base then hold one θ whichever of them waited longest, and the start vote counts
-them as one. A member that cannot fetch a set of the union (a lister gone, a hostile lister) has
-not got the θ its key names: it takes the vote winner's state, as a member that started apart
-does. A member without a base (a state installed since, a round without a group) votes with its
-announced start. Guarded by tests/protocol/test_group_sets.py (the keys) and
+them as one. A name that only one member announced and that member does not serve is left out by
+every member that asks (a hostile member naming a set that does not exist costs the group one
+fetch, not a state download); a set that several members announced and none of them serves leaves
+this member without the θ its key names: it takes the vote winner's state, as a member that
+started apart does. A member without a base (a state installed since, a round without a group)
+votes with its announced start. Guarded by tests/protocol/test_group_sets.py (the keys) and
 tests/round/test_union.py (the recomputation).
 """
 
@@ -76,13 +78,16 @@ def take_group_union(peer, last: Optional[LastRound], result) -> GroupUnion:
     if last is None or base != last.base or set(names) != set(last.sets):
         return GroupUnion(keys, False)  # not what we announced: cannot happen unless θ changed in between
     try:
-        return GroupUnion(keys, _take(peer, last, result, lacking, keys[peer.peer_id]), len(lacking))
+        symbolic = group_sets.repaired_key(base, set(names) | union)
+        return GroupUnion(keys, _take(peer, last, result, lacking, keys[peer.peer_id], symbolic), len(lacking))
     except Exception as e:  # the round stays as concluded; the vote sends us to the winner's state
         logger.warning(f"round {last.round}: could not take the group's sets into its union: {e!r}")
         return GroupUnion(keys, False)
 
 
-def _take(peer, last: LastRound, result, lacking: List[str], key: str) -> bool:
+def _take(peer, last: LastRound, result, lacking: List[str], key: str, symbolic: str) -> bool:
+    """Fetch ``lacking``, conclude the round again; whether θ is then what ``key`` names (``symbolic``:
+    the key of our base and the grown union, which no member had announced as its start)."""
     engine, gatherer, timing = peer.engine, peer.gatherer, peer.membership.timing
     listers = {name: [m for m in sorted(result.payloads) if m != peer.peer_id and m not in result.unservable
                       and name in result.last_sets.get(m, ("", ()))[1]] for name in lacking}
@@ -96,28 +101,38 @@ def _take(peer, last: LastRound, result, lacking: List[str], key: str) -> bool:
                 got[name] = fetched
                 break
         else:
+            if len(listers[name]) <= 1:  # its one lister does not serve it: every member that asks leaves it out
+                logger.warning(f"round {last.round}: left set {name[:12]} out of the round's union: the one member "
+                               f"that announced it did not serve it")
+                continue
             logger.warning(f"round {last.round}: the group took set {name[:12]} into the round's union and we could "
                            f"not fetch it from {len(listers[name])} members that hold it")
             return False
-    sets = {**last.sets, **got}
+    if got:
+        _redo(peer, last, {**last.sets, **got}, len(got))
+    # a key that names a start another member announced (the same base, exactly these sets): θ must now
+    # be that one, bit for bit (a set left out above leaves it apart)
+    if key != symbolic and key != last.after_hash:
+        logger.error(f"round {last.round}: the round's union gives θ {last.after_hash} here, not {key} as the "
+                     f"member that held it announced")
+        return False
+    return True
+
+
+def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int) -> None:
+    """Conclude ``last.round`` again from its base with ``sets``."""
+    engine = peer.engine
     payloads, excluded = group_sets.union(sets[d] for d in sorted(sets))
     with engine.lock:
         if engine.round != last.round + 1 or engine.params_hash() != last.after_hash:
-            return False
+            raise RuntimeError("θ changed since the round was concluded")
         old = last.after_hash
         decoded, invalid = engine.decode_at(payloads, last.round)
         engine.redo(last.snapshot, decoded, {**excluded, **invalid})
         last.sets, last.after_hash = sets, engine.params_hash()
-    logger.info(f"round {last.round}: took {len(got)} set(s) of the round that our group held into its union "
+    logger.info(f"round {last.round}: took {taken} set(s) of the round that our group held into its union "
                 f"({len(payloads)} payloads): θ {old} -> {last.after_hash}")
     history = peer.totals.history
     if history and history[-1].round == last.round + 1:
         history[-1].params_hash, history[-1].sets = last.after_hash, len(sets)
         history[-1].contributors = len(decoded)
-    if key != group_sets.repaired_key(last.base, sets):
-        # the key names a start another member announced: recomputed, θ must be that one, bit for bit
-        if key != last.after_hash:
-            logger.error(f"round {last.round}: the union recomputed gives θ {last.after_hash}, not {key} as the "
-                         f"member that held it announced")
-            return False
-    return True

@@ -157,12 +157,12 @@ B = "b" * 16  # a base: θ before the last round's outer step
 @pytest.mark.parametrize("last, counted, union", [
     ({"a": (B, ("s1",)), "b": (B, ("s1",))}, "ab", {"s1"}),  # one group, one set: nothing new
     ({"a": (B, ("s1",)), "b": (B, ("s1", "s2")), "c": (B, ("s1", "s2"))}, "abc", {"s1", "s2"}),
-    ({"a": (B, ("s1",)), "b": (B, ("s1", "s2")), "c": (B, ("s1",))}, "abc", {"s1"}),  # one lister: not taken
-    ({"a": (B, ("s1",)), "b": (B, ("s1", "s2")), "c": (B, ("s1", "s2"))}, "ab", {"s1"}),  # c's payload not counted
+    ({"a": (B, ("s1",)), "b": (B, ("s2",)), "c": (B, ("s1",))}, "abc", {"s1", "s2"}),  # one lister is enough
+    ({"a": (B, ("s1",)), "b": (B, ("s1",)), "c": (B, ("s1", "s2"))}, "ab", {"s1"}),  # c's payload not counted
     ({"a": ("", ()), "b": ("c" * 16, ("s3",)), "c": (B, ("s3",))}, "abc", {"s3"}),  # any base lists
     ({}, "ab", set()),
 ])
-def test_the_late_union_is_every_set_two_counted_members_announce(last, counted, union):
+def test_the_late_union_is_every_set_a_counted_member_announces(last, counted, union):
     assert late_union(last, counted) == union
 
 

@@ -43,8 +43,10 @@ heartbeat_period = 0.5
 """
 
 
-def voloco(*args: str) -> List[str]:
-    return [sys.executable, "-m", "voloco", *args]
+def voloco(*args: str, module: str = "voloco") -> List[str]:
+    """``python -m voloco ARGS``; ``module``: another entry point that takes the same arguments
+    (a test's altered peer, e.g. tests/support/hasty_peer.py)."""
+    return [sys.executable, "-m", module, *args]
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -129,15 +131,15 @@ class Swarm:
         return proc
 
     def add_peer(self, name: str, *extra: str, env: Optional[Dict[str, str]] = None, log: Optional[str] = None,
-                 checkpoint: bool = True) -> Proc:
-        """``checkpoint``: give it a --checkpoint-dir (``NAME/ckpt``)."""
+                 checkpoint: bool = True, module: str = "voloco") -> Proc:
+        """``checkpoint``: give it a --checkpoint-dir (``NAME/ckpt``); ``module``: see ``voloco``."""
         d = self.workdir / name
         d.mkdir(exist_ok=True)
         (d / "status.json").unlink(missing_ok=True)
         argv = voloco(
             "peer", *self.join_flags(), "--host-maddrs", LOOPBACK, "--threads", "1",
             "--status-file", str(d / "status.json"), *(["--checkpoint-dir", str(d / "ckpt")] if checkpoint else []),
-            "--identity", str(d / "identity.key"), *extra,
+            "--identity", str(d / "identity.key"), *extra, module=module,
         )
         self.peers[name] = self._start(argv, self.workdir / (log or f"{name}.log"), env)
         return self.peers[name]

@@ -1,0 +1,53 @@
+"""The next round's group takes a late set into the last round's union, in a real swarm
+(peer/round/union.py): 6 real peers whose merges never wait (tests/support/hasty_peer.py) gather
+in groups of at most 3, so a group that gathers before another concludes the round without the
+other's set. In the next round, a member that lacked a set two of its groupmates held fetches it,
+concludes the round again, and ends on their θ, bit for bit, without a state download."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.support.swarm_harness import Swarm, TINY_SPEC
+
+NAMES = ("a", "b", "c", "d", "e", "f")
+TOOK = re.compile(r"round (\d+): took (\d+) set\(s\) of the round that our group held into its union .*: "
+                  r"θ ([0-9a-f]{16}) -> ([0-9a-f]{16})")
+
+
+def takes(text: str):
+    return [(int(m[1]), m[3], m[4]) for m in TOOK.finditer(text)]
+
+
+@pytest.mark.slow
+def test_a_member_that_lacked_a_late_set_takes_it_and_ends_on_its_groupmates_theta(tmp_path):
+    spec = TINY_SPEC.format(run_id="union", strategy="sparseloco", inner_steps=10) + "max_group_size = 3\n"
+    swarm = Swarm(tmp_path, spec_text=spec)
+    try:
+        for name in NAMES:
+            swarm.add_peer(name, "--wait-peers", "6", module="tests.support.hasty_peer")
+
+        def taken():
+            return [(n, t) for n in NAMES for t in takes(swarm.peers[n].text())]
+
+        # done when a member took a late set and the round after it has been reported by everyone
+        swarm.wait(lambda: taken() and min(swarm.round_of(n) for n in NAMES) > max(t[1][0] for t in taken()) + 2,
+                   600, "a member taking a late set into a round's union")
+        statuses = {n: swarm.status(n) for n in NAMES}
+        kept_on = 0  # takes after which the member's start counted with its group's (no state download)
+        for name, (rnd, old, new) in taken():
+            history = {r["round"]: r for r in statuses[name]["history"]}
+            # the round's record (its θ, round rnd + 1's start) names the θ recomputed from the union
+            assert history[rnd + 1]["params_hash"] == new, (name, rnd, history[rnd + 1])
+            held = {o: {r["round"]: r["params_hash"] for r in statuses[o]["history"]}.get(rnd + 1)
+                    for o in NAMES if o != name}
+            assert new in held.values(), f"{name} recomputed round {rnd} to θ {new}, held by nobody else: {held}"
+            assert old != new
+            # the start vote of the next round counts it with the groupmates it now shares θ with (it may
+            # still lose it: a group of several lineages, where its own is the smaller)
+            kept_on += f"round {rnd + 1}: this peer started from parameters" not in swarm.peers[name].text()
+        assert kept_on >= 1, taken()
+    finally:
+        swarm.close()
