@@ -16,7 +16,7 @@ replica (one model whose forward and backward cross a stage boundary after block
   ``span(U)`` at the default rank ``spec.chain.effective_rank(d)``, with the lossless chain-local
   constraint exactly as peer/host/runtime.py + peer/chain/gpipe.py run it;
 * (d) ``4 chains k=d/10``: uniform compression. Every replica is a compressed chain and the run
-  trains the subspace-constrained model (the run-wide variant of protocol/subspace_constraint.py, what
+  trains the subspace-constrained model (the run-wide variant of protocol/chain/subspace_constraint.py, what
   ``chain.compress_all`` describes): θ is projected once at the start and after every outer step
   (``exact=True``), so no replica drops anything at its round start;
 * extra row (``--quick`` skips it): (c') = (c) at the larger rank d // 4; ``--only ...,d4`` adds
@@ -50,7 +50,7 @@ full peer reports it), its ratio to (a); for chain arms also the loss as the cha
 formulas (``ActivationCodec.forward_bytes_per_token``: k·2 + 1 token-id byte for the 256-byte
 vocabulary; ``backward_bytes_per_token``: k·2) and the ratio against the plain fp16 hidden state
 each way, 2·(d·2); in brackets the same per token with the real frame encoding
-(``protocol.frames.encode_frame`` of one micro-batch: msgpack header and length prefix included).
+(``protocol.chain.frames.encode_frame`` of one micro-batch: msgpack header and length prefix included).
 Exchange bytes as bench/compression.py counts them (all-gather: each member serves its payload to
 the G − 1 other members and fetches theirs every round; a chain's stages are two members, so G is
 4, 5 or 8), mean per member over the run.
@@ -76,10 +76,10 @@ from peer.training.model import build_model  # noqa: E402
 from peer.chain.links import link_codec  # noqa: E402
 from peer.outer.engine import RoundEngine  # noqa: E402
 from peer.outer.strategies import make_strategy  # noqa: E402
-from protocol.activations import compressed_boundary, uncompressed_bytes_per_token  # noqa: E402
-from protocol.frames import Activations, FrameFormat, Grads, encode_frame  # noqa: E402
+from protocol.chain.activations import compressed_boundary, uncompressed_bytes_per_token  # noqa: E402
+from protocol.chain.frames import Activations, FrameFormat, Grads, encode_frame  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
-from protocol.subspace_constraint import constrain_to_subspace_, project_gradients_  # noqa: E402
+from protocol.chain.subspace_constraint import constrain_to_subspace_, project_gradients_  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 
 R = 4

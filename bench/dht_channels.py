@@ -1,4 +1,4 @@
-"""What one DHT call costs on the wire: hivemind's unary call against a DHT channel (swarm/dht_channels.py).
+"""What one DHT call costs on the wire: hivemind's unary call against a DHT channel (swarm/dht/channels.py).
 
     python bench/dht_channels.py [--calls 200] [--value-bytes 300] [--json OUT]
 
@@ -60,7 +60,7 @@ async def _calls(kind: str, method: str, count: int, value_bytes: int, peer, _dh
 
 
 def inside(args) -> dict:
-    from swarm.dht import start_dht
+    from swarm.dht.node import start_dht
 
     subprocess.run(["ip", "link", "set", "lo", "up"], check=False)
     a = start_dht((), ["/ip4/127.0.0.1/tcp/0"])

@@ -5,7 +5,7 @@
 
 Without a CUDA GPU (and without ``--device cpu``) it says so and exits 0: nothing is estimated.
 
-For each shape (``125m`` and ``350m``: protocol/presets.py at seq 1024, batch ``--batch``; ``tiny``:
+For each shape (``125m`` and ``350m``: protocol/spec/presets.py at seq 1024, batch ``--batch``; ``tiny``:
 d_model 64, 2 layers, seq 64, batch 4), everything in one run, against its baseline in the same run:
 
 * throughput: the peer's own ``InnerTrainer`` (fp32 master weights and AdamW) on ``TrainStream``
@@ -48,7 +48,7 @@ from peer.training.data import TrainStream, load_corpus  # noqa: E402
 from peer.training.inner import InnerTrainer  # noqa: E402
 from peer.training.model import build_model  # noqa: E402
 from peer.outer.strategies import make_strategy, pseudo_gradient  # noqa: E402
-from protocol.presets import PRESETS  # noqa: E402
+from protocol.spec.presets import PRESETS  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 

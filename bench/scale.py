@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import exit_on_sigterm, human, machine, now, table  # noqa: E402
 from bench.swarm_check import run_swarm  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
-from swarm.wire_bytes import process_tree  # noqa: E402
+from swarm.wire.meter import process_tree  # noqa: E402
 from voloco.demo import read_status  # noqa: E402
 
 TINY_MODEL = {"d_model": 32, "n_layers": 2, "n_heads": 2, "ffn_hidden": 64, "seq_len": 32}

@@ -31,7 +31,7 @@ worker's first step to the arm's end) of the fast peers (mean) and of the slow o
 against hivemind.Optimizer at the same rate: how many times sooner at the target, how many times
 fewer interface bytes.
 
-Accounted bytes: a voloco peer's ``wire`` counts, summed over its sockets (swarm/sock_diag.py): sent
+Accounted bytes: a voloco peer's ``wire`` counts, summed over its sockets (swarm/wire/sock_diag.py): sent
 as the other end acknowledged them, not tcp_info's ``bytes_sent``, which also counts every attempt
 the host's own full ``tbf`` queue dropped (TCP sends those bytes again as new data): 112.5 MiB
 against 68.4 MiB on the interface for DiLoCo at 10 Mbit/s (tests/system/test_wire_bytes_hosts.py checks

@@ -4,7 +4,7 @@ A coordinator and ``--peers`` peers, each on a test host of its own (tests/suppo
 namespaces on a bridge, every link capped with tbf at ``--rate``), train ``--rounds`` rounds of a
 tiny SparseLoCo run (``--wait-peers``: they start together) and stop. Per peer:
 
-- accounted: the wire bytes in its final status (swarm/wire_bytes.py: the kernel's TCP payload
+- accounted: the wire bytes in its final status (swarm/wire/meter.py: the kernel's TCP payload
   counters of every socket of its process tree), and their breakdown (payload as the peer counts
   it, control plane: the rest);
 - interface: its host's ``eth0`` counters over the peer's life, as IP payload: the bytes less
@@ -171,12 +171,12 @@ def op_costs(nodes: int = 4, reps: int = 10) -> Dict[str, float]:
     """Bytes on the wire (sent, summed over every node of a ``nodes``-node DHT on loopback) of one
     ``publish_progress`` and one ``read_progress`` (what ``Membership.publish`` and ``view`` do). A
     write is measured twice in the same run: through hivemind's own ``store`` (the baseline, which
-    fetches the key's value from every node its search asks) and as voloco stores (swarm/lean_store.py)."""
+    fetches the key's value from every node its search asks) and as voloco stores (swarm/dht/lean_store.py)."""
     from swarm import records
-    from swarm.dht import start_dht
+    from swarm.dht.node import start_dht
     from swarm.records import publish_progress, read_progress
-    from swarm.wire_bytes import WireMeter
-    from protocol.records import Progress
+    from swarm.wire.meter import WireMeter
+    from protocol.dht.records import Progress
 
     spec = RunSpec(run_id="ops")
     record = Progress(1, 3, "training", spec.digest(), 2.5, 2.6, 123456, 9000.0, 40000, 40000, "0123456789abcdef",

@@ -19,8 +19,8 @@ import logging
 import time
 from typing import Dict, List, Set, Tuple
 
-from protocol.chain_formation import form_chains
-from protocol.chain_records import ASSIGNMENT_TTL, ChainAssignment
+from protocol.chain.formation import form_chains
+from protocol.chain.records import ASSIGNMENT_TTL, ChainAssignment
 from protocol.spec import RunSpec
 from swarm.records import publish_assignment, read_assignments, read_candidates
 

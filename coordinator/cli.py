@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from swarm.console import UsageError, standalone_main
-from swarm.join_flags import add_join_token_arguments
+from swarm.access.join_flags import add_join_token_arguments
 
 HELP = "start a run: first DHT node, publishes the run spec, prints the join command"
 

@@ -35,7 +35,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from coordinator.history import HistoryKeeper
 from coordinator.metrics import make_registry, render
 from coordinator.run_view import RunInfo, Totals, build_snapshot
-from protocol.records import peer_record_ttl
+from protocol.dht.records import peer_record_ttl
 from swarm.jsonout import dumps
 from swarm.records import publish_history, read_assignments, read_candidates, read_history, read_progress
 

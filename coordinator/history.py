@@ -6,7 +6,7 @@ long run keeps an evenly spaced outline of its whole history. The newest point m
 grid rounds: it is replaced by the next one.
 
 ``HistoryKeeper`` samples the swarm once per coordinator pass (from the snapshot of
-coordinator/run_view.py), stores the series in the DHT signed by the run's key (protocol/history.py,
+coordinator/run_view.py), stores the series in the DHT signed by the run's key (protocol/dht/history.py,
 swarm/records.py) when it changed and at least every ``refresh`` seconds, and, after a restart,
 reads back what an earlier coordinator stored and merges it in front of its own points. It stores
 nothing before that read succeeded or ``restore_for`` seconds passed: its record has the same owned
@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional
 
-from protocol.history import HISTORY_TTL, MAX_COUNT, MAX_POINTS, HistoryPoint, HistoryRecord
+from protocol.dht.history import HISTORY_TTL, MAX_COUNT, MAX_POINTS, HistoryPoint, HistoryRecord
 
 logger = logging.getLogger("voloco.coordinator")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-from protocol.records import CHOOSING, Progress
+from protocol.dht.records import CHOOSING, Progress
 
 MAX_PEERS_SHOWN = 256  # rows of the peers table (the busiest); the API says how many there were
 MAX_TRACKED = 4096  # peers whose running totals the coordinator remembers

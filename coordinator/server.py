@@ -23,12 +23,12 @@ from typing import List, Optional
 from coordinator.chain_former import ChainFormer
 from coordinator.dashboard import Dashboard
 from protocol.errors import SpecError
-from protocol.records import SPEC_TTL
+from protocol.dht.records import SPEC_TTL
 from protocol.spec import RunSpec
 from swarm.console import UsageError, human_bytes
-from swarm.dht import start_dht
-from swarm.identity import trust_of
-from swarm.join_flags import join_token
+from swarm.dht.node import start_dht
+from swarm.access.identity import trust_of
+from swarm.access.join_flags import join_token
 from swarm.records import publish_run, read_progress
 from swarm.tokenizer_share import serve_tokenizer
 

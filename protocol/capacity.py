@@ -14,7 +14,7 @@ real figure. For a stage that owns ``P`` parameters and ``L`` blocks and keeps t
 The step's transient and the activations are never alive together (peer/training/inner.py frees the
 gradients after each step, and backward frees the activations before the step), so their sum is
 conservative by the smaller of the two; it is kept a sum so that a stage's bytes grow by exactly
-``layer_bytes`` a block (protocol/chain_formation.py relies on that). For a state-bound shape
+``layer_bytes`` a block (protocol/chain/formation.py relies on that). For a state-bound shape
 (few tokens a step) the step is the peak: on torch 2.13 CPU, d 512, 2 blocks, 2 x 64 tokens, the
 live peak was 24 P + 15.4 MB at AdamW's step (9.2 MB of it the step's temporaries, 6.2 MB MKL's
 cached GEMM packing buffer), 0.6 MB under an estimate without this term.
@@ -46,7 +46,7 @@ to the tensors above, after its own overhead.
 
 A stage holding the first block also holds the embedding; one holding the last block also holds
 the final norm and the head. A stage with a neighbour (any stage of a chain of two or more) also
-holds the activation codec's state (protocol/activations.py): the snapshot ``T`` of the
+holds the activation codec's state (protocol/chain/activations.py): the snapshot ``T`` of the
 embedding (V d) and the basis ``U`` (d k, counted as d d), fp32: ``link_state_bytes``. ``micro_batch`` is the number of sequences whose activations a stage
 holds at once; by default the run's ``data.batch_size`` (a full-batch step, or a GPipe schedule
 with every micro-batch of the step in flight), which is the conservative choice.

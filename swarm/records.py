@@ -2,13 +2,13 @@
 the loss history.
 
 ``protocol/`` defines their keys, envelopes and schemas; this module does the DHT I/O. Every record
-is written under its writer's owned subkey and signed by its DHT node (swarm/validators.py). A
+is written under its writer's owned subkey and signed by its DHT node (swarm/dht/validators.py). A
 reader keeps only records whose envelope names the peer id of the key that signed them, that prove
 the join token in a private run, that expire no further ahead than their writer's TTL allows, and
 whose body parses; the rest are skipped (logged at debug), never raised. Views are keyed by the
 peer id inside the signed envelope, so one key never speaks for another peer. Chain assignments
 count only when signed by the key of the run's spec; the spec itself, only when signed by the
-``--run-key`` the person gave (swarm/identity.py holds what each node trusts).
+``--run-key`` the person gave (swarm/access/identity.py holds what each node trusts).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import hivemind
 from hivemind.utils import get_dht_time
 
-from protocol.chain_records import (
+from protocol.chain.records import (
     ASSIGNMENT_TTL,
     CandidateRecord,
     ChainAssignment,
@@ -32,9 +32,9 @@ from protocol.chain_records import (
     parse_candidate,
 )
 from protocol.errors import ProtocolError, SpecError
-from protocol.history import HISTORY_TTL, HistoryRecord, history_key, parse_history
-from protocol.keys import RUNS_KEY, key_fingerprint, owned_subkey, peers_key
-from protocol.records import (
+from protocol.dht.history import HISTORY_TTL, HistoryRecord, history_key, parse_history
+from protocol.dht.keys import RUNS_KEY, key_fingerprint, owned_subkey, peers_key
+from protocol.dht.records import (
     MAX_RECORD_TTL,
     SPEC_TTL,
     Progress,
@@ -48,10 +48,10 @@ from protocol.records import (
 )
 from protocol.spec import RunSpec
 from swarm.console import UsageError
-from swarm.identity import NodeTrust, trust_of
-from swarm.lean_store import store_lean
-from swarm.replica_reads import replica_get, search_args
-from swarm.validators import check_owned, key_id, run_schema
+from swarm.access.identity import NodeTrust, trust_of
+from swarm.dht.lean_store import store_lean
+from swarm.dht.replica_reads import replica_get, search_args
+from swarm.dht.validators import check_owned, key_id, run_schema
 
 logger = logging.getLogger("voloco.swarm")
 
@@ -91,17 +91,17 @@ def verified_entries(key: str, found: Any, token_key: Optional[bytes], ttl: floa
 RECORD_BEAM = 5
 
 
-# Reads of the run's keys that a replica of them serves from its own storage: swarm/replica_reads.py.
+# Reads of the run's keys that a replica of them serves from its own storage: swarm/dht/replica_reads.py.
 
 
-# Stores search toward the key's shadow (swarm/lean_store.py) instead of fetching the key's value from
+# Stores search toward the key's shadow (swarm/dht/lean_store.py) instead of fetching the key's value from
 # every node on the way; bench/wire_bytes.py --ops turns this off for its baseline.
 LEAN_STORES = True
 
 
 def _read(dht: hivemind.DHT, key: str, ttl: float, beam_size: Optional[int] = None, replica_ok: bool = False) -> List[Entry]:
     """The verified records under ``key``; ``replica_ok``: from this node's own storage while it is a
-    replica of the key (swarm/replica_reads.py)."""
+    replica of the key (swarm/dht/replica_reads.py)."""
     trust = trust_of(dht)
     if replica_ok and getattr(dht, "run_coroutine", None) is not None:  # (a stand-in DHT may not run coroutines)
         found = replica_get(dht, key, ttl, beam_size)
@@ -130,7 +130,7 @@ def _per_peer(entries: List[Entry], key: str) -> Dict[str, Entry]:
 def _store(dht: hivemind.DHT, key: str, body: bytes, ttl: float, name: str = "", wait: bool = False,
            beam_size: Optional[int] = None):
     """Write ``body`` under this node's owned subkey: the DHT node signs it (RSASignatureValidator). A
-    real DHT stores it without fetching the key's value on the way (swarm/lean_store.py)."""
+    real DHT stores it without fetching the key's value on the way (swarm/dht/lean_store.py)."""
     trust = trust_of(dht)
     me = trust.identity
     subkey = owned_subkey(me.public_key, name)

@@ -1,6 +1,6 @@
 """A BPE run's tokenizer.json, served and fetched over hivemind's P2P streams.
 
-A tokenizer (up to 8 MiB) does not fit the DHT's records (64 KiB bodies, protocol/records.py), so
+A tokenizer (up to 8 MiB) does not fit the DHT's records (64 KiB bodies, protocol/dht/records.py), so
 it travels over a libp2p stream instead, and the DHT only carries what binds it: the sha256 in the
 run spec that the run key signed. The coordinator serves the file; so does every peer once it
 holds a verified copy, so a newcomer gets it while the coordinator is down.
@@ -24,7 +24,7 @@ from hivemind.dht import DHT
 from hivemind.p2p import P2P, PeerID
 
 from protocol.spec import RunSpec
-from protocol.spec_sections import MAX_TOKENIZER_BYTES
+from protocol.spec.sections import MAX_TOKENIZER_BYTES
 from swarm.loop_thread import run_in_fresh_loop
 
 logger = logging.getLogger("voloco.swarm")
@@ -103,7 +103,7 @@ async def _ask(maddr, peer: str, handle: str, digest: str, timeout: float) -> by
 
 def tokenizer_sources(dht: DHT, spec: RunSpec) -> List[str]:
     """Whom to ask: the run key's node (the coordinator) first, then live peers of the run."""
-    from swarm.identity import peer_id_of, trust_of
+    from swarm.access.identity import peer_id_of, trust_of
     from swarm.records import read_progress
 
     trust = trust_of(dht)

@@ -1,4 +1,5 @@
-"""The layers import only downwards, checked on the source with ``ast`` (nothing is imported).
+"""The layers import only downwards, checked on the source with ``ast`` (nothing is imported), and no
+package holds more modules than a newcomer surveys at a glance (``MAX_MODULES``).
 
     protocol/      pure: data in, data or bytes out; no sockets, no processes
     swarm/         the DHT node, the DHT records, the console: shared by peers and the coordinator
@@ -127,3 +128,27 @@ def test_the_check_sees_every_kind_of_import(tmp_path):
     ]
     assert "peer.chain" in imported_modules(tmp_path / "peer" / "sub" / "a.py", tmp_path)
     assert "peer.sub" in imported_modules(tmp_path / "peer" / "__init__.py", tmp_path)
+
+
+MAX_MODULES = 15  # a folder a newcomer surveys at a glance; more, and it wants sub-packages by concern
+
+
+def crowded_packages(root: Path = ROOT) -> List[str]:
+    """Packages of the product (every layer above, and their sub-packages) with more than
+    ``MAX_MODULES`` modules besides their ``__init__``, with their count."""
+    found = []
+    for package in sorted(set(FORBIDDEN) | {"voloco"}):
+        for init in sorted((root / package).rglob("__init__.py")):
+            modules = [p for p in init.parent.glob("*.py") if p.name != "__init__.py"]
+            if len(modules) > MAX_MODULES:
+                found.append(f"{init.parent.relative_to(root).as_posix()}: {len(modules)} modules")
+    return found
+
+
+def test_no_package_holds_more_modules_than_a_newcomer_surveys(tmp_path):
+    assert crowded_packages() == []
+    (tmp_path / "swarm").mkdir()
+    (tmp_path / "swarm" / "__init__.py").write_text("")
+    for i in range(MAX_MODULES + 1):
+        (tmp_path / "swarm" / f"m{i}.py").write_text("")
+    assert crowded_packages(tmp_path) == [f"swarm: {MAX_MODULES + 1} modules"]

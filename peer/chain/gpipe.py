@@ -29,7 +29,7 @@ need every stage to know the norm of the whole model's gradient, i.e. one more e
 frame protocol has no frame for it today. Per-stage clipping bounds the global norm by
 ``grad_clip * sqrt(S)``; with the usual clip of 1.0 it is rarely active after warm-up anyway.
 
-Targets: an ``activations`` frame carries the token ids of x only (``protocol.frames`` has no
+Targets: an ``activations`` frame carries the token ids of x only (``protocol.chain.frames`` has no
 field for y), so the last stage takes the batch from its caller (a chain's stages draw the same
 batch stream) and checks that the ids it receives are its own x (``BatchMismatch``).
 
@@ -50,7 +50,7 @@ from peer.training.inner import InnerTrainer
 from peer.training.model import Model
 from peer.chain.errors import NonFiniteGradients
 from peer.chain.links import StageLink
-from protocol.subspace_constraint import constrain_to_subspace_, project_gradients_
+from protocol.chain.subspace_constraint import constrain_to_subspace_, project_gradients_
 
 __all__ = ["run_inner_step"]
 
@@ -100,7 +100,7 @@ async def run_inner_step(
     stage (required) and on the last (its ``y`` gives the targets; its ``x``, if not None, is
     checked against the ids that arrive: BatchMismatch otherwise); None on middle stages.
     ``upstream``/``downstream``: the links to stages i-1 / i+1 (None at the ends; a single-stage
-    chain has neither). ``constraint``: U of the lossless variant (protocol/subspace_constraint.py):
+    chain has neither). ``constraint``: U of the lossless variant (protocol/chain/subspace_constraint.py):
     gradients of the output projections and of the embedding are projected before the clip and
     the weights after the update; None to train unconstrained. ``step``: the id frames carry
     (default ``trainer.step_count``).

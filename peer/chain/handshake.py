@@ -1,8 +1,8 @@
 """The handshake of a stage link, both sides: ``hello`` -> (``challenge`` -> ``auth`` ->) ``hello_ok``.
 
-The dialer sends its hello; the listener checks its public fields (``protocol.frames.check_hello``)
+The dialer sends its hello; the listener checks its public fields (``protocol.chain.frames.check_hello``)
 and, when it has a ``LinkAuth``, challenges the dialer to prove it is the peer the chain assignment
-names for that stage while proving the same of itself (protocol/link_auth.py). Everything here
+names for that stage while proving the same of itself (protocol/chain/link_auth.py). Everything here
 runs on a ``StageLink`` (peer/chain/links.py) that still reads with the handshake's small frame
 limit, within one deadline for the whole exchange.
 """
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from peer.chain.errors import HandshakeRejected, LinkProtocolError
-from protocol import link_auth
+from protocol.chain import link_auth
 from protocol.errors import FrameError
-from protocol.frames import NONCE_BYTES, Auth, Challenge, Hello, HelloOk, Reject, check_hello
+from protocol.chain.frames import NONCE_BYTES, Auth, Challenge, Hello, HelloOk, Reject, check_hello
 from protocol.signed import Signer
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -1,4 +1,4 @@
-"""The links of a chain stage to its neighbours: TCP connections speaking ``protocol.frames``.
+"""The links of a chain stage to its neighbours: TCP connections speaking ``protocol.chain.frames``.
 
 * ``StageLink``: a TCP connection to one neighbour, over asyncio streams (uvloop where
   installed: ``run``). ``connect_link`` dials a neighbour; ``StageListener`` accepts them,
@@ -17,7 +17,7 @@
   (``handshake_timeout``), and at most ``MAX_PENDING_HANDSHAKES`` connections in a handshake at
   once (a new one drops the oldest, so stalled strangers cannot lock an honest neighbour out).
 * With a ``LinkAuth`` (this stage's identity key and the peer id the chain assignment names for
-  the neighbour) both ends prove who they are (peer/chain/handshake.py, protocol/link_auth.py):
+  the neighbour) both ends prove who they are (peer/chain/handshake.py, protocol/chain/link_auth.py):
   a stranger who copies a hello's public fields is rejected.
 
 The errors are in ``peer.chain.errors``.
@@ -38,13 +38,13 @@ from peer.chain import handshake
 from peer.chain.errors import BatchMismatch, LinkClosed, LinkError, LinkProtocolError, LinkTimeout, NonFiniteOutput
 from peer.chain.handshake import LinkAuth
 from protocol import PROTOCOL_VERSION
-from protocol.activations import ActivationCodec
+from protocol.chain.activations import ActivationCodec
 from protocol.errors import FrameError
-from protocol.frames import (
+from protocol.chain.frames import (
     HANDSHAKE_MAX_BYTES, NONCE_BYTES, Activations, Bye, Frame, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, Reject,
     encode_frame,
 )
-from protocol.subspace import subspace_basis
+from protocol.chain.subspace import subspace_basis
 
 try:  # pragma: no cover - depends on the platform
     import uvloop
@@ -73,7 +73,7 @@ class StageIdentity:
 
 
 class _Fp32Codec(ActivationCodec):
-    """The codec with fp32 values on the wire (``protocol.frames`` accepts fp32 for uncompressed
+    """The codec with fp32 values on the wire (``protocol.chain.frames`` accepts fp32 for uncompressed
     links and debugging; ``ActivationCodec`` itself only speaks 16-bit)."""
 
     def __init__(self, U: torch.Tensor):
@@ -95,7 +95,7 @@ def _opposite(role: str) -> str:
 class StageLink:
     """One TCP connection to a neighbour stage, after a successful handshake.
 
-    ``role`` is this stage's place on the link, as in ``protocol.frames``: ``"upstream"`` (this
+    ``role`` is this stage's place on the link, as in ``protocol.chain.frames``: ``"upstream"`` (this
     stage sends activations and receives grads: the link to stage i+1) or ``"downstream"``.
     ``fmt`` bounds the frames (its ``micro_batch`` is the exact number of sequences of every
     frame of a step), ``codec`` encodes/decodes them (both ends must use the same k, dtype,

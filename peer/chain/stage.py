@@ -30,9 +30,9 @@ from peer.training.resources import Resources
 from peer.chain.errors import LinkError, StageError
 from peer.chain.handshake import LinkAuth
 from peer.chain.links import StageIdentity, StageListener, connect_link, link_codec
-from protocol.chain_records import CandidateRecord, ChainAssignment
-from protocol.endpoints import announced_endpoints, dial_order, format_endpoint, hosts_of_maddrs
-from protocol.frames import FrameFormat
+from protocol.chain.records import CandidateRecord, ChainAssignment
+from protocol.chain.endpoints import announced_endpoints, dial_order, format_endpoint, hosts_of_maddrs
+from protocol.chain.frames import FrameFormat
 from protocol.spec import RunSpec
 from protocol.timing import Timing
 from swarm.records import publish_candidate, read_assignments, read_candidates
@@ -64,7 +64,7 @@ class ChainMember:
                  stop: threading.Event, timing: Optional[Timing] = None):
         """``host``: ``--stage-host``, the one address to listen on and announce; None: listen on
         every interface (on loopback only in a run whose DHT addresses are all loopback) and
-        announce the addresses the DHT node is seen at (protocol/endpoints.py)."""
+        announce the addresses the DHT node is seen at (protocol/chain/endpoints.py)."""
         self.dht, self.spec, self.peer_id, self.resources, self.stop = dht, spec, peer_id, resources, stop
         self.timing = timing if timing is not None else Timing.from_spec(spec)  # every wait (protocol/timing.py)
         self.state = "waiting"

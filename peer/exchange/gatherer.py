@@ -57,8 +57,8 @@ from protocol import group_sets, reconcile
 from protocol.errors import ProtocolError
 from protocol.signed import ENVELOPE_OVERHEAD, Binding, Signer
 from protocol.timing import Timing
-from swarm.admission import Admitted
-from swarm.group_keys import LeanGroupKeyManager
+from swarm.access.admission import Admitted
+from swarm.dht.group_keys import LeanGroupKeyManager
 
 logger = get_logger(__name__)
 
@@ -81,7 +81,7 @@ class _Group:
     round_no: int = -1
 
 
-class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, DecentralizedAverager):  # Admitted: a private run's gate (swarm/admission.py)
+class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, DecentralizedAverager):  # Admitted: a private run's gate (swarm/access/admission.py)
     """hivemind matchmaking + a signed, agreed all-gather of one payload per member."""
 
     _round_no = -1  # the round being gathered, set as each round's matchmaking is prepared

@@ -1,7 +1,7 @@
 """The key this peer signs its payloads with: the Ed25519 (or RSA) key behind its libp2p peer id.
 
-swarm/dht.py starts every DHT node with an identity file (``--identity``, or a temporary one) and
-keeps the loaded key (swarm/identity.py); the payload signer is that same key, so a receiver that
+swarm/dht/node.py starts every DHT node with an identity file (``--identity``, or a temporary one) and
+keeps the loaded key (swarm/access/identity.py); the payload signer is that same key, so a receiver that
 hashes the public key to the sender's peer id knows the sender signed (protocol/signed.py).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from hivemind import DHT
 
 from protocol.signed import Signer
-from swarm.identity import trust_of
+from swarm.access.identity import trust_of
 
 
 def payload_signer(dht: DHT) -> Signer:

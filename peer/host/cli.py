@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from swarm.console import UsageError, standalone_main
-from swarm.join_flags import add_join_token_arguments, add_run_key_argument, join_token, run_key
+from swarm.access.join_flags import add_join_token_arguments, add_run_key_argument, join_token, run_key
 
 HELP = "join a run by its DHT address and train"
 
@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_peer(args: argparse.Namespace) -> int:
     from peer.training.data import DataError
     from peer.host.runtime import Peer, PeerOptions
-    from swarm.dht import parse_multiaddrs
+    from swarm.dht.node import parse_multiaddrs
 
     join = parse_multiaddrs(args.join)
     key, token = run_key(args), join_token(args)

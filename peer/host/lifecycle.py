@@ -31,7 +31,7 @@ from typing import Any, Dict, Optional, Tuple
 from peer.checkpoints.schedule import final_checkpoint
 from peer.round.report import write_status
 from protocol.timing import Timing
-from swarm.wire_bytes import WireMeter, wire_report
+from swarm.wire.meter import WireMeter, wire_report
 
 logger = logging.getLogger("voloco.peer")
 
@@ -95,7 +95,7 @@ def startup_status(peer) -> Dict[str, Any]:
 
 
 def meter_wire(peer) -> None:
-    """Count every byte on the peer's wire from now on (swarm/wire_bytes.py: the TCP sockets of its
+    """Count every byte on the peer's wire from now on (swarm/wire/meter.py: the TCP sockets of its
     process tree, p2pd's included); ``shutdown`` stops the meter."""
     peer.wire = WireMeter().start()
 

@@ -2,7 +2,7 @@
 
 A collector on a registry of its own reads the peer's progress record (``Peer._progress``) at
 every scrape, so the numbers are the ones the peer publishes to the DHT; the wire bytes
-(swarm/wire_bytes.py: every TCP byte of the peer's processes, and the control plane's share of
+(swarm/wire/meter.py: every TCP byte of the peer's processes, and the control plane's share of
 them) come from the peer's status, which the DHT record leaves out. prometheus_client's WSGI
 app is served by the standard library's WSGI server in a daemon thread; ``shutdown`` stops it.
 """
@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from peer.host.lifecycle import wire_status
-from protocol.records import STATES, Progress
+from protocol.dht.records import STATES, Progress
 from swarm.console import UsageError
 
 logger = logging.getLogger("voloco.peer")

@@ -48,13 +48,13 @@ from peer.round.state_sync import StateSync
 from peer.training.tokenizer import obtain_corpus
 from peer.host.utilization import Utilization, device_label, progress_extras
 from protocol import peer_states
-from protocol.keys import averager_prefix
-from protocol.records import CHOOSING, Progress
+from protocol.dht.keys import averager_prefix
+from protocol.dht.records import CHOOSING, Progress
 from protocol.spec import RunSpec
 from protocol.timing import Timing
-from swarm.admission import admission_gate
-from swarm.dht import start_dht
-from swarm.reachability import UNKNOWN, watch_reachability
+from swarm.access.admission import admission_gate
+from swarm.dht.node import start_dht
+from swarm.access.reachability import UNKNOWN, watch_reachability
 from swarm.records import fetch_spec
 
 logger = logging.getLogger("voloco.peer")
@@ -67,14 +67,14 @@ class PeerOptions:
     join: Sequence[Any]  # parsed multiaddrs
     run_id: Optional[str] = None
     run_key: Optional[str] = None  # fingerprint of the run's key: only a spec it signed is accepted
-    join_token: Optional[str] = None  # a private run's shared secret (swarm/admission.py)
+    join_token: Optional[str] = None  # a private run's shared secret (swarm/access/admission.py)
     data: Optional[str] = None
     device: str = "cpu"
     identity: Optional[str] = None
     checkpoint_dir: Optional[Path] = None
     host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",)
     announce_maddrs: Sequence[str] = ()
-    client_mode: bool = False  # connect out only (swarm/reachability.py tells whether it is needed)
+    client_mode: bool = False  # connect out only (swarm/access/reachability.py tells whether it is needed)
     use_relay: bool = True
     use_auto_relay: bool = False
     status_file: Optional[Path] = None
@@ -109,7 +109,7 @@ class Peer:
         self.loop: Optional[RoundLoop] = None  # the round loop (peer/round/loop.py), once the peer has a role
         self._chain: Optional[ChainMember] = None
         self.util = Utilization()  # time in inner steps / wall time, per round (peer/host/utilization.py)
-        self.reach = UNKNOWN  # "public" | "client" | "unknown": can other nodes dial this peer (swarm/reachability.py)
+        self.reach = UNKNOWN  # "public" | "client" | "unknown": can other nodes dial this peer (swarm/access/reachability.py)
         self.started = False  # start() done: the phase follows the state (peer/host/lifecycle.py)
 
     @property

@@ -12,9 +12,9 @@ import time
 from functools import lru_cache
 from typing import Any, Callable, Dict
 
-from protocol.records import REACH
+from protocol.dht.records import REACH
 
-MAX_DEVICE_CHARS = 64  # protocol/records.py: progress.device
+MAX_DEVICE_CHARS = 64  # protocol/dht/records.py: progress.device
 
 
 class Utilization:
@@ -68,7 +68,7 @@ def device_label(device: str) -> str:
 def progress_extras(peer: Any) -> Dict[str, Any]:
     """What a peer's progress record says of its compute and reachability: device, util, reach.
 
-    ``peer.reach`` is set by the reachability check (swarm/reachability.py); anything but a known
+    ``peer.reach`` is set by the reachability check (swarm/access/reachability.py); anything but a known
     value is published as ``unknown``, so a record this peer writes always parses."""
     reach = getattr(peer, "reach", "unknown")
     util = getattr(peer, "util", None)

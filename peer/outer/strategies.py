@@ -34,7 +34,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from protocol.codecs import make_codec
-from protocol.chains import stage_shapes
+from protocol.chain.stages import stage_shapes
 from protocol.partial import FULL, owned_shapes
 from protocol.payload import Part, decode_part_payload, encode_payload, payload_max_bytes
 from protocol.spec import RunSpec
@@ -60,7 +60,7 @@ class OuterStrategy:
 
     def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: Part = FULL):
         """``part``: FULL, the slice a partial peer owns (protocol/partial.py), or the (start, end)
-        block range of a chain stage (protocol/chains.py); ``layout``: an explicit layout for
+        block range of a chain stage (protocol/chain/stages.py); ``layout``: an explicit layout for
         benchmarks of a model other than the spec's."""
         self.spec, self.part = spec, part
         self.full_layout = dict(layout) if layout is not None else spec.param_shapes()

@@ -1,6 +1,6 @@
 """Who is in the run, as this peer sees it: heartbeat, view, start quorum and the round barrier.
 
-Every peer publishes a progress record (protocol/records.py) under the run's key whenever its state
+Every peer publishes a progress record (protocol/dht/records.py) under the run's key whenever its state
 changes, and refreshes it while nothing changes every third of its TTL (at most every
 ``swarm.heartbeat_period``); it reads everyone's to decide whom to wait for. Records are read through
 ``swarm.records`` (hivemind's DHT). Every read moves every peer's signed record, so a peer reads at
@@ -49,7 +49,7 @@ from hivemind.utils import get_dht_time
 from protocol import peer_states
 from protocol.partial import choose_part
 from protocol.peer_states import DONE, IN_ROUND, NOT_IN_ROUNDS
-from protocol.records import CHOOSING, Progress, peer_record_ttl
+from protocol.dht.records import CHOOSING, Progress, peer_record_ttl
 from protocol.spec import RunSpec
 from protocol.timing import Timing
 from swarm.records import PeerView, publish_progress, read_progress

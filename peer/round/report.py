@@ -33,7 +33,7 @@ class RoundRecord:
     overlapped: int = 0  # of them, steps taken while the previous round's exchange was still in flight
     util: float = float("nan")  # compute utilization since the previous round ended (peer/host/utilization.py)
     wire_sent: Optional[int] = None  # every TCP byte the peer's processes sent since the previous round ended
-    wire_received: Optional[int] = None  # (swarm/wire_bytes.py); None where the kernel's counters cannot be read
+    wire_received: Optional[int] = None  # (swarm/wire/meter.py); None where the kernel's counters cannot be read
     sets: int = 1  # the groups' agreed sets θ was computed from: this peer's group's and other groups' (peer/round/merge.py)
 
 

@@ -70,7 +70,7 @@ def order_sources(views: Sequence[Any], target: int, slack: int = 0) -> List[Any
     asked), rounds that two or more peers report first, then higher rounds; within a round, the
     parameters (``params_hash``) most of its peers report first (after a round that ended with two
     θ, the majority's lineage, not the pair that stopped waiting for it); in random order among
-    equals; peers that others cannot dial (``reach`` "client", swarm/reachability.py) last."""
+    equals; peers that others cannot dial (``reach`` "client", swarm/access/reachability.py) last."""
     counts = Counter(v.progress.round for v in views)
     lineages = Counter((v.progress.round, getattr(v.progress, "params_hash", "")) for v in views)
     usable = [v for v in views if target - slack <= v.progress.round <= target + ROUND_SPREAD]

@@ -28,7 +28,7 @@ from peer.outer.strategies import OuterStrategy, Tensors, make_strategy
 from protocol.partial import FULL, describe
 from protocol.payload import Part
 from protocol.spec import RunSpec
-from protocol.subspace_constraint import constrain_to_subspace_
+from protocol.chain.subspace_constraint import constrain_to_subspace_
 from swarm.console import human_bytes
 
 logger = logging.getLogger("voloco.peer")

@@ -24,7 +24,7 @@ from typing import Iterator, List, Optional, Union
 import numpy as np
 
 from peer.training.data import BYTE_VOCAB, DataError
-from protocol.spec_sections import MAX_TOKENIZER_BYTES
+from protocol.spec.sections import MAX_TOKENIZER_BYTES
 
 __all__ = [
     "TokenizerError",

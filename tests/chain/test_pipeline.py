@@ -21,13 +21,13 @@ from peer.training.model import build_model
 from peer.chain.errors import BatchMismatch, HandshakeRejected, LinkClosed, LinkProtocolError, LinkTimeout
 from peer.chain.links import StageIdentity, StageListener, connect_link, link_codec, run
 from protocol import PROTOCOL_VERSION
-from protocol.activations import compressed_boundary
-from protocol.chains import stage_shapes
+from protocol.chain.activations import compressed_boundary
+from protocol.chain.stages import stage_shapes
 from protocol.errors import FrameError
-from protocol.frames import Activations, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, Reject, encode_frame
+from protocol.chain.frames import Activations, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, Reject, encode_frame
 from protocol.spec import ModelSpec, RunSpec
-from protocol.subspace import subspace_basis
-from protocol.subspace_constraint import constrain_to_subspace_, project_gradients_
+from protocol.chain.subspace import subspace_basis
+from protocol.chain.subspace_constraint import constrain_to_subspace_, project_gradients_
 
 RUN = RunSpec(run_id="pipeline-test", seed=3).replace(
     model=dict(d_model=32, n_layers=4, n_heads=4, ffn_hidden=64, seq_len=16),

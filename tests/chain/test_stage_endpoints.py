@@ -1,4 +1,4 @@
-"""Stage endpoints other hosts can reach (protocol/endpoints.py), the record that carries them, and
+"""Stage endpoints other hosts can reach (protocol/chain/endpoints.py), the record that carries them, and
 the coordinator's back-off from a chain that breaks right after forming (coordinator/chain_former.py)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from coordinator import chain_former as former_mod
 from coordinator.chain_former import BACKOFF_S, ChainFormer
 from peer.chain.stage import unreachable
-from protocol.chain_records import CandidateRecord
-from protocol.endpoints import (
+from protocol.chain.records import CandidateRecord
+from protocol.chain.endpoints import (
     MAX_ENDPOINTS, EndpointError, announced_endpoints, dial_order, hosts_of_maddrs, split_endpoints,
 )
 from tests.protocol.test_chains import SPEC, X

@@ -22,7 +22,7 @@ from peer.training.resources import Resources
 from peer.chain.errors import BatchMismatch, LinkProtocolError, NonFiniteGradients, NonFiniteOutput, StageError
 from peer.chain.links import StageIdentity, StageListener, connect_link, link_codec, run
 from protocol import PROTOCOL_VERSION
-from protocol.frames import Activations, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, encode_frame
+from protocol.chain.frames import Activations, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, encode_frame
 
 from tests.chain.test_pipeline import RUN as PIPELINE_RUN
 from tests.chain.test_pipeline import one_thread  # noqa: F401 - the module's autouse fixture: one intra-op thread

@@ -13,8 +13,8 @@ import pytest
 
 from peer.chain.errors import HandshakeRejected, LinkProtocolError
 from peer.chain.links import LinkAuth, StageIdentity, StageListener, connect_link, link_codec, run
-from protocol import link_auth
-from protocol.frames import HANDSHAKE_MAX_BYTES, FrameFormat, Hello
+from protocol.chain import link_auth
+from protocol.chain.frames import HANDSHAKE_MAX_BYTES, FrameFormat, Hello
 from protocol.signed import Signer
 
 HOST = "127.0.0.1"
@@ -150,7 +150,7 @@ def test_a_signature_is_bound_to_its_side_and_its_nonces(keys):
 
 def test_handshake_frames_round_trip_and_their_fields_are_bounded():
     from protocol.errors import FrameError
-    from protocol.frames import Auth, Challenge, FrameDecoder, encode_frame
+    from protocol.chain.frames import Auth, Challenge, FrameDecoder, encode_frame
 
     frames = [Hello(run="r", chain="c", stage=0, round=3, role="upstream", nonce=b"\x01" * 32),
               Challenge(b"\x02" * 32, b"k" * 600, b"s" * 256), Auth(b"k" * 600, b"s" * 256)]

@@ -14,10 +14,10 @@ from coordinator.dashboard import WebServer, dashboard_url, make_app
 from coordinator.history import HistoryKeeper, LossSeries, sample
 from coordinator.metrics import MAX_PEER_SERIES, make_registry, render
 from coordinator.run_view import MAX_PEERS_SHOWN, RunInfo, Tally, Totals, build_snapshot, median_loss, swarm_round
-from protocol.chain_records import ChainAssignment
-from protocol.chains import make_chain
-from protocol.history import HistoryPoint, HistoryRecord
-from protocol.records import Progress
+from protocol.chain.records import ChainAssignment
+from protocol.chain.stages import make_chain
+from protocol.dht.history import HistoryPoint, HistoryRecord
+from protocol.dht.records import Progress
 from swarm.jsonout import loads_strict
 
 SPEC = "0123456789abcdef"
@@ -275,7 +275,7 @@ def test_a_busy_dashboard_port_does_not_stop_the_coordinator(server, caplog):
 
 
 def test_a_peer_claiming_huge_counts_leaves_the_stored_history_readable():
-    from protocol.history import MAX_COUNT, parse_history
+    from protocol.dht.history import MAX_COUNT, parse_history
 
     totals = Totals()
     huge = (1 << 64) - 1  # the most a msgpack int (a progress record) can claim

@@ -15,13 +15,13 @@ from hivemind.utils import MSGPackSerializer, ValueWithExpiration, get_dht_time
 from peer.host.metrics import MetricsServer
 from peer.host.utilization import Utilization, device_label, progress_extras
 from protocol.errors import ProtocolError
-from protocol.history import MAX_POINTS, HistoryPoint, HistoryRecord, history_key, parse_history
-from protocol.keys import owned_subkey
-from protocol.records import REACH, Progress, encode_body, parse_progress, seal
+from protocol.dht.history import MAX_POINTS, HistoryPoint, HistoryRecord, history_key, parse_history
+from protocol.dht.keys import owned_subkey
+from protocol.dht.records import REACH, Progress, encode_body, parse_progress, seal
 from protocol.spec import RunSpec
 from swarm import records
 from swarm.console import UsageError
-from swarm.identity import NodeTrust, prepare_identity, register
+from swarm.access.identity import NodeTrust, prepare_identity, register
 
 SPEC = RunSpec().replace(run_id="test")
 

@@ -11,11 +11,11 @@ import time
 import pytest
 
 from coordinator.dashboard import Dashboard
-from protocol.records import Progress
+from protocol.dht.records import Progress
 from protocol.spec import RunSpec
 from swarm import records
-from swarm.dht import start_dht
-from swarm.identity import trust_of
+from swarm.dht.node import start_dht
+from swarm.access.identity import trust_of
 
 pytestmark = pytest.mark.slow
 

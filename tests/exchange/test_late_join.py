@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from peer.exchange.gatherer import PayloadGatherer
-from swarm.dht import start_dht
+from swarm.dht.node import start_dht
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 

@@ -10,7 +10,7 @@ import torch
 
 from peer.round.early_close import min_steps, most_are_done
 from peer.round.loop import continue_from
-from protocol.records import Progress
+from protocol.dht.records import Progress
 from swarm.records import PeerView
 from tests.support.swarm_harness import Swarm, TINY_SPEC, assert_groups_identical, groupmate_pairs
 

@@ -1,5 +1,5 @@
-"""Subspace activation codec for pipeline chains (protocol/activations.py), its basis (protocol/subspace.py)
-and the lossless constraint (protocol/subspace_constraint.py)."""
+"""Subspace activation codec for pipeline chains (protocol/chain/activations.py), its basis (protocol/chain/subspace.py)
+and the lossless constraint (protocol/chain/subspace_constraint.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from peer.training.model import build_model
-from protocol.activations import (
+from protocol.chain.activations import (
     ActivationCodec,
     bytes_per_token,
     check_activation_frame,
@@ -20,8 +20,8 @@ from protocol.activations import (
 )
 from protocol.errors import FrameError
 from protocol.spec import ModelSpec
-from protocol.subspace import subspace_basis
-from protocol.subspace_constraint import constrain_to_subspace_, is_output_projection, project_gradients_, project_rows_
+from protocol.chain.subspace import subspace_basis
+from protocol.chain.subspace_constraint import constrain_to_subspace_, is_output_projection, project_gradients_, project_rows_
 
 SPEC = ModelSpec(vocab_size=256, d_model=64, n_layers=2, n_heads=4, ffn_hidden=128, seq_len=32)
 K = 16  # 4x compression of the 64-wide stream
@@ -116,7 +116,7 @@ def test_basis_bits_are_pinned():
 
 
 def test_basis_is_the_canonical_qr_of_its_gaussian():
-    from protocol import subspace as A
+    from protocol.chain import subspace as A
 
     U = subspace_basis(128, 32, 3)
     seed = hashlib.sha256(A._BASIS_TAG + (3).to_bytes(32, "little") + (128).to_bytes(8, "little")).digest()

@@ -20,8 +20,8 @@ from protocol.capacity import (
     replica_bytes,
     stage_bytes,
 )
-from protocol.chain_formation import form_chains, plan_chain
-from protocol.chain_records import (
+from protocol.chain.formation import form_chains, plan_chain
+from protocol.chain.records import (
     CandidateRecord,
     ChainAssignment,
     ChainError,
@@ -29,7 +29,7 @@ from protocol.chain_records import (
     parse_assignment,
     parse_candidate,
 )
-from protocol.chains import Candidate, chain_id_for, make_chain, stage_shapes
+from protocol.chain.stages import Candidate, chain_id_for, make_chain, stage_shapes
 from protocol.errors import ProtocolError
 from protocol.spec import RunSpec
 
@@ -433,7 +433,7 @@ def test_newer_assignments_supersede_older_ones():
 @pytest.mark.parametrize("endpoint, ok", [
     ("127.0.0.1:4100", True), ("peer-3.example.org:65535", True), ("[::1]:9", True), ("", True),
     ("127.0.0.1", False), ("127.0.0.1:0", False), ("127.0.0.1:70000", False), ("a b:1", False), ("x" * 300 + ":1", False),
-    # a short list of endpoints (protocol/endpoints.py)
+    # a short list of endpoints (protocol/chain/endpoints.py)
     ("10.7.0.2:4100,[2001:db8::5]:4100", True), (",".join(["10.0.0.1:5"] * 4), True),
     (",".join(["10.0.0.1:5"] * 5), False), ("10.7.0.2:4100,", False), ("10.7.0.2:4100,a b:1", False),
 ])

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from protocol import PROTOCOL_VERSION
 from protocol.errors import FrameError
-from protocol.frames import (
+from protocol.chain.frames import (
     Activations,
     Bye,
     FrameDecoder,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from protocol import peer_states as ps
-from protocol.records import STATES
+from protocol.dht.records import STATES
 
 # (old, new, allowed?) for the moves that matter to the round
 MOVES = [

@@ -28,7 +28,7 @@ def test_peer_id_is_the_one_libp2p_derives_from_a_hivemind_identity_file(tmp_pat
 
 
 def test_payload_signer_is_the_dht_nodes_identity(tmp_path):
-    from swarm.dht import start_dht
+    from swarm.dht.node import start_dht
 
     dht = start_dht(host_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_path=str(tmp_path / "id.key"))
     try:

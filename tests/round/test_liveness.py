@@ -20,7 +20,7 @@ from peer.checkpoints.files import params_hash
 from peer.round.state_sync import MAX_ATTEMPTS, StateSync, order_sources
 from peer.outer.strategies import make_strategy
 from protocol.errors import ProtocolError
-from protocol.records import Progress
+from protocol.dht.records import Progress
 from protocol.spec import RunSpec
 from protocol.timing import Timing
 

@@ -10,7 +10,7 @@ import pytest
 
 from peer.round import membership as membership_mod
 from peer.round.membership import Membership
-from protocol.records import Progress
+from protocol.dht.records import Progress
 from tests.round.test_liveness import SPEC, honest_engine, served, syncing_peer, view
 
 

@@ -7,7 +7,7 @@ from typing import Iterator, List, Optional
 
 from protocol.spec import RunSpec
 from swarm import records
-from swarm.dht import start_dht
+from swarm.dht.node import start_dht
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 

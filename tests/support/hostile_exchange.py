@@ -35,10 +35,10 @@ from hivemind.proto import averaging_pb2, runtime_pb2
 
 from peer.exchange import gatherer as exchange
 from protocol.codecs import make_codec
-from protocol.keys import averager_prefix
+from protocol.dht.keys import averager_prefix
 from protocol.payload import encode_payload
 from protocol.signed import Signer, claim_message, payload_digest, relay_message, seal
-from swarm.dht import parse_multiaddrs, start_dht
+from swarm.dht.node import parse_multiaddrs, start_dht
 from swarm.records import fetch_spec, publish_progress, read_progress
 from tests.support.hostile_peer import _fake
 

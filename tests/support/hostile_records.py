@@ -22,15 +22,15 @@ import tempfile
 import time
 
 import hivemind
-from swarm.validators import OwnerSignatureValidator
+from swarm.dht.validators import OwnerSignatureValidator
 from hivemind.utils import get_dht_time
 
-from protocol.chain_records import ChainAssignment, chains_key
-from protocol.chains import make_chain
-from protocol.keys import RUNS_KEY, owned_subkey, peers_key
-from protocol.records import Progress, encode_body, open_envelope, seal
+from protocol.chain.records import ChainAssignment, chains_key
+from protocol.chain.stages import make_chain
+from protocol.dht.keys import RUNS_KEY, owned_subkey, peers_key
+from protocol.dht.records import Progress, encode_body, open_envelope, seal
 from protocol.spec import RunSpec
-from swarm.identity import prepare_identity
+from swarm.access.identity import prepare_identity
 
 FAR = 10**6  # seconds: far beyond any honest TTL
 

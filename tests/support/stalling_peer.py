@@ -14,8 +14,8 @@ import logging
 import sys
 import time
 
-from protocol.records import Progress
-from swarm.dht import parse_multiaddrs, start_dht
+from protocol.dht.records import Progress
+from swarm.dht.node import parse_multiaddrs, start_dht
 from swarm.records import fetch_spec, publish_progress, read_progress
 
 FAR = 1 << 62

@@ -1,4 +1,4 @@
-"""swarm/dht_channels.py and protocol/dht_channel_frames.py: a node's DHT calls over one stream a peer,
+"""swarm/dht/channels.py and protocol/dht/channel_frames.py: a node's DHT calls over one stream a peer,
 served by the node's own DHTProtocol behind hivemind's authorizer wrapper; real nodes on loopback."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from hivemind.dht.routing import DHTID
 from hivemind.proto import dht_pb2
 from hivemind.utils import get_dht_time
 
-from protocol import dht_channel_frames as frames
-from swarm import dht_channels
-from swarm.dht import start_dht
-from swarm.dht_channels import HANDLER, ChannelPool, channel_stats
+from protocol.dht import channel_frames as frames
+from swarm.dht import channels as dht_channels
+from swarm.dht.node import start_dht
+from swarm.dht.channels import HANDLER, ChannelPool, channel_stats
 from tests.support.dht_nodes import LOOPBACK, loopback_nodes
 
 TOKEN = "channel-test-token-0123456789"

@@ -1,5 +1,5 @@
 """Start-up failures of a DHT node, provoked for real where feasible: each is one UsageError that
-names the cause and the fix (swarm/dht.py), and the command line prints it without a traceback."""
+names the cause and the fix (swarm/dht/node.py), and the command line prints it without a traceback."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from multiaddr import Multiaddr
 
 import hivemind.p2p.p2p_daemon as p2p_daemon
 from swarm.console import UsageError
-from swarm.dht import start_dht
+from swarm.dht.node import start_dht
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 OTHER_ID = "QmXjP5fwkdJ9UytA8Zs8SYzqfg3Wzo5yz88RoE6Nxc3U5W"
@@ -162,7 +162,7 @@ def test_the_command_line_prints_one_line_and_no_traceback():
 
 
 def test_a_join_node_too_busy_to_answer_is_tried_again(monkeypatch, caplog):
-    import swarm.dht as dht_mod
+    import swarm.dht.node as dht_mod
 
     attempts = []
 

@@ -1,4 +1,4 @@
-"""A join node restarted before any request to it failed (swarm/rejoin.py): its peers' tables still
+"""A join node restarted before any request to it failed (swarm/dht/rejoin.py): its peers' tables still
 hold its peer id, its own table is empty, and only the periodic ping of the join nodes tells it about
 the swarm again, so that a newcomer joining through it finds the peers. Real DHT nodes on loopback."""
 
@@ -10,8 +10,8 @@ import logging
 import socket
 import time
 
-import swarm.rejoin as rejoin
-from swarm.dht import start_dht
+import swarm.dht.rejoin as rejoin
+from swarm.dht.node import start_dht
 from tests.support.dht_nodes import loopback_nodes
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]

@@ -1,4 +1,4 @@
-"""swarm/group_keys.py: hivemind's matchmaking keys declared by lean stores and polled by replica
+"""swarm/dht/group_keys.py: hivemind's matchmaking keys declared by lean stores and polled by replica
 reads; real hivemind DHT nodes on loopback."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 from hivemind.averaging.key_manager import GroupKeyManager
 from hivemind.utils import get_dht_time
 
-from swarm import group_keys, replica_reads
+from swarm.dht import group_keys
+from swarm.dht import replica_reads
 from tests.support.dht_nodes import loopback_nodes
 
 KEY = "gk-test_avg.0b0101"

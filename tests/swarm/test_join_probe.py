@@ -1,5 +1,5 @@
-"""Busy or refusing (swarm/join_probe.py): real DHT nodes on loopback answer whether their run is
-private and whether the asker's token is the run's; the join loop (swarm/dht.py) tries a busy
+"""Busy or refusing (swarm/access/join_probe.py): real DHT nodes on loopback answer whether their run is
+private and whether the asker's token is the run's; the join loop (swarm/dht/node.py) tries a busy
 node for longer and stops at once where the run refuses the node."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 from hivemind.proto import dht_pb2
 from multiaddr import Multiaddr
 
-import swarm.dht as dht_mod
-from protocol.records import token_key
-from swarm import join_probe as probe
+import swarm.dht.node as dht_mod
+from protocol.dht.records import token_key
+from swarm.access import join_probe as probe
 from swarm.console import UsageError
-from swarm.dht import start_dht
+from swarm.dht.node import start_dht
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 TOKEN = "private-run-token-0123456789"

@@ -1,4 +1,4 @@
-"""swarm/lean_store.py: a store that searches toward the key's shadow reaches the key's nearest nodes,
+"""swarm/dht/lean_store.py: a store that searches toward the key's shadow reaches the key's nearest nodes,
 and every receiver still checks the record's signature; real hivemind nodes on loopback."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import pytest
 from hivemind.dht.routing import DHTID
 from hivemind.utils import get_dht_time
 
-from protocol.keys import owned_subkey, peers_key
-from protocol.records import Progress, encode_body, seal
+from protocol.dht.keys import owned_subkey, peers_key
+from protocol.dht.records import Progress, encode_body, seal
 from protocol.spec import RunSpec
 from swarm import records
-from swarm.dht import start_dht
-from swarm.identity import trust_of
-from swarm.lean_store import shadow_of, store_lean
+from swarm.dht.node import start_dht
+from swarm.access.identity import trust_of
+from swarm.dht.lean_store import shadow_of, store_lean
 from tests.support.dht_nodes import LOOPBACK, loopback_nodes
 
 SPEC = RunSpec().replace(run_id="lean-store-test")
@@ -124,7 +124,7 @@ class _Node:
 def test_a_busy_key_is_searched_once_a_while_and_again_after_a_refused_store():
     import asyncio
 
-    from swarm import lean_store as ls
+    from swarm.dht import lean_store as ls
 
     ls._nearest_cache.clear()
     node = _Node()
@@ -140,7 +140,7 @@ def test_a_busy_key_is_searched_once_a_while_and_again_after_a_refused_store():
 def test_a_node_joining_the_routing_table_drops_the_remembered_nearest_nodes():
     import asyncio
 
-    from swarm import lean_store as ls
+    from swarm.dht import lean_store as ls
 
     ls._nearest_cache.clear()
     node = _Node()

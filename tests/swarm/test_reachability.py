@@ -1,4 +1,4 @@
-"""The reachability dial-back (swarm/reachability.py): real DHT nodes on loopback for the check,
+"""The reachability dial-back (swarm/access/reachability.py): real DHT nodes on loopback for the check,
 a stand-in daemon for the helper's bounds on what a hostile asker can make it do."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from hivemind.p2p import PeerID
 from multiaddr import Multiaddr
 
-from swarm import reachability as reach
-from swarm.dht import start_dht
+from swarm.access import reachability as reach
+from swarm.dht.node import start_dht
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 

@@ -1,4 +1,4 @@
-"""A node remembers the records its validators passed (swarm/validators.py: RememberingValidator):
+"""A node remembers the records its validators passed (swarm/dht/validators.py: RememberingValidator):
 the same record coming back from every node of a read is checked once; a refusal is never
 remembered; validators added later clear what was remembered; the memory is bounded."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from hivemind.dht.validation import CompositeValidator
 
-from protocol.keys import owned_subkey, peers_key
-from protocol.records import encode_body, seal
-from swarm.validators import RememberingValidator, node_validators, run_schema
+from protocol.dht.keys import owned_subkey, peers_key
+from protocol.dht.records import encode_body, seal
+from swarm.dht.validators import RememberingValidator, node_validators, run_schema
 from tests.swarm.test_signed_records import SPEC, ids, progress, signed  # noqa: F401  (the ids fixture)
 
 

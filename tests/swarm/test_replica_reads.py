@@ -1,4 +1,4 @@
-"""swarm/replica_reads.py: a DHT node that holds the progress key in its own storage (a replica) reads it
+"""swarm/dht/replica_reads.py: a DHT node that holds the progress key in its own storage (a replica) reads it
 there between network reads; real hivemind nodes on loopback."""
 
 from __future__ import annotations
@@ -7,11 +7,12 @@ import time
 
 import pytest
 
-from protocol.keys import peers_key
-from protocol.records import Progress
+from protocol.dht.keys import peers_key
+from protocol.dht.records import Progress
 from protocol.spec import RunSpec
-from swarm import records, replica_reads
-from swarm.dht import start_dht
+from swarm import records
+from swarm.dht import replica_reads
+from swarm.dht.node import start_dht
 from tests.support.dht_nodes import LOOPBACK, loopback_nodes
 
 SPEC = RunSpec().replace(run_id="replica-test")
@@ -30,7 +31,7 @@ def nodes():
 
 
 def memo_of(node, key: str = peers_key(SPEC.run_id)) -> tuple:
-    """What swarm/replica_reads.py remembers ``node``'s replica reads of ``key`` by."""
+    """What swarm/dht/replica_reads.py remembers ``node``'s replica reads of ``key`` by."""
     return node.peer_id.to_base58(), key
 
 

@@ -14,23 +14,23 @@ from typing import Dict, Tuple
 
 import hivemind
 import pytest
-from swarm.validators import OwnerSignatureValidator
+from swarm.dht.validators import OwnerSignatureValidator
 from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.p2p import PeerID
 from hivemind.proto import dht_pb2
 from hivemind.utils import MSGPackSerializer, ValueWithExpiration, get_dht_time
 
-from protocol.chain_records import ChainAssignment, chains_key
-from protocol.chains import make_chain
-from protocol.keys import RUNS_KEY, key_fingerprint, owned_subkey, peers_key, split_subkey
-from protocol.records import Progress, encode_body, record_mac, seal, token_key
+from protocol.chain.records import ChainAssignment, chains_key
+from protocol.chain.stages import make_chain
+from protocol.dht.keys import RUNS_KEY, key_fingerprint, owned_subkey, peers_key, split_subkey
+from protocol.dht.records import Progress, encode_body, record_mac, seal, token_key
 from protocol.spec import RunSpec
 from swarm import records
-from swarm.admission import AdmissionGate, Admitted, GatedServicer, JoinTokenAuthorizer
+from swarm.access.admission import AdmissionGate, Admitted, GatedServicer, JoinTokenAuthorizer
 from swarm.console import UsageError
-from swarm.identity import NodeTrust, peer_id_of, prepare_identity, register
-from swarm.join_flags import join_token, run_key
-from swarm.validators import key_id, node_validators, run_schema
+from swarm.access.identity import NodeTrust, peer_id_of, prepare_identity, register
+from swarm.access.join_flags import join_token, run_key
+from swarm.dht.validators import key_id, node_validators, run_schema
 
 SPEC = RunSpec().replace(run_id="test")
 TOKEN = "a-private-run-token-0123"
@@ -224,7 +224,7 @@ def test_ed25519_and_rsa_owners_side_by_side(ids, tmp_path):
     a signature moved to another record, or an owner key that is no key, is refused without raising."""
     from hivemind.p2p import P2P
 
-    from swarm.identity import load_identity
+    from swarm.access.identity import load_identity
 
     P2P.generate_identity(str(tmp_path / "rsa.key"))
     old, new = load_identity(str(tmp_path / "rsa.key")), ids["peer"]
@@ -355,7 +355,7 @@ LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
 
 def test_dht_nodes_refuse_forged_records_and_outsiders(ids, tmp_path):
-    from swarm.dht import start_dht
+    from swarm.dht.node import start_dht
 
     coord = start_dht((), LOOPBACK, run_ids=[SPEC.run_id], join_token=TOKEN)
     nodes = [coord]
@@ -365,7 +365,7 @@ def test_dht_nodes_refuse_forged_records_and_outsiders(ids, tmp_path):
             nodes.append(start_dht(coord.get_visible_maddrs(), LOOPBACK, join_token=TOKEN + "-wrong"))
         peer = start_dht(coord.get_visible_maddrs(), LOOPBACK, identity_path=str(tmp_path / "peer.key"), join_token=TOKEN)
         nodes.append(peer)
-        from swarm.identity import trust_of
+        from swarm.access.identity import trust_of
 
         fingerprint = trust_of(coord).identity.fingerprint
         assert records.fetch_spec(peer, timeout=10, run_key=fingerprint) == SPEC

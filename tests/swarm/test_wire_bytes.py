@@ -1,4 +1,4 @@
-"""True wire bytes (swarm/sock_diag.py, swarm/wire_ledger.py, swarm/wire_bytes.py): the netlink
+"""True wire bytes (swarm/wire/sock_diag.py, swarm/wire/ledger.py, swarm/wire/meter.py): the netlink
 parser on constructed replies, the ledger's bookkeeping across polls and closed sockets, the
 meter on real sockets of a child process, and how it degrades where netlink cannot be used."""
 
@@ -19,12 +19,12 @@ import pytest
 
 from peer.host.lifecycle import wire_status
 from peer.host.metrics import MetricsServer
-from swarm import sock_diag
-from swarm.sock_diag import (INET_DIAG_INFO, NLMSG_DONE, NLMSG_ERROR, SOCK_DIAG_BY_FAMILY, TCP_LISTEN, DestroyFeed,
+from swarm.wire import sock_diag
+from swarm.wire.sock_diag import (INET_DIAG_INFO, NLMSG_DONE, NLMSG_ERROR, SOCK_DIAG_BY_FAMILY, TCP_LISTEN, DestroyFeed,
                              NetlinkError, SockStat, TcpCounters, dump_request, dump_tcp, parse_diag_msg,
                              parse_replies, parse_tcp_info, lookup_request, lookup_tcp)
-from swarm.wire_bytes import WireMeter, wire_report
-from swarm.wire_ledger import KEEP_GONE_POLLS, WireLedger, WireTotals
+from swarm.wire.meter import WireMeter, wire_report
+from swarm.wire.ledger import KEEP_GONE_POLLS, WireLedger, WireTotals
 from tests.coordinator.test_dashboard_records import progress
 
 ESTABLISHED = 1

@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 CHECK = r"""
 import json, sys
 from multiaddr import Multiaddr
-from swarm.dht import start_dht
-from swarm.reachability import check_reachability
+from swarm.dht.node import start_dht
+from swarm.access.reachability import check_reachability
 join = Multiaddr(sys.argv[1])
 dht = start_dht([join], ["/ip4/0.0.0.0/tcp/0"])
 check = check_reachability(dht, [join.value_for_protocol("p2p")])

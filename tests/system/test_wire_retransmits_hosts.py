@@ -1,6 +1,6 @@
 """The wire meter counts retransmissions apart, and only where the wire lost something: host ``a``
 (50 Mbit/s) sends 2 MB to host ``b`` (5 Mbit/s), so the bridge's queue toward ``b`` overflows and
-drops segments that already left ``a``; ``a``'s WireMeter (swarm/wire_bytes.py) must report the
+drops segments that already left ``a``; ``a``'s WireMeter (swarm/wire/meter.py) must report the
 2 MB sent once, the retransmitted bytes apart (> 0), and together they match what ``a``'s interface
 carried. A link that never drops may show no retransmission at all (tests/system/test_wire_bytes_hosts.py
 shapes both ends alike, so its peers' queues drop locally, before the wire): this test is the one
@@ -46,7 +46,7 @@ conn.recv(1)  # until the sender closes
 SENDER = f"""
 import json, socket, sys, time
 from dataclasses import asdict
-from swarm.wire_bytes import WireMeter
+from swarm.wire.meter import WireMeter
 meter = WireMeter(period=0.1).start()
 s = socket.create_connection((sys.argv[1], {PORT}), timeout=60)
 s.sendall(bytes({SIZE}))

@@ -1,7 +1,7 @@
 """Where a chain neighbour can reach a stage listener: announced endpoints and the order to dial them.
 
 A stage listener accepts on every interface (or on ``--stage-host``); what it announces in its
-candidate record (protocol/chain_records.py) is a short list of ``host:port`` built from the
+candidate record (protocol/chain/records.py) is a short list of ``host:port`` built from the
 addresses its DHT node is seen at (``--host-maddrs``, ``--announce-maddrs``, what hivemind
 observed): the addresses other hosts can use first, loopback only when there is nothing else
 (a run on one machine). A dialer tries them in order and never dials a loopback endpoint of a

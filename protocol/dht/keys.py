@@ -3,12 +3,12 @@
 One well-known key lists the runs; everything else lives under a run's id. Every record is a
 subkey of one of these keys, and every subkey starts with its owner's marker: ``[owner:<OpenSSH
 public key>]`` (``ssh-ed25519 ...``, or ``ssh-rsa ...`` for an RSA identity), the form hivemind's
-``RSASignatureValidator`` looks for. A node with swarm/validators.py's ``OwnerSignatureValidator``
+``RSASignatureValidator`` looks for. A node with swarm/dht/validators.py's ``OwnerSignatureValidator``
 stores and returns a record only if its owner signed it, so nobody can write under another's
 subkey; what the owner may name after the marker (a run id, a chain id) is listed below.
 
 The owner's key is the same key as its libp2p identity, so the peer id a record belongs to
-is a function of its subkey (swarm/identity.py derives it); a record names that peer id too.
+is a function of its subkey (swarm/access/identity.py derives it); a record names that peer id too.
 """
 
 import hashlib
@@ -20,7 +20,7 @@ RUNS_KEY = f"{RUNS_PREFIX}_runs"  # subkey: owner marker + run id; value: the ru
 
 # the field names of a run's keys, as hivemind's SchemaValidator(prefix=run_id) joins them: f"{run_id}_{field}"
 PEERS_FIELD, CANDIDATES_FIELD, CHAINS_FIELD = "peers", "chain_candidates", "chains"
-HISTORY_FIELD = "history"  # the loss history the coordinator keeps for its dashboard (protocol/history.py)
+HISTORY_FIELD = "history"  # the loss history the coordinator keeps for its dashboard (protocol/dht/history.py)
 
 OWNER_PREFIX, OWNER_SUFFIX = b"[owner:", b"]"
 _OWNER = re.compile(rb"\[owner:(ssh-ed25519 [A-Za-z0-9+/=]{68}|ssh-rsa [A-Za-z0-9+/=]{16,4096})\]")
@@ -30,7 +30,7 @@ FINGERPRINT_HEX = 32  # 128 bits: short enough to paste, far beyond a second-pre
 
 
 def peers_key(run_id: str) -> str:
-    """Progress records, one subkey per peer (its owner marker; see protocol/records.py)."""
+    """Progress records, one subkey per peer (its owner marker; see protocol/dht/records.py)."""
     return f"{run_id}_{PEERS_FIELD}"
 
 

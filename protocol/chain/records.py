@@ -1,4 +1,4 @@
-"""Chain records: what peers and the coordinator publish about pipeline chains (protocol/chains.py).
+"""Chain records: what peers and the coordinator publish about pipeline chains (protocol/chain/stages.py).
 
 A peer too small for a full replica publishes a ``CandidateRecord`` under ``chain_candidates_key``;
 the coordinator publishes one ``ChainAssignment`` per chain under ``chains_key``, with an ``epoch``
@@ -18,10 +18,10 @@ import msgpack
 
 from protocol import PROTOCOL_VERSION
 from protocol.bounded_unpack import bounded_unpack
-from protocol.chains import Candidate, Chain, make_chain
-from protocol.endpoints import MAX_ENDPOINTS, SEPARATOR
+from protocol.chain.stages import Candidate, Chain, make_chain
+from protocol.chain.endpoints import MAX_ENDPOINTS, SEPARATOR
 from protocol.errors import ProtocolError
-from protocol.keys import CANDIDATES_FIELD, CHAINS_FIELD
+from protocol.dht.keys import CANDIDATES_FIELD, CHAINS_FIELD
 from protocol.spec import RunSpec
 
 __all__ = [
@@ -66,7 +66,7 @@ class CandidateRecord:
     capacity: int  # bytes it can give to training
     bandwidth: float  # Mbit/s it measured or was told
     state: str  # one of CANDIDATE_STATES
-    endpoint: str = ""  # "host:port[,host:port...]" of its stage listener (protocol/endpoints.py)
+    endpoint: str = ""  # "host:port[,host:port...]" of its stage listener (protocol/chain/endpoints.py)
 
     def to_dict(self) -> Dict[str, Any]:
         return {

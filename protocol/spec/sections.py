@@ -1,7 +1,7 @@
-"""The sections of the run spec (protocol/spec.py): model, data, inner and outer optimisation,
+"""The sections of the run spec (protocol/spec/__init__.py): model, data, inner and outer optimisation,
 compression, partial updates, chains and swarm timings.
 
-Each is a frozen, strict pydantic model (protocol/spec_fields.py): built from keyword arguments or
+Each is a frozen, strict pydantic model (protocol/spec/fields.py): built from keyword arguments or
 from a nested dict of the run spec, validated when it is built, and a SpecError naming the field
 by its dotted path (``model.n_layers``) when anything is wrong.
 """
@@ -13,8 +13,8 @@ from pydantic import Field, model_serializer, model_validator
 
 from protocol.errors import SpecError
 from protocol.layout import check_slices, tensor_layout
-from protocol.presets import expand_preset
-from protocol.spec_fields import Bool, Float, Int, OptionalFloat, SpecModel, Str
+from protocol.spec.presets import expand_preset
+from protocol.spec.fields import Bool, Float, Int, OptionalFloat, SpecModel, Str
 
 STRATEGIES = ("diloco", "sparseloco", "dct")
 DENSE_DTYPES = ("fp32", "fp16")
@@ -32,7 +32,7 @@ MAX_STEPS = 1 << 40  # step and round counters
 
 
 class ModelSpec(SpecModel):
-    """A Llama-style decoder (RMSNorm, RoPE, SwiGLU) over bytes; ``preset`` names a shape (protocol/presets.py)."""
+    """A Llama-style decoder (RMSNorm, RoPE, SwiGLU) over bytes; ``preset`` names a shape (protocol/spec/presets.py)."""
 
     _path: ClassVar[str] = "model"
 
@@ -49,7 +49,7 @@ class ModelSpec(SpecModel):
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, data: Any) -> Any:
-        """``preset = "125m"`` fills the shape fields not given (protocol/presets.py); explicit
+        """``preset = "125m"`` fills the shape fields not given (protocol/spec/presets.py); explicit
         fields win. The preset is not stored: the spec holds the fields it stands for."""
         return expand_preset(data) if isinstance(data, dict) else data
 

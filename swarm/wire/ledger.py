@@ -1,6 +1,6 @@
 """Which TCP sockets are a process tree's, and the sum of their byte counters across polls (pure).
 
-``WireLedger`` is fed what the kernel says (swarm/sock_diag.py): dumps of every TCP socket of the
+``WireLedger`` is fed what the kernel says (swarm/wire/sock_diag.py): dumps of every TCP socket of the
 network namespace (``update``) and, where the peer may subscribe to them, the notices of destroyed
 sockets with their final counters (``destroyed``). It decides which sockets are the tree's:
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, Iterable, Set, Tuple, Union
 
-from swarm.sock_diag import TCP_LISTEN, SockStat, TcpCounters
+from swarm.wire.sock_diag import TCP_LISTEN, SockStat, TcpCounters
 
 KEEP_GONE_POLLS = 10  # a gone socket's destroy notice may come this many polls late and still replace its last counters
 

@@ -8,7 +8,7 @@ loopback cost 1,517 bytes on the wire in 12 packets as a unary call, and 625 byt
 stream kept open.
 
 A channel carries hivemind's own request and response messages, framed by
-protocol/dht_channel_frames.py, to one peer; calls are pipelined (each has an id its answer echoes).
+protocol/dht/channel_frames.py, to one peer; calls are pipelined (each has an id its answer echoes).
 The serving side hands each request to the node's DHTProtocol through hivemind's ``AuthRPCWrapper``,
 as hivemind's own handlers are registered: a private run's authorizer checks every request, the
 record validators every record, the routing table learns the caller, exactly as for a unary call.
@@ -39,7 +39,7 @@ from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import dht_pb2
 from hivemind.utils.auth import AuthRole, AuthRPCWrapper
 
-from protocol.dht_channel_frames import (
+from protocol.dht.channel_frames import (
     ERROR, FIND, HEADER_BYTES, MAX_BODY_BYTES, METHODS, OK, PING, STORE, ChannelFrameError, answer_header, error_body,
     parse_header, request_header,
 )

@@ -18,19 +18,19 @@ other end (challenge–response with the libp2p identity keys, protocol/signed.p
 
     hello        ... "nonce": 32 random bytes of the dialer (empty: no authentication offered)
     challenge    {"t", "nonce": 32 random bytes of the listener, "key": its public key,
-                  "sig": its signature over the link's transcript, protocol/link_auth.py}
+                  "sig": its signature over the link's transcript, protocol/chain/link_auth.py}
     auth         {"t", "key": the dialer's public key, "sig": its signature over the transcript}
 
-hello -> challenge -> auth -> hello_ok (protocol/link_auth.py says what is signed and checked).
+hello -> challenge -> auth -> hello_ok (protocol/chain/link_auth.py says what is signed and checked).
 Before the handshake completes a frame is at most ``HANDSHAKE_MAX_BYTES``.
 ``role`` is the sender's place on the link: the upstream stage (index i) sends activations and
 receives grads, the downstream one (i + 1) the reverse. Activations carry the subspace
-coefficients ``c = (h - T[tok]) U`` (protocol/activations.py; docs/chains.md, "Subspace-projected
+coefficients ``c = (h - T[tok]) U`` (protocol/chain/activations.py; docs/chains.md, "Subspace-projected
 activations"; k = d_model without projection)
 and the token ids the receiver needs to rebuild ``h``; grads carry ``g U``.
 
 Token ids travel little-endian in the fewest bytes the vocabulary needs (1 up to 256 ids, 2 up
-to 65,536, else 4: protocol/activations.py's ``token_id_bytes``); float payloads little-endian in
+to 65,536, else 4: protocol/chain/activations.py's ``token_id_bytes``); float payloads little-endian in
 the named dtype (fp32 is accepted for uncompressed links and debugging). ``FrameDecoder`` is the trust boundary: for
 any bytes it returns well-formed frames whose tensors have the expected shape, finite values
 and in-range token ids, or raises FrameError; after an error the connection must be dropped.
@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from protocol import PROTOCOL_VERSION
-from protocol.activations import token_id_bytes
+from protocol.chain.activations import token_id_bytes
 from protocol.bounded_unpack import bounded_unpack
 from protocol.errors import FrameError
 from protocol.spec import RunSpec
@@ -89,7 +89,7 @@ class HelloOk:
 class Challenge:
     nonce: bytes  # the listener's challenge to the dialer
     key: bytes  # the listener's public key (libp2p protobuf)
-    sig: bytes  # its signature over the link's transcript (protocol/link_auth.py)
+    sig: bytes  # its signature over the link's transcript (protocol/chain/link_auth.py)
 
 
 @dataclass(frozen=True)

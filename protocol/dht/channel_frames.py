@@ -1,6 +1,6 @@
 """The frames of a DHT channel: a node's DHT calls to one peer over one long-lived stream (sans-I/O).
 
-swarm/dht_channels.py carries hivemind's DHT requests (ping, store, find) to a peer over a stream it
+swarm/dht/channels.py carries hivemind's DHT requests (ping, store, find) to a peer over a stream it
 keeps open, in place of hivemind's unary calls, each of which opens a stream of its own. The bodies are
 hivemind's own protobuf messages; this module frames them.
 

@@ -4,8 +4,8 @@ The coordinator publishes it into the DHT; every peer reads it from there and ne
 configuration. Two peers with the same spec digest build the same model from the same seed,
 read the same corpus split, and run the same strategy with the same hyper-parameters.
 
-The sections live in protocol/spec_sections.py, the field types and the error translation in
-protocol/spec_fields.py; everything a caller needs is importable from here. Any bad spec, from a
+The sections live in protocol/spec/sections.py, the field types and the error translation in
+protocol/spec/fields.py; everything a caller needs is importable from here. Any bad spec, from a
 dict, TOML or msgpack, raises SpecError with one line naming the field (``model.n_layers must be
 an integer in [1, 1024], got 2147483648``).
 """
@@ -22,11 +22,11 @@ from typing import Any, ClassVar, Dict, List, Mapping, Tuple
 import msgpack
 from pydantic import Field, field_validator, model_validator
 
-from protocol import spec_sections
+from protocol.spec import sections as spec_sections
 from protocol.errors import SpecError
 from protocol.layout import TensorInfo, tensor_layout
-from protocol.spec_fields import Int, SpecModel, Str
-from protocol.spec_sections import (  # noqa: F401 - the sections and constants are re-exported from here
+from protocol.spec.fields import Int, SpecModel, Str
+from protocol.spec.sections import (  # noqa: F401 - the sections and constants are re-exported from here
     BYTE_VOCAB,
     CHAIN_WIRE_DTYPES,
     DEFAULT_OUTER_LR,

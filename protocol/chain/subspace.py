@@ -2,8 +2,8 @@
 
 ``subspace_basis(d, k, seed)`` is U (d, k) with orthonormal columns: the Q of a QR of a Gaussian
 drawn from the run's seed, so every peer builds the same U, bit for bit, without communication.
-The codec that sends coefficients on span(U) is protocol/activations.py; the constraint that makes
-it lossless, protocol/subspace_constraint.py (docs/chains.md, "Subspace-projected activations").
+The codec that sends coefficients on span(U) is protocol/chain/activations.py; the constraint that makes
+it lossless, protocol/chain/subspace_constraint.py (docs/chains.md, "Subspace-projected activations").
 Pure torch arithmetic, no I/O.
 """
 

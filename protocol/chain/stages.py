@@ -6,8 +6,8 @@ blocks, the first stage also the embedding and the last the final norm and head
 counts as one replica in the outer loop.
 
 This module holds what a chain is: the candidate peers, the stages, the chain and its id, and the
-tensors a stage owns. How candidates are grouped into chains: protocol/chain_formation.py; the
-records peers and the coordinator publish about them: protocol/chain_records.py.
+tensors a stage owns. How candidates are grouped into chains: protocol/chain/formation.py; the
+records peers and the coordinator publish about them: protocol/chain/records.py.
 """
 
 from __future__ import annotations

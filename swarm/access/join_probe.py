@@ -3,11 +3,11 @@ bootstrap too late.
 
 A join node whose DHT does not answer a new node in time is either overloaded (a public run's
 coordinator while 32 peers start at once on a small machine) or refusing it: in a private run the
-DHT answers no request without a valid access token (swarm/admission.py), and the refusal looks
+DHT answers no request without a valid access token (swarm/access/admission.py), and the refusal looks
 the same from outside. The two call for opposite things: try again for longer, or stop at once and
 say which flag to fix. So every voloco node serves ``RunAccess.rpc_run_access`` on its DHT's p2p
 daemon *without* the DHT's authorizer, and a node whose bootstrap failed asks its join nodes, from
-a throw-away daemon of its own (swarm/reachability.py's ``PROBE_ARGS``), whether the run is private
+a throw-away daemon of its own (swarm/access/reachability.py's ``PROBE_ARGS``), whether the run is private
 and whether its token is the run's.
 
 The asker proves its token with an HMAC keyed by the token over the probe daemon's peer id; the
@@ -33,8 +33,8 @@ from multiaddr import Multiaddr
 
 from protocol.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
-from protocol.records import MAC_BYTES, proof_ok
-from swarm.reachability import PROBE_ARGS  # one set of throw-away daemon options
+from protocol.dht.records import MAC_BYTES, proof_ok
+from swarm.access.reachability import PROBE_ARGS  # one set of throw-away daemon options
 
 logger = logging.getLogger("voloco.swarm")
 

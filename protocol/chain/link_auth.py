@@ -2,7 +2,7 @@
 
 The fields of a ``hello`` (run digest, chain id, stage, round) are public: anyone who reads the
 DHT can send them. What a stranger cannot do is sign with the key behind the peer id that the
-chain assignment names for the neighbouring stage. So, on top of the hello (protocol/frames.py):
+chain assignment names for the neighbouring stage. So, on top of the hello (protocol/chain/frames.py):
 
 1. the dialer's hello carries a fresh nonce;
 2. the listener answers ``challenge``: its own fresh nonce, its public key and its signature over
@@ -23,7 +23,7 @@ from typing import Tuple
 import msgpack
 
 from protocol.errors import FrameError
-from protocol.frames import Hello
+from protocol.chain.frames import Hello
 from protocol.signed import PublicKey, SignatureError, Signer
 
 __all__ = ["LinkAuthError", "transcript", "prove", "check"]

@@ -3,7 +3,7 @@
 A record from the DHT is untrusted: any node can write under a run's keys. Every record is stored
 in an envelope ``{"peer": peer id, "body": msgpack bytes, "mac": bytes}``:
 
-- its subkey carries the owner's public key (protocol/keys.py) and hivemind's
+- its subkey carries the owner's public key (protocol/dht/keys.py) and hivemind's
   ``RSASignatureValidator`` checks the owner's signature over (key, subkey, envelope, expiration);
 - ``peer`` is the libp2p peer id the record speaks for, which must be the one derived from that
   same key, so one key can never speak for another peer;
@@ -32,7 +32,7 @@ from protocol.errors import ProtocolError
 from protocol.peer_states import STATES  # noqa: F401  (re-exported: readers of records name it here)
 
 CHOOSING = -2  # `part` of a peer that has not chosen its slice yet (-1: a full replica)
-REACH = ("unknown", "public", "client")  # can other nodes dial this peer (swarm/reachability.py)?
+REACH = ("unknown", "public", "client")  # can other nodes dial this peer (swarm/access/reachability.py)?
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from hivemind.proto import crypto_pb2
 from hivemind.utils.crypto import PrivateKey, PublicKey, RSAPrivateKey, RSAPublicKey
 
 from protocol import signed
-from protocol.keys import key_fingerprint, owner_marker
+from protocol.dht.keys import key_fingerprint, owner_marker
 from protocol.spec import RunSpec
 from swarm.console import UsageError
 
@@ -192,4 +192,4 @@ def trust_of(dht) -> NodeTrust:
     try:
         return _TRUST[dht]
     except KeyError:
-        raise RuntimeError("this DHT node was not started with swarm.dht.start_dht: it has no identity to sign with") from None
+        raise RuntimeError("this DHT node was not started with swarm.dht.node.start_dht: it has no identity to sign with") from None

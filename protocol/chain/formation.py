@@ -1,4 +1,4 @@
-"""Chain formation: grouping candidate peers into pipeline chains (protocol/chains.py) that each
+"""Chain formation: grouping candidate peers into pipeline chains (protocol/chain/stages.py) that each
 train the whole model.
 
 ``form_chains`` is deterministic: the coordinator (or any peer, to check it) gets the same chains
@@ -19,7 +19,7 @@ import heapq
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from protocol.capacity import first_block_bytes, layer_bytes, replica_bytes
-from protocol.chains import Candidate, Chain, make_chain
+from protocol.chain.stages import Candidate, Chain, make_chain
 from protocol.spec import RunSpec
 
 __all__ = ["plan_chain", "form_chains"]

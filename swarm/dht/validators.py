@@ -5,7 +5,7 @@ nor returned by an honest node, and readers (swarm/records.py) check the same ag
   RSA ones: a record whose subkey carries ``[owner:<key>]`` must be signed by that key (over key,
   subkey, value and expiration);
 - hivemind's ``SchemaValidator`` with the layouts below: under a voloco key, every subkey carries
-  an owner and every value is an envelope (protocol/records.py) of bounded size;
+  an owner and every value is an envelope (protocol/dht/records.py) of bounded size;
 - ``OwnedRecordValidator``: the envelope names the peer id of the key that signed it, its
   expiration is not absurdly far ahead, and, in a private run, it proves the join token.
 
@@ -31,7 +31,7 @@ from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.dht.validation import CompositeValidator, DHTRecord, RecordValidatorBase
 from hivemind.utils import MSGPackSerializer, get_dht_time
 
-from protocol.keys import (
+from protocol.dht.keys import (
     CANDIDATES_FIELD,
     CHAINS_FIELD,
     HISTORY_FIELD,
@@ -41,7 +41,7 @@ from protocol.keys import (
     RUNS_PREFIX,
     split_subkey,
 )
-from protocol.records import (
+from protocol.dht.records import (
     MAC_BYTES,
     MAX_BODY_BYTES,
     MAX_PEER_ID,
@@ -52,7 +52,7 @@ from protocol.records import (
     proof_ok,
     record_mac,
 )
-from swarm.identity import Identity, peer_id_of, public_key_from_bytes
+from swarm.access.identity import Identity, peer_id_of, public_key_from_bytes
 
 logger = logging.getLogger("voloco.swarm")
 

@@ -3,9 +3,9 @@
 A voloco peer's traffic leaves from hivemind's p2p daemon (p2pd, a child of the DHT's process: the
 DHT, matchmaking, payloads, state downloads, all over libp2p connections) and from the peer itself
 (a chain stage's TCP links). Neither reports the bytes of its connections, but the kernel keeps
-them: the ``tcp_info`` of every socket (swarm/sock_diag.py). ``WireMeter`` reads them from a daemon
+them: the ``tcp_info`` of every socket (swarm/wire/sock_diag.py). ``WireMeter`` reads them from a daemon
 thread, a few times a second and whenever asked for totals, and sums over the sockets of the
-peer's process tree (swarm/wire_ledger.py says which are; the tree is walked from the root pid
+peer's process tree (swarm/wire/ledger.py says which are; the tree is walked from the root pid
 through /proc).
 
 What it cannot see: libp2p closes its connections abortively (SO_LINGER 0), which zeroes their
@@ -24,7 +24,7 @@ UDP datagrams (about 1 KB at start-up): UDP has no counters in sock_diag and is 
 
 The counts are TCP payload bytes: sent bytes as the other end acknowledged them (the kernel's
 ``bytes_sent`` also counts attempts a full local queue dropped, which never reached the wire;
-swarm/sock_diag.py), retransmissions apart in ``retransmitted``; TCP/IP headers and pure ACKs are not (``packets_*`` counts every segment, so a reader can add the
+swarm/wire/sock_diag.py), retransmissions apart in ``retransmitted``; TCP/IP headers and pure ACKs are not (``packets_*`` counts every segment, so a reader can add the
 headers: 52 bytes a segment for IPv4 with TCP timestamps, 66 with Ethernet's). Where netlink
 cannot be used (not Linux, a sandbox that forbids it) the meter says so in one log line and its
 totals are None ("unknown"); it never stops the peer.
@@ -41,8 +41,8 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
-from swarm.sock_diag import DestroyFeed, SockStat, dump_tcp, lookup_tcp
-from swarm.wire_ledger import WireLedger, WireTotals
+from swarm.wire.sock_diag import DestroyFeed, SockStat, dump_tcp, lookup_tcp
+from swarm.wire.ledger import WireLedger, WireTotals
 
 logger = logging.getLogger("voloco.swarm")
 

@@ -19,8 +19,8 @@ from typing import Any, Dict, List
 import msgpack
 
 from protocol.errors import ProtocolError
-from protocol.keys import HISTORY_FIELD
-from protocol.records import decode_body
+from protocol.dht.keys import HISTORY_FIELD
+from protocol.dht.records import decode_body
 
 HISTORY_VERSION = 1
 MAX_POINTS = 512  # points one series holds (older ones are thinned out: coordinator/history.py)

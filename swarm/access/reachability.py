@@ -14,7 +14,7 @@ cannot be made to scan a third party), only TCP ports, ``MAX_PROBES`` dials at o
 request per asker every ``MIN_INTERVAL_S``, each dial at most ``DIAL_TIMEOUT_S``. The asking side
 gives up after ``CHECK_TIMEOUT_S`` and never stops the peer: the answer is advice, ``"unknown"``
 when no helper answered. In a private run the request and answer carry the DHT's access tokens
-(swarm/admission.py's ``JoinTokenAuthorizer``), so only nodes with the join token are served.
+(swarm/access/admission.py's ``JoinTokenAuthorizer``), so only nodes with the join token are served.
 """
 
 from __future__ import annotations

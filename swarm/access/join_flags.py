@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Optional
 
-from protocol.keys import is_fingerprint
+from protocol.dht.keys import is_fingerprint
 from swarm.console import UsageError
 
 MIN_TOKEN_CHARS = 16

@@ -1,7 +1,7 @@
 """The lossless variant of the activation codec: the model constrained so that span(U) holds it all.
 
-The codec of protocol/activations.py sends ``(h - T[tok]) @ U`` forward and ``g @ U`` backward,
-with U the basis of protocol/subspace.py and T the token embedding as of the last outer step. The
+The codec of protocol/chain/activations.py sends ``(h - T[tok]) @ U`` forward and ``g @ U`` backward,
+with U the basis of protocol/chain/subspace.py and T the token embedding as of the last outer step. The
 residual stream at any stage boundary is ``h = E[tok] + sum of the blocks' writes``, and every
 write into it goes through an *output projection*: ``blocks.i.attn.out[.s].weight`` and
 ``blocks.i.mlp.down[.s].weight`` (shape (d, in): their columns live in R^d). RoPE adds nothing to

@@ -5,7 +5,7 @@ arXiv 2601.02360 with the compression of arXiv 2506.01260). Between two stages t
 per token, the hidden state forward and its gradient backward. Both are compressed onto a fixed
 k-dimensional subspace of R^d:
 
-* ``U`` (d, k), orthonormal columns: ``subspace_basis(d, k, seed)`` (protocol/subspace.py), the Q
+* ``U`` (d, k), orthonormal columns: ``subspace_basis(d, k, seed)`` (protocol/chain/subspace.py), the Q
   of a QR of a Gaussian drawn from the run's seed, so every peer builds the same U without
   communication.
 * ``T`` (vocab, d): the token-embedding matrix as of the last outer step. Every stage holds a copy
@@ -23,7 +23,7 @@ Reference scale point: d 1024, k 160, fp16, a 2-byte token id -> 160 * 2 + 2 = 3
 token instead of 2048 (6.4x); the paper counts 322 each way, but the backward frame needs no ids
 (the receiver of a gradient sent the activation and knows them): 320.
 
-With the model constrained as protocol/subspace_constraint.py describes (output projections and
+With the model constrained as protocol/chain/subspace_constraint.py describes (output projections and
 the embedding's drift kept in span(U)), ``h - T[tok]`` lies in span(U) at every boundary and the
 codec is lossless up to 16-bit rounding, forward and backward. Without any constraint it still
 works and is lossy: the part of ``h - T[tok]`` outside span(U) (~sqrt(1 - k/d) of it for a generic

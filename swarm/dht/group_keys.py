@@ -9,9 +9,9 @@ it from every node of the beam: at 10 Mbit/s a third of a peer's control-plane b
 ``LeanGroupKeyManager`` keeps hivemind's ``GroupKeyManager`` (the keys, the group bits, how a key
 moves on after a group) and changes only how the two calls reach the DHT:
 
-- ``declare_averager`` is a lean store (swarm/lean_store.py): the search toward the key's shadow
+- ``declare_averager`` is a lean store (swarm/dht/lean_store.py): the search toward the key's shadow
   carries node lists, not every declaration;
-- ``get_averagers`` is a replica read (swarm/replica_reads.py): a node among the key's nearest,
+- ``get_averagers`` is a replica read (swarm/dht/replica_reads.py): a node among the key's nearest,
   which every declaration reaches at once, reads its own storage, and the network at most every
   ``REPLICA_NETWORK_READ_S`` to check that it still is one. Declarations live only for a search
   window, so a replica's storage is never trusted past that interval (no TTL is given).
@@ -33,8 +33,8 @@ from hivemind.averaging.key_manager import GroupKey, GroupKeyManager, is_valid_g
 from hivemind.p2p import PeerID
 from hivemind.utils import DHTExpiration, get_dht_time, get_logger
 
-from swarm.lean_store import lean_store
-from swarm.replica_reads import replica_get_async
+from swarm.dht.lean_store import lean_store
+from swarm.dht.replica_reads import replica_get_async
 
 logger = get_logger(__name__)
 

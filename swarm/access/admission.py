@@ -7,7 +7,7 @@ Three places check it, each with what it can see:
   signature is an HMAC, keyed by the join token, over the sender's peer id and public key (Ed25519,
   or RSA for an RSA identity), and is signed with that key; a node without the token gets no answer
   from, and is not answered by, the run's nodes, so it can neither read nor write the run's records;
-- every record (swarm/validators.py, swarm/records.py): its envelope's ``mac`` proves the token
+- every record (swarm/dht/validators.py, swarm/records.py): its envelope's ``mac`` proves the token
   for that record, owner and peer; readers ignore a record without it;
 - the averager (``AdmissionGate``): hivemind's averaging messages have no auth field, so each
   incoming averager RPC (matchmaking, payload gather, state download) is checked by the libp2p
@@ -28,9 +28,9 @@ from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils import get_dht_time
 from hivemind.utils.auth import TokenAuthorizerBase
 
-from protocol.keys import peers_key
-from protocol.records import MAX_RECORD_TTL, admission_proof, proof_ok
-from swarm.identity import Identity, peer_id_of, public_key_from_bytes, trust_of
+from protocol.dht.keys import peers_key
+from protocol.dht.records import MAX_RECORD_TTL, admission_proof, proof_ok
+from swarm.access.identity import Identity, peer_id_of, public_key_from_bytes, trust_of
 from swarm.records import verified_entries
 
 logger = logging.getLogger("voloco.swarm")

@@ -20,15 +20,15 @@ import hivemind
 from hivemind.p2p import PeerID
 from multiaddr import Multiaddr
 
-from protocol.records import token_key
-from swarm.admission import JoinTokenAuthorizer
+from protocol.dht.records import token_key
+from swarm.access.admission import JoinTokenAuthorizer
 from swarm.console import UsageError
-from swarm.dht_channels import install_channels
-from swarm.identity import Identity, NodeTrust, prepare_identity, register
-from swarm.join_probe import PRIVATE, PUBLIC, TOKEN_BAD, TOKEN_OK, run_access, serve_run_access
-from swarm.reachability import dial, dial_failure, peer_answers, serve_dial_back
-from swarm.rejoin import keep_joined
-from swarm.validators import node_validators
+from swarm.dht.channels import install_channels
+from swarm.access.identity import Identity, NodeTrust, prepare_identity, register
+from swarm.access.join_probe import PRIVATE, PUBLIC, TOKEN_BAD, TOKEN_OK, run_access, serve_run_access
+from swarm.access.reachability import dial, dial_failure, peer_answers, serve_dial_back
+from swarm.dht.rejoin import keep_joined
+from swarm.dht.validators import node_validators
 
 logger = logging.getLogger("voloco.swarm")
 
@@ -36,7 +36,7 @@ logger = logging.getLogger("voloco.swarm")
 # often an overloaded one: with 32 peers starting at once on a small machine, 3 tries 5 s apart can
 # leave from one to 17 of them out for good, so the waits between tries double. A private
 # run refuses a node without its token the same way, so after the first failure the node asks the
-# join nodes which it is (swarm/join_probe.py): refused, it stops at once with the flag to fix; busy,
+# join nodes which it is (swarm/access/join_probe.py): refused, it stops at once with the flag to fix; busy,
 # it tries BUSY_JOIN_ATTEMPTS times (about 6 min: 75 s of tries is too short for 13 of 32 peers);
 # with no answer, JOIN_ATTEMPTS times (an older node, or one too busy to answer even that).
 # tests/swarm/test_join_probe.py and tests/swarm/test_dht_errors.py check the number of tries in each case.
@@ -81,12 +81,12 @@ def start_dht(
 
     The node's identity (``identity_path``, created if missing; a temporary one without it)
     gives its peer id and signs its records; every node validates records the same way
-    (swarm/validators.py, with the schemas of ``run_ids`` known from the start). With
-    ``join_token``, the node speaks only to nodes that prove the same token (swarm/admission.py).
+    (swarm/dht/validators.py, with the schemas of ``run_ids`` known from the start). With
+    ``join_token``, the node speaks only to nodes that prove the same token (swarm/access/admission.py).
     ``run_key`` is the fingerprint ``fetch_spec`` will require of the run spec's signer.
     ``client_mode``: the node only connects out (hivemind's DHT client mode); ``use_relay`` and
     ``use_auto_relay`` are hivemind's circuit-relay options of its p2p daemon. Every node serves the
-    reachability dial-back (swarm/reachability.py).
+    reachability dial-back (swarm/access/reachability.py).
     """
     parse_multiaddrs(host_maddrs, "--host-maddrs")
     for addr in parse_multiaddrs(announce_maddrs, "--announce-maddrs"):
