@@ -53,6 +53,7 @@ from protocol.dht.records import CHOOSING, Progress
 from protocol.spec import RunSpec
 from protocol.timing import Timing
 from swarm.access.admission import admission_gate
+from swarm.dht import known_nodes
 from swarm.dht.node import start_dht
 from swarm.access.reachability import UNKNOWN, watch_reachability
 from swarm.records import fetch_spec
@@ -140,7 +141,8 @@ class Peer:
         lifecycle.set_phase(self, "joining the DHT")
         self.dht = start_dht(opts.join, opts.host_maddrs, opts.announce_maddrs, opts.identity, opts.client_mode,
                              join_token=opts.join_token, run_key=opts.run_key, use_relay=opts.use_relay,
-                             use_auto_relay=opts.use_auto_relay)
+                             use_auto_relay=opts.use_auto_relay, keep_trying=True,
+                             known=known_nodes.recall(known_nodes.nodes_file(opts.identity)))
         self.peer_id = self.dht.peer_id.to_base58()
         self.metrics = serve_metrics(self, opts.metrics_port) if opts.metrics_port else None
         watch_reachability(self, self.dht, opts.join, opts.client_mode, opts.host_maddrs)  # sets self.reach
@@ -342,5 +344,7 @@ class Peer:
         }
 
     def shutdown(self) -> None:
+        if getattr(self, "dht", None) is not None:  # the next start's other doors into the swarm
+            known_nodes.remember(self.dht, known_nodes.nodes_file(self.opts.identity))
         lifecycle.shutdown(self, (self._chain, getattr(self, "gatherer", None), getattr(self, "dht", None),
                                   getattr(self, "metrics", None)))

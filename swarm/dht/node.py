@@ -25,7 +25,7 @@ from swarm.access.admission import JoinTokenAuthorizer
 from swarm.console import UsageError
 from swarm.dht.channels import install_channels
 from swarm.access.identity import Identity, NodeTrust, prepare_identity, register
-from swarm.access.join_probe import PRIVATE, PUBLIC, TOKEN_BAD, TOKEN_OK, run_access, serve_run_access
+from swarm.access.join_probe import MAX_ALTERNATES, PRIVATE, PUBLIC, TOKEN_BAD, TOKEN_OK, join_help, serve_run_access
 from swarm.access.reachability import dial, dial_failure, peer_answers, serve_dial_back
 from swarm.dht.rejoin import keep_joined
 from swarm.dht.validators import node_validators
@@ -38,7 +38,10 @@ logger = logging.getLogger("voloco.swarm")
 # run refuses a node without its token the same way, so after the first failure the node asks the
 # join nodes which it is (swarm/access/join_probe.py): refused, it stops at once with the flag to fix; busy,
 # it tries BUSY_JOIN_ATTEMPTS times (about 6 min: 75 s of tries is too short for 13 of 32 peers);
-# with no answer, JOIN_ATTEMPTS times (an older node, or one too busy to answer even that).
+# with no answer, JOIN_ATTEMPTS times (an older node, or one too busy to answer even that). A peer
+# (``keep_trying``) does not give up on a run that may admit it: it tries on, every MAX_JOIN_WAIT_S
+# at most, saying so, and joins through the other nodes a busy join node hands out as well
+# (swarm/access/join_probe.py), so a crowd started at once spreads over the swarm's live nodes.
 # tests/swarm/test_join_probe.py and tests/swarm/test_dht_errors.py check the number of tries in each case.
 JOIN_ATTEMPTS = 5
 BUSY_JOIN_ATTEMPTS = 10
@@ -76,6 +79,8 @@ def start_dht(
     run_ids: Sequence[str] = (),
     use_relay: bool = True,
     use_auto_relay: bool = False,
+    keep_trying: bool = False,
+    known: Sequence[Multiaddr] = (),
 ) -> hivemind.DHT:
     """Start this process's DHT node; UsageError naming the cause and the fix when it cannot start.
 
@@ -86,7 +91,10 @@ def start_dht(
     ``run_key`` is the fingerprint ``fetch_spec`` will require of the run spec's signer.
     ``client_mode``: the node only connects out (hivemind's DHT client mode); ``use_relay`` and
     ``use_auto_relay`` are hivemind's circuit-relay options of its p2p daemon. Every node serves the
-    reachability dial-back (swarm/access/reachability.py).
+    reachability dial-back (swarm/access/reachability.py). ``keep_trying``: while the join nodes
+    answer late and do not refuse this node, try on without a limit (a peer; see ``JOIN_ATTEMPTS``).
+    ``known``: other nodes to join through as well once the join nodes answer late (the nodes this
+    peer met before it last stopped: swarm/dht/known_nodes.py).
     """
     parse_multiaddrs(host_maddrs, "--host-maddrs")
     for addr in parse_multiaddrs(announce_maddrs, "--announce-maddrs"):
@@ -98,7 +106,7 @@ def start_dht(
     try:
         _check_identity_free(mine, initial_peers)
         dht = _join(initial_peers, host_maddrs, announce_maddrs, mine, client_mode, key, run_ids, use_relay,
-                    use_auto_relay, run_key)
+                    use_auto_relay, run_key, keep_trying, known)
     except BaseException:
         if lock is not None:
             lock.close()
@@ -190,24 +198,33 @@ def _check_identity_free(mine: "_NodeIdentity", initial_peers: Sequence[Multiadd
 
 
 def _join(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity, client_mode, key, run_ids, use_relay,
-          use_auto_relay, run_key) -> hivemind.DHT:
+          use_auto_relay, run_key, keep_trying: bool = False, known: Sequence[Multiaddr] = ()) -> hivemind.DHT:
     """Start the node, trying the join again while the DHT answers late; then its services."""
     t0 = time.monotonic()
-    attempts, access, attempt = JOIN_ATTEMPTS, None, 0
+    attempts, access, attempt, reached = JOIN_ATTEMPTS, None, 0, False
+    handed: List[Multiaddr] = []  # the nodes the join nodes named lately
+    alternates: List[Multiaddr] = []  # those and the nodes this peer remembers: joined through too
     while True:
         attempt += 1
+        joining = list({str(m): m for m in list(initial_peers) + alternates}.values())
         try:
-            dht = _start_node(initial_peers, host_maddrs, announce_maddrs, mine, client_mode, key, run_ids, use_relay,
+            dht = _start_node(joining, host_maddrs, announce_maddrs, mine, client_mode, key, run_ids, use_relay,
                               use_auto_relay)
             break
         except _JoinTimeout as e:
-            if access is None:
-                access = run_access(initial_peers, key)
-                if access in (PRIVATE, TOKEN_BAD) or (key is not None and access in (PUBLIC, None)):
+            if access is None or keep_trying:  # asked again while it may admit us: fresh nodes to join through
+                verdict, found, answered = join_help(initial_peers, key)
+                access = verdict if verdict is not None else access
+                handed, reached = found or handed, reached or answered
+                alternates = handed + list(known[:MAX_ALTERNATES])
+                if access in (PRIVATE, TOKEN_BAD) or (key is not None and access in (PUBLIC, None) and not keep_trying):
                     raise UsageError(_refused(e.cause, access, initial_peers, host_maddrs, key, mine)) from None
                 if access is not None:  # PUBLIC without a token, TOKEN_OK: busy
                     attempts = BUSY_JOIN_ATTEMPTS
-            if attempt >= attempts:
+            # on and on only while a join node is there (it took the probe's connection) and may admit us
+            endless = (keep_trying and reached and access not in (PRIVATE, TOKEN_BAD)
+                       and not (key is not None and access == PUBLIC))
+            if attempt >= attempts and not endless:
                 why = (f"could not reach the DHT at {_addr_list(initial_peers)}: it is too busy to answer this node"
                        if access is not None else
                        explain_start_failure(e.cause, initial_peers, host_maddrs, key is not None, mine.given))
@@ -216,8 +233,11 @@ def _join(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity, clie
             wait = min(JOIN_RETRY_S * 2 ** (attempt - 1), MAX_JOIN_WAIT_S)
             said = {PUBLIC: " (the run is public: the node is busy)",
                     TOKEN_OK: " (it accepts this join token: the node is busy)"}.get(access, "")
-            logger.warning(f"the DHT at {_addr_list(initial_peers)} did not answer this node in time{said} (attempt "
-                           f"{attempt} of {attempts}; an overloaded node answers late): trying again in {wait:.0f} s")
+            through = f", and through {len(alternates)} other node(s) it named," if alternates else ""
+            count = f"attempt {attempt}, {time.monotonic() - t0:.0f} s so far; Ctrl+C to stop" if endless else \
+                f"attempt {attempt} of {attempts}"
+            logger.warning(f"the DHT at {_addr_list(initial_peers)} did not answer this node in time{said} ({count}; an "
+                           f"overloaded node answers late): trying again{through} in {wait:.0f} s")
             time.sleep(wait)
     register(dht, NodeTrust(mine.identity, token_key=key, run_key=run_key))
     try:

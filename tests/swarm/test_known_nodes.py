@@ -1,0 +1,47 @@
+"""The nodes a peer met, remembered for its next start (swarm/dht/known_nodes.py): written from a
+real node's connections, read back bounded with malformed lines skipped, and joined through once
+the join nodes answer late."""
+
+from __future__ import annotations
+
+from multiaddr import Multiaddr
+
+from swarm.dht import known_nodes
+from swarm.dht.node import start_dht
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+OTHER_ID = "QmXjP5fwkdJ9UytA8Zs8SYzqfg3Wzo5yz88RoE6Nxc3U5W"
+
+
+def test_a_node_remembers_the_nodes_it_is_connected_to(tmp_path):
+    path = known_nodes.nodes_file(tmp_path / "identity.key")
+    first = start_dht((), LOOPBACK)
+    second = start_dht(first.get_visible_maddrs(), LOOPBACK)
+    try:
+        known_nodes.remember(second, path)
+    finally:
+        second.shutdown()
+        first.shutdown()
+    assert path.name == "identity.key.nodes"
+    assert first.peer_id.to_base58() in {m.value_for_protocol("p2p") for m in known_nodes.recall(path)}
+
+
+def test_what_is_recalled_is_bounded_and_well_formed(tmp_path):
+    path = tmp_path / "x.nodes"
+    good = f"/ip4/127.0.0.1/tcp/2/p2p/{OTHER_ID}"
+    path.write_text("\n".join(["junk", "/ip4/1.2.3.4/tcp/5", good] + [good] * 100) + "\n")
+    found = known_nodes.recall(path)
+    assert 1 <= len(found) <= known_nodes.MAX_KNOWN and {str(m) for m in found} == {good}
+    path.write_bytes(b"\xff" * 100000)
+    assert known_nodes.recall(path) == []
+    assert known_nodes.recall(tmp_path / "missing.nodes") == [] and known_nodes.recall(None) == []
+    assert known_nodes.nodes_file(None) is None
+
+
+def test_a_stopped_node_cannot_make_remembering_fail(tmp_path):
+    class Gone:
+        def run_coroutine(self, _):
+            raise RuntimeError("the DHT has stopped")
+
+    known_nodes.remember(Gone(), tmp_path / "x.nodes")
+    assert not (tmp_path / "x.nodes").exists()
