@@ -384,7 +384,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.gather_timeout
         if group_id not in self._groups and not self._gathers_elsewhere(group_id):
-            self._start_late_join(group_id)
+            self._start_late_join(group_id, caller)
         while group_id not in self._groups:
             if self._group_opened is None:
                 self._group_opened = asyncio.Event()

@@ -27,7 +27,7 @@ Guarded by tests/exchange/test_late_join.py.
 from __future__ import annotations
 
 import asyncio
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.p2p import P2PContext, PeerID
@@ -37,6 +37,7 @@ from hivemind.utils import get_logger
 logger = get_logger(__name__)
 
 MAX_LEADERS = 16  # leaders asked in one round that are remembered (bounded whatever the DHT offers)
+JOINS_PER_CALLER = 2  # unknown groups one caller can have us look up per round (fake ids cost it, not others)
 ASK_TRIES = 3  # passes over those leaders before giving the group up (a leader opens it just after assembly)
 
 
@@ -51,6 +52,7 @@ class LateJoin:
         suggested leader's recursion included)."""
         self._asked_leaders: List[PeerID] = []
         self._late_joins = {}
+        self._late_join_callers: Dict[PeerID, int] = {}
         if getattr(mm, "_voloco_noting", None) is not mm:
             ask = mm._request_join_group
 
@@ -70,12 +72,21 @@ class LateJoin:
         """Whether this peer already gathers the current round in a group other than ``group_id``."""
         return any(g.round_no == self._round_no and gid != group_id for gid, g in self._groups.items())
 
-    def _start_late_join(self, group_id: bytes) -> None:
-        """Ask this round's leaders for ``group_id``, once per group id (a task of its own)."""
+    def _start_late_join(self, group_id: bytes, caller: Optional[PeerID] = None) -> bool:
+        """Ask this round's leaders for ``group_id``, once per group id (a task of its own), at most
+        ``MAX_LEADERS`` group ids a round and ``JOINS_PER_CALLER`` of them for one ``caller``: a
+        member asking about made-up group ids uses up its own share, not the round's. Whether a
+        lookup started (tests/exchange/test_late_join.py)."""
         joins = getattr(self, "_late_joins", None)
+        callers = getattr(self, "_late_join_callers", None)
         if joins is None or group_id in joins or len(joins) >= MAX_LEADERS:
-            return
+            return False
+        if caller is not None and callers is not None:
+            if callers.get(caller, 0) >= JOINS_PER_CALLER:
+                return False
+            callers[caller] = callers.get(caller, 0) + 1
         joins[group_id] = asyncio.ensure_future(self._join_late(group_id))
+        return True
 
     async def _join_late(self, group_id: bytes) -> None:
         loop = asyncio.get_running_loop()

@@ -4,7 +4,8 @@ Three real gatherers on loopback. Each drops the first BEGIN_ALLREDUCE it receiv
 does whose wait for it ran out on a loaded host: hivemind's matchmaking then goes on looking while
 its leader has already assembled the group with it. Every member must still end the round in one
 group holding every member's payload (before peer/exchange/late_join.py, the leader excluded the followers
-after a gather slot and they gathered apart)."""
+after a gather slot and they gathered apart). A member asking about made-up group ids uses up only
+its own share of the round's lookups."""
 
 from __future__ import annotations
 
@@ -70,3 +71,23 @@ def test_a_follower_that_missed_its_group_gathers_in_it(gatherers):
     assert all(r is not None for r in results), "a member found no group"
     assert {len(r.payloads) for r in results} == {3}, [sorted(r.excluded.values()) for r in results]
     assert len({r.set_digest for r in results}) == 1
+
+
+def test_a_member_asking_about_made_up_groups_uses_up_its_own_share_not_the_rounds():
+    from peer.exchange import late_join
+
+    class Host(late_join.LateJoin):
+        async def _join_late(self, group_id):
+            return None
+
+    async def run():
+        host = Host()
+        host._asked_leaders, host._late_joins, host._late_join_callers = [], {}, {}
+        liar, honest = b"liar", b"honest"
+        started = [host._start_late_join(bytes([i]) * 8, liar) for i in range(late_join.MAX_LEADERS)]
+        assert started == [True] * late_join.JOINS_PER_CALLER + [False] * (late_join.MAX_LEADERS - late_join.JOINS_PER_CALLER)
+        assert host._start_late_join(b"real-grp", honest)  # the round's lookups are not used up
+        assert not host._start_late_join(b"real-grp", honest)  # once per group id
+        await asyncio.gather(*host._late_joins.values())
+
+    asyncio.run(run())
