@@ -110,7 +110,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
                 continue
             tries[digest] = tries.get(digest, 0) + 1
             timeout = min(timing.set_fetch_s, max(timing.set_fetch_min_s, allowance - (time.monotonic() - last_arrival)))
-            got = _fetch(gatherer, spec, sources[0], digest, round_no, timeout)
+            got = fetch_checked_set(gatherer, spec, sources[0], digest, round_no, timeout)
             if got is None:
                 failed.add(sources[0])  # not asked again this round, whatever set it names next
             else:
@@ -217,7 +217,7 @@ def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, byte
         sources = [p for p in holders + publishers.get(name, []) if p not in failed]
         for source in list(dict.fromkeys(sources))[:TRIES_PER_SET]:
             left = deadline - time.monotonic()
-            got = _fetch(gatherer, peer.spec, source, name, round_no, min(timing.set_fetch_s, left)) if left > 0 else None
+            got = fetch_checked_set(gatherer, peer.spec, source, name, round_no, min(timing.set_fetch_s, left)) if left > 0 else None
             if got is not None:
                 held[name] = got
                 logger.info(f"round {round_no}: took set {name[:12]} that {holders[0]} of our group merged and we had not")
@@ -323,7 +323,7 @@ def _adopt(peer, round_no: int, start_hash: str, wait_s: float, accept: Callable
                 return None
             tried.add(name)
             timeout = min(timing.set_fetch_s, max(timing.set_fetch_min_s, deadline - time.monotonic()))
-            got = _fetch(gatherer, spec, v.peer_id, name, round_no, timeout)
+            got = fetch_checked_set(gatherer, spec, v.peer_id, name, round_no, timeout)
             if got is not None and accept(got, view):
                 logger.info(f"round {round_no}: {why} (set {name[:12]}, from {v.peer_id})")
                 return GatherResult(group=sorted(got), payloads=got, excluded={}, start_hashes={me: start_hash},
@@ -334,7 +334,7 @@ def _adopt(peer, round_no: int, start_hash: str, wait_s: float, accept: Callable
     return None
 
 
-def _fetch(gatherer, spec, source: str, digest: str, round_no: int, timeout: float):
+def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, timeout: float):
     """The set ``digest`` from ``source``, checked, as sender (base58) -> payload; None on any failure."""
     raw = gatherer.fetch_set(source, digest, timeout=timeout)
     if raw is None:

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from peer.round.merge import TRIES_PER_SET, _fetch
+from peer.round.merge import TRIES_PER_SET, fetch_checked_set
 from protocol import group_sets
 
 logger = logging.getLogger("voloco.peer")
@@ -96,7 +96,7 @@ def _take(peer, last: LastRound, result, lacking: List[str], key: str, symbolic:
     for name in lacking:
         for source in listers[name][:TRIES_PER_SET]:
             left = deadline - time.monotonic()
-            fetched = _fetch(gatherer, peer.spec, source, name, last.round, left) if left > 0 else None
+            fetched = fetch_checked_set(gatherer, peer.spec, source, name, last.round, left) if left > 0 else None
             if fetched is not None:
                 got[name] = fetched
                 break

@@ -31,7 +31,6 @@ import asyncio
 import hashlib
 import hmac
 import logging
-import random
 from typing import Awaitable, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import msgpack
@@ -43,6 +42,7 @@ from protocol.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
 from protocol.dht.records import MAC_BYTES, proof_ok
 from swarm.access.reachability import PROBE_ARGS  # one set of throw-away daemon options
+from swarm.dht.known_nodes import connected_nodes
 
 logger = logging.getLogger("voloco.swarm")
 
@@ -105,22 +105,10 @@ class RunAccess(ServicerBase):
                                                                 value=msgpack.packb(answer))])
 
 
-async def connected_nodes(p2p: P2P, asker: PeerID) -> List[str]:
-    """Up to ``MAX_ALTERNATES`` of the nodes ``p2p`` is connected to, chosen at random (the asker
-    aside), each as a multiaddr ending in its /p2p/ id: the nodes a busy join node hands out."""
-    out = []
-    for info in await p2p.list_peers():
-        if info.peer_id == asker or not info.addrs:
-            continue
-        out.append(f"{info.addrs[0]}/p2p/{info.peer_id.to_base58()}")
-    random.shuffle(out)
-    return out[:MAX_ALTERNATES]
-
-
 async def serve_run_access(token_key: Optional[bytes], _dht, node) -> None:
     """``dht.run_coroutine(partial(serve_run_access, key))``: register the handler, with no authorizer."""
     p2p = node.p2p
-    await RunAccess(token_key, alternates=lambda asker: connected_nodes(p2p, asker)).add_p2p_handlers(p2p)
+    await RunAccess(token_key, alternates=lambda asker: connected_nodes(p2p, asker, MAX_ALTERNATES)).add_p2p_handlers(p2p)
 
 
 def read_answer(response: Optional[dht_pb2.FindResponse], proved: bool) -> str:

@@ -51,8 +51,18 @@ def recall(path: Optional[Path]) -> List[Multiaddr]:
     return found
 
 
+async def connected_nodes(p2p, skip=None, limit: int = MAX_KNOWN) -> List[str]:
+    """Up to ``limit`` of the nodes ``p2p`` is connected to (``skip`` aside), chosen at random, each
+    as a multiaddr ending in its /p2p/ id: what a peer remembers, and what a busy join node hands
+    out (swarm/access/join_probe.py)."""
+    out = [f"{info.addrs[0]}/p2p/{info.peer_id.to_base58()}" for info in await p2p.list_peers()
+           if info.addrs and info.peer_id != skip]
+    random.shuffle(out)
+    return out[:limit]
+
+
 async def _connected(_dht, node) -> List[str]:
-    return [f"{info.addrs[0]}/p2p/{info.peer_id.to_base58()}" for info in await node.p2p.list_peers() if info.addrs]
+    return await connected_nodes(node.p2p)
 
 
 def remember(dht, path: Optional[Path]) -> None:
@@ -61,10 +71,9 @@ def remember(dht, path: Optional[Path]) -> None:
         return
     try:
         nodes = dht.run_coroutine(_connected)
-        random.shuffle(nodes)
         if nodes:
             tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(f"{n}\n" for n in nodes[:MAX_KNOWN] if len(n) < 256))
+            tmp.write_text("".join(f"{n}\n" for n in nodes if len(n) < 256))
             os.replace(tmp, path)
     except Exception as e:  # a hint for the next start, never a reason not to stop
         logger.debug(f"could not remember the nodes met: {e!r}")
