@@ -15,7 +15,7 @@ import msgpack
 
 from protocol.errors import ProtocolError
 
-__all__ = ["bounded_unpack"]
+__all__ = ["bounded_unpack", "cut_short"]
 
 
 def bounded_unpack(data: bytes, error: Type[ProtocolError], what: str, *, max_array_len: int, max_map_len: int) -> Any:
@@ -27,3 +27,21 @@ def bounded_unpack(data: bytes, error: Type[ProtocolError], what: str, *, max_ar
         return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True, **limits)
     except Exception as e:  # msgpack raises ExtraData, FormatError, StackError, ValueError, TypeError...
         raise error(f"{what} is not valid msgpack: {type(e).__name__}: {e}") from None
+
+
+def cut_short(data: bytes) -> bool:
+    """Whether ``data`` is the start of one msgpack object but not all of it: what a stream that
+    closed between two frames leaves (hivemind's stream handlers end with no end marker). False
+    for a whole object and for bytes that are not msgpack at all (those fail their own checks).
+    Guarded by tests/exchange/test_exchange_bounds.py."""
+    n = max(len(data), 1)
+    unpacker = msgpack.Unpacker(max_buffer_size=n, max_str_len=n, max_bin_len=n, max_array_len=n, max_map_len=n,
+                                max_ext_len=n)
+    unpacker.feed(data)
+    try:
+        unpacker.skip()
+    except msgpack.OutOfData:
+        return True
+    except Exception:  # not msgpack, or past a limit: not a truncation
+        return False
+    return False

@@ -3,7 +3,9 @@
 - ``read_bounded_stream``: a streamed RPC answer read frame by frame, refused as soon as one frame
   or the whole answer exceeds its limit. hivemind's own stream reader allocates whatever length a
   frame header announces, so the exchange reads its payload streams here instead (the frames are
-  hivemind's: a marker byte, an 8-byte big-endian length, a protobuf);
+  hivemind's: a marker byte, an 8-byte big-endian length, a protobuf). Every answer read so is one
+  msgpack object (an envelope, a packed set); one cut short, because the stream closed between two
+  frames, raises ``AnswerCutShort``, which ``retry_until`` retries: it is not the peer's answer;
 - ``CallLimiter``: how many RPCs one remote peer may have running here at once;
 - ``retry_until``: a call repeated after quick failures (a reset stream, a group not open there
   yet) until a deadline, so that a transient failure between honest members costs no payload.
@@ -20,6 +22,7 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.proto import averaging_pb2
 from hivemind.proto.p2pd_pb2 import RPCError
 
+from protocol.bounded_unpack import cut_short
 from protocol.timing import Timing
 
 FRAME_SLACK = 1024  # a frame's protobuf fields around its chunk of payload
@@ -28,6 +31,11 @@ T = TypeVar("T")
 
 class ExchangeLimitError(IOError):
     """A peer sent more than the exchange reads from it."""
+
+
+class AnswerCutShort(IOError):
+    """A stream that ended between two frames before its answer was whole: a transport failure,
+    retried (a member's payload read so once failed to verify and was excluded: CI, 2026-11-27)."""
 
 
 class NotInGroup(KeyError):
@@ -49,7 +57,8 @@ async def read_bounded_stream(
     """Call a stream handler that answers ``AveragingData`` chunks; return (the joined buffers, wire bytes).
 
     Raises ExchangeLimitError past ``limit`` bytes of buffers or a frame longer than ``chunk`` plus
-    slack, KeyError when the peer answers with a code or an error, before reading any further.
+    slack, KeyError when the peer answers with a code or an error, before reading any further, and
+    AnswerCutShort when the joined buffers are the start of a msgpack object but not all of it.
     """
     _, reader, writer = await p2p.call_binary_stream_handler(peer, handle_name)
     with closing(writer):
@@ -78,7 +87,10 @@ async def read_bounded_stream(
             parts.append(msg.tensor_part.buffer)
     if not parts:
         raise KeyError(f"{peer} sent nothing")
-    return b"".join(parts), wire
+    answer = b"".join(parts)
+    if cut_short(answer):
+        raise AnswerCutShort(f"{peer}'s answer ended after {len(answer)} bytes, before it was whole")
+    return answer, wire
 
 
 class CallLimiter:

@@ -11,12 +11,14 @@ import time
 from collections import OrderedDict
 from types import SimpleNamespace
 
+import msgpack
 import pytest
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 
 from peer.exchange.gatherer import CALLS_PER_PEER, PayloadGatherer
-from peer.exchange.bounds import CallLimiter, ExchangeLimitError, read_bounded_stream, retry_until
+from peer.exchange.bounds import AnswerCutShort, CallLimiter, ExchangeLimitError, read_bounded_stream, retry_until
+from protocol.bounded_unpack import cut_short
 from protocol.reconcile import Agreement, parse_answer
 from protocol.signed import open_envelope
 from tests.support.agreement_sim import MAX_PAYLOAD, binding_of, signer
@@ -58,8 +60,29 @@ def read(data: bytes, limit: int = 1000, chunk_bytes: int = 100):
 
 
 def test_a_stream_is_joined_and_its_wire_bytes_counted():
-    data = frame(chunk(b"a" * 100)) + frame(chunk(b"b" * 50))
-    assert read(data) == (b"a" * 100 + b"b" * 50, len(data))
+    answer = msgpack.packb([b"a" * 100, b"b" * 50])
+    data = frame(chunk(answer[:100])) + frame(chunk(answer[100:]))
+    assert read(data) == (answer, len(data))
+
+
+def test_an_answer_cut_between_two_frames_is_a_transport_failure_that_is_retried():
+    answer = msgpack.packb([b"id", b"key", b"signature", b"p" * 500])
+    with pytest.raises(AnswerCutShort):
+        read(frame(chunk(answer[:256])) + frame(chunk(answer[256:400])))  # the stream closed after two frames
+
+    async def cut_once():
+        calls.append(1)
+        return await read_bounded_stream(FakeStreams(frame(chunk(answer[: 256 if len(calls) == 1 else None]))),
+                                         "peer", "h", averaging_pb2.AveragingData(), limit=1000, chunk=1000)
+
+    calls = []
+    assert asyncio.run(_retried(cut_once)) == (answer, len(frame(chunk(answer))))
+    assert len(calls) == 2
+    assert not cut_short(answer) and not cut_short(b"\xc1 not msgpack") and cut_short(answer[:-1])
+
+
+async def _retried(attempt):
+    return await retry_until(asyncio.get_running_loop().time() + 5, attempt, first_pause=0.01)
 
 
 def test_a_frame_announcing_64_mib_is_refused_before_it_is_read():
