@@ -23,7 +23,9 @@ script re-runs itself with ``--as-peer BEHAVIOUR -- PEER FLAGS``, which installs
 function of ``BEHAVIOURS``) and then runs ``voloco peer`` unchanged. ``poison-X``: the peer trains
 honestly, encodes its payload honestly, then multiplies every float on the wire (SparseLoCo's lookup
 tables, DCT's coefficients, dense values; clamped to the wire dtype's finite range) by X: a
-well-formed payload whose values are X times too large. The other attacks run the hostile
+well-formed payload whose values are X times too large; ``negate`` is ``poison=-1``: an honest
+payload pointing the other way, which the direction check (peer/outer/consensus.py) refuses. The
+other attacks run the hostile
 processes the multi-process tests use (tests/support/stalling_peer.py: ``stall``, ``forged-round``;
 tests/support/hostile_exchange.py: ``framer``, ``invented-owners``; tests/support/hostile_records.py:
 ``forged-records``); they never train, so the honest peers ``--wait-peers 3`` in those runs. A new attack is one more line in ``ATTACKS`` (and, for a peer
@@ -174,6 +176,8 @@ ATTACKS: Dict[str, Attack] = {a.name: a for a in [
     Attack("poison-1e2", "a groupmate's well-formed payload, values x1e2", hostile_peer("poison=1e2")),
     Attack("poison-1e4", "a groupmate's well-formed payload, values x1e4", hostile_peer("poison=1e4")),
     Attack("poison-1e29", "a groupmate's well-formed payload, values x1e29", hostile_peer("poison=1e29")),
+    Attack("negate", "a groupmate's honest payload, every value negated: honest norm, the opposite direction",
+           hostile_peer("poison=-1")),
     Attack("stall", "a progress record 'training' at the current round from a peer that never joins a group",
            tests_process("stalling_peer", _join, _key, _const("stall"), _const("3600")), peer=False),
     Attack("forged-round", "a progress record at round 2**62 (blocks catch-up if believed)",

@@ -109,12 +109,14 @@ class RoundEngine:
         return decoded, invalid
 
     def conclude(self, decoded: Sequence[Tensors], pending: Optional[Pending], delivered: bool,
-                 excluded: Optional[Mapping[str, str]] = None) -> Settled:
+                 excluded: Optional[Mapping[str, str]] = None, me: Optional[str] = None) -> Settled:
         """Check and clip ``decoded`` (in canonical order), aggregate, apply the outer step, settle,
         next round. A contribution refused on the way is listed in ``excluded`` (by sender when
-        ``decoded`` came from ``decode``)."""
+        ``decoded`` came from ``decode``); ours (sender ``me``) refused so settles as undelivered:
+        what we sent goes back into our buffers (tests/outer/test_round_engine.py)."""
         with self.lock:
             outcome = robust_step(self.strategy, self._theta, decoded, self.round)
+            delivered = delivered and (me is None or me not in outcome.excluded)
             if pending is not None:
                 self.strategy.settle(pending, delivered=delivered)
             settled = Settled(self.round, outcome.contributors, {**(excluded or {}), **outcome.excluded}, delivered,
@@ -144,7 +146,7 @@ class RoundEngine:
         """``decode`` then ``conclude``: the whole round from the agreed payloads (own included)."""
         decoded, invalid = self.decode(payloads)
         excluded = {**(excluded or {}), **invalid}
-        return self.conclude(decoded, pending, delivered=me in payloads and me not in excluded, excluded=excluded)
+        return self.conclude(decoded, pending, delivered=me in payloads and me not in excluded, excluded=excluded, me=me)
 
     def defer(self, pending: Pending) -> None:
         """The round found no group: keep all of this round's signal in the local buffers."""

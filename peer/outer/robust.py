@@ -7,14 +7,18 @@ here, per round:
 
 1. **check**: every decoded tensor finite and below that bound (a contribution that fails is
    excluded, with the reason; contributions that did not come through a codec are checked too);
-2. **clip** (SparseLoCo's production rule, as Templar's validators do it): per tensor name, over
+2. **direction** (peer/outer/consensus.py): a contribution whose signs agree with the others' of
+   its round less than ``min_z`` standard deviations above chance (the lower median over the
+   contributions it can be compared with) is excluded: a negated or random update of honest size
+   passes the clip, not this;
+3. **clip** (SparseLoCo's production rule, as Templar's validators do it): per tensor name, over
    the contributions that carry that tensor (a full replica, a partial slice owner and a chain stage
    carry different sets: like is compared with like), the L2 norm of each; a contribution whose
    norm exceeds ``multiple`` x the median of those norms (``CLIP_MULTIPLE`` = 1.5) is scaled down
    to it. The median is the
    lower one (``torch.median``'s convention): with 4 members it is the second smallest norm, so one
    huge update is clipped to an honest size and one zero update cannot pull the limit to zero;
-3. **step**: the strategy's aggregate of the clipped contributions, then its outer step, all or
+4. **step**: the strategy's aggregate of the clipped contributions, then its outer step, all or
    nothing (``OuterStrategy.apply`` raises ``NonFiniteStep`` before it changes anything). If the
    step would leave a non-finite value (not reachable from bounded contributions and a finite θ,
    kept as the last line), the largest contribution is excluded and the step retried; with none
@@ -39,6 +43,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from peer.outer.consensus import score_contributions
 from protocol.codecs.fields import MAX_ABS
 
 __all__ = ["CLIP_MULTIPLE", "Contributions", "NonFiniteStep", "Outcome", "Screening", "robust_step", "screen",
@@ -131,11 +136,13 @@ class Screening:
     excluded: Dict[int, str] = field(default_factory=dict)  # position -> why it was refused
     clipped: Dict[int, float] = field(default_factory=dict)  # position -> smallest scale applied to a tensor
     limits: Dict[str, float] = field(default_factory=dict)  # tensor name -> the norm it was clipped to
+    scores: Dict[int, float] = field(default_factory=dict)  # position -> its agreement with the others (z)
 
 
-def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE) -> Screening:
-    """Check every contribution, then clip each tensor to ``multiple`` x the median norm of that
-    tensor over the contributions that carry it (``math.inf``: no clipping)."""
+def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: float = 0.0) -> Screening:
+    """Check every contribution, exclude those that agree with the others less than ``min_z``
+    (0: no such check), then clip each tensor to ``multiple`` x the median norm of that tensor over
+    the contributions that carry it (``math.inf``: no clipping)."""
     out = Screening()
     norms: Dict[int, Dict[str, float]] = {}
     for i, contribution in enumerate(decoded):
@@ -145,6 +152,14 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE) -> Scree
             norms[i] = n
         else:
             out.excluded[i] = why
+    if min_z > 0 and len(out.kept) >= 2:
+        scores = score_contributions([decoded[i] for i in out.kept])
+        out.scores = {out.kept[p]: z for p, z in scores.items()}
+        for i, z in out.scores.items():
+            if z < min_z:
+                out.excluded[i] = (f"its direction agrees with the others' of its round {z:+.1f} standard deviations "
+                                   f"above chance, below the {min_z:g} a contribution needs")
+                out.kept.remove(i)
     scales: Dict[int, Dict[str, float]] = {i: {} for i in out.kept}
     names = list(dict.fromkeys(name for i in out.kept for name in decoded[i]))  # first-seen order
     for name in names:
@@ -175,14 +190,17 @@ class Outcome:
     contributors: int  # contributions in the aggregate that was applied
     excluded: Dict[str, str] = field(default_factory=dict)  # sender -> why its contribution did not count
     clipped: Dict[str, float] = field(default_factory=dict)  # sender -> smallest scale applied to one of its tensors
+    scores: Dict[str, float] = field(default_factory=dict)  # sender -> its agreement with the others (z)
 
 
 def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: int = -1,
                 multiple: Optional[float] = None) -> Outcome:
-    """Check, clip, aggregate with ``strategy`` and apply its outer step to ``theta`` (in place)."""
+    """Check, screen by direction, clip, aggregate with ``strategy`` and apply its outer step to
+    ``theta`` (in place). The direction check's threshold is the strategy's ``min_agreement``
+    (the run spec's ``outer.min_agreement``; absent: none)."""
     names = sender_names(decoded)
     multiple = getattr(strategy, "clip_multiple", CLIP_MULTIPLE) if multiple is None else multiple
-    s = screen(decoded, multiple)
+    s = screen(decoded, multiple, getattr(strategy, "min_agreement", 0.0))
     excluded = {names[i]: f"refused update: {why}" for i, why in s.excluded.items()}
     kept = list(s.kept)
     while kept:
@@ -195,7 +213,7 @@ def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: 
             excluded[names[worst]] = f"refused update: with it the outer step would leave {e}"
     clipped = {names[i]: s.clipped[i] for i in kept if i in s.clipped}
     _log(round_no, multiple, excluded, clipped)
-    return Outcome(len(kept), excluded, clipped)
+    return Outcome(len(kept), excluded, clipped, {names[i]: z for i, z in s.scores.items()})
 
 
 def _log(round_no: int, multiple: float, excluded: Dict[str, str], clipped: Dict[str, float]) -> None:

@@ -68,6 +68,7 @@ class OuterStrategy:
         self.layout = dict(self.layout_of(part))  # what this peer sends
         self.codec = make_codec(spec)
         self.lr = spec.outer.effective_lr
+        self.min_agreement = spec.outer.min_agreement  # the direction check of peer/outer/robust.py
         self.max_payload_bytes = payload_max_bytes(self.codec, self.full_layout)  # no part is larger
 
     def layout_of(self, part: Part) -> Optional[Layout]:

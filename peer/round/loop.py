@@ -376,7 +376,7 @@ class RoundLoop:
             self._last_round = None if merged is None else union.LastRound(
                 engine.round, engine.snapshot(), merged.held, base=engine.params_hash())
             engine.conclude(decoded, h.pending, delivered=peer.peer_id in payloads and peer.peer_id not in excluded,
-                            excluded=excluded)
+                            excluded=excluded, me=peer.peer_id)
             peer._load_theta()
             if self._last_round is not None:
                 self._last_round.after_hash = engine.params_hash()

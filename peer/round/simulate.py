@@ -44,6 +44,7 @@ from peer.training.inner import InnerTrainer, evaluate
 from peer.training.model import build_model
 from peer.training.roles import FullReplica, SliceOwner
 from peer.outer.engine import RoundEngine
+from peer.outer.robust import Contributions
 from peer.round.loop import continue_from
 from peer.outer.strategies import Tensors
 from protocol.partial import FULL
@@ -86,6 +87,7 @@ class RoundStats:
     payload_bytes: List[int]  # len(encoded payload) of each replica this round
     seconds: float
     params_hash: str = ""  # of θ after this round's outer step (``peer.checkpoints.files.params_hash``, as peers report it)
+    excluded: Dict[str, str] = field(default_factory=dict)  # sender -> why its contribution did not count (replica 0's view)
 
 
 @dataclass
@@ -206,6 +208,8 @@ def simulate(
     parts: Optional[Sequence[int]] = None,
     eval_rounds: Iterable[int] = (),
     overlap_steps: int = 0,
+    tamper: Optional[Callable[[int, str, Tensors], Tensors]] = None,
+    on_replica: Optional[Callable[[int, object], None]] = None,
 ) -> SimResult:
     """Run ``rounds`` rounds of ``replicas`` replicas of the peer round loop in this process.
 
@@ -220,7 +224,10 @@ def simulate(
     after which θ is evaluated. ``overlap_steps``: the one-step-delayed outer update of a live
     peer with overlap (peer/round/loop.py) whose exchange ends after that many inner steps of the
     next round: each replica takes them from θ_send, then continues from θ + (θ_now − θ_send);
-    0: the sequential loop (every round from its θ).
+    0: the sequential loop (every round from its θ). ``tamper(round, sender, decoded)``: what a hostile
+    sender's contribution decodes to instead (bench/trust.py; the same for every replica: a signed
+    payload is the same bytes for every member); ``on_replica(i, role)``: a hook on each replica's role
+    once built (e.g. a replica that trains on other data).
     """
     if replicas < 1 or rounds < 0:
         raise ValueError("replicas must be >= 1 and rounds >= 0")
@@ -244,6 +251,8 @@ def simulate(
         role = FullReplica(spec, model, dev, corpus, shard) if part == FULL else SliceOwner(spec, part, model, dev, corpus, shard)
         theta = {n: p.detach().to("cpu", torch.float32).clone() for n, p in role.params.items()}
         reps.append(_Replica(sender=shard, role=role, engine=RoundEngine(role.strategy, theta)))
+        if on_replica is not None:
+            on_replica(len(reps) - 1, role)
     val = val_batches(corpus, spec.model.seq_len, spec.data.batch_size, spec.data.val_batches)
     result = SimResult(
         strategy=spec.outer.strategy,
@@ -283,6 +292,7 @@ def simulate(
         # 3. every member decodes the round's payloads in canonical order, aggregates, applies
         verify = round_no < verify_rounds
         shared_decoded: Optional[List[Tensors]] = None
+        excluded: Dict[str, str] = {}
         for rep in reps:
             if verify or shared_decoded is None:
                 decoded, invalid = rep.engine.decode(payloads)
@@ -294,7 +304,10 @@ def simulate(
                     _assert_same(shared_decoded, decoded, f"round {round_no}: replica {rep.sender} decoded differently")
             else:
                 decoded = shared_decoded
-            rep.engine.conclude(decoded, pendings[rep.sender], delivered=True)
+            if tamper is not None:
+                decoded = _tampered(decoded, round_no, tamper)
+            settled = rep.engine.conclude(decoded, pendings[rep.sender], delivered=True, me=rep.sender)
+            excluded = excluded if rep is not reps[0] else settled.excluded
         if verify:
             result.verified_rounds += 1
         for rep in reps[1:]:
@@ -318,6 +331,7 @@ def simulate(
             payload_bytes=[len(payloads[r.sender]) for r in reps],
             seconds=time.monotonic() - t_round,
             params_hash=reps[0].engine.params_hash(),
+            excluded=dict(excluded),
         )
         result.history.append(stats)
         if on_round is not None:
@@ -326,6 +340,12 @@ def simulate(
     if keep_theta:
         result.theta = {n: t.clone() for n, t in reps[0].engine.theta.items()}
     return result
+
+
+def _tampered(decoded, round_no: int, tamper) -> List[Tensors]:
+    """``decoded`` with every contribution as ``tamper`` makes it, in the same order and senders."""
+    senders = getattr(decoded, "senders", None) or [str(i) for i in range(len(decoded))]
+    return Contributions([tamper(round_no, s, c) for s, c in zip(senders, decoded)], senders)
 
 
 def _load_params(model: torch.nn.Module, theta: Tensors) -> None:

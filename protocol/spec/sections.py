@@ -199,8 +199,19 @@ class OuterSpec(SpecModel):
     overlap: Bool = True  # train the next round while this round's exchange is in flight (one-step-delayed outer update)
     min_inner_fraction: Float(gt=0.0, le=1.0) = 0.25  # a slower peer closes its round early, once its groupmates are ready, after at least this fraction of H
     dense_dtype: Literal[DENSE_DTYPES] = "fp32"  # diloco's wire dtype
+    # a contribution counts only if its signs agree with the others' of its round at least this many
+    # standard deviations above chance (peer/outer/consensus.py); 0 turns the check off. Left out of
+    # the serialized spec at its default, like data.tokenizer: digests are unchanged
+    min_agreement: Float(ge=0.0, le=1e6) = 3.0
     sparseloco: SparseLoCoSpec = Field(default_factory=SparseLoCoSpec)
     dct: DCTSpec = Field(default_factory=DCTSpec)
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler):
+        out = handler(self)
+        if out.get("min_agreement") == type(self).model_fields["min_agreement"].default:
+            del out["min_agreement"]
+        return out
 
     @property
     def effective_lr(self) -> float:

@@ -14,7 +14,9 @@ from peer.outer.engine import RoundEngine
 from peer.outer.strategies import make_strategy
 from protocol.spec import RunSpec
 
-SPEC = RunSpec().replace(model={"d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32, "seq_len": 8})
+# the direction check (tests/outer/test_consensus.py) needs more coordinates than these hand-made vectors have
+SPEC = RunSpec().replace(model={"d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32, "seq_len": 8},
+                         outer={"min_agreement": 0.0})
 
 
 def vec(*values):

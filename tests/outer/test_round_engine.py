@@ -21,8 +21,11 @@ def engines(n, strategy="sparseloco"):
 
 
 def trained(theta, seed):
-    gen = torch.Generator().manual_seed(seed)
-    return {k: v - 0.01 * torch.randn(v.shape, generator=gen) for k, v in theta.items()}
+    """θ after "training": a direction every member shares plus a member's own (independent random
+    updates share no direction, and the direction check of peer/outer/consensus.py refuses them)."""
+    common, gen = torch.Generator().manual_seed(99), torch.Generator().manual_seed(seed)
+    return {k: v - 0.01 * (torch.randn(v.shape, generator=common) + 0.5 * torch.randn(v.shape, generator=gen))
+            for k, v in theta.items()}
 
 
 @pytest.mark.parametrize("strategy", ["sparseloco", "diloco", "dct"])

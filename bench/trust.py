@@ -1,0 +1,190 @@
+"""Hostile contributions of honest size, in the in-process simulation: what the direction check
+(peer/outer/consensus.py) stops, what it costs honest runs, and whom it refuses.
+
+    python bench/trust.py [--quick] [--honest 3,6] [--hostile 1,2,3] [--attacks negate,noise,garbage,scale]
+                          [--seeds 3] [--checks on,off] [--jobs 2] [--threads 1] [--json OUT]
+
+Every arm is ``peer.round.simulate.simulate``: R honest replicas and K hostile ones, every one the
+real round loop (its own model copy, data shard, AdamW and SparseLoCo error feedback, its own round
+engine that checks, screens, clips, aggregates and applies). A hostile replica trains honestly and
+what it sends is made hostile (``tamper``: the same for every member, as a signed payload is):
+
+- negate: its own honest pseudo-gradient, negated: honest norm, the opposite direction;
+- noise: Gaussian noise of its honest norm, on the coordinates it would have sent;
+- garbage: honest training on uniformly random tokens (a peer fed garbage data);
+- scale: its honest contribution x1e4 (what the median-norm clip is for, for comparison).
+
+The baseline of an arm is the R honest replicas alone, with the same seed and shards: equal honest
+tokens. The loss gap is paired by seed, (attacked / clean) - 1, mean ± std over the seeds. With
+``--checks off`` the direction check is off (``outer.min_agreement = 0``): what the attack does
+without it. Counted over every round: honest contributions refused (false exclusions) and hostile
+ones refused, from replica 0's view (every replica decides alike; the simulation asserts θ equal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any, Dict, List
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from bench.common import machine, now, run_jobs, table  # noqa: E402
+from bench.compression import make_spec  # noqa: E402
+from swarm.jsonout import dumps as strict_json  # noqa: E402
+
+ATTACKS = ("negate", "noise", "garbage", "scale")
+CONFIGS = {
+    # the compression bench's small model, 12 rounds of H = 20 (240 inner steps a replica)
+    "full": dict(model=dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176, seq_len=32),
+                 batch_size=8, inner_steps=20, steps=240, lr=3e-3, warmup=20),
+    "quick": dict(model=dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176, seq_len=32),
+                  batch_size=8, inner_steps=10, steps=40, lr=3e-3, warmup=5),
+}
+HOSTILE = "hostile"  # the shard prefix of hostile replicas ("replica" for the honest ones)
+
+
+class RandomTokens:
+    """A training stream of uniformly random tokens: what a peer fed garbage trains on."""
+
+    def __init__(self, stream, vocab: int, seed: int):
+        self.stream, self.vocab = stream, vocab
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def next_batch(self):
+        chunk = torch.randint(0, self.vocab, (self.stream.batch_size, self.stream.seq_len + 1), generator=self.gen)
+        return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+
+
+def make_tamper(attack: str):
+    def tamper(round_no: int, sender: str, decoded):
+        if not sender.startswith(HOSTILE) or attack == "garbage":
+            return decoded
+        if attack == "negate":
+            return {n: -t for n, t in decoded.items()}
+        if attack == "scale":
+            return {n: t * 1e4 for n, t in decoded.items()}
+        gen = torch.Generator().manual_seed(zlib.crc32(f"{round_no}/{sender}".encode()))
+        out = {}
+        for n, t in decoded.items():
+            x = torch.randn(t.shape, generator=gen) * (t != 0)
+            out[n] = x * (t.norm() / (x.norm() + 1e-30))
+        return out
+    return tamper
+
+
+def run_arm(job) -> Dict[str, Any]:
+    """One simulation: (cfg, honest R, hostile K, attack or None, check on, seed, threads)."""
+    from peer.round.simulate import simulate
+    from peer.training.data import load_corpus
+
+    cfg, honest, hostile, attack, check, seed, threads = job
+    torch.set_num_threads(threads)
+    spec = make_spec(cfg, {"strategy": "sparseloco", "min_agreement": 3.0 if check else 0.0}, {}, cfg["steps"], seed)
+    shards = [f"replica{i}" for i in range(honest)] + [f"{HOSTILE}{k}" for k in range(hostile)]
+
+    def on_replica(i, role):
+        if attack == "garbage" and shards[i].startswith(HOSTILE):
+            role.stream = RandomTokens(role.stream, spec.model.vocab_size, seed * 1000 + i)
+
+    t = time.monotonic()
+    rounds = max(1, cfg["steps"] // cfg["inner_steps"])
+    res = simulate(spec, len(shards), rounds, corpus=load_corpus("stdlib"), seed_shards=shards, eval_every=0,
+                   tamper=make_tamper(attack) if attack else None, on_replica=on_replica)
+    refused = [s for h in res.history for s in h.excluded]
+    row = dict(honest=honest, hostile=hostile, attack=attack or "clean", check=check, seed=seed,
+               val_loss=res.final_val_loss, rounds=rounds,
+               honest_refused=sum(1 for s in refused if not s.startswith(HOSTILE)),
+               hostile_refused=sum(1 for s in refused if s.startswith(HOSTILE)),
+               hostile_sent=hostile * rounds, wall_s=time.monotonic() - t)
+    print(f"  R={honest} K={hostile} {row['attack']:8s} check {'on ' if check else 'off'} seed {seed}: "
+          f"val {row['val_loss']:.4f}, refused honest {row['honest_refused']} hostile {row['hostile_refused']}/"
+          f"{row['hostile_sent']}, {row['wall_s']:.0f} s", flush=True)
+    return row
+
+
+def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per (R, K, attack, check): loss over seeds and the gap paired with the clean run of its seed."""
+    clean = {(r["honest"], r["check"], r["seed"]): r["val_loss"] for r in rows if r["attack"] == "clean"}
+    groups: Dict[tuple, List[Dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["honest"], r["hostile"], r["attack"], r["check"]), []).append(r)
+    out = []
+    for (honest, hostile, attack, check), rs in groups.items():
+        gaps = [r["val_loss"] / clean[(honest, check, r["seed"])] - 1 for r in rs if (honest, check, r["seed"]) in clean]
+        out.append(dict(
+            honest=honest, hostile=hostile, attack=attack, check=check, seeds=len(rs),
+            loss=statistics.fmean(r["val_loss"] for r in rs),
+            gap=statistics.fmean(gaps) if gaps else None, gap_std=statistics.stdev(gaps) if len(gaps) > 1 else 0.0,
+            gap_max=max(gaps) if gaps else None,
+            honest_refused=sum(r["honest_refused"] for r in rs),
+            honest_sent=sum(r["honest"] * r["rounds"] for r in rs),
+            hostile_refused=sum(r["hostile_refused"] for r in rs), hostile_sent=sum(r["hostile_sent"] for r in rs),
+        ))
+    return out
+
+
+def print_summary(summary: List[Dict[str, Any]]) -> None:
+    lines = []
+    for s in summary:
+        gap = "-" if s["gap"] is None or s["attack"] == "clean" else (
+            f"{100 * s['gap']:+.2f} % ± {100 * s['gap_std']:.2f} (max {100 * s['gap_max']:+.2f})")
+        lines.append([f"{s['honest']} + {s['hostile']}", s["attack"], "on" if s["check"] else "off", str(s["seeds"]),
+                      f"{s['loss']:.4f}", gap, f"{s['honest_refused']}/{s['honest_sent']}",
+                      f"{s['hostile_refused']}/{s['hostile_sent']}" if s["hostile"] else "-"])
+    print(table(["honest + hostile", "attack", "check", "seeds", "val loss", "vs clean (paired)", "honest refused",
+                 "hostile refused"], lines, left=3))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="4 rounds of H = 10: a smoke run of every arm")
+    ap.add_argument("--honest", default="3,6", help="comma-separated numbers of honest replicas (default 3,6)")
+    ap.add_argument("--hostile", default="1,2,3", help="comma-separated numbers of hostile replicas (default 1,2,3)")
+    ap.add_argument("--attacks", default=",".join(ATTACKS), help=f"comma-separated attacks (default: {','.join(ATTACKS)})")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per arm, 0..N-1 (default 3)")
+    ap.add_argument("--checks", default="on,off",
+                    help="direction check on, off or both (default on,off; 'off' runs only the negate attack, "
+                         "the one the check exists for, unless it is the only setting)")
+    ap.add_argument("--jobs", type=int, default=2, help="arms run at a time, each in its own process (default 2)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per arm (default 1)")
+    ap.add_argument("--json", type=Path, help="write every run and the summary as JSON here")
+    args = ap.parse_args(argv)
+    cfg = CONFIGS["quick" if args.quick else "full"]
+    honest = [int(x) for x in args.honest.split(",")]
+    hostile = [int(x) for x in args.hostile.split(",")]
+    attacks = [a for a in args.attacks.split(",") if a]
+    unknown = [a for a in attacks if a not in ATTACKS]
+    if unknown:
+        ap.error(f"unknown attack(s) {', '.join(unknown)}; have: {', '.join(ATTACKS)}")
+    checks = [{"on": True, "off": False}[c] for c in args.checks.split(",")]
+    seeds = list(range(args.seeds))
+    jobs = []
+    for check in checks:
+        for seed in seeds:
+            for r in honest:
+                jobs.append((cfg, r, 0, None, check, seed, args.threads))
+                for attack in attacks:
+                    if not check and len(checks) > 1 and attack != "negate":
+                        continue
+                    jobs += [(cfg, r, k, attack, check, seed, args.threads) for k in hostile]
+    print(f"# bench/trust.py, {now()}, {machine()}: {len(jobs)} simulations, {args.jobs} at a time", flush=True)
+    t0 = time.monotonic()
+    rows = run_jobs(run_arm, jobs, args.jobs)
+    summary = summarize(rows)
+    print()
+    print_summary(summary)
+    print(f"\n{time.monotonic() - t0:.0f} s in all")
+    if args.json:
+        args.json.write_text(strict_json(dict(config=cfg, rows=rows, summary=summary, machine=machine(), date=now())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

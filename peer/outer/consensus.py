@@ -1,0 +1,107 @@
+"""Does a contribution point the way the others of its round point? A score every member computes alike.
+
+Clipping (peer/outer/robust.py) bounds the size of an update, not its direction: a hostile member
+that sends the negated pseudo-gradient of honest training, or noise, at an honest norm, passes it.
+What honest updates share is their direction: trained from one θ on the same kind of data, their
+signs agree far more often than chance, coordinate by coordinate. So, for every pair of
+contributions (i, j) over the tensors both carry (a full replica, a slice owner and a chain stage
+are compared on what they share, never on what only one of them sends):
+
+    A_ij = Σ sign(u_i) · sign(u_j)          (agreements minus disagreements)
+    O_ij = Σ |sign(u_i)| · |sign(u_j)|      (coordinates both set)
+    z_ij = A_ij / √O_ij                      (0 where they set no coordinate in common)
+
+For signs drawn at random, A_ij has mean 0 and standard deviation √O_ij: z_ij is how many
+standard deviations the pair agrees above chance. A contribution's score is the lower median of its
+z over the others it can be compared with, so a minority of hostile members cannot raise a hostile
+score or sink an honest one: a contribution counts only with a score of at least ``min_z``.
+
+Measured on the bench model (bench/trust.py, bench/RESULTS.md): honest pairs score 8 to 250
+(SparseLoCo, DCT, DiLoCo; more with more coordinates), noise −1.2 to +1.1, negated honest
+updates −10 to −260. A contribution that shares no coordinate with the others scores 0: carrying
+nothing in common with the round is no information.
+
+Every member must decide alike: the counts are exact integers on any machine. Signs are stacked
+as float32 in blocks of at most ``_BLOCK`` coordinates and multiplied as a matrix; every partial sum
+of ±1 and 0 over fewer than 2^24 terms is an integer that float32 holds exactly, whatever order a
+BLAS adds in, and the blocks are added as Python integers. z, the sort and the median are IEEE
+operations on those integers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Sequence, Tuple
+
+import torch
+
+__all__ = ["Agreement", "agreement", "score_contributions", "MIN_OVERLAP_PAIRS"]
+
+Tensors = Mapping[str, torch.Tensor]
+_BLOCK = 1 << 20  # coordinates per block: exact in float32 below 2^24, and n x 4 MiB of signs at a time
+MIN_OVERLAP_PAIRS = 1  # a contribution is judged once it can be compared with this many others
+
+
+@dataclass
+class Agreement:
+    """Pairwise sign counts of a round's contributions (positions index the input)."""
+
+    agree: Dict[Tuple[int, int], int] = field(default_factory=dict)  # (i, j), i < j -> A_ij
+    overlap: Dict[Tuple[int, int], int] = field(default_factory=dict)  # (i, j), i < j -> O_ij
+
+    def z(self, i: int, j: int) -> float:
+        key = (i, j) if i < j else (j, i)
+        o = self.overlap[key]
+        return self.agree[key] / math.sqrt(o) if o else 0.0
+
+    def comparable(self, i: int) -> List[int]:
+        return sorted({b if a == i else a for a, b in self.overlap if i in (a, b)})
+
+
+def agreement(contributions: Sequence[Tensors]) -> Agreement:
+    """A_ij and O_ij for every pair that carries at least one tensor name in common."""
+    out = Agreement()
+    names = list(dict.fromkeys(name for c in contributions for name in c))  # first-seen order
+    for name in names:
+        carriers = [i for i, c in enumerate(contributions) if name in c]
+        if len(carriers) < 2:
+            continue
+        flats = [contributions[i][name].detach().to("cpu", torch.float32).reshape(-1) for i in carriers]
+        size = flats[0].numel()
+        if any(f.numel() != size for f in flats):
+            raise ValueError(f"tensor {name!r} has different sizes across contributions")
+        agree = [[0] * len(carriers) for _ in carriers]
+        overlap = [[0] * len(carriers) for _ in carriers]
+        for start in range(0, size, _BLOCK):
+            signs = torch.stack([torch.sign(f[start:start + _BLOCK]) for f in flats])
+            present = signs.abs()
+            a, o = (signs @ signs.T).tolist(), (present @ present.T).tolist()
+            for x in range(len(carriers)):
+                for y in range(x + 1, len(carriers)):
+                    agree[x][y] += int(a[x][y])
+                    overlap[x][y] += int(o[x][y])
+        for x, i in enumerate(carriers):
+            for y in range(x + 1, len(carriers)):
+                key = (i, carriers[y])
+                out.agree[key] = out.agree.get(key, 0) + agree[x][y]
+                out.overlap[key] = out.overlap.get(key, 0) + overlap[x][y]
+    return out
+
+
+def lower_median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def score_contributions(contributions: Sequence[Tensors]) -> Dict[int, float]:
+    """Position -> the lower median of its z over the others it can be compared with; a
+    contribution comparable with none is not scored (it is absent from the result).
+    Guarded by tests/outer/test_consensus.py."""
+    pairs = agreement(contributions)
+    scores: Dict[int, float] = {}
+    for i in range(len(contributions)):
+        others = pairs.comparable(i)
+        if len(others) >= MIN_OVERLAP_PAIRS:
+            scores[i] = lower_median([pairs.z(i, j) for j in others])
+    return scores

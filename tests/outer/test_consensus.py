@@ -1,0 +1,127 @@
+"""The direction check (peer/outer/consensus.py, peer/outer/robust.py's ``screen``): exact sign
+counts, and which contributions of a round count: milliseconds."""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import pytest
+import torch
+
+import peer.outer.consensus as consensus
+from peer.outer.consensus import agreement, score_contributions
+from peer.outer.robust import Contributions, robust_step, screen
+from peer.outer.engine import RoundEngine
+from peer.outer.strategies import make_strategy
+from protocol.spec import RunSpec
+
+SIZE = 4000
+
+
+def honest(seed: int, common_seed: int = 0, density: float = 0.3, names=("w", "b")):
+    """A shared direction plus a member's own noise, on a random sparse support (as top-k leaves it)."""
+    own = torch.Generator().manual_seed(1000 + seed)
+    out = {}
+    for name in names:
+        common = torch.Generator().manual_seed(common_seed * 7919 + zlib.crc32(name.encode()))  # one per tensor
+        u = torch.randn(SIZE, generator=common) + 1.5 * torch.randn(SIZE, generator=own)
+        out[name] = u * (torch.rand(SIZE, generator=own) < density)
+    return out
+
+
+def noise(seed: int, density: float = 0.3, names=("w", "b")):
+    g = torch.Generator().manual_seed(5000 + seed)
+    return {n: torch.randn(SIZE, generator=g) * (torch.rand(SIZE, generator=g) < density) for n in names}
+
+
+def brute_force(a, b):
+    """A_ij and O_ij by the definition, one coordinate at a time, in Python integers."""
+    agree = overlap = 0
+    for name in a:
+        if name in b:
+            for x, y in zip(torch.sign(a[name]).tolist(), torch.sign(b[name]).tolist()):
+                agree += int(x * y)
+                overlap += int(x != 0 and y != 0)
+    return agree, overlap
+
+
+def test_counts_are_exact_integers_whatever_the_block_size(monkeypatch):
+    contributions = [honest(0), honest(1), noise(2), {"w": honest(3)["w"]}]  # the last carries one tensor
+    want = {(i, j): brute_force(contributions[i], contributions[j]) for i in range(4) for j in range(i + 1, 4)}
+    for block in (SIZE, 997, 64):
+        monkeypatch.setattr(consensus, "_BLOCK", block)
+        pairs = agreement(contributions)
+        assert {k: (pairs.agree[k], pairs.overlap[k]) for k in pairs.agree} == want
+        assert pairs.z(0, 1).hex() == (want[(0, 1)][0] / math.sqrt(want[(0, 1)][1])).hex() == pairs.z(1, 0).hex()
+
+
+@pytest.mark.parametrize("hostile", ["negated", "noise", "elsewhere", "copy-negated"])
+def test_honest_contributions_count_and_a_hostile_minority_does_not(hostile):
+    members = [honest(i) for i in range(4)]
+    if hostile == "negated":  # the negated pseudo-gradient of its own honest training
+        bad = {n: -t for n, t in honest(9).items()}
+    elif hostile == "noise":
+        bad = noise(9)
+    elif hostile == "elsewhere":  # honest size, on coordinates no honest member sets
+        bad = {n: torch.where(t == 0, torch.randn(SIZE), torch.zeros(SIZE)) for n, t in honest(9, density=0.0).items()}
+        for n in bad:
+            bad[n][torch.stack([m[n] != 0 for m in members]).any(0)] = 0.0
+    else:  # the exact negation of one honest member's update: it must not sink that member
+        bad = {n: -t for n, t in members[0].items()}
+    contributions = members + [bad]
+    s = screen(contributions, math.inf, min_z=3.0)
+    assert s.kept == [0, 1, 2, 3], (hostile, s.scores)
+    assert list(s.excluded) == [4] and "standard deviations above chance" in s.excluded[4]
+    assert all(s.scores[i] > 4 for i in range(4)) and s.scores[4] < 3
+
+
+def test_a_third_hostile_is_outvoted_and_half_is_not_let_in():
+    members = [honest(i) for i in range(6)]
+    bad = [{n: -t for n, t in honest(20 + k).items()} for k in range(3)]  # they agree with each other
+    s = screen(members + bad, math.inf, min_z=3.0)
+    assert s.kept == list(range(6)) and sorted(s.excluded) == [6, 7, 8]
+    half = screen(members[:3] + bad, math.inf, min_z=3.0)  # 3 against 3: nobody's direction wins
+    assert not any(i in half.kept for i in (3, 4, 5))
+
+
+def test_parts_are_compared_on_what_they_share_and_a_part_nobody_shares_is_not_judged():
+    full = [honest(i, names=("s1", "s2")) for i in range(3)]
+    stage1, stage2 = {"s1": honest(7, names=("s1",))["s1"]}, {"s2": honest(8, names=("s2",))["s2"]}
+    lone = {"only-mine": torch.randn(SIZE)}  # a slice no other member of the round carries
+    scores = score_contributions(full + [stage1, stage2, lone])
+    assert all(scores[i] > 3 for i in range(5)) and 5 not in scores
+    s = screen(full + [stage1, stage2, lone], math.inf, min_z=3.0)
+    assert s.kept == [0, 1, 2, 3, 4, 5] and not s.excluded
+
+
+def test_off_at_zero_and_decided_alike_in_any_order():
+    contributions = [honest(0), honest(1), noise(2)]
+    assert not screen(contributions, math.inf, min_z=0.0).excluded
+    forward = score_contributions(contributions)
+    backward = score_contributions(contributions[::-1])
+    assert [forward[i].hex() for i in range(3)] == [backward[2 - i].hex() for i in range(3)]
+
+
+SPEC = RunSpec().replace(model={"d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32, "seq_len": 8},
+                         outer={"strategy": "diloco"})
+
+
+def test_the_round_records_the_reason_and_our_own_refused_update_is_not_lost():
+    strategy = make_strategy(SPEC, layout={"w": (SIZE,), "b": (SIZE,)})
+    assert strategy.min_agreement == 3.0  # the spec's default
+    theta = {"w": torch.zeros(SIZE), "b": torch.zeros(SIZE)}
+    decoded = Contributions([honest(0), honest(1), honest(2), noise(3)], ["p0", "p1", "p2", "p3"])
+    out = robust_step(strategy, theta, decoded)
+    assert out.contributors == 3 and list(out.excluded) == ["p3"] and set(out.scores) == {"p0", "p1", "p2", "p3"}
+
+    spec = SPEC.replace(outer={"strategy": "sparseloco"})
+    engine = RoundEngine(make_strategy(spec), {n: torch.zeros(s) for n, s in spec.param_shapes().items()})
+    gen = torch.Generator().manual_seed(0)
+    mine = {n: torch.randn(s, generator=gen) for n, s in spec.param_shapes().items()}
+    data, pending = engine.encode(engine.theta, mine)  # our update is -mine: θ - θ_local
+    others = [{n: t.clone() for n, t in mine.items()} for _ in range(3)]  # three members that went the other way
+    settled = engine.conclude(Contributions([engine.strategy.decode(data, 0)] + others, ["me", "a", "b", "c"]),
+                              pending, delivered=True, me="me")
+    assert "me" in settled.excluded and not settled.delivered
+    assert all(torch.equal(engine.strategy.buffer[n], pending.signal[n]) for n in pending.signal)
