@@ -24,6 +24,7 @@ ones refused, from replica 0's view (every replica decides alike; the simulation
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
 import time
@@ -86,6 +87,7 @@ def run_arm(job) -> Dict[str, Any]:
 
     cfg, honest, hostile, attack, check, seed, threads = job
     torch.set_num_threads(threads)
+    logging.getLogger("voloco.peer.robust").setLevel(logging.ERROR)  # every replica logs every refusal: counted below
     spec = make_spec(cfg, {"strategy": "sparseloco", "min_agreement": 3.0 if check else 0.0}, {}, cfg["steps"], seed)
     shards = [f"replica{i}" for i in range(honest)] + [f"{HOSTILE}{k}" for k in range(hostile)]
 

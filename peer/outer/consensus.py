@@ -12,9 +12,13 @@ are compared on what they share, never on what only one of them sends):
     z_ij = A_ij / √O_ij                      (0 where they set no coordinate in common)
 
 For signs drawn at random, A_ij has mean 0 and standard deviation √O_ij: z_ij is how many
-standard deviations the pair agrees above chance. A contribution's score is the lower median of its
-z over the others it can be compared with, so a minority of hostile members cannot raise a hostile
-score or sink an honest one: a contribution counts only with a score of at least ``min_z``.
+standard deviations the pair agrees above chance. A contribution's score is the median of its z
+over the others it can be compared with (of an even count, the upper of the two middle values): with
+R honest members and K hostile ones that agree with each other and not with the honest, an honest
+score stays high while K < R and a hostile one stays low while K <= R, so hostile members that are
+fewer than the honest can neither raise their own scores nor sink an honest one. A contribution
+counts only with a score of at least ``min_z``; where K = R nobody's direction wins and nothing
+counts (no step is better than half a step backwards).
 
 Measured on the bench model (bench/trust.py, bench/RESULTS.md): honest pairs score 8 to 250
 (SparseLoCo, DCT, DiLoCo; more with more coordinates), noise −1.2 to +1.1, negated honest
@@ -89,13 +93,14 @@ def agreement(contributions: Sequence[Tensors]) -> Agreement:
     return out
 
 
-def lower_median(values: Sequence[float]) -> float:
+def upper_median(values: Sequence[float]) -> float:
+    """The median; of an even count the upper middle value (of 2 values the larger)."""
     ordered = sorted(values)
-    return ordered[(len(ordered) - 1) // 2]
+    return ordered[len(ordered) // 2]
 
 
 def score_contributions(contributions: Sequence[Tensors]) -> Dict[int, float]:
-    """Position -> the lower median of its z over the others it can be compared with; a
+    """Position -> the (upper) median of its z over the others it can be compared with; a
     contribution comparable with none is not scored (it is absent from the result).
     Guarded by tests/outer/test_consensus.py."""
     pairs = agreement(contributions)
@@ -103,5 +108,5 @@ def score_contributions(contributions: Sequence[Tensors]) -> Dict[int, float]:
     for i in range(len(contributions)):
         others = pairs.comparable(i)
         if len(others) >= MIN_OVERLAP_PAIRS:
-            scores[i] = lower_median([pairs.z(i, j) for j in others])
+            scores[i] = upper_median([pairs.z(i, j) for j in others])
     return scores

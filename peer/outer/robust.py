@@ -8,7 +8,7 @@ here, per round:
 1. **check**: every decoded tensor finite and below that bound (a contribution that fails is
    excluded, with the reason; contributions that did not come through a codec are checked too);
 2. **direction** (peer/outer/consensus.py): a contribution whose signs agree with the others' of
-   its round less than ``min_z`` standard deviations above chance (the lower median over the
+   its round less than ``min_z`` standard deviations above chance (the median over the
    contributions it can be compared with) is excluded: a negated or random update of honest size
    passes the clip, not this;
 3. **clip** (SparseLoCo's production rule, as Templar's validators do it): per tensor name, over

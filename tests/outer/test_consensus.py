@@ -76,13 +76,14 @@ def test_honest_contributions_count_and_a_hostile_minority_does_not(hostile):
     assert all(s.scores[i] > 4 for i in range(4)) and s.scores[4] < 3
 
 
-def test_a_third_hostile_is_outvoted_and_half_is_not_let_in():
-    members = [honest(i) for i in range(6)]
-    bad = [{n: -t for n, t in honest(20 + k).items()} for k in range(3)]  # they agree with each other
+@pytest.mark.parametrize("n_honest, n_hostile", [(6, 3), (6, 5), (3, 2)])
+def test_hostile_members_fewer_than_the_honest_are_outvoted_and_as_many_are_not_let_in(n_honest, n_hostile):
+    members = [honest(i) for i in range(n_honest)]
+    bad = [{n: -t for n, t in honest(20 + k).items()} for k in range(n_hostile)]  # they agree with each other
     s = screen(members + bad, math.inf, min_z=3.0)
-    assert s.kept == list(range(6)) and sorted(s.excluded) == [6, 7, 8]
-    half = screen(members[:3] + bad, math.inf, min_z=3.0)  # 3 against 3: nobody's direction wins
-    assert not any(i in half.kept for i in (3, 4, 5))
+    assert s.kept == list(range(n_honest)) and sorted(s.excluded) == list(range(n_honest, n_honest + n_hostile))
+    half = screen(members[:n_hostile] + bad, math.inf, min_z=3.0)  # as many as the honest: nobody's direction wins
+    assert not any(i in half.kept for i in range(n_hostile, 2 * n_hostile))
 
 
 def test_parts_are_compared_on_what_they_share_and_a_part_nobody_shares_is_not_judged():
