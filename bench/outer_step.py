@@ -9,14 +9,17 @@ round cannot end before its exchange has (on an H100, the 125m preset, H = 30: 0
 3 s exchange; bench/RESULTS.md). For each shape and group size G: G members' pseudo-gradients
 (θ after a small random step of each, a seed apiece, so their top-k supports differ), each
 encoded by one engine (``RoundEngine.encode``: error feedback, top-k, quantization, index coding), then one
-member's ``decode`` of the G payloads (validation included), ``conclude`` (checks, median-norm
-clipping, the aggregate, the outer step) and the θ hash, best of ``--repeats``.
+member's ``decode`` of the G payloads (validation included), ``conclude`` (checks, the direction
+check, median-norm clipping, the aggregate, the outer step) and the θ hash, best of ``--repeats``.
+The members' steps share a direction (a common random step plus one of their own), as trained
+updates do, so the direction check (peer/outer/consensus.py) refuses none of them.
 
-Two arms in one run, on the same payloads: ``current`` (the code as it is) and ``reference``:
+Three arms in one run, on the same payloads: ``current`` (the code as it is), ``no check``
+(the same with ``outer.min_agreement = 0``: what the direction check costs) and ``reference``:
 ``peer.outer.robust.squared_norm`` and ``peer.outer.strategies.average`` replaced by their definitions (every
 element squared and summed in order; the payloads that kept a coordinate counted in float32 and
 every coordinate divided by it), as they were computed before they skipped what adds nothing.
-Both arms must end on the same θ hash: the bench fails otherwise. Ratio: reference / current.
+Every arm must end on the same θ hash: the bench fails otherwise. Ratio: reference / the arm.
 """
 
 from __future__ import annotations
@@ -93,9 +96,11 @@ def arithmetic(arm: str):
 
 
 def trained_params(theta, member: int):
-    """Member ``member``'s parameters after its inner steps: θ plus a small step of its own seed."""
-    g = torch.Generator().manual_seed(1000 + member)
-    return {n: t + 1e-3 * torch.randn(t.shape, generator=g) for n, t in theta.items()}
+    """Member ``member``'s parameters after its inner steps: θ plus a small step, a direction every
+    member shares and one of its own seed (their top-k supports differ, their signs mostly agree)."""
+    common, g = torch.Generator().manual_seed(999), torch.Generator().manual_seed(1000 + member)
+    return {n: t + 1e-3 * (torch.randn(t.shape, generator=common) + torch.randn(t.shape, generator=g))
+            for n, t in theta.items()}
 
 
 def one_exchange(spec: RunSpec, theta, group: int, repeats: int) -> dict:
@@ -158,16 +163,17 @@ def main(argv=None) -> int:
         spec = RunSpec.model_validate({"model": SHAPES[shape], "outer": {"strategy": args.strategy}})
         theta = {n: p.detach().clone() for n, p in build_model(spec.model, spec.seed).named_parameters()}
         params = sum(t.numel() for t in theta.values())
+        unchecked = spec.replace(outer={"min_agreement": 0.0})
         for G in groups:
             arms = {}
-            for arm in ("reference", "current"):
+            for arm in ("reference", "current", "no check"):
                 with arithmetic(arm):
-                    arms[arm] = one_exchange(spec, theta, G, args.repeats)
+                    arms[arm] = one_exchange(unchecked if arm == "no check" else spec, theta, G, args.repeats)
                 r = arms[arm]
                 print(f"  {shape} G={G} {arm:9s}: " + ", ".join(f"{p} {r[p]:.3f} s" for p in PHASES), flush=True)
-            if arms["reference"]["theta"] != arms["current"]["theta"]:
+            if len({r["theta"] for r in arms.values()}) != 1:
                 raise SystemExit(f"{shape} G={G}: the arms ended on different θ "
-                                 f"({arms['reference']['theta']} vs {arms['current']['theta']})")
+                                 f"({', '.join(a + ' ' + r['theta'] for a, r in arms.items())})")
             for arm, r in arms.items():
                 rows.append(dict(shape=shape, params=params, group=G, arm=arm, **r,
                                  ratio=arms["reference"]["total"] / r["total"]))

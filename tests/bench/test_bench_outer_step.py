@@ -1,4 +1,4 @@
-"""bench/outer_step.py on the tiny shape: both arms time every phase and end on the same θ. Seconds."""
+"""bench/outer_step.py on the tiny shape: every arm times every phase and end on the same θ. Seconds."""
 
 from __future__ import annotations
 
@@ -14,13 +14,15 @@ def test_both_arms_time_each_phase_and_agree_on_theta(tmp_path, capsys):
     assert outer_step.main(["--shapes", "tiny", "--groups", "1,3", "--repeats", "1", "--threads", "1",
                             "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["group"], r["arm"]) for r in rows] == [(1, "reference"), (1, "current"), (3, "reference"), (3, "current")]
-    for ref, cur in (rows[0:2], rows[2:4]):
-        assert ref["theta"] == cur["theta"] and len(cur["theta"]) >= 16
-        for r in (ref, cur):
+    arms = ("reference", "current", "no check")
+    assert [(r["group"], r["arm"]) for r in rows] == [(g, a) for g in (1, 3) for a in arms]
+    for ref, cur, unchecked in (rows[0:3], rows[3:6]):
+        # the direction check refuses none of the members' updates: the same θ with it and without
+        assert ref["theta"] == cur["theta"] == unchecked["theta"] and len(cur["theta"]) >= 16
+        for r in (ref, cur, unchecked):
             assert all(r[p] > 0 for p in outer_step.PHASES) and r["total"] == pytest.approx(sum(r[p] for p in outer_step.PHASES))
-        assert ref["ratio"] == 1.0 and cur["ratio"] == pytest.approx(ref["total"] / cur["total"])
-    assert rows[0]["theta"] != rows[2]["theta"]  # three members' aggregate is not one member's
+            assert r["ratio"] == pytest.approx(ref["total"] / r["total"])
+    assert rows[0]["theta"] != rows[3]["theta"]  # three members' aggregate is not one member's
     assert "reference / this" in capsys.readouterr().out
 
 
