@@ -100,11 +100,15 @@ def run_arm(job) -> Dict[str, Any]:
     res = simulate(spec, len(shards), rounds, corpus=load_corpus("stdlib"), seed_shards=shards, eval_every=0,
                    tamper=make_tamper(attack) if attack else None, on_replica=on_replica)
     refused = [s for h in res.history for s in h.excluded]
+    z_honest = [z for h in res.history for s, z in h.scores.items() if not s.startswith(HOSTILE)]
+    z_hostile = [z for h in res.history for s, z in h.scores.items() if s.startswith(HOSTILE)]
     row = dict(honest=honest, hostile=hostile, attack=attack or "clean", check=check, seed=seed,
                val_loss=res.final_val_loss, rounds=rounds,
                honest_refused=sum(1 for s in refused if not s.startswith(HOSTILE)),
                hostile_refused=sum(1 for s in refused if s.startswith(HOSTILE)),
-               hostile_sent=hostile * rounds, wall_s=time.monotonic() - t)
+               hostile_sent=hostile * rounds, wall_s=time.monotonic() - t,
+               z_honest=(min(z_honest), max(z_honest)) if z_honest else None,
+               z_hostile=(min(z_hostile), max(z_hostile)) if z_hostile else None)
     print(f"  R={honest} K={hostile} {row['attack']:8s} check {'on ' if check else 'off'} seed {seed}: "
           f"val {row['val_loss']:.4f}, refused honest {row['honest_refused']} hostile {row['hostile_refused']}/"
           f"{row['hostile_sent']}, {row['wall_s']:.0f} s", flush=True)
@@ -128,8 +132,19 @@ def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             honest_refused=sum(r["honest_refused"] for r in rs),
             honest_sent=sum(r["honest"] * r["rounds"] for r in rs),
             hostile_refused=sum(r["hostile_refused"] for r in rs), hostile_sent=sum(r["hostile_sent"] for r in rs),
+            z_honest=_span(r["z_honest"] for r in rs), z_hostile=_span(r["z_hostile"] for r in rs),
         ))
     return out
+
+
+def _span(spans):
+    """The (min, max) over (min, max) pairs, None where there were none."""
+    spans = [s for s in spans if s]
+    return (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
+
+
+def _z(span) -> str:
+    return "-" if not span else f"{span[0]:+.1f} .. {span[1]:+.1f}"
 
 
 def print_summary(summary: List[Dict[str, Any]]) -> None:
@@ -139,9 +154,10 @@ def print_summary(summary: List[Dict[str, Any]]) -> None:
             f"{100 * s['gap']:+.2f} % ± {100 * s['gap_std']:.2f} (max {100 * s['gap_max']:+.2f})")
         lines.append([f"{s['honest']} + {s['hostile']}", s["attack"], "on" if s["check"] else "off", str(s["seeds"]),
                       f"{s['loss']:.4f}", gap, f"{s['honest_refused']}/{s['honest_sent']}",
-                      f"{s['hostile_refused']}/{s['hostile_sent']}" if s["hostile"] else "-"])
+                      f"{s['hostile_refused']}/{s['hostile_sent']}" if s["hostile"] else "-",
+                      _z(s["z_honest"]), _z(s["z_hostile"])])
     print(table(["honest + hostile", "attack", "check", "seeds", "val loss", "vs clean (paired)", "honest refused",
-                 "hostile refused"], lines, left=3))
+                 "hostile refused", "honest z", "hostile z"], lines, left=3))
 
 
 def main(argv=None) -> int:

@@ -42,6 +42,7 @@ class Settled:
     excluded: Dict[str, str] = field(default_factory=dict)  # sender -> why its payload did not count
     delivered: bool = False  # our own payload counted
     clipped: Dict[str, float] = field(default_factory=dict)  # sender -> the smallest scale its update was clipped by
+    scores: Dict[str, float] = field(default_factory=dict)  # sender -> its direction's agreement with the others (z)
 
 
 class RoundEngine:
@@ -120,7 +121,7 @@ class RoundEngine:
             if pending is not None:
                 self.strategy.settle(pending, delivered=delivered)
             settled = Settled(self.round, outcome.contributors, {**(excluded or {}), **outcome.excluded}, delivered,
-                              outcome.clipped)
+                              outcome.clipped, outcome.scores)
             self.round += 1
             self._hash = None
         return settled

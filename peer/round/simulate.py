@@ -88,6 +88,7 @@ class RoundStats:
     seconds: float
     params_hash: str = ""  # of θ after this round's outer step (``peer.checkpoints.files.params_hash``, as peers report it)
     excluded: Dict[str, str] = field(default_factory=dict)  # sender -> why its contribution did not count (replica 0's view)
+    scores: Dict[str, float] = field(default_factory=dict)  # sender -> its direction check score (peer/outer/consensus.py)
 
 
 @dataclass
@@ -293,6 +294,7 @@ def simulate(
         verify = round_no < verify_rounds
         shared_decoded: Optional[List[Tensors]] = None
         excluded: Dict[str, str] = {}
+        scores: Dict[str, float] = {}
         for rep in reps:
             if verify or shared_decoded is None:
                 decoded, invalid = rep.engine.decode(payloads)
@@ -307,7 +309,8 @@ def simulate(
             if tamper is not None:
                 decoded = _tampered(decoded, round_no, tamper)
             settled = rep.engine.conclude(decoded, pendings[rep.sender], delivered=True, me=rep.sender)
-            excluded = excluded if rep is not reps[0] else settled.excluded
+            if rep is reps[0]:
+                excluded, scores = settled.excluded, settled.scores
         if verify:
             result.verified_rounds += 1
         for rep in reps[1:]:
@@ -332,6 +335,7 @@ def simulate(
             seconds=time.monotonic() - t_round,
             params_hash=reps[0].engine.params_hash(),
             excluded=dict(excluded),
+            scores=dict(scores),
         )
         result.history.append(stats)
         if on_round is not None:
