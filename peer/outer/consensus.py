@@ -69,28 +69,34 @@ def agreement(contributions: Sequence[Tensors]) -> Agreement:
     names = list(dict.fromkeys(name for c in contributions for name in c))  # first-seen order
     for name in names:
         carriers = [i for i, c in enumerate(contributions) if name in c]
-        if len(carriers) < 2:
-            continue
-        flats = [contributions[i][name].detach().to("cpu", torch.float32).reshape(-1) for i in carriers]
-        size = flats[0].numel()
-        if any(f.numel() != size for f in flats):
-            raise ValueError(f"tensor {name!r} has different sizes across contributions")
-        agree = [[0] * len(carriers) for _ in carriers]
-        overlap = [[0] * len(carriers) for _ in carriers]
-        for start in range(0, size, _BLOCK):
-            signs = torch.stack([torch.sign(f[start:start + _BLOCK]) for f in flats])
-            present = signs.abs()
-            a, o = (signs @ signs.T).tolist(), (present @ present.T).tolist()
-            for x in range(len(carriers)):
-                for y in range(x + 1, len(carriers)):
-                    agree[x][y] += int(a[x][y])
-                    overlap[x][y] += int(o[x][y])
-        for x, i in enumerate(carriers):
-            for y in range(x + 1, len(carriers)):
-                key = (i, carriers[y])
-                out.agree[key] = out.agree.get(key, 0) + agree[x][y]
-                out.overlap[key] = out.overlap.get(key, 0) + overlap[x][y]
+        flats = {i: contributions[i][name].detach().to("cpu", torch.float32).reshape(-1) for i in carriers}
+        by_size: Dict[int, List[int]] = {}
+        for i in carriers:  # decoders give one name one shape; were they ever to differ, those are not compared
+            by_size.setdefault(flats[i].numel(), []).append(i)
+        for group in by_size.values():
+            if len(group) >= 2:
+                _count(out, group, [flats[i] for i in group])
     return out
+
+
+def _count(out: Agreement, carriers: List[int], flats: List[torch.Tensor]) -> None:
+    """Add one tensor's A and O of every pair of ``carriers`` (their flat values ``flats``) to ``out``."""
+    size = flats[0].numel()
+    agree = [[0] * len(carriers) for _ in carriers]
+    overlap = [[0] * len(carriers) for _ in carriers]
+    for start in range(0, size, _BLOCK):
+        signs = torch.stack([torch.sign(f[start:start + _BLOCK]) for f in flats])
+        present = signs.abs()
+        a, o = (signs @ signs.T).tolist(), (present @ present.T).tolist()
+        for x in range(len(carriers)):
+            for y in range(x + 1, len(carriers)):
+                agree[x][y] += int(a[x][y])
+                overlap[x][y] += int(o[x][y])
+    for x, i in enumerate(carriers):
+        for y in range(x + 1, len(carriers)):
+            key = (i, carriers[y])
+            out.agree[key] = out.agree.get(key, 0) + agree[x][y]
+            out.overlap[key] = out.overlap.get(key, 0) + overlap[x][y]
 
 
 def upper_median(values: Sequence[float]) -> float:

@@ -96,6 +96,12 @@ def test_parts_are_compared_on_what_they_share_and_a_part_nobody_shares_is_not_j
     assert s.kept == [0, 1, 2, 3, 4, 5] and not s.excluded
 
 
+def test_a_tensor_of_another_size_under_the_same_name_is_not_compared():
+    odd = {"w": torch.randn(SIZE // 2)}
+    scores = score_contributions([honest(0), honest(1), odd])
+    assert 2 not in scores and scores[0] > 3
+
+
 def test_off_at_zero_and_decided_alike_in_any_order():
     contributions = [honest(0), honest(1), noise(2)]
     assert not screen(contributions, math.inf, min_z=0.0).excluded
