@@ -14,8 +14,15 @@ what it sends is made hostile (``tamper``: the same for every member, as a signe
 - garbage: honest training on uniformly random tokens (a peer fed garbage data);
 - scale: its honest contribution x1e4 (what the median-norm clip is for, for comparison).
 
-The baseline of an arm is the R honest replicas alone, with the same seed and shards: equal honest
-tokens. The loss gap is paired by seed, (attacked / clean) - 1, mean ± std over the seeds. With
+Honest replicas that differ from the rest must not be refused (``--kinds``, 4 honest replicas and
+nobody hostile, replica 0 being the odd one): ``slow`` trains a quarter of H each round (the
+least an early close leaves, ``outer.min_inner_fraction``); ``other-data`` trains on English prose
+(this repository's docs/ and README.md) while the others train on Python sources; ``partial``: every
+replica owns one of 2 slices (protocol/partial.py), 2 owners a slice. Their baseline is the same arm
+with the check off: what the check costs an honest run.
+
+The baseline of an attacked arm is the R honest replicas alone, with the same seed and shards: equal
+honest tokens. The loss gap is paired by seed, (attacked / clean) - 1, mean ± std over the seeds. With
 ``--checks off`` the direction check is off (``outer.min_agreement = 0``): what the attack does
 without it. Counted over every round: honest contributions refused (false exclusions) and hostile
 ones refused, from replica 0's view (every replica decides alike; the simulation asserts θ equal).
@@ -41,6 +48,9 @@ from bench.compression import make_spec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
 
 ATTACKS = ("negate", "noise", "garbage", "scale")
+KINDS = ("slow", "other-data", "partial")  # honest replicas unlike the others
+KIND_REPLICAS = 4
+REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {
     # the compression bench's small model, 12 rounds of H = 20 (240 inner steps a replica)
     "full": dict(model=dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176, seq_len=32),
@@ -49,6 +59,34 @@ CONFIGS = {
                   batch_size=8, inner_steps=10, steps=40, lr=3e-3, warmup=5),
 }
 HOSTILE = "hostile"  # the shard prefix of hostile replicas ("replica" for the honest ones)
+
+
+class Slow:
+    """An inner step that trains only the first ``steps`` of every ``period`` calls (a slow peer
+    that closes its round early); the other calls return the last loss and change nothing."""
+
+    def __init__(self, step, steps: int, period: int):
+        self.step, self.steps, self.period = step, steps, period
+        self.calls, self.loss = 0, float("nan")
+
+    def __call__(self, x, y):
+        if self.calls % self.period < self.steps:
+            self.loss = self.step(x, y)
+        self.calls += 1
+        return self.loss
+
+
+def prose_corpus():
+    """English prose: this repository's docs/ and README.md, as one corpus (bytes)."""
+    import shutil
+    import tempfile
+
+    from peer.training.data import load_corpus
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]:
+            shutil.copy(path, Path(tmp) / path.name)
+        return load_corpus(tmp)
 
 
 class RandomTokens:
@@ -81,24 +119,32 @@ def make_tamper(attack: str):
 
 
 def run_arm(job) -> Dict[str, Any]:
-    """One simulation: (cfg, honest R, hostile K, attack or None, check on, seed, threads)."""
+    """One simulation: (cfg, honest R, hostile K, attack or honest kind or None, check on, seed, threads)."""
     from peer.round.simulate import simulate
-    from peer.training.data import load_corpus
+    from peer.training.data import TrainStream, load_corpus
 
     cfg, honest, hostile, attack, check, seed, threads = job
     torch.set_num_threads(threads)
     logging.getLogger("voloco.peer.robust").setLevel(logging.ERROR)  # every replica logs every refusal: counted below
     spec = make_spec(cfg, {"strategy": "sparseloco", "min_agreement": 3.0 if check else 0.0}, {}, cfg["steps"], seed)
     shards = [f"replica{i}" for i in range(honest)] + [f"{HOSTILE}{k}" for k in range(hostile)]
+    parts = None
+    if attack == "partial":
+        spec, parts = spec.replace(partial={"slices": 2}), [i % 2 for i in range(honest)]
+    prose = prose_corpus() if attack == "other-data" else None
 
     def on_replica(i, role):
         if attack == "garbage" and shards[i].startswith(HOSTILE):
             role.stream = RandomTokens(role.stream, spec.model.vocab_size, seed * 1000 + i)
+        elif attack == "slow" and i == 0:
+            role.inner_step = Slow(role.inner_step, max(1, cfg["inner_steps"] // 4), cfg["inner_steps"])
+        elif attack == "other-data" and i == 0:
+            role.stream = TrainStream(prose, spec.model.seq_len, spec.data.batch_size, spec.seed, shards[i])
 
     t = time.monotonic()
     rounds = max(1, cfg["steps"] // cfg["inner_steps"])
     res = simulate(spec, len(shards), rounds, corpus=load_corpus("stdlib"), seed_shards=shards, eval_every=0,
-                   tamper=make_tamper(attack) if attack else None, on_replica=on_replica)
+                   tamper=make_tamper(attack) if attack in ATTACKS else None, on_replica=on_replica, parts=parts)
     refused = [s for h in res.history for s in h.excluded]
     z_honest = [z for h in res.history for s, z in h.scores.items() if not s.startswith(HOSTILE)]
     z_hostile = [z for h in res.history for s, z in h.scores.items() if s.startswith(HOSTILE)]
@@ -115,15 +161,24 @@ def run_arm(job) -> Dict[str, Any]:
     return row
 
 
+def baseline(r: Dict[str, Any]) -> tuple:
+    """The key of the run an arm is compared with, seed by seed: an attacked arm with the honest
+    replicas alone (same check), an honest arm (clean, or an odd kind) with itself, check off."""
+    if r["attack"] in ATTACKS:
+        return r["honest"], 0, "clean", r["check"], r["seed"]
+    return r["honest"], 0, r["attack"], False, r["seed"]
+
+
 def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Per (R, K, attack, check): loss over seeds and the gap paired with the clean run of its seed."""
-    clean = {(r["honest"], r["check"], r["seed"]): r["val_loss"] for r in rows if r["attack"] == "clean"}
+    """Per (R, K, attack, check): loss over seeds and the gap paired with its baseline's run of its seed."""
+    loss = {(r["honest"], r["hostile"], r["attack"], r["check"], r["seed"]): r["val_loss"] for r in rows}
     groups: Dict[tuple, List[Dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["honest"], r["hostile"], r["attack"], r["check"]), []).append(r)
     out = []
     for (honest, hostile, attack, check), rs in groups.items():
-        gaps = [r["val_loss"] / clean[(honest, check, r["seed"])] - 1 for r in rs if (honest, check, r["seed"]) in clean]
+        gaps = [r["val_loss"] / loss[baseline(r)] - 1 for r in rs
+                if baseline(r) in loss and baseline(r) != (honest, hostile, attack, check, r["seed"])]
         out.append(dict(
             honest=honest, hostile=hostile, attack=attack, check=check, seeds=len(rs),
             loss=statistics.fmean(r["val_loss"] for r in rs),
@@ -150,13 +205,13 @@ def _z(span) -> str:
 def print_summary(summary: List[Dict[str, Any]]) -> None:
     lines = []
     for s in summary:
-        gap = "-" if s["gap"] is None or s["attack"] == "clean" else (
+        gap = "-" if s["gap"] is None else (
             f"{100 * s['gap']:+.2f} % ± {100 * s['gap_std']:.2f} (max {100 * s['gap_max']:+.2f})")
         lines.append([f"{s['honest']} + {s['hostile']}", s["attack"], "on" if s["check"] else "off", str(s["seeds"]),
                       f"{s['loss']:.4f}", gap, f"{s['honest_refused']}/{s['honest_sent']}",
                       f"{s['hostile_refused']}/{s['hostile_sent']}" if s["hostile"] else "-",
                       _z(s["z_honest"]), _z(s["z_hostile"])])
-    print(table(["honest + hostile", "attack", "check", "seeds", "val loss", "vs clean (paired)", "honest refused",
+    print(table(["honest + hostile", "attack", "check", "seeds", "val loss", "vs baseline (paired)", "honest refused",
                  "hostile refused", "honest z", "hostile z"], lines, left=3))
 
 
@@ -166,6 +221,9 @@ def main(argv=None) -> int:
     ap.add_argument("--honest", default="3,6", help="comma-separated numbers of honest replicas (default 3,6)")
     ap.add_argument("--hostile", default="1,2,3", help="comma-separated numbers of hostile replicas (default 1,2,3)")
     ap.add_argument("--attacks", default=",".join(ATTACKS), help=f"comma-separated attacks (default: {','.join(ATTACKS)})")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help=f"comma-separated odd honest replicas, {KIND_REPLICAS} honest replicas each, check on and off "
+                         f"(default: {','.join(KINDS)}; '' for none)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per arm, 0..N-1 (default 3)")
     ap.add_argument("--checks", default="on,off",
                     help="direction check on, off or both (default on,off; 'off' runs only the negate attack, "
@@ -178,9 +236,10 @@ def main(argv=None) -> int:
     honest = [int(x) for x in args.honest.split(",")]
     hostile = [int(x) for x in args.hostile.split(",")]
     attacks = [a for a in args.attacks.split(",") if a]
-    unknown = [a for a in attacks if a not in ATTACKS]
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = [a for a in attacks if a not in ATTACKS] + [k for k in kinds if k not in KINDS]
     if unknown:
-        ap.error(f"unknown attack(s) {', '.join(unknown)}; have: {', '.join(ATTACKS)}")
+        ap.error(f"unknown attack(s) or kind(s) {', '.join(unknown)}; have: {', '.join(ATTACKS + KINDS)}")
     checks = [{"on": True, "off": False}[c] for c in args.checks.split(",")]
     seeds = list(range(args.seeds))
     jobs = []
@@ -192,6 +251,7 @@ def main(argv=None) -> int:
                     if not check and len(checks) > 1 and attack != "negate":
                         continue
                     jobs += [(cfg, r, k, attack, check, seed, args.threads) for k in hostile]
+            jobs += [(cfg, KIND_REPLICAS, 0, kind, check, seed, args.threads) for kind in kinds]
     print(f"# bench/trust.py, {now()}, {machine()}: {len(jobs)} simulations, {args.jobs} at a time", flush=True)
     t0 = time.monotonic()
     rows = run_jobs(run_arm, jobs, args.jobs)

@@ -10,7 +10,7 @@ from bench import trust
 
 def test_quick_negate_is_refused_with_the_check_and_costs_loss_without(tmp_path, capsys):
     out = tmp_path / "out.json"
-    assert trust.main(["--quick", "--honest", "3", "--hostile", "1", "--attacks", "negate", "--seeds", "1",
+    assert trust.main(["--quick", "--honest", "3", "--hostile", "1", "--attacks", "negate", "--kinds", "", "--seeds", "1",
                        "--jobs", "1", "--json", str(out)]) == 0
     summary = {(s["attack"], s["check"]): s for s in json.loads(out.read_text())["summary"]}
     on, off = summary[("negate", True)], summary[("negate", False)]
