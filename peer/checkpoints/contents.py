@@ -26,6 +26,7 @@ from peer.checkpoints.files import (
     CheckpointError, Tensors, first_usable, flatten_optimizer_state, remove_stale_temp,
     save_checkpoint, unflatten_optimizer_state,
 )
+from protocol import standing
 from protocol.spec import RunSpec
 
 logger = logging.getLogger("voloco.peer")
@@ -44,6 +45,10 @@ def check_meta(meta: Dict[str, Any]) -> None:
             raise CheckpointError(f"its metadata field {name!r} is {type(value).__name__}, not {kind.__name__}")
         if kind is int and value < (-1 if name == "part" else 0):
             raise CheckpointError(f"its metadata field {name!r} is out of range ({value})")
+    try:
+        standing.checked(meta.get("standing"))  # optional: checkpoints before standing existed lack it
+    except standing.StandingError as e:
+        raise CheckpointError(f"its metadata field 'standing': {e}") from None
     optimizer = meta["optimizer"]
     groups, scalars = optimizer.get("param_groups"), optimizer.get("scalars")
     if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
@@ -100,7 +105,7 @@ def collect(spec: RunSpec, engine: RoundEngine, role, tokens: int,
         tensors: Dict[str, Any] = {f"theta.{n}": t.clone() for n, t in engine.theta.items()}
         tensors.update({f"shared.{k}": v.clone() for k, v in engine.strategy.shared_state().items()})
         tensors.update({f"local.{k}": v.clone() for k, v in engine.strategy.local_state().items()})
-        round_no = engine.round
+        round_no, table = engine.round, dict(engine.standing)
     tensors.update(trainer["tensors"])
     meta = {
         "round": round_no,
@@ -110,6 +115,7 @@ def collect(spec: RunSpec, engine: RoundEngine, role, tokens: int,
         "stream": trainer["stream"],
         "optimizer": trainer["optimizer"],
         "tokens": tokens,
+        "standing": table,  # the lineage's standing table (protocol/standing.py); older checkpoints lack it
         "run_spec": spec.to_dict(),  # the whole spec, so `voloco export`/`generate` need nothing else
     }
     return tensors, meta
@@ -168,6 +174,7 @@ def restore(directory: Optional[Path], spec: RunSpec, engine: RoundEngine, role)
             if t is None or t.dtype != torch.float32 or tuple(t.shape) != tuple(shape):
                 raise CheckpointError(f"it has no float32 tensor theta.{n} of shape {tuple(shape)}")
             theta[n] = t
+        table = standing.checked(meta.get("standing"))  # valid: check_meta read it
         rollback = _snapshot(strategy, role)
         try:
             strategy.load_shared_state({k[7:]: v for k, v in tensors.items() if k.startswith("shared.")})
@@ -179,7 +186,7 @@ def restore(directory: Optional[Path], spec: RunSpec, engine: RoundEngine, role)
         except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as e:
             rollback()
             raise CheckpointError(f"it does not fit this run ({type(e).__name__}: {e})") from None
-        engine.install(theta, meta["round"])
+        engine.install(theta, meta["round"], standing=table)
         return meta["tokens"]
 
     tokens = _usable(directory, spec, use)

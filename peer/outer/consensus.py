@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -105,14 +105,15 @@ def upper_median(values: Sequence[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
-def score_contributions(contributions: Sequence[Tensors]) -> Dict[int, float]:
-    """Position -> the (upper) median of its z over the others it can be compared with; a
-    contribution comparable with none is not scored (it is absent from the result).
-    Guarded by tests/outer/test_consensus.py."""
+def score_contributions(contributions: Sequence[Tensors], judges: Optional[Iterable[int]] = None) -> Dict[int, float]:
+    """Position -> the (upper) median of its z over the others it can be compared with, among
+    ``judges`` (positions; None: every contribution judges); a contribution comparable with no
+    judge is not scored (it is absent from the result). Guarded by tests/outer/test_consensus.py."""
     pairs = agreement(contributions)
+    judging = set(range(len(contributions)) if judges is None else judges)
     scores: Dict[int, float] = {}
     for i in range(len(contributions)):
-        others = pairs.comparable(i)
+        others = [j for j in pairs.comparable(i) if j in judging]
         if len(others) >= MIN_OVERLAP_PAIRS:
             scores[i] = upper_median([pairs.z(i, j) for j in others])
     return scores

@@ -25,7 +25,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from peer.outer.robust import Contributions, robust_step
+from peer.outer.robust import Contributions, robust_step, sender_names
+from protocol import standing
 from peer.checkpoints.files import params_hash
 from peer.outer.strategies import OuterStrategy, Pending, Tensors, canonical_order, pseudo_gradient
 from protocol.errors import ProtocolError
@@ -54,6 +55,7 @@ class RoundEngine:
         self.lock = threading.RLock()
         self._theta = theta
         self._hash: Optional[str] = None
+        self.standing: Dict[str, int] = {}  # rounds counted per sender in this lineage (protocol/standing.py)
 
     # ---- θ ------------------------------------------------------------------------------------
     @property
@@ -68,22 +70,26 @@ class RoundEngine:
             return self._hash
 
     def install(self, theta: Tensors, round_no: int, shared: Optional[Mapping[str, torch.Tensor]] = None,
-                forget_local: bool = False) -> None:
+                forget_local: bool = False, standing: Optional[Mapping[str, int]] = None) -> None:
         """Take a state from elsewhere (a checkpoint, a groupmate): θ, its round and, if given, the
-        strategy's shared state; ``forget_local``: zero the strategy's local buffers too. Raises
+        strategy's shared state and the lineage's standing table (checked by the caller:
+        protocol/standing.py); ``forget_local``: zero the strategy's local buffers too. Raises
         ValueError (nothing changed) if the shared state does not fit."""
         with self.lock:
             if shared is not None:
                 self.strategy.load_shared_state(shared)
             if forget_local:
                 self.strategy.forget_local_state()
+            if standing is not None:
+                self.standing = dict(standing)
             self._theta, self.round, self._hash = theta, round_no, None
 
     def shareable(self) -> Tuple[Dict[str, object], List[torch.Tensor]]:
         """(metadata, tensors) of what every replica holds identically: θ and the shared state."""
         with self.lock:
             shared = self.strategy.shared_state()
-            meta = {"round": self.round, "names": list(self._theta), "shared": sorted(shared)}
+            meta = {"round": self.round, "names": list(self._theta), "shared": sorted(shared),
+                    "standing": dict(self.standing)}
             tensors = [t.clone() for t in self._theta.values()] + [shared[k].clone() for k in sorted(shared)]
         return meta, tensors
 
@@ -116,8 +122,10 @@ class RoundEngine:
         ``decoded`` came from ``decode``); ours (sender ``me``) refused so settles as undelivered:
         what we sent goes back into our buffers (tests/outer/test_round_engine.py)."""
         with self.lock:
-            outcome = robust_step(self.strategy, self._theta, decoded, self.round)
+            outcome = robust_step(self.strategy, self._theta, decoded, self.round, standing=self.standing)
             delivered = delivered and (me is None or me not in outcome.excluded)
+            self.standing = standing.advance(
+                self.standing, [s for s in sender_names(decoded) if s not in outcome.excluded], outcome.excluded)
             if pending is not None:
                 self.strategy.settle(pending, delivered=delivered)
             settled = Settled(self.round, outcome.contributors, {**(excluded or {}), **outcome.excluded}, delivered,
@@ -126,20 +134,22 @@ class RoundEngine:
             self._hash = None
         return settled
 
-    def snapshot(self) -> Tuple[int, Tensors, Tensors]:
-        """(round, θ, the strategy's shared state), copied: what concluding this round again starts from."""
+    def snapshot(self) -> Tuple[int, Tensors, Tensors, Dict[str, int]]:
+        """(round, θ, the strategy's shared state, the standing table), copied: what concluding this
+        round again starts from."""
         with self.lock:
             theta = {n: t.clone() for n, t in self._theta.items()}
-            return self.round, theta, {k: v.clone() for k, v in self.strategy.shared_state().items()}
+            shared = {k: v.clone() for k, v in self.strategy.shared_state().items()}
+            return self.round, theta, shared, dict(self.standing)
 
-    def redo(self, snapshot: Tuple[int, Tensors, Tensors], decoded: Sequence[Tensors],
+    def redo(self, snapshot: Tuple[int, Tensors, Tensors, Dict[str, int]], decoded: Sequence[Tensors],
              excluded: Optional[Mapping[str, str]] = None) -> Settled:
         """Conclude the round of ``snapshot`` again, from its θ and shared state, with ``decoded``:
         the same arithmetic as ``conclude``, so the same bits as a member that concluded it with
         these payloads the first time. The local buffers are not settled again."""
-        round_no, theta, shared = snapshot
+        round_no, theta, shared, standing_then = snapshot
         with self.lock:
-            self.install({n: t.clone() for n, t in theta.items()}, round_no, shared)
+            self.install({n: t.clone() for n, t in theta.items()}, round_no, shared, standing=standing_then)
             return self.conclude(decoded, None, delivered=False, excluded=excluded)
 
     def settle_round(self, payloads: Mapping[str, bytes], pending: Optional[Pending], me: str,

@@ -38,12 +38,13 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from peer.outer.consensus import score_contributions
+from protocol.standing import ESTABLISHED, MIN_JUDGES
 from protocol.codecs.fields import MAX_ABS
 
 __all__ = ["CLIP_MULTIPLE", "Contributions", "NonFiniteStep", "Outcome", "Screening", "robust_step", "screen",
@@ -139,10 +140,14 @@ class Screening:
     scores: Dict[int, float] = field(default_factory=dict)  # position -> its agreement with the others (z)
 
 
-def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: float = 0.0) -> Screening:
-    """Check every contribution, exclude those that agree with the others less than ``min_z``
-    (0: no such check), then clip each tensor to ``multiple`` x the median norm of that tensor over
-    the contributions that carry it (``math.inf``: no clipping)."""
+def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: float = 0.0,
+           established: Iterable[int] = ()) -> Screening:
+    """Check every contribution, screen their directions (``min_z``; 0: no such check), then clip
+    each tensor to ``multiple`` x the median norm of that tensor over the contributions that carry
+    it (``math.inf``: no clipping). ``established``: the positions whose senders have standing in
+    this lineage (protocol/standing.py): once ``MIN_JUDGES`` of them are here only they judge, and
+    they are refused only for pointing against the others (score <= -min_z); a fresh contribution
+    must show agreement (score >= min_z)."""
     out = Screening()
     norms: Dict[int, Dict[str, float]] = {}
     for i, contribution in enumerate(decoded):
@@ -152,14 +157,21 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
             norms[i] = n
         else:
             out.excluded[i] = why
+    established = set(established)
     if min_z > 0 and len(out.kept) >= 2:
-        scores = score_contributions([decoded[i] for i in out.kept])
+        settled = [p for p, i in enumerate(out.kept) if i in established]
+        scores = score_contributions([decoded[i] for i in out.kept], settled if len(settled) >= MIN_JUDGES else None)
         out.scores = {out.kept[p]: z for p, z in scores.items()}
         for i, z in out.scores.items():
-            if z < min_z:
+            if i in established and z <= -min_z:
+                out.excluded[i] = (f"its direction points against the others' of its round ({z:+.1f} standard "
+                                   f"deviations from chance, at most -{min_z:g} refuses even an established sender)")
+            elif i not in established and z < min_z:
                 out.excluded[i] = (f"its direction agrees with the others' of its round {z:+.1f} standard deviations "
-                                   f"above chance, below the {min_z:g} a contribution needs")
-                out.kept.remove(i)
+                                   f"above chance, below the {min_z:g} a sender without standing needs")
+            else:
+                continue
+            out.kept.remove(i)
     scales: Dict[int, Dict[str, float]] = {i: {} for i in out.kept}
     names = list(dict.fromkeys(name for i in out.kept for name in decoded[i]))  # first-seen order
     for name in names:
@@ -194,13 +206,15 @@ class Outcome:
 
 
 def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: int = -1,
-                multiple: Optional[float] = None) -> Outcome:
+                multiple: Optional[float] = None, standing: Optional[Mapping[str, int]] = None) -> Outcome:
     """Check, screen by direction, clip, aggregate with ``strategy`` and apply its outer step to
     ``theta`` (in place). The direction check's threshold is the strategy's ``min_agreement``
-    (the run spec's ``outer.min_agreement``; absent: none)."""
+    (the run spec's ``outer.min_agreement``; absent: none); ``standing``: rounds counted per
+    sender in this lineage (protocol/standing.py)."""
     names = sender_names(decoded)
     multiple = getattr(strategy, "clip_multiple", CLIP_MULTIPLE) if multiple is None else multiple
-    s = screen(decoded, multiple, getattr(strategy, "min_agreement", 0.0))
+    established = [i for i, n in enumerate(names) if (standing or {}).get(n, 0) >= ESTABLISHED]
+    s = screen(decoded, multiple, getattr(strategy, "min_agreement", 0.0), established)
     excluded = {names[i]: f"refused update: {why}" for i, why in s.excluded.items()}
     kept = list(s.kept)
     while kept:

@@ -36,6 +36,7 @@ from peer.outer.engine import RoundEngine
 from peer.checkpoints.files import params_hash
 from peer.round.state_download import StateDownloader
 from protocol.errors import ProtocolError
+from protocol import standing
 from protocol.peer_states import NOT_A_SOURCE
 from protocol.spec import RunSpec
 
@@ -261,6 +262,10 @@ class StateSync:
             raise StateTooOld(f"state of round {round_no} is older than the swarm's round {min_round}")
         if max_round is not None and round_no > max_round:
             raise StateAhead(f"state of round {round_no} is ahead of the round {max_round - 1} its server reports", round_no)
+        try:
+            table = standing.checked(meta.get("standing"))  # absent from an older peer's state: empty
+        except standing.StandingError as e:
+            raise ProtocolError(f"state's standing table: {e}") from None
         theta = {name: _checked(name, t, self.layout[name]) for name, t in zip(names, tensors)}
         shared = {k: _checked(k, t, None) for k, t in zip(shared_names, tensors[len(names):])}
         hashes = (reported or {}).get(round_no)
@@ -272,7 +277,7 @@ class StateSync:
         own_round = self.engine.round
         forget = not own_round <= round_no <= own_round + 1
         try:
-            self.engine.install(theta, round_no, shared, forget_local=forget)
+            self.engine.install(theta, round_no, shared, forget_local=forget, standing=table)
         except ValueError as e:
             raise ProtocolError(str(e)) from None
         if forget and own_round > 0:  # (a newcomer's buffers were empty)

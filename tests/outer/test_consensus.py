@@ -132,3 +132,40 @@ def test_the_round_records_the_reason_and_our_own_refused_update_is_not_lost():
                               pending, delivered=True, me="me")
     assert "me" in settled.excluded and not settled.delivered
     assert all(torch.equal(engine.strategy.buffer[n], pending.signal[n]) for n in pending.signal)
+
+
+# --- standing: who judges, and the benefit of the doubt (protocol/standing.py) ----------------------
+def test_a_burst_of_fresh_identities_larger_than_the_established_honest_is_judged_not_judging():
+    members = [honest(i) for i in range(3)]
+    burst = [{n: -t for n, t in honest(30 + k).items()} for k in range(5)]  # agree with each other
+    everyone = screen(members + burst, math.inf, min_z=3.0)  # nobody established: all judge, the burst wins
+    assert not any(i in everyone.kept for i in range(3))
+    s = screen(members + burst, math.inf, min_z=3.0, established=[0, 1, 2])
+    assert s.kept == [0, 1, 2] and sorted(s.excluded) == [3, 4, 5, 6, 7]
+
+
+def test_an_established_sender_without_a_clear_direction_counts_and_one_pointing_against_does_not():
+    members = [honest(i) for i in range(4)]
+    unclear, against = noise(7), {n: -t for n, t in honest(8).items()}
+    fresh = screen(members + [unclear], math.inf, min_z=3.0, established=[0, 1, 2, 3])
+    assert 4 in fresh.excluded and "without standing" in fresh.excluded[4]
+    settled = screen(members + [unclear], math.inf, min_z=3.0, established=[0, 1, 2, 3, 4])
+    assert 4 in settled.kept and abs(settled.scores[4]) < 3
+    turned = screen(members + [against], math.inf, min_z=3.0, established=[0, 1, 2, 3, 4])
+    assert 4 in turned.excluded and "points against" in turned.excluded[4]
+
+
+def test_the_engine_keeps_standing_in_its_lineage_state_snapshot_and_redo():
+    strategy = make_strategy(SPEC, layout={"w": (SIZE,), "b": (SIZE,)})
+    engine = RoundEngine(strategy, {"w": torch.zeros(SIZE), "b": torch.zeros(SIZE)})
+    senders = ["p0", "p1", "p2", "p3"]
+    for _ in range(3):
+        engine.conclude(Contributions([honest(0), honest(1), honest(2), noise(3)], senders), None, delivered=False)
+    assert engine.standing == {"p0": 3, "p1": 3, "p2": 3}  # p3 refused every round
+    snap = engine.snapshot()
+    settled = engine.conclude(Contributions([honest(0), honest(1), honest(2), noise(4)], senders), None, delivered=False)
+    assert "p3" in settled.excluded and engine.standing["p0"] == 4
+    meta, _ = engine.shareable()
+    assert meta["standing"] == engine.standing
+    engine.redo(snap, Contributions([honest(0), honest(1)], ["p0", "p1"]))
+    assert engine.standing == {"p0": 4, "p1": 4, "p2": 3}  # from the snapshot's table, not the later one

@@ -365,9 +365,14 @@ def test_install_checks_every_tensor_after_the_cast(monkeypatch, clock):
         sync.install(meta, [tensors[0].to(torch.complex64)] + tensors[1:])
     with pytest.raises(ProtocolError, match="none of those its peers report"):
         sync.install(meta, tensors, reported={4: {"0123456789abcdef"}})
+    with pytest.raises(ProtocolError, match="standing"):
+        sync.install(dict(meta, standing={"sybil": 10**9}), tensors)
     assert engine.round == 0
+    honest.standing = {"a": 4, "b": 2}
+    meta, tensors = served(honest)
     sync.install(meta, tensors, reported={4: {params_hash(honest.theta)}, 5: {"x"}})
     assert engine.round == 4 and engine.params_hash() == honest.params_hash()
+    assert engine.standing == {"a": 4, "b": 2}  # the lineage's standing comes with its state
 
 
 @pytest.mark.parametrize("own_round,served_round,forgets", [(4, 4, False), (4, 5, False), (4, 6, True), (4, 30, True),

@@ -1,0 +1,72 @@
+"""Standing: how many rounds a sender's contribution has counted in this θ lineage.
+
+Influence is earned. The direction check (peer/outer/consensus.py) judges each contribution against
+the others of its round; standing decides who judges and how much benefit of the doubt a sender gets:
+
+- a sender is *established* once its contributions have counted in ``ESTABLISHED`` rounds of this
+  lineage (a refused one starts it again from 0);
+- only established senders' contributions judge the others, once a round has ``MIN_JUDGES`` of
+  them: a burst of fresh identities can vote nobody out, whatever its size, and is itself judged
+  by the established ones;
+- an established sender's contribution is refused only when it points *against* the others
+  (score ≤ −min_z); one with no clear direction (|score| < min_z: a slow peer that closed its round
+  early, a peer with unusual data, rounds in which its error feedback sent old residue) counts. A
+  fresh sender must show agreement (score ≥ min_z).
+
+Standing is a function of the lineage's concluded rounds, so every member of the lineage holds
+the same table; it travels with θ in a downloaded state and in a checkpoint. A table from another
+peer is input like any other: ``checked`` bounds and validates it. What a patient attacker can do:
+contribute honestly for ``ESTABLISHED`` rounds per identity, then judge as one established voter
+among the others, and send updates without a clear direction that still count (noise at an honest
+norm, clipped); updates pointing against the others stay refused whatever its standing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Mapping
+
+from protocol.errors import ProtocolError
+
+__all__ = ["ESTABLISHED", "MIN_JUDGES", "MAX_SENDERS", "MAX_COUNT", "StandingError", "advance", "checked"]
+
+ESTABLISHED = 3  # rounds counted before a sender judges and gets the benefit of the doubt
+MIN_JUDGES = 2  # established contributions a round needs before only they judge (fewer: all judge)
+MAX_SENDERS = 4096  # senders a table keeps; the lowest standing (then the greatest name) goes first
+MAX_COUNT = 1 << 20  # a count stops growing here
+MAX_NAME_CHARS = 128
+
+
+class StandingError(ProtocolError):
+    """A standing table from another peer (a state, a checkpoint) that is not one."""
+
+
+def advance(standing: Mapping[str, int], counted: Iterable[str], refused: Iterable[str]) -> Dict[str, int]:
+    """The table after a round: +1 for every sender whose contribution counted, 0 for every sender
+    whose contribution the round's checks refused, the others unchanged; at most ``MAX_SENDERS``
+    entries. Deterministic (tests/protocol/test_standing.py)."""
+    out = dict(standing)
+    for sender in counted:
+        out[sender] = min(out.get(sender, 0) + 1, MAX_COUNT)
+    for sender in refused:
+        out[sender] = 0
+    out = {s: n for s, n in out.items() if n > 0}
+    if len(out) > MAX_SENDERS:
+        keep = sorted(out, key=lambda s: (-out[s], s))[:MAX_SENDERS]
+        out = {s: out[s] for s in keep}
+    return dict(sorted(out.items()))
+
+
+def checked(raw: Any) -> Dict[str, int]:
+    """A table read from another peer's state or from a checkpoint: a map of at most
+    ``MAX_SENDERS`` names (str, 1 to 128 characters) to counts in [1, MAX_COUNT]; absent (None)
+    reads as empty. Raises StandingError otherwise."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or len(raw) > MAX_SENDERS:
+        raise StandingError(f"a standing table is a map of at most {MAX_SENDERS} senders")
+    for sender, count in raw.items():
+        if not isinstance(sender, str) or not 0 < len(sender) <= MAX_NAME_CHARS:
+            raise StandingError("a standing table's sender must be a name of 1 to 128 characters")
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 < count <= MAX_COUNT:
+            raise StandingError(f"a standing table's count must be an integer in [1, {MAX_COUNT}]")
+    return dict(sorted(raw.items()))

@@ -1,0 +1,38 @@
+"""Standing tables (protocol/standing.py): how they advance and what is accepted from another peer."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol import standing
+from protocol.standing import MAX_COUNT, MAX_SENDERS, StandingError, advance, checked
+
+
+def test_counted_senders_gain_a_round_refused_ones_start_again_and_the_rest_keep_theirs():
+    table = advance({"a": 2, "b": 5, "c": 1}, counted=["a", "d"], refused=["b"])
+    assert table == {"a": 3, "c": 1, "d": 1}  # b's 5 rounds are gone; c was not in the round
+    assert list(table) == sorted(table)  # one order everywhere
+    assert advance({"a": MAX_COUNT}, ["a"], []) == {"a": MAX_COUNT}
+
+
+def test_a_table_keeps_the_senders_of_most_standing_and_drops_the_same_ones_everywhere():
+    full = {f"s{i:05d}": 1 + i % 7 for i in range(MAX_SENDERS)}
+    grown = advance(full, counted=["new-1", "new-2"], refused=[])
+    ones = sorted(s for s, n in {**full, "new-1": 1, "new-2": 1}.items() if n == 1)
+    assert len(grown) == MAX_SENDERS and (set(full) | {"new-1", "new-2"}) - set(grown) == set(ones[-2:])
+    assert grown == advance(dict(reversed(full.items())), ["new-2", "new-1"], [])  # whatever the order
+
+
+@pytest.mark.parametrize("raw", [
+    [], {"a": 0}, {"a": -1}, {"a": True}, {"a": 1.5}, {"": 1}, {"x" * 129: 1}, {1: 1}, {"a": MAX_COUNT + 1},
+    {f"s{i}": 1 for i in range(MAX_SENDERS + 1)},
+], ids=["list", "zero", "negative", "bool", "float", "empty-name", "long-name", "int-name", "too-large", "too-many"])
+def test_a_table_from_another_peer_that_is_not_one_is_refused(raw):
+    with pytest.raises(StandingError):
+        checked(raw)
+
+
+def test_a_valid_table_or_none_is_accepted():
+    assert checked(None) == {}
+    assert checked({"b": 2, "a": 1}) == {"a": 1, "b": 2}
+    assert standing.ESTABLISHED >= 2 and standing.MIN_JUDGES >= 2
