@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from peer.outer.consensus import score_contributions
-from protocol.standing import ESTABLISHED, MIN_JUDGES
+from protocol.standing import AGAINST, ESTABLISHED, MIN_JUDGES
 from protocol.codecs.fields import MAX_ABS
 
 __all__ = ["CLIP_MULTIPLE", "Contributions", "NonFiniteStep", "Outcome", "Screening", "robust_step", "screen",
@@ -146,8 +146,8 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
     each tensor to ``multiple`` x the median norm of that tensor over the contributions that carry
     it (``math.inf``: no clipping). ``established``: the positions whose senders have standing in
     this lineage (protocol/standing.py): once ``MIN_JUDGES`` of them are here only they judge, and
-    they are refused only for pointing against the others (score <= -min_z); a fresh contribution
-    must show agreement (score >= min_z)."""
+    they are refused only for pointing against the others (score <= -AGAINST x min_z); a fresh
+    contribution must show agreement (score >= min_z)."""
     out = Screening()
     norms: Dict[int, Dict[str, float]] = {}
     for i, contribution in enumerate(decoded):
@@ -163,9 +163,9 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
         scores = score_contributions([decoded[i] for i in out.kept], settled if len(settled) >= MIN_JUDGES else None)
         out.scores = {out.kept[p]: z for p, z in scores.items()}
         for i, z in out.scores.items():
-            if i in established and z <= -min_z:
+            if i in established and z <= -AGAINST * min_z:
                 out.excluded[i] = (f"its direction points against the others' of its round ({z:+.1f} standard "
-                                   f"deviations from chance, at most -{min_z:g} refuses even an established sender)")
+                                   f"deviations from chance; {-AGAINST * min_z:g} or less refuses an established sender)")
             elif i not in established and z < min_z:
                 out.excluded[i] = (f"its direction agrees with the others' of its round {z:+.1f} standard deviations "
                                    f"above chance, below the {min_z:g} a sender without standing needs")

@@ -146,7 +146,8 @@ def test_a_burst_of_fresh_identities_larger_than_the_established_honest_is_judge
 
 def test_an_established_sender_without_a_clear_direction_counts_and_one_pointing_against_does_not():
     members = [honest(i) for i in range(4)]
-    unclear, against = noise(7), {n: -t for n, t in honest(8).items()}
+    unclear = noise(7)
+    against = {n: -sum(m[n] for m in members) for n in members[0]}  # the honest consensus, negated
     fresh = screen(members + [unclear], math.inf, min_z=3.0, established=[0, 1, 2, 3])
     assert 4 in fresh.excluded and "without standing" in fresh.excluded[4]
     settled = screen(members + [unclear], math.inf, min_z=3.0, established=[0, 1, 2, 3, 4])
