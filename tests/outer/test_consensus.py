@@ -46,8 +46,11 @@ def brute_force(a, b):
     return agree, overlap
 
 
-def test_counts_are_exact_integers_whatever_the_block_size(monkeypatch):
-    contributions = [honest(0), honest(1), noise(2), {"w": honest(3)["w"]}]  # the last carries one tensor
+@pytest.mark.parametrize("density", [0.3, 0.02], ids=["dense-blocks", "sparse-blocks"])
+def test_counts_are_exact_integers_whatever_the_block_size(monkeypatch, density):
+    # sparse: most coordinates of a block set by nobody, which are dropped before the products
+    contributions = [honest(0, density=density), honest(1, density=density), noise(2, density=density),
+                     {"w": honest(3, density=density)["w"]}]  # the last carries one tensor
     want = {(i, j): brute_force(contributions[i], contributions[j]) for i in range(4) for j in range(i + 1, 4)}
     for block in (SIZE, 997, 64):
         monkeypatch.setattr(consensus, "_BLOCK", block)
