@@ -20,10 +20,11 @@ fewer than the honest can neither raise their own scores nor sink an honest one.
 counts only with a score of at least ``min_z``; where K = R nobody's direction wins and nothing
 counts (no step is better than half a step backwards).
 
-Measured on the bench model (bench/trust.py, bench/RESULTS.md): honest pairs score 8 to 250
-(SparseLoCo, DCT, DiLoCo; more with more coordinates), noise −1.2 to +1.1, negated honest
-updates −10 to −260. A contribution that shares no coordinate with the others scores 0: carrying
-nothing in common with the round is no information.
+Measured with ``python bench/trust.py`` (the simulation's small model, SparseLoCo, 3 seeds;
+bench/RESULTS.md, "Direction check"): honest updates score 7.1 to 28, noise −2.0 to +2.5, updates
+trained on random tokens −3.6 to +2.3, negated honest updates down to −27. A contribution that
+shares no coordinate with the others scores 0: carrying nothing in common with the round is no
+information.
 
 Every member must decide alike: the counts are exact integers on any machine. Signs are written
 as float32 in blocks of at most ``_BLOCK`` coordinates and multiplied as a matrix; every partial sum
@@ -40,11 +41,10 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["Agreement", "agreement", "score_contributions", "MIN_OVERLAP_PAIRS"]
+__all__ = ["Agreement", "agreement", "score_contributions"]
 
 Tensors = Mapping[str, torch.Tensor]
 _BLOCK = 1 << 20  # coordinates per block: exact in float32 below 2^24, and n x 4 MiB of signs at a time
-MIN_OVERLAP_PAIRS = 1  # a contribution is judged once it can be compared with this many others
 
 
 @dataclass
@@ -126,6 +126,6 @@ def score_contributions(contributions: Sequence[Tensors], judges: Optional[Itera
     scores: Dict[int, float] = {}
     for i in range(len(contributions)):
         others = [j for j in pairs.comparable(i) if j in judging]
-        if len(others) >= MIN_OVERLAP_PAIRS:
+        if others:
             scores[i] = upper_median([pairs.z(i, j) for j in others])
     return scores

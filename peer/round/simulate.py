@@ -44,7 +44,7 @@ from peer.training.inner import InnerTrainer, evaluate
 from peer.training.model import build_model
 from peer.training.roles import FullReplica, SliceOwner
 from peer.outer.engine import RoundEngine
-from peer.outer.robust import Contributions
+from peer.outer.robust import Contributions, sender_names
 from peer.round.loop import continue_from
 from peer.outer.strategies import Tensors
 from protocol.partial import FULL
@@ -348,7 +348,7 @@ def simulate(
 
 def _tampered(decoded, round_no: int, tamper) -> List[Tensors]:
     """``decoded`` with every contribution as ``tamper`` makes it, in the same order and senders."""
-    senders = getattr(decoded, "senders", None) or [str(i) for i in range(len(decoded))]
+    senders = sender_names(decoded)
     return Contributions([tamper(round_no, s, c) for s, c in zip(senders, decoded)], senders)
 
 

@@ -12,7 +12,7 @@ import typing
 from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple, Type
 
 import annotated_types
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 from pydantic.fields import FieldInfo
 
 from protocol.errors import SpecError
@@ -63,6 +63,17 @@ class SpecModel(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     _path: ClassVar[str] = ""  # where this section sits in the run spec ("" for the spec itself)
+    # fields added after runs existed: left out of the serialized spec at their default, so the
+    # digests of runs that never set them are unchanged (tests/protocol/test_spec.py pins them)
+    _omit_at_default: ClassVar[Tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler):
+        out = handler(self)
+        for name in self._omit_at_default:
+            if name in out and out[name] == type(self).model_fields[name].default:
+                del out[name]
+        return out
 
     def __init__(self, **data: Any) -> None:
         try:

@@ -9,7 +9,7 @@ by its dotted path (``model.n_layers``) when anything is wrong.
 import math
 from typing import Any, ClassVar, Dict, Literal, Tuple
 
-from pydantic import Field, model_serializer, model_validator
+from pydantic import Field, model_validator
 
 from protocol.errors import SpecError
 from protocol.layout import check_slices, tensor_layout
@@ -84,6 +84,7 @@ class DataSpec(SpecModel):
     """Where the text comes from and how it is cut into batches."""
 
     _path: ClassVar[str] = "data"
+    _omit_at_default: ClassVar[Tuple[str, ...]] = ("tokenizer", "tokenizer_sha256", "text_field")
 
     corpus: Str(min_length=1) = "stdlib"  # "stdlib": the Python standard library's sources; peers may pass --data
     val_fraction: Float(gt=0.0, lt=1.0) = 0.1  # fraction of files held out for validation (by a hash of the path)
@@ -104,19 +105,12 @@ class DataSpec(SpecModel):
             raise SpecError('data.tokenizer_sha256 is set but data.tokenizer is "bytes": set data.tokenizer = "bpe" or drop it')
         return self
 
-    @model_serializer(mode="wrap")
-    def _omit_defaults(self, handler):
-        out = handler(self)
-        for name in ("tokenizer", "tokenizer_sha256", "text_field"):
-            if name in out and out[name] == type(self).model_fields[name].default:
-                del out[name]
-        return out
-
 
 class InnerSpec(SpecModel):
     """AdamW on every peer, warm-up then cosine decay, state kept across rounds."""
 
     _path: ClassVar[str] = "inner"
+    _omit_at_default: ClassVar[Tuple[str, ...]] = ("precision",)
 
     lr: Float(gt=0.0, le=1e3) = 2e-3
     beta1: Float(ge=0.0, lt=1.0) = 0.9
@@ -130,13 +124,6 @@ class InnerSpec(SpecModel):
     # The forward pass and loss under bf16 autocast, or fp32; parameters and AdamW stay fp32
     # (peer/training/inner.py). Only the inner steps: θ, payloads and the outer step are the same either way.
     precision: Literal[INNER_PRECISIONS] = "auto"
-
-    @model_serializer(mode="wrap")
-    def _omit_defaults(self, handler):
-        out = handler(self)
-        if out.get("precision") == type(self).model_fields["precision"].default:
-            del out["precision"]
-        return out
 
     @model_validator(mode="after")
     def _horizon(self) -> "InnerSpec":
@@ -190,6 +177,7 @@ class DCTSpec(_ChunkTopK):
 
 class OuterSpec(SpecModel):
     _path: ClassVar[str] = "outer"
+    _omit_at_default: ClassVar[Tuple[str, ...]] = ("min_agreement",)
 
     strategy: Literal[STRATEGIES] = "sparseloco"
     inner_steps: Int(ge=1, le=1 << 20) = 30  # H: local steps between two exchanges
@@ -205,13 +193,6 @@ class OuterSpec(SpecModel):
     min_agreement: Float(ge=0.0, le=1e6) = 3.0
     sparseloco: SparseLoCoSpec = Field(default_factory=SparseLoCoSpec)
     dct: DCTSpec = Field(default_factory=DCTSpec)
-
-    @model_serializer(mode="wrap")
-    def _omit_defaults(self, handler):
-        out = handler(self)
-        if out.get("min_agreement") == type(self).model_fields["min_agreement"].default:
-            del out["min_agreement"]
-        return out
 
     @property
     def effective_lr(self) -> float:
