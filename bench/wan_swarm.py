@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from bench.wan_host import BusyLog, read_json
-from bench.wire_bytes import ip_payload
+from bench.wire_bytes import ip_payload, snmp
 from protocol.spec import RunSpec
 from swarm.jsonout import loads_strict
 
@@ -149,8 +149,13 @@ class ArmRunner:
             limit.add_tree(next(p.pid for h, p in self.procs if h == host))
         w.capped.add(host)
 
+    def _link(self, host: str) -> Dict[str, int]:
+        """``host``'s eth0 counters and its TCP's retransmitted segments: a segment dropped by a shaped
+        link crosses the sender's interface twice but is written by the peer once."""
+        return {**self.hosts.link_stats(host), "retrans_segs": snmp(self.hosts, host)["TcpRetransSegs"]}
+
     def _counters(self) -> Dict[str, Dict[str, int]]:
-        return {h: self.hosts.link_stats(h) for h in PEERS}
+        return {h: self._link(h) for h in PEERS}
 
     def _wait_file(self, path: Path, what: str, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
@@ -200,7 +205,7 @@ class ArmRunner:
             if st is None:
                 continue
             if st != w.statuses.get(h):
-                w.status_counters[h] = self.hosts.link_stats(h)
+                w.status_counters[h] = self._link(h)
             w.statuses[h] = st
             w.busy[h] = BusyLog.read(d / h / "busy.json")
             if st.get("phase") in ("waiting for peers", "training") or st.get("state") == "ready":
@@ -306,6 +311,7 @@ def summarize(arm: Arm, w: Watch, counters_launch: Dict[str, Dict[str, int]], d:
             wire_received_with_startup=c1["rx_bytes"] - launch["rx_bytes"],
             wire_payload_sent_at_status=frame_payload(launch, w.status_counters.get(h, c1), "tx"),
             wire_payload_received_at_status=frame_payload(launch, w.status_counters.get(h, c1), "rx"),
+            wire_retrans_segs_at_status=w.status_counters.get(h, c1)["retrans_segs"] - launch["retrans_segs"],
             accounted_sent=None if sent is None else sent - (sent_start or 0), accounted_sent_with_startup=sent,
             accounted_received=None if received is None else received - (received_start or 0),
             accounted_received_with_startup=received, accounted_key=key,

@@ -179,6 +179,11 @@ def test_exit_removes_namespaces_and_every_process_in_them():
         tracked = hosts.popen("a", ["sh", "-c", script], stdout=subprocess.PIPE, text=True)
         grandchildren = [int(tracked.stdout.readline()) for _ in range(2)]
         untracked = subprocess.Popen(hosts.prefix("b") + ["sleep", "303"])
+        # inside b before the exit: `ip netns exec` holding b open but not yet in it would outlive b
+        deadline = time.monotonic() + 10
+        while str(untracked.pid) not in subprocess.run(["ip", "netns", "pids", hosts.ns("b")], capture_output=True,
+                                                       text=True).stdout.split() and time.monotonic() < deadline:
+            time.sleep(0.05)
         index = hosts.index
         assert len(harness_namespaces(index)) == 3 and all(map(alive, grandchildren))
     assert harness_namespaces(index) == []
