@@ -79,7 +79,48 @@ def decode_part_payload(
     ``layouts`` to the layout the tensors must match exactly; None means no such part."""
     message = _unpack(data, max_bytes)
     _check_header(message, codec, run_digest, round)
-    part = message["part"]
+    part, layout = _part(message["part"], layouts)
+    return part, _decode_entries(message, codec, layout)
+
+
+def payload_part(
+    data: bytes,
+    codec: TensorCodec,
+    layouts: Callable[[Part], Optional[Mapping[str, Shape]]],
+    *,
+    run_digest: str,
+    round: int,
+    max_bytes: int,
+) -> Part:
+    """The part a payload claims, its header checked as ``decode_part_payload`` checks it, without
+    unpacking its tensors (their bytes are skipped): what the choice of a round's contributions
+    reads (protocol/choice.py). The tensors are checked when the payload is decoded."""
+    if not isinstance(data, (bytes, bytearray)):
+        raise PayloadError(f"payload must be bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise PayloadError(f"payload of {len(data)} bytes exceeds the limit of {max_bytes}")
+    n = len(data)
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=max(n, 1), max_str_len=n,
+                                max_bin_len=n, max_array_len=n, max_map_len=n // 2, max_ext_len=0)
+    unpacker.feed(data)
+    header: Dict[str, Any] = {}
+    try:
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if key == "t":
+                unpacker.skip()
+                header[key] = None
+            else:
+                header[key] = unpacker.unpack()
+    except Exception as e:  # OutOfData, a bad format, a limit, an unhashable key...
+        raise PayloadError(f"payload is not valid msgpack: {type(e).__name__}: {e}") from None
+    if set(header) != _KEYS:
+        raise PayloadError(f"payload must be a map with exactly the keys {sorted(_KEYS)}")
+    _check_header(header, codec, run_digest, round)
+    return _part(header["part"], layouts)[0]
+
+
+def _part(part: Any, layouts: Callable[[Part], Optional[Mapping[str, Shape]]]) -> Tuple[Part, Mapping[str, Shape]]:
     if type(part) is list and len(part) == 2 and all(type(p) is int for p in part):
         part = (part[0], part[1])
     elif type(part) is not int:
@@ -87,7 +128,7 @@ def decode_part_payload(
     layout = layouts(part)
     if layout is None:
         raise PayloadError(f"payload part {part!r} is not a part of this run")
-    return part, _decode_entries(message, codec, layout)
+    return part, layout
 
 
 def _decode_entries(message: Dict[str, Any], codec: TensorCodec, layout: Mapping[str, Shape]) -> Dict[str, torch.Tensor]:

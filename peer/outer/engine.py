@@ -26,7 +26,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from peer.outer.robust import Contributions, robust_step, sender_names
-from protocol import standing
+from protocol import choice, standing
 from peer.checkpoints.files import params_hash
 from peer.outer.strategies import OuterStrategy, Pending, Tensors, canonical_order, pseudo_gradient
 from protocol.errors import ProtocolError
@@ -44,6 +44,7 @@ class Settled:
     delivered: bool = False  # our own payload counted
     clipped: Dict[str, float] = field(default_factory=dict)  # sender -> the smallest scale its update was clipped by
     scores: Dict[str, float] = field(default_factory=dict)  # sender -> its direction's agreement with the others (z)
+    passed: List[str] = field(default_factory=list)  # senders not chosen this round (protocol/choice.py)
 
 
 class RoundEngine:
@@ -99,6 +100,27 @@ class RoundEngine:
         delta = pseudo_gradient(dict(round_start), trained, self.strategy.layout)
         return self.strategy.encode(delta, self.round)
 
+    def choose(self, payloads: Mapping[str, bytes], round_no: int, base: str) -> Tuple[Dict[str, bytes], Dict[str, str], List[str]]:
+        """(the payloads that enter θ, the senders whose payload's header is invalid with why, the
+        senders passed over): at most ``outer.max_contributions`` per part, drawn by
+        protocol/choice.py with the seed of round ``round_no`` from ``base``, the hash of the θ it
+        starts from. Every payload when the round has no more than that (tests/outer/test_choice_engine.py)."""
+        k = getattr(self.strategy, "max_contributions", 0)
+        if k <= 0 or len(payloads) <= k:
+            return dict(payloads), {}, []
+        parts: Dict[str, object] = {}
+        invalid: Dict[str, str] = {}
+        for sender in canonical_order(payloads):
+            try:
+                parts[sender] = self.strategy.part_of(payloads[sender], round_no)
+            except ProtocolError as e:
+                invalid[sender] = f"invalid payload: {e}"
+        with self.lock:
+            table = dict(self.standing)
+        chosen = choice.choose(parts, k, f"{base}:{round_no}", table)
+        picked = set(chosen)
+        return {s: payloads[s] for s in chosen}, invalid, [s for s in parts if s not in picked]
+
     def decode(self, payloads: Mapping[str, bytes]) -> Tuple[List[Tensors], Dict[str, str]]:
         """Every payload decoded in the canonical order, and the senders whose payload is invalid."""
         return self.decode_at(payloads, self.round)
@@ -116,20 +138,22 @@ class RoundEngine:
         return decoded, invalid
 
     def conclude(self, decoded: Sequence[Tensors], pending: Optional[Pending], delivered: bool,
-                 excluded: Optional[Mapping[str, str]] = None, me: Optional[str] = None) -> Settled:
+                 excluded: Optional[Mapping[str, str]] = None, me: Optional[str] = None,
+                 passed: Sequence[str] = ()) -> Settled:
         """Check and clip ``decoded`` (in canonical order), aggregate, apply the outer step, settle,
         next round. A contribution refused on the way is listed in ``excluded`` (by sender when
-        ``decoded`` came from ``decode``); ours (sender ``me``) refused so settles as undelivered:
-        what we sent goes back into our buffers (tests/outer/test_round_engine.py)."""
+        ``decoded`` came from ``decode``); ours (sender ``me``) refused so, or ``passed`` over by
+        ``choose``, settles as undelivered: what we sent goes back into our buffers
+        (tests/outer/test_round_engine.py)."""
         with self.lock:
             outcome = robust_step(self.strategy, self._theta, decoded, self.round, standing=self.standing)
-            delivered = delivered and (me is None or me not in outcome.excluded)
+            delivered = delivered and (me is None or (me not in outcome.excluded and me not in passed))
             self.standing = standing.advance(
                 self.standing, [s for s in sender_names(decoded) if s not in outcome.excluded], outcome.excluded)
             if pending is not None:
                 self.strategy.settle(pending, delivered=delivered)
             settled = Settled(self.round, outcome.contributors, {**(excluded or {}), **outcome.excluded}, delivered,
-                              outcome.clipped, outcome.scores)
+                              outcome.clipped, outcome.scores, sorted(passed))
             self.round += 1
             self._hash = None
         return settled
@@ -154,10 +178,26 @@ class RoundEngine:
 
     def settle_round(self, payloads: Mapping[str, bytes], pending: Optional[Pending], me: str,
                      excluded: Optional[Mapping[str, str]] = None) -> Settled:
-        """``decode`` then ``conclude``: the whole round from the agreed payloads (own included)."""
-        decoded, invalid = self.decode(payloads)
-        excluded = {**(excluded or {}), **invalid}
-        return self.conclude(decoded, pending, delivered=me in payloads and me not in excluded, excluded=excluded, me=me)
+        """``choose``, ``decode`` then ``conclude``: the whole round from the agreed payloads (own included)."""
+        chosen, bad, passed = self.choose(payloads, self.round, self.params_hash())
+        decoded, invalid = self.decode(chosen)
+        excluded = {**(excluded or {}), **bad, **invalid}
+        return self.conclude(decoded, pending, delivered=me in payloads and me not in excluded, excluded=excluded, me=me,
+                             passed=passed)
+
+    def follow(self, leader: "RoundEngine", settled: Settled, pending: Optional[Pending], me: str) -> None:
+        """Take the outcome of a round that ``leader`` concluded (``settled``) from the same θ with the
+        same payloads, as ``conclude`` would compute it here, and settle our own buffers as it counted
+        ``me``: the in-process simulation's shortcut once its first rounds checked every replica
+        concluding alike (peer/round/simulate.py)."""
+        with self.lock, leader.lock:
+            if leader.round != self.round + 1:
+                raise ValueError(f"the leader concluded round {leader.round - 1}, this engine is at round {self.round}")
+            if pending is not None:
+                self.strategy.settle(pending, delivered=me not in settled.excluded and me not in settled.passed)
+            self.strategy.load_shared_state(leader.strategy.shared_state())
+            self._theta = {n: t.clone() for n, t in leader.theta.items()}
+            self.standing, self.round, self._hash = dict(leader.standing), leader.round, leader._hash
 
     def defer(self, pending: Pending) -> None:
         """The round found no group: keep all of this round's signal in the local buffers."""

@@ -36,7 +36,7 @@ import torch
 from protocol.codecs import make_codec
 from protocol.chain.stages import stage_shapes
 from protocol.partial import FULL, owned_shapes
-from protocol.payload import Part, decode_part_payload, encode_payload, payload_max_bytes
+from protocol.payload import Part, decode_part_payload, encode_payload, payload_max_bytes, payload_part
 from protocol.spec import RunSpec
 from peer.outer.robust import CLIP_MULTIPLE, NonFiniteStep
 
@@ -69,6 +69,7 @@ class OuterStrategy:
         self.codec = make_codec(spec)
         self.lr = spec.outer.effective_lr
         self.min_agreement = spec.outer.min_agreement  # the direction check of peer/outer/robust.py
+        self.max_contributions = spec.outer.max_contributions  # K of each part a round (protocol/choice.py)
         self.max_payload_bytes = payload_max_bytes(self.codec, self.full_layout)  # no part is larger
 
     def layout_of(self, part: Part) -> Optional[Layout]:
@@ -97,6 +98,11 @@ class OuterStrategy:
 
     def settle(self, pending: "Pending", delivered: bool) -> None:
         """Update local buffers: keep the unsent part if the payload was delivered, all of it if not."""
+
+    def part_of(self, data: bytes, round_no: int) -> Part:
+        """The part a groupmate's payload claims, its header checked and its tensors not decoded."""
+        return payload_part(data, self.codec, self.layout_of, run_digest=self.spec.digest(), round=round_no,
+                            max_bytes=self.max_payload_bytes)
 
     def decode(self, data: bytes, round_no: int) -> Tensors:
         """A groupmate's payload, validated against the layout of the part it claims to send."""
@@ -153,6 +159,32 @@ class DiLoCo(OuterStrategy):
         super().__init__(spec, layout, part)
         # the outer momentum is shared state: it covers every tensor, owned by this peer or not
         self.momentum = {n: torch.zeros(s) for n, s in self.full_layout.items()}
+        # a round's pseudo-gradient that did not count (not chosen, no group, refused): sent again,
+        # added to the next one; empty (no memory) while every round counts
+        self.carry: Tensors = {}
+
+    def signal(self, delta: Tensors) -> Tensors:
+        if not self.carry:
+            return delta
+        return {n: self.carry[n].to(d.device) + d for n, d in delta.items()}
+
+    def settle(self, pending: "Pending", delivered: bool) -> None:
+        self.carry = {} if delivered else dict(pending.signal)
+
+    def local_state(self) -> Tensors:
+        return {f"carry.{n}": t.cpu() for n, t in self.carry.items()}
+
+    def load_local_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """The carry of a checkpoint; none (a checkpoint made before it existed, or with nothing carried): none."""
+        if not any(k.startswith("carry.") for k in state):
+            self.carry = {}
+            return
+        carry = {n: torch.zeros(s) for n, s in self.layout.items()}
+        _load_into(carry, state, "carry.")
+        self.carry = carry
+
+    def forget_local_state(self) -> None:
+        self.carry = {}
 
     def _steps(self, update: Tensors, commit: bool) -> Iterable[Tuple[str, torch.Tensor]]:
         mu, nesterov = self.spec.outer.momentum, self.spec.outer.nesterov

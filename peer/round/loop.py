@@ -351,9 +351,15 @@ class RoundLoop:
         if merged is not None:
             payloads = merged.payloads
             excluded = {**{s: why for s, why in excluded.items() if s not in payloads}, **merged.excluded}
-        decoded, invalid = engine.decode(payloads)
+        chosen, invalid, passed = engine.choose(payloads, engine.round, engine.params_hash())
+        decoded, bad = engine.decode(chosen)
+        invalid.update(bad)
         for sender, why in invalid.items():
             logger.warning(f"round {engine.round}: rejected the payload of {sender}: {why}")
+        if passed:
+            ours = "ours waits for a later round" if peer.peer_id in passed else "ours among them"
+            logger.info(f"round {engine.round}: {len(chosen)} of {len(payloads)} contributions enter θ "
+                        f"(outer.max_contributions = {engine.strategy.max_contributions} a part; {ours})")
         excluded.update(invalid)
         group_hash = None
         if result is not None:
@@ -376,7 +382,7 @@ class RoundLoop:
             self._last_round = None if merged is None else union.LastRound(
                 engine.round, engine.snapshot(), merged.held, base=engine.params_hash())
             engine.conclude(decoded, h.pending, delivered=peer.peer_id in payloads and peer.peer_id not in excluded,
-                            excluded=excluded, me=peer.peer_id)
+                            excluded=excluded, me=peer.peer_id, passed=passed)
             peer._load_theta()
             if self._last_round is not None:
                 self._last_round.after_hash = engine.params_hash()

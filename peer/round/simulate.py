@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -43,7 +43,7 @@ from peer.training.data import Corpus, TrainStream, load_corpus, val_batches
 from peer.training.inner import InnerTrainer, evaluate
 from peer.training.model import build_model
 from peer.training.roles import FullReplica, SliceOwner
-from peer.outer.engine import RoundEngine
+from peer.outer.engine import RoundEngine, Settled
 from peer.outer.robust import Contributions, sender_names
 from peer.round.loop import continue_from
 from peer.outer.strategies import Tensors
@@ -89,6 +89,8 @@ class RoundStats:
     params_hash: str = ""  # of θ after this round's outer step (``peer.checkpoints.files.params_hash``, as peers report it)
     excluded: Dict[str, str] = field(default_factory=dict)  # sender -> why its contribution did not count (replica 0's view)
     scores: Dict[str, float] = field(default_factory=dict)  # sender -> its direction check score (peer/outer/consensus.py)
+    contributors: int = 0  # contributions that entered θ this round (at most K per part: protocol/choice.py)
+    decode_s: float = 0.0  # seconds replica 0 took to choose and decode them (what one peer decodes)
 
 
 @dataclass
@@ -211,6 +213,7 @@ def simulate(
     overlap_steps: int = 0,
     tamper: Optional[Callable[[int, str, Tensors], Tensors]] = None,
     on_replica: Optional[Callable[[int, object], None]] = None,
+    conclude_rounds: Optional[int] = None,
 ) -> SimResult:
     """Run ``rounds`` rounds of ``replicas`` replicas of the peer round loop in this process.
 
@@ -228,7 +231,11 @@ def simulate(
     0: the sequential loop (every round from its θ). ``tamper(round, sender, decoded)``: what a hostile
     sender's contribution decodes to instead (bench/trust.py; the same for every replica: a signed
     payload is the same bytes for every member); ``on_replica(i, role)``: a hook on each replica's role
-    once built (e.g. a replica that trains on other data).
+    once built (e.g. a replica that trains on other data). ``conclude_rounds``: rounds in which every
+    replica concludes the round itself (None: all); afterwards replica 0 concludes it and the others
+    take its θ and settle their own buffers (``RoundEngine.follow``: R outer steps a round become one,
+    for swarms of hundreds). With ``outer.max_contributions`` > 0 each round takes the contributions
+    ``RoundEngine.choose`` draws, and a replica passed over keeps its update, as a live peer does.
     """
     if replicas < 1 or rounds < 0:
         raise ValueError("replicas must be >= 1 and rounds >= 0")
@@ -293,24 +300,34 @@ def simulate(
         # 3. every member decodes the round's payloads in canonical order, aggregates, applies
         verify = round_no < verify_rounds
         shared_decoded: Optional[List[Tensors]] = None
-        excluded: Dict[str, str] = {}
-        scores: Dict[str, float] = {}
+        first: Optional[Tuple[List[str], List[str]]] = None  # replica 0's (chosen, passed over)
+        leader: Optional[Settled] = None
+        decode_s = 0.0
         for rep in reps:
+            if leader is not None and conclude_rounds is not None and round_no >= conclude_rounds:
+                rep.engine.follow(reps[0].engine, leader, pendings[rep.sender], rep.sender)
+                continue
             if verify or shared_decoded is None:
-                decoded, invalid = rep.engine.decode(payloads)
-                if invalid:
-                    raise AssertionError(f"round {round_no}: replica {rep.sender} rejected payloads: {invalid}")
+                t_decode = time.monotonic()
+                chosen, invalid, passed = rep.engine.choose(payloads, round_no, rep.engine.params_hash())
+                decoded, bad = rep.engine.decode(chosen)
+                decode_s = decode_s or time.monotonic() - t_decode
+                if invalid or bad:
+                    raise AssertionError(f"round {round_no}: replica {rep.sender} rejected payloads: {invalid or bad}")
                 if shared_decoded is None:
-                    shared_decoded = decoded
+                    shared_decoded, first = decoded, (sorted(chosen), passed)
                 else:
+                    if (sorted(chosen), passed) != first:
+                        raise AssertionError(f"round {round_no}: replica {rep.sender} chose differently")
                     _assert_same(shared_decoded, decoded, f"round {round_no}: replica {rep.sender} decoded differently")
             else:
                 decoded = shared_decoded
             if tamper is not None:
                 decoded = _tampered(decoded, round_no, tamper)
-            settled = rep.engine.conclude(decoded, pendings[rep.sender], delivered=True, me=rep.sender)
+            settled = rep.engine.conclude(decoded, pendings[rep.sender], delivered=True, me=rep.sender, passed=first[1])
             if rep is reps[0]:
-                excluded, scores = settled.excluded, settled.scores
+                leader = settled
+        excluded, scores = leader.excluded, leader.scores
         if verify:
             result.verified_rounds += 1
         for rep in reps[1:]:
@@ -336,6 +353,8 @@ def simulate(
             params_hash=reps[0].engine.params_hash(),
             excluded=dict(excluded),
             scores=dict(scores),
+            contributors=leader.contributors,
+            decode_s=decode_s,
         )
         result.history.append(stats)
         if on_round is not None:

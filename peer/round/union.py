@@ -127,8 +127,9 @@ def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int) 
         if engine.round != last.round + 1 or engine.params_hash() != last.after_hash:
             raise RuntimeError("θ changed since the round was concluded")
         old = last.after_hash
-        decoded, invalid = engine.decode_at(payloads, last.round)
-        engine.redo(last.snapshot, decoded, {**excluded, **invalid})
+        chosen, invalid, _ = engine.choose(payloads, last.round, last.base)
+        decoded, bad = engine.decode_at(chosen, last.round)
+        engine.redo(last.snapshot, decoded, {**excluded, **invalid, **bad})
         last.sets, last.after_hash = sets, engine.params_hash()
     logger.info(f"round {last.round}: took {taken} set(s) of the round that our group held into its union "
                 f"({len(payloads)} payloads): θ {old} -> {last.after_hash}")

@@ -177,7 +177,7 @@ class DCTSpec(_ChunkTopK):
 
 class OuterSpec(SpecModel):
     _path: ClassVar[str] = "outer"
-    _omit_at_default: ClassVar[Tuple[str, ...]] = ("min_agreement",)
+    _omit_at_default: ClassVar[Tuple[str, ...]] = ("min_agreement", "max_contributions")
 
     strategy: Literal[STRATEGIES] = "sparseloco"
     inner_steps: Int(ge=1, le=1 << 20) = 30  # H: local steps between two exchanges
@@ -191,6 +191,9 @@ class OuterSpec(SpecModel):
     # standard deviations above chance (peer/outer/consensus.py); 0 turns the check off. Left out of
     # the serialized spec at its default, like data.tokenizer: digests are unchanged
     min_agreement: Float(ge=0.0, le=1e6) = 3.0
+    # at most this many contributions of each part of the model enter θ in a round, drawn alike by every
+    # member (protocol/choice.py); the others stay with their senders for a later round. 0: all of them
+    max_contributions: Int(ge=0, le=1 << 16) = 0
     sparseloco: SparseLoCoSpec = Field(default_factory=SparseLoCoSpec)
     dct: DCTSpec = Field(default_factory=DCTSpec)
 

@@ -1,0 +1,148 @@
+"""At most K contributions a round, as a swarm grows from 16 to 1,000 peers (in-process simulation).
+
+    python bench/contributions.py [--quick] [--sizes 16,64,256,1000] [--k 32] [--seeds 3]
+                                  [--jobs 2] [--threads 1] [--json OUT]
+
+Every arm is ``peer.round.simulate.simulate``: N replicas of the real round loop (each its own model
+copy, data shard, AdamW and SparseLoCo error feedback, its own round engine), at equal tokens:
+
+- ``all``: every contribution of the round enters θ (``outer.max_contributions`` = 0: every peer
+  downloads and decodes N − 1 payloads a round);
+- ``K``: at most K enter θ (``outer.max_contributions`` = K, protocol/choice.py); a replica passed
+  over keeps its update in its error feedback for a later round.
+
+The round engine of replica 0 chooses, decodes, checks, clips, aggregates and applies; the others
+take its θ and settle their own buffers (``RoundEngine.follow``; the first round, at the smallest
+size, every replica concludes itself and the simulation asserts them equal). Per size, paired by
+seed: the final validation loss of ``K`` against ``all``, (K / all) − 1, mean ± std over the seeds;
+per peer and round, the payloads it needs (decodes), their bytes, and the seconds its engine spent
+choosing and decoding them. No network: bytes are the real payloads' lengths, what a peer would
+download if it fetched only what enters θ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from bench.common import human, machine, now, run_jobs, table  # noqa: E402
+from bench.compression import make_spec  # noqa: E402
+from swarm.jsonout import dumps as strict_json  # noqa: E402
+
+CONFIGS = {
+    # a model small enough for 1,000 replicas in one process: ~30 K parameters, 4 x 32 tokens a step
+    "full": dict(model=dict(d_model=32, n_layers=2, n_heads=2, ffn_hidden=88, seq_len=32),
+                 batch_size=4, inner_steps=10, steps=100, lr=3e-3, warmup=10),
+    "quick": dict(model=dict(d_model=32, n_layers=2, n_heads=2, ffn_hidden=88, seq_len=32),
+                  batch_size=4, inner_steps=5, steps=15, lr=3e-3, warmup=3),
+}
+
+
+def run_arm(job) -> Dict[str, Any]:
+    """One simulation: (cfg, N replicas, K (0: all), seed, threads, verify)."""
+    from peer.round.simulate import simulate
+    from peer.training.data import load_corpus
+
+    cfg, n, k, seed, threads, verify = job
+    torch.set_num_threads(threads)
+    logging.getLogger("voloco.peer.robust").setLevel(logging.ERROR)
+    spec = make_spec(cfg, {"strategy": "sparseloco", "max_contributions": k}, {}, cfg["steps"], seed)
+    rounds = max(1, cfg["steps"] // cfg["inner_steps"])
+    t = time.monotonic()
+    res = simulate(spec, n, rounds, corpus=load_corpus("stdlib"), eval_every=0, verify_rounds=int(verify),
+                   conclude_rounds=int(verify))
+    hist = res.history
+    mean_payload = statistics.fmean(b for h in hist for b in h.payload_bytes)
+    decodes = min(n, k) if k else n
+    row = dict(
+        n=n, k=k, seed=seed, rounds=rounds, tokens=res.tokens, val_loss=res.final_val_loss,
+        initial_val_loss=res.initial_val_loss,
+        contributors=[h.contributors for h in hist],
+        refused=sum(len(h.excluded) for h in hist),
+        decodes_per_round=decodes,  # own payload included; downloads: the others', K of them at most
+        download_per_round=(decodes if k and k < n else n - 1) * mean_payload,
+        decode_s_per_round=statistics.fmean(h.decode_s for h in hist),
+        round_s=statistics.fmean(h.seconds for h in hist), wall_s=time.monotonic() - t,
+    )
+    print(f"  N={n:5d} {'all' if not k else f'K={k}':6s} seed {seed}: val {row['val_loss']:.4f}, "
+          f"contributors {row['contributors']}, decode {row['decode_s_per_round']:.2f} s/round, "
+          f"{row['wall_s']:.0f} s", flush=True)
+    return row
+
+
+def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per (N, K): loss over seeds and its gap to the all-gather of the same N, paired by seed."""
+    loss = {(r["n"], r["k"], r["seed"]): r["val_loss"] for r in rows}
+    groups: Dict[tuple, List[Dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["n"], r["k"]), []).append(r)
+    out = []
+    for (n, k), rs in sorted(groups.items()):
+        gaps = [r["val_loss"] / loss[(n, 0, r["seed"])] - 1 for r in rs if k and (n, 0, r["seed"]) in loss]
+        out.append(dict(
+            n=n, k=k, seeds=len(rs), loss=statistics.fmean(r["val_loss"] for r in rs),
+            loss_std=statistics.stdev([r["val_loss"] for r in rs]) if len(rs) > 1 else 0.0,
+            gap=statistics.fmean(gaps) if gaps else None, gap_std=statistics.stdev(gaps) if len(gaps) > 1 else 0.0,
+            decodes=statistics.fmean(r["decodes_per_round"] for r in rs),
+            download=statistics.fmean(r["download_per_round"] for r in rs),
+            decode_s=statistics.fmean(r["decode_s_per_round"] for r in rs),
+            refused=sum(r["refused"] for r in rs), tokens=rs[0]["tokens"],
+        ))
+    return out
+
+
+def print_summary(summary: List[Dict[str, Any]]) -> None:
+    lines = []
+    for s in summary:
+        gap = "-" if s["gap"] is None else f"{100 * s['gap']:+.2f} % ± {100 * s['gap_std']:.2f}"
+        lines.append([str(s["n"]), "all" if not s["k"] else f"K = {s['k']}", str(s["seeds"]), f"{s['tokens']:,}",
+                      f"{s['loss']:.4f} ± {s['loss_std']:.4f}", gap, f"{s['decodes']:.0f}", human(s["download"]),
+                      f"{s['decode_s'] * 1e3:.0f} ms", str(s["refused"])])
+    print(table(["peers", "enter θ", "seeds", "tokens", "val loss", "vs all (paired)", "decodes/peer/round",
+                 "download/peer/round", "choose+decode/round", "refused"], lines, left=2))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="3 rounds of H = 5 at 8 and 24 peers, K = 4: a smoke run")
+    ap.add_argument("--sizes", help="comma-separated swarm sizes (default 16,64,256,1000; --quick: 8,24)")
+    ap.add_argument("--k", type=int, help="contributions that enter θ a round (default 32; --quick: 4)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per arm, 0..N-1 (default 3)")
+    ap.add_argument("--jobs", type=int, default=2, help="arms run at a time, each in its own process (default 2)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per arm (default 1)")
+    ap.add_argument("--json", type=Path, help="write every run and the summary as JSON here")
+    args = ap.parse_args(argv)
+    cfg = CONFIGS["quick" if args.quick else "full"]
+    sizes = [int(x) for x in (args.sizes or ("8,24" if args.quick else "16,64,256,1000")).split(",")]
+    k = args.k if args.k is not None else (4 if args.quick else 32)
+    if k < 1 or any(n < 2 for n in sizes) or args.seeds < 1:
+        raise SystemExit("--k must be >= 1, every size >= 2 and --seeds >= 1")
+    print(f"# at most K = {k} contributions a round, {now()}, {machine()}")
+    print(f"# model {cfg['model']}, batch {cfg['batch_size']}, H = {cfg['inner_steps']}, "
+          f"{cfg['steps']} inner steps a replica; sizes {sizes}, {args.seeds} seeds", flush=True)
+    # the largest swarms first, so the two jobs end together; every replica concludes the first
+    # round itself at the smallest size (the shortcut checked)
+    work = [(cfg, n, arm, seed, args.threads, n == min(sizes))
+            for n in sorted(sizes, reverse=True) for seed in range(args.seeds) for arm in (0, k)]
+    t = time.monotonic()
+    rows = run_jobs(run_arm, work, args.jobs)
+    summary = summarize(rows)
+    print()
+    print_summary(summary)
+    print(f"\n{time.monotonic() - t:.0f} s")
+    if args.json:
+        args.json.write_text(strict_json(dict(config=cfg, k=k, sizes=sizes, runs=rows, summary=summary)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

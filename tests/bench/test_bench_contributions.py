@@ -1,0 +1,23 @@
+"""bench/contributions.py on its quick config: with K set, each round takes K contributions whatever
+the swarm's size, and a peer decodes K payloads where the all-gather decodes them all. Seconds."""
+
+from __future__ import annotations
+
+import json
+
+from bench import contributions
+
+
+def test_quick_k_takes_k_a_round_and_decodes_k_whatever_the_size(tmp_path, capsys):
+    out = tmp_path / "out.json"
+    assert contributions.main(["--quick", "--seeds", "1", "--jobs", "1", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    runs = {(r["n"], r["k"]): r for r in doc["runs"]}
+    for n in (8, 24):
+        every, k = runs[(n, 0)], runs[(n, 4)]
+        assert every["tokens"] == k["tokens"]  # equal tokens
+        assert max(k["contributors"]) <= 4 and k["decodes_per_round"] == 4
+        assert every["decodes_per_round"] == n and max(every["contributors"]) > 4
+    assert runs[(24, 4)]["download_per_round"] < runs[(24, 0)]["download_per_round"] / 4
+    assert all(s["gap"] is not None for s in doc["summary"] if s["k"])
+    assert "vs all (paired)" in capsys.readouterr().out
