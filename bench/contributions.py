@@ -1,6 +1,6 @@
 """At most K contributions a round, as a swarm grows from 16 to 1,000 peers (in-process simulation).
 
-    python bench/contributions.py [--quick] [--sizes 16,64,256,1000] [--k 32] [--seeds 3]
+    python bench/contributions.py [--quick] [--sizes 16,64,256,1000] [--k 32] [--rounds 6] [--seeds 3]
                                   [--jobs 2] [--threads 1] [--json OUT]
 
 Every arm is ``peer.round.simulate.simulate``: N replicas of the real round loop (each its own model
@@ -41,7 +41,7 @@ from swarm.jsonout import dumps as strict_json  # noqa: E402
 CONFIGS = {
     # a model small enough for 1,000 replicas in one process: ~30 K parameters, 4 x 32 tokens a step
     "full": dict(model=dict(d_model=32, n_layers=2, n_heads=2, ffn_hidden=88, seq_len=32),
-                 batch_size=4, inner_steps=10, steps=100, lr=3e-3, warmup=10),
+                 batch_size=4, inner_steps=10, steps=60, lr=3e-3, warmup=10),
     "quick": dict(model=dict(d_model=32, n_layers=2, n_heads=2, ffn_hidden=88, seq_len=32),
                   batch_size=4, inner_steps=5, steps=15, lr=3e-3, warmup=3),
 }
@@ -116,16 +116,19 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 rounds of H = 5 at 8 and 24 peers, K = 4: a smoke run")
     ap.add_argument("--sizes", help="comma-separated swarm sizes (default 16,64,256,1000; --quick: 8,24)")
     ap.add_argument("--k", type=int, help="contributions that enter θ a round (default 32; --quick: 4)")
+    ap.add_argument("--rounds", type=int, help="rounds of H inner steps (default 6; --quick: 3)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per arm, 0..N-1 (default 3)")
     ap.add_argument("--jobs", type=int, default=2, help="arms run at a time, each in its own process (default 2)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per arm (default 1)")
     ap.add_argument("--json", type=Path, help="write every run and the summary as JSON here")
     args = ap.parse_args(argv)
-    cfg = CONFIGS["quick" if args.quick else "full"]
+    cfg = dict(CONFIGS["quick" if args.quick else "full"])
+    if args.rounds is not None:
+        cfg["steps"] = args.rounds * cfg["inner_steps"]
     sizes = [int(x) for x in (args.sizes or ("8,24" if args.quick else "16,64,256,1000")).split(",")]
     k = args.k if args.k is not None else (4 if args.quick else 32)
-    if k < 1 or any(n < 2 for n in sizes) or args.seeds < 1:
-        raise SystemExit("--k must be >= 1, every size >= 2 and --seeds >= 1")
+    if k < 1 or any(n < 2 for n in sizes) or args.seeds < 1 or cfg["steps"] < 1:
+        raise SystemExit("--k must be >= 1, every size >= 2, --rounds and --seeds >= 1")
     print(f"# at most K = {k} contributions a round, {now()}, {machine()}")
     print(f"# model {cfg['model']}, batch {cfg['batch_size']}, H = {cfg['inner_steps']}, "
           f"{cfg['steps']} inner steps a replica; sizes {sizes}, {args.seeds} seeds", flush=True)
