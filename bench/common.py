@@ -68,6 +68,23 @@ def run_jobs(fn: Callable[[Any], Any], work: Sequence[Any], jobs: int) -> List[A
         return list(pool.map(fn, work))
 
 
+def run_summarized(fn: Callable[[Any], Any], work: Sequence[Any], jobs: int, summarize: Callable, show: Callable,
+                   json_path=None, **doc) -> Tuple[List[Any], Any]:
+    """``run_jobs``, then the summary of its rows printed (``show``) with the wall seconds, and the
+    rows, the summary and ``doc`` written as strict JSON to ``json_path`` if given."""
+    from swarm.jsonout import dumps as strict_json
+
+    t = time.monotonic()
+    rows = run_jobs(fn, work, jobs)
+    summary = summarize(rows)
+    print()
+    show(summary)
+    print(f"\n{time.monotonic() - t:.0f} s in all")
+    if json_path is not None:
+        json_path.write_text(strict_json(dict(doc, runs=rows, summary=summary, machine=machine(), date=now())))
+    return rows, summary
+
+
 def warm_start(spec: RunSpec, steps: int, log=print) -> Tuple[Any, float]:
     """θ after ``steps`` single-process steps on a shard no arm trains on: the shared start of
     every arm (DiLoCo's protocol), and its validation loss. Its inner optimizer is not carried over."""

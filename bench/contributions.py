@@ -34,9 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import human, machine, now, run_jobs, table  # noqa: E402
+from bench.common import human, machine, now, run_summarized, table  # noqa: E402
 from bench.compression import make_spec  # noqa: E402
-from swarm.jsonout import dumps as strict_json  # noqa: E402
 
 CONFIGS = {
     # a model small enough for 1,000 replicas in one process: ~30 K parameters, 4 x 32 tokens a step
@@ -136,14 +135,7 @@ def main(argv=None) -> int:
     # round itself at the smallest size (the shortcut checked)
     work = [(cfg, n, arm, seed, args.threads, n == min(sizes))
             for n in sorted(sizes, reverse=True) for seed in range(args.seeds) for arm in (0, k)]
-    t = time.monotonic()
-    rows = run_jobs(run_arm, work, args.jobs)
-    summary = summarize(rows)
-    print()
-    print_summary(summary)
-    print(f"\n{time.monotonic() - t:.0f} s")
-    if args.json:
-        args.json.write_text(strict_json(dict(config=cfg, k=k, sizes=sizes, runs=rows, summary=summary)))
+    run_summarized(run_arm, work, args.jobs, summarize, print_summary, args.json, config=cfg, k=k, sizes=sizes)
     return 0
 
 

@@ -1,0 +1,160 @@
+"""Partial parameter updates at equal tokens and at equal bytes, several owners per slice, over seeds.
+
+    python bench/partial_loss.py [--quick] [--replicas 8] [--slices 4] [--seeds 3] [--jobs 2]
+                                 [--threads 1] [--json OUT]
+
+bench/partial.py measures what a partial peer saves (memory, FLOPs, bytes); this one measures what
+it costs in loss, as arXiv 2509.22418 compares them: against full peers at equal tokens and at equal
+bytes sent. Every arm is ``peer.round.simulate.simulate``: R replicas of the live peer's roles and
+round engine (SparseLoCo defaults), replica r owning slice r % S, so with R >= 2S every slice has
+R / S owners. Arms, per seed:
+
+- ``full``: R full replicas (top-k 64 of every 64 x 64 chunk, the default);
+- ``partial S``: R slice owners, the same tokens;
+- ``full, equal bytes``: R full replicas whose top-k is the largest that keeps a payload no larger
+  than a slice owner's (found by encoding one payload of each part), the same tokens: what the
+  partial peers' byte budget buys a full peer.
+
+Every arm starts from the same function (the unsliced model of the seed, its MLP cut into slices
+where the arm has them: bench/partial.py's ``reslice``), trains the same shards in the same order
+(the run seed) for the same rounds. The gaps are paired by seed: (arm / full) − 1, mean ± std.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from bench.common import human, machine, now, run_summarized, table  # noqa: E402
+from bench.partial import full_init, model_dict, reslice  # noqa: E402
+from bench.partial_probes import make_spec, part_of  # noqa: E402
+
+CONFIGS = {
+    # bench/partial.py's simulation: d 256, 4 layers, ffn 1024 (MLP = 75 % of block parameters),
+    # H = 10, 12 rounds (120 inner steps of 4 x 128 bytes per replica), AdamW 3e-3 cosine
+    "full": dict(sim_model="bench d256 L4 f1024", batch_size=4, inner_steps=10, rounds=12, lr=3e-3, warmup=10,
+                 val_batches=16),
+    "quick": dict(sim_model="quick d64 L2 f256", batch_size=4, inner_steps=5, rounds=3, lr=3e-3, warmup=5,
+                  val_batches=4),
+}
+DEFAULT_TOPK = 64
+
+
+def arm_spec(cfg: Dict[str, Any], slices: int, seed: int, topk: int = DEFAULT_TOPK):
+    H = cfg["inner_steps"]
+    spec = make_spec(model_dict(cfg["sim_model"]), slices, cfg["batch_size"], H, cfg["lr"], cfg["warmup"],
+                     cfg["rounds"] * H, cfg["val_batches"])
+    return spec.replace(seed=seed, outer={"sparseloco": {"topk": topk}})
+
+
+def payload_bytes(spec, part) -> int:
+    """The bytes of one encoded payload of ``part`` (SparseLoCo's size depends on top-k, not on values)."""
+    from peer.outer.strategies import make_strategy
+
+    strategy = make_strategy(spec, part=part)
+    gen = torch.Generator().manual_seed(0)
+    data, _ = strategy.encode({n: torch.randn(s, generator=gen) for n, s in strategy.layout.items()}, 0)
+    return len(data)
+
+
+def equal_bytes_topk(cfg: Dict[str, Any], slices: int) -> int:
+    """The largest top-k whose full payload is no larger than a slice owner's payload at the default."""
+    budget = payload_bytes(arm_spec(cfg, slices, 0), part_of(slices, 0))
+    fits = [k for k in range(1, DEFAULT_TOPK + 1) if payload_bytes(arm_spec(cfg, 1, 0, k), part_of(1)) <= budget]
+    return max(fits) if fits else 1
+
+
+def run_arm(job) -> Dict[str, Any]:
+    """One simulation: (cfg, arm name, slices, top-k, replicas, seed, threads)."""
+    from peer.round.simulate import simulate
+    from peer.training.data import load_corpus
+
+    cfg, arm, slices, topk, replicas, seed, threads = job
+    torch.set_num_threads(threads)
+    logging.getLogger("voloco.peer.robust").setLevel(logging.ERROR)  # every replica logs every refusal: counted below
+    spec = arm_spec(cfg, slices, seed, topk)
+    t = time.monotonic()
+    sim = simulate(spec, replicas, cfg["rounds"], corpus=load_corpus("stdlib"), eval_every=0, verify_rounds=1,
+                   init_theta=reslice(full_init(model_dict(cfg["sim_model"]), seed), spec.param_shapes()),
+                   parts=[part_of(slices, i) for i in range(replicas)])
+    sent = sum((replicas - 1) * b for h in sim.history for b in h.payload_bytes) / replicas
+    row = dict(arm=arm, slices=slices, topk=topk, replicas=replicas, seed=seed, tokens=sim.tokens,
+               val_loss=sim.final_val_loss, initial_val_loss=sim.initial_val_loss, sent_per_peer=sent,
+               refused=sum(len(h.excluded) for h in sim.history), wall_s=time.monotonic() - t)
+    print(f"  R={replicas} {arm:18s} seed {seed}: val {row['val_loss']:.4f}, sent/peer {human(sent)}, "
+          f"{row['wall_s']:.0f} s", flush=True)
+    return row
+
+
+def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per (R, arm): loss over seeds, its gap to the full arm of the same R and seed, and bytes."""
+    full = {(r["replicas"], r["seed"]): r for r in rows if r["arm"] == "full"}
+    groups: Dict[tuple, List[Dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["replicas"], r["arm"]), []).append(r)
+    out = []
+    for (replicas, arm), rs in groups.items():
+        gaps = [r["val_loss"] / full[(replicas, r["seed"])]["val_loss"] - 1 for r in rs
+                if arm != "full" and (replicas, r["seed"]) in full]
+        sent = [r["sent_per_peer"] / full[(replicas, r["seed"])]["sent_per_peer"] - 1 for r in rs
+                if (replicas, r["seed"]) in full]
+        out.append(dict(replicas=replicas, arm=arm, slices=rs[0]["slices"], topk=rs[0]["topk"], seeds=len(rs),
+                        tokens=rs[0]["tokens"], loss=statistics.fmean(r["val_loss"] for r in rs),
+                        loss_std=statistics.stdev([r["val_loss"] for r in rs]) if len(rs) > 1 else 0.0,
+                        gap=statistics.fmean(gaps) if gaps else None,
+                        gap_std=statistics.stdev(gaps) if len(gaps) > 1 else 0.0,
+                        sent=statistics.fmean(r["sent_per_peer"] for r in rs),
+                        sent_vs_full=statistics.fmean(sent) if sent else None,
+                        refused=sum(r["refused"] for r in rs)))
+    return out
+
+
+def print_summary(summary: List[Dict[str, Any]]) -> None:
+    lines = []
+    for s in summary:
+        gap = "-" if s["gap"] is None else f"{100 * s['gap']:+.2f} % ± {100 * s['gap_std']:.2f}"
+        sent = "-" if not s["sent_vs_full"] else f"{100 * s['sent_vs_full']:+.1f} %"
+        lines.append([str(s["replicas"]), s["arm"], str(s["topk"]), str(s["seeds"]), f"{s['tokens']:,}",
+                      f"{s['loss']:.4f} ± {s['loss_std']:.4f}", gap, human(s["sent"]), sent, str(s["refused"])])
+    print(table(["R", "arm", "top-k", "seeds", "tokens", "val loss", "vs full (paired)", "sent/peer", "vs full",
+                 "refused"], lines, left=2))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small model, 3 rounds of H = 5: a smoke run (~1 min)")
+    ap.add_argument("--replicas", default="8", help="comma-separated replica counts R, each >= 2 S (default 8)")
+    ap.add_argument("--slices", type=int, default=4, help="S: slices of the partial arm (default 4)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per arm, 0..N-1 (default 3)")
+    ap.add_argument("--jobs", type=int, default=2, help="arms run at a time, each in its own process (default 2)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per arm (default 1)")
+    ap.add_argument("--json", type=Path, help="write every run and the summary as JSON here")
+    args = ap.parse_args(argv)
+    cfg = CONFIGS["quick" if args.quick else "full"]
+    replicas = [int(x) for x in args.replicas.split(",")]
+    if args.slices < 2 or any(r < 2 * args.slices for r in replicas) or args.seeds < 1:
+        raise SystemExit("--slices must be >= 2, every --replicas >= 2 x --slices (several owners a slice), --seeds >= 1")
+    topk = equal_bytes_topk(cfg, args.slices)
+    print(f"# partial updates at equal tokens and equal bytes, {now()}, {machine()}")
+    print(f"# model {cfg['sim_model']}, batch {cfg['batch_size']}, H = {cfg['inner_steps']}, {cfg['rounds']} rounds; "
+          f"S = {args.slices}; equal bytes: full top-k {topk} of 4096 (default {DEFAULT_TOPK})", flush=True)
+    arms = [("full", 1, DEFAULT_TOPK), (f"partial S={args.slices}", args.slices, DEFAULT_TOPK),
+            ("full, equal bytes", 1, topk)]
+    work = [(cfg, arm, slices, k, r, seed, args.threads) for r in replicas for seed in range(args.seeds)
+            for arm, slices, k in arms]
+    run_summarized(run_arm, work, args.jobs, summarize, print_summary, args.json, config=cfg, slices=args.slices,
+                   equal_bytes_topk=topk)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

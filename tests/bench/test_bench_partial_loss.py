@@ -1,0 +1,29 @@
+"""bench/partial_loss.py on its quick config: three arms at equal tokens, the equal-bytes arm's
+payloads no larger than a slice owner's, gaps paired by seed. Seconds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import partial_loss
+
+
+def test_quick_arms_at_equal_tokens_and_equal_bytes(tmp_path, capsys):
+    out = tmp_path / "out.json"
+    assert partial_loss.main(["--quick", "--seeds", "1", "--jobs", "1", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    arms = {s["arm"]: s for s in doc["summary"]}
+    assert list(arms) == ["full", "partial S=4", "full, equal bytes"]
+    assert len({s["tokens"] for s in arms.values()}) == 1  # equal tokens
+    assert 1 <= doc["equal_bytes_topk"] < partial_loss.DEFAULT_TOPK
+    # the equal-bytes arm sends no more than the partial arm (payload sizes depend on top-k only)
+    assert arms["full, equal bytes"]["sent"] <= arms["partial S=4"]["sent"] < arms["full"]["sent"]
+    assert arms["full"]["gap"] is None and arms["partial S=4"]["gap"] is not None
+    assert "vs full (paired)" in capsys.readouterr().out
+
+
+def test_fewer_than_two_owners_a_slice_is_refused():
+    with pytest.raises(SystemExit, match="2 x --slices"):
+        partial_loss.main(["--quick", "--replicas", "6", "--slices", "4"])
