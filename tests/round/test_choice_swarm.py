@@ -1,0 +1,42 @@
+"""At most K contributions a round, in a real swarm (``outer.max_contributions``, peer/outer/engine.py
+``choose``): 4 peers in groups of at most 2 merge their groups' sets each round and take 2 of the 4
+payloads into θ, the same 2 on every peer; the peer passed over keeps its update and says so."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.support.swarm_harness import Swarm, TINY_SPEC, assert_groups_identical, hashes_by_round
+
+NAMES = ("a", "b", "c", "d")
+CHOSE = re.compile(r"round (\d+): (\d+) of (\d+) contributions enter θ \(outer.max_contributions = 2 a part; (.*)\)")
+
+
+@pytest.mark.slow
+def test_four_peers_take_two_contributions_a_round_and_stay_one_model(tmp_path):
+    spec = TINY_SPEC.format(run_id="choice", strategy="sparseloco", inner_steps=10)
+    spec = spec.replace("inner_steps = 10\n", "inner_steps = 10\nmax_contributions = 2\n") + "max_group_size = 2\n"
+    swarm = Swarm(tmp_path, spec_text=spec)
+    try:
+        for name in NAMES:
+            swarm.add_peer(name, "--wait-peers", "4")
+        swarm.wait(lambda: min(swarm.round_of(n) for n in NAMES) >= 4, 240, "four rounds of every peer")
+        statuses = [swarm.status(n) for n in NAMES]
+        logs = {n: swarm.peers[n].text() for n in NAMES}
+    finally:
+        swarm.close()
+    assert assert_groups_identical(statuses) >= 2
+    for s in statuses:
+        assert all(r["contributors"] <= 2 for r in s["history"]), s["history"]
+    choices = [m for text in logs.values() for m in CHOSE.finditer(text)]
+    assert choices, {n: t[-3000:] for n, t in logs.items()}
+    assert all(int(m[2]) == 2 and int(m[3]) > 2 for m in choices)
+    assert any(m[4] == "ours waits for a later round" for m in choices)
+    # a round whose payloads every peer took (several groups merged) ends with one θ on all of them
+    by_round = hashes_by_round(statuses)
+    merged = [r for r, hashes in by_round.items() if len(hashes) == len(NAMES)]
+    assert merged and any(len(set(by_round[r].values())) == 1 for r in merged), by_round
+    start = max(s["initial_val_loss"] for s in statuses)
+    assert all(s["val_loss"] < start for s in statuses)
