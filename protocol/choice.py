@@ -13,9 +13,14 @@ so the choice is a weighted draw without replacement (Efraimidis and Spirakis' k
   the round started from and the round number, known to everyone only once the previous round has
   concluded, after the identities of this round's senders were made, and moved by every
   contribution that entered that θ;
-- ``w`` is the sender's standing in this lineage (protocol/standing.py): a fresh identity draws at a
-  quarter of an established sender's weight, so a burst of new identities takes few of the K places,
-  and those it takes are judged by the direction check like any fresh sender's.
+- ``w`` is the sender's standing in this lineage (protocol/standing.py), in quarters: 1 + rounds
+  counted, at most 4; a fresh identity draws at a quarter of an established sender's weight, so a
+  burst of new identities takes few of the K places, and those it takes are judged by the direction
+  check like any fresh sender's.
+
+Keys are compared exactly, in integers (u = U / D, so u_a^(1/w_a) > u_b^(1/w_b) exactly when
+U_a^(w_b) D^(w_a) > U_b^(w_a) D^(w_b)): no floating-point logarithm, whose last bit may differ
+between C libraries, decides who enters θ.
 
 Pure and deterministic: the same candidates, seed and table give the same choice on any machine
 (tests/protocol/test_choice.py).
@@ -23,24 +28,34 @@ Pure and deterministic: the same candidates, seed and table give the same choice
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import math
-from typing import Dict, Hashable, List, Mapping
+from typing import Dict, Hashable, List, Mapping, Tuple
 
 from protocol.standing import ESTABLISHED
 
 __all__ = ["choose", "weight"]
 
-
-def weight(rounds_counted: int) -> float:
-    """A sender's weight in the draw: (1 + rounds counted, at most ESTABLISHED) / (1 + ESTABLISHED)."""
-    return (1 + min(max(rounds_counted, 0), ESTABLISHED)) / (1 + ESTABLISHED)
+_D = 2**64 + 1  # u = U / _D with U in [1, 2^64]: never 0 or 1
 
 
-def _key(seed: str, sender: str, w: float) -> float:
+def weight(rounds_counted: int) -> int:
+    """A sender's weight in the draw, in quarters: 1 + rounds counted, at most 1 + ESTABLISHED (= 4)."""
+    return 1 + min(max(rounds_counted, 0), ESTABLISHED)
+
+
+def _uniform(seed: str, sender: str) -> int:
     digest = hashlib.sha256(f"{seed}\x00{sender}".encode("utf-8", "surrogatepass")).digest()
-    u = (int.from_bytes(digest[:8], "big") + 1) / (2**64 + 1)  # in (0, 1), never 0 or 1
-    return math.log(u) / w
+    return int.from_bytes(digest[:8], "big") + 1
+
+
+def _order(a: Tuple[str, int, int], b: Tuple[str, int, int]) -> int:
+    """-1 if ``a`` (sender, U, w) draws before ``b``: the larger key u^(1/w), then the smaller name."""
+    (name_a, u_a, w_a), (name_b, u_b, w_b) = a, b
+    left, right = u_a**w_b * _D**w_a, u_b**w_a * _D**w_b
+    if left != right:
+        return -1 if left > right else 1
+    return -1 if name_a < name_b else (1 if name_a > name_b else 0)
 
 
 def choose(parts: Mapping[str, Hashable], k: int, seed: str, standing: Mapping[str, int]) -> List[str]:
@@ -57,6 +72,7 @@ def choose(parts: Mapping[str, Hashable], k: int, seed: str, standing: Mapping[s
         if len(senders) <= k:
             chosen.extend(senders)
             continue
-        keyed = sorted(senders, key=lambda s: (-_key(seed, s, weight(standing.get(s, 0))), s))
-        chosen.extend(keyed[:k])
+        keyed = [(s, _uniform(seed, s), weight(standing.get(s, 0))) for s in senders]
+        keyed.sort(key=functools.cmp_to_key(_order))
+        chosen.extend(s for s, _, _ in keyed[:k])
     return sorted(chosen)

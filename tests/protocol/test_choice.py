@@ -44,9 +44,25 @@ def test_each_sender_is_chosen_about_as_often_as_its_weight_says():
     old = sum(counts[s] for s in senders if s.startswith("old")) / 2000
     new = sum(counts[s] for s in senders if s.startswith("new")) / 2000
     assert old + new == 5
-    assert weight(0) == 0.25 and weight(ESTABLISHED) == 1.0 and weight(10 * ESTABLISHED) == 1.0
+    assert weight(0) == 1 and weight(ESTABLISHED) == 4 and weight(10 * ESTABLISHED) == 4  # in quarters
     assert new < 1.5 < 3.5 < old  # a fresh identity draws at a quarter of the weight (~1.0 of 5 places)
     assert min(counts[s] for s in senders if s.startswith("old")) > 200  # nobody is shut out
+
+
+def test_keys_are_compared_exactly_as_u_to_the_power_one_over_w():
+    import math
+
+    from protocol.choice import _D, _order, _uniform
+
+    rng = random.Random(3)
+    for _ in range(2000):
+        a = (f"a{rng.random()}", rng.randrange(1, 2**64 + 1), rng.randrange(1, 5))
+        b = (f"b{rng.random()}", rng.randrange(1, 2**64 + 1), rng.randrange(1, 5))
+        ka, kb = math.log(a[1] / _D) / a[2], math.log(b[1] / _D) / b[2]
+        if abs(ka - kb) > 1e-9 * max(abs(ka), abs(kb)):  # where floats can tell them apart, they agree
+            assert _order(a, b) == (-1 if ka > kb else 1) == -_order(b, a)
+    assert _order(("x", 5, 2), ("y", 5, 2)) == -1 and _order(("y", 5, 2), ("x", 5, 2)) == 1
+    assert 1 <= _uniform("seed", "sender") <= 2**64
 
 
 @pytest.mark.parametrize("part", [-1, 1, (0, 1)])
