@@ -13,7 +13,11 @@ R / S owners. Arms, per seed:
 - ``partial S``: R slice owners, the same tokens;
 - ``full, equal bytes``: R full replicas whose top-k is the largest that keeps a payload no larger
   than a slice owner's (found by encoding one payload of each part), the same tokens: what the
-  partial peers' byte budget buys a full peer.
+  partial peers' byte budget buys a full peer;
+- ``partial, equal bytes``: R slice owners that synchronise more often, H x (slice owner's payload /
+  full payload) inner steps a round (the nearest divisor of the run's inner steps), as many more
+  rounds, the same tokens: what the full
+  peers' byte budget buys the partial ones (the paper's comparison).
 
 Every arm starts from the same function (the unsliced model of the seed, its MLP cut into slices
 where the arm has them: bench/partial.py's ``reslice``), trains the same shards in the same order
@@ -28,13 +32,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import human, machine, now, run_summarized, table  # noqa: E402
+from bench.common import choose_names, human, machine, now, run_summarized, table  # noqa: E402
 from bench.partial import full_init, model_dict, reslice  # noqa: E402
 from bench.partial_probes import make_spec, part_of  # noqa: E402
 
@@ -47,12 +51,14 @@ CONFIGS = {
                   val_batches=4),
 }
 DEFAULT_TOPK = 64
+ARMS = ("full", "partial", "full-bytes", "partial-bytes")
 
 
-def arm_spec(cfg: Dict[str, Any], slices: int, seed: int, topk: int = DEFAULT_TOPK):
-    H = cfg["inner_steps"]
+def arm_spec(cfg: Dict[str, Any], slices: int, seed: int, topk: int = DEFAULT_TOPK, inner_steps: int = 0):
+    """The spec of an arm; ``inner_steps``: its H (0: the config's), the inner steps of the run unchanged."""
+    H = inner_steps or cfg["inner_steps"]
     spec = make_spec(model_dict(cfg["sim_model"]), slices, cfg["batch_size"], H, cfg["lr"], cfg["warmup"],
-                     cfg["rounds"] * H, cfg["val_batches"])
+                     cfg["rounds"] * cfg["inner_steps"], cfg["val_batches"])
     return spec.replace(seed=seed, outer={"sparseloco": {"topk": topk}})
 
 
@@ -66,11 +72,15 @@ def payload_bytes(spec, part) -> int:
     return len(data)
 
 
-def equal_bytes_topk(cfg: Dict[str, Any], slices: int) -> int:
-    """The largest top-k whose full payload is no larger than a slice owner's payload at the default."""
+def equal_bytes(cfg: Dict[str, Any], slices: int) -> Tuple[int, int]:
+    """(the largest top-k whose full payload is no larger than a slice owner's payload at the default;
+    the H at which slice owners send about a full peer's bytes over the run)."""
     budget = payload_bytes(arm_spec(cfg, slices, 0), part_of(slices, 0))
+    full = payload_bytes(arm_spec(cfg, 1, 0), part_of(1))
     fits = [k for k in range(1, DEFAULT_TOPK + 1) if payload_bytes(arm_spec(cfg, 1, 0, k), part_of(1)) <= budget]
-    return max(fits) if fits else 1
+    total, target = cfg["rounds"] * cfg["inner_steps"], cfg["inner_steps"] * budget / full
+    h = min((d for d in range(1, cfg["inner_steps"] + 1) if total % d == 0), key=lambda d: (abs(d - target), d))
+    return (max(fits) if fits else 1), h  # an H that divides the run's inner steps: equal tokens
 
 
 def run_arm(job) -> Dict[str, Any]:
@@ -78,16 +88,18 @@ def run_arm(job) -> Dict[str, Any]:
     from peer.round.simulate import simulate
     from peer.training.data import load_corpus
 
-    cfg, arm, slices, topk, replicas, seed, threads = job
+    cfg, arm, slices, topk, H, replicas, seed, threads = job
     torch.set_num_threads(threads)
     logging.getLogger("voloco.peer.robust").setLevel(logging.ERROR)  # every replica logs every refusal: counted below
-    spec = arm_spec(cfg, slices, seed, topk)
+    spec = arm_spec(cfg, slices, seed, topk, H)
+    rounds = cfg["rounds"] * cfg["inner_steps"] // spec.outer.inner_steps
     t = time.monotonic()
-    sim = simulate(spec, replicas, cfg["rounds"], corpus=load_corpus("stdlib"), eval_every=0, verify_rounds=1,
+    sim = simulate(spec, replicas, rounds, corpus=load_corpus("stdlib"), eval_every=0, verify_rounds=1,
                    init_theta=reslice(full_init(model_dict(cfg["sim_model"]), seed), spec.param_shapes()),
                    parts=[part_of(slices, i) for i in range(replicas)])
     sent = sum((replicas - 1) * b for h in sim.history for b in h.payload_bytes) / replicas
-    row = dict(arm=arm, slices=slices, topk=topk, replicas=replicas, seed=seed, tokens=sim.tokens,
+    row = dict(arm=arm, slices=slices, topk=topk, inner_steps=spec.outer.inner_steps, rounds=rounds,
+               replicas=replicas, seed=seed, tokens=sim.tokens,
                val_loss=sim.final_val_loss, initial_val_loss=sim.initial_val_loss, sent_per_peer=sent,
                refused=sum(len(h.excluded) for h in sim.history), wall_s=time.monotonic() - t)
     print(f"  R={replicas} {arm:18s} seed {seed}: val {row['val_loss']:.4f}, sent/peer {human(sent)}, "
@@ -107,7 +119,8 @@ def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 if arm != "full" and (replicas, r["seed"]) in full]
         sent = [r["sent_per_peer"] / full[(replicas, r["seed"])]["sent_per_peer"] - 1 for r in rs
                 if (replicas, r["seed"]) in full]
-        out.append(dict(replicas=replicas, arm=arm, slices=rs[0]["slices"], topk=rs[0]["topk"], seeds=len(rs),
+        out.append(dict(replicas=replicas, arm=arm, slices=rs[0]["slices"], topk=rs[0]["topk"],
+                        inner_steps=rs[0]["inner_steps"], seeds=len(rs),
                         tokens=rs[0]["tokens"], loss=statistics.fmean(r["val_loss"] for r in rs),
                         loss_std=statistics.stdev([r["val_loss"] for r in rs]) if len(rs) > 1 else 0.0,
                         gap=statistics.fmean(gaps) if gaps else None,
@@ -123,9 +136,10 @@ def print_summary(summary: List[Dict[str, Any]]) -> None:
     for s in summary:
         gap = "-" if s["gap"] is None else f"{100 * s['gap']:+.2f} % ± {100 * s['gap_std']:.2f}"
         sent = "-" if not s["sent_vs_full"] else f"{100 * s['sent_vs_full']:+.1f} %"
-        lines.append([str(s["replicas"]), s["arm"], str(s["topk"]), str(s["seeds"]), f"{s['tokens']:,}",
+        lines.append([str(s["replicas"]), s["arm"], str(s["topk"]), str(s["inner_steps"]), str(s["seeds"]),
+                      f"{s['tokens']:,}",
                       f"{s['loss']:.4f} ± {s['loss_std']:.4f}", gap, human(s["sent"]), sent, str(s["refused"])])
-    print(table(["R", "arm", "top-k", "seeds", "tokens", "val loss", "vs full (paired)", "sent/peer", "vs full",
+    print(table(["R", "arm", "top-k", "H", "seeds", "tokens", "val loss", "vs full (paired)", "sent/peer", "vs full",
                  "refused"], lines, left=2))
 
 
@@ -134,6 +148,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small model, 3 rounds of H = 5: a smoke run (~1 min)")
     ap.add_argument("--replicas", default="8", help="comma-separated replica counts R, each >= 2 S (default 8)")
     ap.add_argument("--slices", type=int, default=4, help="S: slices of the partial arm (default 4)")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms (default: {','.join(ARMS)})")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per arm, 0..N-1 (default 3)")
     ap.add_argument("--jobs", type=int, default=2, help="arms run at a time, each in its own process (default 2)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per arm (default 1)")
@@ -143,16 +158,19 @@ def main(argv=None) -> int:
     replicas = [int(x) for x in args.replicas.split(",")]
     if args.slices < 2 or any(r < 2 * args.slices for r in replicas) or args.seeds < 1:
         raise SystemExit("--slices must be >= 2, every --replicas >= 2 x --slices (several owners a slice), --seeds >= 1")
-    topk = equal_bytes_topk(cfg, args.slices)
+    topk, h_partial = equal_bytes(cfg, args.slices)
+    chosen = choose_names(args.arms, ARMS, "--arms")
     print(f"# partial updates at equal tokens and equal bytes, {now()}, {machine()}")
     print(f"# model {cfg['sim_model']}, batch {cfg['batch_size']}, H = {cfg['inner_steps']}, {cfg['rounds']} rounds; "
-          f"S = {args.slices}; equal bytes: full top-k {topk} of 4096 (default {DEFAULT_TOPK})", flush=True)
-    arms = [("full", 1, DEFAULT_TOPK), (f"partial S={args.slices}", args.slices, DEFAULT_TOPK),
-            ("full, equal bytes", 1, topk)]
-    work = [(cfg, arm, slices, k, r, seed, args.threads) for r in replicas for seed in range(args.seeds)
-            for arm, slices, k in arms]
+          f"S = {args.slices}; equal bytes: full top-k {topk} of 4096 (default {DEFAULT_TOPK}), partial H = {h_partial}",
+          flush=True)
+    arms = {"full": ("full", 1, DEFAULT_TOPK, 0),
+            "partial": (f"partial S={args.slices}", args.slices, DEFAULT_TOPK, 0),
+            "full-bytes": ("full, equal bytes", 1, topk, 0),
+            "partial-bytes": (f"partial S={args.slices}, equal bytes", args.slices, DEFAULT_TOPK, h_partial)}
+    work = [(cfg, *arms[a], r, seed, args.threads) for r in replicas for seed in range(args.seeds) for a in chosen]
     run_summarized(run_arm, work, args.jobs, summarize, print_summary, args.json, config=cfg, slices=args.slices,
-                   equal_bytes_topk=topk)
+                   equal_bytes_topk=topk, equal_bytes_h=h_partial)
     return 0
 
 

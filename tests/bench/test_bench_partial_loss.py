@@ -15,12 +15,16 @@ def test_quick_arms_at_equal_tokens_and_equal_bytes(tmp_path, capsys):
     assert partial_loss.main(["--quick", "--seeds", "1", "--jobs", "1", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     arms = {s["arm"]: s for s in doc["summary"]}
-    assert list(arms) == ["full", "partial S=4", "full, equal bytes"]
+    assert list(arms) == ["full", "partial S=4", "full, equal bytes", "partial S=4, equal bytes"]
     assert len({s["tokens"] for s in arms.values()}) == 1  # equal tokens
     assert 1 <= doc["equal_bytes_topk"] < partial_loss.DEFAULT_TOPK
     # the equal-bytes arm sends no more than the partial arm (payload sizes depend on top-k only)
     assert arms["full, equal bytes"]["sent"] <= arms["partial S=4"]["sent"] < arms["full"]["sent"]
     assert arms["full"]["gap"] is None and arms["partial S=4"]["gap"] is not None
+    # the partial arm at equal bytes synchronises more often: a shorter H, about the full arm's bytes
+    more = arms["partial S=4, equal bytes"]
+    assert more["inner_steps"] == doc["equal_bytes_h"] < arms["full"]["inner_steps"]
+    assert 0.6 * arms["full"]["sent"] <= more["sent"] <= 1.4 * arms["full"]["sent"]
     assert "vs full (paired)" in capsys.readouterr().out
 
 
