@@ -68,6 +68,17 @@ def run_jobs(fn: Callable[[Any], Any], work: Sequence[Any], jobs: int) -> List[A
         return list(pool.map(fn, work))
 
 
+def add_arm_flags(ap) -> None:
+    """The flags of a benchmark whose arms are simulations run in a process pool over seeds
+    (``run_summarized``): --seeds, --jobs, --threads, --json."""
+    from pathlib import Path
+
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per arm, 0..N-1 (default 3)")
+    ap.add_argument("--jobs", type=int, default=2, help="arms run at a time, each in its own process (default 2)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per arm (default 1)")
+    ap.add_argument("--json", type=Path, help="write every run and the summary as JSON here")
+
+
 def run_summarized(fn: Callable[[Any], Any], work: Sequence[Any], jobs: int, summarize: Callable, show: Callable,
                    json_path=None, **doc) -> Tuple[List[Any], Any]:
     """``run_jobs``, then the summary of its rows printed (``show``) with the wall seconds, and the

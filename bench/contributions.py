@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import human, machine, now, run_summarized, table  # noqa: E402
+from bench.common import add_arm_flags, human, machine, now, run_summarized, table  # noqa: E402
 from bench.compression import make_spec  # noqa: E402
 
 CONFIGS = {
@@ -116,10 +116,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", help="comma-separated swarm sizes (default 16,64,256,1000; --quick: 8,24)")
     ap.add_argument("--k", type=int, help="contributions that enter θ a round (default 32; --quick: 4)")
     ap.add_argument("--rounds", type=int, help="rounds of H inner steps (default 6; --quick: 3)")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds per arm, 0..N-1 (default 3)")
-    ap.add_argument("--jobs", type=int, default=2, help="arms run at a time, each in its own process (default 2)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per arm (default 1)")
-    ap.add_argument("--json", type=Path, help="write every run and the summary as JSON here")
+    add_arm_flags(ap)
     args = ap.parse_args(argv)
     cfg = dict(CONFIGS["quick" if args.quick else "full"])
     if args.rounds is not None:

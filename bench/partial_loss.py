@@ -1,7 +1,7 @@
 """Partial parameter updates at equal tokens and at equal bytes, several owners per slice, over seeds.
 
-    python bench/partial_loss.py [--quick] [--replicas 8] [--slices 4] [--seeds 3] [--jobs 2]
-                                 [--threads 1] [--json OUT]
+    python bench/partial_loss.py [--quick] [--replicas 8] [--slices 4] [--arms full,partial,...]
+                                 [--seeds 3] [--jobs 2] [--threads 1] [--json OUT]
 
 bench/partial.py measures what a partial peer saves (memory, FLOPs, bytes); this one measures what
 it costs in loss, as arXiv 2509.22418 compares them: against full peers at equal tokens and at equal
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import choose_names, human, machine, now, run_summarized, table  # noqa: E402
+from bench.common import add_arm_flags, choose_names, human, machine, now, run_summarized, table  # noqa: E402
 from bench.partial import full_init, model_dict, reslice  # noqa: E402
 from bench.partial_probes import make_spec, part_of  # noqa: E402
 
@@ -77,14 +77,20 @@ def equal_bytes(cfg: Dict[str, Any], slices: int) -> Tuple[int, int]:
     the H at which slice owners send about a full peer's bytes over the run)."""
     budget = payload_bytes(arm_spec(cfg, slices, 0), part_of(slices, 0))
     full = payload_bytes(arm_spec(cfg, 1, 0), part_of(1))
-    fits = [k for k in range(1, DEFAULT_TOPK + 1) if payload_bytes(arm_spec(cfg, 1, 0, k), part_of(1)) <= budget]
+    low, high = 1, DEFAULT_TOPK  # a payload grows with top-k: bisect for the largest that fits
+    while low < high:
+        mid = (low + high + 1) // 2
+        if payload_bytes(arm_spec(cfg, 1, 0, mid), part_of(1)) <= budget:
+            low = mid
+        else:
+            high = mid - 1
     total, target = cfg["rounds"] * cfg["inner_steps"], cfg["inner_steps"] * budget / full
     h = min((d for d in range(1, cfg["inner_steps"] + 1) if total % d == 0), key=lambda d: (abs(d - target), d))
-    return (max(fits) if fits else 1), h  # an H that divides the run's inner steps: equal tokens
+    return low, h  # an H that divides the run's inner steps: equal tokens
 
 
 def run_arm(job) -> Dict[str, Any]:
-    """One simulation: (cfg, arm name, slices, top-k, replicas, seed, threads)."""
+    """One simulation: (cfg, arm name, slices, top-k, H (0: the config's), replicas, seed, threads)."""
     from peer.round.simulate import simulate
     from peer.training.data import load_corpus
 
@@ -149,10 +155,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replicas", default="8", help="comma-separated replica counts R, each >= 2 S (default 8)")
     ap.add_argument("--slices", type=int, default=4, help="S: slices of the partial arm (default 4)")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms (default: {','.join(ARMS)})")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds per arm, 0..N-1 (default 3)")
-    ap.add_argument("--jobs", type=int, default=2, help="arms run at a time, each in its own process (default 2)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per arm (default 1)")
-    ap.add_argument("--json", type=Path, help="write every run and the summary as JSON here")
+    add_arm_flags(ap)
     args = ap.parse_args(argv)
     cfg = CONFIGS["quick" if args.quick else "full"]
     replicas = [int(x) for x in args.replicas.split(",")]

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import machine, now, run_jobs, table  # noqa: E402
+from bench.common import add_arm_flags, machine, now, run_jobs, table  # noqa: E402
 from bench.compression import make_spec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
 
@@ -224,13 +224,10 @@ def main(argv=None) -> int:
     ap.add_argument("--kinds", default=",".join(KINDS),
                     help=f"comma-separated odd honest replicas, {KIND_REPLICAS} honest replicas each, check on and off "
                          f"(default: {','.join(KINDS)}; '' for none)")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds per arm, 0..N-1 (default 3)")
     ap.add_argument("--checks", default="on,off",
                     help="direction check on, off or both (default on,off; 'off' runs only the negate attack, "
                          "the one the check exists for, unless it is the only setting)")
-    ap.add_argument("--jobs", type=int, default=2, help="arms run at a time, each in its own process (default 2)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per arm (default 1)")
-    ap.add_argument("--json", type=Path, help="write every run and the summary as JSON here")
+    add_arm_flags(ap)
     args = ap.parse_args(argv)
     cfg = CONFIGS["quick" if args.quick else "full"]
     honest = [int(x) for x in args.honest.split(",")]
