@@ -161,8 +161,8 @@ def main(argv=None) -> int:
     replicas = [int(x) for x in args.replicas.split(",")]
     if args.slices < 2 or any(r < 2 * args.slices for r in replicas) or args.seeds < 1:
         raise SystemExit("--slices must be >= 2, every --replicas >= 2 x --slices (several owners a slice), --seeds >= 1")
-    topk, h_partial = equal_bytes(cfg, args.slices)
     chosen = choose_names(args.arms, ARMS, "--arms")
+    topk, h_partial = equal_bytes(cfg, args.slices)
     print(f"# partial updates at equal tokens and equal bytes, {now()}, {machine()}")
     print(f"# model {cfg['sim_model']}, batch {cfg['batch_size']}, H = {cfg['inner_steps']}, {cfg['rounds']} rounds; "
           f"S = {args.slices}; equal bytes: full top-k {topk} of 4096 (default {DEFAULT_TOPK}), partial H = {h_partial}",
