@@ -26,7 +26,7 @@ tables, DCT's coefficients, dense values; clamped to the wire dtype's finite ran
 well-formed payload whose values are X times too large; ``negate`` is ``poison=-1``: an honest
 payload pointing the other way, which the direction check (peer/outer/consensus.py) refuses. The
 other attacks run the hostile
-processes the multi-process tests use (tests/support/stalling_peer.py: ``stall``, ``forged-round``;
+processes the multi-process tests use (tests/support/stalling_peer.py: ``stall``, ``stall-pair``, ``forged-round``;
 tests/support/hostile_exchange.py: ``framer``, ``invented-owners``; tests/support/hostile_records.py:
 ``forged-records``); they never train, so the honest peers ``--wait-peers 3`` in those runs. A new attack is one more line in ``ATTACKS`` (and, for a peer
 with one behaviour changed, one function in ``BEHAVIOURS``).
@@ -180,6 +180,8 @@ ATTACKS: Dict[str, Attack] = {a.name: a for a in [
            hostile_peer("poison=-1")),
     Attack("stall", "a progress record 'training' at the current round from a peer that never joins a group",
            tests_process("stalling_peer", _join, _key, _const("stall"), _const("3600")), peer=False),
+    Attack("stall-pair", "two identities that claim 'training' and, both, a set of the round gathered in a group of their own",
+           tests_process("stalling_peer", _join, _key, _const("pair"), _const("3600")), peer=False),
     Attack("forged-round", "a progress record at round 2**62 (blocks catch-up if believed)",
            tests_process("stalling_peer", _join, _key, _const("far-ahead"), _const("3600")), peer=False),
     Attack("framer", "a groupmate that lies about every other member's payload digest",

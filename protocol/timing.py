@@ -54,6 +54,11 @@ class Timing:
     """Rounds a peer still coming to a round we waited for it in is judged again before it is a no-show."""
     max_skip_rounds: int = 32
     """A peer waited for in vain again and again is skipped for at most this many rounds (tests/round/test_rejoin.py)."""
+    forgive_after_rounds: int = 16
+    """A no-show's strikes fall by one for every this many rounds without a miss (protocol/no_shows.py):
+    a peer that stalls whenever it is waited for costs about one wait per this many rounds."""
+    excuse_every_rounds: int = 16
+    """A claim of having gathered in another group excuses a miss at most once per this many rounds."""
 
     # ---- early close (peer/round/early_close.py) -----------------------------------------------
     early_close_poll_s: float = 1.0

@@ -361,6 +361,7 @@ class RoundLoop:
             logger.info(f"round {engine.round}: {len(chosen)} of {len(payloads)} contributions enter θ "
                         f"(outer.max_contributions = {engine.strategy.max_contributions} a part; {ours})")
         excluded.update(invalid)
+        peer.membership.came_in(engine.round, (s for s in payloads if s not in excluded))
         group_hash = None
         if result is not None:
             # the group's union of the last round first (peer/round/union.py): θ recomputed where it grew,

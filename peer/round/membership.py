@@ -20,16 +20,15 @@ TTLs found some is reads that missed them, and the round barrier reads again (un
 A record is a claim, not a promise: a peer may announce that it trains this round and never come.
 The round barrier therefore waits for announced peers only a *straggler allowance* past the last
 moment another peer of the round became ready (half this peer's own training time of the round, at
-least ``Timing.straggler_min_s``), and remembers the peers it waited for that then were not in its group
-and did not gather in another one either (a set two peers name: a slower peer whose group formed
-after ours came, only not to us): those are not waited for, nor counted as someone to meet, for a number of rounds that doubles with
-every such miss (up to 2, 4, ... ``Timing.max_skip_rounds``), or until they appear in one of its groups. A
-skip ends on a round that is a multiple of its length (``retry_round``), so peers that waited for
-the same no-show in neighbouring rounds (their views of its claim a read apart) soon wait for it
-again in the same round: a retry then costs the swarm one allowance, not one per peer. The
-back-off bounds what a peer that announces itself and never comes costs (one allowance per skip
-period), and still lets an honest peer that fell behind once (an overloaded host, a lost matchmaking
-reply) back in: skipping it for ever would leave two honest peers chasing each other's round alone
+least ``Timing.straggler_min_s``), and gives the peers it waited for that then neither came to its
+group nor had a signed payload in its union of the round a strike (protocol/no_shows.py): those are
+not waited for for 2, 4, ... ``Timing.max_skip_rounds`` rounds, strikes fall by one per
+``Timing.forgive_after_rounds`` rounds without a miss, and a claim of having gathered in another group
+(a set two peers name that we do not hold) excuses a miss once per ``Timing.excuse_every_rounds``
+rounds. A peer that stalls whenever it is waited for thus costs about one allowance per
+``Timing.forgive_after_rounds`` rounds, however often it comes in between, while an honest peer that
+fell behind once (an overloaded host, a lost matchmaking reply) is waited for again as soon as it
+comes: skipping it for ever would leave two honest peers chasing each other's round alone
 (tests/round/test_rejoin.py). A round far ahead of everyone is not believed either: "the swarm's round" is
 one that at least two other peers have reached (``swarm_round``), and peers that state sync caught
 lying (a state it refused, none served) are left out of the view for a while (``ignore``).
@@ -47,6 +46,7 @@ from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Se
 from hivemind.utils import get_dht_time
 
 from protocol import peer_states
+from protocol.no_shows import NoShowLedger
 from protocol.partial import choose_part
 from protocol.peer_states import DONE, IN_ROUND, NOT_IN_ROUNDS
 from protocol.dht.records import CHOOSING, Progress, peer_record_ttl
@@ -112,9 +112,11 @@ class Membership:
         self.timing = timing if timing is not None else Timing.from_spec(spec)  # every wait of the round
         self._progress = progress
         self._thread: Optional[threading.Thread] = None
-        self.no_shows: Set[str] = set()  # waited for, then not in our group: not waited for a while
-        self._strikes: Dict[str, int] = {}  # no-show -> how many times in a row it was waited for in vain
-        self._skip_until: Dict[str, int] = {}  # no-show -> the first round in which it is waited for again
+        self.no_shows: Set[str] = set()  # waited for in vain: not waited for a while (protocol/no_shows.py)
+        self.absent: Set[str] = set()  # ... and not seen to come since: nobody to meet either
+        self.ledger = NoShowLedger(self.timing.max_skip_rounds, self.timing.forgive_after_rounds,
+                                   self.timing.excuse_every_rounds)
+        self._came: Dict[int, Set[str]] = {}  # round -> senders whose signed payload was in our union
         self._waited: Set[str] = set()  # whom the last barrier gave up waiting for
         self._waited_round = -1  # ... in which round
         self._waited_steps: Dict[str, int] = {}  # ... at which inner step of it
@@ -325,40 +327,57 @@ class Membership:
         candidates = {**self._carried, **{p: self._waited_round for p in self._waited}}
         view = self.view()
         by_peer = {v.peer_id: v.progress for v in view}
-        came = {r: _gathered_since(view, r) for r in set(candidates.values())}
+        claimed = {r: _gathered_since(view, r) for r in set(candidates.values())}
         self._carried, missing = {}, set()
         for peer, r in candidates.items():
-            if peer in mates or peer in came[r]:
-                continue
+            if peer in mates or peer in self._came.get(r, ()):
+                continue  # it came: a groupmate, or its signed payload is in our union of the round
             p = by_peer.get(peer)
             coming = p is not None and p.round == r and (
                 p.state in DONE or (p.state == "training" and p.step > self._waited_steps.get(peer, p.step)))
             if coming and r >= round_no - self.timing.carry_rounds:
                 self._carried[peer] = r
-            else:
+            elif not (peer in claimed[r] and self.ledger.excuse(peer, round_no)):  # a claim excuses it now and then
                 missing.add(peer)
-        for peer in missing:
-            strikes = self._strikes[peer] = self._strikes.get(peer, 0) + 1
-            self._skip_until[peer] = retry_round(round_no + 1, strikes, self.timing.max_skip_rounds)
-        if missing - self.no_shows:
-            logger.info(f"not waiting again for {_names(missing - self.no_shows)} until they join a group of ours "
-                        f"or round {min(self._skip_until[p] for p in missing - self.no_shows)}")
         for peer in mates:
-            self._strikes.pop(peer, None)
-            self._skip_until.pop(peer, None)
+            self.ledger.came(peer, round_no)
         self._waited_steps = {p: self._waited_steps[p] for p in self._carried if p in self._waited_steps}
-        expired = {p for p in self.no_shows if p in self._skip_until and self._skip_until[p] <= round_no}
+        self._waited = set()
+        self.missed(missing, round_no)
+
+    def came_in(self, round_no: int, senders: Iterable[str]) -> None:
+        """The senders whose signed payload is in this peer's union of round ``round_no``: they came
+        (the next barrier does not strike them, and a single strike of theirs is over)."""
+        senders = set(senders) - {self.peer_id}
+        self._came.setdefault(round_no, set()).update(senders)
+        for r in [r for r in self._came if r < round_no - self.timing.carry_rounds - 1]:
+            del self._came[r]  # bounded: only rounds the barrier may still judge
+        for peer in senders:
+            self.ledger.came(peer, round_no)
+        self._refresh_no_shows(round_no)
+
+    def missed(self, peers: Iterable[str], round_no: int) -> None:
+        """``peers`` were waited for in vain in ``round_no`` (by the barrier or the merge): a strike each."""
+        struck = {p: self.ledger.missed(p, round_no) for p in set(peers)}
+        fresh = set(struck) - self.no_shows
+        if fresh:
+            logger.info(f"not waiting again for {_names(fresh)} until round {min(struck[p] for p in fresh)}"
+                        f"{'' if all(self.ledger.strikes(p) <= 1 for p in fresh) else ' (missed before)'}"
+                        f" or until they come to a group of ours after a first miss")
+        self._refresh_no_shows(round_no)
+
+    def _refresh_no_shows(self, round_no: int) -> None:
+        expired = self.no_shows - self.ledger.skipped(round_no)
         if expired:
             logger.info(f"round {round_no}: waiting again for {_names(expired)} if they train this round")
-        self.no_shows = (self.no_shows | missing) - mates - expired
-        self._waited = set()
+        self.no_shows, self.absent = self.ledger.skipped(round_no), self.ledger.absent(round_no)
 
     def forgive(self, peers: Iterable[str]) -> None:
         """``peers`` are evidently training (this peer took their state): wait for them again."""
         for peer in peers:
-            self._strikes.pop(peer, None)
-            self._skip_until.pop(peer, None)
+            self.ledger.forgive(peer)
             self.no_shows.discard(peer)
+            self.absent.discard(peer)
 
     def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool) -> Barrier:
         """Wait until every live peer of ``round_no`` is ready: at most ``swarm.round_wait``, and at
@@ -403,7 +422,7 @@ class Membership:
                                 f"for {_names(self._waited)}")
                 others = [
                     v for v in view
-                    if v.peer_id != self.peer_id and v.progress.state not in NOT_IN_ROUNDS and v.peer_id not in self.no_shows
+                    if v.peer_id != self.peer_id and v.progress.state not in NOT_IN_ROUNDS and v.peer_id not in self.absent
                 ]
                 behind = swarm_round([v.progress.round for v in others]) > round_no
                 syncing = bool(others) and all(v.progress.state == "syncing" and v.progress.round < round_no for v in others)
@@ -423,19 +442,6 @@ def _gathered_since(view: Sequence[PeerView], round_no: int) -> Set[str]:
         if p.gathered and p.gathered_round >= round_no >= 0:
             named.setdefault((p.gathered_round, p.gathered), set()).add(v.peer_id)
     return set().union(*(peers for peers in named.values() if len(peers) >= 2))
-
-
-def skip_length(strikes: int, longest: int = Timing.max_skip_rounds) -> int:
-    """Rounds in a skip period of a peer waited for in vain ``strikes`` times in a row (at most
-    ``longest``: ``Timing.max_skip_rounds``)."""
-    return min(2 ** min(strikes, 16), longest)
-
-
-def retry_round(round_no: int, strikes: int, longest: int = Timing.max_skip_rounds) -> int:
-    """The first round from ``round_no`` on in which a peer waited for in vain ``strikes`` times in a
-    row is waited for again: a multiple of its skip length, the same round for every peer."""
-    length = skip_length(strikes, longest)
-    return -(-round_no // length) * length
 
 
 def _names(peers: Iterable[str]) -> str:

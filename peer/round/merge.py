@@ -146,6 +146,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             logger.info(f"round {round_no}: merged {len(held) - 1} other groups' sets; not waiting longer for "
                         f"{len(outstanding)} peers of the round and {len(unfetched)} sets")
             skip.update({p: round_no + timing.merge_skip_rounds for p in outstanding})
+            membership.missed(outstanding, round_no)  # strikes outlive a set named later (protocol/no_shows.py)
             break
         time.sleep(timing.view_poll_s)
     # each member decided alone which late sets arrived in time: the group agrees on their union. A

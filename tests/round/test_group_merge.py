@@ -62,6 +62,9 @@ class Swarm:
     def publish(self):
         self.published += 1
 
+    def missed(self, peers, round_no):
+        self.no_shows |= set(peers)
+
     def straggler_allowance(self) -> float:
         return self.allowance
 

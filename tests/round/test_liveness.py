@@ -113,11 +113,11 @@ def test_reads_that_miss_every_peer_seen_live_lately_are_no_empty_swarm(monkeypa
 def test_a_no_show_is_nobody_to_meet_and_a_forged_round_does_not_put_us_behind(monkeypatch, clock):
     script = lambda t: [view("me", 5), view("b", 5), view("x", 5, "training"), view("far", 2**62, "training")]  # noqa: E731
     m, wait = barrier_peer(monkeypatch, clock, script)
-    m.no_shows = {"x"}
+    m.missed({"x"}, 4)  # waited for in vain in round 4
     barrier, waited = wait(5, mates=set())
     assert waited < 0.5 and barrier.expected == 2 and not barrier.behind and not barrier.alone  # "far" is not the swarm
     m, wait = barrier_peer(monkeypatch, clock, lambda t: [view("me", 5), view("x", 5, "training")])
-    m.no_shows = {"x"}
+    m.missed({"x"}, 4)  # waited for in vain in round 4
     barrier, _ = wait(5, mates=set())
     assert barrier.alone  # a lone honest peer beside a staller trains alone instead of waiting for a group
 

@@ -1,0 +1,127 @@
+"""Who was waited for in vain, and for how many rounds it is not waited for again. Pure: time is
+the round number, and every fact comes in as an argument.
+
+A progress record is a claim: a peer may announce "training" every round and never come. Each
+round a peer waited for in vain costs the swarm one wait (the barrier's straggler allowance, the
+merge's allowance), so the ledger gives every such miss a **strike**, and a peer with strikes is
+skipped (not waited for) for ``skip_length(strikes)`` rounds: 2, 4, ... ``longest``, ending on a
+multiple of that length (``retry_round``), so peers that struck it in neighbouring rounds wait for
+it again in the same round.
+
+What keeps this a bound over any window, and not one wait per doubling:
+
+- **strikes outlive an appearance.** They fall by one for every ``forgive_after`` rounds in which
+  the peer came (in one of our groups, its signed payload in our union) since its last miss; a peer
+  that never comes keeps them. A peer that comes when it is not waited for ends its skip only while
+  it has a single strike (an honest peer that fell behind once: a lost matchmaking reply, an
+  overloaded host). Before, one appearance wiped the slate, so a peer that came every other round
+  cost one wait every two rounds; now a peer that stalls whenever it is waited for is waited for
+  about once per ``forgive_after`` rounds
+  (``test_an_alternating_staller_costs_one_wait_per_forgive_period``).
+- **a claim is not an appearance.** A peer waited for that then names, with another peer, a set of
+  the round that we do not hold says it gathered in another group; two colluding identities can say
+  that every round. Such a claim excuses a miss at most once per ``excuse_every`` rounds; an
+  appearance that counts is one we can check: a groupmate, or a sender whose signed payload is in
+  the union this peer merged.
+
+A peer skipped and not seen since its last miss is also nobody to meet (``absent``): a lone honest
+peer beside a staller trains alone instead of waiting for a group that never forms; one that came
+since (an honest peer with a second strike, still in our groups) is met, only not waited for.
+
+Guarded by tests/protocol/test_no_shows.py and the barrier tests (tests/round/test_rejoin.py,
+tests/round/test_liveness.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Set
+
+from protocol.timing import Timing
+
+_NEVER = -(1 << 62)
+
+
+def skip_length(strikes: int, longest: int = Timing.max_skip_rounds) -> int:
+    """Rounds in a skip period of a peer with ``strikes`` strikes (at most ``longest``)."""
+    return min(2 ** min(max(strikes, 0), 16), longest)
+
+
+def retry_round(round_no: int, strikes: int, longest: int = Timing.max_skip_rounds) -> int:
+    """The first round from ``round_no`` on in which a peer with ``strikes`` strikes is waited for
+    again: a multiple of its skip length, the same round for every peer that struck it."""
+    length = skip_length(strikes, longest)
+    return -(-round_no // length) * length
+
+
+@dataclass
+class _Entry:
+    strikes: int = 0
+    comes: int = 0  # rounds it came in since its last miss
+    last_miss: int = _NEVER
+    until: int = 0  # the first round it is waited for again
+    came: int = _NEVER  # the last round it was seen to come (an appearance we could check)
+    excused: int = _NEVER  # the last round a claim excused a miss
+
+
+class NoShowLedger:
+    """Strikes, skips and excuses of the peers this peer waited for (see the module docstring)."""
+
+    def __init__(self, longest: int, forgive_after: int, excuse_every: int):
+        if longest < 1 or forgive_after < 1 or excuse_every < 1:
+            raise ValueError("longest, forgive_after and excuse_every are at least 1 round")
+        self.longest, self.forgive_after, self.excuse_every = longest, forgive_after, excuse_every
+        self._entries: Dict[str, _Entry] = {}
+
+    def strikes(self, peer: str) -> int:
+        """``peer``'s strikes: one fewer for every ``forgive_after`` rounds it came in since its last miss."""
+        e = self._entries.get(peer)
+        return 0 if e is None else max(0, e.strikes - e.comes // self.forgive_after)
+
+    def missed(self, peer: str, round_no: int) -> int:
+        """``peer`` was waited for in vain in ``round_no``: one strike more; the round it is waited for again."""
+        e = self._entries.setdefault(peer, _Entry())
+        e.strikes, e.comes = self.strikes(peer) + 1, 0
+        e.last_miss = round_no
+        e.until = max(e.until, retry_round(round_no + 1, e.strikes, self.longest))
+        return e.until
+
+    def came(self, peer: str, round_no: int) -> None:
+        """``peer`` came in ``round_no`` (a groupmate, or its signed payload in our union): its skip
+        ends if that was its only strike; later strikes stay until they are forgiven by time."""
+        e = self._entries.get(peer)
+        if e is None:
+            return
+        if round_no > e.came:
+            e.came, e.comes = round_no, e.comes + (round_no > e.last_miss)
+        left = self.strikes(peer)
+        if left <= 1:
+            e.until = min(e.until, round_no)
+        if left == 0 and round_no - e.excused >= self.excuse_every:
+            del self._entries[peer]  # a clean slate, and no excuse to remember
+
+    def excuse(self, peer: str, round_no: int) -> bool:
+        """Whether a claim that ``peer`` gathered elsewhere in ``round_no`` excuses its miss: at most
+        once per ``excuse_every`` rounds (a True is spent)."""
+        e = self._entries.setdefault(peer, _Entry())
+        if round_no - e.excused < self.excuse_every:
+            return False
+        e.excused = round_no
+        return True
+
+    def forgive(self, peer: str) -> None:
+        """Evidence that ``peer`` trains our lineage (this peer took its state): a clean slate."""
+        self._entries.pop(peer, None)
+
+    def waits_again(self, peer: str) -> int:
+        """The round ``peer`` is waited for again (0: it is not skipped)."""
+        e = self._entries.get(peer)
+        return e.until if e is not None else 0
+
+    def skipped(self, round_no: int) -> Set[str]:
+        """The peers not waited for in ``round_no``."""
+        return {p for p, e in self._entries.items() if e.until > round_no}
+
+    def absent(self, round_no: int) -> Set[str]:
+        """The skipped peers not seen to come since their last miss: nobody to meet in ``round_no``."""
+        return {p for p, e in self._entries.items() if e.until > round_no and e.came < e.last_miss}

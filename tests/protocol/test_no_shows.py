@@ -1,0 +1,96 @@
+"""protocol/no_shows.py: what a peer waited for in vain costs the swarm, over any window of rounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.no_shows import NoShowLedger, retry_round, skip_length
+from protocol.timing import Timing
+
+LONGEST, FORGIVE, EXCUSE = Timing.max_skip_rounds, Timing.forgive_after_rounds, Timing.excuse_every_rounds
+
+
+def ledger() -> NoShowLedger:
+    return NoShowLedger(LONGEST, FORGIVE, EXCUSE)
+
+
+def waits(behaviour, rounds: int, book: NoShowLedger) -> list:
+    """The rounds in which one peer was waited for and did not come. ``behaviour(r, waited)``: what it
+    does in round r: "miss" (stall), "come" (a groupmate, its payload in our union), "claim" (names a
+    set with an accomplice), or None (stays away, unnoticed)."""
+    missed = []
+    for r in range(rounds):
+        waited = "x" not in book.skipped(r)
+        act = behaviour(r, waited)
+        if act == "come":
+            book.came("x", r)
+        elif waited and (act == "miss" or (act == "claim" and not book.excuse("x", r))):
+            book.missed("x", r)
+            missed.append(r)
+    return missed
+
+
+def most_in_a_window(rounds: list, window: int) -> int:
+    return max((sum(1 for r in rounds if start <= r < start + window) for start in range(max(rounds, default=0) + 1)),
+               default=0)
+
+
+def test_an_alternating_staller_costs_one_wait_per_forgive_period():
+    # it stalls whenever it is waited for and comes whenever it is skipped: before, every appearance
+    # wiped its strikes, so it cost one wait every two rounds for ever
+    missed = waits(lambda r, waited: "miss" if waited else "come", 1024, ledger())
+    ramp = LONGEST.bit_length()  # 2, 4, ... LONGEST: the misses before the skip reaches its longest
+    assert len(missed) <= ramp + 1024 // FORGIVE + 1
+    for window in (16, 64, 256):
+        assert most_in_a_window(missed, window) <= ramp + window // FORGIVE + 1, window
+
+
+def test_a_staller_that_never_comes_costs_one_wait_per_longest_skip_at_most():
+    missed = waits(lambda r, waited: "miss", 1024, ledger())
+    assert missed[:5] == [0, 2, 4, 8, 16]
+    assert len(missed) <= LONGEST.bit_length() + 1024 // FORGIVE + 1
+
+
+def test_a_pair_that_claims_a_set_of_its_own_every_round_is_excused_now_and_then_only():
+    # two identities name one fake set for every round they are waited for in: a claim, not an appearance
+    missed = waits(lambda r, waited: "claim", 1024, ledger())
+    book = ledger()
+    excused = [r for r in range(1024) if "x" not in book.skipped(r) and book.excuse("x", r)]
+    assert excused[:3] == [0, EXCUSE, 2 * EXCUSE]
+    assert len(missed) <= LONGEST.bit_length() + 1024 // FORGIVE + 1
+
+
+def test_an_honest_peer_that_fell_behind_once_is_waited_for_again_as_soon_as_it_comes():
+    book = ledger()
+    assert book.missed("x", 6) == 8 and book.skipped(7) == {"x"} and book.absent(7) == {"x"}
+    book.came("x", 7)
+    assert book.skipped(7) == set() and book.strikes("x") == 1
+    # its strike stays for a while: a second miss soon after skips it for 4 rounds, coming or not
+    assert book.missed("x", 9) == 12
+    book.came("x", 10)
+    assert book.skipped(10) == {"x"} and book.absent(10) == set()  # met in our groups, not waited for
+    assert book.skipped(12) == set()
+    # forgiven by coming: every FORGIVE rounds it comes in take a strike
+    for r in range(12, 12 + FORGIVE):
+        book.came("x", r)
+    assert book.strikes("x") == 1
+    for r in range(12 + FORGIVE, 12 + 2 * FORGIVE):
+        book.came("x", r)
+    assert book.strikes("x") == 0 and book.waits_again("x") == 0
+    # a peer that never comes keeps its strikes, however long ago its last miss
+    for r in (100, 102):
+        book.missed("y", r)
+    assert book.strikes("y") == 2
+
+
+def test_forgive_is_a_clean_slate_and_arguments_are_checked():
+    book = ledger()
+    for r in (1, 2, 4, 8):
+        book.missed("x", r)
+    assert book.strikes("x") == 4 and "x" in book.skipped(9)
+    book.forgive("x")
+    assert book.strikes("x") == 0 and book.skipped(9) == set()
+    with pytest.raises(ValueError):
+        NoShowLedger(0, FORGIVE, EXCUSE)
+    assert skip_length(0, LONGEST) == 1 and skip_length(99, LONGEST) == LONGEST
+    assert retry_round(17, 2, LONGEST) == retry_round(19, 2, LONGEST) == 20
