@@ -27,7 +27,7 @@ well-formed payload whose values are X times too large; ``negate`` is ``poison=-
 payload pointing the other way, which the direction check (peer/outer/consensus.py) refuses. The
 other attacks run the hostile
 processes the multi-process tests use (tests/support/stalling_peer.py: ``stall``, ``stall-pair``, ``forged-round``;
-tests/support/hostile_exchange.py: ``framer``, ``invented-owners``; tests/support/hostile_records.py:
+tests/support/hostile_exchange.py: ``framer``, ``silent-member``, ``invented-owners``; tests/support/hostile_records.py:
 ``forged-records``); they never train, so the honest peers ``--wait-peers 3`` in those runs. A new attack is one more line in ``ATTACKS`` (and, for a peer
 with one behaviour changed, one function in ``BEHAVIOURS``).
 """
@@ -161,9 +161,9 @@ def hostile_peer(behaviour: str) -> Callable[[Run], List[str]]:
 
 
 def tests_process(module: str, *args: Callable[[Run], str]) -> Callable[[Run], List[str]]:
-    """A hostile process of tests/ (``python -m tests.MODULE ARGS`` from the repository root, wherever
+    """A hostile process of tests/support/ (``python -m tests.support.MODULE ARGS`` from the repository root, wherever
     this script runs from), each argument a function of the run."""
-    code = f"import runpy, sys; sys.path.insert(0, {str(HERE.parents[1])!r}); runpy.run_module('tests.{module}', run_name='__main__')"
+    code = f"import runpy, sys; sys.path.insert(0, {str(HERE.parents[1])!r}); runpy.run_module('tests.support.{module}', run_name='__main__')"
     return lambda run: [sys.executable, "-c", code, *(a(run) for a in args)]
 
 
@@ -186,6 +186,8 @@ ATTACKS: Dict[str, Attack] = {a.name: a for a in [
            tests_process("stalling_peer", _join, _key, _const("far-ahead"), _const("3600")), peer=False),
     Attack("framer", "a groupmate that lies about every other member's payload digest",
            tests_process("hostile_exchange", _join, _rounds, _const("frame")), peer=False),
+    Attack("silent-member", "a groupmate that joins every group it can and then sends nothing (its gather waits out the deadline)",
+           tests_process("hostile_exchange", _join, _rounds, _const("silent")), peer=False),
     Attack("invented-owners", "a groupmate that lists invented owners with huge payloads in its table",
            tests_process("hostile_exchange", _join, _rounds, _const("invent")), peer=False),
     Attack("forged-records", "a DHT node that writes a run spec with lr 50, progress at round 2**62 under every "
@@ -238,12 +240,19 @@ def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float)
         while any(c.proc.poll() is None for c in honest) and time.monotonic() < deadline:
             time.sleep(0.5)
         codes = [c.proc.poll() for c in honest]
+        hostile = slots[PEERS - 1] if attack.argv is not None else None
+        # a hostile process that died on its own (a bad argument, an import error) attacked nothing
+        attacker_code = hostile.proc.poll() if hostile is not None else None
     finally:
         for c in reversed(children):
             c.stop(grace=10.0)
     statuses = [read_status(workdir, i) for i in range(len(honest))]
     logs = [(workdir / f"peer{i}.log").read_text(errors="replace") for i in range(len(honest))]
-    return summarize(attack, statuses, codes, logs, rounds, time.monotonic() - t0)
+    result = summarize(attack, statuses, codes, logs, rounds, time.monotonic() - t0)
+    result["attacker_failed"] = attacker_code not in (None, 0)
+    if result["attacker_failed"]:
+        print(f"  {attack.name}: the hostile process exited with code {attacker_code} (see {workdir / f'peer{PEERS - 1}.log'})")
+    return result
 
 
 def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wall: float) -> Dict[str, Any]:
@@ -296,6 +305,8 @@ def print_table(results: List[Dict[str, Any]]) -> None:
     def verdict(r):
         if r["attack"].startswith("clean"):
             return "-"
+        if r.get("attacker_failed"):
+            return "NOT RUN (the hostile process failed)"
         how = [w for w, key in (("excluded", "attacker_excluded"), ("clipped", "attacker_clipped"),
                                 ("skipped", "attacker_skipped"), ("records ignored", "records_ignored")) if r.get(key)]
         return f"yes ({', '.join(how)})" if how else "no"

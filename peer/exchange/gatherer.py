@@ -49,7 +49,7 @@ from hivemind.utils import MPFuture, get_dht_time, get_logger
 from peer.exchange.bounds import CallLimiter, read_bounded_stream, refused, retry_until
 from peer.exchange.identity import payload_signer
 from peer.exchange.late_join import LateJoin
-from peer.exchange.matchmaking import cancel_step, describe_search, read_gathered
+from peer.exchange.matchmaking import cancel_step, describe_search, read_gathered, refuse_peers
 from peer.exchange.results import GatherResult, base58
 from peer.exchange.set_server import SetServer
 from peer.exchange.state_serving import StateServing
@@ -148,14 +148,15 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
     def gather(
         self, round_no: int, payload: bytes, *, start_hash: str, expected_size: int, timeout: float,
         give_up: Optional[Callable[[], bool]] = None, read_latency: float = 0.0,
-        last: Tuple[str, Sequence[str]] = ("", ()),
+        last: Tuple[str, Sequence[str]] = ("", ()), refused: Sequence[str] = (),
     ) -> Optional[GatherResult]:
         """Find a group of this round and all-gather payloads. None if no group formed in time, or
         if ``give_up`` (asked every ``Timing.give_up_poll_s`` while matchmaking is still looking) says that
         no group can form any more: every other peer of the round has gathered already.
         ``read_latency``: how long a DHT read takes here now (``Timing.matchmaking``). ``last``: the
         hash of θ before our last round's outer step and the sets it was concluded from, announced
-        to the group (peer/round/union.py)."""
+        to the group (peer/round/union.py). ``refused``: peers (base58) this matchmaking neither
+        accepts as followers nor follows as leaders (peer/exchange/matchmaking.py ``refuse_peers``)."""
         sent0, recv0 = self.bytes_sent, self.bytes_received
         future = MPFuture()
         expected = max(1, min(expected_size, self._max_group_size))
@@ -167,7 +168,8 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
         wait, request = self.timing.matchmaking(read_latency, timeout / 4)
         self.matchmaking_wait = wait  # the merge of this round's sets waits as long for late groups
         self._outer_pipe.send(("_prepare_round", [], dict(round_no=round_no, path=path, expected=expected, future=future,
-                                                          matchmaking_time=wait, request_timeout=request)))
+                                                          matchmaking_time=wait, request_timeout=request,
+                                                          refused=sorted(refused))))
         try:
             future.result(timeout=self.timing.prepare_s)
         finally:
@@ -200,7 +202,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
 
     # ---- averager-process side: one group's all-gather ----------------------------------------
     async def _prepare_round(self, round_no: int, path: str, expected: int, future: MPFuture,
-                             matchmaking_time: float, request_timeout: float):
+                             matchmaking_time: float, request_timeout: float, refused: Sequence[str] = ()):
         try:
             if self.client_mode and not getattr(self, "_serving", False):
                 # hivemind's client mode registers no handlers; members still pull this peer's payload
@@ -220,6 +222,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
             mm.target_group_size = mm.potential_leaders.target_group_size = expected
             mm.min_matchmaking_time = mm.potential_leaders.min_matchmaking_time = matchmaking_time
             mm.request_timeout = request_timeout
+            refuse_peers(mm, frozenset(PeerID.from_base58(p) for p in refused))
             future.set_result(None)
         except Exception as e:
             future.set_exception(e)

@@ -5,9 +5,13 @@ times, stretched on a host whose DHT reads are slow, are ``Timing.matchmaking`` 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+import logging
+from typing import Any, FrozenSet, Optional
 
+from hivemind.proto import averaging_pb2
 from hivemind.utils.mpfuture import MPFuture
+
+logger = logging.getLogger(__name__)
 
 
 def read_gathered(serializer: Any, raw: bytes) -> Optional[list]:
@@ -55,3 +59,30 @@ def describe_search(mm: Any) -> str:
                                    "_update_queue_periodically") for f in frames):
             parts.append(f"task {' > '.join(frames)}")
     return "; ".join(parts)
+
+
+def refuse_peers(mm: Any, refused: FrozenSet[Any]) -> None:
+    """Make hivemind's ``Matchmaking`` ``mm`` refuse ``refused`` (PeerIDs) from now on: a join request
+    from one of them is answered as if this peer were not looking for a group, and a leader among
+    them is passed over (the next potential leader is asked). Each peer decides alone whom it refuses
+    (peer/round/membership.py ``refused``: members that joined its groups and sent nothing); the group
+    is still the leader's list, the same for every member. Installed on the instance once, the set
+    replaced each round (tests/exchange/test_refused_peers.py)."""
+    mm.voloco_refused = refused
+    if getattr(mm, "_voloco_refusing", False):
+        return
+    mm._voloco_refusing = True
+    check, join = mm._check_reasons_to_reject, mm._request_join_group
+
+    def check_reasons_to_reject(request, context):
+        if context.remote_id in mm.voloco_refused:
+            return averaging_pb2.MessageFromLeader(code=averaging_pb2.NOT_LOOKING_FOR_GROUP)
+        return check(request, context)
+
+    async def request_join_group(leader):
+        if leader in mm.voloco_refused:
+            logger.debug(f"not following {leader}: refused this round")
+            return None
+        return await join(leader)
+
+    mm._check_reasons_to_reject, mm._request_join_group = check_reasons_to_reject, request_join_group

@@ -48,7 +48,7 @@ from peer.round.report import RoundRecord, log_round, write_status
 from peer.training.evaluator import RoundEvaluator
 from peer.training.progress_bar import ProgressBar
 from peer.training.roles import ChainStage, RoundAbandoned
-from protocol import round_policy
+from protocol import reconcile, round_policy
 from protocol.round_policy import Step
 
 logger = logging.getLogger("voloco.peer")
@@ -305,7 +305,7 @@ class RoundLoop:
             result = peer.gatherer.gather(
                 engine.round, h.payload, start_hash=start_hash, expected_size=barrier.gather_size,
                 timeout=peer.membership.straggler_allowance() if short else peer.membership.timing.round_wait_s,
-                give_up=give_up,
+                give_up=give_up, refused=peer.membership.refused(engine.round),
                 read_latency=peer.membership.read_latency(),
                 last=union.announce(self._last_round, engine),
             )
@@ -361,7 +361,8 @@ class RoundLoop:
             logger.info(f"round {engine.round}: {len(chosen)} of {len(payloads)} contributions enter θ "
                         f"(outer.max_contributions = {engine.strategy.max_contributions} a part; {ours})")
         excluded.update(invalid)
-        peer.membership.came_in(engine.round, (s for s in payloads if s not in excluded))
+        peer.membership.came_in(engine.round, (s for s in payloads if s not in excluded),
+                                silent=(m for m, why in excluded.items() if why == reconcile.SILENT))
         group_hash = None
         if result is not None:
             # the group's union of the last round first (peer/round/union.py): θ recomputed where it grew,

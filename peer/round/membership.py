@@ -117,6 +117,9 @@ class Membership:
         self.ledger = NoShowLedger(self.timing.max_skip_rounds, self.timing.forgive_after_rounds,
                                    self.timing.excuse_every_rounds)
         self._came: Dict[int, Set[str]] = {}  # round -> senders whose signed payload was in our union
+        # groupmates that joined a group of ours and sent nothing: not matched with for a while
+        self.silent = NoShowLedger(self.timing.max_skip_rounds, self.timing.forgive_after_rounds,
+                                   self.timing.excuse_every_rounds)
         self._waited: Set[str] = set()  # whom the last barrier gave up waiting for
         self._waited_round = -1  # ... in which round
         self._waited_steps: Dict[str, int] = {}  # ... at which inner step of it
@@ -345,16 +348,29 @@ class Membership:
         self._waited = set()
         self.missed(missing, round_no)
 
-    def came_in(self, round_no: int, senders: Iterable[str]) -> None:
+    def came_in(self, round_no: int, senders: Iterable[str], silent: Iterable[str] = ()) -> None:
         """The senders whose signed payload is in this peer's union of round ``round_no``: they came
-        (the next barrier does not strike them, and a single strike of theirs is over)."""
-        senders = set(senders) - {self.peer_id}
+        (the next barrier does not strike them, and a single strike of theirs is over). ``silent``:
+        members of our group that the gather excluded for sending nothing in time (the same on every
+        member): a strike each in ``self.silent``, and this peer's matchmaking refuses them while it
+        lasts (``refused``): a member that joins groups only to stall their gather costs each peer one
+        gather deadline per skip period, not one per round."""
+        senders, silent = set(senders) - {self.peer_id}, set(silent) - {self.peer_id}
         self._came.setdefault(round_no, set()).update(senders)
         for r in [r for r in self._came if r < round_no - self.timing.carry_rounds - 1]:
             del self._came[r]  # bounded: only rounds the barrier may still judge
         for peer in senders:
             self.ledger.came(peer, round_no)
+            self.silent.came(peer, round_no)
+        if silent:
+            until = {p: self.silent.missed(p, round_no + 1) for p in silent}  # judged for the next round's matchmaking
+            logger.info(f"round {round_no}: not matching with {_names(silent)} until round {min(until.values())}: "
+                        f"in our group, they sent nothing in time")
         self._refresh_no_shows(round_no)
+
+    def refused(self, round_no: int) -> frozenset:
+        """The peers this peer's matchmaking of ``round_no`` neither accepts nor follows (``came_in``)."""
+        return frozenset(self.silent.skipped(round_no))
 
     def missed(self, peers: Iterable[str], round_no: int) -> None:
         """``peers`` were waited for in vain in ``round_no`` (by the barrier or the merge): a strike each."""

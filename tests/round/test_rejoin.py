@@ -146,3 +146,17 @@ def test_a_pair_naming_a_fake_set_every_round_is_struck_and_a_sender_in_our_unio
     # one excuse per Timing.excuse_every_rounds, and the skip grows between the excuses
     assert len(waited) <= 4 + 4 + Timing.max_skip_rounds.bit_length(), waited
     assert {"x", "y"} <= m.no_shows
+
+
+def test_a_groupmate_that_sent_nothing_is_refused_in_matchmaking_for_a_skip_period(monkeypatch, clock):
+    m = barrier(monkeypatch, clock, lambda m: [view("me", 9)])
+    m.came_in(9, {"a"}, silent={"s"})
+    assert m.refused(10) == m.refused(11) == {"s"} and m.refused(12) == set()  # the next rounds, to a multiple of 2
+    # its payload in our union meanwhile (another group's set): a first strike is over
+    m.came_in(10, {"s"})
+    assert m.refused(11) == set()
+    # silent again: the refusal doubles and outlives an appearance
+    m.came_in(11, set(), silent={"s"})
+    assert m.refused(12) == m.refused(15) == {"s"} and m.refused(16) == set()
+    m.came_in(12, {"s"})
+    assert m.refused(13) == {"s"}

@@ -14,12 +14,17 @@ valid zero update signed with its own identity, then lies in every agreement ans
 - ``invent``: owners outside the group: two with real keys and validly signed payloads of huge
   values for this very group, the rest random ids, and it serves their envelopes to anyone who
   asks (logged: "SERVED"; nobody should ask). Names outside the group are ignored: counted, this
-  table's 50 invented owners would take 96 % of the aggregate.
-Both log "LIED" for every lie told, so a test can tell the attack was made.
+  table's 50 invented owners would take 96 % of the aggregate;
+- ``silent``: joins the group and then sends nothing: its payload and its agreement answers never
+  come (each request is held until the caller gives up), so the group's gather waits out its
+  deadline. A member that does this every round would cost every round a gather slot; each honest
+  peer refuses it in its matchmaking after its first silence (peer/exchange/matchmaking.py).
+All log "LIED" for every lie told, so a test can tell the attack was made.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -54,6 +59,8 @@ class LyingGatherer(exchange.PayloadGatherer):
         group = self._groups.get(request.group_id)
         if group is None or context.remote_id.to_bytes() not in group.members:
             return await super().rpc_relay(request, context)
+        if self.behaviour == "silent":
+            await self._hold(context)
         ctx, me, key = group.agreement.context, self._signer.peer_id, self._signer
         signers, items = [key], []
         if self.behaviour == "frame":
@@ -80,10 +87,16 @@ class LyingGatherer(exchange.PayloadGatherer):
         message["round"] = self._round_no
         return msgpack.packb(message, use_bin_type=True)
 
+    async def _hold(self, context: P2PContext) -> None:
+        log.info(f"LIED (silent) to {context.remote_id} in round {self._round_no}: holding its request")
+        await asyncio.sleep(3600)
+
     async def rpc_fetch_payload(
         self, request: averaging_pb2.AveragingData, context: P2PContext
     ) -> AsyncIterator[averaging_pb2.AveragingData]:
         group = self._groups.get(request.group_id)
+        if self.behaviour == "silent" and group is not None:
+            await self._hold(context)
         invented = {o.peer_id: o for o in self.outsiders}
         if group is not None and request.peer_id in invented:
             log.info(f"SERVED invented owner {request.peer_id.hex()[:12]} to {context.remote_id}")

@@ -1,0 +1,48 @@
+"""peer/exchange/matchmaking.py ``refuse_peers``: a matchmaking neither accepts nor follows the peers
+this peer refuses (members that joined its groups and sent nothing), and asks hivemind's own checks
+for everyone else. The swarm-level behaviour is tests/system/test_silent_member.py."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from hivemind.p2p import PeerID
+from hivemind.proto import averaging_pb2
+
+from peer.exchange.matchmaking import refuse_peers
+from protocol.signed import Signer
+
+
+def peer_id() -> PeerID:
+    return PeerID(Signer.generate().peer_id)
+
+
+class FakeMatchmaking:
+    """The two methods of hivemind's Matchmaking that refuse_peers wraps, recording their calls."""
+
+    def __init__(self):
+        self.checked, self.joined = [], []
+
+    def _check_reasons_to_reject(self, request, context):
+        self.checked.append(context.remote_id)
+        return None  # hivemind accepts
+
+    async def _request_join_group(self, leader):
+        self.joined.append(leader)
+        return "group"
+
+
+def test_a_refused_peer_is_neither_accepted_nor_followed_and_the_set_is_replaced_each_round():
+    mm, silent, honest = FakeMatchmaking(), peer_id(), peer_id()
+    refuse_peers(mm, frozenset({silent}))
+    answer = mm._check_reasons_to_reject(None, SimpleNamespace(remote_id=silent))
+    assert answer.code == averaging_pb2.NOT_LOOKING_FOR_GROUP and mm.checked == []
+    assert mm._check_reasons_to_reject(None, SimpleNamespace(remote_id=honest)) is None and mm.checked == [honest]
+    assert asyncio.run(mm._request_join_group(silent)) is None and mm.joined == []
+    assert asyncio.run(mm._request_join_group(honest)) == "group" and mm.joined == [honest]
+
+    # the next round refuses nobody: installed once, the wrappers read the new set
+    refuse_peers(mm, frozenset())
+    assert mm._check_reasons_to_reject(None, SimpleNamespace(remote_id=silent)) is None
+    assert asyncio.run(mm._request_join_group(silent)) == "group"
