@@ -35,7 +35,7 @@ tests/round/test_liveness.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Set
+from typing import Dict, Iterable, Set, Tuple
 
 from protocol.timing import Timing
 
@@ -52,6 +52,19 @@ def retry_round(round_no: int, strikes: int, longest: int = Timing.max_skip_roun
     again: a multiple of its skip length, the same round for every peer that struck it."""
     length = skip_length(strikes, longest)
     return -(-round_no // length) * length
+
+
+def claimed_elsewhere(named: Iterable[Tuple[str, int, str]], round_no: int) -> Set[str]:
+    """The peers that claim to have gathered in a group in ``round_no`` or later (``named``: each
+    peer's (id, round of its last set, that set's name) from its progress record): a slower peer of
+    a round whose own group formed after ours says so. A set counts when two peers name it (a group
+    has at least two members), so one identity's claim alone does not; two can make it, so a claim
+    only excuses a miss now and then (``NoShowLedger.excuse``)."""
+    by_set: Dict[Tuple[int, str], Set[str]] = {}
+    for peer, gathered_round, name in named:
+        if name and gathered_round >= round_no >= 0:
+            by_set.setdefault((gathered_round, name), set()).add(peer)
+    return set().union(*(peers for peers in by_set.values() if len(peers) >= 2))
 
 
 @dataclass

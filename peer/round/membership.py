@@ -46,7 +46,7 @@ from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Se
 from hivemind.utils import get_dht_time
 
 from protocol import peer_states
-from protocol.no_shows import NoShowLedger
+from protocol.no_shows import NoShowLedger, claimed_elsewhere
 from protocol.partial import choose_part
 from protocol.peer_states import DONE, IN_ROUND, NOT_IN_ROUNDS
 from protocol.dht.records import CHOOSING, Progress, peer_record_ttl
@@ -330,7 +330,8 @@ class Membership:
         candidates = {**self._carried, **{p: self._waited_round for p in self._waited}}
         view = self.view()
         by_peer = {v.peer_id: v.progress for v in view}
-        claimed = {r: _gathered_since(view, r) for r in set(candidates.values())}
+        claimed = {r: claimed_elsewhere(((v.peer_id, v.progress.gathered_round, v.progress.gathered) for v in view), r)
+                   for r in set(candidates.values())}
         self._carried, missing = {}, set()
         for peer, r in candidates.items():
             if peer in mates or peer in self._came.get(r, ()):
@@ -351,10 +352,9 @@ class Membership:
     def came_in(self, round_no: int, senders: Iterable[str], silent: Iterable[str] = ()) -> None:
         """The senders whose signed payload is in this peer's union of round ``round_no``: they came
         (the next barrier does not strike them, and a single strike of theirs is over). ``silent``:
-        members of our group that the gather excluded for sending nothing in time (the same on every
-        member): a strike each in ``self.silent``, and this peer's matchmaking refuses them while it
-        lasts (``refused``): a member that joins groups only to stall their gather costs each peer one
-        gather deadline per skip period, not one per round."""
+        groupmates the gather excluded for sending nothing in time (alike on every member): a strike
+        each in ``self.silent``; this peer's matchmaking refuses them meanwhile (``refused``), so one
+        that joins groups only to stall them costs one gather deadline per skip period, not per round."""
         senders, silent = set(senders) - {self.peer_id}, set(silent) - {self.peer_id}
         self._came.setdefault(round_no, set()).update(senders)
         for r in [r for r in self._came if r < round_no - self.timing.carry_rounds - 1]:
@@ -445,19 +445,6 @@ class Membership:
                 return Barrier(expected=1 + len(ready), alone=not others, behind=behind, only_syncing=syncing,
                                ready=frozenset(v.peer_id for v in ready), gave_up=frozenset(self._waited))
             time.sleep(self.timing.view_poll_s)
-
-
-def _gathered_since(view: Sequence[PeerView], round_no: int) -> Set[str]:
-    """Peers of ``view`` that gathered in a group in ``round_no`` or later: they came, only not in
-    ours (a slower peer of a round whose own group formed after ours, or ours found none). A set
-    counts when two peers name it (a group has at least two members), so one liar's claim alone
-    does not."""
-    named: Dict[tuple, Set[str]] = {}
-    for v in view:
-        p = v.progress
-        if p.gathered and p.gathered_round >= round_no >= 0:
-            named.setdefault((p.gathered_round, p.gathered), set()).add(v.peer_id)
-    return set().union(*(peers for peers in named.values() if len(peers) >= 2))
 
 
 def _names(peers: Iterable[str]) -> str:

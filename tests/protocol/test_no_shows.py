@@ -94,3 +94,12 @@ def test_forgive_is_a_clean_slate_and_arguments_are_checked():
         NoShowLedger(0, FORGIVE, EXCUSE)
     assert skip_length(0, LONGEST) == 1 and skip_length(99, LONGEST) == LONGEST
     assert retry_round(17, 2, LONGEST) == retry_round(19, 2, LONGEST) == 20
+
+
+def test_a_set_counts_as_gathered_elsewhere_when_two_peers_name_it():
+    from protocol.no_shows import claimed_elsewhere
+
+    named = [("a", 5, "1" * 32), ("b", 5, "1" * 32), ("x", 5, "2" * 32), ("old", 3, "3" * 32), ("old2", 3, "3" * 32),
+             ("none", 5, "")]
+    assert claimed_elsewhere(named, 5) == {"a", "b"}  # x alone names its set; old and old2 named an earlier round's
+    assert claimed_elsewhere(named, 3) == {"a", "b", "old", "old2"}
