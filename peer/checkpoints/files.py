@@ -58,6 +58,21 @@ def params_hash(theta: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
+def state_digest(shared: Mapping[str, torch.Tensor], table: Mapping[str, int]) -> str:
+    """A short sha256 of what a downloaded state holds beside θ: the strategy's shared state (DiLoCo's
+    outer momentum; names and fp32 bytes, in name order) and the lineage's standing table (sender ->
+    rounds counted, in sender order). Every member of a lineage holds the same, so peers report it
+    with θ's hash and a newcomer checks a served state against both (peer/round/state_sync.py)."""
+    h = hashlib.sha256(b"voloco state v1\0")
+    for name in sorted(shared):
+        _update(h, name.encode())
+        _update(h, shared[name].detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    for sender in sorted(table):
+        _update(h, sender.encode())
+        _update(h, int(table[sender]).to_bytes(8, "little", signed=True))
+    return h.hexdigest()[:16]
+
+
 def _update(h, data: bytes) -> None:
     h.update(len(data).to_bytes(8, "little"))
     h.update(data)

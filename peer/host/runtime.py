@@ -295,6 +295,8 @@ class Peer:
 
     def _progress(self) -> Progress:
         engine = self.engine
+        # θ's hash and the state digest that goes with it, read together (a round may conclude meanwhile)
+        theta_hash, digest = engine.hashes() if engine is not None and self.state != "training" else ("", "")
         return Progress(
             round=self.round,
             step=self.step,
@@ -306,12 +308,13 @@ class Peer:
             tokens_per_s=float(self.tokens_per_s),
             bytes_sent=self.totals.bytes_sent,
             bytes_received=self.totals.bytes_received,
-            params_hash=engine.params_hash() if engine is not None and self.state != "training" else "",
+            params_hash=theta_hash,
             part=self.role.progress_part if self.role is not None else CHOOSING,
             **progress_extras(self),  # device, util, reach
             gathered_round=self.gathered[0],
             gathered=self.gathered[1],
             gathered_before=self.gathered_before,
+            state_digest=digest,
         )
 
     def status(self) -> Dict[str, Any]:

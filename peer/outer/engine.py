@@ -27,7 +27,7 @@ import torch
 
 from peer.outer.robust import Contributions, robust_step, sender_names
 from protocol import choice, standing
-from peer.checkpoints.files import params_hash
+from peer.checkpoints.files import params_hash, state_digest
 from peer.outer.strategies import OuterStrategy, Pending, Tensors, canonical_order, pseudo_gradient
 from protocol.errors import ProtocolError
 
@@ -56,6 +56,7 @@ class RoundEngine:
         self.lock = threading.RLock()
         self._theta = theta
         self._hash: Optional[str] = None
+        self._digest: Optional[str] = None  # state_digest's cache, cleared with _hash
         self.standing: Dict[str, int] = {}  # rounds counted per sender in this lineage (protocol/standing.py)
 
     # ---- θ ------------------------------------------------------------------------------------
@@ -70,6 +71,20 @@ class RoundEngine:
                 self._hash = params_hash(self._theta)
             return self._hash
 
+    def state_digest(self) -> str:
+        """The digest of the shared state and the standing table (peer/checkpoints/files.py
+        ``state_digest``), cached like ``params_hash``: peers report it with θ's hash, so a served
+        state's table and momentum are checked as θ is."""
+        with self.lock:
+            if self._digest is None:
+                self._digest = state_digest(self.strategy.shared_state(), self.standing)
+            return self._digest
+
+    def hashes(self) -> Tuple[str, str]:
+        """(``params_hash``, ``state_digest``) of one moment: what a progress record reports."""
+        with self.lock:
+            return self.params_hash(), self.state_digest()
+
     def install(self, theta: Tensors, round_no: int, shared: Optional[Mapping[str, torch.Tensor]] = None,
                 forget_local: bool = False, standing: Optional[Mapping[str, int]] = None) -> None:
         """Take a state from elsewhere (a checkpoint, a groupmate): θ, its round and, if given, the
@@ -83,7 +98,7 @@ class RoundEngine:
                 self.strategy.forget_local_state()
             if standing is not None:
                 self.standing = dict(standing)
-            self._theta, self.round, self._hash = theta, round_no, None
+            self._theta, self.round, self._hash, self._digest = theta, round_no, None, None
 
     def shareable(self) -> Tuple[Dict[str, object], List[torch.Tensor]]:
         """(metadata, tensors) of what every replica holds identically: θ and the shared state."""
@@ -155,7 +170,7 @@ class RoundEngine:
             settled = Settled(self.round, outcome.contributors, {**(excluded or {}), **outcome.excluded}, delivered,
                               outcome.clipped, outcome.scores, sorted(passed))
             self.round += 1
-            self._hash = None
+            self._hash = self._digest = None
         return settled
 
     def snapshot(self) -> Tuple[int, Tensors, Tensors, Dict[str, int]]:
@@ -197,7 +212,7 @@ class RoundEngine:
                 self.strategy.settle(pending, delivered=me not in settled.excluded and me not in settled.passed)
             self.strategy.load_shared_state(leader.strategy.shared_state())
             self._theta = {n: t.clone() for n, t in leader.theta.items()}
-            self.standing, self.round, self._hash = dict(leader.standing), leader.round, leader._hash
+            self.standing, self.round, self._hash, self._digest = dict(leader.standing), leader.round, leader._hash, None
 
     def defer(self, pending: Pending) -> None:
         """The round found no group: keep all of this round's signal in the local buffers."""

@@ -33,7 +33,7 @@ import torch
 
 from peer.round.membership import swarm_round
 from peer.outer.engine import RoundEngine
-from peer.checkpoints.files import params_hash
+from peer.checkpoints.files import params_hash, state_digest
 from peer.round.state_download import StateDownloader
 from protocol.errors import ProtocolError
 from protocol import standing
@@ -246,8 +246,12 @@ class StateSync:
                 reported: Optional[Mapping[int, Set[str]]] = None) -> None:
         """Check a downloaded state and make it ours; ProtocolError (nothing changed) if it does not fit.
 
-        ``reported``: round -> the θ hashes other peers report for it; a state of a round some peers
-        report must have one of their hashes."""
+        ``reported``: round -> what other peers report for it, each θ's hash, or ``θ hash:state digest``
+        (``_reported_hashes``); a state of a round some peers report must have one of their θ hashes,
+        and where those peers report a digest with it, its standing table and shared state must have
+        that digest too: a server cannot hand a newcomer an honest θ with a standing table that makes
+        it established, or with a forged outer momentum (tests/round/test_liveness.py
+        ``test_a_served_state_whose_table_or_momentum_no_peer_reports_is_refused``)."""
         if not isinstance(meta, dict) or meta.get("spec") != self.spec.digest():
             raise ProtocolError("state is from another run spec")
         names, shared_names = meta.get("names"), meta.get("shared")
@@ -269,8 +273,15 @@ class StateSync:
         theta = {name: _checked(name, t, self.layout[name]) for name, t in zip(names, tensors)}
         shared = {k: _checked(k, t, None) for k, t in zip(shared_names, tensors[len(names):])}
         hashes = (reported or {}).get(round_no)
-        if hashes and params_hash(theta) not in hashes:
-            raise StateUnreported(f"θ {params_hash(theta)} of round {round_no} is none of those its peers report")
+        if hashes:
+            theta_hash = params_hash(theta)
+            digests = {h.partition(":")[2] for h in hashes if h.partition(":")[0] == theta_hash}
+            if not digests:
+                raise StateUnreported(f"θ {theta_hash} of round {round_no} is none of those its peers report")
+            digest, reported_digests = state_digest(shared, table), digests - {""}  # "": a record of θ alone
+            if reported_digests and digest not in reported_digests:
+                raise StateUnreported(f"the standing table and shared state served with θ {theta_hash} of round "
+                                      f"{round_no} (digest {digest}) are none that its peers report with it")
         # a whole round's exchange missed (a restart from an older checkpoint, a long stall) or a solo
         # lineage left behind: the error-feedback residual (or local momentum) holds updates to a θ the
         # swarm has moved on from, which the next payloads would send rounds late
@@ -301,9 +312,11 @@ def _checked(name: str, t: Any, shape: Optional[Sequence[int]]) -> torch.Tensor:
 
 
 def _reported_hashes(views: Sequence[Any], excluding: str) -> Dict[int, Set[str]]:
-    """round -> the θ hashes peers (but ``excluding``) report for it (a training peer reports none)."""
+    """round -> what peers (but ``excluding``) report for it: ``θ hash:state digest``, or θ's hash
+    alone from a record without a digest (a training peer reports none)."""
     out: Dict[int, Set[str]] = {}
     for v in views:
-        if v.peer_id != excluding and v.progress.params_hash:
-            out.setdefault(v.progress.round, set()).add(v.progress.params_hash)
+        p = v.progress
+        if v.peer_id != excluding and p.params_hash:
+            out.setdefault(p.round, set()).add(f"{p.params_hash}:{p.state_digest}" if p.state_digest else p.params_hash)
     return out

@@ -59,6 +59,9 @@ class Progress:
     # the set its group agreed in round gathered_round - 1, "" if none: a group that gathers late in a
     # round still finds the set of a peer that has already named the next round's
     gathered_before: str = ""
+    # the digest of the shared state and standing table that go with params_hash (a served state is
+    # checked against both: peer/checkpoints/files.py state_digest), "" while training
+    state_digest: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -84,7 +87,7 @@ _TYPES = {f.name: f.type for f in fields(Progress)}
 _FIELDS = tuple(_TYPES)
 _SET_NAME = re.compile(r"[0-9a-f]{32}")
 _HEX = re.compile(r"(?:[0-9a-f]{2})+")  # a digest: written as its bytes
-_HEX_FIELDS = ("spec", "params_hash", "gathered", "gathered_before")
+_HEX_FIELDS = ("spec", "params_hash", "gathered", "gathered_before", "state_digest")
 _HEX_INDICES = tuple(_FIELDS.index(name) for name in _HEX_FIELDS)
 
 

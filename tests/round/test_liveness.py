@@ -375,6 +375,28 @@ def test_install_checks_every_tensor_after_the_cast(monkeypatch, clock):
     assert engine.standing == {"a": 4, "b": 2}  # the lineage's standing comes with its state
 
 
+def test_a_served_state_whose_table_or_momentum_no_peer_reports_is_refused(monkeypatch, clock):
+    # an honest θ with a standing table that makes the server established, or with a forged outer
+    # momentum (DiLoCo): θ's hash alone passes both; the digest peers report with it does not
+    sync, engine = syncing_peer(monkeypatch, [], lambda peer: None)
+    honest = honest_engine(4)
+    honest.standing = {"a": 4, "b": 2}
+    theta_hash, digest = honest.hashes()
+    reported = {4: {f"{theta_hash}:{digest}", "0123456789abcdef:00"}}
+    meta, tensors = served(honest)
+    with pytest.raises(ProtocolError, match="standing table and shared state"):
+        sync.install(dict(meta, standing={"a": 4, "b": 2, "server": 9}), tensors, reported=reported)
+    momentum = len(meta["names"])  # the first shared tensor
+    with pytest.raises(ProtocolError, match="standing table and shared state"):
+        sync.install(*served(honest, **{f"t{momentum}": tensors[momentum] * 3}), reported=reported)
+    # a record of θ alone (no digest) does not vouch for another table where a peer reports one
+    with pytest.raises(ProtocolError, match="standing table and shared state"):
+        sync.install(dict(meta, standing={"server": 9}), tensors, reported={4: reported[4] | {theta_hash}})
+    assert engine.round == 0
+    sync.install(meta, tensors, reported=reported)
+    assert engine.hashes() == (theta_hash, digest) and engine.standing == {"a": 4, "b": 2}
+
+
 @pytest.mark.parametrize("own_round,served_round,forgets", [(4, 4, False), (4, 5, False), (4, 6, True), (4, 30, True),
                                                              (9, 5, True)])
 def test_a_state_past_a_missed_round_or_off_a_solo_lineage_clears_the_local_buffers(monkeypatch, clock, own_round,
