@@ -92,8 +92,12 @@ class NoShowLedger:
         return 0 if e is None else max(0, e.strikes - e.comes // self.forgive_after)
 
     def missed(self, peer: str, round_no: int) -> int:
-        """``peer`` was waited for in vain in ``round_no``: one strike more; the round it is waited for again."""
+        """``peer`` was waited for in vain in ``round_no``: one strike more; the round it is waited for
+        again. A miss in the round after the last one is the same absence (the merge of round r and the
+        barrier of round r + 1 judge one round): no second strike."""
         e = self._entries.setdefault(peer, _Entry())
+        if e.strikes and round_no - e.last_miss <= 1:
+            return e.until
         e.strikes, e.comes = self.strikes(peer) + 1, 0
         e.last_miss = round_no
         e.until = max(e.until, retry_round(round_no + 1, e.strikes, self.longest))

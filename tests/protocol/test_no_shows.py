@@ -85,7 +85,7 @@ def test_an_honest_peer_that_fell_behind_once_is_waited_for_again_as_soon_as_it_
 
 def test_forgive_is_a_clean_slate_and_arguments_are_checked():
     book = ledger()
-    for r in (1, 2, 4, 8):
+    for r in (1, 3, 5, 8):
         book.missed("x", r)
     assert book.strikes("x") == 4 and "x" in book.skipped(9)
     book.forgive("x")
@@ -103,3 +103,10 @@ def test_a_set_counts_as_gathered_elsewhere_when_two_peers_name_it():
              ("none", 5, "")]
     assert claimed_elsewhere(named, 5) == {"a", "b"}  # x alone names its set; old and old2 named an earlier round's
     assert claimed_elsewhere(named, 3) == {"a", "b", "old", "old2"}
+
+
+def test_the_merge_and_the_next_barrier_judging_one_absence_strike_once():
+    book = ledger()
+    assert book.missed("x", 7) == 8  # the merge of round 7 waited for it in vain
+    assert book.missed("x", 8) == 8 and book.strikes("x") == 1  # the barrier of round 8, judging round 7
+    assert book.missed("x", 10) == 12 and book.strikes("x") == 2  # a later absence is a new strike
