@@ -40,6 +40,7 @@ from typing import Dict, Iterable, Set, Tuple
 from protocol.timing import Timing
 
 _NEVER = -(1 << 62)
+MAX_ENTRIES = 4096  # peers a ledger remembers; past it, the one with the oldest news is forgotten
 
 
 def skip_length(strikes: int, longest: int = Timing.max_skip_rounds) -> int:
@@ -95,7 +96,7 @@ class NoShowLedger:
         """``peer`` was waited for in vain in ``round_no``: one strike more; the round it is waited for
         again. A miss in the round after the last one is the same absence (the merge of round r and the
         barrier of round r + 1 judge one round): no second strike."""
-        e = self._entries.setdefault(peer, _Entry())
+        e = self._entry(peer)
         if e.strikes and round_no - e.last_miss <= 1:
             return e.until
         e.strikes, e.comes = self.strikes(peer) + 1, 0
@@ -120,11 +121,22 @@ class NoShowLedger:
     def excuse(self, peer: str, round_no: int) -> bool:
         """Whether a claim that ``peer`` gathered elsewhere in ``round_no`` excuses its miss: at most
         once per ``excuse_every`` rounds (a True is spent)."""
-        e = self._entries.setdefault(peer, _Entry())
+        e = self._entry(peer)
         if round_no - e.excused < self.excuse_every:
             return False
         e.excused = round_no
         return True
+
+    def _entry(self, peer: str) -> _Entry:
+        """``peer``'s entry, made if new; bounded: a flood of identities evicts the stalest entries,
+        never more than ``MAX_ENTRIES`` kept."""
+        e = self._entries.get(peer)
+        if e is None:
+            if len(self._entries) >= MAX_ENTRIES:
+                del self._entries[min(self._entries, key=lambda p: max(self._entries[p].last_miss,
+                                                                       self._entries[p].came, self._entries[p].excused))]
+            e = self._entries[peer] = _Entry()
+        return e
 
     def forgive(self, peer: str) -> None:
         """Evidence that ``peer`` trains our lineage (this peer took its state): a clean slate."""

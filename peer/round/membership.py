@@ -23,7 +23,7 @@ moment another peer of the round became ready (half this peer's own training tim
 least ``Timing.straggler_min_s``), and gives the peers it waited for that then neither came to its
 group nor had a signed payload in its union of the round a strike (protocol/no_shows.py): those are
 not waited for for 2, 4, ... ``Timing.max_skip_rounds`` rounds, strikes fall by one per
-``Timing.forgive_after_rounds`` rounds without a miss, and a claim of having gathered in another group
+``Timing.forgive_after_rounds`` rounds the peer came in, and a claim of having gathered in another group
 (a set two peers name that we do not hold) excuses a miss once per ``Timing.excuse_every_rounds``
 rounds. A peer that stalls whenever it is waited for thus costs about one allowance per
 ``Timing.forgive_after_rounds`` rounds, however often it comes in between, while an honest peer that
@@ -377,9 +377,9 @@ class Membership:
         struck = {p: self.ledger.missed(p, round_no) for p in set(peers)}
         fresh = set(struck) - self.no_shows
         if fresh:
+            first = all(self.ledger.strikes(p) <= 1 for p in fresh)
             logger.info(f"not waiting again for {_names(fresh)} until round {min(struck[p] for p in fresh)}"
-                        f"{'' if all(self.ledger.strikes(p) <= 1 for p in fresh) else ' (missed before)'}"
-                        f" or until they come to a group of ours after a first miss")
+                        f"{' or until they join a group of ours' if first else ' (they missed before: joining a group of ours does not end it)'}")
         self._refresh_no_shows(round_no)
 
     def _refresh_no_shows(self, round_no: int) -> None:

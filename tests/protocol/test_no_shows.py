@@ -110,3 +110,13 @@ def test_the_merge_and_the_next_barrier_judging_one_absence_strike_once():
     assert book.missed("x", 7) == 8  # the merge of round 7 waited for it in vain
     assert book.missed("x", 8) == 8 and book.strikes("x") == 1  # the barrier of round 8, judging round 7
     assert book.missed("x", 10) == 12 and book.strikes("x") == 2  # a later absence is a new strike
+
+
+def test_a_flood_of_identities_keeps_the_ledger_bounded():
+    from protocol.no_shows import MAX_ENTRIES
+
+    book = ledger()
+    book.missed("old", 1)
+    for i in range(MAX_ENTRIES + 10):
+        book.missed(f"sybil{i}", 2 + i // 100)
+    assert len(book._entries) == MAX_ENTRIES and book.strikes("old") == 0  # the stalest went first
