@@ -1,6 +1,6 @@
 """One hostile peer among honest ones, real processes: does the swarm hold?
 
-    python bench/hostile.py [--quick] [--attacks NAME,NAME] [--rounds N] [--json OUT] [--workdir DIR]
+    python bench/hostile.py [--quick] [--attacks NAME,NAME] [--rounds N] [--seeds S] [--json OUT] [--workdir DIR]
 
 Every run is a coordinator and 4 peers on loopback, as processes (``voloco coordinator``,
 ``voloco peer --wait-peers 4 --max-rounds K --threads 1``): the clean run has 4 honest peers, every
@@ -16,6 +16,9 @@ run's, and whether the attacker was excluded, clipped, skipped (a straggler no l
 refused (a state it served) or its records ignored (read from the honest peers' round records,
 statuses and logs: ids that are not honest ones). In ``state-poison`` one honest peer joins after
 the first round, so it must download the state; the attacker serves θ with 1 % noise added.
+With ``--seeds S`` every run is repeated with the run seeds 0 .. S-1 (the model's initialization and
+the data order); each seed's runs are compared with that seed's clean runs, and the table gives, per
+attack, the mean ± std of those paired ratios over the seeds.
 
 An attack is one entry of ``ATTACKS``: a name, one line of description and how its hostile process
 is started. A hostile *peer* (``hostile_peer``) runs the real peer with one behaviour changed: this
@@ -199,10 +202,10 @@ ATTACKS: Dict[str, Attack] = {a.name: a for a in [
 
 
 # --- one run ----------------------------------------------------------------------------------------
-def make_spec(cfg: Dict[str, Any]):
+def make_spec(cfg: Dict[str, Any], seed: int = 0):
     from protocol.spec import ModelSpec, RunSpec
 
-    return RunSpec(run_id="bench-hostile", seed=0, model=ModelSpec(**cfg["model"])).replace(
+    return RunSpec(run_id="bench-hostile", seed=seed, model=ModelSpec(**cfg["model"])).replace(
         data=cfg["data"], outer={"inner_steps": cfg["inner_steps"]}, swarm=SWARM)
 
 
@@ -301,6 +304,38 @@ def compare(results: List[Dict[str, Any]]) -> None:
         r["time_vs_clean"] = ratio(r, ATTACKS[r["attack"]].baseline, "mean_round_s")
 
 
+def over_seeds(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per attack from its runs over several seeds (each already ``compare``d with its own
+    seed's clean runs): the mean of each figure, the std of the paired ratios, every honest process
+    counted, θ equal only if equal in every run, the attacker's treatment from any run."""
+    rows: Dict[str, List[Dict[str, Any]]] = {}
+    for r in results:
+        rows.setdefault(r["attack"], []).append(r)
+
+    def mean(runs, key):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.fmean(values) if len(values) == len(runs) else None
+
+    def std(runs, key):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.pstdev(values) if len(values) == len(runs) > 1 else None
+
+    out = []
+    for attack, runs in rows.items():
+        row = dict(attack=attack, seeds=[r.get("seed", 0) for r in runs], rounds=min(r["rounds"] for r in runs),
+                   target_rounds=runs[0]["target_rounds"], val_loss=mean(runs, "val_loss"),
+                   hashes_equal=all(r["hashes_equal"] for r in runs), honest=sum(r["honest"] for r in runs),
+                   honest_ok=sum(r["honest_ok"] for r in runs), mean_round_s=mean(runs, "mean_round_s"),
+                   attacker_failed=any(r.get("attacker_failed") for r in runs))
+        for key in ("loss_vs_clean3", "loss_vs_clean", "time_vs_clean"):
+            row[key], row[f"{key}_std"] = mean(runs, key), std(runs, key)
+        for key in ("attacker_excluded", "attacker_clipped", "attacker_skipped"):
+            row[key] = sorted({p for r in runs for p in r.get(key, [])})
+        row["records_ignored"] = all(r.get("records_ignored") for r in runs)
+        out.append(row)
+    return out
+
+
 def print_table(results: List[Dict[str, Any]]) -> None:
     def verdict(r):
         if r["attack"].startswith("clean"):
@@ -311,15 +346,21 @@ def print_table(results: List[Dict[str, Any]]) -> None:
                                 ("skipped", "attacker_skipped"), ("records ignored", "records_ignored")) if r.get(key)]
         return f"yes ({', '.join(how)})" if how else "no"
 
-    pct = lambda x: "-" if x is None else f"{100 * (x - 1):+.2f} %"  # noqa: E731
+    def pct(r, key):
+        x, spread = r.get(key), r.get(f"{key}_std")
+        return "-" if x is None else f"{100 * (x - 1):+.2f} %" + ("" if spread is None else f" ± {100 * spread:.2f}")
+
     lines = [[r["attack"], f"{r['rounds']}/{r['target_rounds']}",
               "-" if r["val_loss"] is None else f"{r['val_loss']:.4f}",
-              pct(r.get("loss_vs_clean3")), pct(r.get("loss_vs_clean")),
+              pct(r, "loss_vs_clean3"), pct(r, "loss_vs_clean"),
               "yes" if r["hashes_equal"] else "NO", f"{r['honest_ok']}/{r['honest']}",
               "-" if r["mean_round_s"] is None else f"{r['mean_round_s']:.1f} s",
               "-" if r["time_vs_clean"] is None else f"{r['time_vs_clean']:.2f}x", verdict(r)] for r in results]
+    seeds = max((len(r.get("seeds", [0])) for r in results), default=1)
     print(table(["attack", "rounds", "honest val loss", "vs clean-3", "vs clean", "θ equal", "honest ok", "round time",
                  "vs clean*", "attacker excluded/clipped"], lines))
+    if seeds > 1:
+        print(f"\nover {seeds} seeds: figures are means; the loss ratios are paired by seed, mean ± std.")
     print("\nvs clean-3: against 3 honest peers and nobody else, the honest tokens of every attacked run (the goal's\n"
           "baseline); vs clean: against 4 honest peers (what the attacker's share adds when it is clipped, not dropped).\n"
           "*round time against the clean run with as many training processes: 'clean' for an attacker that trains,\n"
@@ -336,6 +377,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "the clean runs they are compared with are added first: 'clean' (4 honest peers) and "
                     "'clean-3' (3 honest peers, the honest tokens of an attacked run)")
     ap.add_argument("--rounds", type=int, help="rounds every peer trains (default: 5, --quick 3)")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="run every attack (and the clean runs) with the run seeds 0 .. S-1 and report the mean "
+                    "± std of the per-seed ratios (default: 1)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take before it is stopped (default: 600)")
     ap.add_argument("--workdir", type=Path, help="where every run's logs and status files go (default: a temporary folder)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write every run's figures as JSON to OUT")
@@ -353,8 +397,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             saved = json.loads(args.table.read_text())["results"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             ap.error(f"--table {args.table}: not the --json output of this benchmark ({e!r})")
-        compare(saved)
-        print_table(saved)
+        for seed in sorted({r.get("seed", 0) for r in saved}):
+            compare([r for r in saved if r.get("seed", 0) == seed])
+        print_table(over_seeds(saved))
         return 0
     names = [n.strip() for n in args.attacks.split(",") if n.strip()]
     unknown = [n for n in names if n not in ATTACKS]
@@ -368,6 +413,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     rounds = args.rounds or cfg["rounds"]
     if rounds < 2:
         ap.error("--rounds must be at least 2")
+    if args.seeds < 1:
+        ap.error("--seeds must be at least 1")
     spec = make_spec(cfg)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="voloco-hostile-"))
     print(f"bench/hostile.py ({name}): {now()}, {machine()}\n{spec.outer.strategy}, "
@@ -375,14 +422,18 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"logs in {workdir}", flush=True)
     t0 = time.monotonic()
     results = []
-    for n in names:
-        r = run_attack(ATTACKS[n], spec, rounds, workdir / n, args.timeout)
-        results.append(r)
-        print(f"  {n}: {r['rounds']}/{rounds} rounds, val {r['val_loss']}, honest ok {r['honest_ok']}/{r['honest']}, "
-              f"{r['wall_s']:.0f} s", flush=True)
-    compare(results)
+    for seed in range(args.seeds):
+        runs = []
+        for n in names:
+            where = workdir / n if args.seeds == 1 else workdir / f"seed{seed}" / n
+            r = dict(run_attack(ATTACKS[n], make_spec(cfg, seed), rounds, where, args.timeout), seed=seed)
+            runs.append(r)
+            print(f"  {n}{'' if args.seeds == 1 else f' (seed {seed})'}: {r['rounds']}/{rounds} rounds, val {r['val_loss']}, "
+                  f"honest ok {r['honest_ok']}/{r['honest']}, {r['wall_s']:.0f} s", flush=True)
+        compare(runs)  # each seed's runs against that seed's clean runs
+        results += runs
     print()
-    print_table(results)
+    print_table(over_seeds(results))
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
         args.json.write_text(strict_json(dict(config=cfg, name=name, rounds=rounds, date=now(), machine=machine(),

@@ -8,9 +8,8 @@ import pytest
 
 from bench import hostile as bh
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_quick_clean_and_poisoned(tmp_path, capsys):
     out = tmp_path / "h.json"
     assert bh.main(["--quick", "--attacks", "poison-1e29", "--workdir", str(tmp_path / "runs"), "--json", str(out)]) == 0
@@ -39,7 +38,7 @@ def test_help_explains_every_flag(capsys):
     with pytest.raises(SystemExit):
         bh.main(["--help"])
     text = capsys.readouterr().out
-    for flag in ("--quick", "--attacks", "--rounds", "--timeout", "--workdir", "--json", "--table", "--as-peer"):
+    for flag in ("--quick", "--attacks", "--rounds", "--seeds", "--timeout", "--workdir", "--json", "--table", "--as-peer"):
         assert flag in text
 
 
@@ -72,6 +71,27 @@ def test_each_attack_is_compared_with_a_clean_run_of_as_many_honest_trainers():
     assert by["poison-1e4"]["loss_vs_clean3"] == pytest.approx(2.02 / 2.2) and by["poison-1e4"]["loss_vs_clean"] == pytest.approx(1.01)
     assert by["poison-1e4"]["time_vs_clean"] == pytest.approx(1.1)
     assert by["stall"]["loss_vs_clean3"] == pytest.approx(1.0) and by["stall"]["time_vs_clean"] == pytest.approx(1.5)
+
+
+def test_seeds_are_paired_with_their_own_clean_runs_and_reported_as_mean_and_std(tmp_path, capsys):
+    def run(attack, seed, val, t):
+        return dict(attack=attack, seed=seed, val_loss=val, mean_round_s=t, rounds=3, target_rounds=3,
+                    hashes_equal=True, honest=3, honest_ok=3, attacker_excluded=["x"] if attack == "negate" else [])
+
+    runs = [run("clean", 0, 2.0, 10.0), run("clean-3", 0, 2.2, 8.0), run("negate", 0, 2.2, 8.0),
+            run("clean", 1, 3.0, 10.0), run("clean-3", 1, 3.3, 8.0), run("negate", 1, 3.63, 12.0)]
+    for seed in (0, 1):
+        bh.compare([r for r in runs if r["seed"] == seed])
+    rows = {r["attack"]: r for r in bh.over_seeds(runs)}
+    negate = rows["negate"]
+    # per seed: +0 % and +10 % against that seed's clean-3, not against the mean of the clean runs
+    assert negate["loss_vs_clean3"] == pytest.approx(1.05) and negate["loss_vs_clean3_std"] == pytest.approx(0.05)
+    assert negate["honest"] == negate["honest_ok"] == 6 and negate["seeds"] == [0, 1] and negate["attacker_excluded"] == ["x"]
+    out = tmp_path / "h.json"
+    out.write_text(json.dumps(dict(results=runs)))
+    assert bh.main(["--table", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "+5.00 % ± 5.00" in text and "over 2 seeds" in text
 
 
 def test_a_served_state_poison_changes_theta_but_not_its_layout(monkeypatch):
