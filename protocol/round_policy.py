@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Dict, FrozenSet, Iterable, Tuple
+from typing import Dict, FrozenSet, Iterable, Sequence, Tuple
 
 from protocol.peer_states import DONE, IN_ROUND
 
@@ -143,3 +143,10 @@ def nobody_left(records: Iterable[Record], me: str, part: int, round_no: int, no
 def still_gathering(states: Iterable[str]) -> bool:
     """Whether any of these peers has finished training its round (its group's set is coming)."""
     return any(s in DONE for s in states)
+
+
+def swarm_round(rounds: Sequence[int]) -> int:
+    """The round the swarm is at as far as one peer's claim cannot move it: the second-highest of
+    ``rounds`` (reached by at least two peers), or the only one; -1 for none."""
+    ordered = sorted(rounds, reverse=True)
+    return ordered[1] if len(ordered) > 1 else (ordered[0] if ordered else -1)

@@ -33,13 +33,11 @@ import multiprocessing as mp
 import os
 import tempfile
 from collections import OrderedDict
-from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from functools import partial
 from typing import AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
 
 from hivemind.averaging.averager import AveragingMode, DecentralizedAverager
-from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.dht import DHT
 from hivemind.p2p import P2PContext, PeerID
@@ -49,7 +47,7 @@ from hivemind.utils import MPFuture, get_dht_time, get_logger
 from peer.exchange.bounds import CallLimiter, read_bounded_stream, refused, retry_until
 from peer.exchange.identity import payload_signer
 from peer.exchange.late_join import LateJoin
-from peer.exchange.matchmaking import cancel_step, describe_search, read_gathered, refuse_peers
+from peer.exchange.matchmaking import describe_search, read_gathered, refuse_peers, step_outcome
 from peer.exchange.results import GatherResult, base58
 from peer.exchange.set_server import SetServer
 from peer.exchange.state_serving import StateServing
@@ -155,8 +153,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
         no group can form any more: every other peer of the round has gathered already.
         ``read_latency``: how long a DHT read takes here now (``Timing.matchmaking``). ``last``: the
         hash of θ before our last round's outer step and the sets it was concluded from, announced
-        to the group (peer/round/union.py). ``refused``: peers (base58) this matchmaking neither
-        accepts as followers nor follows as leaders (peer/exchange/matchmaking.py ``refuse_peers``)."""
+        to the group (peer/round/union.py). ``refused``: peers (base58) this matchmaking shuns (``refuse_peers``)."""
         sent0, recv0 = self.bytes_sent, self.bytes_received
         future = MPFuture()
         expected = max(1, min(expected_size, self._max_group_size))
@@ -178,7 +175,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
         try:
             control = self.step(gather=reconcile.announcement(round_no, start_hash, *last), timeout=timeout,
                                 scheduled_time=get_dht_time() + wait, allow_retries=True, wait=False)
-            result = self._outcome(control, give_up, self.timing.give_up_poll_s)
+            result = step_outcome(control, give_up, self.timing.give_up_poll_s)
         except Exception as e:  # matchmaking or gather failure: the caller defers this round
             logger.debug(f"round {round_no}: no group ({e!r})")
             return None
@@ -187,18 +184,6 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
         result.bytes_sent = self.bytes_sent - sent0
         result.bytes_received = self.bytes_received - recv0
         return result
-
-    @staticmethod
-    def _outcome(control: StepControl, give_up: Optional[Callable[[], bool]], poll: float = Timing.give_up_poll_s):
-        """The step's result; None once ``give_up`` says so while its matchmaking is still looking
-        (a step already gathering is never cancelled: its group counts on our payload)."""
-        while True:
-            try:
-                return control.result(timeout=poll if give_up is not None else None)
-            except FuturesTimeout:
-                if control.stage == AveragingStage.LOOKING_FOR_GROUP and give_up():
-                    cancel_step(control)
-                    return None
 
     # ---- averager-process side: one group's all-gather ----------------------------------------
     async def _prepare_round(self, round_no: int, path: str, expected: int, future: MPFuture,

@@ -1,15 +1,21 @@
 """voloco's side of hivemind's matchmaking (peer/exchange/gatherer.py's gather): each member's
-matchmaking data read back, a step cancelled without a race, and what a search still holds. Its
+matchmaking data read back, a step's outcome (given up while still looking), a step cancelled
+without a race, the peers it refuses, and what a search still holds. Its
 times, stretched on a host whose DHT reads are slow, are ``Timing.matchmaking`` (protocol/timing.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, FrozenSet, Optional
+from concurrent.futures import TimeoutError as FuturesTimeout
+from typing import Any, Callable, FrozenSet, Optional
+
+from hivemind.averaging.control import AveragingStage
 
 from hivemind.proto import averaging_pb2
 from hivemind.utils.mpfuture import MPFuture
+
+from protocol.timing import Timing
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +45,19 @@ def cancel_step(control: Any) -> None:
     if isinstance(control, MPFuture):
         MPFuture.cancel(control)
     control.cancel()
+
+
+def step_outcome(control: Any, give_up: Optional[Callable[[], bool]], poll: float = Timing.give_up_poll_s):
+    """A hivemind step's (``StepControl``) result; None once ``give_up`` says so while its matchmaking
+    is still looking (a step already gathering is never cancelled: its group counts on our payload;
+    tests/exchange/test_gather_give_up.py)."""
+    while True:
+        try:
+            return control.result(timeout=poll if give_up is not None else None)
+        except FuturesTimeout:
+            if control.stage == AveragingStage.LOOKING_FOR_GROUP and give_up():
+                cancel_step(control)
+                return None
 
 
 def describe_search(mm: Any) -> str:

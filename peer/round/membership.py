@@ -46,6 +46,7 @@ from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Se
 from hivemind.utils import get_dht_time
 
 from protocol import peer_states
+from protocol.round_policy import swarm_round
 from protocol.no_shows import NoShowLedger, claimed_elsewhere
 from protocol.partial import choose_part
 from protocol.peer_states import DONE, IN_ROUND, NOT_IN_ROUNDS
@@ -62,13 +63,6 @@ logger = logging.getLogger("voloco.peer")
 # caught up with (downloaded) when they start.
 
 LATENCIES_KEPT = 5  # reads whose durations give the host's DHT read latency
-
-
-def swarm_round(rounds: Sequence[int]) -> int:
-    """The round the swarm is at as far as one peer's claim cannot move it: the second-highest of
-    ``rounds`` (reached by at least two peers), or the only one; -1 for none."""
-    ordered = sorted(rounds, reverse=True)
-    return ordered[1] if len(ordered) > 1 else (ordered[0] if ordered else -1)
 
 
 def acted_on(p: Progress) -> tuple:

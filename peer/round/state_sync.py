@@ -31,11 +31,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 
 import torch
 
-from peer.round.membership import swarm_round
 from peer.outer.engine import RoundEngine
 from peer.checkpoints.files import params_hash, state_digest
 from peer.round.state_download import StateDownloader
 from protocol.errors import ProtocolError
+from protocol.round_policy import swarm_round
 from protocol import standing
 from protocol.peer_states import NOT_A_SOURCE
 from protocol.spec import RunSpec

@@ -6,7 +6,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 
 from hivemind.averaging.control import AveragingStage
 
-from peer.exchange.gatherer import PayloadGatherer
+from peer.exchange.matchmaking import step_outcome
 
 
 class Control:
@@ -29,16 +29,16 @@ class Control:
 
 def test_matchmaking_is_cancelled_once_no_group_can_form():
     control, asked = Control(AveragingStage.LOOKING_FOR_GROUP), []
-    assert PayloadGatherer._outcome(control, lambda: asked.append(1) or len(asked) >= 3) is None
+    assert step_outcome(control, lambda: asked.append(1) or len(asked) >= 3) is None
     assert control.cancelled and len(asked) == 3
 
 
 def test_a_gather_under_way_is_never_cancelled():
     control = Control(AveragingStage.RUNNING_ALLREDUCE, finish_after=4)
-    assert PayloadGatherer._outcome(control, lambda: True) == "the group's result"
+    assert step_outcome(control, lambda: True) == "the group's result"
     assert not control.cancelled
 
 
 def test_a_group_found_before_giving_up_is_kept():
     control = Control(AveragingStage.LOOKING_FOR_GROUP, finish_after=2)
-    assert PayloadGatherer._outcome(control, lambda: False) == "the group's result" and not control.cancelled
+    assert step_outcome(control, lambda: False) == "the group's result" and not control.cancelled

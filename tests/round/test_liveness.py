@@ -14,7 +14,8 @@ import torch
 
 from peer.round import membership as membership_mod
 from peer.round import state_sync
-from peer.round.membership import Membership, swarm_round
+from peer.round.membership import Membership
+from protocol.round_policy import swarm_round
 from peer.outer.engine import RoundEngine
 from peer.checkpoints.files import params_hash
 from peer.round.state_sync import MAX_ATTEMPTS, StateSync, order_sources
