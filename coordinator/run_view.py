@@ -18,6 +18,7 @@ from statistics import median
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from protocol.dht.records import CHOOSING, Progress
+from protocol.round_policy import swarm_round  # the same rule the peers use: a round two peers reached
 
 MAX_PEERS_SHOWN = 256  # rows of the peers table (the busiest); the API says how many there were
 MAX_TRACKED = 4096  # peers whose running totals the coordinator remembers
@@ -77,12 +78,6 @@ def median_loss(values: Iterable[float]) -> float:
     """The median of the values that are losses; NaN if none is (a liar moves a median little)."""
     kept = [v for v in (loss_or_nan(x) for x in values) if not math.isnan(v)]
     return float(median(kept)) if kept else float("nan")
-
-
-def swarm_round(rounds: Sequence[int]) -> int:
-    """The highest round two live peers have reached (the only one's for one peer; -1: none)."""
-    ordered = sorted(rounds, reverse=True)
-    return ordered[1] if len(ordered) > 1 else (ordered[0] if ordered else -1)
 
 
 def role_of(peer_id: str, p: Progress, assignments: Mapping[str, Any], candidates: Mapping[str, Any]) -> Dict[str, Any]:
