@@ -87,6 +87,11 @@ class NoShowLedger:
         self.longest, self.forgive_after, self.excuse_every = longest, forgive_after, excuse_every
         self._entries: Dict[str, _Entry] = {}
 
+    @classmethod
+    def from_timing(cls, timing: Timing) -> "NoShowLedger":
+        """A ledger with the run's ``max_skip_rounds``, ``forgive_after_rounds`` and ``excuse_every_rounds``."""
+        return cls(timing.max_skip_rounds, timing.forgive_after_rounds, timing.excuse_every_rounds)
+
     def strikes(self, peer: str) -> int:
         """``peer``'s strikes: one fewer for every ``forgive_after`` rounds it came in since its last miss."""
         e = self._entries.get(peer)

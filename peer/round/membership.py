@@ -108,12 +108,10 @@ class Membership:
         self._thread: Optional[threading.Thread] = None
         self.no_shows: Set[str] = set()  # waited for in vain: not waited for a while (protocol/no_shows.py)
         self.absent: Set[str] = set()  # ... and not seen to come since: nobody to meet either
-        self.ledger = NoShowLedger(self.timing.max_skip_rounds, self.timing.forgive_after_rounds,
-                                   self.timing.excuse_every_rounds)
+        self.ledger = NoShowLedger.from_timing(self.timing)
         self._came: Dict[int, Set[str]] = {}  # round -> senders whose signed payload was in our union
         # groupmates that joined a group of ours and sent nothing: not matched with for a while
-        self.silent = NoShowLedger(self.timing.max_skip_rounds, self.timing.forgive_after_rounds,
-                                   self.timing.excuse_every_rounds)
+        self.silent = NoShowLedger.from_timing(self.timing)
         self._waited: Set[str] = set()  # whom the last barrier gave up waiting for
         self._waited_round = -1  # ... in which round
         self._waited_steps: Dict[str, int] = {}  # ... at which inner step of it
