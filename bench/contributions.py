@@ -8,7 +8,7 @@ copy, data shard, AdamW and SparseLoCo error feedback, its own round engine), at
 
 - ``all``: every contribution of the round enters θ (``outer.max_contributions`` = 0: every peer
   downloads and decodes N − 1 payloads a round);
-- ``K``: at most K enter θ (``outer.max_contributions`` = K, protocol/choice.py); a replica passed
+- ``K``: at most K enter θ (``outer.max_contributions`` = K, protocol/round/choice.py); a replica passed
   over keeps its update in its error feedback for a later round.
 
 The round engine of replica 0 chooses, decodes, checks, clips, aggregates and applies; the others

@@ -1,4 +1,4 @@
-"""The memory estimate (protocol/capacity.py) against the real peak of a peer's inner steps, on the CPU.
+"""The memory estimate (protocol/model/capacity.py) against the real peak of a peer's inner steps, on the CPU.
 
     python bench/memory_peak.py [--shapes demo,d256-seq256,d512-state-bound] [--json OUT]
 
@@ -48,7 +48,7 @@ torch.set_num_threads(1)
 from torch.utils._python_dispatch import TorchDispatchMode
 from peer.training.inner import InnerTrainer
 from peer.training.model import build_model
-from protocol.capacity import estimate
+from protocol.model.capacity import estimate
 from protocol.spec import RunSpec
 
 class MallInfo2(ctypes.Structure):

@@ -78,7 +78,7 @@ from peer.training.data import Corpus, load_corpus, val_batches  # noqa: E402
 from peer.training.model import build_model  # noqa: E402
 from peer.round.simulate import simulate  # noqa: E402
 from peer.outer.strategies import make_strategy  # noqa: E402
-from protocol.partial import FULL, owned_shapes, slice_of  # noqa: E402
+from protocol.model.partial import FULL, owned_shapes, slice_of  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 

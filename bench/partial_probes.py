@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 from peer.training.inner import InnerTrainer
 from peer.training.model import Model
-from protocol.partial import FULL, owned_shapes
+from protocol.model.partial import FULL, owned_shapes
 from protocol.spec import ModelSpec, RunSpec
 
 aten = torch.ops.aten

@@ -18,7 +18,7 @@ Honest replicas that differ from the rest must not be refused (``--kinds``, 4 ho
 nobody hostile, replica 0 being the odd one): ``slow`` trains a quarter of H each round (the
 least an early close leaves, ``outer.min_inner_fraction``); ``other-data`` trains on English prose
 (this repository's docs/ and README.md) while the others train on Python sources; ``partial``: every
-replica owns one of 2 slices (protocol/partial.py), 2 owners a slice. Their baseline is the same arm
+replica owns one of 2 slices (protocol/model/partial.py), 2 owners a slice. Their baseline is the same arm
 with the check off: what the check costs an honest run.
 
 The baseline of an attacked arm is the R honest replicas alone, with the same seed and shards: equal

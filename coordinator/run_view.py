@@ -18,7 +18,7 @@ from statistics import median
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from protocol.dht.records import CHOOSING, Progress
-from protocol.round_policy import swarm_round  # the same rule the peers use: a round two peers reached
+from protocol.round.round_policy import swarm_round  # the same rule the peers use: a round two peers reached
 
 MAX_PEERS_SHOWN = 256  # rows of the peers table (the busiest); the API says how many there were
 MAX_TRACKED = 4096  # peers whose running totals the coordinator remembers

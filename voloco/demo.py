@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from protocol.capacity import replica_bytes
+from protocol.model.capacity import replica_bytes
 from swarm.console import UsageError, human_bytes
 from swarm.jsonout import write as write_json
 from swarm.settings import ENV_PREFIX

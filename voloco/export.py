@@ -36,7 +36,7 @@ import torch
 from peer.checkpoints.contents import check_meta
 from peer.checkpoints.files import CheckpointError, Tensors, checkpoint_paths, read_checkpoint
 from protocol.errors import SpecError
-from protocol.layout import tensor_name
+from protocol.model.layout import tensor_name
 from protocol.spec import RunSpec
 from swarm.console import UsageError
 

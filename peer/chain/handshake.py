@@ -18,7 +18,7 @@ from peer.chain.errors import HandshakeRejected, LinkProtocolError
 from protocol.chain import link_auth
 from protocol.errors import FrameError
 from protocol.chain.frames import NONCE_BYTES, Auth, Challenge, Hello, HelloOk, Reject, check_hello
-from protocol.signed import Signer
+from protocol.wire.signed import Signer
 
 if TYPE_CHECKING:  # pragma: no cover
     from peer.chain.links import StageLink

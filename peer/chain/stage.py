@@ -34,7 +34,7 @@ from protocol.chain.records import CandidateRecord, ChainAssignment
 from protocol.chain.endpoints import announced_endpoints, dial_order, format_endpoint, hosts_of_maddrs
 from protocol.chain.frames import FrameFormat
 from protocol.spec import RunSpec
-from protocol.timing import Timing
+from protocol.round.timing import Timing
 from swarm.records import publish_candidate, read_assignments, read_candidates
 
 logger = logging.getLogger("voloco.chain")
@@ -66,7 +66,7 @@ class ChainMember:
         every interface (on loopback only in a run whose DHT addresses are all loopback) and
         announce the addresses the DHT node is seen at (protocol/chain/endpoints.py)."""
         self.dht, self.spec, self.peer_id, self.resources, self.stop = dht, spec, peer_id, resources, stop
-        self.timing = timing if timing is not None else Timing.from_spec(spec)  # every wait (protocol/timing.py)
+        self.timing = timing if timing is not None else Timing.from_spec(spec)  # every wait (protocol/round/timing.py)
         self.state = "waiting"
         self.failed_epoch = -1
         self.assignment: Optional[ChainAssignment] = None

@@ -26,7 +26,7 @@ from peer.checkpoints.files import (
     CheckpointError, Tensors, first_usable, flatten_optimizer_state, remove_stale_temp,
     save_checkpoint, unflatten_optimizer_state,
 )
-from protocol import standing
+from protocol.round import standing
 from protocol.spec import RunSpec
 
 logger = logging.getLogger("voloco.peer")
@@ -115,7 +115,7 @@ def collect(spec: RunSpec, engine: RoundEngine, role, tokens: int,
         "stream": trainer["stream"],
         "optimizer": trainer["optimizer"],
         "tokens": tokens,
-        "standing": table,  # the lineage's standing table (protocol/standing.py); older checkpoints lack it
+        "standing": table,  # the lineage's standing table (protocol/round/standing.py); older checkpoints lack it
         "run_spec": spec.to_dict(),  # the whole spec, so `voloco export`/`generate` need nothing else
     }
     return tensors, meta

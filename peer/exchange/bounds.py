@@ -22,8 +22,8 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.proto import averaging_pb2
 from hivemind.proto.p2pd_pb2 import RPCError
 
-from protocol.bounded_unpack import cut_short
-from protocol.timing import Timing
+from protocol.wire.bounded_unpack import cut_short
+from protocol.round.timing import Timing
 
 FRAME_SLACK = 1024  # a frame's protobuf fields around its chunk of payload
 T = TypeVar("T")

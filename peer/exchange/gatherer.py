@@ -7,14 +7,14 @@ subclass keeps the matchmaking and replaces the all-reduce with an all-gather th
 try to subvert:
 
 1. every member signs its payload for (run, round, group, itself) with its libp2p identity key
-   (protocol/signed.py) and pulls every other member's envelope from that member
+   (protocol/wire/signed.py) and pulls every other member's envelope from that member
    (``rpc_fetch_payload``, streamed in chunks, read with a size limit);
-2. rounds 2..R of protocol/reconcile.py's agreement: every member asks every other member for the
+2. rounds 2..R of protocol/round/reconcile.py's agreement: every member asks every other member for the
    signed values it lacks (``rpc_relay``) and fetches the bytes of a new value from a member that
    offered it. Each round has a deadline, counted from the group's start, so a silent or slow
    member delays a round by at most that; a member that fails one round is not asked again.
 
-Every decision (what verifies, what is accepted, who is excluded) is protocol/reconcile.py's; this
+Every decision (what verifies, what is accepted, who is excluded) is protocol/round/reconcile.py's; this
 class moves bytes and enforces the bounds: only members of a group get anything from the gather
 RPCs for that group, groups exist only for the rounds this peer takes part in (an RPC naming an
 unknown group waits a little for it, then gets nothing), one remote peer runs at most
@@ -51,10 +51,10 @@ from peer.exchange.matchmaking import describe_search, read_gathered, refuse_pee
 from peer.exchange.results import GatherResult, base58
 from peer.exchange.set_server import SetServer
 from peer.exchange.state_serving import StateServing
-from protocol import group_sets, reconcile
+from protocol.round import group_sets, reconcile
 from protocol.errors import ProtocolError
-from protocol.signed import ENVELOPE_OVERHEAD, Binding, Signer
-from protocol.timing import Timing
+from protocol.wire.signed import ENVELOPE_OVERHEAD, Binding, Signer
+from protocol.round.timing import Timing
 from swarm.access.admission import Admitted
 from swarm.dht.group_keys import LeanGroupKeyManager
 
@@ -83,7 +83,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
     """hivemind matchmaking + a signed, agreed all-gather of one payload per member."""
 
     _round_no = -1  # the round being gathered, set as each round's matchmaking is prepared
-    timing = Timing()  # every wait of the exchange; __init__ sets the run's (protocol/timing.py)
+    timing = Timing()  # every wait of the exchange; __init__ sets the run's (protocol/round/timing.py)
 
     def __init__(
         self,
@@ -100,7 +100,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
         request_timeout: float = 1.0,
         timing: Optional[Timing] = None,
     ):
-        # every wait of the exchange (protocol/timing.py); the spec's matchmaking and gather times win
+        # every wait of the exchange (protocol/round/timing.py); the spec's matchmaking and gather times win
         self.timing = (timing or Timing()).with_(matchmaking_s=matchmaking_time, gather_slot_s=gather_timeout)
         self.gather_timeout = gather_timeout
         self.matchmaking_wait = matchmaking_time  # as stretched for the last round on this host (peer/round/merge.py)

@@ -2,14 +2,14 @@
 
 swarm/dht/node.py starts every DHT node with an identity file (``--identity``, or a temporary one) and
 keeps the loaded key (swarm/access/identity.py); the payload signer is that same key, so a receiver that
-hashes the public key to the sender's peer id knows the sender signed (protocol/signed.py).
+hashes the public key to the sender's peer id knows the sender signed (protocol/wire/signed.py).
 """
 
 from __future__ import annotations
 
 from hivemind import DHT
 
-from protocol.signed import Signer
+from protocol.wire.signed import Signer
 from swarm.access.identity import trust_of
 
 

@@ -1,7 +1,7 @@
 """voloco's side of hivemind's matchmaking (peer/exchange/gatherer.py's gather): each member's
 matchmaking data read back, a step's outcome (given up while still looking), a step cancelled
 without a race, the peers it refuses, and what a search still holds. Its
-times, stretched on a host whose DHT reads are slow, are ``Timing.matchmaking`` (protocol/timing.py)."""
+times, stretched on a host whose DHT reads are slow, are ``Timing.matchmaking`` (protocol/round/timing.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hivemind.averaging.control import AveragingStage
 from hivemind.proto import averaging_pb2
 from hivemind.utils.mpfuture import MPFuture
 
-from protocol.timing import Timing
+from protocol.round.timing import Timing
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ class GatherResult:
     start_hashes: Dict[str, str]  # member -> hash of the parameters it started the round from
     # member -> (hash of θ before its last round's outer step, the sets it concluded that round from)
     last_sets: Dict[str, Tuple[str, Tuple[str, ...]]] = field(default_factory=dict)
-    set_digest: str = ""  # the name of the agreed set (protocol/group_sets.py), served to other groups
+    set_digest: str = ""  # the name of the agreed set (protocol/round/group_sets.py), served to other groups
     unservable: FrozenSet[str] = frozenset()  # members in hivemind's client mode: they serve no state
     bytes_sent: int = 0
     bytes_received: int = 0

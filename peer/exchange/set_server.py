@@ -1,10 +1,10 @@
 """Serving and fetching the payload sets groups agreed, so several groups of one round make one θ.
 
 A mixin of peer/exchange/gatherer.py's ``PayloadGatherer`` (the averager process holds the agreements and
-the libp2p streams): ``rpc_fetch_set`` serves the packed set (protocol/group_sets.py) one of our
+the libp2p streams): ``rpc_fetch_set`` serves the packed set (protocol/round/group_sets.py) one of our
 recent groups agreed, or one we fetched lately, by its name, to any peer the run admits;
 ``fetch_set`` fetches one from a peer, from the host process, read with the size limit of a full
-group's set. What comes back is only bytes: protocol/group_sets.py's ``open_set`` checks every
+group's set. What comes back is only bytes: protocol/round/group_sets.py's ``open_set`` checks every
 signature before anything counts.
 
 ``rpc_merged`` tells a member of one of our groups which sets we merged for that group's round
@@ -24,8 +24,8 @@ from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_logger
 
 from peer.exchange.bounds import read_bounded_stream
-from protocol import group_sets
-from protocol.signed import payload_digest
+from protocol.round import group_sets
+from protocol.wire.signed import payload_digest
 
 logger = get_logger(__name__)
 
@@ -39,7 +39,7 @@ class SetServer:
     """Needs of its host class: ``_groups`` (group id -> group with ``agreement`` and ``set_digest``),
     ``_calls`` (a CallLimiter), ``_p2p``, ``prefix``, ``_count``, ``_outer_pipe``,
     ``_max_group_size``, ``_max_payload_bytes``, ``_fetched`` and ``_merged`` (empty OrderedDicts),
-    ``timing`` (protocol/timing.py)."""
+    ``timing`` (protocol/round/timing.py)."""
 
     # ---- host-process API ---------------------------------------------------------------------
     @property

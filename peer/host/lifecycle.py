@@ -30,7 +30,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from peer.checkpoints.schedule import final_checkpoint
 from peer.round.report import write_status
-from protocol.timing import Timing
+from protocol.round.timing import Timing
 from swarm.wire.meter import WireMeter, wire_report
 
 logger = logging.getLogger("voloco.peer")

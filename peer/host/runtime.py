@@ -47,11 +47,11 @@ from peer.round.loop import RoundLoop, majority_hash
 from peer.round.state_sync import StateSync
 from peer.training.tokenizer import obtain_corpus
 from peer.host.utilization import Utilization, device_label, progress_extras
-from protocol import peer_states
+from protocol.round import peer_states
 from protocol.dht.keys import averager_prefix
 from protocol.dht.records import CHOOSING, Progress
 from protocol.spec import RunSpec
-from protocol.timing import Timing
+from protocol.round.timing import Timing
 from swarm.access.admission import admission_gate
 from swarm.dht import known_nodes
 from swarm.dht.node import start_dht
@@ -150,7 +150,7 @@ class Peer:
         self.spec: RunSpec = fetch_spec(self.dht, opts.run_id, timeout=opts.spec_timeout)
         spec = self.spec
         # be visible from the start: a peer that sees a newcomer never takes a round alone
-        self.timing = Timing.from_spec(spec)  # every wait of the round (protocol/timing.py), handed to each collaborator
+        self.timing = Timing.from_spec(spec)  # every wait of the round (protocol/round/timing.py), handed to each collaborator
         self.membership = Membership(self.dht, spec, self.peer_id, self._progress, self.stop_event, timing=self.timing)
         self.membership.start_heartbeat(extra=lambda: self.role.heartbeat() if self.role is not None else None)
         logger.info(
@@ -282,8 +282,8 @@ class Peer:
         self.totals.history = [r for r in self.totals.history if r.round < self.engine.round]
 
     def _set_state(self, state: str) -> str:
-        if not peer_states.allowed(self.state, state):  # a move the table (protocol/peer_states.py) lacks
-            logger.error(f"state {self.state!r} -> {state!r} is not a move protocol/peer_states.py allows")
+        if not peer_states.allowed(self.state, state):  # a move the table (protocol/round/peer_states.py) lacks
+            logger.error(f"state {self.state!r} -> {state!r} is not a move protocol/round/peer_states.py allows")
         previous, self.state = self.state, state
         self.membership.publish()
         lifecycle.report_phase(self)

@@ -26,7 +26,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from peer.outer.robust import Contributions, robust_step, sender_names
-from protocol import choice, standing
+from protocol.round import choice, standing
 from peer.checkpoints.files import params_hash, state_digest
 from peer.outer.strategies import OuterStrategy, Pending, Tensors, canonical_order, pseudo_gradient
 from protocol.errors import ProtocolError
@@ -44,7 +44,7 @@ class Settled:
     delivered: bool = False  # our own payload counted
     clipped: Dict[str, float] = field(default_factory=dict)  # sender -> the smallest scale its update was clipped by
     scores: Dict[str, float] = field(default_factory=dict)  # sender -> its direction's agreement with the others (z)
-    passed: List[str] = field(default_factory=list)  # senders not chosen this round (protocol/choice.py)
+    passed: List[str] = field(default_factory=list)  # senders not chosen this round (protocol/round/choice.py)
 
 
 class RoundEngine:
@@ -57,7 +57,7 @@ class RoundEngine:
         self._theta = theta
         self._hash: Optional[str] = None
         self._digest: Optional[str] = None  # state_digest's cache, cleared with _hash
-        self.standing: Dict[str, int] = {}  # rounds counted per sender in this lineage (protocol/standing.py)
+        self.standing: Dict[str, int] = {}  # rounds counted per sender in this lineage (protocol/round/standing.py)
 
     # ---- θ ------------------------------------------------------------------------------------
     @property
@@ -89,7 +89,7 @@ class RoundEngine:
                 forget_local: bool = False, standing: Optional[Mapping[str, int]] = None) -> None:
         """Take a state from elsewhere (a checkpoint, a groupmate): θ, its round and, if given, the
         strategy's shared state and the lineage's standing table (checked by the caller:
-        protocol/standing.py); ``forget_local``: zero the strategy's local buffers too. Raises
+        protocol/round/standing.py); ``forget_local``: zero the strategy's local buffers too. Raises
         ValueError (nothing changed) if the shared state does not fit."""
         with self.lock:
             if shared is not None:
@@ -118,7 +118,7 @@ class RoundEngine:
     def choose(self, payloads: Mapping[str, bytes], round_no: int, base: str) -> Tuple[Dict[str, bytes], Dict[str, str], List[str]]:
         """(the payloads that enter θ, the senders whose payload's header is invalid with why, the
         senders passed over): at most ``outer.max_contributions`` per part, drawn by
-        protocol/choice.py with the seed of round ``round_no`` from ``base``, the hash of the θ it
+        protocol/round/choice.py with the seed of round ``round_no`` from ``base``, the hash of the θ it
         starts from. Every payload when the round has no more than that (tests/outer/test_choice_engine.py)."""
         k = getattr(self.strategy, "max_contributions", 0)
         if k <= 0 or len(payloads) <= k:

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from peer.outer.consensus import score_contributions
-from protocol.standing import AGAINST, ESTABLISHED, MIN_JUDGES
+from protocol.round.standing import AGAINST, ESTABLISHED, MIN_JUDGES
 from protocol.codecs.fields import MAX_ABS
 
 __all__ = ["CLIP_MULTIPLE", "Contributions", "NonFiniteStep", "Outcome", "Screening", "robust_step", "screen",
@@ -145,7 +145,7 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
     """Check every contribution, screen their directions (``min_z``; 0: no such check), then clip
     each tensor to ``multiple`` x the median norm of that tensor over the contributions that carry
     it (``math.inf``: no clipping). ``established``: the positions whose senders have standing in
-    this lineage (protocol/standing.py): once ``MIN_JUDGES`` of them are here only they judge, and
+    this lineage (protocol/round/standing.py): once ``MIN_JUDGES`` of them are here only they judge, and
     they are refused only for pointing against the others (score <= -AGAINST x min_z); a fresh
     contribution must show agreement (score >= min_z)."""
     out = Screening()
@@ -210,7 +210,7 @@ def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: 
     """Check, screen by direction, clip, aggregate with ``strategy`` and apply its outer step to
     ``theta`` (in place). The direction check's threshold is the strategy's ``min_agreement``
     (the run spec's ``outer.min_agreement``; absent: none); ``standing``: rounds counted per
-    sender in this lineage (protocol/standing.py)."""
+    sender in this lineage (protocol/round/standing.py)."""
     names = sender_names(decoded)
     multiple = getattr(strategy, "clip_multiple", CLIP_MULTIPLE) if multiple is None else multiple
     established = [i for i, n in enumerate(names) if (standing or {}).get(n, 0) >= ESTABLISHED]

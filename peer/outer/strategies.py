@@ -35,8 +35,8 @@ import torch
 
 from protocol.codecs import make_codec
 from protocol.chain.stages import stage_shapes
-from protocol.partial import FULL, owned_shapes
-from protocol.payload import Part, decode_part_payload, encode_payload, payload_max_bytes, payload_part
+from protocol.model.partial import FULL, owned_shapes
+from protocol.wire.payload import Part, decode_part_payload, encode_payload, payload_max_bytes, payload_part
 from protocol.spec import RunSpec
 from peer.outer.robust import CLIP_MULTIPLE, NonFiniteStep
 
@@ -59,7 +59,7 @@ class OuterStrategy:
     clip_multiple = CLIP_MULTIPLE  # contributions are clipped to this multiple of the median norm (peer/outer/robust.py)
 
     def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: Part = FULL):
-        """``part``: FULL, the slice a partial peer owns (protocol/partial.py), or the (start, end)
+        """``part``: FULL, the slice a partial peer owns (protocol/model/partial.py), or the (start, end)
         block range of a chain stage (protocol/chain/stages.py); ``layout``: an explicit layout for
         benchmarks of a model other than the spec's."""
         self.spec, self.part = spec, part
@@ -69,7 +69,7 @@ class OuterStrategy:
         self.codec = make_codec(spec)
         self.lr = spec.outer.effective_lr
         self.min_agreement = spec.outer.min_agreement  # the direction check of peer/outer/robust.py
-        self.max_contributions = spec.outer.max_contributions  # K of each part a round (protocol/choice.py)
+        self.max_contributions = spec.outer.max_contributions  # K of each part a round (protocol/round/choice.py)
         self.max_payload_bytes = payload_max_bytes(self.codec, self.full_layout)  # no part is larger
 
     def layout_of(self, part: Part) -> Optional[Layout]:

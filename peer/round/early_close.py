@@ -27,7 +27,7 @@ import math
 import threading
 from typing import Iterable, Optional
 
-from protocol.peer_states import DONE
+from protocol.round.peer_states import DONE
 from swarm.records import PeerView
 
 logger = logging.getLogger("voloco.peer")

@@ -24,7 +24,7 @@ Mixed speeds (peer/round/early_close.py): a peer still training when most of its
 the round after at least ``outer.min_inner_fraction`` of H and contributes what it has.
 
 Each step of the exchange (gather, adopt a set, train alone, defer and catch up, stop) is decided by
-protocol/round_policy.py from the facts this loop gathers; it ends in an agreed set, a state caught
+protocol/round/round_policy.py from the facts this loop gathers; it ends in an agreed set, a state caught
 up, or a stop.
 """
 
@@ -48,8 +48,8 @@ from peer.round.report import RoundRecord, log_round, write_status
 from peer.training.evaluator import RoundEvaluator
 from peer.training.progress_bar import ProgressBar
 from peer.training.roles import ChainStage, RoundAbandoned
-from protocol import reconcile, round_policy
-from protocol.round_policy import Step
+from protocol.round import reconcile, round_policy
+from protocol.round.round_policy import Step
 
 logger = logging.getLogger("voloco.peer")
 
@@ -290,7 +290,7 @@ class RoundLoop:
         mates = set(last.group) - {peer.peer_id} if last is not None and last.round == engine.round else set()
         barrier = peer.membership.wait_for_round(engine.round, mates, first_round=peer.totals.rounds == 0)
         t_wait = time.monotonic()
-        # each step of the exchange is protocol/round_policy.py's decision, from the facts gathered here
+        # each step of the exchange is protocol/round/round_policy.py's decision, from the facts gathered here
         step = round_policy.after_barrier(peer.stop_event.is_set(), barrier.nobody_to_meet)
         if step is Step.STOP:
             return

@@ -21,7 +21,7 @@ A record is a claim, not a promise: a peer may announce that it trains this roun
 The round barrier therefore waits for announced peers only a *straggler allowance* past the last
 moment another peer of the round became ready (half this peer's own training time of the round, at
 least ``Timing.straggler_min_s``), and gives the peers it waited for that then neither came to its
-group nor had a signed payload in its union of the round a strike (protocol/no_shows.py): those are
+group nor had a signed payload in its union of the round a strike (protocol/round/no_shows.py): those are
 not waited for for 2, 4, ... ``Timing.max_skip_rounds`` rounds, strikes fall by one per
 ``Timing.forgive_after_rounds`` rounds the peer came in, and a claim of having gathered in another group
 (a set two peers name that we do not hold) excuses a miss once per ``Timing.excuse_every_rounds``
@@ -45,19 +45,19 @@ from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Se
 
 from hivemind.utils import get_dht_time
 
-from protocol import peer_states
-from protocol.round_policy import swarm_round
-from protocol.no_shows import NoShowLedger, claimed_elsewhere
-from protocol.partial import choose_part
-from protocol.peer_states import DONE, IN_ROUND, NOT_IN_ROUNDS
+from protocol.round import peer_states
+from protocol.round.round_policy import swarm_round
+from protocol.round.no_shows import NoShowLedger, claimed_elsewhere
+from protocol.model.partial import choose_part
+from protocol.round.peer_states import DONE, IN_ROUND, NOT_IN_ROUNDS
 from protocol.dht.records import CHOOSING, Progress, peer_record_ttl
 from protocol.spec import RunSpec
-from protocol.timing import Timing
+from protocol.round.timing import Timing
 from swarm.records import PeerView, publish_progress, read_progress
 
 logger = logging.getLogger("voloco.peer")
 
-# NOT_IN_ROUNDS (protocol/peer_states.py): peers that take no part in rounds: stopped, or not yet
+# NOT_IN_ROUNDS (protocol/round/peer_states.py): peers that take no part in rounds: stopped, or not yet
 # (booting, waiting for a chain, or a chain stage still connecting to its neighbours: a chain that
 # cannot link never trains). A peer never waits for them; one that went ahead alone meanwhile is
 # caught up with (downloaded) when they start.
@@ -106,7 +106,7 @@ class Membership:
         self.timing = timing if timing is not None else Timing.from_spec(spec)  # every wait of the round
         self._progress = progress
         self._thread: Optional[threading.Thread] = None
-        self.no_shows: Set[str] = set()  # waited for in vain: not waited for a while (protocol/no_shows.py)
+        self.no_shows: Set[str] = set()  # waited for in vain: not waited for a while (protocol/round/no_shows.py)
         self.absent: Set[str] = set()  # ... and not seen to come since: nobody to meet either
         self.ledger = NoShowLedger.from_timing(self.timing)
         self._came: Dict[int, Set[str]] = {}  # round -> senders whose signed payload was in our union

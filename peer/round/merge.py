@@ -13,7 +13,7 @@ last set that came in, never more than ``swarm.round_wait``; both ``Timing.gathe
 gather timeouts longer while a peer it waits for has finished training (ready or exchanging: its
 group's set is coming, and a large group on a loaded host gathers for longer than a small one).
 Every set named for the round is fetched from one of the peers that named it (another on
-failure), checked envelope by envelope (protocol/group_sets.py) and merged: θ is computed from the
+failure), checked envelope by envelope (protocol/round/group_sets.py) and merged: θ is computed from the
 union, in canonical order, so groups that hold the same sets hold the same θ. A set that cannot be
 had in time leaves that round with a second θ; a member of the minority takes the majority's
 parameters at the next round's start-hash check. Guarded by tests/round/test_group_merge.py and
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Set
 
 from peer.exchange.results import GatherResult, base58
-from protocol import group_sets, round_policy
-from protocol.peer_states import IN_ROUND, NOT_IN_ROUNDS
+from protocol.round import group_sets, round_policy
+from protocol.round.peer_states import IN_ROUND, NOT_IN_ROUNDS
 
 logger = logging.getLogger("voloco.peer")
 
@@ -146,7 +146,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             logger.info(f"round {round_no}: merged {len(held) - 1} other groups' sets; not waiting longer for "
                         f"{len(outstanding)} peers of the round and {len(unfetched)} sets")
             skip.update({p: round_no + timing.merge_skip_rounds for p in outstanding})
-            membership.missed(outstanding, round_no)  # strikes outlive a set named later (protocol/no_shows.py)
+            membership.missed(outstanding, round_no)  # strikes outlive a set named later (protocol/round/no_shows.py)
             break
         time.sleep(timing.view_poll_s)
     # each member decided alone which late sets arrived in time: the group agrees on their union. A

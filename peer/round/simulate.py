@@ -47,7 +47,7 @@ from peer.outer.engine import RoundEngine, Settled
 from peer.outer.robust import Contributions, sender_names
 from peer.round.loop import continue_from
 from peer.outer.strategies import Tensors
-from protocol.partial import FULL
+from protocol.model.partial import FULL
 from protocol.spec import RunSpec
 
 __all__ = [
@@ -89,7 +89,7 @@ class RoundStats:
     params_hash: str = ""  # of θ after this round's outer step (``peer.checkpoints.files.params_hash``, as peers report it)
     excluded: Dict[str, str] = field(default_factory=dict)  # sender -> why its contribution did not count (replica 0's view)
     scores: Dict[str, float] = field(default_factory=dict)  # sender -> its direction check score (peer/outer/consensus.py)
-    contributors: int = 0  # contributions that entered θ this round (at most K per part: protocol/choice.py)
+    contributors: int = 0  # contributions that entered θ this round (at most K per part: protocol/round/choice.py)
     decode_s: float = 0.0  # seconds replica 0 took to choose and decode them (what one peer decodes)
 
 

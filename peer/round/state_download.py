@@ -23,9 +23,9 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.proto.p2pd_pb2 import RPCError
 
-from protocol.bounded_unpack import bounded_unpack
+from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
-from protocol.timing import Timing
+from protocol.round.timing import Timing
 from swarm.loop_thread import run_in_fresh_loop
 
 MAX_METADATA_BYTES = 1 << 20

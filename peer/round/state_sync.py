@@ -35,9 +35,9 @@ from peer.outer.engine import RoundEngine
 from peer.checkpoints.files import params_hash, state_digest
 from peer.round.state_download import StateDownloader
 from protocol.errors import ProtocolError
-from protocol.round_policy import swarm_round
-from protocol import standing
-from protocol.peer_states import NOT_A_SOURCE
+from protocol.round.round_policy import swarm_round
+from protocol.round import standing
+from protocol.round.peer_states import NOT_A_SOURCE
 from protocol.spec import RunSpec
 
 logger = logging.getLogger("voloco.peer")

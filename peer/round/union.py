@@ -1,7 +1,7 @@
 """The union of a round's sets, agreed by the next round's group: θ recomputed when it grows.
 
 θ of round r + 1 is a deterministic function of θ of round r and the union of the signed sets of
-round r that a member holds (protocol/group_sets.py: ``union``, in canonical order). How long a
+round r that a member holds (protocol/round/group_sets.py: ``union``, in canonical order). How long a
 member's merge waited for the round's other groups decides which sets it holds, so two members
 may conclude round r from different unions. The next round's group settles it:
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from peer.round.merge import TRIES_PER_SET, fetch_checked_set
-from protocol import group_sets
+from protocol.round import group_sets
 
 logger = logging.getLogger("voloco.peer")
 
@@ -54,7 +54,7 @@ class LastRound:
 class GroupUnion:
     """What the group's union of the last round means for this round's start vote."""
 
-    keys: Dict[str, str]  # member -> what its start counts as in the vote (protocol/group_sets.py)
+    keys: Dict[str, str]  # member -> what its start counts as in the vote (protocol/round/group_sets.py)
     holds: bool  # θ is what our own key names (False: a set of the union could not be had)
     taken: int = 0  # sets taken into the last round's union
 

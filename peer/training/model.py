@@ -8,13 +8,13 @@ The model can be cut into pipeline stages: ``embed_tokens`` -> ``forward_blocks(
 (any slice of the blocks) -> ``forward_head``. ``forward`` is exactly those three in a row. A chain
 stage is a ``Model`` built with ``blocks=(start, end)``: it holds only blocks ``[start, end)``,
 under the full model's names (``blocks.3.attn.qkv.weight``), plus the embedding if ``start == 0``
-and the final norm and head if ``end == n_layers`` (``protocol.layout.in_block_range``).
+and the final norm and head if ``end == n_layers`` (``protocol.model.layout.in_block_range``).
 
 Initialisation is bit-identical on every machine for the same seed, which torch's own float32
 ``normal_`` is not: its AVX2 path and its scalar path (ARM, or ``ATEN_CPU_CAPABILITY=default``)
 give different bits for the same generator. ``build_model`` therefore draws only integers from a
 CPU ``torch.Generator`` and turns them into normal deviates with exact arithmetic. It walks the whole
-layout (``protocol.layout.tensor_layout``) for every model, a stage included, and skips the draws of
+layout (``protocol.model.layout.tensor_layout``) for every model, a stage included, and skips the draws of
 the tensors the model does not hold, so a stage gets exactly the bits of the full model's tensors.
 """
 
@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from protocol.layout import in_block_range, tensor_layout
+from protocol.model.layout import in_block_range, tensor_layout
 from protocol.spec import ModelSpec
 
 __all__ = ["Model", "build_model", "init_parameters"]

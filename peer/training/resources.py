@@ -9,7 +9,7 @@ from typing import Optional
 import psutil
 import torch
 
-from protocol.capacity import fits_full_replica, replica_bytes
+from protocol.model.capacity import fits_full_replica, replica_bytes
 from protocol.spec import RunSpec
 
 logger = logging.getLogger("voloco.resources")

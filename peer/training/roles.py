@@ -2,7 +2,7 @@
 
 - ``FullReplica``: the whole model;
 - ``SliceOwner``: the whole model, of which it trains one fixed slice (partial updates,
-  protocol/partial.py): the rest has no gradients and no optimizer state;
+  protocol/model/partial.py): the rest has no gradients and no optimizer state;
 - ``ChainStage``: a block range of the model, one stage of a pipeline chain (peer/chain/stage.py) that
   counts as one replica with its other stages.
 
@@ -25,8 +25,8 @@ from peer.chain.stage import ChainBroken, ChainMember
 from peer.training.data import Corpus, TrainStream
 from peer.training.inner import InnerTrainer, evaluate
 from peer.outer.strategies import OuterStrategy, Tensors, make_strategy
-from protocol.partial import FULL, describe
-from protocol.payload import Part
+from protocol.model.partial import FULL, describe
+from protocol.wire.payload import Part
 from protocol.spec import RunSpec
 from protocol.chain.subspace_constraint import constrain_to_subspace_
 from swarm.console import human_bytes

@@ -7,7 +7,7 @@ from the same candidates. Its priorities, in order:
 1. as many chains as possible (each is a replica);
 2. then as few stages as possible (each stage boundary is a network hop);
 3. blocks split in proportion to capacity, and never more than a member's memory holds
-   (protocol/capacity.py); every stage gets at least one block.
+   (protocol/model/capacity.py); every stage gets at least one block.
 
 Candidates that end up in no chain wait (for the next formation, or to replace a member that
 leaves).
@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from protocol.capacity import first_block_bytes, layer_bytes, replica_bytes
+from protocol.model.capacity import first_block_bytes, layer_bytes, replica_bytes
 from protocol.chain.stages import Candidate, Chain, make_chain
 from protocol.spec import RunSpec
 
@@ -104,7 +104,7 @@ def form_chains(
 ) -> Tuple[List[Chain], List[str]]:
     """Group ``candidates`` into chains that each train the whole model; returns the chains and
     the ids of the candidates that wait. ``micro_batch``: sequences whose activations a stage holds
-    at once (default the run's batch size, see protocol/capacity.py)."""
+    at once (default the run's batch size, see protocol/model/capacity.py)."""
     pool = _check_candidates(candidates)
     if isinstance(max_stages, bool) or not isinstance(max_stages, int) or max_stages < 1:
         raise ValueError(f"max_stages must be a positive integer, got {max_stages!r}")

@@ -14,7 +14,7 @@ A frame is a 4-byte big-endian length, then a msgpack map of exactly that many b
 
 The connecting side sends ``hello``; the other answers ``hello_ok`` or ``reject`` and closes.
 When the chain assignment names the peers of its stages, the handshake also proves who is on the
-other end (challenge–response with the libp2p identity keys, protocol/signed.py)::
+other end (challenge–response with the libp2p identity keys, protocol/wire/signed.py)::
 
     hello        ... "nonce": 32 random bytes of the dialer (empty: no authentication offered)
     challenge    {"t", "nonce": 32 random bytes of the listener, "key": its public key,
@@ -48,7 +48,7 @@ import torch
 
 from protocol import PROTOCOL_VERSION
 from protocol.chain.activations import token_id_bytes
-from protocol.bounded_unpack import bounded_unpack
+from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.errors import FrameError
 from protocol.spec import RunSpec
 

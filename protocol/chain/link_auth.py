@@ -24,7 +24,7 @@ import msgpack
 
 from protocol.errors import FrameError
 from protocol.chain.frames import Hello
-from protocol.signed import PublicKey, SignatureError, Signer
+from protocol.wire.signed import PublicKey, SignatureError, Signer
 
 __all__ = ["LinkAuthError", "transcript", "prove", "check"]
 

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 import msgpack
 
 from protocol import PROTOCOL_VERSION
-from protocol.bounded_unpack import bounded_unpack
+from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.chain.stages import Candidate, Chain, make_chain
 from protocol.chain.endpoints import MAX_ENDPOINTS, SEPARATOR
 from protocol.errors import ProtocolError

@@ -18,14 +18,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import msgpack
 
-from protocol.layout import in_block_range
+from protocol.model.layout import in_block_range
 from protocol.spec import RunSpec
 
 
 @dataclass(frozen=True)
 class Candidate:
     peer_id: str
-    capacity_bytes: int  # memory this peer can give to training (see protocol/capacity.py)
+    capacity_bytes: int  # memory this peer can give to training (see protocol/model/capacity.py)
     bandwidth_mbps: float
 
 

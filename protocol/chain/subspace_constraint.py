@@ -60,7 +60,7 @@ from typing import Iterable, List, Optional, Tuple
 
 import torch
 
-from protocol.layout import EMBED_NAME, RESIDUAL_KINDS, parse_name
+from protocol.model.layout import EMBED_NAME, RESIDUAL_KINDS, parse_name
 
 __all__ = [
     "is_output_projection",

@@ -27,9 +27,9 @@ from typing import Any, Dict, Tuple
 
 import msgpack
 
-from protocol.bounded_unpack import bounded_unpack
+from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
-from protocol.peer_states import STATES  # noqa: F401  (re-exported: readers of records name it here)
+from protocol.round.peer_states import STATES  # noqa: F401  (re-exported: readers of records name it here)
 
 CHOOSING = -2  # `part` of a peer that has not chosen its slice yet (-1: a full replica)
 REACH = ("unknown", "public", "client")  # can other nodes dial this peer (swarm/access/reachability.py)?
@@ -55,7 +55,7 @@ class Progress:
     util: float = 0.0  # compute utilization: time in inner steps / wall time over its last round, in [0, 1]
     reach: str = "unknown"  # one of REACH
     gathered_round: int = 0  # the round of the last payload set this peer's group agreed ...
-    gathered: str = ""  # ... and that set's name (protocol/group_sets.py), "" before any: other groups fetch it
+    gathered: str = ""  # ... and that set's name (protocol/round/group_sets.py), "" before any: other groups fetch it
     # the set its group agreed in round gathered_round - 1, "" if none: a group that gathers late in a
     # round still finds the set of a peer that has already named the next round's
     gathered_before: str = ""

@@ -24,7 +24,7 @@ from pydantic import Field, field_validator, model_validator
 
 from protocol.spec import sections as spec_sections
 from protocol.errors import SpecError
-from protocol.layout import TensorInfo, tensor_layout
+from protocol.model.layout import TensorInfo, tensor_layout
 from protocol.spec.fields import Int, SpecModel, Str
 from protocol.spec.sections import (  # noqa: F401 - the sections and constants are re-exported from here
     BYTE_VOCAB,
@@ -103,7 +103,7 @@ class RunSpec(SpecModel):
 
     def layout(self) -> Dict[str, TensorInfo]:
         """The model's tensors as this run stores them (sliced when partial updates are on), with
-        their block, kind and slice (protocol/layout.py)."""
+        their block, kind and slice (protocol/model/layout.py)."""
         return tensor_layout(self.model, self.partial.slices, self.partial.attn_slices)
 
     def param_shapes(self) -> Dict[str, Tuple[int, ...]]:

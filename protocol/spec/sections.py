@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Dict, Literal, Tuple
 from pydantic import Field, model_validator
 
 from protocol.errors import SpecError
-from protocol.layout import check_slices, tensor_layout
+from protocol.model.layout import check_slices, tensor_layout
 from protocol.spec.presets import expand_preset
 from protocol.spec.fields import Bool, Float, Int, OptionalFloat, SpecModel, Str
 
@@ -72,7 +72,7 @@ class ModelSpec(SpecModel):
 
     def param_shapes(self, mlp_slices: int = 1, attn_slices: int = 1) -> Dict[str, Tuple[int, ...]]:
         """Every trainable tensor of the model, by the name peer/training/model.py gives it, in a fixed order
-        (protocol/layout.py). With slices > 1, the MLP hidden neurons (attention heads) are
+        (protocol/model/layout.py). With slices > 1, the MLP hidden neurons (attention heads) are
         separate tensors per slice: ``blocks.{i}.mlp.gate.{s}.weight`` and so on."""
         return {name: t.shape for name, t in tensor_layout(self, mlp_slices, attn_slices).items()}
 
@@ -192,7 +192,7 @@ class OuterSpec(SpecModel):
     # the serialized spec at its default, like data.tokenizer: digests are unchanged
     min_agreement: Float(ge=0.0, le=1e6) = 3.0
     # at most this many contributions of each part of the model enter θ in a round, drawn alike by every
-    # member (protocol/choice.py); the others stay with their senders for a later round. 0: all of them
+    # member (protocol/round/choice.py); the others stay with their senders for a later round. 0: all of them
     max_contributions: Int(ge=0, le=1 << 16) = 0
     sparseloco: SparseLoCoSpec = Field(default_factory=SparseLoCoSpec)
     dct: DCTSpec = Field(default_factory=DCTSpec)

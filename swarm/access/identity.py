@@ -29,7 +29,7 @@ from hivemind.p2p import PeerID
 from hivemind.proto import crypto_pb2
 from hivemind.utils.crypto import PrivateKey, PublicKey, RSAPrivateKey, RSAPublicKey
 
-from protocol import signed
+from protocol.wire import signed
 from protocol.dht.keys import key_fingerprint, owner_marker
 from protocol.spec import RunSpec
 from swarm.console import UsageError
@@ -162,7 +162,7 @@ MIN_RSA_BITS, MAX_RSA_BITS = 2048, 4096  # weaker keys are refused; larger ones 
 @functools.lru_cache(maxsize=4096)
 def peer_id_of(public_key: bytes) -> str:
     """The libp2p peer id of an OpenSSH-encoded Ed25519 or RSA public key (as p2pd derives it:
-    protocol/signed.py); ValueError if it is neither, a small-order Ed25519 point, or an RSA key
+    protocol/wire/signed.py); ValueError if it is neither, a small-order Ed25519 point, or an RSA key
     not of 2048 to 4096 bits."""
     key = public_key_from_bytes(public_key)._public_key
     if isinstance(key, rsa.RSAPublicKey) and not MIN_RSA_BITS <= key.key_size <= MAX_RSA_BITS:

@@ -38,7 +38,7 @@ from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import dht_pb2
 from multiaddr import Multiaddr
 
-from protocol.bounded_unpack import bounded_unpack
+from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
 from protocol.dht.records import MAC_BYTES, proof_ok
 from swarm.access.reachability import PROBE_ARGS  # one set of throw-away daemon options

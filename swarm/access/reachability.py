@@ -34,7 +34,7 @@ from hivemind.proto import dht_pb2
 from hivemind.utils.auth import AuthRole, AuthRPCWrapper
 from multiaddr import Multiaddr
 
-from protocol.bounded_unpack import bounded_unpack
+from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
 
 logger = logging.getLogger("voloco.reach")

@@ -15,7 +15,7 @@ from peer.chain.errors import HandshakeRejected, LinkProtocolError
 from peer.chain.links import LinkAuth, StageIdentity, StageListener, connect_link, link_codec, run
 from protocol.chain import link_auth
 from protocol.chain.frames import HANDSHAKE_MAX_BYTES, FrameFormat, Hello
-from protocol.signed import Signer
+from protocol.wire.signed import Signer
 
 HOST = "127.0.0.1"
 FMT = FrameFormat(micro_batch=16, seq_len=512, k=512, d_model=512, vocab_size=256)  # frames up to ~16.8 MiB

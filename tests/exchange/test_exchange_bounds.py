@@ -18,9 +18,9 @@ from hivemind.proto import averaging_pb2, runtime_pb2
 
 from peer.exchange.gatherer import CALLS_PER_PEER, PayloadGatherer
 from peer.exchange.bounds import AnswerCutShort, CallLimiter, ExchangeLimitError, read_bounded_stream, retry_until
-from protocol.bounded_unpack import cut_short
-from protocol.reconcile import Agreement, parse_answer
-from protocol.signed import open_envelope
+from protocol.wire.bounded_unpack import cut_short
+from protocol.round.reconcile import Agreement, parse_answer
+from protocol.wire.signed import open_envelope
 from tests.support.agreement_sim import MAX_PAYLOAD, binding_of, signer
 
 ME, MATE, OUTSIDER = (signer(i) for i in range(3))

@@ -1,4 +1,4 @@
-"""Matchmaking's timeouts stretch with the host's DHT read latency (protocol/timing.py:
+"""Matchmaking's timeouts stretch with the host's DHT read latency (protocol/round/timing.py:
 Timing.matchmaking; peer/round/membership.py: Membership.read_latency): a loaded host's leaders answer
 late, and a follower that gives up on each after the spec's third of a second... never joins one."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from peer.round import membership as membership_mod
-from protocol.timing import Timing
+from protocol.round.timing import Timing
 from tests.round.test_control_plane import Reads, member, record
 
 

@@ -10,8 +10,8 @@ from collections import OrderedDict
 from hivemind.proto import averaging_pb2, runtime_pb2
 
 from peer.exchange.set_server import KEEP_FETCHED, KEEP_OFFERS
-from protocol.group_sets import DIGEST_CHARS, pack_names, parse_names
-from protocol.timing import Timing
+from protocol.round.group_sets import DIGEST_CHARS, pack_names, parse_names
+from protocol.round.timing import Timing
 from tests.exchange.test_exchange_bounds import MATE, ME, OUTSIDER, context, gatherer
 
 OURS, THEIRS = "1" * DIGEST_CHARS, "2" * DIGEST_CHARS

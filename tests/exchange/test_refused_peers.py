@@ -11,7 +11,7 @@ from hivemind.p2p import PeerID
 from hivemind.proto import averaging_pb2
 
 from peer.exchange.matchmaking import refuse_peers
-from protocol.signed import Signer
+from protocol.wire.signed import Signer
 
 
 def peer_id() -> PeerID:

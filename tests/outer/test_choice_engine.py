@@ -1,5 +1,5 @@
 """At most K contributions a round (``outer.max_contributions``): every member draws the same K,
-and a contribution passed over stays with its sender (peer/outer/engine.py, protocol/choice.py)."""
+and a contribution passed over stays with its sender (peer/outer/engine.py, protocol/round/choice.py)."""
 
 import pytest
 import torch

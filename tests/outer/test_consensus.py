@@ -137,7 +137,7 @@ def test_the_round_records_the_reason_and_our_own_refused_update_is_not_lost():
     assert all(torch.equal(engine.strategy.buffer[n], pending.signal[n]) for n in pending.signal)
 
 
-# --- standing: who judges, and the benefit of the doubt (protocol/standing.py) ----------------------
+# --- standing: who judges, and the benefit of the doubt (protocol/round/standing.py) ----------------------
 def test_a_burst_of_fresh_identities_larger_than_the_established_honest_is_judged_not_judging():
     members = [honest(i) for i in range(3)]
     burst = [{n: -t for n, t in honest(30 + k).items()} for k in range(5)]  # agree with each other

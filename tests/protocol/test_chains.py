@@ -9,7 +9,7 @@ import msgpack
 import pytest
 import torch
 
-from protocol.capacity import (
+from protocol.model.capacity import (
     block_activation_values,
     estimate,
     fits_full_replica,

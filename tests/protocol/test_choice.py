@@ -1,16 +1,16 @@
-"""The choice of a round's contributions (protocol/choice.py) and the payload header it reads."""
+"""The choice of a round's contributions (protocol/round/choice.py) and the payload header it reads."""
 
 import random
 
 import pytest
 import torch
 
-from protocol.choice import choose, weight
+from protocol.round.choice import choose, weight
 from protocol.codecs import make_codec
 from protocol.errors import PayloadError
-from protocol.payload import decode_part_payload, encode_payload, payload_part
+from protocol.wire.payload import decode_part_payload, encode_payload, payload_part
 from protocol.spec import RunSpec
-from protocol.standing import ESTABLISHED
+from protocol.round.standing import ESTABLISHED
 
 
 def test_every_contribution_when_k_is_off_or_a_part_has_no_more_than_k():
@@ -52,7 +52,7 @@ def test_each_sender_is_chosen_about_as_often_as_its_weight_says():
 def test_keys_are_compared_exactly_as_u_to_the_power_one_over_w():
     import math
 
-    from protocol.choice import _D, _order, _uniform
+    from protocol.round.choice import _D, _order, _uniform
 
     rng = random.Random(3)
     for _ in range(2000):

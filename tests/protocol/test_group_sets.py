@@ -1,4 +1,4 @@
-"""Several groups of one round merge their agreed sets (protocol/group_sets.py): a served set is
+"""Several groups of one round merge their agreed sets (protocol/round/group_sets.py): a served set is
 checked envelope by envelope against its owners' signatures and its name, whatever the bytes, and
 the union counts every payload once and an equivocator's never."""
 
@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.group_sets import (DIGEST_CHARS, MAX_NAMES, TWO_PAYLOADS, SetError, late_union, open_set, pack_names, pack_set,
+from protocol.round.group_sets import (DIGEST_CHARS, MAX_NAMES, TWO_PAYLOADS, SetError, late_union, open_set, pack_names, pack_set,
                                  repaired_key, start_keys,
                                  parse_names, set_digest, union)
-from protocol.signed import seal
+from protocol.wire.signed import seal
 from tests.support.agreement_sim import MAX_PAYLOAD, RUN, binding_of, signer
 
 ROUND = 7

@@ -22,7 +22,7 @@ from protocol.codecs.index_coding import (
 )
 from protocol.codecs.sparseloco import SparseLoCoCodec
 from protocol.errors import PayloadError
-from protocol.payload import decode_payload, encode_payload
+from protocol.wire.payload import decode_payload, encode_payload
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

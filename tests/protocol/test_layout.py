@@ -7,7 +7,7 @@ import json
 import pytest
 
 from protocol.errors import SpecError
-from protocol.layout import KINDS, TensorInfo, in_block_range, parse_name, tensor_layout, tensor_name
+from protocol.model.layout import KINDS, TensorInfo, in_block_range, parse_name, tensor_layout, tensor_name
 from protocol.spec import ModelSpec
 
 SMALL = dict(d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, vocab_size=64)

@@ -1,11 +1,11 @@
-"""protocol/no_shows.py: what a peer waited for in vain costs the swarm, over any window of rounds."""
+"""protocol/round/no_shows.py: what a peer waited for in vain costs the swarm, over any window of rounds."""
 
 from __future__ import annotations
 
 import pytest
 
-from protocol.no_shows import NoShowLedger, retry_round, skip_length
-from protocol.timing import Timing
+from protocol.round.no_shows import NoShowLedger, retry_round, skip_length
+from protocol.round.timing import Timing
 
 LONGEST, FORGIVE, EXCUSE = Timing.max_skip_rounds, Timing.forgive_after_rounds, Timing.excuse_every_rounds
 
@@ -97,7 +97,7 @@ def test_forgive_is_a_clean_slate_and_arguments_are_checked():
 
 
 def test_a_set_counts_as_gathered_elsewhere_when_two_peers_name_it():
-    from protocol.no_shows import claimed_elsewhere
+    from protocol.round.no_shows import claimed_elsewhere
 
     named = [("a", 5, "1" * 32), ("b", 5, "1" * 32), ("x", 5, "2" * 32), ("old", 3, "3" * 32), ("old2", 3, "3" * 32),
              ("none", 5, "")]
@@ -113,7 +113,7 @@ def test_the_merge_and_the_next_barrier_judging_one_absence_strike_once():
 
 
 def test_a_flood_of_identities_keeps_the_ledger_bounded():
-    from protocol.no_shows import MAX_ENTRIES
+    from protocol.round.no_shows import MAX_ENTRIES
 
     book = ledger()
     book.missed("old", 1)

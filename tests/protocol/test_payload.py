@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from protocol import PROTOCOL_VERSION
 from protocol.codecs import DCTCodec, DenseCodec, SparseLoCoCodec
 from protocol.errors import PayloadError
-from protocol.payload import decode_payload, encode_payload, payload_max_bytes
+from protocol.wire.payload import decode_payload, encode_payload, payload_max_bytes
 
 LAYOUT = {"embed.weight": (67, 16), "blocks.0.attn.qkv.weight": (48, 16), "blocks.0.attn_norm.weight": (16,),
           "scalar": (), "empty": (0, 4)}

@@ -1,10 +1,10 @@
-"""protocol/peer_states.py: the states a progress record names, their groupings and the moves between them."""
+"""protocol/round/peer_states.py: the states a progress record names, their groupings and the moves between them."""
 
 from __future__ import annotations
 
 import pytest
 
-from protocol import peer_states as ps
+from protocol.round import peer_states as ps
 from protocol.dht.records import STATES
 
 # (old, new, allowed?) for the moves that matter to the round

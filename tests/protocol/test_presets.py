@@ -1,5 +1,5 @@
 """Model presets in the run spec (protocol/spec/presets.py), and the memory estimate that decides full
-replica or chain stage (protocol/capacity.py) against the real peak of an inner step on the CPU.
+replica or chain stage (protocol/model/capacity.py) against the real peak of an inner step on the CPU.
 
 The 350m and 1.3b models are never built here: their shapes and parameter counts are checked by
 arithmetic only.
@@ -11,7 +11,7 @@ import pytest
 
 from bench import memory_peak
 from peer.training.resources import HEADROOM
-from protocol.capacity import replica_bytes
+from protocol.model.capacity import replica_bytes
 from protocol.errors import SpecError
 from protocol.spec.presets import PRESETS, preset_param_count
 from protocol.spec import ModelSpec, RunSpec

@@ -1,4 +1,4 @@
-"""The group's agreement (protocol/reconcile.py) against members that lie in every way the issue
+"""The group's agreement (protocol/round/reconcile.py) against members that lie in every way the issue
 measured: framing tables, tables that lie to some members only, invented owners, forged or
 misbound signatures, equivocation with and without proof, and late reveals by colluders. Honest
 members must keep every honest payload and decide alike whatever the others send."""
@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.reconcile import (
+from protocol.round.reconcile import (
     EQUIVOCATED, MAX_LAST_SETS, SILENT, Agreement, GroupError, agreement_rounds, announcement, parse_announcement, members_of_round,
     parse_answer, parse_request,
 )
-from protocol.signed import Binding, SignatureError, Signer, claim_message, payload_digest, relay_message, seal
+from protocol.wire.signed import Binding, SignatureError, Signer, claim_message, payload_digest, relay_message, seal
 from tests.support.agreement_sim import MAX_PAYLOAD, Member, agreed, binding_of, owners, run_group, signer
 
 FUZZ = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,11 +1,11 @@
-"""protocol/round_policy.py: a round's exchange, step by step, decided from facts alone (no I/O, no clock)."""
+"""protocol/round/round_policy.py: a round's exchange, step by step, decided from facts alone (no I/O, no clock)."""
 
 from __future__ import annotations
 
 import pytest
 
-from protocol import round_policy as rp
-from protocol.round_policy import MergeClock, MergeWait, Outcome, Step
+from protocol.round import round_policy as rp
+from protocol.round.round_policy import MergeClock, MergeWait, Outcome, Step
 
 
 @pytest.mark.parametrize("stopping,nobody,step", [

@@ -1,4 +1,4 @@
-"""Signed payloads (protocol/signed.py): a key proves a libp2p peer id exactly as libp2p derives it,
+"""Signed payloads (protocol/wire/signed.py): a key proves a libp2p peer id exactly as libp2p derives it,
 and the identity a hivemind node starts with is the key a peer signs its payloads with."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from hivemind.p2p import P2P, PeerID
 
 from peer.exchange.identity import payload_signer
-from protocol.signed import (
+from protocol.wire.signed import (
     ENVELOPE_OVERHEAD, PublicKey, SignatureError, Signer, encode_public_key, open_envelope, peer_id_of, seal,
 )
 from tests.support.agreement_sim import binding_of, signer
@@ -47,7 +47,7 @@ def test_a_key_proves_only_its_own_peer_id():
 
 
 def test_ed25519_identities_sign_and_their_peer_id_is_the_key():
-    from protocol.signed import key_of_peer_id
+    from protocol.wire.signed import key_of_peer_id
 
     a, b = Signer.generate(), Signer.generate()
     assert len(a.public_key) == 36 and a.peer_id[:2] == b"\x00\x24" and key_of_peer_id(a.peer_id) == a.public_key

@@ -1,11 +1,11 @@
-"""Standing tables (protocol/standing.py): how they advance and what is accepted from another peer."""
+"""Standing tables (protocol/round/standing.py): how they advance and what is accepted from another peer."""
 
 from __future__ import annotations
 
 import pytest
 
-from protocol import standing
-from protocol.standing import MAX_COUNT, MAX_SENDERS, StandingError, advance, checked
+from protocol.round import standing
+from protocol.round.standing import MAX_COUNT, MAX_SENDERS, StandingError, advance, checked
 
 
 def test_counted_senders_gain_a_round_refused_ones_start_again_and_the_rest_keep_theirs():

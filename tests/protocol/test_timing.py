@@ -1,4 +1,4 @@
-"""protocol/timing.py: every wait of a round comes from one object, derived from the spec."""
+"""protocol/round/timing.py: every wait of a round comes from one object, derived from the spec."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from protocol.spec import RunSpec
-from protocol.timing import Timing
+from protocol.round.timing import Timing
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = RunSpec.from_toml('run_id = "t"\n[swarm]\nmatchmaking_time = 4.0\ngather_timeout = 12.0\nround_wait = 40.0\nheartbeat_period = 1.0\n')

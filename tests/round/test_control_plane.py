@@ -12,7 +12,7 @@ from hivemind.utils import get_dht_time
 from peer.round import membership as membership_mod
 from peer.round.early_close import EarlyClose
 from peer.round.membership import Membership
-from protocol.timing import Timing
+from protocol.round.timing import Timing
 from tests.round.test_liveness import SPEC, progress
 
 

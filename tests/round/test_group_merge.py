@@ -13,9 +13,9 @@ from hivemind.p2p import PeerID
 
 from peer.round.merge import (adopt_own_set, adopt_round_set, agree_with_group, merge_round,
                               no_group_left)
-from protocol.group_sets import pack_set, set_digest, union
+from protocol.round.group_sets import pack_set, set_digest, union
 from protocol.dht.records import Progress
-from protocol.timing import Timing
+from protocol.round.timing import Timing
 from tests.support.agreement_sim import MAX_PAYLOAD, RUN, signer
 from tests.protocol.test_group_sets import ROUND, agreed_set
 

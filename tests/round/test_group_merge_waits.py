@@ -5,7 +5,7 @@ shows none, and a groupmate that left us waiting lately is not waited for long a
 from __future__ import annotations
 
 from peer.round.merge import merge_round
-from protocol.timing import Timing
+from protocol.round.timing import Timing
 from tests.round.test_group_merge import Swarm, a_group, member_of, record
 from tests.protocol.test_group_sets import ROUND
 

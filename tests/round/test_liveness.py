@@ -15,7 +15,7 @@ import torch
 from peer.round import membership as membership_mod
 from peer.round import state_sync
 from peer.round.membership import Membership
-from protocol.round_policy import swarm_round
+from protocol.round.round_policy import swarm_round
 from peer.outer.engine import RoundEngine
 from peer.checkpoints.files import params_hash
 from peer.round.state_sync import MAX_ATTEMPTS, StateSync, order_sources
@@ -23,7 +23,7 @@ from peer.outer.strategies import make_strategy
 from protocol.errors import ProtocolError
 from protocol.dht.records import Progress
 from protocol.spec import RunSpec
-from protocol.timing import Timing
+from protocol.round.timing import Timing
 
 SPEC = RunSpec().replace(
     model={"d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32, "seq_len": 8},

@@ -8,8 +8,8 @@ import threading
 
 from peer.round.membership import Membership
 from peer.host.runtime import majority_hash
-from protocol.no_shows import retry_round
-from protocol.timing import Timing
+from protocol.round.no_shows import retry_round
+from protocol.round.timing import Timing
 from tests.conftest import Clock  # noqa: F401
 from tests.round.test_liveness import SPEC, view
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from peer.round import state_sync
 from peer.round.state_sync import StateSync
-from protocol.timing import Timing
+from protocol.round.timing import Timing
 
 
 class Gatherer:

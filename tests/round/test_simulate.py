@@ -13,7 +13,7 @@ from peer.round.simulate import (
     train_single,
 )
 from peer.outer.strategies import average, make_strategy
-from protocol.payload import payload_max_bytes
+from protocol.wire.payload import payload_max_bytes
 from protocol.spec import ModelSpec, RunSpec
 
 TINY = ModelSpec(d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=32)

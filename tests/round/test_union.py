@@ -15,8 +15,8 @@ from peer.outer.strategies import make_strategy
 from peer.round import union
 from peer.exchange.results import GatherResult
 from peer.round.report import RoundRecord
-from protocol.group_sets import pack_set, set_digest
-from protocol.timing import Timing
+from protocol.round.group_sets import pack_set, set_digest
+from protocol.round.timing import Timing
 from tests.protocol.test_group_sets import agreed_set
 from tests.support.agreement_sim import MAX_PAYLOAD, RUN, signer
 from tests.outer.test_round_engine import SPEC, trained

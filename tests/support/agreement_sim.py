@@ -1,4 +1,4 @@
-"""A group's agreement (protocol/reconcile.py) without the network, for unit tests.
+"""A group's agreement (protocol/round/reconcile.py) without the network, for unit tests.
 
 ``run_group`` plays the exchange's loop (peer/exchange/gatherer.py ``_agree``) in lock-step rounds for
 every honest member: round 1 fetches each owner's envelope from the owner, each later round asks
@@ -13,8 +13,8 @@ import functools
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from protocol.errors import ProtocolError
-from protocol.reconcile import Agreement, Outcome, Value, parse_request
-from protocol.signed import Binding, Signer
+from protocol.round.reconcile import Agreement, Outcome, Value, parse_request
+from protocol.wire.signed import Binding, Signer
 
 MAX_PAYLOAD = 1 << 16
 RUN = b"run-digest"

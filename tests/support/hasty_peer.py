@@ -2,7 +2,7 @@
 
     python -m tests.support.hasty_peer peer FLAGS...   (the flags of ``voloco peer``)
 
-It runs ``voloco`` unchanged except for one decision: protocol/round_policy.py's ``merge_wait``
+It runs ``voloco`` unchanged except for one decision: protocol/round/round_policy.py's ``merge_wait``
 answers "timed out" wherever it would answer "go on waiting", so the merge takes only the sets
 already named when it starts (and what its groupmates merged). A swarm of such peers concludes
 rounds from different unions whenever one group gathers after another: the case the next round's
@@ -11,7 +11,7 @@ group union (peer/round/union.py) exists for.
 
 from __future__ import annotations
 
-from protocol import round_policy
+from protocol.round import round_policy
 from swarm.console import exit_process
 
 _merge_wait = round_policy.merge_wait

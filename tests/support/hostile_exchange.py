@@ -9,7 +9,7 @@ valid zero update signed with its own identity, then lies in every agreement ans
 - ``frame``: for every other member, a payload digest that member never signed, under a claim the
   framer signed itself (nobody can make a valid one) and the framer's relay signature; a fresh lie
   for every request, so different members hear different lies. Only proof excludes an owner
-  (protocol/reconcile.py): were a member's word enough, this table would get every honest sender
+  (protocol/round/reconcile.py): were a member's word enough, this table would get every honest sender
   excluded as an "equivocator";
 - ``invent``: owners outside the group: two with real keys and validly signed payloads of huge
   values for this very group, the rest random ids, and it serves their envelopes to anyone who
@@ -41,8 +41,8 @@ from hivemind.proto import averaging_pb2, runtime_pb2
 from peer.exchange import gatherer as exchange
 from protocol.codecs import make_codec
 from protocol.dht.keys import averager_prefix
-from protocol.payload import encode_payload
-from protocol.signed import Signer, claim_message, payload_digest, relay_message, seal
+from protocol.wire.payload import encode_payload
+from protocol.wire.signed import Signer, claim_message, payload_digest, relay_message, seal
 from swarm.dht.node import parse_multiaddrs, start_dht
 from swarm.records import fetch_spec, publish_progress, read_progress
 from tests.support.hostile_peer import _fake

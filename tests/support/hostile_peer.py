@@ -27,7 +27,7 @@ from hivemind.proto import averaging_pb2, runtime_pb2
 from peer.exchange import gatherer as exchange
 from protocol.codecs import make_codec
 from protocol.dht.keys import averager_prefix
-from protocol.payload import encode_payload
+from protocol.wire.payload import encode_payload
 from protocol.dht.records import Progress
 from swarm.dht.node import parse_multiaddrs, start_dht
 from swarm.records import fetch_spec, publish_progress, read_progress

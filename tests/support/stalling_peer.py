@@ -8,7 +8,7 @@ MODE:
 - ``far-ahead``: claims to be "training" at round 2**62, far ahead of everyone;
 - ``pair``: two identities that claim to be "training" at the honest peers' round and, both, to
   have gathered a set of that round in a group of their own (a name nobody can fetch): the claim
-  that used to keep a no-show from ever being struck (protocol/no_shows.py).
+  that used to keep a no-show from ever being struck (protocol/round/no_shows.py).
 """
 
 from __future__ import annotations

@@ -220,7 +220,7 @@ def groupmate_splits(statuses: List[dict], repair_rounds: int = 3) -> Tuple[int,
     """Every pair of groupmates apart after a round: (pairs checked, splits repaired, splits not).
 
     A split is repaired when, within ``repair_rounds`` rounds after it, the two peers ended a round
-    on one θ: protocol/reconcile.py promises one θ per group only while members meet each other's
+    on one θ: protocol/round/reconcile.py promises one θ per group only while members meet each other's
     deadlines, and a member cut off mid-gather (a link down, a host starved of CPU) may decide
     alone; the next round's start-hash check then brings it back to its group's θ. A split that
     lasts longer is a fault of the protocol, not of the network."""

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from protocol.reconcile import SILENT
+from protocol.round.reconcile import SILENT
 from tests.support.swarm_harness import Proc, Swarm, assert_groups_identical
 
 pytestmark = pytest.mark.slow

@@ -167,7 +167,7 @@ SPLITS = [(a, b) for a in range(FOUR.n_layers) for b in range(a + 1, FOUR.n_laye
 
 @pytest.mark.parametrize("slices", [(1, 1), (2, 2)])
 def test_every_stage_holds_exactly_the_full_models_tensors(slices):
-    from protocol.layout import in_block_range, tensor_layout
+    from protocol.model.layout import in_block_range, tensor_layout
 
     full = dict(build_model(FOUR, 5, *slices).named_parameters())
     layout = tensor_layout(FOUR, *slices)

@@ -9,7 +9,7 @@ from peer.training.inner import InnerTrainer
 from peer.training.model import build_model
 from peer.outer.strategies import make_strategy
 from protocol.errors import PayloadError
-from protocol.partial import FULL, choose_part, owned_shapes, part_layouts, slice_of
+from protocol.model.partial import FULL, choose_part, owned_shapes, part_layouts, slice_of
 from protocol.spec import RunSpec
 
 TINY = dict(d_model=32, n_layers=2, n_heads=4, ffn_hidden=64, seq_len=16)

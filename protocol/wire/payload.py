@@ -18,7 +18,7 @@ import msgpack
 import torch
 
 from protocol import PROTOCOL_VERSION
-from protocol.bounded_unpack import bounded_unpack
+from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.codecs.base import Shape, TensorCodec
 from protocol.errors import PayloadError
 
@@ -94,7 +94,7 @@ def payload_part(
 ) -> Part:
     """The part a payload claims, its header checked as ``decode_part_payload`` checks it, without
     unpacking its tensors (their bytes are skipped): what the choice of a round's contributions
-    reads (protocol/choice.py). The tensors are checked when the payload is decoded."""
+    reads (protocol/round/choice.py). The tensors are checked when the payload is decoded."""
     if not isinstance(data, (bytes, bytearray)):
         raise PayloadError(f"payload must be bytes, got {type(data).__name__}")
     if len(data) > max_bytes:

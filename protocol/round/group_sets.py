@@ -1,7 +1,7 @@
 """One round, several groups, one θ: the payload sets groups agreed, named, packed, checked and merged.
 
 A swarm larger than ``swarm.max_group_size`` gathers in several groups in the same round. Each group
-agrees on a set of signed payloads (protocol/reconcile.py); every member then computes the round's
+agrees on a set of signed payloads (protocol/round/reconcile.py); every member then computes the round's
 θ from that set. Were that the end of it, every group would hold its own θ, and the swarm would be
 as many models as it has groups. Instead, a member names its group's set (``set_digest``) in its
 progress record, fetches the sets the other groups of its round named, checks every envelope in them
@@ -26,9 +26,9 @@ from typing import Dict, FrozenSet, Hashable, Iterable, Mapping, Sequence, Tuple
 
 import msgpack
 
-from protocol.bounded_unpack import bounded_unpack
+from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
-from protocol.signed import ENVELOPE_OVERHEAD, MAX_ID_BYTES, Binding, SignatureError, open_envelope, payload_digest
+from protocol.wire.signed import ENVELOPE_OVERHEAD, MAX_ID_BYTES, Binding, SignatureError, open_envelope, payload_digest
 
 DIGEST_CHARS = 32  # a set's name in a progress record: 128 bits of sha256, hex
 TWO_PAYLOADS = "equivocated: sealed two different payloads in two groups of this round"

@@ -16,7 +16,7 @@ group, from a lying matchmaking leader) never counts here. Two messages are sign
 
 - a claim ``["voloco/payload/1", binding, owner, sha256(payload)]``: the owner wrote this payload;
 - a relay ``["voloco/relay/1", binding, signer, owner, digest]``: the signer accepted the owner's
-  payload of that digest (protocol/reconcile.py counts these to reach agreement).
+  payload of that digest (protocol/round/reconcile.py counts these to reach agreement).
 
 An envelope is what travels: ``[owner, public key, claim signature, payload]`` (msgpack).
 Pure: the ``cryptography`` package computes, nothing here reads a file or a socket.
@@ -33,7 +33,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, padding, rsa
 
-from protocol.bounded_unpack import bounded_unpack
+from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
 
 __all__ = [

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, Set, Tuple
 
-from protocol.timing import Timing
+from protocol.round.timing import Timing
 
 _NEVER = -(1 << 62)
 MAX_ENTRIES = 4096  # peers a ledger remembers; past it, the one with the oldest news is forgotten

@@ -55,7 +55,7 @@ class Timing:
     max_skip_rounds: int = 32
     """A peer waited for in vain again and again is skipped for at most this many rounds (tests/round/test_rejoin.py)."""
     forgive_after_rounds: int = 16
-    """A no-show's strikes fall by one for every this many rounds without a miss (protocol/no_shows.py):
+    """A no-show's strikes fall by one for every this many rounds without a miss (protocol/round/no_shows.py):
     a peer that stalls whenever it is waited for costs about one wait per this many rounds."""
     excuse_every_rounds: int = 16
     """A claim of having gathered in another group excuses a miss at most once per this many rounds."""

@@ -13,7 +13,7 @@ so the choice is a weighted draw without replacement (Efraimidis and Spirakis' k
   the round started from and the round number, known to everyone only once the previous round has
   concluded, after the identities of this round's senders were made, and moved by every
   contribution that entered that θ;
-- ``w`` is the sender's standing in this lineage (protocol/standing.py), in quarters: 1 + rounds
+- ``w`` is the sender's standing in this lineage (protocol/round/standing.py), in quarters: 1 + rounds
   counted, at most 4; a fresh identity draws at a quarter of an established sender's weight, so a
   burst of new identities takes few of the K places, and those it takes are judged by the direction
   check like any fresh sender's.
@@ -32,7 +32,7 @@ import functools
 import hashlib
 from typing import Dict, Hashable, List, Mapping, Tuple
 
-from protocol.standing import ESTABLISHED
+from protocol.round.standing import ESTABLISHED
 
 __all__ = ["choose", "weight"]
 

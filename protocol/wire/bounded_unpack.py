@@ -1,6 +1,6 @@
 """Decoding msgpack that another peer sent: every length bounded, one error type out.
 
-Payloads (protocol/payload.py), stage frames (protocol/chain/frames.py) and chain records
+Payloads (protocol/wire/payload.py), stage frames (protocol/chain/frames.py) and chain records
 (protocol/chain/records.py) all arrive from peers that may be hostile. They are decoded with the
 same settings: str keys only, no ext types, no string or binary longer than the input itself, and
 the caller's bounds on arrays and maps, so a few bytes cannot make the decoder allocate much. Any

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Sequence, Tuple
 
-from protocol.layout import parse_name
+from protocol.model.layout import parse_name
 from protocol.spec import RunSpec
 
 FULL = -1

@@ -1,7 +1,7 @@
 """Which payloads a group agrees on, when any member may lie: every decision, none of the I/O.
 
 What counts as evidence (docs/trust.md, "Identities and signatures"): a signature tells who wrote
-a payload (protocol/signed.py binds it to run, round, group and owner); what a member *says* about
+a payload (protocol/wire/signed.py binds it to run, round, group and owner); what a member *says* about
 another member's payload is no evidence at all. So:
 
 - a payload counts only in an envelope signed by its owner, a member of the group, for this
@@ -53,9 +53,9 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import msgpack
 
-from protocol.bounded_unpack import bounded_unpack
+from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
-from protocol.signed import (
+from protocol.wire.signed import (
     DIGEST_BYTES, MAX_ID_BYTES, MAX_PUBLIC_KEY_BYTES, MAX_SIGNATURE_BYTES, Binding, PublicKey, SignatureError, Signer,
     claim_message, open_envelope, payload_digest, relay_message, seal,
 )
@@ -344,7 +344,7 @@ class Announced(NamedTuple):
 def announcement(round_no: int, start_hash: str, base: str = "", last_sets: Sequence[str] = ()) -> List[Any]:
     """What each member announces in matchmaking: [round, start hash, base hash, [set names]]: the
     last two say which θ and which sets of round - 1 its start was computed from
-    (protocol/group_sets.py, ``late_union``)."""
+    (protocol/round/group_sets.py, ``late_union``)."""
     return [round_no, start_hash, base, sorted(last_sets)[:MAX_LAST_SETS]]
 
 

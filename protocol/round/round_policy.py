@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Dict, FrozenSet, Iterable, Sequence, Tuple
 
-from protocol.peer_states import DONE, IN_ROUND
+from protocol.round.peer_states import DONE, IN_ROUND
 
 
 class Step(Enum):
