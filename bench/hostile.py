@@ -1,38 +1,37 @@
-"""One hostile peer among honest ones, real processes: does the swarm hold?
+"""Hostile peers among honest ones, real processes: does the swarm hold?
 
-    python bench/hostile.py [--quick] [--attacks NAME,NAME] [--rounds N] [--seeds S] [--json OUT] [--workdir DIR]
+    python bench/hostile.py [--quick] [--attacks NAME,NAME] [--honest N] [--hostile K] [--rounds R]
+                            [--seeds S] [--json OUT] [--workdir DIR]
 
-Every run is a coordinator and 4 peers on loopback, as processes (``voloco coordinator``,
-``voloco peer --wait-peers 4 --max-rounds K --threads 1``): the clean run has 4 honest peers, every
-other run 3 honest peers and 1 hostile one. Every peer trains K rounds of H inner steps, so honest
-peers train equal tokens in every run. An attacker that trains (poison, state-poison) is compared
-with the clean run of 4 honest peers; one that does not train (stall, forged-round, framer,
-invented-owners, forged-records) with ``clean-3``, 3 honest peers and nobody else, so that the
-comparison measures the attack and not the missing fourth trainer. Per run: the rounds every honest
-peer completed, the honest peers' validation loss against the clean run's, whether their parameters
-are identical, how many honest processes finished normally (none may exit with an error), their
-mean round time (first round excluded: it holds until all peers have started) against the clean
-run's, and whether the attacker was excluded, clipped, skipped (a straggler no longer waited for),
-refused (a state it served) or its records ignored (read from the honest peers' round records,
-statuses and logs: ids that are not honest ones). In ``state-poison`` one honest peer joins after
-the first round, so it must download the state; the attacker serves θ with 1 % noise added.
-With ``--seeds S`` every run is repeated with the run seeds 0 .. S-1 (the model's initialization and
-the data order); each seed's runs are compared with that seed's clean runs, and the table gives, per
-attack, the mean ± std of those paired ratios over the seeds.
+Every run is a coordinator and peers on loopback, as processes (``voloco coordinator``, ``voloco
+peer --wait-peers … --max-rounds R --threads 1``): N honest peers (``--honest``, default 3) and K
+hostile processes of one attack (``--hostile``, default 1). Every peer trains R rounds of H inner
+steps, so honest peers train equal tokens in every run. Two clean runs are the baselines:
+``honest-only`` (the N honest peers and nobody else: the honest tokens of every attacked run, the
+goal's baseline) and ``clean`` (N + K honest peers: as many trainers on the machine as an attack whose
+hostile processes train; the 2-core machine is shared, so round times are compared with the clean run
+of as many training processes). Per run: the rounds every honest peer completed, the honest peers'
+validation loss against both clean runs, whether their parameters are identical, how many honest
+processes finished normally (none may exit with an error), their mean round time (first round
+excluded: it holds until all peers have started), and whether the attackers were excluded, clipped,
+skipped (a straggler no longer waited for), refused (a state one served) or their records ignored
+(read from the honest peers' round records, statuses and logs: ids that are not honest ones). In
+``state-poison`` one honest peer joins after the first round, so it must download the state; in the
+``-late`` attacks the hostile peers join after the first round (fresh identities against peers that
+have standing). With ``--seeds S`` every run is repeated with the run seeds 0 .. S-1 (the model's
+initialization and the data order); each seed's runs are compared with that seed's clean runs, and
+the table gives, per attack, the mean ± std of those paired ratios over the seeds.
 
-An attack is one entry of ``ATTACKS``: a name, one line of description and how its hostile process
-is started. A hostile *peer* (``hostile_peer``) runs the real peer with one behaviour changed: this
-script re-runs itself with ``--as-peer BEHAVIOUR -- PEER FLAGS``, which installs the behaviour (a
-function of ``BEHAVIOURS``) and then runs ``voloco peer`` unchanged. ``poison-X``: the peer trains
-honestly, encodes its payload honestly, then multiplies every float on the wire (SparseLoCo's lookup
-tables, DCT's coefficients, dense values; clamped to the wire dtype's finite range) by X: a
-well-formed payload whose values are X times too large; ``negate`` is ``poison=-1``: an honest
-payload pointing the other way, which the direction check (peer/outer/consensus.py) refuses. The
-other attacks run the hostile
-processes the multi-process tests use (tests/support/stalling_peer.py: ``stall``, ``stall-pair``, ``forged-round``;
-tests/support/hostile_exchange.py: ``framer``, ``silent-member``, ``invented-owners``; tests/support/hostile_records.py:
-``forged-records``); they never train, so the honest peers ``--wait-peers 3`` in those runs. A new attack is one more line in ``ATTACKS`` (and, for a peer
-with one behaviour changed, one function in ``BEHAVIOURS``).
+An attack is one entry of ``ATTACKS``: a name, one line of description and how its hostile processes
+are started. A hostile *peer* runs the real peer with one behaviour changed (bench/hostile_peers.py:
+this script re-runs itself with ``--as-peer BEHAVIOUR -- PEER FLAGS``). ``poison-X``: every float on
+the wire times X; ``negate`` is ``poison=-1``, an honest payload pointing the other way; ``noise``:
+Gaussian noise at the honest norm; ``garbage``: the unchanged peer trained on uniformly random ASCII
+(``--data``). The others run the hostile processes the multi-process tests use
+(tests/support/stalling_peer.py: ``stall``, ``stall-pair``, ``forged-round``;
+tests/support/hostile_exchange.py: ``framer``, ``silent-member``, ``invented-owners``;
+tests/support/hostile_records.py: ``forged-records``); they never train, so the honest peers
+``--wait-peers N`` in those runs. A new attack is one more line in ``ATTACKS``.
 """
 
 from __future__ import annotations
@@ -53,14 +52,13 @@ from typing import Any, Callable, Dict, List, Optional
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1]))
 
-import msgpack  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.common import machine, now, table  # noqa: E402
+from bench.hostile_peers import BEHAVIOURS, run_as_peer  # noqa: E402
 from bench.swarm_check import BENCH_SWARM  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 
-PEERS = 4
 CONFIGS = {
     # the demo model (0.87M parameters), H = 30
     "full": dict(model={}, data={"batch_size": 16}, inner_steps=30, rounds=5),
@@ -71,96 +69,44 @@ CONFIGS = {
 SWARM = dict(BENCH_SWARM, round_wait=30.0, gather_timeout=15.0)
 
 
-# --- the behaviours a hostile peer process installs before it runs the real peer -----------------
-def scale_payload(data: bytes, factor: float) -> bytes:
-    """The same payload with every float on the wire multiplied by ``factor`` (clamped finite)."""
-    message = msgpack.unpackb(data, raw=False)
-    dtype = np.dtype("<f2") if str(message["codec"]).endswith("fp16") else np.dtype("<f4")
-    limit = float(np.finfo(dtype).max)
-    for _, fields in message["t"]:
-        for key in ("lut", "val", "data"):
-            if key in fields:
-                values = np.frombuffer(fields[key], dtype=dtype).astype(np.float64) * factor
-                fields[key] = np.clip(values, -limit, limit).astype(dtype).tobytes()
-    return msgpack.packb(message, use_bin_type=True)
-
-
-def poison(arg: str) -> None:
-    """Every payload this peer sends is scaled by float(arg); everything else stays honest."""
-    from peer.outer.engine import RoundEngine
-
-    factor, encode = float(arg), RoundEngine.encode
-
-    def poisoned(self, round_start, trained):
-        data, pending = encode(self, round_start, trained)
-        return scale_payload(data, factor), pending
-
-    RoundEngine.encode = poisoned
-
-
-def serve_poison(arg: str) -> None:
-    """The state this peer serves to newcomers is poisoned; it trains and exchanges honestly.
-    ``shift``: θ plus noise of 1 % of each tensor's scale (finite and plausible: only the hash tells);
-    ``huge``: θ times 1e30 (inf after the cast to float32)."""
-    import torch
-
-    from peer.round.state_sync import StateSync
-
-    if arg not in ("shift", "huge"):
-        raise SystemExit(f"serve-poison={arg!r}: shift or huge")
-    shareable = StateSync.shareable_state
-
-    def poisoned(self):
-        meta, tensors = shareable(self)
-        gen = torch.Generator().manual_seed(1)
-        if arg == "huge":
-            return meta, [t.double() * 1e30 for t in tensors]
-        return meta, [t + 0.01 * (float(t.abs().mean()) + 1e-3) * torch.randn(t.shape, generator=gen) for t in tensors]
-
-    StateSync.shareable_state = poisoned
-
-
-BEHAVIOURS: Dict[str, Callable[[str], None]] = {"poison": poison, "serve-poison": serve_poison}
-
-
-def run_as_peer(behaviour: str, peer_flags: List[str]) -> int:
-    kind, _, arg = behaviour.partition("=")
-    if kind not in BEHAVIOURS:
-        raise SystemExit(f"--as-peer {behaviour!r}: no behaviour {kind!r} (have: {', '.join(BEHAVIOURS)})")
-    BEHAVIOURS[kind](arg)
-    from voloco.cli import main
-
-    return main(["peer", *peer_flags])
-
-
 # --- attacks ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Run:
-    """What an attack needs to start its hostile process."""
+    """What an attack needs to start one of its hostile processes."""
 
     join: str
     run_key: str  # the fingerprint of the run's key (the coordinator's), "" if it wrote none
     rounds: int
-    peer_flags: List[str]  # the flags an honest peer in its place would get (the peer index PEERS - 1)
+    peer_flags: List[str]  # the flags an honest peer in its place would get (its own index, files and identity)
+    workdir: Path
 
 
 @dataclass(frozen=True)
 class Attack:
     name: str
     what: str
-    argv: Optional[Callable[[Run], List[str]]] = None  # None: the 4th peer is honest
+    argv: Optional[Callable[[Run], List[str]]] = None  # None: the K extra peers are honest
     peer: bool = True  # the hostile process is a peer that trains (honest peers --wait-peers for it)
     late: bool = False  # one honest peer joins after the first round and must download the state
+    hostile_late: bool = False  # the hostile peers join after the first round: fresh identities
 
     @property
     def baseline(self) -> str:
-        """The clean run this attack is compared with: as many honest peers training as here."""
-        return "clean" if self.peer else "clean-3"
+        """The clean run this attack's round time is compared with: as many peers training as here."""
+        return "clean" if self.peer else "honest-only"
 
 
 def hostile_peer(behaviour: str) -> Callable[[Run], List[str]]:
     """The real peer with ``behaviour`` installed (``--as-peer``)."""
     return lambda run: [sys.executable, str(HERE), "--as-peer", behaviour, "--", *run.peer_flags]
+
+
+def garbage_peer(run: Run) -> List[str]:
+    """The unchanged peer, its corpus 4 MB of uniformly random ASCII (bytes 1..127: utf-8 text)."""
+    path = run.workdir / "garbage.txt"
+    if not path.exists():
+        path.write_bytes(np.random.default_rng(0).integers(1, 128, size=4 << 20, dtype=np.uint8).tobytes())
+    return [sys.executable, "-m", "voloco", "peer", *run.peer_flags, "--data", str(path)]
 
 
 def tests_process(module: str, *args: Callable[[Run], str]) -> Callable[[Run], List[str]]:
@@ -174,13 +120,20 @@ _join, _key, _rounds = (lambda run: run.join), (lambda run: run.run_key), (lambd
 _const = lambda text: (lambda run: text)  # noqa: E731
 
 ATTACKS: Dict[str, Attack] = {a.name: a for a in [
-    Attack("clean", "4 honest peers"),
-    Attack("clean-3", "3 honest peers: the baseline of the attackers that do not train", lambda run: [], peer=False),
+    Attack("clean", "N + K honest peers: as many trainers as an attack whose hostile peers train"),
+    Attack("honest-only", "the N honest peers and nobody else: the honest tokens of every attacked run", lambda run: [],
+           peer=False),
     Attack("poison-1e2", "a groupmate's well-formed payload, values x1e2", hostile_peer("poison=1e2")),
     Attack("poison-1e4", "a groupmate's well-formed payload, values x1e4", hostile_peer("poison=1e4")),
     Attack("poison-1e29", "a groupmate's well-formed payload, values x1e29", hostile_peer("poison=1e29")),
     Attack("negate", "a groupmate's honest payload, every value negated: honest norm, the opposite direction",
            hostile_peer("poison=-1")),
+    Attack("negate-late", "negate, from fresh identities that join after the first round (honest peers have standing)",
+           hostile_peer("poison=-1"), hostile_late=True),
+    Attack("noise", "Gaussian noise at each tensor's honest norm in place of the pseudo-gradient: no information",
+           hostile_peer("noise")),
+    Attack("garbage", "an unchanged peer whose corpus is uniformly random ASCII: honest work on garbage data",
+           garbage_peer),
     Attack("stall", "a progress record 'training' at the current round from a peer that never joins a group",
            tests_process("stalling_peer", _join, _key, _const("stall"), _const("3600")), peer=False),
     Attack("stall-pair", "two identities that claim 'training' and, both, a set of the round gathered in a group of their own",
@@ -199,6 +152,8 @@ ATTACKS: Dict[str, Attack] = {a.name: a for a in [
     Attack("state-poison", "a groupmate that serves a late joiner θ shifted by 1 % noise (finite: only the hash tells)",
            hostile_peer("serve-poison=shift"), late=True),
 ]}
+BASELINES = ("clean", "honest-only")
+RENAMED = {"clean-3": "honest-only"}  # names in --json files of earlier runs
 
 
 # --- one run ----------------------------------------------------------------------------------------
@@ -209,8 +164,10 @@ def make_spec(cfg: Dict[str, Any], seed: int = 0):
         data=cfg["data"], outer={"inner_steps": cfg["inner_steps"]}, swarm=SWARM)
 
 
-def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float) -> Dict[str, Any]:
-    """Start the run, wait until every honest peer has stopped (or ``timeout``), read what they report."""
+def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float, honest: int = 3,
+               hostile: int = 1) -> Dict[str, Any]:
+    """Start the run (peers 0 .. honest-1 honest, then ``hostile`` processes of the attack), wait until
+    every honest peer has stopped (or ``timeout``), read what they report."""
     from voloco.demo import Child, peer_argv, read_run_key, read_status, start_coordinator, wait_for_address
 
     shutil.rmtree(workdir, ignore_errors=True)  # a previous run's address file and statuses would be read as this one's
@@ -218,43 +175,46 @@ def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float)
     (workdir / "run.toml").write_text(spec.to_toml())
     t0 = time.monotonic()
     children: List[Any] = []
+    total = honest + hostile
     try:
         coord = start_coordinator(workdir, workdir / "run.toml", None)
         children.append(coord)
         join = wait_for_address(workdir / "coordinator.addr", coord)
         key = read_run_key(workdir / "coordinator.addr")
-        wait = PEERS if attack.argv is None or attack.peer else PEERS - 1  # a non-peer never starts training
-        late = PEERS - 2 if attack.late else None  # this honest peer starts after the first round
+        trains = attack.argv is None or attack.peer  # a non-peer never starts training
+        # who joins after the first round (its state comes from a download): waits for nobody
+        late = {honest - 1} if attack.late else set(range(honest, total)) if attack.hostile_late else set()
+        wait = (total if trains else honest) - len(late)
         deadline = t0 + timeout
-        slots: List[Any] = [None] * PEERS
-        for i in [j for j in range(PEERS) if j != late] + ([late] if late is not None else []):
-            if i == late:  # joins a running swarm: its state comes from a download
+        slots: List[Any] = [None] * total
+        for i in [j for j in range(total) if j not in late] + sorted(late):
+            if i in late:
                 while (read_status(workdir, 0) or {}).get("round", 0) < 1 and time.monotonic() < deadline:
                     time.sleep(0.5)
-            quorum = 1 if i == late else wait - (1 if late is not None else 0)
-            argv = peer_argv(join, workdir, i, run_key=key) + ["--wait-peers", str(quorum), "--max-rounds", str(rounds)]
-            if i == PEERS - 1 and attack.argv is not None:
-                argv = attack.argv(Run(join, key or "", rounds, argv[4:]))
-                if not argv:  # no 4th process
+            argv = peer_argv(join, workdir, i, run_key=key) + ["--wait-peers", str(1 if i in late else wait),
+                                                               "--max-rounds", str(rounds)]
+            if i >= honest and attack.argv is not None:
+                argv = attack.argv(Run(join, key or "", rounds, argv[4:], workdir))
+                if not argv:  # no hostile process
                     continue
             slots[i] = Child(f"peer{i}", argv, workdir / f"peer{i}.log")
             children.append(slots[i])
-        honest = slots[:PEERS - 1] if attack.argv is not None else slots
-        while any(c.proc.poll() is None for c in honest) and time.monotonic() < deadline:
+        watched = slots[:honest] if attack.argv is not None else slots
+        while any(c.proc.poll() is None for c in watched) and time.monotonic() < deadline:
             time.sleep(0.5)
-        codes = [c.proc.poll() for c in honest]
-        hostile = slots[PEERS - 1] if attack.argv is not None else None
+        codes = [c.proc.poll() for c in watched]
         # a hostile process that died on its own (a bad argument, an import error) attacked nothing
-        attacker_code = hostile.proc.poll() if hostile is not None else None
+        failed = [(i, c.proc.poll()) for i, c in enumerate(slots) if i >= honest and attack.argv is not None and c is not None
+                  and c.proc.poll() not in (None, 0)]
     finally:
         for c in reversed(children):
             c.stop(grace=10.0)
-    statuses = [read_status(workdir, i) for i in range(len(honest))]
-    logs = [(workdir / f"peer{i}.log").read_text(errors="replace") for i in range(len(honest))]
+    statuses = [read_status(workdir, i) for i in range(len(watched))]
+    logs = [(workdir / f"peer{i}.log").read_text(errors="replace") for i in range(len(watched))]
     result = summarize(attack, statuses, codes, logs, rounds, time.monotonic() - t0)
-    result["attacker_failed"] = attacker_code not in (None, 0)
-    if result["attacker_failed"]:
-        print(f"  {attack.name}: the hostile process exited with code {attacker_code} (see {workdir / f'peer{PEERS - 1}.log'})")
+    result.update(attacker_failed=bool(failed), honest_peers=honest, hostile_peers=hostile if attack.argv is not None else 0)
+    for i, code in failed:
+        print(f"  {attack.name}: hostile process {i} exited with code {code} (see {workdir / f'peer{i}.log'})")
     return result
 
 
@@ -288,10 +248,10 @@ def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wal
 
 # --- the table --------------------------------------------------------------------------------------
 def compare(results: List[Dict[str, Any]]) -> None:
-    """Per run: its loss against ``clean-3`` (3 honest peers: the honest tokens of every attacked run,
-    the goal's baseline) and against ``clean`` (4 honest peers: what the attacker's share would have
-    added, had it trained honestly), its round time against the clean run with as many training
-    processes (``Attack.baseline``: the 2-core machine is shared)."""
+    """Per run: its loss against ``honest-only`` (the N honest peers: the honest tokens of every
+    attacked run, the goal's baseline) and against ``clean`` (N + K honest peers: what the attackers'
+    share would have added, had they trained honestly), its round time against the clean run with as
+    many training processes (``Attack.baseline``: the 2-core machine is shared)."""
     runs = {r["attack"]: r for r in results}
 
     def ratio(r, base, key):
@@ -299,18 +259,23 @@ def compare(results: List[Dict[str, Any]]) -> None:
         return r[key] / b[key] if b is not None and b.get(key) and r.get(key) is not None else None
 
     for r in results:
-        r["loss_vs_clean3"] = ratio(r, "clean-3", "val_loss")
-        r["loss_vs_clean"] = ratio(r, "clean", "val_loss")
+        r["loss_vs_honest"] = ratio(r, "honest-only", "val_loss")
+        r["loss_vs_clean"] = ratio(r, "clean", "val_loss") if r["attack"] != "honest-only" else None
         r["time_vs_clean"] = ratio(r, ATTACKS[r["attack"]].baseline, "mean_round_s")
+
+
+def hostile_of(r: Dict[str, Any]) -> int:
+    """The K a run belongs to (runs of --json files from before --hostile took a list: 1)."""
+    return r.get("k", 0 if r["attack"] == "honest-only" else 1)
 
 
 def over_seeds(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One row per attack from its runs over several seeds (each already ``compare``d with its own
     seed's clean runs): the mean of each figure, the std of the paired ratios, every honest process
     counted, θ equal only if equal in every run, the attacker's treatment from any run."""
-    rows: Dict[str, List[Dict[str, Any]]] = {}
+    rows: Dict[tuple, List[Dict[str, Any]]] = {}
     for r in results:
-        rows.setdefault(r["attack"], []).append(r)
+        rows.setdefault((r["attack"], hostile_of(r)), []).append(r)
 
     def mean(runs, key):
         values = [r[key] for r in runs if r.get(key) is not None]
@@ -321,13 +286,13 @@ def over_seeds(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         return statistics.pstdev(values) if len(values) == len(runs) > 1 else None
 
     out = []
-    for attack, runs in rows.items():
-        row = dict(attack=attack, seeds=[r.get("seed", 0) for r in runs], rounds=min(r["rounds"] for r in runs),
+    for (attack, k), runs in rows.items():
+        row = dict(attack=attack, k=k, seeds=[r.get("seed", 0) for r in runs], rounds=min(r["rounds"] for r in runs),
                    target_rounds=runs[0]["target_rounds"], val_loss=mean(runs, "val_loss"),
                    hashes_equal=all(r["hashes_equal"] for r in runs), honest=sum(r["honest"] for r in runs),
                    honest_ok=sum(r["honest_ok"] for r in runs), mean_round_s=mean(runs, "mean_round_s"),
                    attacker_failed=any(r.get("attacker_failed") for r in runs))
-        for key in ("loss_vs_clean3", "loss_vs_clean", "time_vs_clean"):
+        for key in ("loss_vs_honest", "loss_vs_clean", "time_vs_clean"):
             row[key], row[f"{key}_std"] = mean(runs, key), std(runs, key)
         for key in ("attacker_excluded", "attacker_clipped", "attacker_skipped"):
             row[key] = sorted({p for r in runs for p in r.get(key, [])})
@@ -338,7 +303,7 @@ def over_seeds(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 def print_table(results: List[Dict[str, Any]]) -> None:
     def verdict(r):
-        if r["attack"].startswith("clean"):
+        if r["attack"] in BASELINES:
             return "-"
         if r.get("attacker_failed"):
             return "NOT RUN (the hostile process failed)"
@@ -350,22 +315,22 @@ def print_table(results: List[Dict[str, Any]]) -> None:
         x, spread = r.get(key), r.get(f"{key}_std")
         return "-" if x is None else f"{100 * (x - 1):+.2f} %" + ("" if spread is None else f" ± {100 * spread:.2f}")
 
-    lines = [[r["attack"], f"{r['rounds']}/{r['target_rounds']}",
+    lines = [[r["attack"], str(r.get("k", 1)) if r["attack"] != "honest-only" else "-", f"{r['rounds']}/{r['target_rounds']}",
               "-" if r["val_loss"] is None else f"{r['val_loss']:.4f}",
-              pct(r, "loss_vs_clean3"), pct(r, "loss_vs_clean"),
+              pct(r, "loss_vs_honest"), pct(r, "loss_vs_clean"),
               "yes" if r["hashes_equal"] else "NO", f"{r['honest_ok']}/{r['honest']}",
               "-" if r["mean_round_s"] is None else f"{r['mean_round_s']:.1f} s",
               "-" if r["time_vs_clean"] is None else f"{r['time_vs_clean']:.2f}x", verdict(r)] for r in results]
     seeds = max((len(r.get("seeds", [0])) for r in results), default=1)
-    print(table(["attack", "rounds", "honest val loss", "vs clean-3", "vs clean", "θ equal", "honest ok", "round time",
+    print(table(["attack", "K", "rounds", "honest val loss", "vs honest-only", "vs clean", "θ equal", "honest ok", "round time",
                  "vs clean*", "attacker excluded/clipped"], lines))
     if seeds > 1:
         print(f"\nover {seeds} seeds: figures are means; the loss ratios are paired by seed, mean ± std.")
-    print("\nvs clean-3: against 3 honest peers and nobody else, the honest tokens of every attacked run (the goal's\n"
-          "baseline); vs clean: against 4 honest peers (what the attacker's share adds when it is clipped, not dropped).\n"
-          "*round time against the clean run with as many training processes: 'clean' for an attacker that trains,\n"
-          "'clean-3' for one that does not. honest ok: honest processes that finished every round and exited normally.\n"
-          "Goals: loss within 2 % of clean-3, 0 honest processes lost, round time within 1.25x.")
+    print("\nvs honest-only: against the N honest peers and nobody else, the honest tokens of every attacked run (the\n"
+          "goal's baseline); vs clean: against N + K honest peers (what the attackers' share adds when it is clipped,\n"
+          "not dropped). *round time against the clean run with as many training processes: 'clean' for attackers\n"
+          "that train, 'honest-only' for those that do not. honest ok: honest processes that finished every round and\n"
+          "exited normally. Goals: loss within 2 % of honest-only, 0 honest processes lost, round time within 1.25x.")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -374,8 +339,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the tests' tiny model, 3 rounds of H = 10: a smoke test")
     ap.add_argument("--attacks", default=",".join(ATTACKS),
                     help=f"comma-separated attacks to run, in this order (default: all: {', '.join(ATTACKS)}); "
-                    "the clean runs they are compared with are added first: 'clean' (4 honest peers) and "
-                    "'clean-3' (3 honest peers, the honest tokens of an attacked run)")
+                    "the clean runs they are compared with are added first: 'clean' (N + K honest peers) and "
+                    "'honest-only' (the N honest peers, the honest tokens of an attacked run)")
+    ap.add_argument("--honest", type=int, default=3, help="honest peers in every run, N (default: 3)")
+    ap.add_argument("--hostile", default="1",
+                    help="hostile processes of the attack in a run, K, or several: 1,2,3 runs every attack (and 'clean', "
+                    "N + K honest peers) once per K, against one 'honest-only' run per seed (default: 1)")
     ap.add_argument("--rounds", type=int, help="rounds every peer trains (default: 5, --quick 3)")
     ap.add_argument("--seeds", type=int, default=1,
                     help="run every attack (and the clean runs) with the run seeds 0 .. S-1 and report the mean "
@@ -395,18 +364,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.table:
         try:
             saved = json.loads(args.table.read_text())["results"]
+            for r in saved:
+                r["attack"] = RENAMED.get(r["attack"], r["attack"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             ap.error(f"--table {args.table}: not the --json output of this benchmark ({e!r})")
         for seed in sorted({r.get("seed", 0) for r in saved}):
-            compare([r for r in saved if r.get("seed", 0) == seed])
+            mine = [r for r in saved if r.get("seed", 0) == seed]
+            base = [r for r in mine if r["attack"] == "honest-only"]
+            for k in sorted({hostile_of(r) for r in mine} - {0}):
+                compare(base + [r for r in mine if hostile_of(r) == k])
         print_table(over_seeds(saved))
         return 0
-    names = [n.strip() for n in args.attacks.split(",") if n.strip()]
+    names = [RENAMED.get(n.strip(), n.strip()) for n in args.attacks.split(",") if n.strip()]
     unknown = [n for n in names if n not in ATTACKS]
     if unknown:
         ap.error(f"unknown attack(s) {', '.join(unknown)}; have: {', '.join(ATTACKS)}")
     attacked = any(not n.startswith("clean") for n in names)
-    baselines = [b for b in ("clean", "clean-3") if b in names or attacked]
+    baselines = [b for b in BASELINES if b in names or attacked]
     names = baselines + [n for n in names if n not in baselines]
     name = "quick" if args.quick else "full"
     cfg = CONFIGS[name]
@@ -415,29 +389,42 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.error("--rounds must be at least 2")
     if args.seeds < 1:
         ap.error("--seeds must be at least 1")
+    try:
+        ks = sorted({int(k) for k in args.hostile.split(",") if k.strip()})
+    except ValueError:
+        ap.error(f"--hostile {args.hostile!r}: comma-separated counts, e.g. 1,2,3")
+    if args.honest < 2 or not ks or ks[0] < 1:
+        ap.error("--honest must be at least 2 and every --hostile count at least 1")
     spec = make_spec(cfg)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="voloco-hostile-"))
     print(f"bench/hostile.py ({name}): {now()}, {machine()}\n{spec.outer.strategy}, "
-          f"{spec.model.num_params():,} parameters, {PEERS} peers (1 hostile), {rounds} rounds of H={spec.outer.inner_steps}; "
+          f"{spec.model.num_params():,} parameters, {args.honest} honest peers + {','.join(map(str, ks))} hostile, {rounds} rounds of H={spec.outer.inner_steps}; "
           f"logs in {workdir}", flush=True)
     t0 = time.monotonic()
     results = []
     for seed in range(args.seeds):
-        runs = []
-        for n in names:
-            where = workdir / n if args.seeds == 1 else workdir / f"seed{seed}" / n
-            r = dict(run_attack(ATTACKS[n], make_spec(cfg, seed), rounds, where, args.timeout), seed=seed)
-            runs.append(r)
-            print(f"  {n}{'' if args.seeds == 1 else f' (seed {seed})'}: {r['rounds']}/{rounds} rounds, val {r['val_loss']}, "
-                  f"honest ok {r['honest_ok']}/{r['honest']}, {r['wall_s']:.0f} s", flush=True)
-        compare(runs)  # each seed's runs against that seed's clean runs
-        results += runs
+        def one(n: str, k: int) -> Dict[str, Any]:
+            where = workdir / (f"{n}" if n == "honest-only" else f"{n}-k{k}")
+            where = where if args.seeds == 1 else workdir / f"seed{seed}" / where.name
+            r = dict(run_attack(ATTACKS[n], make_spec(cfg, seed), rounds, where, args.timeout, args.honest, k), seed=seed,
+                     k=0 if n == "honest-only" else k)
+            print(f"  {n}{'' if n == 'honest-only' else f' K={k}'}{'' if args.seeds == 1 else f' (seed {seed})'}: "
+                  f"{r['rounds']}/{rounds} rounds, val {r['val_loss']}, honest ok {r['honest_ok']}/{r['honest']}, "
+                  f"{r['wall_s']:.0f} s", flush=True)
+            return r
+
+        base = [one("honest-only", 0)] if "honest-only" in names else []
+        results += base
+        for k in ks:
+            runs = [one(n, k) for n in names if n != "honest-only"]
+            compare(base + runs)  # each seed's runs against that seed's clean runs of the same K
+            results += runs
     print()
     print_table(over_seeds(results))
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
         args.json.write_text(strict_json(dict(config=cfg, name=name, rounds=rounds, date=now(), machine=machine(),
-                                             results=results), indent=2, default=str))
+                                             honest=args.honest, hostile=ks, results=results), indent=2, default=str))
     return 0
 
 

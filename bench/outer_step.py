@@ -65,9 +65,10 @@ def reference_squared_norm(t: torch.Tensor):
     return total, peak
 
 
-def reference_average(layout, decoded, over_choosers: bool = False):
+def reference_average(layout, decoded, over_choosers: bool = False, established=None):
     """``peer.outer.strategies.average`` by its definition: with ``over_choosers``, the payloads that kept
-    each coordinate counted in float32 and every coordinate divided by its count."""
+    each coordinate counted in float32 and every coordinate divided by its count. ``established`` is
+    ignored: this bench's senders have no standing, so every weight is 1."""
     out = {}
     for name in layout:
         parts = [d[name] for d in decoded if name in d]

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from peer.outer.consensus import score_contributions
-from protocol.round.standing import AGAINST, ESTABLISHED, MIN_JUDGES
+from protocol.round.standing import AGAINST, ESTABLISHED, FRESH_SHARE, MIN_JUDGES, weights
 from protocol.codecs.fields import MAX_ABS
 
 __all__ = ["CLIP_MULTIPLE", "Contributions", "NonFiniteStep", "Outcome", "Screening", "robust_step", "screen",
@@ -203,6 +203,8 @@ class Outcome:
     excluded: Dict[str, str] = field(default_factory=dict)  # sender -> why its contribution did not count
     clipped: Dict[str, float] = field(default_factory=dict)  # sender -> smallest scale applied to one of its tensors
     scores: Dict[str, float] = field(default_factory=dict)  # sender -> its agreement with the others (z)
+    # sender -> its weight in the average where not 1: a fresh sender among many (standing.weights)
+    weighed: Dict[str, float] = field(default_factory=dict)
 
 
 def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: int = -1,
@@ -213,24 +215,41 @@ def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: 
     sender in this lineage (protocol/round/standing.py)."""
     names = sender_names(decoded)
     multiple = getattr(strategy, "clip_multiple", CLIP_MULTIPLE) if multiple is None else multiple
-    established = [i for i, n in enumerate(names) if (standing or {}).get(n, 0) >= ESTABLISHED]
+    established = {i for i, n in enumerate(names) if (standing or {}).get(n, 0) >= ESTABLISHED}
     s = screen(decoded, multiple, getattr(strategy, "min_agreement", 0.0), established)
     excluded = {names[i]: f"refused update: {why}" for i, why in s.excluded.items()}
     kept = list(s.kept)
     while kept:
         try:
-            strategy.apply(theta, strategy.aggregate([s.contributions[i] for i in kept]))
+            strategy.apply(theta, strategy.aggregate([s.contributions[i] for i in kept], [i in established for i in kept]))
             break
         except NonFiniteStep as e:  # the largest goes first; ties: the later in canonical order
             worst = max(kept, key=lambda i: (s.norms[i], i))
             kept.remove(worst)
             excluded[names[worst]] = f"refused update: with it the outer step would leave {e}"
     clipped = {names[i]: s.clipped[i] for i in kept if i in s.clipped}
-    _log(round_no, multiple, excluded, clipped)
-    return Outcome(len(kept), excluded, clipped, {names[i]: z for i, z in s.scores.items()})
+    lighter = {names[i]: w for i, w in lightest([s.contributions[i] for i in kept], [i in established for i in kept]).items()}
+    _log(round_no, multiple, excluded, clipped, lighter)
+    return Outcome(len(kept), excluded, clipped, {names[i]: z for i, z in s.scores.items()}, lighter)
 
 
-def _log(round_no: int, multiple: float, excluded: Dict[str, str], clipped: Dict[str, float]) -> None:
+def lightest(contributions: Sequence[Tensors], established: Sequence[bool]) -> Dict[int, float]:
+    """Position -> the smallest weight ``standing.weights`` gives it in any tensor's average, for the
+    contributions weighed below 1 (what the aggregate did, for the log and the round's record)."""
+    out: Dict[int, float] = {}
+    for name in dict.fromkeys(n for c in contributions for n in c):
+        carriers = [p for p, c in enumerate(contributions) if name in c]
+        for p, w in zip(carriers, weights([established[q] for q in carriers])):
+            if w != 1.0:
+                out[p] = min(w, out.get(p, 1.0))
+    return out
+
+
+def _log(round_no: int, multiple: float, excluded: Dict[str, str], clipped: Dict[str, float],
+         lighter: Dict[str, float]) -> None:
+    if lighter:
+        logger.info(f"round {round_no}: {len(lighter)} contributions from senders without standing weigh "
+                    f"{min(lighter.values()):.3g} each in the average: {FRESH_SHARE} of it together at most")
     for sender, why in excluded.items():
         logger.warning(f"round {round_no}: excluded the update of {sender}: {why}")
     notable = {s: f for s, f in clipped.items() if f < _NOTABLE}

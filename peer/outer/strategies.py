@@ -37,6 +37,7 @@ from protocol.codecs import make_codec
 from protocol.chain.stages import stage_shapes
 from protocol.model.partial import FULL, owned_shapes
 from protocol.wire.payload import Part, decode_part_payload, encode_payload, payload_max_bytes, payload_part
+from protocol.round.standing import weights
 from protocol.spec import RunSpec
 from peer.outer.robust import CLIP_MULTIPLE, NonFiniteStep
 
@@ -112,9 +113,9 @@ class OuterStrategy:
         return tensors
 
     # -- what every member computes identically -----------------------------------------------------
-    def aggregate(self, decoded: Sequence[Tensors]) -> Tensors:
-        """Per tensor, the mean over the payloads that carry it (``average``)."""
-        return average(self.full_layout, decoded)
+    def aggregate(self, decoded: Sequence[Tensors], established: Optional[Sequence[bool]] = None) -> Tensors:
+        """Per tensor, the mean over the payloads that carry it, fresh senders bounded (``average``)."""
+        return average(self.full_layout, decoded, established=established)
 
     def apply(self, theta: Tensors, update: Tensors) -> None:
         """The outer step on the global parameters, in place, all or nothing: every new value is
@@ -246,11 +247,13 @@ class SparseLoCo(_ResidualStrategy):
     def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: Part = FULL):
         super().__init__(spec, layout, part, decay=spec.outer.sparseloco.ef_beta)
 
-    def aggregate(self, decoded: Sequence[Tensors]) -> Tensors:
-        return average(self.full_layout, decoded, over_choosers=self.spec.outer.sparseloco.aggregate == "chosen")
+    def aggregate(self, decoded: Sequence[Tensors], established: Optional[Sequence[bool]] = None) -> Tensors:
+        return average(self.full_layout, decoded, over_choosers=self.spec.outer.sparseloco.aggregate == "chosen",
+                       established=established)
 
 
-def average(layout: Layout, decoded: Sequence[Tensors], over_choosers: bool = False) -> Tensors:
+def average(layout: Layout, decoded: Sequence[Tensors], over_choosers: bool = False,
+            established: Optional[Sequence[bool]] = None) -> Tensors:
     """Per tensor, the mean over the payloads that carry it, summed in the given (canonical)
     order, element-wise: bit-identical on every member. With partial updates or chain stages each
     coordinate is averaged over its owners only; a tensor nobody sent gets no update.
@@ -258,13 +261,25 @@ def average(layout: Layout, decoded: Sequence[Tensors], over_choosers: bool = Fa
     ``over_choosers`` (SparseLoCo's variant): each coordinate averaged over the payloads that kept
     it, i.e. whose decoded value is non-zero (a kept entry quantized to exactly 0.0 adds nothing to
     the sum either); a coordinate nobody kept stays 0.
+
+    ``established`` (one flag per payload: its sender has standing): per tensor, over the payloads
+    that carry it, protocol/round/standing.weights bounds what fresh senders weigh together; where it
+    weighs any below 1 the mean is sum(w x) / sum(w) over the same payloads, in float32, in the given
+    order. Where every weight is 1 (or ``established`` is None) it is the unweighted code, bit for bit.
     """
     if not decoded:
         raise ValueError("aggregate of no payloads")
+    if established is not None and len(established) != len(decoded):
+        raise ValueError(f"{len(established)} flags for {len(decoded)} payloads")
     out: Tensors = {}
     for name in layout:
-        parts = [d[name] for d in decoded if name in d]
-        if not parts:
+        carriers = [i for i, d in enumerate(decoded) if name in d]
+        if not carriers:
+            continue
+        parts = [decoded[i][name] for i in carriers]
+        w = weights([established[i] for i in carriers]) if established is not None else None
+        if w is not None and any(x != 1.0 for x in w):
+            out[name] = _weighted_mean(parts, w, over_choosers)
             continue
         acc = parts[0].clone()
         for t in parts[1:]:
@@ -282,6 +297,21 @@ def average(layout: Layout, decoded: Sequence[Tensors], over_choosers: bool = Fa
         else:
             out[name] = acc.div_(len(parts))
     return out
+
+
+def _weighted_mean(parts: Sequence[torch.Tensor], w: Sequence[float], over_choosers: bool) -> torch.Tensor:
+    """sum(w x) / sum(w) over ``parts`` (per coordinate over those that kept it, ``over_choosers``)."""
+    acc = torch.zeros_like(parts[0])
+    den = torch.zeros_like(parts[0]) if over_choosers else torch.zeros((), dtype=torch.float32)
+    for t, x in zip(parts, w):
+        scale = torch.tensor(x, dtype=torch.float32)
+        acc.add_(t * scale)
+        den.add_((t != 0).to(torch.float32) * scale if over_choosers else scale)
+    if over_choosers:
+        kept = den > 0
+        acc[kept] = acc[kept] / den[kept]
+        return acc
+    return acc.div_(den)
 
 
 class DCTMomentum(_ResidualStrategy):

@@ -8,6 +8,10 @@ the others of its round; standing decides who judges and how much benefit of the
 - only established senders' contributions judge the others, once a round has ``MIN_JUDGES`` of
   them: a burst of fresh identities can vote nobody out, whatever its size, and is itself judged
   by the established ones;
+- where ``MIN_JUDGES`` established contributions carry a tensor, the fresh ones that pass the check
+  weigh together at most ``FRESH_SHARE`` of that tensor's average (``weights``, applied by
+  peer/outer/strategies.average): a burst of new identities whose updates agree enough to pass
+  still moves θ by a bounded share;
 - an established sender's contribution is refused only when it points *against* the others
   (score ≤ −``AGAINST`` × min_z: twice the evidence a fresh sender must show for); one with no
   clear direction (|score| < min_z: a slow peer that closed its round
@@ -24,11 +28,13 @@ norm, clipped); updates pointing against the others stay refused whatever its st
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Mapping
+from fractions import Fraction
+from typing import Any, Dict, Iterable, List, Mapping, Sequence
 
 from protocol.errors import ProtocolError
 
-__all__ = ["AGAINST", "ESTABLISHED", "MIN_JUDGES", "MAX_SENDERS", "MAX_COUNT", "StandingError", "advance", "checked"]
+__all__ = ["AGAINST", "ESTABLISHED", "FRESH_SHARE", "MIN_JUDGES", "MAX_SENDERS", "MAX_COUNT", "StandingError", "advance",
+           "checked", "weights"]
 
 ESTABLISHED = 3  # rounds counted before a sender judges and gets the benefit of the doubt
 # An established sender is refused at a score of -AGAINST x min_agreement or below. Not 1: an honest
@@ -36,6 +42,9 @@ ESTABLISHED = 3  # rounds counted before a sender judges and gets the benefit of
 # the others had moved past; negated updates score -7 to -27 (bench/trust.py, bench/RESULTS.md)
 AGAINST = 2.0
 MIN_JUDGES = 2  # established contributions a round needs before only they judge (fewer: all judge)
+# Once MIN_JUDGES established contributions are in a round, its fresh ones weigh at most this share of
+# its average together: a third, so established senders keep twice the weight of any burst
+FRESH_SHARE = Fraction(1, 3)
 MAX_SENDERS = 4096  # senders a table keeps; the lowest standing (then the greatest name) goes first
 MAX_COUNT = 1 << 20  # a count stops growing here
 MAX_NAME_CHARS = 128
@@ -59,6 +68,21 @@ def advance(standing: Mapping[str, int], counted: Iterable[str], refused: Iterab
         keep = sorted(out, key=lambda s: (-out[s], s))[:MAX_SENDERS]
         out = {s: out[s] for s in keep}
     return dict(sorted(out.items()))
+
+
+def weights(established: Sequence[bool]) -> List[float]:
+    """The weight of each contribution in its round's average (``established[i]``: whether the
+    sender of the i-th has standing): 1 each, unless the round holds at least ``MIN_JUDGES``
+    established ones (E) and its F fresh ones would weigh more than ``FRESH_SHARE`` of the total;
+    then each fresh one weighs E x s / (F x (1 - s)), so that together they weigh exactly that share.
+    Exact rational arithmetic rounded once: the same floats on every machine
+    (tests/protocol/test_standing.py)."""
+    e = sum(1 for x in established if x)
+    f = len(established) - e
+    if e < MIN_JUDGES or f == 0 or Fraction(f, e + f) <= FRESH_SHARE:
+        return [1.0] * len(established)
+    fresh = float(Fraction(e) * FRESH_SHARE / (f * (1 - FRESH_SHARE)))
+    return [1.0 if x else fresh for x in established]
 
 
 def checked(raw: Any) -> Dict[str, int]:

@@ -7,24 +7,27 @@ from pathlib import Path
 import pytest
 
 from bench import hostile as bh
+from bench import hostile_peers as hp
 
 
 @pytest.mark.slow
 def test_quick_clean_and_poisoned(tmp_path, capsys):
     out = tmp_path / "h.json"
-    assert bh.main(["--quick", "--attacks", "poison-1e29", "--workdir", str(tmp_path / "runs"), "--json", str(out)]) == 0
+    # two hostile processes: N honest peers and K of the attack are each started from one place
+    assert bh.main(["--quick", "--attacks", "poison-1e29", "--hostile", "2", "--workdir", str(tmp_path / "runs"),
+                    "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "attacker excluded/clipped" in text and "poison-1e29" in text
     results = {r["attack"]: r for r in json.loads(out.read_text())["results"]}
-    assert list(results) == ["clean", "clean-3", "poison-1e29"]  # the clean runs are added first
+    assert sorted(results) == ["clean", "honest-only", "poison-1e29"]  # the clean runs are added
     clean, poisoned = results["clean"], results["poison-1e29"]
-    assert clean["honest"] == 4 and poisoned["honest"] == 3
+    assert clean["honest"] == 5 and poisoned["honest"] == 3 and poisoned["hostile_peers"] == 2
     for r in (clean, poisoned):
         assert r["honest_ok"] == r["honest"] and r["hashes_equal"] and r["rounds"] == 3, (r, what_happened(tmp_path / "runs" / r["attack"]))
         assert r["val_loss"] < r["initial_val_loss"]
-    assert poisoned["attacker_excluded"] and not clean["attacker_excluded"]
-    assert results["clean-3"]["honest"] == 3 and results["clean-3"]["honest_ok"] == 3
-    assert poisoned["loss_vs_clean3"] < 1.05
+    assert len(poisoned["attacker_excluded"]) == 2 and not clean["attacker_excluded"]
+    assert results["honest-only"]["honest"] == 3 and results["honest-only"]["honest_ok"] == 3
+    assert poisoned["loss_vs_honest"] < 1.05
 
 
 def what_happened(run: Path) -> str:
@@ -38,7 +41,7 @@ def test_help_explains_every_flag(capsys):
     with pytest.raises(SystemExit):
         bh.main(["--help"])
     text = capsys.readouterr().out
-    for flag in ("--quick", "--attacks", "--rounds", "--seeds", "--timeout", "--workdir", "--json", "--table", "--as-peer"):
+    for flag in ("--quick", "--attacks", "--honest", "--hostile", "--rounds", "--seeds", "--timeout", "--workdir", "--json", "--table", "--as-peer"):
         assert flag in text
 
 
@@ -53,7 +56,7 @@ def test_scale_payload_keeps_the_payload_well_formed():
         s = make_strategy(spec.replace(outer={"strategy": strategy}))
         gen = torch.Generator().manual_seed(0)
         data, pending = s.encode({n: torch.randn(sh, generator=gen) * 1e-2 for n, sh in s.layout.items()}, 0)
-        scaled = s.decode(bh.scale_payload(data, 1e2), 0)
+        scaled = s.decode(hp.scale_payload(data, 1e2), 0)
         for name, t in pending.sent.items():
             want = t * 1e2  # exact for float32 wires; DCT's fp16 coefficients are rounded again after the scaling
             assert float((scaled[name] - want).abs().max()) <= 1e-2 * float(want.abs().max()) + 1e-9
@@ -62,15 +65,15 @@ def test_scale_payload_keeps_the_payload_well_formed():
 def test_each_attack_is_compared_with_a_clean_run_of_as_many_honest_trainers():
     assert bh.ATTACKS["poison-1e4"].baseline == "clean" and bh.ATTACKS["state-poison"].baseline == "clean"
     for name in ("stall", "forged-round", "framer", "invented-owners", "forged-records"):
-        assert bh.ATTACKS[name].baseline == "clean-3", name
+        assert bh.ATTACKS[name].baseline == "honest-only", name
     runs = [dict(attack=a, val_loss=v, mean_round_s=t) for a, v, t in
-            [("clean", 2.0, 10.0), ("clean-3", 2.2, 8.0), ("poison-1e4", 2.02, 11.0), ("stall", 2.2, 12.0)]]
+            [("clean", 2.0, 10.0), ("honest-only", 2.2, 8.0), ("poison-1e4", 2.02, 11.0), ("stall", 2.2, 12.0)]]
     bh.compare(runs)
     by = {r["attack"]: r for r in runs}
     # loss: against 3 honest peers (equal honest tokens) and against 4; time: as many training processes
-    assert by["poison-1e4"]["loss_vs_clean3"] == pytest.approx(2.02 / 2.2) and by["poison-1e4"]["loss_vs_clean"] == pytest.approx(1.01)
+    assert by["poison-1e4"]["loss_vs_honest"] == pytest.approx(2.02 / 2.2) and by["poison-1e4"]["loss_vs_clean"] == pytest.approx(1.01)
     assert by["poison-1e4"]["time_vs_clean"] == pytest.approx(1.1)
-    assert by["stall"]["loss_vs_clean3"] == pytest.approx(1.0) and by["stall"]["time_vs_clean"] == pytest.approx(1.5)
+    assert by["stall"]["loss_vs_honest"] == pytest.approx(1.0) and by["stall"]["time_vs_clean"] == pytest.approx(1.5)
 
 
 def test_seeds_are_paired_with_their_own_clean_runs_and_reported_as_mean_and_std(tmp_path, capsys):
@@ -78,14 +81,14 @@ def test_seeds_are_paired_with_their_own_clean_runs_and_reported_as_mean_and_std
         return dict(attack=attack, seed=seed, val_loss=val, mean_round_s=t, rounds=3, target_rounds=3,
                     hashes_equal=True, honest=3, honest_ok=3, attacker_excluded=["x"] if attack == "negate" else [])
 
-    runs = [run("clean", 0, 2.0, 10.0), run("clean-3", 0, 2.2, 8.0), run("negate", 0, 2.2, 8.0),
-            run("clean", 1, 3.0, 10.0), run("clean-3", 1, 3.3, 8.0), run("negate", 1, 3.63, 12.0)]
+    runs = [run("clean", 0, 2.0, 10.0), run("honest-only", 0, 2.2, 8.0), run("negate", 0, 2.2, 8.0),
+            run("clean", 1, 3.0, 10.0), run("honest-only", 1, 3.3, 8.0), run("negate", 1, 3.63, 12.0)]
     for seed in (0, 1):
         bh.compare([r for r in runs if r["seed"] == seed])
     rows = {r["attack"]: r for r in bh.over_seeds(runs)}
     negate = rows["negate"]
-    # per seed: +0 % and +10 % against that seed's clean-3, not against the mean of the clean runs
-    assert negate["loss_vs_clean3"] == pytest.approx(1.05) and negate["loss_vs_clean3_std"] == pytest.approx(0.05)
+    # per seed: +0 % and +10 % against that seed's honest-only, not against the mean of the clean runs
+    assert negate["loss_vs_honest"] == pytest.approx(1.05) and negate["loss_vs_honest_std"] == pytest.approx(0.05)
     assert negate["honest"] == negate["honest_ok"] == 6 and negate["seeds"] == [0, 1] and negate["attacker_excluded"] == ["x"]
     out = tmp_path / "h.json"
     out.write_text(json.dumps(dict(results=runs)))
@@ -100,9 +103,87 @@ def test_a_served_state_poison_changes_theta_but_not_its_layout(monkeypatch):
     from peer.round.state_sync import StateSync
 
     monkeypatch.setattr(StateSync, "shareable_state", lambda self: ({"round": 3}, [torch.ones(4, 4), torch.zeros(2)]))
-    bh.serve_poison("shift")
+    hp.serve_poison("shift")
     meta, tensors = StateSync.shareable_state(None)
     assert meta == {"round": 3} and [t.shape for t in tensors] == [(4, 4), (2,)]
     assert all(bool(torch.isfinite(t).all()) for t in tensors) and not torch.equal(tensors[0], torch.ones(4, 4))
     with pytest.raises(SystemExit):
-        bh.serve_poison("bogus")
+        hp.serve_poison("bogus")
+
+
+def test_noise_sends_each_tensor_at_its_honest_norm_and_a_new_direction_each_round(monkeypatch):
+    import torch
+
+    from peer.outer.engine import RoundEngine
+
+    seen = []
+    monkeypatch.setattr(RoundEngine, "encode", lambda self, start, trained: seen.append(dict(trained)) or (b"", None))
+    hp.noise("")
+
+    class Engine:
+        round = 0
+
+    gen = torch.Generator().manual_seed(0)
+    start = {"w": torch.randn(32, 16, generator=gen), "b": torch.randn(16, generator=gen)}
+    trained = {n: t - 0.01 * torch.randn(t.shape, generator=gen) for n, t in start.items()}
+    engine = Engine()
+    RoundEngine.encode(engine, start, trained)
+    engine.round = 1
+    RoundEngine.encode(engine, start, trained)
+    for name in start:
+        honest = start[name] - trained[name]
+        sent = [start[name] - s[name] for s in seen]
+        for d in sent:
+            assert float(d.norm()) == pytest.approx(float(honest.norm()), rel=1e-4)
+            assert abs(float(torch.nn.functional.cosine_similarity(d.flatten(), honest.flatten(), dim=0))) < 0.5
+        assert not torch.equal(sent[0], sent[1])
+
+
+def test_garbage_peer_trains_the_unchanged_peer_on_random_text(tmp_path):
+    argv = bh.garbage_peer(bh.Run("JOIN", "", 3, ["--join", "JOIN", "--threads", "1"], tmp_path))
+    assert argv[1:4] == ["-m", "voloco", "peer"] and argv[-2] == "--data"
+    data = Path(argv[-1]).read_bytes()
+    assert len(data) == 4 << 20 and b"\x00" not in data and max(data) < 128
+    data.decode("utf-8")  # the corpus reader takes only utf-8 text
+
+
+def test_hostile_peers_join_late_only_in_the_late_attacks():
+    assert bh.ATTACKS["negate-late"].hostile_late and not bh.ATTACKS["negate"].hostile_late
+    assert bh.ATTACKS["state-poison"].late and not bh.ATTACKS["state-poison"].hostile_late
+    assert all(bh.ATTACKS[n].peer for n in ("noise", "garbage", "negate-late"))
+
+
+def test_a_table_from_before_the_rename_reads_clean_3_as_honest_only(tmp_path, capsys):
+    runs = [dict(attack=a, seed=0, val_loss=v, mean_round_s=8.0, rounds=3, target_rounds=3, hashes_equal=True,
+                 honest=3, honest_ok=3) for a, v in (("clean", 2.0), ("clean-3", 2.2), ("negate", 2.2))]
+    out = tmp_path / "old.json"
+    out.write_text(json.dumps(dict(results=runs)))
+    assert bh.main(["--table", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "honest-only" in text and "+0.00 %" in text
+
+
+def test_several_k_share_one_honest_only_run_per_seed_and_get_a_row_each(tmp_path, capsys):
+    def run(attack, k, val, t):
+        return dict(attack=attack, k=k, seed=0, val_loss=val, mean_round_s=t, rounds=3, target_rounds=3,
+                    hashes_equal=True, honest=3, honest_ok=3)
+
+    runs = [run("honest-only", 0, 2.0, 8.0), run("clean", 1, 1.9, 10.0), run("negate", 1, 2.02, 10.0),
+            run("clean", 3, 1.8, 16.0), run("negate", 3, 2.2, 20.0)]
+    out = tmp_path / "k.json"
+    out.write_text(json.dumps(dict(results=runs)))
+    assert bh.main(["--table", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "+1.00 %" in text and "+10.00 %" in text and "1.25x" in text
+    bh.compare(runs[:3])
+    bh.compare(runs[:1] + runs[3:])
+    rows = {(r["attack"], r["k"]): r for r in bh.over_seeds(runs)}
+    assert rows[("negate", 1)]["loss_vs_honest"] == pytest.approx(1.01) and rows[("negate", 3)]["loss_vs_honest"] == pytest.approx(1.1)
+    assert rows[("negate", 3)]["time_vs_clean"] == pytest.approx(1.25)  # against the clean run of its own K
+
+
+def test_a_bad_hostile_count_is_a_clear_error(capsys):
+    for bad in ("0", "x", ","):
+        with pytest.raises(SystemExit):
+            bh.main(["--hostile", bad, "--quick"])
+        assert "--hostile" in capsys.readouterr().err

@@ -24,8 +24,8 @@ def vec(*values):
 
 
 def scaled_payload(data: bytes, factor: float) -> bytes:
-    """A well-formed payload whose float fields are ``factor`` times larger (bench/hostile.py's poison)."""
-    from bench.hostile import scale_payload
+    """A well-formed payload whose float fields are ``factor`` times larger (bench/hostile_peers.py's poison)."""
+    from bench.hostile_peers import scale_payload
 
     return scale_payload(data, factor)
 
@@ -251,3 +251,58 @@ def test_the_simulation_and_a_plain_list_name_contributions():
     settled = engines[1].conclude(bad, None, delivered=True)
     assert settled.contributors == 1 and list(settled.excluded) == ["#1"]
     assert np.isfinite(np.concatenate([t.numpy().ravel() for t in engines[1].theta.values()])).all()
+
+
+@pytest.mark.parametrize("strategy,aggregate", [("diloco", None), ("sparseloco", "chosen"), ("sparseloco", "mean")])
+def test_a_burst_of_fresh_senders_moves_theta_by_a_third_of_the_step_at_most(strategy, aggregate):
+    """2 established senders send a, 6 fresh ones b: the step is (2a + 6 w b) / (2 + 6 w) with the
+    fresh ones weighing a third together (protocol/round/standing.weights), not (2a + 6b) / 8."""
+    outer = {"strategy": strategy, "min_agreement": 0.0, "lr": 1.0, "momentum": 0.0}
+    if aggregate:
+        outer["sparseloco"] = {"aggregate": aggregate}
+    spec = SPEC.replace(outer=outer)
+    name, shape = next(iter(spec.param_shapes().items()))
+    a, b = torch.zeros(shape), torch.zeros(shape)
+    a.view(-1)[:3], b.view(-1)[:3] = vec(1.0, 2.0, 0.0), vec(-4.0, 0.0, 3.0)
+    senders = ["e1", "e2"] + [f"f{i}" for i in range(6)]
+    decoded = Contributions([{name: a}, {name: a}] + [{name: b}] * 6, senders)
+    theta = {n: torch.zeros(sh) for n, sh in spec.param_shapes().items()}
+    outcome = robust_step(make_strategy(spec), theta, decoded, round_no=4, multiple=math.inf,
+                          standing={"e1": 3, "e2": 7, "f0": 2})
+    assert outcome.contributors == 8 and set(outcome.weighed) == {f"f{i}" for i in range(6)}
+    w = outcome.weighed["f0"]
+    assert w == pytest.approx(1 / 6)
+    if aggregate == "chosen":  # per coordinate over those that kept it: where only b was kept, b
+        want = vec((2 * 1.0 - 6 * w * 4.0) / (2 + 6 * w), 2.0, 3.0)
+    else:
+        want = (2 * a + 6 * w * b).view(-1)[:3] / (2 + 6 * w)
+    moved = -theta[name].view(-1)
+    assert torch.allclose(moved[:3], want, atol=1e-6) and not moved[3:].any(), (moved[:3], want)
+    # nobody established: the plain mean, bit for bit the unweighted code
+    plain = {n: torch.zeros(sh) for n, sh in spec.param_shapes().items()}
+    assert robust_step(make_strategy(spec), plain, decoded, multiple=math.inf, standing={}).weighed == {}
+    reference = {n: torch.zeros(sh) for n, sh in spec.param_shapes().items()}
+    s = make_strategy(spec)
+    s.apply(reference, s.aggregate(list(decoded)))
+    assert torch.equal(plain[name], reference[name])
+
+
+def test_fresh_chain_stages_among_established_replicas_are_weighed_per_tensor_they_carry():
+    """The bound counts the carriers of each tensor: two fresh stages that each carry their own
+    blocks beside three established full replicas are one fresh carrier in four per tensor, under a
+    third, so they weigh 1; counted over the round (2 of 5) they would have been weighed down."""
+    spec = SPEC.replace(outer={"strategy": "diloco", "min_agreement": 0.0, "lr": 1.0, "momentum": 0.0})
+    shapes = spec.param_shapes()
+    x, y = list(shapes)[:2]
+    full = {n: torch.full(shapes[n], 0.1) for n in (x, y)}
+    decoded = Contributions([full, full, full, {x: torch.full(shapes[x], 0.5)}, {y: torch.full(shapes[y], 0.5)}],
+                            ["e1", "e2", "e3", "s1", "s2"])
+    theta = {n: torch.zeros(sh) for n, sh in shapes.items()}
+    outcome = robust_step(make_strategy(spec), theta, decoded, multiple=math.inf, standing={"e1": 3, "e2": 3, "e3": 5})
+    assert outcome.weighed == {}
+    assert torch.allclose(-theta[x], torch.full(shapes[x], (0.3 + 0.5) / 4))
+    # a third fresh carrier of x tips it over: those of x weigh less, s2 (alone on y) does not
+    decoded = Contributions(list(decoded) + [{x: torch.full(shapes[x], 0.5)}], ["e1", "e2", "e3", "s1", "s2", "s3"])
+    outcome = robust_step(make_strategy(spec), {n: torch.zeros(sh) for n, sh in shapes.items()}, decoded,
+                          multiple=math.inf, standing={"e1": 3, "e2": 3, "e3": 5})
+    assert set(outcome.weighed) == {"s1", "s3"} and outcome.weighed["s1"] == pytest.approx(0.75)

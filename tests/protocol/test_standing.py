@@ -36,3 +36,23 @@ def test_a_valid_table_or_none_is_accepted():
     assert checked(None) == {}
     assert checked({"b": 2, "a": 1}) == {"a": 1, "b": 2}
     assert standing.ESTABLISHED >= 2 and standing.MIN_JUDGES >= 2
+
+
+def test_fresh_senders_weigh_at_most_a_third_of_a_round_once_established_ones_judge():
+    from fractions import Fraction
+
+    from protocol.round.standing import FRESH_SHARE, MIN_JUDGES, weights
+
+    # few fresh ones beside the established, or nobody established yet: every contribution weighs 1
+    assert weights([True, True, False]) == [1.0, 1.0, 1.0]
+    assert weights([False] * 9) == [1.0] * 9
+    assert weights([True] * (MIN_JUDGES - 1) + [False] * 9) == [1.0] * (MIN_JUDGES - 1 + 9)
+    assert weights([]) == []
+    for e, f in [(2, 2), (3, 4), (2, 100), (5, 3), (3, 1000)]:
+        w = weights([True] * e + [False] * f)
+        assert w[:e] == [1.0] * e and len(set(w[e:])) == 1 and w[e] < 1.0
+        share = Fraction(sum(w[e:])) / (e + Fraction(sum(w[e:])))
+        assert abs(share - FRESH_SHARE) < Fraction(1, 10**12), (e, f, float(share))
+    # the order of the contributions does not change any one's weight
+    mixed = weights([False, True, False, True, False])
+    assert mixed[1] == mixed[3] == 1.0 and mixed[0] == mixed[2] == mixed[4] == weights([True, True, False, False, False])[4]

@@ -1,0 +1,104 @@
+"""What a hostile peer process changes before it runs the real peer: one behaviour each.
+
+bench/hostile.py starts a hostile *peer* as ``python bench/hostile.py --as-peer BEHAVIOUR -- PEER
+FLAGS``: ``run_as_peer`` installs the behaviour (one function of ``BEHAVIOURS``, given the text after
+``=``) and runs ``voloco peer`` unchanged, so everything but that one behaviour is the honest code.
+Guarded by tests/bench/test_bench_hostile.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1]))
+
+import msgpack  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def scale_payload(data: bytes, factor: float) -> bytes:
+    """The same payload with every float on the wire multiplied by ``factor`` (clamped finite)."""
+    message = msgpack.unpackb(data, raw=False)
+    dtype = np.dtype("<f2") if str(message["codec"]).endswith("fp16") else np.dtype("<f4")
+    limit = float(np.finfo(dtype).max)
+    for _, fields in message["t"]:
+        for key in ("lut", "val", "data"):
+            if key in fields:
+                values = np.frombuffer(fields[key], dtype=dtype).astype(np.float64) * factor
+                fields[key] = np.clip(values, -limit, limit).astype(dtype).tobytes()
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def poison(arg: str) -> None:
+    """Every payload this peer sends is scaled by float(arg); everything else stays honest."""
+    from peer.outer.engine import RoundEngine
+
+    factor, encode = float(arg), RoundEngine.encode
+
+    def poisoned(self, round_start, trained):
+        data, pending = encode(self, round_start, trained)
+        return scale_payload(data, factor), pending
+
+    RoundEngine.encode = poisoned
+
+
+def serve_poison(arg: str) -> None:
+    """The state this peer serves to newcomers is poisoned; it trains and exchanges honestly.
+    ``shift``: θ plus noise of 1 % of each tensor's scale (finite and plausible: only the hash tells);
+    ``huge``: θ times 1e30 (inf after the cast to float32)."""
+    import torch
+
+    from peer.round.state_sync import StateSync
+
+    if arg not in ("shift", "huge"):
+        raise SystemExit(f"serve-poison={arg!r}: shift or huge")
+    shareable = StateSync.shareable_state
+
+    def poisoned(self):
+        meta, tensors = shareable(self)
+        gen = torch.Generator().manual_seed(1)
+        if arg == "huge":
+            return meta, [t.double() * 1e30 for t in tensors]
+        return meta, [t + 0.01 * (float(t.abs().mean()) + 1e-3) * torch.randn(t.shape, generator=gen) for t in tensors]
+
+    StateSync.shareable_state = poisoned
+
+
+def noise(arg: str) -> None:
+    """This peer trains honestly, then sends Gaussian noise in place of each tensor's pseudo-gradient,
+    at that tensor's honest norm (times float(arg), default 1): an update of honest size that carries
+    no information. The noise is seeded by the round, so every round's differs."""
+    import torch
+
+    from peer.outer.engine import RoundEngine
+
+    factor, encode = float(arg or 1.0), RoundEngine.encode
+
+    def noisy(self, round_start, trained):
+        gen = torch.Generator().manual_seed(1_000_003 * int(self.round) + 7)
+        fake = {}
+        with torch.no_grad():
+            for name, tensor in trained.items():
+                start = round_start[name].detach().to(torch.float32)
+                delta = start - tensor.detach().to(torch.float32)
+                r = torch.randn(delta.shape, generator=gen)
+                fake[name] = start - r * (factor * float(delta.norm()) / (float(r.norm()) + 1e-12))
+        return encode(self, round_start, fake)
+
+    RoundEngine.encode = noisy
+
+
+BEHAVIOURS: Dict[str, Callable[[str], None]] = {"poison": poison, "serve-poison": serve_poison, "noise": noise}
+
+
+def run_as_peer(behaviour: str, peer_flags: List[str]) -> int:
+    kind, _, arg = behaviour.partition("=")
+    if kind not in BEHAVIOURS:
+        raise SystemExit(f"--as-peer {behaviour!r}: no behaviour {kind!r} (have: {', '.join(BEHAVIOURS)})")
+    BEHAVIOURS[kind](arg)
+    from voloco.cli import main
+
+    return main(["peer", *peer_flags])
