@@ -6,7 +6,7 @@
 Needs root (network namespaces and cgroups). Hosts (tests/support/netns_hosts.py): ``coord`` (the voloco
 coordinator, or hivemind's bootstrap node) and peers ``p0``..``p3``, every link capped with tbf
 both ways at the arm's rate. Each peer's processes run under the same CPU quota (``--cpus``,
-tests/support/netns_hosts.py's ``CpuLimit``, a cgroup) once started up, so that the peers compute alike
+tests/support/cpu_limit.py's ``CpuLimit``, a cgroup) once started up, so that the peers compute alike
 and leave room for the coordinator and the p2p daemons. p3 is ``--slowdown`` times slower: after
 each inner step it waits that many times the step's duration, less one (bench/wan_host.py), as a
 slower device would keep it busy. Neither torch threads (a peer already runs on one; four peers
@@ -230,7 +230,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--merge", type=Path, metavar="EARLIER", help="take the arms not in --arms from this earlier --json")
     args = ap.parse_args(argv)
     exit_on_sigterm()
-    from tests.support.netns_hosts import CpuLimit, Hosts, cleanup_stale, cleanup_stale_cpu_limits, cpu_limit_unavailable
+    from tests.support.cpu_limit import CpuLimit, cleanup_stale_cpu_limits, cpu_limit_unavailable
+    from tests.support.netns_hosts import Hosts, cleanup_stale
     from tests.support.netns_hosts import netns_unavailable, rate_bits
 
     arms = choose_names(args.arms, ARMS, "--arms")

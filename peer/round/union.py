@@ -88,7 +88,7 @@ def take_group_union(peer, last: Optional[LastRound], result) -> GroupUnion:
 def _take(peer, last: LastRound, result, lacking: List[str], key: str, symbolic: str) -> bool:
     """Fetch ``lacking``, conclude the round again; whether θ is then what ``key`` names (``symbolic``:
     the key of our base and the grown union, which no member had announced as its start)."""
-    engine, gatherer, timing = peer.engine, peer.gatherer, peer.membership.timing
+    gatherer, timing = peer.gatherer, peer.membership.timing
     listers = {name: [m for m in sorted(result.payloads) if m != peer.peer_id and m not in result.unservable
                       and name in result.last_sets.get(m, ("", ()))[1]] for name in lacking}
     deadline = time.monotonic() + timing.set_fetch_s  # all of them together: the round ends late by at most this
