@@ -163,8 +163,10 @@ class RoundEngine:
         with self.lock:
             outcome = robust_step(self.strategy, self._theta, decoded, self.round, standing=self.standing)
             delivered = delivered and (me is None or (me not in outcome.excluded and me not in passed))
+            # a contribution that had a copy counts once, and earns none of its senders standing
             self.standing = standing.advance(
-                self.standing, [s for s in sender_names(decoded) if s not in outcome.excluded], outcome.excluded)
+                self.standing, [s for s in sender_names(decoded) if s not in outcome.excluded and s not in outcome.copied],
+                outcome.excluded)
             if pending is not None:
                 self.strategy.settle(pending, delivered=delivered)
             settled = Settled(self.round, outcome.contributors, {**(excluded or {}), **outcome.excluded}, delivered,

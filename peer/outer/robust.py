@@ -43,7 +43,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from peer.outer.consensus import score_contributions
+from peer.outer.consensus import agreement, copies, score_contributions
 from protocol.round.standing import AGAINST, ESTABLISHED, FRESH_SHARE, MIN_JUDGES, weights
 from protocol.codecs.fields import MAX_ABS
 
@@ -138,6 +138,7 @@ class Screening:
     clipped: Dict[int, float] = field(default_factory=dict)  # position -> smallest scale applied to a tensor
     limits: Dict[str, float] = field(default_factory=dict)  # tensor name -> the norm it was clipped to
     scores: Dict[int, float] = field(default_factory=dict)  # position -> its agreement with the others (z)
+    copies: Dict[int, int] = field(default_factory=dict)  # position -> the position of the copy that counts
 
 
 def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: float = 0.0,
@@ -159,9 +160,15 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
             out.excluded[i] = why
     established = set(established)
     if min_z > 0 and len(out.kept) >= 2:
-        settled = [p for p, i in enumerate(out.kept) if i in established]
-        scores = score_contributions([decoded[i] for i in out.kept], settled if len(settled) >= MIN_JUDGES else None)
-        out.scores = {out.kept[p]: z for p, z in scores.items()}
+        checked = list(out.kept)
+        pairs = agreement([decoded[i] for i in checked])
+        out.copies = {checked[p]: checked[first] for p, first in copies(pairs).items()}
+        originals = [p for p, i in enumerate(checked) if i not in out.copies]
+        settled = [p for p in originals if checked[p] in established]
+        scores = score_contributions([decoded[i] for i in checked], settled if len(settled) >= MIN_JUDGES else None,
+                                     pairs, originals)
+        out.kept = [i for i in checked if i not in out.copies]  # a copy counts once, as the first of its group
+        out.scores = {checked[p]: z for p, z in scores.items()}
         for i, z in out.scores.items():
             if i in established and z <= -AGAINST * min_z:
                 out.excluded[i] = (f"its direction points against the others' of its round ({z:+.1f} standard "
@@ -205,6 +212,13 @@ class Outcome:
     scores: Dict[str, float] = field(default_factory=dict)  # sender -> its agreement with the others (z)
     # sender -> its weight in the average where not 1: a fresh sender among many (standing.weights)
     weighed: Dict[str, float] = field(default_factory=dict)
+    # sender -> the sender whose contribution, a copy of its own, counted in its place (consensus.copies)
+    copies: Dict[str, str] = field(default_factory=dict)
+
+    @property
+    def copied(self) -> set:
+        """Every sender of a contribution that had a copy in the round, the one counted included."""
+        return set(self.copies) | set(self.copies.values())
 
 
 def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: int = -1,
@@ -228,9 +242,10 @@ def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: 
             kept.remove(worst)
             excluded[names[worst]] = f"refused update: with it the outer step would leave {e}"
     clipped = {names[i]: s.clipped[i] for i in kept if i in s.clipped}
-    lighter = {names[i]: w for i, w in lightest([s.contributions[i] for i in kept], [i in established for i in kept]).items()}
-    _log(round_no, multiple, excluded, clipped, lighter)
-    return Outcome(len(kept), excluded, clipped, {names[i]: z for i, z in s.scores.items()}, lighter)
+    lighter = {names[kept[p]]: w for p, w in lightest([s.contributions[i] for i in kept], [i in established for i in kept]).items()}
+    copied = {names[i]: names[first] for i, first in s.copies.items()}
+    _log(round_no, multiple, excluded, clipped, lighter, copied)
+    return Outcome(len(kept), excluded, clipped, {names[i]: z for i, z in s.scores.items()}, lighter, copied)
 
 
 def lightest(contributions: Sequence[Tensors], established: Sequence[bool]) -> Dict[int, float]:
@@ -246,7 +261,10 @@ def lightest(contributions: Sequence[Tensors], established: Sequence[bool]) -> D
 
 
 def _log(round_no: int, multiple: float, excluded: Dict[str, str], clipped: Dict[str, float],
-         lighter: Dict[str, float]) -> None:
+         lighter: Dict[str, float], copied: Dict[str, str]) -> None:
+    for sender, first in copied.items():
+        logger.warning(f"round {round_no}: the update of {sender} is a copy of the update of {first}: it counts once, "
+                       f"and neither sender gains standing from it")
     if lighter:
         logger.info(f"round {round_no}: {len(lighter)} contributions from senders without standing weigh "
                     f"{min(lighter.values()):.3g} each in the average: {FRESH_SHARE} of it together at most")

@@ -173,3 +173,52 @@ def test_the_engine_keeps_standing_in_its_lineage_state_snapshot_and_redo():
     assert meta["standing"] == engine.standing
     engine.redo(snap, Contributions([honest(0), honest(1)], ["p0", "p1"]))
     assert engine.standing == {"p0": 4, "p1": 4, "p2": 3}  # from the snapshot's table, not the later one
+
+
+# --- copies ----------------------------------------------------------------------------------------
+def near_copy(c, flip: float, drop: float = 0.0, seed: int = 9, scale: float = 0.9):
+    """``c`` scaled, with a fraction ``flip`` of its set coordinates' signs flipped and ``drop`` of them unset."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, t in c.items():
+        r = torch.rand(t.shape, generator=g)
+        out[name] = torch.where(r < flip, -t, t) * (torch.rand(t.shape, generator=g) >= drop) * scale
+    return out
+
+
+def test_copies_and_near_copies_are_found_and_honest_pairs_never_are():
+    h = [honest(i) for i in range(4)]
+    # honest members: their signs agree far above chance, yet none is a copy of another
+    assert consensus.copies(agreement(h)) == {}
+    round_ = [h[0], h[1], near_copy(h[1], flip=0.0, scale=1.0), h[2], near_copy(h[1], flip=0.04, drop=0.04),
+              near_copy(h[3], flip=0.3)]
+    # 2 copies 1 exactly, 4 nearly (a copy of a copy is in the same group); 5 flips 30 %: not a copy, noise
+    assert consensus.copies(agreement(round_)) == {2: 1, 4: 1}
+    # a chain stage carries only some tensors of a replica: sharing its signs there is no copy of the whole
+    assert consensus.copies(agreement([h[0], {"w": h[0]["w"].clone()}])) == {}
+
+
+def test_a_copied_update_counts_once_and_earns_neither_sender_standing():
+    spec = RunSpec().replace(model={"d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32, "seq_len": 8},
+                             outer={"strategy": "diloco", "lr": 1.0, "momentum": 0.0})
+    names = list(spec.param_shapes())
+    gen = torch.Generator().manual_seed(0)
+    common = {n: torch.randn(sh, generator=gen) for n, sh in spec.param_shapes().items()}
+
+    def member(seed):
+        g = torch.Generator().manual_seed(100 + seed)
+        return {n: common[n] + torch.randn(common[n].shape, generator=g) for n in names}
+
+    a, b, c = member(1), member(2), member(3)
+    copier = {n: t.clone() for n, t in b.items()}
+    theta = {n: torch.zeros(sh) for n, sh in spec.param_shapes().items()}
+    outcome = robust_step(make_strategy(spec), theta, Contributions([a, copier, b, c], ["a", "attacker", "b", "c"]),
+                          multiple=math.inf)
+    assert outcome.copies == {"b": "attacker"} and outcome.copied == {"attacker", "b"} and outcome.contributors == 3
+    assert not outcome.excluded
+    want = {n: torch.zeros(sh) for n, sh in spec.param_shapes().items()}
+    make_strategy(spec).apply(want, make_strategy(spec).aggregate([a, b, c]))
+    assert all(torch.equal(theta[n], want[n]) for n in names)  # as if the copy had not been sent
+    engine = RoundEngine(make_strategy(spec), {n: torch.zeros(sh) for n, sh in spec.param_shapes().items()})
+    engine.conclude(Contributions([a, copier, b, c], ["a", "attacker", "b", "c"]), None, delivered=True)
+    assert engine.standing == {"a": 1, "c": 1}
