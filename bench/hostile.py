@@ -339,8 +339,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the tests' tiny model, 3 rounds of H = 10: a smoke test")
     ap.add_argument("--attacks", default=",".join(ATTACKS),
                     help=f"comma-separated attacks to run, in this order (default: all: {', '.join(ATTACKS)}); "
-                    "the clean runs they are compared with are added first: 'clean' (N + K honest peers) and "
-                    "'honest-only' (the N honest peers, the honest tokens of an attacked run)")
+                    "the clean runs they are compared with are added: 'honest-only' (the N honest peers, the honest "
+                    "tokens of an attacked run) and, where an attacker trains, 'clean' (N + K honest peers)")
     ap.add_argument("--honest", type=int, default=3, help="honest peers in every run, N (default: 3)")
     ap.add_argument("--hostile", default="1",
                     help="hostile processes of the attack in a run, K, or several: 1,2,3 runs every attack (and 'clean', "
@@ -379,8 +379,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     unknown = [n for n in names if n not in ATTACKS]
     if unknown:
         ap.error(f"unknown attack(s) {', '.join(unknown)}; have: {', '.join(ATTACKS)}")
-    attacked = any(not n.startswith("clean") for n in names)
-    baselines = [b for b in BASELINES if b in names or attacked]
+    # honest-only for every attack; clean (N + K honest) only where an attacker trains, for its round time
+    attacks = [ATTACKS[n] for n in names if n not in BASELINES]
+    needed = {"honest-only"} if attacks else set()
+    needed |= {"clean"} if any(a.baseline == "clean" for a in attacks) else set()
+    baselines = [b for b in BASELINES if b in names or b in needed]
     names = baselines + [n for n in names if n not in baselines]
     name = "quick" if args.quick else "full"
     cfg = CONFIGS[name]

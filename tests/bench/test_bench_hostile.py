@@ -187,3 +187,15 @@ def test_a_bad_hostile_count_is_a_clear_error(capsys):
         with pytest.raises(SystemExit):
             bh.main(["--hostile", bad, "--quick"])
         assert "--hostile" in capsys.readouterr().err
+
+
+def test_the_clean_run_of_n_plus_k_is_added_only_where_an_attacker_trains(monkeypatch, tmp_path):
+    ran = []
+    monkeypatch.setattr(bh, "run_attack", lambda attack, *a, **k: ran.append(attack.name) or dict(
+        attack=attack.name, rounds=2, target_rounds=2, val_loss=2.0, honest=3, honest_ok=3, wall_s=1.0,
+        mean_round_s=1.0, hashes_equal=True, initial_val_loss=5.0))
+    assert bh.main(["--quick", "--attacks", "stall", "--workdir", str(tmp_path)]) == 0
+    assert ran == ["honest-only", "stall"]
+    ran.clear()
+    assert bh.main(["--quick", "--attacks", "stall,negate", "--workdir", str(tmp_path)]) == 0
+    assert ran == ["honest-only", "clean", "stall", "negate"]
