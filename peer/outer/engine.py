@@ -45,6 +45,8 @@ class Settled:
     clipped: Dict[str, float] = field(default_factory=dict)  # sender -> the smallest scale its update was clipped by
     scores: Dict[str, float] = field(default_factory=dict)  # sender -> its direction's agreement with the others (z)
     passed: List[str] = field(default_factory=list)  # senders not chosen this round (protocol/round/choice.py)
+    copies: Dict[str, str] = field(default_factory=dict)  # sender -> the sender whose copy of its update counted
+    weighed: Dict[str, float] = field(default_factory=dict)  # sender -> its weight where below 1 (a fresh sender)
 
 
 class RoundEngine:
@@ -170,7 +172,7 @@ class RoundEngine:
             if pending is not None:
                 self.strategy.settle(pending, delivered=delivered)
             settled = Settled(self.round, outcome.contributors, {**(excluded or {}), **outcome.excluded}, delivered,
-                              outcome.clipped, outcome.scores, sorted(passed))
+                              outcome.clipped, outcome.scores, sorted(passed), outcome.copies, outcome.weighed)
             self.round += 1
             self._hash = self._digest = None
         return settled

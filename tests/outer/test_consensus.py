@@ -220,5 +220,5 @@ def test_a_copied_update_counts_once_and_earns_neither_sender_standing():
     make_strategy(spec).apply(want, make_strategy(spec).aggregate([a, b, c]))
     assert all(torch.equal(theta[n], want[n]) for n in names)  # as if the copy had not been sent
     engine = RoundEngine(make_strategy(spec), {n: torch.zeros(sh) for n, sh in spec.param_shapes().items()})
-    engine.conclude(Contributions([a, copier, b, c], ["a", "attacker", "b", "c"]), None, delivered=True)
-    assert engine.standing == {"a": 1, "c": 1}
+    settled = engine.conclude(Contributions([a, copier, b, c], ["a", "attacker", "b", "c"]), None, delivered=True)
+    assert engine.standing == {"a": 1, "c": 1} and settled.copies == {"b": "attacker"} and settled.contributors == 3
