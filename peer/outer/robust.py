@@ -235,14 +235,16 @@ def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: 
     kept = list(s.kept)
     while kept:
         try:
-            strategy.apply(theta, strategy.aggregate([s.contributions[i] for i in kept], [i in established for i in kept]))
+            flags = [i in established for i in kept]
+            strategy.apply(theta, strategy.aggregate([s.contributions[i] for i in kept], flags))
             break
         except NonFiniteStep as e:  # the largest goes first; ties: the later in canonical order
             worst = max(kept, key=lambda i: (s.norms[i], i))
             kept.remove(worst)
             excluded[names[worst]] = f"refused update: with it the outer step would leave {e}"
     clipped = {names[i]: s.clipped[i] for i in kept if i in s.clipped}
-    lighter = {names[kept[p]]: w for p, w in lightest([s.contributions[i] for i in kept], [i in established for i in kept]).items()}
+    weighed = lightest([s.contributions[i] for i in kept], [i in established for i in kept])
+    lighter = {names[kept[p]]: w for p, w in weighed.items()}
     copied = {names[i]: names[first] for i, first in s.copies.items()}
     _log(round_no, multiple, excluded, clipped, lighter, copied)
     return Outcome(len(kept), excluded, clipped, {names[i]: z for i, z in s.scores.items()}, lighter, copied)
