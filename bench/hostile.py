@@ -226,6 +226,8 @@ def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wal
     vals = [s["val_loss"] for s in live if isinstance(s.get("val_loss"), float) and math.isfinite(s["val_loss"])]
     named = lambda pattern: sorted({pid for text in logs for pid in re.findall(pattern, text)} - ids)  # noqa: E731
     excluded = {pid for r in records for pid in r["excluded"] if pid not in ids}
+    # false exclusions: an honest peer's update refused in a round, by any honest peer's record
+    honest_refused = {(r["round"], pid) for r in records for pid in r["excluded"] if pid in ids}
     excluded |= set(named(r"(?:excluded the update|rejected the payload) of (\S+):"))
     excluded |= set(named(r"refused the state (\S+) served"))
     skipped = {pid for text in logs for line in re.findall(r"not waiting again for (.+?) until", text)
@@ -243,6 +245,7 @@ def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wal
         exit_codes=codes, mean_round_s=statistics.fmean(seconds) if seconds else None,
         attacker_excluded=sorted(excluded), attacker_clipped=named(r"clipped the update of (\S+) "),
         attacker_skipped=sorted(skipped), records_ignored=ignored and attack.name == "forged-records", wall_s=round(wall, 1),
+        honest_refused=len(honest_refused),
     )
 
 
@@ -291,6 +294,8 @@ def over_seeds(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                    target_rounds=runs[0]["target_rounds"], val_loss=mean(runs, "val_loss"),
                    hashes_equal=all(r["hashes_equal"] for r in runs), honest=sum(r["honest"] for r in runs),
                    honest_ok=sum(r["honest_ok"] for r in runs), mean_round_s=mean(runs, "mean_round_s"),
+                   honest_refused=(sum(r["honest_refused"] for r in runs) if all("honest_refused" in r for r in runs)
+                                   else None),  # None: runs from before it was counted
                    attacker_failed=any(r.get("attacker_failed") for r in runs))
         for key in ("loss_vs_honest", "loss_vs_clean", "time_vs_clean"):
             row[key], row[f"{key}_std"] = mean(runs, key), std(runs, key)
@@ -318,11 +323,11 @@ def print_table(results: List[Dict[str, Any]]) -> None:
     lines = [[r["attack"], str(r.get("k", 1)) if r["attack"] != "honest-only" else "-", f"{r['rounds']}/{r['target_rounds']}",
               "-" if r["val_loss"] is None else f"{r['val_loss']:.4f}",
               pct(r, "loss_vs_honest"), pct(r, "loss_vs_clean"),
-              "yes" if r["hashes_equal"] else "NO", f"{r['honest_ok']}/{r['honest']}",
+              "yes" if r["hashes_equal"] else "NO", f"{r['honest_ok']}/{r['honest']}", "-" if r.get("honest_refused") is None else str(r["honest_refused"]),
               "-" if r["mean_round_s"] is None else f"{r['mean_round_s']:.1f} s",
               "-" if r["time_vs_clean"] is None else f"{r['time_vs_clean']:.2f}x", verdict(r)] for r in results]
     seeds = max((len(r.get("seeds", [0])) for r in results), default=1)
-    print(table(["attack", "K", "rounds", "honest val loss", "vs honest-only", "vs clean", "θ equal", "honest ok", "round time",
+    print(table(["attack", "K", "rounds", "honest val loss", "vs honest-only", "vs clean", "θ equal", "honest ok", "honest refused", "round time",
                  "vs clean*", "attacker excluded/clipped"], lines))
     if seeds > 1:
         print(f"\nover {seeds} seeds: figures are means; the loss ratios are paired by seed, mean ± std.")
@@ -330,7 +335,7 @@ def print_table(results: List[Dict[str, Any]]) -> None:
           "goal's baseline); vs clean: against N + K honest peers (what the attackers' share adds when it is clipped,\n"
           "not dropped). *round time against the clean run with as many training processes: 'clean' for attackers\n"
           "that train, 'honest-only' for those that do not. honest ok: honest processes that finished every round and\n"
-          "exited normally. Goals: loss within 2 % of honest-only, 0 honest processes lost, round time within 1.25x.")
+          "exited normally; honest refused: (round, honest sender) pairs whose update an honest peer refused. Goals: loss within 2 % of honest-only, 0 honest processes lost, round time within 1.25x.")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

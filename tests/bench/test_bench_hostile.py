@@ -28,6 +28,7 @@ def test_quick_clean_and_poisoned(tmp_path, capsys):
     assert len(poisoned["attacker_excluded"]) == 2 and not clean["attacker_excluded"]
     assert results["honest-only"]["honest"] == 3 and results["honest-only"]["honest_ok"] == 3
     assert poisoned["loss_vs_honest"] < 1.05
+    assert clean["honest_refused"] == poisoned["honest_refused"] == 0  # no honest update refused
 
 
 def what_happened(run: Path) -> str:
