@@ -383,8 +383,8 @@ class RoundLoop:
             # what concluding this round again takes, should the next round's group hold a set we lack
             self._last_round = None if merged is None else union.LastRound(
                 engine.round, engine.snapshot(), merged.held, base=engine.params_hash())
-            engine.conclude(decoded, h.pending, delivered=peer.peer_id in payloads and peer.peer_id not in excluded,
-                            excluded=excluded, me=peer.peer_id, passed=passed)
+            settled = engine.conclude(decoded, h.pending, delivered=peer.peer_id in payloads and peer.peer_id not in excluded,
+                                      excluded=excluded, me=peer.peer_id, passed=passed)
             peer._load_theta()
             if self._last_round is not None:
                 self._last_round.after_hash = engine.params_hash()
@@ -400,8 +400,8 @@ class RoundLoop:
             round=engine.round,
             params_hash=engine.params_hash(),
             group=sorted(result.group) if result is not None else [peer.peer_id],  # every member, contributing or not
-            contributors=len(decoded),
-            excluded=excluded,
+            contributors=settled.contributors,  # the direction check's refusals and copies not counted
+            excluded=settled.excluded,  # the group's, the decoder's and the outer step's
             bytes_sent=sent,
             bytes_received=received,
             loss=sum(h.losses) / len(h.losses),  # NaN on a chain stage other than the last

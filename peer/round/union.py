@@ -129,11 +129,11 @@ def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int) 
         old = last.after_hash
         chosen, invalid, _ = engine.choose(payloads, last.round, last.base)
         decoded, bad = engine.decode_at(chosen, last.round)
-        engine.redo(last.snapshot, decoded, {**excluded, **invalid, **bad})
+        settled = engine.redo(last.snapshot, decoded, {**excluded, **invalid, **bad})
         last.sets, last.after_hash = sets, engine.params_hash()
     logger.info(f"round {last.round}: took {taken} set(s) of the round that our group held into its union "
                 f"({len(payloads)} payloads): θ {old} -> {last.after_hash}")
     history = peer.totals.history
     if history and history[-1].round == last.round + 1:
         history[-1].params_hash, history[-1].sets = last.after_hash, len(sets)
-        history[-1].contributors = len(decoded)
+        history[-1].contributors, history[-1].excluded = settled.contributors, settled.excluded
