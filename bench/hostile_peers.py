@@ -74,19 +74,17 @@ def noise(arg: str) -> None:
     import torch
 
     from peer.outer.engine import RoundEngine
+    from peer.outer.strategies import pseudo_gradient
 
-    factor, encode = float(arg or 1.0), RoundEngine.encode
+    factor = float(arg or 1.0)
 
-    def noisy(self, round_start, trained):
+    def noisy(self, round_start, trained):  # RoundEngine.encode with its pseudo-gradient replaced
         gen = torch.Generator().manual_seed(1_000_003 * int(self.round) + 7)
-        fake = {}
-        with torch.no_grad():
-            for name, tensor in trained.items():
-                start = round_start[name].detach().to(torch.float32)
-                delta = start - tensor.detach().to(torch.float32)
-                r = torch.randn(delta.shape, generator=gen)
-                fake[name] = start - r * (factor * float(delta.norm()) / (float(r.norm()) + 1e-12))
-        return encode(self, round_start, fake)
+        sent = {}
+        for name, delta in pseudo_gradient(dict(round_start), trained, self.strategy.layout).items():
+            r = torch.randn(delta.shape, generator=gen).to(delta.device)
+            sent[name] = r * (factor * float(delta.norm()) / (float(r.norm()) + 1e-12))
+        return self.strategy.encode(sent, self.round)
 
     RoundEngine.encode = noisy
 
