@@ -1,6 +1,6 @@
 """Heterogeneous replicas (docs/chains.md): pipeline chains beside full replicas, SparseLoCo.
 
-    python bench/chains.py [--quick] [--json OUT] [--only a,c] [--jobs N] [--threads T]
+    python bench/chains.py [--quick] [--json OUT] [--only a,c] [--jobs N] [--threads T] [--seeds S]
 
 ``--quick``: ~1 min (a 0.13M model, 60 steps per replica: a smoke run, its losses are noise-level).
 Full: ~7-8 CPU-minutes at 1 thread (d 128, 4 layers, 200 steps per replica, 5 arms); ``--jobs 2``
@@ -59,9 +59,10 @@ the G − 1 other members and fetches theirs every round; a chain's stages are t
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -76,10 +77,11 @@ from peer.training.model import build_model  # noqa: E402
 from peer.chain.links import link_codec  # noqa: E402
 from peer.outer.engine import RoundEngine  # noqa: E402
 from peer.outer.strategies import make_strategy  # noqa: E402
-from protocol.chain.activations import compressed_boundary, uncompressed_bytes_per_token  # noqa: E402
+from bench.chain_replicas import Member, Replica, chain_evaluate, chain_step, copy_theta, load  # noqa: E402
+from protocol.chain.activations import uncompressed_bytes_per_token  # noqa: E402
 from protocol.chain.frames import Activations, FrameFormat, Grads, encode_frame  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
-from protocol.chain.subspace_constraint import constrain_to_subspace_, project_gradients_  # noqa: E402
+from protocol.chain.subspace_constraint import constrain_to_subspace_  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 
 R = 4
@@ -116,9 +118,9 @@ EXTRA_ARMS = [Arm("c4", "(c') 3 full + chain k=d/4 (selective)", 1, "d4")]  # in
 OPTIONAL_ARMS = [Arm("d4", "(d') 4 chains k=d/4 (uniform)", 4, "d4", run_wide=True)]  # --only d4
 
 
-def make_spec(cfg: Dict[str, Any]) -> RunSpec:
+def make_spec(cfg: Dict[str, Any], seed: int = 0) -> RunSpec:
     steps = cfg["inner_steps"] * cfg["rounds"]
-    return RunSpec(run_id="bench-chains", seed=0, model=ModelSpec(**cfg["model"])).replace(
+    return RunSpec(run_id="bench-chains", seed=seed, model=ModelSpec(**cfg["model"])).replace(
         data={"batch_size": cfg["batch_size"], "val_batches": 8},
         inner={"lr": cfg["lr"], "warmup_steps": cfg["warmup"], "total_steps": steps},
         outer={"strategy": "sparseloco", "inner_steps": cfg["inner_steps"]},
@@ -147,82 +149,6 @@ def link_bytes(spec: RunSpec, k: int) -> Dict[str, Any]:
                 frame_forward=act / tokens, frame_backward=grad / tokens, frame_total=(act + grad) / tokens)
 
 
-# --- the simulation ------------------------------------------------------------------------------
-Tensors = Dict[str, torch.Tensor]
-
-
-@dataclass
-class Member:
-    """One peer of the exchange: a full replica, or one stage of a chain, with its round engine
-    (peer/outer/engine.py: its θ and strategy, as on a live peer)."""
-
-    sender: str
-    engine: RoundEngine
-
-
-@dataclass
-class Replica:
-    name: str
-    model: torch.nn.Module
-    trainer: InnerTrainer
-    stream: TrainStream
-    members: List[Member]
-    chain: bool
-    cut: int = 0  # the stage boundary: blocks [0, cut) | [cut, n_layers)
-    codec: Any = None
-    U: Optional[torch.Tensor] = None  # the constraint (k < d)
-    groups: List[List[torch.nn.Parameter]] = field(default_factory=list)  # per-stage clip groups
-    T: Optional[torch.Tensor] = None
-    start: Optional[Tensors] = None
-
-
-def chain_forward(model, x, y, codec, T, cut):
-    h = model.forward_blocks(model.embed_tokens(x), 0, cut)
-    h = compressed_boundary(h, x, T, codec)
-    return model.forward_head(model.forward_blocks(h, cut, None), y)
-
-
-def chain_step(rep: Replica, x: torch.Tensor, y: torch.Tensor, micro_batches: int) -> float:
-    """``peer.chain.gpipe.run_inner_step`` of both stages, in one process (tests/chain/test_pipeline.py's
-    reference, which it checks against the TCP chain)."""
-    trainer, model = rep.trainer, rep.model
-    trainer.optimizer.zero_grad(set_to_none=True)
-    model.train()
-    total = 0.0
-    for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
-        _, loss = chain_forward(model, xm, ym, rep.codec, rep.T, rep.cut)
-        (loss / micro_batches).backward()
-        total += loss.item()
-    named = list(model.named_parameters())
-    project = (lambda: project_gradients_(named, rep.U)) if rep.U is not None else None
-    constrain = (lambda: constrain_to_subspace_(named, rep.U, rep.T)) if rep.U is not None else None
-    trainer.apply_gradients(project, constrain, clip_groups=rep.groups)
-    return total / micro_batches
-
-
-@torch.no_grad()
-def chain_evaluate(model, batches, codec, T, cut) -> float:
-    """Validation loss as the chain computes it (through the compressed boundary)."""
-    model.eval()
-    total, count = 0.0, 0
-    for x, y in batches:
-        _, loss = chain_forward(model, x, y, codec, T, cut)
-        total += loss.item() * y.numel()
-        count += y.numel()
-    model.train()
-    return total / count
-
-
-def _copy(theta: Tensors) -> Tensors:
-    return {n: t.clone() for n, t in theta.items()}
-
-
-def load(model, theta: Tensors) -> None:
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(theta[name])
-
-
 _CORPUS: Dict[str, Any] = {}
 
 
@@ -233,10 +159,12 @@ def corpus_once():
 
 
 def run_arm(job) -> Dict[str, Any]:
-    cfg, arm, threads = job
+    cfg, arm, threads, seed = job if len(job) == 4 else (*job, 0)
     torch.set_num_threads(threads)
     t0 = time.monotonic()
-    spec = make_spec(cfg)
+    spec = make_spec(cfg, seed)
+    if arm.run_wide:  # every replica trains the constrained model: the run spec says so
+        spec = spec.replace(chain={"compress_all": True})
     corpus = corpus_once()
     H, rounds, M = spec.outer.inner_steps, cfg["rounds"], spec.chain.micro_batches
     d, L = spec.model.d_model, spec.model.n_layers
@@ -256,10 +184,10 @@ def run_arm(job) -> Dict[str, Any]:
         model = build_model(spec.model, spec.seed)
         chain = i >= R - arm.chains
         if chain:
-            members = [Member(f"{name}-stage{s}", RoundEngine(make_strategy(spec, part=(a, b)), _copy(theta0)))
+            members = [Member(f"{name}-stage{s}", RoundEngine(make_strategy(spec, part=(a, b)), copy_theta(theta0)))
                        for s, (a, b) in enumerate(stages)]
         else:
-            members = [Member(name, RoundEngine(make_strategy(spec), _copy(theta0)))]
+            members = [Member(name, RoundEngine(make_strategy(spec), copy_theta(theta0)))]
         rep = Replica(name, model, InnerTrainer(model, spec.inner), TrainStream(corpus, spec.model.seq_len, spec.data.batch_size,
                       spec.seed, shard=name), members, chain)
         if chain:
@@ -278,6 +206,7 @@ def run_arm(job) -> Dict[str, Any]:
     received = {m.sender: 0 for m in members}
     payload_sizes: Dict[str, List[int]] = {m.sender: [] for m in members}
     tokens = 0
+    refused = {"stage": 0, "full": 0}  # contributions the round's checks refused, the first member's view
     for round_no in range(rounds):
         payloads, pendings, losses = {}, {}, []
         for rep in reps:
@@ -307,7 +236,10 @@ def run_arm(job) -> Dict[str, Any]:
             decoded = decode_payloads(m.engine, payloads, round_no, shared, f"{m.sender} decoded differently")
             if shared is None:
                 shared = decoded
-            m.engine.conclude(decoded, pendings[m.sender], delivered=True)
+            settled = m.engine.conclude(decoded, pendings[m.sender], delivered=True)
+            if m is members[0]:
+                for sender in settled.excluded:
+                    refused["stage" if "-stage" in sender else "full"] += 1
             if arm.run_wide and U is not None:  # the aggregate is not in span(U): project θ again, exactly
                 constrain_to_subspace_(m.engine.theta, U, m.engine.theta["embed.weight"], exact=True)
         theta = members[0].engine.theta
@@ -332,7 +264,7 @@ def run_arm(job) -> Dict[str, Any]:
     stage = [m for rep in reps if rep.chain for m in rep.members]
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
     row = dict(
-        key=arm.key, arm=arm.label, chains=arm.chains, k=k, run_wide=arm.run_wide, cut=cut, rounds=rounds, H=H,
+        key=arm.key, arm=arm.label, seed=seed, refused=refused, chains=arm.chains, k=k, run_wide=arm.run_wide, cut=cut, rounds=rounds, H=H,
         tokens=tokens, initial_val_loss=initial, val_loss=history[-1]["val_loss"], chain_view_val_loss=chain_view,
         members=len(members), link=link_bytes(spec, k) if arm.chains else None,
         payload_full=mean([mean(payload_sizes[m.sender]) for m in full]) if full else None,
@@ -340,36 +272,38 @@ def run_arm(job) -> Dict[str, Any]:
         sent_per_peer=mean(list(sent.values())), received_per_peer=mean(list(received.values())),
         sent_by_member=sent, received_by_member=received, history=history, wall_s=time.monotonic() - t0,
     )
-    print(f"  {arm.label}: val {row['val_loss']:.4f}"
+    print(f"  {arm.label} seed {seed}: val {row['val_loss']:.4f}, refused {refused['stage']} stage / {refused['full']} full"
           + (f", chain view {chain_view:.4f}" if chain_view is not None else "") + f", {row['wall_s']:.0f} s", flush=True)
     return row
 
 
-def run_arms(cfg, arms, jobs: int, threads: int) -> List[Dict[str, Any]]:
-    return run_jobs(run_arm, [(cfg, arm, threads) for arm in arms], jobs)
+def run_arms(cfg, arms, jobs: int, threads: int, seeds: int = 1) -> List[Dict[str, Any]]:
+    return run_jobs(run_arm, [(cfg, arm, threads, seed) for seed in range(seeds) for arm in arms], jobs)
 
 
 # --- report ------------------------------------------------------------------------------------
 def print_main(rows, spec: RunSpec) -> None:
-    ref = next((r for r in rows if r["key"] == "a"), None)
+    refs = {r["seed"]: r for r in rows if r["key"] == "a"}
     lines = []
     for r in rows:
-        link = r["link"]
+        link, ref = r["link"], refs.get(r["seed"])
         if ref is not None:
             r["loss_vs_a"] = r["val_loss"] / ref["val_loss"]
         lines.append([
-            r["arm"], str(r["k"]) if r["chains"] else "-", f"{r['val_loss']:.4f}",
-            f"{r['loss_vs_a']:.4f}" if ref is not None else "-",
+            r["arm"], str(r["seed"]), str(r["k"]) if r["chains"] else "-", f"{r['val_loss']:.4f}",
+            f"{r['loss_vs_a']:.4f}" if ref is not None else "-", f"{r['refused']['stage']}/{r['refused']['full']}",
             f"{r['chain_view_val_loss']:.4f}" if r["chain_view_val_loss"] is not None else "-",
             f"{link['forward']}+{link['backward']}={link['total']} [{link['frame_total']:.1f}]" if link else "-",
             f"{link['ratio']:.1f}x" if link else "-",
             human(r["payload_full"]) if r["payload_full"] else "-", human(r["payload_stage"]) if r["payload_stage"] else "-",
             str(r["members"]), human(r["sent_per_peer"]), human(r["received_per_peer"]),
         ])
-    print(table(["arm", "k", "val loss", "vs (a)", "chain view", "B/token fwd+bwd [frames]", "vs fp16", "payload full",
+    print(table(["arm", "seed", "k", "val loss", "vs (a)", "refused st/full", "chain view", "B/token fwd+bwd [frames]", "vs fp16", "payload full",
                  "payload stage", "G", "sent/peer", "recv/peer"], lines))
     d = spec.model.d_model
-    print(f"\nval loss: θ after the last round, evaluated uncompressed (nats/byte); vs (a): ratio (lower is better).\n"
+    print(f"\nval loss: θ after the last round, evaluated uncompressed (nats/byte); vs (a): ratio to (a) of the same seed\n"
+          f"(lower is better). refused: contributions of chain stages / full replicas the round's checks refused (the\n"
+          f"direction check, peer/outer/robust.py), over the run, as the first member saw them.\n"
           f"chain view: the same θ as a chain trains it (projected as at a round start, through the compressed boundary).\n"
           f"B/token: bytes per token between the stages, codec formulas: forward k·2 + 1 (fp16 values + a 1-byte token\n"
           f"id), backward k·2; in brackets the real frames (msgpack header + 4-byte length) of one micro-batch per token.\n"
@@ -379,27 +313,39 @@ def print_main(rows, spec: RunSpec) -> None:
           f"((G-1)·own payload sent, the others' payloads received, every round), mean over members.")
 
 
+def _gap(rows, key: str, field: str = "loss_vs_a") -> Optional[str]:
+    """Mean ± spread (std over seeds; 0 for one seed) of an arm's ratio, as a percentage."""
+    xs = [100 * (r[field] - 1) for r in rows if r["key"] == key and field in r]
+    if not xs:
+        return None
+    return f"{statistics.mean(xs):+.2f} ± {statistics.pstdev(xs) if len(xs) < 2 else statistics.stdev(xs):.2f} %"
+
+
 def goals(rows) -> List[str]:
-    by = {r["key"]: r for r in rows}
+    by = {r["key"]: r for r in rows}  # the last seed's row (the link bytes do not depend on the seed)
     out = []
-    c, a, dd = by.get("c"), by.get("a"), by.get("d")
+    c, dd = by.get("c"), by.get("d")
     if c is not None:
         ok = c["link"]["ratio"] >= 8
         out.append(f"bytes/token between stages at the default rank k={c['k']}: {c['link']['ratio']:.1f}x fewer than fp16 "
                    f"(goal >= 8x): {'met' if ok else 'MISSED'}")
-    if c is not None and a is not None:
-        ok = c["loss_vs_a"] <= 1.03
-        out.append(f"(c) vs (a): {100 * (c['loss_vs_a'] - 1):+.2f} % (goal within 3 %): {'met' if ok else 'MISSED'}")
+    if _gap(rows, "c") is not None:
+        mean = statistics.mean(r["loss_vs_a"] for r in rows if r["key"] == "c")
+        out.append(f"(c) vs (a): {_gap(rows, 'c')} over {sum(1 for r in rows if r['key'] == 'c')} seed(s) "
+                   f"(goal within 3 %): {'met' if mean <= 1.03 else 'MISSED'}")
     if c is not None and dd is not None:
-        ok = c["val_loss"] < dd["val_loss"]
-        out.append(f"(c) {c['val_loss']:.4f} vs (d) {dd['val_loss']:.4f}: selective {'better' if ok else 'NOT better'} than uniform "
-                   f"({100 * (dd['val_loss'] / c['val_loss'] - 1):+.2f} %): {'met' if ok else 'MISSED'}")
+        pairs = {r["seed"]: r["val_loss"] for r in rows if r["key"] == "c"}
+        for r in rows:
+            if r["key"] == "d" and r["seed"] in pairs:
+                r["d_vs_c"] = r["val_loss"] / pairs[r["seed"]]
+        better = all(r.get("d_vs_c", 0) > 1 for r in rows if r["key"] == "d")
+        out.append(f"(d) vs (c): {_gap(rows, 'd', 'd_vs_c')}: selective {'better' if better else 'NOT better'} than uniform "
+                   f"in every seed: {'met' if better else 'MISSED'}")
     for key, other in (("c4", "d4"),):
         if key in by:
-            r = by[key]
-            s = f"extra: selective at k=d/4={r['k']}: {100 * (r['loss_vs_a'] - 1):+.2f} % vs (a), {r['link']['ratio']:.1f}x fewer bytes/token"
+            s = f"extra: selective at k=d/4={by[key]['k']}: {_gap(rows, key)} vs (a), {by[key]['link']['ratio']:.1f}x fewer bytes/token"
             if other in by:
-                s += f"; uniform at k=d/4: {100 * (by[other]['loss_vs_a'] - 1):+.2f} % vs (a)"
+                s += f"; uniform at k=d/4: {_gap(rows, other)} vs (a)"
             out.append(s)
     return out
 
@@ -411,6 +357,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", help="comma-separated arm keys: a,b,c,d,c4,d4")
     ap.add_argument("--jobs", type=int, default=1, help="arms run in parallel processes")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    ap.add_argument("--seeds", type=int, default=1, help="seeds per arm (0, 1, ...): losses as mean ± spread over them")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     name = "quick" if args.quick else "full"
@@ -428,7 +375,7 @@ def main(argv=None) -> int:
           f"batch {spec.data.batch_size}x{ms.seq_len}, {R} replicas, {cfg['rounds']} rounds of H={cfg['inner_steps']} "
           f"(N={cfg['rounds'] * cfg['inner_steps']} steps per replica), SparseLoCo defaults; chains cut after block "
           f"{ms.n_layers // 2 - 1}, {spec.chain.micro_batches} micro-batches, fp16 on the wire", flush=True)
-    rows = run_arms(cfg, arms, args.jobs, args.threads)
+    rows = run_arms(cfg, arms, args.jobs, args.threads, args.seeds)
     print()
     print_main(rows, spec)
     lines = goals(rows)

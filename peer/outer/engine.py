@@ -144,14 +144,17 @@ class RoundEngine:
 
     def decode_at(self, payloads: Mapping[str, bytes], round_no: int) -> Tuple[List[Tensors], Dict[str, str]]:
         """``decode`` for the payloads of round ``round_no`` (a round concluded again: peer/round/union.py)."""
-        decoded = Contributions()
+        decoded = Contributions(senders=[], kinds=[])
         invalid: Dict[str, str] = {}
         for sender in canonical_order(payloads):
             try:
-                decoded.append(self.strategy.decode(payloads[sender], round_no))
+                part, tensors = self.strategy.decode_part(payloads[sender], round_no)
             except ProtocolError as e:
                 invalid[sender] = f"invalid payload: {e}"
-        decoded.senders = [s for s in canonical_order(payloads) if s not in invalid]
+                continue
+            decoded.append(tensors)
+            decoded.senders.append(sender)
+            decoded.kinds.append(self.strategy.kind_of(part))
         return decoded, invalid
 
     def conclude(self, decoded: Sequence[Tensors], pending: Optional[Pending], delivered: bool,

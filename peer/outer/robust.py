@@ -47,7 +47,7 @@ from peer.outer.consensus import agreement, copies, score_contributions
 from protocol.round.standing import AGAINST, ESTABLISHED, FRESH_SHARE, MIN_JUDGES, weights
 from protocol.codecs.fields import MAX_ABS
 
-__all__ = ["CLIP_MULTIPLE", "Contributions", "NonFiniteStep", "Outcome", "Screening", "robust_step", "screen",
+__all__ = ["CLIP_MULTIPLE", "PLAIN", "PROJECTED", "Contributions", "kinds_of", "NonFiniteStep", "Outcome", "Screening", "robust_step", "screen",
            "squared_norm"]
 
 logger = logging.getLogger("voloco.peer.robust")
@@ -70,11 +70,26 @@ class NonFiniteStep(ValueError):
 
 
 class Contributions(list):
-    """The decoded contributions of a round in the canonical order, with their senders' ids."""
+    """The decoded contributions of a round in the canonical order, with their senders' ids and the
+    model each was trained on (``kinds``: ``PLAIN`` θ itself, ``PROJECTED`` θ projected for a chain's
+    lossless links, ``OuterStrategy.kind_of``; None: all plain)."""
 
-    def __init__(self, items: Iterable[Tensors] = (), senders: Optional[Sequence[str]] = None):
+    def __init__(self, items: Iterable[Tensors] = (), senders: Optional[Sequence[str]] = None,
+                 kinds: Optional[Sequence[int]] = None):
         super().__init__(items)
         self.senders = list(senders) if senders is not None else None
+        self.kinds = list(kinds) if kinds is not None else None
+
+
+PLAIN, PROJECTED = 0, 1  # the model a contribution was trained on: θ, or θ projected (chain-local stages)
+
+
+def kinds_of(decoded: Sequence[Tensors]) -> List[int]:
+    """The kind of each of ``decoded`` (a ``Contributions``), or ``PLAIN`` for all of a plain list."""
+    kinds = getattr(decoded, "kinds", None)
+    if kinds is not None and len(kinds) == len(decoded):
+        return list(kinds)
+    return [PLAIN] * len(decoded)
 
 
 def sender_names(decoded: Sequence[Tensors]) -> List[str]:
@@ -141,14 +156,60 @@ class Screening:
     copies: Dict[int, int] = field(default_factory=dict)  # position -> the position of the copy that counts
 
 
+def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, established: set, kinds: List[int]) -> None:
+    """The direction check of ``screen``, on ``out.kept``: copies counted once, then every other
+    contribution scored against those trained on the same model (``kinds``): a chain stage trains θ
+    projected onto its links' subspace, and its sparse update agrees in sign with a full replica's
+    no more than chance (z within ±2 in tests/chain/test_chain_swarm.py; bench/trust.py ``--kinds
+    chain``) while chains agree with each other. A contribution with no comparable one of its kind
+    is judged by the others on the rule for established senders: refused only pointing against them."""
+    checked = list(out.kept)
+    contributions = [decoded[i] for i in checked]
+    pairs = agreement(contributions)
+    out.copies = {checked[p]: checked[first] for p, first in copies(pairs).items()}
+    originals = [p for p, i in enumerate(checked) if i not in out.copies]
+    settled = {p for p in originals if checked[p] in established}
+    kind = [kinds[i] for i in checked]
+
+    def judged(among: List[int], scored: List[int]) -> Dict[int, float]:
+        judges = [p for p in among if p in settled]
+        scores = score_contributions(contributions, judges if len(judges) >= MIN_JUDGES else None, pairs, among)
+        return {p: z for p, z in scores.items() if p in scored}
+
+    scores: Dict[int, float] = {}
+    for k in sorted(set(kind[p] for p in originals)):
+        mine = [p for p in originals if kind[p] == k]
+        scores.update(judged(mine, mine))
+    loose = set()
+    for p in originals:
+        if p not in scores:
+            score = judged([q for q in originals if kind[q] != kind[p]] + [p], [p])
+            loose |= set(score)
+            scores.update(score)
+    out.kept = [i for i in checked if i not in out.copies]  # a copy counts once, as the first of its group
+    out.scores = {checked[p]: z for p, z in scores.items()}
+    for p, z in scores.items():
+        i = checked[p]
+        if (i in established or p in loose) and z <= -AGAINST * min_z:
+            out.excluded[i] = (f"its direction points against the others' of its round ({z:+.1f} standard "
+                               f"deviations from chance; {-AGAINST * min_z:g} or less refuses it)")
+        elif i not in established and p not in loose and z < min_z:
+            out.excluded[i] = (f"its direction agrees with the others' of its round {z:+.1f} standard deviations "
+                               f"above chance, below the {min_z:g} a sender without standing needs")
+        else:
+            continue
+        out.kept.remove(i)
+
+
 def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: float = 0.0,
-           established: Iterable[int] = ()) -> Screening:
+           established: Iterable[int] = (), kinds: Optional[Sequence[int]] = None) -> Screening:
     """Check every contribution, screen their directions (``min_z``; 0: no such check), then clip
     each tensor to ``multiple`` x the median norm of that tensor over the contributions that carry
     it (``math.inf``: no clipping). ``established``: the positions whose senders have standing in
     this lineage (protocol/round/standing.py): once ``MIN_JUDGES`` of them are here only they judge, and
     they are refused only for pointing against the others (score <= -AGAINST x min_z); a fresh
-    contribution must show agreement (score >= min_z)."""
+    contribution must show agreement (score >= min_z). ``kinds``: the model each was trained on
+    (``kinds_of``); like is judged by like (``_direction``)."""
     out = Screening()
     norms: Dict[int, Dict[str, float]] = {}
     for i, contribution in enumerate(decoded):
@@ -158,27 +219,8 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
             norms[i] = n
         else:
             out.excluded[i] = why
-    established = set(established)
     if min_z > 0 and len(out.kept) >= 2:
-        checked = list(out.kept)
-        pairs = agreement([decoded[i] for i in checked])
-        out.copies = {checked[p]: checked[first] for p, first in copies(pairs).items()}
-        originals = [p for p, i in enumerate(checked) if i not in out.copies]
-        settled = [p for p in originals if checked[p] in established]
-        scores = score_contributions([decoded[i] for i in checked], settled if len(settled) >= MIN_JUDGES else None,
-                                     pairs, originals)
-        out.kept = [i for i in checked if i not in out.copies]  # a copy counts once, as the first of its group
-        out.scores = {checked[p]: z for p, z in scores.items()}
-        for i, z in out.scores.items():
-            if i in established and z <= -AGAINST * min_z:
-                out.excluded[i] = (f"its direction points against the others' of its round ({z:+.1f} standard "
-                                   f"deviations from chance; {-AGAINST * min_z:g} or less refuses an established sender)")
-            elif i not in established and z < min_z:
-                out.excluded[i] = (f"its direction agrees with the others' of its round {z:+.1f} standard deviations "
-                                   f"above chance, below the {min_z:g} a sender without standing needs")
-            else:
-                continue
-            out.kept.remove(i)
+        _direction(out, decoded, min_z, set(established), list(kinds) if kinds is not None else [PLAIN] * len(decoded))
     scales: Dict[int, Dict[str, float]] = {i: {} for i in out.kept}
     names = list(dict.fromkeys(name for i in out.kept for name in decoded[i]))  # first-seen order
     for name in names:
@@ -230,7 +272,7 @@ def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: 
     names = sender_names(decoded)
     multiple = getattr(strategy, "clip_multiple", CLIP_MULTIPLE) if multiple is None else multiple
     established = {i for i, n in enumerate(names) if (standing or {}).get(n, 0) >= ESTABLISHED}
-    s = screen(decoded, multiple, getattr(strategy, "min_agreement", 0.0), established)
+    s = screen(decoded, multiple, getattr(strategy, "min_agreement", 0.0), established, kinds_of(decoded))
     excluded = {names[i]: f"refused update: {why}" for i, why in s.excluded.items()}
     kept = list(s.kept)
     while kept:

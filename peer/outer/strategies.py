@@ -39,7 +39,7 @@ from protocol.model.partial import FULL, owned_shapes
 from protocol.wire.payload import Part, decode_part_payload, encode_payload, payload_max_bytes, payload_part
 from protocol.round.standing import weights
 from protocol.spec import RunSpec
-from peer.outer.robust import CLIP_MULTIPLE, NonFiniteStep
+from peer.outer.robust import CLIP_MULTIPLE, PLAIN, PROJECTED, NonFiniteStep
 
 Tensors = Dict[str, torch.Tensor]
 Layout = Mapping[str, Tuple[int, ...]]
@@ -86,6 +86,16 @@ class OuterStrategy:
             return owned_shapes(self.spec, part)
         return None
 
+    def kind_of(self, part: Part) -> int:
+        """The model a contribution of ``part`` was trained on (peer/outer/robust.py judges like by
+        like): a chain stage's is θ projected onto its links' subspace (protocol/chain/subspace_constraint.py,
+        chain-local), unless every replica trains that model (``chain.compress_all``) or the links
+        are uncompressed; every other part's is θ."""
+        chain = self.spec.chain
+        projected = (isinstance(part, tuple) and not self._explicit and not chain.compress_all
+                     and chain.effective_rank(self.spec.model.d_model) < self.spec.model.d_model)
+        return PROJECTED if projected else PLAIN
+
     # -- what a replica sends ---------------------------------------------------------------------
     def signal(self, delta: Tensors) -> Tensors:
         """The tensors to compress this round: delta folded into the local buffers (not in place)."""
@@ -107,10 +117,13 @@ class OuterStrategy:
 
     def decode(self, data: bytes, round_no: int) -> Tensors:
         """A groupmate's payload, validated against the layout of the part it claims to send."""
-        _, tensors = decode_part_payload(
+        return self.decode_part(data, round_no)[1]
+
+    def decode_part(self, data: bytes, round_no: int) -> Tuple[Part, Tensors]:
+        """``decode``, with the part the payload claims."""
+        return decode_part_payload(
             data, self.codec, self.layout_of, run_digest=self.spec.digest(), round=round_no, max_bytes=self.max_payload_bytes
         )
-        return tensors
 
     # -- what every member computes identically -----------------------------------------------------
     def aggregate(self, decoded: Sequence[Tensors], established: Optional[Sequence[bool]] = None) -> Tensors:

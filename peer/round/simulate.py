@@ -368,7 +368,7 @@ def simulate(
 def _tampered(decoded, round_no: int, tamper) -> List[Tensors]:
     """``decoded`` with every contribution as ``tamper`` makes it, in the same order and senders."""
     senders = sender_names(decoded)
-    return Contributions([tamper(round_no, s, c) for s, c in zip(senders, decoded)], senders)
+    return Contributions([tamper(round_no, s, c) for s, c in zip(senders, decoded)], senders, getattr(decoded, "kinds", None))
 
 
 def _load_params(model: torch.nn.Module, theta: Tensors) -> None:

@@ -11,7 +11,7 @@ import torch
 
 import peer.outer.consensus as consensus
 from peer.outer.consensus import agreement, score_contributions
-from peer.outer.robust import Contributions, robust_step, screen
+from peer.outer.robust import PLAIN, PROJECTED, Contributions, robust_step, screen
 from peer.outer.engine import RoundEngine
 from peer.outer.strategies import make_strategy
 from protocol.spec import RunSpec
@@ -97,6 +97,38 @@ def test_parts_are_compared_on_what_they_share_and_a_part_nobody_shares_is_not_j
     assert all(scores[i] > 3 for i in range(5)) and 5 not in scores
     s = screen(full + [stage1, stage2, lone], math.inf, min_z=3.0)
     assert s.kept == [0, 1, 2, 3, 4, 5] and not s.excluded
+
+
+def test_a_chain_stage_is_judged_by_its_kind_and_alone_of_it_only_for_pointing_against():
+    # a chain-local stage trains θ projected onto its links' subspace: its sparse update agrees with a full
+    # replica's no more than chance (the tiny run's chain in tests/chain/test_chain_swarm.py scored -2 to +2)
+    full = [honest(i, names=("s1", "s2")) for i in range(3)]
+    stages = [noise(7, names=("s1",)), noise(8, names=("s2",))]  # one chain: its stages share no tensor
+    kinds = [PLAIN] * 3 + [PROJECTED] * 2
+    assert sorted(screen(full + stages, math.inf, min_z=3.0).excluded) == [3, 4]  # judged as a full replica would be
+    s = screen(full + stages, math.inf, min_z=3.0, established=[0, 1, 2], kinds=kinds)
+    assert s.kept == [0, 1, 2, 3, 4] and not s.excluded and abs(s.scores[3]) < 3
+    against = {n: -sum(m[n] for m in full) for n in ("s1",)}  # the full replicas' consensus, negated
+    s = screen(full + [against, stages[1]], math.inf, min_z=3.0, established=[0, 1, 2], kinds=kinds)
+    assert list(s.excluded) == [3] and "points against" in s.excluded[3]
+    # two chains and a third stage that agrees with neither: judged by the chains, as a fresh sender
+    chains = [honest(20 + i, common_seed=5, names=("s1",)) for i in range(2)] + [noise(9, names=("s1",))]
+    s = screen(full + chains, math.inf, min_z=3.0, established=[0, 1, 2], kinds=[PLAIN] * 3 + [PROJECTED] * 3)
+    assert s.kept == [0, 1, 2, 3, 4] and list(s.excluded) == [5] and "without standing" in s.excluded[5]
+
+
+def test_a_payload_of_a_chain_stage_decodes_as_trained_on_projected_theta_unless_every_replica_is():
+    spec = RunSpec().replace(model={"d_model": 32, "n_layers": 2, "n_heads": 2, "ffn_hidden": 32, "seq_len": 8})
+    assert make_strategy(spec).kind_of((0, 1)) == PROJECTED and make_strategy(spec).kind_of(-1) == PLAIN
+    assert make_strategy(spec.replace(chain={"compress_all": True})).kind_of((0, 1)) == PLAIN
+    assert make_strategy(spec.replace(chain={"rank": 32})).kind_of((0, 1)) == PLAIN  # uncompressed links
+    stage, full = make_strategy(spec, part=(0, 1)), make_strategy(spec)
+    theta = {n: torch.zeros(sh) for n, sh in spec.param_shapes().items()}
+    engine = RoundEngine(full, theta)
+    payloads = {"b-stage": stage.encode({n: torch.ones(sh) for n, sh in stage.layout.items()}, 0)[0],
+                "a-full": full.encode({n: torch.ones(sh) for n, sh in full.layout.items()}, 0)[0]}
+    decoded, invalid = engine.decode(payloads)
+    assert not invalid and decoded.senders == ["a-full", "b-stage"] and decoded.kinds == [PLAIN, PROJECTED]
 
 
 def test_a_tensor_of_another_size_under_the_same_name_is_not_compared():
