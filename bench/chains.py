@@ -1,6 +1,7 @@
 """Heterogeneous replicas (docs/chains.md): pipeline chains beside full replicas, SparseLoCo.
 
     python bench/chains.py [--quick] [--json OUT] [--only a,c] [--jobs N] [--threads T] [--seeds S]
+                           [--warm-rounds W]
 
 ``--quick``: ~1 min (a 0.13M model, 60 steps per replica: a smoke run, its losses are noise-level).
 Full: ~7-8 CPU-minutes at 1 thread (d 128, 4 layers, 200 steps per replica, 5 arms); ``--jobs 2``
@@ -175,6 +176,9 @@ def run_arm(job) -> Dict[str, Any]:
     stages = [(0, cut), (cut, L)]
 
     theta0 = {n: p.detach().clone() for n, p in build_model(spec.model, spec.seed).named_parameters()}
+    if cfg.get("warm_rounds"):  # a run already under way: the chain joins full replicas that trained it
+        from peer.round.simulate import simulate
+        theta0 = simulate(spec, R, cfg["warm_rounds"], corpus=corpus, seed_shards="warm", eval_every=0, keep_theta=True).theta
     if arm.run_wide and U is not None:  # the constrained model from round 0 (T = E: the embedding is untouched)
         constrain_to_subspace_(theta0, U, theta0["embed.weight"], exact=True)
 
@@ -358,10 +362,13 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="arms run in parallel processes")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--seeds", type=int, default=1, help="seeds per arm (0, 1, ...): losses as mean ± spread over them")
+    ap.add_argument("--warm-rounds", type=int, default=0,
+                    help="every arm starts from θ after this many rounds of 4 full replicas (not counted): a chain "
+                         "that joins a run under way, its stages without standing beside replicas that trained it")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     name = "quick" if args.quick else "full"
-    cfg = CONFIGS[name]
+    cfg = dict(CONFIGS[name], warm_rounds=args.warm_rounds)
     arms = ARMS + (EXTRA_ARMS if cfg["extra"] else [])
     if args.only:
         keys = {k.strip() for k in args.only.split(",")}
@@ -374,7 +381,8 @@ def main(argv=None) -> int:
     print(f"model d {ms.d_model}, {ms.n_layers} layers, {ms.n_heads} heads, ffn {ms.ffn_hidden} ({ms.num_params():,} parameters), "
           f"batch {spec.data.batch_size}x{ms.seq_len}, {R} replicas, {cfg['rounds']} rounds of H={cfg['inner_steps']} "
           f"(N={cfg['rounds'] * cfg['inner_steps']} steps per replica), SparseLoCo defaults; chains cut after block "
-          f"{ms.n_layers // 2 - 1}, {spec.chain.micro_batches} micro-batches, fp16 on the wire", flush=True)
+          f"{ms.n_layers // 2 - 1}, {spec.chain.micro_batches} micro-batches, fp16 on the wire"
+          + (f"; from θ after {args.warm_rounds} warm rounds of {R} full replicas" if args.warm_rounds else ""), flush=True)
     rows = run_arms(cfg, arms, args.jobs, args.threads, args.seeds)
     print()
     print_main(rows, spec)
