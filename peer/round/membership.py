@@ -47,7 +47,7 @@ from hivemind.utils import get_dht_time
 
 from protocol.round import peer_states
 from protocol.round.round_policy import swarm_round
-from protocol.round.no_shows import NoShowLedger, claimed_elsewhere
+from protocol.round.no_shows import NoShowLedger, WaitBudget, claimed_elsewhere
 from protocol.model.partial import choose_part
 from protocol.round.peer_states import DONE, IN_ROUND, NOT_IN_ROUNDS
 from protocol.dht.records import CHOOSING, Progress, peer_record_ttl
@@ -109,6 +109,8 @@ class Membership:
         self.no_shows: Set[str] = set()  # waited for in vain: not waited for a while (protocol/round/no_shows.py)
         self.absent: Set[str] = set()  # ... and not seen to come since: nobody to meet either
         self.ledger = NoShowLedger.from_timing(self.timing)
+        # time waited in vain: a bounded share of any window (protocol/round/no_shows.py)
+        self.wait_budget = WaitBudget(self.timing.vain_wait_share, self.timing.heartbeat_s)
         self._came: Dict[int, Set[str]] = {}  # round -> senders whose signed payload was in our union
         # groupmates that joined a group of ours and sent nothing: not matched with for a while
         self.silent = NoShowLedger.from_timing(self.timing)
@@ -397,7 +399,8 @@ class Membership:
         Peers that were waited for in vain and were not in our last group are not waited for a while."""
         self._note_group(mates, round_no)
         start = last_arrival = time.monotonic()
-        deadline, allowance = start + self.timing.round_wait_s, self.straggler_allowance()
+        cap = self.straggler_allowance()
+        deadline, allowance = start + self.timing.round_wait_s, self.wait_budget.grant(start, cap)
         busy = ("training", "waiting") if first_round else ("training",)
         arrived: Set[str] = set()
         lost = False
@@ -425,8 +428,11 @@ class Membership:
             if not pending or late or now > deadline or self.stop.is_set():
                 self._waited, self._waited_round = {v.peer_id for v in pending}, round_no
                 self._waited_steps.update({v.peer_id: v.progress.step for v in pending})
+                if pending:
+                    self.wait_budget.spend(now - last_arrival, now, cap)
                 if pending and late:
-                    logger.info(f"round {round_no}: not waiting longer than {allowance:.1f} s past the last arrival "
+                    short = " (what is left of the budget for waits in vain)" if allowance < cap else ""
+                    logger.info(f"round {round_no}: not waiting longer than {allowance:.1f} s past the last arrival{short} "
                                 f"for {_names(self._waited)}")
                 others = [
                     v for v in view
