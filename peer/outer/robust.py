@@ -158,42 +158,36 @@ class Screening:
 
 def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, established: set, kinds: List[int]) -> None:
     """The direction check of ``screen``, on ``out.kept``: copies counted once, then every other
-    contribution scored against those trained on the same model (``kinds``): a chain stage trains θ
-    projected onto its links' subspace, and its sparse update agrees in sign with a full replica's
-    no more than chance (z within ±2 in tests/chain/test_chain_swarm.py; bench/trust.py ``--kinds
-    chain``) while chains agree with each other. A contribution with no comparable one of its kind
-    is judged by the others on the rule for established senders: refused only pointing against them."""
+    contribution scored. A contribution to θ itself (``PLAIN``) is judged by the others of its kind
+    where it can be compared with one: a chain stage trains θ projected onto its links' subspace
+    (``PROJECTED``), whose sparse update agrees in sign with a full replica's no more than chance, and
+    must not sink an honest full replica's score. A chain stage's is judged by all: θ is the model
+    the run trains, and an update that does not agree with the others' (a chain that joined a run
+    under way: +2 % loss at equal honest tokens when counted, bench/chains.py --warm-rounds) does
+    not count."""
     checked = list(out.kept)
     contributions = [decoded[i] for i in checked]
     pairs = agreement(contributions)
     out.copies = {checked[p]: checked[first] for p, first in copies(pairs).items()}
     originals = [p for p, i in enumerate(checked) if i not in out.copies]
     settled = {p for p in originals if checked[p] in established}
-    kind = [kinds[i] for i in checked]
 
-    def judged(among: List[int], scored: List[int]) -> Dict[int, float]:
+    def judged(among: List[int], scored: Iterable[int]) -> Dict[int, float]:
         judges = [p for p in among if p in settled]
         scores = score_contributions(contributions, judges if len(judges) >= MIN_JUDGES else None, pairs, among)
-        return {p: z for p, z in scores.items() if p in scored}
+        return {p: z for p, z in scores.items() if p in set(scored)}
 
-    scores: Dict[int, float] = {}
-    for k in sorted(set(kind[p] for p in originals)):
-        mine = [p for p in originals if kind[p] == k]
-        scores.update(judged(mine, mine))
-    loose = set()
-    for p in originals:
-        if p not in scores:
-            score = judged([q for q in originals if kind[q] != kind[p]] + [p], [p])
-            loose |= set(score)
-            scores.update(score)
+    plain = [p for p in originals if kinds[checked[p]] == PLAIN]
+    scores = judged(plain, plain)
+    scores.update(judged(originals, [p for p in originals if p not in scores]))
     out.kept = [i for i in checked if i not in out.copies]  # a copy counts once, as the first of its group
     out.scores = {checked[p]: z for p, z in scores.items()}
     for p, z in scores.items():
         i = checked[p]
-        if (i in established or p in loose) and z <= -AGAINST * min_z:
+        if i in established and z <= -AGAINST * min_z:
             out.excluded[i] = (f"its direction points against the others' of its round ({z:+.1f} standard "
-                               f"deviations from chance; {-AGAINST * min_z:g} or less refuses it)")
-        elif i not in established and p not in loose and z < min_z:
+                               f"deviations from chance; {-AGAINST * min_z:g} or less refuses an established sender)")
+        elif i not in established and z < min_z:
             out.excluded[i] = (f"its direction agrees with the others' of its round {z:+.1f} standard deviations "
                                f"above chance, below the {min_z:g} a sender without standing needs")
         else:
@@ -209,7 +203,7 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
     this lineage (protocol/round/standing.py): once ``MIN_JUDGES`` of them are here only they judge, and
     they are refused only for pointing against the others (score <= -AGAINST x min_z); a fresh
     contribution must show agreement (score >= min_z). ``kinds``: the model each was trained on
-    (``kinds_of``); like is judged by like (``_direction``)."""
+    (``kinds_of``): a full replica is not judged by chain stages (``_direction``)."""
     out = Screening()
     norms: Dict[int, Dict[str, float]] = {}
     for i, contribution in enumerate(decoded):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.swarm_harness import Swarm, assert_groups_identical
+from tests.support.swarm_harness import Swarm, assert_groups_identical, refused_by_checks
 
 pytestmark = pytest.mark.slow
 
@@ -32,6 +32,11 @@ def test_chain_trains_beside_a_full_replica_and_reforms_after_a_stage_dies(tmp_p
         assert sorted([tuple(s1["part"]), tuple(s2["part"])]) == [(0, 1), (1, 2)]
         # the stages and the full replica end every shared round with the same parameters
         assert assert_groups_identical([full, s1, s2]) >= 3
+        # a stage's update that does not count was refused by the direction check, which every member,
+        # the stage too, decides alike (the chain trains θ projected onto its links' subspace, and joined
+        # a full replica already under way: its update may not agree with the full replica's)
+        for r in shared():
+            assert all(refused_by_checks(r, p) for p in r["excluded"]), r["excluded"]
         rec = full["history"][-1]
         assert {s1["peer_id"], s2["peer_id"]} <= set(rec["group"]), rec
         # activations crossed the link, compressed: rank 6 of 64 -> about 16 bytes a token each way

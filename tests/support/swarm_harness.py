@@ -192,16 +192,26 @@ def _groupmate_pairs(statuses: List[dict]):
     from its checkpoint and gathered it in a group of its own (one θ per group; the round's two
     groups meet at the next round's start-hash check). A record that does not name its own peer
     took another group's set (peer/round/merge.py's ``adopt_round_set``): it must hold that
-    group's θ, and is compared with every member of it."""
+    group's θ, and is compared with every member of it. A groupmate whose update the round's checks
+    refused is compared (``refused_by_checks``); one excluded otherwise is not."""
     by_peer = {s["peer_id"]: {r["round"]: r for r in s["history"]} for s in statuses if s}
     for pid, rounds in by_peer.items():
         for rnd, rec in rounds.items():
             for other in rec["group"]:
                 if other == pid or other not in by_peer or rnd not in by_peer[other]:
                     continue
-                if other in rec["excluded"] or (pid in rec["group"] and pid not in by_peer[other][rnd]["group"]):
+                if (other in rec["excluded"] and not refused_by_checks(rec, other)) or (
+                        pid in rec["group"] and pid not in by_peer[other][rnd]["group"]):
                     continue
                 yield pid, other, rec, by_peer[other][rnd], rounds, by_peer[other]
+
+
+def refused_by_checks(rec: dict, sender: str) -> bool:
+    """Whether the round's checks of the decoded updates (peer/outer/robust.py) refused ``sender``'s:
+    every member decides that alike from the same payloads, the sender too, so it ends on the group's θ
+    (a silent, invalid or equivocating sender need not)."""
+    excluded = rec["excluded"]
+    return isinstance(excluded, dict) and str(excluded.get(sender, "")).startswith("refused update")
 
 
 def groupmate_pairs(statuses: List[dict]) -> int:
