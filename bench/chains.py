@@ -45,6 +45,11 @@ trains full replicas only):
   averaged over the payloads that carry it: 4 per tensor in every arm), ``apply`` to its own θ,
   ``settle``; θ is asserted bit-identical across members every round.
 
+``--seeds S`` runs every arm with seeds 0 … S−1 (losses paired with (a) of the same seed, mean ±
+spread); ``--warm-rounds W`` starts every arm from θ after W rounds of 4 full replicas, so the chain
+joins a run under way without standing (the direction check then judges it: the ``refused`` column
+counts its stages' updates that did not count).
+
 Rows: validation loss of θ after the last round, evaluated uncompressed (the full model, as a
 full peer reports it), its ratio to (a); for chain arms also the loss as the chain computes it
 (θ projected, through the compressed boundary). Bytes per token between stages from the codec's
