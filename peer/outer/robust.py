@@ -174,8 +174,8 @@ def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, establi
 
     def judged(among: List[int], scored: Iterable[int]) -> Dict[int, float]:
         judges = [p for p in among if p in settled]
-        scores = score_contributions(contributions, judges if len(judges) >= MIN_JUDGES else None, pairs, among)
-        return {p: z for p, z in scores.items() if p in set(scored)}
+        scores, wanted = score_contributions(contributions, judges if len(judges) >= MIN_JUDGES else None, pairs, among), set(scored)
+        return {p: z for p, z in scores.items() if p in wanted}
 
     plain = [p for p in originals if kinds[checked[p]] == PLAIN]
     scores = judged(plain, plain)

@@ -87,8 +87,8 @@ class OuterStrategy:
         return None
 
     def kind_of(self, part: Part) -> int:
-        """The model a contribution of ``part`` was trained on (peer/outer/robust.py judges like by
-        like): a chain stage's is θ projected onto its links' subspace (protocol/chain/subspace_constraint.py,
+        """The model a contribution of ``part`` was trained on (peer/outer/robust.py: a full replica
+        is not judged by chain stages): a chain stage's is θ projected onto its links' subspace (protocol/chain/subspace_constraint.py,
         chain-local), unless every replica trains that model (``chain.compress_all``) or the links
         are uncompressed; every other part's is θ."""
         chain = self.spec.chain
