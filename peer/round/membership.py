@@ -307,6 +307,12 @@ class Membership:
                 logger.info(f"waiting for {n} peers to start ({len(started)} so far, {last_log - t0:.0f} s)")
             time.sleep(self.timing.view_poll_s)
 
+    def _trusted(self, peer: str, mates: Set[str]) -> bool:
+        """Whether ``peer`` came lately (last round's groupmate, or its payload in one of our recent
+        unions) and has no strike: a wait for it is not paid from the budget for waits in vain."""
+        came = peer in mates or any(peer in senders for senders in self._came.values())
+        return came and self.ledger.strikes(peer) == 0
+
     def straggler_allowance(self) -> float:
         """How long past the last arrival a ready peer still waits for peers announced in its round."""
         return self.timing.straggler_allowance(self.train_seconds)
@@ -400,7 +406,7 @@ class Membership:
         self._note_group(mates, round_no)
         start = last_arrival = time.monotonic()
         cap = self.straggler_allowance()
-        deadline, allowance = start + self.timing.round_wait_s, self.wait_budget.grant(start, cap)
+        deadline, budget = start + self.timing.round_wait_s, self.wait_budget.grant(start, cap)
         busy = ("training", "waiting") if first_round else ("training",)
         arrived: Set[str] = set()
         lost = False
@@ -417,6 +423,9 @@ class Membership:
             if {v.peer_id for v in ready} - arrived:
                 arrived |= {v.peer_id for v in ready}
                 last_arrival = now
+            # a peer that came lately with a clean record is waited for the whole allowance; anyone
+            # else (struck, or never seen to come: a fresh identity) only what the budget holds
+            allowance = cap if any(self._trusted(v.peer_id, mates) for v in pending) else budget
             late = now - last_arrival > allowance
             if self.lost_sight() and now <= deadline and not self.stop.is_set():
                 if not lost:

@@ -25,10 +25,13 @@ What keeps this a bound over any window, and not one wait per doubling:
   the union this peer merged.
 
 Skips bound how often a peer is waited for; ``WaitBudget`` bounds how long, over any window: time
-waited in vain is paid from a budget that grows at ``Timing.vain_wait_share`` of wall time, holds at
-most one straggler allowance, and limits every wait past the last arrival. Whatever peers (fresh
-identities included) announce and do not come, waits ending without them take at most that share
-of the time plus one allowance (``test_vain_waits_take_a_bounded_share_of_any_window``).
+waited in vain is paid from a budget that grows at ``Timing.vain_wait_share`` of wall time and holds
+at most one straggler allowance, and it limits every wait past the last arrival for peers that did
+not come lately with a clean record (struck peers, fresh identities). Whatever such peers announce,
+waits for them take at most that share of the time plus one allowance
+(``test_vain_waits_take_a_bounded_share_of_any_window``); a groupmate of last round without a strike
+is still waited for the whole allowance, so a staller that spent the budget does not split honest
+groups (tests/round/test_rejoin.py).
 
 A peer skipped and not seen since its last miss is also nobody to meet (``absent``): a lone honest
 peer beside a staller trains alone instead of waiting for a group that never forms; one that came
