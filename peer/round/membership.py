@@ -47,7 +47,7 @@ from hivemind.utils import get_dht_time
 
 from protocol.round import peer_states
 from protocol.round.round_policy import swarm_round
-from protocol.round.no_shows import NoShowLedger, WaitBudget, claimed_elsewhere
+from protocol.round.no_shows import NoShowLedger, claimed_elsewhere
 from protocol.model.partial import choose_part
 from protocol.round.peer_states import DONE, IN_ROUND, NOT_IN_ROUNDS
 from protocol.dht.records import CHOOSING, Progress, peer_record_ttl
@@ -109,8 +109,6 @@ class Membership:
         self.no_shows: Set[str] = set()  # waited for in vain: not waited for a while (protocol/round/no_shows.py)
         self.absent: Set[str] = set()  # ... and not seen to come since: nobody to meet either
         self.ledger = NoShowLedger.from_timing(self.timing)
-        # time waited in vain: a bounded share of any window (protocol/round/no_shows.py)
-        self.wait_budget = WaitBudget(self.timing.vain_wait_share, self.timing.heartbeat_s)
         self._came: Dict[int, Set[str]] = {}  # round -> senders whose signed payload was in our union
         # groupmates that joined a group of ours and sent nothing: not matched with for a while
         self.silent = NoShowLedger.from_timing(self.timing)
@@ -307,12 +305,6 @@ class Membership:
                 logger.info(f"waiting for {n} peers to start ({len(started)} so far, {last_log - t0:.0f} s)")
             time.sleep(self.timing.view_poll_s)
 
-    def _trusted(self, peer: str, mates: Set[str]) -> bool:
-        """Whether ``peer`` came lately (last round's groupmate, or its payload in one of our recent
-        unions) and has no strike: a wait for it is not paid from the budget for waits in vain."""
-        came = peer in mates or any(peer in senders for senders in self._came.values())
-        return came and self.ledger.strikes(peer) == 0
-
     def straggler_allowance(self) -> float:
         """How long past the last arrival a ready peer still waits for peers announced in its round."""
         return self.timing.straggler_allowance(self.train_seconds)
@@ -405,8 +397,7 @@ class Membership:
         Peers that were waited for in vain and were not in our last group are not waited for a while."""
         self._note_group(mates, round_no)
         start = last_arrival = time.monotonic()
-        cap = self.straggler_allowance()
-        deadline, budget = start + self.timing.round_wait_s, self.wait_budget.grant(start, cap)
+        deadline, allowance = start + self.timing.round_wait_s, self.straggler_allowance()
         busy = ("training", "waiting") if first_round else ("training",)
         arrived: Set[str] = set()
         lost = False
@@ -423,9 +414,6 @@ class Membership:
             if {v.peer_id for v in ready} - arrived:
                 arrived |= {v.peer_id for v in ready}
                 last_arrival = now
-            # a peer that came lately with a clean record is waited for the whole allowance; anyone
-            # else (struck, or never seen to come: a fresh identity) only what the budget holds
-            allowance = cap if any(self._trusted(v.peer_id, mates) for v in pending) else budget
             late = now - last_arrival > allowance
             if self.lost_sight() and now <= deadline and not self.stop.is_set():
                 if not lost:
@@ -437,11 +425,8 @@ class Membership:
             if not pending or late or now > deadline or self.stop.is_set():
                 self._waited, self._waited_round = {v.peer_id for v in pending}, round_no
                 self._waited_steps.update({v.peer_id: v.progress.step for v in pending})
-                if pending:
-                    self.wait_budget.spend(now - last_arrival, now, cap)
                 if pending and late:
-                    short = " (what is left of the budget for waits in vain)" if allowance < cap else ""
-                    logger.info(f"round {round_no}: not waiting longer than {allowance:.1f} s past the last arrival{short} "
+                    logger.info(f"round {round_no}: not waiting longer than {allowance:.1f} s past the last arrival "
                                 f"for {_names(self._waited)}")
                 others = [
                     v for v in view

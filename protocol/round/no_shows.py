@@ -24,15 +24,6 @@ What keeps this a bound over any window, and not one wait per doubling:
   appearance that counts is one we can check: a groupmate, or a sender whose signed payload is in
   the union this peer merged.
 
-Skips bound how often a peer is waited for; ``WaitBudget`` bounds how long, over any window: time
-waited in vain is paid from a budget that grows at ``Timing.vain_wait_share`` of wall time and holds
-at most one straggler allowance, and it limits every wait past the last arrival for peers that did
-not come lately with a clean record (struck peers, fresh identities). Whatever such peers announce,
-waits for them take at most that share of the time plus one allowance
-(``test_vain_waits_take_a_bounded_share_of_any_window``); a groupmate of last round without a strike
-is still waited for the whole allowance, so a staller that spent the budget does not split honest
-groups (tests/round/test_rejoin.py).
-
 A peer skipped and not seen since its last miss is also nobody to meet (``absent``): a lone honest
 peer beside a staller trains alone instead of waiting for a group that never forms; one that came
 since (an honest peer with a second strike, still in our groups) is met, only not waited for.
@@ -168,32 +159,3 @@ class NoShowLedger:
     def absent(self, round_no: int) -> Set[str]:
         """The skipped peers not seen to come since their last miss: nobody to meet in ``round_no``."""
         return {p for p, e in self._entries.items() if e.until > round_no and e.came < e.last_miss}
-
-
-class WaitBudget:
-    """How long a peer may still wait past the last arrival (see the module docstring). Time is an
-    argument; the budget starts full (``cap_s``, refilled to the current cap)."""
-
-    def __init__(self, share: float, floor_s: float):
-        if not 0.0 < share < 1.0 or floor_s < 0.0:
-            raise ValueError("share must be in (0, 1) and floor_s at least 0")
-        self.share, self.floor_s = share, floor_s
-        self.balance: float = float("inf")  # clipped to the cap at the first grant
-        self._at: float = float("nan")
-
-    def _accrue(self, now: float, cap_s: float) -> None:
-        if self._at == self._at:  # not NaN: a time was seen
-            self.balance += self.share * max(0.0, now - self._at)
-        self.balance, self._at = min(self.balance, cap_s), now
-
-    def grant(self, now: float, cap_s: float) -> float:
-        """The longest wait past the last arrival at ``now``: what the budget holds (at most ``cap_s``,
-        one straggler allowance), never less than ``floor_s`` (a peer ready a heartbeat after the
-        others is still met)."""
-        self._accrue(now, cap_s)
-        return min(cap_s, max(self.floor_s, self.balance))
-
-    def spend(self, seconds: float, now: float, cap_s: float) -> None:
-        """``seconds`` were waited in vain (the barrier ended with peers it waited for missing)."""
-        self._accrue(now, cap_s)
-        self.balance -= max(0.0, seconds)

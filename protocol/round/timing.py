@@ -33,9 +33,6 @@ class Timing:
     (tests/round/test_liveness.py)."""
     straggler_fraction: float = 0.5
     """... and at most this fraction of its own training time of the round, if that is longer."""
-    vain_wait_share: float = 0.2
-    """Waits that end without the peers waited for take at most this share of wall time over any
-    window, plus one allowance (protocol/round/no_shows.py's ``WaitBudget``): rounds at most 1.25x."""
     read_min_s: float = 0.5
     """A peer reads the progress records at most this often (tests/round/test_control_plane.py) ..."""
     swarm_reads_per_s: float = 8.0
