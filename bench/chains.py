@@ -165,7 +165,7 @@ def corpus_once():
 
 
 def run_arm(job) -> Dict[str, Any]:
-    cfg, arm, threads, seed = job if len(job) == 4 else (*job, 0)
+    cfg, arm, threads, seed = job
     torch.set_num_threads(threads)
     t0 = time.monotonic()
     spec = make_spec(cfg, seed)

@@ -47,7 +47,7 @@ from peer.outer.consensus import agreement, copies, score_contributions
 from protocol.round.standing import AGAINST, ESTABLISHED, FRESH_SHARE, MIN_JUDGES, weights
 from protocol.codecs.fields import MAX_ABS
 
-__all__ = ["CLIP_MULTIPLE", "PLAIN", "PROJECTED", "Contributions", "kinds_of", "NonFiniteStep", "Outcome", "Screening", "robust_step", "screen",
+__all__ = ["CLIP_MULTIPLE", "PLAIN", "PROJECTED", "REFUSED", "Contributions", "kinds_of", "NonFiniteStep", "Outcome", "Screening", "robust_step", "screen",
            "squared_norm"]
 
 logger = logging.getLogger("voloco.peer.robust")
@@ -63,6 +63,7 @@ Tensors = Dict[str, torch.Tensor]
 CLIP_MULTIPLE = 1.5
 _CHUNK = 1 << 20  # elements squared and summed at a time (bounds the float64 temporaries)
 _NOTABLE = 0.5  # a clip that removes more than half of a tensor's norm is logged
+REFUSED = "refused update"  # how every reason these checks give begins (a round record's exclusions)
 
 
 class NonFiniteStep(ValueError):
@@ -214,7 +215,7 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
         else:
             out.excluded[i] = why
     if min_z > 0 and len(out.kept) >= 2:
-        _direction(out, decoded, min_z, set(established), list(kinds) if kinds is not None else [PLAIN] * len(decoded))
+        _direction(out, decoded, min_z, set(established), kinds_of(decoded) if kinds is None else list(kinds))
     scales: Dict[int, Dict[str, float]] = {i: {} for i in out.kept}
     names = list(dict.fromkeys(name for i in out.kept for name in decoded[i]))  # first-seen order
     for name in names:
@@ -267,7 +268,7 @@ def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: 
     multiple = getattr(strategy, "clip_multiple", CLIP_MULTIPLE) if multiple is None else multiple
     established = {i for i, n in enumerate(names) if (standing or {}).get(n, 0) >= ESTABLISHED}
     s = screen(decoded, multiple, getattr(strategy, "min_agreement", 0.0), established, kinds_of(decoded))
-    excluded = {names[i]: f"refused update: {why}" for i, why in s.excluded.items()}
+    excluded = {names[i]: f"{REFUSED}: {why}" for i, why in s.excluded.items()}
     kept = list(s.kept)
     while kept:
         try:
@@ -277,7 +278,7 @@ def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: 
         except NonFiniteStep as e:  # the largest goes first; ties: the later in canonical order
             worst = max(kept, key=lambda i: (s.norms[i], i))
             kept.remove(worst)
-            excluded[names[worst]] = f"refused update: with it the outer step would leave {e}"
+            excluded[names[worst]] = f"{REFUSED}: with it the outer step would leave {e}"
     clipped = {names[i]: s.clipped[i] for i in kept if i in s.clipped}
     weighed = lightest([s.contributions[i] for i in kept], [i in established for i in kept])
     lighter = {names[kept[p]]: w for p, w in weighed.items()}

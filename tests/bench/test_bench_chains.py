@@ -35,7 +35,7 @@ def test_link_bytes_reference_point():
 
 @pytest.mark.parametrize("arm", [chains.ARMS[2], chains.ARMS[3]], ids=["selective", "uniform"])
 def test_tiny_arm_runs(arm):
-    row = chains.run_arm((TINY, arm, 1))  # asserts θ bit-identical across members every round
+    row = chains.run_arm((TINY, arm, 1, 0))  # asserts θ bit-identical across members every round
     assert math.isfinite(row["val_loss"]) and row["val_loss"] < row["initial_val_loss"]
     assert row["k"] == 3 and row["members"] == (5 if arm.chains == 1 else 8)
     assert row["link"]["ratio"] >= 8

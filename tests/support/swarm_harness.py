@@ -211,7 +211,9 @@ def refused_by_checks(rec: dict, sender: str) -> bool:
     every member decides that alike from the same payloads, the sender too, so it ends on the group's θ
     (a silent, invalid or equivocating sender need not)."""
     excluded = rec["excluded"]
-    return isinstance(excluded, dict) and str(excluded.get(sender, "")).startswith("refused update")
+    from peer.outer.robust import REFUSED  # here, not at the top: the harness itself needs no torch
+
+    return isinstance(excluded, dict) and str(excluded.get(sender, "")).startswith(REFUSED)
 
 
 def groupmate_pairs(statuses: List[dict]) -> int:
