@@ -371,6 +371,8 @@ def main(argv=None) -> int:
                     help="every arm starts from θ after this many rounds of 4 full replicas (not counted): a chain "
                          "that joins a run under way, its stages without standing beside replicas that trained it")
     args = ap.parse_args(argv)
+    if args.seeds < 1 or args.warm_rounds < 0:
+        ap.error(f"--seeds must be at least 1 and --warm-rounds at least 0, got {args.seeds} and {args.warm_rounds}")
     torch.set_num_threads(args.threads)
     name = "quick" if args.quick else "full"
     cfg = dict(CONFIGS[name], warm_rounds=args.warm_rounds)
