@@ -95,6 +95,7 @@ def peer_argv(
         "--checkpoint-dir", str(d / "checkpoint"),
         "--identity", str(d / "identity.key"),
         "--threads", str(threads),
+        "--no-compile",  # the demo's model is tiny: compiling would take longer than its whole run
     ] + extra
 
 

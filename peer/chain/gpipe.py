@@ -33,6 +33,10 @@ Targets: an ``activations`` frame carries the token ids of x only (``protocol.ch
 field for y), so the last stage takes the batch from its caller (a chain's stages draw the same
 batch stream) and checks that the ids it receives are its own x (``BatchMismatch``).
 
+Devices: the stage computes where its parameters are (a CUDA stage's forward under the trainer's
+bf16 autocast, as a full peer's); the batch and T are moved there, frames leave as CPU bytes and
+arrive decoded on the stage's device, so the stages of one chain may sit on different devices.
+
 T (the embedding at the last outer step, the codec's anchor) is an argument: both ends of a link
 must use the same bits of it, so the caller refreshes it after every outer step on every stage,
 including stages that do not own the embedding. Frames carry the step number
@@ -42,6 +46,7 @@ refused; a link's hello pins the round (open new links for a new round to re-che
 
 from __future__ import annotations
 
+import contextlib
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -113,6 +118,9 @@ async def run_inner_step(
     _check_args(stage, T, upstream, downstream)
     M = micro_batches
     step = trainer.step_count if step is None else step
+    device = next(stage.parameters()).device
+    T = T.to(device)
+    constraint = None if constraint is None else constraint.to(device)
     xs: Sequence[Optional[torch.Tensor]] = [None] * M
     ys: Sequence[Optional[torch.Tensor]] = [None] * M
     if stage.is_first or stage.is_last:
@@ -121,8 +129,8 @@ async def run_inner_step(
         x, y = batch
         if stage.is_first and x is None:
             raise ValueError("the first stage needs the inputs x")
-        xs = _split(x, M) if x is not None else xs
-        ys = _split(y, M)
+        xs = _split(x.to(device), M) if x is not None else xs
+        ys = _split(y.to(device), M)
     for link in (upstream, downstream):
         for t in (xs[0], ys[0]):
             if link is not None and t is not None and tuple(t.shape) != (link.fmt.micro_batch, link.fmt.seq_len):
@@ -144,7 +152,7 @@ async def run_inner_step(
     trainer.optimizer.zero_grad(set_to_none=True)
     stage.train()
     try:
-        loss = await _pipeline_pass(stage, T, M, step, xs, ys, upstream, downstream)
+        loss = await _pipeline_pass(stage, _autocast(trainer, device), T, M, step, xs, ys, upstream, downstream)
         trainer.apply_gradients(before_clip, after_step)
     except BaseException:
         trainer.optimizer.zero_grad(set_to_none=True)
@@ -155,8 +163,17 @@ async def run_inner_step(
     return loss
 
 
+def _autocast(trainer: InnerTrainer, device: torch.device):
+    """What the stage's forward passes run under: the trainer's bf16 autocast where its precision
+    says so (a CUDA stage with inner.precision "auto"), else nothing."""
+    if trainer.autocast_dtype is None:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device.type, dtype=trainer.autocast_dtype)
+
+
 async def _pipeline_pass(
     stage: Model,
+    autocast,
     T: torch.Tensor,
     M: int,
     step: int,
@@ -169,8 +186,9 @@ async def _pipeline_pass(
     if stage.is_last:
         total = 0.0
         for mb in range(M):  # one forward, one backward: only one micro-batch's graph alive
-            h_in, _, h = await _stage_input(stage, T, step, mb, xs[mb], upstream)
-            _, loss = stage.forward_head(stage.forward_blocks(h), ys[mb])
+            h_in, _, h = await _stage_input(stage, autocast, T, step, mb, xs[mb], upstream)
+            with autocast():
+                _, loss = stage.forward_head(stage.forward_blocks(h), ys[mb])
             (loss / M).backward()
             total += loss.item()
             if upstream is not None:
@@ -180,13 +198,14 @@ async def _pipeline_pass(
     outs: List[Optional[torch.Tensor]] = []
     ins: List[Optional[torch.Tensor]] = []
     for mb in range(M):  # GPipe: every forward first, the graphs of all M micro-batches alive
-        h_in, tokens, h = await _stage_input(stage, T, step, mb, xs[mb], upstream)
-        out = stage.forward_blocks(h)
+        h_in, tokens, h = await _stage_input(stage, autocast, T, step, mb, xs[mb], upstream)
+        with autocast():
+            out = stage.forward_blocks(h)
         downstream.send_activations(step, mb, tokens, out, T)
         outs.append(out)
         ins.append(h_in)
     for mb in range(M):
-        g = await downstream.recv_grads(step, mb)
+        g = await downstream.recv_grads(step, mb, outs[mb].device)
         outs[mb].backward(g.to(outs[mb].dtype))
         outs[mb] = None
         if upstream is not None:
@@ -195,11 +214,13 @@ async def _pipeline_pass(
     return None
 
 
-async def _stage_input(stage: Model, T: torch.Tensor, step: int, mb: int, x: Optional[torch.Tensor], upstream: Optional[StageLink]):
+async def _stage_input(stage: Model, autocast, T: torch.Tensor, step: int, mb: int, x: Optional[torch.Tensor],
+                       upstream: Optional[StageLink]):
     """(leaf input whose .grad goes upstream, or None on the first stage; the micro-batch's token
     ids; the hidden state to run the blocks on)."""
     if upstream is None:
-        return None, x, stage.embed_tokens(x)
+        with autocast():
+            return None, x, stage.embed_tokens(x)
     tokens, h = await upstream.recv_activations(step, mb, T, expect_tokens=x)
     h_in = h.detach().requires_grad_(True)
     return h_in, tokens, h_in

@@ -277,21 +277,21 @@ class StageLink:
     async def recv_activations(
         self, step: int, mb: int, T: torch.Tensor, expect_tokens: Optional[torch.Tensor] = None
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(token ids (b, S) int64, decoded h (b, S, d) float32) of micro-batch ``mb``. With
+        """(token ids (b, S) int64 on the CPU, decoded h (b, S, d) float32 on T's device) of micro-batch ``mb``. With
         ``expect_tokens``, ids that differ raise BatchMismatch (and close the link)."""
         frame = await self.recv()
         self._expect(frame, Activations, step, mb)
-        if expect_tokens is not None and not torch.equal(frame.tokens, expect_tokens.to(frame.tokens.dtype)):
+        if expect_tokens is not None and not torch.equal(frame.tokens, expect_tokens.to("cpu", frame.tokens.dtype)):
             raise self._fail(
                 BatchMismatch(f"micro-batch {mb} of step {step}: the token ids from stage {self.neighbour_stage} are not this stage's batch", self)
             )
         return frame.tokens, self._decoded("activations", self.codec.decode_forward, frame.values, frame.tokens, T)
 
-    async def recv_grads(self, step: int, mb: int) -> torch.Tensor:
-        """The decoded gradient (b, S, d) float32 for micro-batch ``mb``."""
+    async def recv_grads(self, step: int, mb: int, device: Optional[torch.device] = None) -> torch.Tensor:
+        """The decoded gradient (b, S, d) float32 for micro-batch ``mb``, on ``device`` (default: the CPU)."""
         frame = await self.recv()
         self._expect(frame, Grads, step, mb)
-        return self._decoded("grads", self.codec.decode_backward, frame.values)
+        return self._decoded("grads", self.codec.decode_backward, frame.values, device)
 
     # -- closing --------------------------------------------------------------------------------
     async def close(self, bye: bool = True) -> None:

@@ -233,9 +233,11 @@ class ChainMember:
         what this stage cannot use raises ChainBroken (reason logged, links closed, parameters
         and optimizer state as they were); bad arguments of the caller raise ValueError."""
         limit = self.spec.chain.link_timeout * 4
+        device = next(stage.parameters()).device
         step = run_inner_step(
             stage, trainer, T=T, micro_batches=self.spec.chain.micro_batches, batch=batch,
-            upstream=self.upstream, downstream=self.downstream, constraint=self.U,
+            upstream=self.upstream, downstream=self.downstream,
+            constraint=None if self.U is None else self.codec.basis_on(device),  # U on the stage's device, copied once
         )
         try:  # the deadline cancels the step on the loop, so it never updates after we gave up
             loss = self._call(asyncio.wait_for(step, limit), timeout=limit + 10)

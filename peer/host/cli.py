@@ -21,7 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_run_key_argument(p)
     add_join_token_arguments(p, coordinator=False)
     p.add_argument("--data", help="a text file or a directory of text files to train on (default: the run spec's corpus)")
-    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default: cpu)")
+    p.add_argument("--device", default="auto",
+                   help="torch device: auto, cpu, cuda or cuda:N (default: auto: the first CUDA GPU when torch sees one, "
+                   "else the CPU; the start-up log says what was chosen and why)")
     p.add_argument("--identity", type=Path, help="private key file: a stable peer id across restarts (created if missing)")
     p.add_argument("--checkpoint-dir", type=Path,
                    help="directory for the peer's checkpoint; a restarted peer resumes from it (written in the background "
@@ -41,14 +43,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="behind a NAT: look for relays and become reachable through them (default: off)")
     p.add_argument("--status-file", type=Path, help="write the peer's status and round history as JSON after every round")
     p.add_argument("--max-rounds", type=int, help="stop after this round (default: the spec's max_rounds; 0 = never)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int,
+                   help="torch CPU threads for the inner steps on the CPU and for the exchange's decode and aggregate "
+                   "(default: torch's choice, the host's cores)")
     p.add_argument(
-        "--compile", action="store_true",
+        "--compile", dest="compile", action="store_true", default=None,
         help="run the inner steps' forward pass through torch.compile: about 2x the tokens/s on a GPU at the 125m "
         "and 350m shapes (bench/gpu.py --compile), after 20-30 s of compiling at start; needs a C compiler (if "
         "the compile fails, the peer says so and trains without it); a full or partial peer only, not a chain "
-        "stage (default: off)",
+        "stage (default: on when training on CUDA, off on the CPU)",
     )
+    p.add_argument("--no-compile", dest="compile", action="store_false",
+                   help="train eagerly, without torch.compile, on CUDA too")
     p.add_argument(
         "--wait-peers", type=int, default=1, metavar="N",
         help="a coordinated start: hold the first round until N peers of the run (this one included) have started; "
@@ -152,10 +158,12 @@ def _check_data(path: str) -> None:
 def _check_device(device: str) -> None:
     import torch
 
+    if device == "auto":
+        return
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise UsageError(f"--device {device!r} is not a torch device: use cpu, cuda or cuda:N") from None
+        raise UsageError(f"--device {device!r} is not a torch device: use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
     if dev.type not in ("cpu", "cuda"):

@@ -31,7 +31,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 
 from peer.checkpoints import contents as checkpoints
-from peer.host import lifecycle
+from peer.host import device_choice, lifecycle
 from peer.chain.stage import ChainMember
 from peer.checkpoints.writer import CheckpointWriter
 from peer.training.data import val_batches
@@ -70,7 +70,7 @@ class PeerOptions:
     run_key: Optional[str] = None  # fingerprint of the run's key: only a spec it signed is accepted
     join_token: Optional[str] = None  # a private run's shared secret (swarm/access/admission.py)
     data: Optional[str] = None
-    device: str = "cpu"
+    device: str = "auto"  # "auto": CUDA when torch sees it, else the CPU (peer/host/device_choice.py)
     identity: Optional[str] = None
     checkpoint_dir: Optional[Path] = None
     host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",)
@@ -85,7 +85,7 @@ class PeerOptions:
     stage_port: int = 0
     max_rounds: Optional[int] = None
     threads: Optional[int] = None
-    compile: bool = False  # the inner steps' forward pass through torch.compile (peer/training/inner.py)
+    compile: Optional[bool] = None  # torch.compile of the inner steps' forward; None: on CUDA only (device_choice)
     spec_timeout: float = 30.0
     wait_peers: int = 1  # before the first round, wait until this many peers (self included) have started
     metrics_port: int = 0  # serve Prometheus metrics on this port (peer/host/metrics.py); 0: off
@@ -135,8 +135,11 @@ class Peer:
 
     def start(self) -> None:
         opts = self.opts
-        if opts.threads:
-            torch.set_num_threads(opts.threads)
+        machine = device_choice.detect_machine()
+        self.choice = device_choice.choose(opts.device, opts.compile, opts.threads, machine)
+        if self.choice.threads:
+            torch.set_num_threads(self.choice.threads)
+        logger.info(self.choice.describe(machine))
         lifecycle.meter_wire(self)  # self.wire: every TCP byte of this peer's processes, from the DHT's first on
         lifecycle.set_phase(self, "joining the DHT")
         self.dht = start_dht(opts.join, opts.host_maddrs, opts.announce_maddrs, opts.identity, opts.client_mode,
@@ -160,7 +163,7 @@ class Peer:
         lifecycle.set_phase(self, "loading data")
         self.corpus = obtain_corpus(self.dht, spec, opts.data, opts.checkpoint_dir)  # the run's tokenizer, verified
         logger.info(f"data: {self.corpus}")
-        self.device = torch.device(opts.device)
+        self.device = torch.device(self.choice.device)
         self.resources = detect(self.device, opts.max_memory_gb, opts.bandwidth_mbps)
         logger.info(f"resources: {self.resources.describe(spec)}")
         self.val = val_batches(self.corpus, spec.model.seq_len, spec.data.batch_size, spec.data.val_batches)
@@ -217,16 +220,16 @@ class Peer:
             lifecycle.set_phase(self, "waiting for a chain")
             if self._chain.wait_for_assignment() is None:
                 return None
-            if opts.compile:
+            if opts.compile:  # asked for explicitly
                 logger.warning("--compile applies to full and partial peers: this chain stage's inner steps run eagerly")
             return ChainStage(spec, self._chain, self.device, self.corpus)
         slices = spec.partial.slices
         if slices <= 1:
-            return FullReplica(spec, full, self.device, self.corpus, self.peer_id, compile=opts.compile)
+            return FullReplica(spec, full, self.device, self.corpus, self.peer_id, compile=self.choice.compile)
         part = checkpoints.saved_part(opts.checkpoint_dir, spec)  # a restarted peer keeps its slice
         if part not in range(slices):
             part = self.membership.choose_slice(slices)
-        return SliceOwner(spec, int(part), full, self.device, self.corpus, self.peer_id, compile=opts.compile)
+        return SliceOwner(spec, int(part), full, self.device, self.corpus, self.peer_id, compile=self.choice.compile)
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self) -> None:

@@ -170,7 +170,7 @@ class ChainStage(Role):
             # projection in span(U) (the embedding's drift from T is zero at a round's start)
             with torch.no_grad():
                 T = theta["embed.weight"].to(self.device)
-                constrain_to_subspace_(self.model.named_parameters(), self.chain.U.to(self.device), T, exact=True)
+                constrain_to_subspace_(self.model.named_parameters(), self.chain.codec.basis_on(self.device), T, exact=True)
 
     def begin_round(self, theta: Tensors, sync: Callable[[], int]) -> Tensors:
         try:

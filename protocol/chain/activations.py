@@ -102,6 +102,13 @@ class ActivationCodec:
         self.dtype = dtype
         self.d, self.k = self.U.shape
         self.identity = self.k == self.d and torch.equal(self.U, torch.eye(self.d))
+        self._U_on = {self.U.device: self.U}  # U copied to each device it is used on, once
+
+    def basis_on(self, device: torch.device) -> torch.Tensor:
+        """U on ``device`` (copied there at the first use)."""
+        if device not in self._U_on:
+            self._U_on[device] = self.U.to(device)
+        return self._U_on[device]
 
     def forward_bytes_per_token(self, vocab_size: int) -> int:
         return bytes_per_token(self.k, self.dtype, vocab_size, token_ids=True)
@@ -112,7 +119,7 @@ class ActivationCodec:
     def _anchor(self, tok: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
         if T.ndim != 2 or T.shape[1] != self.d:
             raise ValueError(f"T must be (vocab, {self.d}), got {tuple(T.shape)}")
-        return F.embedding(tok, T.detach().to(torch.float32))
+        return F.embedding(tok.to(T.device), T.detach().to(torch.float32))
 
     def _wire(self, x: torch.Tensor, what: str) -> torch.Tensor:
         out = x.to(self.dtype)
@@ -124,25 +131,26 @@ class ActivationCodec:
         """h (B, S, d), tok (B, S) int64 -> coefficients (B, S, k) in the wire dtype."""
         if h.shape[-1] != self.d or tuple(tok.shape) != tuple(h.shape[:-1]):
             raise ValueError(f"h must be (B, S, {self.d}) and tok (B, S); got {tuple(h.shape)}, {tuple(tok.shape)}")
-        dev = h.detach().to(torch.float32) - self._anchor(tok, T)
-        return self._wire(dev if self.identity else dev @ self.U, "activation")
+        dev = h.detach().to(T.device, torch.float32) - self._anchor(tok, T)
+        return self._wire(dev if self.identity else dev @ self.basis_on(T.device), "activation")
 
     def decode_forward(self, coeffs: torch.Tensor, tok: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
-        """coefficients (B, S, k) -> h_hat (B, S, d) float32 = coeffs @ U.T + T[tok]."""
-        c = coeffs.to(torch.float32)
-        return (c if self.identity else c @ self.U.T) + self._anchor(tok, T)
+        """coefficients (B, S, k) -> h_hat (B, S, d) float32 = coeffs @ U.T + T[tok], on T's device."""
+        c = coeffs.to(T.device, torch.float32)
+        return (c if self.identity else c @ self.basis_on(T.device).T) + self._anchor(tok, T)
 
     def encode_backward(self, g: torch.Tensor) -> torch.Tensor:
         """dL/dh (B, S, d) -> (B, S, k) in the wire dtype."""
         if g.shape[-1] != self.d:
             raise ValueError(f"gradient must end in {self.d}, got {tuple(g.shape)}")
         g = g.detach().to(torch.float32)
-        return self._wire(g if self.identity else g @ self.U, "activation gradient")
+        return self._wire(g if self.identity else g @ self.basis_on(g.device), "activation gradient")
 
-    def decode_backward(self, c: torch.Tensor) -> torch.Tensor:
-        """(B, S, k) -> the gradient projected on span(U), (B, S, d) float32."""
-        c = c.to(torch.float32)
-        return c if self.identity else c @ self.U.T
+    def decode_backward(self, c: torch.Tensor, device: Optional[torch.device] = None) -> torch.Tensor:
+        """(B, S, k) -> the gradient projected on span(U), (B, S, d) float32, on ``device`` (default:
+        where ``c`` is)."""
+        c = c.to(c.device if device is None else device, torch.float32)
+        return c if self.identity else c @ self.basis_on(c.device).T
 
 
 class _Boundary(torch.autograd.Function):

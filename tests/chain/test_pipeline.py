@@ -85,17 +85,22 @@ def stage_of(run, start, end):
     return build_model(run.model, run.seed, run.partial.slices, run.partial.attn_slices, blocks=(start, end))
 
 
-def make_stages(cuts):
+def make_stages(cuts, devices=None):
+    """The stages of ``cuts``, stage i on ``devices[i]`` (default: all on the CPU)."""
     stages = [stage_of(RUN, cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
-    return stages, [InnerTrainer(s, RUN.inner) for s in stages]
+    devices = devices or ["cpu"] * len(stages)
+    return stages, [InnerTrainer(s, RUN.inner, device) for s, device in zip(stages, devices)]
 
 
-async def train_chain(cuts, ks, dtype, data, constraint=None):
-    stages, trainers = make_stages(cuts)
-    T = stages[0].embed.weight.detach().clone()
+async def train_chain(cuts, ks, dtype, data, constraint=None, devices=None):
+    """Train a chain over loopback links; ``T`` and ``constraint`` are given on the CPU and each
+    stage moves what it needs to its own device (``devices``)."""
+    stages, trainers = make_stages(cuts, devices)
+    T = stages[0].embed.weight.detach().to("cpu").clone()
     if constraint is not None:
         for s in stages:
-            constrain_to_subspace_(list(s.named_parameters()), constraint, T)
+            device = next(s.parameters()).device
+            constrain_to_subspace_(list(s.named_parameters()), constraint.to(device), T.to(device))
     up, down, listeners = await connect_chain(stages, ks, dtype)
     S = len(stages)
     losses = []

@@ -102,3 +102,40 @@ def test_a_cuda_member_and_a_cpu_member_settle_to_identical_theta(strategy, corp
         # the members' local buffers (error feedback, DCT momentum) are their own; the shared state is not
         sa, sb = a.strategy.shared_state(), b.strategy.shared_state()
         assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# --- chain stages on CUDA (issue: chain stages crashed at their first step on a GPU box) ----------
+
+
+def test_a_chain_with_a_cuda_stage_and_a_cpu_stage_trains_like_one_process():
+    """Stage 0 on the GPU (bf16 autocast), stage 1 on the CPU, fp32 links: the batch, T and the
+    frames cross devices and the chain trains as the model does in one process, within bf16's
+    rounding."""
+    from peer.chain.links import link_codec, run
+    from tests.chain.test_pipeline import D, RUN as CHAIN_RUN, batches, train_chain, train_reference
+
+    assert CHAIN_RUN.inner.precision == "auto"
+    data = batches(3)
+    stages, trainers, losses = run(train_chain([0, 2, 4], [D], torch.float32, data, devices=["cuda", "cpu"]))
+    assert [next(s.parameters()).device.type for s in stages] == ["cuda", "cpu"]
+    assert trainers[0].precision == "bf16" and trainers[1].precision == "fp32"  # "auto": bf16 autocast on CUDA
+    assert all(torch.isfinite(torch.tensor(losses)))
+    model, ref_losses = train_reference([0, 2, 4], data, codecs=[link_codec(D, D, CHAIN_RUN.seed, torch.float32)])
+    assert losses == pytest.approx(ref_losses, rel=5e-2)  # bf16 forward on stage 0
+    for stage in stages:
+        for name, p in stage.named_parameters():
+            assert bool(torch.isfinite(p).all()), name
+
+
+def test_a_compressed_cuda_chain_with_the_subspace_constraint_learns():
+    """Both stages on the GPU, a rank-8 link, the lossless constraint's U on the device: a
+    repeated batch's loss falls."""
+    from peer.chain.links import run
+    from protocol.chain.subspace import subspace_basis
+    from tests.chain.test_pipeline import D, RUN as CHAIN_RUN, batches, train_chain
+
+    U = subspace_basis(D, 8, CHAIN_RUN.seed)
+    data = batches(12, repeat=True)
+    stages, trainers, losses = run(train_chain([0, 2, 4], [8], torch.bfloat16, data, constraint=U, devices=["cuda", "cuda"]))
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < losses[0] * 0.8, losses
