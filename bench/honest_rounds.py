@@ -1,7 +1,7 @@
 """Long runs of a few honest peers on a loaded host: how often is an honest member's update lost?
 
     python bench/honest_rounds.py [--peers 3] [--seeds 3] [--rounds 100] [--H 10] [--load 4]
-                                  [--nice 0,5,10] [--swarm tests|defaults] [--json OUT]
+                                  [--nice 0,5,10] [--swarm tests|defaults] [--json OUT] [--workdir DIR]
 
 For each seed: a coordinator and ``--peers`` honest peers as processes on loopback
 (tests/support/swarm_harness.py, the tiny model, SparseLoCo, ``--threads 1``, ``--wait-peers`` all of them;
@@ -15,9 +15,12 @@ every peer recorded:
 
 - ``excluded``: rounds in which a peer's record excludes a member (nobody hostile: each is an
   honest update lost for that round);
+- ``refused``: rounds in which the direction check refused an honest update (peer/outer/consensus.py:
+  a false positive; the sender keeps the update in its error feedback);
 - ``short``: rounds whose group lacked a peer of the run (it gathered elsewhere, or alone);
 - ``took set``: rounds a peer ended by taking another group's set or deferring ("taking their set",
   "our group completed it", "found no group" in its log);
+- ``states``: states a peer installed (it fell behind and caught up by download);
 - ``θ apart``: rounds whose peers' parameter hashes differ;
 - ``lost s``: the seconds those rounds took beyond the run's median round;
 - ``late joins``: members that learnt of their group only from the others' requests and joined it
@@ -29,6 +32,7 @@ The failure this finds: a follower that missed the message naming its group (pee
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -42,10 +46,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import exit_on_sigterm, machine, now, table  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
+from peer.outer.robust import REFUSED  # noqa: E402
 from tests.support.swarm_harness import TINY_SPEC, Swarm  # noqa: E402
 
 TOOK_SET = ("taking their set", "our group completed it", "found no group")
 LATE_JOIN = "its message naming the group had missed us"
+INSTALLED = "installed the state of round"
+
+
+def _done(status, rounds: int) -> bool:
+    return bool(status) and (status.get("round", 0) >= rounds or status.get("state") == "stopped")
 
 
 class Load:
@@ -81,7 +91,9 @@ def run_seed(args, seed: int, workdir: Path) -> dict:
         for name, nice in zip(names, args.nice):
             proc = swarm.add_peer(name, "--wait-peers", str(args.peers), "--max-rounds", str(args.rounds + 5), checkpoint=False)
             os.setpriority(os.PRIO_PGRP, proc.proc.pid, nice)  # its DHT, averager and p2pd processes inherit it
-        swarm.wait(lambda: all((swarm.status(n) or {}).get("rounds", 0) >= args.rounds for n in names), args.timeout,
+        # past the counted rounds, or stopped at --max-rounds: a peer that caught up by state
+        # completed fewer rounds itself than the run's round number
+        swarm.wait(lambda: all(_done(swarm.status(n), args.rounds) for n in names), args.timeout,
                    f"{args.rounds} rounds on every peer")
         statuses = {n: swarm.status(n) for n in names}
         logs = {n: swarm.peers[n].text() for n in names}
@@ -94,11 +106,14 @@ def run_seed(args, seed: int, workdir: Path) -> dict:
             by_round.setdefault(r["round"], []).append(r)
     rounds = sorted(by_round)[: args.rounds]
     median = statistics.median(max(r["seconds"] for r in by_round[n]) for n in rounds)
-    bad = {"excluded": set(), "short": set(), "apart": set()}
+    bad = {"excluded": set(), "refused": set(), "short": set(), "apart": set()}
     for n in rounds:
         recs = by_round[n]
-        if any(r["excluded"] for r in recs):
+        reasons = [why for r in recs for why in r["excluded"].values()]
+        if any(not why.startswith(REFUSED) for why in reasons):
             bad["excluded"].add(n)
+        if any(why.startswith(REFUSED) for why in reasons):
+            bad["refused"].add(n)
         if any(set(r["group"]) != ids for r in recs) or len(recs) < len(ids):
             bad["short"].add(n)
         if len({r["params_hash"] for r in recs}) > 1:
@@ -107,7 +122,8 @@ def run_seed(args, seed: int, workdir: Path) -> dict:
     late = sum(text.count(LATE_JOIN) for text in logs.values())
     any_bad = set().union(*bad.values())
     lost = sum(max(0.0, max(r["seconds"] for r in by_round[n]) - median) for n in any_bad)
-    return dict(seed=seed, rounds=len(rounds), excluded=len(bad["excluded"]), short=len(bad["short"]), took_set=took,
+    return dict(seed=seed, rounds=len(rounds), excluded=len(bad["excluded"]), refused=len(bad["refused"]),
+                short=len(bad["short"]), took_set=took, states=sum(text.count(INSTALLED) for text in logs.values()),
                 apart=len(bad["apart"]), lost_s=lost, late_joins=late, median_round_s=median, wall_s=time.monotonic() - t0,
                 bad_rounds=sorted(any_bad))
 
@@ -124,6 +140,7 @@ def main(argv=None) -> int:
                     help="[swarm] waits: the tests' short ones (default) or the spec's defaults (matchmaking 3 s, gather 30 s)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds one run may take (default 3600)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write the rows as JSON to OUT")
+    ap.add_argument("--workdir", type=Path, help="keep every run's logs and status files here (default: a temporary folder, removed)")
     args = ap.parse_args(argv)
     try:
         nice = [int(n) for n in args.nice.split(",")]
@@ -138,26 +155,31 @@ def main(argv=None) -> int:
     rows = []
     load = Load(args.load)
     try:
-        with tempfile.TemporaryDirectory(prefix="voloco-honest-") as tmp:
+        with contextlib.ExitStack() as stack:
+            tmp = args.workdir or stack.enter_context(tempfile.TemporaryDirectory(prefix="voloco-honest-"))
+            Path(tmp).mkdir(parents=True, exist_ok=True)
             for seed in range(1, args.seeds + 1):
                 workdir = Path(tmp) / f"seed{seed}"
-                workdir.mkdir()
+                workdir.mkdir(exist_ok=args.workdir is not None)
                 row = run_seed(args, seed, workdir)
                 row["load"] = statistics.mean(load.samples[-max(1, int(row["wall_s"] / 5)):]) if load.samples else 0.0
                 rows.append(row)
-                print(f"  seed {seed}: {row['rounds']} rounds, {row['excluded']} with an exclusion, {row['short']} short, "
+                print(f"  seed {seed}: {row['rounds']} rounds, {row['excluded']} with an exclusion, {row['refused']} with a "
+                      f"refusal, {row['short']} short, {row['states']} states installed, "
                       f"load {row['load']:.1f}, bad rounds {row['bad_rounds']}", flush=True)
     finally:
         load.close()
-    cols = ["seed", "rounds", "excluded", "short", "took set", "θ apart", "lost s", "late joins", "median round s", "load avg"]
-    lines = [[str(r["seed"]), str(r["rounds"]), str(r["excluded"]), str(r["short"]), str(r["took_set"]), str(r["apart"]),
+    cols = ["seed", "rounds", "excluded", "refused", "short", "took set", "states", "θ apart", "lost s", "late joins",
+            "median round s", "load avg"]
+    lines = [[str(r["seed"]), str(r["rounds"]), str(r["excluded"]), str(r["refused"]), str(r["short"]), str(r["took_set"]),
+              str(r["states"]), str(r["apart"]),
               f"{r['lost_s']:.1f}", str(r["late_joins"]), f"{r['median_round_s']:.2f}", f"{r['load']:.1f}"] for r in rows]
     total = ["all", str(sum(r["rounds"] for r in rows))] + [str(sum(r[k] for r in rows)) for k in
-                                                            ("excluded", "short", "took_set", "apart")]
+                                                            ("excluded", "refused", "short", "took_set", "states", "apart")]
     lines.append(total + [f"{sum(r['lost_s'] for r in rows):.1f}", str(sum(r["late_joins"] for r in rows)), "", ""])
     print("\n" + table(cols, lines))
     if args.json:
-        args.json.write_text(strict_json(dict(date=now(), machine=machine(), args=vars(args) | {"json": str(args.json)},
+        args.json.write_text(strict_json(dict(date=now(), machine=machine(), args=vars(args) | {"json": str(args.json), "workdir": str(args.workdir or "")},
                                               rows=rows), indent=2) + "\n")
     return 0
 

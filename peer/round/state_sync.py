@@ -282,11 +282,11 @@ class StateSync:
             if reported_digests and digest not in reported_digests:
                 raise StateUnreported(f"the standing table and shared state served with θ {theta_hash} of round "
                                       f"{round_no} (digest {digest}) are none that its peers report with it")
-        # a whole round's exchange missed (a restart from an older checkpoint, a long stall) or a solo
-        # lineage left behind: the error-feedback residual (or local momentum) holds updates to a θ the
-        # swarm has moved on from, which the next payloads would send rounds late
+        # a few rounds missed (no group found, a short stall): the local buffers hold this peer's
+        # updates, which its next payloads still carry. Further (a restart from an older checkpoint, a
+        # long stall) or a solo lineage left behind: they hold updates to a θ the swarm has moved on from
         own_round = self.engine.round
-        forget = not own_round <= round_no <= own_round + 1
+        forget = not own_round <= round_no <= own_round + self.membership.timing.keep_local_rounds
         try:
             self.engine.install(theta, round_no, shared, forget_local=forget, standing=table)
         except ValueError as e:

@@ -54,6 +54,11 @@ class Timing:
     """Rounds a peer still coming to a round we waited for it in is judged again before it is a no-show."""
     max_skip_rounds: int = 32
     """A peer waited for in vain again and again is skipped for at most this many rounds (tests/round/test_rejoin.py)."""
+    keep_local_rounds: int = 3
+    """A state installed at most this many rounds past the peer's own keeps its local buffers (SparseLoCo's
+    error feedback, DCT's momentum, DiLoCo's pending update): the rounds it missed (no group found, a
+    short stall) count later instead of being lost. Further ahead, or behind, they are of a θ the swarm
+    has left, and are zeroed (tests/round/test_liveness.py)."""
     forgive_after_rounds: int = 16
     """A no-show's strikes fall by one for every this many rounds without a miss (protocol/round/no_shows.py):
     a peer that stalls whenever it is waited for costs about one wait per this many rounds."""

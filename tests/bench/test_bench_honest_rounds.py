@@ -12,12 +12,22 @@ honest = load_bench("honest_rounds")
 def test_a_short_run_counts_every_round_and_writes_json(tmp_path, capsys):
     out = tmp_path / "out.json"
     assert honest.main(["--seeds", "1", "--rounds", "3", "--H", "3", "--load", "1", "--nice", "0,5",
-                        "--timeout", "300", "--json", str(out)]) == 0
+                        "--timeout", "300", "--json", str(out), "--workdir", str(tmp_path / "runs")]) == 0
     rows = loads_strict(out.read_text())["rows"]
     assert len(rows) == 1 and rows[0]["rounds"] == 3
     assert rows[0]["apart"] == 0  # honest peers end every round on one θ
-    assert {"excluded", "short", "took_set", "late_joins", "lost_s", "load"} <= set(rows[0])
+    assert {"excluded", "refused", "short", "took_set", "states", "late_joins", "lost_s", "load"} <= set(rows[0])
     assert "late joins" in capsys.readouterr().out
+    assert (tmp_path / "runs" / "seed1" / "p0.log").exists()  # --workdir keeps the logs
+
+
+def test_a_peer_that_caught_up_by_state_or_stopped_ends_the_wait():
+    """Its own count of rounds stays below the run's round after a state download: the wait for
+    the counted rounds reads the round it is at (a run of 5 peers hung for its whole timeout)."""
+    assert honest._done({"round": 105, "rounds": 94, "state": "training"}, 100)
+    assert honest._done({"round": 60, "rounds": 50, "state": "stopped"}, 100)
+    assert not honest._done({"round": 60, "rounds": 60, "state": "training"}, 100)
+    assert not honest._done(None, 100)
 
 
 @pytest.mark.parametrize("bad", [["--peers", "1"], ["--rounds", "0"], ["--load", "-1"], ["--nice", "x"]])
