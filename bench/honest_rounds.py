@@ -21,6 +21,8 @@ every peer recorded:
 - ``took set``: rounds a peer ended by taking another group's set or deferring ("taking their set",
   "our group completed it", "found no group" in its log);
 - ``states``: states a peer installed (it fell behind and caught up by download);
+- ``cleared``: of those, installs that zeroed the peer's local buffers (the state was more than
+  ``Timing.keep_local_rounds`` past its own round): the updates they held are lost;
 - ``θ apart``: rounds whose peers' parameter hashes differ;
 - ``lost s``: the seconds those rounds took beyond the run's median round;
 - ``late joins``: members that learnt of their group only from the others' requests and joined it
@@ -52,6 +54,7 @@ from tests.support.swarm_harness import TINY_SPEC, Swarm  # noqa: E402
 TOOK_SET = ("taking their set", "our group completed it", "found no group")
 LATE_JOIN = "its message naming the group had missed us"
 INSTALLED = "installed the state of round"
+CLEARED = "cleared this peer's local"  # peer/round/state_sync.py: a state too far ahead zeroed its buffers
 
 
 def _done(status, rounds: int) -> bool:
@@ -124,6 +127,7 @@ def run_seed(args, seed: int, workdir: Path) -> dict:
     lost = sum(max(0.0, max(r["seconds"] for r in by_round[n]) - median) for n in any_bad)
     return dict(seed=seed, rounds=len(rounds), excluded=len(bad["excluded"]), refused=len(bad["refused"]),
                 short=len(bad["short"]), took_set=took, states=sum(text.count(INSTALLED) for text in logs.values()),
+                cleared=sum(text.count(CLEARED) for text in logs.values()),
                 apart=len(bad["apart"]), lost_s=lost, late_joins=late, median_round_s=median, wall_s=time.monotonic() - t0,
                 bad_rounds=sorted(any_bad))
 
@@ -169,13 +173,13 @@ def main(argv=None) -> int:
                       f"load {row['load']:.1f}, bad rounds {row['bad_rounds']}", flush=True)
     finally:
         load.close()
-    cols = ["seed", "rounds", "excluded", "refused", "short", "took set", "states", "θ apart", "lost s", "late joins",
+    cols = ["seed", "rounds", "excluded", "refused", "short", "took set", "states", "cleared", "θ apart", "lost s", "late joins",
             "median round s", "load avg"]
     lines = [[str(r["seed"]), str(r["rounds"]), str(r["excluded"]), str(r["refused"]), str(r["short"]), str(r["took_set"]),
-              str(r["states"]), str(r["apart"]),
+              str(r["states"]), str(r["cleared"]), str(r["apart"]),
               f"{r['lost_s']:.1f}", str(r["late_joins"]), f"{r['median_round_s']:.2f}", f"{r['load']:.1f}"] for r in rows]
     total = ["all", str(sum(r["rounds"] for r in rows))] + [str(sum(r[k] for r in rows)) for k in
-                                                            ("excluded", "refused", "short", "took_set", "states", "apart")]
+                                                            ("excluded", "refused", "short", "took_set", "states", "cleared", "apart")]
     lines.append(total + [f"{sum(r['lost_s'] for r in rows):.1f}", str(sum(r["late_joins"] for r in rows)), "", ""])
     print("\n" + table(cols, lines))
     if args.json:

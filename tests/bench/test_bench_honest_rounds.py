@@ -16,7 +16,7 @@ def test_a_short_run_counts_every_round_and_writes_json(tmp_path, capsys):
     rows = loads_strict(out.read_text())["rows"]
     assert len(rows) == 1 and rows[0]["rounds"] == 3
     assert rows[0]["apart"] == 0  # honest peers end every round on one θ
-    assert {"excluded", "refused", "short", "took_set", "states", "late_joins", "lost_s", "load"} <= set(rows[0])
+    assert {"excluded", "refused", "short", "took_set", "states", "cleared", "late_joins", "lost_s", "load"} <= set(rows[0])
     assert "late joins" in capsys.readouterr().out
     assert (tmp_path / "runs" / "seed1" / "p0.log").exists()  # --workdir keeps the logs
 
