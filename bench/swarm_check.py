@@ -85,6 +85,15 @@ def run_swarm(spec: RunSpec, peers: int, rounds: int, workdir: Path, timeout: fl
     return statuses
 
 
+def _refused(record: Dict[str, Any]) -> int:
+    """Senders of a round record whose update the round's checks refused (every member, and the
+    simulation, decide that alike from the same payloads)."""
+    from peer.outer.robust import REFUSED
+
+    excluded = record.get("excluded")
+    return sum(str(why).startswith(REFUSED) for why in excluded.values()) if isinstance(excluded, dict) else 0
+
+
 def check_against_simulation(spec: RunSpec, statuses: List[Dict[str, Any]], rounds: int) -> Dict[str, Any]:
     """Simulate the real run with the peers' shards; compare θ hashes, losses and bytes per round."""
     threads = torch.get_num_threads()
@@ -104,7 +113,11 @@ def check_against_simulation(spec: RunSpec, statuses: List[Dict[str, Any]], roun
             sim_hash=h.params_hash,
             real_hashes=sorted({r["params_hash"] for r in present}),
             identical=len(present) == len(real) and all(r["params_hash"] == h.params_hash for r in present),
-            full_group=all(r is not None and len(r["group"]) == len(ids) and r["contributors"] == len(ids) for r in real),
+            # every peer in the group and every payload delivered; a payload the round's checks refused
+            # (peer/outer/robust.py: the direction check) was delivered, and the simulation refuses it too
+            full_group=all(r is not None and len(r["group"]) == len(ids)
+                           and r["contributors"] + _refused(r) == len(ids) for r in real),
+            refused=max((_refused(r) for r in present), default=0),
             sim_val=h.val_loss,
             real_val=[r["val_loss"] for r in present],
             sim_sent_per_peer=(len(ids) - 1) * sum(h.payload_bytes) / len(ids),

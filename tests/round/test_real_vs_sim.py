@@ -4,6 +4,9 @@ Three peers start together (``--wait-peers``), train three rounds on one torch t
 stop; the simulation runs the same spec with the peers' ids as shards. Every round every peer's θ
 must be bit-identical to the simulation's, and so must the validation losses: the exchange adds
 nothing and loses nothing, and the benchmarks' simulated figures are those of real peers.
+Every peer must be in one group every round with every payload delivered; a payload the direction
+check refused (a fresh honest update of round 0 sometimes agrees too little with the others at this
+size) was delivered, and the simulation refuses it too (bench/swarm_check.py ``_refused``).
 """
 
 

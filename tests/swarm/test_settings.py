@@ -26,7 +26,7 @@ def settings(tmp_path: Path, text: str) -> Path:
 
 def test_defaults_without_file_or_environment():
     args = parse(["peer", "--join", JOIN])
-    assert args.join == [JOIN] and args.device == "cpu" and args.threads is None and args.checkpoint_dir is None
+    assert args.join == [JOIN] and args.device == "auto" and args.compile is None and args.threads is None and args.checkpoint_dir is None
     assert args.host_maddrs == ["/ip4/0.0.0.0/tcp/0"] and args.wait_peers == 1 and args.log_level == "info"
 
 
