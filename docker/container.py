@@ -14,7 +14,7 @@ starting voloco (compose's ``${VAR:-}`` gives an empty value for "not set"):
   coordinator: VOLOCO_CONFIG (default /config/run.toml where it exists), VOLOCO_RUN_ID,
                VOLOCO_STRATEGY, VOLOCO_DASHBOARD_PORT, VOLOCO_IDENTITY (/data/coordinator.key)
   peer:        VOLOCO_JOIN and VOLOCO_RUN_KEY (default: the local coordinator's, read from
-               $VOLOCO_SHARED/coordinator.addr), VOLOCO_RUN, VOLOCO_DEVICE (cpu), VOLOCO_THREADS,
+               $VOLOCO_SHARED/coordinator.addr), VOLOCO_RUN, VOLOCO_DEVICE (auto), VOLOCO_THREADS,
                VOLOCO_PEERS_DIR (/peers: where the slots are), VOLOCO_HEALTH_MAX_AGE (900 s)
   VOLOCO_SHARED (/shared): where the coordinator writes its join address and run key.
 
@@ -130,7 +130,7 @@ def peer(extra: List[str]) -> None:
         local_join(Path(env("VOLOCO_SHARED", "/shared")))
     if not env("VOLOCO_HOST_MADDRS"):
         os.environ["VOLOCO_HOST_MADDRS"] = f"/ip4/0.0.0.0/tcp/{env('VOLOCO_PORT', '0')}"
-    os.environ["VOLOCO_DEVICE"] = env("VOLOCO_DEVICE", "cpu")
+    os.environ["VOLOCO_DEVICE"] = env("VOLOCO_DEVICE", "auto")
     slot = claim_slot(Path(env("VOLOCO_PEERS_DIR", "/peers")))
     print(f"slot {slot}", flush=True)
     exec_voloco(["peer", "--identity", str(slot / "identity.key"), "--checkpoint-dir", str(slot / "checkpoint"),
