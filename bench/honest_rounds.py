@@ -48,8 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import exit_on_sigterm, machine, now, table  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
-from peer.outer.robust import REFUSED  # noqa: E402
-from tests.support.swarm_harness import TINY_SPEC, Swarm  # noqa: E402
+from tests.support.swarm_harness import TINY_SPEC, Swarm, refused_senders  # noqa: E402
 
 TOOK_SET = ("taking their set", "our group completed it", "found no group")
 LATE_JOIN = "its message naming the group had missed us"
@@ -112,10 +111,9 @@ def run_seed(args, seed: int, workdir: Path) -> dict:
     bad = {"excluded": set(), "refused": set(), "short": set(), "apart": set()}
     for n in rounds:
         recs = by_round[n]
-        reasons = [why for r in recs for why in r["excluded"].values()]
-        if any(not why.startswith(REFUSED) for why in reasons):
+        if any(set(r["excluded"]) - refused_senders(r) for r in recs):
             bad["excluded"].add(n)
-        if any(why.startswith(REFUSED) for why in reasons):
+        if any(refused_senders(r) for r in recs):
             bad["refused"].add(n)
         if any(set(r["group"]) != ids for r in recs) or len(recs) < len(ids):
             bad["short"].add(n)

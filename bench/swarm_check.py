@@ -31,6 +31,7 @@ from bench.common import machine, now, table  # noqa: E402
 from peer.training.data import load_corpus
 from peer.round.simulate import simulate  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
+from tests.support.swarm_harness import refused_senders  # noqa: E402
 from voloco.demo import Child, peer_argv, read_run_key, read_status, start_coordinator, wait_for_address  # noqa: E402
 
 BENCH_SWARM = {"matchmaking_time": 2.0, "round_wait": 60.0, "gather_timeout": 30.0, "heartbeat_period": 0.5}
@@ -85,15 +86,6 @@ def run_swarm(spec: RunSpec, peers: int, rounds: int, workdir: Path, timeout: fl
     return statuses
 
 
-def _refused(record: Dict[str, Any]) -> int:
-    """Senders of a round record whose update the round's checks refused (every member, and the
-    simulation, decide that alike from the same payloads)."""
-    from peer.outer.robust import REFUSED
-
-    excluded = record.get("excluded")
-    return sum(str(why).startswith(REFUSED) for why in excluded.values()) if isinstance(excluded, dict) else 0
-
-
 def check_against_simulation(spec: RunSpec, statuses: List[Dict[str, Any]], rounds: int) -> Dict[str, Any]:
     """Simulate the real run with the peers' shards; compare θ hashes, losses and bytes per round."""
     threads = torch.get_num_threads()
@@ -116,8 +108,8 @@ def check_against_simulation(spec: RunSpec, statuses: List[Dict[str, Any]], roun
             # every peer in the group and every payload delivered; a payload the round's checks refused
             # (peer/outer/robust.py: the direction check) was delivered, and the simulation refuses it too
             full_group=all(r is not None and len(r["group"]) == len(ids)
-                           and r["contributors"] + _refused(r) == len(ids) for r in real),
-            refused=max((_refused(r) for r in present), default=0),
+                           and r["contributors"] + len(refused_senders(r)) == len(ids) for r in real),
+            refused=max((len(refused_senders(r)) for r in present), default=0),
             sim_val=h.val_loss,
             real_val=[r["val_loss"] for r in present],
             sim_sent_per_peer=(len(ids) - 1) * sum(h.payload_bytes) / len(ids),

@@ -6,7 +6,7 @@ must be bit-identical to the simulation's, and so must the validation losses: th
 nothing and loses nothing, and the benchmarks' simulated figures are those of real peers.
 Every peer must be in one group every round with every payload delivered; a payload the direction
 check refused (a fresh honest update of round 0 sometimes agrees too little with the others at this
-size) was delivered, and the simulation refuses it too (bench/swarm_check.py ``_refused``).
+size) was delivered, and the simulation refuses it too (tests/support/swarm_harness.py ``refused_senders``).
 """
 
 

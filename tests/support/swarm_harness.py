@@ -206,14 +206,19 @@ def _groupmate_pairs(statuses: List[dict]):
                 yield pid, other, rec, by_peer[other][rnd], rounds, by_peer[other]
 
 
-def refused_by_checks(rec: dict, sender: str) -> bool:
-    """Whether the round's checks of the decoded updates (peer/outer/robust.py) refused ``sender``'s:
-    every member decides that alike from the same payloads, the sender too, so it ends on the group's θ
-    (a silent, invalid or equivocating sender need not)."""
-    excluded = rec["excluded"]
+def refused_senders(rec: dict) -> set:
+    """The senders of a round record whose updates the round's checks of the decoded updates
+    (peer/outer/robust.py) refused: every member decides that alike from the same payloads, the sender
+    too, so it ends on the group's θ (a silent, invalid or equivocating sender need not)."""
+    excluded = rec.get("excluded")
     from peer.outer.robust import REFUSED  # here, not at the top: the harness itself needs no torch
 
-    return isinstance(excluded, dict) and str(excluded.get(sender, "")).startswith(REFUSED)
+    return {s for s, why in excluded.items() if str(why).startswith(REFUSED)} if isinstance(excluded, dict) else set()
+
+
+def refused_by_checks(rec: dict, sender: str) -> bool:
+    """Whether ``sender``'s update is one of ``refused_senders(rec)``."""
+    return sender in refused_senders(rec)
 
 
 def groupmate_pairs(statuses: List[dict]) -> int:
