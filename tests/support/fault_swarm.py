@@ -242,11 +242,15 @@ def recovered(swarm: FaultSwarm, names: Sequence[str], after: int) -> Optional[T
     return None
 
 
-def first_round_after(swarm: FaultSwarm, name: str, t: float, grouped: bool = False) -> Optional[dict]:
+def first_round_after(swarm: FaultSwarm, name: str, t: float, grouped: bool = False,
+                      from_round: int = 0) -> Optional[dict]:
     """The first round record ``name`` reported after time ``t`` (its first round once back); with
     ``grouped``, its first round in a group (a peer that cannot reach anyone yet, or ends a round
-    it began before the fault, legitimately trains alone meanwhile)."""
-    later = [r for r in swarm.recorder.of(name).values() if r["seen"] > t and (not grouped or len(r["group"]) > 1)]
+    it began before the fault, legitimately trains alone meanwhile); only rounds from ``from_round``
+    on (a round the fault interrupted and the peer concluded on its return is not a round it began
+    back: where it ended apart from its group, the whole run's repaired-split check judges it)."""
+    later = [r for r in swarm.recorder.of(name).values()
+             if r["seen"] > t and r["round"] >= from_round and (not grouped or len(r["group"]) > 1)]
     return min(later, key=lambda r: r["round"]) if later else None
 
 
