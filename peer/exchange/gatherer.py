@@ -49,6 +49,7 @@ from peer.exchange.identity import payload_signer
 from peer.exchange.late_join import LateJoin
 from peer.exchange.matchmaking import describe_search, read_gathered, refuse_peers, step_outcome
 from peer.exchange.results import GatherResult, base58
+from peer.exchange.set_lists import ListServer
 from peer.exchange.set_server import SetServer
 from peer.exchange.state_serving import StateServing
 from protocol.round import group_sets, reconcile
@@ -79,7 +80,7 @@ class _Group:
     round_no: int = -1
 
 
-class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, DecentralizedAverager):  # Admitted: a private run's gate (swarm/access/admission.py)
+class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, DecentralizedAverager):  # Admitted: a private run's gate (swarm/access/admission.py)
     """hivemind matchmaking + a signed, agreed all-gather of one payload per member."""
 
     _round_no = -1  # the round being gathered, set as each round's matchmaking is prepared
@@ -131,6 +132,8 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, StateServing, Decentralized
         self._groups: "OrderedDict[bytes, _Group]" = OrderedDict()
         self._fetched: "OrderedDict[bytes, bytes]" = OrderedDict()  # sets fetched from other groups (set_server.py)
         self._merged: "OrderedDict[bytes, Tuple[frozenset, bytes]]" = OrderedDict()  # set -> (members, what we merged)
+        self._fetched_lists: "OrderedDict[bytes, bytes]" = OrderedDict()  # sets' lists fetched (set_lists.py)
+        self._fetched_members: "OrderedDict[Tuple[bytes, bytes], bytes]" = OrderedDict()  # (set, owner) -> envelope
         self._group_opened: Optional[asyncio.Event] = None
         self._calls = CallLimiter(CALLS_PER_PEER)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import AsyncIterator, Dict, Optional, Sequence, Tuple
+from typing import AsyncIterator, Callable, Dict, Optional, Sequence, Tuple
 
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
@@ -154,9 +154,17 @@ class SetServer:
         self, request: averaging_pb2.AveragingData, context: P2PContext
     ) -> AsyncIterator[averaging_pb2.AveragingData]:
         """Serve the set one of our recent groups agreed, by its name."""
+        def answer(digest: bytes) -> Optional[bytes]:
+            return self._packed_set(digest) if len(digest) == group_sets.DIGEST_CHARS else None
+
+        async for msg in self._serve_packed(context, request, answer):
+            yield msg
+
+    async def _serve_packed(self, context: P2PContext, request: averaging_pb2.AveragingData,
+                            answer: Callable[[bytes], Optional[bytes]]) -> AsyncIterator[averaging_pb2.AveragingData]:
+        """``answer(what was asked)`` streamed in chunks to an admitted caller; BAD_GROUP_ID for None."""
         with self._calls.admit(context.remote_id) as admitted:
-            digest = request.tensor_part.buffer
-            packed = self._packed_set(digest) if admitted and len(digest) == group_sets.DIGEST_CHARS else None
+            packed = answer(request.tensor_part.buffer) if admitted else None
             if packed is None:
                 yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
                 return

@@ -30,6 +30,7 @@ from protocol.round import choice, standing
 from peer.checkpoints.files import params_hash, state_digest
 from peer.outer.strategies import OuterStrategy, Pending, Tensors, canonical_order, pseudo_gradient
 from protocol.errors import ProtocolError
+from protocol.wire.payload import Part, claimed_part
 
 __all__ = ["RoundEngine", "Settled"]
 
@@ -118,25 +119,36 @@ class RoundEngine:
         return self.strategy.encode(delta, self.round)
 
     def choose(self, payloads: Mapping[str, bytes], round_no: int, base: str) -> Tuple[Dict[str, bytes], Dict[str, str], List[str]]:
-        """(the payloads that enter θ, the senders whose payload's header is invalid with why, the
-        senders passed over): at most ``outer.max_contributions`` per part, drawn by
-        protocol/round/choice.py with the seed of round ``round_no`` from ``base``, the hash of the θ it
-        starts from. Every payload when the round has no more than that (tests/outer/test_choice_engine.py)."""
+        """(the payloads that enter θ, the senders whose payload claims no part of this run with why,
+        the senders passed over): ``draw`` over the parts the payloads' headers claim. Every payload
+        when the round has no more than ``outer.max_contributions`` (tests/outer/test_choice_engine.py)."""
+        limit = self.strategy.max_payload_bytes
+        chosen, invalid, passed = self.draw({s: claimed_part(p, limit) for s, p in payloads.items()}, round_no, base)
+        return {s: payloads[s] for s in chosen}, invalid, passed
+
+    def draw(self, parts: Mapping[str, Optional[Part]], round_no: int, base: str) -> Tuple[List[str], Dict[str, str], List[str]]:
+        """(the senders whose contributions enter θ, those whose payload claims no part of this run
+        with why, those passed over), from each sender's claimed part alone (``parts``: what a set's
+        list names, protocol/round/set_manifests.py, so a peer draws before it fetches): at most
+        ``outer.max_contributions`` per part, drawn by protocol/round/choice.py with the seed of round
+        ``round_no`` from ``base``, the hash of the θ it starts from. Every sender when the round has no
+        more than that; the rest of a payload's header is checked when it is decoded."""
         k = getattr(self.strategy, "max_contributions", 0)
-        if k <= 0 or len(payloads) <= k:
-            return dict(payloads), {}, []
-        parts: Dict[str, object] = {}
+        if k <= 0 or len(parts) <= k:
+            return sorted(parts), {}, []
+        valid: Dict[str, Part] = {}
         invalid: Dict[str, str] = {}
-        for sender in canonical_order(payloads):
-            try:
-                parts[sender] = self.strategy.part_of(payloads[sender], round_no)
-            except ProtocolError as e:
-                invalid[sender] = f"invalid payload: {e}"
+        for sender in canonical_order(parts):
+            part = parts[sender]
+            if part is None or self.strategy.layout_of(part) is None:
+                invalid[sender] = f"invalid payload: its header claims no part of this run ({part!r:.40})"
+            else:
+                valid[sender] = part
         with self.lock:
             table = dict(self.standing)
-        chosen = choice.choose(parts, k, f"{base}:{round_no}", table)
+        chosen = choice.choose(valid, k, f"{base}:{round_no}", table)
         picked = set(chosen)
-        return {s: payloads[s] for s in chosen}, invalid, [s for s in parts if s not in picked]
+        return chosen, invalid, [s for s in valid if s not in picked]
 
     def decode(self, payloads: Mapping[str, bytes]) -> Tuple[List[Tensors], Dict[str, str]]:
         """Every payload decoded in the canonical order, and the senders whose payload is invalid."""

@@ -22,17 +22,18 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Hashable, Iterable, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Hashable, Iterable, Mapping, Optional, Sequence, Tuple
 
 import msgpack
 
 from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
+from protocol.wire.payload import Part, claimed_part
 from protocol.wire.signed import ENVELOPE_OVERHEAD, MAX_ID_BYTES, Binding, SignatureError, open_envelope, payload_digest
 
 DIGEST_CHARS = 32  # a set's name in a progress record: 128 bits of sha256, hex
 TWO_PAYLOADS = "equivocated: sealed two different payloads in two groups of this round"
-_TAG = "voloco/set/1"
+_TAG = "voloco/set/2"  # 2: parts named too
 
 
 class SetError(ProtocolError):
@@ -49,8 +50,20 @@ class GroupSet:
 
 
 def set_digest(context: bytes, payloads: Mapping[bytes, bytes]) -> str:
-    """The name of the set ``payloads`` (owner -> payload) agreed under the binding ``context``."""
-    items = sorted([owner, payload_digest(p)] for owner, p in payloads.items())
+    """The name of the set ``payloads`` (owner -> payload) agreed under the binding ``context``: it
+    commits to each payload's digest and to the part its header claims, so that a set's list of its
+    payloads (protocol/round/set_manifests.py) is checked by the name alone."""
+    return entries_digest(context, {owner: (payload_digest(p), claimed_part(p)) for owner, p in payloads.items()})
+
+
+def part_wire(part: Optional[Part]):
+    """A part as a set's name and list write it: an int, a [start, end] pair, or nil."""
+    return list(part) if isinstance(part, tuple) else part
+
+
+def entries_digest(context: bytes, entries: Mapping[bytes, Tuple[bytes, Optional[Part]]]) -> str:
+    """The name of a set from its entries (owner -> (payload digest, claimed part)): ``set_digest``."""
+    items = sorted([owner, digest, part_wire(part)] for owner, (digest, part) in entries.items())
     return hashlib.sha256(msgpack.packb([_TAG, context, items], use_bin_type=True)).hexdigest()[:DIGEST_CHARS]
 
 
@@ -68,32 +81,42 @@ def pack_set(binding: Binding, envelopes: Mapping[bytes, bytes]) -> bytes:
     )
 
 
+def unpack_bound(raw: bytes, tag: str, what: str, items_are: str, run: bytes, round_no: int, max_members: int
+                 ) -> Tuple[Binding, list]:
+    """(binding, items) of ``raw``, [tag, run, round, group id, members, items] of this run and round
+    with 2 to ``max_members`` distinct members: a served set or set list (set_manifests.py). Raises
+    SetError otherwise."""
+    fields = bounded_unpack(bytes(raw), SetError, f"group {what}", max_array_len=max(6, max_members), max_map_len=0)
+    if not (isinstance(fields, list) and len(fields) == 6 and fields[0] == tag):
+        raise SetError(f"a {what} is [tag, run, round, group id, members, {items_are}]")
+    _, set_run, set_round, group_id, members, items = fields
+    if set_run != run or set_round != round_no:
+        raise SetError(f"the {what} belongs to another run or round")
+    if not isinstance(group_id, bytes) or not 0 < len(group_id) <= 64:
+        raise SetError(f"the {what}'s group id must be 1 to 64 bytes")
+    if not (isinstance(members, list) and 2 <= len(members) <= max_members
+            and all(isinstance(m, bytes) and 0 < len(m) <= MAX_ID_BYTES for m in members)
+            and len(set(members)) == len(members)):
+        raise SetError(f"a {what} names 2 to {max_members} distinct members")
+    if not isinstance(items, list):
+        raise SetError(f"a {what}'s {items_are} must be a list")
+    return Binding(run, round_no, group_id, tuple(members)), items
+
+
 def open_set(raw: bytes, run: bytes, round_no: int, digest: str, max_members: int, max_payload_bytes: int) -> GroupSet:
     """Check a served set: of this run and round, at most ``max_members`` members, every envelope
     signed by its owner for the set's binding, and named ``digest``. Raises SetError otherwise."""
     if not isinstance(raw, (bytes, bytearray)) or len(raw) > max_set_bytes(max_members, max_payload_bytes):
         raise SetError("a set must be bytes within its size limit")
-    fields = bounded_unpack(bytes(raw), SetError, "group set", max_array_len=max(6, max_members), max_map_len=0)
-    if not (isinstance(fields, list) and len(fields) == 6 and fields[0] == _TAG):
-        raise SetError("a set is [tag, run, round, group id, members, envelopes]")
-    _, set_run, set_round, group_id, members, items = fields
-    if set_run != run or set_round != round_no:
-        raise SetError("the set belongs to another run or round")
-    if not isinstance(group_id, bytes) or not 0 < len(group_id) <= 64:
-        raise SetError("the set's group id must be 1 to 64 bytes")
-    if not (isinstance(members, list) and 2 <= len(members) <= max_members
-            and all(isinstance(m, bytes) and 0 < len(m) <= MAX_ID_BYTES for m in members)
-            and len(set(members)) == len(members)):
-        raise SetError(f"a set names 2 to {max_members} distinct members")
-    if not isinstance(items, list) or len(items) > len(members):
+    binding, items = unpack_bound(raw, _TAG, "set", "envelopes", run, round_no, max_members)
+    if len(items) > len(binding.members):
         raise SetError("a set holds at most one envelope per member")
-    binding = Binding(run, round_no, group_id, tuple(members))
     context, payloads = binding.context, {}
     for item in items:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], bytes) and isinstance(item[1], bytes)):
             raise SetError("an entry of a set is [owner, envelope]")
         owner, envelope = item
-        if owner not in members or owner in payloads:
+        if owner not in binding.members or owner in payloads:
             raise SetError("an envelope of a set must be a member's, one per member")
         try:
             _, _, payloads[owner] = open_envelope(envelope, context, owner, max_payload_bytes)
@@ -107,10 +130,12 @@ def open_set(raw: bytes, run: bytes, round_no: int, digest: str, max_members: in
     return GroupSet(binding, payloads, named)
 
 
-def union(sets: Iterable[Mapping[Hashable, bytes]]) -> Tuple[Dict[Hashable, bytes], Dict[Hashable, str]]:
+def union(sets: Iterable[Mapping[Hashable, Any]], key: Callable[[Any], Any] = lambda payload: payload
+          ) -> Tuple[Dict[Hashable, Any], Dict[Hashable, str]]:
     """Every sender's payload across ``sets`` (the same payload in two sets counts once); a sender
-    with two different payloads counts with neither: (sender -> payload, sender -> why excluded)."""
-    merged: Dict[Hashable, bytes] = {}
+    with two different payloads counts with neither: (sender -> payload, sender -> why excluded).
+    ``key``: what makes two of its values the same payload (a set list's entry: its digest)."""
+    merged: Dict[Hashable, Any] = {}
     excluded: Dict[Hashable, str] = {}
     for payloads in sets:
         for sender, payload in payloads.items():
@@ -119,7 +144,7 @@ def union(sets: Iterable[Mapping[Hashable, bytes]]) -> Tuple[Dict[Hashable, byte
             held = merged.get(sender)
             if held is None:
                 merged[sender] = payload
-            elif held != payload:
+            elif key(held) != key(payload):
                 del merged[sender]
                 excluded[sender] = TWO_PAYLOADS
     return merged, excluded

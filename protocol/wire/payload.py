@@ -95,6 +95,28 @@ def payload_part(
     """The part a payload claims, its header checked as ``decode_part_payload`` checks it, without
     unpacking its tensors (their bytes are skipped): what the choice of a round's contributions
     reads (protocol/round/choice.py). The tensors are checked when the payload is decoded."""
+    header = _header(data, max_bytes)
+    _check_header(header, codec, run_digest, round)
+    return _part(header["part"], layouts)[0]
+
+
+def claimed_part(data: bytes, max_bytes: Optional[int] = None) -> Optional[Part]:
+    """The part a payload's header names (a slice index, or a chain stage's (start, end)), read as
+    ``payload_part`` reads it but checked against nothing else; None for bytes with no such header.
+    What a set's list of its payloads records (protocol/round/set_manifests.py), so that the choice of
+    a round's contributions can be drawn before a payload is fetched; the payload fetched later must
+    claim the same part."""
+    try:
+        part = _header(data, len(data) if max_bytes is None else max_bytes)["part"]
+    except (PayloadError, TypeError):
+        return None
+    if type(part) is list and len(part) == 2 and all(type(p) is int for p in part):
+        return (part[0], part[1])
+    return part if type(part) is int else None
+
+
+def _header(data: bytes, max_bytes: int) -> Dict[str, Any]:
+    """The header fields of a payload (its tensors skipped, "t" None), with exactly the payload's keys."""
     if not isinstance(data, (bytes, bytearray)):
         raise PayloadError(f"payload must be bytes, got {type(data).__name__}")
     if len(data) > max_bytes:
@@ -116,8 +138,7 @@ def payload_part(
         raise PayloadError(f"payload is not valid msgpack: {type(e).__name__}: {e}") from None
     if set(header) != _KEYS:
         raise PayloadError(f"payload must be a map with exactly the keys {sorted(_KEYS)}")
-    _check_header(header, codec, run_digest, round)
-    return _part(header["part"], layouts)[0]
+    return header
 
 
 def _part(part: Any, layouts: Callable[[Part], Optional[Mapping[str, Shape]]]) -> Tuple[Part, Mapping[str, Shape]]:

@@ -1,0 +1,151 @@
+"""A set's list of its payloads: what a peer reads to choose a round's contributions before it fetches one.
+
+With ``outer.max_contributions`` = K, at most K contributions of each part enter θ in a round
+(protocol/round/choice.py). The draw needs only each sender's name and the part its payload
+carries, so a peer need not download every payload of the round's other groups to make it: it
+reads each set's **manifest**, the set's binding and one entry per owner (the digest of its
+payload, the part that payload's header claims), draws, and then fetches only the chosen payloads,
+one envelope each (docs/scale.md).
+
+Nothing in a manifest is trusted beyond what its name proves:
+
+- the set's name commits to every entry, part included (``group_sets.set_digest``), so a manifest
+  that does not hash to the name it was asked for is refused (``open_manifest``) and a server
+  cannot add, drop or alter an entry of a set an honest member named;
+- an envelope fetched for an entry must be its owner's, signed for the set's binding, with the
+  entry's digest (``open_member``): the payload is then the one the set agreed;
+- the part an entry names is only the part that member *says* the payload claims. A hostile member
+  can name a set whose entry misstates an honest payload's part: where two sets of the union
+  disagree on the part of one payload, the payload is fetched and read (``conflicts``); a drawn
+  payload whose header claims another part than its entry is refused for the round
+  (``part_mismatch``), the same on every member that holds that union.
+
+Pure: no sockets, no clocks (tests/protocol/test_set_manifests.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Hashable, Iterable, Mapping, Optional, Set, Tuple
+
+import msgpack
+
+from protocol.round.group_sets import SetError, entries_digest, part_wire, union, unpack_bound
+from protocol.wire.payload import Part, claimed_part
+from protocol.wire.signed import DIGEST_BYTES, MAX_ID_BYTES, Binding, SignatureError, open_envelope, payload_digest
+
+__all__ = ["Entry", "SetManifest", "PART_MISMATCH", "conflicts", "entries_of", "manifest_union", "max_manifest_bytes",
+           "open_manifest", "open_member", "pack_manifest", "part_mismatch"]
+
+_TAG = "voloco/manifest/1"
+PART_MISMATCH = "its payload claims another part than its set's list named"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One payload of a set: its digest and the part its header claims (None: no readable part)."""
+
+    digest: bytes
+    part: Optional[Part]
+
+
+@dataclass(frozen=True)
+class SetManifest:
+    """A set's binding and its entries, checked against the set's name: owner (peer id bytes) -> entry."""
+
+    binding: Binding
+    entries: Dict[bytes, Entry]
+    digest: str
+
+
+def entries_of(payloads: Mapping[bytes, bytes]) -> Dict[bytes, Entry]:
+    """The entries of a set of ``payloads`` (owner -> payload)."""
+    return {owner: Entry(payload_digest(p), claimed_part(p)) for owner, p in payloads.items()}
+
+
+def max_manifest_bytes(max_members: int) -> int:
+    """The most a packed manifest of a group of ``max_members`` may weigh."""
+    return max_members * (2 * MAX_ID_BYTES + DIGEST_BYTES + 64) + 4096
+
+
+def pack_manifest(binding: Binding, payloads: Mapping[bytes, bytes]) -> bytes:
+    """What a member serves for a set it holds whole: the binding and one entry per owner."""
+    entries = entries_of(payloads)
+    return msgpack.packb(
+        [_TAG, binding.run, binding.round, binding.group_id, list(binding.members),
+         [[owner, entries[owner].digest, part_wire(entries[owner].part)] for owner in sorted(entries)]],
+        use_bin_type=True,
+    )
+
+
+def _part(raw) -> Optional[Part]:
+    if raw is None or type(raw) is int:
+        return raw
+    if type(raw) is list and len(raw) == 2 and all(type(p) is int for p in raw):
+        return (raw[0], raw[1])
+    raise SetError("a manifest entry's part is an int, a [start, end] pair or nil")
+
+
+def open_manifest(raw: bytes, run: bytes, round_no: int, digest: str, max_members: int) -> SetManifest:
+    """Check a served manifest: of this run and round, 2 to ``max_members`` distinct members, at most
+    one entry per member, and named ``digest``. Raises SetError otherwise."""
+    if not isinstance(raw, (bytes, bytearray)) or len(raw) > max_manifest_bytes(max_members):
+        raise SetError("a manifest must be bytes within its size limit")
+    binding, items = unpack_bound(raw, _TAG, "manifest", "entries", run, round_no, max_members)
+    if not 0 < len(items) <= len(binding.members):
+        raise SetError("a manifest holds one to one entry per member")
+    entries: Dict[bytes, Entry] = {}
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], bytes)
+                and isinstance(item[1], bytes) and len(item[1]) == DIGEST_BYTES):
+            raise SetError("a manifest entry is [owner, payload digest, part]")
+        owner = item[0]
+        if owner not in binding.members or owner in entries:
+            raise SetError("a manifest entry must be a member's, one per member")
+        entries[owner] = Entry(item[1], _part(item[2]))
+    if entries_digest(binding.context, {o: (e.digest, e.part) for o, e in entries.items()}) != digest:
+        raise SetError("the manifest is not the one its name was asked for")
+    return SetManifest(binding, entries, digest)
+
+
+def open_member(manifest: SetManifest, owner: bytes, envelope: bytes, max_payload_bytes: int) -> bytes:
+    """The payload of ``owner``'s entry in ``manifest`` from its served ``envelope``: signed by the
+    owner for the set's binding, with the entry's digest. Raises SetError otherwise."""
+    entry = manifest.entries.get(owner)
+    if entry is None:
+        raise SetError("the set has no entry of that owner")
+    try:
+        _, _, payload = open_envelope(envelope, manifest.binding.context, owner, max_payload_bytes)
+    except SignatureError as e:
+        raise SetError(f"the envelope does not verify: {e}") from None
+    if payload_digest(payload) != entry.digest:
+        raise SetError("the envelope holds another payload than the set's entry")
+    return payload
+
+
+def part_mismatch(entry: Entry, payload: bytes) -> bool:
+    """Whether ``payload`` (of ``entry``'s digest) claims another part than ``entry`` names."""
+    return claimed_part(payload) != entry.part
+
+
+def manifest_union(sets: Iterable[Mapping[Hashable, Entry]]) -> Tuple[Dict[Hashable, Entry], Dict[Hashable, str]]:
+    """Every sender's entry across ``sets``, as ``group_sets.union`` takes payloads: the same payload
+    in two sets counts once; a sender with two different payloads counts with neither. Where two
+    sets name one payload with different parts, the first one's entry stands here, and ``conflicts``
+    names the sender: (sender -> entry, sender -> why excluded)."""
+    return union(sets, key=lambda entry: entry.digest)
+
+
+def conflicts(sets: Iterable[Mapping[Hashable, Entry]]) -> Set[Hashable]:
+    """The senders whose one payload two of ``sets`` list with different parts: one of those sets
+    was named by a member that misstated it, and the payload itself says which (fetch and read it)."""
+    parts: Dict[Tuple[Hashable, bytes], Set[object]] = {}
+    for entries in sets:
+        for sender, entry in entries.items():
+            parts.setdefault((sender, entry.digest), set()).add(part_wire_key(entry.part))
+    return {sender for (sender, _), seen in parts.items() if len(seen) > 1}
+
+
+def part_wire_key(part: Optional[Part]) -> object:
+    """A hashable, comparable form of a part (None, an int, or a pair)."""
+    return ("none",) if part is None else (("slice", part) if isinstance(part, int) else ("stage",) + tuple(part))

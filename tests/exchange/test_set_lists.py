@@ -1,0 +1,79 @@
+"""peer/exchange/set_lists.py without a network: a set's list and one owner's envelope served from a
+set held whole or from what we fetched as a list, checked by the asker under the set's name;
+malformed asks and sets we do not hold get a code, and what we keep to serve on stays bounded."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+
+from hivemind.proto import averaging_pb2, runtime_pb2
+
+from peer.exchange.set_lists import KEEP_LISTS, KEEP_MEMBERS, ListServer
+from protocol.round.group_sets import pack_set, set_digest
+from protocol.round.set_manifests import open_manifest, open_member, pack_manifest
+from tests.exchange.test_exchange_bounds import MATE, collect, context, gatherer
+from tests.protocol.test_group_sets import ROUND, agreed_set
+from tests.support.agreement_sim import MAX_PAYLOAD, RUN
+
+
+def server():
+    g = gatherer()
+    g._fetched, g._merged = OrderedDict(), OrderedDict()
+    g._fetched_lists, g._fetched_members = OrderedDict(), OrderedDict()
+    g._max_group_size, g._max_payload_bytes = 16, MAX_PAYLOAD
+    return g
+
+
+def ask(buffer: bytes) -> averaging_pb2.AveragingData:
+    return averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=buffer))
+
+
+def answer(g, rpc, buffer: bytes):
+    msgs = asyncio.run(collect(getattr(g, rpc)(ask(buffer), context(MATE))))
+    if len(msgs) == 1 and msgs[0].code != averaging_pb2.NO_CODE:
+        return msgs[0].code
+    return b"".join(m.tensor_part.buffer for m in msgs)
+
+
+def test_a_set_held_whole_is_served_as_its_list_and_one_envelope_at_a_time():
+    g = server()
+    binding, envelopes, payloads = agreed_set(0, 3)
+    name = set_digest(binding.context, payloads)
+    g._fetched[name.encode()] = pack_set(binding, envelopes)
+    manifest = open_manifest(answer(g, "rpc_fetch_manifest", name.encode()), RUN, ROUND, name, 16)
+    for owner in binding.members:
+        envelope = answer(g, "rpc_fetch_member", name.encode() + owner)
+        assert open_member(manifest, owner, envelope, MAX_PAYLOAD) == payloads[owner]
+
+
+def test_a_list_fetched_is_served_on_with_only_the_envelopes_fetched():
+    g = server()
+    binding, envelopes, payloads = agreed_set(0, 3)
+    name = set_digest(binding.context, payloads)
+    a, b = binding.members[:2]
+    ListServer._keep(g._fetched_lists, name.encode(), pack_manifest(binding, payloads), KEEP_LISTS, None)
+    ListServer._keep(g._fetched_members, (name.encode(), a), envelopes[a], KEEP_MEMBERS, None)
+    assert open_manifest(answer(g, "rpc_fetch_manifest", name.encode()), RUN, ROUND, name, 16).digest == name
+    assert answer(g, "rpc_fetch_member", name.encode() + a) == envelopes[a]
+    assert answer(g, "rpc_fetch_member", name.encode() + b) == averaging_pb2.BAD_GROUP_ID
+
+
+def test_unknown_sets_malformed_asks_and_a_garbled_set_get_a_code():
+    g = server()
+    g._fetched[b"g" * 32] = b"\xc1 not msgpack"
+    for rpc, buffer in (("rpc_fetch_manifest", b"0" * 32), ("rpc_fetch_manifest", b"short"),
+                        ("rpc_fetch_manifest", b"g" * 32), ("rpc_fetch_member", b"g" * 32 + b"owner"),
+                        ("rpc_fetch_member", b"0" * 32), ("rpc_fetch_member", b"0" * 32 + b"x" * 65)):
+        assert answer(g, rpc, buffer) == averaging_pb2.BAD_GROUP_ID, (rpc, buffer)
+
+
+def test_what_is_kept_to_serve_on_is_bounded():
+    kept = OrderedDict()
+    for i in range(KEEP_MEMBERS + 10):
+        ListServer._keep(kept, i, b"x" * 1000, KEEP_MEMBERS, 20_000)
+    assert len(kept) == 20 and list(kept)[-1] == KEEP_MEMBERS + 9
+    lists = OrderedDict()
+    for i in range(KEEP_LISTS + 5):
+        ListServer._keep(lists, i, b"x", KEEP_LISTS, None)
+    assert len(lists) == KEEP_LISTS
