@@ -118,21 +118,24 @@ class RoundEngine:
         delta = pseudo_gradient(dict(round_start), trained, self.strategy.layout)
         return self.strategy.encode(delta, self.round)
 
-    def choose(self, payloads: Mapping[str, bytes], round_no: int, base: str) -> Tuple[Dict[str, bytes], Dict[str, str], List[str]]:
+    def choose(self, payloads: Mapping[str, bytes], round_no: int, base: str,
+               standing: Optional[Mapping[str, int]] = None) -> Tuple[Dict[str, bytes], Dict[str, str], List[str]]:
         """(the payloads that enter θ, the senders whose payload claims no part of this run with why,
         the senders passed over): ``draw`` over the parts the payloads' headers claim. Every payload
         when the round has no more than ``outer.max_contributions`` (tests/outer/test_choice_engine.py)."""
         limit = self.strategy.max_payload_bytes
-        chosen, invalid, passed = self.draw({s: claimed_part(p, limit) for s, p in payloads.items()}, round_no, base)
+        chosen, invalid, passed = self.draw({s: claimed_part(p, limit) for s, p in payloads.items()}, round_no, base, standing)
         return {s: payloads[s] for s in chosen}, invalid, passed
 
-    def draw(self, parts: Mapping[str, Optional[Part]], round_no: int, base: str) -> Tuple[List[str], Dict[str, str], List[str]]:
+    def draw(self, parts: Mapping[str, Optional[Part]], round_no: int, base: str,
+             standing: Optional[Mapping[str, int]] = None) -> Tuple[List[str], Dict[str, str], List[str]]:
         """(the senders whose contributions enter θ, those whose payload claims no part of this run
         with why, those passed over), from each sender's claimed part alone (``parts``: what a set's
         list names, protocol/round/set_manifests.py, so a peer draws before it fetches): at most
         ``outer.max_contributions`` per part, drawn by protocol/round/choice.py with the seed of round
         ``round_no`` from ``base``, the hash of the θ it starts from. Every sender when the round has no
-        more than that; the rest of a payload's header is checked when it is decoded."""
+        more than that; the rest of a payload's header is checked when it is decoded. ``standing``: the
+        table as of that round (a round concluded again: ``snapshot``'s), else the current one."""
         k = getattr(self.strategy, "max_contributions", 0)
         if k <= 0 or len(parts) <= k:
             return sorted(parts), {}, []
@@ -144,9 +147,10 @@ class RoundEngine:
                 invalid[sender] = f"invalid payload: its header claims no part of this run ({part!r:.40})"
             else:
                 valid[sender] = part
-        with self.lock:
-            table = dict(self.standing)
-        chosen = choice.choose(valid, k, f"{base}:{round_no}", table)
+        if standing is None:
+            with self.lock:
+                standing = dict(self.standing)
+        chosen = choice.choose(valid, k, f"{base}:{round_no}", standing)
         picked = set(chosen)
         return chosen, invalid, [s for s in valid if s not in picked]
 

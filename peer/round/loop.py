@@ -43,7 +43,7 @@ from peer.checkpoints import contents as checkpoints
 from peer.checkpoints import schedule
 from peer.round.early_close import EarlyClose, min_steps
 from peer.round.merge import adopt_own_set, adopt_round_set, merge_round, no_group_left
-from peer.round import union
+from peer.round import draw, union
 from peer.round.report import RoundRecord, log_round, write_status
 from peer.training.evaluator import RoundEvaluator
 from peer.training.progress_bar import ProgressBar
@@ -345,23 +345,30 @@ class RoundLoop:
         t_gather = time.monotonic()
         payloads = result.payloads if result is not None else {peer.peer_id: h.payload}
         excluded = dict(result.excluded) if result is not None else {}
+        by_list = getattr(engine.strategy, "max_contributions", 0) > 0  # only the drawn payloads fetched
         if result is not None and result.set_digest:  # other groups of the round: one θ from all their sets
             merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip, gave_up=barrier.gave_up,
-                                 quiet=self._quiet_mates)
-        if merged is not None:
-            payloads = merged.payloads
-            excluded = {**{s: why for s, why in excluded.items() if s not in payloads}, **merged.excluded}
-        chosen, invalid, passed = engine.choose(payloads, engine.round, engine.params_hash())
+                                 quiet=self._quiet_mates, by_list=by_list)
+        if merged is not None and merged.lists is not None:  # peer/round/draw.py
+            drawn = draw.take(peer, engine.round, engine.params_hash(), merged.held, merged.lists, timing.set_fetch_s)
+            chosen, invalid, passed, senders = drawn.payloads, dict(drawn.invalid), drawn.passed, drawn.senders
+            excluded = {**{s: why for s, why in excluded.items() if s not in senders}, **merged.excluded, **drawn.excluded}
+        else:
+            if merged is not None:
+                payloads = merged.payloads
+                excluded = {**{s: why for s, why in excluded.items() if s not in payloads}, **merged.excluded}
+            chosen, invalid, passed = engine.choose(payloads, engine.round, engine.params_hash())
+            senders = list(payloads)
         decoded, bad = engine.decode(chosen)
         invalid.update(bad)
         for sender, why in invalid.items():
             logger.warning(f"round {engine.round}: rejected the payload of {sender}: {why}")
         if passed:
             ours = "ours waits for a later round" if peer.peer_id in passed else "ours among them"
-            logger.info(f"round {engine.round}: {len(chosen)} of {len(payloads)} contributions enter θ "
+            logger.info(f"round {engine.round}: {len(chosen)} of {len(senders)} contributions enter θ "
                         f"(outer.max_contributions = {engine.strategy.max_contributions} a part; {ours})")
         excluded.update(invalid)
-        peer.membership.came_in(engine.round, (s for s in payloads if s not in excluded),
+        peer.membership.came_in(engine.round, (s for s in senders if s not in excluded),
                                 silent=(m for m, why in excluded.items() if why == reconcile.SILENT))
         group_hash = None
         if result is not None:
@@ -382,8 +389,8 @@ class RoundLoop:
         with engine.lock:
             # what concluding this round again takes, should the next round's group hold a set we lack
             self._last_round = None if merged is None else union.LastRound(
-                engine.round, engine.snapshot(), merged.held, base=engine.params_hash())
-            settled = engine.conclude(decoded, h.pending, delivered=peer.peer_id in payloads and peer.peer_id not in excluded,
+                engine.round, engine.snapshot(), merged.held, base=engine.params_hash(), lists=merged.lists)
+            settled = engine.conclude(decoded, h.pending, delivered=peer.peer_id in senders and peer.peer_id not in excluded,
                                       excluded=excluded, me=peer.peer_id, passed=passed)
             peer._load_theta()
             if self._last_round is not None:

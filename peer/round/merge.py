@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Set
 
 from peer.exchange.results import GatherResult, base58
+from peer.round.draw import SetList, fetch_checked_list
 from protocol.round import group_sets, round_policy
 from protocol.round.peer_states import IN_ROUND, NOT_IN_ROUNDS
 
@@ -43,14 +44,16 @@ TRIES_PER_SET = 3  # peers that named a set asked for it, one after the other, b
 class Merged:
     """What a round's merge holds."""
 
-    payloads: Dict[str, bytes]  # sender -> payload, over every set held
+    payloads: Dict[str, bytes]  # sender -> payload, over every set held whole
     excluded: Dict[str, str]  # sender -> why it is left out of the union
     sets: int  # sets held, our group's included
     held: Dict[str, Dict[str, bytes]] = field(default_factory=dict)  # set name -> sender -> payload
+    # with outer.max_contributions: the other groups' sets, known by their lists (peer/round/draw.py)
+    lists: Optional[Dict[str, SetList]] = None
 
 
 def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optional[Dict[str, int]] = None,
-                gave_up: Iterable[str] = (), quiet: Optional[Dict[str, int]] = None) -> Merged:
+                gave_up: Iterable[str] = (), quiet: Optional[Dict[str, int]] = None, by_list: bool = False) -> Merged:
     """The union of our group's set and every set the round's other groups named in time.
 
     ``result`` is this peer's GatherResult; ``ready``, the peers its barrier saw ready in the round.
@@ -71,7 +74,11 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
 
     Then the group's members agree on the sets they merged (``agree_with_group``): one θ for the
     group even where one member's fetch of a late set succeeded and another's stopped waiting.
-    ``quiet``, kept by the caller: groupmates that did not answer lately (see there)."""
+    ``quiet``, kept by the caller: groupmates that did not answer lately (see there).
+
+    ``by_list`` (a run that takes at most ``outer.max_contributions`` a part): the other groups' sets
+    are fetched as lists (``Merged.lists``), and only the payloads drawn from them later
+    (peer/round/draw.py)."""
     skip = {} if skip is None else skip
     membership, gatherer, spec = peer.membership, peer.gatherer, peer.spec
     own = result.set_digest
@@ -82,6 +89,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     mine = set(result.group)
     part = peer.role.progress_part
     held: Dict[str, Dict[str, bytes]] = {own: dict(result.payloads)}
+    lists: Optional[Dict[str, SetList]] = {} if by_list else None
     tries: Dict[str, int] = {}
     failed: Set[str] = set()  # peers that did not serve the set they named
     outstanding: Set[str] = set(ready) - mine
@@ -100,7 +108,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         for v in view:
             p = v.progress
             name = p.set_of(round_no)
-            if name and name not in held:
+            if name and name not in held and name not in (lists or {}):
                 named.setdefault(name, []).append(v.peer_id)
                 if v.peer_id not in seen_naming.setdefault(name, []):
                     seen_naming[name].append(v.peer_id)
@@ -110,12 +118,10 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
                 continue
             tries[digest] = tries.get(digest, 0) + 1
             timeout = min(timing.set_fetch_s, max(timing.set_fetch_min_s, allowance - (time.monotonic() - last_arrival)))
-            got = fetch_checked_set(gatherer, spec, sources[0], digest, round_no, timeout)
-            if got is None:
-                failed.add(sources[0])  # not asked again this round, whatever set it names next
-            else:
-                held[digest] = got
+            if fetch_into(held, lists, gatherer, spec, sources, digest, round_no, timeout):
                 last_arrival = time.monotonic()
+            else:
+                failed.add(sources[0])  # not asked again this round, whatever set it names next
         # whoever is in the round and has named no set yet: those the barrier saw ready, and any the view
         # shows in the round now (the barrier's view may have been a read behind, or they came late)
         by_peer = {v.peer_id: v.progress for v in view}
@@ -160,17 +166,35 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     wait, quiet_wait = allowance, timing.quiet_mate_s
     if others or len(held) > 1:  # a groupmate that left us waiting lately too (our own link may have been down)
         wait, quiet_wait = max(allowance, timing.mate_merge_bound() - (time.monotonic() - t0)), allowance
-    agree_with_group(peer, round_no, result, held, seen_naming, wait, quiet, quiet_wait)
+    agree_with_group(peer, round_no, result, held, seen_naming, wait, quiet, quiet_wait, lists)
     payloads, excluded = group_sets.union(held[d] for d in sorted(held))
-    if len(held) > 1:
-        logger.info(f"round {round_no}: merged the sets of {len(held) - 1} other group(s) of the round: "
-                    f"{len(payloads)} payloads in all")
-    return Merged(payloads, excluded, len(held), held)
+    count = len(held) + len(lists or {})
+    if count > 1:
+        known = "payloads in all" if lists is None else "payloads held whole, the others' by their lists"
+        logger.info(f"round {round_no}: merged the sets of {count - 1} other group(s) of the round: "
+                    f"{len(payloads)} {known}")
+    return Merged(payloads, excluded, count, held, lists)
+
+
+def fetch_into(held: Dict[str, Dict[str, bytes]], lists: Optional[Dict[str, "SetList"]], gatherer, spec,
+               sources: List[str], digest: str, round_no: int, timeout: float) -> bool:
+    """Fetch the set ``digest`` from ``sources[0]`` into ``held`` whole, or, where ``lists`` is kept,
+    as its list (the other ``sources`` asked later for its payloads); whether it came."""
+    if lists is None:
+        got = fetch_checked_set(gatherer, spec, sources[0], digest, round_no, timeout)
+        if got is not None:
+            held[digest] = got
+        return got is not None
+    listed = fetch_checked_list(gatherer, spec, sources[0], digest, round_no, timeout)
+    if listed is not None:
+        listed.sources += [p for p in sources if p not in listed.sources]
+        lists[digest] = listed
+    return listed is not None
 
 
 def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, bytes]],
                      publishers: Dict[str, List[str]], wait: float, quiet: Optional[Dict[str, int]] = None,
-                     quiet_wait: Optional[float] = None) -> None:
+                     quiet_wait: Optional[float] = None, lists: Optional[Dict[str, "SetList"]] = None) -> None:
     """Add to ``held`` the sets our groupmates merged for the round and we did not.
 
     Each member tells the others which sets it holds (``offer_merged``) and asks each of them the
@@ -186,15 +210,17 @@ def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, byte
     our own link was down may merge another group's set a little after the short wait, which would
     split the group). Guarded by tests/round/test_group_merge.py
     (``test_a_groupmate_that_does_not_answer_is_not_waited_for_long_again_and_an_excluded_one_is_never_asked``)
-    and tests/round/test_group_merge_waits.py."""
+    and tests/round/test_group_merge_waits.py. ``lists``: where the round's sets are held by their
+    lists (``merge_round``'s ``by_list``), a lacking set is fetched as its list into it."""
     gatherer, me, own = peer.gatherer, peer.peer_id, result.set_digest
+    lists_held = {} if lists is None else lists
     timing = peer.membership.timing
     quiet = {} if quiet is None else quiet
     quiet_wait = timing.quiet_mate_s if quiet_wait is None else quiet_wait
     # members whose payload the group agreed (an excluded one misbehaved or went silent), client-mode
     # members aside (they serve nothing)
     mates = [m for m in result.group if m != me and m in result.payloads and m not in result.unservable]
-    gatherer.offer_merged(own, result.group, sorted(held))
+    gatherer.offer_merged(own, result.group, sorted([*held, *lists_held]))
     if not mates or not own:
         return
     for m in [m for m, until in quiet.items() if until <= round_no]:
@@ -209,7 +235,7 @@ def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, byte
     lacking: Dict[str, List[str]] = {}
     for mate, names in sorted(answers.items()):
         for name in names or ():
-            if name not in held:
+            if name not in held and name not in lists_held:
                 lacking.setdefault(name, []).append(mate)
     # bounded however many names a (hostile) groupmate lists: one source that fails is not asked again
     deadline = time.monotonic() + max(wait, timing.set_fetch_s)
@@ -218,9 +244,8 @@ def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, byte
         sources = [p for p in holders + publishers.get(name, []) if p not in failed]
         for source in list(dict.fromkeys(sources))[:TRIES_PER_SET]:
             left = deadline - time.monotonic()
-            got = fetch_checked_set(gatherer, peer.spec, source, name, round_no, min(timing.set_fetch_s, left)) if left > 0 else None
-            if got is not None:
-                held[name] = got
+            if left > 0 and fetch_into(held, lists, gatherer, peer.spec, [source, *sources], name, round_no,
+                                       min(timing.set_fetch_s, left)):
                 logger.info(f"round {round_no}: took set {name[:12]} that {holders[0]} of our group merged and we had not")
                 break
             failed.add(source)
@@ -228,7 +253,7 @@ def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, byte
             logger.warning(f"round {round_no}: {holders[0]} of our group merged set {name[:12]}, which we could not "
                            f"fetch: this round may end with a second θ")
     if lacking:
-        gatherer.offer_merged(own, result.group, sorted(held))
+        gatherer.offer_merged(own, result.group, sorted([*held, *lists_held]))
 
 
 def no_group_left(peer, round_no: int, since: float, gave_up: Iterable[str] = ()) -> Callable[[], bool]:

@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
+from peer.round import draw
+from peer.round.draw import SetList
 from peer.round.merge import TRIES_PER_SET, fetch_checked_set
 from protocol.round import group_sets
 
@@ -48,6 +50,13 @@ class LastRound:
     sets: Dict[str, Dict[str, bytes]]  # set name -> sender -> payload: every set the union held
     base: str  # θ's hash before the round's outer step
     after_hash: str = ""  # θ's hash once the round was concluded (a state installed since changes θ)
+    # with outer.max_contributions: the other sets of the union, by their lists (peer/round/draw.py)
+    lists: Optional[Dict[str, SetList]] = None
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        """The names of every set of the union."""
+        return tuple(sorted([*self.sets, *(self.lists or {})]))
 
 
 @dataclass
@@ -64,7 +73,7 @@ def announce(last: Optional[LastRound], engine) -> Tuple[str, Tuple[str, ...]]:
     one the kept round concluded (a state installed since, a round deferred or trained alone)."""
     if last is None or engine.round != last.round + 1 or engine.params_hash() != last.after_hash:
         return "", ()
-    return last.base, tuple(sorted(last.sets))
+    return last.base, last.names
 
 
 def take_group_union(peer, last: Optional[LastRound], result) -> GroupUnion:
@@ -75,7 +84,7 @@ def take_group_union(peer, last: Optional[LastRound], result) -> GroupUnion:
     lacking = sorted(union - set(names))
     if not base or not lacking:
         return GroupUnion(keys, True)
-    if last is None or base != last.base or set(names) != set(last.sets):
+    if last is None or base != last.base or set(names) != set(last.names):
         return GroupUnion(keys, False)  # not what we announced: cannot happen unless θ changed in between
     try:
         symbolic = group_sets.repaired_key(base, set(names) | union)
@@ -93,23 +102,28 @@ def _take(peer, last: LastRound, result, lacking: List[str], key: str, symbolic:
                       and name in result.last_sets.get(m, ("", ()))[1]] for name in lacking}
     deadline = time.monotonic() + timing.set_fetch_s  # all of them together: the round ends late by at most this
     got: Dict[str, Dict[str, bytes]] = {}
+    got_lists: Optional[Dict[str, SetList]] = None if last.lists is None else {}
     for name in lacking:
-        for source in listers[name][:TRIES_PER_SET]:
-            left = deadline - time.monotonic()
-            fetched = fetch_checked_set(gatherer, peer.spec, source, name, last.round, left) if left > 0 else None
+        if got_lists is not None:  # a run that draws its contributions: the set's list (peer/round/draw.py)
+            listed, _ = draw.fetch_list_from(gatherer, peer.spec, listers[name], name, last.round, deadline, TRIES_PER_SET)
+            if listed is not None:
+                got_lists[name] = listed
+                continue
+        else:
+            fetched = _first_set(peer, listers[name][:TRIES_PER_SET], name, last.round, deadline)
             if fetched is not None:
                 got[name] = fetched
-                break
-        else:
-            if len(listers[name]) <= 1:  # its one lister does not serve it: every member that asks leaves it out
-                logger.warning(f"round {last.round}: left set {name[:12]} out of the round's union: the one member "
-                               f"that announced it did not serve it")
                 continue
-            logger.warning(f"round {last.round}: the group took set {name[:12]} into the round's union and we could "
-                           f"not fetch it from {len(listers[name])} members that hold it")
-            return False
-    if got:
-        _redo(peer, last, {**last.sets, **got}, len(got))
+        if len(listers[name]) <= 1:  # its one lister does not serve it: every member that asks leaves it out
+            logger.warning(f"round {last.round}: left set {name[:12]} out of the round's union: the one member "
+                           f"that announced it did not serve it")
+            continue
+        logger.warning(f"round {last.round}: the group took set {name[:12]} into the round's union and we could "
+                       f"not fetch it from {len(listers[name])} members that hold it")
+        return False
+    if got or got_lists:
+        _redo(peer, last, {**last.sets, **got}, len(got) + len(got_lists or {}),
+              None if last.lists is None else {**last.lists, **got_lists})
     # a key that names a start another member announced (the same base, exactly these sets): θ must now
     # be that one, bit for bit (a set left out above leaves it apart)
     if key != symbolic and key != last.after_hash:
@@ -119,21 +133,40 @@ def _take(peer, last: LastRound, result, lacking: List[str], key: str, symbolic:
     return True
 
 
-def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int) -> None:
-    """Conclude ``last.round`` again from its base with ``sets``."""
+def _first_set(peer, sources: List[str], name: str, round_no: int, deadline: float) -> Optional[Dict[str, bytes]]:
+    """The set ``name`` from the first of ``sources`` that serves it before ``deadline``, checked."""
+    for source in sources:
+        left = deadline - time.monotonic()
+        fetched = fetch_checked_set(peer.gatherer, peer.spec, source, name, round_no, left) if left > 0 else None
+        if fetched is not None:
+            return fetched
+    return None
+
+
+def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int,
+          lists: Optional[Dict[str, SetList]] = None) -> None:
+    """Conclude ``last.round`` again from its base with ``sets`` (and ``lists``: the draw made again
+    from the grown union, the payloads it newly chose fetched, peer/round/draw.py)."""
     engine = peer.engine
-    payloads, excluded = group_sets.union(sets[d] for d in sorted(sets))
+    drawn = None
+    if lists is not None:  # fetched before the lock: the next round's steps go on meanwhile
+        drawn = draw.take(peer, last.round, last.base, sets, lists, peer.membership.timing.set_fetch_s, last.snapshot[3])
     with engine.lock:
         if engine.round != last.round + 1 or engine.params_hash() != last.after_hash:
             raise RuntimeError("θ changed since the round was concluded")
         old = last.after_hash
-        chosen, invalid, _ = engine.choose(payloads, last.round, last.base)
+        if drawn is None:
+            payloads, excluded = group_sets.union(sets[d] for d in sorted(sets))
+            chosen, invalid, _ = engine.choose(payloads, last.round, last.base, last.snapshot[3])  # as drawn then
+            count = len(payloads)
+        else:
+            chosen, invalid, excluded, count = drawn.payloads, dict(drawn.invalid), drawn.excluded, len(drawn.senders)
         decoded, bad = engine.decode_at(chosen, last.round)
         settled = engine.redo(last.snapshot, decoded, {**excluded, **invalid, **bad})
-        last.sets, last.after_hash = sets, engine.params_hash()
+        last.sets, last.lists, last.after_hash = sets, lists, engine.params_hash()
     logger.info(f"round {last.round}: took {taken} set(s) of the round that our group held into its union "
-                f"({len(payloads)} payloads): θ {old} -> {last.after_hash}")
+                f"({count} payloads): θ {old} -> {last.after_hash}")
     history = peer.totals.history
     if history and history[-1].round == last.round + 1:
-        history[-1].params_hash, history[-1].sets = last.after_hash, len(sets)
+        history[-1].params_hash, history[-1].sets = last.after_hash, len(last.names)
         history[-1].contributors, history[-1].excluded = settled.contributors, settled.excluded

@@ -58,8 +58,8 @@ class SetManifest:
     digest: str
 
 
-def entries_of(payloads: Mapping[bytes, bytes]) -> Dict[bytes, Entry]:
-    """The entries of a set of ``payloads`` (owner -> payload)."""
+def entries_of(payloads: Mapping[Hashable, bytes]) -> Dict[Hashable, Entry]:
+    """The entries of a set of ``payloads`` (owner, by id or by name -> payload)."""
     return {owner: Entry(payload_digest(p), claimed_part(p)) for owner, p in payloads.items()}
 
 

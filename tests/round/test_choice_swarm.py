@@ -1,6 +1,7 @@
 """At most K contributions a round, in a real swarm (``outer.max_contributions``, peer/outer/engine.py
 ``choose``): 4 peers in groups of at most 2 merge their groups' sets each round and take 2 of the 4
-payloads into θ, the same 2 on every peer; the peer passed over keeps its update and says so."""
+payloads into θ, the same 2 on every peer; the peer passed over keeps its update and says so. The
+other group's set comes as its list, and only the drawn payloads of it are fetched."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tests.support.swarm_harness import Swarm, TINY_SPEC, assert_groups_identica
 
 NAMES = ("a", "b", "c", "d")
 CHOSE = re.compile(r"round (\d+): (\d+) of (\d+) contributions enter θ \(outer.max_contributions = 2 a part; (.*)\)")
+DREW = re.compile(r"round (\d+): drew (\d+) of (\d+) contributions and fetched (\d+) of them")
 
 
 @pytest.mark.slow
@@ -34,6 +36,10 @@ def test_four_peers_take_two_contributions_a_round_and_stay_one_model(tmp_path):
     assert choices, {n: t[-3000:] for n, t in logs.items()}
     assert all(int(m[2]) == 2 and int(m[3]) > 2 for m in choices)
     assert any(m[4] == "ours waits for a later round" for m in choices)
+    # the other group's set came as its list, and only the drawn payloads of it were fetched (peer/round/draw.py)
+    drawn = [m for text in logs.values() for m in DREW.finditer(text)]
+    assert drawn and all(int(m[4]) <= int(m[2]) <= 2 for m in drawn), drawn
+    assert any(int(m[3]) > 2 for m in drawn)
     # a round whose payloads every peer took (several groups merged) ends with one θ on all of them
     by_round = hashes_by_round(statuses)
     merged = [r for r, hashes in by_round.items() if len(hashes) == len(NAMES)]

@@ -1,0 +1,164 @@
+"""A round that takes at most K contributions a part: drawn from the sets' lists, and only those fetched.
+
+With ``outer.max_contributions`` = K > 0 the merge of a round's groups (peer/round/merge.py) fetches
+the other groups' sets as **lists** (protocol/round/set_manifests.py: each payload's owner, digest and
+claimed part, checked by the set's name), not whole. ``take`` then
+
+1. forms the union of every held set's entries, our group's whole set included, as the union of
+   payloads is formed (a sender with two payloads counts with neither);
+2. where two sets list one payload with different parts (one was named by a member that misstated
+   it), fetches that payload and reads its part;
+3. draws K per part from the claimed parts (``RoundEngine.draw``: every member holding that union
+   draws the same senders);
+4. fetches each chosen payload it does not hold, one envelope from a peer that holds its set,
+   checked against the set's entry; one whose header claims another part than its entry is
+   refused for the round, on every member alike.
+
+So a peer downloads at most K payloads from the round's other groups, whatever the swarm's size.
+A chosen payload that cannot be had in time is left out here: this member's θ is then apart from
+those that had it, as with a set that cannot be had, until the next round's group takes the union
+(peer/round/union.py) or its start vote sends it to the majority's state. Guarded by
+tests/round/test_draw.py and tests/round/test_choice_swarm.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from peer.exchange.results import base58
+from protocol.round import set_manifests
+from protocol.round.group_sets import SetError
+from protocol.round.set_manifests import Entry, SetManifest, entries_of
+from protocol.wire.payload import claimed_part
+
+logger = logging.getLogger("voloco.peer")
+
+NOT_FETCHED = "its payload was drawn and could not be fetched in time"
+TRIES_PER_PAYLOAD = 3  # peers asked for one chosen payload, one after the other
+
+
+@dataclass
+class SetList:
+    """A set known by its list: the checked list, its entries by sender (base58), and the peers to ask
+    for its envelopes (the one that served the list first)."""
+
+    manifest: SetManifest
+    entries: Dict[str, Entry]
+    sources: List[str] = field(default_factory=list)
+
+    def owner(self, sender: str) -> bytes:
+        return next(o for o in self.manifest.entries if base58(o) == sender)
+
+
+@dataclass
+class Drawn:
+    """What ``take`` made of a round's sets."""
+
+    payloads: Dict[str, bytes]  # sender -> payload: the chosen ones held, in no particular order
+    excluded: Dict[str, str]  # sender -> why its contribution is left out (two payloads, a misstated part, not had)
+    invalid: Dict[str, str]  # sender -> why its payload claims no part of this run
+    passed: List[str]  # senders passed over by the draw
+    senders: List[str]  # every sender in the union (whose signed payload reached us)
+
+
+def fetch_checked_list(gatherer, spec, source: str, digest: str, round_no: int, timeout: float) -> Optional[SetList]:
+    """The list of the set ``digest`` from ``source``, checked; None on any failure."""
+    raw = gatherer.fetch_manifest(source, digest, timeout=timeout)
+    if raw is None:
+        return None
+    try:
+        manifest = set_manifests.open_manifest(raw, gatherer.run_digest, round_no, digest, spec.swarm.max_group_size)
+    except SetError as e:
+        logger.warning(f"round {round_no}: {source} served a set list that is refused: {e}")
+        return None
+    return SetList(manifest, {base58(o): e for o, e in manifest.entries.items()}, [source])
+
+
+def take(peer, round_no: int, base: str, held: Mapping[str, Mapping[str, bytes]], lists: Mapping[str, SetList],
+         fetch_s: float, standing: Optional[Mapping[str, int]] = None) -> Drawn:
+    """Draw the round's contributions from ``held`` (set name -> sender -> payload, sets held whole)
+    and ``lists`` (set name -> SetList), and fetch the chosen payloads not held, all within ``fetch_s``
+    (see the module docstring). ``standing``: the table the draw weighs by (``RoundEngine.draw``)."""
+    engine, gatherer = peer.engine, peer.gatherer
+    limit = gatherer.max_payload_bytes
+    sets: Dict[str, Dict[str, Entry]] = {name: entries_of(payloads) for name, payloads in held.items()}
+    sets.update({name: dict(lst.entries) for name, lst in lists.items()})
+    entries, excluded = set_manifests.manifest_union(sets[n] for n in sorted(sets))
+    have: Dict[str, bytes] = {}
+    for payloads in held.values():
+        have.update({s: p for s, p in payloads.items() if s in entries})
+    deadline = time.monotonic() + fetch_s
+    for sender in sorted(set_manifests.conflicts(sets[n] for n in sorted(sets)) & set(entries)):
+        payload = have.get(sender) or _fetch(peer, round_no, sender, entries[sender], lists, deadline)
+        if payload is None:
+            excluded[sender] = NOT_FETCHED
+            del entries[sender]
+            continue
+        have[sender] = payload
+        entries[sender] = Entry(entries[sender].digest, claimed_part(payload, limit))
+    chosen, invalid, passed = engine.draw({s: e.part for s, e in entries.items()}, round_no, base, standing)
+    payloads: Dict[str, bytes] = {}
+    for sender in chosen:
+        if sender in invalid:
+            continue
+        payload = have.get(sender) or _fetch(peer, round_no, sender, entries[sender], lists, deadline)
+        if payload is None:
+            excluded[sender] = NOT_FETCHED
+        elif set_manifests.part_mismatch(entries[sender], payload):
+            excluded[sender] = set_manifests.PART_MISMATCH
+        else:
+            payloads[sender] = payload
+    fetched = sum(1 for s in payloads if s not in _held_senders(held))
+    logger.info(f"round {round_no}: drew {len(chosen)} of {len(entries)} contributions and fetched {fetched} "
+                f"of them from the round's other groups")
+    return Drawn(payloads, excluded, invalid, passed, sorted(entries))
+
+
+def _held_senders(held: Mapping[str, Mapping[str, bytes]]) -> set:
+    return {s for payloads in held.values() for s in payloads}
+
+
+def _fetch(peer, round_no: int, sender: str, entry: Entry, lists: Mapping[str, SetList], deadline: float) -> Optional[bytes]:
+    """``sender``'s payload (of ``entry``'s digest) from a peer that holds a set listing it; None past
+    ``deadline`` or after ``TRIES_PER_PAYLOAD`` peers."""
+    gatherer, timing = peer.gatherer, peer.membership.timing
+    asked = 0
+    for name in sorted(lists):
+        lst = lists[name]
+        held_entry = lst.entries.get(sender)
+        if held_entry is None or held_entry.digest != entry.digest:
+            continue
+        owner = lst.owner(sender)
+        for source in lst.sources:
+            left = deadline - time.monotonic()
+            if left <= 0 or asked >= TRIES_PER_PAYLOAD:
+                return None
+            asked += 1
+            raw = gatherer.fetch_member(source, name, owner, timeout=min(timing.set_fetch_s, left))
+            if raw is None:
+                continue
+            try:
+                return set_manifests.open_member(lst.manifest, owner, raw, gatherer.max_payload_bytes)
+            except SetError as e:
+                logger.warning(f"round {round_no}: {source} served a payload of set {name[:12]} that is refused: {e}")
+    return None
+
+
+def fetch_list_from(gatherer, spec, sources: List[str], digest: str, round_no: int, deadline: float,
+                    tries: int) -> Tuple[Optional[SetList], List[str]]:
+    """The list of ``digest`` from the first of ``sources`` that serves it before ``deadline`` (at most
+    ``tries`` asked), with the peers that failed."""
+    failed: List[str] = []
+    for source in sources[:tries]:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        got = fetch_checked_list(gatherer, spec, source, digest, round_no, left)
+        if got is not None:
+            got.sources += [s for s in sources if s not in got.sources]
+            return got, failed
+        failed.append(source)
+    return None, failed
