@@ -12,6 +12,9 @@ from the peers' status files (their ``history``):
 - payload: exchange bytes sent per peer as the peers count them; wire: every TCP byte a peer's
   process tree sent and received in the round (the status' ``wire``, read after each round: the
   payload plus the control plane, the DHT and matchmaking);
+- payload recv/peer: the payload bytes a peer received in the round's exchange (the gather, and the
+  sets or, with ``--max-contributions`` K, the lists and drawn payloads of the round's other
+  groups); a table then sets each swarm's mean against the smallest one's;
 - round s: the median peer's round time (its record's ``seconds``); swarm s: from the moment every
   peer had ended the previous round (round 1: had begun training) to the moment every peer had
   ended this one.
@@ -51,11 +54,13 @@ TINY_MODEL = {"d_model": 32, "n_layers": 2, "n_heads": 2, "ffn_hidden": 64, "seq
 MARKS = (1, 10, 50)  # rounds after which the long run's peer is sampled
 
 
-def scale_spec(inner_steps: int = 10, max_group_size: int = 16) -> RunSpec:
-    """The tiny run of the issue's measurement: d 32, 2 layers, H inner steps, default swarm timing."""
+def scale_spec(inner_steps: int = 10, max_group_size: int = 16, max_contributions: int = 0) -> RunSpec:
+    """The tiny run of the issue's measurement: d 32, 2 layers, H inner steps, default swarm timing;
+    ``max_contributions``: the run's K (0: every contribution)."""
     return RunSpec(run_id="scale", seed=1).replace(
         model=TINY_MODEL, data={"batch_size": 4, "val_batches": 2}, inner={"warmup_steps": 5},
-        outer={"strategy": "sparseloco", "inner_steps": inner_steps}, swarm={"max_group_size": max_group_size},
+        outer={"strategy": "sparseloco", "inner_steps": inner_steps, "max_contributions": max_contributions},
+        swarm={"max_group_size": max_group_size},
     )
 
 
@@ -159,7 +164,7 @@ def round_rows(statuses: List[Optional[Dict[str, Any]]], watcher: Watcher) -> Li
 
 def run_size(peers: int, rounds: int, marks: List[int], args, workdir: Path) -> Dict[str, Any]:
     """One swarm of ``peers`` peers for ``rounds`` rounds: its per-round rows and peer 0's samples."""
-    spec = scale_spec(args.inner_steps, args.max_group_size)
+    spec = scale_spec(args.inner_steps, args.max_group_size, args.max_contributions)
     quorum = min(args.quorum or peers, peers)
     watcher = Watcher(marks, args.start_timeout)
     timeout = args.timeout or 300 + 15 * peers * rounds
@@ -173,6 +178,7 @@ def run_size(peers: int, rounds: int, marks: List[int], args, workdir: Path) -> 
         print(f"  stopped: {failure}", flush=True)
     statuses = [read_status(workdir, i) for i in range(peers)]
     return {"peers": peers, "quorum": quorum, "max_group_size": args.max_group_size, "rounds": rounds,
+            "max_contributions": args.max_contributions,
             "wall_s": round(time.monotonic() - t0, 1), "failure": failure, "workdir": str(workdir),
             "rows": round_rows(statuses, watcher), "usage": watcher.usage}
 
@@ -188,17 +194,31 @@ def _s(n: Optional[float]) -> str:
 def report(runs: List[Dict[str, Any]]) -> str:
     rounds = table(
         ["peers", "round", "peers in it", "groups", "group sizes", "distinct θ", "alone", "payload sent/peer",
-         "wire/peer", "round s", "swarm s"],
+         "payload recv/peer", "wire/peer", "round s", "swarm s"],
         [[str(run["peers"]), str(r["round"]), str(r["peers"]), str(r["groups"]), _sizes(r["group_sizes"]),
-          str(r["distinct_theta"]), str(r["alone"]), _b(r["payload_sent_per_peer"]), _b(r["wire_per_peer"]),
-          _s(r["round_s"]), _s(r["swarm_s"])] for run in runs for r in run["rows"]], left=5)
+          str(r["distinct_theta"]), str(r["alone"]), _b(r["payload_sent_per_peer"]), _b(r["payload_received_per_peer"]),
+          _b(r["wire_per_peer"]), _s(r["round_s"]), _s(r["swarm_s"])] for run in runs for r in run["rows"]], left=5)
+    grown = growth(runs)
     usage = table(
         ["peers", "after rounds", "processes", "RSS peer", "RSS tree", "PSS tree", "fds tree", "threads tree"],
         [[str(run["peers"]), str(u["after_rounds"]), str(len(u["processes"])), human(1024 * u["processes"][0]["rss_kib"]),
           human(1024 * u["rss_kib"]), human(1024 * u["pss_kib"]), str(u["fds"]), str(u["threads"])]
          for run in runs for u in run["usage"]], left=0)
     failures = [f"{run['peers']} peers: {run['failure']}" for run in runs if run["failure"]]
-    return "\n\n".join([rounds, usage] + failures)
+    return "\n\n".join([rounds, grown, usage] + failures)
+
+
+def growth(runs: List[Dict[str, Any]]) -> str:
+    """Per swarm: the payload bytes a peer received in a round (mean over the rounds after the first,
+    which a late start can skew), against the smallest swarm's: flat where K bounds the download."""
+    rows, base = [], None
+    for run in sorted((r for r in runs if not r.get("long")), key=lambda r: r["peers"]):
+        got = [r["payload_received_per_peer"] for r in run["rows"][1:] if r["payload_received_per_peer"] is not None]
+        mean = _mean(got)
+        base = base if base is not None else mean
+        ratio = f"{mean / base:.2f}x" if mean and base else "-"
+        rows.append([str(run["peers"]), str(run.get("max_contributions", 0)), str(run["max_group_size"]), _b(mean), ratio])
+    return table(["peers", "K", "groups <=", "payload recv/peer/round", "vs smallest"], rows, left=0)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -216,6 +236,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="every peer's --wait-peers: how many peers must have started before round 1 (default: the whole swarm)")
     ap.add_argument("--max-group-size", type=int, default=16, help="the run spec's swarm.max_group_size (default 16)")
     ap.add_argument("--inner-steps", type=int, default=10, help="H, inner steps a round (default 10)")
+    ap.add_argument("--max-contributions", type=int, default=0,
+                    help="the run spec's outer.max_contributions K: at most K contributions a part enter θ, and a peer "
+                    "fetches only those of the other groups (default 0: every contribution, every set fetched whole)")
     ap.add_argument("--timeout", type=float, default=None,
                     help="seconds a swarm may take in all before it is stopped (default 300 + 15 x peers x rounds)")
     ap.add_argument("--start-timeout", type=float, default=600.0,
@@ -250,7 +273,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"\n{machine()}, {now()}\n{report(runs)}")
     if args.json:
         args.json.write_text(json.dumps({"machine": machine(), "date": now(), "spec": scale_spec(
-            args.inner_steps, args.max_group_size).model_dump(), "runs": runs}, indent=1))
+            args.inner_steps, args.max_group_size, args.max_contributions).model_dump(), "runs": runs}, indent=1))
     return 0 if not any(run["failure"] for run in runs) else 1
 
 

@@ -297,6 +297,7 @@ class RoundLoop:
         peer.state = "exchanging"
         result = None
         start_hash = engine.params_hash()
+        counted = (peer.gatherer.bytes_sent, peer.gatherer.bytes_received)  # the whole exchange's, fetches of sets included
         if step is Step.GATHER:  # (nobody of our round left to meet: no group, catch up)
             # the only others are catching up to an earlier round (a chain stage that cannot link does,
             # again and again): give them the straggler allowance to join, not the whole round_wait
@@ -397,8 +398,8 @@ class RoundLoop:
                 self._last_round.after_hash = engine.params_hash()
         if self.overlap and not peer.stop_event.is_set():
             peer._set_state("training")  # θ of the next round is known: its inner steps are under way
-        sent = result.bytes_sent if result is not None else 0
-        received = result.bytes_received if result is not None else 0
+        sent, received = (peer.gatherer.bytes_sent - counted[0], peer.gatherer.bytes_received - counted[1]) \
+            if result is not None else (0, 0)
         peer.totals.bytes_sent += sent
         peer.totals.bytes_received += received
         peer.totals.rounds += 1

@@ -22,7 +22,7 @@ class RoundRecord:
     group: List[str]
     contributors: int
     excluded: Dict[str, str]
-    bytes_sent: int
+    bytes_sent: int  # payload bytes of the round's exchange: the gather, the sets and payloads fetched after it
     bytes_received: int
     loss: float
     val_loss: float
