@@ -389,7 +389,9 @@ class RoundLoop:
                 )
         with engine.lock:
             # what concluding this round again takes, should the next round's group hold a set we lack
-            self._last_round = None if merged is None else union.LastRound(
+            # a drawn payload we could not fetch leaves θ short of what (base, sets) names: no base is
+            # announced then, and the next round's start vote sends us to the group's θ (peer/round/draw.py)
+            self._last_round = None if merged is None or draw.NOT_FETCHED in excluded.values() else union.LastRound(
                 engine.round, engine.snapshot(), merged.held, base=engine.params_hash(), lists=merged.lists)
             settled = engine.conclude(decoded, h.pending, delivered=peer.peer_id in senders and peer.peer_id not in excluded,
                                       excluded=excluded, me=peer.peer_id, passed=passed)

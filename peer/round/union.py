@@ -151,6 +151,8 @@ def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int,
     drawn = None
     if lists is not None:  # fetched before the lock: the next round's steps go on meanwhile
         drawn = draw.take(peer, last.round, last.base, sets, lists, peer.membership.timing.set_fetch_s, last.snapshot[3])
+        if draw.NOT_FETCHED in drawn.excluded.values():  # θ would not be what (base, sets) names
+            raise RuntimeError("a payload the union's draw chose could not be fetched")
     with engine.lock:
         if engine.round != last.round + 1 or engine.params_hash() != last.after_hash:
             raise RuntimeError("θ changed since the round was concluded")

@@ -185,3 +185,27 @@ def test_a_member_that_lacked_a_set_takes_its_list_draws_again_and_ends_on_the_g
     assert taken.holds and taken.taken == 1 and e.params_hash() == full.params_hash()
     assert union.announce(last, e) == (base, (n1, n2)) and set(last.lists) == {n2}
     assert {d for d, _ in gatherer.members_asked} <= {n2}  # only envelopes of the set it lacked
+
+
+def test_a_member_that_cannot_fetch_a_payload_the_grown_union_drew_keeps_theta_and_does_not_hold_its_key():
+    e = engine()
+    for attempt in range(30):  # seeds of other rounds, until the draw takes a payload of the set it lacked
+        sets = groups(e, 2)
+        n1, n2 = sorted(sets)
+        base = f"{e.params_hash()}{attempt}"
+        every = {s: p for _, payloads, _ in sets.values() for s, p in by_name(payloads).items()}
+        chosen = e.draw({s: -1 for s in every}, ROUND, base, {})[0]
+        if set(chosen) - set(by_name(sets[n1][1])):
+            break
+    held = {n1: by_name(sets[n1][1])}
+    last = union.LastRound(ROUND, e.snapshot(), dict(held), base=base, lists={})
+    e.conclude(e.decode(held[n1])[0], None, delivered=False)  # 2 payloads: both, whatever the draw
+    last.after_hash = e.params_hash()
+    binding, payloads, _ = sets[n2]
+    gatherer = Gatherer({n1: sets[n1], n2: (binding, payloads, {})})  # its list is served, its envelopes are not
+    starts = {"me": last.after_hash, "x": "f" * 16, "y": "f" * 16}
+    result = GatherResult(group=sorted(starts), payloads={m: b"p" for m in starts}, excluded={}, start_hashes=starts,
+                          last_sets={"me": (base, (n1,)), "x": (base, (n2,)), "y": (base, (n2,))})
+    before = e.params_hash()  # nobody announced the grown union's start: only the fetch can tell
+    taken = union.take_group_union(member(e, gatherer), last, result)
+    assert not taken.holds and e.params_hash() == before
