@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
@@ -249,6 +250,27 @@ class Peer:
             self.state = "stopped"
             self.membership.publish()
             write_status(self.opts.status_file, self.status())
+            if not self.stop_event.is_set():  # its rounds are done (--rounds), not interrupted
+                self._serve_the_last_round()
+
+    def _serve_the_last_round(self) -> None:
+        """After its last round, keep serving that round's sets and payloads while other peers of the
+        round still merge it (ready or exchanging in its records), at most ``Timing.set_fetch_s``: a peer
+        that draws its contributions (peer/round/draw.py) fetches the drawn payloads once its merge is
+        over, and a peer that left the moment it concluded would leave it a second θ."""
+        last, timing = self.round - 1, self.membership.timing
+        deadline = time.monotonic() + timing.set_fetch_s
+        said = False
+        while time.monotonic() < deadline:
+            merging = [v for v in self.membership.view() if v.peer_id != self.peer_id and v.progress.round == last
+                       and v.progress.state in peer_states.DONE]
+            if not merging:
+                return
+            if not said:
+                logger.info(f"serving round {last}'s sets to {len(merging)} peer(s) still merging it "
+                            f"(at most {timing.set_fetch_s:g} s)")
+                said = True
+            time.sleep(timing.view_poll_s)
 
     def _sync_round(self) -> int:
         """Catch up with the swarm if it is ahead; the round this peer trains next."""

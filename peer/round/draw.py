@@ -48,6 +48,7 @@ class SetList:
     manifest: SetManifest
     entries: Dict[str, Entry]
     sources: List[str] = field(default_factory=list)
+    fetched: Dict[str, bytes] = field(default_factory=dict)  # sender -> its payload, once fetched and checked
 
     def owner(self, sender: str) -> bytes:
         return next(o for o in self.manifest.entries if base58(o) == sender)
@@ -131,6 +132,8 @@ def _fetch(peer, round_no: int, sender: str, entry: Entry, lists: Mapping[str, S
         held_entry = lst.entries.get(sender)
         if held_entry is None or held_entry.digest != entry.digest:
             continue
+        if sender in lst.fetched:  # a round drawn again takes what the first draw fetched
+            return lst.fetched[sender]
         owner = lst.owner(sender)
         for source in lst.sources:
             left = deadline - time.monotonic()
@@ -141,7 +144,8 @@ def _fetch(peer, round_no: int, sender: str, entry: Entry, lists: Mapping[str, S
             if raw is None:
                 continue
             try:
-                return set_manifests.open_member(lst.manifest, owner, raw, gatherer.max_payload_bytes)
+                lst.fetched[sender] = set_manifests.open_member(lst.manifest, owner, raw, gatherer.max_payload_bytes)
+                return lst.fetched[sender]
             except SetError as e:
                 logger.warning(f"round {round_no}: {source} served a payload of set {name[:12]} that is refused: {e}")
     return None
