@@ -134,6 +134,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
         self._merged: "OrderedDict[bytes, Tuple[frozenset, bytes]]" = OrderedDict()  # set -> (members, what we merged)
         self._fetched_lists: "OrderedDict[bytes, bytes]" = OrderedDict()  # sets' lists fetched (set_lists.py)
         self._fetched_members: "OrderedDict[Tuple[bytes, bytes], bytes]" = OrderedDict()  # (set, owner) -> envelope
+        self._packed_lists: "OrderedDict[bytes, bytes]" = OrderedDict()  # lists of the sets we hold whole
         self._group_opened: Optional[asyncio.Event] = None
         self._calls = CallLimiter(CALLS_PER_PEER)
 

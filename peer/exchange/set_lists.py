@@ -5,7 +5,8 @@ A mixin of peer/exchange/gatherer.py's ``PayloadGatherer``, beside ``SetServer``
 
 - ``rpc_fetch_manifest`` serves the list (protocol/round/set_manifests.py) of a set one of our recent
   groups agreed, of a set we fetched whole, or one we fetched as a list;
-- ``rpc_fetch_member`` serves one owner's envelope of such a set (of a list we fetched, only the
+- ``rpc_fetch_member`` serves one owner's envelope of such a set (``fetch_members`` asks for
+  several at once) (of a list we fetched, only the
   envelopes we fetched too: we serve on what we hold).
 
 Both are streamed by ``SetServer._serve_packed``.
@@ -14,14 +15,14 @@ Both answer any peer the run admits, through the same call limiter as every gath
 in chunks and read with the size limit of a list or of one envelope. What comes back is only bytes:
 ``open_manifest`` and ``open_member`` check it in the host process before anything counts. What we
 keep to serve on is bounded (``KEEP_LISTS`` lists, ``KEEP_MEMBERS`` envelopes within
-``KEEP_MEMBER_BYTES``).
+``KEEP_MEMBER_BYTES``), and kept only once checked, as the asker checks it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from typing import AsyncIterator, Optional, Tuple
+from typing import AsyncIterator, List, Optional, Sequence, Tuple
 
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
@@ -43,16 +44,20 @@ KEEP_MEMBER_BYTES = 64 << 20  # and the most bytes they may take together
 
 class ListServer:
     """Needs of its host class: ``SetServer`` (``_group_of_set``, ``_serve_packed``) with what it needs,
-    and ``_fetched_lists``, ``_fetched_members`` (empty OrderedDicts)."""
+    ``_run``, and ``_fetched_lists``, ``_fetched_members``, ``_packed_lists`` (empty OrderedDicts)."""
 
     # ---- host-process API ---------------------------------------------------------------------
     def fetch_manifest(self, peer: str, digest: str, timeout: float) -> Optional[bytes]:
         """The list of the set ``digest`` from ``peer`` (base58), unchecked; None if none came in time."""
         return self._ask_list_server("_fetch_manifest", dict(peer=peer, digest=digest), timeout)
 
-    def fetch_member(self, peer: str, digest: str, owner: bytes, timeout: float) -> Optional[bytes]:
-        """``owner``'s envelope in the set ``digest`` from ``peer``, unchecked; None if none came in time."""
-        return self._ask_list_server("_fetch_member", dict(peer=peer, digest=digest, owner=owner), timeout)
+    def fetch_members(self, asks: Sequence[Tuple[str, str, bytes]], timeout: float) -> List[Optional[bytes]]:
+        """For each (peer, set digest, owner) of ``asks``: that owner's envelope in that set from that
+        peer, unchecked, or None; all asked at once, each answer awaited at most ``timeout``."""
+        if not asks:
+            return []
+        got = self._ask_list_server("_fetch_members", dict(asks=list(asks)), timeout)
+        return list(got) if got is not None else [None] * len(asks)
 
     def _ask_list_server(self, method: str, kwargs: dict, timeout: float) -> Optional[bytes]:
         future = MPFuture()
@@ -67,28 +72,67 @@ class ListServer:
     async def _fetch_manifest(self, peer: str, digest: str, timeout: float, future: MPFuture) -> None:
         await self._fetch_into(future, peer, "rpc_fetch_manifest", digest.encode(),
                                set_manifests.max_manifest_bytes(self._max_group_size), timeout,
-                               lambda raw: self._keep(self._fetched_lists, digest.encode(), raw, KEEP_LISTS, None))
+                               lambda raw: self._keep_list(digest, raw))
 
-    async def _fetch_member(self, peer: str, digest: str, owner: bytes, timeout: float, future: MPFuture) -> None:
-        await self._fetch_into(future, peer, "rpc_fetch_member", digest.encode() + owner,
-                               self._max_payload_bytes + ENVELOPE_OVERHEAD, timeout,
-                               lambda raw: self._keep(self._fetched_members, (digest.encode(), owner), raw,
-                                                      KEEP_MEMBERS, KEEP_MEMBER_BYTES))
+    async def _fetch_members(self, asks: List[Tuple[str, str, bytes]], timeout: float, future: MPFuture) -> None:
+        async def one(peer: str, digest: str, owner: bytes) -> Optional[bytes]:
+            try:
+                raw = await self._fetch_raw(peer, "rpc_fetch_member", digest.encode() + owner,
+                                            self._max_payload_bytes + ENVELOPE_OVERHEAD, timeout)
+            except Exception as e:
+                logger.debug(f"envelope of {owner!r} in set {digest} from {peer}: {e!r}")
+                return None
+            self._keep_member(digest, owner, raw)
+            return raw
+
+        try:
+            future.set_result(await asyncio.gather(*(one(*ask) for ask in asks)))
+        except Exception as e:
+            future.set_exception(e)
 
     async def _fetch_into(self, future: MPFuture, peer: str, rpc: str, ask: bytes, limit: int, timeout: float, keep) -> None:
         try:
-            request = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=ask))
-            self._count(sent=request.ByteSize())
-            handle = type(self)._get_handle_name(self.prefix, rpc)
-            raw, wire = await asyncio.wait_for(
-                read_bounded_stream(self._p2p, PeerID.from_base58(peer), handle, request, limit=limit, chunk=SET_CHUNK_BYTES),
-                timeout=timeout,
-            )
-            self._count(received=wire)
-            keep(raw)  # unchecked here: whoever fetches it from us checks it, as we do
+            raw = await self._fetch_raw(peer, rpc, ask, limit, timeout)
+            keep(raw)
             future.set_result(raw)
         except Exception as e:
             future.set_exception(e)
+
+    async def _fetch_raw(self, peer: str, rpc: str, ask: bytes, limit: int, timeout: float) -> bytes:
+        request = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=ask))
+        self._count(sent=request.ByteSize())
+        handle = type(self)._get_handle_name(self.prefix, rpc)
+        raw, wire = await asyncio.wait_for(
+            read_bounded_stream(self._p2p, PeerID.from_base58(peer), handle, request, limit=limit, chunk=SET_CHUNK_BYTES),
+            timeout=timeout,
+        )
+        self._count(received=wire)
+        return raw
+
+    def _opened_list(self, digest: str, raw: bytes) -> Optional[set_manifests.SetManifest]:
+        """``raw`` checked as the list of the set ``digest`` of this run (its round read from it: the
+        name commits to the round); None if it is not."""
+        try:
+            round_no = bounded_unpack(raw, ProtocolError, "list", max_array_len=max(6, self._max_group_size),
+                                      max_map_len=0)[2]
+            return set_manifests.open_manifest(raw, self._run, int(round_no), digest, self._max_group_size)
+        except (ProtocolError, TypeError, ValueError, IndexError, KeyError):
+            return None
+
+    def _keep_list(self, digest: str, raw: bytes) -> None:
+        """Serve on a fetched list, once it checks out (a garbled answer must not push good ones out)."""
+        if self._opened_list(digest, raw) is not None:
+            self._keep(self._fetched_lists, digest.encode(), raw, KEEP_LISTS, None)
+
+    def _keep_member(self, digest: str, owner: bytes, raw: bytes) -> None:
+        """Serve on a fetched envelope, once it checks out against the list we hold of its set."""
+        listed = self._fetched_lists.get(digest.encode())
+        manifest = self._opened_list(digest, listed) if listed is not None else None
+        try:
+            if manifest is not None and set_manifests.open_member(manifest, owner, raw, self._max_payload_bytes):
+                self._keep(self._fetched_members, (digest.encode(), owner), raw, KEEP_MEMBERS, KEEP_MEMBER_BYTES)
+        except ProtocolError:
+            pass
 
     @staticmethod
     def _keep(kept: OrderedDict, key, raw: bytes, most: int, most_bytes: Optional[int]) -> None:
@@ -97,40 +141,47 @@ class ListServer:
         while len(kept) > most or (most_bytes is not None and len(kept) > 1 and sum(map(len, kept.values())) > most_bytes):
             kept.popitem(last=False)
 
-    def _whole_set(self, digest: bytes) -> Optional[Tuple[Binding, dict, dict]]:
-        """(binding, owner -> payload, owner -> envelope) of a set we hold whole: one of our groups'
-        or one fetched whole (its envelopes unchecked here, as when we serve the set itself)."""
+    def _whole_envelope(self, digest: bytes, owner: Optional[bytes] = None):
+        """Of a set we hold whole (one of our groups', or one fetched whole: its envelopes unchecked
+        here, as when we serve the set itself): ``owner``'s envelope, or with no owner (binding,
+        owner -> envelope); None if we hold no such set (or entry)."""
         group = self._group_of_set(digest)
         if group is not None:
             agreement = group.agreement
             payloads = agreement.outcome().payloads
-            envelopes = {owner: agreement.serve(owner, payload_digest(p)) for owner, p in payloads.items()}
-            return agreement.binding, payloads, envelopes
+            if owner is not None:
+                return agreement.serve(owner, payload_digest(payloads[owner])) if owner in payloads else None
+            return agreement.binding, {o: agreement.serve(o, payload_digest(p)) for o, p in payloads.items()}
         raw = self._fetched.get(digest)
         if raw is None:
             return None
         try:
             _, run, round_no, group_id, members, items = bounded_unpack(
                 raw, ProtocolError, "set", max_array_len=max(6, self._max_group_size), max_map_len=0)
-            envelopes = {owner: envelope for owner, envelope in items}
-            payloads = {owner: bounded_unpack(e, ProtocolError, "envelope", max_array_len=4, max_map_len=0)[3]
-                        for owner, e in envelopes.items()}
-            return Binding(run, round_no, group_id, tuple(members)), payloads, envelopes
-        except (ProtocolError, TypeError, ValueError, IndexError, KeyError):
+            envelopes = {o: envelope for o, envelope in items}
+            if owner is not None:
+                return envelopes.get(owner)
+            return Binding(run, round_no, group_id, tuple(members)), envelopes
+        except (ProtocolError, TypeError, ValueError):
             return None
 
     def _manifest_of(self, digest: bytes) -> Optional[bytes]:
-        whole = self._whole_set(digest)
-        if whole is not None:
-            binding, payloads, _ = whole
-            return set_manifests.pack_manifest(binding, payloads)
-        return self._fetched_lists.get(digest)
+        """The list of a set we hold: packed once per set (``_packed_lists``), not once per asker."""
+        packed = self._packed_lists.get(digest)
+        if packed is None:
+            whole = self._whole_envelope(digest)
+            if whole is not None:
+                try:
+                    packed = set_manifests.pack_manifest(*whole)
+                except Exception as e:  # a garbled set fetched whole: served as nothing
+                    logger.debug(f"the list of set {digest!r}: {e!r}")
+                    return None
+                self._keep(self._packed_lists, digest, packed, KEEP_LISTS, None)
+        return packed if packed is not None else self._fetched_lists.get(digest)
 
     def _member_of(self, digest: bytes, owner: bytes) -> Optional[bytes]:
-        whole = self._whole_set(digest)
-        if whole is not None:
-            return whole[2].get(owner)
-        return self._fetched_members.get((digest, owner))
+        envelope = self._whole_envelope(digest, owner)
+        return envelope if envelope is not None else self._fetched_members.get((digest, owner))
 
     async def rpc_fetch_manifest(
         self, request: averaging_pb2.AveragingData, context: P2PContext

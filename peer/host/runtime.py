@@ -250,8 +250,8 @@ class Peer:
             self.state = "stopped"
             self.membership.publish()
             write_status(self.opts.status_file, self.status())
-            if not self.stop_event.is_set():  # its rounds are done (--rounds), not interrupted
-                self._serve_the_last_round()
+        if not self.stop_event.is_set():  # its rounds are done (--rounds), not interrupted nor failed
+            self._serve_the_last_round()
 
     def _serve_the_last_round(self) -> None:
         """After its last round, keep serving that round's sets and payloads while other peers of the

@@ -123,6 +123,9 @@ class RoundEngine:
         """(the payloads that enter θ, the senders whose payload claims no part of this run with why,
         the senders passed over): ``draw`` over the parts the payloads' headers claim. Every payload
         when the round has no more than ``outer.max_contributions`` (tests/outer/test_choice_engine.py)."""
+        k = getattr(self.strategy, "max_contributions", 0)
+        if k <= 0 or len(payloads) <= k:  # every payload: no header read
+            return dict(payloads), {}, []
         limit = self.strategy.max_payload_bytes
         chosen, invalid, passed = self.draw({s: claimed_part(p, limit) for s, p in payloads.items()}, round_no, base, standing)
         return {s: payloads[s] for s in chosen}, invalid, passed

@@ -6,19 +6,19 @@ claimed part, checked by the set's name), not whole. ``take`` then
 
 1. forms the union of every held set's entries, our group's whole set included, as the union of
    payloads is formed (a sender with two payloads counts with neither);
-2. where two sets list one payload with different parts (one was named by a member that misstated
-   it), fetches that payload and reads its part;
+2. where two lists name one payload with different parts (a list's author misstated it), fetches that
+   payload and reads its part: at most K such payloads, the senders past them sit the round out;
 3. draws K per part from the claimed parts (``RoundEngine.draw``: every member holding that union
    draws the same senders);
-4. fetches each chosen payload it does not hold, one envelope from a peer that holds its set,
-   checked against the set's entry; one whose header claims another part than its entry is
-   refused for the round, on every member alike.
+4. fetches the chosen payloads it does not hold, all at once, one envelope each from a peer that
+   holds its list (the next one for those that failed), checked against the list's entry; one
+   whose header claims another part than its entry is refused for the round, on every member alike.
 
-So a peer downloads at most K payloads from the round's other groups, whatever the swarm's size.
-A chosen payload that cannot be had in time is left out here: this member's θ is then apart from
-those that had it, as with a set that cannot be had, until the next round's group takes the union
-(peer/round/union.py) or its start vote sends it to the majority's state. Guarded by
-tests/round/test_draw.py and tests/round/test_choice_swarm.py.
+So a peer downloads at most K payloads a part from the round's other groups (and at most K more
+where lists disagree on parts), whatever the swarm's size. A chosen payload that cannot be had in
+time is left out here: this member's θ is then short of what its union names, so it announces no
+base for the round, and the next round's start vote sends it to the majority's state
+(peer/round/loop.py). Guarded by tests/round/test_draw.py and tests/round/test_choice_swarm.py.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from protocol.wire.payload import claimed_part
 logger = logging.getLogger("voloco.peer")
 
 NOT_FETCHED = "its payload was drawn and could not be fetched in time"
+PARTS_DISAGREE = "the round's lists disagree on its payload's part, and more such senders than K were read"
 TRIES_PER_PAYLOAD = 3  # peers asked for one chosen payload, one after the other
 
 
@@ -92,8 +93,16 @@ def take(peer, round_no: int, base: str, held: Mapping[str, Mapping[str, bytes]]
     for payloads in held.values():
         have.update({s: p for s, p in payloads.items() if s in entries})
     deadline = time.monotonic() + fetch_s
-    for sender in sorted(set_manifests.conflicts(sets[n] for n in sorted(sets)) & set(entries)):
-        payload = have.get(sender) or _fetch(peer, round_no, sender, entries[sender], lists, deadline)
+    # a list's author can misstate parts, and any peer can name a list: at most K conflicts are read
+    # (in the order of the senders), the rest sit the round out, alike on every member
+    conflicted = sorted(set_manifests.conflicts(sets[n] for n in sorted(sets)) & set(entries))
+    k = max(getattr(engine.strategy, "max_contributions", 0), 1)
+    for sender in conflicted[k:]:
+        excluded[sender] = PARTS_DISAGREE
+        del entries[sender]
+    got = _fetch_all(peer, round_no, {s: entries[s] for s in conflicted[:k] if s not in have}, lists, deadline)
+    for sender in conflicted[:k]:
+        payload = have.get(sender) or got.get(sender)
         if payload is None:
             excluded[sender] = NOT_FETCHED
             del entries[sender]
@@ -101,54 +110,66 @@ def take(peer, round_no: int, base: str, held: Mapping[str, Mapping[str, bytes]]
         have[sender] = payload
         entries[sender] = Entry(entries[sender].digest, claimed_part(payload, limit))
     chosen, invalid, passed = engine.draw({s: e.part for s, e in entries.items()}, round_no, base, standing)
+    wanted = [s for s in chosen if s not in invalid]
+    got = _fetch_all(peer, round_no, {s: entries[s] for s in wanted if s not in have}, lists, deadline)
     payloads: Dict[str, bytes] = {}
-    for sender in chosen:
-        if sender in invalid:
-            continue
-        payload = have.get(sender) or _fetch(peer, round_no, sender, entries[sender], lists, deadline)
+    for sender in wanted:
+        payload = have.get(sender) or got.get(sender)
         if payload is None:
             excluded[sender] = NOT_FETCHED
         elif set_manifests.part_mismatch(entries[sender], payload):
             excluded[sender] = set_manifests.PART_MISMATCH
         else:
             payloads[sender] = payload
-    fetched = sum(1 for s in payloads if s not in _held_senders(held))
-    logger.info(f"round {round_no}: drew {len(chosen)} of {len(entries)} contributions and fetched {fetched} "
+    logger.info(f"round {round_no}: drew {len(chosen)} of {len(entries)} contributions and fetched {len(got)} "
                 f"of them from the round's other groups")
     return Drawn(payloads, excluded, invalid, passed, sorted(entries))
 
 
-def _held_senders(held: Mapping[str, Mapping[str, bytes]]) -> set:
-    return {s for payloads in held.values() for s in payloads}
-
-
-def _fetch(peer, round_no: int, sender: str, entry: Entry, lists: Mapping[str, SetList], deadline: float) -> Optional[bytes]:
-    """``sender``'s payload (of ``entry``'s digest) from a peer that holds a set listing it; None past
-    ``deadline`` or after ``TRIES_PER_PAYLOAD`` peers."""
+def _fetch_all(peer, round_no: int, wanted: Mapping[str, Entry], lists: Mapping[str, SetList],
+               deadline: float) -> Dict[str, bytes]:
+    """The payloads of ``wanted`` (sender -> its entry) that can be had before ``deadline``: each asked
+    of one peer that holds a list naming it, all at once, then the missing ones of the next peer, at
+    most ``TRIES_PER_PAYLOAD`` times; a peer that failed once is not asked again this round, so a
+    stalling one costs one try, not the round."""
     gatherer, timing = peer.gatherer, peer.membership.timing
-    asked = 0
-    for name in sorted(lists):
-        lst = lists[name]
-        held_entry = lst.entries.get(sender)
-        if held_entry is None or held_entry.digest != entry.digest:
-            continue
-        if sender in lst.fetched:  # a round drawn again takes what the first draw fetched
-            return lst.fetched[sender]
-        owner = lst.owner(sender)
-        for source in lst.sources:
-            left = deadline - time.monotonic()
-            if left <= 0 or asked >= TRIES_PER_PAYLOAD:
-                return None
-            asked += 1
-            raw = gatherer.fetch_member(source, name, owner, timeout=min(timing.set_fetch_s, left))
-            if raw is None:
+    out: Dict[str, bytes] = {}
+    options: Dict[str, List[Tuple[str, str]]] = {}  # sender -> (set name, source), in order
+    for sender, entry in wanted.items():
+        for name in sorted(lists):
+            lst = lists[name]
+            if lst.entries.get(sender, None) is None or lst.entries[sender].digest != entry.digest:
                 continue
+            if sender in lst.fetched:  # a round drawn again takes what the first draw fetched
+                out[sender] = lst.fetched[sender]
+                break
+            options.setdefault(sender, []).extend((name, source) for source in lst.sources)
+    failed: set = set()
+    for _ in range(TRIES_PER_PAYLOAD):
+        asks = []
+        for sender, choices in sorted(options.items()):
+            if sender in out:
+                continue
+            pick = next(((n, src) for n, src in choices if src not in failed), None)
+            if pick is not None:
+                choices.remove(pick)
+                asks.append((sender, *pick))
+        left = deadline - time.monotonic()
+        if not asks or left <= 0:
+            break
+        raws = gatherer.fetch_members([(src, name, lists[name].owner(sender)) for sender, name, src in asks],
+                                      timeout=min(timing.set_fetch_s, left))
+        for (sender, name, src), raw in zip(asks, raws):
+            lst = lists[name]
             try:
-                lst.fetched[sender] = set_manifests.open_member(lst.manifest, owner, raw, gatherer.max_payload_bytes)
-                return lst.fetched[sender]
+                if raw is None:
+                    raise SetError("nothing in time")
+                lst.fetched[sender] = out[sender] = set_manifests.open_member(lst.manifest, lst.owner(sender), raw,
+                                                                             gatherer.max_payload_bytes)
             except SetError as e:
-                logger.warning(f"round {round_no}: {source} served a payload of set {name[:12]} that is refused: {e}")
-    return None
+                failed.add(src)
+                logger.debug(f"round {round_no}: the payload of {sender} in set {name[:12]} from {src}: {e}")
+    return out
 
 
 def fetch_list_from(gatherer, spec, sources: List[str], digest: str, round_no: int, deadline: float,

@@ -346,6 +346,9 @@ class RoundLoop:
         t_gather = time.monotonic()
         payloads = result.payloads if result is not None else {peer.peer_id: h.payload}
         excluded = dict(result.excluded) if result is not None else {}
+        # the group's union of the last round first (peer/round/union.py): θ recomputed where it grew, so
+        # that this round's draw is seeded by, and its outer step taken from, the θ every member holds
+        taken = union.take_group_union(peer, self._last_round, result) if result is not None else None
         by_list = getattr(engine.strategy, "max_contributions", 0) > 0  # only the drawn payloads fetched
         if result is not None and result.set_digest:  # other groups of the round: one θ from all their sets
             merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip, gave_up=barrier.gave_up,
@@ -372,12 +375,10 @@ class RoundLoop:
         peer.membership.came_in(engine.round, (s for s in senders if s not in excluded),
                                 silent=(m for m, why in excluded.items() if why == reconcile.SILENT))
         group_hash = None
-        if result is not None:
-            # the group's union of the last round first (peer/round/union.py): θ recomputed where it grew,
-            # and each member's start counted as what it then holds. A group votes with its members'
+        if taken is not None:
+            # each member's start counted as what it holds after the union. A group votes with its members'
             # announcements only: every member holds the same ones, so all decide alike (other groups'
             # starts come from each member's own view of the records)
-            taken = union.take_group_union(peer, self._last_round, result)
             starts = taken.keys
             voters_out = {**result.excluded, **invalid}  # the same on every member
             group_hash = majority_hash(starts, voters_out, me=peer.peer_id, unservable=result.unservable)

@@ -7,18 +7,22 @@ reads each set's **manifest**, the set's binding and one entry per owner (the di
 payload, the part that payload's header claims), draws, and then fetches only the chosen payloads,
 one envelope each (docs/scale.md).
 
-Nothing in a manifest is trusted beyond what its name proves:
+Nothing in a manifest is trusted beyond what it proves. Any peer can name a set, so a list is
+checked as a whole set is, without the payloads:
 
-- the set's name commits to every entry, part included (``group_sets.set_digest``), so a manifest
-  that does not hash to the name it was asked for is refused (``open_manifest``) and a server
-  cannot add, drop or alter an entry of a set an honest member named;
+- every entry carries its owner's public key and claim signature, which signs the payload's digest
+  for the set's binding (protocol/wire/signed.py ``claim_message``; it verifies without the payload),
+  so a list can name only payloads their owners sealed for that group (``open_manifest``): nobody
+  can put a second payload in an honest owner's name, or an owner in a group it was not in;
+- the set's name commits to every entry, part included (``group_sets.set_digest``): a list that does
+  not hash to the name it was asked for is refused;
 - an envelope fetched for an entry must be its owner's, signed for the set's binding, with the
-  entry's digest (``open_member``): the payload is then the one the set agreed;
-- the part an entry names is only the part that member *says* the payload claims. A hostile member
-  can name a set whose entry misstates an honest payload's part: where two sets of the union
-  disagree on the part of one payload, the payload is fetched and read (``conflicts``); a drawn
-  payload whose header claims another part than its entry is refused for the round
-  (``part_mismatch``), the same on every member that holds that union.
+  entry's digest (``open_member``);
+- the part an entry names is only what the list's author says the payload claims: the owner's
+  signature does not cover it. Where two lists of the union disagree on one payload's part, the
+  payload is fetched and read (``conflicts``; peer/round/draw.py bounds how many); a drawn payload
+  whose header claims another part than its entry is refused for the round (``part_mismatch``), the
+  same on every member that holds that union.
 
 Pure: no sockets, no clocks (tests/protocol/test_set_manifests.py).
 """
@@ -32,7 +36,8 @@ import msgpack
 
 from protocol.round.group_sets import SetError, entries_digest, part_wire, union, unpack_bound
 from protocol.wire.payload import Part, claimed_part
-from protocol.wire.signed import DIGEST_BYTES, MAX_ID_BYTES, Binding, SignatureError, open_envelope, payload_digest
+from protocol.wire.signed import (DIGEST_BYTES, MAX_ID_BYTES, MAX_PUBLIC_KEY_BYTES, MAX_SIGNATURE_BYTES, Binding, PublicKey,
+                                  SignatureError, claim_message, open_envelope, payload_digest)
 
 __all__ = ["Entry", "SetManifest", "PART_MISMATCH", "conflicts", "entries_of", "manifest_union", "max_manifest_bytes",
            "open_manifest", "open_member", "pack_manifest", "part_mismatch"]
@@ -43,10 +48,13 @@ PART_MISMATCH = "its payload claims another part than its set's list named"
 
 @dataclass(frozen=True)
 class Entry:
-    """One payload of a set: its digest and the part its header claims (None: no readable part)."""
+    """One payload of a set: its digest and the part its header claims (None: no readable part); in a
+    list from the wire, its owner's public key and claim signature too."""
 
     digest: bytes
     part: Optional[Part]
+    key: bytes = b""
+    signature: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -65,17 +73,18 @@ def entries_of(payloads: Mapping[Hashable, bytes]) -> Dict[Hashable, Entry]:
 
 def max_manifest_bytes(max_members: int) -> int:
     """The most a packed manifest of a group of ``max_members`` may weigh."""
-    return max_members * (2 * MAX_ID_BYTES + DIGEST_BYTES + 64) + 4096
+    return max_members * (2 * MAX_ID_BYTES + DIGEST_BYTES + MAX_PUBLIC_KEY_BYTES + MAX_SIGNATURE_BYTES + 64) + 4096
 
 
-def pack_manifest(binding: Binding, payloads: Mapping[bytes, bytes]) -> bytes:
-    """What a member serves for a set it holds whole: the binding and one entry per owner."""
-    entries = entries_of(payloads)
-    return msgpack.packb(
-        [_TAG, binding.run, binding.round, binding.group_id, list(binding.members),
-         [[owner, entries[owner].digest, part_wire(entries[owner].part)] for owner in sorted(entries)]],
-        use_bin_type=True,
-    )
+def pack_manifest(binding: Binding, envelopes: Mapping[bytes, bytes]) -> bytes:
+    """What a member serves for a set it holds whole (``envelopes``: owner -> its envelope, checked
+    when the set was agreed or fetched): the binding and one signed entry per owner."""
+    items = []
+    for owner in sorted(envelopes):
+        _, key, signature, payload = msgpack.unpackb(envelopes[owner], raw=False)
+        items.append([owner, payload_digest(payload), part_wire(claimed_part(payload)), key, signature])
+    return msgpack.packb([_TAG, binding.run, binding.round, binding.group_id, list(binding.members), items],
+                         use_bin_type=True)
 
 
 def _part(raw) -> Optional[Part]:
@@ -88,22 +97,31 @@ def _part(raw) -> Optional[Part]:
 
 def open_manifest(raw: bytes, run: bytes, round_no: int, digest: str, max_members: int) -> SetManifest:
     """Check a served manifest: of this run and round, 2 to ``max_members`` distinct members, at most
-    one entry per member, and named ``digest``. Raises SetError otherwise."""
+    one entry per member, each signed by its owner for the set's binding, and named ``digest``.
+    Raises SetError otherwise."""
     if not isinstance(raw, (bytes, bytearray)) or len(raw) > max_manifest_bytes(max_members):
         raise SetError("a manifest must be bytes within its size limit")
     binding, items = unpack_bound(raw, _TAG, "manifest", "entries", run, round_no, max_members)
     if not 0 < len(items) <= len(binding.members):
         raise SetError("a manifest holds one to one entry per member")
     entries: Dict[bytes, Entry] = {}
+    context = binding.context
     for item in items:
-        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], bytes)
-                and isinstance(item[1], bytes) and len(item[1]) == DIGEST_BYTES):
-            raise SetError("a manifest entry is [owner, payload digest, part]")
-        owner = item[0]
+        if not (isinstance(item, list) and len(item) == 5 and isinstance(item[0], bytes)
+                and isinstance(item[1], bytes) and len(item[1]) == DIGEST_BYTES
+                and isinstance(item[3], bytes) and isinstance(item[4], bytes)):
+            raise SetError("a manifest entry is [owner, payload digest, part, public key, signature]")
+        owner, payload_of, part, key, signature = item
         if owner not in binding.members or owner in entries:
             raise SetError("a manifest entry must be a member's, one per member")
-        entries[owner] = Entry(item[1], _part(item[2]))
-    if entries_digest(binding.context, {o: (e.digest, e.part) for o, e in entries.items()}) != digest:
+        try:
+            signed = PublicKey(owner, key).verify(claim_message(context, owner, payload_of), signature)
+        except SignatureError as e:
+            raise SetError(f"a manifest entry's key is refused: {e}") from None
+        if not signed:
+            raise SetError("a manifest entry is not signed by its owner for this group")
+        entries[owner] = Entry(payload_of, _part(part), key, signature)
+    if entries_digest(context, {o: (e.digest, e.part) for o, e in entries.items()}) != digest:
         raise SetError("the manifest is not the one its name was asked for")
     return SetManifest(binding, entries, digest)
 

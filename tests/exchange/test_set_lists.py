@@ -20,8 +20,8 @@ from tests.support.agreement_sim import MAX_PAYLOAD, RUN
 def server():
     g = gatherer()
     g._fetched, g._merged = OrderedDict(), OrderedDict()
-    g._fetched_lists, g._fetched_members = OrderedDict(), OrderedDict()
-    g._max_group_size, g._max_payload_bytes = 16, MAX_PAYLOAD
+    g._fetched_lists, g._fetched_members, g._packed_lists = OrderedDict(), OrderedDict(), OrderedDict()
+    g._max_group_size, g._max_payload_bytes, g._run = 16, MAX_PAYLOAD, RUN
     return g
 
 
@@ -52,7 +52,7 @@ def test_a_list_fetched_is_served_on_with_only_the_envelopes_fetched():
     binding, envelopes, payloads = agreed_set(0, 3)
     name = set_digest(binding.context, payloads)
     a, b = binding.members[:2]
-    ListServer._keep(g._fetched_lists, name.encode(), pack_manifest(binding, payloads), KEEP_LISTS, None)
+    ListServer._keep(g._fetched_lists, name.encode(), pack_manifest(binding, envelopes), KEEP_LISTS, None)
     ListServer._keep(g._fetched_members, (name.encode(), a), envelopes[a], KEEP_MEMBERS, None)
     assert open_manifest(answer(g, "rpc_fetch_manifest", name.encode()), RUN, ROUND, name, 16).digest == name
     assert answer(g, "rpc_fetch_member", name.encode() + a) == envelopes[a]
@@ -77,3 +77,17 @@ def test_what_is_kept_to_serve_on_is_bounded():
     for i in range(KEEP_LISTS + 5):
         ListServer._keep(lists, i, b"x", KEEP_LISTS, None)
     assert len(lists) == KEEP_LISTS
+
+
+def test_only_lists_and_envelopes_that_check_out_are_kept_to_serve_on():
+    g = server()
+    binding, envelopes, payloads = agreed_set(0, 3)
+    name = set_digest(binding.context, payloads)
+    a, b = binding.members[:2]
+    g._keep_list(name, b"\xc1 garbage")
+    g._keep_member(name, a, envelopes[a])  # no list of its set held: nothing to check it against
+    assert not g._fetched_lists and not g._fetched_members
+    g._keep_list(name, pack_manifest(binding, envelopes))
+    g._keep_member(name, a, envelopes[b])  # b's envelope for a's entry
+    g._keep_member(name, a, envelopes[a])
+    assert list(g._fetched_lists) == [name.encode()] and list(g._fetched_members) == [(name.encode(), a)]

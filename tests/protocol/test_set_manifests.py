@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.round.group_sets import TWO_PAYLOADS, SetError, set_digest
+from protocol.round.group_sets import TWO_PAYLOADS, SetError, entries_digest, set_digest
 from protocol.round.set_manifests import (Entry, conflicts, entries_of, manifest_union, max_manifest_bytes, open_manifest,
                                           open_member, pack_manifest, part_mismatch)
 from protocol.wire.payload import encode_payload
@@ -34,7 +34,7 @@ def test_a_served_list_opens_under_its_sets_name_with_each_payloads_digest_and_p
     payloads = {signer(i).peer_id: payload_of(p) for i, p in enumerate([-1, 2, (0, 3)])}
     binding, envelopes, payloads = agreed_set(0, 3, payloads=payloads)
     name = set_digest(binding.context, payloads)
-    manifest = open_manifest(pack_manifest(binding, payloads), RUN, ROUND, name, 16)
+    manifest = open_manifest(pack_manifest(binding, envelopes), RUN, ROUND, name, 16)
     assert manifest.binding == binding and manifest.digest == name
     assert {o: e.part for o, e in manifest.entries.items()} == dict(zip(binding.members, [-1, 2, (0, 3)]))
     assert all(manifest.entries[o].digest == payload_digest(p) for o, p in payloads.items())
@@ -44,23 +44,40 @@ def test_a_served_list_opens_under_its_sets_name_with_each_payloads_digest_and_p
 
 def test_a_list_that_misstates_a_part_or_drops_an_entry_is_not_the_named_set():
     payloads = {signer(i).peer_id: payload_of(-1, i) for i in range(3)}
-    binding, _, payloads = agreed_set(0, 3, payloads=payloads)
+    binding, envelopes, payloads = agreed_set(0, 3, payloads=payloads)
     name = set_digest(binding.context, payloads)
-    raw = msgpack.unpackb(pack_manifest(binding, payloads), raw=False)
-    misstated = [*raw[:5], [[o, d, 1] for o, d, _ in raw[5]]]
+    raw = msgpack.unpackb(pack_manifest(binding, envelopes), raw=False)
+    misstated = [*raw[:5], [[o, d, 1, k, g] for o, d, _, k, g in raw[5]]]
     dropped = [*raw[:5], raw[5][:2]]
     for bad in (misstated, dropped):
         with pytest.raises(SetError, match="not the one"):
             open_manifest(msgpack.packb(bad, use_bin_type=True), RUN, ROUND, name, 16)
     with pytest.raises(SetError, match="another run or round"):
-        open_manifest(pack_manifest(binding, payloads), RUN, ROUND + 1, name, 16)
+        open_manifest(pack_manifest(binding, envelopes), RUN, ROUND + 1, name, 16)
     with pytest.raises(SetError, match="size limit"):
         open_manifest(b"\x00" * (max_manifest_bytes(16) + 1), RUN, ROUND, name, 16)
 
 
+def test_a_list_naming_a_payload_its_owner_did_not_sign_for_that_group_is_refused():
+    # anyone can name a set: a list that puts another digest in an honest owner's name (which would
+    # exclude it as an equivocator), or an owner's claim for another group, does not open
+    binding, envelopes, payloads = agreed_set(0, 3)
+    raw = msgpack.unpackb(pack_manifest(binding, envelopes), raw=False)
+    forged = {o: (payload_digest(b"not its payload") if o == binding.members[0] else payload_digest(p), -1)
+              for o, p in payloads.items()}
+    items = [[o, forged[o][0], None, k, g] for o, _, _, k, g in raw[5]]
+    other = binding_of(list(binding.members), round_no=ROUND, group_id=b"group-2")
+    elsewhere = [[o, d, p, k, seal(signer(i), other.context, payloads[o])[1]] for i, (o, d, p, k, _) in enumerate(raw[5])]
+    unkeyed = [[o, d, p, b"", g] for o, d, p, _, g in raw[5]]
+    for bad, why in ((items, "not signed"), (elsewhere, "not signed"), (unkeyed, "key is refused")):
+        name = entries_digest(binding.context, {o: (d, p) for o, d, p, _, _ in bad})
+        with pytest.raises(SetError, match=why):
+            open_manifest(msgpack.packb([*raw[:5], bad], use_bin_type=True), RUN, ROUND, name, 16)
+
+
 def test_an_envelope_of_another_payload_or_binding_is_refused_for_an_entry():
     binding, envelopes, payloads = agreed_set(0, 3)
-    manifest = open_manifest(pack_manifest(binding, payloads), RUN, ROUND, set_digest(binding.context, payloads), 16)
+    manifest = open_manifest(pack_manifest(binding, envelopes), RUN, ROUND, set_digest(binding.context, payloads), 16)
     a, b = binding.members[:2]
     with pytest.raises(SetError, match="does not verify"):
         open_member(manifest, a, envelopes[b], MAX_PAYLOAD)  # b's envelope for a's entry
@@ -98,6 +115,6 @@ def test_any_bytes_open_to_a_manifest_or_raise_set_error(raw):
                 max_size=5))
 def test_any_parts_round_trip_through_a_list(parts):
     payloads = {signer(i).peer_id: payload_of(p, i) for i, p in enumerate(parts)}
-    binding, _, payloads = agreed_set(0, len(parts), payloads=payloads)
-    manifest = open_manifest(pack_manifest(binding, payloads), RUN, ROUND, set_digest(binding.context, payloads), 16)
+    binding, envelopes, payloads = agreed_set(0, len(parts), payloads=payloads)
+    manifest = open_manifest(pack_manifest(binding, envelopes), RUN, ROUND, set_digest(binding.context, payloads), 16)
     assert [manifest.entries[o].part for o in binding.members] == [None if p is None else p for p in parts]

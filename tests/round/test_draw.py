@@ -42,18 +42,22 @@ class Gatherer:
 
     run_digest, max_payload_bytes = RUN, MAX_PAYLOAD
 
-    def __init__(self, held, lists=None):
+    def __init__(self, held, lists=None, envelopes=None):
         self.held, self.lists, self.members_asked = held, lists or {}, []
+        self.envelopes = envelopes or {}  # the envelopes of a set whose list is served and its envelopes not
 
     def fetch_manifest(self, peer, digest, timeout):
         if digest in self.lists:
             return self.lists[digest]
-        binding, payloads, _ = self.held[digest]
-        return pack_manifest(binding, payloads)
+        binding, payloads, envelopes = self.held[digest]
+        return pack_manifest(binding, envelopes or self.envelopes[digest])
 
-    def fetch_member(self, peer, digest, owner, timeout):
-        self.members_asked.append((digest, b58(owner)))
-        return self.held[digest][2].get(owner) if digest in self.held else None
+    def fetch_members(self, asks, timeout):
+        out = []
+        for peer, digest, owner in asks:
+            self.members_asked.append((digest, b58(owner)))
+            out.append(self.held[digest][2].get(owner) if digest in self.held else None)
+        return out
 
 
 def groups(e: RoundEngine, n: int = 4):
@@ -106,11 +110,11 @@ def test_a_member_draws_from_the_lists_fetches_only_the_chosen_and_ends_on_the_t
 def misstated_list(sets, name, part):
     """A list of set ``name`` whose first entry claims ``part``, under the name that commits to it:
     what a hostile member of that group could name and serve. (the name, the packed list)"""
-    binding, payloads, _ = sets[name]
+    binding, payloads, envelopes = sets[name]
     victim = binding.members[0]
     entries = {o: (x.digest, part if o == victim else x.part) for o, x in entries_of(payloads).items()}
-    fields = msgpack.unpackb(pack_manifest(binding, payloads), raw=False)
-    fields[5] = [[o, d, (list(part) if o == victim else p)] for o, d, p in fields[5]]
+    fields = msgpack.unpackb(pack_manifest(binding, envelopes), raw=False)
+    fields[5] = [[o, d, (list(part) if o == victim else p), k, g] for o, d, p, k, g in fields[5]]
     return entries_digest(binding.context, entries), msgpack.packb(fields, use_bin_type=True), b58(victim)
 
 
@@ -149,8 +153,8 @@ def test_a_chosen_payload_that_nobody_serves_is_left_out():
     sets = groups(e, 2)
     for attempt in range(30):  # seeds of other rounds, until the draw takes a payload of the other group
         mine, theirs = sorted(sets)
-        binding, payloads, _ = sets[theirs]
-        gatherer = Gatherer({mine: sets[mine], theirs: (binding, payloads, {})})  # their envelopes never served
+        binding, payloads, envelopes = sets[theirs]
+        gatherer = Gatherer({mine: sets[mine], theirs: (binding, payloads, {})}, envelopes={theirs: envelopes})
         held, lists = {mine: by_name(sets[mine][1])}, {}
         assert fetch_into(held, lists, gatherer, SPEC_K, ["x", "y"], theirs, ROUND, 1.0)
         drawn = draw.take(member(e, gatherer), ROUND, f"{e.params_hash()}{attempt}", held, lists, 5.0)
@@ -201,11 +205,33 @@ def test_a_member_that_cannot_fetch_a_payload_the_grown_union_drew_keeps_theta_a
     last = union.LastRound(ROUND, e.snapshot(), dict(held), base=base, lists={})
     e.conclude(e.decode(held[n1])[0], None, delivered=False)  # 2 payloads: both, whatever the draw
     last.after_hash = e.params_hash()
-    binding, payloads, _ = sets[n2]
-    gatherer = Gatherer({n1: sets[n1], n2: (binding, payloads, {})})  # its list is served, its envelopes are not
+    binding, payloads, envelopes = sets[n2]
+    gatherer = Gatherer({n1: sets[n1], n2: (binding, payloads, {})}, envelopes={n2: envelopes})  # its list is served, its envelopes are not
     starts = {"me": last.after_hash, "x": "f" * 16, "y": "f" * 16}
     result = GatherResult(group=sorted(starts), payloads={m: b"p" for m in starts}, excluded={}, start_hashes=starts,
                           last_sets={"me": (base, (n1,)), "x": (base, (n2,)), "y": (base, (n2,))})
     before = e.params_hash()  # nobody announced the grown union's start: only the fetch can tell
     taken = union.take_group_union(member(e, gatherer), last, result)
     assert not taken.holds and e.params_hash() == before
+
+
+def test_lists_that_misstate_many_parts_make_a_member_read_at_most_k_payloads():
+    e = engine()
+    sets = groups(e)
+    mine, *others = sorted(sets)
+    bogus_lists, served = {}, dict(sets)
+    for name in others:  # every payload of the other groups misstated, in lists of their own names
+        binding, payloads, envelopes = sets[name]
+        entries = {o: (x.digest, (0, 1)) for o, x in entries_of(payloads).items()}
+        fields = msgpack.unpackb(pack_manifest(binding, envelopes), raw=False)
+        fields[5] = [[o, d, [0, 1], k, g] for o, d, p, k, g in fields[5]]
+        bogus = entries_digest(binding.context, entries)
+        bogus_lists[bogus], served[bogus] = msgpack.packb(fields, use_bin_type=True), sets[name]
+    gatherer = Gatherer(served, lists=bogus_lists)
+    held, lists = split(sets, gatherer)
+    for name in bogus_lists:
+        assert fetch_into(held, lists, gatherer, SPEC_K, ["x"], name, ROUND, 1.0)
+    drawn = draw.take(member(e, gatherer), ROUND, e.params_hash(), held, lists, 5.0)
+    disagree = [s for s, why in drawn.excluded.items() if why == draw.PARTS_DISAGREE]
+    assert len(disagree) == 6 - K  # 6 senders' parts in dispute, K of them read
+    assert len(gatherer.members_asked) <= 2 * K  # the K read, then at most K drawn
