@@ -129,9 +129,10 @@ def take(peer, round_no: int, base: str, held: Mapping[str, Mapping[str, bytes]]
 def _fetch_all(peer, round_no: int, wanted: Mapping[str, Entry], lists: Mapping[str, SetList],
                deadline: float) -> Dict[str, bytes]:
     """The payloads of ``wanted`` (sender -> its entry) that can be had before ``deadline``: each asked
-    of one peer that holds a list naming it, all at once, then the missing ones of the next peer, at
-    most ``TRIES_PER_PAYLOAD`` times; a peer that failed once is not asked again this round, so a
-    stalling one costs one try, not the round."""
+    of one peer (its owner, then the other members of its set, then peers that served the set's list),
+    all at once, then the missing ones of the next peer, at most ``TRIES_PER_PAYLOAD`` times, each try
+    with a share of the time left; a peer that failed once is not asked again this round, so a
+    stalling one costs one share, not the round."""
     gatherer, timing = peer.gatherer, peer.membership.timing
     out: Dict[str, bytes] = {}
     options: Dict[str, List[Tuple[str, str]]] = {}  # sender -> (set name, source), in order
@@ -143,9 +144,12 @@ def _fetch_all(peer, round_no: int, wanted: Mapping[str, Entry], lists: Mapping[
             if sender in lst.fetched:  # a round drawn again takes what the first draw fetched
                 out[sender] = lst.fetched[sender]
                 break
-            options.setdefault(sender, []).extend((name, source) for source in lst.sources)
+            # the owner first, then the set's other members that hold it whole, then peers that served its list
+            members = [base58(m) for m in lst.manifest.binding.members]
+            ask = [sender] + [m for m in members if m != sender and m in lst.entries] + lst.sources
+            options.setdefault(sender, []).extend((name, source) for source in dict.fromkeys(ask))
     failed: set = set()
-    for _ in range(TRIES_PER_PAYLOAD):
+    for attempt in range(TRIES_PER_PAYLOAD):
         asks = []
         for sender, choices in sorted(options.items()):
             if sender in out:
@@ -157,8 +161,10 @@ def _fetch_all(peer, round_no: int, wanted: Mapping[str, Entry], lists: Mapping[
         left = deadline - time.monotonic()
         if not asks or left <= 0:
             break
+        # a share of what is left per try: a source that stalls costs one share, not the whole wait
+        share = max(timing.set_fetch_min_s, left / (TRIES_PER_PAYLOAD - attempt))
         raws = gatherer.fetch_members([(src, name, lists[name].owner(sender)) for sender, name, src in asks],
-                                      timeout=min(timing.set_fetch_s, left))
+                                      timeout=min(timing.set_fetch_s, share, left))
         for (sender, name, src), raw in zip(asks, raws):
             lst = lists[name]
             try:
