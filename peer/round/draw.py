@@ -66,6 +66,24 @@ class Drawn:
     senders: List[str]  # every sender in the union (whose signed payload reached us)
 
 
+def contributions(peer, merged, payloads: Dict[str, bytes], excluded: Dict[str, str], fetch_s: float):
+    """The round's contributions after its merge (``merged``: peer/round/merge.py's Merged, or None
+    for a group alone): drawn from the lists (``take``) where the sets came as lists, else chosen
+    from every payload held (``RoundEngine.choose``). (chosen sender -> payload, invalid, passed over,
+    every sender of the union, excluded: the group's, less senders the union holds, and the merge's)."""
+    engine = peer.engine
+    if merged is not None and merged.lists is not None:
+        drawn = take(peer, engine.round, engine.params_hash(), merged.held, merged.lists, fetch_s)
+        senders = drawn.senders
+        excluded = {**{s: why for s, why in excluded.items() if s not in senders}, **merged.excluded, **drawn.excluded}
+        return drawn.payloads, dict(drawn.invalid), drawn.passed, senders, excluded
+    if merged is not None:
+        payloads = merged.payloads
+        excluded = {**{s: why for s, why in excluded.items() if s not in payloads}, **merged.excluded}
+    chosen, invalid, passed = engine.choose(payloads, engine.round, engine.params_hash())
+    return chosen, invalid, passed, list(payloads), excluded
+
+
 def fetch_checked_list(gatherer, spec, source: str, digest: str, round_no: int, timeout: float) -> Optional[SetList]:
     """The list of the set ``digest`` from ``source``, checked; None on any failure."""
     raw = gatherer.fetch_manifest(source, digest, timeout=timeout)

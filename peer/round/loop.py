@@ -353,16 +353,7 @@ class RoundLoop:
         if result is not None and result.set_digest:  # other groups of the round: one θ from all their sets
             merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip, gave_up=barrier.gave_up,
                                  quiet=self._quiet_mates, by_list=by_list)
-        if merged is not None and merged.lists is not None:  # peer/round/draw.py
-            drawn = draw.take(peer, engine.round, engine.params_hash(), merged.held, merged.lists, timing.set_fetch_s)
-            chosen, invalid, passed, senders = drawn.payloads, dict(drawn.invalid), drawn.passed, drawn.senders
-            excluded = {**{s: why for s, why in excluded.items() if s not in senders}, **merged.excluded, **drawn.excluded}
-        else:
-            if merged is not None:
-                payloads = merged.payloads
-                excluded = {**{s: why for s, why in excluded.items() if s not in payloads}, **merged.excluded}
-            chosen, invalid, passed = engine.choose(payloads, engine.round, engine.params_hash())
-            senders = list(payloads)
+        chosen, invalid, passed, senders, excluded = draw.contributions(peer, merged, payloads, excluded, timing.set_fetch_s)
         decoded, bad = engine.decode(chosen)
         invalid.update(bad)
         for sender, why in invalid.items():
