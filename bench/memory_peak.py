@@ -1,6 +1,6 @@
 """The memory estimate (protocol/model/capacity.py) against the real peak of a peer's inner steps, on the CPU.
 
-    python bench/memory_peak.py [--shapes demo,d256-seq256,d512-state-bound] [--json OUT]
+    python bench/memory_peak.py [--shapes demo,d256-seq256,d512-state-bound,125m-b1] [--json OUT]
 
 For each shape, a fresh process builds the model, AdamW, the θ snapshot and a strategy buffer (a
 peer's steady state), runs two inner steps (forward, backward, update) and reports:
@@ -12,6 +12,10 @@ peer's steady state), runs two inner steps (forward, backward, update) and repor
 - the estimate, its terms, and the ratios a peer relies on: estimate / live >= 1 (the decision is
   safe), resident / (estimate / HEADROOM) <= 1 (what the estimate leaves out fits the headroom a peer
   keeps: it takes a full replica when the estimate is below HEADROOM of its free memory).
+
+Each shape is also measured with the MLP's ``silu(gate) * up`` as plain autograd ops (the ``autograd``
+arm: they keep ``silu(gate)`` as well) against the model's ``swiglu``, which keeps only ``gate`` and
+``up`` (peer/training/model.py): the live peak of both, and the ratio.
 
 Needs Linux (/proc/self/clear_refs) and glibc. tests/protocol/test_presets.py asserts the bounds on these shapes.
 """
@@ -40,6 +44,11 @@ SHAPES = {
     "d512-state-bound": {"model": {"d_model": 512, "n_layers": 2, "n_heads": 8, "ffn_hidden": 1408, "seq_len": 64},
                          "data": {"batch_size": 2}},
 }
+# larger: not in the default set (1-2 minutes and ~3 GB each arm), nor asserted by the tests
+EXTRA_SHAPES = {
+    "125m-b1": {"model": {"preset": "125m"}, "data": {"batch_size": 1}},
+}
+ARMS = ("swiglu", "autograd")  # the model as it is; its MLP product as plain autograd ops (the baseline)
 
 MEASURE = r"""
 import ctypes, gc, json, sys
@@ -93,6 +102,9 @@ def run(spec):
 
 tiny = RunSpec.from_dict({"model": {"d_model": 8, "n_layers": 1, "n_heads": 2, "ffn_hidden": 8, "seq_len": 8},
                           "data": {"batch_size": 1}})
+if sys.argv[2:] == ["autograd"]:  # the baseline arm: autograd's silu and product, which keep silu(gate) too
+    import peer.training.model as model_module
+    model_module.swiglu = lambda gate, up: torch.nn.functional.silu(gate) * up
 run(tiny)  # loads kernels and thread pools, which the estimate does not count
 gc.collect()
 spec = RunSpec.from_dict(json.loads(sys.argv[1]))
@@ -107,10 +119,13 @@ print(json.dumps({"live": probe.peak - base_live, "rss": peak_rss() - base_rss, 
 """
 
 
-def measure(spec_dict: dict, timeout: float = 300) -> dict:
-    """One shape in a fresh process, one torch thread: its live and resident peaks and the estimate."""
+def measure(spec_dict: dict, timeout: float = 300, arm: str = "swiglu") -> dict:
+    """One shape in a fresh process, one torch thread: its live and resident peaks and the estimate.
+    ``arm``: one of ``ARMS``."""
+    if arm not in ARMS:
+        raise ValueError(f"arm {arm!r} is not one of {ARMS}")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(spec_dict)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(spec_dict), arm], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"the measuring process failed: {done.stderr[-2000:]}")
@@ -132,29 +147,39 @@ def can_measure() -> bool:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=",".join(SHAPES),
-                    help=f"comma-separated shapes to measure, of: {', '.join(SHAPES)} (default: all)")
+                    help=f"comma-separated shapes to measure, of: {', '.join({**SHAPES, **EXTRA_SHAPES})} "
+                         f"(default: {', '.join(SHAPES)})")
+    ap.add_argument("--no-baseline", action="store_true",
+                    help="measure the model as it is only, not also the autograd baseline of its MLP product")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write the rows as JSON to OUT")
     args = ap.parse_args(argv)
     names = [s for s in args.shapes.split(",") if s]
-    unknown = [s for s in names if s not in SHAPES]
+    shapes = {**SHAPES, **EXTRA_SHAPES}
+    unknown = [s for s in names if s not in shapes]
     if unknown or not names:
-        ap.error(f"--shapes: unknown {unknown or 'none given'}; known: {', '.join(SHAPES)}")
+        ap.error(f"--shapes: unknown {unknown or 'none given'}; known: {', '.join(shapes)}")
     if not can_measure():
         ap.error("needs Linux's /proc/self/clear_refs to reset the peak resident size")
     exit_on_sigterm()
     print(f"bench/memory_peak.py: {now()}, {machine()}", flush=True)
     rows = []
     for name in names:
-        m = measure(SHAPES[name])
+        m = measure(shapes[name], timeout=900)
+        base = None if args.no_baseline else measure(shapes[name], timeout=900, arm="autograd")
         rows.append(dict(shape=name, **m, estimate_over_live=m["estimate"] / m["live"],
-                         resident_over_allowed=m["rss"] / (m["estimate"] / HEADROOM)))
-        print(f"  {name}: live peak {m['live'] / 1e6:.1f} MB, estimate {m['estimate'] / 1e6:.1f} MB", flush=True)
+                         resident_over_allowed=m["rss"] / (m["estimate"] / HEADROOM),
+                         baseline_live=None if base is None else base["live"],
+                         baseline_rss=None if base is None else base["rss"]))
+        print(f"  {name}: live peak {m['live'] / 1e6:.1f} MB"
+              + ("" if base is None else f" (autograd's product: {base['live'] / 1e6:.1f} MB)")
+              + f", estimate {m['estimate'] / 1e6:.1f} MB", flush=True)
     cols = ["shape", "parameters' state (28 P)", "activations", "estimate", "live peak", "estimate / live",
-            "resident peak", "resident / (estimate / headroom)"]
-    mb = lambda n: f"{n / 1e6:.1f} MB"  # noqa: E731
+            "resident peak", "resident / (estimate / headroom)", "live peak, autograd product", "live / that"]
+    mb = lambda n: "-" if n is None else f"{n / 1e6:.1f} MB"  # noqa: E731
     lines = [[r["shape"], mb(r["state"]), mb(r["activations"]), mb(r["estimate"]), mb(r["live"]),
               f"{r['estimate_over_live']:.2f}", mb(r["rss"]),
-              f"{r['resident_over_allowed']:.2f}"] for r in rows]
+              f"{r['resident_over_allowed']:.2f}", mb(r["baseline_live"]),
+              "-" if r["baseline_live"] is None else f"{r['live'] / r['baseline_live']:.3f}"] for r in rows]
     print("\n" + table(cols, lines))
     if args.json:
         doc = dict(date=now(), machine=machine(), headroom=HEADROOM, rows=rows)

@@ -25,10 +25,11 @@ V = vocab_size)::
     A_block = 16 d + 4 f + H T + 2 H
         two RMSNorms save input, normalised input and output (6 d); qkv output (3 d) and the two
         rotary products of q and k (4 d); attention output and its re-laid-out copy (2 d); SwiGLU
-        gate, silu(gate), up and their product (4 f); a 1 d margin; H T: the softmax
+        gate, up and their product (3 f: peer/training/model.py's swiglu recomputes silu(gate) in
+        the backward) and an f margin (autograd's product kept silu(gate) too); a 1 d margin; H T: the softmax
         probabilities the math SDPA backend keeps (flash and memory-efficient backends keep
         only the 2 H log-sum-exps instead). Measured on torch 2.13 CPU with saved-tensor hooks:
-        12 d + 4 f + H + hd (the rotary tables), so the margin is >= 4 d + H T; it also covers
+        12 d + 3 f + H + hd (the rotary tables), so the margin is >= 4 d + f + H T; it also covers
         the short-lived gradient buffers of backward, which reuses the memory it frees as it goes.
     A_head = 3 d + 4 V
         the final norm (3 d), the fp32 logits and log-softmax cross-entropy keeps (2 V), the

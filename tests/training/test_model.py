@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from peer.training import model as model_module
 from peer.training.model import Model, _exact_normal, build_model
 from protocol.spec import ModelSpec
 
@@ -210,3 +211,48 @@ def test_block_range_checks():
     for bad in [(0, 0), (2, 1), (-1, 2), (0, 5), (0.0, 1)]:
         with pytest.raises(ValueError, match="block range"):
             Model(FOUR, blocks=bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_keeps_two_tensors_and_the_same_gradients(dtype, monkeypatch):
+    """peer/training/model.py's swiglu: autograd's silu(g) * u keeps g, silu(g) and u; swiglu keeps
+    g and u, and its gradients (and so a whole model's) are the same bits as autograd's."""
+    gen = torch.Generator().manual_seed(0)
+    g = torch.randn(3, 17, 40, generator=gen).to(dtype).requires_grad_()
+    u = torch.randn(3, 17, 40, generator=gen).to(dtype).requires_grad_()
+    grad = torch.randn(3, 17, 40, generator=gen).to(dtype)
+
+    def saved_and_grads(fn, needs=(True, True)):
+        a, b = g.detach().clone().requires_grad_(needs[0]), u.detach().clone().requires_grad_(needs[1])
+        kept = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.untyped_storage().data_ptr()) or t,
+                                                     lambda t: t):
+            out = fn(a, b)
+        out.backward(grad)
+        return out, len(set(kept)), a.grad, b.grad
+
+    reference = lambda a, b: torch.nn.functional.silu(a) * b  # noqa: E731
+    for needs, kept in [((True, True), (3, 2)), ((True, False), (2, 2)), ((False, True), (1, 1))]:
+        out_r, kept_r, ga_r, gb_r = saved_and_grads(reference, needs)
+        out_s, kept_s, ga_s, gb_s = saved_and_grads(model_module.swiglu, needs)
+        assert torch.equal(out_r, out_s) and (kept_r, kept_s) == kept
+        for x, y in [(ga_r, ga_s), (gb_r, gb_s)]:
+            assert (x is None) == (y is None) and (x is None or torch.equal(x, y))
+    # without autograd it is the plain expression
+    with torch.no_grad():
+        assert torch.equal(model_module.swiglu(g, u), reference(g, u))
+
+    # a whole model, sliced MLP included: the same loss and gradients, bit for bit
+    spec = ModelSpec(d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=16)
+    x = torch.randint(0, 256, (2, 16), generator=gen)
+    for slices in (1, 2):
+        grads = []
+        for fn in (model_module.swiglu, reference):
+            monkeypatch.setattr(model_module, "swiglu", fn)
+            model = build_model(spec, seed=1, mlp_slices=slices)
+            if slices == 2:
+                model.blocks[0].mlp.up[1].weight.requires_grad_(False)  # a frozen slice's tensor
+            model(x, x)[1].backward()
+            grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+        monkeypatch.undo()
+        assert grads[0].keys() == grads[1].keys() and all(torch.equal(grads[0][n], grads[1][n]) for n in grads[0])
