@@ -43,10 +43,14 @@ SHAPES = {
     # the parameters' state dominates: 2 x 64 tokens a step, so AdamW's step is the peak
     "d512-state-bound": {"model": {"d_model": 512, "n_layers": 2, "n_heads": 8, "ffn_hidden": 1408, "seq_len": 64},
                          "data": {"batch_size": 2}},
+    # the demo model with its blocks recomputed in the backward (inner.checkpoint_activations)
+    "demo-recompute": {"model": {"preset": "demo"}, "inner": {"checkpoint_activations": True}},
 }
 # larger: not in the default set (1-2 minutes and ~3 GB each arm), nor asserted by the tests
 EXTRA_SHAPES = {
     "125m-b1": {"model": {"preset": "125m"}, "data": {"batch_size": 1}},
+    "125m-b1-recompute": {"model": {"preset": "125m"}, "data": {"batch_size": 1},
+                          "inner": {"checkpoint_activations": True}},
 }
 ARMS = ("swiglu", "autograd")  # the model as it is; its MLP product as plain autograd ops (the baseline)
 
@@ -113,7 +117,7 @@ with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # resets VmHWM to the current resident size
 with LivePeak() as probe:
     kept = run(spec)
-e = estimate(spec, spec.model.n_layers, embed=True, head=True)
+e = estimate(spec, spec.model.n_layers, embed=True, head=True, recompute=spec.inner.checkpoint_activations)
 print(json.dumps({"live": probe.peak - base_live, "rss": peak_rss() - base_rss, "estimate": e.total,
                   "state": e.state + e.outer + e.step, "activations": e.activations}))
 """

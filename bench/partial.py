@@ -41,6 +41,7 @@ the rounds (its own cosine horizon) to see how much of the loss gap to the full 
 
     python bench/partial.py --quick          # ~70 s of CPU: small simulation model, smoke numbers
     python bench/partial.py --json out.json  # ~9 min of CPU: ~5 min on 2 idle cores (--jobs 2)
+    python bench/partial.py --costs-only --checkpoint-activations  # the cost table, blocks recomputed
 
 Probes and simulation arms run --jobs (2) at a time, each with --threads (1) torch threads.
 """
@@ -151,12 +152,12 @@ MMAP_THRESHOLD = 128 * 1024
 
 
 def run_probe(model: Dict[str, Any], slices: int, batch: int, steps: int, threads: int, device: str,
-              fixed_mmap: bool = False) -> Dict[str, Any]:
+              fixed_mmap: bool = False, recompute: bool = False) -> Dict[str, Any]:
     """One probe in a fresh interpreter. ``fixed_mmap``: glibc malloc with a fixed mmap threshold, so
     every tensor above 128 KiB is its own mapping, returned to the OS when freed, and the RSS peak
     follows the live bytes (glibc's default raises the threshold after the first free, up to 32 MiB,
     and keeps freed tensors in its heap)."""
-    job = dict(model=model, slices=slices, batch=batch, steps=steps, threads=threads, device=device)
+    job = dict(model=model, slices=slices, batch=batch, steps=steps, threads=threads, device=device, recompute=recompute)
     env = dict(os.environ)
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
     if fixed_mmap:
@@ -174,20 +175,24 @@ def payload_size(spec: RunSpec, part: int) -> int:
     return len(strategy.encode({n: torch.randn(s, generator=gen) for n, s in strategy.layout.items()}, 0)[0])
 
 
-def cost_rows(shape: str, batch: int, steps: int, threads: int, device: str, jobs: int = 1) -> List[Dict[str, Any]]:
+def cost_rows(shape: str, batch: int, steps: int, threads: int, device: str, jobs: int = 1,
+              recompute: bool = False) -> List[Dict[str, Any]]:
+    """``recompute``: every arm's blocks recomputed in the backward (inner.checkpoint_activations)."""
     cfg = model_dict(shape)
     ms = ModelSpec(**cfg)
     x = torch.randint(0, ms.vocab_size, (batch, ms.seq_len), generator=torch.Generator().manual_seed(1))
     # the probes are separate processes (each one's RSS is its own): run `jobs` at a time, CUDA ones alone
     work = [(slices, fixed) for slices in SLICES for fixed in (False, True)]
     with ThreadPoolExecutor(max_workers=1 if device.startswith("cuda") else max(1, jobs)) as pool:
-        probes = dict(zip(work, pool.map(lambda w: run_probe(cfg, w[0], batch, steps, threads, device, w[1]), work)))
+        probes = dict(zip(work, pool.map(lambda w: run_probe(cfg, w[0], batch, steps, threads, device, w[1], recompute),
+                                         work)))
     rows = []
     for slices in SLICES:
         spec = make_spec(cfg, slices)
         part = part_of(slices)
         owned = owned_shapes(spec, part)
         model = fresh_model(ms, slices)
+        model.recompute_blocks = recompute  # FLOPs then count the recomputed forward too
         freeze(model, owned)
         flops = step_flops(model, x)
         saved = saved_activation_bytes(model, x)
@@ -375,6 +380,9 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="probes and simulation arms run this many at a time")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device of the memory probes")
     ap.add_argument("--mem-batch", type=int, help="sequences per step in the cost table (default: the simulation's)")
+    ap.add_argument("--costs-only", action="store_true", help="print the per-peer cost table only, no simulation")
+    ap.add_argument("--checkpoint-activations", action="store_true",
+                    help="the cost table's inner steps recompute each block in the backward (inner.checkpoint_activations)")
     ap.add_argument("--probe", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.probe:
@@ -393,13 +401,23 @@ def main(argv=None) -> int:
                                   for s in dict.fromkeys(cfg["cost_models"] + [cfg["sim_model"]])))
 
     # 1. per-peer costs
-    print(f"\n== one peer's cost per inner step (batch {mem_batch} sequences), SparseLoCo, S in {SLICES[1:]} ==", flush=True)
+    recompute = ", blocks recomputed in the backward" if args.checkpoint_activations else ""
+    print(f"\n== one peer's cost per inner step (batch {mem_batch} sequences{recompute}), SparseLoCo, S in {SLICES[1:]} ==",
+          flush=True)
     cost: List[Dict[str, Any]] = []
     shares = {}
     for shape in cfg["cost_models"]:
-        cost += cost_rows(shape, mem_batch, cfg["probe_steps"], args.threads, args.device, args.jobs)
+        cost += cost_rows(shape, mem_batch, cfg["probe_steps"], args.threads, args.device, args.jobs,
+                          recompute=args.checkpoint_activations)
         shares[shape] = flop_shares(model_dict(shape), mem_batch)
     print_costs(cost, shares)
+    if args.costs_only:
+        if args.json:
+            args.json.write_text(strict_json(dict(name=name, machine=machine(), threads=args.threads, date=now(),
+                                                 recompute=args.checkpoint_activations, costs=cost, flop_shares=shares),
+                                            indent=2, default=str))
+        print(f"\ntotal {time.monotonic() - t0:.0f} s")
+        return 0
 
     # 2. loss at equal tokens
     sim_ms = ModelSpec(**model_dict(cfg["sim_model"]))

@@ -166,7 +166,8 @@ def probe(job: Dict[str, Any]) -> Dict[str, Any]:
     model = fresh_model(spec.model, slices).to(device)
     owned = owned_shapes(spec, part_of(slices))
     freeze(model, owned)
-    trainer = InnerTrainer(model, spec.inner, device)
+    # recompute: inner.checkpoint_activations (each block recomputed in the backward)
+    trainer = InnerTrainer(model, spec.replace(inner={"checkpoint_activations": bool(job.get("recompute"))}).inner, device)
     gen = torch.Generator().manual_seed(2)
     for _ in range(job["steps"]):
         x = torch.randint(0, spec.model.vocab_size, (job["batch"], spec.model.seq_len + 1), generator=gen)

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 import torch.nn as nn
 
+from peer.training.model import Model
 from protocol.spec import InnerSpec
 
 logger = logging.getLogger("voloco.peer")
@@ -62,6 +63,8 @@ class InnerTrainer:
         self.spec = inner
         self.device = torch.device(device)
         self.model = model.to(self.device)
+        if isinstance(model, Model):  # inner.checkpoint_activations: recompute each block in the backward
+            model.recompute_blocks = bool(inner.checkpoint_activations)
         self.compiled = compile
         self._forward_model = torch.compile(self.model) if compile else self.model
         self._compile_checked = not compile  # the first compiled call either works or turns compile off

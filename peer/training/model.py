@@ -26,6 +26,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from protocol.model.layout import in_block_range, tensor_layout
 from protocol.spec import ModelSpec
@@ -171,7 +172,15 @@ class Model(nn.Module):
     ``[start, end)``, the embedding only if ``start == 0``, the final norm and head only if
     ``end == n_layers``. Parameter names and order are the full model's restricted to that range
     (``self.blocks`` stays a ModuleList of ``n_layers`` entries, None for the blocks not held),
-    so payloads, state dicts and checkpoints match."""
+    so payloads, state dicts and checkpoints match.
+
+    ``recompute_blocks`` (``inner.checkpoint_activations``, set by peer/training/inner.py): under
+    autograd, each block keeps only its input and runs its forward again in the backward
+    (torch.utils.checkpoint): the activations of one block at a time instead of every block's, for
+    about a third more compute. The gradients are the same bits (tests/training/test_model.py::
+    test_recomputed_blocks_give_the_same_gradients)."""
+
+    recompute_blocks: bool = False
 
     def __init__(
         self, spec: ModelSpec, mlp_slices: int = 1, attn_slices: int = 1, blocks: Optional[Tuple[int, int]] = None
@@ -219,8 +228,12 @@ class Model(nn.Module):
         if T > self.spec.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than model.seq_len={self.spec.seq_len}")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        recompute = self.recompute_blocks and torch.is_grad_enabled()
         for i in range(start, end):
-            h = self.blocks[i](h, cos, sin)
+            if recompute:
+                h = torch.utils.checkpoint.checkpoint(self.blocks[i], h, cos, sin, use_reentrant=False)
+            else:
+                h = self.blocks[i](h, cos, sin)
         return h
 
     def forward_head(

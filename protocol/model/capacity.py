@@ -10,6 +10,8 @@ real figure. For a stage that owns ``P`` parameters and ``L`` blocks and keeps t
           +  4 P                      AdamW's step: the foreach implementation (CUDA's default)
                                       holds sqrt(exp_avg_sq) of every tensor of a group at once
           +  4 n (L A_block + [head] A_head + [embed] 2)     activations kept for backward
+                                      (L d + 2 A_block with inner.checkpoint_activations: each
+                                      block keeps its input, one block's are recomputed at a time)
 
 The step's transient and the activations are never alive together (peer/training/inner.py frees the
 gradients after each step, and backward frees the activations before the step), so their sum is
@@ -36,6 +38,13 @@ V = vocab_size)::
         logit gradient its backward allocates (V), and a V margin: the head's peak (measured
         3 d + 3 V with a vocabulary of 50 000), not only what it saves.
     embed: 2 (the token ids and targets, int64); its output is the first block's input.
+
+With ``inner.checkpoint_activations`` a block's activations live only while it runs again in the
+backward, so the term is L d + 2 A_block: one block's, and as much again for its backward's
+buffers and the holes the allocator keeps beside them. Without that second A_block the demo shape
+(batch 16 x 128) measured a live peak of 56.9 MB under an estimate of 72.7 MB, but a resident peak of
+106.7 MB, above the 90.9 MB that estimate leaves room for (glibc keeps freed chunks resident;
+bench/memory_peak.py, shape demo-recompute).
 
 Checked against the peak resident memory of a real forward+backward+AdamW step on CPU (the
 weights, grads and moments allocated beforehand): d 128..512, 1..4 blocks, V 256 and 50 000 —
@@ -131,15 +140,19 @@ class MemoryEstimate:
 
 
 def estimate(
-    spec: RunSpec, layers: int, *, embed: bool, head: bool, micro_batch: Optional[int] = None
+    spec: RunSpec, layers: int, *, embed: bool, head: bool, micro_batch: Optional[int] = None, recompute: bool = False
 ) -> MemoryEstimate:
-    """Memory to train ``layers`` blocks, plus the embedding and/or the norm and head."""
+    """Memory to train ``layers`` blocks, plus the embedding and/or the norm and head. ``recompute``:
+    the blocks' activations are recomputed in the backward (``inner.checkpoint_activations``), so
+    every block keeps only its input (d a token) and one block at a time holds A_block; counted
+    twice: its backward's buffers and the allocator's holes beside it (see the module doc)."""
     if isinstance(layers, bool) or not isinstance(layers, int) or not 0 <= layers <= spec.model.n_layers:
         raise ValueError(f"layers must be an integer in [0, {spec.model.n_layers}], got {layers!r}")
     n = _tokens(spec, micro_batch)
     params = layers * block_params(spec) + embed * embed_params(spec) + head * head_params(spec)
     a_block, a_head = block_activation_values(spec), head_activation_values(spec)
-    saved = layers * a_block + head * a_head + embed * 2  # 2: token ids and targets, int64
+    blocks = layers * spec.model.d_model + (2 * a_block if layers else 0) if recompute else layers * a_block
+    saved = blocks + head * a_head + embed * 2  # 2: token ids and targets, int64
     return MemoryEstimate(
         params=params,
         state=STATE_BYTES_PER_PARAM * params,
@@ -159,8 +172,10 @@ def replica_bytes(
 ) -> int:
     """Bytes to train ``layers`` blocks with AdamW.
 
-    ``layers=None``: the full model, embedding and head included. With ``layers`` given, only the
-    blocks unless ``embed`` / ``head`` say otherwise (a first / last pipeline stage).
+    ``layers=None``: the full model, embedding and head included, its blocks recomputed in the
+    backward if the run says so (``inner.checkpoint_activations``). With ``layers`` given, only the
+    blocks unless ``embed`` / ``head`` say otherwise (a first / last pipeline stage, which keeps
+    every activation).
     """
     full = layers is None
     return estimate(
@@ -169,6 +184,7 @@ def replica_bytes(
         embed=full if embed is None else embed,
         head=full if head is None else head,
         micro_batch=micro_batch,
+        recompute=full and spec.inner.checkpoint_activations,
     ).total
 
 

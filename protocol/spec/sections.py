@@ -110,7 +110,7 @@ class InnerSpec(SpecModel):
     """AdamW on every peer, warm-up then cosine decay, state kept across rounds."""
 
     _path: ClassVar[str] = "inner"
-    _omit_at_default: ClassVar[Tuple[str, ...]] = ("precision",)
+    _omit_at_default: ClassVar[Tuple[str, ...]] = ("precision", "checkpoint_activations")
 
     lr: Float(gt=0.0, le=1e3) = 2e-3
     beta1: Float(ge=0.0, lt=1.0) = 0.9
@@ -124,6 +124,10 @@ class InnerSpec(SpecModel):
     # The forward pass and loss under bf16 autocast, or fp32; parameters and AdamW stay fp32
     # (peer/training/inner.py). Only the inner steps: θ, payloads and the outer step are the same either way.
     precision: Literal[INNER_PRECISIONS] = "auto"
+    # left out at its default too. A full or partial peer keeps only each block's input for the
+    # backward and recomputes the block there: about a third more compute, the activations of one
+    # block instead of every block's; the memory estimate, and so who holds a full replica, follows it
+    checkpoint_activations: Bool = False
 
     @model_validator(mode="after")
     def _horizon(self) -> "InnerSpec":

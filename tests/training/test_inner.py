@@ -217,3 +217,21 @@ def test_a_failing_compile_falls_back_to_eager_once_with_a_warning(corpus, monke
     caplog.clear()
     trainer.step(x, y)
     assert "torch.compile" not in caplog.text  # said once
+
+
+def test_checkpoint_activations_recomputes_blocks_and_trains_the_same_bits():
+    """inner.checkpoint_activations: the trainer sets the model's recompute_blocks, and three AdamW
+    steps end on the same parameters, bit for bit, as without it."""
+    spec = ModelSpec(d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=16)
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 256, (2, 16), generator=gen), torch.randint(0, 256, (2, 16), generator=gen))
+               for _ in range(3)]
+    ends = []
+    for on in (False, True):
+        model = build_model(spec, seed=3)
+        trainer = InnerTrainer(model, InnerSpec(checkpoint_activations=on))
+        assert model.recompute_blocks is on
+        for x, y in batches:
+            trainer.step(x, y)
+        ends.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*ends))
