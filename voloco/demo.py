@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from protocol.model.capacity import replica_bytes
+from protocol.model.capacity import replica_bytes, stage_bytes
 from swarm.console import UsageError, human_bytes
 from swarm.jsonout import write as write_json
 from swarm.settings import ENV_PREFIX
@@ -97,6 +97,19 @@ def peer_argv(
         "--threads", str(threads),
         "--no-compile",  # the demo's model is tiny: compiling would take longer than its whole run
     ] + extra
+
+
+def chain_peer_bytes(spec, peers: int) -> float:
+    """The memory a demo chain peer declares: 60 % of a full replica's need, or more where the
+    largest stage of an even split needs more (with recomputed activations a stage holds one
+    block's activations, as a full replica does), always below a full replica's."""
+    full = replica_bytes(spec)
+    if peers < 2:
+        return 0.6 * full
+    layers = spec.model.n_layers
+    per = -(-layers // min(peers, layers))
+    need = max(stage_bytes(spec, start, min(start + per, layers)) for start in range(0, layers, per))
+    return max(0.6 * full, min(1.05 * need, 0.98 * full))
 
 
 def coordinator_argv(workdir: Path, config: Optional[Path], strategy: Optional[str]) -> List[str]:
@@ -286,7 +299,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.chain_peers < 0 or args.chain_peers == 1:
         raise UsageError("--chain-peers must be 0 or at least 2 (a chain has two or more stages)")
     # what a chain peer declares: too little for a full replica, enough for its share of a chain
-    small = 0.6 * replica_bytes(spec) / 1e9
+    small = chain_peer_bytes(spec, args.chain_peers) / 1e9
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="voloco-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     chain_note = f" + {args.chain_peers} low-memory peers for a pipeline chain" if args.chain_peers else ""

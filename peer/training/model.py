@@ -99,8 +99,8 @@ class Attention(nn.Module):
 
 class _SwiGLU(torch.autograd.Function):
     """``silu(gate) * up``, keeping only ``gate`` and ``up`` for the backward. Autograd's silu and
-    product keep ``silu(gate)`` as well: a third ffn-wide tensor a token and a layer, about 12 % of
-    a 125m block's activations with flash attention. The backward recomputes ``silu(gate)`` and
+    product keep ``silu(gate)`` as well: a third ffn-wide tensor a token and a layer (its live peak:
+    bench/memory_peak.py, −8.5 % on the demo model). The backward recomputes ``silu(gate)`` and
     applies the operations autograd's would, in the same order, so the gradients are the same bits
     (tests/training/test_model.py::test_swiglu_keeps_two_tensors_and_the_same_gradients)."""
 
@@ -174,10 +174,11 @@ class Model(nn.Module):
     (``self.blocks`` stays a ModuleList of ``n_layers`` entries, None for the blocks not held),
     so payloads, state dicts and checkpoints match.
 
-    ``recompute_blocks`` (``inner.checkpoint_activations``, set by peer/training/inner.py): under
+    ``recompute_blocks`` (``inner.checkpoint_activations``, set by peer/training/inner.py; a
+    chain stage's too): under
     autograd, each block keeps only its input and runs its forward again in the backward
     (torch.utils.checkpoint): the activations of one block at a time instead of every block's, for
-    about a third more compute. The gradients are the same bits (tests/training/test_model.py::
+    a quarter more FLOPs a step (bench/partial.py). The gradients are the same bits (tests/training/test_model.py::
     test_recomputed_blocks_give_the_same_gradients)."""
 
     recompute_blocks: bool = False

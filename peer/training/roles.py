@@ -45,7 +45,6 @@ class Role:
     outer strategy for the tensors it sends."""
 
     kind = "role"
-    recomputes_blocks = True  # inner.checkpoint_activations applies to this role
 
     def __init__(self, spec: RunSpec, part: Part, model: torch.nn.Module, device: torch.device, corpus: Corpus, shard: str,
                  compile: bool = False):
@@ -56,8 +55,6 @@ class Role:
         for name, p in self.params.items():  # partial updates: no gradients, no optimizer state for the rest
             p.requires_grad_(name in self.strategy.layout)
         self.trainer = InnerTrainer(self.model, spec.inner, device, compile=compile)
-        if not self.recomputes_blocks:
-            self.model.recompute_blocks = False
         self.trainable = sum(p.numel() for p in self.trainer.params)
         self.stream = TrainStream(corpus, spec.model.seq_len, spec.data.batch_size, spec.seed, shard=shard)
         logger.info(
@@ -144,9 +141,6 @@ class ChainStage(Role):
     """One stage of a chain: blocks [start, end) of the model, trained with its neighbours."""
 
     kind = "stage"
-    # a stage keeps every activation (the estimate a chain is formed by counts them all): its
-    # micro-batches' backward comes from its neighbour, and recomputing there is not measured yet
-    recomputes_blocks = False
 
     def __init__(self, spec: RunSpec, chain: ChainMember, device: torch.device, corpus: Corpus):
         self.chain = chain

@@ -172,10 +172,10 @@ def replica_bytes(
 ) -> int:
     """Bytes to train ``layers`` blocks with AdamW.
 
-    ``layers=None``: the full model, embedding and head included, its blocks recomputed in the
-    backward if the run says so (``inner.checkpoint_activations``). With ``layers`` given, only the
-    blocks unless ``embed`` / ``head`` say otherwise (a first / last pipeline stage, which keeps
-    every activation).
+    ``layers=None``: the full model, embedding and head included. With ``layers`` given, only the
+    blocks unless ``embed`` / ``head`` say otherwise (a first / last pipeline stage). Blocks are
+    recomputed in the backward where the run says so (``inner.checkpoint_activations``), a chain
+    stage's too.
     """
     full = layers is None
     return estimate(
@@ -184,7 +184,7 @@ def replica_bytes(
         embed=full if embed is None else embed,
         head=full if head is None else head,
         micro_batch=micro_batch,
-        recompute=full and spec.inner.checkpoint_activations,
+        recompute=spec.inner.checkpoint_activations,
     ).total
 
 
@@ -213,9 +213,11 @@ def first_block_bytes(spec: RunSpec, *, embed: bool, head: bool, micro_batch: Op
 
 
 def layer_bytes(spec: RunSpec, micro_batch: Optional[int] = None) -> int:
-    """What each extra block adds to a stage: its parameter state and its saved activations."""
+    """What each extra block adds to a stage: its parameter state and its saved activations (its
+    input alone when blocks are recomputed: ``inner.checkpoint_activations``)."""
     per_param = STATE_BYTES_PER_PARAM + OUTER_BYTES_PER_PARAM + STEP_BYTES_PER_PARAM
-    return per_param * block_params(spec) + FP32 * _tokens(spec, micro_batch) * block_activation_values(spec)
+    kept = spec.model.d_model if spec.inner.checkpoint_activations else block_activation_values(spec)
+    return per_param * block_params(spec) + FP32 * _tokens(spec, micro_batch) * kept
 
 
 def max_blocks(

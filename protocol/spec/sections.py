@@ -124,8 +124,8 @@ class InnerSpec(SpecModel):
     # The forward pass and loss under bf16 autocast, or fp32; parameters and AdamW stay fp32
     # (peer/training/inner.py). Only the inner steps: θ, payloads and the outer step are the same either way.
     precision: Literal[INNER_PRECISIONS] = "auto"
-    # left out at its default too. A full or partial peer keeps only each block's input for the
-    # backward and recomputes the block there: about a third more compute, the activations of one
+    # left out at its default too. A peer (a chain stage too) keeps only each block's input for the
+    # backward and recomputes the block there: a quarter more FLOPs a step, the activations of one
     # block instead of every block's; the memory estimate, and so who holds a full replica, follows it
     checkpoint_activations: Bool = False
 

@@ -8,6 +8,7 @@ Every chain here runs its stages as asyncio tasks of this process, linked by rea
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 import torch
@@ -231,6 +232,19 @@ def test_two_stages_uncompressed_match_one_process():
     # and the same as the plain model (no boundary at all): fp32 h - T + T only rounds
     plain, plain_losses = train_reference([0, 2, 4], data)
     assert_close(stages, plain, rtol=1e-3)
+
+
+def test_two_stages_with_recomputed_blocks_train_the_same_bits(monkeypatch):
+    """inner.checkpoint_activations on chain stages: each stage recomputes its blocks in the
+    backward of every micro-batch, and the stages end on the same bits and losses as without."""
+    data = batches(3)
+    plain, _, losses = run(train_chain([0, 2, 4], [D], torch.float32, data))
+    monkeypatch.setattr(sys.modules[__name__], "RUN", RUN.replace(inner={"checkpoint_activations": True}))
+    stages, trainers, rc_losses = run(train_chain([0, 2, 4], [D], torch.float32, data))
+    assert all(s.recompute_blocks for s in stages) and not any(s.recompute_blocks for s in plain)
+    assert rc_losses == losses
+    for a, b in zip(plain, stages):
+        assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
 
 
 def test_three_stages_fp16_boundaries():

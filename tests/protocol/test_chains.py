@@ -77,16 +77,19 @@ def test_replica_bytes_is_the_sum_of_its_terms():
 
 
 def test_recomputed_blocks_keep_their_inputs_and_twice_one_blocks_activations():
-    """inner.checkpoint_activations: a full replica's estimate counts d a token for every block and
-    2 A_block for the one recomputed at a time; chain stages keep every activation, and the published
-    spec is the same at the default (protocol/model/capacity.py)."""
+    """inner.checkpoint_activations: a full replica's estimate, and a chain stage's, counts d a token
+    for every block and 2 A_block for the one recomputed at a time; a stage still grows by exactly
+    layer_bytes a block, and the published spec is the same at the default (protocol/model/capacity.py)."""
     rc = SPEC.replace(inner={"checkpoint_activations": True})
     n = SPEC.data.batch_size * SPEC.model.seq_len
     e = estimate(rc, 12, embed=True, head=True, recompute=True)
     blocks = 12 * SPEC.model.d_model + 2 * block_activation_values(SPEC)
     assert e.activations == 4 * n * (blocks + head_activation_values(SPEC) + 2)
     assert replica_bytes(rc) == e.total < replica_bytes(SPEC)
-    assert stage_bytes(rc, 0, 6) == stage_bytes(SPEC, 0, 6)  # a stage: as without it
+    assert stage_bytes(rc, 0, 6) < stage_bytes(SPEC, 0, 6)
+    for start, end in [(0, 3), (2, 7), (5, 10)]:
+        assert stage_bytes(rc, start, end + 1) - stage_bytes(rc, start, end) == layer_bytes(rc)
+    assert layer_bytes(rc) < layer_bytes(SPEC)
     assert fits_full_replica(rc, replica_bytes(rc)) and not fits_full_replica(SPEC, replica_bytes(rc))
     assert estimate(rc, 0, embed=True, head=False, recompute=True).activations == 4 * n * 2
     assert SPEC.digest() == SPEC.replace(inner={"checkpoint_activations": False}).digest() != rc.digest()
