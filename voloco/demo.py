@@ -169,7 +169,7 @@ def summarize(statuses: List[Optional[Dict[str, Any]]], wall_s: float) -> Dict[s
     return {
         "peers": [
             {k: s.get(k) for k in ("peer_id", "round", "rounds", "tokens", "val_loss", "util", "bytes_sent", "bytes_received",
-                                   "params_hash", "part", "chain", "link_bytes_sent", "link_bytes_received")}
+                                   "params_hash", "part", "chain", "last_chain", "link_bytes_sent", "link_bytes_received")}
             for s in live
         ],
         "chains": _chains(live),
@@ -188,8 +188,9 @@ def _chains(live: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Each chain the demo's low-memory peers formed: its stages and the bytes between them."""
     chains: Dict[str, Dict[str, Any]] = {}
     for s in live:
-        if s.get("chain"):
-            c = chains.setdefault(s["chain"], {"chain": s["chain"], "stages": []})
+        chain = s.get("chain") or s.get("last_chain")  # a stage whose neighbour stopped first has no chain now
+        if chain:
+            c = chains.setdefault(chain, {"chain": chain, "stages": []})
             c["stages"].append({
                 "peer_id": s["peer_id"], "blocks": s["part"], "rounds": s["rounds"],
                 "link_bytes_sent": s.get("link_bytes_sent", 0), "link_tokens": s.get("link_tokens", 0),
@@ -212,7 +213,9 @@ def print_summary(summary: Dict[str, Any]) -> None:
     print(f"{'peer':<14}{'role':<12}{'round':>6}{'tokens':>11}{'val loss':>10}{'util':>6}{'sent':>11}{'received':>11}  params")
     for p in summary["peers"]:
         val = f"{p['val_loss']:.3f}" if _finite(p["val_loss"]) else "-"
-        role = f"blocks {p['part'][0]}-{p['part'][1] - 1}" if p.get("chain") else "full"
+        part = p.get("part")
+        role = (f"blocks {part[0]}-{part[1] - 1}" if isinstance(part, list) else
+                f"slice {part}" if isinstance(part, int) and part >= 0 else "full")
         util = f"{p['util']:.0%}" if _finite(p.get("util")) else "-"
         print(f"{p['peer_id'][-12:]:<14}{role:<12}{p['round']:>6}{p['tokens']:>11,}{val:>10}{util:>6}"
               f"{human_bytes(p['bytes_sent']):>11}{human_bytes(p['bytes_received']):>11}  {p['params_hash']}")

@@ -70,6 +70,7 @@ class ChainMember:
         self.state = "waiting"
         self.failed_epoch = -1
         self.assignment: Optional[ChainAssignment] = None
+        self.last_chain_id: Optional[str] = None  # kept after a chain breaks: what this stage last trained in
         self.k = spec.chain.effective_rank(spec.model.d_model)
         dtype = torch.float16 if spec.chain.wire_dtype == "fp16" else torch.bfloat16
         self.codec = link_codec(spec.model.d_model, self.k, spec.seed, dtype)
@@ -119,6 +120,7 @@ class ChainMember:
                 mine = None
             if mine is not None and mine.epoch > self.failed_epoch:
                 self.assignment, self.state = mine, "assigned"
+                self.last_chain_id = mine.chain.chain_id
                 self.publish()
                 stage = mine.chain.stage_of(self.peer_id)
                 logger.info(

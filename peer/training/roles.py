@@ -208,6 +208,7 @@ class ChainStage(Role):
         return {
             "part": list(self.part),
             "chain": chain.assignment.chain.chain_id if chain.assignment else None,
+            "last_chain": chain.last_chain_id,  # still there once the chain broke (a neighbour stopped first)
             "link_bytes_sent": chain.bytes_sent,
             "link_bytes_received": chain.bytes_received,
             "link_tokens": chain.tokens,

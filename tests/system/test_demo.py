@@ -109,3 +109,23 @@ def test_a_peer_still_starting_has_a_full_status(capsys):
     print_summary(summary)
     assert loads_strict(dumps(summary))["final_val_loss"] is None
     assert "joining" not in capsys.readouterr().err
+
+
+def test_summary_names_a_stage_whose_neighbour_stopped_first(capsys):
+    """At the demo's end a stage whose neighbour stopped first is waiting for a new chain: its status
+    has no chain, only the one it last trained in (``last_chain``); the summary still shows it as a
+    stage of that chain, and a slice owner as its slice."""
+    from voloco.demo import print_summary
+
+    base = dict(round=3, rounds=3, tokens=10, val_loss=None, util=0.9, bytes_sent=1, bytes_received=1,
+                params_hash="ab", link_bytes_sent=100, link_bytes_received=100, link_tokens=10, strategy="sparseloco")
+    statuses = [dict(base, peer_id="p-first-stage", part=[0, 2], chain="ch-1", last_chain="ch-1"),
+                dict(base, peer_id="p-second-stg", part=[2, 4], chain=None, last_chain="ch-1"),
+                dict(base, peer_id="p-slice-owner", part=1, chain=None),
+                dict(base, peer_id="p-whole-model", part=-1, chain=None)]
+    summary = summarize(statuses, 1.0)
+    (chain,) = summary["chains"]
+    assert [st["blocks"] for st in chain["stages"]] == [[0, 2], [2, 4]]
+    print_summary(summary)
+    out = capsys.readouterr().out
+    assert "blocks 2-3" in out and "slice 1" in out and out.count("full") == 1
