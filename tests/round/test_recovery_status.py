@@ -28,7 +28,7 @@ def test_a_stage_whose_chain_broke_reports_waiting_for_a_chain_and_no_chain(tmp_
     waits = []
     stage = ChainStage.__new__(ChainStage)  # its state after ChainMember.broken(): no assignment
     stage.part = (1, 2)
-    stage.chain = SimpleNamespace(assignment=None, bytes_sent=10, bytes_received=20, tokens=30,
+    stage.chain = SimpleNamespace(assignment=None, bytes_sent=10, bytes_received=20, tokens=30, last_chain_id="ch-1",
                                   wait_for_assignment=lambda: waits.append(1))  # None: the peer is stopping
     peer = _running_peer(tmp_path, stage)
     assert loads_strict((tmp_path / "status.json").read_text())["phase"] == "training"
@@ -36,6 +36,7 @@ def test_a_stage_whose_chain_broke_reports_waiting_for_a_chain_and_no_chain(tmp_
     status = loads_strict((tmp_path / "status.json").read_text())
     assert waits == [1]  # the status was written before the wait, not after it
     assert status["phase"] == "waiting for a chain" and status["chain"] is None and status["state"] == "starting"
+    assert status["last_chain"] == "ch-1"  # what it trained in, for readers that summarise a run
     peer.state = "training"  # a new chain linked and trains: the phase follows the state again
     assert lifecycle.phase_of(peer) == "training"
     peer.stop_event.set()
