@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from contextlib import closing
 from functools import partial
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 from hivemind.dht import DHT
 from hivemind.p2p import P2P, PeerID
@@ -33,6 +34,8 @@ PART = 1 << 16  # bytes per write or read
 ASK_BYTES = 64  # a sha256 in hex
 MIN_RATE = 256 << 10  # bytes/s: the slowest transfer allowed, on top of the per-read timeout
 MAX_SOURCES = 8  # peers asked, at most, before giving up
+PASSES = 3  # a source whose stream failed is asked again, at most this many times in all
+RETRY_PAUSE_S = 0.5
 
 
 class TokenizerFetchError(Exception):
@@ -125,26 +128,43 @@ def tokenizer_sources(dht: DHT, spec: RunSpec) -> List[str]:
 
 
 def fetch_tokenizer(dht: DHT, spec: RunSpec, sources: Optional[Sequence[str]] = None, timeout: float = 20.0) -> bytes:
-    """The tokenizer.json bytes whose sha256 the spec names, from the first source that serves them."""
+    """The tokenizer.json bytes whose sha256 the spec names, from the first source that serves them.
+    A source that refuses (not holding it, over the limit, the wrong bytes) is not asked again; one
+    whose stream failed (a fresh connection reset, a timeout) is asked again in a later pass, up to
+    ``PASSES`` passes while ``timeout`` lasts (tests/training/test_tokenizers.py)."""
     digest = spec.data.tokenizer_sha256
     sources = list(sources) if sources is not None else tokenizer_sources(dht, spec)
     maddr = dht.run_coroutine(DHT._get_p2p_daemon_listen_maddr)
-    failures = []
-    for peer in sources:
-        try:
-            deadline = timeout + MAX_TOKENIZER_BYTES / MIN_RATE
-            raw = run_in_fresh_loop(
-                asyncio.wait_for(_ask(maddr, peer, handle_name(spec.run_id), digest, timeout), deadline), "tokenizer-fetch")
-        except Exception as e:  # any failure of one source: try the next
-            failures.append(f"{peer[-8:]}: {str(e) or type(e).__name__}"[:160])
-            continue
-        got = hashlib.sha256(raw).hexdigest()
-        if got != digest:
-            failures.append(f"{peer[-8:]}: sent a file with sha256 {got[:16]}, not the spec's {digest[:16]}: refused")
-            logger.warning(f"refusing the tokenizer {peer} sent: its sha256 {got} is not the run spec's {digest}")
-            continue
-        return raw
+    failures: Dict[str, str] = {}  # source -> why it did not serve, the latest try's
+    refused: Set[str] = set()
+    end = time.monotonic() + timeout
+    for attempt in range(PASSES):
+        if attempt and (time.monotonic() >= end or len(refused) == len(sources)):
+            break
+        if attempt:
+            time.sleep(RETRY_PAUSE_S)
+        for peer in sources:
+            if peer in refused:
+                continue
+            try:
+                deadline = timeout + MAX_TOKENIZER_BYTES / MIN_RATE
+                raw = run_in_fresh_loop(
+                    asyncio.wait_for(_ask(maddr, peer, handle_name(spec.run_id), digest, timeout), deadline), "tokenizer-fetch")
+            except TokenizerFetchError as e:  # its answer: it will not serve this file
+                refused.add(peer)
+                failures[peer] = f"{peer[-8:]}: {e}"[:160]
+                continue
+            except Exception as e:  # the stream failed: asked again in the next pass
+                failures[peer] = f"{peer[-8:]}: {str(e) or type(e).__name__}"[:160]
+                continue
+            got = hashlib.sha256(raw).hexdigest()
+            if got != digest:
+                refused.add(peer)
+                failures[peer] = f"{peer[-8:]}: sent a file with sha256 {got[:16]}, not the spec's {digest[:16]}: refused"
+                logger.warning(f"refusing the tokenizer {peer} sent: its sha256 {got} is not the run spec's {digest}")
+                continue
+            return raw
     raise TokenizerFetchError(
-        f"no peer served the run's tokenizer (sha256 {digest[:16]}) ({'; '.join(failures) or 'nobody to ask'}): is the "
+        f"no peer served the run's tokenizer (sha256 {digest[:16]}) ({'; '.join(failures.values()) or 'nobody to ask'}): is the "
         f"coordinator up? Or copy its tokenizer.json into the checkpoint directory"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from functools import partial
@@ -232,3 +233,36 @@ def test_bpe_run_trains_two_peers_to_equal_parameters(tmp_path):
         assert a["val_loss_per_token"] == pytest.approx(a["val_loss"] * a["bytes_per_token"])
     finally:
         swarm.close()
+
+
+def test_fetch_asks_again_a_source_whose_stream_failed(bpe_raw, monkeypatch):
+    """A fresh connection that resets (the CI failure: "0 bytes read on a total of 8 expected
+    bytes") is not the source's answer: it is asked again in the next pass; a source that refuses
+    is not."""
+    import hivemind
+
+    from swarm import tokenizer_share
+
+    spec = _bpe_spec(bpe_raw)
+    calls = []
+
+    async def flaky(maddr, peer, handle, digest, timeout):
+        calls.append(peer)
+        if peer == "refuser":
+            raise tokenizer_share.TokenizerFetchError("it does not hold this tokenizer")
+        if calls.count(peer) == 1:
+            raise asyncio.IncompleteReadError(b"", 8)
+        return bpe_raw
+
+    monkeypatch.setattr(tokenizer_share, "_ask", flaky)
+    monkeypatch.setattr(tokenizer_share, "RETRY_PAUSE_S", 0.0)
+    dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    try:
+        assert tokenizer_share.fetch_tokenizer(dht, spec, sources=["refuser", "reset-once"], timeout=10) == bpe_raw
+        assert calls == ["refuser", "reset-once", "reset-once"]
+        calls.clear()
+        with pytest.raises(tokenizer_share.TokenizerFetchError, match="does not hold"):
+            tokenizer_share.fetch_tokenizer(dht, spec, sources=["refuser"], timeout=10)
+        assert calls == ["refuser"]
+    finally:
+        dht.shutdown()
