@@ -26,8 +26,24 @@ def test_both_arms_time_each_phase_and_agree_on_theta(tmp_path, capsys):
     assert "reference / this" in capsys.readouterr().out
 
 
+def test_inner_steps_give_the_checks_share_of_a_round(tmp_path, capsys):
+    out = tmp_path / "out.json"
+    assert outer_step.main(["--shapes", "tiny", "--groups", "3", "--repeats", "1", "--threads", "1",
+                            "--inner-steps", "2", "--batch", "2", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    current = next(r for r in rows["rows"] if r["arm"] == "current")
+    (share,) = rows["shares"]
+    assert share["batch"] == 2 and share["H"] == 30 and share["step_cpu"] > 0 and share["exchange_cpu"] > 0
+    assert share["exchange_cpu"] == current["total_cpu"]
+    assert share["round_cpu"] == pytest.approx(30 * share["step_cpu"] + share["exchange_cpu"])
+    assert share["share"] == pytest.approx(share["check_cpu"] / share["round_cpu"])
+    assert "check share" in capsys.readouterr().out
+
+
 def test_a_bad_group_list_is_a_usage_error():
     with pytest.raises(SystemExit):
         outer_step.main(["--shapes", "tiny", "--groups", "0"])
     with pytest.raises(SystemExit):
         outer_step.main(["--shapes", "nope"])
+    with pytest.raises(SystemExit):
+        outer_step.main(["--shapes", "tiny", "--batch", "0"])
