@@ -15,6 +15,9 @@ from the peers' status files (their ``history``):
 - payload recv/peer: the payload bytes a peer received in the round's exchange (the gather, and the
   sets or, with ``--max-contributions`` K, the lists and drawn payloads of the round's other
   groups); a table then sets each swarm's mean against the smallest one's;
+- exchange CPU/peer: CPU seconds a peer spent on the round's exchange (its record's ``exchange_cpu``:
+  the thread that ran it, encode to outer step; plus ``helpers_cpu``: its DHT, gather and p2p daemon
+  processes since the previous round ended, peer/host/cpu_meter.py), mean over the peers;
 - round s: the median peer's round time (its record's ``seconds``); swarm s: from the moment every
   peer had ended the previous round (round 1: had begun training) to the moment every peer had
   ended this one.
@@ -157,6 +160,8 @@ def round_rows(statuses: List[Optional[Dict[str, Any]]], watcher: Watcher) -> Li
             "payload_sent_per_peer": _mean([r["bytes_sent"] for _, _, r in recs]),
             "payload_received_per_peer": _mean([r["bytes_received"] for _, _, r in recs]),
             "wire_per_peer": _mean(wire), "wire_peers": len(wire),
+            "exchange_cpu_per_peer": _mean([r.get("exchange_cpu", 0.0) + r["helpers_cpu"] for _, _, r in recs
+                                            if r.get("helpers_cpu") is not None]),
             "round_s": statistics.median(r["seconds"] for _, _, r in recs), "swarm_s": swarm_s,
         })
     return rows
@@ -191,13 +196,18 @@ def _s(n: Optional[float]) -> str:
     return "-" if n is None else f"{n:.1f}"
 
 
+def _c(n: Optional[float]) -> str:
+    return "-" if n is None else f"{n:.2f} s"
+
+
 def report(runs: List[Dict[str, Any]]) -> str:
     rounds = table(
         ["peers", "round", "peers in it", "groups", "group sizes", "distinct θ", "alone", "payload sent/peer",
-         "payload recv/peer", "wire/peer", "round s", "swarm s"],
+         "payload recv/peer", "wire/peer", "exchange CPU/peer", "round s", "swarm s"],
         [[str(run["peers"]), str(r["round"]), str(r["peers"]), str(r["groups"]), _sizes(r["group_sizes"]),
           str(r["distinct_theta"]), str(r["alone"]), _b(r["payload_sent_per_peer"]), _b(r["payload_received_per_peer"]),
-          _b(r["wire_per_peer"]), _s(r["round_s"]), _s(r["swarm_s"])] for run in runs for r in run["rows"]], left=5)
+          _b(r["wire_per_peer"]), _c(r.get("exchange_cpu_per_peer")), _s(r["round_s"]), _s(r["swarm_s"])]
+         for run in runs for r in run["rows"]], left=5)
     grown = growth(runs)
     usage = table(
         ["peers", "after rounds", "processes", "RSS peer", "RSS tree", "PSS tree", "fds tree", "threads tree"],
@@ -209,16 +219,20 @@ def report(runs: List[Dict[str, Any]]) -> str:
 
 
 def growth(runs: List[Dict[str, Any]]) -> str:
-    """Per swarm: the payload bytes a peer received in a round (mean over the rounds after the first,
-    which a late start can skew), against the smallest swarm's: flat where K bounds the download."""
+    """Per swarm: the payload bytes a peer received in a round and the CPU seconds of its exchange
+    (means over the rounds after the first, which a late start can skew), against the smallest
+    swarm's: flat where K bounds what a peer fetches and decodes."""
     rows, base = [], None
     for run in sorted((r for r in runs if not r.get("long")), key=lambda r: r["peers"]):
-        got = [r["payload_received_per_peer"] for r in run["rows"][1:] if r["payload_received_per_peer"] is not None]
-        mean = _mean(got)
-        base = base if base is not None else mean
-        ratio = f"{mean / base:.2f}x" if mean and base else "-"
-        rows.append([str(run["peers"]), str(run.get("max_contributions", 0)), str(run["max_group_size"]), _b(mean), ratio])
-    return table(["peers", "K", "groups <=", "payload recv/peer/round", "vs smallest"], rows, left=0)
+        later = run["rows"][1:]
+        mean = _mean([r["payload_received_per_peer"] for r in later if r["payload_received_per_peer"] is not None])
+        cpu = _mean([r["exchange_cpu_per_peer"] for r in later if r.get("exchange_cpu_per_peer") is not None])
+        base = base if base is not None else (mean, cpu)
+        ratio = lambda v, b: f"{v / b:.2f}x" if v and b else "-"  # noqa: E731
+        rows.append([str(run["peers"]), str(run.get("max_contributions", 0)), str(run["max_group_size"]), _b(mean),
+                     ratio(mean, base[0]), _c(cpu), ratio(cpu, base[1])])
+    return table(["peers", "K", "groups <=", "payload recv/peer/round", "vs smallest", "exchange CPU/peer/round",
+                  "vs smallest"], rows, left=0)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

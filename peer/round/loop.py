@@ -35,7 +35,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 
@@ -44,7 +44,7 @@ from peer.checkpoints import schedule
 from peer.round.early_close import EarlyClose, min_steps
 from peer.round.merge import adopt_own_set, adopt_round_set, merge_round, no_group_left
 from peer.round import draw, union
-from peer.round.report import RoundRecord, log_round, write_status
+from peer.round.report import RoundMeters, RoundRecord, log_round, write_status
 from peer.training.evaluator import RoundEvaluator
 from peer.training.progress_bar import ProgressBar
 from peer.training.roles import ChainStage, RoundAbandoned
@@ -105,6 +105,7 @@ class Handoff:
     # with overlap, None when no checkpoint is due this round (peer/checkpoints/writer.py)
     trainer: Optional[Dict[str, Any]] = None
     overlapped: int = 0  # inner steps taken while the previous round's exchange was in flight
+    cpu0: float = 0.0  # time.thread_time() of the exchange's thread when its work began (the encode)
 
 
 class RoundLoop:
@@ -123,19 +124,10 @@ class RoundLoop:
         self._linked = False  # a chain stage whose chain has trained a round (its links come up each round)
         self.closed_early = 0  # rounds this peer closed early (fewer than H steps)
         self._overlapped = 0  # steps of the current round taken while an exchange was in flight
-        self._wire_mark = (0, 0)  # the wire totals (sent, received) when the previous round ended
+        self._meters = RoundMeters(peer)  # wire bytes and helper processes' CPU, round by round
         self._quiet_mates: Dict[str, int] = {}  # groupmates that left the merge agreement waiting, until a round
         self._merge_skip: Dict[str, int] = {}  # peers other groups' merges do not wait for, until a round
         self._last_round: Optional[union.LastRound] = None  # what concluding the last round again takes
-
-    def _wire_since_last_round(self) -> Tuple[Optional[int], Optional[int]]:
-        """Every TCP byte sent and received since the previous round ended; (None, None) when unknown."""
-        meter = getattr(self.peer, "wire", None)
-        totals = meter.totals() if meter is not None else None
-        if totals is None:
-            return None, None
-        (sent0, received0), self._wire_mark = self._wire_mark, (totals.sent, totals.received)
-        return totals.sent - sent0, totals.received - received0
 
     # ---- the exchange in flight -----------------------------------------------------------------
     @property
@@ -201,9 +193,11 @@ class RoundLoop:
             return  # stopping, or restarting the round from the swarm's θ
         t_train = time.monotonic()
         if not self.overlap:
+            cpu0 = time.thread_time()
             payload, pending = engine.encode(round_start, role.params)
             peer._set_state("ready")
-            self._exchange(Handoff(payload, pending, losses, t0, t_train, time.monotonic(), overlapped=self._overlapped))
+            self._exchange(Handoff(payload, pending, losses, t0, t_train, time.monotonic(), overlapped=self._overlapped,
+                                   cpu0=cpu0))
             return
         # overlap: the payload is encoded in the exchange's thread from a snapshot of the model, so
         # the next round's inner steps start at once (on a GPU the encode takes about a third as long
@@ -270,6 +264,7 @@ class RoundLoop:
     def _exchange_in_background(self, handoff: Handoff, round_start, sent) -> None:
         """Encode the round's payload (θ_round_start − θ_send), then exchange it."""
         try:
+            handoff.cpu0 = time.thread_time()
             handoff.payload, handoff.pending = self.peer.engine.encode(round_start, sent)
             handoff.t_encode = time.monotonic()
             if not self.peer.stop_event.is_set():
@@ -413,6 +408,7 @@ class RoundLoop:
             steps=len(h.losses),
             overlapped=h.overlapped,
             sets=merged.sets if merged is not None else 1,
+            exchange_cpu=time.thread_time() - h.cpu0,
         )
         if not peer.sync.consistent:  # repair before reporting: the round ends with the group's parameters
             sources = None if result is None else {
@@ -430,7 +426,7 @@ class RoundLoop:
             f"eval {time.monotonic() - t_eval:.2f} s"
         )
         record.util = peer.util.round_done()
-        record.wire_sent, record.wire_received = self._wire_since_last_round()
+        self._meters.fill(record)
         peer.totals.history.append(record)
         if h.trainer is not None or (not self.overlap and schedule.checkpoint_due(peer)):
             schedule.checkpoint_round(peer, h.trainer)  # written in the background, at a bounded cost

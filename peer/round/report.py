@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from peer.host.cpu_meter import ChildCpu
 from swarm.console import human_bytes
 from swarm.jsonout import write_atomic
 
@@ -35,6 +36,32 @@ class RoundRecord:
     wire_sent: Optional[int] = None  # every TCP byte the peer's processes sent since the previous round ended
     wire_received: Optional[int] = None  # (swarm/wire/meter.py); None where the kernel's counters cannot be read
     sets: int = 1  # the groups' agreed sets θ was computed from: this peer's group's and other groups' (peer/round/merge.py)
+    # CPU seconds of the round's exchange: the thread that ran it here (encode to outer step, evaluation
+    # not counted; torch's intra-op worker threads neither: none with --threads 1), and the peer's DHT,
+    # gather and p2p daemon processes since the previous round ended (peer/host/cpu_meter.py)
+    exchange_cpu: float = 0.0
+    helpers_cpu: Optional[float] = None
+
+
+class RoundMeters:
+    """What a round cost that only counters tell: every TCP byte the peer's processes sent and received
+    (``peer.wire``: swarm/wire/meter.py) and the CPU seconds of its helper processes, since the
+    previous round ended."""
+
+    def __init__(self, peer):
+        self._peer = peer
+        self._wire_mark = (0, 0)  # the wire totals (sent, received) when the previous round ended
+        self._cpu = ChildCpu()
+
+    def fill(self, record: RoundRecord) -> None:
+        meter = getattr(self._peer, "wire", None)
+        totals = meter.totals() if meter is not None else None
+        if totals is None:
+            record.wire_sent = record.wire_received = None  # unknown
+        else:
+            (sent0, received0), self._wire_mark = self._wire_mark, (totals.sent, totals.received)
+            record.wire_sent, record.wire_received = totals.sent - sent0, totals.received - received0
+        record.helpers_cpu = self._cpu.since_last()
 
 
 @dataclass
