@@ -1,7 +1,7 @@
 """Partial parameter updates at equal tokens and at equal bytes, several owners per slice, over seeds.
 
     python bench/partial_loss.py [--quick] [--replicas 8] [--slices 4] [--arms full,partial,...]
-                                 [--seeds 3] [--jobs 2] [--threads 1] [--json OUT]
+                                 [--topk 64] [--seeds 3] [--jobs 2] [--threads 1] [--json OUT]
 
 bench/partial.py measures what a partial peer saves (memory, FLOPs, bytes); this one measures what
 it costs in loss, as arXiv 2509.22418 compares them: against full peers at equal tokens and at equal
@@ -9,7 +9,8 @@ bytes sent. Every arm is ``peer.round.simulate.simulate``: R replicas of the liv
 round engine (SparseLoCo defaults), replica r owning slice r % S, so with R >= 2S every slice has
 R / S owners. Arms, per seed:
 
-- ``full``: R full replicas (top-k 64 of every 64 x 64 chunk, the default);
+- ``full``: R full replicas (top-k 64 of every 64 x 64 chunk, the default; ``--topk`` sets another
+  for every arm, the equal-bytes ones included);
 - ``partial S``: R slice owners, the same tokens;
 - ``full, equal bytes``: R full replicas whose top-k is the largest that keeps a payload no larger
   than a slice owner's (found by encoding one payload of each part), the same tokens: what the
@@ -72,12 +73,12 @@ def payload_bytes(spec, part) -> int:
     return len(data)
 
 
-def equal_bytes(cfg: Dict[str, Any], slices: int) -> Tuple[int, int]:
-    """(the largest top-k whose full payload is no larger than a slice owner's payload at the default;
+def equal_bytes(cfg: Dict[str, Any], slices: int, base: int = DEFAULT_TOPK) -> Tuple[int, int]:
+    """(the largest top-k whose full payload is no larger than a slice owner's payload at top-k ``base``;
     the H at which slice owners send about a full peer's bytes over the run)."""
-    budget = payload_bytes(arm_spec(cfg, slices, 0), part_of(slices, 0))
-    full = payload_bytes(arm_spec(cfg, 1, 0), part_of(1))
-    low, high = 1, DEFAULT_TOPK  # a payload grows with top-k: bisect for the largest that fits
+    budget = payload_bytes(arm_spec(cfg, slices, 0, base), part_of(slices, 0))
+    full = payload_bytes(arm_spec(cfg, 1, 0, base), part_of(1))
+    low, high = 1, base  # a payload grows with top-k: bisect for the largest that fits
     while low < high:
         mid = (low + high + 1) // 2
         if payload_bytes(arm_spec(cfg, 1, 0, mid), part_of(1)) <= budget:
@@ -155,25 +156,31 @@ def main(argv=None) -> int:
     ap.add_argument("--replicas", default="8", help="comma-separated replica counts R, each >= 2 S (default 8)")
     ap.add_argument("--slices", type=int, default=4, help="S: slices of the partial arm (default 4)")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms (default: {','.join(ARMS)})")
+    ap.add_argument("--topk", type=int, default=DEFAULT_TOPK,
+                    help=f"SparseLoCo's top-k of every 64 x 64 chunk for every arm; the full equal-bytes arm's is "
+                         f"found from it (default {DEFAULT_TOPK}, the spec's)")
     add_arm_flags(ap)
     args = ap.parse_args(argv)
     cfg = CONFIGS["quick" if args.quick else "full"]
     replicas = [int(x) for x in args.replicas.split(",")]
     if args.slices < 2 or any(r < 2 * args.slices for r in replicas) or args.seeds < 1:
         raise SystemExit("--slices must be >= 2, every --replicas >= 2 x --slices (several owners a slice), --seeds >= 1")
+    if not 2 <= args.topk <= 64 * 64:
+        raise SystemExit("--topk must be between 2 and 4096 (entries kept of a 64 x 64 chunk)")
     chosen = choose_names(args.arms, ARMS, "--arms")
-    topk, h_partial = equal_bytes(cfg, args.slices)
+    base = args.topk
+    topk, h_partial = equal_bytes(cfg, args.slices, base)
     print(f"# partial updates at equal tokens and equal bytes, {now()}, {machine()}")
     print(f"# model {cfg['sim_model']}, batch {cfg['batch_size']}, H = {cfg['inner_steps']}, {cfg['rounds']} rounds; "
-          f"S = {args.slices}; equal bytes: full top-k {topk} of 4096 (default {DEFAULT_TOPK}), partial H = {h_partial}",
+          f"S = {args.slices}; top-k {base} of 4096; equal bytes: full top-k {topk}, partial H = {h_partial}",
           flush=True)
-    arms = {"full": ("full", 1, DEFAULT_TOPK, 0),
-            "partial": (f"partial S={args.slices}", args.slices, DEFAULT_TOPK, 0),
+    arms = {"full": ("full", 1, base, 0),
+            "partial": (f"partial S={args.slices}", args.slices, base, 0),
             "full-bytes": ("full, equal bytes", 1, topk, 0),
-            "partial-bytes": (f"partial S={args.slices}, equal bytes", args.slices, DEFAULT_TOPK, h_partial)}
+            "partial-bytes": (f"partial S={args.slices}, equal bytes", args.slices, base, h_partial)}
     work = [(cfg, *arms[a], r, seed, args.threads) for r in replicas for seed in range(args.seeds) for a in chosen]
     run_summarized(run_arm, work, args.jobs, summarize, print_summary, args.json, config=cfg, slices=args.slices,
-                   equal_bytes_topk=topk, equal_bytes_h=h_partial)
+                   topk=base, equal_bytes_topk=topk, equal_bytes_h=h_partial)
     return 0
 
 

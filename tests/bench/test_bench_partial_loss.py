@@ -28,6 +28,18 @@ def test_quick_arms_at_equal_tokens_and_equal_bytes(tmp_path, capsys):
     assert "vs full (paired)" in capsys.readouterr().out
 
 
+def test_a_lower_topk_sets_every_arm_and_the_equal_bytes_search(tmp_path):
+    out = tmp_path / "out.json"
+    assert partial_loss.main(["--quick", "--seeds", "1", "--jobs", "1", "--topk", "25", "--arms", "full,full-bytes",
+                              "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    arms = {s["arm"]: s for s in doc["summary"]}
+    assert doc["topk"] == 25 and arms["full"]["topk"] == 25
+    assert arms["full, equal bytes"]["topk"] == doc["equal_bytes_topk"] < 25
+
+
 def test_fewer_than_two_owners_a_slice_is_refused():
     with pytest.raises(SystemExit, match="2 x --slices"):
         partial_loss.main(["--quick", "--replicas", "6", "--slices", "4"])
+    with pytest.raises(SystemExit, match="--topk"):
+        partial_loss.main(["--quick", "--topk", "1"])
