@@ -293,6 +293,10 @@ class RoundLoop:
         result = None
         start_hash = engine.params_hash()
         counted = (peer.gatherer.bytes_sent, peer.gatherer.bytes_received)  # the whole exchange's, fetches of sets included
+        # θ of this round downloaded, no groupmates: the lineage of the state's server (peer/round/state_sync.Basis)
+        basis = peer.sync.basis if not mates else None
+        basis = (engine.round - 1, basis.set_before) if basis and basis.round == engine.round and \
+            basis.theta == start_hash and basis.set_before else None
         if step is Step.GATHER:  # (nobody of our round left to meet: no group, catch up)
             # the only others are catching up to an earlier round (a chain stage that cannot link does,
             # again and again): give them the straggler allowance to join, not the whole round_wait
@@ -308,12 +312,13 @@ class RoundLoop:
             # given up while matchmaking (give_up.fired): our payload went nowhere and only a set of our
             # last round's groupmates can be taken (adopt_round_set); with none (a state just downloaded,
             # a fresh start) no set can be, and the swarm's state is taken at once
-            step = round_policy.after_gather(result is not None, give_up.fired, bool(mates), peer.stop_event.is_set())
+            step = round_policy.after_gather(result is not None, give_up.fired, bool(mates) or basis is not None,
+                                             peer.stop_event.is_set())
         merged = None
         timing = peer.membership.timing
         if step is Step.ADOPT_ROUND_SET:
             wait = max(timing.no_group_wait(peer.membership.read_interval()), timing.set_fetch_s)
-            result = adopt_round_set(peer, engine.round, start_hash, wait, lineage=mates)
+            result = adopt_round_set(peer, engine.round, start_hash, wait, lineage=mates, basis=basis)
             step = round_policy.after_adopt(result is not None)
         elif step is Step.ADOPT_OWN_SET:
             result = adopt_own_set(peer, engine.round, h.payload, start_hash, timing.no_group_wait(peer.membership.read_interval()))

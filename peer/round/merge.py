@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Set
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from peer.exchange.results import GatherResult, base58
 from peer.round.draw import SetList, fetch_checked_list
@@ -294,7 +294,8 @@ def adopt_own_set(peer, round_no: int, payload: bytes, start_hash: str, wait_s: 
                   "our gather failed, but our group completed it with our payload")
 
 
-def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage: Iterable[str] = ()):
+def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage: Iterable[str] = (),
+                    basis: Optional[Tuple[int, str]] = None):
     """After our gather of ``round_no`` was given up because every other peer of the round gathered
     without us (``no_group_left``): a set they named, as if our group had left our payload out. Its
     outcome (then merged with the round's other sets, as any member's) puts us on the swarm's θ at
@@ -316,14 +317,23 @@ def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage
     with a set of its own, and its θ is then apart from theirs: their next set taken onto that θ
     would leave it apart until a later start-hash vote. Such a peer, or one whose groupmates'
     records no longer name that round, defers and downloads instead (tests/round/test_group_merge.py,
-    ``test_a_groupmate_that_agreed_another_set_last_round_is_not_of_our_lineage``)."""
+    ``test_a_groupmate_that_agreed_another_set_last_round_is_not_of_our_lineage``).
+
+    ``basis`` (round_no - 1, a set's name), for a peer whose θ of this round is a state it downloaded
+    (peer/round/state_sync.py ``Basis``: the set its server's group agreed in the round before): it
+    has no groupmates, and its lineage is every peer whose record names that set for that round.
+    Without this such a peer stays apart when the others' rounds overlap: it has its θ only when they
+    are ready for the round, arrives after their group has gathered, defers, downloads the next
+    state, and again (CI: a partial run's fourth peer, rounds 4-83); taking their set keeps the steps
+    it took meanwhile, so it is in step with them by the next round
+    (``test_a_peer_that_installed_a_state_takes_the_set_of_its_servers_lineage``)."""
     lineage = set(lineage)
-    before, ours = peer.gathered
+    before, ours = basis if basis is not None else peer.gathered
 
     def kin(view) -> Set[str]:
         if before != round_no - 1 or not ours:
             return set()
-        return {v.peer_id for v in view if v.peer_id in lineage and v.progress.set_of(before) == ours}
+        return {v.peer_id for v in view if (basis is not None or v.peer_id in lineage) and v.progress.set_of(before) == ours}
 
     return _adopt(peer, round_no, start_hash, wait_s, lambda got, view: 2 * len(kin(view) & set(got)) > len(got),
                   "every other peer gathered without us: taking their set instead of their state")

@@ -27,6 +27,7 @@ import logging
 import random
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
@@ -55,6 +56,18 @@ class StateUnreported(ProtocolError):
     """A state whose θ is none of those the peers of its round report. The view may be older than
     the state: a peer that applies its round's delayed update (overlap) stores a record with the new
     θ, and a view read before that record shows the old one."""
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What the last state this peer installed derives from: its round and θ hash, and the set its
+    server's group agreed in the round before (its server's record at the download; "" if it named
+    none). A peer whose θ came from a download has no groupmates of its own lineage; the peers that
+    name that set for that round concluded it as its server did (peer/round/merge.py ``adopt_round_set``)."""
+
+    round: int
+    theta: str
+    set_before: str
 
 
 class StateAhead(ProtocolError):
@@ -102,6 +115,7 @@ class StateSync:
         self._set_state, self._on_installed = set_state, on_installed
         self._fetch = StateDownloader(membership.dht, gatherer, membership.timing.download_min_rate)
         self._failed_target: Tuple[int, float] = (-1, 0.0)  # a round no peer served, and when to try again
+        self.basis: Optional[Basis] = None  # what the last installed state derives from (Basis)
 
     # ---- serving --------------------------------------------------------------------------------
     def shareable_state(self) -> Tuple[dict, List[torch.Tensor]]:
@@ -204,6 +218,7 @@ class StateSync:
                 self._refuse(peer, e)
                 continue
             self.consistent = True
+            self.basis = Basis(self.engine.round, self.engine.params_hash(), view.progress.set_of(self.engine.round - 1))
             self.enable_sharing()
             return True
         return False

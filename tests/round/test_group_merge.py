@@ -348,6 +348,30 @@ def test_a_groupmate_that_agreed_another_set_last_round_is_not_of_our_lineage():
     assert result is not None and result.payloads == g1[2]
 
 
+def test_a_peer_that_installed_a_state_takes_the_set_of_its_servers_lineage():
+    # its θ of the round came from a download: no groupmates, and peer.gathered is of a lineage it left.
+    # The peers naming the set its server's group agreed the round before are its lineage (Basis);
+    # most owners of the round's set must be of it, as for groupmates
+    mine, g1 = a_group(0, 1, b"g0"), a_group(1, 3, b"g1")
+    me, first = sorted(mine[2])[0], sorted(g1[2])
+    served, other = "e" * 32, "f" * 32
+    for befores, ok in [((served, served, other), True),  # two of three owners concluded from the served set
+                        ((served, other, other), False),  # one of three
+                        (("", "", ""), False)]:  # their records no longer name the round before
+        views = [record(p, gathered=g1[1], round_no=ROUND + 1, state="training", gathered_before=b)
+                 for p, b in zip(first, befores)]
+        peer, _ = member_of(Swarm([views], {first[0]: {g1[1]: g1[0]}}), mine)
+        peer.peer_id, peer.gathered = me, (ROUND - 7, "d" * 32)  # an old lineage of its own
+        assert adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.3, lineage=[]) is None  # without the basis: none
+        result = adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.6 if ok else 0.3, basis=(ROUND - 1, served))
+        assert (result is not None and result.payloads == g1[2]) == ok, befores
+    # a basis of another round than the one before is no lineage
+    peer, _ = member_of(Swarm([[record(p, gathered=g1[1], round_no=ROUND + 1, state="training", gathered_before=served)
+                                for p in first]], {first[0]: {g1[1]: g1[0]}}), mine)
+    peer.peer_id = me
+    assert adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.3, basis=(ROUND - 2, served)) is None
+
+
 def test_a_peer_the_round_gathered_without_defers_when_no_named_set_can_be_had():
     mine, theirs = a_group(0, 1, b"g0"), a_group(1, 2, b"g1")
     others = sorted(theirs[2])

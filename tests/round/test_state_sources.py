@@ -10,6 +10,7 @@ import pytest
 
 from peer.round import membership as membership_mod
 from peer.round.membership import Membership
+from peer.round.state_sync import Basis
 from protocol.dht.records import Progress
 from tests.round.test_liveness import SPEC, honest_engine, served, syncing_peer, view
 
@@ -73,6 +74,8 @@ def test_a_peer_whose_solo_rounds_raced_ahead_takes_the_state_of_the_swarm_it_lo
     if case == "solo":  # two peers that gather in groups, at an earlier round: their lineage wins
         assert engine.round == 20 and engine.params_hash() == h and len(sync.asked) == 1
         assert sorted(sync.membership.forgiven) == ["a", "b"]  # its no-shows are waited for again
+        # what the state derives from: its round and θ, and the set its server named for the round before
+        assert sync.basis == Basis(20, h, "ab" * 16)
     else:
         assert engine.round == 30 and sync.asked == []
 
