@@ -34,6 +34,10 @@ def test_each_peers_wire_bytes_match_its_interface_within_ten_percent(tmp_path):
             assert by["control"] == wire[way] - by["payload"] > 0, row
         # the headers are the interface's alone: its raw bytes exceed the peer's by at least 40 a packet
         assert link["tx_bytes"] > wire["sent"] + 40 * link["tx_packets"], row
-        assert wire["packets_sent"] >= link["tx_packets"] * 0.9, row  # a GSO packet is several segments
+        # a GSO packet is several segments, so the meter's segments are about the interface's packets or
+        # more; what it cannot see costs more packets than bytes: a connection opened and closed between
+        # two polls is a handshake and a few small segments (CI on 52250d1: bytes 0.934 of the interface,
+        # segments 956 of 1,077 packets), and ARP and p2pd's UDP reach the interface alone
+        assert wire["packets_sent"] >= link["tx_packets"] * 0.8, row
         # a link that drops nothing needs no retransmission (tests/system/test_wire_retransmits_hosts.py makes some)
         assert 0 <= wire["retransmitted"] < wire["sent"] * 0.1, row
