@@ -17,7 +17,8 @@ from the peers' status files (their ``history``):
   groups); a table then sets each swarm's mean against the smallest one's;
 - exchange CPU/peer: CPU seconds a peer spent on the round's exchange (its record's ``exchange_cpu``:
   the thread that ran it, encode to outer step; plus ``helpers_cpu``: its DHT, gather and p2p daemon
-  processes since the previous round ended, peer/host/cpu_meter.py), mean over the peers;
+  processes since the previous round ended, peer/host/cpu_meter.py), mean over the peers past their
+  first record ("-" where the helpers' counters cannot be read);
 - round s: the median peer's round time (its record's ``seconds``); swarm s: from the moment every
   peer had ended the previous round (round 1: had begun training) to the moment every peer had
   ended this one.
@@ -160,8 +161,9 @@ def round_rows(statuses: List[Optional[Dict[str, Any]]], watcher: Watcher) -> Li
             "payload_sent_per_peer": _mean([r["bytes_sent"] for _, _, r in recs]),
             "payload_received_per_peer": _mean([r["bytes_received"] for _, _, r in recs]),
             "wire_per_peer": _mean(wire), "wire_peers": len(wire),
-            "exchange_cpu_per_peer": _mean([r.get("exchange_cpu", 0.0) + r["helpers_cpu"] for _, _, r in recs
-                                            if r.get("helpers_cpu") is not None]),
+            # a peer's first record carries its start-up's helper seconds, not a round's
+            "exchange_cpu_per_peer": _mean([r["exchange_cpu"] + r["helpers_cpu"] for _, n, r in recs
+                                            if n > 1 and r.get("helpers_cpu") is not None]),
             "round_s": statistics.median(r["seconds"] for _, _, r in recs), "swarm_s": swarm_s,
         })
     return rows

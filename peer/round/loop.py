@@ -310,8 +310,8 @@ class RoundLoop:
                 last=union.announce(self._last_round, engine),
             )
             # given up while matchmaking (give_up.fired): our payload went nowhere and only a set of our
-            # last round's groupmates can be taken (adopt_round_set); with none (a state just downloaded,
-            # a fresh start) no set can be, and the swarm's state is taken at once
+            # lineage can be taken (adopt_round_set: last round's groupmates, or the downloaded state's
+            # basis); with neither (a fresh start) the swarm's state is taken at once
             step = round_policy.after_gather(result is not None, give_up.fired, bool(mates) or basis is not None,
                                              peer.stop_event.is_set())
         merged = None

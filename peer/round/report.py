@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from peer.host.cpu_meter import ChildCpu
+from peer.host.cpu_meter import HelperCpu
 from swarm.console import human_bytes
 from swarm.jsonout import write_atomic
 
@@ -38,7 +38,8 @@ class RoundRecord:
     sets: int = 1  # the groups' agreed sets θ was computed from: this peer's group's and other groups' (peer/round/merge.py)
     # CPU seconds of the round's exchange: the thread that ran it here (encode to outer step, evaluation
     # not counted; torch's intra-op worker threads neither: none with --threads 1), and the peer's DHT,
-    # gather and p2p daemon processes since the previous round ended (peer/host/cpu_meter.py)
+    # gather and p2p daemon processes since its previous record (a deferred round writes none: its
+    # seconds count in the next record; peer/host/cpu_meter.py)
     exchange_cpu: float = 0.0
     helpers_cpu: Optional[float] = None
 
@@ -51,7 +52,9 @@ class RoundMeters:
     def __init__(self, peer):
         self._peer = peer
         self._wire_mark = (0, 0)  # the wire totals (sent, received) when the previous round ended
-        self._cpu = ChildCpu()
+        # the DHT's process (p2pd is its child) and the gather's; the start-up's seconds are not a round's
+        self._cpu = HelperCpu(lambda: (getattr(getattr(peer, n, None), "pid", None) for n in ("dht", "gatherer")))
+        self._cpu.since_last()
 
     def fill(self, record: RoundRecord) -> None:
         meter = getattr(self._peer, "wire", None)

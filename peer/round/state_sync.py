@@ -209,7 +209,8 @@ class StateSync:
                 self._refuse(peer, e)
                 continue
             except StateAhead as e:
-                if not self._install_ahead(got, peer, target, asked, e):
+                view = self._install_ahead(got, peer, target, asked, e)  # the server's record read after
+                if view is None:
                     continue
             except StateUnreported as e:
                 if not self._install_rechecked(got, peer, target, claimed, asked, e):
@@ -223,20 +224,22 @@ class StateSync:
             return True
         return False
 
-    def _install_ahead(self, got, peer: str, target: int, asked: float, ahead: StateAhead) -> bool:
+    def _install_ahead(self, got, peer: str, target: int, asked: float, ahead: StateAhead):
         """A state of a round past its server's claim: install it if a view read after the download
-        shows the server announcing that round (-1), with that view's hashes; refuse it otherwise."""
+        shows the server announcing that round (-1), with that view's hashes; refuse it otherwise.
+        Returns the server's record in that view once installed, else None."""
         views = self.membership.fresh_view(since=asked, timeout=self.membership.timing.recheck_wait(self.membership.read_interval()))
-        claims = [v.progress.round for v in views if v.peer_id == peer]
-        if not claims or claims[0] + 1 < ahead.round:
+        server = next((v for v in views if v.peer_id == peer), None)
+        if server is None or server.progress.round + 1 < ahead.round:
             self._refuse(peer, ahead)
-            return False
+            return None
         try:
-            self.install(*got, min_round=target, max_round=claims[0] + 1, reported=_reported_hashes(views, excluding=peer))
+            self.install(*got, min_round=target, max_round=server.progress.round + 1,
+                         reported=_reported_hashes(views, excluding=peer))
         except ProtocolError as e:
             self._refuse(peer, e)
-            return False
-        return True
+            return None
+        return server
 
     def _install_rechecked(self, got, peer: str, target: int, claimed: int, asked: float, why: StateUnreported) -> bool:
         """A state whose θ the view does not report: check it again against a view read after the

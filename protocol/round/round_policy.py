@@ -11,8 +11,9 @@ A round's exchange moves through ``Step``s:
        v
     GATHER ──a group's set──────────────────────────────────────────> CONCLUDE
        │ no group, and the gather gave up because every other peer
-       │ gathered without us: with last round's groupmates ─────────> ADOPT_ROUND_SET
-       │                      with none (a fresh lineage) ──────────> NO_GROUP
+       │ gathered without us: with a lineage (last round's groupmates,
+       │                      or a downloaded state's basis) ───────> ADOPT_ROUND_SET
+       │                      with none (a fresh start) ────────────> NO_GROUP
        │ no group otherwise (our gather timed out) ─────────────────> ADOPT_OWN_SET
     ADOPT_* ──a set that holds us (or our lineage)──────────────────> CONCLUDE
        │ none ──────────────────────────────────────────────────────> NO_GROUP
@@ -69,8 +70,8 @@ def after_barrier(stopping: bool, nobody_to_meet: bool) -> Step:
 
 def after_gather(got_group: bool, gave_up: bool, has_mates: bool, stopping: bool = False) -> Step:
     """The step after the gather. ``gave_up``: it stopped looking because every other peer of the
-    round had gathered (our payload went nowhere); ``has_mates``: we had groupmates last round (only
-    a set of our own lineage can be taken)."""
+    round had gathered (our payload went nowhere); ``has_mates``: we have a lineage (groupmates last
+    round, or the basis of a state downloaded for this round): only a set of our lineage can be taken."""
     if got_group:
         return Step.CONCLUDE
     if stopping:

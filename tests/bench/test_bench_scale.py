@@ -31,7 +31,10 @@ def test_quick_scale_run_reports_rounds_and_resources(tmp_path, capsys):
         assert r["payload_sent_per_peer"] >= 0 and r["round_s"] > 0
     assert any(r["payload_sent_per_peer"] > 0 for r in run["rows"])  # some round had a group to send to
     assert any(r["wire_per_peer"] for r in run["rows"])  # the status' wire, read after rounds (None where netlink is blocked)
-    assert all(r["exchange_cpu_per_peer"] > 0 for r in run["rows"])  # the thread's and the helper processes' seconds
+    # the thread's and the helper processes' seconds, from each peer's second record on (None where the
+    # helpers' counters cannot be read)
+    cpu = [r["exchange_cpu_per_peer"] for r in run["rows"][1:]]
+    assert all(c is None or c > 0 for c in cpu) and any(c is not None for c in cpu), cpu
     assert "exchange CPU/peer/round" in printed
     assert [u["after_rounds"] for u in run["usage"]] == [1, 5]
     for u in run["usage"]:

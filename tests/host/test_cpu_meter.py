@@ -1,4 +1,4 @@
-"""peer/host/cpu_meter.py: the CPU seconds of a process's descendants, per call, from psutil."""
+"""peer/host/cpu_meter.py: the CPU seconds of a peer's helper processes and their children, per call."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from peer.host.cpu_meter import ChildCpu
+from peer.host.cpu_meter import HelperCpu
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\nimport sys; sys.stdout.write('done\\n'); sys.stdout.flush()\ntime.sleep(60)\n"
 
@@ -19,22 +19,49 @@ def _burning_child(seconds: float) -> subprocess.Popen:
     return child
 
 
-def test_a_childs_cpu_seconds_count_once_and_an_exited_child_takes_nothing_back():
-    meter = ChildCpu()
-    meter.since_last()  # the pytest process's other children, if any, counted from here
-    child = _burning_child(0.4)
+def test_a_helpers_seconds_count_once_and_an_exited_helper_takes_nothing_back():
+    roots = []
+    meter = HelperCpu(lambda: roots)
+    assert meter.since_last() == 0.0  # no helper started yet
+    helper = _burning_child(0.4)
+    roots.append(helper.pid)
     try:
         first = meter.since_last()
         assert 0.35 <= first <= 5.0, first  # its 0.4 s of CPU (and its start-up), once
         assert meter.since_last() < 0.1  # asleep since: nothing new
     finally:
-        child.kill()
-        child.wait()
-    assert meter.since_last() >= 0.0  # gone: no negative seconds for what it took with it
+        helper.kill()
+        helper.wait()
+    assert meter.since_last() < 0.1  # gone: nothing new, and nothing negative for what it took with it
+
+
+def test_only_the_named_helpers_count_not_the_peers_other_children():
+    other = _burning_child(0.3)  # e.g. a compile worker: a child of the peer, not a helper
+    try:
+        meter = HelperCpu(lambda: [None])  # a helper not started yet
+        assert meter.since_last() == 0.0
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_helpers_child_counts_too():
+    code = f"import subprocess, sys; c = subprocess.Popen([sys.executable, '-c', {BURN.format(s=0.3)!r}], stdout=subprocess.PIPE, text=True); print(c.stdout.readline(), end='', flush=True); c.wait()"
+    helper = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    meter = HelperCpu(lambda: [helper.pid])
+    try:
+        assert helper.stdout.readline() == "done\n"
+        time.sleep(0.05)
+        assert meter.since_last() >= 0.25  # its child's (as p2pd is the DHT process's)
+    finally:
+        for p in psutil.Process(helper.pid).children(recursive=True):
+            p.kill()
+        helper.kill()
+        helper.wait()
 
 
 def test_unreadable_counters_give_none_once_said(monkeypatch, caplog):
-    meter = ChildCpu()
+    meter = HelperCpu(lambda: [1])
 
     def refuse(self, recursive=False):
         raise psutil.AccessDenied(pid=self.pid)
@@ -43,19 +70,3 @@ def test_unreadable_counters_give_none_once_said(monkeypatch, caplog):
     with caplog.at_level("INFO", logger="voloco.peer"):
         assert meter.since_last() is None and meter.since_last() is None
     assert sum("cannot be read" in r.getMessage() for r in caplog.records) == 1
-
-
-def test_a_grandchild_counts_too():
-    meter = ChildCpu()
-    meter.since_last()
-    code = f"import subprocess, sys; c = subprocess.Popen([sys.executable, '-c', {BURN.format(s=0.3)!r}], stdout=subprocess.PIPE, text=True); print(c.stdout.readline(), end='', flush=True); c.wait()"
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline() == "done\n"
-        time.sleep(0.05)
-        assert meter.since_last() >= 0.25
-    finally:
-        for p in psutil.Process(child.pid).children(recursive=True):
-            p.kill()
-        child.kill()
-        child.wait()

@@ -360,11 +360,14 @@ def test_a_peer_that_installed_a_state_takes_the_set_of_its_servers_lineage():
                         (("", "", ""), False)]:  # their records no longer name the round before
         views = [record(p, gathered=g1[1], round_no=ROUND + 1, state="training", gathered_before=b)
                  for p, b in zip(first, befores)]
-        peer, _ = member_of(Swarm([views], {first[0]: {g1[1]: g1[0]}}), mine)
+        swarm = Swarm([views], {first[0]: {g1[1]: g1[0]}})
+        peer, _ = member_of(swarm, mine)
         peer.peer_id, peer.gathered = me, (ROUND - 7, "d" * 32)  # an old lineage of its own
         assert adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.3, lineage=[]) is None  # without the basis: none
+        swarm.asked.clear()
         result = adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.6 if ok else 0.3, basis=(ROUND - 1, served))
         assert (result is not None and result.payloads == g1[2]) == ok, befores
+        assert swarm.asked == [first[0]], swarm.asked  # fetched and judged by its owners, not skipped
     # a basis of another round than the one before is no lineage
     peer, _ = member_of(Swarm([[record(p, gathered=g1[1], round_no=ROUND + 1, state="training", gathered_before=served)
                                 for p in first]], {first[0]: {g1[1]: g1[0]}}), mine)

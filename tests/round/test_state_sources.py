@@ -3,6 +3,7 @@ state travels: scripted views, a real StateSync and engine, no processes."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from types import SimpleNamespace
 
@@ -21,12 +22,15 @@ def test_a_fast_server_whose_round_moved_on_during_the_download_is_believed_afte
 
     def serve(peer):  # two solo rounds went by while its state travelled; its record now says so
         views[0] = view("fast", 12, "ready", fast.params_hash())
+        views[0].progress = dataclasses.replace(views[0].progress, gathered_round=11, gathered="cd" * 16)
         return served(fast)
 
     sync, engine = syncing_peer(monkeypatch, views, serve)
     sync.catch_up()
     assert sync.asked == ["fast"] and engine.round == 12 and engine.params_hash() == fast.params_hash()
     assert [v.peer_id for v in sync.membership.others()] == ["fast"]  # not refused, not left out
+    # the state's basis is read from the server's record after the download, not the stale one
+    assert sync.basis == Basis(12, fast.params_hash(), "cd" * 16)
 
 
 def test_a_server_still_announcing_less_than_it_served_is_refused(monkeypatch, clock):
