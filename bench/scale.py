@@ -17,7 +17,7 @@ from the peers' status files (their ``history``):
   groups); a table then sets each swarm's mean against the smallest one's;
 - exchange CPU/peer: CPU seconds a peer spent on the round's exchange (its record's ``exchange_cpu``:
   the thread that ran it, encode to outer step; plus ``helpers_cpu``: its DHT, gather and p2p daemon
-  processes since the previous round ended, peer/host/cpu_meter.py), mean over the peers past their
+  processes since the previous round ended, swarm/cpu_meter.py), mean over the peers past their
   first record ("-" where the helpers' counters cannot be read);
 - round s: the median peer's round time (its record's ``seconds``); swarm s: from the moment every
   peer had ended the previous round (round 1: had begun training) to the moment every peer had

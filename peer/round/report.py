@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from peer.host.cpu_meter import HelperCpu
+from swarm.cpu_meter import HelperCpu
 from swarm.console import human_bytes
 from swarm.jsonout import write_atomic
 
@@ -39,7 +39,7 @@ class RoundRecord:
     # CPU seconds of the round's exchange: the thread that ran it here (encode to outer step, evaluation
     # not counted; torch's intra-op worker threads neither: none with --threads 1), and the peer's DHT,
     # gather and p2p daemon processes since its previous record (a deferred round writes none: its
-    # seconds count in the next record; peer/host/cpu_meter.py)
+    # seconds count in the next record; swarm/cpu_meter.py)
     exchange_cpu: float = 0.0
     helpers_cpu: Optional[float] = None
 

@@ -23,7 +23,8 @@ class Gatherer:
 
 def make_peer(own_round, others_round, served_rounds):
     """A StateSync of a peer at ``own_round`` whose one groupmate shows ``others_round``."""
-    view = SimpleNamespace(peer_id="mate", progress=SimpleNamespace(round=others_round, state="exchanging"))
+    view = SimpleNamespace(peer_id="mate", progress=SimpleNamespace(round=others_round, state="exchanging",
+                                                                    set_of=lambda round_no: ""))
     shown = {"state": "exchanging"}
 
     def set_state(state):
@@ -32,7 +33,7 @@ def make_peer(own_round, others_round, served_rounds):
 
     peer = object.__new__(StateSync)
     peer.spec = SimpleNamespace(swarm=SimpleNamespace(gather_timeout=1.0))
-    peer.engine = SimpleNamespace(round=own_round)
+    peer.engine = SimpleNamespace(round=own_round, params_hash=lambda: "0" * 16)
     peer.gatherer = Gatherer(served_rounds)
     peer.membership = SimpleNamespace(others=lambda excluding=(): [view], ignore=lambda peer, seconds: None,
                                       timing=Timing(gather_slot_s=1.0))

@@ -44,7 +44,7 @@ def test_three_peers_train_stay_identical_and_a_late_joiner_catches_up(swarm_fac
     assert a["val_loss"] < a["initial_val_loss"] - 0.3, (a["initial_val_loss"], a["val_loss"])
     assert a["bytes_sent"] > 0 and a["bytes_received"] > 0
     # every group round's exchange cost this thread CPU (encode, decode, outer step) and its DHT, gather
-    # and p2p processes some (peer/host/cpu_meter.py)
+    # and p2p processes some (swarm/cpu_meter.py)
     shared = [r for s in statuses for r in s["history"] if len(r["group"]) > 1]
     assert all(r["exchange_cpu"] > 0 and r["helpers_cpu"] > 0 for r in shared), \
         [(r["round"], r["exchange_cpu"], r["helpers_cpu"]) for r in shared]

@@ -11,7 +11,7 @@ and their descendants (psutil), against the totals of the previous call, per pid
 exited takes its seconds with it, one that started counts from zero. Only those processes: a
 compile worker pool (torch.compile) or a data loader the peer may also start are not helpers. The
 first call takes the baseline. None where the counters cannot be read (not Linux, a sandbox).
-Guarded by tests/host/test_cpu_meter.py.
+Guarded by tests/swarm/test_cpu_meter.py.
 """
 
 from __future__ import annotations

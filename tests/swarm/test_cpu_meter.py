@@ -1,4 +1,4 @@
-"""peer/host/cpu_meter.py: the CPU seconds of a peer's helper processes and their children, per call."""
+"""swarm/cpu_meter.py: the CPU seconds of a peer's helper processes and their children, per call."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from peer.host.cpu_meter import HelperCpu
+from swarm.cpu_meter import HelperCpu
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\nimport sys; sys.stdout.write('done\\n'); sys.stdout.flush()\ntime.sleep(60)\n"
 
