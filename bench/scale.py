@@ -202,6 +202,10 @@ def _c(n: Optional[float]) -> str:
     return "-" if n is None else f"{n:.2f} s"
 
 
+def _ratio(value: Optional[float], base: Optional[float]) -> str:
+    return f"{value / base:.2f}x" if value and base else "-"
+
+
 def report(runs: List[Dict[str, Any]]) -> str:
     rounds = table(
         ["peers", "round", "peers in it", "groups", "group sizes", "distinct θ", "alone", "payload sent/peer",
@@ -230,9 +234,8 @@ def growth(runs: List[Dict[str, Any]]) -> str:
         mean = _mean([r["payload_received_per_peer"] for r in later if r["payload_received_per_peer"] is not None])
         cpu = _mean([r["exchange_cpu_per_peer"] for r in later if r.get("exchange_cpu_per_peer") is not None])
         base = base if base is not None else (mean, cpu)
-        ratio = lambda v, b: f"{v / b:.2f}x" if v and b else "-"  # noqa: E731
         rows.append([str(run["peers"]), str(run.get("max_contributions", 0)), str(run["max_group_size"]), _b(mean),
-                     ratio(mean, base[0]), _c(cpu), ratio(cpu, base[1])])
+                     _ratio(mean, base[0]), _c(cpu), _ratio(cpu, base[1])])
     return table(["peers", "K", "groups <=", "payload recv/peer/round", "vs smallest", "exchange CPU/peer/round",
                   "vs smallest"], rows, left=0)
 

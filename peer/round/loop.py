@@ -294,9 +294,7 @@ class RoundLoop:
         start_hash = engine.params_hash()
         counted = (peer.gatherer.bytes_sent, peer.gatherer.bytes_received)  # the whole exchange's, fetches of sets included
         # θ of this round downloaded, no groupmates: the lineage of the state's server (peer/round/state_sync.Basis)
-        basis = peer.sync.basis if not mates else None
-        basis = (engine.round - 1, basis.set_before) if basis and basis.round == engine.round and \
-            basis.theta == start_hash and basis.set_before else None
+        basis = peer.sync.basis.lineage(engine.round, start_hash) if peer.sync.basis and not mates else None
         if step is Step.GATHER:  # (nobody of our round left to meet: no group, catch up)
             # the only others are catching up to an earlier round (a chain stage that cannot link does,
             # again and again): give them the straggler allowance to join, not the whole round_wait

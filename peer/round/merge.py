@@ -324,7 +324,7 @@ def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage
     has no groupmates, and its lineage is every peer whose record names that set for that round.
     Without this such a peer stays apart when the others' rounds overlap: it has its θ only when they
     are ready for the round, arrives after their group has gathered, defers, downloads the next
-    state, and again (CI: a partial run's fourth peer, rounds 4-83); taking their set keeps the steps
+    state, and again; taking their set keeps the steps
     it took meanwhile, so it is in step with them by the next round
     (``test_a_peer_that_installed_a_state_takes_the_set_of_its_servers_lineage``)."""
     lineage = set(lineage)

@@ -69,6 +69,13 @@ class Basis:
     theta: str
     set_before: str
 
+    def lineage(self, round_no: int, theta: str) -> Optional[Tuple[int, str]]:
+        """(round_no - 1, the set) for ``adopt_round_set`` if this peer still holds this state's θ of
+        ``round_no`` and its server named a set; None otherwise (a later round, another θ, no set)."""
+        if self.round == round_no and self.theta == theta and self.set_before:
+            return round_no - 1, self.set_before
+        return None
+
 
 class StateAhead(ProtocolError):
     """A state of a round beyond the one its server announced (+1)."""

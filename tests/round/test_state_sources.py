@@ -95,3 +95,11 @@ def test_a_state_of_an_earlier_round_drops_the_abandoned_rounds_from_the_history
     peer.engine.round = 9  # a catch-up forward keeps every record
     Peer._installed(peer, 10)
     assert [r.round for r in peer.totals.history] == [1, 2, 3, 4]
+
+
+def test_a_basis_is_a_lineage_only_for_its_round_and_its_theta():
+    basis = Basis(12, "ab" * 8, "cd" * 16)
+    assert basis.lineage(12, "ab" * 8) == (11, "cd" * 16)
+    assert basis.lineage(13, "ab" * 8) is None  # a later round: the state is not this round's θ
+    assert basis.lineage(12, "ef" * 8) is None  # θ changed since (a repair, a newer state)
+    assert Basis(12, "ab" * 8, "").lineage(12, "ab" * 8) is None  # its server named no set
