@@ -1,7 +1,8 @@
 """Partial parameter updates at equal tokens and at equal bytes, several owners per slice, over seeds.
 
     python bench/partial_loss.py [--quick] [--replicas 8] [--slices 4] [--arms full,partial,...]
-                                 [--topk 64] [--seeds 3] [--jobs 2] [--threads 1] [--json OUT]
+                                 [--topk 64] [--aggregate chosen] [--seeds 3] [--jobs 2] [--threads 1]
+                                 [--json OUT]
 
 bench/partial.py measures what a partial peer saves (memory, FLOPs, bytes); this one measures what
 it costs in loss, as arXiv 2509.22418 compares them: against full peers at equal tokens and at equal
@@ -55,12 +56,14 @@ DEFAULT_TOPK = 64
 ARMS = ("full", "partial", "full-bytes", "partial-bytes")
 
 
-def arm_spec(cfg: Dict[str, Any], slices: int, seed: int, topk: int = DEFAULT_TOPK, inner_steps: int = 0):
-    """The spec of an arm; ``inner_steps``: its H (0: the config's), the inner steps of the run unchanged."""
+def arm_spec(cfg: Dict[str, Any], slices: int, seed: int, topk: int = DEFAULT_TOPK, inner_steps: int = 0,
+             aggregate: str = "chosen"):
+    """The spec of an arm; ``inner_steps``: its H (0: the config's), the inner steps of the run unchanged;
+    ``aggregate``: SparseLoCo's (each coordinate averaged over the payloads that kept it, or over all)."""
     H = inner_steps or cfg["inner_steps"]
     spec = make_spec(model_dict(cfg["sim_model"]), slices, cfg["batch_size"], H, cfg["lr"], cfg["warmup"],
                      cfg["rounds"] * cfg["inner_steps"], cfg["val_batches"])
-    return spec.replace(seed=seed, outer={"sparseloco": {"topk": topk}})
+    return spec.replace(seed=seed, outer={"sparseloco": {"topk": topk, "aggregate": aggregate}})
 
 
 def payload_bytes(spec, part) -> int:
@@ -91,14 +94,14 @@ def equal_bytes(cfg: Dict[str, Any], slices: int, base: int = DEFAULT_TOPK) -> T
 
 
 def run_arm(job) -> Dict[str, Any]:
-    """One simulation: (cfg, arm name, slices, top-k, H (0: the config's), replicas, seed, threads)."""
+    """One simulation: (cfg, arm name, slices, top-k, H (0: the config's), replicas, seed, threads, aggregate)."""
     from peer.round.simulate import simulate
     from peer.training.data import load_corpus
 
-    cfg, arm, slices, topk, H, replicas, seed, threads = job
+    cfg, arm, slices, topk, H, replicas, seed, threads, aggregate = job
     torch.set_num_threads(threads)
     logging.getLogger("voloco.peer.robust").setLevel(logging.ERROR)  # every replica logs every refusal: counted below
-    spec = arm_spec(cfg, slices, seed, topk, H)
+    spec = arm_spec(cfg, slices, seed, topk, H, aggregate)
     rounds = cfg["rounds"] * cfg["inner_steps"] // spec.outer.inner_steps
     t = time.monotonic()
     sim = simulate(spec, replicas, rounds, corpus=load_corpus("stdlib"), eval_every=0, verify_rounds=1,
@@ -159,6 +162,9 @@ def main(argv=None) -> int:
     ap.add_argument("--topk", type=int, default=DEFAULT_TOPK,
                     help=f"SparseLoCo's top-k of every 64 x 64 chunk for every arm; the full equal-bytes arm's is "
                          f"found from it (default {DEFAULT_TOPK}, the spec's)")
+    ap.add_argument("--aggregate", choices=("chosen", "mean"), default="chosen",
+                    help="SparseLoCo's aggregate for every arm: each coordinate averaged over the payloads that kept it "
+                         "(chosen, the spec's default) or over all payloads of its part (mean)")
     add_arm_flags(ap)
     args = ap.parse_args(argv)
     cfg = CONFIGS["quick" if args.quick else "full"]
@@ -172,15 +178,15 @@ def main(argv=None) -> int:
     topk, h_partial = equal_bytes(cfg, args.slices, base)
     print(f"# partial updates at equal tokens and equal bytes, {now()}, {machine()}")
     print(f"# model {cfg['sim_model']}, batch {cfg['batch_size']}, H = {cfg['inner_steps']}, {cfg['rounds']} rounds; "
-          f"S = {args.slices}; top-k {base} of 4096; equal bytes: full top-k {topk}, partial H = {h_partial}",
+          f"S = {args.slices}; top-k {base} of 4096, {args.aggregate} aggregate; equal bytes: full top-k {topk}, partial H = {h_partial}",
           flush=True)
     arms = {"full": ("full", 1, base, 0),
             "partial": (f"partial S={args.slices}", args.slices, base, 0),
             "full-bytes": ("full, equal bytes", 1, topk, 0),
             "partial-bytes": (f"partial S={args.slices}, equal bytes", args.slices, base, h_partial)}
-    work = [(cfg, *arms[a], r, seed, args.threads) for r in replicas for seed in range(args.seeds) for a in chosen]
+    work = [(cfg, *arms[a], r, seed, args.threads, args.aggregate) for r in replicas for seed in range(args.seeds) for a in chosen]
     run_summarized(run_arm, work, args.jobs, summarize, print_summary, args.json, config=cfg, slices=args.slices,
-                   topk=base, equal_bytes_topk=topk, equal_bytes_h=h_partial)
+                   topk=base, aggregate=args.aggregate, equal_bytes_topk=topk, equal_bytes_h=h_partial)
     return 0
 
 

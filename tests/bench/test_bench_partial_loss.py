@@ -43,3 +43,18 @@ def test_fewer_than_two_owners_a_slice_is_refused():
         partial_loss.main(["--quick", "--replicas", "6", "--slices", "4"])
     with pytest.raises(SystemExit, match="--topk"):
         partial_loss.main(["--quick", "--topk", "1"])
+
+
+def test_the_aggregate_flag_reaches_every_arm(tmp_path):
+    """--aggregate mean divides each coordinate by every payload of its part: another run than the
+    default chosen average on the same seed."""
+    loss = {}
+    for aggregate in ("chosen", "mean"):
+        out = tmp_path / f"{aggregate}.json"
+        assert partial_loss.main(["--quick", "--seeds", "1", "--jobs", "1", "--arms", "full", "--aggregate", aggregate,
+                                  "--json", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["aggregate"] == aggregate
+        loss[aggregate] = doc["summary"][0]["loss"]
+    assert loss["chosen"] != loss["mean"]
+    assert partial_loss.arm_spec(partial_loss.CONFIGS["quick"], 4, 0, aggregate="mean").outer.sparseloco.aggregate == "mean"
