@@ -1,8 +1,8 @@
 """Partial parameter updates at equal tokens and at equal bytes, several owners per slice, over seeds.
 
     python bench/partial_loss.py [--quick] [--replicas 8] [--slices 4] [--arms full,partial,...]
-                                 [--topk 64] [--aggregate chosen] [--seeds 3] [--jobs 2] [--threads 1]
-                                 [--json OUT]
+                                 [--topk 64] [--aggregate chosen] [--slice-step 1.0] [--seeds 3] [--jobs 2]
+                                 [--threads 1] [--json OUT]
 
 bench/partial.py measures what a partial peer saves (memory, FLOPs, bytes); this one measures what
 it costs in loss, as arXiv 2509.22418 compares them: against full peers at equal tokens and at equal
@@ -93,12 +93,23 @@ def equal_bytes(cfg: Dict[str, Any], slices: int, base: int = DEFAULT_TOPK) -> T
     return low, h  # an H that divides the run's inner steps: equal tokens
 
 
+def scale_slice_steps(strategy, factor: float) -> None:
+    """The outer lr of sliced tensors times ``factor`` for this strategy (a lever for slice owners,
+    measured here before any spec field exists; shared tensors and full arms are unchanged)."""
+    from protocol.model.partial import FULL, slice_of
+
+    apply = strategy.apply
+    strategy.apply = lambda theta, update: apply(
+        theta, {n: u * factor if slice_of(n) != FULL else u for n, u in update.items()})
+
+
 def run_arm(job) -> Dict[str, Any]:
-    """One simulation: (cfg, arm name, slices, top-k, H (0: the config's), replicas, seed, threads, aggregate)."""
+    """One simulation: (cfg, arm name, slices, top-k, H (0: the config's), replicas, seed, threads, aggregate,
+    slice step: the outer step on sliced tensors scaled by it, on every replica alike)."""
     from peer.round.simulate import simulate
     from peer.training.data import load_corpus
 
-    cfg, arm, slices, topk, H, replicas, seed, threads, aggregate = job
+    cfg, arm, slices, topk, H, replicas, seed, threads, aggregate, slice_step = job
     torch.set_num_threads(threads)
     logging.getLogger("voloco.peer.robust").setLevel(logging.ERROR)  # every replica logs every refusal: counted below
     spec = arm_spec(cfg, slices, seed, topk, H, aggregate)
@@ -106,7 +117,8 @@ def run_arm(job) -> Dict[str, Any]:
     t = time.monotonic()
     sim = simulate(spec, replicas, rounds, corpus=load_corpus("stdlib"), eval_every=0, verify_rounds=1,
                    init_theta=reslice(full_init(model_dict(cfg["sim_model"]), seed), spec.param_shapes()),
-                   parts=[part_of(slices, i) for i in range(replicas)])
+                   parts=[part_of(slices, i) for i in range(replicas)],
+                   on_replica=None if slice_step == 1.0 else lambda i, role: scale_slice_steps(role.strategy, slice_step))
     sent = sum((replicas - 1) * b for h in sim.history for b in h.payload_bytes) / replicas
     row = dict(arm=arm, slices=slices, topk=topk, inner_steps=spec.outer.inner_steps, rounds=rounds,
                replicas=replicas, seed=seed, tokens=sim.tokens,
@@ -165,12 +177,17 @@ def main(argv=None) -> int:
     ap.add_argument("--aggregate", choices=("chosen", "mean"), default="chosen",
                     help="SparseLoCo's aggregate for every arm: each coordinate averaged over the payloads that kept it "
                          "(chosen, the spec's default) or over all payloads of its part (mean)")
+    ap.add_argument("--slice-step", type=float, default=1.0,
+                    help="scale the outer step of sliced tensors by this (the partial arms' outer lr for their slices; "
+                         "default 1.0: the spec's outer lr for every tensor)")
     add_arm_flags(ap)
     args = ap.parse_args(argv)
     cfg = CONFIGS["quick" if args.quick else "full"]
     replicas = [int(x) for x in args.replicas.split(",")]
     if args.slices < 2 or any(r < 2 * args.slices for r in replicas) or args.seeds < 1:
         raise SystemExit("--slices must be >= 2, every --replicas >= 2 x --slices (several owners a slice), --seeds >= 1")
+    if not 0.0 < args.slice_step <= 8.0:
+        raise SystemExit("--slice-step must be in (0, 8]")
     if not 2 <= args.topk <= 64 * 64:
         raise SystemExit("--topk must be between 2 and 4096 (entries kept of a 64 x 64 chunk)")
     chosen = choose_names(args.arms, ARMS, "--arms")
@@ -178,15 +195,18 @@ def main(argv=None) -> int:
     topk, h_partial = equal_bytes(cfg, args.slices, base)
     print(f"# partial updates at equal tokens and equal bytes, {now()}, {machine()}")
     print(f"# model {cfg['sim_model']}, batch {cfg['batch_size']}, H = {cfg['inner_steps']}, {cfg['rounds']} rounds; "
-          f"S = {args.slices}; top-k {base} of 4096, {args.aggregate} aggregate; equal bytes: full top-k {topk}, partial H = {h_partial}",
+          f"S = {args.slices}; top-k {base} of 4096, {args.aggregate} aggregate, slice step x{args.slice_step:g}; "
+          f"equal bytes: full top-k {topk}, partial H = {h_partial}",
           flush=True)
     arms = {"full": ("full", 1, base, 0),
             "partial": (f"partial S={args.slices}", args.slices, base, 0),
             "full-bytes": ("full, equal bytes", 1, topk, 0),
             "partial-bytes": (f"partial S={args.slices}, equal bytes", args.slices, base, h_partial)}
-    work = [(cfg, *arms[a], r, seed, args.threads, args.aggregate) for r in replicas for seed in range(args.seeds) for a in chosen]
+    work = [(cfg, *arms[a], r, seed, args.threads, args.aggregate, args.slice_step)
+            for r in replicas for seed in range(args.seeds) for a in chosen]
     run_summarized(run_arm, work, args.jobs, summarize, print_summary, args.json, config=cfg, slices=args.slices,
-                   topk=base, aggregate=args.aggregate, equal_bytes_topk=topk, equal_bytes_h=h_partial)
+                   topk=base, aggregate=args.aggregate, slice_step=args.slice_step, equal_bytes_topk=topk,
+                   equal_bytes_h=h_partial)
     return 0
 
 

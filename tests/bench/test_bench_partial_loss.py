@@ -58,3 +58,18 @@ def test_the_aggregate_flag_reaches_every_arm(tmp_path):
         loss[aggregate] = doc["summary"][0]["loss"]
     assert loss["chosen"] != loss["mean"]
     assert partial_loss.arm_spec(partial_loss.CONFIGS["quick"], 4, 0, aggregate="mean").outer.sparseloco.aggregate == "mean"
+
+
+def test_the_slice_step_scales_only_sliced_tensors(tmp_path):
+    """--slice-step moves the partial arm (its slices' outer step is scaled) and leaves the full arm,
+    which has no sliced tensor, the same run bit for bit."""
+    loss = {}
+    for step in ("1.0", "0.5"):
+        out = tmp_path / f"{step}.json"
+        assert partial_loss.main(["--quick", "--seeds", "1", "--jobs", "1", "--arms", "full,partial",
+                                  "--slice-step", step, "--json", str(out)]) == 0
+        loss[step] = {s["arm"]: s["loss"] for s in json.loads(out.read_text())["summary"]}
+    assert loss["1.0"]["full"] == loss["0.5"]["full"]
+    assert loss["1.0"]["partial S=4"] != loss["0.5"]["partial S=4"]
+    with pytest.raises(SystemExit, match="--slice-step"):
+        partial_loss.main(["--quick", "--slice-step", "0"])
