@@ -29,10 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import best_of  # noqa: E402
-from peer.training.data import load_corpus, TrainStream  # noqa: E402
-from peer.training.inner import InnerTrainer  # noqa: E402
-from peer.training.model import build_model  # noqa: E402
+from bench.common import best_of, time_inner_steps  # noqa: E402
+from peer.training.data import load_corpus  # noqa: E402
 from peer.outer.strategies import make_strategy, pseudo_gradient  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
@@ -57,19 +55,8 @@ def machine() -> str:
 
 
 def time_steps(spec: RunSpec, corpus, steps: int):
-    model = build_model(spec.model, spec.seed)
-    trainer = InnerTrainer(model, spec.inner)
-    stream = TrainStream(corpus, spec.model.seq_len, spec.data.batch_size, spec.seed, shard="speed")
-    theta = {n: p.detach().clone() for n, p in model.named_parameters()}
-    trainer.step(*stream.next_batch())  # warm-up: allocator, Adam state
-    times = []
-    for _ in range(steps):
-        x, y = stream.next_batch()
-        t = time.perf_counter()
-        trainer.step(x, y)
-        times.append(time.perf_counter() - t)
-    delta = pseudo_gradient(theta, dict(model.named_parameters()))
-    return times, delta
+    model, theta, times, _ = time_inner_steps(spec, corpus, steps, shard="speed")
+    return times, pseudo_gradient(theta, dict(model.named_parameters()))
 
 
 def run(sizes, H: int, steps: int, log=print, codecs=tuple(CODECS), repeats=None):

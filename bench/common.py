@@ -109,6 +109,29 @@ def warm_start(spec: RunSpec, steps: int, log=print) -> Tuple[Any, float]:
     return ws.theta, ws.final_val_loss
 
 
+def time_inner_steps(spec: RunSpec, corpus, steps: int, batch: int = 0, shard: str = "bench"):
+    """``steps`` inner steps of ``spec``'s model as a peer's InnerTrainer runs them, after one warm-up
+    step that makes AdamW's state: (the model, its parameters before the warm-up, the wall and the
+    CPU seconds of each timed step). ``batch``: sequences a step (0: the spec's)."""
+    from peer.training.data import TrainStream
+    from peer.training.inner import InnerTrainer
+    from peer.training.model import build_model
+
+    model = build_model(spec.model, spec.seed)
+    trainer = InnerTrainer(model, spec.inner)
+    stream = TrainStream(corpus, spec.model.seq_len, batch or spec.data.batch_size, spec.seed, shard=shard)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer.step(*stream.next_batch())
+    wall, cpu = [], []
+    for _ in range(steps):
+        x, y = stream.next_batch()
+        t0, c0 = time.perf_counter(), time.process_time()
+        trainer.step(x, y)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return model, start, wall, cpu
+
+
 def decode_payloads(engine, payloads, round_no: int, shared, mismatch: str):
     """What one member's round engine decodes in a simulated round: every payload, in the canonical
     order. Really decoded in round 0, and while no member's decode is ``shared`` yet (checked

@@ -44,9 +44,8 @@ import torch  # noqa: E402
 
 import peer.outer.robust as robust  # noqa: E402
 import peer.outer.strategies as strategies  # noqa: E402
-from bench.common import choose_names, exit_on_sigterm, machine, now, table  # noqa: E402
-from peer.training.data import TrainStream, load_corpus  # noqa: E402
-from peer.training.inner import InnerTrainer  # noqa: E402
+from bench.common import choose_names, exit_on_sigterm, machine, now, table, time_inner_steps  # noqa: E402
+from peer.training.data import load_corpus  # noqa: E402
 from peer.training.model import build_model  # noqa: E402
 from peer.outer.engine import RoundEngine  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
@@ -156,17 +155,7 @@ def one_exchange(spec: RunSpec, theta, group: int, repeats: int) -> dict:
 def inner_step_cpu(spec: RunSpec, steps: int, batch: int) -> dict:
     """CPU and wall seconds of one inner step of ``spec``'s model at ``batch`` sequences (medians of
     ``steps``, after one warm-up step that makes AdamW's state), as a peer's InnerTrainer runs it."""
-    model = build_model(spec.model, spec.seed)
-    trainer = InnerTrainer(model, spec.inner)
-    stream = TrainStream(load_corpus("stdlib"), spec.model.seq_len, batch, spec.seed, shard="outer-step")
-    trainer.step(*stream.next_batch())
-    cpu, wall = [], []
-    for _ in range(steps):
-        x, y = stream.next_batch()
-        t0, c0 = time.perf_counter(), time.process_time()
-        trainer.step(x, y)
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
+    _, _, wall, cpu = time_inner_steps(spec, load_corpus("stdlib"), steps, batch, shard="outer-step")
     return {"step_cpu": sorted(cpu)[len(cpu) // 2], "step_wall": sorted(wall)[len(wall) // 2], "batch": batch}
 
 
