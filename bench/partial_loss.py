@@ -1,8 +1,8 @@
 """Partial parameter updates at equal tokens and at equal bytes, several owners per slice, over seeds.
 
     python bench/partial_loss.py [--quick] [--replicas 8] [--slices 4] [--arms full,partial,...]
-                                 [--topk 64] [--aggregate chosen] [--slice-step 1.0] [--seeds 3] [--jobs 2]
-                                 [--threads 1] [--json OUT]
+                                 [--topk 64] [--aggregate chosen] [--slice-step 1.0] [--rounds 12] [--points 1]
+                                 [--seeds 3] [--jobs 2] [--threads 1] [--json OUT]
 
 bench/partial.py measures what a partial peer saves (memory, FLOPs, bytes); this one measures what
 it costs in loss, as arXiv 2509.22418 compares them: against full peers at equal tokens and at equal
@@ -89,8 +89,9 @@ def equal_bytes(cfg: Dict[str, Any], slices: int, base: int = DEFAULT_TOPK) -> T
         else:
             high = mid - 1
     total, target = cfg["rounds"] * cfg["inner_steps"], cfg["inner_steps"] * budget / full
-    h = min((d for d in range(1, cfg["inner_steps"] + 1) if total % d == 0), key=lambda d: (abs(d - target), d))
-    return low, h  # an H that divides the run's inner steps: equal tokens
+    segment = total // cfg.get("points", 1)  # --points: θ is evaluated every `segment` steps in every arm
+    h = min((d for d in range(1, cfg["inner_steps"] + 1) if segment % d == 0), key=lambda d: (abs(d - target), d))
+    return low, h  # an H that divides the run's inner steps (and each segment of them): equal tokens
 
 
 def scale_slice_steps(strategy, factor: float) -> None:
@@ -115,7 +116,9 @@ def run_arm(job) -> Dict[str, Any]:
     spec = arm_spec(cfg, slices, seed, topk, H, aggregate)
     rounds = cfg["rounds"] * cfg["inner_steps"] // spec.outer.inner_steps
     t = time.monotonic()
+    points = cfg.get("points", 1)  # θ evaluated at this many evenly spaced points: the same tokens in every arm
     sim = simulate(spec, replicas, rounds, corpus=load_corpus("stdlib"), eval_every=0, verify_rounds=1,
+                   eval_rounds=[rounds * i // points for i in range(1, points)],
                    init_theta=reslice(full_init(model_dict(cfg["sim_model"]), seed), spec.param_shapes()),
                    parts=[part_of(slices, i) for i in range(replicas)],
                    on_replica=None if slice_step == 1.0 else lambda i, role: scale_slice_steps(role.strategy, slice_step))
@@ -123,7 +126,8 @@ def run_arm(job) -> Dict[str, Any]:
     row = dict(arm=arm, slices=slices, topk=topk, inner_steps=spec.outer.inner_steps, rounds=rounds,
                replicas=replicas, seed=seed, tokens=sim.tokens,
                val_loss=sim.final_val_loss, initial_val_loss=sim.initial_val_loss, sent_per_peer=sent,
-               refused=sum(len(h.excluded) for h in sim.history), wall_s=time.monotonic() - t)
+               refused=sum(len(h.excluded) for h in sim.history), wall_s=time.monotonic() - t,
+               curve=[[h.tokens, h.val_loss] for h in sim.history if h.val_loss is not None])
     print(f"  R={replicas} {arm:18s} seed {seed}: val {row['val_loss']:.4f}, sent/peer {human(sent)}, "
           f"{row['wall_s']:.0f} s", flush=True)
     return row
@@ -149,7 +153,21 @@ def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                         gap_std=statistics.stdev(gaps) if len(gaps) > 1 else 0.0,
                         sent=statistics.fmean(r["sent_per_peer"] for r in rs),
                         sent_vs_full=statistics.fmean(sent) if sent else None,
-                        refused=sum(r["refused"] for r in rs)))
+                        refused=sum(r["refused"] for r in rs), curve=curve_gaps(rs, full)))
+    return out
+
+
+def curve_gaps(rs: List[Dict[str, Any]], full: Dict[tuple, Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per evaluation point (tokens): the arm's loss over seeds and its gap to the full arm's loss of
+    the same R, seed and tokens."""
+    out = []
+    for i, (tokens, _) in enumerate(rs[0]["curve"]):
+        losses = [r["curve"][i][1] for r in rs]
+        gaps = [r["curve"][i][1] / f["curve"][i][1] - 1 for r in rs
+                for f in [full.get((r["replicas"], r["seed"]))] if f is not None and f["curve"][i][0] == tokens]
+        out.append(dict(tokens=tokens, loss=statistics.fmean(losses),
+                        gap=statistics.fmean(gaps) if gaps and rs[0]["arm"] != "full" else None,
+                        gap_std=statistics.stdev(gaps) if len(gaps) > 1 else 0.0))
     return out
 
 
@@ -163,6 +181,12 @@ def print_summary(summary: List[Dict[str, Any]]) -> None:
                       f"{s['loss']:.4f} ± {s['loss_std']:.4f}", gap, human(s["sent"]), sent, str(s["refused"])])
     print(table(["R", "arm", "top-k", "H", "seeds", "tokens", "val loss", "vs full (paired)", "sent/peer", "vs full",
                  "refused"], lines, left=2))
+    if len(summary[0]["curve"]) > 1:  # --points: the gap along the run
+        print("\nval loss along the run (tokens a replica trained; paired gap to full at the same tokens):")
+        lines = [[str(s["replicas"]), s["arm"], f"{c['tokens'] // s['replicas']:,}", f"{c['loss']:.4f}",
+                  "-" if c["gap"] is None else f"{100 * c['gap']:+.2f} % ± {100 * c['gap_std']:.2f}"]
+                 for s in summary for c in s["curve"]]
+        print(table(["R", "arm", "tokens/replica", "val loss", "vs full (paired)"], lines, left=2))
 
 
 def main(argv=None) -> int:
@@ -180,9 +204,21 @@ def main(argv=None) -> int:
     ap.add_argument("--slice-step", type=float, default=1.0,
                     help="scale the outer step of sliced tensors by this (the partial arms' outer lr for their slices; "
                          "default 1.0: the spec's outer lr for every tensor)")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="rounds of H inner steps of the run (default 0: the config's, 12; 3 with --quick); the "
+                         "equal-bytes arm runs as many tokens in more, shorter rounds")
+    ap.add_argument("--points", type=int, default=1,
+                    help="evaluate θ at this many evenly spaced points of the run and print the gap at each "
+                         "(default 1: at the end only)")
     add_arm_flags(ap)
     args = ap.parse_args(argv)
-    cfg = CONFIGS["quick" if args.quick else "full"]
+    cfg = dict(CONFIGS["quick" if args.quick else "full"], points=args.points)
+    if args.rounds < 0 or not 1 <= args.points <= 64:
+        raise SystemExit("--rounds must be >= 0 and --points between 1 and 64")
+    if args.rounds:
+        cfg["rounds"] = args.rounds
+    if cfg["rounds"] % args.points:
+        raise SystemExit(f"--points must divide the run's {cfg['rounds']} rounds (equal tokens at every point)")
     replicas = [int(x) for x in args.replicas.split(",")]
     if args.slices < 2 or any(r < 2 * args.slices for r in replicas) or args.seeds < 1:
         raise SystemExit("--slices must be >= 2, every --replicas >= 2 x --slices (several owners a slice), --seeds >= 1")

@@ -73,3 +73,19 @@ def test_the_slice_step_scales_only_sliced_tensors(tmp_path):
     assert loss["1.0"]["partial S=4"] != loss["0.5"]["partial S=4"]
     with pytest.raises(SystemExit, match="--slice-step"):
         partial_loss.main(["--quick", "--slice-step", "0"])
+
+
+def test_points_give_the_gap_along_the_run_at_equal_tokens(tmp_path, capsys):
+    """--rounds sets the run's length and --points evaluates θ at evenly spaced points of it, at the
+    same tokens in every arm (the equal-bytes arm's shorter rounds included)."""
+    out = tmp_path / "out.json"
+    assert partial_loss.main(["--quick", "--seeds", "1", "--jobs", "1", "--rounds", "4", "--points", "2",
+                              "--arms", "full,partial,partial-bytes", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    curves = {s["arm"]: s["curve"] for s in doc["summary"]}
+    assert [c["tokens"] for c in curves["full"]] == [c["tokens"] for c in curves["partial S=4, equal bytes"]]
+    assert len(curves["full"]) == 2 and curves["full"][0]["tokens"] * 2 == curves["full"][1]["tokens"]
+    assert curves["full"][0]["gap"] is None and curves["partial S=4"][1]["gap"] is not None
+    assert "along the run" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--points"):
+        partial_loss.main(["--quick", "--rounds", "4", "--points", "3"])
