@@ -21,6 +21,11 @@ R / S owners. Arms, per seed:
   rounds, the same tokens: what the full
   peers' byte budget buys the partial ones (the paper's comparison).
 
+Levers tried on every arm alike: ``--aggregate mean`` (SparseLoCo's mean over every payload of a
+part instead of over the payloads that kept a coordinate), ``--slice-step F`` (the outer step of
+sliced tensors times F); ``--rounds N`` and ``--points P`` run longer and give the paired gap at P
+evenly spaced points of the run (guarded by tests/bench/test_bench_partial_loss.py).
+
 Every arm starts from the same function (the unsliced model of the seed, its MLP cut into slices
 where the arm has them: bench/partial.py's ``reslice``), trains the same shards in the same order
 (the run seed) for the same rounds. The gaps are paired by seed: (arm / full) − 1, mean ± std.
@@ -96,7 +101,8 @@ def equal_bytes(cfg: Dict[str, Any], slices: int, base: int = DEFAULT_TOPK) -> T
 
 def scale_slice_steps(strategy, factor: float) -> None:
     """The outer lr of sliced tensors times ``factor`` for this strategy (a lever for slice owners,
-    measured here before any spec field exists; shared tensors and full arms are unchanged)."""
+    measured here before any spec field exists; shared tensors and full arms are unchanged:
+    ``test_the_slice_step_scales_only_sliced_tensors``)."""
     from protocol.model.partial import FULL, slice_of
 
     apply = strategy.apply
