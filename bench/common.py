@@ -109,10 +109,12 @@ def warm_start(spec: RunSpec, steps: int, log=print) -> Tuple[Any, float]:
     return ws.theta, ws.final_val_loss
 
 
-def time_inner_steps(spec: RunSpec, corpus, steps: int, batch: int = 0, shard: str = "bench"):
+def time_inner_steps(spec: RunSpec, corpus, steps: int, batch: int = 0, shard: str = "bench",
+                     keep_start: bool = True):
     """``steps`` inner steps of ``spec``'s model as a peer's InnerTrainer runs them, after one warm-up
     step that makes AdamW's state: (the model, its parameters before the warm-up, the wall and the
-    CPU seconds of each timed step). ``batch``: sequences a step (0: the spec's)."""
+    CPU seconds of each timed step). ``batch``: sequences a step (0: the spec's). ``keep_start``
+    False: no copy of the parameters is made (None in its place; a 125m copy is about 0.5 GB)."""
     from peer.training.data import TrainStream
     from peer.training.inner import InnerTrainer
     from peer.training.model import build_model
@@ -120,7 +122,7 @@ def time_inner_steps(spec: RunSpec, corpus, steps: int, batch: int = 0, shard: s
     model = build_model(spec.model, spec.seed)
     trainer = InnerTrainer(model, spec.inner)
     stream = TrainStream(corpus, spec.model.seq_len, batch or spec.data.batch_size, spec.seed, shard=shard)
-    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    start = {n: p.detach().clone() for n, p in model.named_parameters()} if keep_start else None
     trainer.step(*stream.next_batch())
     wall, cpu = [], []
     for _ in range(steps):

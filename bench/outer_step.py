@@ -155,7 +155,8 @@ def one_exchange(spec: RunSpec, theta, group: int, repeats: int) -> dict:
 def inner_step_cpu(spec: RunSpec, steps: int, batch: int) -> dict:
     """CPU and wall seconds of one inner step of ``spec``'s model at ``batch`` sequences (medians of
     ``steps``, after one warm-up step that makes AdamW's state), as a peer's InnerTrainer runs it."""
-    _, _, wall, cpu = time_inner_steps(spec, load_corpus("stdlib"), steps, batch, shard="outer-step")
+    _, _, wall, cpu = time_inner_steps(spec, load_corpus("stdlib"), steps, batch, shard="outer-step",
+                                     keep_start=False)
     return {"step_cpu": sorted(cpu)[len(cpu) // 2], "step_wall": sorted(wall)[len(wall) // 2], "batch": batch}
 
 
