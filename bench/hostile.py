@@ -28,7 +28,7 @@ this script re-runs itself with ``--as-peer BEHAVIOUR -- PEER FLAGS``). ``poison
 the wire times X; ``negate`` is ``poison=-1``, an honest payload pointing the other way; ``noise``:
 Gaussian noise at the honest norm; ``garbage``: the unchanged peer trained on uniformly random ASCII
 (``--data``). The others run the hostile processes the multi-process tests use
-(tests/support/stalling_peer.py: ``stall``, ``stall-pair``, ``forged-round``;
+(tests/support/stalling_peer.py: ``stall``, ``stall-pair``, ``stall-fresh``, ``forged-round``;
 tests/support/hostile_exchange.py: ``framer``, ``silent-member``, ``invented-owners``;
 tests/support/hostile_records.py: ``forged-records``); they never train, so the honest peers
 ``--wait-peers N`` in those runs. A new attack is one more line in ``ATTACKS``.
@@ -138,6 +138,8 @@ ATTACKS: Dict[str, Attack] = {a.name: a for a in [
            tests_process("stalling_peer", _join, _key, _const("stall"), _const("3600")), peer=False),
     Attack("stall-pair", "two identities that claim 'training' and, both, a set of the round gathered in a group of their own",
            tests_process("stalling_peer", _join, _key, _const("pair"), _const("3600")), peer=False),
+    Attack("stall-fresh", "stall under a new identity every round: no strike ever applies to it",
+           tests_process("stalling_peer", _join, _key, _const("fresh"), _const("3600")), peer=False),
     Attack("forged-round", "a progress record at round 2**62 (blocks catch-up if believed)",
            tests_process("stalling_peer", _join, _key, _const("far-ahead"), _const("3600")), peer=False),
     Attack("framer", "a groupmate that lies about every other member's payload digest",

@@ -283,7 +283,8 @@ class RoundLoop:
         engine = peer.engine
         last = peer.totals.history[-1] if peer.totals.history else None
         mates = set(last.group) - {peer.peer_id} if last is not None and last.round == engine.round else set()
-        barrier = peer.membership.wait_for_round(engine.round, mates, first_round=peer.totals.rounds == 0)
+        barrier = peer.membership.wait_for_round(engine.round, mates, first_round=peer.totals.rounds == 0,
+                                                 known=engine.standing)
         t_wait = time.monotonic()
         # each step of the exchange is protocol/round/round_policy.py's decision, from the facts gathered here
         step = round_policy.after_barrier(peer.stop_event.is_set(), barrier.nobody_to_meet)

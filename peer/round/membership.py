@@ -20,18 +20,14 @@ TTLs found some is reads that missed them, and the round barrier reads again (un
 A record is a claim, not a promise: a peer may announce that it trains this round and never come.
 The round barrier therefore waits for announced peers only a *straggler allowance* past the last
 moment another peer of the round became ready (half this peer's own training time of the round, at
-least ``Timing.straggler_min_s``), and gives the peers it waited for that then neither came to its
-group nor had a signed payload in its union of the round a strike (protocol/round/no_shows.py): those are
-not waited for for 2, 4, ... ``Timing.max_skip_rounds`` rounds, strikes fall by one per
-``Timing.forgive_after_rounds`` rounds the peer came in, and a claim of having gathered in another group
-(a set two peers name that we do not hold) excuses a miss once per ``Timing.excuse_every_rounds``
-rounds. A peer that stalls whenever it is waited for thus costs about one allowance per
-``Timing.forgive_after_rounds`` rounds, however often it comes in between, while an honest peer that
-fell behind once (an overloaded host, a lost matchmaking reply) is waited for again as soon as it
-comes: skipping it for ever would leave two honest peers chasing each other's round alone
-(tests/round/test_rejoin.py). A round far ahead of everyone is not believed either: "the swarm's round" is
-one that at least two other peers have reached (``swarm_round``), and peers that state sync caught
-lying (a state it refused, none served) are left out of the view for a while (``ignore``).
+least ``Timing.straggler_min_s``); peers it waited for in vain get strikes and are skipped for a
+while, and a wait for strangers alone (fresh identities) lasts what a budget grants
+(protocol/round/no_shows.py: a staller costs about one allowance per ``Timing.forgive_after_rounds``
+rounds, a new identity every round a bounded share of wall time, while an honest peer that fell
+behind once is waited for again as soon as it comes: tests/round/test_rejoin.py). A round far
+ahead of everyone is not believed either: "the swarm's round" is one that at least two other peers
+have reached (``swarm_round``), and peers that state sync caught lying (a state it refused, none
+served) are left out of the view for a while (``ignore``).
 """
 
 from __future__ import annotations
@@ -47,7 +43,7 @@ from hivemind.utils import get_dht_time
 
 from protocol.round import peer_states
 from protocol.round.round_policy import swarm_round
-from protocol.round.no_shows import NoShowLedger, claimed_elsewhere
+from protocol.round.no_shows import NoShowLedger, WaitBudget, claimed_elsewhere
 from protocol.model.partial import choose_part
 from protocol.round.peer_states import DONE, IN_ROUND, NOT_IN_ROUNDS
 from protocol.dht.records import CHOOSING, Progress, peer_record_ttl
@@ -110,6 +106,8 @@ class Membership:
         self.absent: Set[str] = set()  # ... and not seen to come since: nobody to meet either
         self.ledger = NoShowLedger.from_timing(self.timing)
         self._came: Dict[int, Set[str]] = {}  # round -> senders whose signed payload was in our union
+        # waits for strangers (fresh identities): a bounded share of any window (protocol/round/no_shows.py)
+        self.wait_budget = WaitBudget(self.timing.vain_wait_share, self.timing.heartbeat_s, self.timing.budget_after_rounds)
         # groupmates that joined a group of ours and sent nothing: not matched with for a while
         self.silent = NoShowLedger.from_timing(self.timing)
         self._waited: Set[str] = set()  # whom the last barrier gave up waiting for
@@ -335,6 +333,7 @@ class Membership:
                 self._carried[peer] = r
             elif not (peer in claimed[r] and self.ledger.excuse(peer, round_no)):  # a claim excuses it now and then
                 missing.add(peer)
+        self.wait_budget.met(mates)
         for peer in mates:
             self.ledger.came(peer, round_no)
         self._waited_steps = {p: self._waited_steps[p] for p in self._carried if p in self._waited_steps}
@@ -349,6 +348,8 @@ class Membership:
         that joins groups only to stall them costs one gather deadline per skip period, not per round."""
         senders, silent = set(senders) - {self.peer_id}, set(silent) - {self.peer_id}
         self._came.setdefault(round_no, set()).update(senders)
+        self.wait_budget.met(senders)
+        self.wait_budget.concluded()
         for r in [r for r in self._came if r < round_no - self.timing.carry_rounds - 1]:
             del self._came[r]  # bounded: only rounds the barrier may still judge
         for peer in senders:
@@ -387,17 +388,21 @@ class Membership:
             self.no_shows.discard(peer)
             self.absent.discard(peer)
 
-    def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool) -> Barrier:
+    def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool, known: Iterable[str] = ()) -> Barrier:
         """Wait until every live peer of ``round_no`` is ready: at most ``swarm.round_wait``, and at
         most the straggler allowance past the last time a peer of the round became ready.
 
         ``mates``: last round's groupmates; those still finishing it (evaluating, checkpointing)
         will train this round with us, so the group must not close before they arrive.
         ``first_round``: peers still "waiting" for the start quorum are about to train it too.
-        Peers that were waited for in vain and were not in our last group are not waited for a while."""
+        Peers that were waited for in vain and were not in our last group are not waited for a while.
+        ``known``: senders with standing in our lineage; with every peer seen to come, they are no
+        strangers: a wait for strangers alone lasts what ``self.wait_budget`` grants."""
         self._note_group(mates, round_no)
+        self.wait_budget.met(known)
         start = last_arrival = time.monotonic()
-        deadline, allowance = start + self.timing.round_wait_s, self.straggler_allowance()
+        cap = self.straggler_allowance()
+        deadline, budget = start + self.timing.round_wait_s, self.wait_budget.grant(start, cap)
         busy = ("training", "waiting") if first_round else ("training",)
         arrived: Set[str] = set()
         lost = False
@@ -414,6 +419,8 @@ class Membership:
             if {v.peer_id for v in ready} - arrived:
                 arrived |= {v.peer_id for v in ready}
                 last_arrival = now
+            strangers = bool(pending) and all(self.wait_budget.stranger(v.peer_id) for v in pending)
+            allowance = budget if strangers and self.wait_budget.limiting else cap
             late = now - last_arrival > allowance
             if self.lost_sight() and now <= deadline and not self.stop.is_set():
                 if not lost:
@@ -425,8 +432,11 @@ class Membership:
             if not pending or late or now > deadline or self.stop.is_set():
                 self._waited, self._waited_round = {v.peer_id for v in pending}, round_no
                 self._waited_steps.update({v.peer_id: v.progress.step for v in pending})
+                if strangers:
+                    self.wait_budget.spend(now - last_arrival, now, cap)
                 if pending and late:
-                    logger.info(f"round {round_no}: not waiting longer than {allowance:.1f} s past the last arrival "
+                    short = " (what the budget for strangers holds)" if allowance < cap else ""
+                    logger.info(f"round {round_no}: not waiting longer than {allowance:.1f} s past the last arrival{short} "
                                 f"for {_names(self._waited)}")
                 others = [
                     v for v in view

@@ -24,6 +24,18 @@ What keeps this a bound over any window, and not one wait per doubling:
   appearance that counts is one we can check: a groupmate, or a sender whose signed payload is in
   the union this peer merged.
 
+Skips bound how often a peer is waited for; ``WaitBudget`` bounds how long a peer waits for
+**strangers**: peers it never saw come (in its groups, or with a signed payload in its union) and
+that have no standing in its lineage, as a new identity has. A wait past the last arrival that
+serves only strangers is paid from a budget that grows at ``Timing.vain_wait_share`` of wall time
+and holds at most one straggler allowance; a wait that ended without them spends it (down to a
+debt of one allowance). So a new
+stalling identity every round, which the ledger cannot strike twice, costs at most that share of
+any window plus one allowance (``test_waits_for_strangers_take_a_bounded_share_of_any_window``). A
+peer that came before (an honest one back from a stall, a groupmate) is waited for the whole
+allowance, and in its first ``Timing.budget_after_rounds`` rounds a peer limits nobody (at a run's
+start everyone is a stranger; tests/round/test_rejoin.py), though its waits in vain are paid later.
+
 A peer skipped and not seen since its last miss is also nobody to meet (``absent``): a lone honest
 peer beside a staller trains alone instead of waiting for a group that never forms; one that came
 since (an honest peer with a second strike, still in our groups) is met, only not waited for.
@@ -34,6 +46,7 @@ tests/round/test_liveness.py).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Dict, Iterable, Set, Tuple
 
@@ -159,3 +172,58 @@ class NoShowLedger:
     def absent(self, round_no: int) -> Set[str]:
         """The skipped peers not seen to come since their last miss: nobody to meet in ``round_no``."""
         return {p for p, e in self._entries.items() if e.until > round_no and e.came < e.last_miss}
+
+
+class WaitBudget:
+    """How long a peer may still wait past the last arrival for strangers (see the module docstring).
+    Time is an argument; the budget starts full (one allowance)."""
+
+    def __init__(self, share: float, floor_s: float, after_rounds: int = Timing.budget_after_rounds):
+        if not 0.0 < share < 1.0 or floor_s < 0.0 or after_rounds < 0:
+            raise ValueError("share must be in (0, 1), floor_s and after_rounds at least 0")
+        self.share, self.floor_s, self.after_rounds = share, floor_s, after_rounds
+        self.balance: float = float("inf")  # clipped to the cap at the first grant
+        self._at: float = float("nan")
+        self._met: "OrderedDict[str, None]" = OrderedDict()  # peers seen to come, the latest last (bounded)
+        self.rounds = 0  # rounds this peer concluded since it started
+
+    def met(self, peers: Iterable[str]) -> None:
+        """``peers`` came (groupmates, senders in our union, senders with standing in our lineage)."""
+        for peer in peers:
+            self._met[peer] = None
+            self._met.move_to_end(peer)
+        while len(self._met) > MAX_ENTRIES:
+            self._met.popitem(last=False)
+
+    def concluded(self) -> None:
+        """This peer concluded a round."""
+        self.rounds += 1
+
+    def stranger(self, peer: str) -> bool:
+        """Whether ``peer`` was never seen to come (nor has standing): a wait for it alone is paid from
+        the budget, and limited by it once this peer is ``limiting``."""
+        return peer not in self._met
+
+    @property
+    def limiting(self) -> bool:
+        """Past this peer's first rounds: waits for strangers last at most what ``grant`` says. Before,
+        they are waited for the whole allowance, and still spend the budget."""
+        return self.rounds >= self.after_rounds
+
+    def _accrue(self, now: float, cap_s: float) -> None:
+        if self._at == self._at:  # not NaN: a time was seen
+            self.balance += self.share * max(0.0, now - self._at)
+        self.balance, self._at = min(self.balance, cap_s), now
+
+    def grant(self, now: float, cap_s: float) -> float:
+        """The longest wait past the last arrival at ``now`` for strangers only: what the budget holds
+        (at most ``cap_s``, one straggler allowance), never less than ``floor_s`` (a peer ready a
+        heartbeat after the others is still met)."""
+        self._accrue(now, cap_s)
+        return min(cap_s, max(self.floor_s, self.balance))
+
+    def spend(self, seconds: float, now: float, cap_s: float) -> None:
+        """``seconds`` were waited in vain for strangers (the barrier ended without them): spent, down
+        to a debt of one allowance (waits in our first rounds, not limited, are paid later)."""
+        self._accrue(now, cap_s)
+        self.balance = max(-cap_s, self.balance - max(0.0, seconds))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.round.no_shows import NoShowLedger, retry_round, skip_length
+from protocol.round.no_shows import MAX_ENTRIES, NoShowLedger, WaitBudget, retry_round, skip_length
 from protocol.round.timing import Timing
 
 LONGEST, FORGIVE, EXCUSE = Timing.max_skip_rounds, Timing.forgive_after_rounds, Timing.excuse_every_rounds
@@ -120,3 +120,48 @@ def test_a_flood_of_identities_keeps_the_ledger_bounded():
     for i in range(MAX_ENTRIES + 10):
         book.missed(f"sybil{i}", 2 + i // 100)
     assert len(book._entries) == MAX_ENTRIES and book.strikes("old") == 0  # the stalest went first
+
+
+# --- the budget for waits for strangers ------------------------------------------------------------
+def test_waits_for_strangers_take_a_bounded_share_of_any_window():
+    # a new identity announces every round and never comes: each barrier waits what the budget grants
+    budget, cap, train = WaitBudget(share=0.2, floor_s=0.5), 5.0, 10.0
+    now, waits = 0.0, []
+    for _ in range(60):
+        now += train
+        wait = budget.grant(now, cap)
+        now += wait
+        budget.spend(wait, now, cap)
+        waits.append(wait)
+    assert waits[0] == cap  # the first is waited for a whole allowance
+    for i in range(len(waits)):  # any window of rounds: a fifth of its time, plus one allowance
+        for j in range(i + 1, len(waits) + 1):
+            window = sum(waits[i:j]) + train * (j - i)
+            assert sum(waits[i:j]) <= 0.2 * window + cap + 1e-9
+    assert sum(waits[10:]) / (sum(waits[10:]) + train * 50) <= 0.2 + 1e-9
+
+
+def test_a_budget_not_spent_refills_and_the_floor_stays():
+    budget = WaitBudget(share=0.2, floor_s=0.5)
+    assert budget.grant(0.0, 5.0) == 5.0  # full at the start: one allowance
+    budget.spend(5.0, 5.0, 5.0)
+    assert budget.grant(5.0, 5.0) == 0.5  # spent: a peer ready a heartbeat after the others is still met
+    assert budget.grant(30.0, 5.0) == 5.0  # a fifth of the 25 s since: full again
+    assert budget.grant(1000.0, 2.0) == 2.0  # never more than the allowance of the moment
+    for bad in (dict(share=1.0, floor_s=0.0), dict(share=0.2, floor_s=-1.0), dict(share=0.2, floor_s=0.0, after_rounds=-1)):
+        with pytest.raises(ValueError):
+            WaitBudget(**bad)
+
+
+def test_only_strangers_past_our_first_rounds_are_limited_and_the_memory_is_bounded():
+    budget = WaitBudget(share=0.2, floor_s=0.5, after_rounds=2)
+    assert budget.stranger("x") and not budget.limiting  # at a start everyone is a stranger: nobody is limited
+    budget.grant(0.0, 5.0)
+    budget.spend(20.0, 0.0, 5.0)  # ... but waits for them in vain are paid later, down to one allowance of debt
+    assert budget.balance == -5.0
+    budget.met(["a"])
+    budget.concluded()
+    budget.concluded()
+    assert budget.limiting and budget.stranger("x") and not budget.stranger("a")
+    budget.met(f"sybil{i}" for i in range(MAX_ENTRIES + 10))  # a flood of identities that came
+    assert len(budget._met) == MAX_ENTRIES and budget.stranger("a")  # the oldest acquaintance went first

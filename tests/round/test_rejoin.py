@@ -160,3 +160,39 @@ def test_a_groupmate_that_sent_nothing_is_refused_in_matchmaking_for_a_skip_peri
     assert m.refused(12) == m.refused(15) == {"s"} and m.refused(16) == set()
     m.came_in(12, {"s"})
     assert m.refused(13) == {"s"}
+
+
+def test_waits_for_strangers_come_from_a_budget_and_acquaintances_get_the_whole_allowance(monkeypatch, clock):
+    # rounds 10-13: a new identity announces each round and never comes; "a" (a groupmate) and "b" (a
+    # sender with standing in our lineage) are waited for the whole allowance whatever the budget holds
+    state = {"round": 10, "stall": "s10", "late": None}
+    ready_at = {}
+
+    def script(m):
+        out = [view("me", state["round"]), view(state["stall"], state["round"], "training")]
+        if state["late"] is not None:
+            p = state["late"]
+            out.append(view(p, state["round"], "ready" if clock.now >= ready_at[p] else "training"))
+        return out
+
+    m = barrier(monkeypatch, clock, script)
+    cap = m.straggler_allowance()
+    t0 = clock.now
+    m.wait_for_round(10, set(), first_round=False)
+    assert clock.now - t0 >= cap  # our first rounds: strangers get the whole allowance (paid from the budget)
+    m.came_in(10, {"a"})
+    m.came_in(11, {"a"})
+    clock.sleep(5 * cap)  # a fifth of it refills the budget: one allowance
+    state.update(round=12, stall="s12")
+    t0 = clock.now
+    m.wait_for_round(12, set(), first_round=False)
+    assert cap <= clock.now - t0 < cap + 1.0  # the budget starts full: one allowance, now spent
+    state.update(round=13, stall="s13")
+    t0 = clock.now
+    m.wait_for_round(13, set(), first_round=False)
+    assert clock.now - t0 < 2.0  # spent: what little it holds (a heartbeat)
+    for p, known in (("a", ()), ("b", ("b",))):  # a groupmate, a sender with standing: the whole allowance
+        state.update(round=state["round"] + 1, stall=f"s{state['round'] + 1}", late=p)
+        ready_at[p] = clock.now + cap - 1.0
+        b = m.wait_for_round(state["round"], set(), first_round=False, known=known)
+        assert p in b.ready
