@@ -37,7 +37,8 @@ HELP = "a coordinator and N peers as processes on this machine, then a summary"
 
 def add_arguments(d: argparse.ArgumentParser) -> None:
     d.add_argument("--peers", type=int, default=3, help="number of peers (default: 3)")
-    d.add_argument("--minutes", type=float, default=3.5, help="training time before the peers are stopped (default: 3.5)")
+    d.add_argument("--minutes", type=float, default=3.5, help="training time before the peers are stopped, once the round in flight has ended on all of "
+                        "them (at most a minute more; default: 3.5)")
     d.add_argument(
         "--chain-peers", type=int, default=2,
         help="extra low-memory peers (too small for a full replica) that the coordinator groups into a pipeline chain (default: 2; 0: none)",
@@ -233,6 +234,7 @@ def print_summary(summary: Dict[str, Any]) -> None:
     print(f"wall time        {summary['wall_s']:.0f} s")
 
 
+SETTLE_S = 60.0  # the longest the demo waits past its time for every peer to end the round in flight
 STARTED = ("training", "stopping", "stopped")  # phases past start-up (peer/host/lifecycle.py)
 _URL = re.compile(r"^dashboard: (https?://\S+)", re.M)
 
@@ -291,6 +293,25 @@ def watch_progress(workdir: Path, coord: "Child", peers: List["Child"], names: S
             return
 
 
+def settled(statuses: Sequence[Optional[Dict[str, Any]]]) -> bool:
+    """Whether every peer that wrote a status has concluded the same round to the same θ: a moment
+    between two rounds, when stopping them all leaves them on one θ (a peer stopped inside a round's
+    exchange keeps the θ of the round before; tests/system/test_demo.py)."""
+    live = [s for s in statuses if s]
+    return bool(live) and len({(s.get("round"), s.get("params_hash")) for s in live}) == 1
+
+
+def wait_until_settled(workdir: Path, peers: int, limit_s: float) -> bool:
+    """Past the demo's time: wait (at most ``limit_s``) for a moment when every peer holds the same
+    round's θ, so that the summary shows one θ and not a round still in flight on some peers."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if settled([read_status(workdir, i) for i in range(peers)]):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def run_demo(args: argparse.Namespace) -> int:
     from coordinator.server import load_spec  # hivemind and torch: not for `voloco --help`
 
@@ -323,6 +344,9 @@ def run_demo(args: argparse.Namespace) -> int:
         deadline = t0 + args.minutes * 60
         names = [f"peer{i}" + (" (chain)" if i >= args.peers else "") for i in range(args.peers + args.chain_peers)]
         watch_progress(workdir, coord, children[1:], names, t0, deadline)
+        print(f"time is up: stopping the peers once the round in flight has ended on all of them "
+              f"(at most {SETTLE_S:.0f} s)", flush=True)
+        wait_until_settled(workdir, args.peers + args.chain_peers, SETTLE_S)
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted: stopping every process", flush=True)

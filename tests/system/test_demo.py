@@ -7,7 +7,7 @@ import math
 import pytest
 
 from swarm.jsonout import dumps, loads_strict, write
-from voloco.demo import child_env, dashboard_address, peer_phase, progress_line, summarize
+from voloco.demo import child_env, dashboard_address, peer_phase, progress_line, settled, summarize
 
 NAMES = ["peer0", "peer1", "peer2 (chain)"]
 
@@ -129,3 +129,11 @@ def test_summary_names_a_stage_whose_neighbour_stopped_first(capsys):
     print_summary(summary)
     out = capsys.readouterr().out
     assert "blocks 2-3" in out and "slice 1" in out and out.count("full") == 1
+
+
+def test_the_demo_stops_its_peers_between_rounds_when_all_hold_one_theta():
+    a, b = {"round": 16, "params_hash": "a7f6"}, {"round": 15, "params_hash": "2edc"}
+    assert not settled([a, a, b])  # a stage still in round 16's exchange: stopping now splits the summary
+    assert settled([a, a, dict(a), None])  # a peer with no status yet does not hold the stop up
+    assert not settled([None, None])
+    assert not settled([a, {"round": 16, "params_hash": "ffff"}])
