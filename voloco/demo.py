@@ -37,7 +37,8 @@ HELP = "a coordinator and N peers as processes on this machine, then a summary"
 
 def add_arguments(d: argparse.ArgumentParser) -> None:
     d.add_argument("--peers", type=int, default=3, help="number of peers (default: 3)")
-    d.add_argument("--minutes", type=float, default=3.5, help="training time before the peers are stopped, once the round in flight has ended on all of "
+    d.add_argument("--minutes", type=float, default=3.5,
+                   help="training time before the peers are stopped, once the round in flight has ended on all of "
                         "them (at most a minute more; default: 3.5)")
     d.add_argument(
         "--chain-peers", type=int, default=2,
