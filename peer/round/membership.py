@@ -37,7 +37,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Set
+from typing import Callable, Container, Deque, Dict, Iterable, List, Optional, Sequence, Set
 
 from hivemind.utils import get_dht_time
 
@@ -310,13 +310,10 @@ class Membership:
     def _note_group(self, mates: Set[str], round_no: int) -> None:
         """Last round's group was ``mates`` (+ us): whom we waited for in vain is skipped for a while.
 
-        A peer still coming is judged later, not now: one still in the round it was waited in that
-        has finished training it (ready, exchanging) or trained on since (its step advanced) is
-        slower than us, not absent; it is judged again at the next barriers while it stays in that
-        round, for at most ``Timing.carry_rounds`` rounds: struck at once, the peers still
-        matchmaking when the first pair of a large swarm gathers would be no-shows to that pair,
-        which would then train ahead of them alone (tests/round/test_liveness.py,
-        ``test_peers_still_coming_to_the_round_are_judged_later_not_struck``)."""
+        A peer still coming (in the round it was waited in, done training it or its step advanced) is
+        slower than us, not absent: judged again at the next barriers for at most ``Timing.carry_rounds``
+        rounds, lest the peers still matchmaking when a large swarm's first pair gathers be no-shows
+        to it (``test_peers_still_coming_to_the_round_are_judged_later_not_struck``)."""
         candidates = {**self._carried, **{p: self._waited_round for p in self._waited}}
         view = self.view()
         by_peer = {v.peer_id: v.progress for v in view}
@@ -329,6 +326,8 @@ class Membership:
             p = by_peer.get(peer)
             coming = p is not None and p.round == r and (
                 p.state in DONE or (p.state == "training" and p.step > self._waited_steps.get(peer, p.step)))
+            if p is not None and p.round == r and p.state in DONE:
+                self.wait_budget.met([peer])  # slower than us, not a staller: no stranger to the budget
             if coming and r >= round_no - self.timing.carry_rounds:
                 self._carried[peer] = r
             elif not (peer in claimed[r] and self.ledger.excuse(peer, round_no)):  # a claim excuses it now and then
@@ -388,21 +387,22 @@ class Membership:
             self.no_shows.discard(peer)
             self.absent.discard(peer)
 
-    def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool, known: Iterable[str] = ()) -> Barrier:
+    def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool, known: Container[str] = ()) -> Barrier:
         """Wait until every live peer of ``round_no`` is ready: at most ``swarm.round_wait``, and at
         most the straggler allowance past the last time a peer of the round became ready.
 
-        ``mates``: last round's groupmates; those still finishing it (evaluating, checkpointing)
-        will train this round with us, so the group must not close before they arrive.
-        ``first_round``: peers still "waiting" for the start quorum are about to train it too.
-        Peers that were waited for in vain and were not in our last group are not waited for a while.
-        ``known``: senders with standing in our lineage; with every peer seen to come, they are no
-        strangers: a wait for strangers alone lasts what ``self.wait_budget`` grants."""
+        ``mates``: last round's groupmates (those still finishing it train this round with us).
+        ``first_round``: peers still "waiting" for the start quorum are about to train it too. Peers
+        waited for in vain and not in our last group are not waited for a while. ``known``: senders
+        with standing in our lineage, no strangers: a wait for strangers alone lasts what
+        ``self.wait_budget`` grants."""
         self._note_group(mates, round_no)
-        self.wait_budget.met(known)
+        self.wait_budget.lineage(known)
         start = last_arrival = time.monotonic()
         cap = self.straggler_allowance()
-        deadline, budget = start + self.timing.round_wait_s, self.wait_budget.grant(start, cap)
+        # at least one read of the view: a stranger ready a read after the others is still seen
+        budget = max(self.wait_budget.grant(start, cap), min(cap, self.read_interval()))
+        deadline = start + self.timing.round_wait_s
         busy = ("training", "waiting") if first_round else ("training",)
         arrived: Set[str] = set()
         lost = False

@@ -32,8 +32,8 @@ and holds at most one straggler allowance; a wait that ended without them spends
 debt of one allowance). So a new
 stalling identity every round, which the ledger cannot strike twice, costs at most that share of
 any window plus one allowance (``test_waits_for_strangers_take_a_bounded_share_of_any_window``). A
-peer that came before (an honest one back from a stall, a groupmate) is waited for the whole
-allowance, and in its first ``Timing.budget_after_rounds`` rounds a peer limits nobody (at a run's
+peer that came before (an honest one back from a stall, a groupmate, one that ended a round we
+waited for it in after we stopped waiting: slower, not stalling) is waited for the whole allowance, and in its first ``Timing.budget_after_rounds`` rounds a peer limits nobody (at a run's
 start everyone is a stranger; tests/round/test_rejoin.py), though its waits in vain are paid later.
 
 A peer skipped and not seen since its last miss is also nobody to meet (``absent``): a lone honest
@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Dict, Iterable, Set, Tuple
+from typing import Container, Dict, Iterable, Set, Tuple
 
 from protocol.round.timing import Timing
 
@@ -185,6 +185,7 @@ class WaitBudget:
         self.balance: float = float("inf")  # clipped to the cap at the first grant
         self._at: float = float("nan")
         self._met: "OrderedDict[str, None]" = OrderedDict()  # peers seen to come, the latest last (bounded)
+        self._lineage: Container[str] = ()  # senders with standing in our lineage (its own bound)
         self.rounds = 0  # rounds this peer concluded since it started
 
     def met(self, peers: Iterable[str]) -> None:
@@ -195,6 +196,11 @@ class WaitBudget:
         while len(self._met) > MAX_ENTRIES:
             self._met.popitem(last=False)
 
+    def lineage(self, senders: Container[str]) -> None:
+        """``senders``: those with standing in our lineage (the engine's table, kept by reference, not
+        copied: a full table must not push the peers we met out of ``_met``)."""
+        self._lineage = senders
+
     def concluded(self) -> None:
         """This peer concluded a round."""
         self.rounds += 1
@@ -202,7 +208,7 @@ class WaitBudget:
     def stranger(self, peer: str) -> bool:
         """Whether ``peer`` was never seen to come (nor has standing): a wait for it alone is paid from
         the budget, and limited by it once this peer is ``limiting``."""
-        return peer not in self._met
+        return peer not in self._met and peer not in self._lineage
 
     @property
     def limiting(self) -> bool:

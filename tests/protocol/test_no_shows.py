@@ -165,3 +165,12 @@ def test_only_strangers_past_our_first_rounds_are_limited_and_the_memory_is_boun
     assert budget.limiting and budget.stranger("x") and not budget.stranger("a")
     budget.met(f"sybil{i}" for i in range(MAX_ENTRIES + 10))  # a flood of identities that came
     assert len(budget._met) == MAX_ENTRIES and budget.stranger("a")  # the oldest acquaintance went first
+
+
+def test_the_lineage_table_is_consulted_not_copied_so_a_full_one_evicts_nobody_we_met():
+    budget = WaitBudget(share=0.2, floor_s=0.5, after_rounds=0)
+    budget.met(["mate"])
+    table = {f"sender{i}": 3 for i in range(MAX_ENTRIES)}  # a full standing table
+    budget.lineage(table)
+    assert not budget.stranger("mate") and not budget.stranger("sender7") and budget.stranger("x")
+    assert len(budget._met) == 1

@@ -196,3 +196,30 @@ def test_waits_for_strangers_come_from_a_budget_and_acquaintances_get_the_whole_
         ready_at[p] = clock.now + cap - 1.0
         b = m.wait_for_round(state["round"], set(), first_round=False, known=known)
         assert p in b.ready
+
+
+def test_in_our_first_rounds_strangers_get_the_whole_allowance_even_with_the_budget_spent(monkeypatch, clock):
+    state = {"round": 3, "stall": "s3"}
+    m = barrier(monkeypatch, clock, lambda m: [view("me", state["round"]), view(state["stall"], state["round"], "training")])
+    cap = m.straggler_allowance()
+    for r in (3, 4):  # two vain waits before we concluded 2 rounds: the budget is spent, not applied
+        state.update(round=r, stall=f"s{r}")
+        t0 = clock.now
+        m.wait_for_round(r, set(), first_round=False)
+        assert clock.now - t0 >= cap
+    assert m.wait_budget.balance < 0
+
+
+def test_a_stranger_that_was_only_slower_than_us_is_no_stranger_at_the_next_barrier(monkeypatch, clock):
+    # round 20: "n" (a newcomer) is waited for what the spent budget holds and ends its round later
+    state = {"round": 20, "n": "training"}
+    m = barrier(monkeypatch, clock, lambda m: [view("me", state["round"]), view("n", 20, state["n"])])
+    m.came_in(18, set())
+    m.came_in(19, set())
+    m.wait_budget.spend(100.0, clock.now, m.straggler_allowance())
+    t0 = clock.now
+    m.wait_for_round(20, set(), first_round=False)
+    assert clock.now - t0 < m.straggler_allowance() and m.wait_budget.stranger("n")
+    state.update(round=21, n="exchanging")  # it finished round 20 after we stopped waiting: slower, not stalling
+    m.wait_for_round(21, set(), first_round=False)
+    assert not m.wait_budget.stranger("n")
