@@ -1,7 +1,8 @@
 """The round: when a peer trains, meets its round's peers, and ends the round on the swarm's θ.
 
 ``loop`` runs H inner steps and the round's exchange (overlapped with the next round's steps),
-``membership`` reads the run's progress records (who is in which round, who is ready), ``early_close``
+``membership`` reads the run's progress records (who is in which round, who is ready) and waits
+at the round barrier, whose finding is ``barrier``'s, ``early_close``
 closes a slow peer's round once most of its peers are ready, ``merge`` joins the sets that several
 groups of one round agreed into one θ, and ``state_sync`` / ``state_download`` bring a peer that fell
 behind onto the swarm's state. ``report`` is what a round leaves: its record, its log line, the

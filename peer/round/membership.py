@@ -36,11 +36,11 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable, Container, Deque, Dict, Iterable, List, Optional, Sequence, Set
 
 from hivemind.utils import get_dht_time
 
+from peer.round.barrier import Barrier
 from protocol.round import peer_states
 from protocol.round.round_policy import swarm_round
 from protocol.round.no_shows import NoShowLedger, WaitBudget, claimed_elsewhere
@@ -68,29 +68,6 @@ def acted_on(p: Progress) -> tuple:
     ``test_only_what_other_peers_act_on_is_published_at_once``)."""
     state = peer_states.settled(p.state)
     return (p.round, state, p.params_hash, p.part, p.reach, p.gathered_round, p.gathered, p.gathered_before)
-
-
-@dataclass
-class Barrier:
-    """What the wait before a round's exchange found."""
-
-    expected: int  # group size to expect: this peer and every peer of its round that is ready
-    alone: bool  # no other live peer at all
-    behind: bool  # the swarm is at a later round
-    only_syncing: bool = False  # every other live peer is downloading the state of an earlier round
-    ready: frozenset = frozenset()  # the other peers of the round that were ready (they may gather in other groups)
-    gave_up: frozenset = frozenset()  # the peers of the round it stopped waiting for (still training, or stalled)
-
-    @property
-    def nobody_to_meet(self) -> bool:
-        return self.alone or (self.behind and self.expected == 1)
-
-    @property
-    def gather_size(self) -> int:
-        """The group size the gather aims for: the ready peers and us, and at least a pair while
-        peers of the round are still coming (nobody ready yet is no reason to train alone: the gather
-        waits for one of them, until the round's wait ends or every other peer has gathered)."""
-        return max(self.expected, min(2, 1 + len(self.gave_up)))
 
 
 class Membership:

@@ -29,12 +29,13 @@ Skips bound how often a peer is waited for; ``WaitBudget`` bounds how long a pee
 that have no standing in its lineage, as a new identity has. A wait past the last arrival that
 serves only strangers is paid from a budget that grows at ``Timing.vain_wait_share`` of wall time
 and holds at most one straggler allowance; a wait that ended without them spends it (down to a
-debt of one allowance). So a new
-stalling identity every round, which the ledger cannot strike twice, costs at most that share of
-any window plus one allowance (``test_waits_for_strangers_take_a_bounded_share_of_any_window``). A
-peer that came before (an honest one back from a stall, a groupmate, one that ended a round we
-waited for it in after we stopped waiting: slower, not stalling) is waited for the whole allowance, and in its first ``Timing.budget_after_rounds`` rounds a peer limits nobody (at a run's
-start everyone is a stranger; tests/round/test_rejoin.py), though its waits in vain are paid later.
+debt of one allowance). So a new stalling identity every round, which the ledger cannot strike
+twice, costs at most that share of any window plus one allowance
+(``test_waits_for_strangers_take_a_bounded_share_of_any_window``). A peer that came before (an
+honest one back from a stall, a groupmate, one that ended a round we waited for it in after we
+stopped waiting: slower, not stalling) is waited for the whole allowance, and in its first
+``Timing.budget_after_rounds`` rounds a peer limits nobody (at a run's start everyone is a
+stranger; tests/round/test_rejoin.py), though its waits in vain are paid later.
 
 A peer skipped and not seen since its last miss is also nobody to meet (``absent``): a lone honest
 peer beside a staller trains alone instead of waiting for a group that never forms; one that came
@@ -189,7 +190,8 @@ class WaitBudget:
         self.rounds = 0  # rounds this peer concluded since it started
 
     def met(self, peers: Iterable[str]) -> None:
-        """``peers`` came (groupmates, senders in our union, senders with standing in our lineage)."""
+        """``peers`` came: groupmates, senders in our union, peers that ended a round we waited for
+        them in (senders with standing are ``lineage``'s)."""
         for peer in peers:
             self._met[peer] = None
             self._met.move_to_end(peer)

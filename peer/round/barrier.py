@@ -1,0 +1,31 @@
+"""What the round barrier found (peer/round/membership.py's ``wait_for_round``): whom the round's
+exchange can meet, and the group size its gather aims for. peer/round/loop.py decides the exchange's
+next step from it (protocol/round/round_policy.py); guarded by tests/round/test_liveness.py and
+tests/round/test_rejoin.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Barrier:
+    """What the wait before a round's exchange found."""
+
+    expected: int  # group size to expect: this peer and every peer of its round that is ready
+    alone: bool  # no other live peer at all
+    behind: bool  # the swarm is at a later round
+    only_syncing: bool = False  # every other live peer is downloading the state of an earlier round
+    ready: frozenset = frozenset()  # the other peers of the round that were ready (they may gather in other groups)
+    gave_up: frozenset = frozenset()  # the peers of the round it stopped waiting for (still training, or stalled)
+
+    @property
+    def nobody_to_meet(self) -> bool:
+        return self.alone or (self.behind and self.expected == 1)
+
+    @property
+    def gather_size(self) -> int:
+        """The group size the gather aims for: the ready peers and us, and at least a pair while
+        peers of the round are still coming (nobody ready yet is no reason to train alone: the gather
+        waits for one of them, until the round's wait ends or every other peer has gathered)."""
+        return max(self.expected, min(2, 1 + len(self.gave_up)))
