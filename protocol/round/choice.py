@@ -34,9 +34,9 @@ from typing import Dict, Hashable, List, Mapping, Tuple
 
 from protocol.round.standing import ESTABLISHED
 
-__all__ = ["choose", "weight"]
+__all__ = ["D", "choose", "uniform", "weight"]
 
-_D = 2**64 + 1  # u = U / _D with U in [1, 2^64]: never 0 or 1
+D = 2**64 + 1  # u = U / D with U in [1, 2^64]: never 0 or 1
 
 
 def weight(rounds_counted: int) -> int:
@@ -44,7 +44,7 @@ def weight(rounds_counted: int) -> int:
     return 1 + min(max(rounds_counted, 0), ESTABLISHED)
 
 
-def _uniform(seed: str, sender: str) -> int:
+def uniform(seed: str, sender: str) -> int:
     digest = hashlib.sha256(f"{seed}\x00{sender}".encode("utf-8", "surrogatepass")).digest()
     return int.from_bytes(digest[:8], "big") + 1
 
@@ -52,7 +52,7 @@ def _uniform(seed: str, sender: str) -> int:
 def _order(a: Tuple[str, int, int], b: Tuple[str, int, int]) -> int:
     """-1 if ``a`` (sender, U, w) draws before ``b``: the larger key u^(1/w), then the smaller name."""
     (name_a, u_a, w_a), (name_b, u_b, w_b) = a, b
-    left, right = u_a**w_b * _D**w_a, u_b**w_a * _D**w_b
+    left, right = u_a**w_b * D**w_a, u_b**w_a * D**w_b
     if left != right:
         return -1 if left > right else 1
     return -1 if name_a < name_b else (1 if name_a > name_b else 0)
@@ -72,7 +72,7 @@ def choose(parts: Mapping[str, Hashable], k: int, seed: str, standing: Mapping[s
         if len(senders) <= k:
             chosen.extend(senders)
             continue
-        keyed = [(s, _uniform(seed, s), weight(standing.get(s, 0))) for s in senders]
+        keyed = [(s, uniform(seed, s), weight(standing.get(s, 0))) for s in senders]
         keyed.sort(key=functools.cmp_to_key(_order))
         chosen.extend(s for s, _, _ in keyed[:k])
     return sorted(chosen)

@@ -52,17 +52,17 @@ def test_each_sender_is_chosen_about_as_often_as_its_weight_says():
 def test_keys_are_compared_exactly_as_u_to_the_power_one_over_w():
     import math
 
-    from protocol.round.choice import _D, _order, _uniform
+    from protocol.round.choice import D, _order, uniform
 
     rng = random.Random(3)
     for _ in range(2000):
         a = (f"a{rng.random()}", rng.randrange(1, 2**64 + 1), rng.randrange(1, 5))
         b = (f"b{rng.random()}", rng.randrange(1, 2**64 + 1), rng.randrange(1, 5))
-        ka, kb = math.log(a[1] / _D) / a[2], math.log(b[1] / _D) / b[2]
+        ka, kb = math.log(a[1] / D) / a[2], math.log(b[1] / D) / b[2]
         if abs(ka - kb) > 1e-9 * max(abs(ka), abs(kb)):  # where floats can tell them apart, they agree
             assert _order(a, b) == (-1 if ka > kb else 1) == -_order(b, a)
     assert _order(("x", 5, 2), ("y", 5, 2)) == -1 and _order(("y", 5, 2), ("x", 5, 2)) == 1
-    assert 1 <= _uniform("seed", "sender") <= 2**64
+    assert 1 <= uniform("seed", "sender") <= 2**64
 
 
 @pytest.mark.parametrize("part", [-1, 1, (0, 1)])
