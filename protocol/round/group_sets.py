@@ -122,8 +122,6 @@ def open_set(raw: bytes, run: bytes, round_no: int, digest: str, max_members: in
             _, _, payloads[owner] = open_envelope(envelope, context, owner, max_payload_bytes)
         except SignatureError as e:
             raise SetError(f"an envelope of the set does not verify: {e}") from None
-    if not payloads:
-        raise SetError("an empty set")
     named = set_digest(context, payloads)
     if named != digest:
         raise SetError("the set is not the one its name was asked for")

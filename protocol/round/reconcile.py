@@ -49,12 +49,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Any, Collection, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import msgpack
 
 from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
+from protocol.wire.payload import Part
 from protocol.wire.signed import (
     DIGEST_BYTES, MAX_ID_BYTES, MAX_PUBLIC_KEY_BYTES, MAX_SIGNATURE_BYTES, Binding, PublicKey, SignatureError, Signer,
     claim_message, open_envelope, payload_digest, relay_message, seal,
@@ -114,10 +115,14 @@ class Outcome:
 class Agreement:
     """One member's state of one group's agreement (see the module docstring for the rules)."""
 
-    def __init__(self, binding: Binding, signer: Signer, max_payload_bytes: int):
+    def __init__(self, binding: Binding, signer: Signer, max_payload_bytes: int,
+                 senders: Optional[Collection[bytes]] = None):
+        """``senders``: the members that send a payload this round (protocol/round/eligibility.py), the
+        others' values ignored and none of them excluded; None: every member."""
         self.binding, self.context = binding, binding.context
         self.members = tuple(binding.members)
         self._member_set = set(self.members)
+        self.senders = frozenset(self._member_set if senders is None else set(senders) & self._member_set)
         if signer.peer_id not in self._member_set or len(self._member_set) != len(self.members):
             raise GroupError("the member list must name this peer once and every member once")
         self.me, self._signer = signer.peer_id, signer
@@ -133,6 +138,8 @@ class Agreement:
     # ---- round 1 ------------------------------------------------------------------------------
     def seal(self, payload: bytes) -> bytes:
         """Sign my payload for this group; it is accepted here at once."""
+        if self.me not in self.senders:
+            raise GroupError("this member sends no payload this round")
         if len(payload) > self.max_payload_bytes:
             raise ValueError(f"my payload of {len(payload)} bytes exceeds the limit of {self.max_payload_bytes}")
         self._own_envelope, signature = seal(self._signer, self.context, payload)
@@ -144,6 +151,8 @@ class Agreement:
         not prove itself; False if this owner already has two values."""
         if owner not in self._member_set:
             raise GroupError("not a member of this group")
+        if owner not in self.senders:
+            raise GroupError("this member sends no payload this round")
         key, signature, payload = open_envelope(raw, self.context, owner, self.max_payload_bytes)
         self._keys.setdefault(owner, key)
         return self._add(Value(owner, payload_digest(payload), signature), payload)
@@ -174,7 +183,7 @@ class Agreement:
         out: List[Value] = []
         seen: Set[Key] = set()
         for owner, digest, signature, relays in items:
-            if owner not in self._member_set or owner == self.me or (owner, digest) in seen:
+            if owner not in self.senders or owner == self.me or (owner, digest) in seen:
                 continue
             held = self._accepted.get(owner, {})
             if digest in held or len(held) >= 2:
@@ -235,7 +244,7 @@ class Agreement:
         payloads: Dict[bytes, bytes] = {}
         excluded: Dict[bytes, str] = {}
         proofs: Dict[bytes, Tuple[Value, Value]] = {}
-        for member in self.members:
+        for member in (m for m in self.members if m in self.senders):
             values = list(self._accepted.get(member, {}).values())
             if len(values) == 1:
                 payloads[member] = self._payloads[values[0].digest]
@@ -339,19 +348,31 @@ class Announced(NamedTuple):
     start_hash: str  # the hash of the parameters it starts the round from
     base: str = ""  # the hash of θ before its last round's outer step ("": it did not conclude round - 1)
     last_sets: Tuple[str, ...] = ()  # the names of the sets that round's θ was computed from
+    part: Optional[Part] = None  # the part its payload carries (None: not announced)
 
 
-def announcement(round_no: int, start_hash: str, base: str = "", last_sets: Sequence[str] = ()) -> List[Any]:
-    """What each member announces in matchmaking: [round, start hash, base hash, [set names]]: the
-    last two say which θ and which sets of round - 1 its start was computed from
-    (protocol/round/group_sets.py, ``late_union``)."""
-    return [round_no, start_hash, base, sorted(last_sets)[:MAX_LAST_SETS]]
+def announcement(round_no: int, start_hash: str, base: str = "", last_sets: Sequence[str] = (),
+                 part: Optional[Part] = None) -> List[Any]:
+    """What each member announces in matchmaking: [round, start hash, base hash, [set names]] and, where
+    given, the part its payload carries (protocol/round/eligibility.py): the base and set names say
+    which θ and which sets of round - 1 its start was computed from (protocol/round/group_sets.py,
+    ``late_union``)."""
+    out = [round_no, start_hash, base, sorted(last_sets)[:MAX_LAST_SETS]]
+    return out if part is None else out + [list(part) if isinstance(part, tuple) else part]
+
+
+def _announced_part(raw: Any) -> Optional[Part]:
+    if type(raw) is int:
+        return raw
+    if isinstance(raw, (list, tuple)) and len(raw) == 2 and all(type(x) is int for x in raw):
+        return (raw[0], raw[1])
+    raise GroupError(f"an announced part is an int or a [start, end] pair, not {raw!r:.40}")
 
 
 def parse_announcement(value: Any) -> Announced:
     """A groupmate's announcement, hashes cut to 64 characters; the short form [round, start hash]
     is read as one with no last round."""
-    if not (isinstance(value, (list, tuple)) and len(value) in (2, 4) and isinstance(value[0], int)
+    if not (isinstance(value, (list, tuple)) and len(value) in (2, 4, 5) and isinstance(value[0], int)
             and isinstance(value[1], str)):
         raise GroupError(f"malformed matchmaking announcement {value!r:.80}")
     if len(value) == 2:
@@ -360,7 +381,8 @@ def parse_announcement(value: Any) -> Announced:
     if not (isinstance(base, str) and isinstance(names, (list, tuple)) and len(names) <= MAX_LAST_SETS
             and all(isinstance(n, str) and 0 < len(n) <= MAX_HASH_CHARS for n in names)):
         raise GroupError(f"malformed last-round sets in an announcement {value!r:.80}")
-    return Announced(value[0], value[1][:MAX_HASH_CHARS], base[:MAX_HASH_CHARS], tuple(sorted(set(names))))
+    part = _announced_part(value[4]) if len(value) == 5 else None
+    return Announced(value[0], value[1][:MAX_HASH_CHARS], base[:MAX_HASH_CHARS], tuple(sorted(set(names))), part)
 
 
 def members_of_round(values: Sequence[Any], round_no: int) -> Tuple[Dict[int, Announced], Dict[int, str]]:

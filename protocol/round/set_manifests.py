@@ -102,8 +102,8 @@ def open_manifest(raw: bytes, run: bytes, round_no: int, digest: str, max_member
     if not isinstance(raw, (bytes, bytearray)) or len(raw) > max_manifest_bytes(max_members):
         raise SetError("a manifest must be bytes within its size limit")
     binding, items = unpack_bound(raw, _TAG, "manifest", "entries", run, round_no, max_members)
-    if not 0 < len(items) <= len(binding.members):
-        raise SetError("a manifest holds one to one entry per member")
+    if len(items) > len(binding.members):  # none: a group whose members all sat the round out (eligibility.py)
+        raise SetError("a manifest holds at most one entry per member")
     entries: Dict[bytes, Entry] = {}
     context = binding.context
     for item in items:

@@ -368,11 +368,37 @@ def test_any_bytes_as_an_envelope_are_refused(raw):
 
 # ---- matchmaking announcements ------------------------------------------------------------------
 def test_announcement_round_trip_cuts_the_hash_to_64_characters():
-    assert parse_announcement(announcement(5, "ab" * 40)) == (5, "ab" * 32, "", ())
-    assert parse_announcement((5, "h")) == (5, "h", "", ())  # the short form: no last round
+    assert parse_announcement(announcement(5, "ab" * 40)) == (5, "ab" * 32, "", (), None)
+    assert parse_announcement((5, "h")) == (5, "h", "", (), None)  # the short form: no last round
     got = parse_announcement(announcement(5, "h", "b" * 70, ["s2", "s1", "s1"]))
     assert got.base == "b" * 64 and got.last_sets == ("s1", "s2")
     assert len(announcement(5, "h", "b", [f"{i:04d}" for i in range(200)])[3]) == MAX_LAST_SETS
+
+
+def test_members_outside_the_senders_send_nothing_and_what_they_push_is_ignored_not_excluded():
+    """protocol/round/eligibility.py decides the senders; a member outside them that seals and pushes
+    its payload anyway (member 1) is neither kept nor excluded, at every honest member alike."""
+    keys, binding = group(4)
+    senders = {keys[0].peer_id, keys[2].peer_id}
+    members = [Member(k, binding, b"payload of %d" % i, senders) for i, k in enumerate(keys)]
+    pushy = Member(keys[1], binding, b"pushed anyway")  # its own view: everyone sends
+    members[1] = pushy
+    honest = [members[0], members[2], members[3]]
+    outcome = agreed(run_group(members, honest))
+    assert set(outcome.payloads) == senders and outcome.excluded == {}
+    with pytest.raises(GroupError):
+        members[3].agreement.seal(b"not a sender")
+    with pytest.raises(GroupError):
+        members[0].agreement.take_envelope(keys[1].peer_id, pushy.envelope)
+
+
+def test_an_announced_part_round_trips_and_a_malformed_one_is_refused():
+    assert parse_announcement(announcement(5, "h", "b", ["s"], part=-1)).part == -1
+    assert parse_announcement(announcement(5, "h", "b", ["s"], part=(0, 2))).part == (0, 2)
+    assert parse_announcement(announcement(5, "h")).part is None
+    for bad in ([5, "h", "b", [], "x"], [5, "h", "b", [], [1]], [5, "h", "b", [], True], [5, "h", "b", [], [1, 2, 3]]):
+        with pytest.raises(GroupError):
+            parse_announcement(bad)
 
 
 @pytest.mark.parametrize("value", [None, [], [1], [1, "h", 2], ["1", "h"], [1, b"h"], {"round": 1}, 1.5,
@@ -384,10 +410,10 @@ def test_malformed_announcement_raises_group_error(value):
 
 
 def test_members_announcing_another_round_or_garbage_are_left_out_and_the_rest_kept():
-    assert members_of_round([[3, "x"], [3, "y", "b", ["s"]]], 3) == ({0: (3, "x", "", ()), 1: (3, "y", "b", ("s",))}, {})
+    assert members_of_round([[3, "x"], [3, "y", "b", ["s"]]], 3) == ({0: (3, "x", "", (), None), 1: (3, "y", "b", ("s",), None)}, {})
     assert members_of_round([], 3) == ({}, {})
     kept, dropped = members_of_round([[3, "x"], [3 + (1 << 20), "y"], None, [3, "z"], "junk"], 3)
-    assert kept == {0: (3, "x", "", ()), 3: (3, "z", "", ())}
+    assert kept == {0: (3, "x", "", (), None), 3: (3, "z", "", (), None)}
     assert set(dropped) == {1, 2, 4} and "announced round" in dropped[1]
 
 

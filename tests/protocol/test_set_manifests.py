@@ -14,7 +14,7 @@ from protocol.round.set_manifests import (Entry, conflicts, entries_of, manifest
                                           open_member, pack_manifest, part_mismatch)
 from protocol.wire.payload import encode_payload
 from protocol.wire.signed import payload_digest, seal
-from tests.protocol.test_group_sets import ROUND, agreed_set
+from tests.protocol.test_group_sets import ROUND, agreed_set, opened
 from tests.support.agreement_sim import MAX_PAYLOAD, RUN, binding_of, signer
 
 
@@ -40,6 +40,16 @@ def test_a_served_list_opens_under_its_sets_name_with_each_payloads_digest_and_p
     assert all(manifest.entries[o].digest == payload_digest(p) for o, p in payloads.items())
     for owner, envelope in envelopes.items():  # one envelope, checked against its entry
         assert open_member(manifest, owner, envelope, MAX_PAYLOAD) == payloads[owner]
+
+
+def test_a_group_whose_members_all_sat_the_round_out_has_an_empty_set_and_list():
+    """protocol/round/eligibility.py can leave every member of a group without a payload to send."""
+    binding, _, _ = agreed_set(0, 3)
+    name = set_digest(binding.context, {})
+    assert open_manifest(pack_manifest(binding, {}), RUN, ROUND, name, 16).entries == {}
+    assert opened(binding, {}, {}).payloads == {}
+    with pytest.raises(SetError):  # still the named one
+        open_manifest(pack_manifest(binding, {}), RUN, ROUND, set_digest(binding.context, {b"x": b"y"}), 16)
 
 
 def test_a_list_that_misstates_a_part_or_drops_an_entry_is_not_the_named_set():

@@ -32,10 +32,12 @@ def binding_of(members: Sequence[bytes], round_no: int = 7, group_id: bytes = b"
 class Member:
     """An honest member: it sends what the protocol says to everyone."""
 
-    def __init__(self, key: Signer, binding: Binding, payload: bytes):
+    def __init__(self, key: Signer, binding: Binding, payload: bytes, senders=None):
+        """``senders``: the members that send a payload this round (None: all); a member outside
+        them seals nothing."""
         self.key, self.id = key, key.peer_id
-        self.agreement = Agreement(binding, key, MAX_PAYLOAD)
-        self.envelope = self.agreement.seal(payload)
+        self.agreement = Agreement(binding, key, MAX_PAYLOAD, senders)
+        self.envelope = self.agreement.seal(payload) if self.id in self.agreement.senders else None
 
     def envelope_for(self, asker: bytes) -> Optional[bytes]:
         return self.envelope
