@@ -26,7 +26,7 @@ from peer.checkpoints.files import (
     CheckpointError, Tensors, first_usable, flatten_optimizer_state, remove_stale_temp,
     save_checkpoint, unflatten_optimizer_state,
 )
-from protocol.round import standing
+from protocol.round import eligibility, standing
 from protocol.spec import RunSpec
 
 logger = logging.getLogger("voloco.peer")
@@ -49,6 +49,10 @@ def check_meta(meta: Dict[str, Any]) -> None:
         standing.checked(meta.get("standing"))  # optional: checkpoints before standing existed lack it
     except standing.StandingError as e:
         raise CheckpointError(f"its metadata field 'standing': {e}") from None
+    try:
+        eligibility.checked(meta.get("eligibility"))  # optional: absent where rounds take every contribution
+    except eligibility.EligibilityError as e:
+        raise CheckpointError(f"its metadata field 'eligibility': {e}") from None
     optimizer = meta["optimizer"]
     groups, scalars = optimizer.get("param_groups"), optimizer.get("scalars")
     if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
@@ -105,7 +109,7 @@ def collect(spec: RunSpec, engine: RoundEngine, role, tokens: int,
         tensors: Dict[str, Any] = {f"theta.{n}": t.clone() for n, t in engine.theta.items()}
         tensors.update({f"shared.{k}": v.clone() for k, v in engine.strategy.shared_state().items()})
         tensors.update({f"local.{k}": v.clone() for k, v in engine.strategy.local_state().items()})
-        round_no, table = engine.round, dict(engine.standing)
+        round_no, table, who_sends = engine.round, dict(engine.standing), dict(engine.eligibility)
     tensors.update(trainer["tensors"])
     meta = {
         "round": round_no,
@@ -116,6 +120,7 @@ def collect(spec: RunSpec, engine: RoundEngine, role, tokens: int,
         "optimizer": trainer["optimizer"],
         "tokens": tokens,
         "standing": table,  # the lineage's standing table (protocol/round/standing.py); older checkpoints lack it
+        "eligibility": who_sends,  # who sends a payload when a round takes at most K (protocol/round/eligibility.py)
         "run_spec": spec.to_dict(),  # the whole spec, so `voloco export`/`generate` need nothing else
     }
     return tensors, meta
@@ -175,6 +180,7 @@ def restore(directory: Optional[Path], spec: RunSpec, engine: RoundEngine, role)
                 raise CheckpointError(f"it has no float32 tensor theta.{n} of shape {tuple(shape)}")
             theta[n] = t
         table = standing.checked(meta.get("standing"))  # valid: check_meta read it
+        who_sends = eligibility.checked(meta.get("eligibility"))
         rollback = _snapshot(strategy, role)
         try:
             strategy.load_shared_state({k[7:]: v for k, v in tensors.items() if k.startswith("shared.")})
@@ -186,7 +192,7 @@ def restore(directory: Optional[Path], spec: RunSpec, engine: RoundEngine, role)
         except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as e:
             rollback()
             raise CheckpointError(f"it does not fit this run ({type(e).__name__}: {e})") from None
-        engine.install(theta, meta["round"], standing=table)
+        engine.install(theta, meta["round"], standing=table, eligibility=who_sends)
         return meta["tokens"]
 
     tokens = _usable(directory, spec, use)

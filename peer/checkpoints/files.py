@@ -58,11 +58,13 @@ def params_hash(theta: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
-def state_digest(shared: Mapping[str, torch.Tensor], table: Mapping[str, int]) -> str:
+def state_digest(shared: Mapping[str, torch.Tensor], table: Mapping[str, int],
+                 eligibility: Optional[Mapping[str, int]] = None) -> str:
     """A short sha256 of what a downloaded state holds beside θ: the strategy's shared state (DiLoCo's
-    outer momentum; names and fp32 bytes, in name order) and the lineage's standing table (sender ->
-    rounds counted, in sender order). Every member of a lineage holds the same, so peers report it
-    with θ's hash and a newcomer checks a served state against both (peer/round/state_sync.py)."""
+    outer momentum; names and fp32 bytes, in name order), the lineage's standing table (sender ->
+    rounds counted, in sender order) and, where a round takes at most K, its eligibility table. Every
+    member of a lineage holds the same, so peers report it with θ's hash and a newcomer checks a
+    served state against both (peer/round/state_sync.py)."""
     h = hashlib.sha256(b"voloco state v1\0")
     for name in sorted(shared):
         _update(h, name.encode())
@@ -70,6 +72,11 @@ def state_digest(shared: Mapping[str, torch.Tensor], table: Mapping[str, int]) -
     for sender in sorted(table):
         _update(h, sender.encode())
         _update(h, int(table[sender]).to_bytes(8, "little", signed=True))
+    if eligibility:  # a round that takes at most K (protocol/round/eligibility.py); empty: the digest as before
+        h.update(b"eligibility\0")
+        for part in sorted(eligibility):
+            _update(h, part.encode())
+            _update(h, int(eligibility[part]).to_bytes(8, "little", signed=True))
     return h.hexdigest()[:16]
 
 

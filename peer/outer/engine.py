@@ -26,7 +26,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from peer.outer.robust import Contributions, robust_step, sender_names
-from protocol.round import choice, standing
+from protocol.round import choice, eligibility, standing
 from peer.checkpoints.files import params_hash, state_digest
 from peer.outer.strategies import OuterStrategy, Pending, Tensors, canonical_order, pseudo_gradient
 from protocol.errors import ProtocolError
@@ -61,6 +61,9 @@ class RoundEngine:
         self._hash: Optional[str] = None
         self._digest: Optional[str] = None  # state_digest's cache, cleared with _hash
         self.standing: Dict[str, int] = {}  # rounds counted per sender in this lineage (protocol/round/standing.py)
+        # p per part of who sends a payload at all when a round takes at most K (protocol/round/eligibility.py)
+        self.eligibility: Dict[str, int] = {}
+        self._candidates: Dict[int, Dict[str, int]] = {}  # round -> its draw's candidates per part, until concluded
 
     # ---- θ ------------------------------------------------------------------------------------
     @property
@@ -80,7 +83,7 @@ class RoundEngine:
         state's table and momentum are checked as θ is."""
         with self.lock:
             if self._digest is None:
-                self._digest = state_digest(self.strategy.shared_state(), self.standing)
+                self._digest = state_digest(self.strategy.shared_state(), self.standing, self.eligibility)
             return self._digest
 
     def hashes(self) -> Tuple[str, str]:
@@ -89,10 +92,11 @@ class RoundEngine:
             return self.params_hash(), self.state_digest()
 
     def install(self, theta: Tensors, round_no: int, shared: Optional[Mapping[str, torch.Tensor]] = None,
-                forget_local: bool = False, standing: Optional[Mapping[str, int]] = None) -> None:
+                forget_local: bool = False, standing: Optional[Mapping[str, int]] = None,
+                eligibility: Optional[Mapping[str, int]] = None) -> None:
         """Take a state from elsewhere (a checkpoint, a groupmate): θ, its round and, if given, the
-        strategy's shared state and the lineage's standing table (checked by the caller:
-        protocol/round/standing.py); ``forget_local``: zero the strategy's local buffers too. Raises
+        strategy's shared state, the lineage's standing table and eligibility table (checked by the caller:
+        protocol/round/standing.py, eligibility.py); ``forget_local``: zero the strategy's local buffers too. Raises
         ValueError (nothing changed) if the shared state does not fit."""
         with self.lock:
             if shared is not None:
@@ -101,6 +105,8 @@ class RoundEngine:
                 self.strategy.forget_local_state()
             if standing is not None:
                 self.standing = dict(standing)
+            if eligibility is not None:
+                self.eligibility = dict(eligibility)
             self._theta, self.round, self._hash, self._digest = theta, round_no, None, None
 
     def shareable(self) -> Tuple[Dict[str, object], List[torch.Tensor]]:
@@ -108,7 +114,7 @@ class RoundEngine:
         with self.lock:
             shared = self.strategy.shared_state()
             meta = {"round": self.round, "names": list(self._theta), "shared": sorted(shared),
-                    "standing": dict(self.standing)}
+                    "standing": dict(self.standing), "eligibility": dict(self.eligibility)}
             tensors = [t.clone() for t in self._theta.values()] + [shared[k].clone() for k in sorted(shared)]
         return meta, tensors
 
@@ -140,6 +146,14 @@ class RoundEngine:
         more than that; the rest of a payload's header is checked when it is decoded. ``standing``: the
         table as of that round (a round concluded again: ``snapshot``'s), else the current one."""
         k = getattr(self.strategy, "max_contributions", 0)
+        if k > 0:  # what concluding this round moves the eligibility table by
+            counts: Dict[str, int] = {}
+            for part in parts.values():
+                if part is not None and self.strategy.layout_of(part) is not None:
+                    counts[eligibility.part_key(part)] = counts.get(eligibility.part_key(part), 0) + 1
+            with self.lock:
+                self._candidates = {r: c for r, c in self._candidates.items() if r >= self.round - 1}
+                self._candidates[round_no] = counts
         if k <= 0 or len(parts) <= k:
             return sorted(parts), {}, []
         valid: Dict[str, Part] = {}
@@ -191,6 +205,9 @@ class RoundEngine:
             self.standing = standing.advance(
                 self.standing, [s for s in sender_names(decoded) if s not in outcome.excluded and s not in outcome.copied],
                 outcome.excluded)
+            counts = self._candidates.pop(self.round, None)
+            if counts is not None:  # the round's draw saw these candidates (K > 0): every member alike
+                self.eligibility = eligibility.update(self.eligibility, counts, getattr(self.strategy, "max_contributions", 0))
             if pending is not None:
                 self.strategy.settle(pending, delivered=delivered)
             settled = Settled(self.round, outcome.contributors, {**(excluded or {}), **outcome.excluded}, delivered,
@@ -199,22 +216,23 @@ class RoundEngine:
             self._hash = self._digest = None
         return settled
 
-    def snapshot(self) -> Tuple[int, Tensors, Tensors, Dict[str, int]]:
-        """(round, θ, the strategy's shared state, the standing table), copied: what concluding this
-        round again starts from."""
+    def snapshot(self) -> Tuple[int, Tensors, Tensors, Dict[str, int], Dict[str, int]]:
+        """(round, θ, the strategy's shared state, the standing table, the eligibility table), copied:
+        what concluding this round again starts from."""
         with self.lock:
             theta = {n: t.clone() for n, t in self._theta.items()}
             shared = {k: v.clone() for k, v in self.strategy.shared_state().items()}
-            return self.round, theta, shared, dict(self.standing)
+            return self.round, theta, shared, dict(self.standing), dict(self.eligibility)
 
-    def redo(self, snapshot: Tuple[int, Tensors, Tensors, Dict[str, int]], decoded: Sequence[Tensors],
+    def redo(self, snapshot: Tuple[int, Tensors, Tensors, Dict[str, int], Dict[str, int]], decoded: Sequence[Tensors],
              excluded: Optional[Mapping[str, str]] = None) -> Settled:
         """Conclude the round of ``snapshot`` again, from its θ and shared state, with ``decoded``:
         the same arithmetic as ``conclude``, so the same bits as a member that concluded it with
         these payloads the first time. The local buffers are not settled again."""
-        round_no, theta, shared, standing_then = snapshot
+        round_no, theta, shared, standing_then, eligibility_then = snapshot
         with self.lock:
-            self.install({n: t.clone() for n, t in theta.items()}, round_no, shared, standing=standing_then)
+            self.install({n: t.clone() for n, t in theta.items()}, round_no, shared, standing=standing_then,
+                         eligibility=eligibility_then)
             return self.conclude(decoded, None, delivered=False, excluded=excluded)
 
     def settle_round(self, payloads: Mapping[str, bytes], pending: Optional[Pending], me: str,
@@ -239,6 +257,7 @@ class RoundEngine:
             self.strategy.load_shared_state(leader.strategy.shared_state())
             self._theta = {n: t.clone() for n, t in leader.theta.items()}
             self.standing, self.round, self._hash, self._digest = dict(leader.standing), leader.round, leader._hash, None
+            self.eligibility = dict(leader.eligibility)
 
     def defer(self, pending: Pending) -> None:
         """The round found no group: keep all of this round's signal in the local buffers."""

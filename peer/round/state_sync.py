@@ -37,7 +37,7 @@ from peer.checkpoints.files import params_hash, state_digest
 from peer.round.state_download import StateDownloader
 from protocol.errors import ProtocolError
 from protocol.round.round_policy import swarm_round
-from protocol.round import standing
+from protocol.round import eligibility, standing
 from protocol.round.peer_states import NOT_A_SOURCE
 from protocol.spec import RunSpec
 
@@ -295,6 +295,10 @@ class StateSync:
             table = standing.checked(meta.get("standing"))  # absent from an older peer's state: empty
         except standing.StandingError as e:
             raise ProtocolError(f"state's standing table: {e}") from None
+        try:
+            who_sends = eligibility.checked(meta.get("eligibility"))  # absent from an older peer's state: empty
+        except eligibility.EligibilityError as e:
+            raise ProtocolError(f"state's eligibility table: {e}") from None
         theta = {name: _checked(name, t, self.layout[name]) for name, t in zip(names, tensors)}
         shared = {k: _checked(k, t, None) for k, t in zip(shared_names, tensors[len(names):])}
         hashes = (reported or {}).get(round_no)
@@ -303,7 +307,7 @@ class StateSync:
             digests = {h.partition(":")[2] for h in hashes if h.partition(":")[0] == theta_hash}
             if not digests:
                 raise StateUnreported(f"θ {theta_hash} of round {round_no} is none of those its peers report")
-            digest, reported_digests = state_digest(shared, table), digests - {""}  # "": a record of θ alone
+            digest, reported_digests = state_digest(shared, table, who_sends), digests - {""}  # "": a record of θ alone
             if reported_digests and digest not in reported_digests:
                 raise StateUnreported(f"the standing table and shared state served with θ {theta_hash} of round "
                                       f"{round_no} (digest {digest}) are none that its peers report with it")
@@ -313,7 +317,7 @@ class StateSync:
         own_round = self.engine.round
         forget = not own_round <= round_no <= own_round + self.membership.timing.keep_local_rounds
         try:
-            self.engine.install(theta, round_no, shared, forget_local=forget, standing=table)
+            self.engine.install(theta, round_no, shared, forget_local=forget, standing=table, eligibility=who_sends)
         except ValueError as e:
             raise ProtocolError(str(e)) from None
         if forget and own_round > 0:  # (a newcomer's buffers were empty)

@@ -7,6 +7,7 @@ import torch
 from peer.outer.engine import RoundEngine
 from peer.outer.strategies import make_strategy
 from peer.round.simulate import simulate
+from protocol.round import eligibility
 from protocol.spec import RunSpec
 
 SPEC = RunSpec().replace(model={"d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32, "seq_len": 8})
@@ -92,3 +93,30 @@ def test_a_diloco_carry_survives_a_checkpoint_and_an_older_checkpoint_has_none()
     assert fresh.carry == {} and fresh.local_state() == {}
     with pytest.raises(ValueError):
         fresh.load_local_state({"carry.nothing": torch.zeros(1)})
+
+
+def test_each_round_moves_the_eligibility_table_alike_and_it_travels_with_the_state():
+    """protocol/round/eligibility.py: the draw's candidates per part move p; members hold the same
+    table, it is part of the state digest, a redo starts from the snapshot's, a shared state carries it."""
+    group = engines(40, k=2)
+    for round_no in range(2):
+        encoded = [e.encode(e.theta, trained(e.theta, seed=i + 10 * round_no)) for i, e in enumerate(group)]
+        payloads = {f"peer{i}": data for i, (data, _) in enumerate(encoded)}
+        snap = group[0].snapshot()
+        for i, e in enumerate(group):
+            e.settle_round(payloads, encoded[i][1], me=f"peer{i}")
+    tables = {tuple(sorted(e.eligibility.items())) for e in group}
+    assert len(tables) == 1 and 0 < group[0].eligibility["-1"] < eligibility.ONE
+    assert len({e.state_digest() for e in group}) == 1
+    before = group[1].state_digest()
+    group[1].install(group[1].theta, group[1].round, eligibility={})
+    assert group[1].state_digest() != before
+    meta, _ = group[0].shareable()
+    assert meta["eligibility"] == group[0].eligibility
+    # concluding the last round again starts from the table it started from, moved by that round's draw
+    table = dict(group[0].eligibility)
+    group[0].choose(payloads, snap[0], "any base")
+    group[0].redo(snap, [])
+    assert group[0].eligibility == table != snap[4]
+    group[0].redo(snap, [])  # no draw of that round this time: not moved
+    assert group[0].eligibility == snap[4]
