@@ -58,11 +58,11 @@ TINY_MODEL = {"d_model": 32, "n_layers": 2, "n_heads": 2, "ffn_hidden": 64, "seq
 MARKS = (1, 10, 50)  # rounds after which the long run's peer is sampled
 
 
-def scale_spec(inner_steps: int = 10, max_group_size: int = 16, max_contributions: int = 0) -> RunSpec:
-    """The tiny run of the issue's measurement: d 32, 2 layers, H inner steps, default swarm timing;
-    ``max_contributions``: the run's K (0: every contribution)."""
+def scale_spec(inner_steps: int = 10, max_group_size: int = 16, max_contributions: int = 0, d_model: int = 32) -> RunSpec:
+    """The tiny run of the issue's measurement: d 32 (or ``d_model``, the MLP 2 d wide), 2 layers, H inner
+    steps, default swarm timing; ``max_contributions``: the run's K (0: every contribution)."""
     return RunSpec(run_id="scale", seed=1).replace(
-        model=TINY_MODEL, data={"batch_size": 4, "val_batches": 2}, inner={"warmup_steps": 5},
+        model={**TINY_MODEL, "d_model": d_model, "ffn_hidden": 2 * d_model}, data={"batch_size": 4, "val_batches": 2}, inner={"warmup_steps": 5},
         outer={"strategy": "sparseloco", "inner_steps": inner_steps, "max_contributions": max_contributions},
         swarm={"max_group_size": max_group_size},
     )
@@ -171,7 +171,7 @@ def round_rows(statuses: List[Optional[Dict[str, Any]]], watcher: Watcher) -> Li
 
 def run_size(peers: int, rounds: int, marks: List[int], args, workdir: Path) -> Dict[str, Any]:
     """One swarm of ``peers`` peers for ``rounds`` rounds: its per-round rows and peer 0's samples."""
-    spec = scale_spec(args.inner_steps, args.max_group_size, args.max_contributions)
+    spec = scale_spec(args.inner_steps, args.max_group_size, args.max_contributions, args.d_model)
     quorum = min(args.quorum or peers, peers)
     watcher = Watcher(marks, args.start_timeout)
     timeout = args.timeout or 300 + 15 * peers * rounds
@@ -255,6 +255,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="every peer's --wait-peers: how many peers must have started before round 1 (default: the whole swarm)")
     ap.add_argument("--max-group-size", type=int, default=16, help="the run spec's swarm.max_group_size (default 16)")
     ap.add_argument("--inner-steps", type=int, default=10, help="H, inner steps a round (default 10)")
+    ap.add_argument("--d-model", type=int, default=32,
+                    help="the model's width (default 32: a 2.4 KiB payload; 128: about 16x the parameters, so the "
+                    "payloads outweigh the sets' lists as they do at real sizes)")
     ap.add_argument("--max-contributions", type=int, default=0,
                     help="the run spec's outer.max_contributions K: at most K contributions a part enter θ, and a peer "
                     "fetches only those of the other groups (default 0: every contribution, every set fetched whole)")
@@ -280,7 +283,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.error("--peers, --rounds and --long-peers must be at least 1, --long-rounds at least 0")
     root = args.workdir or Path(tempfile.mkdtemp(prefix="voloco-scale-"))
     print(f"{now()} | {machine()}\nswarms of {args.peers} peers x {args.rounds} rounds, then {args.long_peers} peers x "
-          f"{args.long_rounds} rounds; tiny SparseLoCo run (d 32, 2 layers, H {args.inner_steps}); logs in {root}", flush=True)
+          f"{args.long_rounds} rounds; tiny SparseLoCo run (d {args.d_model}, 2 layers, H {args.inner_steps}); logs in {root}", flush=True)
     plan = [(n, args.rounds, [1], False) for n in sizes if not (args.long_rounds and n == args.long_peers)]
     if args.long_rounds:
         marks = sorted({m for m in MARKS if m <= args.long_rounds} | {args.long_rounds})
@@ -292,7 +295,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"\n{machine()}, {now()}\n{report(runs)}")
     if args.json:
         args.json.write_text(json.dumps({"machine": machine(), "date": now(), "spec": scale_spec(
-            args.inner_steps, args.max_group_size, args.max_contributions).model_dump(), "runs": runs}, indent=1))
+            args.inner_steps, args.max_group_size, args.max_contributions, args.d_model).model_dump(), "runs": runs}, indent=1))
     return 0 if not any(run["failure"] for run in runs) else 1
 
 

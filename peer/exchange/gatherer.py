@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
 
+import msgpack
 from hivemind.averaging.averager import AveragingMode, DecentralizedAverager
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.dht import DHT
@@ -47,13 +48,14 @@ from hivemind.utils import MPFuture, get_dht_time, get_logger
 from peer.exchange.bounds import CallLimiter, read_bounded_stream, refused, retry_until
 from peer.exchange.identity import payload_signer
 from peer.exchange.late_join import LateJoin
-from peer.exchange.matchmaking import describe_search, read_gathered, refuse_peers, step_outcome
+from peer.exchange.matchmaking import Senders, describe_search, read_gathered, refuse_peers, step_outcome
 from peer.exchange.results import GatherResult, base58
 from peer.exchange.set_lists import ListServer
 from peer.exchange.set_server import SetServer
 from peer.exchange.state_serving import StateServing
 from protocol.round import group_sets, reconcile
 from protocol.errors import ProtocolError
+from protocol.wire.payload import Part
 from protocol.wire.signed import ENVELOPE_OVERHEAD, Binding, Signer
 from protocol.round.timing import Timing
 from swarm.access.admission import Admitted
@@ -84,6 +86,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
     """hivemind matchmaking + a signed, agreed all-gather of one payload per member."""
 
     _round_no = -1  # the round being gathered, set as each round's matchmaking is prepared
+    _senders: Optional[Senders] = None  # who of a group sends a payload this round (None: every member)
     timing = Timing()  # every wait of the exchange; __init__ sets the run's (protocol/round/timing.py)
 
     def __init__(
@@ -151,13 +154,16 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
         self, round_no: int, payload: bytes, *, start_hash: str, expected_size: int, timeout: float,
         give_up: Optional[Callable[[], bool]] = None, read_latency: float = 0.0,
         last: Tuple[str, Sequence[str]] = ("", ()), refused: Sequence[str] = (),
+        senders: Optional[Senders] = None, part: Optional[Part] = None,
     ) -> Optional[GatherResult]:
         """Find a group of this round and all-gather payloads. None if no group formed in time, or
         if ``give_up`` (asked every ``Timing.give_up_poll_s`` while matchmaking is still looking) says that
         no group can form any more: every other peer of the round has gathered already.
         ``read_latency``: how long a DHT read takes here now (``Timing.matchmaking``). ``last``: the
         hash of θ before our last round's outer step and the sets it was concluded from, announced
-        to the group (peer/round/union.py). ``refused``: peers (base58) this matchmaking shuns (``refuse_peers``)."""
+        to the group (peer/round/union.py). ``refused``: peers (base58) this matchmaking shuns (``refuse_peers``).
+        ``senders``, with ``part`` (our payload's, announced): only the members it names send a payload
+        (a round of at most K a part; None: every member sends)."""
         sent0, recv0 = self.bytes_sent, self.bytes_received
         future = MPFuture()
         expected = max(1, min(expected_size, self._max_group_size))
@@ -165,7 +171,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
         # payload over through a file in shared memory instead
         fd, path = tempfile.mkstemp(prefix="voloco-payload-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         with os.fdopen(fd, "wb") as f:
-            f.write(payload)
+            f.write(msgpack.packb([payload, None if senders is None else senders.pack()], use_bin_type=True))
         wait, request = self.timing.matchmaking(read_latency, timeout / 4)
         self.matchmaking_wait = wait  # the merge of this round's sets waits as long for late groups
         self._outer_pipe.send(("_prepare_round", [], dict(round_no=round_no, path=path, expected=expected, future=future,
@@ -177,7 +183,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
             if os.path.exists(path):
                 os.unlink(path)
         try:
-            control = self.step(gather=reconcile.announcement(round_no, start_hash, *last), timeout=timeout,
+            control = self.step(gather=reconcile.announcement(round_no, start_hash, *last, part=part), timeout=timeout,
                                 scheduled_time=get_dht_time() + wait, allow_retries=True, wait=False)
             result = step_outcome(control, give_up, self.timing.give_up_poll_s)
         except Exception as e:  # matchmaking or gather failure: the caller defers this round
@@ -199,7 +205,8 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
                 self._serving = True
                 await self.add_p2p_handlers(self._p2p, namespace=self.prefix)
             with open(path, "rb") as f:
-                self._round_no, self._payload = round_no, f.read()
+                payload, senders = msgpack.unpackb(f.read(), raw=False, strict_map_key=False)
+            self._round_no, self._payload, self._senders = round_no, payload, Senders.unpack(senders)
             mm = self._matchmaking
             self._begin_round_search(mm)
             if mm.is_looking_for_group:
@@ -232,10 +239,15 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
         clients = frozenset(group_info.peer_ids[i].to_base58() for i in kept if gathered[i][1] == AveragingMode.CLIENT.value)
         members = tuple(p.to_bytes() for p in peer_ids)
         binding = Binding(self._run, self._round_no, group_info.group_id, members)
-        group = self._open_group(group_info.group_id, reconcile.Agreement(binding, self._signer, self._max_payload_bytes),
-                                 info=group_info)
+        senders = self._senders and self._senders.of({group_info.peer_ids[i]: a for i, a in kept.items()})
+        agreement = reconcile.Agreement(binding, self._signer, self._max_payload_bytes, senders)
+        group = self._open_group(group_info.group_id, agreement, info=group_info)
         try:
-            group.agreement.seal(self._payload)
+            if self.peer_id.to_bytes() in agreement.senders:
+                agreement.seal(self._payload)
+            else:  # our update stays in our buffers (protocol/round/eligibility.py)
+                logger.info(f"round {self._round_no}: this peer's draw key did not pass the round's threshold: it sends "
+                            f"no payload ({len(agreement.senders)} of the group's {len(members)} do)")
             group.done[0].set()
             await self._agree(group, [p for p in peer_ids if p != self.peer_id])
             outcome = group.agreement.outcome()
@@ -262,11 +274,12 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
         """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed."""
         agreement, gid = group.agreement, group.group_id
         t0, slot = asyncio.get_running_loop().time(), self.gather_timeout
+        sending = [p for p in others if p.to_bytes() in agreement.senders]
         got = await asyncio.gather(
-            *(retry_until(t0 + slot, partial(self._fetch, p, gid, p.to_bytes(), b"", t0 + slot)) for p in others),
+            *(retry_until(t0 + slot, partial(self._fetch, p, gid, p.to_bytes(), b"", t0 + slot)) for p in sending),
             return_exceptions=True,
         )
-        for peer, envelope in zip(others, got):
+        for peer, envelope in zip(sending, got):
             try:
                 if isinstance(envelope, BaseException):
                     raise envelope

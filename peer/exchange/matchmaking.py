@@ -1,5 +1,5 @@
 """voloco's side of hivemind's matchmaking (peer/exchange/gatherer.py's gather): each member's
-matchmaking data read back, a step's outcome (given up while still looking), a step cancelled
+matchmaking data read back, which members send a payload (``Senders``), a step's outcome (given up while still looking), a step cancelled
 without a race, the peers it refuses, and what a search still holds. Its
 times, stretched on a host whose DHT reads are slow, are ``Timing.matchmaking`` (protocol/round/timing.py)."""
 
@@ -8,13 +8,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import TimeoutError as FuturesTimeout
-from typing import Any, Callable, FrozenSet, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence
 
 from hivemind.averaging.control import AveragingStage
 
 from hivemind.proto import averaging_pb2
 from hivemind.utils.mpfuture import MPFuture
 
+from protocol.round import eligibility
+from protocol.round.reconcile import Announced
 from protocol.round.timing import Timing
 
 logger = logging.getLogger(__name__)
@@ -30,6 +33,30 @@ def read_gathered(serializer: Any, raw: bytes) -> Optional[list]:
     except Exception:
         pass
     return None
+
+
+@dataclass(frozen=True)
+class Senders:
+    """What decides which members of a group send their payload, when a round takes at most K a part
+    (protocol/round/eligibility.py): the draw's seed, the lineage's standing and eligibility tables."""
+
+    seed: str
+    standing: Dict[str, int] = field(default_factory=dict)
+    table: Dict[str, int] = field(default_factory=dict)
+
+    def pack(self) -> list:
+        return [self.seed, self.standing, self.table]
+
+    @classmethod
+    def unpack(cls, raw: Optional[Sequence]) -> Optional["Senders"]:
+        return None if raw is None else cls(raw[0], dict(raw[1]), dict(raw[2]))
+
+    def of(self, announced: Mapping[Any, Announced]) -> List[bytes]:
+        """The members (PeerID -> its announcement) whose payload the group gathers, as peer id bytes."""
+        names = {peer.to_base58(): peer for peer in announced}
+        chosen = eligibility.contributors({n: announced[p].part for n, p in names.items()}, self.seed, self.standing,
+                                          self.table)
+        return sorted(names[n].to_bytes() for n in chosen)
 
 
 def cancel_step(control: Any) -> None:
