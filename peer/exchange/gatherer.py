@@ -239,8 +239,8 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
         clients = frozenset(group_info.peer_ids[i].to_base58() for i in kept if gathered[i][1] == AveragingMode.CLIENT.value)
         members = tuple(p.to_bytes() for p in peer_ids)
         binding = Binding(self._run, self._round_no, group_info.group_id, members)
-        senders = self._senders and self._senders.of({group_info.peer_ids[i]: a for i, a in kept.items()})
-        agreement = reconcile.Agreement(binding, self._signer, self._max_payload_bytes, senders)
+        rule = self._senders.of({group_info.peer_ids[i]: a for i, a in kept.items()}) if self._senders else (None, None)
+        agreement = reconcile.Agreement(binding, self._signer, self._max_payload_bytes, *rule)
         group = self._open_group(group_info.group_id, agreement, info=group_info)
         try:
             if self.peer_id.to_bytes() in agreement.senders:

@@ -9,7 +9,7 @@ import asyncio
 import logging
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from hivemind.averaging.control import AveragingStage
 
@@ -51,12 +51,13 @@ class Senders:
     def unpack(cls, raw: Optional[Sequence]) -> Optional["Senders"]:
         return None if raw is None else cls(raw[0], dict(raw[1]), dict(raw[2]))
 
-    def of(self, announced: Mapping[Any, Announced]) -> List[bytes]:
-        """The members (PeerID -> its announcement) whose payload the group gathers, as peer id bytes."""
+    def of(self, announced: Mapping[Any, Announced]) -> Tuple[List[bytes], Dict[bytes, Any]]:
+        """(the members whose payload the group gathers, each member's announced part), by peer id
+        bytes, from each member's announcement (PeerID -> it): ``reconcile.Agreement``'s arguments."""
         names = {peer.to_base58(): peer for peer in announced}
         chosen = eligibility.contributors({n: announced[p].part for n, p in names.items()}, self.seed, self.standing,
                                           self.table)
-        return sorted(names[n].to_bytes() for n in chosen)
+        return sorted(names[n].to_bytes() for n in chosen), {p.to_bytes(): a.part for p, a in announced.items()}
 
 
 def cancel_step(control: Any) -> None:

@@ -55,7 +55,7 @@ import msgpack
 
 from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
-from protocol.wire.payload import Part
+from protocol.wire.payload import Part, claimed_part
 from protocol.wire.signed import (
     DIGEST_BYTES, MAX_ID_BYTES, MAX_PUBLIC_KEY_BYTES, MAX_SIGNATURE_BYTES, Binding, PublicKey, SignatureError, Signer,
     claim_message, open_envelope, payload_digest, relay_message, seal,
@@ -66,6 +66,7 @@ MAX_HASH_CHARS = 64  # an announced start hash is cut to this length
 
 EQUIVOCATED = "equivocated: signed two different payloads for this round (proof held)"
 SILENT = "sent nothing in time: no payload signed by it reached the group"
+MISANNOUNCED = "its payload claims another part than it announced to the group"
 
 Key = Tuple[bytes, bytes]  # (owner, digest)
 
@@ -116,9 +117,11 @@ class Agreement:
     """One member's state of one group's agreement (see the module docstring for the rules)."""
 
     def __init__(self, binding: Binding, signer: Signer, max_payload_bytes: int,
-                 senders: Optional[Collection[bytes]] = None):
+                 senders: Optional[Collection[bytes]] = None, parts: Optional[Dict[bytes, Part]] = None):
         """``senders``: the members that send a payload this round (protocol/round/eligibility.py), the
-        others' values ignored and none of them excluded; None: every member."""
+        others' values ignored and none of them excluded; None: every member. ``parts``: the part each
+        member announced; a kept payload whose header claims another is excluded (``MISANNOUNCED``)."""
+        self.parts = parts
         self.binding, self.context = binding, binding.context
         self.members = tuple(binding.members)
         self._member_set = set(self.members)
@@ -246,7 +249,10 @@ class Agreement:
         proofs: Dict[bytes, Tuple[Value, Value]] = {}
         for member in (m for m in self.members if m in self.senders):
             values = list(self._accepted.get(member, {}).values())
-            if len(values) == 1:
+            if len(values) == 1 and self.parts is not None and claimed_part(
+                    self._payloads[values[0].digest]) != self.parts.get(member):
+                excluded[member] = MISANNOUNCED
+            elif len(values) == 1:
                 payloads[member] = self._payloads[values[0].digest]
             elif not values:
                 excluded[member] = SILENT

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol.round.reconcile import (
-    EQUIVOCATED, MAX_LAST_SETS, SILENT, Agreement, GroupError, agreement_rounds, announcement, parse_announcement, members_of_round,
+    EQUIVOCATED, MAX_LAST_SETS, MISANNOUNCED, SILENT, Agreement, GroupError, agreement_rounds, announcement, parse_announcement, members_of_round,
     parse_answer, parse_request,
 )
 from protocol.wire.signed import Binding, SignatureError, Signer, claim_message, payload_digest, relay_message, seal
@@ -390,6 +390,20 @@ def test_members_outside_the_senders_send_nothing_and_what_they_push_is_ignored_
         members[3].agreement.seal(b"not a sender")
     with pytest.raises(GroupError):
         members[0].agreement.take_envelope(keys[1].peer_id, pushy.envelope)
+
+
+def test_a_payload_that_claims_another_part_than_its_owner_announced_is_excluded_at_every_member():
+    from tests.protocol.test_set_manifests import payload_of
+
+    keys, binding = group(3)
+    parts = {keys[0].peer_id: -1, keys[1].peer_id: (0, 2), keys[2].peer_id: -1}
+    payloads = [payload_of(-1), payload_of(-1, salt=1), payload_of(-1, salt=2)]  # member 1 announced a stage
+    members = [Member(k, binding, payloads[i]) for i, k in enumerate(keys)]
+    for m in members:
+        m.agreement.parts = parts
+    outcome = agreed(run_group(members, members))
+    assert set(outcome.payloads) == {keys[0].peer_id, keys[2].peer_id}
+    assert outcome.excluded == {keys[1].peer_id: MISANNOUNCED}
 
 
 def test_an_announced_part_round_trips_and_a_malformed_one_is_refused():
