@@ -246,8 +246,8 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
             if self.peer_id.to_bytes() in agreement.senders:
                 agreement.seal(self._payload)
             else:  # our update stays in our buffers (protocol/round/eligibility.py)
-                logger.info(f"round {self._round_no}: this peer's draw key did not pass the round's threshold: it sends "
-                            f"no payload ({len(agreement.senders)} of the group's {len(members)} do)")
+                logger.info(f"round {self._round_no}: this peer is not one of the round's senders: it sends no payload, "
+                            f"its update waits ({len(agreement.senders)} of the group's {len(members)} send)")
             group.done[0].set()
             await self._agree(group, [p for p in peer_ids if p != self.peer_id])
             outcome = group.agreement.outcome()

@@ -38,25 +38,23 @@ def read_gathered(serializer: Any, raw: bytes) -> Optional[list]:
 @dataclass(frozen=True)
 class Senders:
     """What decides which members of a group send their payload, when a round takes at most K a part
-    (protocol/round/eligibility.py): the draw's seed, the lineage's standing and eligibility tables."""
+    (protocol/round/eligibility.py): the draw's seed and the lineage's eligibility table."""
 
     seed: str
-    standing: Dict[str, int] = field(default_factory=dict)
     table: Dict[str, int] = field(default_factory=dict)
 
     def pack(self) -> list:
-        return [self.seed, self.standing, self.table]
+        return [self.seed, self.table]
 
     @classmethod
     def unpack(cls, raw: Optional[Sequence]) -> Optional["Senders"]:
-        return None if raw is None else cls(raw[0], dict(raw[1]), dict(raw[2]))
+        return None if raw is None else cls(raw[0], dict(raw[1]))
 
     def of(self, announced: Mapping[Any, Announced]) -> Tuple[List[bytes], Dict[bytes, Any]]:
         """(the members whose payload the group gathers, each member's announced part), by peer id
         bytes, from each member's announcement (PeerID -> it): ``reconcile.Agreement``'s arguments."""
         names = {peer.to_base58(): peer for peer in announced}
-        chosen = eligibility.contributors({n: announced[p].part for n, p in names.items()}, self.seed, self.standing,
-                                          self.table)
+        chosen = eligibility.contributors({n: announced[p].part for n, p in names.items()}, self.seed, self.table)
         return sorted(names[n].to_bytes() for n in chosen), {p.to_bytes(): a.part for p, a in announced.items()}
 
 

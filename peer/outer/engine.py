@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -170,6 +170,15 @@ class RoundEngine:
         chosen = choice.choose(valid, k, f"{base}:{round_no}", standing)
         picked = set(chosen)
         return chosen, invalid, [s for s in valid if s not in picked]
+
+    def senders(self, parts: Mapping[str, Optional[Part]], round_no: int, base: str) -> Set[str]:
+        """Of ``parts`` (sender -> the part it announced), those this lineage's eligibility table lets
+        send in round ``round_no`` from θ ``base`` (protocol/round/eligibility.py): the payloads a
+        round of at most K gathers; every sender where rounds take every contribution."""
+        if getattr(self.strategy, "max_contributions", 0) <= 0:
+            return set(parts)
+        with self.lock:
+            return eligibility.contributors(parts, f"{base}:{round_no}", self.eligibility)
 
     def decode(self, payloads: Mapping[str, bytes]) -> Tuple[List[Tensors], Dict[str, str]]:
         """Every payload decoded in the canonical order, and the senders whose payload is invalid."""

@@ -14,8 +14,9 @@ claimed part, checked by the set's name), not whole. ``take`` then
    holds its list (the next one for those that failed), checked against the list's entry; one
    whose header claims another part than its entry is refused for the round, on every member alike.
 
-Before all this, the round's gather sent only the payloads whose draw key passes the lineage's
-threshold (``senders``, protocol/round/eligibility.py), so the sets and lists hold about 2 K a part.
+Before all this, the round's gather sent only the payloads of the members the lineage's
+eligibility table lets send (``senders``, protocol/round/eligibility.py): the sets and lists hold
+about 2 K a part.
 So a peer downloads at most K payloads a part from the round's other groups (and at most K more
 where lists disagree on parts), whatever the swarm's size. A chosen payload that cannot be had in
 time is left out here: this member's θ is then short of what its union names, so it announces no
@@ -89,12 +90,12 @@ def contributions(peer, merged, payloads: Dict[str, bytes], excluded: Dict[str, 
 
 def senders(engine, start_hash: str, payload: bytes) -> Dict[str, object]:
     """What the round's gather needs to send only the payloads its draw can take (protocol/round/
-    eligibility.py): the draw's seed and the lineage's tables, and our payload's part to announce;
+    eligibility.py): the draw's seed and the lineage's table, and our payload's part to announce;
     nothing where the round takes every contribution (``outer.max_contributions`` = 0)."""
     if getattr(engine.strategy, "max_contributions", 0) <= 0:
         return {}
     with engine.lock:
-        rule = Senders(f"{start_hash}:{engine.round}", dict(engine.standing), dict(engine.eligibility))
+        rule = Senders(f"{start_hash}:{engine.round}", dict(engine.eligibility))
     return {"senders": rule, "part": claimed_part(payload)}
 
 

@@ -49,6 +49,7 @@ from peer.round.loop import continue_from
 from peer.outer.strategies import Tensors
 from protocol.model.partial import FULL
 from protocol.spec import RunSpec
+from protocol.wire.payload import claimed_part
 
 __all__ = [
     "RoundStats",
@@ -303,21 +304,24 @@ def simulate(
         first: Optional[Tuple[List[str], List[str]]] = None  # replica 0's (chosen, passed over)
         leader: Optional[Settled] = None
         decode_s = 0.0
+        # with K > 0 only the payloads the lineage's eligibility table lets send are sent at all
+        kept = reps[0].engine.senders({s: claimed_part(p) for s, p in payloads.items()}, round_no, reps[0].engine.params_hash())
+        offered, unsent = {s: p for s, p in payloads.items() if s in kept}, sorted(set(payloads) - kept)
         for rep in reps:
             if leader is not None and conclude_rounds is not None and round_no >= conclude_rounds:
                 rep.engine.follow(reps[0].engine, leader, pendings[rep.sender], rep.sender)
                 continue
             if verify or shared_decoded is None:
                 t_decode = time.monotonic()
-                chosen, invalid, passed = rep.engine.choose(payloads, round_no, rep.engine.params_hash())
+                chosen, invalid, passed = rep.engine.choose(offered, round_no, rep.engine.params_hash())
                 decoded, bad = rep.engine.decode(chosen)
                 decode_s = decode_s or time.monotonic() - t_decode
                 if invalid or bad:
                     raise AssertionError(f"round {round_no}: replica {rep.sender} rejected payloads: {invalid or bad}")
                 if shared_decoded is None:
-                    shared_decoded, first = decoded, (sorted(chosen), passed)
+                    shared_decoded, first = decoded, (sorted(chosen), sorted(passed + unsent))
                 else:
-                    if (sorted(chosen), passed) != first:
+                    if (sorted(chosen), sorted(passed + unsent)) != first:
                         raise AssertionError(f"round {round_no}: replica {rep.sender} chose differently")
                     _assert_same(shared_decoded, decoded, f"round {round_no}: replica {rep.sender} decoded differently")
             else:

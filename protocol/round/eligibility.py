@@ -1,34 +1,31 @@
 """Which members of a group send their payload at all, when a round takes at most K contributions a part.
 
 With ``outer.max_contributions`` = K the round's draw (protocol/round/choice.py) keeps, of every
-part, the K senders with the largest keys ``u^(1/w)``. A sender's key is known before any payload
-moves: ``u`` comes from the round's seed (the hash of the θ it starts from, and the round number)
-and the sender's name, ``w`` from its standing in the lineage. So a group need not gather every
-member's payload to learn which ones can be drawn: it gathers only the payloads whose key passes a
-**threshold** τ of their part, and the round's union holds about ``MARGIN`` × K of them a part instead
-of every member's (docs/scale.md). The draw then takes the K largest keys of that union: the same K
-as a draw over every member whenever at least K passed, since the keys that pass τ are the largest.
+part, K senders by weighted keys that only exist once the round starts (the seed is the hash of the
+θ it starts from, and the round number). A group need not gather every member's payload for it: each
+member **sends** its payload only with probability p, its part's, decided by SHA-256 of the seed and
+its name (independent of its draw key), so the round's union holds about ``MARGIN`` × K payloads a
+part instead of every member's, and the draw takes K of those by the same weighted keys as before
+(docs/scale.md): a weighted draw from a uniform sample of the senders, so standing counts as much as
+it did.
 
-τ comes from a probability p per part, kept in the lineage (``update``): an established sender
-(weight 4) passes with probability p, τ = (1 − p)^(1/4), a sender of weight w with 1 − (1 − p)^(w/4)
-(a fresh identity about a quarter as often). After each round every member moves p by the number of
-that part's contributions E in the round's union, halfway towards MARGIN × K / E of itself: E
-estimates p × (the part's senders), so p follows the swarm's size without anyone counting it. A
-part with no contribution in the union doubles its p back towards 1 (everyone sends).
+p is kept per part in the lineage (``update``): after each round every member moves it halfway
+towards MARGIN × K / E of itself, E that part's candidates in the round's union. E / p estimates the
+part's senders, so p follows the swarm's size without anyone counting it; a part with no candidate
+doubles its p back towards 1 (everyone sends).
 
-Every decision is exact integer arithmetic (p in units of 2^-20; τ as a 64-bit fraction from integer
-square roots), so every member of a lineage computes the same contributors on any machine. A member
-whose lineage differs (another θ) may expect other owners; its θ differs already, and the next
-round's start vote repairs it. Pure (tests/protocol/test_eligibility.py).
+Every decision is exact integer arithmetic (p in units of 2^-20), so every member of a lineage
+computes the same senders on any machine. A member whose lineage differs (another θ) may expect
+other owners; its θ differs already, and the next round's start vote repairs it. Pure
+(tests/protocol/test_eligibility.py).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, Mapping, Optional, Set
 
 from protocol.errors import ProtocolError
-from protocol.round.choice import D, uniform, weight
+from protocol.round.choice import uniform
 from protocol.wire.payload import Part
 
 __all__ = ["ONE", "MARGIN", "MAX_PARTS", "EligibilityError", "part_key", "probability", "eligible", "contributors",
@@ -54,26 +51,16 @@ def probability(table: Mapping[str, int], part: Part) -> int:
     return table.get(part_key(part), ONE)
 
 
-def _tau(p: int) -> int:
-    """T with τ = T / 2^64 = (1 − p)^(1/4), rounded down: two integer square roots."""
-    return math.isqrt(math.isqrt(((ONE - p) << 256) // ONE))
+def eligible(seed: str, sender: str, p: int) -> bool:
+    """Whether ``sender`` sends its payload in the round of ``seed`` at probability ``p``: U / 2^64 at
+    most p, with U from SHA-256 of the seed, a tag and its name (not its draw key), in integers."""
+    return p >= ONE or uniform(f"{seed}\x00send", sender) * ONE <= p << 64
 
 
-def eligible(seed: str, sender: str, rounds_counted: int, p: int) -> bool:
-    """Whether ``sender``'s draw key passes the threshold of probability ``p``: u^(1/w) > τ, that is
-    U / D > (T / 2^64)^w, compared in integers."""
-    if p >= ONE:
-        return True
-    w = weight(rounds_counted)
-    return uniform(seed, sender) << (64 * w) > _tau(max(p, 1)) ** w * D
-
-
-def contributors(parts: Mapping[str, Optional[Part]], seed: str, standing: Mapping[str, int],
-                 table: Mapping[str, int]) -> Set[str]:
+def contributors(parts: Mapping[str, Optional[Part]], seed: str, table: Mapping[str, int]) -> Set[str]:
     """The members (name -> the part it announced) whose payload a group gathers this round. A member
     that announced no part sends none."""
-    return {m for m, part in parts.items()
-            if part is not None and eligible(seed, m, standing.get(m, 0), probability(table, part))}
+    return {m for m, part in parts.items() if part is not None and eligible(seed, m, probability(table, part))}
 
 
 def update(table: Mapping[str, int], counts: Mapping[str, int], k: int) -> Dict[str, int]:

@@ -12,34 +12,33 @@ def _names(n):
     return [f"peer{i:04d}" for i in range(n)]
 
 
-def test_the_rate_follows_p_and_a_fresh_identity_passes_about_a_quarter_as_often():
+def test_a_member_sends_with_its_parts_probability_whatever_its_standing():
     names = _names(4000)
-    p = ONE // 4
-    established = sum(eligibility.eligible("seed:3", s, 5, p) for s in names)
-    fresh = sum(eligibility.eligible("seed:3", s, 0, p) for s in names)
-    assert 900 < established < 1100  # p = 1/4 of 4,000
-    assert 180 < fresh < 360  # 1 - (3/4)^(1/4) = 6.9 % of 4,000 = 277
-    assert all(eligibility.eligible("seed:3", s, 0, ONE) for s in names[:50])
+    sent = sum(eligibility.eligible("seed:3", s, ONE // 4) for s in names)
+    assert 900 < sent < 1100  # p = 1/4 of 4,000
+    assert all(eligibility.eligible("seed:3", s, ONE) for s in names[:50])
+    assert eligibility.contributors({s: -1 for s in names[:50]}, "seed:3", {}) == set(names[:50])
 
 
-def test_those_that_pass_are_the_largest_keys_so_the_draw_over_them_is_the_draw_over_everyone():
-    names = _names(300)
-    standing = {s: i % 5 for i, s in enumerate(names)}
-    parts = {s: -1 for s in names}
-    for seed in ("a:1", "b:2", "c:3"):
-        passed = eligibility.contributors(parts, seed, standing, {"-1": ONE // 10})
-        k = 8
-        assert len(passed) >= k
-        everyone = choice.choose(parts, k, seed, standing)
-        assert choice.choose({s: -1 for s in passed}, k, seed, standing) == everyone
-        assert set(everyone) <= passed
+def test_the_draw_over_the_senders_still_weighs_standing():
+    """Sending is independent of the draw key: the draw over the senders is a weighted draw from a
+    uniform sample, so established senders are drawn about as much more often as over everyone."""
+    names = _names(400)
+    standing = {s: (3 if i % 2 else 0) for i, s in enumerate(names)}
+    established = fresh = 0
+    for r in range(40):
+        seed = f"theta:{r}"
+        sent = eligibility.contributors({s: -1 for s in names}, seed, {"-1": ONE // 8})
+        for s in choice.choose({s: -1 for s in sent}, 8, seed, standing):
+            established, fresh = established + (standing[s] > 0), fresh + (standing[s] == 0)
+    assert established > 2.5 * fresh
 
 
 def test_a_member_without_a_part_sends_nothing_and_each_part_has_its_own_p():
-    parts = {"a": -1, "b": (0, 2), "c": None}
-    table = {"-1": 1}  # the full part: almost nobody
-    got = eligibility.contributors(parts, "s:1", {}, table)
-    assert "c" not in got and "b" in got  # the stage's part is absent from the table: p = 1
+    names = _names(200)
+    parts = {**{s: -1 for s in names[:100]}, **{s: (0, 2) for s in names[100:199]}, names[199]: None}
+    got = eligibility.contributors(parts, "s:1", {"-1": ONE // 10})  # the stage's part is absent: p = 1
+    assert names[199] not in got and set(names[100:199]) <= got and len(got & set(names[:100])) < 25
     assert eligibility.part_key((0, 2)) == "0:2" and eligibility.part_key(3) == "3"
 
 
