@@ -124,37 +124,32 @@ class RoundEngine:
         delta = pseudo_gradient(dict(round_start), trained, self.strategy.layout)
         return self.strategy.encode(delta, self.round)
 
-    def choose(self, payloads: Mapping[str, bytes], round_no: int, base: str,
-               standing: Optional[Mapping[str, int]] = None) -> Tuple[Dict[str, bytes], Dict[str, str], List[str]]:
+    def choose(self, payloads: Mapping[str, bytes], round_no: int, base: str, standing: Optional[Mapping[str, int]] = None,
+               table: Optional[Mapping[str, int]] = None) -> Tuple[Dict[str, bytes], Dict[str, str], List[str]]:
         """(the payloads that enter θ, the senders whose payload claims no part of this run with why,
         the senders passed over): ``draw`` over the parts the payloads' headers claim. Every payload
-        when the round has no more than ``outer.max_contributions`` (tests/outer/test_choice_engine.py)."""
-        k = getattr(self.strategy, "max_contributions", 0)
-        if k <= 0 or len(payloads) <= k:  # every payload: no header read
+        when the round takes every contribution (tests/outer/test_choice_engine.py)."""
+        if getattr(self.strategy, "max_contributions", 0) <= 0:  # every payload: no header read
             return dict(payloads), {}, []
         limit = self.strategy.max_payload_bytes
-        chosen, invalid, passed = self.draw({s: claimed_part(p, limit) for s, p in payloads.items()}, round_no, base, standing)
+        chosen, invalid, passed = self.draw({s: claimed_part(p, limit) for s, p in payloads.items()}, round_no, base,
+                                            standing, table)
         return {s: payloads[s] for s in chosen}, invalid, passed
 
-    def draw(self, parts: Mapping[str, Optional[Part]], round_no: int, base: str,
-             standing: Optional[Mapping[str, int]] = None) -> Tuple[List[str], Dict[str, str], List[str]]:
+    def draw(self, parts: Mapping[str, Optional[Part]], round_no: int, base: str, standing: Optional[Mapping[str, int]] = None,
+             table: Optional[Mapping[str, int]] = None) -> Tuple[List[str], Dict[str, str], List[str]]:
         """(the senders whose contributions enter θ, those whose payload claims no part of this run
         with why, those passed over), from each sender's claimed part alone (``parts``: what a set's
         list names, protocol/round/set_manifests.py, so a peer draws before it fetches): at most
         ``outer.max_contributions`` per part, drawn by protocol/round/choice.py with the seed of round
-        ``round_no`` from ``base``, the hash of the θ it starts from. Every sender when the round has no
-        more than that; the rest of a payload's header is checked when it is decoded. ``standing``: the
-        table as of that round (a round concluded again: ``snapshot``'s), else the current one."""
+        ``round_no`` from ``base``, the hash of the θ it starts from, from the senders the eligibility
+        table let send (protocol/round/eligibility.py: a payload in the union from a member that was
+        not to send, a lone peer's own set or a set made up by anyone, is passed over, alike on every
+        member). Every sender when the round takes every contribution; the rest of a payload's header
+        is checked when it is decoded. ``standing``, ``table``: the tables as of that round (a round
+        concluded again: ``snapshot``'s), else the current ones."""
         k = getattr(self.strategy, "max_contributions", 0)
-        if k > 0:  # what concluding this round moves the eligibility table by
-            counts: Dict[str, int] = {}
-            for part in parts.values():
-                if part is not None and self.strategy.layout_of(part) is not None:
-                    counts[eligibility.part_key(part)] = counts.get(eligibility.part_key(part), 0) + 1
-            with self.lock:
-                self._candidates = {r: c for r, c in self._candidates.items() if r >= self.round - 1}
-                self._candidates[round_no] = counts
-        if k <= 0 or len(parts) <= k:
+        if k <= 0:
             return sorted(parts), {}, []
         valid: Dict[str, Part] = {}
         invalid: Dict[str, str] = {}
@@ -164,10 +159,17 @@ class RoundEngine:
                 invalid[sender] = f"invalid payload: its header claims no part of this run ({part!r:.40})"
             else:
                 valid[sender] = part
-        if standing is None:
-            with self.lock:
-                standing = dict(self.standing)
-        chosen = choice.choose(valid, k, f"{base}:{round_no}", standing)
+        seed = f"{base}:{round_no}"
+        with self.lock:
+            standing = dict(self.standing) if standing is None else standing
+            table = dict(self.eligibility) if table is None else table
+            sent = {s: part for s, part in valid.items() if eligibility.eligible(seed, s, eligibility.probability(table, part))}
+            counts: Dict[str, int] = {}  # what concluding this round moves the eligibility table by
+            for part in sent.values():
+                counts[eligibility.part_key(part)] = counts.get(eligibility.part_key(part), 0) + 1
+            self._candidates = {r: c for r, c in self._candidates.items() if r >= self.round - 1}
+            self._candidates[round_no] = counts
+        chosen = choice.choose(sent, k, seed, standing)
         picked = set(chosen)
         return chosen, invalid, [s for s in valid if s not in picked]
 

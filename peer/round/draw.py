@@ -113,10 +113,11 @@ def fetch_checked_list(gatherer, spec, source: str, digest: str, round_no: int, 
 
 
 def take(peer, round_no: int, base: str, held: Mapping[str, Mapping[str, bytes]], lists: Mapping[str, SetList],
-         fetch_s: float, standing: Optional[Mapping[str, int]] = None) -> Drawn:
+         fetch_s: float, standing: Optional[Mapping[str, int]] = None, table: Optional[Mapping[str, int]] = None) -> Drawn:
     """Draw the round's contributions from ``held`` (set name -> sender -> payload, sets held whole)
     and ``lists`` (set name -> SetList), and fetch the chosen payloads not held, all within ``fetch_s``
-    (see the module docstring). ``standing``: the table the draw weighs by (``RoundEngine.draw``)."""
+    (see the module docstring). ``standing``, ``table``: the tables the draw weighs by and sends by
+    (``RoundEngine.draw``)."""
     engine, gatherer = peer.engine, peer.gatherer
     limit = gatherer.max_payload_bytes
     sets: Dict[str, Dict[str, Entry]] = {name: entries_of(payloads) for name, payloads in held.items()}
@@ -142,7 +143,7 @@ def take(peer, round_no: int, base: str, held: Mapping[str, Mapping[str, bytes]]
             continue
         have[sender] = payload
         entries[sender] = Entry(entries[sender].digest, claimed_part(payload, limit))
-    chosen, invalid, passed = engine.draw({s: e.part for s, e in entries.items()}, round_no, base, standing)
+    chosen, invalid, passed = engine.draw({s: e.part for s, e in entries.items()}, round_no, base, standing, table)
     wanted = [s for s in chosen if s not in invalid]
     got = _fetch_all(peer, round_no, {s: entries[s] for s in wanted if s not in have}, lists, deadline)
     payloads: Dict[str, bytes] = {}

@@ -102,7 +102,7 @@ def test_each_round_moves_the_eligibility_table_alike_and_it_travels_with_the_st
     for round_no in range(2):
         encoded = [e.encode(e.theta, trained(e.theta, seed=i + 10 * round_no)) for i, e in enumerate(group)]
         payloads = {f"peer{i}": data for i, (data, _) in enumerate(encoded)}
-        snap = group[0].snapshot()
+        snap, base = group[0].snapshot(), group[0].params_hash()
         for i, e in enumerate(group):
             e.settle_round(payloads, encoded[i][1], me=f"peer{i}")
     tables = {tuple(sorted(e.eligibility.items())) for e in group}
@@ -115,8 +115,22 @@ def test_each_round_moves_the_eligibility_table_alike_and_it_travels_with_the_st
     assert meta["eligibility"] == group[0].eligibility
     # concluding the last round again starts from the table it started from, moved by that round's draw
     table = dict(group[0].eligibility)
-    group[0].choose(payloads, snap[0], "any base")
+    group[0].choose(payloads, snap[0], base, *snap[3:])
     group[0].redo(snap, [])
     assert group[0].eligibility == table != snap[4]
     group[0].redo(snap, [])  # no draw of that round this time: not moved
     assert group[0].eligibility == snap[4]
+
+
+def test_a_payload_from_a_member_that_was_not_to_send_is_passed_over_alike_everywhere():
+    """A lone peer's own set, or a set anyone makes up, can put such a payload in the union: the draw
+    takes only the senders the eligibility table let send, and only they count for the table."""
+    e = engines(1, k=2)[0]
+    data, _ = e.encode(e.theta, trained(e.theta, seed=1))
+    payloads = {f"peer{i:02d}": data for i in range(40)}
+    e.install(e.theta, 0, eligibility={"-1": eligibility.ONE // 4})
+    chosen, invalid, passed = e.choose(payloads, 0, "base")
+    sent = eligibility.contributors({s: -1 for s in payloads}, "base:0", e.eligibility)
+    assert 2 < len(sent) < 25 and set(chosen) <= sent and not invalid
+    assert set(passed) == set(payloads) - set(chosen)
+    assert e._candidates[0] == {"-1": len(sent)}
