@@ -120,9 +120,10 @@ def collect(spec: RunSpec, engine: RoundEngine, role, tokens: int,
         "optimizer": trainer["optimizer"],
         "tokens": tokens,
         "standing": table,  # the lineage's standing table (protocol/round/standing.py); older checkpoints lack it
-        "eligibility": who_sends,  # who sends a payload when a round takes at most K (protocol/round/eligibility.py)
         "run_spec": spec.to_dict(),  # the whole spec, so `voloco export`/`generate` need nothing else
     }
+    if who_sends:  # who sends a payload when a round takes at most K (protocol/round/eligibility.py)
+        meta["eligibility"] = who_sends
     return tensors, meta
 
 

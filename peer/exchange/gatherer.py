@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
 
-import msgpack
 from hivemind.averaging.averager import AveragingMode, DecentralizedAverager
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.dht import DHT
@@ -48,7 +47,7 @@ from hivemind.utils import MPFuture, get_dht_time, get_logger
 from peer.exchange.bounds import CallLimiter, read_bounded_stream, refused, retry_until
 from peer.exchange.identity import payload_signer
 from peer.exchange.late_join import LateJoin
-from peer.exchange.matchmaking import Senders, describe_search, read_gathered, refuse_peers, step_outcome
+from peer.exchange.matchmaking import describe_search, read_gathered, refuse_peers, senders_of, step_outcome
 from peer.exchange.results import GatherResult, base58
 from peer.exchange.set_lists import ListServer
 from peer.exchange.set_server import SetServer
@@ -86,7 +85,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
     """hivemind matchmaking + a signed, agreed all-gather of one payload per member."""
 
     _round_no = -1  # the round being gathered, set as each round's matchmaking is prepared
-    _senders: Optional[Senders] = None  # who of a group sends a payload this round (None: every member)
+    _senders = False  # a round of at most K a part: only members announcing a part send (matchmaking.senders_of)
     timing = Timing()  # every wait of the exchange; __init__ sets the run's (protocol/round/timing.py)
 
     def __init__(
@@ -154,7 +153,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
         self, round_no: int, payload: bytes, *, start_hash: str, expected_size: int, timeout: float,
         give_up: Optional[Callable[[], bool]] = None, read_latency: float = 0.0,
         last: Tuple[str, Sequence[str]] = ("", ()), refused: Sequence[str] = (),
-        senders: Optional[Senders] = None, part: Optional[Part] = None,
+        senders: bool = False, part: Optional[Part] = None,
     ) -> Optional[GatherResult]:
         """Find a group of this round and all-gather payloads. None if no group formed in time, or
         if ``give_up`` (asked every ``Timing.give_up_poll_s`` while matchmaking is still looking) says that
@@ -162,8 +161,8 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
         ``read_latency``: how long a DHT read takes here now (``Timing.matchmaking``). ``last``: the
         hash of θ before our last round's outer step and the sets it was concluded from, announced
         to the group (peer/round/union.py). ``refused``: peers (base58) this matchmaking shuns (``refuse_peers``).
-        ``senders``, with ``part`` (our payload's, announced): only the members it names send a payload
-        (a round of at most K a part; None: every member sends)."""
+        ``senders``: a round of at most K a part, where only the members that announce a ``part`` send a
+        payload (we do if ``part`` is given: ``matchmaking.senders_of``); else every member sends."""
         sent0, recv0 = self.bytes_sent, self.bytes_received
         future = MPFuture()
         expected = max(1, min(expected_size, self._max_group_size))
@@ -171,10 +170,11 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
         # payload over through a file in shared memory instead
         fd, path = tempfile.mkstemp(prefix="voloco-payload-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         with os.fdopen(fd, "wb") as f:
-            f.write(msgpack.packb([payload, None if senders is None else senders.pack()], use_bin_type=True))
+            f.write(payload)
         wait, request = self.timing.matchmaking(read_latency, timeout / 4)
         self.matchmaking_wait = wait  # the merge of this round's sets waits as long for late groups
         self._outer_pipe.send(("_prepare_round", [], dict(round_no=round_no, path=path, expected=expected, future=future,
+                                                          senders=senders,
                                                           matchmaking_time=wait, request_timeout=request,
                                                           refused=sorted(refused))))
         try:
@@ -197,7 +197,8 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
 
     # ---- averager-process side: one group's all-gather ----------------------------------------
     async def _prepare_round(self, round_no: int, path: str, expected: int, future: MPFuture,
-                             matchmaking_time: float, request_timeout: float, refused: Sequence[str] = ()):
+                             matchmaking_time: float, request_timeout: float, refused: Sequence[str] = (),
+                             senders: bool = False):
         try:
             if self.client_mode and not getattr(self, "_serving", False):
                 # hivemind's client mode registers no handlers; members still pull this peer's payload
@@ -205,8 +206,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
                 self._serving = True
                 await self.add_p2p_handlers(self._p2p, namespace=self.prefix)
             with open(path, "rb") as f:
-                payload, senders = msgpack.unpackb(f.read(), raw=False, strict_map_key=False)
-            self._round_no, self._payload, self._senders = round_no, payload, Senders.unpack(senders)
+                self._round_no, self._payload, self._senders = round_no, f.read(), senders
             mm = self._matchmaking
             self._begin_round_search(mm)
             if mm.is_looking_for_group:
@@ -239,7 +239,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
         clients = frozenset(group_info.peer_ids[i].to_base58() for i in kept if gathered[i][1] == AveragingMode.CLIENT.value)
         members = tuple(p.to_bytes() for p in peer_ids)
         binding = Binding(self._run, self._round_no, group_info.group_id, members)
-        rule = self._senders.of({group_info.peer_ids[i]: a for i, a in kept.items()}) if self._senders else (None, None)
+        rule = senders_of({group_info.peer_ids[i]: a for i, a in kept.items()}) if self._senders else (None, None)
         agreement = reconcile.Agreement(binding, self._signer, self._max_payload_bytes, *rule)
         group = self._open_group(group_info.group_id, agreement, info=group_info)
         try:

@@ -1,5 +1,5 @@
 """voloco's side of hivemind's matchmaking (peer/exchange/gatherer.py's gather): each member's
-matchmaking data read back, which members send a payload (``Senders``), a step's outcome (given up while still looking), a step cancelled
+matchmaking data read back, which members send a payload (``senders_of``), a step's outcome (given up while still looking), a step cancelled
 without a race, the peers it refuses, and what a search still holds. Its
 times, stretched on a host whose DHT reads are slow, are ``Timing.matchmaking`` (protocol/round/timing.py)."""
 
@@ -8,15 +8,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import TimeoutError as FuturesTimeout
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 from hivemind.averaging.control import AveragingStage
 
 from hivemind.proto import averaging_pb2
 from hivemind.utils.mpfuture import MPFuture
 
-from protocol.round import eligibility
 from protocol.round.reconcile import Announced
 from protocol.round.timing import Timing
 
@@ -35,27 +33,15 @@ def read_gathered(serializer: Any, raw: bytes) -> Optional[list]:
     return None
 
 
-@dataclass(frozen=True)
-class Senders:
-    """What decides which members of a group send their payload, when a round takes at most K a part
-    (protocol/round/eligibility.py): the draw's seed and the lineage's eligibility table."""
-
-    seed: str
-    table: Dict[str, int] = field(default_factory=dict)
-
-    def pack(self) -> list:
-        return [self.seed, self.table]
-
-    @classmethod
-    def unpack(cls, raw: Optional[Sequence]) -> Optional["Senders"]:
-        return None if raw is None else cls(raw[0], dict(raw[1]))
-
-    def of(self, announced: Mapping[Any, Announced]) -> Tuple[List[bytes], Dict[bytes, Any]]:
-        """(the members whose payload the group gathers, each member's announced part), by peer id
-        bytes, from each member's announcement (PeerID -> it): ``reconcile.Agreement``'s arguments."""
-        names = {peer.to_base58(): peer for peer in announced}
-        chosen = eligibility.contributors({n: announced[p].part for n, p in names.items()}, self.seed, self.table)
-        return sorted(names[n].to_bytes() for n in chosen), {p.to_bytes(): a.part for p, a in announced.items()}
+def senders_of(announced: Mapping[Any, Announced]) -> Tuple[List[bytes], Dict[bytes, Any]]:
+    """In a round of at most K a part: (the members that send a payload, their announced parts), by peer
+    id bytes, from each member's announcement (PeerID -> it). A member announces a part only when the
+    lineage's eligibility table lets it send (protocol/round/eligibility.py, decided with its own
+    seed and table); reading the decision from the announcements, which every member holds alike,
+    keeps the group's agreement one even where members start from different θ. The round's draw
+    checks eligibility again (``RoundEngine.draw``): announcing falsely only ships a payload."""
+    sending = {peer: a.part for peer, a in announced.items() if a.part is not None}
+    return sorted(peer.to_bytes() for peer in sending), {peer.to_bytes(): part for peer, part in sending.items()}
 
 
 def cancel_step(control: Any) -> None:

@@ -24,6 +24,12 @@ class GatherResult:
     bytes_sent: int = 0
     bytes_received: int = 0
 
+    @property
+    def present(self) -> List[str]:
+        """The members the gather did not exclude: its senders and, in a round of at most K a part, the
+        members that sent nothing by design (protocol/round/eligibility.py). The same on every member."""
+        return [m for m in self.group if m not in self.excluded]
+
 
 def base58(peer_id_bytes: bytes) -> str:
     """A peer id as hivemind's messages carry it (bytes), as the run's records name it."""

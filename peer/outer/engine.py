@@ -114,7 +114,7 @@ class RoundEngine:
         with self.lock:
             shared = self.strategy.shared_state()
             meta = {"round": self.round, "names": list(self._theta), "shared": sorted(shared),
-                    "standing": dict(self.standing), "eligibility": dict(self.eligibility)}
+                    "standing": dict(self.standing), **({"eligibility": dict(self.eligibility)} if self.eligibility else {})}
             tensors = [t.clone() for t in self._theta.values()] + [shared[k].clone() for k in sorted(shared)]
         return meta, tensors
 

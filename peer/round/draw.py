@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from peer.exchange.matchmaking import Senders
 from peer.exchange.results import base58
 from protocol.round import set_manifests
 from protocol.round.group_sets import SetError
@@ -88,15 +87,16 @@ def contributions(peer, merged, payloads: Dict[str, bytes], excluded: Dict[str, 
     return chosen, invalid, passed, list(payloads), excluded
 
 
-def senders(engine, start_hash: str, payload: bytes) -> Dict[str, object]:
+def senders(engine, start_hash: str, payload: bytes, me: str) -> Dict[str, object]:
     """What the round's gather needs to send only the payloads its draw can take (protocol/round/
-    eligibility.py): the draw's seed and the lineage's table, and our payload's part to announce;
-    nothing where the round takes every contribution (``outer.max_contributions`` = 0)."""
+    eligibility.py): that the round takes at most K a part, and our payload's part to announce if the
+    lineage's table lets ``me`` send this round (none: we send nothing, our update waits); nothing
+    where the round takes every contribution (``outer.max_contributions`` = 0)."""
     if getattr(engine.strategy, "max_contributions", 0) <= 0:
         return {}
-    with engine.lock:
-        rule = Senders(f"{start_hash}:{engine.round}", dict(engine.eligibility))
-    return {"senders": rule, "part": claimed_part(payload)}
+    part = claimed_part(payload)
+    sending = part is not None and me in engine.senders({me: part}, engine.round, start_hash)
+    return {"senders": True, "part": part if sending else None}
 
 
 def fetch_checked_list(gatherer, spec, source: str, digest: str, round_no: int, timeout: float) -> Optional[SetList]:

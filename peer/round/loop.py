@@ -306,7 +306,7 @@ class RoundLoop:
                 timeout=peer.membership.straggler_allowance() if short else peer.membership.timing.round_wait_s,
                 give_up=give_up, refused=peer.membership.refused(engine.round),
                 read_latency=peer.membership.read_latency(),
-                last=union.announce(self._last_round, engine), **draw.senders(engine, start_hash, h.payload),
+                last=union.announce(self._last_round, engine), **draw.senders(engine, start_hash, h.payload, peer.peer_id),
             )
             # given up while matchmaking (give_up.fired): our payload went nowhere and only a set of our
             # lineage can be taken (adopt_round_set: last round's groupmates, or the downloaded state's

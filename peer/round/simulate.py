@@ -324,7 +324,8 @@ def simulate(
                     if (sorted(chosen), sorted(passed + unsent)) != first:
                         raise AssertionError(f"round {round_no}: replica {rep.sender} chose differently")
                     _assert_same(shared_decoded, decoded, f"round {round_no}: replica {rep.sender} decoded differently")
-            else:
+            else:  # the draw still runs: it records what moves the eligibility table
+                rep.engine.choose(offered, round_no, rep.engine.params_hash())
                 decoded = shared_decoded
             if tamper is not None:
                 decoded = _tampered(decoded, round_no, tamper)

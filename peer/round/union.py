@@ -78,7 +78,7 @@ def announce(last: Optional[LastRound], engine) -> Tuple[str, Tuple[str, ...]]:
 
 def take_group_union(peer, last: Optional[LastRound], result) -> GroupUnion:
     """Take the group's union of the last round (see the module docstring); never raises."""
-    union = group_sets.late_union(result.last_sets, result.payloads)
+    union = group_sets.late_union(result.last_sets, result.present)
     keys = group_sets.start_keys(result.start_hashes, result.last_sets, union)
     base, names = result.last_sets.get(peer.peer_id, ("", ()))
     lacking = sorted(union - set(names))
@@ -98,7 +98,7 @@ def _take(peer, last: LastRound, result, lacking: List[str], key: str, symbolic:
     """Fetch ``lacking``, conclude the round again; whether θ is then what ``key`` names (``symbolic``:
     the key of our base and the grown union, which no member had announced as its start)."""
     gatherer, timing = peer.gatherer, peer.membership.timing
-    listers = {name: [m for m in sorted(result.payloads) if m != peer.peer_id and m not in result.unservable
+    listers = {name: [m for m in sorted(result.present) if m != peer.peer_id and m not in result.unservable
                       and name in result.last_sets.get(m, ("", ()))[1]] for name in lacking}
     deadline = time.monotonic() + timing.set_fetch_s  # all of them together: the round ends late by at most this
     got: Dict[str, Dict[str, bytes]] = {}

@@ -180,9 +180,9 @@ _UNION_TAG = "voloco/union/1"
 
 def late_union(last: Mapping[str, Tuple[str, Sequence[str]]], counted: Iterable[str]) -> FrozenSet[str]:
     """The sets of the last round that a group takes into that round's union: every name that a
-    member whose payload the group counted announced (``last``: member -> (base, names), from the
-    matchmaking announcements every member holds alike; ``counted``: the owners of the agreed
-    payloads, the same on every member). Every member computes the same union
+    member the group counted announced (``last``: member -> (base, names), from the matchmaking
+    announcements every member holds alike; ``counted``: the members the gather did not exclude,
+    the same on every member). Every member computes the same union
     (tests/protocol/test_group_sets.py)."""
     counted = set(counted)
     return frozenset(n for member, (_, names) in last.items() if member in counted for n in names)
