@@ -217,9 +217,9 @@ def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, byte
     timing = peer.membership.timing
     quiet = {} if quiet is None else quiet
     quiet_wait = timing.quiet_mate_s if quiet_wait is None else quiet_wait
-    # members whose payload the group agreed (an excluded one misbehaved or went silent), client-mode
-    # members aside (they serve nothing)
-    mates = [m for m in result.group if m != me and m in result.payloads and m not in result.unservable]
+    # members the gather did not exclude (an excluded one misbehaved or went silent; in a round of at
+    # most K, members that sent nothing by design merge too), client-mode members aside (they serve nothing)
+    mates = [m for m in result.present if m != me and m not in result.unservable]
     gatherer.offer_merged(own, result.group, sorted([*held, *lists_held]))
     if not mates or not own:
         return

@@ -15,8 +15,10 @@ part's senders, so p follows the swarm's size without anyone counting it; a part
 doubles its p back towards 1 (everyone sends).
 
 Every decision is exact integer arithmetic (p in units of 2^-20), so every member of a lineage
-computes the same senders on any machine. A member whose lineage differs (another θ) may expect
-other owners; its θ differs already, and the next round's start vote repairs it. Pure
+computes the same on any machine. Each member decides for itself and announces it (a group reads
+its senders from the announcements: peer/exchange/matchmaking.py ``senders_of``); the round's draw
+checks again with the round's own seed and table, so a decision made from another θ (a member
+whose union was repaired at the round's start) only ships or holds back one payload. Pure
 (tests/protocol/test_eligibility.py).
 """
 

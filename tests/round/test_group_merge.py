@@ -88,7 +88,7 @@ def member_of(swarm: Swarm, mine):
     swarm.timing = Timing.from_spec(spec)
     peer = SimpleNamespace(membership=swarm, gatherer=swarm, spec=spec, stop_event=threading.Event(),
                            role=SimpleNamespace(progress_part=-1), gathered=(0, ""), peer_id=sorted(payloads)[0])
-    result = SimpleNamespace(group=sorted(payloads), payloads=payloads, set_digest=digest, unservable=frozenset())
+    result = SimpleNamespace(group=sorted(payloads), present=sorted(payloads), payloads=payloads, set_digest=digest, unservable=frozenset())
     return peer, result
 
 
