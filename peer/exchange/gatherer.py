@@ -33,7 +33,6 @@ import multiprocessing as mp
 import os
 import tempfile
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from functools import partial
 from typing import AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -45,6 +44,7 @@ from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_dht_time, get_logger
 
 from peer.exchange.bounds import CallLimiter, read_bounded_stream, refused, retry_until
+from peer.exchange.groups import Group
 from peer.exchange.identity import payload_signer
 from peer.exchange.late_join import LateJoin
 from peer.exchange.matchmaking import describe_search, read_gathered, refuse_peers, senders_of, step_outcome
@@ -68,17 +68,6 @@ KEEP_GROUPS = 8  # recent groups of ours whose payloads we keep serving to slowe
 CALLS_PER_PEER = 8  # gather RPCs one remote peer may have running here at once
 CANDIDATES_PER_OWNER = 4  # new values of one owner whose bytes one round tries to fetch
 DEFAULT_MAX_PAYLOAD_BYTES = 16 << 20  # for tools without a spec; a peer passes its strategy's bound
-
-
-@dataclass
-class _Group:
-    group_id: bytes
-    agreement: reconcile.Agreement
-    members: frozenset
-    done: List[asyncio.Event] = field(default_factory=list)  # done[k]: round k over here (0: own payload sealed)
-    set_digest: Optional[str] = None  # the agreed set's name, once agreed (peer/exchange/set_server.py serves it)
-    info: Optional[GroupInfo] = None  # hivemind's group, as matchmaking assembled it (peer/exchange/late_join.py serves it)
-    round_no: int = -1
 
 
 class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, DecentralizedAverager):  # Admitted: a private run's gate (swarm/access/admission.py)
@@ -131,7 +120,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
         self._signer = signer
         self._max_payload_bytes = max_payload_bytes
         self._max_group_size = max_group_size
-        self._groups: "OrderedDict[bytes, _Group]" = OrderedDict()
+        self._groups: "OrderedDict[bytes, Group]" = OrderedDict()
         self._fetched: "OrderedDict[bytes, bytes]" = OrderedDict()  # sets fetched from other groups (set_server.py)
         self._merged: "OrderedDict[bytes, Tuple[frozenset, bytes]]" = OrderedDict()  # set -> (members, what we merged)
         self._fetched_lists: "OrderedDict[bytes, bytes]" = OrderedDict()  # sets' lists fetched (set_lists.py)
@@ -270,7 +259,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
             if future is not None and not future.done():
                 future.set_result(None)
 
-    async def _agree(self, group: _Group, others: List[PeerID]) -> None:
+    async def _agree(self, group: Group, others: List[PeerID]) -> None:
         """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed."""
         agreement, gid = group.agreement, group.group_id
         t0, slot = asyncio.get_running_loop().time(), self.gather_timeout
@@ -367,10 +356,9 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
             self._bytes_received.value += received
 
     # ---- averager-process side: groups and the RPCs -------------------------------------------
-    def _open_group(self, group_id: bytes, agreement: reconcile.Agreement, info: Optional[GroupInfo] = None) -> _Group:
+    def _open_group(self, group_id: bytes, agreement: reconcile.Agreement, info: Optional[GroupInfo] = None) -> Group:
         """Only our own rounds create groups; the oldest beyond KEEP_GROUPS is forgotten."""
-        group = _Group(group_id, agreement, frozenset(agreement.members), [asyncio.Event() for _ in range(agreement.rounds + 1)],
-                       info=info, round_no=self._round_no)
+        group = Group.opened(group_id, agreement, info, self._round_no)
         self._groups[group_id] = group
         while len(self._groups) > KEEP_GROUPS:
             self._groups.popitem(last=False)
@@ -379,7 +367,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
             opened.set()
         return group
 
-    async def _member_group(self, group_id: bytes, caller: PeerID) -> Optional[_Group]:
+    async def _member_group(self, group_id: bytes, caller: PeerID) -> Optional[Group]:
         """The group ``caller`` asks about, if it is one of ours and ``caller`` is in it.
 
         A member may ask before matchmaking told us about the group: wait a little for it, and ask

@@ -25,7 +25,7 @@ serves its payload to the other R−1 members and fetches their R−1 payloads, 
 ``sent = (R−1)·len(own payload)`` and ``received = Σ len(other payloads)``. Per-step data-parallel
 training is not simulated for bytes: a ring all-reduce of fp32 gradients sends (and receives)
 ``2·(R−1)/R · 4 · params`` bytes per peer per step, computed analytically
-(``allreduce_bytes_per_step``).
+(peer/round/byte_models.py).
 
 ``train_single`` is the single-process baseline: plain AdamW (the same ``InnerTrainer``) on one
 model, no outer loop.
@@ -46,6 +46,7 @@ from peer.training.roles import FullReplica, SliceOwner
 from peer.outer.engine import RoundEngine, Settled
 from peer.outer.robust import Contributions, sender_names
 from peer.round.loop import continue_from
+from peer.round.byte_models import allgather_bytes_per_round, allreduce_bytes_per_step
 from peer.outer.strategies import Tensors
 from protocol.model.partial import FULL
 from protocol.spec import RunSpec
@@ -57,26 +58,7 @@ __all__ = [
     "SingleResult",
     "simulate",
     "train_single",
-    "allreduce_bytes_per_step",
-    "allgather_bytes_per_round",
 ]
-
-# --- analytic byte models ------------------------------------------------------------------------
-def allreduce_bytes_per_step(num_params: int, replicas: int, bytes_per_value: int = 4) -> float:
-    """Bytes one peer sends (and receives) in a ring all-reduce of ``num_params`` values.
-
-    A ring all-reduce is a reduce-scatter then an all-gather, each R−1 steps of 1/R of the
-    tensor: 2·(R−1)/R · bytes_per_value · num_params per peer. 0 for a single replica.
-    """
-    if replicas <= 1:
-        return 0.0
-    return 2.0 * (replicas - 1) / replicas * bytes_per_value * num_params
-
-
-def allgather_bytes_per_round(payload_bytes: int, group: int) -> int:
-    """Bytes one member sends (≈ receives) in the exchange's all-gather: its payload to G−1 members."""
-    return max(0, group - 1) * payload_bytes
-
 
 # --- results -------------------------------------------------------------------------------------
 @dataclass

@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from peer.training.data import load_corpus
+from peer.round.byte_models import allgather_bytes_per_round, allreduce_bytes_per_step
 from peer.round.simulate import (
-    allgather_bytes_per_round,
-    allreduce_bytes_per_step,
     simulate,
     train_single,
 )
