@@ -20,6 +20,7 @@ Every operation that reads or changes θ, the round or the strategy's state hold
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
@@ -164,11 +165,9 @@ class RoundEngine:
             standing = dict(self.standing) if standing is None else standing
             table = dict(self.eligibility) if table is None else table
             sent = {s: part for s, part in valid.items() if eligibility.eligible(seed, s, eligibility.probability(table, part))}
-            counts: Dict[str, int] = {}  # what concluding this round moves the eligibility table by
-            for part in sent.values():
-                counts[eligibility.part_key(part)] = counts.get(eligibility.part_key(part), 0) + 1
             self._candidates = {r: c for r, c in self._candidates.items() if r >= self.round - 1}
-            self._candidates[round_no] = counts
+            # what concluding this round moves the eligibility table by
+            self._candidates[round_no] = dict(Counter(eligibility.part_key(part) for part in sent.values()))
         chosen = choice.choose(sent, k, seed, standing)
         picked = set(chosen)
         return chosen, invalid, [s for s in valid if s not in picked]
