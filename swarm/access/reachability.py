@@ -48,6 +48,8 @@ MIN_INTERVAL_S = 10.0  # one request per asker this often
 MAX_TRACKED = 4096  # askers remembered for the rate limit
 DIAL_TIMEOUT_S = 5.0
 CHECK_TIMEOUT_S = 20.0  # the asking side waits this long for each helper (a probe starts in 1-2 s)
+CHECK_ATTEMPTS = 3  # a check nobody answered is asked again (a node that just started may be busy) ...
+RETRY_PAUSE_S = MIN_INTERVAL_S + 5.0  # ... this long after, so a helper's rate limit has passed
 PROBE_ARGS = dict(dht_mode="client", use_relay=False, use_auto_relay=False, auto_nat=False, nat_port_map=False,
                   no_listen=True, startup_timeout=10)
 
@@ -228,7 +230,7 @@ async def _ask(helpers: Sequence[str], addrs: Optional[Sequence[str]], timeout: 
                node) -> Tuple[List[str], Dict[str, dict]]:
     """In the DHT's process: ask each helper to dial this node back; (addresses sent, answers)."""
     if addrs is None:
-        addrs = [str(m) for m in await node.p2p.get_visible_maddrs(latest=True)]
+        addrs = [str(m) for m in await asyncio.wait_for(node.p2p.get_visible_maddrs(latest=True), timeout)]
     sent = [a for a in addrs if tcp_endpoints([a])][:MAX_ADDRS]
     request = dht_pb2.FindRequest(keys=[a.encode()[:MAX_ADDR_BYTES] for a in sent])
     authorizer = node.protocol.authorizer
@@ -334,11 +336,14 @@ def listen_port(host_maddrs: Sequence[str]) -> Optional[int]:
     return ports[0] if ports else None
 
 
-def watch_reachability(owner, dht, join: Sequence[object], client_mode: bool,
-                       host_maddrs: Sequence[str]) -> threading.Thread:
+def watch_reachability(owner, dht, join: Sequence[object], client_mode: bool, host_maddrs: Sequence[str],
+                       attempts: int = CHECK_ATTEMPTS, pause: float = RETRY_PAUSE_S) -> threading.Thread:
     """Check in a background thread; set ``owner.reach`` and log what was found and what to do.
 
-    ``join``: the multiaddrs this node joined through (their peer ids are asked first). Never raises."""
+    ``join``: the multiaddrs this node joined through (their peer ids are asked first). A check that
+    ends "unknown" (no helper answered: a node busy installing a state may miss the deadline) is
+    asked again up to ``attempts`` times, ``pause`` s apart, and only the last verdict is logged
+    (tests/swarm/test_reachability.py::test_an_unanswered_check_is_asked_again). Never raises."""
     owner.reach = CLIENT if client_mode else UNKNOWN
 
     def run() -> None:
@@ -349,7 +354,12 @@ def watch_reachability(owner, dht, join: Sequence[object], client_mode: bool,
                     first.append(Multiaddr(str(m)).value_for_protocol("p2p"))
                 except Exception:
                     continue
-            check = check_reachability(dht, pick_helpers(dht, first))
+            for attempt in range(max(1, attempts)):
+                check = check_reachability(dht, pick_helpers(dht, first))
+                if check.reach != UNKNOWN or not check.answers or attempt + 1 >= attempts:  # none: nobody to ask
+                    break
+                logger.debug(f"reachability: no answer yet ({check.reason}); asking again in {pause:.0f} s")
+                time.sleep(pause)
             owner.reach = CLIENT if client_mode else check.reach
             level, message = advice(check, client_mode, listen_port(host_maddrs))
             logger.log(level, message)

@@ -81,6 +81,27 @@ def test_watch_sets_reach_in_the_background(nodes):
         third.shutdown()
 
 
+def test_an_unanswered_check_is_asked_again(monkeypatch, caplog):
+    """A check no helper answered (e.g. the node was busy installing a state) is asked again, and only
+    the last verdict is logged: a client-mode peer behind a NAT is told what it expects."""
+    verdicts = [reach.Check(reach.UNKNOWN, {"QmHelper": {"ok": None, "why": "check failed (TimeoutError)"}}),
+                reach.Check(reach.CLIENT, {"QmHelper": {"ok": False, "why": "timed out"}})]
+    asked = []
+    monkeypatch.setattr(reach, "pick_helpers", lambda dht, first: ["QmHelper"])
+    monkeypatch.setattr(reach, "check_reachability", lambda dht, helpers: asked.append(helpers) or verdicts.pop(0))
+    owner = SimpleNamespace()
+    with caplog.at_level(logging.INFO, logger=reach.logger.name):
+        reach.watch_reachability(owner, None, [], True, LOOPBACK, attempts=3, pause=0.01).join(10)
+    assert len(asked) == 2 and owner.reach == reach.CLIENT
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reachability:")]
+    assert len(said) == 1 and "as expected with --client-mode" in said[0], said
+    monkeypatch.setattr(reach, "check_reachability", lambda dht, helpers: asked.append(helpers) or reach.Check(
+        reach.UNKNOWN, {"QmHelper": {"ok": None, "why": "no answer in 20 s"}}))
+    asked.clear()
+    reach.watch_reachability(SimpleNamespace(), None, [], False, LOOPBACK, attempts=3, pause=0.01).join(10)
+    assert len(asked) == 3  # and no more: the last "unknown" is logged
+
+
 def test_a_private_run_checks_with_its_token():
     token = "t" * 24
     first = start_dht((), LOOPBACK, join_token=token)
