@@ -164,7 +164,8 @@ class RoundEngine:
         with self.lock:
             standing = dict(self.standing) if standing is None else standing
             table = dict(self.eligibility) if table is None else table
-            sent = {s: part for s, part in valid.items() if eligibility.eligible(seed, s, eligibility.probability(table, part))}
+            sent = {s: part for s, part in valid.items()
+                    if eligibility.eligible(seed, s, eligibility.probability(table, part), choice.weight(standing.get(s, 0)))}
             self._candidates = {r: c for r, c in self._candidates.items() if r >= self.round - 1}
             # what concluding this round moves the eligibility table by
             self._candidates[round_no] = dict(Counter(eligibility.part_key(part) for part in sent.values()))
@@ -179,7 +180,7 @@ class RoundEngine:
         if getattr(self.strategy, "max_contributions", 0) <= 0:
             return set(parts)
         with self.lock:
-            return eligibility.contributors(parts, f"{base}:{round_no}", self.eligibility)
+            return eligibility.contributors(parts, f"{base}:{round_no}", self.eligibility, self.standing)
 
     def decode(self, payloads: Mapping[str, bytes]) -> Tuple[List[Tensors], Dict[str, str]]:
         """Every payload decoded in the canonical order, and the senders whose payload is invalid."""

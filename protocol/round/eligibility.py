@@ -3,38 +3,47 @@
 With ``outer.max_contributions`` = K the round's draw (protocol/round/choice.py) keeps, of every
 part, K senders by weighted keys that only exist once the round starts (the seed is the hash of the
 θ it starts from, and the round number). A group need not gather every member's payload for it: each
-member **sends** its payload only with probability p, its part's, decided by SHA-256 of the seed and
-its name (independent of its draw key), so the round's union holds about ``MARGIN`` × K payloads a
-part instead of every member's, and the draw takes K of those by the same weighted keys as before
-(docs/scale.md): a weighted draw from a uniform sample of the senders, so standing counts as much as
-it did.
+member **sends** its payload only with a probability, decided by SHA-256 of the seed and its name
+(independent of its draw key), so the round's union holds about ``MARGIN`` × K payloads a part
+instead of every member's, and the draw takes K of those (docs/scale.md). Every payload sent and not
+drawn is a payload some peers downloaded for nothing, hence a margin of a quarter over K, not more:
+a round that draws fewer than K takes every sender, and what was not sent stays with its owner.
 
-p is kept per part in the lineage (``update``): after each round every member moves it halfway
-towards MARGIN × K / E of itself, E that part's candidates in the round's union. E / p estimates the
-part's senders, so p follows the swarm's size without anyone counting it; a part with no candidate
-doubles its p back towards 1 (everyone sends).
+The probability weighs standing like the draw does: a member of weight w (protocol/round/choice.py
+``weight``: 1 to ``TOP`` quarters, 1 for a fresh identity) sends with probability min(1, p × w /
+``TOP``), p its part's. A burst of fresh identities so sends a quarter as often as established
+members and takes a quarter of their share of the union, before any draw.
 
-Every decision is exact integer arithmetic (p in units of 2^-20), so every member of a lineage
-computes the same on any machine. Each member decides for itself and announces it (a group reads
-its senders from the announcements: peer/exchange/matchmaking.py ``senders_of``); the round's draw
-checks again with the round's own seed and table, so a decision made from another θ (a member
-whose union was repaired at the round's start) only ships or holds back one payload. Pure
-(tests/protocol/test_eligibility.py).
+p is kept per part in the lineage (``update``), in [1, ``CAP``] units of 2^-20 (``CAP`` = ``TOP``:
+everyone sends, fresh members too; a part absent from the table has it): after each round every
+member moves p halfway towards MARGIN × K / E of itself, E that part's candidates in the round's
+union. E / p estimates the part's members (weighted by standing), so p follows the swarm's size
+without anyone counting it; a part with no candidate doubles its p back towards ``CAP``.
+
+Every decision is exact integer arithmetic, so every member of a lineage computes the same on any
+machine. Each member decides for itself and announces it (a group reads its senders from the
+announcements: peer/exchange/matchmaking.py ``senders_of``); the round's draw checks again with the
+round's own seed and tables, so a decision made from another θ (a member whose union was repaired
+at the round's start) only ships or holds back one payload. Pure (tests/protocol/test_eligibility.py).
 """
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any, Dict, Mapping, Optional, Set
 
 from protocol.errors import ProtocolError
-from protocol.round.choice import uniform
+from protocol.round.choice import uniform, weight
+from protocol.round.standing import ESTABLISHED
 from protocol.wire.payload import Part
 
-__all__ = ["ONE", "MARGIN", "MAX_PARTS", "EligibilityError", "part_key", "probability", "eligible", "contributors",
-           "update", "checked"]
+__all__ = ["ONE", "TOP", "CAP", "MARGIN", "MAX_PARTS", "EligibilityError", "part_key", "probability", "eligible",
+           "contributors", "update", "checked"]
 
-ONE = 1 << 20  # p = 1: every member of the part sends its payload
-MARGIN = 2  # contributions a part the union aims at, in units of K: fewer than K is rare
+ONE = 1 << 20  # probability 1
+TOP = weight(ESTABLISHED)  # an established member's weight (4 quarters); a fresh one's is 1
+CAP = ONE * TOP  # p at which every member sends, a fresh one too
+MARGIN = Fraction(5, 4)  # contributions a part the union aims at, in units of K
 MAX_PARTS = 64  # parts a table keeps (the smallest p first); a part not in it has p = 1
 MAX_KEY_CHARS = 32
 
@@ -49,34 +58,39 @@ def part_key(part: Part) -> str:
 
 
 def probability(table: Mapping[str, int], part: Part) -> int:
-    """p of ``part`` in units of 2^-20 (absent: ``ONE``)."""
-    return table.get(part_key(part), ONE)
+    """p of ``part`` in units of 2^-20 (absent: ``CAP``)."""
+    return table.get(part_key(part), CAP)
 
 
-def eligible(seed: str, sender: str, p: int) -> bool:
-    """Whether ``sender`` sends its payload in the round of ``seed`` at probability ``p``: U / 2^64 at
-    most p, with U from SHA-256 of the seed, a tag and its name (not its draw key), in integers."""
-    return p >= ONE or uniform(f"{seed}\x00send", sender) * ONE <= p << 64
+def eligible(seed: str, sender: str, p: int, w: int = TOP) -> bool:
+    """Whether ``sender`` of weight ``w`` (quarters) sends its payload in the round of ``seed`` at its
+    part's ``p``: U / 2^64 at most p × w / TOP, with U from SHA-256 of the seed, a tag and its name
+    (not its draw key), in integers."""
+    return p * w >= CAP or uniform(f"{seed}\x00send", sender) * CAP <= (p * w) << 64
 
 
-def contributors(parts: Mapping[str, Optional[Part]], seed: str, table: Mapping[str, int]) -> Set[str]:
-    """The members (name -> the part it announced) whose payload a group gathers this round. A member
-    that announced no part sends none."""
-    return {m for m, part in parts.items() if part is not None and eligible(seed, m, probability(table, part))}
+def contributors(parts: Mapping[str, Optional[Part]], seed: str, table: Mapping[str, int],
+                 standing: Optional[Mapping[str, int]] = None) -> Set[str]:
+    """The members (name -> the part it announced) whose payload a group gathers this round, weighed
+    by ``standing`` (rounds counted; absent or None: fresh). A member that announced no part sends
+    none."""
+    standing = standing or {}
+    return {m for m, part in parts.items()
+            if part is not None and eligible(seed, m, probability(table, part), weight(standing.get(m, 0)))}
 
 
 def update(table: Mapping[str, int], counts: Mapping[str, int], k: int) -> Dict[str, int]:
     """The table after a round whose union held ``counts[part key]`` contributions of each part: p
-    moves halfway towards MARGIN × K / E of itself (E > 0), doubles where E = 0; parts back at 1 leave
-    the table, which keeps at most ``MAX_PARTS`` (the smallest p, then the smallest key)."""
+    moves halfway towards MARGIN × K / E of itself (E > 0), doubles where E = 0; parts back at ``CAP``
+    leave the table, which keeps at most ``MAX_PARTS`` (the smallest p, then the smallest key)."""
     if k <= 0:
         return {}
-    target = MARGIN * k
+    num, den = MARGIN.numerator * k, MARGIN.denominator  # the target, num / den contributions
     out: Dict[str, int] = {}
     for key in set(table) | {key for key, n in counts.items() if n > 0}:
-        p, e = table.get(key, ONE), counts.get(key, 0)
-        p = 2 * p if e <= 0 else p * (target + e) // (2 * e)
-        if p < ONE:
+        p, e = table.get(key, CAP), counts.get(key, 0)
+        p = 2 * p if e <= 0 else p * (num + den * e) // (2 * den * e)
+        if p < CAP:
             out[key] = max(p, 1)
     if len(out) > MAX_PARTS:
         out = dict(sorted(out.items(), key=lambda kv: (kv[1], kv[0]))[:MAX_PARTS])
@@ -85,7 +99,7 @@ def update(table: Mapping[str, int], counts: Mapping[str, int], k: int) -> Dict[
 
 def checked(raw: Any) -> Dict[str, int]:
     """A table read from another peer's state or a checkpoint: at most ``MAX_PARTS`` part keys (str, 1
-    to 32 characters) mapped to integers in [1, ONE); absent (None) reads as empty. Raises
+    to 32 characters) mapped to integers in [1, CAP); absent (None) reads as empty. Raises
     EligibilityError otherwise."""
     if raw is None:
         return {}
@@ -94,6 +108,6 @@ def checked(raw: Any) -> Dict[str, int]:
     for key, p in raw.items():
         if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS:
             raise EligibilityError("an eligibility table's part must be a name of 1 to 32 characters")
-        if isinstance(p, bool) or not isinstance(p, int) or not 0 < p < ONE:
-            raise EligibilityError(f"an eligibility table's probability must be an integer in [1, {ONE})")
+        if isinstance(p, bool) or not isinstance(p, int) or not 0 < p < CAP:
+            raise EligibilityError(f"an eligibility table's probability must be an integer in [1, {CAP})")
     return dict(sorted(raw.items()))

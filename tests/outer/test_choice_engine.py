@@ -106,7 +106,7 @@ def test_each_round_moves_the_eligibility_table_alike_and_it_travels_with_the_st
         for i, e in enumerate(group):
             e.settle_round(payloads, encoded[i][1], me=f"peer{i}")
     tables = {tuple(sorted(e.eligibility.items())) for e in group}
-    assert len(tables) == 1 and 0 < group[0].eligibility["-1"] < eligibility.ONE
+    assert len(tables) == 1 and 0 < group[0].eligibility["-1"] < eligibility.CAP
     assert len({e.state_digest() for e in group}) == 1
     before = group[1].state_digest()
     group[1].install(group[1].theta, group[1].round, eligibility={})
@@ -128,7 +128,7 @@ def test_a_payload_from_a_member_that_was_not_to_send_is_passed_over_alike_every
     e = engines(1, k=2)[0]
     data, _ = e.encode(e.theta, trained(e.theta, seed=1))
     payloads = {f"peer{i:02d}": data for i in range(40)}
-    e.install(e.theta, 0, eligibility={"-1": eligibility.ONE // 4})
+    e.install(e.theta, 0, eligibility={"-1": eligibility.ONE})  # fresh members send at a quarter
     chosen, invalid, passed = e.choose(payloads, 0, "base")
     sent = eligibility.contributors({s: -1 for s in payloads}, "base:0", e.eligibility)
     assert 2 < len(sent) < 25 and set(chosen) <= sent and not invalid

@@ -5,30 +5,38 @@ from __future__ import annotations
 import pytest
 
 from protocol.round import choice, eligibility
-from protocol.round.eligibility import MARGIN, ONE, EligibilityError
+from protocol.round.eligibility import CAP, MARGIN, ONE, TOP, EligibilityError
 
 
 def _names(n):
     return [f"peer{i:04d}" for i in range(n)]
 
 
-def test_a_member_sends_with_its_parts_probability_whatever_its_standing():
+def test_a_member_sends_with_its_parts_probability_weighed_by_its_standing():
     names = _names(4000)
-    sent = sum(eligibility.eligible("seed:3", s, ONE // 4) for s in names)
+    sent = sum(eligibility.eligible("seed:3", s, ONE // 4) for s in names)  # an established member
     assert 900 < sent < 1100  # p = 1/4 of 4,000
+    fresh = sum(eligibility.eligible("seed:3", s, ONE // 4, w=1) for s in names)
+    assert 200 < fresh < 300  # a quarter of that
     assert all(eligibility.eligible("seed:3", s, ONE) for s in names[:50])
+    assert all(eligibility.eligible("seed:3", s, CAP, w=1) for s in names[:50])  # CAP: fresh ones too
     assert eligibility.contributors({s: -1 for s in names[:50]}, "seed:3", {}) == set(names[:50])
+    # the same table: fresh members send at a quarter of the rate of established ones
+    standing = {s: 3 for s in names[:2000]}
+    got = eligibility.contributors({s: -1 for s in names}, "seed:4", {"-1": ONE // 2}, standing)
+    old, new = len(got & set(names[:2000])), len(got - set(names[:2000]))
+    assert 900 < old < 1100 and 200 < new < 300 and TOP == 4
 
 
 def test_the_draw_over_the_senders_still_weighs_standing():
     """Sending is independent of the draw key: the draw over the senders is a weighted draw from a
-    uniform sample, so established senders are drawn about as much more often as over everyone."""
+    sample already weighed by standing, so established senders are drawn far more often."""
     names = _names(400)
     standing = {s: (3 if i % 2 else 0) for i, s in enumerate(names)}
     established = fresh = 0
     for r in range(40):
         seed = f"theta:{r}"
-        sent = eligibility.contributors({s: -1 for s in names}, seed, {"-1": ONE // 8})
+        sent = eligibility.contributors({s: -1 for s in names}, seed, {"-1": ONE // 8}, standing)
         for s in choice.choose({s: -1 for s in sent}, 8, seed, standing):
             established, fresh = established + (standing[s] > 0), fresh + (standing[s] == 0)
     assert established > 2.5 * fresh
@@ -48,12 +56,18 @@ def test_p_follows_the_swarm_size_towards_margin_times_k_contributions():
         e = max(1, eligibility.probability(table, -1) * n // ONE)
         table = eligibility.update(table, {"-1": e}, k)
     assert abs(eligibility.probability(table, -1) * 1000 / ONE - MARGIN * k) < 2
-    # a part with nobody in the union climbs back to p = 1 and leaves the table
+    # a part with nobody in the union climbs back to CAP and leaves the table
     for _ in range(25):
         table = eligibility.update(table, {}, k)
     assert table == {}
-    # few senders: p stays 1
-    assert eligibility.update({}, {"-1": MARGIN * k}, k) == {}
+    # few senders: p stays at CAP (everyone sends)
+    assert eligibility.update({}, {"-1": int(MARGIN * k)}, k) == {}
+    # a swarm of 40 fresh members (each sends at p / TOP): p settles where about MARGIN x K send
+    table = {}
+    for _ in range(12):
+        e = max(1, eligibility.probability(table, -1) * 40 // CAP)
+        table = eligibility.update(table, {"-1": e}, k)
+    assert abs(eligibility.probability(table, -1) * 40 / CAP - MARGIN * k) < 2
     assert eligibility.update({"-1": 5}, {"-1": 3}, 0) == {}
 
 
@@ -61,8 +75,8 @@ def test_the_table_is_bounded_and_a_table_from_another_peer_is_checked():
     table = eligibility.update({}, {str(i): 10_000 for i in range(200)}, 8)
     assert len(table) == eligibility.MAX_PARTS
     assert eligibility.checked(None) == {}
-    assert eligibility.checked({"-1": 5, "0:2": ONE - 1}) == {"-1": 5, "0:2": ONE - 1}
-    for bad in ([1], {"-1": 0}, {"-1": ONE}, {"-1": True}, {"": 3}, {"x" * 33: 3}, {3: 3},
+    assert eligibility.checked({"-1": 5, "0:2": CAP - 1}) == {"-1": 5, "0:2": CAP - 1}
+    for bad in ([1], {"-1": 0}, {"-1": CAP}, {"-1": True}, {"": 3}, {"x" * 33: 3}, {3: 3},
                 {str(i): 5 for i in range(eligibility.MAX_PARTS + 1)}):
         with pytest.raises(EligibilityError):
             eligibility.checked(bad)
