@@ -15,9 +15,11 @@ The round engine of replica 0 chooses, decodes, checks, clips, aggregates and ap
 take its θ and settle their own buffers (``RoundEngine.follow``; the first round, at the smallest
 size, every replica concludes itself and the simulation asserts them equal). Per size, paired by
 seed: the final validation loss of ``K`` against ``all``, (K / all) − 1, mean ± std over the seeds;
-per peer and round, the payloads it needs (decodes), their bytes, and the seconds its engine spent
-choosing and decoding them. No network: bytes are the real payloads' lengths, what a peer would
-download if it fetched only what enters θ.
+the payloads sent at all a round after the first (with K, the replicas the lineage's eligibility
+table let send: protocol/round/eligibility.py); per peer and round, the payloads it needs (decodes:
+those drawn, counted), their bytes, and the seconds its engine spent choosing and decoding them.
+No network: bytes are the real payloads' lengths, what a peer would download if it fetched only
+what enters θ.
 """
 
 from __future__ import annotations
@@ -61,11 +63,12 @@ def run_arm(job) -> Dict[str, Any]:
                    conclude_rounds=int(verify))
     hist = res.history
     mean_payload = statistics.fmean(b for h in hist for b in h.payload_bytes)
-    decodes = min(n, k) if k else n
+    decodes = statistics.fmean(h.contributors + len(h.excluded) for h in hist)  # drawn (≤ K a part), measured
     row = dict(
         n=n, k=k, seed=seed, rounds=rounds, tokens=res.tokens, val_loss=res.final_val_loss,
         initial_val_loss=res.initial_val_loss,
         contributors=[h.contributors for h in hist],
+        senders=[h.senders for h in hist],  # payloads sent at all (K > 0: about 5/4 K once p has settled)
         refused=sum(len(h.excluded) for h in hist),
         decodes_per_round=decodes,  # own payload included; downloads: the others', K of them at most
         download_per_round=(decodes if k and k < n else n - 1) * mean_payload,
@@ -73,7 +76,7 @@ def run_arm(job) -> Dict[str, Any]:
         round_s=statistics.fmean(h.seconds for h in hist), wall_s=time.monotonic() - t,
     )
     print(f"  N={n:5d} {'all' if not k else f'K={k}':6s} seed {seed}: val {row['val_loss']:.4f}, "
-          f"contributors {row['contributors']}, decode {row['decode_s_per_round']:.2f} s/round, "
+          f"senders {row['senders']}, contributors {row['contributors']}, decode {row['decode_s_per_round']:.2f} s/round, "
           f"{row['wall_s']:.0f} s", flush=True)
     return row
 
@@ -92,6 +95,7 @@ def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             loss_std=statistics.stdev([r["val_loss"] for r in rs]) if len(rs) > 1 else 0.0,
             gap=statistics.fmean(gaps) if gaps else None, gap_std=statistics.stdev(gaps) if len(gaps) > 1 else 0.0,
             decodes=statistics.fmean(r["decodes_per_round"] for r in rs),
+            senders=statistics.fmean(statistics.fmean(r["senders"][1:] or r["senders"]) for r in rs),
             download=statistics.fmean(r["download_per_round"] for r in rs),
             decode_s=statistics.fmean(r["decode_s_per_round"] for r in rs),
             refused=sum(r["refused"] for r in rs), tokens=rs[0]["tokens"],
@@ -104,9 +108,10 @@ def print_summary(summary: List[Dict[str, Any]]) -> None:
     for s in summary:
         gap = "-" if s["gap"] is None else f"{100 * s['gap']:+.2f} % ± {100 * s['gap_std']:.2f}"
         lines.append([str(s["n"]), "all" if not s["k"] else f"K = {s['k']}", str(s["seeds"]), f"{s['tokens']:,}",
-                      f"{s['loss']:.4f} ± {s['loss_std']:.4f}", gap, f"{s['decodes']:.0f}", human(s["download"]),
+                      f"{s['loss']:.4f} ± {s['loss_std']:.4f}", gap, f"{s['senders']:.1f}", f"{s['decodes']:.1f}", human(s["download"]),
                       f"{s['decode_s'] * 1e3:.0f} ms", str(s["refused"])])
-    print(table(["peers", "enter θ", "seeds", "tokens", "val loss", "vs all (paired)", "decodes/peer/round",
+    print(table(["peers", "enter θ", "seeds", "tokens", "val loss", "vs all (paired)", "sent/round (after round 1)",
+                 "decodes/peer/round",
                  "download/peer/round", "choose+decode/round", "refused"], lines, left=2))
 
 

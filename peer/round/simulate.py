@@ -74,6 +74,7 @@ class RoundStats:
     scores: Dict[str, float] = field(default_factory=dict)  # sender -> its direction check score (peer/outer/consensus.py)
     contributors: int = 0  # contributions that entered θ this round (at most K per part: protocol/round/choice.py)
     decode_s: float = 0.0  # seconds replica 0 took to choose and decode them (what one peer decodes)
+    senders: int = 0  # payloads sent at all this round (protocol/round/eligibility.py; every replica's with K = 0)
 
 
 @dataclass
@@ -342,6 +343,7 @@ def simulate(
             scores=dict(scores),
             contributors=leader.contributors,
             decode_s=decode_s,
+            senders=len(offered),
         )
         result.history.append(stats)
         if on_round is not None:
