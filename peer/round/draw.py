@@ -16,7 +16,7 @@ claimed part, checked by the set's name), not whole. ``take`` then
 
 Before all this, the round's gather sent only the payloads of the members the lineage's
 eligibility table lets send (``senders``, protocol/round/eligibility.py): the sets and lists hold
-about 2 K a part.
+about 5/4 K a part.
 So a peer downloads at most K payloads a part from the round's other groups (and at most K more
 where lists disagree on parts), whatever the swarm's size. A chosen payload that cannot be had in
 time is left out here: this member's θ is then short of what its union names, so it announces no

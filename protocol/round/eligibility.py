@@ -4,10 +4,11 @@ With ``outer.max_contributions`` = K the round's draw (protocol/round/choice.py)
 part, K senders by weighted keys that only exist once the round starts (the seed is the hash of the
 θ it starts from, and the round number). A group need not gather every member's payload for it: each
 member **sends** its payload only with a probability, decided by SHA-256 of the seed and its name
-(independent of its draw key), so the round's union holds about ``MARGIN`` × K payloads a part
+(independent of its draw key), so the round's union holds about ``target(K)`` payloads a part
 instead of every member's, and the draw takes K of those (docs/scale.md). Every payload sent and not
-drawn is a payload some peers downloaded for nothing, hence a margin of a quarter over K, not more:
-a round that draws fewer than K takes every sender, and what was not sent stays with its owner.
+drawn is a payload some peers downloaded for nothing, hence a margin of a quarter over K (at least
+``SPARE`` payloads, so a small K is seldom short), not more: a round that draws fewer than K takes
+every sender, and what was not sent stays with its owner.
 
 The probability weighs standing like the draw does: a member of weight w (protocol/round/choice.py
 ``weight``: 1 to ``TOP`` quarters, 1 for a fresh identity) sends with probability min(1, p × w /
@@ -16,7 +17,7 @@ members and takes a quarter of their share of the union, before any draw.
 
 p is kept per part in the lineage (``update``), in [1, ``CAP``] units of 2^-20 (``CAP`` = ``TOP``:
 everyone sends, fresh members too; a part absent from the table has it): after each round every
-member moves p halfway towards MARGIN × K / E of itself, E that part's candidates in the round's
+member moves p halfway towards target(K) / E of itself, E that part's candidates in the round's
 union. E / p estimates the part's members (weighted by standing), so p follows the swarm's size
 without anyone counting it; a part with no candidate doubles its p back towards ``CAP``.
 
@@ -37,14 +38,15 @@ from protocol.round.choice import uniform, weight
 from protocol.round.standing import ESTABLISHED
 from protocol.wire.payload import Part
 
-__all__ = ["ONE", "TOP", "CAP", "MARGIN", "MAX_PARTS", "EligibilityError", "part_key", "probability", "eligible",
-           "contributors", "update", "checked"]
+__all__ = ["ONE", "TOP", "CAP", "MARGIN", "SPARE", "MAX_PARTS", "EligibilityError", "part_key", "probability",
+           "eligible", "contributors", "target", "update", "checked"]
 
 ONE = 1 << 20  # probability 1
 TOP = weight(ESTABLISHED)  # an established member's weight (4 quarters); a fresh one's is 1
 CAP = ONE * TOP  # p at which every member sends, a fresh one too
-MARGIN = Fraction(5, 4)  # contributions a part the union aims at, in units of K
-MAX_PARTS = 64  # parts a table keeps (the smallest p first); a part not in it has p = 1
+MARGIN = Fraction(5, 4)  # contributions a part the union aims at, in units of K ...
+SPARE = 2  # ... and at least this many over K
+MAX_PARTS = 64  # parts a table keeps (the smallest p first); a part not in it has p = CAP
 MAX_KEY_CHARS = 32
 
 
@@ -62,7 +64,7 @@ def probability(table: Mapping[str, int], part: Part) -> int:
     return table.get(part_key(part), CAP)
 
 
-def eligible(seed: str, sender: str, p: int, w: int = TOP) -> bool:
+def eligible(seed: str, sender: str, p: int, w: int) -> bool:
     """Whether ``sender`` of weight ``w`` (quarters) sends its payload in the round of ``seed`` at its
     part's ``p``: U / 2^64 at most p × w / TOP, with U from SHA-256 of the seed, a tag and its name
     (not its draw key), in integers."""
@@ -70,22 +72,26 @@ def eligible(seed: str, sender: str, p: int, w: int = TOP) -> bool:
 
 
 def contributors(parts: Mapping[str, Optional[Part]], seed: str, table: Mapping[str, int],
-                 standing: Optional[Mapping[str, int]] = None) -> Set[str]:
+                 standing: Mapping[str, int]) -> Set[str]:
     """The members (name -> the part it announced) whose payload a group gathers this round, weighed
-    by ``standing`` (rounds counted; absent or None: fresh). A member that announced no part sends
-    none."""
-    standing = standing or {}
+    by ``standing`` (rounds counted; absent: fresh). A member that announced no part sends none."""
     return {m for m, part in parts.items()
             if part is not None and eligible(seed, m, probability(table, part), weight(standing.get(m, 0)))}
 
 
+def target(k: int) -> Fraction:
+    """Contributions a part the union aims at when a round takes at most ``k``: 5/4 K, at least K + 2."""
+    return max(MARGIN * k, Fraction(k + SPARE))
+
+
 def update(table: Mapping[str, int], counts: Mapping[str, int], k: int) -> Dict[str, int]:
     """The table after a round whose union held ``counts[part key]`` contributions of each part: p
-    moves halfway towards MARGIN × K / E of itself (E > 0), doubles where E = 0; parts back at ``CAP``
+    moves halfway towards target(K) / E of itself (E > 0), doubles where E = 0; parts back at ``CAP``
     leave the table, which keeps at most ``MAX_PARTS`` (the smallest p, then the smallest key)."""
     if k <= 0:
         return {}
-    num, den = MARGIN.numerator * k, MARGIN.denominator  # the target, num / den contributions
+    aim = target(k)
+    num, den = aim.numerator, aim.denominator
     out: Dict[str, int] = {}
     for key in set(table) | {key for key, n in counts.items() if n > 0}:
         p, e = table.get(key, CAP), counts.get(key, 0)

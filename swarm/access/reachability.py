@@ -222,6 +222,11 @@ class Check:
         return next((a.get("seen", "") for a in self.answers.values() if a.get("seen")), "")
 
     @property
+    def answered(self) -> bool:
+        """Whether a helper replied at all (a reply says where it saw this node from, if only "")."""
+        return any("seen" in a for a in self.answers.values())
+
+    @property
     def reason(self) -> str:
         return "; ".join(f"{h[-8:]}: {a.get('why') or ('ok' if a.get('ok') else '?')}" for h, a in self.answers.items())
 
@@ -295,7 +300,7 @@ def check_reachability(dht, helpers: Sequence[str], addrs: Optional[Sequence[str
     try:
         future = dht.run_coroutine(partial(_ask, list(helpers), list(addrs) if addrs is not None else None, timeout),
                                    return_future=True)
-        sent, answers = future.result(timeout + 5)
+        sent, answers = future.result(2 * timeout + 5)  # the address lookup, then the helpers, each bounded
     except Exception as e:
         return Check(UNKNOWN, {h: {"ok": None, "why": f"check failed ({type(e).__name__})"} for h in helpers})
     oks = [a["ok"] for a in answers.values()]
@@ -356,8 +361,8 @@ def watch_reachability(owner, dht, join: Sequence[object], client_mode: bool, ho
                     continue
             for attempt in range(max(1, attempts)):
                 check = check_reachability(dht, pick_helpers(dht, first))
-                if check.reach != UNKNOWN or not check.answers or attempt + 1 >= attempts:  # none: nobody to ask
-                    break
+                if check.reach != UNKNOWN or check.answered or not check.answers or attempt + 1 >= attempts:
+                    break  # a verdict, a reply without one (e.g. no TCP address to dial), or nobody to ask
                 logger.debug(f"reachability: no answer yet ({check.reason}); asking again in {pause:.0f} s")
                 time.sleep(pause)
             owner.reach = CLIENT if client_mode else check.reach

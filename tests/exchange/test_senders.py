@@ -38,12 +38,12 @@ def test_a_member_announces_its_part_only_when_its_lineage_lets_it_send():
     theta = {n: torch.zeros(s) for n, s in spec.param_shapes().items()}
     engine = RoundEngine(make_strategy(spec), theta)
     payload, _ = engine.encode(theta, {n: t + 0.01 for n, t in theta.items()})
-    assert draw.senders(engine, "h", payload, "me") == {"senders": True, "part": -1}  # p = 1: everyone sends
+    assert draw.senders(engine, "h", payload, "me") == {"senders": True, "part": -1}  # an empty table: everyone sends
     engine.install(theta, 0, eligibility={"-1": 1})  # p = 2^-20: almost nobody
     names = [f"peer{i}" for i in range(20)]
     sends = [draw.senders(engine, "h", payload, n)["part"] for n in names]
     assert sends.count(None) >= 19
     assert [n for n, part in zip(names, sends) if part is not None] == sorted(
-        eligibility.contributors({n: -1 for n in names}, "h:0", engine.eligibility))
+        eligibility.contributors({n: -1 for n in names}, "h:0", engine.eligibility, engine.standing))
     off = RoundEngine(make_strategy(spec.replace(outer={"max_contributions": 0})), theta)
     assert draw.senders(off, "h", payload, "me") == {}

@@ -130,7 +130,7 @@ def test_a_payload_from_a_member_that_was_not_to_send_is_passed_over_alike_every
     payloads = {f"peer{i:02d}": data for i in range(40)}
     e.install(e.theta, 0, eligibility={"-1": eligibility.ONE})  # fresh members send at a quarter
     chosen, invalid, passed = e.choose(payloads, 0, "base")
-    sent = eligibility.contributors({s: -1 for s in payloads}, "base:0", e.eligibility)
+    sent = eligibility.contributors({s: -1 for s in payloads}, "base:0", e.eligibility, e.standing)
     assert 2 < len(sent) < 25 and set(chosen) <= sent and not invalid
     assert set(passed) == set(payloads) - set(chosen)
     assert e._candidates[0] == {"-1": len(sent)}

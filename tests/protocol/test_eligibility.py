@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from protocol.round import choice, eligibility
-from protocol.round.eligibility import CAP, MARGIN, ONE, TOP, EligibilityError
+from protocol.round.eligibility import CAP, ONE, TOP, EligibilityError
 
 
 def _names(n):
@@ -14,13 +14,13 @@ def _names(n):
 
 def test_a_member_sends_with_its_parts_probability_weighed_by_its_standing():
     names = _names(4000)
-    sent = sum(eligibility.eligible("seed:3", s, ONE // 4) for s in names)  # an established member
+    sent = sum(eligibility.eligible("seed:3", s, ONE // 4, TOP) for s in names)  # an established member
     assert 900 < sent < 1100  # p = 1/4 of 4,000
     fresh = sum(eligibility.eligible("seed:3", s, ONE // 4, w=1) for s in names)
     assert 200 < fresh < 300  # a quarter of that
-    assert all(eligibility.eligible("seed:3", s, ONE) for s in names[:50])
+    assert all(eligibility.eligible("seed:3", s, ONE, TOP) for s in names[:50])
     assert all(eligibility.eligible("seed:3", s, CAP, w=1) for s in names[:50])  # CAP: fresh ones too
-    assert eligibility.contributors({s: -1 for s in names[:50]}, "seed:3", {}) == set(names[:50])
+    assert eligibility.contributors({s: -1 for s in names[:50]}, "seed:3", {}, {}) == set(names[:50])
     # the same table: fresh members send at a quarter of the rate of established ones
     standing = {s: 3 for s in names[:2000]}
     got = eligibility.contributors({s: -1 for s in names}, "seed:4", {"-1": ONE // 2}, standing)
@@ -45,29 +45,31 @@ def test_the_draw_over_the_senders_still_weighs_standing():
 def test_a_member_without_a_part_sends_nothing_and_each_part_has_its_own_p():
     names = _names(200)
     parts = {**{s: -1 for s in names[:100]}, **{s: (0, 2) for s in names[100:199]}, names[199]: None}
-    got = eligibility.contributors(parts, "s:1", {"-1": ONE // 10})  # the stage's part is absent: p = 1
-    assert names[199] not in got and set(names[100:199]) <= got and len(got & set(names[:100])) < 25
+    standing = {s: 3 for s in names}  # established: they send at p
+    got = eligibility.contributors(parts, "s:1", {"-1": ONE // 10}, standing)  # the stage's part is absent: CAP
+    assert names[199] not in got and set(names[100:199]) <= got and 3 < len(got & set(names[:100])) < 20
     assert eligibility.part_key((0, 2)) == "0:2" and eligibility.part_key(3) == "3"
 
 
-def test_p_follows_the_swarm_size_towards_margin_times_k_contributions():
+def test_p_follows_the_swarm_size_towards_the_target():
     k, table = 8, {}
-    for n in (1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000):
-        e = max(1, eligibility.probability(table, -1) * n // ONE)
+    assert eligibility.target(8) == 10 and eligibility.target(32) == 40 and eligibility.target(1) == 3
+    for _ in range(12):  # 1,000 established members: each sends at p / ONE (at most 1)
+        e = max(1, min(eligibility.probability(table, -1), ONE) * 1000 // ONE)
         table = eligibility.update(table, {"-1": e}, k)
-    assert abs(eligibility.probability(table, -1) * 1000 / ONE - MARGIN * k) < 2
+    assert abs(eligibility.probability(table, -1) * 1000 / ONE - eligibility.target(k)) < 2
     # a part with nobody in the union climbs back to CAP and leaves the table
     for _ in range(25):
         table = eligibility.update(table, {}, k)
     assert table == {}
     # few senders: p stays at CAP (everyone sends)
-    assert eligibility.update({}, {"-1": int(MARGIN * k)}, k) == {}
+    assert eligibility.update({}, {"-1": int(eligibility.target(k))}, k) == {}
     # a swarm of 40 fresh members (each sends at p / TOP): p settles where about MARGIN x K send
     table = {}
     for _ in range(12):
         e = max(1, eligibility.probability(table, -1) * 40 // CAP)
         table = eligibility.update(table, {"-1": e}, k)
-    assert abs(eligibility.probability(table, -1) * 40 / CAP - MARGIN * k) < 2
+    assert abs(eligibility.probability(table, -1) * 40 / CAP - eligibility.target(k)) < 2
     assert eligibility.update({"-1": 5}, {"-1": 3}, 0) == {}
 
 

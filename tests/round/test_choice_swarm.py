@@ -57,9 +57,9 @@ SITS_OUT = re.compile(r"round (\d+): this peer is not one of the round's senders
 
 
 @pytest.mark.slow
-def test_six_peers_with_k_1_send_only_about_2_k_payloads_and_stay_one_model(tmp_path):
+def test_six_peers_with_k_1_send_only_a_few_payloads_and_stay_one_model(tmp_path):
     """protocol/round/eligibility.py in a real swarm: after the first round (everyone sends) p falls
-    towards 2 K / 6, the peers not among a round's senders send nothing (their update waits in their
+    towards target(1) = 3 of 6, the peers not among a round's senders send nothing (their update waits in their
     buffers), and every round still ends with one θ where every peer merged every set."""
     names = ("a", "b", "c", "d", "e", "f")
     statuses, logs = _train(tmp_path, "senders", names, k=1, group=3, rounds=5, timeout=400)

@@ -100,6 +100,11 @@ def test_an_unanswered_check_is_asked_again(monkeypatch, caplog):
     asked.clear()
     reach.watch_reachability(SimpleNamespace(), None, [], False, LOOPBACK, attempts=3, pause=0.01).join(10)
     assert len(asked) == 3  # and no more: the last "unknown" is logged
+    replied = reach.Check(reach.UNKNOWN, {"QmHelper": {"ok": None, "seen": "", "why": "no direct TCP address to dial"}})
+    monkeypatch.setattr(reach, "check_reachability", lambda dht, helpers: asked.append(helpers) or replied)
+    asked.clear()
+    reach.watch_reachability(SimpleNamespace(), None, [], False, LOOPBACK, attempts=3, pause=0.01).join(10)
+    assert len(asked) == 1  # a helper replied: asking again would not change its answer
 
 
 def test_a_private_run_checks_with_its_token():
