@@ -13,13 +13,13 @@ copy, data shard, AdamW and SparseLoCo error feedback, its own round engine), at
 
 The round engine of replica 0 chooses, decodes, checks, clips, aggregates and applies; the others
 take its θ and settle their own buffers (``RoundEngine.follow``; the first round, at the smallest
-size if it is at most 64, every replica concludes itself and the simulation asserts them equal).
-Per size, paired by seed: the final validation loss of ``K`` against ``all``, (K / all) − 1, mean ± std over the seeds;
-the payloads sent at all a round after the first (with K, the replicas the lineage's eligibility
-table let send: protocol/round/eligibility.py); per peer and round, the payloads it needs (decodes:
-those drawn, counted), their bytes, and the seconds its engine spent choosing and decoding them.
-No network: bytes are the real payloads' lengths, what a peer would download if it fetched only
-what enters θ.
+size if it is at most 64, every replica concludes itself and the simulation asserts them equal). Per
+size, paired by seed: the final validation loss of ``K`` against ``all``, (K / all) − 1, mean ± std
+over the seeds; the payloads sent at all a round after the first (with K, the replicas the lineage's
+eligibility table let send: protocol/round/eligibility.py); per peer and round, the payloads it
+needs (decodes: those drawn, counted), their bytes, and the seconds its engine spent choosing and
+decoding them. No network: bytes are the real payloads' lengths, what a peer would download if it
+fetched only what enters θ.
 """
 
 from __future__ import annotations
