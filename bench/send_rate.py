@@ -32,11 +32,12 @@ SETTLE = 100  # rounds left out of the figures while p settles from CAP
 
 def run(k: int, n: int, rounds: int, fresh: float) -> Dict[str, Any]:
     names = [f"peer{i:05d}" for i in range(n)]
+    parts = {s: -1 for s in names}  # every member carries the full model
     standing = {s: ESTABLISHED for s in names[int(round(fresh * n)):]}  # the others are fresh
     table_: Dict[str, int] = {}
     senders: List[int] = []
     for r in range(rounds):
-        e = len(eligibility.contributors({s: -1 for s in names}, f"bench:{r}", table_, standing))
+        e = len(eligibility.contributors(parts, f"bench:{r}", table_, standing))
         if r >= SETTLE:
             senders.append(e)
         table_ = eligibility.update(table_, {"-1": e}, k)

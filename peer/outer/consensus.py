@@ -71,9 +71,6 @@ class Agreement:
         o = self.overlap[key]
         return self.agree[key] / math.sqrt(o) if o else 0.0
 
-    def comparable(self, i: int) -> List[int]:
-        return self.neighbours().get(i, [])
-
     def neighbours(self) -> Dict[int, List[int]]:
         """Position -> the positions it shares a tensor with, sorted, in one pass over the pairs (ask
         it once per round: scanning every pair for each position made 1,000 contributions O(N^3))."""
