@@ -37,9 +37,9 @@ class Timing:
     """Waits for strangers (peers never seen to come: fresh identities) that end without them take at
     most this share of wall time over any window, plus one allowance (protocol/round/no_shows.py's
     ``WaitBudget``): a new stalling identity every round stretches rounds at most about 1.25x."""
-    budget_after_rounds: int = 2
+    budget_after_rounds: int = 1
     """... from this peer's this many concluded rounds on: at a run's start, or a restart, everyone is
-    a stranger to it, and is waited for the whole allowance."""
+    a stranger to it, and is waited for the whole allowance in its first round."""
     read_min_s: float = 0.5
     """A peer reads the progress records at most this often (tests/round/test_control_plane.py) ..."""
     swarm_reads_per_s: float = 8.0
