@@ -182,7 +182,7 @@ def test_waits_for_strangers_come_from_a_budget_and_acquaintances_get_the_whole_
     assert clock.now - t0 >= cap  # our first rounds: strangers get the whole allowance (paid from the budget)
     m.came_in(10, {"a"})
     m.came_in(11, {"a"})
-    clock.sleep(5 * cap)  # a fifth of it refills the budget: one allowance
+    clock.sleep(cap / m.timing.vain_wait_share)  # its share of that refills the budget: one allowance
     state.update(round=12, stall="s12")
     t0 = clock.now
     m.wait_for_round(12, set(), first_round=False)
