@@ -35,3 +35,17 @@ def test_bench_overlap_quick_writes_a_paired_summary(tmp_path, capsys):
     assert [(s["strategy"], s["delay"]) for s in data["summary"]] == [("diloco", 0.0), ("diloco", 1.0)]
     assert data["summary"][0]["cost"] == 0.0 and all(r["tokens"] > 0 for r in data["rows"])
     assert "exchange ends after" in capsys.readouterr().out
+
+
+def test_bench_overlap_pairs_each_outer_lr_with_the_base_and_refuses_bad_lrs(tmp_path, capsys):
+    out = tmp_path / "o.json"
+    assert bo.main(["--quick", "--strategies", "sparseloco", "--delays", "0,1", "--outer-lrs", "1,0.5", "--seeds", "1",
+                    "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())["summary"]
+    assert [(s["outer_lr"], s["delay"]) for s in summary] == [(1.0, 0.0), (1.0, 1.0), (0.5, 0.0), (0.5, 1.0)]
+    assert summary[0]["vs_base"] == 0.0 and summary[2]["cost"] == 0.0  # each lr's own sequential run is its baseline
+    assert summary[3]["vs_base"] == pytest.approx(summary[3]["losses"][0] / summary[0]["losses"][0] - 1)
+    for bad in (["--outer-lrs", "x"], ["--outer-lrs", "0"], ["--outer-lrs", "1,1"], ["--quick", "--shape", "demo"]):
+        with pytest.raises(SystemExit):
+            bo.main(bad)
+    capsys.readouterr()
