@@ -33,9 +33,9 @@ debt of one allowance). So a new stalling identity every round, which the ledger
 twice, costs at most that share of any window plus one allowance
 (``test_waits_for_strangers_take_a_bounded_share_of_any_window``). A peer that came before (an
 honest one back from a stall, a groupmate, one that ended a round we waited for it in after we
-stopped waiting: slower, not stalling) is waited for the whole allowance, and in its first
-``Timing.budget_after_rounds`` rounds (its first) a peer limits nobody (at a run's start everyone is a
-stranger; tests/round/test_rejoin.py), though its waits in vain are paid later.
+stopped waiting: slower, not stalling) is waited for the whole allowance, and in its first round
+(``Timing.budget_after_rounds``) a peer limits nobody (at a run's start everyone is a stranger;
+tests/round/test_rejoin.py), though its waits in vain are paid later.
 
 A peer skipped and not seen since its last miss is also nobody to meet (``absent``): a lone honest
 peer beside a staller trains alone instead of waiting for a group that never forms; one that came
