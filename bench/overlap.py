@@ -72,7 +72,8 @@ def summarize(rows: List[Dict[str, Any]], strategies: List[str], delays: List[fl
                 losses = [by[(s, lr, d, k)]["val_loss"] for k in seeds]
                 rel = [by[(s, lr, d, k)]["val_loss"] / by[(s, lr, delays[0], k)]["val_loss"] - 1 for k in seeds]
                 base = [by[(s, lr, d, k)]["val_loss"] / by[(s, lrs[0], delays[0], k)]["val_loss"] - 1 for k in seeds]
-                out.append(dict(strategy=s, outer_lr=by[(s, lr, d, seeds[0])]["outer_lr"], delay=d, losses=losses,
+                out.append(dict(strategy=s, outer_lr=by[(s, lr, d, seeds[0])]["outer_lr"], base_lr=lr == lrs[0], delay=d,
+                                losses=losses,
                                 mean=statistics.fmean(losses), std=statistics.stdev(losses) if len(losses) > 1 else 0.0,
                                 cost=statistics.fmean(rel), cost_std=statistics.stdev(rel) if len(rel) > 1 else 0.0,
                                 cost_range=(min(rel), max(rel)),
@@ -98,7 +99,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write every arm and the summary as JSON to OUT")
     args = ap.parse_args(argv)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    delays = [float(d) for d in args.delays.split(",") if d.strip()]
+    try:
+        delays = [float(d) for d in args.delays.split(",") if d.strip()]
+    except ValueError:
+        ap.error(f"--delays must be comma-separated numbers, got {args.delays!r}")
+    if len(set(delays)) != len(delays):
+        ap.error(f"--delays must be distinct, got {args.delays!r}")
     seeds = list(range(args.seeds))
     if not strategies or not delays or not seeds or any(not 0 <= d <= 1 for d in delays):
         ap.error("--strategies, --delays (each in [0, 1]) and --seeds must name at least one of each")
@@ -120,18 +126,20 @@ def main(argv=None) -> int:
     for row, job in zip(rows, jobs):
         row["lr_arg"] = job[-1]
     summary = summarize(rows, strategies, delays, seeds, lrs)
+    several = len(lrs) > 1  # the "vs base" column only says something new with several lrs
     lines = [[s["strategy"], f"{s['outer_lr']:g}", f"{s['delay']:g} H", f"{s['mean']:.4f} ± {s['std']:.4f}",
               "-" if s["delay"] == delays[0] else
-              f"{100 * s['cost']:+.2f} % ± {100 * s['cost_std']:.2f} [{100 * s['cost_range'][0]:+.2f}, {100 * s['cost_range'][1]:+.2f}]",
-              "-" if s["delay"] == delays[0] and s["outer_lr"] == summary[0]["outer_lr"] else
-              f"{100 * s['vs_base']:+.2f} % ± {100 * s['vs_base_std']:.2f}"]
+              f"{100 * s['cost']:+.2f} % ± {100 * s['cost_std']:.2f} [{100 * s['cost_range'][0]:+.2f}, {100 * s['cost_range'][1]:+.2f}]"]
+             + (["-" if s["delay"] == delays[0] and s["base_lr"] else f"{100 * s['vs_base']:+.2f} % ± {100 * s['vs_base_std']:.2f}"]
+                if several else [])
              for s in summary]
     print()
     print(table(["strategy", "outer lr", "exchange ends after", "val loss (mean ± std)",
-                 f"cost vs {delays[0]:g} H, paired (mean ± std [min, max])", f"vs {delays[0]:g} H at the first lr"], lines))
+                 f"cost vs {delays[0]:g} H, paired (mean ± std [min, max])"]
+                + ([f"vs {delays[0]:g} H at the first lr"] if several else []), lines))
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
-        args.json.write_text(strict_json(dict(config=cfg, name=name, date=now(), machine=machine(), rows=rows,
+        args.json.write_text(strict_json(dict(config=cfg, name="quick" if args.quick else args.shape, date=now(), machine=machine(), rows=rows,
                                              summary=summary), indent=2))
     return 0
 

@@ -214,7 +214,7 @@ class WaitBudget:
 
     @property
     def limiting(self) -> bool:
-        """Past this peer's first rounds: waits for strangers last at most what ``grant`` says. Before,
+        """Past this peer's first round: waits for strangers last at most what ``grant`` says. Before,
         they are waited for the whole allowance, and still spend the budget."""
         return self.rounds >= self.after_rounds
 
@@ -232,6 +232,6 @@ class WaitBudget:
 
     def spend(self, seconds: float, now: float, cap_s: float) -> None:
         """``seconds`` were waited in vain for strangers (the barrier ended without them): spent, down
-        to a debt of one allowance (waits in our first rounds, not limited, are paid later)."""
+        to a debt of one allowance (waits in our first round, not limited, are paid later)."""
         self._accrue(now, cap_s)
         self.balance = max(-cap_s, self.balance - max(0.0, seconds))

@@ -36,8 +36,9 @@ class Timing:
     vain_wait_share: float = 0.1
     """Waits for strangers (peers never seen to come: fresh identities) that end without them take at
     most this share of wall time over any window, plus one allowance (protocol/round/no_shows.py's
-    ``WaitBudget``): a new stalling identity every round stretches rounds at most about 1.11x (at a
-    fifth, 1.25x in theory, measured 1.27x over 5 rounds: bench/RESULTS.md)."""
+    ``WaitBudget``): a new stalling identity every round stretches rounds about 1.11x in the steady
+    state, plus one allowance over any window (measured 1.21x over 5 rounds; at a fifth, 1.27x:
+    bench/RESULTS.md)."""
     budget_after_rounds: int = 1
     """... from this peer's this many concluded rounds on: at a run's start, or a restart, everyone is
     a stranger to it, and is waited for the whole allowance in its first round."""

@@ -45,7 +45,8 @@ def test_bench_overlap_pairs_each_outer_lr_with_the_base_and_refuses_bad_lrs(tmp
     assert [(s["outer_lr"], s["delay"]) for s in summary] == [(1.0, 0.0), (1.0, 1.0), (0.5, 0.0), (0.5, 1.0)]
     assert summary[0]["vs_base"] == 0.0 and summary[2]["cost"] == 0.0  # each lr's own sequential run is its baseline
     assert summary[3]["vs_base"] == pytest.approx(summary[3]["losses"][0] / summary[0]["losses"][0] - 1)
-    for bad in (["--outer-lrs", "x"], ["--outer-lrs", "0"], ["--outer-lrs", "1,1"], ["--quick", "--shape", "demo"]):
+    for bad in (["--outer-lrs", "x"], ["--outer-lrs", "0"], ["--outer-lrs", "1,1"], ["--quick", "--shape", "demo"],
+                ["--delays", "0,x"], ["--delays", "0,0"]):
         with pytest.raises(SystemExit):
             bo.main(bad)
     capsys.readouterr()
