@@ -36,7 +36,7 @@ from swarm.jsonout import dumps as strict_json  # noqa: E402
 
 R = 4
 CONFIGS = {
-    "full": dict(model=dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176, seq_len=32),
+    "small": dict(model=dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176, seq_len=32),
                  batch_size=8, inner_steps=20, steps=300, lr=3e-3, warmup=20),
     "quick": dict(model=dict(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=16),
                   batch_size=4, inner_steps=8, steps=24, lr=3e-3, warmup=4),
@@ -53,11 +53,16 @@ def run_arm(job) -> Dict[str, Any]:
     steps = round(delay * H)
     t = time.monotonic()
     res = simulate(spec, R, max(1, cfg["steps"] // H), corpus=load_corpus("stdlib"), eval_every=0, overlap_steps=steps)
-    row = dict(strategy=strategy, delay=delay, overlap_steps=steps, seed=seed, outer_lr=spec.outer.effective_lr,
+    # lr_arg: the --outer-lrs value the arm ran (None: the strategy's own), which the summary pairs by
+    row = dict(strategy=strategy, delay=delay, overlap_steps=steps, seed=seed, lr_arg=lr, outer_lr=spec.outer.effective_lr,
                val_loss=res.final_val_loss, tokens=res.tokens, wall_s=time.monotonic() - t)
     print(f"  {strategy} outer lr {row['outer_lr']:g} delay {delay:g} ({steps} steps) seed {seed}: val {row['val_loss']:.4f}",
           flush=True)
     return row
+
+
+def _mean_std(xs: List[float]):
+    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
 def summarize(rows: List[Dict[str, Any]], strategies: List[str], delays: List[float], seeds: List[int],
@@ -72,12 +77,10 @@ def summarize(rows: List[Dict[str, Any]], strategies: List[str], delays: List[fl
                 losses = [by[(s, lr, d, k)]["val_loss"] for k in seeds]
                 rel = [by[(s, lr, d, k)]["val_loss"] / by[(s, lr, delays[0], k)]["val_loss"] - 1 for k in seeds]
                 base = [by[(s, lr, d, k)]["val_loss"] / by[(s, lrs[0], delays[0], k)]["val_loss"] - 1 for k in seeds]
+                (mean, std), (cost, cost_std), (vs_base, vs_base_std) = _mean_std(losses), _mean_std(rel), _mean_std(base)
                 out.append(dict(strategy=s, outer_lr=by[(s, lr, d, seeds[0])]["outer_lr"], base_lr=lr == lrs[0], delay=d,
-                                losses=losses,
-                                mean=statistics.fmean(losses), std=statistics.stdev(losses) if len(losses) > 1 else 0.0,
-                                cost=statistics.fmean(rel), cost_std=statistics.stdev(rel) if len(rel) > 1 else 0.0,
-                                cost_range=(min(rel), max(rel)),
-                                vs_base=statistics.fmean(base), vs_base_std=statistics.stdev(base) if len(base) > 1 else 0.0))
+                                losses=losses, mean=mean, std=std, cost=cost, cost_std=cost_std,
+                                cost_range=(min(rel), max(rel)), vs_base=vs_base, vs_base_std=vs_base_std))
     return out
 
 
@@ -116,15 +119,13 @@ def main(argv=None) -> int:
         ap.error(f"--outer-lrs must be distinct numbers in (0, 1000], got {args.outer_lrs!r}")
     if args.quick and args.shape != "small":
         ap.error("--quick and --shape are exclusive")
-    name = "quick" if args.quick else "full" if args.shape == "small" else "demo"
+    name = "quick" if args.quick else args.shape
     cfg = CONFIGS[name]
     print(f"bench/overlap.py ({name}): {now()}, {machine()}\nmodel {ModelSpec(**cfg['model']).num_params():,} parameters, "
           f"{R} replicas, {cfg['steps']} inner steps each, H={cfg['inner_steps']}, seeds {seeds}", flush=True)
     t0 = time.monotonic()
     jobs = [(cfg, s, d, k, args.threads, lr) for k in seeds for s in strategies for lr in lrs for d in delays]
     rows = run_jobs(run_arm, jobs, args.jobs)
-    for row, job in zip(rows, jobs):
-        row["lr_arg"] = job[-1]
     summary = summarize(rows, strategies, delays, seeds, lrs)
     several = len(lrs) > 1  # the "vs base" column only says something new with several lrs
     lines = [[s["strategy"], f"{s['outer_lr']:g}", f"{s['delay']:g} H", f"{s['mean']:.4f} ± {s['std']:.4f}",
@@ -139,7 +140,7 @@ def main(argv=None) -> int:
                 + ([f"vs {delays[0]:g} H at the first lr"] if several else []), lines))
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
-        args.json.write_text(strict_json(dict(config=cfg, name="quick" if args.quick else args.shape, date=now(), machine=machine(), rows=rows,
+        args.json.write_text(strict_json(dict(config=cfg, name=name, date=now(), machine=machine(), rows=rows,
                                              summary=summary), indent=2))
     return 0
 
