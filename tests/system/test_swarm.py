@@ -43,11 +43,15 @@ def test_three_peers_train_stay_identical_and_a_late_joiner_catches_up(swarm_fac
     a = statuses[0]
     assert a["val_loss"] < a["initial_val_loss"] - 0.3, (a["initial_val_loss"], a["val_loss"])
     assert a["bytes_sent"] > 0 and a["bytes_received"] > 0
-    # every group round's exchange cost this thread CPU (encode, decode, outer step) and its DHT, gather
-    # and p2p processes some (swarm/cpu_meter.py)
-    shared = [r for s in statuses for r in s["history"] if len(r["group"]) > 1]
-    assert all(r["exchange_cpu"] > 0 and r["helpers_cpu"] > 0 for r in shared), \
-        [(r["round"], r["exchange_cpu"], r["helpers_cpu"]) for r in shared]
+    # every group round's exchange cost this thread CPU (encode, decode, outer step), and each peer's DHT,
+    # gather and p2p processes some over its rounds (swarm/cpu_meter.py). Those are read in clock ticks
+    # (10 ms), so one short round of a tiny model may count none of them: summed per peer, not per round.
+    for s in statuses:
+        shared = [r for r in s["history"] if len(r["group"]) > 1]
+        rounds = [(r["round"], r["exchange_cpu"], r["helpers_cpu"]) for r in shared]
+        assert shared and all(r["exchange_cpu"] > 0 for r in shared), rounds
+        assert all(r["helpers_cpu"] is not None and r["helpers_cpu"] >= 0 for r in shared), rounds
+        assert sum(r["helpers_cpu"] for r in shared) > 0, rounds
 
 
 def test_sigkill_of_one_peer_does_not_stop_the_others(swarm_factory):
