@@ -326,7 +326,7 @@ class Peer:
             round=self.round,
             step=self.step,
             state=self.state,
-            spec=self.spec.digest(),
+            spec=self.membership.digest,
             loss=float(self.last_loss),
             val_loss=float(self.val_loss),
             tokens=self.totals.tokens,
@@ -347,7 +347,7 @@ class Peer:
         return {
             "peer_id": self.peer_id,
             "run_id": self.spec.run_id,
-            "spec": self.spec.digest(),
+            "spec": self.membership.digest,
             "strategy": self.spec.outer.strategy,
             **role.status(),
             "device": device_label(str(self.device)),  # cuda:0 NVIDIA H100 80GB HBM3, cpu

@@ -64,6 +64,7 @@ class OuterStrategy:
         block range of a chain stage (protocol/chain/stages.py); ``layout``: an explicit layout for
         benchmarks of a model other than the spec's."""
         self.spec, self.part = spec, part
+        self.run_digest = spec.digest()  # in every payload's header; the spec is frozen, its digest costs ~50 us
         self.full_layout = dict(layout) if layout is not None else spec.param_shapes()
         self._explicit = layout is not None
         self.layout = dict(self.layout_of(part))  # what this peer sends
@@ -104,7 +105,7 @@ class OuterStrategy:
     def encode(self, delta: Tensors, round_no: int) -> Tuple[bytes, "Pending"]:
         """The payload for this round, and what to keep locally once the round's outcome is known."""
         signal = self.signal(delta)
-        data, sent = encode_payload(self.codec, signal, run_digest=self.spec.digest(), round=round_no, part=self.part)
+        data, sent = encode_payload(self.codec, signal, run_digest=self.run_digest, round=round_no, part=self.part)
         return data, Pending(signal, sent)
 
     def settle(self, pending: "Pending", delivered: bool) -> None:
@@ -112,7 +113,7 @@ class OuterStrategy:
 
     def part_of(self, data: bytes, round_no: int) -> Part:
         """The part a groupmate's payload claims, its header checked and its tensors not decoded."""
-        return payload_part(data, self.codec, self.layout_of, run_digest=self.spec.digest(), round=round_no,
+        return payload_part(data, self.codec, self.layout_of, run_digest=self.run_digest, round=round_no,
                             max_bytes=self.max_payload_bytes)
 
     def decode(self, data: bytes, round_no: int) -> Tensors:
@@ -122,7 +123,7 @@ class OuterStrategy:
     def decode_part(self, data: bytes, round_no: int) -> Tuple[Part, Tensors]:
         """``decode``, with the part the payload claims."""
         return decode_part_payload(
-            data, self.codec, self.layout_of, run_digest=self.spec.digest(), round=round_no, max_bytes=self.max_payload_bytes
+            data, self.codec, self.layout_of, run_digest=self.run_digest, round=round_no, max_bytes=self.max_payload_bytes
         )
 
     # -- what every member computes identically -----------------------------------------------------

@@ -76,6 +76,9 @@ class Membership:
     def __init__(self, dht, spec: RunSpec, peer_id: str, progress: Callable[[], Progress], stop: threading.Event,
                  timing: Optional[Timing] = None):
         self.dht, self.spec, self.peer_id, self.stop = dht, spec, peer_id, stop
+        # the records of our spec carry this digest; computed once (a pydantic dump, ~50 us), not per
+        # record per poll: that grew a waiting peer's CPU with the swarm (bench/RESULTS.md, 2026-11-29)
+        self.digest = spec.digest()
         self.timing = timing if timing is not None else Timing.from_spec(spec)  # every wait of the round
         self._progress = progress
         self._thread: Optional[threading.Thread] = None
@@ -164,7 +167,7 @@ class Membership:
                 self._latencies.append(self._read_at - began)
             views = self._views
         now = time.monotonic()
-        return [v for v in views if v.progress.spec == self.spec.digest() and self._ignored.get(v.peer_id, 0.0) <= now]
+        return [v for v in views if v.progress.spec == self.digest and self._ignored.get(v.peer_id, 0.0) <= now]
 
     def read_latency(self) -> float:
         """How long a DHT read of the progress records takes on this host now: the median of the
@@ -209,7 +212,7 @@ class Membership:
         return not self.others() and not self._seen_live_lately()
 
     def _note_live(self, fresh: Sequence[PeerView]) -> None:
-        now, digest = time.monotonic(), self.spec.digest()
+        now, digest = time.monotonic(), self.digest
         for v in fresh:
             if v.peer_id == self.peer_id or v.progress.spec != digest:
                 continue

@@ -19,7 +19,7 @@ destroy notice) stay in the totals.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Dict, Iterable, Set, Tuple, Union
+from typing import AbstractSet, Callable, Dict, Iterable, Set, Tuple, Union
 
 from swarm.wire.sock_diag import TCP_LISTEN, SockStat, TcpCounters
 
@@ -51,6 +51,12 @@ class WireLedger:
         self._ignored: Set[int] = set()  # cookies decided: not the tree's, a listener, or gone long ago
         self._polls = 0
         self.closed = WireTotals()
+
+    @property
+    def ignored(self) -> AbstractSet[int]:
+        """The cookies decided as not the tree's (another process's, internal, a listener, long gone): a
+        dump need not parse them again, only say they are still there (``sock_diag.dump_tcp``'s skip)."""
+        return self._ignored
 
     def update(self, dump: Iterable[SockStat], owned: Owned) -> None:
         """One dump of the namespace's TCP sockets; ``owned``: the socket inodes the tree holds now."""

@@ -119,7 +119,7 @@ class WireMeter:
     cannot be read here."""
 
     def __init__(self, root: Optional[int] = None, period: Optional[float] = None,
-                 dump: Callable[[], List[SockStat]] = dump_tcp, tree: Callable[[int], List[int]] = process_tree,
+                 dump: Callable[..., List[SockStat]] = dump_tcp, tree: Callable[[int], List[int]] = process_tree,
                  feed: Optional[Callable[[], DestroyFeed]] = DestroyFeed,
                  lookup: Optional[Callable[[List[SockStat]], List[SockStat]]] = lookup_tcp):
         self.root = os.getpid() if root is None else root
@@ -143,7 +143,9 @@ class WireMeter:
             try:
                 t0 = time.thread_time()
                 self._take_notices()
-                self._ledger.update(self._dump(), lambda: socket_inodes(self._tree(self.root)))
+                # the sockets the ledger has classified (other processes', internal, listeners) come back
+                # unparsed: what is left to parse is about our own, however many peers share the host
+                self._ledger.update(self._dump(skip=self._ledger.ignored), lambda: socket_inodes(self._tree(self.root)))
                 if self._adapt:
                     cost = time.thread_time() - t0
                     self.period = min(MAX_PERIOD_S, max(MIN_PERIOD_S, cost / CPU_BUDGET))

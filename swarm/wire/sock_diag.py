@@ -26,7 +26,7 @@ import os
 import socket
 import struct
 from dataclasses import astuple, dataclass
-from typing import List, Optional, Tuple
+from typing import Container, List, Optional, Tuple
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
@@ -136,14 +136,21 @@ def parse_tcp_info(info: bytes, start: int = 0, end: Optional[int] = None) -> Op
     return TcpCounters(acked, received)
 
 
-def parse_diag_msg(payload: bytes, start: int = 0, end: Optional[int] = None) -> SockStat:
-    """One ``inet_diag_msg`` and its attributes (``payload[start:end]``: the body of one netlink message)."""
+def parse_diag_msg(payload: bytes, start: int = 0, end: Optional[int] = None, skip: Container[int] = ()) -> SockStat:
+    """One ``inet_diag_msg`` and its attributes (``payload[start:end]``: the body of one netlink message).
+
+    A socket whose cookie is in ``skip`` (one a reader has already classified, e.g. another process's)
+    comes back without addresses or counters: on a host with many peers most of a dump is other
+    processes' sockets, and their addresses and tcp_info are two thirds of its parse
+    (tests/swarm/test_wire_bytes.py, test_a_skipped_socket_keeps_its_cookie_and_ports_only)."""
     end = len(payload) if end is None else end
     if end - start < MSG_LEN:
         raise ValueError(f"inet_diag_msg of {end - start} bytes (at least {MSG_LEN})")
     family, state = _MSG_HEAD.unpack_from(payload, start)
     sport, dport = _PORTS.unpack_from(payload, start + 4)
     c0, c1, inode = _MSG_TAIL.unpack_from(payload, start + 40)
+    if c0 | c1 << 32 in skip:
+        return SockStat(c0 | c1 << 32, inode, family, state, "", sport, "", dport, None)
     n = 4 if family == socket.AF_INET else 16
     src = socket.inet_ntop(family, payload[start + 8:start + 8 + n])
     dst = socket.inet_ntop(family, payload[start + 24:start + 24 + n])
@@ -159,7 +166,7 @@ def parse_diag_msg(payload: bytes, start: int = 0, end: Optional[int] = None) ->
     return SockStat(c0 | c1 << 32, inode, family, state, src, sport, dst, dport, counters)
 
 
-def parse_replies(data: bytes, seq: Optional[int] = None) -> Tuple[List[SockStat], bool]:
+def parse_replies(data: bytes, seq: Optional[int] = None, skip: Container[int] = ()) -> Tuple[List[SockStat], bool]:
     """The sockets in one ``recv`` of a dump's replies, and whether the dump is done (NLMSG_DONE).
     Raises NetlinkError for an NLMSG_ERROR, ValueError for bytes that are not netlink messages;
     messages of another sequence number (a stale dump) are skipped."""
@@ -175,7 +182,7 @@ def parse_replies(data: bytes, seq: Optional[int] = None) -> Tuple[List[SockStat
                 raise NetlinkError(code, f"sock_diag: {os.strerror(code)}")
             continue  # an acknowledgement
         if kind == SOCK_DIAG_BY_FAMILY:
-            socks.append(parse_diag_msg(data, body, end))
+            socks.append(parse_diag_msg(data, body, end, skip))
     return socks, False
 
 
@@ -202,8 +209,10 @@ def _netlink() -> socket.socket:
     return socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
 
 
-def dump_tcp(families: Tuple[int, ...] = (socket.AF_INET, socket.AF_INET6), timeout: float = 2.0) -> List[SockStat]:
-    """Every TCP socket of this network namespace that has counters (listeners too, for their ports).
+def dump_tcp(families: Tuple[int, ...] = (socket.AF_INET, socket.AF_INET6), timeout: float = 2.0,
+             skip: Container[int] = ()) -> List[SockStat]:
+    """Every TCP socket of this network namespace that has counters (listeners too, for their ports);
+    those whose cookie is in ``skip`` with their cookie, inode, state and ports only (``parse_diag_msg``).
 
     Raises OSError where netlink's sock_diag is unavailable (not Linux, a sandbox without it)."""
     out: List[SockStat] = []
@@ -212,7 +221,7 @@ def dump_tcp(families: Tuple[int, ...] = (socket.AF_INET, socket.AF_INET6), time
         for seq, family in enumerate(families, start=1):
             nl.send(dump_request(family, seq))
             while True:
-                socks, done = parse_replies(nl.recv(1 << 17), seq)
+                socks, done = parse_replies(nl.recv(1 << 17), seq, skip)
                 out.extend(socks)
                 if done:
                     break

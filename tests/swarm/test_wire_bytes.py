@@ -93,6 +93,41 @@ def test_replies_parse_into_sockets_with_their_counters():
     assert parse_diag_msg(diag_msg(1, 1)).counters is None  # no INET_DIAG_INFO: no counters
 
 
+def test_a_skipped_socket_keeps_its_cookie_and_ports_only():
+    info = tcp_info(sent=1500, received=700, retrans=100, segs_out=9, segs_in=8)
+    data = (nlmsg(SOCK_DIAG_BY_FAMILY, diag_msg(2**40 + 5, 77, info=info))
+            + nlmsg(SOCK_DIAG_BY_FAMILY, diag_msg(6, 78, info=info))
+            + nlmsg(NLMSG_DONE, struct.pack("=i", 0)))
+    (a, b), done = parse_replies(data, seq=1, skip={2**40 + 5})
+    assert done
+    assert (a.cookie, a.inode, a.family, a.state, a.sport, a.dport) == (2**40 + 5, 77, socket.AF_INET, ESTABLISHED, 4000, 5000)
+    assert (a.src, a.dst, a.counters) == ("", "", None)  # not parsed
+    assert b == parse_replies(data, seq=1)[0][1] and b.counters == TcpCounters(1500, 700, 100, 9, 8)
+
+
+def test_the_meter_skips_what_its_ledger_has_classified_and_counts_the_same():
+    """Another process's socket is parsed once, then dumped unparsed: the totals do not change."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        port, inode = listener.getsockname()[1], os.fstat(listener.fileno()).st_ino
+        skips = []
+
+        def dump(skip=()):
+            skips.append(set(skip))
+            socks = [stat(1, inode, state=TCP_LISTEN, sport=port), stat(2, sport=port, sent=10 * len(skips)),
+                     stat(3, inode=999_999_999, sport=6000, sent=5)]  # not ours: another process's socket
+            return [s if s.cookie not in skip else SockStat(s.cookie, s.inode, s.family, s.state, "", s.sport, "",
+                                                            s.dport, None) for s in socks]
+
+        meter = WireMeter(dump=dump, feed=None, lookup=None, period=60.0)
+        assert meter.totals().sent == 10
+        assert meter.totals().sent == 20
+        assert skips[0] == set() and skips[1] == {1, 3}  # the listener and the foreign socket, not ours (2)
+        assert meter._ledger.live() and [s.cookie for s in meter._ledger.live()] == [2]
+    finally:
+        listener.close()
+
+
 def test_older_kernels_tcp_info_is_read_as_far_as_it_goes():
     assert parse_tcp_info(tcp_info(sent=10, acked=8, received=5, size=136)) == TcpCounters(8, 5, 0, 0, 0)  # 4.1
     assert parse_tcp_info(tcp_info(sent=10, acked=8, received=5, segs_out=3, segs_in=2, size=160)) == TcpCounters(8, 5, 0, 3, 2)
@@ -195,7 +230,7 @@ def test_the_report_splits_the_wire_into_payload_chain_and_control():
 
 # ---- where the counters cannot be read -------------------------------------------------------------
 def test_without_netlink_the_meter_says_unknown_once_and_never_raises(caplog):
-    def no_netlink():
+    def no_netlink(**_):
         raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
 
     meter = WireMeter(dump=no_netlink)
@@ -327,7 +362,7 @@ def test_with_destroy_notices_a_connection_shorter_than_a_poll_counts():
     try:
         port = int(child.stdout.readline())
         # the polls see only listeners (the child's port): the connection can count by its notice alone
-        listeners = lambda: [s for s in dump_tcp() if s.state == TCP_LISTEN]  # noqa: E731
+        listeners = lambda **kw: [s for s in dump_tcp(**kw) if s.state == TCP_LISTEN]  # noqa: E731
         meter = WireMeter(root=child.pid, dump=listeners).start()
         child.stdin.write("go\n")
         child.stdin.flush()
@@ -353,7 +388,7 @@ def test_around_a_shutdown_the_meter_reads_closely_by_lookup_with_a_dump_now_and
         port, inode = listener.getsockname()[1], os.fstat(listener.fileno()).st_ino
         dumps, lookups = [], []
 
-        def dump():
+        def dump(**_):
             dumps.append(time.monotonic())
             return [stat(1, inode, state=TCP_LISTEN, sport=port), stat(2, sport=port, sent=10)]
 
@@ -378,7 +413,7 @@ def test_between_dumps_the_meter_re_reads_its_sockets_by_lookup():
     try:
         port, inode = listener.getsockname()[1], os.fstat(listener.fileno()).st_ino
         reads = []
-        dump = lambda: [stat(1, inode, state=TCP_LISTEN, sport=port), stat(2, sport=port, sent=5)]  # noqa: E731
+        dump = lambda **_: [stat(1, inode, state=TCP_LISTEN, sport=port), stat(2, sport=port, sent=5)]  # noqa: E731
         meter = WireMeter(dump=dump, feed=None, lookup=lambda live: reads.append(1) or [stat(2, sport=port, sent=99)])
         meter.start()
         time.sleep(0.5)
@@ -396,7 +431,7 @@ def test_a_failing_lookup_leaves_the_meter_on_dumps():
     listener = socket.create_server(("127.0.0.1", 0))
     try:
         port, inode = listener.getsockname()[1], os.fstat(listener.fileno()).st_ino
-        meter = WireMeter(dump=lambda: [stat(1, inode, state=TCP_LISTEN, sport=port), stat(2, sport=port, sent=7)],
+        meter = WireMeter(dump=lambda **_: [stat(1, inode, state=TCP_LISTEN, sport=port), stat(2, sport=port, sent=7)],
                           feed=None, lookup=broken, period=60.0)
         meter.poll()
         meter.refresh()
