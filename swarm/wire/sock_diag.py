@@ -142,7 +142,7 @@ def parse_diag_msg(payload: bytes, start: int = 0, end: Optional[int] = None, sk
     A socket whose cookie is in ``skip`` (one a reader has already classified, e.g. another process's)
     comes back without addresses or counters: on a host with many peers most of a dump is other
     processes' sockets, and their addresses and tcp_info are two thirds of its parse
-    (tests/swarm/test_wire_bytes.py, test_a_skipped_socket_keeps_its_cookie_and_ports_only)."""
+    (tests/swarm/test_sock_diag.py, test_a_skipped_socket_keeps_its_cookie_and_ports_only)."""
     end = len(payload) if end is None else end
     if end - start < MSG_LEN:
         raise ValueError(f"inet_diag_msg of {end - start} bytes (at least {MSG_LEN})")
