@@ -19,7 +19,12 @@ p is kept per part in the lineage (``update``), in [1, ``CAP``] units of 2^-20 (
 everyone sends, fresh members too; a part absent from the table has it): after each round every
 member moves p halfway towards target(K) / E of itself, E that part's candidates in the round's
 union. E / p estimates the part's members (weighted by standing), so p follows the swarm's size
-without anyone counting it; a part with no candidate doubles its p back towards ``CAP``.
+without anyone counting it; a part with no candidate doubles its p back towards ``CAP``. From
+``CAP`` (a part's first round, or one back there) every member sent: E is the part's members
+exactly, not a draw, so p moves the whole way to target(K) / E of itself at once (halfway, a swarm
+of 32 took 6 rounds to near the target, and its first rounds fetched payloads for nothing:
+bench/RESULTS.md, 2026-11-29; tests/protocol/test_eligibility.py,
+``test_from_cap_p_moves_the_whole_way_at_once``).
 
 Every decision is exact integer arithmetic, so every member of a lineage computes the same on any
 machine. Each member decides for itself and announces it (a group reads its senders from the
@@ -86,8 +91,9 @@ def target(k: int) -> Fraction:
 
 def update(table: Mapping[str, int], counts: Mapping[str, int], k: int) -> Dict[str, int]:
     """The table after a round whose union held ``counts[part key]`` contributions of each part: p
-    moves halfway towards target(K) / E of itself (E > 0), doubles where E = 0; parts back at ``CAP``
-    leave the table, which keeps at most ``MAX_PARTS`` (the smallest p, then the smallest key)."""
+    moves halfway towards target(K) / E of itself (E > 0; the whole way from ``CAP``, where E was no
+    draw), doubles where E = 0; parts back at ``CAP`` leave the table, which keeps at most
+    ``MAX_PARTS`` (the smallest p, then the smallest key)."""
     if k <= 0:
         return {}
     aim = target(k)
@@ -95,7 +101,12 @@ def update(table: Mapping[str, int], counts: Mapping[str, int], k: int) -> Dict[
     out: Dict[str, int] = {}
     for key in set(table) | {key for key, n in counts.items() if n > 0}:
         p, e = table.get(key, CAP), counts.get(key, 0)
-        p = 2 * p if e <= 0 else p * (num + den * e) // (2 * den * e)
+        if e <= 0:
+            p = 2 * p
+        elif p >= CAP:  # everyone sent: e is the part's members, not a draw
+            p = p * num // (den * e)
+        else:
+            p = p * (num + den * e) // (2 * den * e)
         if p < CAP:
             out[key] = max(p, 1)
     if len(out) > MAX_PARTS:

@@ -73,6 +73,21 @@ def test_p_follows_the_swarm_size_towards_the_target():
     assert eligibility.update({"-1": 5}, {"-1": 3}, 0) == {}
 
 
+def test_from_cap_p_moves_the_whole_way_at_once():
+    """At CAP every member sent, so E is the part's size, not a draw: one round takes p to the target;
+    below CAP p moves halfway (E is then a draw, and a whole step would follow its noise)."""
+    k = 8
+    table = eligibility.update({}, {"-1": 32}, k)  # a run's first round: 32 fresh members all sent
+    assert eligibility.probability(table, -1) * 32 // CAP == eligibility.target(k)
+    p = eligibility.probability(table, -1)
+    assert eligibility.update(table, {"-1": 20}, k)["-1"] == p * (10 + 20) // 40  # halfway from below CAP
+    # fresh members of a swarm of 32 send about target(K) from the second round on (the real decisions)
+    names = [f"peer-{i}" for i in range(32)]
+    sent = [sum(eligibility.eligible(f"seed-{r}", n, p, 1) for n in names) for r in range(200)]
+    assert abs(sum(sent) / len(sent) - eligibility.target(k)) < 1
+    assert eligibility.update({}, {"-1": 10}, k) == {}  # as many as the target: everyone goes on sending
+
+
 def test_the_table_is_bounded_and_a_table_from_another_peer_is_checked():
     table = eligibility.update({}, {str(i): 10_000 for i in range(200)}, 8)
     assert len(table) == eligibility.MAX_PARTS
