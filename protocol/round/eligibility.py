@@ -22,7 +22,7 @@ union. E / p estimates the part's members (weighted by standing), so p follows t
 without anyone counting it; a part with no candidate doubles its p back towards ``CAP``. From
 ``CAP`` (a part's first round, or one back there) every member sent: E is the part's members
 exactly, not a draw, so p moves the whole way to target(K) / E of itself at once (halfway, a swarm
-of 32 took 6 rounds to near the target, and its first rounds fetched payloads for nothing:
+of 32 drew from 31, 20, 17, 18, 13 candidates in its first rounds, fetching payloads for nothing:
 bench/RESULTS.md, 2026-11-29; tests/protocol/test_eligibility.py,
 ``test_from_cap_p_moves_the_whole_way_at_once``).
 
