@@ -4,9 +4,10 @@
 
 protocol/round/eligibility.py lets each member of a part send its payload with probability min(1, p ×
 w / 4) and moves p after each round halfway towards target(K) / E of itself (E: that round's
-senders; the whole way from where everyone sends). This runs that rule alone, round after round, with the real decisions (SHA-256 of each
-round's seed and each member's name, the exact integer update), for N members of one part, a
-share ``--fresh`` of them fresh (weight 1) and the rest established (weight 4). Per K and N, over
+senders; the whole way from where everyone sends). This runs that rule alone, round after round,
+with the real decisions (SHA-256 of each round's seed and each member's name, the exact integer
+update), for N members of one part, a share ``--fresh`` of them fresh (weight 1) and the rest
+established (weight 4). Per K and N, over
 the rounds after the first 100 (p has settled by then): the senders a round against N (the
 baseline: every member sends, as with K = 0), how often a round had fewer than K senders, and the
 contributions it took (min(E, K)) against K.

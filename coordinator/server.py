@@ -141,7 +141,8 @@ def watch(dht, spec: RunSpec, stop: threading.Event, period: float = 2.0, log_ev
 
 def log_swarm(dht, spec: RunSpec) -> None:
     try:
-        views = [v for v in read_progress(dht, spec.run_id) if v.progress.spec == spec.digest()]
+        digest = spec.digest()  # once, not per record (a pydantic dump each)
+        views = [v for v in read_progress(dht, spec.run_id) if v.progress.spec == digest]
     except Exception as e:
         logger.warning(f"could not read progress: {e!r}")
         return

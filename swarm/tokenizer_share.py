@@ -116,7 +116,8 @@ def tokenizer_sources(dht: DHT, spec: RunSpec) -> List[str]:
     if owner is not None:
         out.append(peer_id_of(owner))
     try:
-        out += sorted(v.peer_id for v in read_progress(dht, spec.run_id) if v.progress.spec == spec.digest())
+        digest = spec.digest()  # once, not per record
+        out += sorted(v.peer_id for v in read_progress(dht, spec.run_id) if v.progress.spec == digest)
     except Exception as e:  # a DHT hiccup: the coordinator alone may still answer
         logger.debug(f"could not list peers to fetch the tokenizer from: {e!r}")
     seen, unique = {me}, []

@@ -76,8 +76,8 @@ class Membership:
     def __init__(self, dht, spec: RunSpec, peer_id: str, progress: Callable[[], Progress], stop: threading.Event,
                  timing: Optional[Timing] = None):
         self.dht, self.spec, self.peer_id, self.stop = dht, spec, peer_id, stop
-        # the records of our spec carry this digest; computed once (a pydantic dump, ~50 us), not per
-        # record per poll: that grew a waiting peer's CPU with the swarm (bench/RESULTS.md, 2026-11-29)
+        # the records of our spec carry this digest: computed once (a pydantic dump, ~50 us), not per
+        # record at every poll of the view
         self.digest = spec.digest()
         self.timing = timing if timing is not None else Timing.from_spec(spec)  # every wait of the round
         self._progress = progress

@@ -20,10 +20,11 @@ everyone sends, fresh members too; a part absent from the table has it): after e
 member moves p halfway towards target(K) / E of itself, E that part's candidates in the round's
 union. E / p estimates the part's members (weighted by standing), so p follows the swarm's size
 without anyone counting it; a part with no candidate doubles its p back towards ``CAP``. From
-``CAP`` (a part's first round, or one back there) every member sent: E is the part's members
-exactly, not a draw, so p moves the whole way to target(K) / E of itself at once (halfway, a swarm
-of 32 drew from 31, 20, 17, 18, 13 candidates in its first rounds, fetching payloads for nothing:
-bench/RESULTS.md, 2026-11-29; tests/protocol/test_eligibility.py,
+``CAP`` (a part's first round, or one back there) every member sent: E is the part's members, not a
+draw, so p moves the whole way to target(K) / E of itself at once, by at most ``MAX_FALL`` (made-up
+sets of fresh identities count in E). Where the members are fresh (a run's first round) that lands
+on the target; members with standing send more often than fresh ones below ``CAP``, so there it
+lands above it and the halfway steps bring it down (tests/protocol/test_eligibility.py,
 ``test_from_cap_p_moves_the_whole_way_at_once``).
 
 Every decision is exact integer arithmetic, so every member of a lineage computes the same on any
@@ -43,7 +44,7 @@ from protocol.round.choice import uniform, weight
 from protocol.round.standing import ESTABLISHED
 from protocol.wire.payload import Part
 
-__all__ = ["ONE", "TOP", "CAP", "MARGIN", "SPARE", "MAX_PARTS", "EligibilityError", "part_key", "probability",
+__all__ = ["ONE", "TOP", "CAP", "MARGIN", "SPARE", "MAX_PARTS", "MAX_FALL", "EligibilityError", "part_key", "probability",
            "eligible", "contributors", "target", "update", "checked"]
 
 ONE = 1 << 20  # probability 1
@@ -52,6 +53,7 @@ CAP = ONE * TOP  # p at which every member sends, a fresh one too
 MARGIN = Fraction(5, 4)  # contributions a part the union aims at, in units of K ...
 SPARE = 2  # ... and at least this many over K
 MAX_PARTS = 64  # parts a table keeps (the smallest p first); a part not in it has p = CAP
+MAX_FALL = 32  # p falls at most this many times in one step from CAP (below CAP: at most halves)
 MAX_KEY_CHARS = 32
 
 
@@ -92,7 +94,7 @@ def target(k: int) -> Fraction:
 def update(table: Mapping[str, int], counts: Mapping[str, int], k: int) -> Dict[str, int]:
     """The table after a round whose union held ``counts[part key]`` contributions of each part: p
     moves halfway towards target(K) / E of itself (E > 0; the whole way from ``CAP``, where E was no
-    draw), doubles where E = 0; parts back at ``CAP`` leave the table, which keeps at most
+    draw, by at most ``MAX_FALL``), doubles where E = 0; parts back at ``CAP`` leave the table, which keeps at most
     ``MAX_PARTS`` (the smallest p, then the smallest key)."""
     if k <= 0:
         return {}
@@ -104,7 +106,7 @@ def update(table: Mapping[str, int], counts: Mapping[str, int], k: int) -> Dict[
         if e <= 0:
             p = 2 * p
         elif p >= CAP:  # everyone sent: e is the part's members, not a draw
-            p = p * num // (den * e)
+            p = max(p * num // (den * e), p // MAX_FALL)
         else:
             p = p * (num + den * e) // (2 * den * e)
         if p < CAP:

@@ -86,6 +86,18 @@ def test_from_cap_p_moves_the_whole_way_at_once():
     sent = [sum(eligibility.eligible(f"seed-{r}", n, p, 1) for n in names) for r in range(200)]
     assert abs(sum(sent) / len(sent) - eligibility.target(k)) < 1
     assert eligibility.update({}, {"-1": 10}, k) == {}  # as many as the target: everyone goes on sending
+    # established members back at CAP send 4x as often below it: the step lands above the target,
+    # and the halfway steps bring it down
+    table = eligibility.update({}, {"-1": 400}, k)
+    sends = lambda t: sum(eligibility.eligible(f"seed-{r}", f"m{i}", eligibility.probability(t, -1), 4)  # noqa: E731
+                          for i in range(400) for r in range(3)) / 3
+    first = sends(table)
+    assert 3 * eligibility.target(k) < first < 5 * eligibility.target(k)
+    for _ in range(15):
+        table = eligibility.update(table, {"-1": max(1, round(sends(table)))}, k)
+    assert abs(sends(table) - eligibility.target(k)) < 4
+    # a flood of made-up senders at CAP lowers p at most MAX_FALL times in one step
+    assert eligibility.update({}, {"-1": 10**6}, k)["-1"] == CAP // eligibility.MAX_FALL
 
 
 def test_the_table_is_bounded_and_a_table_from_another_peer_is_checked():

@@ -15,6 +15,7 @@ from swarm.wire.sock_diag import (INET_DIAG_INFO, NLMSG_DONE, NLMSG_ERROR, SOCK_
 
 ESTABLISHED = 1
 
+
 # ---- constructed netlink replies -------------------------------------------------------------------
 def tcp_info(sent=0, received=0, acked=None, retrans=0, segs_out=0, segs_in=0, size=232) -> bytes:
     info = bytearray(max(size, 232))
