@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import machine, now, table  # noqa: E402
+from bench.common import machine, now, spread, table  # noqa: E402
 from bench.compression import run_arms, warm_start  # noqa: E402
 from protocol.spec import ModelSpec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
@@ -56,9 +56,9 @@ def summarize(rows: List[Dict[str, Any]], strategies: List[str], multiples: List
             rel = [by[(strategy, m, s)] / by[(strategy, None, s)] - 1 for s in seeds] if None in multiples else []
             out.append(dict(
                 strategy=strategy, clip=m, losses=losses, mean=statistics.fmean(losses),
-                std=statistics.stdev(losses) if len(losses) > 1 else 0.0,
+                std=spread(losses),
                 cost=statistics.fmean(rel) if rel else None,
-                cost_std=statistics.stdev(rel) if len(rel) > 1 else 0.0,
+                cost_std=spread(rel),
                 cost_range=(min(rel), max(rel)) if rel else None,
             ))
     return out

@@ -7,6 +7,7 @@ import datetime
 import os
 import platform
 import signal
+import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, List, Sequence, Tuple
@@ -39,6 +40,12 @@ def human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f}"
+
+
+def spread(xs: Sequence[float]) -> float:
+    """The sample standard deviation of ``xs`` (the ± of a benchmark's mean over seeds); 0.0 for fewer
+    than two values (one seed has no spread)."""
+    return statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
 def table(cols, lines, left=1) -> str:

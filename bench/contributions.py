@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import add_arm_flags, human, machine, now, run_summarized, table  # noqa: E402
+from bench.common import add_arm_flags, human, machine, now, run_summarized, spread, table  # noqa: E402
 from bench.compression import make_spec  # noqa: E402
 
 CONFIGS = {
@@ -95,8 +95,8 @@ def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         gaps = [r["val_loss"] / loss[(n, 0, r["seed"])] - 1 for r in rs if k and (n, 0, r["seed"]) in loss]
         out.append(dict(
             n=n, k=k, seeds=len(rs), loss=statistics.fmean(r["val_loss"] for r in rs),
-            loss_std=statistics.stdev([r["val_loss"] for r in rs]) if len(rs) > 1 else 0.0,
-            gap=statistics.fmean(gaps) if gaps else None, gap_std=statistics.stdev(gaps) if len(gaps) > 1 else 0.0,
+            loss_std=spread([r["val_loss"] for r in rs]),
+            gap=statistics.fmean(gaps) if gaps else None, gap_std=spread(gaps),
             decodes=statistics.fmean(r["decodes_per_round"] for r in rs),
             senders=statistics.fmean(statistics.fmean(r["senders"][1:] or r["senders"]) for r in rs),
             download=statistics.fmean(r["download_per_round"] for r in rs),

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import machine, now, run_jobs, table  # noqa: E402
+from bench.common import machine, now, run_jobs, spread, table  # noqa: E402
 from bench.compression import CONFIGS as COMPRESSION_CONFIGS, make_spec  # noqa: E402
 from peer.training.data import load_corpus  # noqa: E402
 from peer.round.simulate import simulate  # noqa: E402
@@ -61,10 +61,6 @@ def run_arm(job) -> Dict[str, Any]:
     return row
 
 
-def _mean_std(xs: List[float]):
-    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
-
-
 def summarize(rows: List[Dict[str, Any]], strategies: List[str], delays: List[float], seeds: List[int],
               lrs: List[Optional[float]]):
     """Per (strategy, outer lr, delay): the losses, and two paired costs, seed by seed: against the
@@ -77,10 +73,10 @@ def summarize(rows: List[Dict[str, Any]], strategies: List[str], delays: List[fl
                 losses = [by[(s, lr, d, k)]["val_loss"] for k in seeds]
                 rel = [by[(s, lr, d, k)]["val_loss"] / by[(s, lr, delays[0], k)]["val_loss"] - 1 for k in seeds]
                 base = [by[(s, lr, d, k)]["val_loss"] / by[(s, lrs[0], delays[0], k)]["val_loss"] - 1 for k in seeds]
-                (mean, std), (cost, cost_std), (vs_base, vs_base_std) = _mean_std(losses), _mean_std(rel), _mean_std(base)
                 out.append(dict(strategy=s, outer_lr=by[(s, lr, d, seeds[0])]["outer_lr"], base_lr=lr == lrs[0], delay=d,
-                                losses=losses, mean=mean, std=std, cost=cost, cost_std=cost_std,
-                                cost_range=(min(rel), max(rel)), vs_base=vs_base, vs_base_std=vs_base_std))
+                                losses=losses, mean=statistics.fmean(losses), std=spread(losses),
+                                cost=statistics.fmean(rel), cost_std=spread(rel), cost_range=(min(rel), max(rel)),
+                                vs_base=statistics.fmean(base), vs_base_std=spread(base)))
     return out
 
 

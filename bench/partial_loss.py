@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import add_arm_flags, choose_names, human, machine, now, run_summarized, table  # noqa: E402
+from bench.common import add_arm_flags, choose_names, human, machine, now, run_summarized, spread, table  # noqa: E402
 from bench.partial import full_init, model_dict, reslice  # noqa: E402
 from bench.partial_probes import make_spec, part_of  # noqa: E402
 
@@ -154,9 +154,9 @@ def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         out.append(dict(replicas=replicas, arm=arm, slices=rs[0]["slices"], topk=rs[0]["topk"],
                         inner_steps=rs[0]["inner_steps"], seeds=len(rs),
                         tokens=rs[0]["tokens"], loss=statistics.fmean(r["val_loss"] for r in rs),
-                        loss_std=statistics.stdev([r["val_loss"] for r in rs]) if len(rs) > 1 else 0.0,
+                        loss_std=spread([r["val_loss"] for r in rs]),
                         gap=statistics.fmean(gaps) if gaps else None,
-                        gap_std=statistics.stdev(gaps) if len(gaps) > 1 else 0.0,
+                        gap_std=spread(gaps),
                         sent=statistics.fmean(r["sent_per_peer"] for r in rs),
                         sent_vs_full=statistics.fmean(sent) if sent else None,
                         refused=sum(r["refused"] for r in rs), curve=curve_gaps(rs, full)))
@@ -173,7 +173,7 @@ def curve_gaps(rs: List[Dict[str, Any]], full: Dict[tuple, Dict[str, Any]]) -> L
                 for f in [full.get((r["replicas"], r["seed"]))] if f is not None and f["curve"][i][0] == tokens]
         out.append(dict(tokens=tokens, loss=statistics.fmean(losses),
                         gap=statistics.fmean(gaps) if gaps and rs[0]["arm"] != "full" else None,
-                        gap_std=statistics.stdev(gaps) if len(gaps) > 1 else 0.0))
+                        gap_std=spread(gaps)))
     return out
 
 

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import add_arm_flags, machine, now, run_jobs, table  # noqa: E402
+from bench.common import add_arm_flags, machine, now, run_jobs, spread, table  # noqa: E402
 from bench.compression import make_spec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
 
@@ -182,7 +182,7 @@ def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         out.append(dict(
             honest=honest, hostile=hostile, attack=attack, check=check, seeds=len(rs),
             loss=statistics.fmean(r["val_loss"] for r in rs),
-            gap=statistics.fmean(gaps) if gaps else None, gap_std=statistics.stdev(gaps) if len(gaps) > 1 else 0.0,
+            gap=statistics.fmean(gaps) if gaps else None, gap_std=spread(gaps),
             gap_max=max(gaps) if gaps else None,
             honest_refused=sum(r["honest_refused"] for r in rs),
             honest_sent=sum(r["honest"] * r["rounds"] for r in rs),

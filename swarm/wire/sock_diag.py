@@ -149,8 +149,9 @@ def parse_diag_msg(payload: bytes, start: int = 0, end: Optional[int] = None, sk
     family, state = _MSG_HEAD.unpack_from(payload, start)
     sport, dport = _PORTS.unpack_from(payload, start + 4)
     c0, c1, inode = _MSG_TAIL.unpack_from(payload, start + 40)
-    if c0 | c1 << 32 in skip:
-        return SockStat(c0 | c1 << 32, inode, family, state, "", sport, "", dport, None)
+    cookie = c0 | c1 << 32
+    if cookie in skip:
+        return SockStat(cookie, inode, family, state, "", sport, "", dport, None)
     n = 4 if family == socket.AF_INET else 16
     src = socket.inet_ntop(family, payload[start + 8:start + 8 + n])
     dst = socket.inet_ntop(family, payload[start + 24:start + 24 + n])
@@ -163,7 +164,7 @@ def parse_diag_msg(payload: bytes, start: int = 0, end: Optional[int] = None, sk
         if kind == INET_DIAG_INFO:
             counters = parse_tcp_info(payload, offset + _RTA.size, offset + length)
         offset += (length + 3) & ~3
-    return SockStat(c0 | c1 << 32, inode, family, state, src, sport, dst, dport, counters)
+    return SockStat(cookie, inode, family, state, src, sport, dst, dport, counters)
 
 
 def parse_replies(data: bytes, seq: Optional[int] = None, skip: Container[int] = ()) -> Tuple[List[SockStat], bool]:
