@@ -232,6 +232,10 @@ def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wal
     honest_refused = {(r["round"], pid) for r in records for pid in r["excluded"] if pid in ids}
     excluded |= set(named(r"(?:excluded the update|rejected the payload) of (\S+):"))
     excluded |= set(named(r"refused the state (\S+) served"))
+    # why the honest peers excluded each attacker (its size, its direction, its silence...)
+    reasons = [*((p, w) for r in records for p, w in r["excluded"].items()), *((p, w.strip()) for text in logs
+               for p, w in re.findall(r"(?:excluded the update|rejected the payload) of (\S+): (.*)", text))]
+    why = {pid: sorted({w for p, w in reasons if p == pid}) for pid in sorted(excluded)}
     skipped = {pid for text in logs for line in re.findall(r"not waiting again for (.+?) until", text)
                for pid in line.split(", ")} - ids
     # forged records are dropped by every node's validators (nothing logs them): what counts is that
@@ -245,7 +249,7 @@ def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wal
         hashes_equal=len({s["params_hash"] for s in live}) == 1 and len(live) == len(statuses),
         honest=len(statuses), honest_ok=sum(1 for s, c in zip(statuses, codes) if s and c == 0 and s["round"] >= rounds),
         exit_codes=codes, mean_round_s=statistics.fmean(seconds) if seconds else None,
-        attacker_excluded=sorted(excluded), attacker_clipped=named(r"clipped the update of (\S+) "),
+        attacker_excluded=sorted(excluded), attacker_excluded_why=why, attacker_clipped=named(r"clipped the update of (\S+) "),
         attacker_skipped=sorted(skipped), records_ignored=ignored and attack.name == "forged-records", wall_s=round(wall, 1),
         honest_refused=len(honest_refused),
     )

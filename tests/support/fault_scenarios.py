@@ -70,16 +70,16 @@ class Run:
         return max(self.sw.last_round(m) for m in self.members)
 
     def outcome(self, scenario: str, t_fault: float, fault_round: int, back: Dict[str, float],
-                survivors: Sequence[str], grouped: bool = False, from_round: int = 0, **extra) -> dict:
-        """Wait for the recovery and measure it: the scenario's row. ``grouped``, ``from_round``: a
-        returning peer's first round back is its first round in a group, from that round on (see
+                survivors: Sequence[str], grouped: bool = False, begun: bool = False, **extra) -> dict:
+        """Wait for the recovery and measure it: the scenario's row. ``grouped``, ``begun``: a
+        returning peer's first round back is its first round in a group, one it began once back (see
         ``first_round_after``)."""
         sw = self.sw
         sw.wait(lambda: recovered(sw, self.members, fault_round) is not None, RECOVER_S,
                 f"{scenario}: a round of {', '.join(self.members)} in one group with one θ")
         rnd, t_ok = recovered(sw, self.members, fault_round)
         during = [len([r for r in sw.recorder.of(s).values() if t_fault < r["seen"] <= t_ok]) for s in survivors]
-        firsts = {n: first_round_after(sw, n, t, grouped, from_round) for n, t in back.items()}
+        firsts = {n: first_round_after(sw, n, t, grouped, begun) for n, t in back.items()}
         rows = [sw.recorder.of(m)[rnd] for m in self.members]
         # the swarm's last rounds before the fault (each its largest group's): the gap to the undisturbed
         # run that the faults before this one left; and its first rounds from the recovery on
@@ -154,10 +154,11 @@ def _held(run: Run, scenario: str, victim: str, begin, end, what: str) -> dict:
     run.log(f"  {scenario}: {what} {victim} in round {fault_round} for {hold:.0f} s", flush=True)
     time.sleep(hold)
     end(victim)
-    # its first round back is one it began back: the round it was held in may end apart from its
-    # group (it counted its own payload, which the others could not fetch) until the union repairs it
+    # its first round back is one it began back: the rounds it was held in (the hold may outlast two of
+    # them) may end apart from its group (it counted its own payload, which the others could not fetch,
+    # or trained on alone) until the union or a state download repairs it
     return run.outcome(scenario, t, fault_round, {victim: time.monotonic()}, run.others(victim), grouped=True,
-                       from_round=fault_round + 1, held_s=hold)
+                       begun=True, held_s=hold)
 
 
 def sigstop(run: Run) -> dict:

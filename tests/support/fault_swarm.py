@@ -46,7 +46,8 @@ def fault_spec(inner_steps: int = 20) -> RunSpec:
 
 class Recorder(threading.Thread):
     """Every round record of every peer, across restarts: name -> round -> record (+ ``seen``: the
-    monotonic time it was first read)."""
+    monotonic time it was read with its θ, changed by a later union take or repair; ``first_seen``:
+    when the round's record first appeared, i.e. about when the peer began the round)."""
 
     def __init__(self, swarm: "FaultSwarm", interval: float = 0.2):
         super().__init__(daemon=True, name="fault-recorder")
@@ -69,7 +70,7 @@ class Recorder(threading.Thread):
                 for rec in latest.values():
                     old = mine.get(rec["round"])
                     if old is None or old["params_hash"] != rec["params_hash"]:
-                        mine[rec["round"]] = {**rec, "seen": now}
+                        mine[rec["round"]] = {**rec, "seen": now, "first_seen": old["first_seen"] if old else now}
 
     def run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -243,14 +244,17 @@ def recovered(swarm: FaultSwarm, names: Sequence[str], after: int) -> Optional[T
 
 
 def first_round_after(swarm: FaultSwarm, name: str, t: float, grouped: bool = False,
-                      from_round: int = 0) -> Optional[dict]:
+                      begun: bool = False) -> Optional[dict]:
     """The first round record ``name`` reported after time ``t`` (its first round once back); with
     ``grouped``, its first round in a group (a peer that cannot reach anyone yet, or ends a round
-    it began before the fault, legitimately trains alone meanwhile); only rounds from ``from_round``
-    on (a round the fault interrupted and the peer concluded on its return is not a round it began
-    back: where it ended apart from its group, the whole run's repaired-split check judges it)."""
-    later = [r for r in swarm.recorder.of(name).values()
-             if r["seen"] > t and r["round"] >= from_round and (not grouped or len(r["group"]) > 1)]
+    it began before the fault, legitimately trains alone meanwhile); with ``begun``, only a round it
+    began after ``t`` (its record of the round's start first appeared after ``t``): a round begun
+    while its link was down or it was stopped may end apart from its group, and the whole run's
+    repaired-split check judges that one. A record of round R is the θ with which round R starts."""
+    recs = swarm.recorder.of(name)
+    later = [r for r in recs.values()
+             if r["seen"] > t and (not grouped or len(r["group"]) > 1)
+             and (not begun or recs.get(r["round"] - 1, {}).get("first_seen", t) > t)]
     return min(later, key=lambda r: r["round"]) if later else None
 
 
