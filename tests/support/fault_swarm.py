@@ -16,6 +16,7 @@ outcome checks (tests/support/fault_scenarios.py) read.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import threading
@@ -248,13 +249,14 @@ def first_round_after(swarm: FaultSwarm, name: str, t: float, grouped: bool = Fa
     """The first round record ``name`` reported after time ``t`` (its first round once back); with
     ``grouped``, its first round in a group (a peer that cannot reach anyone yet, or ends a round
     it began before the fault, legitimately trains alone meanwhile); with ``begun``, only a round it
-    began after ``t`` (its record of the round's start first appeared after ``t``): a round begun
+    began after ``t`` (its record of the round's start first appeared after ``t``, or there is none:
+    the round began from a state it installed, which a held peer cannot do while held): a round begun
     while its link was down or it was stopped may end apart from its group, and the whole run's
     repaired-split check judges that one. A record of round R is the θ with which round R starts."""
     recs = swarm.recorder.of(name)
     later = [r for r in recs.values()
              if r["seen"] > t and (not grouped or len(r["group"]) > 1)
-             and (not begun or recs.get(r["round"] - 1, {}).get("first_seen", t) > t)]
+             and (not begun or recs.get(r["round"] - 1, {}).get("first_seen", math.inf) > t)]
     return min(later, key=lambda r: r["round"]) if later else None
 
 
