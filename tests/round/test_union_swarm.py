@@ -56,7 +56,9 @@ def test_a_member_that_lacked_a_late_set_takes_it_and_ends_on_its_groupmates_the
             history = {r["round"]: r for r in statuses[name]["history"]}
             # the status read above was written before the take (the exchange that took it writes the
             # next one, with record rnd + 2), or it installed a state since (its records from then gone)
-            if rnd + 1 not in history or rnd + 2 not in history:
+            # and the others' statuses too: a groupmate that took the same union writes it in its own
+            # next status, which the read above may have come before
+            if rnd + 1 not in history or rnd + 2 not in history or min(statuses[o]["round"] for o in NAMES) <= rnd + 2:
                 continue
             # the round's record (its θ, round rnd + 1's start) names the θ recomputed from the union
             assert history[rnd + 1]["params_hash"] == new, (name, rnd, history[rnd + 1])

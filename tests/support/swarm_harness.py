@@ -261,12 +261,18 @@ def groupmate_splits(statuses: List[dict], repair_rounds: int = 3) -> Tuple[int,
 def assert_groups_identical(statuses: List[dict]) -> int:
     """Every pair of peers that were in the same group of a round holds the same parameters after it.
 
-    Returns the number of (round, peer, groupmate) triples checked.
+    Returns the number of (round, peer, groupmate) triples checked. A status's last record is not
+    final: the next round's group may still take a set into the round's union and rewrite it
+    (peer/round/union.py) before the peer writes its next status, one groupmate's status before
+    the other's. Two such records that differ are not judged (nor counted); equal ones are
+    (tests/round/test_groupmate_pairs.py).
     """
     checked = 0
     for pid, other, rec, theirs_rec, rounds, their_rounds in _groupmate_pairs(statuses):
         mine, theirs = rec["params_hash"], theirs_rec["params_hash"]
         rnd = rec["round"]
+        if mine != theirs and (rnd == max(rounds) or rnd == max(their_rounds)):
+            continue
         assert mine == theirs, (
             _apart(pid, other, rec, theirs_rec)
             + f"\n  round before: {_brief(rounds.get(rnd - 1, {}))} / {_brief(their_rounds.get(rnd - 1, {}))}"
