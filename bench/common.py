@@ -4,6 +4,7 @@ process pool and the warm start every arm of a run starts from."""
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import platform
 import signal
@@ -163,3 +164,11 @@ def choose_names(arg: str, known, flag: str) -> list:
     if bad or not names:
         raise SystemExit(f"{flag}: unknown {bad or 'empty list'}; choose from {', '.join(known)}")
     return names
+
+
+def seeded_identity(path, spec: RunSpec, slot: int) -> None:
+    """Write peer ``slot``'s identity file for every run of ``spec``'s run id and seed: a peer's data
+    stream follows its id, so runs paired by seed train their peers on the same batches."""
+    from swarm.access.identity import write_identity
+
+    write_identity(str(path), hashlib.sha256(f"{spec.run_id}/{spec.seed}/{slot}".encode()).digest())

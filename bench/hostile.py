@@ -20,7 +20,9 @@ skipped (a straggler no longer waited for), refused (a state one served) or thei
 ``-late`` attacks the hostile peers join after the first round (fresh identities against peers that
 have standing). With ``--seeds S`` every run is repeated with the run seeds 0 .. S-1 (the model's
 initialization and the data order); each seed's runs are compared with that seed's clean runs, and
-the table gives, per attack, the mean ± std of those paired ratios over the seeds.
+the table gives, per attack, the mean ± std of those paired ratios over the seeds. Peer i of every
+run of a seed has the same identity (its key made from the run id, the seed and i): a peer's data
+stream follows its id, so an attacked run's honest peers train on the batches of the baseline's.
 
 An attack is one entry of ``ATTACKS``: a name, one line of description and how its hostile processes
 are started. A hostile *peer* runs the real peer with one behaviour changed (bench/hostile_peers.py:
@@ -54,9 +56,10 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 import numpy as np  # noqa: E402
 
-from bench.common import machine, now, table  # noqa: E402
+from bench.common import machine, now, seeded_identity  # noqa: E402
+from bench.hostile_table import BASELINES, compare, hostile_of, over_seeds, print_table  # noqa: E402,F401
 from bench.hostile_peers import BEHAVIOURS, run_as_peer  # noqa: E402
-from bench.swarm_check import BENCH_SWARM  # noqa: E402
+from bench.swarm_check import BENCH_SWARM, SEQUENTIAL  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
 
 CONFIGS = {
@@ -154,16 +157,18 @@ ATTACKS: Dict[str, Attack] = {a.name: a for a in [
     Attack("state-poison", "a groupmate that serves a late joiner θ shifted by 1 % noise (finite: only the hash tells)",
            hostile_peer("serve-poison=shift"), late=True),
 ]}
-BASELINES = ("clean", "honest-only")
 RENAMED = {"clean-3": "honest-only"}  # names in --json files of earlier runs
+BASELINE_OF = {name: a.baseline for name, a in ATTACKS.items()}
 
 
 # --- one run ----------------------------------------------------------------------------------------
-def make_spec(cfg: Dict[str, Any], seed: int = 0):
+def make_spec(cfg: Dict[str, Any], seed: int = 0, sequential: bool = False):
+    """The run's spec; ``sequential``: no overlap and no early close (bench/swarm_check.py), so that a
+    run's θ depends only on what entered each round, not on when its exchange ended."""
     from protocol.spec import ModelSpec, RunSpec
 
     return RunSpec(run_id="bench-hostile", seed=seed, model=ModelSpec(**cfg["model"])).replace(
-        data=cfg["data"], outer={"inner_steps": cfg["inner_steps"]}, swarm=SWARM)
+        data=cfg["data"], outer={"inner_steps": cfg["inner_steps"], **(SEQUENTIAL if sequential else {})}, swarm=SWARM)
 
 
 def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float, honest: int = 3,
@@ -195,6 +200,7 @@ def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float,
                     time.sleep(0.5)
             argv = peer_argv(join, workdir, i, run_key=key) + ["--wait-peers", str(1 if i in late else wait),
                                                                "--max-rounds", str(rounds)]
+            seeded_identity(workdir / f"peer{i}" / "identity.key", spec, i)
             if i >= honest and attack.argv is not None:
                 argv = attack.argv(Run(join, key or "", rounds, argv[4:], workdir))
                 if not argv:  # no hostile process
@@ -247,101 +253,13 @@ def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wal
         initial_val_loss=max((s["initial_val_loss"] for s in live), default=None), val_losses=[s["val_loss"] for s in live],
         val_loss=statistics.fmean(vals) if vals and len(vals) == len(live) else None,
         hashes_equal=len({s["params_hash"] for s in live}) == 1 and len(live) == len(statuses),
+        final_hash=live[0]["params_hash"] if live and len({s["params_hash"] for s in live}) == 1 else None,
         honest=len(statuses), honest_ok=sum(1 for s, c in zip(statuses, codes) if s and c == 0 and s["round"] >= rounds),
         exit_codes=codes, mean_round_s=statistics.fmean(seconds) if seconds else None,
         attacker_excluded=sorted(excluded), attacker_excluded_why=why, attacker_clipped=named(r"clipped the update of (\S+) "),
         attacker_skipped=sorted(skipped), records_ignored=ignored and attack.name == "forged-records", wall_s=round(wall, 1),
         honest_refused=len(honest_refused),
     )
-
-
-# --- the table --------------------------------------------------------------------------------------
-def compare(results: List[Dict[str, Any]]) -> None:
-    """Per run: its loss against ``honest-only`` (the N honest peers: the honest tokens of every
-    attacked run, the goal's baseline) and against ``clean`` (N + K honest peers: what the attackers'
-    share would have added, had they trained honestly), its round time against the clean run with as
-    many training processes (``Attack.baseline``: the 2-core machine is shared)."""
-    runs = {r["attack"]: r for r in results}
-
-    def ratio(r, base, key):
-        b = runs.get(base)
-        return r[key] / b[key] if b is not None and b.get(key) and r.get(key) is not None else None
-
-    for r in results:
-        r["loss_vs_honest"] = ratio(r, "honest-only", "val_loss")
-        r["loss_vs_clean"] = ratio(r, "clean", "val_loss") if r["attack"] != "honest-only" else None
-        r["time_vs_clean"] = ratio(r, ATTACKS[r["attack"]].baseline, "mean_round_s")
-
-
-def hostile_of(r: Dict[str, Any]) -> int:
-    """The K a run belongs to (runs of --json files from before --hostile took a list: 1)."""
-    return r.get("k", 0 if r["attack"] == "honest-only" else 1)
-
-
-def over_seeds(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One row per attack from its runs over several seeds (each already ``compare``d with its own
-    seed's clean runs): the mean of each figure, the std of the paired ratios, every honest process
-    counted, θ equal only if equal in every run, the attacker's treatment from any run."""
-    rows: Dict[tuple, List[Dict[str, Any]]] = {}
-    for r in results:
-        rows.setdefault((r["attack"], hostile_of(r)), []).append(r)
-
-    def mean(runs, key):
-        values = [r[key] for r in runs if r.get(key) is not None]
-        return statistics.fmean(values) if len(values) == len(runs) else None
-
-    def std(runs, key):
-        values = [r[key] for r in runs if r.get(key) is not None]
-        return statistics.pstdev(values) if len(values) == len(runs) > 1 else None
-
-    out = []
-    for (attack, k), runs in rows.items():
-        row = dict(attack=attack, k=k, seeds=[r.get("seed", 0) for r in runs], rounds=min(r["rounds"] for r in runs),
-                   target_rounds=runs[0]["target_rounds"], val_loss=mean(runs, "val_loss"),
-                   hashes_equal=all(r["hashes_equal"] for r in runs), honest=sum(r["honest"] for r in runs),
-                   honest_ok=sum(r["honest_ok"] for r in runs), mean_round_s=mean(runs, "mean_round_s"),
-                   honest_refused=(sum(r["honest_refused"] for r in runs) if all("honest_refused" in r for r in runs)
-                                   else None),  # None: runs from before it was counted
-                   attacker_failed=any(r.get("attacker_failed") for r in runs))
-        for key in ("loss_vs_honest", "loss_vs_clean", "time_vs_clean"):
-            row[key], row[f"{key}_std"] = mean(runs, key), std(runs, key)
-        for key in ("attacker_excluded", "attacker_clipped", "attacker_skipped"):
-            row[key] = sorted({p for r in runs for p in r.get(key, [])})
-        row["records_ignored"] = all(r.get("records_ignored") for r in runs)
-        out.append(row)
-    return out
-
-
-def print_table(results: List[Dict[str, Any]]) -> None:
-    def verdict(r):
-        if r["attack"] in BASELINES:
-            return "-"
-        if r.get("attacker_failed"):
-            return "NOT RUN (the hostile process failed)"
-        how = [w for w, key in (("excluded", "attacker_excluded"), ("clipped", "attacker_clipped"),
-                                ("skipped", "attacker_skipped"), ("records ignored", "records_ignored")) if r.get(key)]
-        return f"yes ({', '.join(how)})" if how else "no"
-
-    def pct(r, key):
-        x, spread = r.get(key), r.get(f"{key}_std")
-        return "-" if x is None else f"{100 * (x - 1):+.2f} %" + ("" if spread is None else f" ± {100 * spread:.2f}")
-
-    lines = [[r["attack"], str(r.get("k", 1)) if r["attack"] != "honest-only" else "-", f"{r['rounds']}/{r['target_rounds']}",
-              "-" if r["val_loss"] is None else f"{r['val_loss']:.4f}",
-              pct(r, "loss_vs_honest"), pct(r, "loss_vs_clean"),
-              "yes" if r["hashes_equal"] else "NO", f"{r['honest_ok']}/{r['honest']}", "-" if r.get("honest_refused") is None else str(r["honest_refused"]),
-              "-" if r["mean_round_s"] is None else f"{r['mean_round_s']:.1f} s",
-              "-" if r["time_vs_clean"] is None else f"{r['time_vs_clean']:.2f}x", verdict(r)] for r in results]
-    seeds = max((len(r.get("seeds", [0])) for r in results), default=1)
-    print(table(["attack", "K", "rounds", "honest val loss", "vs honest-only", "vs clean", "θ equal", "honest ok", "honest refused", "round time",
-                 "vs clean*", "attacker excluded/clipped"], lines))
-    if seeds > 1:
-        print(f"\nover {seeds} seeds: figures are means; the loss ratios are paired by seed, mean ± std.")
-    print("\nvs honest-only: against the N honest peers and nobody else, the honest tokens of every attacked run (the\n"
-          "goal's baseline); vs clean: against N + K honest peers (what the attackers' share adds when it is clipped,\n"
-          "not dropped). *round time against the clean run with as many training processes: 'clean' for attackers\n"
-          "that train, 'honest-only' for those that do not. honest ok: honest processes that finished every round and\n"
-          "exited normally; honest refused: (round, honest sender) pairs whose update an honest peer refused. Goals: loss within 2 % of honest-only, 0 honest processes lost, round time within 1.25x.")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -360,6 +278,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--seeds", type=int, default=1,
                     help="run every attack (and the clean runs) with the run seeds 0 .. S-1 and report the mean "
                     "± std of the per-seed ratios (default: 1)")
+    ap.add_argument("--sequential", action="store_true",
+                    help="peers train no step ahead of a round's exchange and close no round early: a run's θ then "
+                    "depends only on what entered each round, and the table's 'θ = honest-only' says whether an "
+                    "attack changed it at all (default: the spec's overlap, as real peers run)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take before it is stopped (default: 600)")
     ap.add_argument("--workdir", type=Path, help="where every run's logs and status files go (default: a temporary folder)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write every run's figures as JSON to OUT")
@@ -383,7 +305,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             mine = [r for r in saved if r.get("seed", 0) == seed]
             base = [r for r in mine if r["attack"] == "honest-only"]
             for k in sorted({hostile_of(r) for r in mine} - {0}):
-                compare(base + [r for r in mine if hostile_of(r) == k])
+                compare(base + [r for r in mine if hostile_of(r) == k], BASELINE_OF)
         print_table(over_seeds(saved))
         return 0
     names = [RENAMED.get(n.strip(), n.strip()) for n in args.attacks.split(",") if n.strip()]
@@ -409,10 +331,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.error(f"--hostile {args.hostile!r}: comma-separated counts, e.g. 1,2,3")
     if args.honest < 2 or not ks or ks[0] < 1:
         ap.error("--honest must be at least 2 and every --hostile count at least 1")
-    spec = make_spec(cfg)
+    spec = make_spec(cfg, sequential=args.sequential)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="voloco-hostile-"))
     print(f"bench/hostile.py ({name}): {now()}, {machine()}\n{spec.outer.strategy}, "
-          f"{spec.model.num_params():,} parameters, {args.honest} honest peers + {','.join(map(str, ks))} hostile, {rounds} rounds of H={spec.outer.inner_steps}; "
+          f"{spec.model.num_params():,} parameters, {args.honest} honest peers + {','.join(map(str, ks))} hostile, {rounds} rounds of H={spec.outer.inner_steps}"
+          f"{', sequential (no overlap, no early close)' if args.sequential else ''}; "
           f"logs in {workdir}", flush=True)
     t0 = time.monotonic()
     results = []
@@ -420,7 +343,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         def one(n: str, k: int) -> Dict[str, Any]:
             where = workdir / (f"{n}" if n == "honest-only" else f"{n}-k{k}")
             where = where if args.seeds == 1 else workdir / f"seed{seed}" / where.name
-            r = dict(run_attack(ATTACKS[n], make_spec(cfg, seed), rounds, where, args.timeout, args.honest, k), seed=seed,
+            r = dict(run_attack(ATTACKS[n], make_spec(cfg, seed, args.sequential), rounds, where, args.timeout, args.honest, k), seed=seed,
                      k=0 if n == "honest-only" else k)
             print(f"  {n}{'' if n == 'honest-only' else f' K={k}'}{'' if args.seeds == 1 else f' (seed {seed})'}: "
                   f"{r['rounds']}/{rounds} rounds, val {r['val_loss']}, honest ok {r['honest_ok']}/{r['honest']}, "
@@ -431,7 +354,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         results += base
         for k in ks:
             runs = [one(n, k) for n in names if n != "honest-only"]
-            compare(base + runs)  # each seed's runs against that seed's clean runs of the same K
+            compare(base + runs, BASELINE_OF)  # each seed's runs against that seed's clean runs of the same K
             results += runs
     print()
     print_table(over_seeds(results))

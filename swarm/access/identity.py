@@ -136,9 +136,13 @@ def load_identity(path: str) -> Identity:
     return Identity(key, public, peer_id, (message.key_type, bytes(message.data)))
 
 
-def write_identity(path: str) -> None:
-    """A new Ed25519 identity file at ``path``, readable by its owner only (as hivemind writes its RSA ones)."""
-    key = Ed25519PrivateKey()
+def write_identity(path: str, seed: Optional[bytes] = None) -> None:
+    """A new Ed25519 identity file at ``path``, readable by its owner only (as hivemind writes its RSA ones).
+    ``seed`` (32 bytes): the key made from it, the same every time; for benchmarks whose runs are
+    paired by peer (a peer's data stream follows its id), never for a real peer's identity."""
+    if seed is not None and len(seed) != 32:
+        raise ValueError(f"an Ed25519 seed is 32 bytes, not {len(seed)}")
+    key = Ed25519PrivateKey(None if seed is None else ed25519.Ed25519PrivateKey.from_private_bytes(seed))
     message = crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.Ed25519, data=key.libp2p_bytes())
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
     with os.fdopen(fd, "wb") as f:

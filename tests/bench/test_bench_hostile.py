@@ -212,3 +212,18 @@ def test_the_clean_run_of_n_plus_k_is_added_only_where_an_attacker_trains(monkey
     ran.clear()
     assert bh.main(["--quick", "--attacks", "stall,negate", "--workdir", str(tmp_path)]) == 0
     assert ran == ["honest-only", "clean", "stall", "negate"]
+
+
+def test_an_attacked_run_on_the_honest_only_theta_is_counted_and_sequential_runs_have_no_overlap():
+    def run(attack, seed, final_hash):
+        return dict(attack=attack, seed=seed, k=0 if attack == "honest-only" else 1, val_loss=2.0, mean_round_s=8.0,
+                    rounds=3, target_rounds=3, hashes_equal=True, honest=3, honest_ok=3, final_hash=final_hash)
+
+    runs = [run("honest-only", 0, "aa"), run("stall", 0, "aa"), run("honest-only", 1, "bb"), run("stall", 1, "cc")]
+    for seed in (0, 1):
+        bh.compare([r for r in runs if r["seed"] == seed])
+    assert [r["same_theta"] for r in runs] == [None, True, None, False]
+    assert {r["attack"]: r["same_theta"] for r in bh.over_seeds(runs)} == {"honest-only": "-", "stall": "1/2"}
+    spec = bh.make_spec(bh.CONFIGS["quick"], seed=1, sequential=True)
+    assert not spec.outer.overlap and spec.outer.min_inner_fraction == 1.0 and spec.seed == 1
+    assert bh.make_spec(bh.CONFIGS["quick"]).outer.overlap  # the spec's default otherwise

@@ -1,0 +1,110 @@
+"""bench/hostile.py's table: each run against its seed's baselines, the rows over seeds, the print.
+Guarded by tests/bench/test_bench_hostile.py."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Dict, List, Optional
+
+from bench.common import table
+
+BASELINES = ("clean", "honest-only")  # the runs every attack is compared with, in the order they run
+
+
+def compare(results: List[Dict[str, Any]], baseline_of: Optional[Dict[str, str]] = None) -> None:
+    """Per run: its loss against ``honest-only`` (the N honest peers: the honest tokens of every
+    attacked run, the goal's baseline) and against ``clean`` (N + K honest peers: what the attackers'
+    share would have added, had they trained honestly), its round time against the clean run with as
+    many training processes (``baseline_of``: attack -> ``Attack.baseline``, the 2-core machine is
+    shared; by default bench/hostile.py's)."""
+    if baseline_of is None:
+        from bench.hostile import ATTACKS  # here: bench/hostile.py imports this module
+
+        baseline_of = {name: a.baseline for name, a in ATTACKS.items()}
+    runs = {r["attack"]: r for r in results}
+
+    def ratio(r, base, key):
+        b = runs.get(base)
+        return r[key] / b[key] if b is not None and b.get(key) and r.get(key) is not None else None
+
+    honest_hash = (runs.get("honest-only") or {}).get("final_hash")
+    for r in results:
+        # the attacked run ended on the honest-only run's θ bit for bit (--sequential: it changed nothing)
+        r["same_theta"] = None if not honest_hash or r["attack"] in BASELINES else r.get("final_hash") == honest_hash
+        r["loss_vs_honest"] = ratio(r, "honest-only", "val_loss")
+        r["loss_vs_clean"] = ratio(r, "clean", "val_loss") if r["attack"] != "honest-only" else None
+        r["time_vs_clean"] = ratio(r, baseline_of[r["attack"]], "mean_round_s")
+
+
+def hostile_of(r: Dict[str, Any]) -> int:
+    """The K a run belongs to (runs of --json files from before --hostile took a list: 1)."""
+    return r.get("k", 0 if r["attack"] == "honest-only" else 1)
+
+
+def over_seeds(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per attack from its runs over several seeds (each already ``compare``d with its own
+    seed's clean runs): the mean of each figure, the std of the paired ratios, every honest process
+    counted, θ equal only if equal in every run, the attacker's treatment from any run."""
+    rows: Dict[tuple, List[Dict[str, Any]]] = {}
+    for r in results:
+        rows.setdefault((r["attack"], hostile_of(r)), []).append(r)
+
+    def mean(runs, key):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.fmean(values) if len(values) == len(runs) else None
+
+    def std(runs, key):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.pstdev(values) if len(values) == len(runs) > 1 else None
+
+    out = []
+    for (attack, k), runs in rows.items():
+        row = dict(attack=attack, k=k, seeds=[r.get("seed", 0) for r in runs], rounds=min(r["rounds"] for r in runs),
+                   target_rounds=runs[0]["target_rounds"], val_loss=mean(runs, "val_loss"),
+                   hashes_equal=all(r["hashes_equal"] for r in runs), honest=sum(r["honest"] for r in runs),
+                   honest_ok=sum(r["honest_ok"] for r in runs), mean_round_s=mean(runs, "mean_round_s"),
+                   honest_refused=(sum(r["honest_refused"] for r in runs) if all("honest_refused" in r for r in runs)
+                                   else None),  # None: runs from before it was counted
+                   attacker_failed=any(r.get("attacker_failed") for r in runs))
+        for key in ("loss_vs_honest", "loss_vs_clean", "time_vs_clean"):
+            row[key], row[f"{key}_std"] = mean(runs, key), std(runs, key)
+        for key in ("attacker_excluded", "attacker_clipped", "attacker_skipped"):
+            row[key] = sorted({p for r in runs for p in r.get(key, [])})
+        row["records_ignored"] = all(r.get("records_ignored") for r in runs)
+        same = [r["same_theta"] for r in runs if r.get("same_theta") is not None]
+        row["same_theta"] = f"{sum(same)}/{len(same)}" if same else "-"
+        out.append(row)
+    return out
+
+
+def print_table(results: List[Dict[str, Any]]) -> None:
+    def verdict(r):
+        if r["attack"] in BASELINES:
+            return "-"
+        if r.get("attacker_failed"):
+            return "NOT RUN (the hostile process failed)"
+        how = [w for w, key in (("excluded", "attacker_excluded"), ("clipped", "attacker_clipped"),
+                                ("skipped", "attacker_skipped"), ("records ignored", "records_ignored")) if r.get(key)]
+        return f"yes ({', '.join(how)})" if how else "no"
+
+    def pct(r, key):
+        x, spread = r.get(key), r.get(f"{key}_std")
+        return "-" if x is None else f"{100 * (x - 1):+.2f} %" + ("" if spread is None else f" ± {100 * spread:.2f}")
+
+    lines = [[r["attack"], str(r.get("k", 1)) if r["attack"] != "honest-only" else "-", f"{r['rounds']}/{r['target_rounds']}",
+              "-" if r["val_loss"] is None else f"{r['val_loss']:.4f}",
+              pct(r, "loss_vs_honest"), pct(r, "loss_vs_clean"),
+              "yes" if r["hashes_equal"] else "NO", r.get("same_theta", "-"), f"{r['honest_ok']}/{r['honest']}", "-" if r.get("honest_refused") is None else str(r["honest_refused"]),
+              "-" if r["mean_round_s"] is None else f"{r['mean_round_s']:.1f} s",
+              "-" if r["time_vs_clean"] is None else f"{r['time_vs_clean']:.2f}x", verdict(r)] for r in results]
+    seeds = max((len(r.get("seeds", [0])) for r in results), default=1)
+    print(table(["attack", "K", "rounds", "honest val loss", "vs honest-only", "vs clean", "θ equal", "θ = honest-only", "honest ok", "honest refused", "round time",
+                 "vs clean*", "attacker excluded/clipped"], lines))
+    if seeds > 1:
+        print(f"\nover {seeds} seeds: figures are means; the loss ratios are paired by seed, mean ± std.")
+    print("\nvs honest-only: against the N honest peers and nobody else, the honest tokens of every attacked run (the\n"
+          "goal's baseline); vs clean: against N + K honest peers (what the attackers' share adds when it is clipped,\n"
+          "not dropped). *round time against the clean run with as many training processes: 'clean' for attackers\n"
+          "that train, 'honest-only' for those that do not. honest ok: honest processes that finished every round and\n"
+          "exited normally; θ = honest-only: runs (of the seeds) whose honest peers ended on the honest-only run's θ bit\n"
+          "for bit (with --sequential: the attack changed nothing but time); honest refused: (round, honest sender) pairs whose update an honest peer refused. Goals: loss within 2 % of honest-only, 0 honest processes lost, round time within 1.25x.")
