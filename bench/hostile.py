@@ -162,13 +162,14 @@ BASELINE_OF = {name: a.baseline for name, a in ATTACKS.items()}
 
 
 # --- one run ----------------------------------------------------------------------------------------
-def make_spec(cfg: Dict[str, Any], seed: int = 0, sequential: bool = False):
+def make_spec(cfg: Dict[str, Any], seed: int = 0, sequential: bool = False, max_overlap: float = 1.0):
     """The run's spec; ``sequential``: no overlap and no early close (bench/swarm_check.py), so that a
     run's θ depends only on what entered each round, not on when its exchange ended."""
     from protocol.spec import ModelSpec, RunSpec
 
+    outer = {"inner_steps": cfg["inner_steps"], "max_overlap": max_overlap, **(SEQUENTIAL if sequential else {})}
     return RunSpec(run_id="bench-hostile", seed=seed, model=ModelSpec(**cfg["model"])).replace(
-        data=cfg["data"], outer={"inner_steps": cfg["inner_steps"], **(SEQUENTIAL if sequential else {})}, swarm=SWARM)
+        data=cfg["data"], outer=outer, swarm=SWARM)
 
 
 def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float, honest: int = 3,
@@ -282,6 +283,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="peers train no step ahead of a round's exchange and close no round early: a run's θ then "
                     "depends only on what entered each round, and the table's 'θ = honest-only' says whether an "
                     "attack changed it at all (default: the spec's overlap, as real peers run)")
+    ap.add_argument("--max-overlap", type=float, default=1.0, metavar="F",
+                    help="outer.max_overlap of every run: at most F x H steps ahead of an exchange in flight (default: 1.0)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take before it is stopped (default: 600)")
     ap.add_argument("--workdir", type=Path, help="where every run's logs and status files go (default: a temporary folder)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write every run's figures as JSON to OUT")
@@ -331,11 +334,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.error(f"--hostile {args.hostile!r}: comma-separated counts, e.g. 1,2,3")
     if args.honest < 2 or not ks or ks[0] < 1:
         ap.error("--honest must be at least 2 and every --hostile count at least 1")
-    spec = make_spec(cfg, sequential=args.sequential)
+    if not 0.0 < args.max_overlap <= 1.0:
+        ap.error(f"--max-overlap {args.max_overlap}: a fraction of H in (0, 1]")
+    spec = make_spec(cfg, sequential=args.sequential, max_overlap=args.max_overlap)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="voloco-hostile-"))
     print(f"bench/hostile.py ({name}): {now()}, {machine()}\n{spec.outer.strategy}, "
           f"{spec.model.num_params():,} parameters, {args.honest} honest peers + {','.join(map(str, ks))} hostile, {rounds} rounds of H={spec.outer.inner_steps}"
-          f"{', sequential (no overlap, no early close)' if args.sequential else ''}; "
+          f"{', sequential (no overlap, no early close)' if args.sequential else ''}"
+          f"{f', outer.max_overlap {args.max_overlap:g}' if args.max_overlap < 1 else ''}; "
           f"logs in {workdir}", flush=True)
     t0 = time.monotonic()
     results = []
@@ -343,7 +349,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         def one(n: str, k: int) -> Dict[str, Any]:
             where = workdir / (f"{n}" if n == "honest-only" else f"{n}-k{k}")
             where = where if args.seeds == 1 else workdir / f"seed{seed}" / where.name
-            r = dict(run_attack(ATTACKS[n], make_spec(cfg, seed, args.sequential), rounds, where, args.timeout, args.honest, k), seed=seed,
+            r = dict(run_attack(ATTACKS[n], make_spec(cfg, seed, args.sequential, args.max_overlap), rounds, where, args.timeout, args.honest, k), seed=seed,
                      k=0 if n == "honest-only" else k)
             print(f"  {n}{'' if n == 'honest-only' else f' K={k}'}{'' if args.seeds == 1 else f' (seed {seed})'}: "
                   f"{r['rounds']}/{rounds} rounds, val {r['val_loss']}, honest ok {r['honest_ok']}/{r['honest']}, "

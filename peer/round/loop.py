@@ -11,8 +11,9 @@ parameters, which every member computes bit-identically from the same payloads),
 and checkpoints, while the inner steps of round t + 1 go on from ``θ_send``. At the first step
 boundary after the exchange ended, the model continues from ``θ_{t+1} + (θ_now − θ_send)``: the
 steps taken meanwhile stay as a local delta, which the next pseudo-gradient ``θ_{t+1} − θ_end``
-carries into round t + 1. If the next round's steps end before the exchange does, the loop waits
-for it (at most one exchange is in flight: its θ is where the next payload is measured from).
+carries into round t + 1. If the next round's steps end (or reach ``outer.max_overlap`` × H) before
+the exchange does, the loop waits for it (at most one exchange is in flight: its θ is where the next
+payload is measured from; tests/outer/test_overlap.py).
 A round that found no group leaves θ as it was (its signal stays in the strategy's buffers, as in
 the sequential loop) and the local delta is kept the same way.
 
@@ -31,6 +32,7 @@ up, or a stop.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 import time
@@ -115,6 +117,8 @@ class RoundLoop:
         self.overlap = bool(spec.outer.overlap) and not isinstance(peer.role, ChainStage)
         chain = isinstance(peer.role, ChainStage)  # its stages step together: none closes a round alone
         self.min_steps = spec.outer.inner_steps if chain else min_steps(spec.outer.inner_steps, spec.outer.min_inner_fraction)
+        # steps taken ahead of an exchange in flight before the loop waits for it (outer.max_overlap; H: never)
+        self.max_ahead = max(1, math.ceil(spec.outer.max_overlap * spec.outer.inner_steps))
         self.early = EarlyClose(peer.membership, peer.peer_id, peer.stop_event, enabled=self.min_steps < spec.outer.inner_steps)
         self.evaluator = RoundEvaluator(peer) if self.overlap else None
         self._thread: Optional[threading.Thread] = None
@@ -139,8 +143,7 @@ class RoundLoop:
         return self.peer.round + (1 if self.in_flight else 0)
 
     def defers_load(self) -> bool:
-        """Whether θ must not be loaded into the model now: the exchange thread asks, and the inner
-        loop loads it (with the local delta) at its next step boundary."""
+        """Whether θ must not be loaded now: the inner loop loads it, with the local delta, at its next step."""
         return self._thread is not None and threading.current_thread() is self._thread
 
     def finish(self) -> bool:
@@ -199,9 +202,8 @@ class RoundLoop:
             self._exchange(Handoff(payload, pending, losses, t0, t_train, time.monotonic(), overlapped=self._overlapped,
                                    cpu0=cpu0))
             return
-        # overlap: the payload is encoded in the exchange's thread from a snapshot of the model, so
-        # the next round's inner steps start at once (on a GPU the encode takes about a third as long
-        # as H = 30 steps)
+        # overlap: the payload is encoded in the exchange's thread from a snapshot of the model, so the next
+        # round's steps start at once (on a GPU the encode takes about a third as long as H = 30 steps)
         handoff = Handoff(None, None, losses, t0, t_train, t_train, overlapped=self._overlapped)
         if schedule.checkpoint_due(peer):
             handoff.trainer = checkpoints.trainer_snapshot(role)
@@ -229,7 +231,9 @@ class RoundLoop:
                 peer.step = len(losses) + 1
                 if peer.stop_event.is_set():
                     return None, None
-                if self.in_flight and not self._thread.is_alive():
+                if self.in_flight and (not self._thread.is_alive() or self._overlapped >= self.max_ahead):
+                    if self._thread.is_alive():  # steps further ahead would train on a θ too stale
+                        logger.info(f"round {peer.round + 1}: waiting for round {peer.round}'s exchange, {self._overlapped} steps ahead of it")
                     if not self.finish():
                         losses, self._overlapped = [], 0
                         bar.update(0)

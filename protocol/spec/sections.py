@@ -181,7 +181,7 @@ class DCTSpec(_ChunkTopK):
 
 class OuterSpec(SpecModel):
     _path: ClassVar[str] = "outer"
-    _omit_at_default: ClassVar[Tuple[str, ...]] = ("min_agreement", "max_contributions")
+    _omit_at_default: ClassVar[Tuple[str, ...]] = ("min_agreement", "max_contributions", "max_overlap")
 
     strategy: Literal[STRATEGIES] = "sparseloco"
     inner_steps: Int(ge=1, le=1 << 20) = 30  # H: local steps between two exchanges
@@ -189,6 +189,10 @@ class OuterSpec(SpecModel):
     momentum: Float(ge=0.0, lt=1.0) = 0.9  # diloco's outer Nesterov momentum
     nesterov: Bool = True
     overlap: Bool = True  # train the next round while this round's exchange is in flight (one-step-delayed outer update)
+    # with overlap, at most this fraction of H steps are taken while the last round's exchange is in
+    # flight; past it the peer waits for the exchange: the steps further ahead train on a θ too stale
+    # (bench/RESULTS.md, "Overlap"). 1: the whole next round. Left out of the serialized spec at its default
+    max_overlap: Float(gt=0.0, le=1.0) = 1.0
     min_inner_fraction: Float(gt=0.0, le=1.0) = 0.25  # a slower peer closes its round early, once its groupmates are ready, after at least this fraction of H
     dense_dtype: Literal[DENSE_DTYPES] = "fp32"  # diloco's wire dtype
     # a contribution counts only if its signs agree with the others' of its round at least this many

@@ -112,3 +112,29 @@ def test_overlapped_peers_stay_identical_and_a_slow_peer_closes_its_rounds_early
     finally:
         stop.set()
         swarm.close()
+
+
+def test_a_peer_takes_at_most_max_overlap_steps_ahead_of_an_exchange_in_flight(tmp_path):
+    """outer.max_overlap: with a slow groupmate the fast peers' exchanges wait for it, and without the
+    cap they would train most of the next round on the old θ; with 0.2 they take at most 4 of 20 steps
+    ahead, then wait (peer/round/loop.py), and the group still ends every round on one θ."""
+    H = 20
+    text = TINY_SPEC.format(run_id="overlap-cap", strategy="sparseloco", inner_steps=H).replace("[swarm]", "max_overlap = 0.2\n[swarm]")
+    swarm = Swarm(tmp_path, spec_text=text)
+    stop = threading.Event()
+    try:
+        swarm.add_peer("a")
+        slow = swarm.add_peer("b")
+        swarm.wait(lambda: swarm.round_of("b") >= 0, 180, "b's first round")
+        throttle(slow.proc.pid, stop, run_s=0.1, pause_s=0.2)
+        capped = "s exchange, 4 steps ahead of it"
+        swarm.wait(lambda: capped in swarm.peers["a"].text() and swarm.round_of("a") >= 4, 300,
+                   "a waiting for an exchange after 4 steps ahead of it, 4 rounds")
+        stop.set()
+        statuses = [swarm.status(n) for n in ("a", "b")]
+        assert assert_groups_identical(statuses) >= 2
+        assert all(r["overlapped"] <= 4 for s in statuses for r in s["history"]), [
+            (r["round"], r["steps"], r["overlapped"]) for s in statuses for r in s["history"]]
+    finally:
+        stop.set()
+        swarm.close()

@@ -23,6 +23,7 @@ from protocol.spec import (
         {"outer": {"strategy": "dct", "lr": 2.0, "dct": {"topk": 16}}},
         {"data": {"corpus": '/data/a "quoted" \\ path'}, "partial": {"slices": 2, "attention": True}},
         {"max_rounds": 7, "inner": {"lr": 1e-05}, "chain": {"rank": 12}},
+        {"outer": {"max_overlap": 0.5}},  # left out of the serialization only at its default, 1.0
     ],
 )
 def test_toml_round_trip(changes):
@@ -115,6 +116,7 @@ BAD_TOML = [
     ("[model]\nd_model = 4.0", r"^model\.d_model must be an integer"),
     ("[data]\nbatch_size = true", r"^data\.batch_size must be an integer"),
     ("[outer]\nnesterov = 1", r"^outer\.nesterov must be true or false, got 1$"),
+    ("[outer]\nmax_overlap = 0", r"^outer\.max_overlap must be a finite number in \(0, 1\]"),
     ("[outer]\nstrategy = 'adam'", r"^outer\.strategy must be one of 'diloco', 'sparseloco', 'dct', got 'adam'$"),
     ("[model]\nfoo = 1", r"^unknown field\(s\) in the run spec: model\.foo$"),
     ("[outer.sparseloco.x]\ny = 1", r"^unknown field\(s\) in the run spec: outer\.sparseloco\.x$"),
