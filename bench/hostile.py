@@ -284,7 +284,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "depends only on what entered each round, and the table's 'θ = honest-only' says whether an "
                     "attack changed it at all (default: the spec's overlap, as real peers run)")
     ap.add_argument("--max-overlap", type=float, default=1.0, metavar="F",
-                    help="outer.max_overlap of every run: at most F x H steps ahead of an exchange in flight (default: 1.0)")
+                    help="outer.max_overlap of every run: at most F x H steps ahead of an exchange in flight (default: 1.0; "
+                    "not with --sequential)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take before it is stopped (default: 600)")
     ap.add_argument("--workdir", type=Path, help="where every run's logs and status files go (default: a temporary folder)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write every run's figures as JSON to OUT")
@@ -336,6 +337,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.error("--honest must be at least 2 and every --hostile count at least 1")
     if not 0.0 < args.max_overlap <= 1.0:
         ap.error(f"--max-overlap {args.max_overlap}: a fraction of H in (0, 1]")
+    if args.sequential and args.max_overlap < 1.0:
+        ap.error("--max-overlap caps the steps of an overlapped round: it means nothing with --sequential")
     spec = make_spec(cfg, sequential=args.sequential, max_overlap=args.max_overlap)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="voloco-hostile-"))
     print(f"bench/hostile.py ({name}): {now()}, {machine()}\n{spec.outer.strategy}, "
@@ -367,7 +370,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"\ntotal {time.monotonic() - t0:.0f} s")
     if args.json:
         args.json.write_text(strict_json(dict(config=cfg, name=name, rounds=rounds, date=now(), machine=machine(),
-                                             honest=args.honest, hostile=ks, results=results), indent=2, default=str))
+                                             honest=args.honest, hostile=ks, sequential=args.sequential,
+                                             max_overlap=args.max_overlap, results=results), indent=2, default=str))
     return 0
 
 

@@ -11,9 +11,8 @@ parameters, which every member computes bit-identically from the same payloads),
 and checkpoints, while the inner steps of round t + 1 go on from ``θ_send``. At the first step
 boundary after the exchange ended, the model continues from ``θ_{t+1} + (θ_now − θ_send)``: the
 steps taken meanwhile stay as a local delta, which the next pseudo-gradient ``θ_{t+1} − θ_end``
-carries into round t + 1. If the next round's steps end (or reach ``outer.max_overlap`` × H) before
-the exchange does, the loop waits for it (at most one exchange is in flight: its θ is where the next
-payload is measured from; tests/outer/test_overlap.py).
+carries into round t + 1. If the next round's steps end (or reach ``outer.max_overlap`` × H) first,
+the loop waits for the exchange (one at most in flight; tests/outer/test_overlap.py).
 A round that found no group leaves θ as it was (its signal stays in the strategy's buffers, as in
 the sequential loop) and the local delta is kept the same way.
 
@@ -117,8 +116,8 @@ class RoundLoop:
         self.overlap = bool(spec.outer.overlap) and not isinstance(peer.role, ChainStage)
         chain = isinstance(peer.role, ChainStage)  # its stages step together: none closes a round alone
         self.min_steps = spec.outer.inner_steps if chain else min_steps(spec.outer.inner_steps, spec.outer.min_inner_fraction)
-        # steps taken ahead of an exchange in flight before the loop waits for it (outer.max_overlap; H: never)
-        self.max_ahead = max(1, math.ceil(spec.outer.max_overlap * spec.outer.inner_steps))
+        # steps taken ahead of an exchange in flight before the loop waits for it (outer.max_overlap, rounded down; H: never)
+        self.max_ahead = max(1, math.floor(spec.outer.max_overlap * spec.outer.inner_steps + 1e-9))
         self.early = EarlyClose(peer.membership, peer.peer_id, peer.stop_event, enabled=self.min_steps < spec.outer.inner_steps)
         self.evaluator = RoundEvaluator(peer) if self.overlap else None
         self._thread: Optional[threading.Thread] = None

@@ -189,8 +189,8 @@ class OuterSpec(SpecModel):
     momentum: Float(ge=0.0, lt=1.0) = 0.9  # diloco's outer Nesterov momentum
     nesterov: Bool = True
     overlap: Bool = True  # train the next round while this round's exchange is in flight (one-step-delayed outer update)
-    # with overlap, at most this fraction of H steps are taken while the last round's exchange is in
-    # flight; past it the peer waits for the exchange: the steps further ahead train on a θ too stale
+    # with overlap, at most this fraction of H steps (rounded down, at least 1) are taken while the last
+    # round's exchange is in flight; past it the peer waits for the exchange: the steps further ahead train on a θ too stale
     # (bench/RESULTS.md, "Overlap"). 1: the whole next round. Left out of the serialized spec at its default
     max_overlap: Float(gt=0.0, le=1.0) = 1.0
     min_inner_fraction: Float(gt=0.0, le=1.0) = 0.25  # a slower peer closes its round early, once its groupmates are ready, after at least this fraction of H

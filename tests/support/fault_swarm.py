@@ -48,7 +48,7 @@ def fault_spec(inner_steps: int = 20) -> RunSpec:
 class Recorder(threading.Thread):
     """Every round record of every peer, across restarts: name -> round -> record (+ ``seen``: the
     monotonic time it was read with its θ, changed by a later union take or repair; ``first_seen``:
-    when the round's record first appeared, i.e. about when the peer began the round)."""
+    when the round's record first appeared: when its start θ was known, the round begun)."""
 
     def __init__(self, swarm: "FaultSwarm", interval: float = 0.2):
         super().__init__(daemon=True, name="fault-recorder")

@@ -58,11 +58,11 @@ def test_lying_members_change_nothing_for_honest_peers(tmp_path):
     liars = {m for rec in attacked for m in rec["group"]} - honest
     assert len(liars) == 2, liars
     for rec in attacked:
-        # no honest sender excluded for what a liar claimed (equivocation, a part it never announced):
-        # only what any round may do to an honest sender, liars or not: one still without standing
-        # whose direction did not yet agree enough (the liars' own updates score 0 against it, and
-        # count as judges while fewer than 2 members have standing), or one that sent nothing in time
-        # under load; its update stays with it for a later round
+        # no honest sender excluded for what a liar claimed (equivocation, a part it never announced).
+        # Allowed: an honest sender still without standing whose direction did not agree enough, which
+        # the liars' zero updates cause here (they score 0 and judge while fewer than 2 members have
+        # standing: a cost of joining a run in its first rounds, bounded by the standing rule), or one
+        # that sent nothing in time under load; either way its update stays with it for a later round
         excluded_honest = {m: why for m, why in rec["excluded"].items() if m in honest}
         framed = {m: why for m, why in excluded_honest.items()
                   if why != SILENT and not (why.startswith(REFUSED) and "a sender without standing needs" in why)}
