@@ -39,6 +39,7 @@ tests/support/hostile_records.py: ``forged-records``); they never train, so the 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -57,7 +58,8 @@ sys.path.insert(0, str(HERE.parents[1]))
 import numpy as np  # noqa: E402
 
 from bench.common import machine, now, seeded_identity  # noqa: E402
-from bench.hostile_table import BASELINES, compare, hostile_of, over_seeds, print_table  # noqa: E402,F401
+from bench import hostile_table  # noqa: E402
+from bench.hostile_table import BASELINES, hostile_of, over_seeds, print_table  # noqa: E402
 from bench.hostile_peers import BEHAVIOURS, run_as_peer  # noqa: E402
 from bench.swarm_check import BENCH_SWARM, SEQUENTIAL  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
@@ -158,7 +160,8 @@ ATTACKS: Dict[str, Attack] = {a.name: a for a in [
            hostile_peer("serve-poison=shift"), late=True),
 ]}
 RENAMED = {"clean-3": "honest-only"}  # names in --json files of earlier runs
-BASELINE_OF = {name: a.baseline for name, a in ATTACKS.items()}
+# each run of a seed against that seed's baselines; its round time against ``Attack.baseline``
+compare = functools.partial(hostile_table.compare, baseline_of={name: a.baseline for name, a in ATTACKS.items()})
 
 
 # --- one run ----------------------------------------------------------------------------------------
@@ -237,24 +240,26 @@ def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wal
     excluded = {pid for r in records for pid in r["excluded"] if pid not in ids}
     # false exclusions: an honest peer's update refused in a round, by any honest peer's record
     honest_refused = {(r["round"], pid) for r in records for pid in r["excluded"] if pid in ids}
-    excluded |= set(named(r"(?:excluded the update|rejected the payload) of (\S+):"))
+    logged = [(p, w.strip()) for text in logs
+              for p, w in re.findall(r"(?:excluded the update|rejected the payload) of (\S+): (.*)", text)]
+    excluded |= {p for p, _ in logged} - ids
     excluded |= set(named(r"refused the state (\S+) served"))
     # why the honest peers excluded each attacker (its size, its direction, its silence...)
-    reasons = [*((p, w) for r in records for p, w in r["excluded"].items()), *((p, w.strip()) for text in logs
-               for p, w in re.findall(r"(?:excluded the update|rejected the payload) of (\S+): (.*)", text))]
+    reasons = [*((p, w) for r in records for p, w in r["excluded"].items()), *logged]
     why = {pid: sorted({w for p, w in reasons if p == pid}) for pid in sorted(excluded)}
     skipped = {pid for text in logs for line in re.findall(r"not waiting again for (.+?) until", text)
                for pid in line.split(", ")} - ids
     # forged records are dropped by every node's validators (nothing logs them): what counts is that
     # no honest peer took one (the run's spec, an honest round, no chain)
     spec_digests = {s.get("spec") for s in live}
+    hashes = {s["params_hash"] for s in live}
     ignored = bool(live) and len(spec_digests) == 1 and all(s["round"] <= rounds and not s.get("chain") for s in live)
     return dict(
         attack=attack.name, what=attack.what, rounds=min((s["round"] for s in live), default=0), target_rounds=rounds,
         initial_val_loss=max((s["initial_val_loss"] for s in live), default=None), val_losses=[s["val_loss"] for s in live],
         val_loss=statistics.fmean(vals) if vals and len(vals) == len(live) else None,
-        hashes_equal=len({s["params_hash"] for s in live}) == 1 and len(live) == len(statuses),
-        final_hash=live[0]["params_hash"] if live and len({s["params_hash"] for s in live}) == 1 else None,
+        hashes_equal=len(hashes) == 1 and len(live) == len(statuses),
+        final_hash=next(iter(hashes)) if len(hashes) == 1 else None,
         honest=len(statuses), honest_ok=sum(1 for s, c in zip(statuses, codes) if s and c == 0 and s["round"] >= rounds),
         exit_codes=codes, mean_round_s=statistics.fmean(seconds) if seconds else None,
         attacker_excluded=sorted(excluded), attacker_excluded_why=why, attacker_clipped=named(r"clipped the update of (\S+) "),
@@ -309,7 +314,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             mine = [r for r in saved if r.get("seed", 0) == seed]
             base = [r for r in mine if r["attack"] == "honest-only"]
             for k in sorted({hostile_of(r) for r in mine} - {0}):
-                compare(base + [r for r in mine if hostile_of(r) == k], BASELINE_OF)
+                compare(base + [r for r in mine if hostile_of(r) == k])
         print_table(over_seeds(saved))
         return 0
     names = [RENAMED.get(n.strip(), n.strip()) for n in args.attacks.split(",") if n.strip()]
@@ -363,7 +368,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         results += base
         for k in ks:
             runs = [one(n, k) for n in names if n != "honest-only"]
-            compare(base + runs, BASELINE_OF)  # each seed's runs against that seed's clean runs of the same K
+            compare(base + runs)  # each seed's runs against that seed's clean runs of the same K
             results += runs
     print()
     print_table(over_seeds(results))

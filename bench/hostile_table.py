@@ -4,23 +4,19 @@ Guarded by tests/bench/test_bench_hostile.py."""
 from __future__ import annotations
 
 import statistics
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from bench.common import table
 
 BASELINES = ("clean", "honest-only")  # the runs every attack is compared with, in the order they run
 
 
-def compare(results: List[Dict[str, Any]], baseline_of: Optional[Dict[str, str]] = None) -> None:
+def compare(results: List[Dict[str, Any]], baseline_of: Dict[str, str]) -> None:
     """Per run: its loss against ``honest-only`` (the N honest peers: the honest tokens of every
     attacked run, the goal's baseline) and against ``clean`` (N + K honest peers: what the attackers'
     share would have added, had they trained honestly), its round time against the clean run with as
     many training processes (``baseline_of``: attack -> ``Attack.baseline``, the 2-core machine is
-    shared; by default bench/hostile.py's)."""
-    if baseline_of is None:
-        from bench.hostile import ATTACKS  # here: bench/hostile.py imports this module
-
-        baseline_of = {name: a.baseline for name, a in ATTACKS.items()}
+    shared; bench/hostile.py's ``compare`` passes its attacks')."""
     runs = {r["attack"]: r for r in results}
 
     def ratio(r, base, key):
