@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -51,29 +50,9 @@ from peer.training.progress_bar import ProgressBar
 from peer.training.roles import ChainStage, RoundAbandoned
 from protocol.round import reconcile, round_policy
 from protocol.round.round_policy import Step
+from protocol.round.start_vote import majority_hash
 
 logger = logging.getLogger("voloco.peer")
-
-_HASH = re.compile(r"[0-9a-f]{16}")  # peer/checkpoints/files.py's params_hash
-
-
-def majority_hash(hashes: Dict[str, str], excluded: Iterable[str] = (), me: Optional[str] = None,
-                  unservable: Iterable[str] = ()) -> str:
-    """The starting point most of a group shares (ties: one that a member able to serve its state
-    holds, not only ``unservable`` ones, which the others could not download; then the smallest
-    hash: the same on every member).
-
-    Only members whose payload counted vote (``excluded`` do not: a silent, equivocating or invalid
-    sender may have announced anything), and only with a well-formed hash; ``me`` always votes.
-    A hash that wins this way is still only a name: the state download that follows must produce
-    parameters that hash to it, so a forged majority costs a refused download, never θ."""
-    votes = {m: h for m, h in hashes.items() if m == me or (m not in set(excluded) and _HASH.fullmatch(h))}
-    counts: Dict[str, int] = {}
-    for h in votes.values():
-        counts[h] = counts.get(h, 0) + 1
-    servable = {h for m, h in votes.items() if m not in set(unservable)}
-    return min(counts, key=lambda h: (-counts[h], h not in servable, h)) if counts else ""
-
 
 def _states(views) -> str:
     """How many records of a view are in each (state, round), for a log line."""
@@ -124,6 +103,7 @@ class RoundLoop:
         self._sent: Optional[Dict[str, torch.Tensor]] = None  # θ_send: the model when its payload was made
         self._error: Optional[BaseException] = None
         self._restart = False  # the exchange found no group: the steps taken meanwhile start nothing
+        self._hold = False  # the exchange in flight is one the next round's steps do not overlap (_holds)
         self._linked = False  # a chain stage whose chain has trained a round (its links come up each round)
         self.closed_early = 0  # rounds this peer closed early (fewer than H steps)
         self._overlapped = 0  # steps of the current round taken while an exchange was in flight
@@ -154,7 +134,7 @@ class RoundLoop:
         if thread is None:
             return True
         thread.join()
-        self._thread = None
+        self._thread, self._hold = None, False
         peer, sent, self._sent = self.peer, self._sent, None
         restart, self._restart = self._restart, False
         with peer.engine.lock:
@@ -209,9 +189,19 @@ class RoundLoop:
         with torch.no_grad():
             self._sent = {n: p.detach().clone() for n, p in role.params.items()}
         round_start = engine.theta  # θ of this round: the exchange before it has ended
+        self._hold = self._holds()
         self._thread = threading.Thread(target=self._exchange_in_background, args=(handoff, round_start, self._sent),
                                         daemon=True, name=f"exchange-{engine.round}")
         self._thread.start()
+
+    def _holds(self) -> bool:
+        """Whether the next round's steps wait for this exchange instead of overlapping it: while this
+        peer has concluded no round, its barrier waits a whole straggler allowance for every peer
+        announced in the round (the budget for strangers does not bound it yet: no peer is a stranger
+        at a start), and a staller announced there would otherwise turn that wait into steps on the
+        old θ, where they cost most: the start of training (bench/RESULTS.md, "The first exchange
+        held"; tests/outer/test_overlap.py)."""
+        return not self.peer.membership.wait_budget.limiting
 
     def _inner_steps(self, H: int):
         """Up to H inner steps; (losses, the parameters the round started from), or (None, None)
@@ -230,8 +220,12 @@ class RoundLoop:
                 peer.step = len(losses) + 1
                 if peer.stop_event.is_set():
                     return None, None
-                if self.in_flight and (not self._thread.is_alive() or self._overlapped >= self.max_ahead):
-                    if self._thread.is_alive():  # steps further ahead would train on a θ too stale
+                ahead = 0 if self._hold else self.max_ahead
+                if self.in_flight and (not self._thread.is_alive() or self._overlapped >= ahead):
+                    if self._hold and self._thread.is_alive():
+                        logger.info(f"round {peer.round + 1}: waiting for round {peer.round}'s exchange before its first "
+                                    f"step: this peer's first, whose barrier waits for every peer announced")
+                    elif self._thread.is_alive():  # steps further ahead would train on a θ too stale
                         logger.info(f"round {peer.round + 1}: waiting for round {peer.round}'s exchange, {self._overlapped} steps ahead of it")
                     if not self.finish():
                         losses, self._overlapped = [], 0

@@ -117,7 +117,9 @@ def test_overlapped_peers_stay_identical_and_a_slow_peer_closes_its_rounds_early
 def test_a_peer_takes_at_most_max_overlap_steps_ahead_of_an_exchange_in_flight(tmp_path):
     """outer.max_overlap: with a slow groupmate the fast peers' exchanges wait for it, and without the
     cap they would train most of the next round on the old θ; with 0.2 they take at most 4 of 20 steps
-    ahead, then wait (peer/round/loop.py), and the group still ends every round on one θ."""
+    ahead, then wait (peer/round/loop.py), and the group still ends every round on one θ. A peer's
+    first exchange, whose barrier no budget for strangers bounds yet, is not overlapped at all
+    (``RoundLoop._holds``): the round after it starts from its θ."""
     H = 20
     text = TINY_SPEC.format(run_id="overlap-cap", strategy="sparseloco", inner_steps=H).replace("[swarm]", "max_overlap = 0.2\n[swarm]")
     swarm = Swarm(tmp_path, spec_text=text)
@@ -135,6 +137,8 @@ def test_a_peer_takes_at_most_max_overlap_steps_ahead_of_an_exchange_in_flight(t
         assert assert_groups_identical(statuses) >= 2
         assert all(r["overlapped"] <= 4 for s in statuses for r in s["history"]), [
             (r["round"], r["steps"], r["overlapped"]) for s in statuses for r in s["history"]]
+        assert all(s["history"][1]["overlapped"] == 0 for s in statuses), [s["history"][:2] for s in statuses]
+        assert "exchange before its first step" in swarm.peers["a"].text()
     finally:
         stop.set()
         swarm.close()
