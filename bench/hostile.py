@@ -128,6 +128,8 @@ ATTACKS: Dict[str, Attack] = {a.name: a for a in [
     Attack("clean", "N + K honest peers: as many trainers as an attack whose hostile peers train"),
     Attack("honest-only", "the N honest peers and nobody else: the honest tokens of every attacked run", lambda run: [],
            peer=False),
+    Attack("honest-again", "the honest-only run once more, nobody else: how far timing alone (overlap, early close) "
+           "moves two runs of the same peers", lambda run: [], peer=False),
     Attack("poison-1e2", "a groupmate's well-formed payload, values x1e2", hostile_peer("poison=1e2")),
     Attack("poison-1e4", "a groupmate's well-formed payload, values x1e4", hostile_peer("poison=1e4")),
     Attack("poison-1e29", "a groupmate's well-formed payload, values x1e29", hostile_peer("poison=1e29")),

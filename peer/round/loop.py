@@ -203,6 +203,17 @@ class RoundLoop:
         held"; tests/outer/test_overlap.py)."""
         return not self.peer.membership.wait_budget.limiting
 
+    def _pause_for_strangers(self) -> None:
+        """No step while the exchange in flight waits at its barrier for strangers alone: that wait is
+        paid from the budget for strangers (a tenth of wall time), and a step on the old θ meanwhile
+        would turn a staller's claim into loss as well (bench/RESULTS.md, "Stallers cost time, not
+        loss"; tests/round/test_rejoin.py)."""
+        waiting, peer = self.peer.membership.waiting_for_strangers, self.peer
+        if waiting.is_set() and self._thread.is_alive():
+            logger.info(f"round {peer.round + 1}: pausing while round {peer.round}'s barrier waits for peers never seen to come")
+        while waiting.is_set() and self._thread.is_alive() and not peer.stop_event.is_set():
+            time.sleep(0.02)
+
     def _inner_steps(self, H: int):
         """Up to H inner steps; (losses, the parameters the round started from), or (None, None)
         when the peer is stopping. Raises RoundAbandoned when the role cannot go on."""
@@ -220,6 +231,8 @@ class RoundLoop:
                 peer.step = len(losses) + 1
                 if peer.stop_event.is_set():
                     return None, None
+                if self.in_flight:
+                    self._pause_for_strangers()
                 ahead = 0 if self._hold else self.max_ahead
                 if self.in_flight and (not self._thread.is_alive() or self._overlapped >= ahead):
                     if self._hold and self._thread.is_alive():

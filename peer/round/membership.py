@@ -88,6 +88,9 @@ class Membership:
         self._came: Dict[int, Set[str]] = {}  # round -> senders whose signed payload was in our union
         # waits for strangers (fresh identities): a bounded share of any window (protocol/round/no_shows.py)
         self.wait_budget = WaitBudget(self.timing.vain_wait_share, self.timing.heartbeat_s, self.timing.budget_after_rounds)
+        # set while the round barrier waits for strangers alone: an overlapped peer's steps pause meanwhile,
+        # so that such a wait costs time from the budget, not steps on the old θ (peer/round/loop.py)
+        self.waiting_for_strangers = threading.Event()
         # groupmates that joined a group of ours and sent nothing: not matched with for a while
         self.silent = NoShowLedger.from_timing(self.timing)
         self._waited: Set[str] = set()  # whom the last barrier gave up waiting for
@@ -401,6 +404,10 @@ class Membership:
                 last_arrival = now
             strangers = bool(pending) and all(self.wait_budget.stranger(v.peer_id) for v in pending)
             allowance = budget if strangers and self.wait_budget.limiting else cap
+            if strangers and self.wait_budget.limiting:
+                self.waiting_for_strangers.set()
+            else:
+                self.waiting_for_strangers.clear()
             late = now - last_arrival > allowance
             if self.lost_sight() and now <= deadline and not self.stop.is_set():
                 if not lost:
@@ -410,6 +417,7 @@ class Membership:
                 time.sleep(self.timing.view_poll_s)
                 continue
             if not pending or late or now > deadline or self.stop.is_set():
+                self.waiting_for_strangers.clear()
                 self._waited, self._waited_round = {v.peer_id for v in pending}, round_no
                 self._waited_steps.update({v.peer_id: v.progress.step for v in pending})
                 if strangers:

@@ -227,3 +227,24 @@ def test_a_stranger_that_was_only_slower_than_us_is_no_stranger_at_the_next_barr
     state.update(round=21, n="exchanging")  # it finished round 20 after we stopped waiting: slower, not stalling
     m.wait_for_round(21, set(), first_round=False)
     assert not m.wait_budget.stranger("n")
+
+
+def test_an_overlapped_peer_is_told_while_its_barrier_waits_for_strangers_alone(monkeypatch, clock):
+    """``Membership.waiting_for_strangers`` pauses an overlapped peer's steps (peer/round/loop.py
+    ``_pause_for_strangers``): set only while every peer still waited for is a stranger and the budget
+    applies (not while an acquaintance is still coming), clear once the barrier ends."""
+    ready_at = clock.now + 1.0
+    seen = []  # (is the acquaintance ready, the flag as the read found it)
+
+    def script(m):
+        a = "ready" if clock.now >= ready_at else "training"
+        seen.append((a, m.waiting_for_strangers.is_set()))
+        return [view("me", 7), view("s7", 7, "training"), view("a", 7, a)]
+
+    m = barrier(monkeypatch, clock, script)
+    m.came_in(6, {"a"})  # "a" came (an acquaintance), and one round concluded: the budget applies
+    b = m.wait_for_round(7, set(), first_round=False)
+    assert "a" in b.ready and "s7" in b.gave_up
+    assert not any(flag for a, flag in seen[:2]), seen  # "a" still coming: no pause
+    assert any(flag for a, flag in seen if a == "ready"), seen  # the stranger alone: paused
+    assert not m.waiting_for_strangers.is_set()
