@@ -59,7 +59,7 @@ import numpy as np  # noqa: E402
 
 from bench.common import machine, now, seeded_identity  # noqa: E402
 from bench import hostile_table  # noqa: E402
-from bench.hostile_table import BASELINES, hostile_of, over_seeds, print_table  # noqa: E402
+from bench.hostile_table import BASELINES, hostile_of, over_seeds, pool_baselines, print_table  # noqa: E402
 from bench.hostile_peers import BEHAVIOURS, run_as_peer  # noqa: E402
 from bench.swarm_check import BENCH_SWARM, SEQUENTIAL  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)
@@ -270,6 +270,17 @@ def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wal
     )
 
 
+def load_results(ap: argparse.ArgumentParser, path: Path) -> List[Dict[str, Any]]:
+    """The runs of an earlier --json output (attacks renamed since then under today's names)."""
+    try:
+        saved = json.loads(path.read_text())["results"]
+        for r in saved:
+            r["attack"] = RENAMED.get(r["attack"], r["attack"])
+        return saved
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        ap.error(f"{path}: not the --json output of this benchmark ({e!r})")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -297,6 +308,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--workdir", type=Path, help="where every run's logs and status files go (default: a temporary folder)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write every run's figures as JSON to OUT")
     ap.add_argument("--table", type=Path, metavar="IN", help="print the table of an earlier run's --json output and exit")
+    ap.add_argument("--baselines-from", type=Path, nargs="+", metavar="JSON", default=[],
+                    help="with --table: these --json outputs' honest runs (honest-only, honest-again) of the same "
+                         "seeds join IN's, and each seed's baseline is their mean (timing noise: two honest runs "
+                         "of one seed differ by a few %%)")
     ap.add_argument("--as-peer", metavar="BEHAVIOUR",
                     help=f"internal, how this script starts a hostile peer: install BEHAVIOUR ({', '.join(BEHAVIOURS)}, "
                     "e.g. poison=1e4) and run `voloco peer` with the flags after `--`")
@@ -305,13 +320,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         args = ap.parse_args(argv[:cut])
         return run_as_peer(args.as_peer, argv[cut + 1:])
     args = ap.parse_args(argv)
+    if args.baselines_from and not args.table:
+        ap.error("--baselines-from pools the baselines of a table: it needs --table")
     if args.table:
-        try:
-            saved = json.loads(args.table.read_text())["results"]
-            for r in saved:
-                r["attack"] = RENAMED.get(r["attack"], r["attack"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            ap.error(f"--table {args.table}: not the --json output of this benchmark ({e!r})")
+        saved = load_results(ap, args.table)
+        if args.baselines_from:
+            saved = pool_baselines(saved, [r for path in args.baselines_from for r in load_results(ap, path)])
         for seed in sorted({r.get("seed", 0) for r in saved}):
             mine = [r for r in saved if r.get("seed", 0) == seed]
             base = [r for r in mine if r["attack"] == "honest-only"]

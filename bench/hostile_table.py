@@ -32,6 +32,26 @@ def compare(results: List[Dict[str, Any]], baseline_of: Dict[str, str]) -> None:
         r["time_vs_clean"] = ratio(r, baseline_of[r["attack"]], "mean_round_s")
 
 
+def pool_baselines(results: List[Dict[str, Any]], extra: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """``results`` with each seed's honest runs (``honest-only`` and ``honest-again``, of ``results`` and
+    of ``extra``, earlier runs of the same code) as one ``honest-only`` run: their mean val loss and
+    round time. Two runs of the same honest peers differ by a few % with overlap and early close
+    (which steps ran ahead of an exchange follows timing), so an attack's gap is read against the mean."""
+    seeds = {r.get("seed", 0) for r in results}
+    honest: Dict[int, List[Dict[str, Any]]] = {}
+    for r in results + extra:
+        if r["attack"] in ("honest-only", "honest-again") and r.get("seed", 0) in seeds:
+            honest.setdefault(r.get("seed", 0), []).append(r)
+    out = [r for r in results if r["attack"] not in ("honest-only", "honest-again")]
+    for seed, runs in sorted(honest.items()):
+        out.insert(0, dict(runs[0], attack="honest-only", pooled=len(runs), final_hash=None,
+                           val_loss=statistics.fmean(r["val_loss"] for r in runs),
+                           mean_round_s=statistics.fmean(r["mean_round_s"] for r in runs),
+                           rounds=min(r["rounds"] for r in runs), hashes_equal=all(r["hashes_equal"] for r in runs),
+                           honest=sum(r["honest"] for r in runs), honest_ok=sum(r["honest_ok"] for r in runs)))
+    return out
+
+
 def hostile_of(r: Dict[str, Any]) -> int:
     """The K a run belongs to (runs of --json files from before --hostile took a list: 1)."""
     return r.get("k", 0 if r["attack"] == "honest-only" else 1)

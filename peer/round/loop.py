@@ -212,7 +212,7 @@ class RoundLoop:
         if waiting.is_set() and self._thread.is_alive():
             logger.info(f"round {peer.round + 1}: pausing while round {peer.round}'s barrier waits for peers never seen to come")
         while waiting.is_set() and self._thread.is_alive() and not peer.stop_event.is_set():
-            time.sleep(0.02)
+            time.sleep(peer.membership.timing.pause_poll_s)
 
     def _inner_steps(self, H: int):
         """Up to H inner steps; (losses, the parameters the round started from), or (None, None)

@@ -50,6 +50,8 @@ class Timing:
     """... and never less often than this: forged identities cannot slow the view down further."""
     view_poll_s: float = 0.25
     """Between two looks at the view while waiting on it (barrier, merge, adopting a set)."""
+    pause_poll_s: float = 0.02
+    """Between two looks at the barrier's wait for strangers while an overlapped peer's steps pause."""
     keepalive_ttl_fraction: float = 1 / 3
     """An unchanged record is stored again every this fraction of its TTL (at least a heartbeat)."""
     missed_reads_kept: int = 2

@@ -227,3 +227,22 @@ def test_an_attacked_run_on_the_honest_only_theta_is_counted_and_sequential_runs
     spec = bh.make_spec(bh.CONFIGS["quick"], seed=1, sequential=True)
     assert not spec.outer.overlap and spec.outer.min_inner_fraction == 1.0 and spec.seed == 1
     assert bh.make_spec(bh.CONFIGS["quick"]).outer.overlap  # the spec's default otherwise
+
+
+def test_baselines_from_other_runs_pool_each_seeds_honest_runs_into_their_mean(tmp_path, capsys):
+    def run(attack, seed, val, t=8.0):
+        return dict(attack=attack, seed=seed, val_loss=val, mean_round_s=t, rounds=3, target_rounds=3,
+                    hashes_equal=True, honest=3, honest_ok=3, k=0 if attack == "honest-only" else 1)
+
+    table, other = tmp_path / "table.json", tmp_path / "other.json"
+    table.write_text(json.dumps(dict(results=[run("honest-only", 0, 2.0), run("stall", 0, 2.1, 12.0)])))
+    # another run's honest runs of seed 0 (and one of a seed the table has not: left out)
+    other.write_text(json.dumps(dict(results=[run("honest-only", 0, 2.2, 10.0), run("honest-again", 0, 2.1, 12.0),
+                                              run("stall", 0, 9.9), run("honest-only", 5, 9.9)])))
+    assert bh.main(["--table", str(table), "--baselines-from", str(other)]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line[:1].isalpha()}
+    assert "2.1000" in rows["honest-only"] and "9/9" in rows["honest-only"] and "10.0 s" in rows["honest-only"]  # three runs
+    assert "+0.00 %" in rows["stall"] and "1.20x" in rows["stall"]  # the other file's stall run is not the table's
+    with pytest.raises(SystemExit):
+        bh.main(["--baselines-from", str(other)])
+    assert "needs --table" in capsys.readouterr().err
