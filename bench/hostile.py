@@ -270,15 +270,24 @@ def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wal
     )
 
 
-def load_results(ap: argparse.ArgumentParser, path: Path) -> List[Dict[str, Any]]:
-    """The runs of an earlier --json output (attacks renamed since then under today's names)."""
+SETTINGS = ("config", "rounds", "honest", "sequential", "max_overlap")  # what runs pooled together must share
+
+
+def load_results(ap: argparse.ArgumentParser, path: Path, like: Optional[Dict[str, Any]] = None):
+    """The runs of an earlier --json output (attacks renamed since then under today's names) and its
+    settings; ``like``: settings it must share (another file's)."""
     try:
-        saved = json.loads(path.read_text())["results"]
-        for r in saved:
+        saved = json.loads(path.read_text())
+        runs = saved["results"]
+        for r in runs:
             r["attack"] = RENAMED.get(r["attack"], r["attack"])
-        return saved
     except (OSError, ValueError, KeyError, TypeError) as e:
         ap.error(f"{path}: not the --json output of this benchmark ({e!r})")
+    settings = {key: saved.get(key) for key in SETTINGS}
+    differ = [key for key in SETTINGS if like is not None and settings[key] != like[key]]
+    if differ:
+        ap.error(f"{path}: its runs differ from the table's in {', '.join(differ)}: their baselines do not pool")
+    return runs, settings
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -323,9 +332,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.baselines_from and not args.table:
         ap.error("--baselines-from pools the baselines of a table: it needs --table")
     if args.table:
-        saved = load_results(ap, args.table)
+        saved, settings = load_results(ap, args.table)
         if args.baselines_from:
-            saved = pool_baselines(saved, [r for path in args.baselines_from for r in load_results(ap, path)])
+            saved = pool_baselines(saved, [r for path in args.baselines_from for r in load_results(ap, path, settings)[0]])
         for seed in sorted({r.get("seed", 0) for r in saved}):
             mine = [r for r in saved if r.get("seed", 0) == seed]
             base = [r for r in mine if r["attack"] == "honest-only"]

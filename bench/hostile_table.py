@@ -9,6 +9,7 @@ from typing import Any, Dict, List
 from bench.common import table
 
 BASELINES = ("clean", "honest-only")  # the runs every attack is compared with, in the order they run
+HONEST = ("honest-only", "honest-again")  # runs of the honest peers alone
 
 
 def compare(results: List[Dict[str, Any]], baseline_of: Dict[str, str]) -> None:
@@ -40,16 +41,20 @@ def pool_baselines(results: List[Dict[str, Any]], extra: List[Dict[str, Any]]) -
     seeds = {r.get("seed", 0) for r in results}
     honest: Dict[int, List[Dict[str, Any]]] = {}
     for r in results + extra:
-        if r["attack"] in ("honest-only", "honest-again") and r.get("seed", 0) in seeds:
+        if r["attack"] in HONEST and r.get("seed", 0) in seeds:
             honest.setdefault(r.get("seed", 0), []).append(r)
-    out = [r for r in results if r["attack"] not in ("honest-only", "honest-again")]
+    pooled = []
     for seed, runs in sorted(honest.items()):
-        out.insert(0, dict(runs[0], attack="honest-only", pooled=len(runs), final_hash=None,
-                           val_loss=statistics.fmean(r["val_loss"] for r in runs),
-                           mean_round_s=statistics.fmean(r["mean_round_s"] for r in runs),
-                           rounds=min(r["rounds"] for r in runs), hashes_equal=all(r["hashes_equal"] for r in runs),
-                           honest=sum(r["honest"] for r in runs), honest_ok=sum(r["honest_ok"] for r in runs)))
-    return out
+        row = dict(runs[0], attack="honest-only", k=0, pooled=len(runs), final_hash=None,
+                   val_loss=statistics.fmean(r["val_loss"] for r in runs),
+                   mean_round_s=statistics.fmean(r["mean_round_s"] for r in runs),
+                   rounds=min(r["rounds"] for r in runs), hashes_equal=all(r["hashes_equal"] for r in runs),
+                   honest=sum(r["honest"] for r in runs), honest_ok=sum(r["honest_ok"] for r in runs))
+        row.pop("honest_refused", None)
+        if all("honest_refused" in r for r in runs):  # runs from before it was counted have none
+            row["honest_refused"] = sum(r["honest_refused"] for r in runs)
+        pooled.append(row)
+    return pooled + [r for r in results if r["attack"] not in HONEST]
 
 
 def hostile_of(r: Dict[str, Any]) -> int:
@@ -95,7 +100,7 @@ def over_seeds(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 def print_table(results: List[Dict[str, Any]]) -> None:
     def verdict(r):
-        if r["attack"] in BASELINES:
+        if r["attack"] in BASELINES + HONEST:
             return "-"
         if r.get("attacker_failed"):
             return "NOT RUN (the hostile process failed)"

@@ -44,7 +44,7 @@ from peer.checkpoints import schedule
 from peer.round.early_close import EarlyClose, min_steps
 from peer.round.merge import adopt_own_set, adopt_round_set, merge_round, no_group_left
 from peer.round import draw, union
-from peer.round.report import RoundMeters, RoundRecord, log_round, write_status
+from peer.round.report import RoundMeters, RoundRecord, log_round, states_of, write_status
 from peer.training.evaluator import RoundEvaluator
 from peer.training.progress_bar import ProgressBar
 from peer.training.roles import ChainStage, RoundAbandoned
@@ -53,14 +53,6 @@ from protocol.round.round_policy import Step
 from protocol.round.start_vote import majority_hash
 
 logger = logging.getLogger("voloco.peer")
-
-def _states(views) -> str:
-    """How many records of a view are in each (state, round), for a log line."""
-    counts: Dict[str, int] = {}
-    for v in views:
-        key = f"{v.progress.state} in round {v.progress.round}"
-        counts[key] = counts.get(key, 0) + 1
-    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none"
 
 
 def continue_from(params: Dict[str, torch.Tensor], theta: Dict[str, torch.Tensor], sent: Dict[str, torch.Tensor]) -> None:
@@ -197,10 +189,10 @@ class RoundLoop:
     def _holds(self) -> bool:
         """Whether the next round's steps wait for this exchange instead of overlapping it: while this
         peer has concluded no round, its barrier waits a whole straggler allowance for every peer
-        announced in the round (the budget for strangers does not bound it yet: no peer is a stranger
-        at a start), and a staller announced there would otherwise turn that wait into steps on the
-        old θ, where they cost most: the start of training (bench/RESULTS.md, "The first exchange
-        held"; tests/outer/test_overlap.py)."""
+        announced in the round (the budget for strangers does not bound it yet), and a staller
+        announced there would otherwise turn that wait into steps on the old θ, where they cost most:
+        at the start of training. The whole exchange is waited for, gather and evaluation included
+        (bench/RESULTS.md, "Stallers cost time, not loss"; tests/outer/test_overlap.py)."""
         return not self.peer.membership.wait_budget.limiting
 
     def _pause_for_strangers(self) -> None:
@@ -233,11 +225,13 @@ class RoundLoop:
                     return None, None
                 if self.in_flight:
                     self._pause_for_strangers()
+                    if peer.stop_event.is_set():
+                        return None, None
                 ahead = 0 if self._hold else self.max_ahead
                 if self.in_flight and (not self._thread.is_alive() or self._overlapped >= ahead):
                     if self._hold and self._thread.is_alive():
                         logger.info(f"round {peer.round + 1}: waiting for round {peer.round}'s exchange before its first "
-                                    f"step: this peer's first, whose barrier waits for every peer announced")
+                                    f"step: no round concluded yet, so its barrier may wait for every peer announced")
                     elif self._thread.is_alive():  # steps further ahead would train on a θ too stale
                         logger.info(f"round {peer.round + 1}: waiting for round {peer.round}'s exchange, {self._overlapped} steps ahead of it")
                     if not self.finish():
@@ -337,7 +331,7 @@ class RoundLoop:
         if step is Step.ALONE:
             seen = [v for v in peer.membership.view() if v.peer_id != peer.peer_id]
             if seen:  # records, but none of a peer that takes part in rounds
-                logger.info(f"round {engine.round}: training alone: no other peer in rounds ({_states(seen)})")
+                logger.info(f"round {engine.round}: training alone: no other peer in rounds ({states_of(seen)})")
         elif step is Step.DEFER:
             engine.defer(h.pending)
             self._restart = self.overlap

@@ -381,12 +381,21 @@ class Membership:
         ``self.wait_budget`` grants."""
         self._note_group(mates, round_no)
         self.wait_budget.lineage(known)
-        start = last_arrival = time.monotonic()
+        start = time.monotonic()
         cap = self.straggler_allowance()
         # at least one read of the view: a stranger ready a read after the others is still seen
         budget = max(self.wait_budget.grant(start, cap), min(cap, self.read_interval()))
         deadline = start + self.timing.round_wait_s
         busy = ("training", "waiting") if first_round else ("training",)
+        try:
+            return self._barrier(round_no, mates, busy, start, cap, budget, deadline)
+        finally:
+            self.waiting_for_strangers.clear()  # whatever ended the wait, an exception included
+
+    def _barrier(self, round_no: int, mates: Set[str], busy: tuple, start: float, cap: float, budget: float,
+                 deadline: float) -> Barrier:
+        """``wait_for_round``'s loop: read the view until the round's peers are ready or the waits end."""
+        last_arrival = start
         arrived: Set[str] = set()
         lost = False
         while True:
@@ -417,7 +426,6 @@ class Membership:
                 time.sleep(self.timing.view_poll_s)
                 continue
             if not pending or late or now > deadline or self.stop.is_set():
-                self.waiting_for_strangers.clear()
                 self._waited, self._waited_round = {v.peer_id for v in pending}, round_no
                 self._waited_steps.update({v.peer_id: v.progress.step for v in pending})
                 if strangers:

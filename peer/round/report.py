@@ -100,3 +100,12 @@ def write_status(path: Optional[Path], status: Dict[str, Any]) -> None:
     if path is None:
         return
     write_atomic(path, status)  # strict JSON: an unknown loss (NaN) is written as null
+
+
+def states_of(views) -> str:
+    """How many records of a view are in each (state, round), for a log line."""
+    counts: Dict[str, int] = {}
+    for v in views:
+        key = f"{v.progress.state} in round {v.progress.round}"
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none"

@@ -246,3 +246,8 @@ def test_baselines_from_other_runs_pool_each_seeds_honest_runs_into_their_mean(t
     with pytest.raises(SystemExit):
         bh.main(["--baselines-from", str(other)])
     assert "needs --table" in capsys.readouterr().err
+    sequential = tmp_path / "sequential.json"  # runs of another mode: their honest runs are no baseline of these
+    sequential.write_text(json.dumps(dict(results=[run("honest-only", 0, 2.0)], sequential=True)))
+    with pytest.raises(SystemExit):
+        bh.main(["--table", str(table), "--baselines-from", str(sequential)])
+    assert "differ from the table's in sequential" in capsys.readouterr().err
