@@ -34,14 +34,14 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
 from peer.checkpoints import contents as checkpoints
 from peer.checkpoints import schedule
 from peer.round.early_close import EarlyClose, min_steps
+from peer.round.handoff import Handoff, continue_from
 from peer.round.merge import adopt_own_set, adopt_round_set, merge_round, no_group_left
 from peer.round import draw, union
 from peer.round.report import RoundMeters, RoundRecord, log_round, states_of, write_status
@@ -53,31 +53,6 @@ from protocol.round.round_policy import Step
 from protocol.round.start_vote import majority_hash
 
 logger = logging.getLogger("voloco.peer")
-
-
-def continue_from(params: Dict[str, torch.Tensor], theta: Dict[str, torch.Tensor], sent: Dict[str, torch.Tensor]) -> None:
-    """The one-step-delayed update, in place: ``params ← θ + (params − θ_send)``. With no step
-    taken since ``sent`` the model is θ exactly, as in the sequential loop."""
-    with torch.no_grad():
-        for name, param in params.items():
-            param.sub_(sent[name]).add_(theta[name].to(param.device, param.dtype))
-
-
-@dataclass
-class Handoff:
-    """What the inner steps of a round hand to its exchange."""
-
-    payload: Optional[bytes]  # None until encoded (with overlap, in the exchange's thread)
-    pending: Any
-    losses: List[float]
-    t0: float  # when the round's inner steps began
-    t_train: float  # when they ended
-    t_encode: float  # when the payload was ready
-    # the training state to checkpoint (checkpoints.trainer_snapshot), taken when the inner steps ended;
-    # with overlap, None when no checkpoint is due this round (peer/checkpoints/writer.py)
-    trainer: Optional[Dict[str, Any]] = None
-    overlapped: int = 0  # inner steps taken while the previous round's exchange was in flight
-    cpu0: float = 0.0  # time.thread_time() of the exchange's thread when its work began (the encode)
 
 
 class RoundLoop:

@@ -45,7 +45,7 @@ from peer.training.model import build_model
 from peer.training.roles import FullReplica, SliceOwner
 from peer.outer.engine import RoundEngine, Settled
 from peer.outer.robust import Contributions, sender_names
-from peer.round.loop import continue_from
+from peer.round.handoff import continue_from
 from peer.round.byte_models import allgather_bytes_per_round, allreduce_bytes_per_step
 from peer.outer.strategies import Tensors
 from protocol.model.partial import FULL

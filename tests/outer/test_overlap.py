@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from peer.round.early_close import min_steps, most_are_done
-from peer.round.loop import continue_from
+from peer.round.handoff import continue_from
 from protocol.dht.records import Progress
 from swarm.records import PeerView
 from tests.support.swarm_harness import Swarm, TINY_SPEC, assert_groups_identical, groupmate_pairs
