@@ -112,7 +112,7 @@ def print_table(results: List[Dict[str, Any]]) -> None:
         x, spread = r.get(key), r.get(f"{key}_std")
         return "-" if x is None else f"{100 * (x - 1):+.2f} %" + ("" if spread is None else f" ± {100 * spread:.2f}")
 
-    lines = [[r["attack"], str(r.get("k", 1)) if r["attack"] != "honest-only" else "-", f"{r['rounds']}/{r['target_rounds']}",
+    lines = [[r["attack"], str(r.get("k", 1)) if r["attack"] not in HONEST else "-", f"{r['rounds']}/{r['target_rounds']}",
               "-" if r["val_loss"] is None else f"{r['val_loss']:.4f}",
               pct(r, "loss_vs_honest"), pct(r, "loss_vs_clean"),
               "yes" if r["hashes_equal"] else "NO", r.get("same_theta", "-"), f"{r['honest_ok']}/{r['honest']}", "-" if r.get("honest_refused") is None else str(r["honest_refused"]),
