@@ -402,7 +402,7 @@ class RoundLoop:
             record.resynced = peer.sync.consistent  # False: no groupmate served the round's state in time
         t_eval = time.monotonic()
         peer.val_loss = record.val_loss = self.evaluator.evaluate() if self.evaluator is not None else peer._evaluate()
-        record.seconds = time.monotonic() - h.t0
+        record.seconds, record.ended = time.monotonic() - h.t0, time.time()
         logger.debug(
             f"round {record.round - 1} timing: train {h.t_train - h.t0:.2f} s, encode {h.t_encode - h.t_train:.2f} s, "
             f"wait {t_wait - h.t_encode:.2f} s, gather {t_gather - t_wait:.2f} s, apply {t_apply - t_gather:.2f} s, "

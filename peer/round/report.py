@@ -27,7 +27,7 @@ class RoundRecord:
     bytes_received: int
     loss: float
     val_loss: float
-    seconds: float
+    seconds: float  # from the round's first inner step to its θ (with overlap, rounds' spans overlap)
     waited: float = 0.0  # seconds at the round's barrier, waiting for the peers of the round
     resynced: bool = False  # it started off the group's parameters and downloaded them after the round
     steps: int = 0  # inner steps trained for the round (fewer than H: closed early, peer/round/early_close.py)
@@ -42,6 +42,9 @@ class RoundRecord:
     # seconds count in the next record; swarm/cpu_meter.py)
     exchange_cpu: float = 0.0
     helpers_cpu: Optional[float] = None
+    # when the round ended (Unix time, this host's clock): successive records' ``ended`` give the
+    # rounds' period, what a run's rounds per hour follow (``seconds`` overlaps the next round's steps)
+    ended: float = 0.0
 
 
 class RoundMeters:

@@ -251,3 +251,16 @@ def test_baselines_from_other_runs_pool_each_seeds_honest_runs_into_their_mean(t
     with pytest.raises(SystemExit):
         bh.main(["--table", str(table), "--baselines-from", str(sequential)])
     assert "differ from the table's in sequential" in capsys.readouterr().err
+
+
+def test_round_period_counts_the_first_round_and_not_overlapping_spans():
+    """A round's period is wall time from the first step to the last round's end, over the rounds:
+    records whose spans overlap (overlap) do not add up, and records without ``ended`` give None."""
+    history = [dict(seconds=12.0, ended=112.0), dict(seconds=15.0, ended=122.0), dict(seconds=14.0, ended=130.0)]
+    assert bh.round_period(history) == pytest.approx((130.0 - 100.0) / 3)
+    assert bh.round_period([dict(seconds=12.0)]) is None and bh.round_period([]) is None
+    runs = [dict(attack=a, val_loss=2.0, mean_round_s=t, round_period_s=p) for a, t, p in
+            [("honest-only", 10.0, 8.0), ("stall", 14.0, 10.0)]]
+    bh.compare(runs)
+    stall = runs[1]
+    assert stall["time_vs_clean"] == pytest.approx(1.4) and stall["period_vs_clean"] == pytest.approx(1.25)

@@ -52,6 +52,9 @@ def test_three_peers_train_stay_identical_and_a_late_joiner_catches_up(swarm_fac
         assert shared and all(r["exchange_cpu"] > 0 for r in shared), rounds
         assert all(r["helpers_cpu"] is not None and r["helpers_cpu"] >= 0 for r in shared), rounds
         assert sum(r["helpers_cpu"] for r in shared) > 0, rounds
+        # every record says when its round ended, in order (bench/hostile.py's round period)
+        ended = [r["ended"] for r in s["history"]]
+        assert all(e > 0 for e in ended) and ended == sorted(ended), ended
 
 
 def test_sigkill_of_one_peer_does_not_stop_the_others(swarm_factory):
