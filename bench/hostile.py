@@ -238,6 +238,7 @@ def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wal
     records = [r for s in live for r in s["history"]]
     seconds = [r["seconds"] for s in live for r in s["history"][1:]] or [r["seconds"] for r in records]
     periods = [round_period(s["history"]) for s in live]
+    later = [round_period(s["history"], after_first=True) for s in live]
     vals = [s["val_loss"] for s in live if isinstance(s.get("val_loss"), float) and math.isfinite(s["val_loss"])]
     named = lambda pattern: sorted({pid for text in logs for pid in re.findall(pattern, text)} - ids)  # noqa: E731
     excluded = {pid for r in records for pid in r["excluded"] if pid not in ids}
@@ -266,19 +267,23 @@ def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wal
         honest=len(statuses), honest_ok=sum(1 for s, c in zip(statuses, codes) if s and c == 0 and s["round"] >= rounds),
         exit_codes=codes, mean_round_s=statistics.fmean(seconds) if seconds else None,
         round_period_s=statistics.fmean(periods) if periods and None not in periods else None,
+        later_period_s=statistics.fmean(later) if later and None not in later else None,
         attacker_excluded=sorted(excluded), attacker_excluded_why=why, attacker_clipped=named(r"clipped the update of (\S+) "),
         attacker_skipped=sorted(skipped), records_ignored=ignored and attack.name == "forged-records", wall_s=round(wall, 1),
         honest_refused=len(honest_refused),
     )
 
 
-def round_period(history: List[Dict[str, Any]]) -> Optional[float]:
+def round_period(history: List[Dict[str, Any]], after_first: bool = False) -> Optional[float]:
     """A peer's wall time a round: from its first round's first step to its last round's end, over the
-    rounds (the first round's hold included; the start quorum's wait before it not). A record's
-    ``seconds`` runs from its first step to its θ and so, with overlap, over the next round's steps:
-    their mean is each round's latency, not how often rounds end. None for records without ``ended``."""
-    if not history or not all(r.get("ended") for r in history):
+    rounds (the first round's hold included; the start quorum's wait before it not); ``after_first``:
+    from the first round's end (what a run pays a round once it is under way). A record's ``seconds``
+    runs from its first step to its θ and so, with overlap, over the next round's steps: their mean
+    is each round's latency, not how often rounds end. None for records without ``ended``."""
+    if len(history) < 1 + after_first or not all(r.get("ended") for r in history):
         return None
+    if after_first:
+        return (history[-1]["ended"] - history[0]["ended"]) / (len(history) - 1)
     return (history[-1]["ended"] - (history[0]["ended"] - history[0]["seconds"])) / len(history)
 
 

@@ -32,6 +32,7 @@ def compare(results: List[Dict[str, Any]], baseline_of: Dict[str, str]) -> None:
         r["loss_vs_clean"] = ratio(r, "clean", "val_loss") if r["attack"] != "honest-only" else None
         r["time_vs_clean"] = ratio(r, baseline_of[r["attack"]], "mean_round_s")  # a round's latency
         r["period_vs_clean"] = ratio(r, baseline_of[r["attack"]], "round_period_s")  # how often rounds end
+        r["later_vs_clean"] = ratio(r, baseline_of[r["attack"]], "later_period_s")  # ... after the first
 
 
 def pool_baselines(results: List[Dict[str, Any]], extra: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -49,8 +50,8 @@ def pool_baselines(results: List[Dict[str, Any]], extra: List[Dict[str, Any]]) -
         row = dict(runs[0], attack="honest-only", k=0, pooled=len(runs), final_hash=None,
                    val_loss=statistics.fmean(r["val_loss"] for r in runs),
                    mean_round_s=statistics.fmean(r["mean_round_s"] for r in runs),
-                   round_period_s=(statistics.fmean(r["round_period_s"] for r in runs)
-                                   if all(r.get("round_period_s") for r in runs) else None),
+                   **{key: (statistics.fmean(r[key] for r in runs) if all(r.get(key) for r in runs) else None)
+                      for key in ("round_period_s", "later_period_s")},
                    rounds=min(r["rounds"] for r in runs), hashes_equal=all(r["hashes_equal"] for r in runs),
                    honest=sum(r["honest"] for r in runs), honest_ok=sum(r["honest_ok"] for r in runs))
         row.pop("honest_refused", None)
@@ -87,11 +88,11 @@ def over_seeds(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                    target_rounds=runs[0]["target_rounds"], val_loss=mean(runs, "val_loss"),
                    hashes_equal=all(r["hashes_equal"] for r in runs), honest=sum(r["honest"] for r in runs),
                    honest_ok=sum(r["honest_ok"] for r in runs), mean_round_s=mean(runs, "mean_round_s"),
-                   round_period_s=mean(runs, "round_period_s"),
+                   round_period_s=mean(runs, "round_period_s"), later_period_s=mean(runs, "later_period_s"),
                    honest_refused=(sum(r["honest_refused"] for r in runs) if all("honest_refused" in r for r in runs)
                                    else None),  # None: runs from before it was counted
                    attacker_failed=any(r.get("attacker_failed") for r in runs))
-        for key in ("loss_vs_honest", "loss_vs_clean", "time_vs_clean", "period_vs_clean"):
+        for key in ("loss_vs_honest", "loss_vs_clean", "time_vs_clean", "period_vs_clean", "later_vs_clean"):
             row[key], row[f"{key}_std"] = mean(runs, key), std(runs, key)
         for key in ("attacker_excluded", "attacker_clipped", "attacker_skipped"):
             row[key] = sorted({p for r in runs for p in r.get(key, [])})
@@ -126,18 +127,19 @@ def print_table(results: List[Dict[str, Any]]) -> None:
               "-" if r["val_loss"] is None else f"{r['val_loss']:.4f}",
               pct(r, "loss_vs_honest"), pct(r, "loss_vs_clean"),
               "yes" if r["hashes_equal"] else "NO", r.get("same_theta", "-"), f"{r['honest_ok']}/{r['honest']}", "-" if r.get("honest_refused") is None else str(r["honest_refused"]),
-              secs(r.get("round_period_s")), times(r, "period_vs_clean"),
-              secs(r["mean_round_s"]), times(r, "time_vs_clean"), verdict(r)] for r in results]
+              secs(r.get("round_period_s")), times(r, "period_vs_clean"), times(r, "later_vs_clean"),
+              times(r, "time_vs_clean"), verdict(r)] for r in results]
     seeds = max((len(r.get("seeds", [0])) for r in results), default=1)
     print(table(["attack", "K", "rounds", "honest val loss", "vs honest-only", "vs clean", "θ equal", "θ = honest-only", "honest ok", "honest refused", "round time",
-                 "vs clean*", "latency", "vs clean*", "attacker excluded/clipped"], lines))
+                 "vs clean*", "from round 2*", "latency*", "attacker excluded/clipped"], lines))
     if seeds > 1:
         print(f"\nover {seeds} seeds: figures are means; the loss ratios are paired by seed, mean ± std.")
     print("\nvs honest-only: against the N honest peers and nobody else, the honest tokens of every attacked run (the\n"
           "goal's baseline); vs clean: against N + K honest peers (what the attackers' share adds when it is clipped,\n"
           "not dropped). round time: a peer's wall time from its first step to its last round's end, over the\n"
-          "rounds (how often rounds end); latency: a round's mean span from its first step to its θ, first round\n"
-          "excluded (with overlap it runs over the next round's steps). *against the clean run with as many training\n"
+          "rounds (how often rounds end); from round 2: the same from the first round's end; latency: a round's\n"
+          "mean span from its first step to its θ, first round excluded (with overlap it runs over the next round's\n"
+          "steps). *against the clean run with as many training\n"
           "processes: 'clean' for attackers that train, 'honest-only' for those that do not. honest ok: honest processes that finished every round and\n"
           "exited normally; θ = honest-only: runs (of the seeds) whose honest peers ended on the honest-only run's θ bit\n"
           "for bit (with --sequential: the attack changed nothing but time); honest refused: (round, honest sender) pairs whose update an honest peer refused. Goals: loss within 2 % of honest-only, 0 honest processes lost, round time within 1.25x.")

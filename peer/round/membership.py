@@ -87,7 +87,7 @@ class Membership:
         self.ledger = NoShowLedger.from_timing(self.timing)
         self._came: Dict[int, Set[str]] = {}  # round -> senders whose signed payload was in our union
         # waits for strangers (fresh identities): a bounded share of any window (protocol/round/no_shows.py)
-        self.wait_budget = WaitBudget(self.timing.vain_wait_share, self.timing.heartbeat_s, self.timing.budget_after_rounds)
+        self.wait_budget = WaitBudget(self.timing.vain_wait_share, self.timing.budget_after_rounds)
         # set while the round barrier waits for strangers alone: an overlapped peer's steps pause meanwhile,
         # so that such a wait costs time from the budget, not steps on the old θ (peer/round/loop.py)
         self.waiting_for_strangers = threading.Event()
@@ -383,8 +383,9 @@ class Membership:
         self.wait_budget.lineage(known)
         start = time.monotonic()
         cap = self.straggler_allowance()
-        # at least one read of the view: a stranger ready a read after the others is still seen
-        budget = max(self.wait_budget.grant(start, cap), min(cap, self.read_interval()))
+        # at least one read of the view (its interval, and a read's latency for the store of a "ready"
+        # to land): a stranger ready a read after the others is still seen
+        budget = max(self.wait_budget.grant(start, cap), min(cap, self.read_interval() + self.read_latency()))
         deadline = start + self.timing.round_wait_s
         busy = ("training", "waiting") if first_round else ("training",)
         try:

@@ -31,7 +31,8 @@ serves only strangers is paid from a budget that grows at ``Timing.vain_wait_sha
 and holds at most one straggler allowance; a wait that ended without them spends it (down to a
 debt of one allowance). So a new stalling identity every round, which the ledger cannot strike
 twice, costs at most that share of any window plus one allowance
-(``test_waits_for_strangers_take_a_bounded_share_of_any_window``). A peer that came before (an
+(``test_waits_for_strangers_take_a_bounded_share_of_any_window``), and one read of the view a
+round (the barrier's least wait, peer/round/membership.py). A peer that came before (an
 honest one back from a stall, a groupmate, one that ended a round we waited for it in after we
 stopped waiting: slower, not stalling) is waited for the whole allowance, and in its first round
 (``Timing.budget_after_rounds``) a peer limits nobody (at a run's start everyone is a stranger;
@@ -179,10 +180,10 @@ class WaitBudget:
     """How long a peer may still wait past the last arrival for strangers (see the module docstring).
     Time is an argument; the budget starts full (one allowance)."""
 
-    def __init__(self, share: float, floor_s: float, after_rounds: int = Timing.budget_after_rounds):
-        if not 0.0 < share < 1.0 or floor_s < 0.0 or after_rounds < 0:
-            raise ValueError("share must be in (0, 1), floor_s and after_rounds at least 0")
-        self.share, self.floor_s, self.after_rounds = share, floor_s, after_rounds
+    def __init__(self, share: float, after_rounds: int = Timing.budget_after_rounds):
+        if not 0.0 < share < 1.0 or after_rounds < 0:
+            raise ValueError("share must be in (0, 1), after_rounds at least 0")
+        self.share, self.after_rounds = share, after_rounds
         self.balance: float = float("inf")  # clipped to the cap at the first grant
         self._at: float = float("nan")
         self._met: "OrderedDict[str, None]" = OrderedDict()  # peers seen to come, the latest last (bounded)
@@ -225,10 +226,12 @@ class WaitBudget:
 
     def grant(self, now: float, cap_s: float) -> float:
         """The longest wait past the last arrival at ``now`` for strangers only: what the budget holds
-        (at most ``cap_s``, one straggler allowance), never less than ``floor_s`` (a peer ready a
-        heartbeat after the others is still met)."""
+        (at most ``cap_s``, one straggler allowance), nothing while it is in debt. No floor of its own:
+        the barrier waits one read of the view in any case, so that a stranger ready a read after the
+        others is still met; a floor here (it was a heartbeat, 2 s) was paid every round whatever the
+        balance, and with rounds under 20 s it, not the share, set a new staller's cost."""
         self._accrue(now, cap_s)
-        return min(cap_s, max(self.floor_s, self.balance))
+        return min(cap_s, max(0.0, self.balance))
 
     def spend(self, seconds: float, now: float, cap_s: float) -> None:
         """``seconds`` were waited in vain for strangers (the barrier ended without them): spent, down

@@ -231,8 +231,8 @@ def test_an_attacked_run_on_the_honest_only_theta_is_counted_and_sequential_runs
 
 def test_baselines_from_other_runs_pool_each_seeds_honest_runs_into_their_mean(tmp_path, capsys):
     def run(attack, seed, val, t=8.0):
-        return dict(attack=attack, seed=seed, val_loss=val, mean_round_s=t, rounds=3, target_rounds=3,
-                    hashes_equal=True, honest=3, honest_ok=3, k=0 if attack == "honest-only" else 1)
+        return dict(attack=attack, seed=seed, val_loss=val, mean_round_s=t, round_period_s=t / 2, rounds=3,
+                    target_rounds=3, hashes_equal=True, honest=3, honest_ok=3, k=0 if attack == "honest-only" else 1)
 
     table, other = tmp_path / "table.json", tmp_path / "other.json"
     table.write_text(json.dumps(dict(results=[run("honest-only", 0, 2.0), run("stall", 0, 2.1, 12.0)])))
@@ -241,7 +241,7 @@ def test_baselines_from_other_runs_pool_each_seeds_honest_runs_into_their_mean(t
                                               run("stall", 0, 9.9), run("honest-only", 5, 9.9)])))
     assert bh.main(["--table", str(table), "--baselines-from", str(other)]) == 0
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line[:1].isalpha()}
-    assert "2.1000" in rows["honest-only"] and "9/9" in rows["honest-only"] and "10.0 s" in rows["honest-only"]  # three runs
+    assert "2.1000" in rows["honest-only"] and "9/9" in rows["honest-only"] and "5.0 s" in rows["honest-only"]  # three runs
     assert "+0.00 %" in rows["stall"] and "1.20x" in rows["stall"]  # the other file's stall run is not the table's
     with pytest.raises(SystemExit):
         bh.main(["--baselines-from", str(other)])
@@ -258,6 +258,8 @@ def test_round_period_counts_the_first_round_and_not_overlapping_spans():
     records whose spans overlap (overlap) do not add up, and records without ``ended`` give None."""
     history = [dict(seconds=12.0, ended=112.0), dict(seconds=15.0, ended=122.0), dict(seconds=14.0, ended=130.0)]
     assert bh.round_period(history) == pytest.approx((130.0 - 100.0) / 3)
+    assert bh.round_period(history, after_first=True) == pytest.approx((130.0 - 112.0) / 2)
+    assert bh.round_period(history[:1], after_first=True) is None
     assert bh.round_period([dict(seconds=12.0)]) is None and bh.round_period([]) is None
     runs = [dict(attack=a, val_loss=2.0, mean_round_s=t, round_period_s=p) for a, t, p in
             [("honest-only", 10.0, 8.0), ("stall", 14.0, 10.0)]]

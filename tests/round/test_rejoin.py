@@ -189,7 +189,7 @@ def test_waits_for_strangers_come_from_a_budget_and_acquaintances_get_the_whole_
     state.update(round=13, stall="s13")
     t0 = clock.now
     m.wait_for_round(13, set(), first_round=False)
-    assert clock.now - t0 < 2.0  # spent: what little it holds (a heartbeat)
+    assert clock.now - t0 < m.read_interval() + 0.5  # spent: one read of the view, no heartbeat's floor
     for p, known in (("a", ()), ("b", ("b",))):  # a groupmate, a sender with standing: the whole allowance
         state.update(round=state["round"] + 1, stall=f"s{state['round'] + 1}", late=p)
         ready_at[p] = clock.now + cap - 1.0
