@@ -50,8 +50,9 @@ def pool_baselines(results: List[Dict[str, Any]], extra: List[Dict[str, Any]]) -
         row = dict(runs[0], attack="honest-only", k=0, pooled=len(runs), final_hash=None,
                    val_loss=statistics.fmean(r["val_loss"] for r in runs),
                    mean_round_s=statistics.fmean(r["mean_round_s"] for r in runs),
-                   **{key: (statistics.fmean(r[key] for r in runs) if all(r.get(key) for r in runs) else None)
-                      for key in ("round_period_s", "later_period_s")},
+                   # runs from before ``ended`` was recorded have no period: the mean of those that do
+                   **{key: (statistics.fmean(r[key] for r in runs if r.get(key)) if any(r.get(key) for r in runs)
+                            else None) for key in ("round_period_s", "later_period_s")},
                    rounds=min(r["rounds"] for r in runs), hashes_equal=all(r["hashes_equal"] for r in runs),
                    honest=sum(r["honest"] for r in runs), honest_ok=sum(r["honest_ok"] for r in runs))
         row.pop("honest_refused", None)

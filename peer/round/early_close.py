@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from typing import Iterable, Optional
+from typing import Container, Iterable, Optional
 
 from protocol.round.peer_states import DONE
 from swarm.records import PeerView
@@ -39,12 +39,15 @@ def min_steps(inner_steps: int, fraction: float) -> int:
     return max(1, min(inner_steps, math.ceil(fraction * inner_steps - 1e-9)))
 
 
-def most_are_done(views: Iterable[PeerView], me: str, round_no: int) -> bool:
+def most_are_done(views: Iterable[PeerView], me: str, round_no: int, unawaited: Container[str] = ()) -> bool:
     """Whether at least half of the other live peers of ``round_no`` (at least one) are ready for
-    its exchange or already past it, while this peer still trains it."""
+    its exchange or already past it, while this peer still trains it. ``unawaited``: peers whose
+    "training" no barrier waits a whole allowance for (``Membership.unawaited``: skipped no-shows,
+    strangers once the budget applies); a staller's claim must not keep the others' rounds open
+    (tests/outer/test_overlap.py)."""
     done = training = 0
     for v in views:
-        if v.peer_id == me:
+        if v.peer_id == me or v.peer_id in unawaited:
             continue
         if v.progress.round > round_no or (v.progress.round == round_no and v.progress.state in DONE):
             done += 1
@@ -101,7 +104,8 @@ class EarlyClose:
             except Exception as e:  # the DHT being slow never stops training
                 logger.debug(f"early close: could not read progress records: {e!r}")
                 views = []
-            if self._round == round_no and self._armed and most_are_done(views, self.peer_id, round_no):
+            unawaited = self.membership.unawaited(views)
+            if self._round == round_no and self._armed and most_are_done(views, self.peer_id, round_no, unawaited):
                 self._due.set()
             self._wake.wait(max(self.membership.timing.early_close_poll_s, self.membership.read_interval()))  # or the next round's arm()
             self._wake.clear()

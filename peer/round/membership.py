@@ -61,15 +61,6 @@ logger = logging.getLogger("voloco.peer")
 LATENCIES_KEPT = 5  # reads whose durations give the host's DHT read latency
 
 
-def acted_on(p: Progress) -> tuple:
-    """The fields of a progress record other peers act on: a change to one is published at once, the
-    rest (losses, tokens, "exchanging" after "ready") waits for the next keep-alive, as every store
-    moves the record to every replica (tests/round/test_liveness.py,
-    ``test_only_what_other_peers_act_on_is_published_at_once``)."""
-    state = peer_states.settled(p.state)
-    return (p.round, state, p.params_hash, p.part, p.reach, p.gathered_round, p.gathered, p.gathered_before)
-
-
 class Membership:
     """This peer's progress record in the DHT and its view of everyone else's."""
 
@@ -118,10 +109,10 @@ class Membership:
 
     def publish(self, only_if_due: bool = False) -> None:
         """Store this peer's progress record; with ``only_if_due``, only if something other peers act
-        on changed (``acted_on``) or the last one is a keep-alive period old (the heartbeat)."""
+        on changed (``peer_states.acted_on``) or the last one is a keep-alive period old (the heartbeat)."""
         try:
             progress = self._progress()
-            now, key = time.monotonic(), acted_on(progress)
+            now, key = time.monotonic(), peer_states.acted_on(progress)
             if only_if_due and self._published is not None:
                 at, last = self._published
                 if last == key and now - at < self.keepalive_s():
@@ -369,6 +360,13 @@ class Membership:
             self.ledger.forgive(peer)
             self.no_shows.discard(peer)
             self.absent.discard(peer)
+
+    def unawaited(self, views: Iterable[PeerView]) -> Set[str]:
+        """Peers of ``views`` that no barrier waits a whole allowance for: skipped no-shows, and
+        strangers once the budget for strangers applies (early close does not count them)."""
+        limiting = self.wait_budget.limiting
+        return {v.peer_id for v in views if v.peer_id != self.peer_id
+                and (v.peer_id in self.no_shows or (limiting and self.wait_budget.stranger(v.peer_id)))}
 
     def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool, known: Container[str] = ()) -> Barrier:
         """Wait until every live peer of ``round_no`` is ready: at most ``swarm.round_wait``, and at

@@ -61,3 +61,11 @@ def settled(state: str) -> str:
     """``state`` with the two done states as one: the move from ready to exchanging changes nothing
     another peer acts on, so it waits for the next keep-alive instead of a publication."""
     return READY if state in DONE else state
+
+
+def acted_on(p) -> tuple:
+    """The fields of a progress record (protocol/dht/records.py ``Progress``) other peers act on: a
+    change to one is published at once, the rest (losses, tokens, "exchanging" after "ready") waits
+    for the next keep-alive, as every store moves the record to every replica
+    (tests/round/test_liveness.py, ``test_only_what_other_peers_act_on_is_published_at_once``)."""
+    return (p.round, settled(p.state), p.params_hash, p.part, p.reach, p.gathered_round, p.gathered, p.gathered_before)

@@ -159,7 +159,7 @@ def test_early_close_reads_nothing_before_the_round_reaches_its_floor():
     reads = []
     done = [record("a", round_no=3, state="ready")]
     membership = SimpleNamespace(view=lambda: reads.append(1) or done, read_interval=lambda: 0.01,
-                                 timing=Timing(early_close_poll_s=0.01))
+                                 timing=Timing(early_close_poll_s=0.01), unawaited=lambda views: set())
     stop = threading.Event()
     early = EarlyClose(membership, "me", stop)
     try:

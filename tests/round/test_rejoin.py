@@ -211,7 +211,7 @@ def test_in_our_first_round_strangers_get_the_whole_allowance_even_with_the_budg
     state.update(round=5, stall="s5")
     t0 = clock.now
     m.wait_for_round(5, set(), first_round=False)
-    assert clock.now - t0 < 2.0  # in debt: what little the floor grants (a heartbeat, one read)
+    assert clock.now - t0 < 2.0  # in debt: one read of the view
 
 
 def test_a_stranger_that_was_only_slower_than_us_is_no_stranger_at_the_next_barrier(monkeypatch, clock):
@@ -248,3 +248,20 @@ def test_an_overlapped_peer_is_told_while_its_barrier_waits_for_strangers_alone(
     assert not any(flag for a, flag in seen[:2]), seen  # "a" still coming: no pause
     assert any(flag for a, flag in seen if a == "ready"), seen  # the stranger alone: paused
     assert not m.waiting_for_strangers.is_set()
+
+
+def test_early_close_does_not_count_the_claims_no_barrier_waits_for(monkeypatch, clock):
+    """``Membership.unawaited``: skipped no-shows always, strangers once the budget applies; with
+    them left out a staller's "training" record no longer keeps the others' rounds open
+    (peer/round/early_close.py ``most_are_done``)."""
+    from peer.round.early_close import most_are_done
+
+    views = [view("me", 7), view("a", 7, "ready"), view("b", 7, "training"), view("s", 7, "training"),
+             view("x", 7, "training")]
+    m = barrier(monkeypatch, clock, lambda m: views)
+    assert m.unawaited(views) == set()  # our first round: nobody is a stranger to us yet
+    m.came_in(6, {"a", "b"})  # one round concluded, "a" and "b" came: "s" and "x" are strangers now
+    m.no_shows.add("x")
+    assert m.unawaited(views) == {"s", "x"}
+    assert not most_are_done(views, "me", 7)  # one ready against three training
+    assert most_are_done(views, "me", 7, m.unawaited(views))  # one ready against "b" alone
