@@ -251,6 +251,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
                 last_sets=last_sets,
                 set_digest=group.set_digest,
                 unservable=clients,
+                stalled=frozenset(base58(m) for m in group.stalled),
             )
         finally:
             for event in group.done:
@@ -271,6 +272,8 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
         for peer, envelope in zip(sending, got):
             try:
                 if isinstance(envelope, BaseException):
+                    if isinstance(envelope, asyncio.TimeoutError):
+                        group.stalled.add(peer.to_bytes())  # held our request to the deadline
                     raise envelope
                 agreement.take_envelope(peer.to_bytes(), envelope)
             except Exception as e:
@@ -289,6 +292,8 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
             for peer, answer in zip(live, answers):
                 try:
                     if isinstance(answer, BaseException):
+                        if isinstance(answer, asyncio.TimeoutError):
+                            group.stalled.add(peer.to_bytes())
                         raise answer
                     for value in agreement.offers(answer, k):
                         offered.setdefault(value.owner, {}).setdefault(value.digest, (value, []))[1].append(peer)
