@@ -317,8 +317,9 @@ class Membership:
         """The senders whose signed payload is in this peer's union of round ``round_no``: they came
         (the next barrier does not strike them, and a single strike of theirs is over). ``silent``:
         groupmates the gather excluded for sending nothing in time (alike on every member), or that
-        held this peer's requests to the deadline (``GatherResult.stalled``): a strike each in ``self.silent``; this peer's matchmaking refuses them meanwhile (``refused``), so one
-        that joins groups only to stall them costs one gather deadline per skip period, not per round."""
+        held this peer's requests to the deadline (``GatherResult.stalled``): a strike each in
+        ``self.silent``; this peer's matchmaking refuses them meanwhile (``refused``), so one that
+        joins groups only to stall them costs one gather deadline per skip period, not per round."""
         senders, silent = set(senders) - {self.peer_id}, set(silent) - {self.peer_id}
         self._came.setdefault(round_no, set()).update(senders)
         self.wait_budget.met(senders)
