@@ -251,7 +251,8 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
                 last_sets=last_sets,
                 set_digest=group.set_digest,
                 unservable=clients,
-                stalled=frozenset(base58(m) for m in group.stalled),
+                # a member in client mode cannot be dialled: its payload comes only through relays
+                stalled=frozenset(base58(m) for m in group.stalled) - clients,
             )
         finally:
             for event in group.done:
@@ -273,7 +274,9 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
             try:
                 if isinstance(envelope, BaseException):
                     if isinstance(envelope, asyncio.TimeoutError):
-                        group.stalled.add(peer.to_bytes())  # held our request to the deadline
+                        # held our request for its own payload to the deadline (only this first round's
+                        # fetch counts: a relay may wait on a member gathering elsewhere, or undialable)
+                        group.stalled.add(peer.to_bytes())
                     raise envelope
                 agreement.take_envelope(peer.to_bytes(), envelope)
             except Exception as e:
@@ -292,8 +295,6 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
             for peer, answer in zip(live, answers):
                 try:
                     if isinstance(answer, BaseException):
-                        if isinstance(answer, asyncio.TimeoutError):
-                            group.stalled.add(peer.to_bytes())
                         raise answer
                     for value in agreement.offers(answer, k):
                         offered.setdefault(value.owner, {}).setdefault(value.digest, (value, []))[1].append(peer)

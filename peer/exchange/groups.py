@@ -22,7 +22,7 @@ class Group:
     set_digest: Optional[str] = None  # the agreed set's name, once agreed (peer/exchange/set_server.py serves it)
     info: Optional[GroupInfo] = None  # hivemind's group, as matchmaking assembled it (peer/exchange/late_join.py serves it)
     round_no: int = -1
-    # members that held this peer's requests (their payload, their agreement answers) until the deadline:
+    # senders that held this peer's request for their own payload until the agreement's first deadline:
     # this peer's own judgement, not agreed; its matchmaking refuses them a while (peer/round/membership.py)
     stalled: Set[bytes] = field(default_factory=set)
 
