@@ -251,8 +251,6 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
                 last_sets=last_sets,
                 set_digest=group.set_digest,
                 unservable=clients,
-                # a member in client mode cannot be dialled: its payload comes only through relays
-                stalled=frozenset(base58(m) for m in group.stalled) - clients,
             )
         finally:
             for event in group.done:
@@ -273,10 +271,6 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
         for peer, envelope in zip(sending, got):
             try:
                 if isinstance(envelope, BaseException):
-                    if isinstance(envelope, asyncio.TimeoutError):
-                        # held our request for its own payload to the deadline (only this first round's
-                        # fetch counts: a relay may wait on a member gathering elsewhere, or undialable)
-                        group.stalled.add(peer.to_bytes())
                     raise envelope
                 agreement.take_envelope(peer.to_bytes(), envelope)
             except Exception as e:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import List, Optional, Set
+from typing import List, Optional
 
 from hivemind.averaging.group_info import GroupInfo
 
@@ -22,9 +22,6 @@ class Group:
     set_digest: Optional[str] = None  # the agreed set's name, once agreed (peer/exchange/set_server.py serves it)
     info: Optional[GroupInfo] = None  # hivemind's group, as matchmaking assembled it (peer/exchange/late_join.py serves it)
     round_no: int = -1
-    # senders that held this peer's request for their own payload until the agreement's first deadline:
-    # this peer's own judgement, not agreed; its matchmaking refuses them a while (peer/round/membership.py)
-    stalled: Set[bytes] = field(default_factory=set)
 
     @classmethod
     def opened(cls, group_id: bytes, agreement: reconcile.Agreement, info: Optional[GroupInfo], round_no: int) -> "Group":

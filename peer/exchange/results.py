@@ -21,10 +21,6 @@ class GatherResult:
     last_sets: Dict[str, Tuple[str, Tuple[str, ...]]] = field(default_factory=dict)
     set_digest: str = ""  # the name of the agreed set (protocol/round/group_sets.py), served to other groups
     unservable: FrozenSet[str] = frozenset()  # members in hivemind's client mode: they serve no state
-    # senders that held this member's request for their payload until the agreement's first deadline
-    # (client-mode members left out: they cannot be dialled), their payload perhaps relayed by others:
-    # this member's judgement alone (not agreed), for its matchmaking (Membership.came_in)
-    stalled: FrozenSet[str] = frozenset()
     bytes_sent: int = 0
     bytes_received: int = 0
 

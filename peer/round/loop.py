@@ -341,11 +341,8 @@ class RoundLoop:
             logger.info(f"round {engine.round}: {len(chosen)} of {len(senders)} contributions enter θ "
                         f"(outer.max_contributions = {engine.strategy.max_contributions} a part; {ours})")
         excluded.update(invalid)
-        # silent: sent nothing in time (agreed), or held our requests to the deadline (ours alone: a member
-        # whose payload others relayed would otherwise stall every group it joins)
-        stalled = result.stalled if result is not None else frozenset()
         peer.membership.came_in(engine.round, (s for s in senders if s not in excluded),
-                                silent={m for m, why in excluded.items() if why == reconcile.SILENT} | stalled)
+                                silent=(m for m, why in excluded.items() if why == reconcile.SILENT))
         group_hash = None
         if taken is not None:
             # each member's start counted as what it holds after the union. A group votes with its members'
