@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from contextlib import closing
-from typing import Awaitable, Callable, Dict, Iterator, List, Tuple, TypeVar
+from typing import Awaitable, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 from hivemind.p2p import P2P, PeerID
 from hivemind.proto import averaging_pb2
@@ -52,9 +52,11 @@ def refused(peer: PeerID, code: int) -> KeyError:
 
 
 async def read_bounded_stream(
-    p2p: P2P, peer: PeerID, handle_name: str, request: averaging_pb2.AveragingData, *, limit: int, chunk: int
+    p2p: P2P, peer: PeerID, handle_name: str, request: averaging_pb2.AveragingData, *, limit: int, chunk: int,
+    began: Optional[Callable[[], None]] = None,
 ) -> Tuple[bytes, int]:
     """Call a stream handler that answers ``AveragingData`` chunks; return (the joined buffers, wire bytes).
+    ``began()`` is called once, when the first frame's first byte arrives.
 
     Raises ExchangeLimitError past ``limit`` bytes of buffers or a frame longer than ``chunk`` plus
     slack, KeyError when the peer answers with a code or an error, before reading any further, and
@@ -71,6 +73,8 @@ async def read_bounded_stream(
                 marker = await reader.readexactly(1)
             except asyncio.IncompleteReadError:  # the handler finished: end of the answer
                 break
+            if began is not None and not wire:
+                began()
             size = int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER)
             if size > chunk + FRAME_SLACK:
                 raise ExchangeLimitError(f"{peer} announced a frame of {size} bytes (at most {chunk + FRAME_SLACK})")

@@ -34,7 +34,7 @@ import os
 import tempfile
 from collections import OrderedDict
 from functools import partial
-from typing import AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import AsyncIterator, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from hivemind.averaging.averager import AveragingMode, DecentralizedAverager
 from hivemind.averaging.group_info import GroupInfo
@@ -44,6 +44,7 @@ from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_dht_time, get_logger
 
 from peer.exchange.bounds import CallLimiter, read_bounded_stream, refused, retry_until
+from peer.exchange.first_round import fetch_own_payloads
 from peer.exchange.groups import Group
 from peer.exchange.identity import payload_signer
 from peer.exchange.late_join import LateJoin
@@ -53,6 +54,7 @@ from peer.exchange.set_lists import ListServer
 from peer.exchange.set_server import SetServer
 from peer.exchange.state_serving import StateServing
 from protocol.round import group_sets, reconcile
+from protocol.round.fetch_clock import FetchClock
 from protocol.errors import ProtocolError
 from protocol.wire.payload import Part
 from protocol.wire.signed import ENVELOPE_OVERHEAD, Binding, Signer
@@ -238,7 +240,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
                 logger.info(f"round {self._round_no}: this peer is not one of the round's senders: it sends no payload, "
                             f"its update waits ({len(agreement.senders)} of the group's {len(members)} send)")
             group.done[0].set()
-            await self._agree(group, [p for p in peer_ids if p != self.peer_id])
+            await self._agree(group, [p for p in peer_ids if p != self.peer_id], patient=clients)
             outcome = group.agreement.outcome()
             group.set_digest = group_sets.set_digest(binding.context, outcome.payloads)
             for owner, why in outcome.excluded.items():
@@ -259,16 +261,16 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
             if future is not None and not future.done():
                 future.set_result(None)
 
-    async def _agree(self, group: Group, others: List[PeerID]) -> None:
-        """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed."""
+    async def _agree(self, group: Group, others: List[PeerID], patient: FrozenSet[str] = frozenset()) -> None:
+        """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed.
+        ``patient``: members (base58) waited for the whole first slot whatever the others did."""
         agreement, gid = group.agreement, group.group_id
         t0, slot = asyncio.get_running_loop().time(), self.gather_timeout
         sending = [p for p in others if p.to_bytes() in agreement.senders]
-        got = await asyncio.gather(
-            *(retry_until(t0 + slot, partial(self._fetch, p, gid, p.to_bytes(), b"", t0 + slot)) for p in sending),
-            return_exceptions=True,
-        )
-        for peer, envelope in zip(sending, got):
+        clock = FetchClock(sending, t0, slot, self.timing.first_round_grace, [p for p in sending if p.to_base58() in patient])
+        got, cut = await fetch_own_payloads(lambda p, began: retry_until(
+            t0 + slot, partial(self._fetch, p, gid, p.to_bytes(), b"", t0 + slot, began)), sending, clock, self._round_no)
+        for peer, envelope in got.items():
             try:
                 if isinstance(envelope, BaseException):
                     raise envelope
@@ -276,7 +278,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
             except Exception as e:
                 logger.info(f"round {self._round_no}: no valid payload from {peer} itself: {e!r}")
         group.done[1].set()
-        live = list(others)
+        live = [p for p in others if p not in cut]  # one that held its payload would hold its answers too
         for k in range(2, agreement.rounds + 1):
             start = t0 + (k - 1) * slot
             request = agreement.request(k)
@@ -323,14 +325,17 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
                 for fetch in fetches:
                     fetch.cancel()
 
-    async def _fetch(self, peer: PeerID, group_id: bytes, owner: bytes, digest: bytes, deadline: float) -> bytes:
-        """An envelope (``owner``'s own when ``digest`` is empty) from ``peer``, by ``deadline``."""
+    async def _fetch(self, peer: PeerID, group_id: bytes, owner: bytes, digest: bytes, deadline: float,
+                     began: Optional[Callable[[], None]] = None) -> bytes:
+        """An envelope (``owner``'s own when ``digest`` is empty) from ``peer``, by ``deadline``;
+        ``began()`` is called when its first bytes arrive."""
         request = averaging_pb2.AveragingData(group_id=group_id, peer_id=owner, tensor_part=runtime_pb2.Tensor(buffer=digest))
         self._count(sent=request.ByteSize())
         handle = PayloadGatherer._get_handle_name(self.prefix, "rpc_fetch_payload")
         envelope, wire = await asyncio.wait_for(
             read_bounded_stream(
-                self._p2p, peer, handle, request, limit=self._max_payload_bytes + ENVELOPE_OVERHEAD, chunk=CHUNK_BYTES
+                self._p2p, peer, handle, request, limit=self._max_payload_bytes + ENVELOPE_OVERHEAD, chunk=CHUNK_BYTES,
+                began=began,
             ),
             timeout=max(0.0, deadline - asyncio.get_running_loop().time()),
         )

@@ -88,6 +88,12 @@ class Timing:
     give_up_poll_s: float = 0.5
     """How often a gather still looking for a group asks whether one can still form
     (tests/exchange/test_gather_give_up.py)."""
+    first_round_grace_s: float = 5.0
+    """Once every other sender's payload of a group has come (or its fetch failed), a sender that has
+    sent none of its own yet is waited for at least this much longer, then left to the others' relays
+    (protocol/round/fetch_clock.py) ..."""
+    first_round_grace_factor: float = 1.0
+    """... or this many times as long as the others' payloads took, if longer (never past the slot)."""
     prepare_s: float = 30.0
     """The longest the averager process may take to take a round's payload and settings."""
 
@@ -186,6 +192,11 @@ class Timing:
         request = max(self.matchmaking_s / 3, self.latency_timeouts * max(0.0, read_latency))
         wait = min(max(self.matchmaking_s, 3 * request), max(self.matchmaking_s, limit))
         return wait, min(request, wait / 3)
+
+    def first_round_grace(self, others_took: float) -> float:
+        """How long a group's sender that has sent nothing is waited for once the other senders'
+        payloads took ``others_took`` seconds to come."""
+        return max(self.first_round_grace_s, self.first_round_grace_factor * others_took)
 
     def merge_allowance(self, straggler: float, matchmaking_wait: float) -> float:
         """How long past the last set that came in a peer waits for the round's other groups: another

@@ -1,0 +1,70 @@
+"""peer/exchange/first_round.py: the first agreement round's fetches run side by side, and a sender
+that holds its request while the others' payloads came is cut a grace later, not at the slot's end
+(the rules themselves: tests/protocol/test_fetch_clock.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from peer.exchange.first_round import fetch_own_payloads
+from protocol.round.fetch_clock import FetchClock
+
+SLOT, GRACE = 20.0, 0.3
+
+
+def run(behaviours):
+    """Fetch from fake senders: ``behaviours[p] = (first bytes after, payload after)`` seconds, None: never."""
+    cancelled = []
+
+    async def fetch(peer, began):
+        first, whole = behaviours[peer]
+        try:
+            if first is None:
+                await asyncio.sleep(3600)  # holds the request, as a silent member does
+            await asyncio.sleep(first)
+            began()
+            await asyncio.sleep(whole - first)
+            return peer.encode()
+        except asyncio.CancelledError:
+            cancelled.append(peer)
+            raise
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        clock = FetchClock(list(behaviours), t0, SLOT, lambda took: GRACE)
+        got, cut = await fetch_own_payloads(fetch, list(behaviours), clock, round_no=3)
+        return got, cut, loop.time() - t0
+
+    got, cut, took = asyncio.run(main())
+    return got, cut, took, cancelled
+
+
+def test_a_silent_sender_is_cut_a_grace_after_the_last_payload_came():
+    got, cut, took, cancelled = run({"a": (0.05, 0.1), "b": (0.05, 0.2), "s": (None, None)})
+    assert got["a"] == b"a" and got["b"] == b"b"
+    assert cut == {"s"} and isinstance(got["s"], asyncio.TimeoutError) and cancelled == ["s"]
+    assert took < 0.2 + GRACE + 1.0  # the slot (20 s) is not waited out
+
+
+def test_a_slow_stream_and_a_late_opener_are_waited_for():
+    # "slow" streams for 1 s after its first bytes; "late" opens its group 0.2 s after the others came
+    got, cut, took, _ = run({"a": (0.05, 0.1), "slow": (0.05, 1.0), "late": (0.3, 0.4)})
+    assert cut == set() and got == {"a": b"a", "slow": b"slow", "late": b"late"}
+
+
+def test_a_failed_fetch_is_returned_and_no_payload_means_no_cut():
+    async def fetch(peer, began):
+        if peer == "gone":
+            raise KeyError("gone sent nothing")
+        await asyncio.sleep(0.3)
+        return b"x"
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        clock = FetchClock(["gone", "x"], loop.time(), SLOT, lambda took: 0.01)
+        return await fetch_own_payloads(fetch, ["gone", "x"], clock)
+
+    got, cut = asyncio.run(main())
+    # "x" sent no first bytes (began never called) and still came: nothing else had come before it
+    assert isinstance(got["gone"], KeyError) and got["x"] == b"x" and cut == set()

@@ -1,0 +1,80 @@
+"""protocol/round/fetch_clock.py: when a group's first agreement round stops waiting for a sender
+that has sent nothing, with time as an input."""
+
+from __future__ import annotations
+
+from protocol.round.fetch_clock import FetchClock
+from protocol.round.timing import Timing
+
+GRACE = Timing().first_round_grace  # at least 5 s, or as long again as the others took
+
+
+def clock(senders="abc", patient=()) -> FetchClock:
+    return FetchClock(list(senders), started=100.0, slot=30.0, grace=GRACE, patient=patient)
+
+
+def test_a_sender_that_sent_nothing_is_cut_a_grace_after_the_others_came_and_not_before():
+    c = clock()
+    assert c.deadline() is None  # a and b still on their way: nothing is due
+    c.began("a"), c.began("b")
+    c.ended("a", 101.0, came=True)
+    assert c.deadline() is None and c.cut(120.0) == set()  # b still streams
+    c.ended("b", 102.0, came=True)
+    assert c.deadline() == 107.0  # 2 s after the start, so the 5-s floor
+    assert c.cut(106.9) == set()
+    assert c.cut(107.0) == {"c"} and c.deadline() is None  # cut once, then nothing is left to cut
+
+
+def test_the_grace_grows_with_the_time_the_others_took_and_never_passes_the_slot():
+    c = clock("ab")
+    c.ended("a", 112.0, came=True)  # 12 s: the grace is as long again
+    assert c.deadline() == 124.0
+    c = clock("ab")
+    c.ended("a", 125.0, came=True)  # 25 s: as long again would pass the slot's end
+    assert c.deadline() == 130.0
+
+
+def test_a_slow_sender_whose_bytes_flow_is_never_cut():
+    # a home link streaming its payload for 20 s is waited for: only a sender that sent nothing is cut
+    c = clock("ab")
+    c.began("a")
+    c.ended("b", 101.0, came=True)
+    assert c.deadline() is None and c.cut(129.0) == set()
+
+
+def test_a_sender_that_begins_within_the_grace_is_waited_for_like_the_others():
+    c = clock("abc")
+    c.ended("a", 101.0, came=True), c.ended("b", 101.0, came=True)
+    assert c.deadline() == 106.0
+    c.began("c")  # its first bytes came 4 s after the others': a late opener, not a silent one
+    assert c.deadline() is None and c.cut(110.0) == set()
+    c.ended("c", 111.0, came=True)
+    assert c.deadline() is None  # nobody left
+
+
+def test_patient_members_wait_the_slot_and_do_not_shield_the_others():
+    c = clock("abc", patient={"c"})  # c is in client mode: reached late, over connections it opens
+    c.ended("a", 101.0, came=True)
+    assert c.deadline() == 106.0
+    assert c.cut(106.0) == {"b"}
+    assert c.deadline() is None and c.cut(129.0) == set()
+
+
+def test_nobody_is_cut_before_another_payload_came():
+    # every member opening the group late (a loaded host) is not a group of silent members; and a fetch
+    # that failed at once (a reset stream) is no payload that came
+    c = clock("ab")
+    assert c.deadline() is None and c.cut(129.0) == set()
+    c.ended("a", 100.5, came=False)
+    assert c.deadline() is None and c.cut(129.0) == set()
+    c = clock("ab")
+    c.ended("a", 103.0, came=True)
+    assert c.deadline() == 108.0 and c.cut(108.0) == {"b"}
+    c = clock("a")  # a group of two: the slot, then the matchmaking's refusal, bound a silent mate
+    assert c.deadline() is None
+
+
+def test_unknown_and_repeated_reports_change_nothing():
+    c = clock("ab")
+    c.began("x"), c.ended("x", 200.0, came=True), c.ended("a", 101.0, came=True), c.ended("a", 150.0, came=True)
+    assert c.deadline() == 106.0
