@@ -44,7 +44,7 @@ from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_dht_time, get_logger
 
 from peer.exchange.bounds import CallLimiter, read_bounded_stream, refused, retry_until
-from peer.exchange.first_round import fetch_own_payloads
+from peer.exchange.side_by_side import ask_each
 from peer.exchange.groups import Group
 from peer.exchange.identity import payload_signer
 from peer.exchange.late_join import LateJoin
@@ -54,7 +54,6 @@ from peer.exchange.set_lists import ListServer
 from peer.exchange.set_server import SetServer
 from peer.exchange.state_serving import StateServing
 from protocol.round import group_sets, reconcile
-from protocol.round.fetch_clock import FetchClock
 from protocol.errors import ProtocolError
 from protocol.wire.payload import Part
 from protocol.wire.signed import ENVELOPE_OVERHEAD, Binding, Signer
@@ -253,6 +252,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
                 last_sets=last_sets,
                 set_digest=group.set_digest,
                 unservable=clients,
+                held=frozenset(p.to_base58() for p in group.held),
             )
         finally:
             for event in group.done:
@@ -262,14 +262,20 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
                 future.set_result(None)
 
     async def _agree(self, group: Group, others: List[PeerID], patient: FrozenSet[str] = frozenset()) -> None:
-        """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed.
-        ``patient``: members (base58) waited for the whole first slot whatever the others did."""
+        """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed, and
+        each stops waiting for a member that sent nothing a grace after the others' answers
+        (peer/exchange/side_by_side.py). ``patient``: members (base58) whose every deadline is waited out."""
         agreement, gid = group.agreement, group.group_id
         t0, slot = asyncio.get_running_loop().time(), self.gather_timeout
+        patient = [p for p in others if p.to_base58() in patient]
+
+        def each(peers: List[PeerID], call, deadline: float, what: str):
+            return ask_each(lambda p, deadline, began: retry_until(deadline, partial(call, p, deadline, began)), peers,
+                            deadline, self.timing.answer_grace, patient, group.held, what, self._round_no)
+
         sending = [p for p in others if p.to_bytes() in agreement.senders]
-        clock = FetchClock(sending, t0, slot, self.timing.first_round_grace, [p for p in sending if p.to_base58() in patient])
-        got, cut = await fetch_own_payloads(lambda p, began: retry_until(
-            t0 + slot, partial(self._fetch, p, gid, p.to_bytes(), b"", t0 + slot, began)), sending, clock, self._round_no)
+        got = await each(sending, lambda p, deadline, began: self._fetch(p, gid, p.to_bytes(), b"", deadline, began),
+                         t0 + slot, "payload")
         for peer, envelope in got.items():
             try:
                 if isinstance(envelope, BaseException):
@@ -278,17 +284,15 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
             except Exception as e:
                 logger.info(f"round {self._round_no}: no valid payload from {peer} itself: {e!r}")
         group.done[1].set()
-        live = [p for p in others if p not in cut]  # one that held its payload would hold its answers too
+        live = [p for p in others if p not in group.held]  # one that held its payload would hold its answers too
         for k in range(2, agreement.rounds + 1):
             start = t0 + (k - 1) * slot
             request = agreement.request(k)
-            deadline = start + slot / 2
-            answers = await asyncio.gather(
-                *(retry_until(deadline, partial(self._relay, p, gid, request, deadline)) for p in live), return_exceptions=True
-            )
+            answers = await each(live, lambda p, deadline, began: self._relay(p, gid, request, deadline),
+                                 start + slot / 2, f"agreement round {k} answer")
             offered: Dict[bytes, Dict[bytes, Tuple[reconcile.Value, List[PeerID]]]] = {}
             still = []
-            for peer, answer in zip(live, answers):
+            for peer, answer in answers.items():
                 try:
                     if isinstance(answer, BaseException):
                         raise answer

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Set
 
 from hivemind.averaging.group_info import GroupInfo
+from hivemind.p2p import PeerID
 
 from protocol.round import reconcile
 
@@ -22,6 +23,9 @@ class Group:
     set_digest: Optional[str] = None  # the agreed set's name, once agreed (peer/exchange/set_server.py serves it)
     info: Optional[GroupInfo] = None  # hivemind's group, as matchmaking assembled it (peer/exchange/late_join.py serves it)
     round_no: int = -1
+    # members that held one of this peer's agreement calls while the others answered (cut by its
+    # FetchClock): this peer's own judgement, not agreed (peer/round/loop.py acts on it)
+    held: Set[PeerID] = field(default_factory=set)
 
     @classmethod
     def opened(cls, group_id: bytes, agreement: reconcile.Agreement, info: Optional[GroupInfo], round_no: int) -> "Group":

@@ -316,9 +316,10 @@ class Membership:
     def came_in(self, round_no: int, senders: Iterable[str], silent: Iterable[str] = ()) -> None:
         """The senders whose signed payload is in this peer's union of round ``round_no``: they came
         (the next barrier does not strike them, and a single strike of theirs is over). ``silent``:
-        groupmates the gather excluded for sending nothing in time (alike on every member): a strike
+        groupmates the gather excluded for sending nothing in time (alike on every member), or that
+        held this peer's agreement calls while the others answered (``GatherResult.held``): a strike
         each in ``self.silent``; this peer's matchmaking refuses them meanwhile (``refused``), so one
-        that joins groups only to stall them costs one gather deadline per skip period, not per round."""
+        that joins groups only to stall them costs a grace per skip period, not per round."""
         senders, silent = set(senders) - {self.peer_id}, set(silent) - {self.peer_id}
         self._came.setdefault(round_no, set()).update(senders)
         self.wait_budget.met(senders)
@@ -331,7 +332,7 @@ class Membership:
         if silent:
             until = {p: self.silent.missed(p, round_no + 1) for p in silent}  # judged for the next round's matchmaking
             logger.info(f"round {round_no}: not matching with {_names(silent)} until round {min(until.values())}: "
-                        f"in our group, they sent nothing in time")
+                        f"in our group, they sent nothing in time or held our requests")
         self._refresh_no_shows(round_no)
 
     def refused(self, round_no: int) -> frozenset:

@@ -1,12 +1,12 @@
-"""protocol/round/fetch_clock.py: when a group's first agreement round stops waiting for a sender
-that has sent nothing, with time as an input."""
+"""protocol/round/fetch_clock.py: when an agreement round stops waiting for a groupmate that has sent
+nothing, with time as an input."""
 
 from __future__ import annotations
 
 from protocol.round.fetch_clock import FetchClock
 from protocol.round.timing import Timing
 
-GRACE = Timing().first_round_grace  # at least 5 s, or as long again as the others took
+GRACE = Timing().answer_grace  # at least 5 s, or as long again as the others took
 
 
 def clock(senders="abc", patient=()) -> FetchClock:

@@ -1,12 +1,12 @@
-"""peer/exchange/first_round.py: the first agreement round's fetches run side by side, and a sender
-that holds its request while the others' payloads came is cut a grace later, not at the slot's end
-(the rules themselves: tests/protocol/test_fetch_clock.py)."""
+"""peer/exchange/side_by_side.py: an agreement round's calls run side by side, and a member that holds
+its request while the others' answers came is cut a grace later, not at the round's deadline (the
+rules themselves: tests/protocol/test_fetch_clock.py)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from peer.exchange.first_round import fetch_own_payloads
+from peer.exchange.side_by_side import Unanswered, ask_each, call_side_by_side
 from protocol.round.fetch_clock import FetchClock
 
 SLOT, GRACE = 20.0, 0.3
@@ -33,7 +33,7 @@ def run(behaviours):
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         clock = FetchClock(list(behaviours), t0, SLOT, lambda took: GRACE)
-        got, cut = await fetch_own_payloads(fetch, list(behaviours), clock, round_no=3)
+        got, cut = await call_side_by_side(fetch, list(behaviours), clock, "payload")
         return got, cut, loop.time() - t0
 
     got, cut, took = asyncio.run(main())
@@ -43,7 +43,7 @@ def run(behaviours):
 def test_a_silent_sender_is_cut_a_grace_after_the_last_payload_came():
     got, cut, took, cancelled = run({"a": (0.05, 0.1), "b": (0.05, 0.2), "s": (None, None)})
     assert got["a"] == b"a" and got["b"] == b"b"
-    assert cut == {"s"} and isinstance(got["s"], asyncio.TimeoutError) and cancelled == ["s"]
+    assert cut == {"s"} and isinstance(got["s"], Unanswered) and cancelled == ["s"]
     assert took < 0.2 + GRACE + 1.0  # the slot (20 s) is not waited out
 
 
@@ -63,8 +63,27 @@ def test_a_failed_fetch_is_returned_and_no_payload_means_no_cut():
     async def main():
         loop = asyncio.get_running_loop()
         clock = FetchClock(["gone", "x"], loop.time(), SLOT, lambda took: 0.01)
-        return await fetch_own_payloads(fetch, ["gone", "x"], clock)
+        return await call_side_by_side(fetch, ["gone", "x"], clock)
 
     got, cut = asyncio.run(main())
     # "x" sent no first bytes (began never called) and still came: nothing else had come before it
     assert isinstance(got["gone"], KeyError) and got["x"] == b"x" and cut == set()
+
+
+def test_ask_each_adds_the_cut_to_held_and_never_cuts_a_patient_member():
+    async def relay(peer, deadline, began):  # a unary answer: no first bytes before the whole
+        if peer in ("s", "client"):
+            await asyncio.sleep(max(0.0, deadline - asyncio.get_running_loop().time()))
+            raise asyncio.TimeoutError()
+        return peer.encode()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        held = {"earlier"}
+        got = await ask_each(relay, ["a", "s", "client"], loop.time() + 1.5, lambda took: 0.2, {"client"}, held,
+                             "agreement round 2 answer", 7)
+        return got, held, loop.time()
+
+    got, held, _ = asyncio.run(main())
+    assert got["a"] == b"a" and isinstance(got["s"], Unanswered) and isinstance(got["client"], asyncio.TimeoutError)
+    assert held == {"earlier", "s"}  # the client-mode member was waited for to the deadline, not cut

@@ -1,0 +1,83 @@
+"""One round of a group's agreement: the same call to every other member at once, paced by a clock.
+
+A ``FetchClock`` (protocol/round/fetch_clock.py) is told when each call's first bytes arrive and when
+it ends, and says when the members that have sent nothing are cut: their calls are cancelled and the
+caller asks them nothing more in this group. Without it a member that holds every request costs each
+group it joins every agreement round's deadline. Guarded by tests/exchange/test_side_by_side.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable, Collection, Dict, FrozenSet, Hashable, Sequence, Set, Tuple, TypeVar, Union
+
+from hivemind.utils import get_logger
+
+from protocol.round.fetch_clock import FetchClock
+
+logger = get_logger(__name__)
+P = TypeVar("P", bound=Hashable)
+Answered = Union[bytes, BaseException]
+
+
+class Unanswered(asyncio.TimeoutError):
+    """A member sent nothing within the grace after the others' answers (``FetchClock``)."""
+
+
+async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[bytes]], peers: Sequence[P],
+                            clock: FetchClock, what: str = "answer") -> Tuple[Dict[P, Answered], FrozenSet[P]]:
+    """(each member's answer, or why its call failed; the members cut for sending nothing). ``call(peer,
+    began)`` makes the call, bounded by the round's deadline, and calls ``began()`` when its first bytes
+    arrive (a unary call may never: its answer comes whole)."""
+    loop = asyncio.get_running_loop()
+    woken = asyncio.Event()
+
+    def began(peer: P) -> None:
+        clock.began(peer)
+        woken.set()
+
+    tasks = {asyncio.ensure_future(call(p, lambda p=p: began(p))): p for p in peers}
+    got: Dict[P, Answered] = {}
+    cut: FrozenSet[P] = frozenset()
+    pending = set(tasks)
+    try:
+        while pending:
+            woken.clear()
+            waker = asyncio.ensure_future(woken.wait())
+            due = clock.deadline()
+            try:
+                done, _ = await asyncio.wait(pending | {waker}, return_when=asyncio.FIRST_COMPLETED,
+                                             timeout=None if due is None else max(0.0, due - loop.time()))
+            finally:
+                waker.cancel()
+            for task in done - {waker}:
+                pending.discard(task)
+                failed = asyncio.CancelledError() if task.cancelled() else task.exception()
+                got[tasks[task]] = failed if failed is not None else task.result()
+                clock.ended(tasks[task], loop.time(), came=failed is None)
+            now_cut = clock.cut(loop.time())
+            for task in [t for t in pending if tasks[t] in now_cut]:
+                task.cancel()
+                pending.discard(task)
+                got[tasks[task]] = Unanswered(f"sent no {what} within the grace after the others'")
+            cut |= now_cut
+    finally:
+        for task in pending:
+            task.cancel()
+    return {p: got[p] for p in peers}, cut
+
+
+async def ask_each(call: Callable[[P, float, Callable[[], None]], Awaitable[bytes]], peers: Sequence[P], deadline: float,
+                   grace: Callable[[float], float], patient: Collection[P], held: Set[P], what: str,
+                   round_no: int) -> Dict[P, Answered]:
+    """One agreement round's ``call(peer, deadline, began)`` to each of ``peers``, from now to
+    ``deadline``, paced by a ``FetchClock`` (``patient`` never cut); the members cut are added to
+    ``held`` (the caller asks them nothing more in this group)."""
+    loop = asyncio.get_running_loop()
+    clock = FetchClock(peers, loop.time(), deadline - loop.time(), grace, [p for p in peers if p in patient])
+    got, cut = await call_side_by_side(lambda p, began: call(p, deadline, began), peers, clock, what)
+    if cut:
+        logger.info(f"round {round_no}: stopped waiting for the {what} of {', '.join(map(str, cut))}: it sent "
+                    f"nothing within the grace after the others'")
+        held.update(cut)
+    return got
