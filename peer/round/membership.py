@@ -317,7 +317,7 @@ class Membership:
         """The senders whose signed payload is in this peer's union of round ``round_no``: they came
         (the next barrier does not strike them, and a single strike of theirs is over). ``silent``:
         groupmates the gather excluded for sending nothing in time (alike on every member), or that
-        held this peer's agreement calls while the others answered (``GatherResult.held``): a strike
+        held this peer's fetch of their payload while the others' came (``GatherResult.held``): a strike
         each in ``self.silent``; this peer's matchmaking refuses them meanwhile (``refused``), so one
         that joins groups only to stall them costs a grace per skip period, not per round."""
         senders, silent = set(senders) - {self.peer_id}, set(silent) - {self.peer_id}
