@@ -56,7 +56,7 @@ async def read_bounded_stream(
     began: Optional[Callable[[], None]] = None,
 ) -> Tuple[bytes, int]:
     """Call a stream handler that answers ``AveragingData`` chunks; return (the joined buffers, wire bytes).
-    ``began()`` is called once, when the first frame's first byte arrives.
+    ``began()`` is called when a frame of data (not an error or a refusal) arrives while none has yet.
 
     Raises ExchangeLimitError past ``limit`` bytes of buffers or a frame longer than ``chunk`` plus
     slack, KeyError when the peer answers with a code or an error, before reading any further, and
@@ -73,8 +73,6 @@ async def read_bounded_stream(
                 marker = await reader.readexactly(1)
             except asyncio.IncompleteReadError:  # the handler finished: end of the answer
                 break
-            if began is not None and not wire:
-                began()
             size = int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER)
             if size > chunk + FRAME_SLACK:
                 raise ExchangeLimitError(f"{peer} announced a frame of {size} bytes (at most {chunk + FRAME_SLACK})")
@@ -85,6 +83,8 @@ async def read_bounded_stream(
             msg = averaging_pb2.AveragingData.FromString(data)
             if msg.code != averaging_pb2.NO_CODE:
                 raise refused(peer, msg.code)
+            if began is not None and not total:  # the first frame of data (not a refusal): the answer flows
+                began()
             total += len(msg.tensor_part.buffer)
             if total > limit:
                 raise ExchangeLimitError(f"{peer} sent more than {limit} bytes")

@@ -253,7 +253,6 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
                 set_digest=group.set_digest,
                 unservable=clients,
                 held=frozenset(p.to_base58() for p in group.held),
-                late=frozenset(p.to_base58() for p in group.late),
             )
         finally:
             for event in group.done:
@@ -263,20 +262,16 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
                 future.set_result(None)
 
     async def _agree(self, group: Group, others: List[PeerID], patient: FrozenSet[str] = frozenset()) -> None:
-        """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed, and a
-        grace after the others' answers (peer/exchange/side_by_side.py). ``patient``: members (base58)
-        whose every deadline is waited out."""
+        """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed, and
+        round 1 a grace after the others' payloads came for a sender that sent nothing
+        (peer/exchange/side_by_side.py). ``patient``: members (base58) waited for to the deadline."""
         agreement, gid = group.agreement, group.group_id
         t0, slot = asyncio.get_running_loop().time(), self.gather_timeout
-        patient = [p for p in others if p.to_base58() in patient]
-
-        def each(peers: List[PeerID], call, deadline: float, what: str, cut: set):
-            return ask_each(lambda p, deadline, began: retry_until(deadline, partial(call, p, deadline, began)), peers,
-                            deadline, self.timing.answer_grace, patient, cut, what, self._round_no)
-
         sending = [p for p in others if p.to_bytes() in agreement.senders]
-        got = await each(sending, lambda p, deadline, began: self._fetch(p, gid, p.to_bytes(), b"", deadline, began),
-                         t0 + slot, "payload", group.held)
+        got = await ask_each(
+            lambda p, deadline, began: retry_until(deadline, partial(self._fetch, p, gid, p.to_bytes(), b"", deadline, began)),
+            sending, t0 + slot, self.timing.answer_grace, [p for p in sending if p.to_base58() in patient], group.held,
+            "payload", self._round_no)
         for peer, envelope in got.items():
             try:
                 if isinstance(envelope, BaseException):
@@ -285,17 +280,20 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
             except Exception as e:
                 logger.info(f"round {self._round_no}: no valid payload from {peer} itself: {e!r}")
         group.done[1].set()
-        live = [p for p in others if p not in group.held]  # one that held its payload would hold its answers too
+        # one that held its payload would hold its answers too. Later rounds cut nobody: an honest member
+        # answers round k once its own round k - 1 is over, which may wait to its deadline for a sender
+        # streaming to it alone; cut early, its relay of that payload would reach some members, not all
+        live = [p for p in others if p not in group.held]
         for k in range(2, agreement.rounds + 1):
             start = t0 + (k - 1) * slot
             request = agreement.request(k)
-            # an honest member answers once its own previous round is over, which may have waited for a
-            # grace: one cut here is asked nothing more, but not judged (``group.late``)
-            answers = await each(live, lambda p, deadline, began: self._relay(p, gid, request, deadline),
-                                 start + slot / 2, f"agreement round {k} answer", group.late)
+            deadline = start + slot / 2
+            answers = await asyncio.gather(
+                *(retry_until(deadline, partial(self._relay, p, gid, request, deadline)) for p in live), return_exceptions=True
+            )
             offered: Dict[bytes, Dict[bytes, Tuple[reconcile.Value, List[PeerID]]]] = {}
             still = []
-            for peer, answer in answers.items():
+            for peer, answer in zip(live, answers):
                 try:
                     if isinstance(answer, BaseException):
                         raise answer

@@ -23,11 +23,9 @@ class Group:
     set_digest: Optional[str] = None  # the agreed set's name, once agreed (peer/exchange/set_server.py serves it)
     info: Optional[GroupInfo] = None  # hivemind's group, as matchmaking assembled it (peer/exchange/late_join.py serves it)
     round_no: int = -1
-    # members cut by this peer's FetchClock (protocol/round/fetch_clock.py), its own judgement, not
-    # agreed: ``held`` its request for their own payload while the others' came; ``late``: sent no
-    # answer in a later agreement round within the grace (perhaps honest, its previous round slower)
+    # members that sent none of their payload within the grace after the others' came (cut by this
+    # peer's FetchClock: protocol/round/fetch_clock.py), its own judgement, not agreed
     held: Set[PeerID] = field(default_factory=set)
-    late: Set[PeerID] = field(default_factory=set)
 
     @classmethod
     def opened(cls, group_id: bytes, agreement: reconcile.Agreement, info: Optional[GroupInfo], round_no: int) -> "Group":

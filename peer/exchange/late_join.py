@@ -92,13 +92,21 @@ class LateJoin:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.gather_timeout
         for _ in range(ASK_TRIES):
-            # every leader at once: one that never answers does not hold up the one that assembled the group
-            leaders = list(self._asked_leaders)
-            infos = await asyncio.gather(*(self._ask_group(leader, group_id, max(0.1, deadline - loop.time()))
-                                           for leader in leaders))
-            for leader, info in zip(leaders, infos):
-                if info is not None and await self._adopt(info, leader):
-                    return
+            # every leader at once, the first answer naming us taken: one that never answers does not hold
+            # up the one that assembled the group (the others fetch our payload meanwhile and wait for it
+            # only a grace after theirs came: protocol/round/fetch_clock.py)
+            async def ask(leader: PeerID):
+                return leader, await self._ask_group(leader, group_id, max(0.1, deadline - loop.time()))
+
+            asks = [asyncio.ensure_future(ask(leader)) for leader in self._asked_leaders]
+            try:
+                for answer in asyncio.as_completed(asks):
+                    leader, info = await answer
+                    if info is not None and await self._adopt(info, leader):
+                        return
+            finally:
+                for pending in asks:
+                    pending.cancel()
             if group_id in self._groups or loop.time() >= deadline:
                 return
             await asyncio.sleep(min(self.timing.late_join_pause_s, max(0.0, deadline - loop.time())))

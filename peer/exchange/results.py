@@ -21,12 +21,10 @@ class GatherResult:
     last_sets: Dict[str, Tuple[str, Tuple[str, ...]]] = field(default_factory=dict)
     set_digest: str = ""  # the name of the agreed set (protocol/round/group_sets.py), served to other groups
     unservable: FrozenSet[str] = frozenset()  # members in hivemind's client mode: they serve no state
-    # this member's judgement alone, not agreed (protocol/round/fetch_clock.py): members that sent none
-    # of their own payload within the grace after the others' came, their payload perhaps relayed by
-    # others (its matchmaking refuses them a while), and members that sent no later agreement round's
-    # answer in the grace (perhaps honest: their previous round waited longer); its merge waits little for both
+    # members that sent none of their own payload within the grace after the others' came, their payload
+    # perhaps relayed by others: this member's judgement alone, not agreed (protocol/round/fetch_clock.py);
+    # its merge waits for their answer only briefly (peer/round/loop.py)
     held: FrozenSet[str] = frozenset()
-    late: FrozenSet[str] = frozenset()
     bytes_sent: int = 0
     bytes_received: int = 0
 

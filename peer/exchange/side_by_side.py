@@ -37,6 +37,8 @@ async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[by
         woken.set()
 
     tasks = {asyncio.ensure_future(call(p, lambda p=p: began(p))): p for p in peers}
+    for task in tasks:  # a cut call may still fail as it is cancelled: its exception is read, never logged
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
     got: Dict[P, Answered] = {}
     cut: FrozenSet[P] = frozenset()
     pending = set(tasks)

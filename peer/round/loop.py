@@ -328,7 +328,7 @@ class RoundLoop:
         # that this round's draw is seeded by, and its outer step taken from, the θ every member holds
         taken = union.take_group_union(peer, self._last_round, result) if result is not None else None
         by_list = getattr(engine.strategy, "max_contributions", 0) > 0  # only the drawn payloads fetched
-        for mate in (result.held | result.late) if result is not None else ():  # held our calls: its merge answer may too
+        for mate in result.held if result is not None else ():  # held our fetch: its merge answer may be held too
             self._quiet_mates[mate] = max(self._quiet_mates.get(mate, 0), engine.round + 1)
         if result is not None and result.set_digest:  # other groups of the round: one θ from all their sets
             merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip, gave_up=barrier.gave_up,
@@ -343,11 +343,10 @@ class RoundLoop:
             logger.info(f"round {engine.round}: {len(chosen)} of {len(senders)} contributions enter θ "
                         f"(outer.max_contributions = {engine.strategy.max_contributions} a part; {ours})")
         excluded.update(invalid)
-        # silent: sent nothing in time (agreed), or held our fetch of its payload while the others' came
-        # (ours alone: one whose payload others relayed would otherwise stall every group it joins)
-        held = result.held if result is not None else frozenset()
+        # silent: sent nothing in time (agreed). Not those only this peer cut (``result.held``): the members
+        # its payload reached would still follow it as a leader, and this peer, refusing it, find no group
         peer.membership.came_in(engine.round, (s for s in senders if s not in excluded),
-                                silent={m for m, why in excluded.items() if why == reconcile.SILENT} | held)
+                                silent=(m for m, why in excluded.items() if why == reconcile.SILENT))
         group_hash = None
         if taken is not None:
             # each member's start counted as what it holds after the union. A group votes with its members'

@@ -316,8 +316,7 @@ class Membership:
     def came_in(self, round_no: int, senders: Iterable[str], silent: Iterable[str] = ()) -> None:
         """The senders whose signed payload is in this peer's union of round ``round_no``: they came
         (the next barrier does not strike them, and a single strike of theirs is over). ``silent``:
-        groupmates the gather excluded for sending nothing in time (alike on every member), or that
-        held this peer's fetch of their payload while the others' came (``GatherResult.held``): a strike
+        groupmates the gather excluded for sending nothing in time (alike on every member): a strike
         each in ``self.silent``; this peer's matchmaking refuses them meanwhile (``refused``), so one
         that joins groups only to stall them costs a grace per skip period, not per round."""
         senders, silent = set(senders) - {self.peer_id}, set(silent) - {self.peer_id}
@@ -332,7 +331,7 @@ class Membership:
         if silent:
             until = {p: self.silent.missed(p, round_no + 1) for p in silent}  # judged for the next round's matchmaking
             logger.info(f"round {round_no}: not matching with {_names(silent)} until round {min(until.values())}: "
-                        f"in our group, they sent nothing in time or held our requests")
+                        f"in our group, they sent nothing in time")
         self._refresh_no_shows(round_no)
 
     def refused(self, round_no: int) -> frozenset:

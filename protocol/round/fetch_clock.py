@@ -1,29 +1,31 @@
-"""When a round of a group's agreement stops waiting for members that have sent nothing.
+"""When the first round of a group's agreement stops waiting for a sender that has sent nothing.
 
-Each agreement round asks every other member for something at once: in round 1 each sender's own
-payload, in round k > 1 the signed values it accepted (protocol/round/reconcile.py), each call bounded
-by the round's deadline. A member that joins a group and then holds our requests unanswered would make
-every group it joins wait out every deadline; one that serves its payload to a single member and holds
-the others' would make that member wait out round 2's, and everyone else wait for that member. An
-honest member answers as soon as it can (its payload once it has opened the group, its relay answer
-once its own previous round is over). So this member:
+Round 1 fetches each sender's own payload from the sender (protocol/round/reconcile.py), each fetch
+bounded by the round's deadline. A member that joins a group and then holds our requests unanswered
+would make every group it joins wait out that deadline, and the next agreement round's half slot for
+its relay answer. An honest sender answers as soon as it has opened the group, and its bytes flow from
+then on. So this member:
 
-- waits for a member whose answer has begun to arrive until the deadline: a slow link is no reason
+- waits for a sender whose payload has begun to arrive until the deadline: a slow link is no reason
   to drop an update;
-- once every other member's call has ended, at least one with its answer, waits for a member that has
-  sent nothing yet a grace past the last answer that came (``Timing.answer_grace`` of the time it
-  took from the round's start), never past the deadline; one that begins within the grace is waited
-  for like any other. While no answer has come, nobody is cut: a group whose members all open it late
-  (a loaded host, a slow matchmaking answer) is not a group of silent members, so a group of two with
-  a silent member waits the deadline (and its matchmaking refuses that member afterwards);
+- once every other sender's fetch has ended, at least one with its payload, waits for a sender that
+  has sent nothing yet a grace past the last payload that came (``Timing.answer_grace`` of the time it
+  took from the round's start); one that begins within the grace is waited for like any other, and a
+  grace that would reach the deadline cuts nobody (the deadline ends the fetch). While no payload has
+  come, nobody is cut: a group whose members all open it late (a loaded host, a slow matchmaking
+  answer) is not a group of silent members, so a group of two with a silent member waits the deadline
+  (and its matchmaking refuses that member afterwards);
 - waits the whole deadline for a member in hivemind's client mode (``patient``): it is reached only
   over connections it opened, which may come late.
 
-A member cut this way is not asked again in the group's later rounds (peer/exchange/gatherer.py); its
-payload still counts if another member got it and relays it. The cut is this member's own judgement:
-members that cut differently still decide alike through the agreement's later rounds, and an honest
-member cut by everyone counts as "sent nothing in time" (protocol/round/reconcile.py, "timeliness").
-Time is an input, never read here. Guarded by tests/protocol/test_fetch_clock.py.
+A sender cut this way is not asked in the group's later rounds (peer/exchange/gatherer.py); its payload
+still counts if another member got it and relays it. Later rounds cut nobody: an honest member answers
+round k only once its own round k - 1 is over, which may run to its deadline for a sender streaming to
+it alone; cut early, its relay of that payload would reach some members and not others. The cut is
+this member's own judgement: members that cut differently still decide alike through the agreement's
+later rounds, and an honest member cut by everyone counts as "sent nothing in time"
+(protocol/round/reconcile.py, "timeliness"). Time is an input, never read here. Guarded by
+tests/protocol/test_fetch_clock.py.
 """
 
 from __future__ import annotations
@@ -34,12 +36,12 @@ T = TypeVar("T", bound=Hashable)
 
 
 class FetchClock(Generic[T]):
-    """One member's calls of one agreement round: which members have begun answering, ended, or may be cut."""
+    """One member's round-1 fetches of one group: which senders have begun, ended, or may be cut."""
 
     def __init__(self, senders: Iterable[T], started: float, slot: float, grace: Callable[[float], float],
                  patient: Iterable[T] = ()):
-        """``senders``: the members called (from ``started``, until ``started + slot``); ``grace(took)``:
-        how long one that has sent nothing is waited for once the others' answers took ``took`` seconds."""
+        """``senders``: the senders fetched from (from ``started``, until ``started + slot``); ``grace(took)``:
+        how long one that has sent nothing is waited for once the others' payloads took ``took`` seconds."""
         self.started, self.end = started, started + slot
         self._grace = grace
         self._idle: Set[T] = set(senders)
@@ -66,7 +68,8 @@ class FetchClock(Generic[T]):
         streams, nothing came yet, or only patient senders are left): the slot's end bounds them."""
         if self._streaming or self._last_came is None or not (self._idle - self._patient):
             return None
-        return min(self.end, self._last_came + self._grace(self._last_came - self.started))
+        due = self._last_came + self._grace(self._last_came - self.started)
+        return due if due < self.end else None  # at the deadline the calls end anyway, and nobody is cut
 
     def cut(self, now: float) -> FrozenSet[T]:
         """The senders to stop waiting for at ``now`` (none before ``deadline``); they leave the clock."""

@@ -89,11 +89,11 @@ class Timing:
     """How often a gather still looking for a group asks whether one can still form
     (tests/exchange/test_gather_give_up.py)."""
     answer_grace_s: float = 5.0
-    """Once every other groupmate's answer of an agreement round has come (or its call failed), one that
-    has sent nothing yet is waited for at least this much longer, then not asked again in the group
+    """Once every other sender's payload of a group has come (or its fetch failed), a sender that has
+    sent none of its own yet is waited for at least this much longer, then not asked again in the group
     (its payload left to the others' relays: protocol/round/fetch_clock.py) ..."""
     answer_grace_factor: float = 1.0
-    """... or this many times as long as the others' answers took, if longer (never past the deadline)."""
+    """... or this many times as long as the others' payloads took, if longer (never to the deadline)."""
     prepare_s: float = 30.0
     """The longest the averager process may take to take a round's payload and settings."""
 
@@ -194,8 +194,8 @@ class Timing:
         return wait, min(request, wait / 3)
 
     def answer_grace(self, others_took: float) -> float:
-        """How long a groupmate that has sent nothing in an agreement round is waited for once the
-        others' answers took ``others_took`` seconds to come."""
+        """How long a group's sender that has sent none of its payload is waited for once the other
+        senders' payloads took ``others_took`` seconds to come."""
         return max(self.answer_grace_s, self.answer_grace_factor * others_took)
 
     def merge_allowance(self, straggler: float, matchmaking_wait: float) -> float:

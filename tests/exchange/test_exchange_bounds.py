@@ -65,6 +65,21 @@ def test_a_stream_is_joined_and_its_wire_bytes_counted():
     assert read(data) == (answer, len(data))
 
 
+def test_began_is_told_of_the_first_frame_of_data_and_never_of_a_refusal():
+    # protocol/round/fetch_clock.py waits to the deadline for a sender whose payload flows: a member that
+    # answers every fetch with a refusal must not count as one
+    calls = []
+    data = frame(chunk(b"abc")) + frame(chunk(b"def"))
+    asyncio.run(read_bounded_stream(FakeStreams(data), "peer", "h", averaging_pb2.AveragingData(), limit=1000,
+                                    chunk=100, began=lambda: calls.append(1)))
+    assert calls == [1]
+    refusal = frame(averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID))
+    with pytest.raises(KeyError):
+        asyncio.run(read_bounded_stream(FakeStreams(refusal), "peer", "h", averaging_pb2.AveragingData(), limit=1000,
+                                        chunk=100, began=lambda: calls.append(2)))
+    assert calls == [1]
+
+
 def test_an_answer_cut_between_two_frames_is_a_transport_failure_that_is_retried():
     answer = msgpack.packb([b"id", b"key", b"signature", b"p" * 500])
     with pytest.raises(AnswerCutShort):

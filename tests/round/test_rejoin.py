@@ -162,17 +162,6 @@ def test_a_groupmate_that_sent_nothing_is_refused_in_matchmaking_for_a_skip_peri
     assert m.refused(13) == {"s"}
 
 
-def test_a_groupmate_that_held_our_requests_is_refused_though_its_payload_was_relayed(monkeypatch, clock):
-    # "h" held our agreement calls while the others answered (GatherResult.held), and its payload still
-    # reached us through the others' relays: it came, and it stalled our group; left unjudged it would
-    # join and stall every group of ours (bench/hostile.py silent-member)
-    m = barrier(monkeypatch, clock, lambda m: [view("me", 9)])
-    m.came_in(9, {"a", "h"}, silent={"h"})
-    assert m.refused(10) == m.refused(11) == {"h"} and m.refused(12) == set()
-    m.came_in(12, {"h"}, silent={"h"})  # again, past its first skip: the refusal doubles
-    assert m.refused(13) == m.refused(15) == {"h"}
-
-
 def test_waits_for_strangers_come_from_a_budget_and_acquaintances_get_the_whole_allowance(monkeypatch, clock):
     # rounds 10-13: a new identity announces each round and never comes; "a" (a groupmate) and "b" (a
     # sender with standing in our lineage) are waited for the whole allowance whatever the budget holds
