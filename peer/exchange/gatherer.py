@@ -302,6 +302,8 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
                     still.append(peer)
                 except Exception as e:  # late, gone or malformed: not asked again in this group
                     logger.info(f"round {self._round_no}: agreement round {k}: stop asking {peer}: {e!r}")
+                    if isinstance(e, asyncio.TimeoutError):  # held it to the deadline: its merge answer may be held too
+                        group.held.add(peer)
             live = still
             await asyncio.gather(*(self._take(agreement, gid, list(c.values()), start + slot) for c in offered.values()))
             group.done[k].set()

@@ -23,8 +23,9 @@ class Group:
     set_digest: Optional[str] = None  # the agreed set's name, once agreed (peer/exchange/set_server.py serves it)
     info: Optional[GroupInfo] = None  # hivemind's group, as matchmaking assembled it (peer/exchange/late_join.py serves it)
     round_no: int = -1
-    # members that sent none of their payload within the grace after the others' came (cut by this
-    # peer's FetchClock: protocol/round/fetch_clock.py), its own judgement, not agreed
+    # members that held this peer's requests, its own judgement, not agreed: they sent none of their
+    # payload within the grace after the others' came (cut by its FetchClock: protocol/round/fetch_clock.py),
+    # or no later agreement round's answer by the round's deadline
     held: Set[PeerID] = field(default_factory=set)
 
     @classmethod

@@ -21,9 +21,8 @@ class GatherResult:
     last_sets: Dict[str, Tuple[str, Tuple[str, ...]]] = field(default_factory=dict)
     set_digest: str = ""  # the name of the agreed set (protocol/round/group_sets.py), served to other groups
     unservable: FrozenSet[str] = frozenset()  # members in hivemind's client mode: they serve no state
-    # members that sent none of their own payload within the grace after the others' came, their payload
-    # perhaps relayed by others: this member's judgement alone, not agreed (protocol/round/fetch_clock.py);
-    # its merge waits for their answer only briefly (peer/round/loop.py)
+    # members that held this member's requests (``Group.held``), their payload perhaps relayed by others:
+    # its judgement alone, not agreed; its merge waits for their answer only briefly (peer/round/loop.py)
     held: FrozenSet[str] = frozenset()
     bytes_sent: int = 0
     bytes_received: int = 0
