@@ -262,9 +262,8 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
                 future.set_result(None)
 
     async def _agree(self, group: Group, others: List[PeerID], patient: FrozenSet[str] = frozenset()) -> None:
-        """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed, and
-        round 1 a grace after the others' payloads came for a sender that sent nothing
-        (peer/exchange/side_by_side.py). ``patient``: members (base58) waited for to the deadline."""
+        """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed (round 1
+        a grace after the others' payloads: side_by_side.py). ``patient`` (base58): never cut."""
         agreement, gid = group.agreement, group.group_id
         t0, slot = asyncio.get_running_loop().time(), self.gather_timeout
         sending = [p for p in others if p.to_bytes() in agreement.senders]
@@ -280,17 +279,14 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
             except Exception as e:
                 logger.info(f"round {self._round_no}: no valid payload from {peer} itself: {e!r}")
         group.done[1].set()
-        # one that held its payload would hold its answers too. Later rounds cut nobody: an honest member
-        # answers round k once its own round k - 1 is over, which may wait to its deadline for a sender
-        # streaming to it alone; cut early, its relay of that payload would reach some members, not all
+        # one that held its payload would hold its answers too; later rounds cut nobody (fetch_clock.py says why)
         live = [p for p in others if p not in group.held]
         for k in range(2, agreement.rounds + 1):
             start = t0 + (k - 1) * slot
             request = agreement.request(k)
             deadline = start + slot / 2
-            answers = await asyncio.gather(
-                *(retry_until(deadline, partial(self._relay, p, gid, request, deadline)) for p in live), return_exceptions=True
-            )
+            answers = await asyncio.gather(*(retry_until(deadline, partial(self._relay, p, gid, request, deadline))
+                                             for p in live), return_exceptions=True)
             offered: Dict[bytes, Dict[bytes, Tuple[reconcile.Value, List[PeerID]]]] = {}
             still = []
             for peer, answer in zip(live, answers):
