@@ -18,6 +18,7 @@ from protocol.round.fetch_clock import FetchClock
 logger = get_logger(__name__)
 P = TypeVar("P", bound=Hashable)
 Answered = Union[bytes, BaseException]
+NEAR_MISS = 0.25  # a sender that began this share of its grace late or later is logged: what the grace's length rests on
 
 
 class Unanswered(asyncio.TimeoutError):
@@ -33,7 +34,9 @@ async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[by
     woken = asyncio.Event()
 
     def began(peer: P) -> None:
-        clock.began(peer)
+        late, grace = clock.began(peer, loop.time()), clock.grace()
+        if late is not None and grace is not None and late >= NEAR_MISS * grace:  # an honest opener close to a cut
+            logger.info(f"the {what} of {peer} began {late:.1f} s after the others' came (the grace was {grace:.1f} s)")
         woken.set()
 
     tasks = {asyncio.ensure_future(call(p, lambda p=p: began(p))): p for p in peers}

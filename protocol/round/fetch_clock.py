@@ -49,11 +49,19 @@ class FetchClock(Generic[T]):
         self._patient: FrozenSet[T] = frozenset(patient)
         self._last_came: Optional[float] = None
 
-    def began(self, sender: T) -> None:
-        """The first bytes of ``sender``'s answer arrived."""
-        if sender in self._idle:
-            self._idle.discard(sender)
-            self._streaming.add(sender)
+    def began(self, sender: T, now: float) -> Optional[float]:
+        """The first bytes of ``sender``'s answer arrived at ``now``: how long after the others' payloads
+        (the grace it was within), or None if another fetch was still under way."""
+        if sender not in self._idle:
+            return None
+        late = None if self._streaming or self._last_came is None else now - self._last_came
+        self._idle.discard(sender)
+        self._streaming.add(sender)
+        return late
+
+    def grace(self) -> Optional[float]:
+        """The grace a sender that has sent nothing has now, or None while no payload came."""
+        return None if self._last_came is None else self._grace(self._last_came - self.started)
 
     def ended(self, sender: T, now: float, came: bool) -> None:
         """``sender``'s fetch ended at ``now``: with its payload (``came``), or failed."""

@@ -16,7 +16,7 @@ def clock(senders="abc", patient=()) -> FetchClock:
 def test_a_sender_that_sent_nothing_is_cut_a_grace_after_the_others_came_and_not_before():
     c = clock()
     assert c.deadline() is None  # a and b still on their way: nothing is due
-    c.began("a"), c.began("b")
+    c.began("a", 100.5), c.began("b", 100.5)
     c.ended("a", 101.0, came=True)
     assert c.deadline() is None and c.cut(120.0) == set()  # b still streams
     c.ended("b", 102.0, came=True)
@@ -37,7 +37,7 @@ def test_the_grace_grows_with_the_time_the_others_took_and_a_grace_to_the_deadli
 def test_a_slow_sender_whose_bytes_flow_is_never_cut():
     # a home link streaming its payload for 20 s is waited for: only a sender that sent nothing is cut
     c = clock("ab")
-    c.began("a")
+    c.began("a", 100.5)
     c.ended("b", 101.0, came=True)
     assert c.deadline() is None and c.cut(129.0) == set()
 
@@ -46,7 +46,7 @@ def test_a_sender_that_begins_within_the_grace_is_waited_for_like_the_others():
     c = clock("abc")
     c.ended("a", 101.0, came=True), c.ended("b", 101.0, came=True)
     assert c.deadline() == 106.0
-    c.began("c")  # its first bytes came 4 s after the others': a late opener, not a silent one
+    assert c.began("c", 105.0) == 4.0  # its first bytes came 4 s after the others': a late opener, not a silent one
     assert c.deadline() is None and c.cut(110.0) == set()
     c.ended("c", 111.0, came=True)
     assert c.deadline() is None  # nobody left
@@ -76,5 +76,18 @@ def test_nobody_is_cut_before_another_payload_came():
 
 def test_unknown_and_repeated_reports_change_nothing():
     c = clock("ab")
-    c.began("x"), c.ended("x", 200.0, came=True), c.ended("a", 101.0, came=True), c.ended("a", 150.0, came=True)
+    c.began("x", 100.5), c.ended("x", 200.0, came=True), c.ended("a", 101.0, came=True), c.ended("a", 150.0, came=True)
     assert c.deadline() == 106.0
+
+
+def test_how_late_a_sender_began_is_measured_only_once_the_others_ended():
+    # what the caller logs of a near miss: an honest opener that came close to its grace
+    c = clock("abc")
+    assert c.grace() is None  # nothing came: nobody has a grace yet
+    assert c.began("a", 100.2) is None  # another fetch still under way: not late
+    c.ended("a", 101.0, came=True)
+    assert c.began("b", 101.5) == 0.5  # nothing streamed once a's payload came: b's grace had begun
+    c.ended("b", 102.0, came=True)
+    assert c.grace() == 5.0
+    assert c.began("c", 104.5) == 2.5  # 2.5 s after the last payload came
+    assert c.began("c", 105.0) is None  # reported once
