@@ -99,6 +99,8 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
         self.matchmaking_wait = matchmaking_time  # as stretched for the last round on this host (peer/round/merge.py)
         self._bytes_sent = mp.Value(ctypes.c_int64, 0)
         self._bytes_received = mp.Value(ctypes.c_int64, 0)
+        # set while a group's first agreement round waits for members that sent nothing alone (side_by_side.py)
+        self.waiting_for_silent = mp.Event()
         super().__init__(
             averaged_tensors=(),
             dht=dht,
@@ -270,7 +272,7 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
         got = await ask_each(
             lambda p, deadline, began: retry_until(deadline, partial(self._fetch, p, gid, p.to_bytes(), b"", deadline, began)),
             sending, t0 + slot, self.timing.answer_grace, [p for p in sending if p.to_base58() in patient], group.held,
-            "payload", self._round_no)
+            "payload", self._round_no, self.waiting_for_silent)
         for peer, envelope in got.items():
             try:
                 if isinstance(envelope, BaseException):

@@ -9,7 +9,7 @@ group it joins every agreement round's deadline. Guarded by tests/exchange/test_
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable, Collection, Dict, FrozenSet, Hashable, Sequence, Set, Tuple, TypeVar, Union
+from typing import Awaitable, Callable, Collection, Dict, FrozenSet, Hashable, Optional, Protocol, Sequence, Set, Tuple, TypeVar, Union
 
 from hivemind.utils import get_logger
 
@@ -18,7 +18,17 @@ from protocol.round.fetch_clock import FetchClock
 logger = get_logger(__name__)
 P = TypeVar("P", bound=Hashable)
 Answered = Union[bytes, BaseException]
-NEAR_MISS = 0.25  # a sender that began this share of its grace late or later is logged: what the grace's length rests on
+# a sender that has sent nothing this share of its grace after the others' payloads came is waited for
+# alone (the steps pause); one that begins that late or later is logged: what the grace's length rests on
+NEAR_MISS = 0.25
+
+
+class Flag(Protocol):
+    """An event another process reads (a ``multiprocessing.Event``)."""
+
+    def set(self) -> None: ...
+
+    def clear(self) -> None: ...
 
 
 class Unanswered(asyncio.TimeoutError):
@@ -26,10 +36,13 @@ class Unanswered(asyncio.TimeoutError):
 
 
 async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[bytes]], peers: Sequence[P],
-                            clock: FetchClock, what: str = "answer") -> Tuple[Dict[P, Answered], FrozenSet[P]]:
+                            clock: FetchClock, what: str = "answer",
+                            silent_wait: Optional[Flag] = None) -> Tuple[Dict[P, Answered], FrozenSet[P]]:
     """(each member's answer, or why its call failed; the members cut for sending nothing). ``call(peer,
     began)`` makes the call, bounded by the round's deadline, and calls ``began()`` when its first bytes
-    arrive (a unary call may never: its answer comes whole)."""
+    arrive (a unary call may never: its answer comes whole). ``silent_wait`` is set while the call waits
+    for members that have sent nothing alone (from ``NEAR_MISS`` of their grace to the cut), and cleared
+    otherwise: the peer's steps pause meanwhile (peer/round/loop.py, ``_pause_for_no_shows``)."""
     loop = asyncio.get_running_loop()
     woken = asyncio.Event()
 
@@ -49,7 +62,11 @@ async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[by
         while pending:
             woken.clear()
             waker = asyncio.ensure_future(woken.wait())
-            due = clock.deadline()
+            due, alone = clock.deadline(), clock.alone_from(NEAR_MISS)
+            if alone is not None and loop.time() < alone:  # an honest opener may still begin: wake then
+                due = alone
+            if silent_wait is not None:
+                silent_wait.set() if alone is not None and loop.time() >= alone else silent_wait.clear()
             try:
                 done, _ = await asyncio.wait(pending | {waker}, return_when=asyncio.FIRST_COMPLETED,
                                              timeout=None if due is None else max(0.0, due - loop.time()))
@@ -67,6 +84,8 @@ async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[by
                 got[tasks[task]] = Unanswered(f"sent no {what} within the grace after the others'")
             cut |= now_cut
     finally:
+        if silent_wait is not None:
+            silent_wait.clear()
         for task in pending:
             task.cancel()
     return {p: got[p] for p in peers}, cut
@@ -74,13 +93,13 @@ async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[by
 
 async def ask_each(call: Callable[[P, float, Callable[[], None]], Awaitable[bytes]], peers: Sequence[P], deadline: float,
                    grace: Callable[[float], float], patient: Collection[P], held: Set[P], what: str,
-                   round_no: int) -> Dict[P, Answered]:
+                   round_no: int, silent_wait: Optional[Flag] = None) -> Dict[P, Answered]:
     """One agreement round's ``call(peer, deadline, began)`` to each of ``peers``, from now to
     ``deadline``, paced by a ``FetchClock`` (``patient`` never cut); the members cut are added to
-    ``held`` (the caller asks them nothing more in this group)."""
+    ``held`` (the caller asks them nothing more in this group). ``silent_wait``: ``call_side_by_side``'s."""
     loop = asyncio.get_running_loop()
     clock = FetchClock(peers, loop.time(), deadline - loop.time(), grace, [p for p in peers if p in patient])
-    got, cut = await call_side_by_side(lambda p, began: call(p, deadline, began), peers, clock, what)
+    got, cut = await call_side_by_side(lambda p, began: call(p, deadline, began), peers, clock, what, silent_wait)
     if cut:
         logger.info(f"round {round_no}: stopped waiting for the {what} of {', '.join(map(str, cut))}: it sent "
                     f"nothing within the grace after the others'")

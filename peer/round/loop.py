@@ -170,15 +170,21 @@ class RoundLoop:
         (bench/RESULTS.md, "Stallers cost time, not loss"; tests/outer/test_overlap.py)."""
         return not self.peer.membership.wait_budget.limiting
 
-    def _pause_for_strangers(self) -> None:
-        """No step while the exchange in flight waits at its barrier for strangers alone: that wait is
-        paid from the budget for strangers (a tenth of wall time), and a step on the old θ meanwhile
-        would turn a staller's claim into loss as well (bench/RESULTS.md, "Stallers cost time, not
-        loss"; tests/round/test_rejoin.py)."""
-        waiting, peer = self.peer.membership.waiting_for_strangers, self.peer
-        if waiting.is_set() and self._thread.is_alive():
-            logger.info(f"round {peer.round + 1}: pausing while round {peer.round}'s barrier waits for peers never seen to come")
-        while waiting.is_set() and self._thread.is_alive() and not peer.stop_event.is_set():
+    def _pause_for_no_shows(self) -> None:
+        """No step while the exchange in flight waits for peers that have not come, alone: its barrier for
+        strangers (paid from the budget for strangers, a tenth of wall time), or its group's first agreement
+        round for members that sent nothing once the others' payloads came (a grace: peer/exchange/
+        side_by_side.py). A step on the old θ meanwhile would turn such a peer's claim into loss as well as
+        time (bench/RESULTS.md, "Stallers cost time, not loss"; tests/round/test_rejoin.py,
+        tests/round/test_pause_for_no_shows.py)."""
+        peer = self.peer
+        strangers, silent = peer.membership.waiting_for_strangers, peer.gatherer.waiting_for_silent
+        waiting = lambda: strangers.is_set() or silent.is_set()  # noqa: E731
+        if waiting() and self._thread.is_alive():
+            why = ("its barrier waits for peers never seen to come" if strangers.is_set()
+                   else "its group waits for a member that sent nothing")
+            logger.info(f"round {peer.round + 1}: pausing while round {peer.round}'s exchange runs: {why}")
+        while waiting() and self._thread.is_alive() and not peer.stop_event.is_set():
             time.sleep(peer.membership.timing.pause_poll_s)
 
     def _inner_steps(self, H: int):
@@ -199,7 +205,7 @@ class RoundLoop:
                 if peer.stop_event.is_set():
                     return None, None
                 if self.in_flight:
-                    self._pause_for_strangers()
+                    self._pause_for_no_shows()
                     if peer.stop_event.is_set():
                         return None, None
                 ahead = 0 if self._hold else self.max_ahead

@@ -79,6 +79,13 @@ class FetchClock(Generic[T]):
         due = self._last_came + self._grace(self._last_came - self.started)
         return due if due < self.end else None  # at the deadline the calls end anyway, and nobody is cut
 
+    def alone_from(self, share: float) -> Optional[float]:
+        """From when the wait is for senders that have sent nothing alone: ``share`` of the grace past the
+        last payload that came (honest senders begin within a fraction of it); None while no cut is due.
+        The caller pauses its peer's steps from then to the cut (peer/exchange/side_by_side.py)."""
+        due = self.deadline()
+        return None if due is None else self._last_came + share * (due - self._last_came)
+
     def cut(self, now: float) -> FrozenSet[T]:
         """The senders to stop waiting for at ``now`` (none before ``deadline``); they leave the clock."""
         due = self.deadline()

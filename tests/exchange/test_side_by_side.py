@@ -12,7 +12,23 @@ from protocol.round.fetch_clock import FetchClock
 SLOT, GRACE = 20.0, 0.3
 
 
-def run(behaviours):
+class Flag:
+    """Records when the caller says it waits for silent members alone (what the peer's steps pause on)."""
+
+    def __init__(self):
+        self.on, self.spans, self._since = False, [], None
+
+    def set(self):
+        if not self.on:
+            self.on, self._since = True, asyncio.get_running_loop().time()
+
+    def clear(self):
+        if self.on:
+            self.on = False
+            self.spans.append(asyncio.get_running_loop().time() - self._since)
+
+
+def run(behaviours, flag=None, grace=GRACE):
     """Fetch from fake senders: ``behaviours[p] = (first bytes after, payload after)`` seconds, None: never."""
     cancelled = []
 
@@ -32,8 +48,8 @@ def run(behaviours):
     async def main():
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        clock = FetchClock(list(behaviours), t0, SLOT, lambda took: GRACE)
-        got, cut = await call_side_by_side(fetch, list(behaviours), clock, "payload")
+        clock = FetchClock(list(behaviours), t0, SLOT, lambda took: grace)
+        got, cut = await call_side_by_side(fetch, list(behaviours), clock, "payload", flag)
         return got, cut, loop.time() - t0
 
     got, cut, took = asyncio.run(main())
@@ -45,6 +61,20 @@ def test_a_silent_sender_is_cut_a_grace_after_the_last_payload_came():
     assert got["a"] == b"a" and got["b"] == b"b"
     assert cut == {"s"} and isinstance(got["s"], Unanswered) and cancelled == ["s"]
     assert took < 0.2 + GRACE + 1.0  # the slot (20 s) is not waited out
+
+
+def test_the_wait_for_a_silent_sender_alone_is_flagged_from_the_last_payload_to_the_cut():
+    # the flag is what pauses an overlapped peer's steps (peer/round/loop.py): on for the grace, off after
+    flag = Flag()
+    _, cut, _, _ = run({"a": (0.05, 0.1), "b": (0.05, 0.2), "s": (None, None)}, flag)
+    assert cut == {"s"} and not flag.on and len(flag.spans) == 1
+    assert 0.75 * GRACE - 0.05 <= flag.spans[0] <= 0.75 * GRACE + 0.5  # from a quarter of the grace (NEAR_MISS) to the cut
+    flag = Flag()  # a late opener within a quarter of its grace (0.05 s late of 2 s): never flagged
+    _, cut, _, _ = run({"a": (0.05, 0.1), "late": (0.15, 0.6)}, flag, grace=2.0)
+    assert cut == set() and not flag.on and flag.spans == []
+    flag = Flag()  # a later one (0.6 s late of 1 s): flagged only until its first bytes came, then waited for unflagged
+    _, cut, _, _ = run({"a": (0.05, 0.1), "late": (0.7, 0.9)}, flag, grace=1.0)
+    assert cut == set() and not flag.on and len(flag.spans) == 1 and 0.2 <= flag.spans[0] <= 0.5
 
 
 def test_a_slow_stream_and_a_late_opener_are_waited_for():

@@ -6,7 +6,7 @@ from __future__ import annotations
 from protocol.round.fetch_clock import FetchClock
 from protocol.round.timing import Timing
 
-GRACE = Timing().answer_grace  # at least 5 s, or as long again as the others took
+GRACE = Timing().with_(answer_grace_s=5.0).answer_grace  # at least 5 s here, or as long again as the others took
 
 
 def clock(senders="abc", patient=()) -> FetchClock:
@@ -91,3 +91,12 @@ def test_how_late_a_sender_began_is_measured_only_once_the_others_ended():
     assert c.grace() == 5.0
     assert c.began("c", 104.5) == 2.5  # 2.5 s after the last payload came
     assert c.began("c", 105.0) is None  # reported once
+
+
+def test_the_wait_is_for_silent_senders_alone_from_a_share_of_their_grace():
+    c = clock("abc")
+    assert c.alone_from(0.25) is None
+    c.ended("a", 101.0, came=True), c.ended("b", 102.0, came=True)
+    assert c.deadline() == 107.0 and c.alone_from(0.25) == 103.25  # a quarter of the 5-s grace on
+    c.began("c", 103.0)
+    assert c.alone_from(0.25) is None  # it began: nobody is waited for alone

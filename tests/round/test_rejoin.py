@@ -231,7 +231,7 @@ def test_a_stranger_that_was_only_slower_than_us_is_no_stranger_at_the_next_barr
 
 def test_an_overlapped_peer_is_told_while_its_barrier_waits_for_strangers_alone(monkeypatch, clock):
     """``Membership.waiting_for_strangers`` pauses an overlapped peer's steps (peer/round/loop.py
-    ``_pause_for_strangers``): set only while every peer still waited for is a stranger and the budget
+    ``_pause_for_no_shows``): set only while every peer still waited for is a stranger and the budget
     applies (not while an acquaintance is still coming), clear once the barrier ends."""
     ready_at = clock.now + 1.0
     seen = []  # (is the acquaintance ready, the flag as the read found it)

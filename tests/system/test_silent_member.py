@@ -1,0 +1,66 @@
+"""A member that joins groups and then holds every request (tests/support/hostile_exchange.py ``silent``)
+among three honest peers on loopback: every group it joins stops waiting for it a grace after the
+others' payloads came (protocol/round/fetch_clock.py), not at the gather's deadline; the group agrees it
+sent nothing, and its matchmaking refuses it for a while; honest peers keep every honest update, end
+every round on one θ and keep training. The pause of an overlapped peer's steps during that grace is
+tests/round/test_pause_for_no_shows.py's; the refusal alone, tests/exchange/test_refused_peers.py's."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from peer.outer.robust import REFUSED
+from protocol.round.reconcile import SILENT
+from tests.support.swarm_harness import Proc, Swarm, assert_groups_identical
+
+pytestmark = pytest.mark.slow
+
+HONEST = ("a", "b", "c")
+
+
+def test_a_silent_member_is_cut_a_grace_after_the_others_and_changes_nothing_else(tmp_path):
+    swarm = Swarm(tmp_path, strategy="sparseloco", inner_steps=40)
+    try:
+        for name in HONEST:
+            swarm.add_peer(name)
+        swarm.wait(lambda: min(swarm.round_of(n) for n in HONEST) >= 1, 180, "a first round of the honest peers")
+        silent = Proc([sys.executable, "-m", "tests.support.hostile_exchange", swarm.join, "3", "silent"], tmp_path / "silent.log")
+        swarm.procs.append(silent)
+        try:
+            silent.proc.wait(timeout=240)
+        except Exception:
+            pass
+        r = min(swarm.round_of(n) for n in HONEST)
+        swarm.wait(lambda: min(swarm.round_of(n) for n in HONEST) >= r + 1, 120, "a round after the silent member left")
+        statuses = [swarm.status(n) for n in HONEST]
+        logs = [swarm.peers[n].text() for n in HONEST]
+        log = silent.text()
+        assert all(swarm.peers[n].proc.poll() is None for n in HONEST), "an honest peer exited"
+    finally:
+        swarm.close()
+
+    assert "LIED (silent)" in log, f"the silent member never joined a group:\n{log[-3000:]}"
+    honest = {s["peer_id"] for s in statuses}
+    attacked = [(s["peer_id"], rec) for s in statuses for rec in s["history"] if set(rec["group"]) - honest]
+    assert attacked, "no round had the silent member in its group"
+    assert assert_groups_identical(statuses) >= 3
+    cut = set()
+    ids = [s["peer_id"] for s in statuses]
+    for peer, rec in attacked:
+        (member,) = set(rec["group"]) - honest
+        # left out: it sent nothing, or its payload reached a member whose fetch came before it opened the
+        # group (a zero update, which the direction check refuses); no honest update was lost with it
+        why = rec["excluded"].get(member, "")
+        assert why == SILENT or why.startswith(REFUSED), (peer, rec)
+        assert not {m for m in rec["excluded"] if m in honest}, (peer, rec)
+        if re.search(rf"round {rec['round'] - 1}: stopped waiting for the payload of {member}", logs[ids.index(peer)]):
+            cut.add(rec["round"])
+        elif why == SILENT and len(rec["group"]) >= 3:  # nothing of it came, and the others' payloads did
+            raise AssertionError(f"{peer} waited for the silent member past its grace in round {rec['round']}")
+    # the members it held cut it a grace after the others' payloads came, not at the gather's deadline
+    assert cut, f"no honest peer stopped waiting for the silent member: {attacked}"
+    for s in statuses:
+        assert s["val_loss"] < s["initial_val_loss"] - 0.05, (s["peer_id"], s["initial_val_loss"], s["val_loss"])
