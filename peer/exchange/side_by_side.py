@@ -58,6 +58,7 @@ async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[by
     got: Dict[P, Answered] = {}
     cut: FrozenSet[P] = frozenset()
     pending = set(tasks)
+    flagging = False  # whether this call set ``silent_wait``
     try:
         while pending:
             woken.clear()
@@ -65,8 +66,10 @@ async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[by
             due, alone = clock.deadline(), clock.alone_from(NEAR_MISS)
             if alone is not None and loop.time() < alone:  # an honest opener may still begin: wake then
                 due = alone
-            if silent_wait is not None:
-                silent_wait.set() if alone is not None and loop.time() >= alone else silent_wait.clear()
+            flagged = alone is not None and loop.time() >= alone
+            if silent_wait is not None and flagged != flagging:  # only ever cleared by the call that set it
+                silent_wait.set() if flagged else silent_wait.clear()
+                flagging = flagged
             try:
                 done, _ = await asyncio.wait(pending | {waker}, return_when=asyncio.FIRST_COMPLETED,
                                              timeout=None if due is None else max(0.0, due - loop.time()))
@@ -84,7 +87,7 @@ async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[by
                 got[tasks[task]] = Unanswered(f"sent no {what} within the grace after the others'")
             cut |= now_cut
     finally:
-        if silent_wait is not None:
+        if silent_wait is not None and flagging:
             silent_wait.clear()
         for task in pending:
             task.cancel()

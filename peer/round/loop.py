@@ -349,10 +349,11 @@ class RoundLoop:
             logger.info(f"round {engine.round}: {len(chosen)} of {len(senders)} contributions enter θ "
                         f"(outer.max_contributions = {engine.strategy.max_contributions} a part; {ours})")
         excluded.update(invalid)
-        # silent: sent nothing in time (agreed). Not those only this peer cut (``result.held``): the members
-        # its payload reached would still follow it as a leader, and this peer, refusing it, find no group
+        # silent: sent nothing in time (agreed); held: held our requests while its payload reached the group
+        # (our own judgement: it served some members and held us, and each member it held refuses it)
         peer.membership.came_in(engine.round, (s for s in senders if s not in excluded),
-                                silent=(m for m, why in excluded.items() if why == reconcile.SILENT))
+                                silent=(m for m, why in excluded.items() if why == reconcile.SILENT),
+                                held=result.held if result is not None else ())
         group_hash = None
         if taken is not None:
             # each member's start counted as what it holds after the union. A group votes with its members'

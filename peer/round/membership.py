@@ -313,13 +313,18 @@ class Membership:
         self._waited = set()
         self.missed(missing, round_no)
 
-    def came_in(self, round_no: int, senders: Iterable[str], silent: Iterable[str] = ()) -> None:
+    def came_in(self, round_no: int, senders: Iterable[str], silent: Iterable[str] = (), held: Iterable[str] = ()) -> None:
         """The senders whose signed payload is in this peer's union of round ``round_no``: they came
         (the next barrier does not strike them, and a single strike of theirs is over). ``silent``:
-        groupmates the gather excluded for sending nothing in time (alike on every member): a strike
-        each in ``self.silent``; this peer's matchmaking refuses them meanwhile (``refused``), so one
-        that joins groups only to stall them costs a grace per skip period, not per round."""
-        senders, silent = set(senders) - {self.peer_id}, set(silent) - {self.peer_id}
+        groupmates the gather excluded for sending nothing in time (alike on every member); ``held``:
+        groupmates that held this peer's requests while its payload reached the group anyway (cut a grace
+        after the others' payloads, or a later agreement round's request held to its deadline: this
+        peer's own judgement). A strike each in ``self.silent``; this peer's matchmaking refuses them
+        meanwhile (``refused``), so one that joins groups only to stall them costs a grace per skip
+        period, not per round; one that serves its payload to some members and holds the others is
+        refused by every member it held (tests/round/test_rejoin.py)."""
+        silent, held = set(silent) - {self.peer_id}, set(held) - {self.peer_id} - set(silent)
+        senders = set(senders) - {self.peer_id}
         self._came.setdefault(round_no, set()).update(senders)
         self.wait_budget.met(senders)
         self.wait_budget.concluded()
@@ -327,11 +332,12 @@ class Membership:
             del self._came[r]  # bounded: only rounds the barrier may still judge
         for peer in senders:
             self.ledger.came(peer, round_no)
-            self.silent.came(peer, round_no)
-        if silent:
-            until = {p: self.silent.missed(p, round_no + 1) for p in silent}  # judged for the next round's matchmaking
-            logger.info(f"round {round_no}: not matching with {_names(silent)} until round {min(until.values())}: "
-                        f"in our group, they sent nothing in time")
+            if peer not in held:
+                self.silent.came(peer, round_no)
+        for struck, why in ((silent, "in our group, they sent nothing in time"), (held, "in our group, they held our requests")):
+            if struck:
+                until = {p: self.silent.missed(p, round_no + 1) for p in struck}  # judged for the next round's matchmaking
+                logger.info(f"round {round_no}: not matching with {_names(struck)} until round {min(until.values())}: {why}")
         self._refresh_no_shows(round_no)
 
     def refused(self, round_no: int) -> frozenset:

@@ -51,7 +51,8 @@ class Timing:
     view_poll_s: float = 0.25
     """Between two looks at the view while waiting on it (barrier, merge, adopting a set)."""
     pause_poll_s: float = 0.02
-    """Between two looks at the barrier's wait for strangers while an overlapped peer's steps pause."""
+    """Between two looks at the flags an overlapped peer's steps pause on (the barrier's wait for strangers,
+    the group's wait for a member that sent nothing: peer/round/loop.py ``_pause_for_no_shows``)."""
     keepalive_ttl_fraction: float = 1 / 3
     """An unchanged record is stored again every this fraction of its TTL (at least a heartbeat)."""
     missed_reads_kept: int = 2
@@ -88,14 +89,15 @@ class Timing:
     give_up_poll_s: float = 0.5
     """How often a gather still looking for a group asks whether one can still form
     (tests/exchange/test_gather_give_up.py)."""
-    answer_grace_s: float = 2.0
+    answer_grace_s: float = 3.0
     """Once every other sender's payload of a group has come (or its fetch failed), a sender that has
     sent none of its own yet is waited for at least this much longer, then not asked again in the group
     (its payload left to the others' relays: protocol/round/fetch_clock.py); an overlapped peer's steps
     pause meanwhile. Honest senders measured on loopback began at most 0.1 s after the others' payloads,
     84 of them with 8 peer processes on 2 cores (bench/RESULTS.md, "A silent groupmate's grace, paused");
-    the floor leaves room for a WAN round trip or two (a member that learns of its group late asks a
-    leader first: peer/exchange/late_join.py) ..."""
+    the floor is what a member that learns of its group late needs (two asks of a leader, a second
+    ``late_join_pause_s`` after the first: peer/exchange/late_join.py) and a fetch's retries
+    (1.5 s of backoff: peer/exchange/bounds.py) ..."""
     answer_grace_factor: float = 1.0
     """... or this many times as long as the others' payloads took, if longer (never to the deadline)."""
     prepare_s: float = 30.0

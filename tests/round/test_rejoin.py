@@ -162,6 +162,19 @@ def test_a_groupmate_that_sent_nothing_is_refused_in_matchmaking_for_a_skip_peri
     assert m.refused(13) == {"s"}
 
 
+def test_a_groupmate_that_held_our_requests_is_refused_even_though_its_payload_came(monkeypatch, clock):
+    # "h" served its payload to another member and held ours (peer/exchange/gatherer.py ``GatherResult.held``):
+    # its payload is in our union, and still this peer refuses it, as every member it held does
+    m = barrier(monkeypatch, clock, lambda m: [view("me", 9)])
+    m.came_in(9, {"a", "h"}, held={"h"})
+    assert m.refused(10) == m.refused(11) == {"h"} and m.refused(12) == set()
+    assert "h" not in m.no_shows  # it came: the barrier waits for it as for anyone
+    m.came_in(11, {"h"}, held={"h"})  # again: the refusal doubles
+    assert m.refused(15) == {"h"} and m.refused(16) == set()
+    m.came_in(12, set(), silent={"s"}, held={"s"})  # cut, and nothing of it reached the group: one strike, not two
+    assert "s" in m.refused(13) and "s" not in m.refused(14)
+
+
 def test_waits_for_strangers_come_from_a_budget_and_acquaintances_get_the_whole_allowance(monkeypatch, clock):
     # rounds 10-13: a new identity announces each round and never comes; "a" (a groupmate) and "b" (a
     # sender with standing in our lineage) are waited for the whole allowance whatever the budget holds
