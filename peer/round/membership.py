@@ -323,7 +323,8 @@ class Membership:
         meanwhile (``refused``), so one that joins groups only to stall them costs a grace per skip
         period, not per round; one that serves its payload to some members and holds the others is
         refused by every member it held (tests/round/test_rejoin.py)."""
-        silent, held = set(silent) - {self.peer_id}, set(held) - {self.peer_id} - set(silent)
+        silent = set(silent) - {self.peer_id}  # (a generator: read once)
+        held = set(held) - {self.peer_id} - silent
         senders = set(senders) - {self.peer_id}
         self._came.setdefault(round_no, set()).update(senders)
         self.wait_budget.met(senders)
