@@ -12,7 +12,8 @@ try to subvert:
 2. rounds 2..R of protocol/round/reconcile.py's agreement: every member asks every other member for the
    signed values it lacks (``rpc_relay``) and fetches the bytes of a new value from a member that
    offered it. Each round has a deadline, counted from the group's start, so a silent or slow
-   member delays a round by at most that; a member that fails one round is not asked again.
+   member delays a round by at most that; a member that fails one round is not asked again (the
+   asking side of both: peer/exchange/agreement_rounds.py; the serving side is here).
 
 Every decision (what verifies, what is accepted, who is excluded) is protocol/round/reconcile.py's; this
 class moves bytes and enforces the bounds: only members of a group get anything from the gather
@@ -33,8 +34,7 @@ import multiprocessing as mp
 import os
 import tempfile
 from collections import OrderedDict
-from functools import partial
-from typing import AsyncIterator, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import AsyncIterator, Callable, Optional, Sequence, Tuple
 
 from hivemind.averaging.averager import AveragingMode, DecentralizedAverager
 from hivemind.averaging.group_info import GroupInfo
@@ -43,8 +43,8 @@ from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_dht_time, get_logger
 
-from peer.exchange.bounds import CallLimiter, read_bounded_stream, refused, retry_until
-from peer.exchange.side_by_side import ask_each
+from peer.exchange.agreement_rounds import CHUNK_BYTES, AgreementRounds
+from peer.exchange.bounds import CallLimiter
 from peer.exchange.groups import Group
 from peer.exchange.identity import payload_signer
 from peer.exchange.late_join import LateJoin
@@ -56,22 +56,20 @@ from peer.exchange.state_serving import StateServing
 from protocol.round import group_sets, reconcile
 from protocol.errors import ProtocolError
 from protocol.wire.payload import Part
-from protocol.wire.signed import ENVELOPE_OVERHEAD, Binding, Signer
+from protocol.wire.signed import Binding, Signer
 from protocol.round.timing import Timing
 from swarm.access.admission import Admitted
 from swarm.dht.group_keys import LeanGroupKeyManager
 
 logger = get_logger(__name__)
 
-CHUNK_BYTES = 1 << 18
 ROUND_BITS = 20  # the round number, mod 2**20, is the matchmaking bucket
 KEEP_GROUPS = 8  # recent groups of ours whose payloads we keep serving to slower members
 CALLS_PER_PEER = 8  # gather RPCs one remote peer may have running here at once
-CANDIDATES_PER_OWNER = 4  # new values of one owner whose bytes one round tries to fetch
 DEFAULT_MAX_PAYLOAD_BYTES = 16 << 20  # for tools without a spec; a peer passes its strategy's bound
 
 
-class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, DecentralizedAverager):  # Admitted: a private run's gate (swarm/access/admission.py)
+class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer, StateServing, DecentralizedAverager):  # Admitted: a private run's gate (swarm/access/admission.py)
     """hivemind matchmaking + a signed, agreed all-gather of one payload per member."""
 
     _round_no = -1  # the round being gathered, set as each round's matchmaking is prepared
@@ -262,102 +260,6 @@ class PayloadGatherer(Admitted, LateJoin, SetServer, ListServer, StateServing, D
             future = self._running_groups.get(group_info.group_id)
             if future is not None and not future.done():
                 future.set_result(None)
-
-    async def _agree(self, group: Group, others: List[PeerID], patient: FrozenSet[str] = frozenset()) -> None:
-        """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed (round 1
-        a grace after the others' payloads: side_by_side.py). ``patient`` (base58): never cut."""
-        agreement, gid = group.agreement, group.group_id
-        t0, slot = asyncio.get_running_loop().time(), self.gather_timeout
-        sending = [p for p in others if p.to_bytes() in agreement.senders]
-        got = await ask_each(
-            lambda p, deadline, began: retry_until(deadline, partial(self._fetch, p, gid, p.to_bytes(), b"", deadline, began)),
-            sending, t0 + slot, self.timing.answer_grace, [p for p in sending if p.to_base58() in patient], group.held,
-            "payload", self._round_no, self.waiting_for_silent)
-        for peer, envelope in got.items():
-            try:
-                if isinstance(envelope, BaseException):
-                    raise envelope
-                agreement.take_envelope(peer.to_bytes(), envelope)
-            except Exception as e:
-                logger.info(f"round {self._round_no}: no valid payload from {peer} itself: {e!r}")
-        group.done[1].set()
-        # one that held its payload would hold its answers too; later rounds cut nobody (fetch_clock.py says why)
-        live = [p for p in others if p not in group.held]
-        for k in range(2, agreement.rounds + 1):
-            start = t0 + (k - 1) * slot
-            request = agreement.request(k)
-            deadline = start + slot / 2
-            answers = await asyncio.gather(*(retry_until(deadline, partial(self._relay, p, gid, request, deadline))
-                                             for p in live), return_exceptions=True)
-            offered: Dict[bytes, Dict[bytes, Tuple[reconcile.Value, List[PeerID]]]] = {}
-            still = []
-            for peer, answer in zip(live, answers):
-                try:
-                    if isinstance(answer, BaseException):
-                        raise answer
-                    for value in agreement.offers(answer, k):
-                        offered.setdefault(value.owner, {}).setdefault(value.digest, (value, []))[1].append(peer)
-                    still.append(peer)
-                except Exception as e:  # late, gone or malformed: not asked again in this group
-                    logger.info(f"round {self._round_no}: agreement round {k}: stop asking {peer}: {e!r}")
-                    if isinstance(e, asyncio.TimeoutError):  # held it to the deadline: its merge answer may be held too
-                        group.held.add(peer)
-            live = still
-            await asyncio.gather(*(self._take(agreement, gid, list(c.values()), start + slot) for c in offered.values()))
-            group.done[k].set()
-
-    async def _take(self, agreement: reconcile.Agreement, gid: bytes, candidates, deadline: float) -> None:
-        """Accept an owner's new values, their bytes fetched from every member that offered them at
-        once (a stalling member must not hold up an honest one); the first that verifies counts."""
-        for value, holders in candidates[:CANDIDATES_PER_OWNER]:
-            if agreement.holds(value.owner) >= 2:
-                return
-            if not agreement.needs_bytes(value):
-                agreement.accept(value)
-                continue
-            fetches = [
-                asyncio.ensure_future(retry_until(deadline, partial(self._fetch, h, gid, value.owner, value.digest, deadline)))
-                for h in holders
-            ]
-            try:
-                for fetched in asyncio.as_completed(fetches):
-                    try:
-                        agreement.accept(value, await fetched)
-                        break
-                    except Exception as e:
-                        logger.debug(f"bytes of {base58(value.owner)}'s offered payload: {e!r}")
-            finally:
-                for fetch in fetches:
-                    fetch.cancel()
-
-    async def _fetch(self, peer: PeerID, group_id: bytes, owner: bytes, digest: bytes, deadline: float,
-                     began: Optional[Callable[[], None]] = None) -> bytes:
-        """An envelope (``owner``'s own when ``digest`` is empty) from ``peer``, by ``deadline``;
-        ``began()`` is called when its first bytes arrive."""
-        request = averaging_pb2.AveragingData(group_id=group_id, peer_id=owner, tensor_part=runtime_pb2.Tensor(buffer=digest))
-        self._count(sent=request.ByteSize())
-        handle = PayloadGatherer._get_handle_name(self.prefix, "rpc_fetch_payload")
-        envelope, wire = await asyncio.wait_for(
-            read_bounded_stream(
-                self._p2p, peer, handle, request, limit=self._max_payload_bytes + ENVELOPE_OVERHEAD, chunk=CHUNK_BYTES,
-                began=began,
-            ),
-            timeout=max(0.0, deadline - asyncio.get_running_loop().time()),
-        )
-        self._count(received=wire)
-        return envelope
-
-    async def _relay(self, peer: PeerID, group_id: bytes, request: bytes, deadline: float) -> bytes:
-        stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
-        message = averaging_pb2.AveragingData(group_id=group_id, tensor_part=runtime_pb2.Tensor(buffer=request))
-        self._count(sent=message.ByteSize())
-        answer = await asyncio.wait_for(
-            stub.rpc_relay(message), timeout=max(0.0, deadline - asyncio.get_running_loop().time())
-        )
-        self._count(received=answer.ByteSize())
-        if answer.code != averaging_pb2.NO_CODE:
-            raise refused(peer, answer.code)
-        return answer.tensor_part.buffer
 
     def _count(self, sent: int = 0, received: int = 0) -> None:
         with self._bytes_sent.get_lock():

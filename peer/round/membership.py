@@ -1,4 +1,5 @@
-"""Who is in the run, as this peer sees it: heartbeat, view, start quorum and the round barrier.
+"""Who is in the run, as this peer sees it: heartbeat, view, start quorum and the round barrier (the
+waits before round 0, the slice choice and the start quorum, are peer/round/start_waits.py's).
 
 Every peer publishes a progress record (protocol/dht/records.py) under the run's key whenever its state
 changes, and refreshes it while nothing changes every third of its TTL (at most every
@@ -41,12 +42,12 @@ from typing import Callable, Container, Deque, Dict, Iterable, List, Optional, S
 from hivemind.utils import get_dht_time
 
 from peer.round.barrier import Barrier
+from peer.round.start_waits import StartWaits, names as _names
 from protocol.round import peer_states
 from protocol.round.round_policy import swarm_round
 from protocol.round.no_shows import NoShowLedger, WaitBudget, claimed_elsewhere
-from protocol.model.partial import choose_part
-from protocol.round.peer_states import DONE, IN_ROUND, NOT_IN_ROUNDS
-from protocol.dht.records import CHOOSING, Progress, peer_record_ttl
+from protocol.round.peer_states import DONE, NOT_IN_ROUNDS
+from protocol.dht.records import Progress, peer_record_ttl
 from protocol.spec import RunSpec
 from protocol.round.timing import Timing
 from swarm.records import PeerView, publish_progress, read_progress
@@ -61,7 +62,7 @@ logger = logging.getLogger("voloco.peer")
 LATENCIES_KEPT = 5  # reads whose durations give the host's DHT read latency
 
 
-class Membership:
+class Membership(StartWaits):
     """This peer's progress record in the DHT and its view of everyone else's."""
 
     def __init__(self, dht, spec: RunSpec, peer_id: str, progress: Callable[[], Progress], stop: threading.Event,
@@ -236,47 +237,6 @@ class Membership:
         ``test_reads_that_miss_every_peer_seen_live_lately_are_no_empty_swarm``)."""
         return not self.others() and self._seen_live_lately()
 
-    def choose_slice(self, slices: int) -> int:
-        """The slice of a partial run to own: peers that start together see each other choosing
-        and spread over the slices."""
-        time.sleep(self.timing.empty_view_wait())
-        view = self.others(excluding=("stopped",))
-        owners = [v.progress.part for v in view if v.progress.part >= 0]
-        waiting = [v.peer_id for v in view if v.progress.part == CHOOSING]
-        part = choose_part(slices, owners, waiting, self.peer_id)
-        counts = {s: owners.count(s) for s in range(slices)}
-        logger.info(f"took slice {part} of {slices} (live owners per slice before: {counts})")
-        return part
-
-    def wait_for_quorum(self, n: int) -> None:
-        """A coordinated start: hold round 0 until ``n`` peers (this one included) have started.
-
-        Peers that are still starting do not count (they may still be loading data). A peer already
-        training ends the wait: it saw the quorum (or the run is under way, and this peer caught up
-        with it at start). Each peer's view is partial on a loaded host, so the peers of one swarm
-        can reach their own count minutes apart, and the first to reach it would train round 0 alone
-        beside peers still waiting; following the first starts everyone within a read of each other
-        (tests/round/test_control_plane.py,
-        ``test_the_start_quorum_ends_when_another_peer_began_training_on_its_own_count``)."""
-        t0 = last_log = time.monotonic()
-        started = {self.peer_id}  # a peer seen started counts until it is seen stopped (a read may miss it)
-        while not self.stop.is_set():
-            every = self.others(excluding=())
-            view = [v for v in every if v.progress.state not in NOT_IN_ROUNDS]
-            started = (started | {v.peer_id for v in view}) - {v.peer_id for v in every if v.progress.state == "stopped"}
-            if len(started) >= n:
-                logger.info(f"{len(started)} peers have started")
-                return
-            going = [v for v in view if v.progress.round > 0 or v.progress.state in IN_ROUND]
-            if going:
-                logger.info(f"{_names(v.peer_id for v in going[:3])} began training (round {going[0].progress.round}): "
-                            f"starting with them ({len(started)} of {n} peers seen started)")
-                return
-            if time.monotonic() - last_log >= 10.0:
-                last_log = time.monotonic()
-                logger.info(f"waiting for {n} peers to start ({len(started)} so far, {last_log - t0:.0f} s)")
-            time.sleep(self.timing.view_poll_s)
-
     def straggler_allowance(self) -> float:
         """How long past the last arrival a ready peer still waits for peers announced in its round."""
         return self.timing.straggler_allowance(self.train_seconds)
@@ -449,7 +409,3 @@ class Membership:
                 return Barrier(expected=1 + len(ready), alone=not others, behind=behind, only_syncing=syncing,
                                ready=frozenset(v.peer_id for v in ready), gave_up=frozenset(self._waited))
             time.sleep(self.timing.view_poll_s)
-
-
-def _names(peers: Iterable[str]) -> str:
-    return ", ".join(sorted(peers))
