@@ -76,7 +76,7 @@ class FetchClock(Generic[T]):
         streams, nothing came yet, or only patient senders are left): the slot's end bounds them."""
         if self._streaming or self._last_came is None or not (self._idle - self._patient):
             return None
-        due = self._last_came + self._grace(self._last_came - self.started)
+        due = self._last_came + self.grace()
         return due if due < self.end else None  # at the deadline the calls end anyway, and nobody is cut
 
     def alone_from(self, share: float) -> Optional[float]:
