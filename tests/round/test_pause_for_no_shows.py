@@ -14,8 +14,11 @@ from peer.round.loop import RoundLoop
 from protocol.round.timing import Timing
 
 
-def loop_with(exchange_alive: threading.Event):
-    """The parts of a RoundLoop the pause reads: the peer's flags and the exchange thread."""
+def loop_with_exchange():
+    """The parts of a RoundLoop the pause reads (the peer's flags, the exchange thread), and the event
+    that says the exchange thread is alive (set)."""
+    exchange_alive = threading.Event()
+    exchange_alive.set()
     peer = SimpleNamespace(
         round=4,
         stop_event=threading.Event(),
@@ -23,7 +26,7 @@ def loop_with(exchange_alive: threading.Event):
         gatherer=SimpleNamespace(waiting_for_silent=mp.Event()),  # set in the averager's process
     )
     thread = SimpleNamespace(is_alive=exchange_alive.is_set)
-    return SimpleNamespace(peer=peer, _thread=thread)
+    return SimpleNamespace(peer=peer, _thread=thread), exchange_alive
 
 
 def paused_for(loop, release) -> float:
@@ -38,9 +41,7 @@ def paused_for(loop, release) -> float:
 
 
 def test_steps_pause_while_the_group_waits_for_a_silent_member_and_resume_when_it_ends():
-    alive = threading.Event()
-    alive.set()
-    loop = loop_with(alive)
+    loop, alive = loop_with_exchange()
     silent = loop.peer.gatherer.waiting_for_silent
     silent.set()
     assert paused_for(loop, silent.clear) >= 0.25  # held until the grace ended (the cut)
@@ -49,9 +50,7 @@ def test_steps_pause_while_the_group_waits_for_a_silent_member_and_resume_when_i
 
 
 def test_steps_pause_for_strangers_and_not_at_all_without_a_wait():
-    alive = threading.Event()
-    alive.set()
-    loop = loop_with(alive)
+    loop, alive = loop_with_exchange()
     strangers = loop.peer.membership.waiting_for_strangers
     strangers.set()
     assert paused_for(loop, strangers.clear) >= 0.25
@@ -59,9 +58,7 @@ def test_steps_pause_for_strangers_and_not_at_all_without_a_wait():
 
 
 def test_a_stopping_peer_is_not_held_by_the_pause():
-    alive = threading.Event()
-    alive.set()
-    loop = loop_with(alive)
+    loop, alive = loop_with_exchange()
     loop.peer.gatherer.waiting_for_silent.set()
     assert paused_for(loop, loop.peer.stop_event.set) >= 0.25
     loop.peer.stop_event.clear()

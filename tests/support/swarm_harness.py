@@ -279,3 +279,31 @@ def assert_groups_identical(statuses: List[dict]) -> int:
         )
         checked += 1
     return checked
+
+
+def honest_swarm_with_liars(workdir: Path, honest: Tuple[str, ...], rounds: int, modes: List[str],
+                            inner_steps: int) -> Tuple[List[dict], List[str], str]:
+    """Honest peers ``honest`` train a round, then tests/support/hostile_exchange.py joins with one
+    member per mode of ``modes`` for ``rounds`` rounds; once it has left and the honest peers have
+    ended one more round: (their statuses, their logs, the hostile process's log). Raises if an
+    honest peer exited."""
+    swarm = Swarm(workdir, strategy="sparseloco", inner_steps=inner_steps)
+    try:
+        for name in honest:
+            swarm.add_peer(name)
+        swarm.wait(lambda: min(swarm.round_of(n) for n in honest) >= 1, 180, "a first round of the honest peers")
+        liars = Proc([sys.executable, "-m", "tests.support.hostile_exchange", swarm.join, str(rounds), *modes],
+                     workdir / "liars.log")
+        swarm.procs.append(liars)
+        try:
+            liars.proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            pass
+        r = min(swarm.round_of(n) for n in honest)
+        swarm.wait(lambda: min(swarm.round_of(n) for n in honest) >= r + 1, 120, "a round after the hostile members left")
+        statuses = [swarm.status(n) for n in honest]
+        logs = [swarm.peers[n].text() for n in honest]
+        assert all(swarm.peers[n].proc.poll() is None for n in honest), "an honest peer exited"
+        return statuses, logs, liars.text()
+    finally:
+        swarm.close()

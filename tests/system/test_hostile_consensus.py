@@ -4,13 +4,11 @@ end every round with equal parameters, take no invented payload and keep trainin
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from peer.outer.robust import REFUSED
 from protocol.round.reconcile import SILENT
-from tests.support.swarm_harness import Proc, Swarm, assert_groups_identical, hashes_by_round
+from tests.support.swarm_harness import assert_groups_identical, hashes_by_round, honest_swarm_with_liars
 
 pytestmark = pytest.mark.slow
 
@@ -18,24 +16,7 @@ HONEST = ("a", "b", "c")
 
 
 def test_lying_members_change_nothing_for_honest_peers(tmp_path):
-    swarm = Swarm(tmp_path, strategy="sparseloco", inner_steps=60)
-    try:
-        for name in HONEST:
-            swarm.add_peer(name)
-        swarm.wait(lambda: min(swarm.round_of(n) for n in HONEST) >= 1, 180, "a first round of the honest peers")
-        liars = Proc([sys.executable, "-m", "tests.support.hostile_exchange", swarm.join, "3", "frame", "invent"], tmp_path / "liars.log")
-        swarm.procs.append(liars)
-        try:
-            liars.proc.wait(timeout=240)
-        except Exception:
-            pass
-        r = min(swarm.round_of(n) for n in HONEST)
-        swarm.wait(lambda: min(swarm.round_of(n) for n in HONEST) >= r + 1, 120, "a round after the liars left")
-        statuses = [swarm.status(n) for n in HONEST]
-        log = liars.text()
-        assert all(swarm.peers[n].proc.poll() is None for n in HONEST), "an honest peer exited"
-    finally:
-        swarm.close()
+    statuses, _, log = honest_swarm_with_liars(tmp_path, HONEST, 3, ["frame", "invent"], inner_steps=60)
 
     honest = {s["peer_id"] for s in statuses}
     for mode in ("frame", "invent"):

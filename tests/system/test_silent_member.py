@@ -8,13 +8,12 @@ tests/round/test_pause_for_no_shows.py's; the refusal alone, tests/exchange/test
 from __future__ import annotations
 
 import re
-import sys
 
 import pytest
 
 from peer.outer.robust import REFUSED
 from protocol.round.reconcile import SILENT
-from tests.support.swarm_harness import Proc, Swarm, assert_groups_identical
+from tests.support.swarm_harness import assert_groups_identical, honest_swarm_with_liars
 
 pytestmark = pytest.mark.slow
 
@@ -22,25 +21,7 @@ HONEST = ("a", "b", "c")
 
 
 def test_a_silent_member_is_cut_a_grace_after_the_others_and_changes_nothing_else(tmp_path):
-    swarm = Swarm(tmp_path, strategy="sparseloco", inner_steps=40)
-    try:
-        for name in HONEST:
-            swarm.add_peer(name)
-        swarm.wait(lambda: min(swarm.round_of(n) for n in HONEST) >= 1, 180, "a first round of the honest peers")
-        silent = Proc([sys.executable, "-m", "tests.support.hostile_exchange", swarm.join, "3", "silent"], tmp_path / "silent.log")
-        swarm.procs.append(silent)
-        try:
-            silent.proc.wait(timeout=240)
-        except Exception:
-            pass
-        r = min(swarm.round_of(n) for n in HONEST)
-        swarm.wait(lambda: min(swarm.round_of(n) for n in HONEST) >= r + 1, 120, "a round after the silent member left")
-        statuses = [swarm.status(n) for n in HONEST]
-        logs = [swarm.peers[n].text() for n in HONEST]
-        log = silent.text()
-        assert all(swarm.peers[n].proc.poll() is None for n in HONEST), "an honest peer exited"
-    finally:
-        swarm.close()
+    statuses, logs, log = honest_swarm_with_liars(tmp_path, HONEST, 3, ["silent"], inner_steps=40)
 
     assert "LIED (silent)" in log, f"the silent member never joined a group:\n{log[-3000:]}"
     honest = {s["peer_id"] for s in statuses}
