@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from bench.wan_host import BusyLog, read_json
 from bench.wire_bytes import ip_payload, snmp
 from protocol.spec import RunSpec
+from swarm.helper_processes import signal_tree
 from swarm.jsonout import loads_strict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -269,7 +270,7 @@ class ArmRunner:
             except subprocess.TimeoutExpired:
                 pass
             try:
-                os.killpg(p.pid, signal.SIGKILL)  # its DHT process and p2pd too
+                signal_tree(p.pid, signal.SIGKILL)  # its DHT process and p2pd too
             except ProcessLookupError:
                 pass
             p.wait()

@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from protocol.model.capacity import replica_bytes, stage_bytes
 from swarm.console import UsageError, human_bytes
 from swarm.jsonout import write as write_json
+from swarm.helper_processes import signal_tree
 from swarm.settings import ENV_PREFIX
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -65,10 +66,7 @@ class Child:
         )
 
     def signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        signal_tree(self.proc.pid, sig)  # its helpers have process groups of their own
 
     def stop(self, grace: float) -> None:
         """SIGINT, then SIGKILL to the whole process group after ``grace`` seconds."""
@@ -78,7 +76,7 @@ class Child:
                 self.proc.wait(grace)
             except subprocess.TimeoutExpired:
                 pass
-        self.signal_group(signal.SIGKILL)  # also reaps the child's DHT process and p2pd
+        self.signal_group(signal.SIGKILL)  # its DHT process and p2pd too
         self.proc.wait()
         self.log_file.close()
 

@@ -22,7 +22,6 @@ state before it reports the round.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ from protocol.round.timing import Timing
 from swarm.access.admission import admission_gate
 from swarm.dht import known_nodes
 from swarm.dht.node import start_dht
+from swarm.helper_processes import keep_helpers_off_the_terminal, on_stop_signals
 from swarm.access.reachability import UNKNOWN, watch_reachability
 from swarm.records import fetch_spec
 
@@ -120,9 +120,12 @@ class Peer:
 
     # ---- set-up ---------------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
-        """SIGINT/SIGTERM end the peer after its current step (hivemind's averager start resets SIGINT)."""
+        """SIGINT/SIGTERM/SIGHUP end the peer after its current step (hivemind's averager start resets
+        SIGINT); the helper processes forked after this stop only when the peer stops them
+        (swarm/helper_processes.py)."""
         if threading.current_thread() is not threading.main_thread():
             return
+        keep_helpers_off_the_terminal()
 
         def stop(signum, frame):
             if not self.stop_event.is_set():
@@ -131,8 +134,7 @@ class Peer:
             else:
                 raise KeyboardInterrupt
 
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
+        on_stop_signals(stop)
 
     def start(self) -> None:
         opts = self.opts

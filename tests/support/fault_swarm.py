@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import threading
 import time
@@ -29,6 +28,7 @@ from bench.wire_bytes import TINY_MODEL
 from peer.checkpoints.files import CheckpointError, checkpoint_paths, read_checkpoint
 from protocol.spec import RunSpec
 from tests.support.netns_hosts import Hosts
+from swarm.helper_processes import signal_tree
 from tests.support.swarm_harness import Proc, voloco, wait_for
 
 COORD_PORT = 31337  # in the coordinator's own namespace: a restarted coordinator keeps its address
@@ -176,10 +176,7 @@ class FaultSwarm:
 
     @staticmethod
     def _signal(p: Proc, sig: int) -> None:
-        try:
-            os.killpg(p.proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        signal_tree(p.proc.pid, sig)  # a frozen machine: the peer's helpers too
 
     def pause(self, name: str) -> None:
         self._signal(self.peers[name], signal.SIGSTOP)

@@ -31,6 +31,8 @@ import subprocess
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from swarm.helper_processes import signal_tree
+
 LOCK_DIR = "/run/voloco-netns"
 N_SUBNETS = 4096  # index i -> 10.(160 + i // 256).(i % 256).0/24
 IFNAME = "eth0"  # the host end of every link, inside its own namespace
@@ -281,7 +283,7 @@ class Hosts:
         for p in self._procs:
             if p.poll() is None:  # not yet reaped, so its pid (and group id) is still its own
                 try:
-                    os.killpg(p.pid, signal.SIGKILL)
+                    signal_tree(p.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
         for ns in reversed(self._created):  # also kills what escaped its process group

@@ -1,7 +1,8 @@
 """Start real coordinators and peers as processes on loopback, and read what they report.
 
 Each process runs in its own session, so a test can SIGKILL one peer's whole tree (its DHT
-process, averager process and p2pd) the way an out-of-memory killer or a container stop would.
+process, averager process and p2pd, each in its own process group: swarm/helper_processes.py)
+the way a container stop would.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
+
+from swarm.helper_processes import signal_tree
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
@@ -63,10 +66,7 @@ class Proc:
         )
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        signal_tree(self.proc.pid, signal.SIGKILL)  # its helpers too, each in its own process group
         self.proc.wait()
         self._f.close()
 
