@@ -61,15 +61,13 @@ class AgreementRounds:
             start = t0 + (k - 1) * slot
             request = agreement.request(k)
             deadline = start + slot / 2
-            # nobody is cut here, but a wait alone a whole grace past the others' answers pauses the steps
-            # in a group with a member that held some: it served one groupmate and holds that one's next
-            # round (an honest member slow to finish its own round, the case overlap is for, does not pause)
+            # nobody is cut here, but a wait alone a whole grace past the others' answers pauses the steps:
+            # a member that served one groupmate and held the rest holds that one's next round this way
             now = asyncio.get_running_loop().time()
             clock = FetchClock(live, now, max(0.0, deadline - now), self.timing.answer_grace)
             got, _ = await call_side_by_side(
                 lambda p, began: retry_until(deadline, partial(self._relay, p, gid, request, deadline)), live, clock,
-                f"agreement round {k} answer", self.waiting_for_silent, alone_share=1.0, cuts=False,
-                suspect=partial(_suspect, group))
+                f"agreement round {k} answer", self.waiting_for_silent, alone_share=1.0, cuts=False)
             answers = [got[p] for p in live]
             offered: Dict[bytes, Dict[bytes, Tuple[reconcile.Value, List[PeerID]]]] = {}
             still = []
@@ -140,9 +138,3 @@ class AgreementRounds:
         if answer.code != averaging_pb2.NO_CODE:
             raise refused(peer, answer.code)
         return answer.tensor_part.buffer
-
-
-def _suspect(group: Group, waiting) -> bool:
-    """Whether a later round's wait alone for ``waiting`` is one for a member that serves selectively:
-    this peer cut a member in round 1, or one of them did not serve another member its payload."""
-    return bool(group.held) or any(p.to_bytes() in group.lacked for p in waiting)

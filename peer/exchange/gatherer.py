@@ -349,8 +349,6 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
                 logger.info(f"a relay request from {context.remote_id}: {e}")
                 return averaging_pb2.AveragingData(code=averaging_pb2.PROTOCOL_VIOLATION)
             await group.done[k - 1].wait()  # set by its deadline at the latest, or when the group ends
-            if k == 2:
-                group.lacked |= group.agreement.lacked(have, context.remote_id.to_bytes())
             msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=group.agreement.answer(have)))
             self._count(sent=msg.ByteSize())
             return msg

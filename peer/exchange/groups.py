@@ -27,9 +27,6 @@ class Group:
     # payload within the grace after the others' came (cut by its FetchClock: protocol/round/fetch_clock.py),
     # or no later agreement round's answer by the round's deadline
     held: Set[PeerID] = field(default_factory=set)
-    # owners (raw ids) whose payload this peer holds and another member asked for in agreement round 2:
-    # they did not serve that member, so a later round's wait alone for one of them pauses the steps
-    lacked: Set[bytes] = field(default_factory=set)
 
     @classmethod
     def opened(cls, group_id: bytes, agreement: reconcile.Agreement, info: Optional[GroupInfo], round_no: int) -> "Group":

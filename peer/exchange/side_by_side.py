@@ -21,7 +21,6 @@ Answered = Union[bytes, BaseException]
 # a sender that has sent nothing this share of its grace after the others' payloads came is waited for
 # alone (the steps pause); one that begins that late or later is logged: what the grace's length rests on
 NEAR_MISS = 0.25
-RECHECK_S = 0.5
 
 
 class Flag(Protocol):
@@ -38,15 +37,13 @@ class Unanswered(asyncio.TimeoutError):
 
 async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[bytes]], peers: Sequence[P],
                             clock: FetchClock, what: str = "answer", silent_wait: Optional[Flag] = None,
-                            alone_share: float = NEAR_MISS, cuts: bool = True,
-                            suspect: Optional[Callable[[Collection[P]], bool]] = None) -> Tuple[Dict[P, Answered], FrozenSet[P]]:
+                            alone_share: float = NEAR_MISS, cuts: bool = True) -> Tuple[Dict[P, Answered], FrozenSet[P]]:
     """(each member's answer, or why its call failed; the members cut for sending nothing). ``call(peer,
     began)`` makes the call, bounded by the round's deadline, and calls ``began()`` when its first bytes
     arrive (a unary call may never: its answer comes whole). ``silent_wait`` is set while the call waits
     for members that have sent nothing alone (from ``alone_share`` of their grace to the cut, or to their
     answers where the call ``cuts`` nobody), and cleared otherwise: the peer's steps pause meanwhile
-    (peer/round/loop.py, ``_pause_for_no_shows``). ``suspect(members)``, if given, must also hold of the
-    members waited for (checked again every ``RECHECK_S`` while it does not)."""
+    (peer/round/loop.py, ``_pause_for_no_shows``)."""
     loop = asyncio.get_running_loop()
     woken = asyncio.Event()
 
@@ -71,8 +68,6 @@ async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[by
             if alone is not None and loop.time() < alone:  # an honest opener may still begin: wake then
                 due = alone
             flagged = alone is not None and loop.time() >= alone
-            if flagged and suspect is not None and not suspect([tasks[t] for t in pending]):
-                flagged, due = False, loop.time() + RECHECK_S  # what makes them suspect may come later
             if silent_wait is not None and flagged != flagging:  # only ever cleared by the call that set it
                 silent_wait.set() if flagged else silent_wait.clear()
                 flagging = flagged

@@ -235,12 +235,6 @@ class Agreement:
                     keys[peer] = self._keys[peer].raw
         return msgpack.packb([[list(k) for k in keys.items()], items], use_bin_type=True)
 
-    def lacked(self, have: Set[Key], asker: bytes) -> Set[bytes]:
-        """The owners, neither this member nor ``asker``, with a value accepted here that ``asker``'s
-        ``have`` lacks: after the first round, owners that did not serve ``asker`` their payload."""
-        return {owner for owner, values in self._accepted.items()
-                if owner not in (self.me, asker) and any((owner, digest) not in have for digest in values)}
-
     def serve(self, owner: bytes, digest: bytes) -> Optional[bytes]:
         """The envelope of an accepted value, for a member that was offered it and lacks its bytes."""
         value = self._accepted.get(owner, {}).get(digest)

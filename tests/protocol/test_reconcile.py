@@ -322,18 +322,6 @@ def test_answers_carry_only_what_the_asker_lacks():
     assert {i[0] for i in items} == {members[1].id, members[2].id} and all(len(i[3]) == 1 for i in items)
 
 
-def test_lacked_names_the_owners_that_did_not_serve_the_asker():
-    """Agreement.lacked: what peer/exchange/agreement_rounds.py pauses on (a member that served one
-    groupmate its payload and held the others)."""
-    members = honest_group(3)
-    run_group(members, members)
-    a, b, c = (m.agreement for m in members)
-    _, have = parse_request(b.request(2), 3)
-    assert a.lacked(have, members[1].id) == set()  # b has every payload a has
-    assert a.lacked(set(), members[1].id) == {members[2].id}  # never a itself, nor the asker
-    assert c.lacked(set(), members[1].id) == {members[0].id}
-
-
 # ---- wire: requests and answers -----------------------------------------------------------------
 @pytest.mark.parametrize("raw", [
     b"", b"\xc1", msgpack.packb(7), msgpack.packb([2]), msgpack.packb([1, []]), msgpack.packb([99, []]),
