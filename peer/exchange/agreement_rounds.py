@@ -5,8 +5,7 @@ values it lacks (``rpc_relay``) and fetches the bytes of a new value from a memb
 A mixin of peer/exchange/gatherer.py's ``PayloadGatherer``, run in the averager process; the serving
 side (``rpc_fetch_payload``, ``rpc_relay``) and the bounds on what a member is served stay there. Each
 round has a deadline counted from the group's start; round 1 cuts a sender that sent nothing a grace
-after the others' payloads (peer/exchange/side_by_side.py); later rounds cut nobody, but a wait alone a
-whole grace past the others' answers pauses the peer's steps as round 1's does. Guarded by tests/exchange/test_exchange_bounds.py,
+after the others' payloads (peer/exchange/side_by_side.py). Guarded by tests/exchange/test_exchange_bounds.py,
 tests/exchange/test_side_by_side.py and tests/system/test_hostile_consensus.py.
 """
 
