@@ -22,9 +22,8 @@ from hivemind.utils import get_logger
 from peer.exchange.bounds import read_bounded_stream, refused, retry_until
 from peer.exchange.groups import Group
 from peer.exchange.results import base58
-from peer.exchange.side_by_side import ask_each, call_side_by_side
+from peer.exchange.side_by_side import ask_each
 from protocol.round import reconcile
-from protocol.round.fetch_clock import FetchClock
 from protocol.wire.signed import ENVELOPE_OVERHEAD
 
 logger = get_logger(__name__)
@@ -60,14 +59,8 @@ class AgreementRounds:
             start = t0 + (k - 1) * slot
             request = agreement.request(k)
             deadline = start + slot / 2
-            # nobody is cut here, but a wait alone a whole grace past the others' answers pauses the steps:
-            # a member that served one groupmate and held the rest holds that one's next round this way
-            now = asyncio.get_running_loop().time()
-            clock = FetchClock(live, now, max(0.0, deadline - now), self.timing.answer_grace)
-            got, _ = await call_side_by_side(
-                lambda p, began: retry_until(deadline, partial(self._relay, p, gid, request, deadline)), live, clock,
-                f"agreement round {k} answer", self.waiting_for_silent, alone_share=1.0, cuts=False)
-            answers = [got[p] for p in live]
+            answers = await asyncio.gather(*(retry_until(deadline, partial(self._relay, p, gid, request, deadline))
+                                             for p in live), return_exceptions=True)
             offered: Dict[bytes, Dict[bytes, Tuple[reconcile.Value, List[PeerID]]]] = {}
             still = []
             for peer, answer in zip(live, answers):

@@ -36,14 +36,13 @@ class Unanswered(asyncio.TimeoutError):
 
 
 async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[bytes]], peers: Sequence[P],
-                            clock: FetchClock, what: str = "answer", silent_wait: Optional[Flag] = None,
-                            alone_share: float = NEAR_MISS, cuts: bool = True) -> Tuple[Dict[P, Answered], FrozenSet[P]]:
+                            clock: FetchClock, what: str = "answer",
+                            silent_wait: Optional[Flag] = None) -> Tuple[Dict[P, Answered], FrozenSet[P]]:
     """(each member's answer, or why its call failed; the members cut for sending nothing). ``call(peer,
     began)`` makes the call, bounded by the round's deadline, and calls ``began()`` when its first bytes
     arrive (a unary call may never: its answer comes whole). ``silent_wait`` is set while the call waits
-    for members that have sent nothing alone (from ``alone_share`` of their grace to the cut, or to their
-    answers where the call ``cuts`` nobody), and cleared otherwise: the peer's steps pause meanwhile
-    (peer/round/loop.py, ``_pause_for_no_shows``)."""
+    for members that have sent nothing alone (from ``NEAR_MISS`` of their grace to the cut), and cleared
+    otherwise: the peer's steps pause meanwhile (peer/round/loop.py, ``_pause_for_no_shows``)."""
     loop = asyncio.get_running_loop()
     woken = asyncio.Event()
 
@@ -64,16 +63,13 @@ async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[by
         while pending:
             woken.clear()
             waker = asyncio.ensure_future(woken.wait())
-            due, alone = clock.deadline() if cuts else None, clock.alone_from(alone_share)
+            due, alone = clock.deadline(), clock.alone_from(NEAR_MISS)
             if alone is not None and loop.time() < alone:  # an honest opener may still begin: wake then
                 due = alone
             flagged = alone is not None and loop.time() >= alone
             if silent_wait is not None and flagged != flagging:  # only ever cleared by the call that set it
                 silent_wait.set() if flagged else silent_wait.clear()
                 flagging = flagged
-                if flagged and not cuts:
-                    logger.info(f"waiting alone for the {what} of {', '.join(str(tasks[t]) for t in pending)}, "
-                                f"{alone_share:g} of a {clock.grace() or 0.0:.1f}-s grace after the others': steps paused")
             try:
                 done, _ = await asyncio.wait(pending | {waker}, return_when=asyncio.FIRST_COMPLETED,
                                              timeout=None if due is None else max(0.0, due - loop.time()))
@@ -84,7 +80,7 @@ async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[by
                 failed = asyncio.CancelledError() if task.cancelled() else task.exception()
                 got[tasks[task]] = failed if failed is not None else task.result()
                 clock.ended(tasks[task], loop.time(), came=failed is None)
-            now_cut = clock.cut(loop.time()) if cuts else frozenset()
+            now_cut = clock.cut(loop.time())
             for task in [t for t in pending if tasks[t] in now_cut]:
                 task.cancel()
                 pending.discard(task)

@@ -77,40 +77,6 @@ def test_the_wait_for_a_silent_sender_alone_is_flagged_from_the_last_payload_to_
     assert cut == set() and not flag.on and len(flag.spans) == 1 and 0.2 <= flag.spans[0] <= 0.5
 
 
-def answer_unary(answer_after, flag, grace, slot=SLOT):
-    """A later agreement round: whole answers after ``answer_after[p]`` s (None: held past the slot),
-    nobody cut, a wait alone a whole grace past the others' answers flagged."""
-
-    async def relay(peer, began):
-        delay = answer_after[peer]
-        await asyncio.sleep(slot + 1 if delay is None else delay)
-        return peer.encode()
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        clock = FetchClock(list(answer_after), t0, slot, lambda took: grace)
-        got, cut = await asyncio.wait_for(
-            call_side_by_side(relay, list(answer_after), clock, "answer", flag, alone_share=1.0, cuts=False), slot)
-        return got, cut, loop.time() - t0
-
-    return asyncio.run(main())
-
-
-def test_a_later_round_cuts_nobody_but_flags_a_wait_alone_past_the_grace():
-    # peer/exchange/agreement_rounds.py: a member that served one groupmate and holds its next request
-    flag = Flag()
-    got, cut, took = answer_unary({"a": 0.05, "b": 0.1, "held": 1.2}, flag, grace=0.4)
-    assert cut == set() and got["held"] == b"held" and took >= 1.2  # waited for: its answer counts
-    assert not flag.on and len(flag.spans) == 1 and 0.5 <= flag.spans[0] <= 0.8 + 0.3  # from 0.5 s (0.1 + grace) on
-    flag = Flag()  # one that answers within the grace after the others: never flagged
-    got, cut, _ = answer_unary({"a": 0.05, "b": 0.1, "slow": 0.4}, flag, grace=0.4)
-    assert cut == set() and got["slow"] == b"slow" and flag.spans == [] and not flag.on
-    flag = Flag()  # a lone member, no others to be alone after: never flagged
-    got, cut, _ = answer_unary({"only": 0.6}, flag, grace=0.1)
-    assert flag.spans == [] and got["only"] == b"only"
-
-
 def test_a_slow_stream_and_a_late_opener_are_waited_for():
     # "slow" streams for 1 s after its first bytes; "late" opens its group 0.2 s after the others came
     got, cut, took, _ = run({"a": (0.05, 0.1), "slow": (0.05, 1.0), "late": (0.3, 0.4)})
