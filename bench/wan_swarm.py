@@ -269,10 +269,7 @@ class ArmRunner:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-            try:
-                signal_tree(p.pid, signal.SIGKILL)  # its DHT process and p2pd too
-            except ProcessLookupError:
-                pass
+            signal_tree(p, signal.SIGKILL)  # its DHT process and p2pd too
             p.wait()
         for limit in self.limits.values():  # nothing of this arm keeps running into the next
             if limit is not None:

@@ -26,7 +26,7 @@ from protocol.dht.records import SPEC_TTL
 from protocol.spec import RunSpec
 from swarm.console import UsageError, human_bytes
 from swarm.dht.node import start_dht
-from swarm.helper_processes import keep_helpers_off_the_terminal, on_stop_signals
+from swarm.helper_processes import on_stop_signals, starting_helpers
 from swarm.access.identity import trust_of
 from swarm.access.join_flags import join_token
 from swarm.records import publish_run, read_progress
@@ -71,9 +71,9 @@ def run_coordinator(args: argparse.Namespace) -> int:
     token = join_token(args)
     if args.identity is not None and not args.identity.parent.is_dir():
         raise UsageError(f"--identity {str(args.identity)!r}: directory {str(args.identity.parent)!r} does not exist")
-    keep_helpers_off_the_terminal()  # Ctrl+C reaches this process only; it stops the DHT's (swarm/helper_processes.py)
-    dht = start_dht((), args.host_maddrs, args.announce_maddrs, str(args.identity) if args.identity else None,
-                    join_token=token, run_ids=[spec.run_id], use_relay=getattr(args, "use_relay", True))
+    with starting_helpers():  # Ctrl+C reaches this process only; it stops the DHT's (swarm/helper_processes.py)
+        dht = start_dht((), args.host_maddrs, args.announce_maddrs, str(args.identity) if args.identity else None,
+                        join_token=token, run_ids=[spec.run_id], use_relay=getattr(args, "use_relay", True))
     stop = threading.Event()
     on_stop_signals(lambda *_: stop.set())
     dashboard = Dashboard(dht, spec)

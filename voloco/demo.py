@@ -66,7 +66,13 @@ class Child:
         )
 
     def signal_group(self, sig: int) -> None:
-        signal_tree(self.proc.pid, sig)  # its helpers have process groups of their own
+        if sig == signal.SIGKILL:
+            signal_tree(self.proc, sig)  # its helpers have process groups of their own
+            return
+        try:
+            os.killpg(self.proc.pid, sig)  # as Ctrl+C would: the peer stops its helpers
+        except ProcessLookupError:
+            pass
 
     def stop(self, grace: float) -> None:
         """SIGINT, then SIGKILL to the whole process group after ``grace`` seconds."""

@@ -55,7 +55,7 @@ from protocol.round.timing import Timing
 from swarm.access.admission import admission_gate
 from swarm.dht import known_nodes
 from swarm.dht.node import start_dht
-from swarm.helper_processes import keep_helpers_off_the_terminal, on_stop_signals
+from swarm.helper_processes import on_stop_signals, starting_helpers
 from swarm.access.reachability import UNKNOWN, watch_reachability
 from swarm.records import fetch_spec
 
@@ -121,11 +121,9 @@ class Peer:
     # ---- set-up ---------------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
         """SIGINT/SIGTERM/SIGHUP end the peer after its current step (hivemind's averager start resets
-        SIGINT); the helper processes forked after this stop only when the peer stops them
-        (swarm/helper_processes.py)."""
+        SIGINT); its helper processes stop only when the peer stops them (swarm/helper_processes.py)."""
         if threading.current_thread() is not threading.main_thread():
             return
-        keep_helpers_off_the_terminal()
 
         def stop(signum, frame):
             if not self.stop_event.is_set():
@@ -145,10 +143,11 @@ class Peer:
         logger.info(self.choice.describe(machine))
         lifecycle.meter_wire(self)  # self.wire: every TCP byte of this peer's processes, from the DHT's first on
         lifecycle.set_phase(self, "joining the DHT")
-        self.dht = start_dht(opts.join, opts.host_maddrs, opts.announce_maddrs, opts.identity, opts.client_mode,
-                             join_token=opts.join_token, run_key=opts.run_key, use_relay=opts.use_relay,
-                             use_auto_relay=opts.use_auto_relay, keep_trying=True,
-                             known=known_nodes.recall(known_nodes.nodes_file(opts.identity)))
+        with starting_helpers():  # Ctrl+C reaches this process only; it stops them (swarm/helper_processes.py)
+            self.dht = start_dht(opts.join, opts.host_maddrs, opts.announce_maddrs, opts.identity, opts.client_mode,
+                                 join_token=opts.join_token, run_key=opts.run_key, use_relay=opts.use_relay,
+                                 use_auto_relay=opts.use_auto_relay, keep_trying=True,
+                                 known=known_nodes.recall(known_nodes.nodes_file(opts.identity)))
         self.peer_id = self.dht.peer_id.to_base58()
         self.metrics = serve_metrics(self, opts.metrics_port) if opts.metrics_port else None
         watch_reachability(self, self.dht, opts.join, opts.client_mode, opts.host_maddrs)  # sets self.reach
@@ -195,7 +194,8 @@ class Peer:
                               set_state=self._set_state, on_installed=self._installed)
         self.gatherer.state_provider = self.sync.shareable_state
         self.gatherer.authorizer = admission_gate(self.dht, spec.run_id)  # None in a public run
-        self.gatherer.run_in_background(await_ready=True)
+        with starting_helpers():
+            self.gatherer.run_in_background(await_ready=True)
         self.install_signal_handlers()
 
         if self.role.checkpointed:

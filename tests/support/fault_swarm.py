@@ -176,7 +176,7 @@ class FaultSwarm:
 
     @staticmethod
     def _signal(p: Proc, sig: int) -> None:
-        signal_tree(p.proc.pid, sig)  # a frozen machine: the peer's helpers too
+        signal_tree(p.proc, sig)  # a frozen machine: the peer's helpers too
 
     def pause(self, name: str) -> None:
         self._signal(self.peers[name], signal.SIGSTOP)

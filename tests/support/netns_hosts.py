@@ -283,7 +283,7 @@ class Hosts:
         for p in self._procs:
             if p.poll() is None:  # not yet reaped, so its pid (and group id) is still its own
                 try:
-                    signal_tree(p.pid, signal.SIGKILL)
+                    signal_tree(p, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
         for ns in reversed(self._created):  # also kills what escaped its process group

@@ -66,7 +66,7 @@ class Proc:
         )
 
     def kill(self) -> None:
-        signal_tree(self.proc.pid, signal.SIGKILL)  # its helpers too, each in its own process group
+        signal_tree(self.proc, signal.SIGKILL)  # its helpers too, each in its own process group
         self.proc.wait()
         self._f.close()
 

@@ -16,14 +16,12 @@ import psutil
 
 MAIN = textwrap.dedent(
     """
-    import json, os, sys, threading, time
+    import json, os, subprocess, sys, threading, time
     import hivemind
-    from swarm.helper_processes import keep_helpers_off_the_terminal, on_stop_signals
+    from swarm.helper_processes import on_stop_signals, starting_helpers
 
-    keep_helpers_off_the_terminal()
     stopped = threading.Event()
     on_stop_signals(lambda *_: stopped.set())
-    dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     pids = {}
 
     def fork_in_thread():
@@ -33,14 +31,19 @@ MAIN = textwrap.dedent(
             os._exit(0)
         pids["thread_child"] = pid
 
-    t = threading.Thread(target=fork_in_thread)
-    t.start(); t.join()
-    pids["dht"] = dht.pid
+    with starting_helpers():
+        dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+        t = threading.Thread(target=fork_in_thread)  # another thread's fork, while armed: not a helper
+        t.start(); t.join()
+    # after it, a subprocess with a session of its own still gets one (a helper's group would refuse setsid)
+    other = subprocess.Popen(["sleep", "600"], preexec_fn=lambda: None, start_new_session=True)
+    pids["dht"], pids["session_child"] = dht.pid, other.pid
     print(json.dumps(pids), flush=True)
     stopped.wait()
     print("stopping", flush=True)
     dht.shutdown()
     os.kill(pids["thread_child"], 9)
+    other.kill()
     print("stopped", flush=True)
     """
 )
@@ -64,12 +67,13 @@ def start_main(tmp_path):
         assert time.monotonic() < deadline, "the DHT started no p2pd"
         time.sleep(0.1)
     p2pd = [c for c in dht.children() if "p2pd" in c.name()][0]
-    return proc, log, dht, p2pd, psutil.Process(pids["thread_child"])
+    return proc, log, dht, p2pd, psutil.Process(pids["thread_child"]), pids["session_child"]
 
 
 def test_ctrl_c_reaches_the_main_process_only_and_it_stops_its_helpers(tmp_path):
-    proc, log, dht, p2pd, thread_child = start_main(tmp_path)
+    proc, log, dht, p2pd, thread_child, session_child = start_main(tmp_path)
     try:
+        assert os.getsid(session_child) == session_child
         assert os.getpgid(dht.pid) == dht.pid  # a group of its own, and so has p2pd
         assert os.getpgid(p2pd.pid) in (dht.pid, p2pd.pid)
         assert os.getpgid(thread_child.pid) == proc.pid  # a fork from another thread is left as it was
@@ -92,7 +96,7 @@ def test_ctrl_c_reaches_the_main_process_only_and_it_stops_its_helpers(tmp_path)
 
 
 def test_a_main_process_killed_hard_leaves_no_helper_behind(tmp_path):
-    proc, log, dht, p2pd, thread_child = start_main(tmp_path)
+    proc, log, dht, p2pd, thread_child, session_child = start_main(tmp_path)
     try:
         os.kill(proc.pid, signal.SIGKILL)  # the out-of-memory killer: the main process only
         proc.wait(10)
@@ -107,3 +111,7 @@ def test_a_main_process_killed_hard_leaves_no_helper_behind(tmp_path):
                 p.kill()
             except Exception:
                 pass
+        try:
+            os.kill(session_child, signal.SIGKILL)  # in a session of its own: not the main process's to end
+        except ProcessLookupError:
+            pass
