@@ -281,11 +281,7 @@ class Hosts:
 
     def __exit__(self, *exc) -> None:
         for p in self._procs:
-            if p.poll() is None:  # not yet reaped, so its pid (and group id) is still its own
-                try:
-                    signal_tree(p, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            signal_tree(p, signal.SIGKILL)  # its own group only, once reaped
         for ns in reversed(self._created):  # also kills what escaped its process group
             _kill_netns(ns)
         for p in self._procs:
