@@ -1,7 +1,7 @@
 """Partial parameter updates at equal tokens and at equal bytes, several owners per slice, over seeds.
 
     python bench/partial_loss.py [--quick] [--replicas 8] [--slices 4] [--arms full,partial,...]
-                                 [--topk 64] [--aggregate chosen] [--slice-step 1.0] [--rounds 12] [--points 1]
+                                 [--strategy sparseloco] [--topk 64] [--aggregate chosen] [--slice-step 1.0] [--rounds 12] [--points 1]
                                  [--seeds 3] [--jobs 2] [--threads 1] [--json OUT]
 
 bench/partial.py measures what a partial peer saves (memory, FLOPs, bytes); this one measures what
@@ -64,11 +64,13 @@ ARMS = ("full", "partial", "full-bytes", "partial-bytes")
 def arm_spec(cfg: Dict[str, Any], slices: int, seed: int, topk: int = DEFAULT_TOPK, inner_steps: int = 0,
              aggregate: str = "chosen"):
     """The spec of an arm; ``inner_steps``: its H (0: the config's), the inner steps of the run unchanged;
-    ``aggregate``: SparseLoCo's (each coordinate averaged over the payloads that kept it, or over all)."""
+    ``aggregate``: SparseLoCo's (each coordinate averaged over the payloads that kept it, or over all);
+    ``cfg["strategy"]``: the outer strategy of every arm (SparseLoCo unless given)."""
     H = inner_steps or cfg["inner_steps"]
     spec = make_spec(model_dict(cfg["sim_model"]), slices, cfg["batch_size"], H, cfg["lr"], cfg["warmup"],
                      cfg["rounds"] * cfg["inner_steps"], cfg["val_batches"])
-    return spec.replace(seed=seed, outer={"sparseloco": {"topk": topk, "aggregate": aggregate}})
+    return spec.replace(seed=seed, outer={"strategy": cfg.get("strategy", "sparseloco"),
+                                          "sparseloco": {"topk": topk, "aggregate": aggregate}})
 
 
 def payload_bytes(spec, part) -> int:
@@ -82,11 +84,14 @@ def payload_bytes(spec, part) -> int:
 
 
 def equal_bytes(cfg: Dict[str, Any], slices: int, base: int = DEFAULT_TOPK) -> Tuple[int, int]:
-    """(the largest top-k whose full payload is no larger than a slice owner's payload at top-k ``base``;
-    the H at which slice owners send about a full peer's bytes over the run)."""
+    """(the largest top-k whose full payload is no larger than a slice owner's payload at top-k ``base``,
+    0 where the strategy keeps no top-k (diloco: dense); the H at which slice owners send about a full
+    peer's bytes over the run)."""
     budget = payload_bytes(arm_spec(cfg, slices, 0, base), part_of(slices, 0))
     full = payload_bytes(arm_spec(cfg, 1, 0, base), part_of(1))
     low, high = 1, base  # a payload grows with top-k: bisect for the largest that fits
+    if cfg.get("strategy", "sparseloco") != "sparseloco":
+        low = high = 0
     while low < high:
         mid = (low + high + 1) // 2
         if payload_bytes(arm_spec(cfg, 1, 0, mid), part_of(1)) <= budget:
@@ -129,7 +134,7 @@ def run_arm(job) -> Dict[str, Any]:
                    parts=[part_of(slices, i) for i in range(replicas)],
                    on_replica=None if slice_step == 1.0 else lambda i, role: scale_slice_steps(role.strategy, slice_step))
     sent = sum((replicas - 1) * b for h in sim.history for b in h.payload_bytes) / replicas
-    row = dict(arm=arm, slices=slices, topk=topk, inner_steps=spec.outer.inner_steps, rounds=rounds,
+    row = dict(arm=arm, slices=slices, topk=topk if spec.outer.strategy == "sparseloco" else 0, inner_steps=spec.outer.inner_steps, rounds=rounds,
                replicas=replicas, seed=seed, tokens=sim.tokens,
                val_loss=sim.final_val_loss, initial_val_loss=sim.initial_val_loss, sent_per_peer=sent,
                refused=sum(len(h.excluded) for h in sim.history), wall_s=time.monotonic() - t,
@@ -182,7 +187,7 @@ def print_summary(summary: List[Dict[str, Any]]) -> None:
     for s in summary:
         gap = "-" if s["gap"] is None else f"{100 * s['gap']:+.2f} % ± {100 * s['gap_std']:.2f}"
         sent = "-" if not s["sent_vs_full"] else f"{100 * s['sent_vs_full']:+.1f} %"
-        lines.append([str(s["replicas"]), s["arm"], str(s["topk"]), str(s["inner_steps"]), str(s["seeds"]),
+        lines.append([str(s["replicas"]), s["arm"], str(s["topk"] or "dense"), str(s["inner_steps"]), str(s["seeds"]),
                       f"{s['tokens']:,}",
                       f"{s['loss']:.4f} ± {s['loss_std']:.4f}", gap, human(s["sent"]), sent, str(s["refused"])])
     print(table(["R", "arm", "top-k", "H", "seeds", "tokens", "val loss", "vs full (paired)", "sent/peer", "vs full",
@@ -204,6 +209,10 @@ def main(argv=None) -> int:
     ap.add_argument("--topk", type=int, default=DEFAULT_TOPK,
                     help=f"SparseLoCo's top-k of every 64 x 64 chunk for every arm; the full equal-bytes arm's is "
                          f"found from it (default {DEFAULT_TOPK}, the spec's)")
+    ap.add_argument("--strategy", choices=("sparseloco", "diloco"), default="sparseloco",
+                    help="the outer strategy of every arm: sparseloco (the spec's default: top-k values, error "
+                         "feedback) or diloco (dense pseudo-gradients and Nesterov outer momentum, the baseline the "
+                         "paper compares against; --topk, --aggregate and the full-bytes arm do not apply)")
     ap.add_argument("--aggregate", choices=("chosen", "mean"), default="chosen",
                     help="SparseLoCo's aggregate for every arm: each coordinate averaged over the payloads that kept it "
                          "(chosen, the spec's default) or over all payloads of its part (mean)")
@@ -218,7 +227,7 @@ def main(argv=None) -> int:
                          "(default 1: at the end only)")
     add_arm_flags(ap)
     args = ap.parse_args(argv)
-    cfg = dict(CONFIGS["quick" if args.quick else "full"], points=args.points)
+    cfg = dict(CONFIGS["quick" if args.quick else "full"], points=args.points, strategy=args.strategy)
     if args.rounds < 0 or not 1 <= args.points <= 64:
         raise SystemExit("--rounds must be >= 0 and --points between 1 and 64")
     if args.rounds:
@@ -233,11 +242,13 @@ def main(argv=None) -> int:
     if not 2 <= args.topk <= 64 * 64:
         raise SystemExit("--topk must be between 2 and 4096 (entries kept of a 64 x 64 chunk)")
     chosen = choose_names(args.arms, ARMS, "--arms")
+    if args.strategy != "sparseloco" and "full-bytes" in chosen:
+        raise SystemExit(f"the full-bytes arm lowers SparseLoCo's top-k; {args.strategy} has none: leave it out of --arms")
     base = args.topk
     topk, h_partial = equal_bytes(cfg, args.slices, base)
     print(f"# partial updates at equal tokens and equal bytes, {now()}, {machine()}")
     print(f"# model {cfg['sim_model']}, batch {cfg['batch_size']}, H = {cfg['inner_steps']}, {cfg['rounds']} rounds; "
-          f"S = {args.slices}; top-k {base} of 4096, {args.aggregate} aggregate, slice step x{args.slice_step:g}; "
+          f"S = {args.slices}; {args.strategy}; top-k {base} of 4096, {args.aggregate} aggregate, slice step x{args.slice_step:g}; "
           f"equal bytes: full top-k {topk}, partial H = {h_partial}",
           flush=True)
     arms = {"full": ("full", 1, base, 0),
@@ -247,7 +258,7 @@ def main(argv=None) -> int:
     work = [(cfg, *arms[a], r, seed, args.threads, args.aggregate, args.slice_step)
             for r in replicas for seed in range(args.seeds) for a in chosen]
     run_summarized(run_arm, work, args.jobs, summarize, print_summary, args.json, config=cfg, slices=args.slices,
-                   topk=base, aggregate=args.aggregate, slice_step=args.slice_step, equal_bytes_topk=topk,
+                   strategy=args.strategy, topk=base, aggregate=args.aggregate, slice_step=args.slice_step, equal_bytes_topk=topk,
                    equal_bytes_h=h_partial)
     return 0
 

@@ -89,3 +89,20 @@ def test_points_give_the_gap_along_the_run_at_equal_tokens(tmp_path, capsys):
     assert "along the run" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--points"):
         partial_loss.main(["--quick", "--rounds", "4", "--points", "3"])
+
+
+def test_the_strategy_flag_runs_every_arm_on_diloco(tmp_path, capsys):
+    """--strategy diloco: dense payloads (no top-k, so no full-bytes arm), the slice owners' payloads
+    smaller by what they freeze, and their equal-bytes arm at a shorter H."""
+    out = tmp_path / "out.json"
+    assert partial_loss.main(["--quick", "--seeds", "1", "--jobs", "1", "--strategy", "diloco",
+                              "--arms", "full,partial,partial-bytes", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    arms = {s["arm"]: s for s in doc["summary"]}
+    assert doc["strategy"] == "diloco" and doc["equal_bytes_topk"] == 0
+    assert all(s["topk"] == 0 for s in arms.values()) and "dense" in capsys.readouterr().out
+    assert arms["partial S=4"]["sent"] < arms["full"]["sent"]
+    assert arms["partial S=4, equal bytes"]["inner_steps"] < arms["full"]["inner_steps"]
+    assert partial_loss.arm_spec(dict(partial_loss.CONFIGS["quick"], strategy="diloco"), 4, 0).outer.strategy == "diloco"
+    with pytest.raises(SystemExit, match="full-bytes"):
+        partial_loss.main(["--quick", "--strategy", "diloco", "--arms", "full,full-bytes"])
