@@ -366,6 +366,8 @@ class Peer:
             "tokens": self.totals.tokens,
             "rounds": self.totals.rounds,
             "util": self.util.value,  # compute utilization: time in inner steps / wall time, last round
+            # the H at about which this peer's compute would be busy 95 % of the time (None: busy enough)
+            "busy_at_inner_steps": self.loop.advisor.h if self.loop is not None else None,
             "bytes_sent": self.totals.bytes_sent,
             "bytes_received": self.totals.bytes_received,
             "wire": lifecycle.wire_status(self),  # every TCP byte on the wire, and the control plane's share

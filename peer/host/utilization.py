@@ -23,17 +23,20 @@ class Utilization:
         self._start = clock()
         self._busy = 0.0
         self._last: float = -1.0  # the last closed window's ratio; < 0: none closed yet
+        self.last_busy, self.last_steps = 0.0, 0  # the seconds of compute in the last closed window, its steps
+        self._steps = 0
 
     def busy(self, seconds: float) -> None:
         """Count ``seconds`` of compute (one inner step) in the current window."""
         if seconds > 0:
             self._busy += seconds
+            self._steps += 1
 
     def round_done(self) -> float:
         """Close the window (a round ended) and start the next; returns the closed window's ratio."""
         now = self._clock()
         self._last = self._ratio(self._busy, now - self._start)
-        self._start, self._busy = now, 0.0
+        self._start, self.last_busy, self.last_steps, self._busy, self._steps = now, self._busy, self._steps, 0.0, 0
         return self._last
 
     @property

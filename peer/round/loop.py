@@ -40,6 +40,7 @@ import torch
 
 from peer.checkpoints import contents as checkpoints
 from peer.checkpoints import schedule
+from peer.round.busy_advice import BusyAdvisor, RoundTime
 from peer.round.early_close import EarlyClose, min_steps
 from peer.round.handoff import Handoff, continue_from
 from peer.round.merge import adopt_own_set, adopt_round_set, merge_round, no_group_left
@@ -66,6 +67,7 @@ class RoundLoop:
         self.max_ahead = max(1, math.floor(spec.outer.max_overlap * spec.outer.inner_steps + 1e-9))
         self.early = EarlyClose(peer.membership, peer.peer_id, peer.stop_event, enabled=self.min_steps < spec.outer.inner_steps)
         self.evaluator = RoundEvaluator(peer) if self.overlap else None
+        self.advisor = BusyAdvisor(spec.outer.inner_steps, self.overlap, spec.outer.max_overlap)  # the H that keeps it busy
         self._thread: Optional[threading.Thread] = None
         self._sent: Optional[Dict[str, torch.Tensor]] = None  # θ_send: the model when its payload was made
         self._error: Optional[BaseException] = None
@@ -420,6 +422,8 @@ class RoundLoop:
             f"eval {time.monotonic() - t_eval:.2f} s"
         )
         record.util = peer.util.round_done()
+        advice = self.advisor.note(RoundTime(record.util, peer.util.last_steps, peer.util.last_busy,
+                                               time.monotonic() - h.t_train))
         self._meters.fill(record)
         peer.totals.history.append(record)
         if h.trainer is not None or (not self.overlap and schedule.checkpoint_due(peer)):
@@ -428,6 +432,8 @@ class RoundLoop:
         peer.membership.publish(only_if_due=True)  # losses and tokens alone wait for the keep-alive
         write_status(peer.opts.status_file, peer.status())
         log_round(record, peer.tokens_per_s)
+        if advice:
+            logger.info(advice)
         # a lineage that found a group of its own but fell rounds behind the swarm (restarts, a split)
         # takes the swarm's state now, or the two go on apart for as long as each finds a group; a
         # solo round's lineage (cut off) takes it even from an earlier round once the swarm is back
