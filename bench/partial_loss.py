@@ -1,7 +1,7 @@
 """Partial parameter updates at equal tokens and at equal bytes, several owners per slice, over seeds.
 
     python bench/partial_loss.py [--quick] [--replicas 8] [--slices 4] [--arms full,partial,...]
-                                 [--strategy sparseloco] [--topk 64] [--aggregate chosen] [--slice-step 1.0] [--rounds 12] [--points 1]
+                                 [--strategy sparseloco|diloco] [--topk 64] [--aggregate chosen] [--slice-step 1.0] [--rounds 12] [--points 1]
                                  [--seeds 3] [--jobs 2] [--threads 1] [--json OUT]
 
 bench/partial.py measures what a partial peer saves (memory, FLOPs, bytes); this one measures what
@@ -19,7 +19,10 @@ R / S owners. Arms, per seed:
 - ``partial, equal bytes``: R slice owners that synchronise more often, H x (slice owner's payload /
   full payload) inner steps a round (the nearest divisor of the run's inner steps), as many more
   rounds, the same tokens: what the full
-  peers' byte budget buys the partial ones (the paper's comparison).
+  peers' byte budget buys the partial ones (the paper's comparison);
+- ``partial, equal FLOPs`` (not run by default): R slice owners that train as many more rounds as
+  their cheaper steps pay for (a full step's FLOPs over a slice owner's, counted by FlopCounterMode,
+  rounded down), each arm's schedule to its own end: what the full peers' compute buys the partial ones.
 
 Levers tried on every arm alike: ``--aggregate mean`` (SparseLoCo's mean over every payload of a
 part instead of over the payloads that kept a coordinate), ``--slice-step F`` (the outer step of
@@ -47,7 +50,7 @@ import torch  # noqa: E402
 
 from bench.common import add_arm_flags, choose_names, human, machine, now, run_summarized, spread, table  # noqa: E402
 from bench.partial import full_init, model_dict, reslice  # noqa: E402
-from bench.partial_probes import make_spec, part_of  # noqa: E402
+from bench.partial_probes import freeze, fresh_model, make_spec, part_of, step_flops  # noqa: E402
 
 CONFIGS = {
     # bench/partial.py's simulation: d 256, 4 layers, ffn 1024 (MLP = 75 % of block parameters),
@@ -58,7 +61,8 @@ CONFIGS = {
                   val_batches=4),
 }
 DEFAULT_TOPK = 64
-ARMS = ("full", "partial", "full-bytes", "partial-bytes")
+ARMS = ("full", "partial", "full-bytes", "partial-bytes", "partial-flops")
+DEFAULT_ARMS = ARMS[:4]
 
 
 def arm_spec(cfg: Dict[str, Any], slices: int, seed: int, topk: int = DEFAULT_TOPK, inner_steps: int = 0,
@@ -102,6 +106,22 @@ def equal_bytes(cfg: Dict[str, Any], slices: int, base: int = DEFAULT_TOPK) -> T
     segment = total // cfg.get("points", 1)  # --points: θ is evaluated every `segment` steps in every arm
     h = min((d for d in range(1, cfg["inner_steps"] + 1) if segment % d == 0), key=lambda d: (abs(d - target), d))
     return low, h  # an H that divides the run's inner steps (and each segment of them): equal tokens
+
+
+def flops_ratio(cfg: Dict[str, Any], slices: int) -> float:
+    """A full replica's FLOPs a step (forward + backward, bench/partial_probes.py ``step_flops``) over a
+    slice owner's, at the config's model and batch: a frozen slice skips its weight gradients."""
+    from protocol.model.partial import owned_shapes
+
+    flops = []
+    for s in (1, slices):
+        spec = arm_spec(cfg, s, 0)
+        model = fresh_model(spec.model, s)
+        freeze(model, owned_shapes(spec, part_of(s, 0)))
+        x = torch.randint(0, spec.model.vocab_size, (cfg["batch_size"], spec.model.seq_len),
+                          generator=torch.Generator().manual_seed(1))
+        flops.append(step_flops(model, x))
+    return flops[0] / flops[1]
 
 
 def scale_slice_steps(strategy, factor: float) -> None:
@@ -205,7 +225,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small model, 3 rounds of H = 5: a smoke run (~1 min)")
     ap.add_argument("--replicas", default="8", help="comma-separated replica counts R, each >= 2 S (default 8)")
     ap.add_argument("--slices", type=int, default=4, help="S: slices of the partial arm (default 4)")
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms (default: {','.join(ARMS)})")
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                    help=f"comma-separated arms of {', '.join(ARMS)} (default: {','.join(DEFAULT_ARMS)})")
     ap.add_argument("--topk", type=int, default=DEFAULT_TOPK,
                     help=f"SparseLoCo's top-k of every 64 x 64 chunk for every arm; the full equal-bytes arm's is "
                          f"found from it (default {DEFAULT_TOPK}, the spec's)")
@@ -251,14 +272,21 @@ def main(argv=None) -> int:
           f"S = {args.slices}; {args.strategy}; top-k {base} of 4096, {args.aggregate} aggregate, slice step x{args.slice_step:g}; "
           f"equal bytes: full top-k {topk}, partial H = {h_partial}",
           flush=True)
+    ratio = flops_ratio(cfg, args.slices)
+    # equal FLOPs: slice owners train as many more rounds as their cheaper steps pay for (rounded down:
+    # never more compute than a full replica), each arm's learning-rate schedule to its own end
+    flops_cfg = dict(cfg, rounds=int(cfg["rounds"] * ratio + 1e-9) // args.points * args.points)
+    print(f"# a full replica's step costs {ratio:.3f}x a slice owner's FLOPs: equal FLOPs is {flops_cfg['rounds']} rounds "
+          f"of the slice owners against {cfg['rounds']}", flush=True)
     arms = {"full": ("full", 1, base, 0),
             "partial": (f"partial S={args.slices}", args.slices, base, 0),
             "full-bytes": ("full, equal bytes", 1, topk, 0),
-            "partial-bytes": (f"partial S={args.slices}, equal bytes", args.slices, base, h_partial)}
-    work = [(cfg, *arms[a], r, seed, args.threads, args.aggregate, args.slice_step)
+            "partial-bytes": (f"partial S={args.slices}, equal bytes", args.slices, base, h_partial),
+            "partial-flops": (f"partial S={args.slices}, equal FLOPs", args.slices, base, 0)}
+    work = [(flops_cfg if a == "partial-flops" else cfg, *arms[a], r, seed, args.threads, args.aggregate, args.slice_step)
             for r in replicas for seed in range(args.seeds) for a in chosen]
     run_summarized(run_arm, work, args.jobs, summarize, print_summary, args.json, config=cfg, slices=args.slices,
-                   strategy=args.strategy, topk=base, aggregate=args.aggregate, slice_step=args.slice_step, equal_bytes_topk=topk,
+                   strategy=args.strategy, flops_ratio=ratio, flops_rounds=flops_cfg["rounds"], topk=base, aggregate=args.aggregate, slice_step=args.slice_step, equal_bytes_topk=topk,
                    equal_bytes_h=h_partial)
     return 0
 

@@ -15,7 +15,7 @@ def test_quick_arms_at_equal_tokens_and_equal_bytes(tmp_path, capsys):
     assert partial_loss.main(["--quick", "--seeds", "1", "--jobs", "1", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     arms = {s["arm"]: s for s in doc["summary"]}
-    assert list(arms) == ["full", "partial S=4", "full, equal bytes", "partial S=4, equal bytes"]
+    assert list(arms) == ["full", "partial S=4", "full, equal bytes", "partial S=4, equal bytes"]  # DEFAULT_ARMS
     assert len({s["tokens"] for s in arms.values()}) == 1  # equal tokens
     assert 1 <= doc["equal_bytes_topk"] < partial_loss.DEFAULT_TOPK
     # the equal-bytes arm sends no more than the partial arm (payload sizes depend on top-k only)
@@ -106,3 +106,20 @@ def test_the_strategy_flag_runs_every_arm_on_diloco(tmp_path, capsys):
     assert partial_loss.arm_spec(dict(partial_loss.CONFIGS["quick"], strategy="diloco"), 4, 0).outer.strategy == "diloco"
     with pytest.raises(SystemExit, match="full-bytes"):
         partial_loss.main(["--quick", "--strategy", "diloco", "--arms", "full,full-bytes"])
+
+
+def test_the_equal_flops_arm_trains_what_a_full_replica_s_compute_pays_for(tmp_path):
+    """A slice owner's step skips its frozen slices' weight gradients: at equal FLOPs it trains more
+    rounds (rounded down, never more compute than a full replica), and more tokens than the full arm."""
+    cfg = dict(partial_loss.CONFIGS["quick"], points=1)
+    ratio = partial_loss.flops_ratio(cfg, 4)
+    assert 1.05 < ratio < 1.5  # the MLP's weight-gradient share, three quarters of it skipped
+    out = tmp_path / "out.json"
+    assert partial_loss.main(["--quick", "--seeds", "1", "--jobs", "1", "--rounds", "6", "--arms", "full,partial-flops",
+                              "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    arms = {s["arm"]: s for s in doc["summary"]}
+    assert doc["flops_ratio"] == ratio and doc["flops_rounds"] == int(6 * ratio)
+    more = arms["partial S=4, equal FLOPs"]
+    assert arms["full"]["tokens"] < more["tokens"] <= ratio * arms["full"]["tokens"]
+    assert more["gap"] is not None
