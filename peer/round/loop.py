@@ -423,7 +423,7 @@ class RoundLoop:
         )
         record.util = peer.util.round_done()
         advice = self.advisor.note(RoundTime(record.util, peer.util.last_steps, peer.util.last_busy,
-                                               time.monotonic() - h.t_train))
+                                               time.monotonic() - h.t_train, record.waited))
         self._meters.fill(record)
         peer.totals.history.append(record)
         if h.trainer is not None or (not self.overlap and schedule.checkpoint_due(peer)):
