@@ -12,7 +12,7 @@ from typing import Iterable
 
 from protocol.dht.records import CHOOSING
 from protocol.model.partial import choose_part
-from protocol.round.peer_states import IN_ROUND, NOT_IN_ROUNDS
+from protocol.round.peer_states import IN_ROUND, LINKING, NOT_IN_ROUNDS
 
 logger = logging.getLogger("voloco.peer")
 
@@ -37,7 +37,10 @@ class StartWaits:
 
         Peers that are still starting do not count (they may still be loading data). A peer already
         training ends the wait: it saw the quorum (or the run is under way, and this peer caught up
-        with it at start). Each peer's view is partial on a loaded host, so the peers of one swarm
+        with it at start); so does a chain stage bringing its links up ("linking"), which it does only
+        past its own quorum: its next stage, still waiting here, would otherwise never listen for it,
+        and the others, that never saw it waiting, would wait for it for ever
+        (``test_a_chain_stage_linking_past_its_quorum_ends_the_wait``). Each peer's view is partial on a loaded host, so the peers of one swarm
         can reach their own count minutes apart, and the first to reach it would train round 0 alone
         beside peers still waiting; following the first starts everyone within a read of each other
         (tests/round/test_control_plane.py,
@@ -46,12 +49,12 @@ class StartWaits:
         started = {self.peer_id}  # a peer seen started counts until it is seen stopped (a read may miss it)
         while not self.stop.is_set():
             every = self.others(excluding=())
-            view = [v for v in every if v.progress.state not in NOT_IN_ROUNDS]
+            view = [v for v in every if v.progress.state not in NOT_IN_ROUNDS or v.progress.state == LINKING]
             started = (started | {v.peer_id for v in view}) - {v.peer_id for v in every if v.progress.state == "stopped"}
             if len(started) >= n:
                 logger.info(f"{len(started)} peers have started")
                 return
-            going = [v for v in view if v.progress.round > 0 or v.progress.state in IN_ROUND]
+            going = [v for v in view if v.progress.round > 0 or v.progress.state in IN_ROUND or v.progress.state == LINKING]
             if going:
                 logger.info(f"{names(v.peer_id for v in going[:3])} began training (round {going[0].progress.round}): "
                             f"starting with them ({len(started)} of {n} peers seen started)")

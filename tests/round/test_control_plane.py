@@ -132,6 +132,17 @@ def test_the_start_quorum_ends_when_another_peer_began_training_on_its_own_count
     assert reads.calls == 3
 
 
+def test_a_chain_stage_linking_past_its_quorum_ends_the_wait(monkeypatch, clock):
+    """The last peer to start was a chain stage: its own view reached the quorum at once, so it went
+    from "waiting" to "linking" before anyone read it waiting. Its next stage, waiting here, must start
+    (and listen for it), or both wait for ever and so does everyone counting to the quorum."""
+    others = [record(p, round_no=0, state="waiting") for p in "ab"]
+    reads = Reads(others, others + [record("stage0", round_no=0, state="linking")])
+    m = member(monkeypatch, reads)
+    m.wait_for_quorum(5)  # a, b, the linking stage and us: 4 of 5, but the stage is past its own quorum
+    assert reads.calls == 2
+
+
 def test_the_heartbeat_stores_a_record_on_a_change_or_once_a_keepalive_period(monkeypatch, clock):
     stored = []
     monkeypatch.setattr(membership_mod, "publish_progress", lambda dht, run_id, peer, p, ttl: stored.append((p.state, ttl)))
