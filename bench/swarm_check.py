@@ -32,7 +32,7 @@ from peer.training.data import load_corpus
 from peer.round.simulate import simulate  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
 from tests.support.swarm_harness import refused_senders  # noqa: E402
-from voloco.demo import Child, peer_argv, read_run_key, read_status, start_coordinator, wait_for_address  # noqa: E402
+from voloco.demo import Child, coordinator_up, peer_argv, read_status  # noqa: E402
 
 BENCH_SWARM = {"matchmaking_time": 2.0, "round_wait": 60.0, "gather_timeout": 30.0, "heartbeat_period": 0.5}
 # the simulation trains each round's H steps from that round's θ: the real peers must too (no overlap,
@@ -53,10 +53,7 @@ def run_swarm(spec: RunSpec, peers: int, rounds: int, workdir: Path, timeout: fl
     config.write_text(spec.to_toml())
     children: List[Child] = []
     try:
-        coord = start_coordinator(workdir, config, None)
-        children.append(coord)
-        join = wait_for_address(workdir / "coordinator.addr", coord)
-        run_key = read_run_key(workdir / "coordinator.addr")
+        join, run_key = coordinator_up(workdir, config, children)
         for i in range(peers):
             argv = peer_argv(join, workdir, i, threads=1, run_key=run_key) + [
                 "--wait-peers", str(quorum or peers), "--max-rounds", str(rounds)]

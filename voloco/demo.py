@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from protocol.model.capacity import replica_bytes, stage_bytes
 from swarm.console import UsageError, human_bytes
@@ -88,12 +88,16 @@ class Child:
 
 
 def peer_argv(
-    join: str, workdir: Path, index: int, threads: int = 1, memory_gb: Optional[float] = None, run_key: Optional[str] = None
+    join: str, workdir: Path, index: int, threads: int = 1, memory_gb: Optional[float] = None, run_key: Optional[str] = None,
+    compile: Optional[bool] = False,
 ) -> List[str]:
+    """A peer's command line. ``compile``: False (``--no-compile``: the demo's model is tiny, compiling
+    would take longer than its whole run), True (``--compile``), None (the peer's default)."""
     d = workdir / f"peer{index}"
     d.mkdir(parents=True, exist_ok=True)
     extra = ["--max-memory-gb", f"{memory_gb:.6f}"] if memory_gb is not None else []
     extra += ["--run-key", run_key] if run_key else []
+    extra += [] if compile is None else ["--compile" if compile else "--no-compile"]
     return [
         sys.executable, "-m", "voloco", "peer", "--join", join,
         "--host-maddrs", LOOPBACK,
@@ -101,7 +105,6 @@ def peer_argv(
         "--checkpoint-dir", str(d / "checkpoint"),
         "--identity", str(d / "identity.key"),
         "--threads", str(threads),
-        "--no-compile",  # the demo's model is tiny: compiling would take longer than its whole run
     ] + extra
 
 
@@ -137,6 +140,16 @@ def start_coordinator(workdir: Path, config: Optional[Path], strategy: Optional[
     for stale in (address, run_key_file(address)):
         stale.unlink(missing_ok=True)
     return Child("coordinator", coordinator_argv(workdir, config, strategy), workdir / "coordinator.log")
+
+
+def coordinator_up(workdir: Path, config: Optional[Path], children: List[Child],
+                   strategy: Optional[str] = None) -> Tuple[str, Optional[str]]:
+    """Start the run's coordinator (appended to ``children``, so the caller stops it) and wait for it:
+    the address peers join and the run key they check the spec with."""
+    coord = start_coordinator(workdir, config, strategy)
+    children.append(coord)
+    join = wait_for_address(workdir / "coordinator.addr", coord)
+    return join, read_run_key(workdir / "coordinator.addr")
 
 
 def wait_for_address(path: Path, child: Child, timeout: float = 60.0) -> str:

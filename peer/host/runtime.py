@@ -46,7 +46,7 @@ from peer.outer.engine import RoundEngine
 from peer.round.loop import RoundLoop, majority_hash
 from peer.round.state_sync import StateSync
 from peer.training.tokenizer import obtain_corpus
-from peer.host.utilization import Utilization, device_label, progress_extras
+from peer.host.utilization import Utilization, device_label, device_peak_bytes, progress_extras
 from protocol.round import peer_states
 from protocol.dht.keys import averager_prefix
 from protocol.dht.records import CHOOSING, Progress
@@ -353,6 +353,7 @@ class Peer:
             "strategy": self.spec.outer.strategy,
             **role.status(),
             "device": device_label(str(self.device)),  # cuda:0 NVIDIA H100 80GB HBM3, cpu
+            "device_peak_bytes": device_peak_bytes(self.device),  # the GPU memory torch allocated at most; None on the CPU
             "precision": role.trainer.precision,  # what the inner steps run in: bf16 or fp32
             "compiled": role.trainer.compiled,  # --compile: the forward pass through torch.compile
             "trainable_params": role.trainable,

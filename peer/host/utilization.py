@@ -68,6 +68,20 @@ def device_label(device: str) -> str:
     return label[:MAX_DEVICE_CHARS]
 
 
+def device_peak_bytes(device: Any) -> Any:
+    """The most GPU memory torch has allocated on ``device`` since the process started (its status
+    file's ``device_peak_bytes``: what bench/gpu_swarm.py holds against the memory estimate); None on
+    the CPU, where torch keeps no such counter."""
+    if not str(device).startswith("cuda"):
+        return None
+    try:
+        import torch
+
+        return int(torch.cuda.max_memory_allocated(torch.device(str(device))))
+    except Exception:  # no CUDA after all: unknown
+        return None
+
+
 def progress_extras(peer: Any) -> Dict[str, Any]:
     """What a peer's progress record says of its compute and reachability: device, util, reach.
 

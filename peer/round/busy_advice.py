@@ -87,10 +87,12 @@ def busy_inner_steps(rounds: List[RoundTime], inner_steps: int, overlap: bool, m
 def busy_advice(h: int, inner_steps: int, rounds: List[RoundTime]) -> str:
     """The log line that says so, in words an operator acts on (H is the run spec's, set by the coordinator)."""
     last = rounds[-1]
+    waited = (f", {last.waited_s:.1f} s of it waiting for slower peers, which a larger H does not shorten"
+              if last.waited_s >= 0.1 * last.exchange_s else "")
     return (f"compute busy {last.util:.0%} of the last round ({last.busy_s:.1f} s of compute in {last.busy_s / last.util:.1f} s, "
-            f"the exchange {last.exchange_s:.1f} s): the run's H = {inner_steps} inner steps a round is too short "
-            f"to hide the exchange on this peer; at about H = {h} ([outer] inner_steps in the coordinator's spec) "
-            f"its compute would be busy about {BUSY_TARGET:.0%} of the time")
+            f"the exchange {last.exchange_s:.1f} s{waited}): the run's H = {inner_steps} inner steps a round is too short "
+            f"to hide this peer's own exchange; at about H = {h} ([outer] inner_steps in the coordinator's spec) "
+            f"it would be hidden{' but for that wait' if waited else f' and its compute busy about {BUSY_TARGET:.0%} of the time'}")
 
 
 class BusyAdvisor:
