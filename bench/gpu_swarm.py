@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -98,9 +99,12 @@ def summarize(spec, statuses: List[Optional[Dict[str, Any]]], wall_s: float) -> 
     for r in rows:
         if r["chain"]:
             chains.setdefault(r["chain"], []).append(r)
-    chain_rows = [dict(chain=c, stages=len(st), tokens_per_s=min((s["tokens_per_s"] or 0.0) for s in st),
-                       vs_full=(min((s["tokens_per_s"] or 0.0) for s in st) / statistics.fmean(full)) if full else None)
-                  for c, st in sorted(chains.items())]
+    chain_rows = []
+    for c, st in sorted(chains.items()):
+        speeds = [s["tokens_per_s"] for s in st]
+        speed = None if None in speeds else min(speeds)  # a chain runs at its slowest stage's pace; unmeasured: None
+        chain_rows.append(dict(chain=c, stages=len(st), tokens_per_s=speed,
+                               vs_full=speed / statistics.fmean(full) if full and speed is not None else None))
     thetas = one_theta(rows)
     return dict(peers=[{k: v for k, v in r.items() if k != "hashes"} for r in rows], chains=chain_rows,
                 distinct_theta=thetas, one_theta_every_round=all(n == 1 for n in thetas.values()),
@@ -122,7 +126,8 @@ def print_summary(summary: Dict[str, Any]) -> None:
                  "busy at H", "GPU peak", "estimate", "peak / estimate"], lines, left=3))
     for c in summary["chains"]:
         ratio = "-" if c["vs_full"] is None else f"{c['vs_full']:.2f}x"
-        print(f"chain {c['chain']}: {c['stages']} stages, {c['tokens_per_s']:,.0f} tokens/s, {ratio} a full replica's")
+        speed = "-" if c["tokens_per_s"] is None else f"{c['tokens_per_s']:,.0f}"
+        print(f"chain {c['chain']}: {c['stages']} stages, {speed} tokens/s, {ratio} a full replica's")
     thetas = summary["distinct_theta"]
     print(f"distinct θ by round: {' '.join(f'{r}:{n}' for r, n in thetas.items()) or '-'}"
           f" ({'one θ every round' if summary['one_theta_every_round'] else 'NOT one θ every round'}); "
@@ -188,6 +193,8 @@ def main(argv=None) -> int:
             print(f"  [{time.monotonic() - t0:5.0f} s] rounds {' '.join(map(str, done))}", flush=True)
         wait_until_settled(workdir, peers, 60.0)
     finally:
+        for child in reversed(children[1:]):  # every peer at once, as Ctrl+C would: none trains on alone
+            child.signal_group(signal.SIGINT)
         for child in reversed(children):
             child.stop(grace=15.0)
     statuses = [read_status(workdir, i) for i in range(peers)]

@@ -54,7 +54,8 @@ class StartWaits:
             if len(started) >= n:
                 logger.info(f"{len(started)} peers have started")
                 return
-            going = [v for v in view if v.progress.round > 0 or v.progress.state in IN_ROUND or v.progress.state == LINKING]
+            going = [v for v in view
+                     if v.progress.round > 0 or v.progress.state in IN_ROUND or v.progress.state == LINKING]
             if going:
                 logger.info(f"{names(v.peer_id for v in going[:3])} began training (round {going[0].progress.round}): "
                             f"starting with them ({len(started)} of {n} peers seen started)")
