@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from functools import lru_cache
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 from protocol.dht.records import REACH
 
@@ -68,7 +68,7 @@ def device_label(device: str) -> str:
     return label[:MAX_DEVICE_CHARS]
 
 
-def device_peak_bytes(device: Any) -> Any:
+def device_peak_bytes(device: Any) -> Optional[int]:
     """The most GPU memory torch has allocated on ``device`` since the process started (its status
     file's ``device_peak_bytes``: what bench/gpu_swarm.py holds against the memory estimate); None on
     the CPU, where torch keeps no such counter."""
