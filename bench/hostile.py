@@ -181,7 +181,7 @@ def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float,
                hostile: int = 1) -> Dict[str, Any]:
     """Start the run (peers 0 .. honest-1 honest, then ``hostile`` processes of the attack), wait until
     every honest peer has stopped (or ``timeout``), read what they report."""
-    from voloco.demo import Child, peer_argv, read_run_key, read_status, start_coordinator, wait_for_address
+    from voloco.demo import Child, coordinator_up, peer_argv, read_status
 
     shutil.rmtree(workdir, ignore_errors=True)  # a previous run's address file and statuses would be read as this one's
     workdir.mkdir(parents=True)
@@ -190,10 +190,7 @@ def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float,
     children: List[Any] = []
     total = honest + hostile
     try:
-        coord = start_coordinator(workdir, workdir / "run.toml", None)
-        children.append(coord)
-        join = wait_for_address(workdir / "coordinator.addr", coord)
-        key = read_run_key(workdir / "coordinator.addr")
+        join, key = coordinator_up(workdir, workdir / "run.toml", children)
         trains = attack.argv is None or attack.peer  # a non-peer never starts training
         # who joins after the first round (its state comes from a download): waits for nobody
         late = {honest - 1} if attack.late else set(range(honest, total)) if attack.hostile_late else set()

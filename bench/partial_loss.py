@@ -1,7 +1,8 @@
 """Partial parameter updates at equal tokens and at equal bytes, several owners per slice, over seeds.
 
     python bench/partial_loss.py [--quick] [--replicas 8] [--slices 4] [--arms full,partial,...]
-                                 [--strategy sparseloco|diloco] [--topk 64] [--aggregate chosen] [--slice-step 1.0] [--rounds 12] [--points 1]
+                                 [--strategy sparseloco|diloco] [--topk 64] [--aggregate chosen] [--slice-step 1.0]
+                                 [--rounds 12] [--points 1]
                                  [--seeds 3] [--jobs 2] [--threads 1] [--json OUT]
 
 bench/partial.py measures what a partial peer saves (memory, FLOPs, bytes); this one measures what
@@ -154,8 +155,8 @@ def run_arm(job) -> Dict[str, Any]:
                    parts=[part_of(slices, i) for i in range(replicas)],
                    on_replica=None if slice_step == 1.0 else lambda i, role: scale_slice_steps(role.strategy, slice_step))
     sent = sum((replicas - 1) * b for h in sim.history for b in h.payload_bytes) / replicas
-    row = dict(arm=arm, slices=slices, topk=topk if spec.outer.strategy == "sparseloco" else 0, inner_steps=spec.outer.inner_steps, rounds=rounds,
-               replicas=replicas, seed=seed, tokens=sim.tokens,
+    row = dict(arm=arm, slices=slices, topk=topk if spec.outer.strategy == "sparseloco" else 0,
+               inner_steps=spec.outer.inner_steps, rounds=rounds, replicas=replicas, seed=seed, tokens=sim.tokens,
                val_loss=sim.final_val_loss, initial_val_loss=sim.initial_val_loss, sent_per_peer=sent,
                refused=sum(len(h.excluded) for h in sim.history), wall_s=time.monotonic() - t,
                curve=[[h.tokens, h.val_loss] for h in sim.history if h.val_loss is not None])
@@ -272,12 +273,14 @@ def main(argv=None) -> int:
           f"S = {args.slices}; {args.strategy}; top-k {base} of 4096, {args.aggregate} aggregate, slice step x{args.slice_step:g}; "
           f"equal bytes: full top-k {topk}, partial H = {h_partial}",
           flush=True)
-    ratio = flops_ratio(cfg, args.slices)
-    # equal FLOPs: slice owners train as many more rounds as their cheaper steps pay for (rounded down:
-    # never more compute than a full replica), each arm's learning-rate schedule to its own end
-    flops_cfg = dict(cfg, rounds=int(cfg["rounds"] * ratio + 1e-9) // args.points * args.points)
-    print(f"# a full replica's step costs {ratio:.3f}x a slice owner's FLOPs: equal FLOPs is {flops_cfg['rounds']} rounds "
-          f"of the slice owners against {cfg['rounds']}", flush=True)
+    ratio, flops_cfg = None, cfg
+    if "partial-flops" in chosen:  # (counting FLOPs builds and runs both models once: only when asked)
+        ratio = flops_ratio(cfg, args.slices)
+        # equal FLOPs: slice owners train as many more rounds as their cheaper steps pay for (rounded down:
+        # never more compute than a full replica), each arm's learning-rate schedule to its own end
+        flops_cfg = dict(cfg, rounds=int(cfg["rounds"] * ratio + 1e-9) // args.points * args.points)
+        print(f"# a full replica's step costs {ratio:.3f}x a slice owner's FLOPs: equal FLOPs is {flops_cfg['rounds']} "
+              f"rounds of the slice owners against {cfg['rounds']}", flush=True)
     arms = {"full": ("full", 1, base, 0),
             "partial": (f"partial S={args.slices}", args.slices, base, 0),
             "full-bytes": ("full, equal bytes", 1, topk, 0),
@@ -286,7 +289,8 @@ def main(argv=None) -> int:
     work = [(flops_cfg if a == "partial-flops" else cfg, *arms[a], r, seed, args.threads, args.aggregate, args.slice_step)
             for r in replicas for seed in range(args.seeds) for a in chosen]
     run_summarized(run_arm, work, args.jobs, summarize, print_summary, args.json, config=cfg, slices=args.slices,
-                   strategy=args.strategy, flops_ratio=ratio, flops_rounds=flops_cfg["rounds"], topk=base, aggregate=args.aggregate, slice_step=args.slice_step, equal_bytes_topk=topk,
+                   strategy=args.strategy, flops_ratio=ratio, flops_rounds=flops_cfg["rounds"] if ratio else None,
+                   topk=base, aggregate=args.aggregate, slice_step=args.slice_step, equal_bytes_topk=topk,
                    equal_bytes_h=h_partial)
     return 0
 

@@ -351,17 +351,14 @@ def run_demo(args: argparse.Namespace) -> int:
     children: List[Child] = []
     interrupted = False
     try:
-        coord = start_coordinator(workdir, args.config, args.strategy)
-        children.append(coord)
-        join = wait_for_address(workdir / "coordinator.addr", coord)
-        run_key = read_run_key(workdir / "coordinator.addr")
+        join, run_key = coordinator_up(workdir, args.config, children, args.strategy)
         for i in range(args.peers + args.chain_peers):
             memory = small if i >= args.peers else None
             argv = peer_argv(join, workdir, i, memory_gb=memory, run_key=run_key)
             children.append(Child(f"peer{i}", argv, workdir / f"peer{i}.log"))
         deadline = t0 + args.minutes * 60
         names = [f"peer{i}" + (" (chain)" if i >= args.peers else "") for i in range(args.peers + args.chain_peers)]
-        watch_progress(workdir, coord, children[1:], names, t0, deadline)
+        watch_progress(workdir, children[0], children[1:], names, t0, deadline)
         print(f"time is up: stopping the peers once the round in flight has ended on all of them "
               f"(at most {SETTLE_S:.0f} s)", flush=True)
         wait_until_settled(workdir, args.peers + args.chain_peers, SETTLE_S)

@@ -14,6 +14,9 @@ from protocol.dht.records import CHOOSING
 from protocol.model.partial import choose_part
 from protocol.round.peer_states import IN_ROUND, LINKING, NOT_IN_ROUNDS
 
+# a chain stage "linking" is past its own quorum: it counts as started, and as going (``wait_for_quorum``)
+NOT_STARTED = NOT_IN_ROUNDS - {LINKING}
+
 logger = logging.getLogger("voloco.peer")
 
 
@@ -40,16 +43,17 @@ class StartWaits:
         with it at start); so does a chain stage bringing its links up ("linking"), which it does only
         past its own quorum: its next stage, still waiting here, would otherwise never listen for it,
         and the others, that never saw it waiting, would wait for it for ever
-        (``test_a_chain_stage_linking_past_its_quorum_ends_the_wait``). Each peer's view is partial on a loaded host, so the peers of one swarm
-        can reach their own count minutes apart, and the first to reach it would train round 0 alone
-        beside peers still waiting; following the first starts everyone within a read of each other
+        (``test_a_chain_stage_linking_past_its_quorum_ends_the_wait``). Each peer's view is partial
+        on a loaded host, so the peers of one swarm can reach their own count minutes apart, and the
+        first to reach it would train round 0 alone beside peers still waiting; following the first
+        starts everyone within a read of each other
         (tests/round/test_control_plane.py,
         ``test_the_start_quorum_ends_when_another_peer_began_training_on_its_own_count``)."""
         t0 = last_log = time.monotonic()
         started = {self.peer_id}  # a peer seen started counts until it is seen stopped (a read may miss it)
         while not self.stop.is_set():
             every = self.others(excluding=())
-            view = [v for v in every if v.progress.state not in NOT_IN_ROUNDS or v.progress.state == LINKING]
+            view = [v for v in every if v.progress.state not in NOT_STARTED]
             started = (started | {v.peer_id for v in view}) - {v.peer_id for v in every if v.progress.state == "stopped"}
             if len(started) >= n:
                 logger.info(f"{len(started)} peers have started")
