@@ -22,7 +22,10 @@ replica owns one of 2 slices (protocol/model/partial.py), 2 owners a slice. Thei
 with the check off: what the check costs an honest run.
 
 The baseline of an attacked arm is the R honest replicas alone, with the same seed and shards: equal
-honest tokens. The loss gap is paired by seed, (attacked / clean) - 1, mean ± std over the seeds. With
+honest tokens. The loss gap is paired by seed, (attacked / clean) - 1, mean ± std over the seeds. Its
+control is R + K honest replicas (the K as honest ones, same seed; shards replica0.., so the first R
+are the attacked run's honest ones): what K more contributors of any kind do to this small run's loss,
+the noise an attacked arm's gap is to be read against. With
 ``--checks off`` the direction check is off (``outer.min_agreement = 0``): what the attack does
 without it. Counted over every round: honest contributions refused (false exclusions) and hostile
 ones refused, from replica 0's view (every replica decides alike; the simulation asserts θ equal).
@@ -161,6 +164,11 @@ def run_arm(job) -> Dict[str, Any]:
     return row
 
 
+def control(r: Dict[str, Any]) -> tuple:
+    """The key of an attacked arm's control: R + K honest replicas, same check and seed."""
+    return r["honest"] + r["hostile"], 0, "clean", r["check"], r["seed"]
+
+
 def baseline(r: Dict[str, Any]) -> tuple:
     """The key of the run an arm is compared with, seed by seed: an attacked arm with the honest
     replicas alone (same check), an honest arm (clean, or an odd kind) with itself, check off."""
@@ -179,11 +187,13 @@ def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     for (honest, hostile, attack, check), rs in groups.items():
         gaps = [r["val_loss"] / loss[baseline(r)] - 1 for r in rs
                 if baseline(r) in loss and baseline(r) != (honest, hostile, attack, check, r["seed"])]
+        controls = [r["val_loss"] / loss[control(r)] - 1 for r in rs if attack in ATTACKS and control(r) in loss]
         out.append(dict(
             honest=honest, hostile=hostile, attack=attack, check=check, seeds=len(rs),
             loss=statistics.fmean(r["val_loss"] for r in rs),
             gap=statistics.fmean(gaps) if gaps else None, gap_std=spread(gaps),
             gap_max=max(gaps) if gaps else None,
+            vs_control=statistics.fmean(controls) if controls else None, vs_control_std=spread(controls),
             honest_refused=sum(r["honest_refused"] for r in rs),
             honest_sent=sum(r["honest"] * r["rounds"] for r in rs),
             hostile_refused=sum(r["hostile_refused"] for r in rs), hostile_sent=sum(r["hostile_sent"] for r in rs),
@@ -207,11 +217,13 @@ def print_summary(summary: List[Dict[str, Any]]) -> None:
     for s in summary:
         gap = "-" if s["gap"] is None else (
             f"{100 * s['gap']:+.2f} % ± {100 * s['gap_std']:.2f} (max {100 * s['gap_max']:+.2f})")
+        vs = "-" if s.get("vs_control") is None else f"{100 * s['vs_control']:+.2f} % ± {100 * s['vs_control_std']:.2f}"
         lines.append([f"{s['honest']} + {s['hostile']}", s["attack"], "on" if s["check"] else "off", str(s["seeds"]),
-                      f"{s['loss']:.4f}", gap, f"{s['honest_refused']}/{s['honest_sent']}",
+                      f"{s['loss']:.4f}", gap, vs, f"{s['honest_refused']}/{s['honest_sent']}",
                       f"{s['hostile_refused']}/{s['hostile_sent']}" if s["hostile"] else "-",
                       _z(s["z_honest"]), _z(s["z_hostile"])])
-    print(table(["honest + hostile", "attack", "check", "seeds", "val loss", "vs baseline (paired)", "honest refused",
+    print(table(["honest + hostile", "attack", "check", "seeds", "val loss", "vs baseline (paired)",
+                 "vs R + K honest", "honest refused",
                  "hostile refused", "honest z", "hostile z"], lines, left=3))
 
 
@@ -227,6 +239,8 @@ def main(argv=None) -> int:
     ap.add_argument("--checks", default="on,off",
                     help="direction check on, off or both (default on,off; 'off' runs only the negate attack, "
                          "the one the check exists for, unless it is the only setting)")
+    ap.add_argument("--no-controls", dest="controls", action="store_false",
+                    help="skip the R + K honest runs an attacked arm is also compared with (default: run them)")
     add_arm_flags(ap)
     args = ap.parse_args(argv)
     cfg = CONFIGS["quick" if args.quick else "full"]
@@ -248,7 +262,10 @@ def main(argv=None) -> int:
                     if not check and len(checks) > 1 and attack != "negate":
                         continue
                     jobs += [(cfg, r, k, attack, check, seed, args.threads) for k in hostile]
+                    if args.controls:  # the attacked arm's control: R + K honest replicas
+                        jobs += [(cfg, r + k, 0, None, check, seed, args.threads) for k in hostile]
             jobs += [(cfg, KIND_REPLICAS, 0, kind, check, seed, args.threads) for kind in kinds]
+    jobs = list({job[1:]: job for job in jobs}.values())  # a control may be another arm's clean run
     print(f"# bench/trust.py, {now()}, {machine()}: {len(jobs)} simulations, {args.jobs} at a time", flush=True)
     t0 = time.monotonic()
     rows = run_jobs(run_arm, jobs, args.jobs)

@@ -1,5 +1,6 @@
 """bench/trust.py on its quick config: the direction check refuses a negated update, refuses no
-honest one, and without it the negated update costs loss. Seconds."""
+honest one, without it the negated update costs loss, and each attacked arm is also compared with
+its R + K honest control. Seconds."""
 
 from __future__ import annotations
 
@@ -18,4 +19,7 @@ def test_quick_negate_is_refused_with_the_check_and_costs_loss_without(tmp_path,
     assert on["gap"] == 0.0  # every hostile update refused: θ is the honest replicas' alone, bit for bit
     assert off["hostile_refused"] == 0 and off["gap"] > 0.01
     assert on["z_honest"][0] > 3 > on["z_hostile"][1]
-    assert "hostile refused" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["honest"], r["check"]) for r in rows if r["hostile"] == 0} >= {(4, True), (4, False)}  # the controls
+    assert on["vs_control"] is not None and off["vs_control"] is not None
+    assert "vs R + K honest" in capsys.readouterr().out
