@@ -1,7 +1,7 @@
 """Hostile contributions of honest size, in the in-process simulation: what the direction check
 (peer/outer/consensus.py) stops, what it costs honest runs, and whom it refuses.
 
-    python bench/trust.py [--quick] [--honest 3,6] [--hostile 1,2,3] [--attacks negate,noise,garbage,scale]
+    python bench/trust.py [--quick] [--honest 3,6] [--hostile 1,2,3] [--attacks negate,noise,garbage,scale,amplify]
                           [--seeds 3] [--checks on,off] [--jobs 2] [--threads 1] [--json OUT]
 
 Every arm is ``peer.round.simulate.simulate``: R honest replicas and K hostile ones, every one the
@@ -12,7 +12,10 @@ what it sends is made hostile (``tamper``: the same for every member, as a signe
 - negate: its own honest pseudo-gradient, negated: honest norm, the opposite direction;
 - noise: Gaussian noise of its honest norm, on the coordinates it would have sent;
 - garbage: honest training on uniformly random tokens (a peer fed garbage data);
-- scale: its honest contribution x1e4 (what the median-norm clip is for, for comparison).
+- scale: its honest contribution x1e4 (what the median-norm clip is for, for comparison);
+- amplify: its honest contribution x1.45, just below the clip's 1.5x the median for a sender of a
+  typical norm: the most an amplifier can hope to keep, since it must send before it sees the
+  round's median.
 
 Honest replicas that differ from the rest must not be refused (``--kinds``, 4 honest replicas and
 nobody hostile, replica 0 being the odd one): ``slow`` trains a quarter of H each round (the
@@ -50,7 +53,8 @@ from bench.common import add_arm_flags, machine, now, run_jobs, spread, table  #
 from bench.compression import make_spec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
 
-ATTACKS = ("negate", "noise", "garbage", "scale")
+ATTACKS = ("negate", "noise", "garbage", "scale", "amplify")
+AMPLIFY = 1.45
 KINDS = ("slow", "other-data", "partial")  # honest replicas unlike the others
 KIND_REPLICAS = 4
 REPO = Path(__file__).resolve().parents[1]
@@ -110,8 +114,9 @@ def make_tamper(attack: str):
             return decoded
         if attack == "negate":
             return {n: -t for n, t in decoded.items()}
-        if attack == "scale":
-            return {n: t * 1e4 for n, t in decoded.items()}
+        if attack in ("scale", "amplify"):
+            factor = torch.tensor(1e4 if attack == "scale" else AMPLIFY, dtype=torch.float32)
+            return {n: t * factor for n, t in decoded.items()}
         gen = torch.Generator().manual_seed(zlib.crc32(f"{round_no}/{sender}".encode()))
         out = {}
         for n, t in decoded.items():
