@@ -15,7 +15,8 @@ here, per round:
    the contributions that carry that tensor (a full replica, a partial slice owner and a chain stage
    carry different sets: like is compared with like), the L2 norm of each; a contribution whose
    norm exceeds ``multiple`` x the median of those norms (``CLIP_MULTIPLE`` = 1.5) is scaled down
-   to it. The median is the
+   to the median itself (to the limit where ``multiple`` < 1): past the limit an update is no
+   honest one, so it weighs what a typical one does, not the most an honest one might. The median is the
    lower one (``torch.median``'s convention): with 4 members it is the second smallest norm, so one
    huge update is clipped to an honest size and one zero update cannot pull the limit to zero;
 4. **step**: the strategy's aggregate of the clipped contributions, then its outer step, all or
@@ -58,8 +59,10 @@ Tensors = Dict[str, torch.Tensor]
 # honest ones every round, and SparseLoCo's senders have already taken what they sent out of their
 # error buffers, so what the clip removes is lost: +1.2 % loss (one seed +5.5 %) at equal tokens from a
 # cold start, while 1.5x never clipped an honest SparseLoCo update there and costs nothing measurable
-# from a warm start either (bench/clip_cost.py, bench/RESULTS.md). A poisoned tensor still counts for
-# at most 1.5 honest ones.
+# from a warm start either (bench/clip_cost.py, bench/RESULTS.md). A tensor past the limit is scaled to
+# the median, not to the limit: at the limit, an update x1e4 of 1 to 3 senders among 6 honest ones cost
+# +3.6 to +5.4 % loss, at the median +0.8 to +1.5 % (10 seeds, bench/trust.py --attacks scale). An
+# amplifier must send before it sees the round's median, so aiming near the limit risks the median.
 CLIP_MULTIPLE = 1.5
 _CHUNK = 1 << 20  # elements squared and summed at a time (bounds the float64 temporaries)
 _NOTABLE = 0.5  # a clip that removes more than half of a tensor's norm is logged
@@ -152,7 +155,7 @@ class Screening:
     norms: Dict[int, float] = field(default_factory=dict)  # position -> its total L2 norm after clipping
     excluded: Dict[int, str] = field(default_factory=dict)  # position -> why it was refused
     clipped: Dict[int, float] = field(default_factory=dict)  # position -> smallest scale applied to a tensor
-    limits: Dict[str, float] = field(default_factory=dict)  # tensor name -> the norm it was clipped to
+    limits: Dict[str, float] = field(default_factory=dict)  # tensor name -> the norm past which it was clipped
     scores: Dict[int, float] = field(default_factory=dict)  # position -> its agreement with the others (z)
     copies: Dict[int, int] = field(default_factory=dict)  # position -> the position of the copy that counts
 
@@ -199,12 +202,13 @@ def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, establi
 def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: float = 0.0,
            established: Iterable[int] = (), kinds: Optional[Sequence[int]] = None) -> Screening:
     """Check every contribution, screen their directions (``min_z``; 0: no such check), then clip
-    each tensor to ``multiple`` x the median norm of that tensor over the contributions that carry
-    it (``math.inf``: no clipping). ``established``: the positions whose senders have standing in
-    this lineage (protocol/round/standing.py): once ``MIN_JUDGES`` of them are here only they judge, and
-    they are refused only for pointing against the others (score <= -AGAINST x min_z); a fresh
-    contribution must show agreement (score >= min_z). ``kinds``: the model each was trained on
-    (``kinds_of``): a full replica is not judged by chain stages (``_direction``)."""
+    each tensor whose norm exceeds ``multiple`` x the median norm of that tensor over the contributions
+    that carry it to that median (``math.inf``: no clipping). ``established``: the positions whose
+    senders have standing in this lineage (protocol/round/standing.py): once ``MIN_JUDGES`` of them
+    are here only they judge, and they are refused only for pointing against the others (score <=
+    -AGAINST x min_z); a fresh contribution must show agreement (score >= min_z). ``kinds``: the
+    model each was trained on (``kinds_of``): a full replica is not judged by chain stages
+    (``_direction``)."""
     out = Screening()
     norms: Dict[int, Dict[str, float]] = {}
     for i, contribution in enumerate(decoded):
@@ -220,13 +224,15 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
     names = list(dict.fromkeys(name for i in out.kept for name in decoded[i]))  # first-seen order
     for name in names:
         carriers = [i for i in out.kept if name in norms[i]]
-        limit = multiple * lower_median([norms[i][name] for i in carriers])
+        median = lower_median([norms[i][name] for i in carriers])
+        limit = multiple * median
         if not math.isfinite(limit):
             continue
         out.limits[name] = limit
+        to = min(median, limit)  # past the limit: to the median (test_robust.py::test_past_the_limit_an_update_weighs_the_median)
         for i in carriers:
             if norms[i][name] > limit:
-                scales[i][name] = limit / norms[i][name]
+                scales[i][name] = to / norms[i][name]
     for i in out.kept:
         contribution = dict(decoded[i])
         for name, scale in scales[i].items():
@@ -311,5 +317,5 @@ def _log(round_no: int, multiple: float, excluded: Dict[str, str], clipped: Dict
         logger.warning(f"round {round_no}: excluded the update of {sender}: {why}")
     notable = {s: f for s, f in clipped.items() if f < _NOTABLE}
     for sender, scale in notable.items():
-        logger.info(f"round {round_no}: clipped the update of {sender} to {multiple:g}x the round's median norm "
-                    f"(scaled by {scale:.2e} at the most)")
+        logger.info(f"round {round_no}: clipped the update of {sender} to the round's median norm "
+                    f"(it was over {multiple:g}x that median; scaled by {scale:.2e} at the most)")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from peer.outer.robust import Contributions, NonFiniteStep, lower_median, robust_step, screen, squared_norm
+from peer.outer.robust import CLIP_MULTIPLE, Contributions, NonFiniteStep, lower_median, robust_step, screen, squared_norm
 from peer.outer.engine import RoundEngine
 from peer.outer.strategies import make_strategy
 from protocol.spec import RunSpec
@@ -106,10 +106,21 @@ def test_multiple_and_off():
     decoded = [{"a": vec(n)} for n in (1.0, 2.0, 3.0, 100.0)]
     s = screen(decoded, 2.0)
     assert s.limits == {"a": 4.0} and list(s.clipped) == [3]
-    assert float(s.contributions[3]["a"]) == pytest.approx(4.0)
+    assert float(s.contributions[3]["a"]) == pytest.approx(2.0)  # past the limit: to the median
     off = screen(decoded, math.inf)
     assert not off.clipped and not off.limits
     assert all(off.contributions[i]["a"] is decoded[i]["a"] for i in range(4))
+
+
+def test_past_the_limit_an_update_weighs_the_median():
+    # norms 2, 2.5, 2.9, 3.1, 5000 (lower median 2.9, limit 4.35): 3.1 stays, under the limit; 5000 is
+    # scaled to the median, not to the limit: an amplified update weighs what a typical one does
+    decoded = [{"a": vec(n)} for n in (2.0, 2.5, 2.9, 3.1, 5000.0)]
+    s = screen(decoded, CLIP_MULTIPLE)
+    assert s.limits == pytest.approx({"a": 1.5 * 2.9}) and list(s.clipped) == [4]
+    assert float(s.contributions[3]["a"]) == pytest.approx(3.1)
+    assert float(s.contributions[4]["a"]) == pytest.approx(2.9, rel=1e-6)
+    assert s.norms[4] == pytest.approx(2.9, rel=1e-6)
 
 
 def test_a_zero_update_cannot_pull_the_limit_to_zero():
