@@ -3,13 +3,14 @@
     python bench/clip_cost.py [--quick] [--strategies S,S] [--multiples off,1,2] [--seeds N]
                               [--warm-start STEPS] [--jobs N] [--threads N] [--json OUT]
 
-Every arm is ``bench/compression.py``'s ``run_arm`` (``peer.round.simulate.simulate``: R = 4 replicas of
-the real round loop, real payloads, every replica's round engine checks, clips, aggregates and
-applies): one per strategy, clipping multiple and seed. "off" turns clipping off (the median rule
-of peer/outer/robust.py is skipped; the finite checks stay), a number clips every contribution's tensor
-to that multiple of the round's median norm of that tensor. A seed changes the model's
-initialization and the data order; arms of one seed differ only in the clipping, so the cost is
-also given paired, seed by seed: (loss with clipping / loss without) - 1, mean and spread.
+Every arm is ``bench/compression.py``'s ``run_arm`` (``peer.round.simulate.simulate``: R = 4
+replicas of the real round loop, real payloads, every replica's round engine checks, clips,
+aggregates and applies): one per strategy, clipping multiple and seed. "off" turns clipping off (the
+median rule of peer/outer/robust.py is skipped; the finite checks stay), a number m scales a
+contribution's tensor whose norm is over m times the round's median norm of that tensor down to
+min(1, m) times that median. A seed changes the model's initialization and the data order; arms of
+one seed differ only in the clipping, so the cost is also given paired, seed by seed: (loss with
+clipping / loss without) - 1, mean and spread.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Hostile contributions of honest size, in the in-process simulation: what the direction check
 (peer/outer/consensus.py) stops, what it costs honest runs, and whom it refuses.
 
-    python bench/trust.py [--quick] [--honest 3,6] [--hostile 1,2,3] [--attacks negate,noise,garbage,scale,amplify]
-                          [--seeds 3] [--checks on,off] [--jobs 2] [--threads 1] [--json OUT]
+    python bench/trust.py [--quick] [--honest 3,6] [--hostile 1,2,3]
+                          [--attacks negate,noise,garbage,scale,amplify] [--kinds slow,other-data,partial]
+                          [--seeds 3] [--checks on,off] [--no-controls] [--jobs 2] [--threads 1] [--json OUT]
 
 Every arm is ``peer.round.simulate.simulate``: R honest replicas and K hostile ones, every one the
 real round loop (its own model copy, data shard, AdamW and SparseLoCo error feedback, its own round

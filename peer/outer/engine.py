@@ -7,7 +7,7 @@ shared and local buffers), and turns a round's agreed payloads into the next θ:
    into its local buffers and encodes the payload;
 2. ``decode``: every agreed payload, validated and decoded in the canonical order (by sender); a
    payload that fails validation is excluded, with the reason;
-3. ``conclude``: check and clip every contribution to the round's median norm, aggregate in
+3. ``conclude``: check every contribution, clip a tensor past 1.5x the median norm, aggregate in
    that order, take the outer step on θ only if it leaves θ finite (peer/outer/robust.py), settle the
    local buffers (what was sent leaves them only if our payload counted), advance the round.
 

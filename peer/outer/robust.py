@@ -11,14 +11,14 @@ here, per round:
    its round less than ``min_z`` standard deviations above chance (the median over the
    contributions it can be compared with) is excluded: a negated or random update of honest size
    passes the clip, not this;
-3. **clip** (SparseLoCo's production rule, as Templar's validators do it): per tensor name, over
-   the contributions that carry that tensor (a full replica, a partial slice owner and a chain stage
+3. **clip** (after SparseLoCo's production rule, median-norm clipping): per tensor name, over the
+   contributions that carry that tensor (a full replica, a partial slice owner and a chain stage
    carry different sets: like is compared with like), the L2 norm of each; a contribution whose
    norm exceeds ``multiple`` x the median of those norms (``CLIP_MULTIPLE`` = 1.5) is scaled down
    to the median itself (to the limit where ``multiple`` < 1): past the limit an update is no
-   honest one, so it weighs what a typical one does, not the most an honest one might. The median is the
-   lower one (``torch.median``'s convention): with 4 members it is the second smallest norm, so one
-   huge update is clipped to an honest size and one zero update cannot pull the limit to zero;
+   honest one, so it weighs what a typical one does, not the most an honest one might. The median
+   is the lower one (``torch.median``'s convention): with 4 members it is the second smallest norm,
+   so one huge update is clipped to an honest size and one zero update cannot pull the limit to zero;
 4. **step**: the strategy's aggregate of the clipped contributions, then its outer step, all or
    nothing (``OuterStrategy.apply`` raises ``NonFiniteStep`` before it changes anything). If the
    step would leave a non-finite value (not reachable from bounded contributions and a finite θ,
@@ -55,7 +55,7 @@ logger = logging.getLogger("voloco.peer.robust")
 
 Tensors = Dict[str, torch.Tensor]
 
-# Clip to 1.5x the round's median norm, not 1x: with the lower median of 4 contributions, 1x clips two
+# Clip past 1.5x the round's median norm, not past 1x: with the lower median of 4 contributions, 1x clips two
 # honest ones every round, and SparseLoCo's senders have already taken what they sent out of their
 # error buffers, so what the clip removes is lost: +1.2 % loss (one seed +5.5 %) at equal tokens from a
 # cold start, while 1.5x never clipped an honest SparseLoCo update there and costs nothing measurable
@@ -229,7 +229,7 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
         if not math.isfinite(limit):
             continue
         out.limits[name] = limit
-        to = min(median, limit)  # past the limit: to the median (test_robust.py::test_past_the_limit_an_update_weighs_the_median)
+        to = min(median, limit)  # test_robust.py::test_past_the_limit_an_update_weighs_the_median
         for i in carriers:
             if norms[i][name] > limit:
                 scales[i][name] = to / norms[i][name]
@@ -317,5 +317,5 @@ def _log(round_no: int, multiple: float, excluded: Dict[str, str], clipped: Dict
         logger.warning(f"round {round_no}: excluded the update of {sender}: {why}")
     notable = {s: f for s, f in clipped.items() if f < _NOTABLE}
     for sender, scale in notable.items():
-        logger.info(f"round {round_no}: clipped the update of {sender} to the round's median norm "
-                    f"(it was over {multiple:g}x that median; scaled by {scale:.2e} at the most)")
+        logger.info(f"round {round_no}: clipped the update of {sender} to {min(1.0, multiple):g}x the round's "
+                    f"median norm (it was over {multiple:g}x that median; scaled by {scale:.2e} at the most)")

@@ -21,9 +21,10 @@ keeps as sent (``Pending.sent``, subtracted from its error buffer) is decoded fr
 - ``dct``: decoupled outer momentum; the top DCT coefficients of the momentum are synchronized,
   the residual stays local (arXiv 2510.03371, after DeMo arXiv 2411.19870).
 
-Before ``aggregate``, the round engine checks and clips every decoded contribution to the round's
-median norm (peer/outer/robust.py); ``apply`` takes the outer step all or nothing: ``NonFiniteStep``,
-nothing changed, if it would leave a non-finite value in θ or in the strategy's state.
+Before ``aggregate``, the round engine checks every decoded contribution and scales a tensor past
+1.5× the round's median norm down to that median (peer/outer/robust.py); ``apply`` takes the outer
+step all or nothing: ``NonFiniteStep``, nothing changed, if it would leave a non-finite value in θ
+or in the strategy's state.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class OuterStrategy:
     """Base: encode a pseudo-gradient, aggregate decoded payloads, apply the outer step."""
 
     name = "base"
-    clip_multiple = CLIP_MULTIPLE  # contributions are clipped to this multiple of the median norm (peer/outer/robust.py)
+    clip_multiple = CLIP_MULTIPLE  # a tensor past this multiple of the median norm goes to the median (robust.py)
 
     def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: Part = FULL):
         """``part``: FULL, the slice a partial peer owns (protocol/model/partial.py), or the (start, end)

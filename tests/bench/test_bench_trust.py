@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 from bench import trust
 
 
@@ -21,5 +23,15 @@ def test_quick_negate_is_refused_with_the_check_and_costs_loss_without(tmp_path,
     assert on["z_honest"][0] > 3 > on["z_hostile"][1]
     rows = json.loads(out.read_text())["rows"]
     assert {(r["honest"], r["check"]) for r in rows if r["hostile"] == 0} >= {(4, True), (4, False)}  # the controls
-    assert on["vs_control"] is not None and off["vs_control"] is not None
+    loss = {(r["honest"], r["hostile"], r["check"]): r["val_loss"] for r in rows}
+    assert on["vs_control"] == loss[(3, 1, True)] / loss[(4, 0, True)] - 1
+    assert off["vs_control"] == loss[(3, 1, False)] / loss[(4, 0, False)] - 1
     assert "vs R + K honest" in capsys.readouterr().out
+
+
+def test_amplify_and_scale_multiply_only_hostile_senders_in_float32():
+    t = {"w": torch.tensor([0.1, -0.3, 0.0, 7.0])}
+    for attack, factor in (("amplify", trust.AMPLIFY), ("scale", 1e4)):
+        tamper = trust.make_tamper(attack)
+        assert torch.equal(tamper(0, f"{trust.HOSTILE}0", t)["w"], t["w"] * torch.tensor(factor, dtype=torch.float32))
+        assert tamper(0, "replica0", t) is t  # honest senders untouched

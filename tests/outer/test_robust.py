@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from peer.outer.robust import CLIP_MULTIPLE, Contributions, NonFiniteStep, lower_median, robust_step, screen, squared_norm
+from peer.outer.robust import (CLIP_MULTIPLE, Contributions, NonFiniteStep, lower_median, robust_step, screen,
+                               squared_norm)
 from peer.outer.engine import RoundEngine
 from peer.outer.strategies import make_strategy
 from protocol.spec import RunSpec
@@ -121,6 +122,12 @@ def test_past_the_limit_an_update_weighs_the_median():
     assert float(s.contributions[3]["a"]) == pytest.approx(3.1)
     assert float(s.contributions[4]["a"]) == pytest.approx(2.9, rel=1e-6)
     assert s.norms[4] == pytest.approx(2.9, rel=1e-6)
+
+
+def test_a_multiple_below_one_clips_to_the_limit():
+    s = screen([{"a": vec(n)} for n in (1.0, 2.0, 3.0, 100.0)], 0.5)  # median 2, limit 1
+    assert s.limits == {"a": 1.0} and set(s.clipped) == {1, 2, 3}
+    assert [float(s.contributions[i]["a"]) for i in range(4)] == pytest.approx([1.0, 1.0, 1.0, 1.0])
 
 
 def test_a_zero_update_cannot_pull_the_limit_to_zero():
