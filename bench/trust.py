@@ -264,12 +264,11 @@ def main(argv=None) -> int:
         for seed in seeds:
             for r in honest:
                 jobs.append((cfg, r, 0, None, check, seed, args.threads))
-                for attack in attacks:
-                    if not check and len(checks) > 1 and attack != "negate":
-                        continue
+                attacked = [a for a in attacks if check or len(checks) == 1 or a == "negate"]
+                for attack in attacked:
                     jobs += [(cfg, r, k, attack, check, seed, args.threads) for k in hostile]
-                    if args.controls:  # the attacked arm's control: R + K honest replicas
-                        jobs += [(cfg, r + k, 0, None, check, seed, args.threads) for k in hostile]
+                if attacked and args.controls:  # the attacked arms' control: R + K honest replicas
+                    jobs += [(cfg, r + k, 0, None, check, seed, args.threads) for k in hostile]
             jobs += [(cfg, KIND_REPLICAS, 0, kind, check, seed, args.threads) for kind in kinds]
     jobs = list({job[1:]: job for job in jobs}.values())  # a control may be another arm's clean run
     print(f"# bench/trust.py, {now()}, {machine()}: {len(jobs)} simulations, {args.jobs} at a time", flush=True)
