@@ -1,7 +1,7 @@
 """At most K contributions a round, as a swarm grows from 16 to 1,000 peers (in-process simulation).
 
     python bench/contributions.py [--quick] [--sizes 16,64,256,1000] [--k 32] [--rounds 6] [--seeds 3]
-                                  [--jobs 2] [--threads 1] [--json OUT]
+                                  [--min-share S] [--jobs 2] [--threads 1] [--json OUT]
 
 Every arm is ``peer.round.simulate.simulate``: N replicas of the real round loop (each its own model
 copy, data shard, AdamW and SparseLoCo error feedback, its own round engine), at equal tokens:
@@ -52,14 +52,16 @@ VERIFY_MAX = 64  # the largest swarm whose every replica concludes the first rou
 
 
 def run_arm(job) -> Dict[str, Any]:
-    """One simulation: (cfg, N replicas, K (0: all), seed, threads, verify)."""
+    """One simulation: (cfg, N replicas, K (0: all), seed, threads, verify, min_share or None)."""
     from peer.round.simulate import simulate
     from peer.training.data import load_corpus
 
-    cfg, n, k, seed, threads, verify = job
+    cfg, n, k, seed, threads, verify, min_share = job
     torch.set_num_threads(threads)
     logging.getLogger("voloco.peer.robust").setLevel(logging.ERROR)
     spec = make_spec(cfg, {"strategy": "sparseloco", "max_contributions": k}, {}, cfg["steps"], seed)
+    if min_share is not None:
+        spec = spec.replace(outer={"sparseloco": {"min_share": min_share}})
     rounds = max(1, cfg["steps"] // cfg["inner_steps"])
     t = time.monotonic()
     res = simulate(spec, n, rounds, corpus=load_corpus("stdlib"), eval_every=0, verify_rounds=int(verify),
@@ -124,8 +126,13 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", help="comma-separated swarm sizes (default 16,64,256,1000; --quick: 8,24)")
     ap.add_argument("--k", type=int, help="contributions that enter θ a round (default 32; --quick: 4)")
     ap.add_argument("--rounds", type=int, help="rounds of H inner steps (default 6; --quick: 3)")
+    ap.add_argument("--min-share", type=float,
+                    help="outer.sparseloco.min_share of every arm: the chosen average divides a coordinate by no fewer "
+                         "than this share of the round's payloads (default: the spec's default)")
     add_arm_flags(ap)
     args = ap.parse_args(argv)
+    if args.min_share is not None and not 0.0 <= args.min_share <= 1.0:
+        ap.error("--min-share must be between 0 and 1")
     cfg = dict(CONFIGS["quick" if args.quick else "full"])
     if args.rounds is not None:
         cfg["steps"] = args.rounds * cfg["inner_steps"]
@@ -139,9 +146,10 @@ def main(argv=None) -> int:
     # the largest swarms first, so the two jobs end together; every replica concludes the first
     # round itself at the smallest size (the shortcut checked), if it is small: at 1,000 replicas
     # that is 1,000 outer steps of 1,000 contributions each
-    work = [(cfg, n, arm, seed, args.threads, n == min(sizes) and n <= VERIFY_MAX)
+    work = [(cfg, n, arm, seed, args.threads, n == min(sizes) and n <= VERIFY_MAX, args.min_share)
             for n in sorted(sizes, reverse=True) for seed in range(args.seeds) for arm in (0, k)]
-    run_summarized(run_arm, work, args.jobs, summarize, print_summary, args.json, config=cfg, k=k, sizes=sizes)
+    run_summarized(run_arm, work, args.jobs, summarize, print_summary, args.json, config=cfg, k=k, sizes=sizes,
+                   min_share=args.min_share)
     return 0
 
 

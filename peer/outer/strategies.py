@@ -263,19 +263,24 @@ class SparseLoCo(_ResidualStrategy):
         super().__init__(spec, layout, part, decay=spec.outer.sparseloco.ef_beta)
 
     def aggregate(self, decoded: Sequence[Tensors], established: Optional[Sequence[bool]] = None) -> Tensors:
-        return average(self.full_layout, decoded, over_choosers=self.spec.outer.sparseloco.aggregate == "chosen",
-                       established=established)
+        sparse = self.spec.outer.sparseloco
+        return average(self.full_layout, decoded, over_choosers=sparse.aggregate == "chosen",
+                       established=established, min_share=sparse.min_share)
 
 
 def average(layout: Layout, decoded: Sequence[Tensors], over_choosers: bool = False,
-            established: Optional[Sequence[bool]] = None) -> Tensors:
+            established: Optional[Sequence[bool]] = None, min_share: float = 0.0) -> Tensors:
     """Per tensor, the mean over the payloads that carry it, summed in the given (canonical)
     order, element-wise: bit-identical on every member. With partial updates or chain stages each
     coordinate is averaged over its owners only; a tensor nobody sent gets no update.
 
     ``over_choosers`` (SparseLoCo's variant): each coordinate averaged over the payloads that kept
     it, i.e. whose decoded value is non-zero (a kept entry quantized to exactly 0.0 adds nothing to
-    the sum either); a coordinate nobody kept stays 0.
+    the sum either); a coordinate nobody kept stays 0. ``min_share`` (``outer.sparseloco.min_share``)
+    bounds its step as the payloads grow: a coordinate is divided by no fewer than that share of the
+    payloads that carry its tensor (of their weights, with ``established``), so a coordinate one of
+    R kept moves θ by at most 1 / (min_share R) of its value, not all of it
+    (tests/outer/test_aggregate.py).
 
     ``established`` (one flag per payload: its sender has standing): per tensor, over the payloads
     that carry it, protocol/round/standing.weights bounds what fresh senders weigh together; where it
@@ -294,7 +299,7 @@ def average(layout: Layout, decoded: Sequence[Tensors], over_choosers: bool = Fa
         parts = [decoded[i][name] for i in carriers]
         w = weights([established[i] for i in carriers]) if established is not None else None
         if w is not None and any(x != 1.0 for x in w):
-            out[name] = _weighted_mean(parts, w, over_choosers)
+            out[name] = _weighted_mean(parts, w, over_choosers, min_share)
             continue
         acc = parts[0].clone()
         for t in parts[1:]:
@@ -306,6 +311,10 @@ def average(layout: Layout, decoded: Sequence[Tensors], over_choosers: bool = Fa
             kept = (parts[0] != 0).to(torch.uint8 if len(parts) < 256 else torch.int32)
             for t in parts[1:]:
                 kept.add_(t != 0)
+            floor = min_share * len(parts)
+            if floor > 1.0:
+                out[name] = acc.div_(kept.to(torch.float32).clamp_(min=floor))
+                continue
             shared = kept > 1
             acc[shared] = acc[shared] / kept[shared].to(torch.float32)
             out[name] = acc
@@ -314,8 +323,10 @@ def average(layout: Layout, decoded: Sequence[Tensors], over_choosers: bool = Fa
     return out
 
 
-def _weighted_mean(parts: Sequence[torch.Tensor], w: Sequence[float], over_choosers: bool) -> torch.Tensor:
-    """sum(w x) / sum(w) over ``parts`` (per coordinate over those that kept it, ``over_choosers``)."""
+def _weighted_mean(parts: Sequence[torch.Tensor], w: Sequence[float], over_choosers: bool,
+                   min_share: float = 0.0) -> torch.Tensor:
+    """sum(w x) / sum(w) over ``parts`` (per coordinate over those that kept it, ``over_choosers``,
+    and over no less than ``min_share`` of every part's weight)."""
     acc = torch.zeros_like(parts[0])
     den = torch.zeros_like(parts[0]) if over_choosers else torch.zeros((), dtype=torch.float32)
     for t, x in zip(parts, w):
@@ -324,7 +335,7 @@ def _weighted_mean(parts: Sequence[torch.Tensor], w: Sequence[float], over_choos
         den.add_((t != 0).to(torch.float32) * scale if over_choosers else scale)
     if over_choosers:
         kept = den > 0
-        acc[kept] = acc[kept] / den[kept]
+        acc[kept] = acc[kept] / den[kept].clamp(min=min_share * sum(w))
         return acc
     return acc.div_(den)
 

@@ -161,6 +161,7 @@ class _ChunkTopK(SpecModel):
 
 class SparseLoCoSpec(_ChunkTopK):
     _path: ClassVar[str] = "outer.sparseloco"
+    _omit_at_default: ClassVar[Tuple[str, ...]] = ("min_share",)
 
     chunk: Int(ge=1, le=64) = 64  # chunk side: 64x64 blocks for matrices (indices packed in 12 bits)
     topk: Int(ge=1, le=64 * 64) = 64  # kept entries per full chunk of chunk*chunk (64 of 4096 = 1.56 %)
@@ -168,6 +169,10 @@ class SparseLoCoSpec(_ChunkTopK):
     ef_beta: Float(ge=0.0, le=1.0) = 0.95  # error-feedback decay
     # "chosen": each coordinate averaged over the payloads that kept it; "mean": over all payloads
     aggregate: Literal[SPARSE_AGGREGATES] = "chosen"
+    # with "chosen": a coordinate is divided by no fewer than this share of the payloads that carry
+    # its tensor, so the step stays bounded as contributors grow (0: by those that kept it only; at
+    # 4 payloads or fewer 0.25 is the same). Left out of the serialized spec at its default
+    min_share: Float(ge=0.0, le=1.0) = 0.25
 
 
 class DCTSpec(_ChunkTopK):
