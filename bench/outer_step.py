@@ -73,10 +73,11 @@ def reference_squared_norm(t: torch.Tensor):
     return total, peak
 
 
-def reference_average(layout, decoded, over_choosers: bool = False, established=None):
+def reference_average(layout, decoded, over_choosers: bool = False, established=None, min_share: float = 0.0):
     """``peer.outer.strategies.average`` by its definition: with ``over_choosers``, the payloads that kept
-    each coordinate counted in float32 and every coordinate divided by its count. ``established`` is
-    ignored: this bench's senders have no standing, so every weight is 1."""
+    each coordinate counted in float32 and every coordinate divided by its count, or by ``min_share``
+    of the payloads that carry the tensor where that is more. ``established`` is ignored: this
+    bench's senders have no standing, so every weight is 1."""
     out = {}
     for name in layout:
         parts = [d[name] for d in decoded if name in d]
@@ -87,7 +88,7 @@ def reference_average(layout, decoded, over_choosers: bool = False, established=
             acc.add_(t)
         if over_choosers:
             kept = sum(((t != 0).to(torch.float32) for t in parts[1:]), (parts[0] != 0).to(torch.float32))
-            out[name] = acc.div_(kept.clamp_(min=1.0))
+            out[name] = acc.div_(kept.clamp_(min=max(1.0, min_share * len(parts))))
         else:
             out[name] = acc.div_(len(parts))
     return out

@@ -78,6 +78,11 @@ def test_chosen_average_is_bit_identical_to_dividing_by_a_float_count():
     want = reference_average(layout, decoded, over_choosers=True)  # a float32 count, every coordinate divided
     for name in layout:
         assert torch.equal(got[name].view(torch.int32), want[name].view(torch.int32)), name
+    # with the floor (outer.sparseloco.min_share) above one payload: 0.5 of 5 (4 for "b")
+    got = average(layout, decoded, over_choosers=True, min_share=0.5)
+    want = reference_average(layout, decoded, over_choosers=True, min_share=0.5)
+    for name in layout:
+        assert torch.equal(got[name].view(torch.int32), want[name].view(torch.int32)), name
 
 
 def test_lower_median():
