@@ -130,8 +130,10 @@ def main(argv=None) -> int:
             parse_aggregate(a)
     except ValueError as e:
         ap.error(str(e))
-    if not aggregates or any(n < 1 for n in replicas):
-        ap.error("name at least one aggregate, and replicas of at least 1")
+    if not aggregates or any(n < 1 for n in replicas) or args.seeds < 1 or args.jobs < 1:
+        ap.error("name at least one aggregate, replicas of at least 1, and --seeds and --jobs of at least 1")
+    if len(set(aggregates)) < len(aggregates) or len(set(replicas)) < len(replicas):
+        ap.error("name each aggregate and each number of replicas once")
     jobs = [(cfg, a, n, seed, args.threads) for seed in range(args.seeds) for n in replicas for a in aggregates]
     print(f"# bench/aggregate_scale.py, {now()}, {machine()}: {len(jobs)} simulations, {args.jobs} at a time",
           flush=True)

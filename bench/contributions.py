@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, help="rounds of H inner steps (default 6; --quick: 3)")
     ap.add_argument("--min-share", type=float,
                     help="outer.sparseloco.min_share of every arm: the chosen average divides a coordinate by no fewer "
-                         "than this share of the round's payloads (default: the spec's default)")
+                         "than this share of the payloads that carry its tensor (default: the spec's, 0.25)")
     add_arm_flags(ap)
     args = ap.parse_args(argv)
     if args.min_share is not None and not 0.0 <= args.min_share <= 1.0:

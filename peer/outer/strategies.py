@@ -16,7 +16,8 @@ keeps as sent (``Pending.sent``, subtracted from its error buffer) is decoded fr
 
 - ``diloco``: dense pseudo-gradients, mean, outer SGD with Nesterov momentum (arXiv 2311.08105).
 - ``sparseloco``: error feedback, chunked top-k, 2-bit values; each coordinate averaged over the
-  replicas that kept it (or over all, ``aggregate = "mean"``), outer step with no momentum
+  replicas that kept it, and over no fewer than ``min_share`` of those that carry its tensor (or
+  over all, ``aggregate = "mean"``), outer step with no momentum
   (arXiv 2508.15706).
 - ``dct``: decoupled outer momentum; the top DCT coefficients of the momentum are synchronized,
   the residual stays local (arXiv 2510.03371, after DeMo arXiv 2411.19870).
@@ -277,10 +278,10 @@ def average(layout: Layout, decoded: Sequence[Tensors], over_choosers: bool = Fa
     ``over_choosers`` (SparseLoCo's variant): each coordinate averaged over the payloads that kept
     it, i.e. whose decoded value is non-zero (a kept entry quantized to exactly 0.0 adds nothing to
     the sum either); a coordinate nobody kept stays 0. ``min_share`` (``outer.sparseloco.min_share``)
-    bounds its step as the payloads grow: a coordinate is divided by no fewer than that share of the
-    payloads that carry its tensor (of their weights, with ``established``), so a coordinate one of
-    R kept moves θ by at most 1 / (min_share R) of its value, not all of it
-    (tests/outer/test_aggregate.py).
+    bounds its step as the payloads grow: where that share of the R payloads that carry a tensor is
+    more than one, each of its coordinates is divided by no fewer than that share of them (of their
+    total weight W, with ``established``), so a coordinate one of them kept moves θ by at most
+    1 / (min_share R) of its value (w / (min_share W)), not all of it (tests/outer/test_aggregate.py).
 
     ``established`` (one flag per payload: its sender has standing): per tensor, over the payloads
     that carry it, protocol/round/standing.weights bounds what fresh senders weigh together; where it
@@ -326,16 +327,22 @@ def average(layout: Layout, decoded: Sequence[Tensors], over_choosers: bool = Fa
 def _weighted_mean(parts: Sequence[torch.Tensor], w: Sequence[float], over_choosers: bool,
                    min_share: float = 0.0) -> torch.Tensor:
     """sum(w x) / sum(w) over ``parts`` (per coordinate over those that kept it, ``over_choosers``,
-    and over no less than ``min_share`` of every part's weight)."""
+    and, where ``min_share`` of the parts is more than one, over no less than ``min_share`` of
+    their total weight: at ``min_share`` 1 the weighted mean bit for bit)."""
     acc = torch.zeros_like(parts[0])
     den = torch.zeros_like(parts[0]) if over_choosers else torch.zeros((), dtype=torch.float32)
+    total = torch.zeros((), dtype=torch.float32)
     for t, x in zip(parts, w):
         scale = torch.tensor(x, dtype=torch.float32)
         acc.add_(t * scale)
         den.add_((t != 0).to(torch.float32) * scale if over_choosers else scale)
+        total.add_(scale)
     if over_choosers:
         kept = den > 0
-        acc[kept] = acc[kept] / den[kept].clamp(min=min_share * sum(w))
+        if min_share * len(parts) > 1.0:  # the same rule as the unweighted code's: a floor of at most one payload is none
+            acc[kept] = acc[kept] / torch.maximum(den[kept], total * min_share)
+        else:
+            acc[kept] = acc[kept] / den[kept]
         return acc
     return acc.div_(den)
 

@@ -88,6 +88,7 @@ class SimResult:
     history: List[RoundStats] = field(default_factory=list)
     verified_rounds: int = 0  # rounds in which every replica decoded every payload itself
     aggregate: str = "mean"  # the spec's: "chosen" for SparseLoCo's average over the replicas that kept a coordinate
+    min_share: float = 0.0  # with "chosen": the floor of that average (outer.sparseloco.min_share)
     wall_s: float = 0.0
     theta: Optional[Tensors] = None
 
@@ -135,7 +136,7 @@ class SimResult:
         return self.steps_per_replica * allreduce_bytes_per_step(self.num_params, self.replicas)
 
     def to_dict(self) -> Dict[str, object]:
-        keys = ("strategy aggregate replicas rounds inner_steps num_params tokens initial_val_loss final_val_loss "
+        keys = ("strategy aggregate min_share replicas rounds inner_steps num_params tokens initial_val_loss final_val_loss "
                 "payload_bytes bytes_sent_per_peer bytes_received_per_peer dp_bytes_per_peer verified_rounds wall_s")
         return {**{k: getattr(self, k) for k in keys.split()}, "history": [r.__dict__ for r in self.history]}
 
@@ -254,6 +255,7 @@ def simulate(
         num_params=spec.model.num_params(),
         initial_val_loss=reps[0].role.evaluate(val),
         aggregate=spec.outer.sparseloco.aggregate if spec.outer.strategy == "sparseloco" else "mean",
+        min_share=spec.outer.sparseloco.min_share if spec.outer.strategy == "sparseloco" else 0.0,
     )
     tokens = 0
     for round_no in range(rounds):

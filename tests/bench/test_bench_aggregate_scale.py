@@ -28,7 +28,10 @@ def test_quick_runs_every_arm_and_pairs_the_gaps(tmp_path, capsys):
     assert "vs chosen (paired)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("bad", ["median", "chosen/2", "chosen/x", "mean/0.5"])
-def test_an_unknown_aggregate_is_refused(bad):
+@pytest.mark.parametrize("argv", [["--aggregates", "median"], ["--aggregates", "chosen/2"],
+                                  ["--aggregates", "chosen/x"], ["--aggregates", "mean/0.5"],
+                                  ["--aggregates", "chosen,chosen"], ["--replicas", "2,2"], ["--replicas", "0"],
+                                  ["--seeds", "0"], ["--jobs", "0"]])
+def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit):
-        aggregate_scale.main(["--aggregates", bad])
+        aggregate_scale.main(argv)

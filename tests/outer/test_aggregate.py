@@ -57,8 +57,26 @@ def test_with_fresh_senders_the_floor_is_a_share_of_the_weights():
     # the weights sum to 3, so a coordinate is divided by no less than 1.5 of them
     want = vec((1 + 3 + 0.5 * 5 + 0.5 * 7) / 3, 8.0 / 1.5, (2 + 4) / 2, 0.0)
     assert torch.allclose(got, want)
-    # bit-identical on every member: the same inputs give the same bits
-    assert torch.equal(got, average(["w"], PAYLOADS, over_choosers=True, established=established, min_share=0.5)["w"])
+
+
+def test_with_fresh_senders_a_floor_of_at_most_one_payload_is_none():
+    # 4 payloads x 0.25: the weighted average of before, though a fresh sender's weight is below 1
+    established = [True, True, False, False]
+    lone = [{"w": vec(0.0, 1.0)}, {"w": vec(0.0, 3.0)}, {"w": vec(4.0, 0.0)}, {"w": vec(0.0, 0.0)}]
+    before = average(["w"], lone, over_choosers=True, established=established)["w"]
+    assert torch.equal(average(["w"], lone, over_choosers=True, established=established, min_share=0.25)["w"], before)
+    assert before[0].item() == 4.0  # kept by one fresh sender: its own value
+
+
+@pytest.mark.parametrize("split", [(2, 3), (2, 6), (5, 7), (2, 9), (4, 11)])
+def test_with_fresh_senders_a_floor_of_every_weight_is_the_weighted_mean_bit_for_bit(split):
+    established, fresh = split
+    gen = torch.Generator().manual_seed(established * 100 + fresh)
+    decoded = [{"w": torch.randn(512, generator=gen) * (torch.rand(512, generator=gen) < 0.3)}
+               for _ in range(established + fresh)]
+    flags = [True] * established + [False] * fresh
+    assert torch.equal(average(["w"], decoded, over_choosers=True, established=flags, min_share=1.0)["w"],
+                       average(["w"], decoded, established=flags)["w"])
 
 
 def test_the_strategy_reads_the_share_from_the_spec():
