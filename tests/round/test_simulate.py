@@ -87,3 +87,19 @@ def test_byte_models():
     assert allreduce_bytes_per_step(1000, 1) == 0
     assert allreduce_bytes_per_step(1000, 4) == 2 * 3 / 4 * 4 * 1000
     assert allgather_bytes_per_round(100, 8) == 700
+
+
+def test_the_floor_applies_past_four_replicas_and_every_replica_concludes_alike(corpus):
+    """outer.sparseloco.min_share through the real round engines: 6 replicas, every one concluding
+    every round itself (the simulation asserts their θ bit-identical), end on another θ than the
+    chosen average without the floor; at 4 replicas the two are one θ."""
+    def theta(replicas, share):
+        spec = _spec("sparseloco").replace(outer={"sparseloco": {"min_share": share}})
+        res = simulate(spec, replicas, 2, corpus=corpus, eval_every=0, verify_rounds=2, keep_theta=True)
+        assert res.verified_rounds == 2 and res.min_share == share
+        return res.theta
+
+    floored, plain = theta(6, 0.25), theta(6, 0.0)
+    assert any(not torch.equal(floored[n], plain[n]) for n in floored)
+    four, four_plain = theta(4, 0.25), theta(4, 0.0)
+    assert all(torch.equal(four[n], four_plain[n]) for n in four)
