@@ -1,11 +1,12 @@
 """SparseLoCo's aggregate as contributors grow: does a run of more honest replicas end no worse?
 
     python bench/aggregate_scale.py [--quick] [--replicas 2,4,6,8,16] [--aggregates chosen,chosen/0.25,mean]
-                                    [--seeds 3] [--jobs 2] [--threads 1] [--json OUT]
+                                    [--rounds 12] [--seeds 3] [--jobs 2] [--threads 1] [--json OUT]
 
 Every arm is ``peer.round.simulate.simulate``: R honest replicas of the real round loop (each its own
 model copy, data shard, AdamW and SparseLoCo error feedback, its own round engine), the trust
-bench's small model and rounds (12 rounds of H = 20), the direction check on. R replicas train R
+bench's small model and rounds (12 rounds of H = 20; ``--rounds`` sets another count, the inner
+learning-rate schedule stretched to it), the direction check on. R replicas train R
 shards, so more replicas see more tokens: the loss at R should be no higher than at fewer.
 
 An aggregate is ``chosen`` (each coordinate averaged over the payloads that kept it), ``chosen/S``
@@ -120,9 +121,14 @@ def main(argv=None) -> int:
     ap.add_argument("--aggregates", default="chosen,chosen/0.25,mean",
                     help="comma-separated aggregates: chosen, mean, or chosen/S (outer.sparseloco.min_share = S); "
                          "the first is the one the others are compared with (default chosen,chosen/0.25,mean)")
+    ap.add_argument("--rounds", type=int, help="rounds of H inner steps (default 12; --quick: 4)")
     add_arm_flags(ap)
     args = ap.parse_args(argv)
-    cfg = CONFIGS["quick" if args.quick else "full"]
+    cfg = dict(CONFIGS["quick" if args.quick else "full"])
+    if args.rounds is not None:
+        if args.rounds < 1:
+            ap.error("--rounds must be at least 1")
+        cfg["steps"] = args.rounds * cfg["inner_steps"]
     try:
         replicas = [int(x) for x in args.replicas.split(",")]
         aggregates = [a for a in args.aggregates.split(",") if a]
