@@ -298,9 +298,10 @@ def average(layout: Layout, decoded: Sequence[Tensors], over_choosers: bool = Fa
         if not carriers:
             continue
         parts = [decoded[i][name] for i in carriers]
+        floored = min_share * len(parts) > 1.0  # a floor of at most one payload is none
         w = weights([established[i] for i in carriers]) if established is not None else None
         if w is not None and any(x != 1.0 for x in w):
-            out[name] = _weighted_mean(parts, w, over_choosers, min_share)
+            out[name] = _weighted_mean(parts, w, over_choosers, min_share if floored else 0.0)
             continue
         acc = parts[0].clone()
         for t in parts[1:]:
@@ -312,9 +313,8 @@ def average(layout: Layout, decoded: Sequence[Tensors], over_choosers: bool = Fa
             kept = (parts[0] != 0).to(torch.uint8 if len(parts) < 256 else torch.int32)
             for t in parts[1:]:
                 kept.add_(t != 0)
-            floor = min_share * len(parts)
-            if floor > 1.0:
-                out[name] = acc.div_(kept.to(torch.float32).clamp_(min=floor))
+            if floored:
+                out[name] = acc.div_(kept.to(torch.float32).clamp_(min=min_share * len(parts)))
                 continue
             shared = kept > 1
             acc[shared] = acc[shared] / kept[shared].to(torch.float32)
@@ -327,8 +327,8 @@ def average(layout: Layout, decoded: Sequence[Tensors], over_choosers: bool = Fa
 def _weighted_mean(parts: Sequence[torch.Tensor], w: Sequence[float], over_choosers: bool,
                    min_share: float = 0.0) -> torch.Tensor:
     """sum(w x) / sum(w) over ``parts`` (per coordinate over those that kept it, ``over_choosers``,
-    and, where ``min_share`` of the parts is more than one, over no less than ``min_share`` of
-    their total weight: at ``min_share`` 1 the weighted mean bit for bit)."""
+    and over no less than ``min_share`` of their total weight: at ``min_share`` 1 the weighted mean
+    bit for bit; 0, the caller's "no floor", divides by the choosers' weight alone)."""
     acc = torch.zeros_like(parts[0])
     den = torch.zeros_like(parts[0]) if over_choosers else torch.zeros((), dtype=torch.float32)
     total = torch.zeros((), dtype=torch.float32)
@@ -339,10 +339,7 @@ def _weighted_mean(parts: Sequence[torch.Tensor], w: Sequence[float], over_choos
         total.add_(scale)
     if over_choosers:
         kept = den > 0
-        if min_share * len(parts) > 1.0:  # the same rule as the unweighted code's: a floor of at most one payload is none
-            acc[kept] = acc[kept] / torch.maximum(den[kept], total * min_share)
-        else:
-            acc[kept] = acc[kept] / den[kept]
+        acc[kept] = acc[kept] / torch.maximum(den[kept], total * min_share)  # den > 0: a floor of 0 is none
         return acc
     return acc.div_(den)
 
