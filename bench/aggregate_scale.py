@@ -17,7 +17,7 @@ step grows with the union of the senders' supports; the mean shrinks such a coor
 
 Per (aggregate, R): the final validation loss, mean ± std over the seeds; its gap against the first
 aggregate named at the same R (paired by seed); and against the same aggregate at the smallest R
-named (paired by seed: what more replicas did to it).
+named (paired by seed: what more replicas did to it). ``--json``: every run (``runs``) and the summary.
 """
 
 from __future__ import annotations
@@ -34,10 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import add_arm_flags, machine, now, run_jobs, spread, table  # noqa: E402
+from bench.common import add_arm_flags, machine, now, run_summarized, spread, table  # noqa: E402
 from bench.compression import make_spec  # noqa: E402
 from bench.trust import CONFIGS  # noqa: E402
-from swarm.jsonout import dumps as strict_json  # noqa: E402
 
 
 def parse_aggregate(name: str) -> Dict[str, Any]:
@@ -143,14 +142,8 @@ def main(argv=None) -> int:
     jobs = [(cfg, a, n, seed, args.threads) for seed in range(args.seeds) for n in replicas for a in aggregates]
     print(f"# bench/aggregate_scale.py, {now()}, {machine()}: {len(jobs)} simulations, {args.jobs} at a time",
           flush=True)
-    t0 = time.monotonic()
-    rows = run_jobs(run_arm, jobs, args.jobs)
-    summary = summarize(rows, aggregates, replicas)
-    print()
-    print_summary(summary, aggregates[0], replicas[0])
-    print(f"\n{time.monotonic() - t0:.0f} s in all")
-    if args.json:
-        args.json.write_text(strict_json(dict(config=cfg, rows=rows, summary=summary, machine=machine(), date=now())))
+    run_summarized(run_arm, jobs, args.jobs, lambda rows: summarize(rows, aggregates, replicas),
+                   lambda summary: print_summary(summary, aggregates[0], replicas[0]), args.json, config=cfg)
     return 0
 
 

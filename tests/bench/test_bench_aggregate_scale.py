@@ -17,7 +17,7 @@ def test_quick_runs_every_arm_and_pairs_the_gaps(tmp_path, capsys):
             "--json", str(out)]
     assert aggregate_scale.main(argv) == 0
     doc = json.loads(out.read_text())
-    loss = {(r["aggregate"], r["replicas"]): r["val_loss"] for r in doc["rows"]}
+    loss = {(r["aggregate"], r["replicas"]): r["val_loss"] for r in doc["runs"]}
     assert len(loss) == 6
     # at R = 4 a floor of 0.25 is one payload: the chosen average, bit for bit, so the same loss
     assert loss[("chosen/0.25", 4)] == loss[("chosen", 4)]
