@@ -342,6 +342,7 @@ class Peer:
             gathered=self.gathered[1],
             gathered_before=self.gathered_before,
             state_digest=digest,
+            sends=self.role.progress_sends if self.role is not None else "",
         )
 
     def status(self) -> Dict[str, Any]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -181,6 +181,18 @@ class RoundEngine:
             return set(parts)
         with self.lock:
             return eligibility.contributors(parts, f"{base}:{round_no}", self.eligibility, self.standing)
+
+    def may_send(self, round_no: int, base: str) -> Optional[Callable[[str, int, str], bool]]:
+        """Whether a peer (its name, and its progress record's ``part`` and ``sends``) may send in round
+        ``round_no`` from θ ``base``, by this lineage's tables as they stand now: the peers whose
+        payloads the round's draw can take (protocol/round/eligibility.py ``may_send``). None where
+        rounds take every contribution: everyone may."""
+        if getattr(self.strategy, "max_contributions", 0) <= 0:
+            return None
+        with self.lock:
+            table, ranks = dict(self.eligibility), dict(self.standing)
+        seed = f"{base}:{round_no}"
+        return lambda peer, part, sends: eligibility.may_send(seed, table, ranks, peer, part, sends)
 
     def decode(self, payloads: Mapping[str, bytes]) -> Tuple[List[Tensors], Dict[str, str]]:
         """Every payload decoded in the canonical order, and the senders whose payload is invalid."""

@@ -29,9 +29,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from peer.exchange.results import base58
+from protocol.dht.records import Progress
 from protocol.round import set_manifests
 from protocol.round.group_sets import SetError
 from protocol.round.set_manifests import Entry, SetManifest, entries_of
@@ -97,6 +98,20 @@ def senders(engine, start_hash: str, payload: bytes, me: str) -> Dict[str, objec
     part = claimed_part(payload)
     sending = part is not None and me in engine.senders({me: part}, engine.round, start_hash)
     return {"senders": True, "part": part if sending else None}
+
+
+def awaited(engine, start_hash: str) -> Optional[Callable[[str, Progress], bool]]:
+    """Which peers of the round are worth waiting for, from (peer id, its progress record): with
+    ``outer.max_contributions`` = K, only those the lineage's eligibility table lets send this round,
+    as far as their records tell (a chain stage's ``sends``), since the draw passes over any other's
+    payload; a round's barrier and merge then wait for about 5/4 K peers a part, not for every peer
+    of the round (docs/scale.md). None where the round takes every contribution: wait for everyone.
+    A peer on another θ may decide otherwise for itself; what it sends then is passed over all the same.
+    Guarded by tests/round/test_awaited.py."""
+    test = engine.may_send(engine.round, start_hash)
+    if test is None:
+        return None
+    return lambda peer, progress: test(peer, progress.part, progress.sends)
 
 
 def fetch_checked_list(gatherer, spec, source: str, digest: str, round_no: int, timeout: float) -> Optional[SetList]:

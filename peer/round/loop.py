@@ -270,8 +270,9 @@ class RoundLoop:
         engine = peer.engine
         last = peer.totals.history[-1] if peer.totals.history else None
         mates = set(last.group) - {peer.peer_id} if last is not None and last.round == engine.round else set()
+        awaited = draw.awaited(engine, engine.params_hash())  # K a part: only peers that may send are waited for
         barrier = peer.membership.wait_for_round(engine.round, mates, first_round=peer.totals.rounds == 0,
-                                                 known=engine.standing)
+                                                 known=engine.standing, awaited=awaited)
         t_wait = time.monotonic()
         # each step of the exchange is protocol/round/round_policy.py's decision, from the facts gathered here
         step = round_policy.after_barrier(peer.stop_event.is_set(), barrier.nobody_to_meet)
@@ -340,7 +341,7 @@ class RoundLoop:
             self._quiet_mates[mate] = max(self._quiet_mates.get(mate, 0), engine.round + 1)
         if result is not None and result.set_digest:  # other groups of the round: one θ from all their sets
             merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip, gave_up=barrier.gave_up,
-                                 quiet=self._quiet_mates, by_list=by_list)
+                                 quiet=self._quiet_mates, by_list=by_list, awaited=awaited)
         chosen, invalid, passed, senders, excluded = draw.contributions(peer, merged, payloads, excluded, timing.set_fetch_s)
         decoded, bad = engine.decode(chosen)
         invalid.update(bad)

@@ -335,7 +335,8 @@ class Membership(StartWaits):
         return {v.peer_id for v in views if v.peer_id != self.peer_id
                 and (v.peer_id in self.no_shows or (limiting and self.wait_budget.stranger(v.peer_id)))}
 
-    def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool, known: Container[str] = ()) -> Barrier:
+    def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool, known: Container[str] = (),
+                       awaited: Optional[Callable[[str, Progress], bool]] = None) -> Barrier:
         """Wait until every live peer of ``round_no`` is ready: at most ``swarm.round_wait``, and at
         most the straggler allowance past the last time a peer of the round became ready.
 
@@ -343,7 +344,9 @@ class Membership(StartWaits):
         ``first_round``: peers still "waiting" for the start quorum are about to train it too. Peers
         waited for in vain and not in our last group are not waited for a while. ``known``: senders
         with standing in our lineage, no strangers: a wait for strangers alone lasts what
-        ``self.wait_budget`` grants."""
+        ``self.wait_budget`` grants. ``awaited`` (peer id, record): whether a peer other than a mate
+        is worth waiting for at all (a round of at most K contributions: those that may send,
+        peer/round/draw.py ``awaited``); None: everyone (tests/round/test_awaited.py)."""
         self._note_group(mates, round_no)
         self.wait_budget.lineage(known)
         start = time.monotonic()
@@ -354,12 +357,12 @@ class Membership(StartWaits):
         deadline = start + self.timing.round_wait_s
         busy = ("training", "waiting") if first_round else ("training",)
         try:
-            return self._barrier(round_no, mates, busy, start, cap, budget, deadline)
+            return self._barrier(round_no, mates, busy, start, cap, budget, deadline, awaited)
         finally:
             self.waiting_for_strangers.clear()  # whatever ended the wait, an exception included
 
     def _barrier(self, round_no: int, mates: Set[str], busy: tuple, start: float, cap: float, budget: float,
-                 deadline: float) -> Barrier:
+                 deadline: float, awaited: Optional[Callable[[str, Progress], bool]] = None) -> Barrier:
         """``wait_for_round``'s loop: read the view until the round's peers are ready or the waits end."""
         last_arrival = start
         arrived: Set[str] = set()
@@ -372,7 +375,8 @@ class Membership(StartWaits):
                 v for v in view
                 if v.peer_id in mates and v.progress.round == round_no - 1 and v.progress.state not in NOT_IN_ROUNDS
             ]
-            pending = [v for v in pending if v.peer_id not in self.no_shows]
+            pending = [v for v in pending if v.peer_id not in self.no_shows
+                       and (awaited is None or v.peer_id in mates or awaited(v.peer_id, v.progress))]
             now = time.monotonic()
             if {v.peer_id for v in ready} - arrived:
                 arrived |= {v.peer_id for v in ready}

@@ -33,6 +33,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 from peer.exchange.results import GatherResult, base58
 from peer.round.draw import SetList, fetch_checked_list
 from protocol.round import group_sets, round_policy
+from protocol.dht.records import Progress
 from protocol.round.peer_states import IN_ROUND, NOT_IN_ROUNDS
 
 logger = logging.getLogger("voloco.peer")
@@ -53,7 +54,8 @@ class Merged:
 
 
 def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optional[Dict[str, int]] = None,
-                gave_up: Iterable[str] = (), quiet: Optional[Dict[str, int]] = None, by_list: bool = False) -> Merged:
+                gave_up: Iterable[str] = (), quiet: Optional[Dict[str, int]] = None, by_list: bool = False,
+                awaited: Optional[Callable[[str, Progress], bool]] = None) -> Merged:
     """The union of our group's set and every set the round's other groups named in time.
 
     ``result`` is this peer's GatherResult; ``ready``, the peers its barrier saw ready in the round.
@@ -78,7 +80,9 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
 
     ``by_list`` (a run that takes at most ``outer.max_contributions`` a part): the other groups' sets
     are fetched as lists (``Merged.lists``), and only the payloads drawn from them later
-    (peer/round/draw.py)."""
+    (peer/round/draw.py). ``awaited`` (peer id, record), the barrier's: peers it says are not worth
+    waiting for (they may not send this round) are not waited for here either; a set they name in
+    time is still fetched (tests/round/test_awaited.py)."""
     skip = {} if skip is None else skip
     membership, gatherer, spec = peer.membership, peer.gatherer, peer.spec
     own = result.set_digest
@@ -136,6 +140,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             if p in by_peer and by_peer[p].round == round_no and by_peer[p].state in IN_ROUND
             and not (p in gave_up and by_peer[p].state == "training")
             and not by_peer[p].set_of(round_no)
+            and (awaited is None or awaited(p, by_peer[p]))
         }
         unfetched = [d for d, pubs in named.items() if tries.get(d, 0) < TRIES_PER_SET and set(pubs) - failed]
         # a peer of the round that has finished training and is matchmaking or gathering names its set

@@ -26,6 +26,7 @@ from peer.training.data import Corpus, TrainStream
 from peer.training.inner import InnerTrainer, evaluate
 from peer.outer.strategies import OuterStrategy, Tensors, make_strategy
 from protocol.model.partial import FULL, describe
+from protocol.round.eligibility import part_key
 from protocol.wire.payload import Part
 from protocol.spec import RunSpec
 from protocol.chain.subspace_constraint import constrain_to_subspace_
@@ -116,6 +117,12 @@ class Role:
     def progress_part(self) -> int:
         """The part this peer shows in its progress record (a chain stage counts as a replica's share)."""
         return self.part if isinstance(self.part, int) else FULL
+
+    @property
+    def progress_sends(self) -> str:
+        """The part its payloads carry, for its progress record, where ``progress_part`` does not say it
+        (a chain stage's blocks, protocol/round/eligibility.py ``part_key``); "" otherwise."""
+        return "" if isinstance(self.part, int) else part_key(self.part)
 
     def shutdown(self) -> None:
         pass

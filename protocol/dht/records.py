@@ -62,6 +62,10 @@ class Progress:
     # the digest of the shared state and standing table that go with params_hash (a served state is
     # checked against both: peer/checkpoints/files.py state_digest), "" while training
     state_digest: str = ""
+    # the part its payloads carry where that is not ``part`` (a chain stage shows a full replica's part
+    # there and sends its blocks: "0:4", protocol/round/eligibility.py ``part_key``), "" otherwise: a
+    # round that takes at most K contributions waits only for peers that may send (``may_send``)
+    sends: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -89,6 +93,8 @@ _SET_NAME = re.compile(r"[0-9a-f]{32}")
 _HEX = re.compile(r"(?:[0-9a-f]{2})+")  # a digest: written as its bytes
 _HEX_FIELDS = ("spec", "params_hash", "gathered", "gathered_before", "state_digest")
 _HEX_INDICES = tuple(_FIELDS.index(name) for name in _HEX_FIELDS)
+_LATER = {"sends": ""}  # fields added since the first list format, absent from an older writer's record
+_SENDS = re.compile(r"[0-9]{1,5}:[0-9]{1,5}")
 
 
 def parse_progress(value: Any) -> Progress:
@@ -97,12 +103,14 @@ def parse_progress(value: Any) -> Progress:
     if isinstance(value, (bytes, bytearray)):
         value = decode_body(bytes(value), "progress record")
     if isinstance(value, list):
-        if len(value) != len(_FIELDS):
+        if not len(_FIELDS) - len(_LATER) <= len(value) <= len(_FIELDS):
             raise ProtocolError(f"progress record has {len(value)} fields, not {len(_FIELDS)}")
-        value = dict(zip(_FIELDS, value))
+        value = {**_LATER, **dict(zip(_FIELDS, value))}
         for name in _HEX_FIELDS:
             if isinstance(value[name], bytes) and 0 < len(value[name]) <= 32:
                 value[name] = value[name].hex()
+    if isinstance(value, dict):
+        value = {**{k: v for k, v in _LATER.items() if k not in value}, **value}
     if not isinstance(value, dict) or set(value) != set(_TYPES):
         raise ProtocolError("progress record has missing or unknown fields")
     for name, kind in _TYPES.items():
@@ -128,6 +136,8 @@ def parse_progress(value: Any) -> Progress:
     for name in ("gathered", "gathered_before"):
         if value[name] and not _SET_NAME.fullmatch(value[name]):
             raise ProtocolError(f"progress.{name} must be empty or a set's name (32 hex digits)")
+    if value["sends"] and not _SENDS.fullmatch(value["sends"]):
+        raise ProtocolError("progress.sends must be empty or a chain stage's blocks (\"start:end\")")
     return Progress(**{k: (float(v) if _TYPES[k] == "float" else v) for k, v in value.items()})
 
 

@@ -45,7 +45,7 @@ from protocol.round.standing import ESTABLISHED
 from protocol.wire.payload import Part
 
 __all__ = ["ONE", "TOP", "CAP", "MARGIN", "SPARE", "MAX_PARTS", "MAX_FALL", "EligibilityError", "part_key", "probability",
-           "eligible", "contributors", "target", "update", "checked"]
+           "eligible", "may_send", "contributors", "target", "update", "checked"]
 
 ONE = 1 << 20  # probability 1
 TOP = weight(ESTABLISHED)  # an established member's weight (4 quarters); a fresh one's is 1
@@ -76,6 +76,18 @@ def eligible(seed: str, sender: str, p: int, w: int) -> bool:
     part's ``p``: U / 2^64 at most p × w / TOP, with U from SHA-256 of the seed, a tag and its name
     (not its draw key), in integers."""
     return p * w >= CAP or uniform(f"{seed}\x00send", sender) * CAP <= (p * w) << 64
+
+
+def may_send(seed: str, table: Mapping[str, int], standing: Mapping[str, int], sender: str, part: int,
+             sends: str = "") -> bool:
+    """Whether a peer whose progress record shows ``part`` (and ``sends``: a chain stage's blocks, or
+    "") may send its payload in the round of ``seed``: the peers a round of at most K waits for, since
+    the draw passes over every other's payload (``RoundEngine.draw``). A peer that has not chosen its
+    part yet (``part`` below -1) may send, as far as anyone can tell (tests/protocol/test_eligibility.py)."""
+    if not sends and part < -1:
+        return True
+    key = sends or str(int(part))
+    return eligible(seed, sender, table.get(key, CAP), weight(standing.get(sender, 0)))
 
 
 def contributors(parts: Mapping[str, Optional[Part]], seed: str, table: Mapping[str, int],

@@ -77,8 +77,19 @@ def test_the_wire_form_is_positional_with_digests_as_bytes_and_reads_back_the_sa
     assert parse_progress(encode_body(progress(device="cafe").to_wire())).device == "cafe"  # only digests turn to bytes
 
 
+def test_a_record_says_what_a_chain_stage_sends_and_one_from_before_that_field_still_reads():
+    p = progress(sends="0:4")
+    assert parse_progress(encode_body(p.to_wire())) == p and parse_progress(encode_body(p.to_dict())) == p
+    old = progress().to_wire()[:-1]  # a writer from before ``sends``: every field but the last
+    assert parse_progress(encode_body(old)) == progress()
+    d = progress().to_dict()
+    del d["sends"]
+    assert parse_progress(encode_body(d)) == progress()
+
+
 @pytest.mark.parametrize("change", [
-    lambda w: w[:-1], lambda w: w + [""], lambda w: [],
+    lambda w: w[:-2], lambda w: w + [""], lambda w: [],
+    lambda w: w[:-1] + ["0:4:8"], lambda w: w[:-1] + ["x" * 9],  # not a chain stage's blocks
     lambda w: w[:3] + [b"\x00" * 33] + w[4:],  # a digest longer than any
     lambda w: w[:2] + [b"tr"] + w[3:],  # bytes where a state's name goes
     lambda w: w[:12] + [b"\xca\xfe"] + w[13:],  # bytes for the device

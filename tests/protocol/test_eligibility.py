@@ -109,3 +109,16 @@ def test_the_table_is_bounded_and_a_table_from_another_peer_is_checked():
                 {str(i): 5 for i in range(eligibility.MAX_PARTS + 1)}):
         with pytest.raises(EligibilityError):
             eligibility.checked(bad)
+
+
+def test_a_record_may_send_as_its_part_or_its_chain_stages_blocks_would():
+    """The barrier's test (``may_send``) from a progress record's part and ``sends``: the same decision
+    as the gather's, a chain stage's by its blocks, a peer with no part yet as one that may."""
+    names = _names(400)
+    table, standing = {"-1": ONE // 10, "2": ONE // 10, "0:4": ONE // 10}, {s: 3 for s in names}
+    for part, sends, as_part in ((-1, "", -1), (2, "", 2), (-1, "0:4", (0, 4))):
+        got = {s for s in names if eligibility.may_send("seed:9", table, standing, s, part, sends)}
+        assert got == eligibility.contributors({s: as_part for s in names}, "seed:9", table, standing)
+        assert 10 < len(got) < 80
+    assert all(eligibility.may_send("seed:9", table, standing, s, -1, "4:8") for s in names)  # no p of its own: CAP
+    assert all(eligibility.may_send("seed:9", table, standing, s, -2, "") for s in names)  # still choosing
