@@ -270,9 +270,9 @@ class RoundLoop:
         engine = peer.engine
         last = peer.totals.history[-1] if peer.totals.history else None
         mates = set(last.group) - {peer.peer_id} if last is not None and last.round == engine.round else set()
-        awaited = draw.awaited(engine, engine.params_hash())  # K a part: only peers that may send are waited for
+        # with K a part, only peers that may send are waited for (here and in the merge)
         barrier = peer.membership.wait_for_round(engine.round, mates, first_round=peer.totals.rounds == 0,
-                                                 known=engine.standing, awaited=awaited)
+                                                 known=engine.standing, awaited=draw.awaited(engine, engine.params_hash()))
         t_wait = time.monotonic()
         # each step of the exchange is protocol/round/round_policy.py's decision, from the facts gathered here
         step = round_policy.after_barrier(peer.stop_event.is_set(), barrier.nobody_to_meet)
@@ -341,14 +341,16 @@ class RoundLoop:
             self._quiet_mates[mate] = max(self._quiet_mates.get(mate, 0), engine.round + 1)
         if result is not None and result.set_digest:  # other groups of the round: one θ from all their sets
             merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip, gave_up=barrier.gave_up,
-                                 quiet=self._quiet_mates, by_list=by_list, awaited=awaited)
+                                 quiet=self._quiet_mates, by_list=by_list,
+                                 awaited=draw.awaited(engine, engine.params_hash()))  # the seed after the union's repair
         chosen, invalid, passed, senders, excluded = draw.contributions(peer, merged, payloads, excluded, timing.set_fetch_s)
         decoded, bad = engine.decode(chosen)
         invalid.update(bad)
         for sender, why in invalid.items():
             logger.warning(f"round {engine.round}: rejected the payload of {sender}: {why}")
         if passed:
-            ours = "ours waits for a later round" if peer.peer_id in passed else "ours among them"
+            ours = ("ours waits for a later round" if peer.peer_id in passed
+                    else "ours among them" if peer.peer_id in senders else "this peer sent none")
             logger.info(f"round {engine.round}: {len(chosen)} of {len(senders)} contributions enter θ "
                         f"(outer.max_contributions = {engine.strategy.max_contributions} a part; {ours})")
         excluded.update(invalid)

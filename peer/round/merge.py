@@ -140,24 +140,27 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             if p in by_peer and by_peer[p].round == round_no and by_peer[p].state in IN_ROUND
             and not (p in gave_up and by_peer[p].state == "training")
             and not by_peer[p].set_of(round_no)
-            and (awaited is None or awaited(p, by_peer[p]))
         }
+        # with K: waited for only while one that may send is among them; a group of it and of peers that
+        # may not send still forms, so all of them count towards one (tests/round/test_awaited.py)
+        sending = {p for p in outstanding if awaited is None or awaited(p, by_peer[p])}
         unfetched = [d for d, pubs in named.items() if tries.get(d, 0) < TRIES_PER_SET and set(pubs) - failed]
         # a peer of the round that has finished training and is matchmaking or gathering names its set
         # once its group's gather ends: a large group on a loaded host gathers for longer than a pair
         # (test_a_large_group_still_gathering_past_round_wait_is_waited_for_and_one_still_training_is_not)
-        extra = timing.gathering_extra() if round_policy.still_gathering(by_peer[p].state for p in outstanding) else 0.0
+        extra = timing.gathering_extra() if round_policy.still_gathering(by_peer[p].state for p in sending) else 0.0
         clock = round_policy.MergeClock(now=time.monotonic(), started=t0, last_arrival=last_arrival, allowance=allowance,
                                         extra=extra, round_wait=timing.round_wait_s)
-        decision = round_policy.merge_wait(clock, bool(view), len(outstanding), len(unfetched), spec.swarm.min_group_size,
+        decision = round_policy.merge_wait(clock, bool(view), len(outstanding) if sending else 0, len(unfetched),
+                                           spec.swarm.min_group_size,
                                            fresh_read=membership.read_began > t0)
         if decision is round_policy.MergeWait.NOTHING_LEFT:
             break  # alone, or nothing more to wait for in a view read after our group's gather
         if decision is round_policy.MergeWait.TIMED_OUT:
             logger.info(f"round {round_no}: merged {len(held) - 1} other groups' sets; not waiting longer for "
-                        f"{len(outstanding)} peers of the round and {len(unfetched)} sets")
-            skip.update({p: round_no + timing.merge_skip_rounds for p in outstanding})
-            membership.missed(outstanding, round_no)  # strikes outlive a set named later (protocol/round/no_shows.py)
+                        f"{len(sending)} peers of the round and {len(unfetched)} sets")
+            skip.update({p: round_no + timing.merge_skip_rounds for p in sending})
+            membership.missed(sending, round_no)  # strikes outlive a set named later (protocol/round/no_shows.py)
             break
         time.sleep(timing.view_poll_s)
     # each member decided alone which late sets arrived in time: the group agrees on their union. A

@@ -92,3 +92,15 @@ def test_the_predicate_is_the_lineages_eligibility_and_none_without_k():
     assert eligibility.part_key(-1) == "-1"
     e0 = RoundEngine(make_strategy(SPEC.replace(outer={"strategy": "sparseloco"})), theta, round_no=ROUND)
     assert draw.awaited(e0, "ab" * 8) is None
+
+
+def test_one_peer_that_may_send_among_peers_that_may_not_is_waited_for_their_group():
+    """The merge's rule that fewer peers than make a group cannot name a set counts every peer of the
+    round: one that may send, still training among three that may not, forms a group with them."""
+    mine, theirs = a_group(0, 3, b"g1"), a_group(3, 4, b"g2")
+    others = sorted(theirs[2])
+    training = [record(p, state="training") for p in others]
+    named = [record(p, gathered=theirs[1]) for p in others]
+    swarm = Swarm([training] * 3 + [named], {others[0]: {theirs[1]: theirs[0]}}, allowance=5.0)
+    peer, result = member_of(swarm, mine)
+    assert merge_round(peer, ROUND, result, ready=[], awaited=only(others[2])).sets == 2
