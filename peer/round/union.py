@@ -121,7 +121,14 @@ def _take(peer, last: LastRound, result, lacking: List[str], key: str, symbolic:
         logger.warning(f"round {last.round}: the group took set {name[:12]} into the round's union and we could "
                        f"not fetch it from {len(listers[name])} members that hold it")
         return False
-    if got or got_lists:
+    if (got or got_lists) and not any(got.values()) and not any(listed.entries for listed in (got_lists or {}).values()):
+        # sets without a payload (a group whose members did not send this round): the union's payloads,
+        # and so θ, are what they were; the round is not concluded again (tests/round/test_union.py)
+        last.sets = {**last.sets, **got}
+        last.lists = None if last.lists is None else {**last.lists, **got_lists}
+        logger.info(f"round {last.round}: took {len(got) + len(got_lists or {})} set(s) without a payload into "
+                    f"the round's union: θ unchanged")
+    elif got or got_lists:
         _redo(peer, last, {**last.sets, **got}, len(got) + len(got_lists or {}),
               None if last.lists is None else {**last.lists, **got_lists})
     # a key that names a start another member announced (the same base, exactly these sets): θ must now

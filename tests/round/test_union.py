@@ -18,7 +18,7 @@ from peer.round.report import RoundRecord
 from protocol.round.group_sets import pack_set, set_digest
 from protocol.round.timing import Timing
 from tests.protocol.test_group_sets import agreed_set
-from tests.support.agreement_sim import MAX_PAYLOAD, RUN, signer
+from tests.support.agreement_sim import MAX_PAYLOAD, RUN, binding_of, signer
 from tests.outer.test_round_engine import SPEC, trained
 from hivemind.p2p import PeerID
 
@@ -134,3 +134,22 @@ def test_a_union_that_cannot_be_taken_leaves_theta_as_it_was(case):
     # a member that lacks a set the group took, and could not take it, does not hold what its key names;
     # a set that only one member announced and did not serve is left out, by every member alike
     assert taken.holds == (case in ("one lister not serving", "no base"))
+
+
+def test_a_set_without_a_payload_joins_the_union_without_concluding_the_round_again():
+    """A group whose members sent nothing this round (with K, none of them may send) names a set with
+    no payload: a member that lacked it takes it into the union, and θ stays the bits it was."""
+    spec, e = engine("diloco")
+    (n1, p1, s1), _ = two_groups(spec, e)
+    base = e.params_hash()
+    last = concluded(spec, e, {n1: s1})
+    binding = binding_of([signer(i).peer_id for i in (5, 6)], round_no=ROUND, group_id=b"g3")
+    n3, p3 = set_digest(binding.context, {}), pack_set(binding, {})
+    before = e.params_hash()
+    peer = member(spec, e, {"x": {n3: p3}})
+    e.redo = None  # concluding the round again would fail here
+    last_sets = {"me": (base, (n1,)), "x": (base, tuple(sorted((n1, n3))))}
+    taken = union.take_group_union(peer, last, gathered(last_sets, {"me": before, "x": before}))
+    assert peer.gatherer.asked == [("x", n3)] and taken.taken == 1
+    assert e.params_hash() == before == last.after_hash and taken.holds
+    assert union.announce(last, e) == (base, tuple(sorted((n1, n3))))
