@@ -19,6 +19,8 @@ from the peers' status files (their ``history``):
   the thread that ran it, encode to outer step; plus ``helpers_cpu``: its DHT, gather and p2p daemon
   processes since the previous round ended, swarm/cpu_meter.py), mean over the peers past their
   first record ("-" where the helpers' counters cannot be read);
+- barrier wait/peer: seconds a peer's round barrier waited for the round's other peers (its record's
+  ``waited``: from its payload's encoding to the barrier's end), mean over the peers;
 - round s: the median peer's round time (its record's ``seconds``); swarm s: from the moment every
   peer had ended the previous round (round 1: had begun training) to the moment every peer had
   ended this one.
@@ -164,6 +166,7 @@ def round_rows(statuses: List[Optional[Dict[str, Any]]], watcher: Watcher) -> Li
             # a peer's first record carries its start-up's helper seconds, not a round's
             "exchange_cpu_per_peer": _mean([r["exchange_cpu"] + r["helpers_cpu"] for _, n, r in recs
                                             if n > 1 and r.get("helpers_cpu") is not None]),
+            "waited_per_peer": _mean([r["waited"] for _, _, r in recs if r.get("waited") is not None]),
             "round_s": statistics.median(r["seconds"] for _, _, r in recs), "swarm_s": swarm_s,
         })
     return rows
@@ -209,10 +212,10 @@ def _ratio(value: Optional[float], base: Optional[float]) -> str:
 def report(runs: List[Dict[str, Any]]) -> str:
     rounds = table(
         ["peers", "round", "peers in it", "groups", "group sizes", "distinct θ", "alone", "payload sent/peer",
-         "payload recv/peer", "wire/peer", "exchange CPU/peer", "round s", "swarm s"],
+         "payload recv/peer", "wire/peer", "exchange CPU/peer", "barrier wait/peer", "round s", "swarm s"],
         [[str(run["peers"]), str(r["round"]), str(r["peers"]), str(r["groups"]), _sizes(r["group_sizes"]),
           str(r["distinct_theta"]), str(r["alone"]), _b(r["payload_sent_per_peer"]), _b(r["payload_received_per_peer"]),
-          _b(r["wire_per_peer"]), _c(r.get("exchange_cpu_per_peer")), _s(r["round_s"]), _s(r["swarm_s"])]
+          _b(r["wire_per_peer"]), _c(r.get("exchange_cpu_per_peer")), _c(r.get("waited_per_peer")), _s(r["round_s"]), _s(r["swarm_s"])]
          for run in runs for r in run["rows"]], left=5)
     grown = growth(runs)
     usage = table(
@@ -233,11 +236,12 @@ def growth(runs: List[Dict[str, Any]]) -> str:
         later = run["rows"][1:]
         mean = _mean([r["payload_received_per_peer"] for r in later if r["payload_received_per_peer"] is not None])
         cpu = _mean([r["exchange_cpu_per_peer"] for r in later if r.get("exchange_cpu_per_peer") is not None])
+        waited = _mean([r["waited_per_peer"] for r in later if r.get("waited_per_peer") is not None])
         base = base if base is not None else (mean, cpu)
         rows.append([str(run["peers"]), str(run.get("max_contributions", 0)), str(run["max_group_size"]), _b(mean),
-                     _ratio(mean, base[0]), _c(cpu), _ratio(cpu, base[1])])
+                     _ratio(mean, base[0]), _c(cpu), _ratio(cpu, base[1]), _c(waited)])
     return table(["peers", "K", "groups <=", "payload recv/peer/round", "vs smallest", "exchange CPU/peer/round",
-                  "vs smallest"], rows, left=0)
+                  "vs smallest", "barrier wait/peer/round"], rows, left=0)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

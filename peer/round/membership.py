@@ -25,7 +25,9 @@ least ``Timing.straggler_min_s``); peers it waited for in vain get strikes and a
 while, and a wait for strangers alone (fresh identities) lasts what a budget grants
 (protocol/round/no_shows.py: a staller costs about one allowance per ``Timing.forgive_after_rounds``
 rounds, a new identity every round a bounded share of wall time, while an honest peer that fell
-behind once is waited for again as soon as it comes: tests/round/test_rejoin.py). A round far
+behind once is waited for again as soon as it comes: tests/round/test_rejoin.py). In a round of at
+most K contributions a part, only the peers that may send it are waited for (``awaited``:
+peer/round/draw.py; tests/round/test_awaited.py). A round far
 ahead of everyone is not believed either: "the swarm's round" is one that at least two other peers
 have reached (``swarm_round``), and peers that state sync caught lying (a state it refused, none
 served) are left out of the view for a while (``ignore``).

@@ -35,7 +35,8 @@ def test_quick_scale_run_reports_rounds_and_resources(tmp_path, capsys):
     # helpers' counters cannot be read)
     cpu = [r["exchange_cpu_per_peer"] for r in run["rows"][1:]]
     assert all(c is None or c > 0 for c in cpu) and any(c is not None for c in cpu), cpu
-    assert "exchange CPU/peer/round" in printed
+    assert "exchange CPU/peer/round" in printed and "barrier wait/peer/round" in printed
+    assert all(r["waited_per_peer"] is not None and r["waited_per_peer"] >= 0 for r in run["rows"])
     assert [u["after_rounds"] for u in run["usage"]] == [1, 5]
     for u in run["usage"]:
         assert u["rounds_ended"] >= u["after_rounds"]
