@@ -18,6 +18,7 @@ class Barrier:
     only_syncing: bool = False  # every other live peer is downloading the state of an earlier round
     ready: frozenset = frozenset()  # the other peers of the round that were ready (they may gather in other groups)
     gave_up: frozenset = frozenset()  # the peers of the round it stopped waiting for (still training, or stalled)
+    unawaited: frozenset = frozenset()  # peers of the round still coming that it did not wait for (they may not send)
 
     @property
     def nobody_to_meet(self) -> bool:
@@ -28,4 +29,4 @@ class Barrier:
         """The group size the gather aims for: the ready peers and us, and at least a pair while
         peers of the round are still coming (nobody ready yet is no reason to train alone: the gather
         waits for one of them, until the round's wait ends or every other peer has gathered)."""
-        return max(self.expected, min(2, 1 + len(self.gave_up)))
+        return max(self.expected, min(2, 1 + len(self.gave_up | self.unawaited)))

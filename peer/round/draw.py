@@ -106,8 +106,9 @@ def awaited(engine, start_hash: str) -> Optional[Callable[[str, Progress], bool]
     as far as their records tell (a chain stage's ``sends``), since the draw passes over any other's
     payload; a round's barrier and merge then wait for about 5/4 K peers a part, not for every peer
     of the round (docs/scale.md). None where the round takes every contribution: wait for everyone.
-    A peer on another θ may decide otherwise for itself; what it sends then is passed over all the same.
-    Guarded by tests/round/test_awaited.py."""
+    ``start_hash`` gives the seed: the barrier's is the θ before the group repairs the last round's
+    union, so its choice is an estimate; the merge's, judged after that repair, is the seed the draw
+    uses. Guarded by tests/round/test_awaited.py."""
     test = engine.may_send(engine.round, start_hash)
     if test is None:
         return None

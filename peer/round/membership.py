@@ -377,8 +377,8 @@ class Membership(StartWaits):
                 v for v in view
                 if v.peer_id in mates and v.progress.round == round_no - 1 and v.progress.state not in NOT_IN_ROUNDS
             ]
-            pending = [v for v in pending if v.peer_id not in self.no_shows
-                       and (awaited is None or v.peer_id in mates or awaited(v.peer_id, v.progress))]
+            coming = [v for v in pending if v.peer_id not in self.no_shows]
+            pending = [v for v in coming if awaited is None or v.peer_id in mates or awaited(v.peer_id, v.progress)]
             now = time.monotonic()
             if {v.peer_id for v in ready} - arrived:
                 arrived |= {v.peer_id for v in ready}
@@ -413,5 +413,6 @@ class Membership(StartWaits):
                 behind = swarm_round([v.progress.round for v in others]) > round_no
                 syncing = bool(others) and all(v.progress.state == "syncing" and v.progress.round < round_no for v in others)
                 return Barrier(expected=1 + len(ready), alone=not others, behind=behind, only_syncing=syncing,
-                               ready=frozenset(v.peer_id for v in ready), gave_up=frozenset(self._waited))
+                               ready=frozenset(v.peer_id for v in ready), gave_up=frozenset(self._waited),
+                               unawaited=frozenset(v.peer_id for v in coming) - self._waited)
             time.sleep(self.timing.view_poll_s)

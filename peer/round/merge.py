@@ -80,9 +80,11 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
 
     ``by_list`` (a run that takes at most ``outer.max_contributions`` a part): the other groups' sets
     are fetched as lists (``Merged.lists``), and only the payloads drawn from them later
-    (peer/round/draw.py). ``awaited`` (peer id, record), the barrier's: peers it says are not worth
-    waiting for (they may not send this round) are not waited for here either; a set they name in
-    time is still fetched (tests/round/test_awaited.py)."""
+    (peer/round/draw.py). ``awaited`` (peer id, record; peer/round/draw.py, judged with the seed after
+    the union's repair): where no peer it says may send is still to name a set, the merge does not
+    wait for the others (they may not send this round; a set they name in time is still fetched);
+    where one is, they all count towards the group it may form; a wait that runs out strikes only the
+    peers that may send (tests/round/test_awaited.py)."""
     skip = {} if skip is None else skip
     membership, gatherer, spec = peer.membership, peer.gatherer, peer.spec
     own = result.set_digest
@@ -132,6 +134,12 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         in_round = {v.peer_id for v in view if v.progress.round == round_no and v.progress.state in IN_ROUND}
         outstanding |= in_round
         others |= in_round | {p for pubs in named.values() for p in pubs}
+        # with K: the merge waits, as it always did, only while a peer that may send is still to name a set
+        # (before this peer's own skips: a sender it skips may still form a group with the others it waits
+        # for); peers that may not send are struck by no wait (tests/round/test_awaited.py)
+        sender_coming = awaited is None or any(
+            awaited(p, by_peer[p]) for p in outstanding
+            if p in by_peer and by_peer[p].round == round_no and by_peer[p].state in IN_ROUND and not by_peer[p].set_of(round_no))
         for p in list(skip):
             if skip[p] <= round_no or (p in by_peer and by_peer[p].set_of(round_no)):
                 del skip[p]
@@ -141,22 +149,20 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             and not (p in gave_up and by_peer[p].state == "training")
             and not by_peer[p].set_of(round_no)
         }
-        # with K: waited for only while one that may send is among them; a group of it and of peers that
-        # may not send still forms, so all of them count towards one (tests/round/test_awaited.py)
-        sending = {p for p in outstanding if awaited is None or awaited(p, by_peer[p])}
         unfetched = [d for d, pubs in named.items() if tries.get(d, 0) < TRIES_PER_SET and set(pubs) - failed]
         # a peer of the round that has finished training and is matchmaking or gathering names its set
         # once its group's gather ends: a large group on a loaded host gathers for longer than a pair
         # (test_a_large_group_still_gathering_past_round_wait_is_waited_for_and_one_still_training_is_not)
-        extra = timing.gathering_extra() if round_policy.still_gathering(by_peer[p].state for p in sending) else 0.0
+        extra = timing.gathering_extra() if round_policy.still_gathering(by_peer[p].state for p in outstanding) else 0.0
         clock = round_policy.MergeClock(now=time.monotonic(), started=t0, last_arrival=last_arrival, allowance=allowance,
                                         extra=extra, round_wait=timing.round_wait_s)
-        decision = round_policy.merge_wait(clock, bool(view), len(outstanding) if sending else 0, len(unfetched),
+        decision = round_policy.merge_wait(clock, bool(view), len(outstanding) if sender_coming else 0, len(unfetched),
                                            spec.swarm.min_group_size,
                                            fresh_read=membership.read_began > t0)
         if decision is round_policy.MergeWait.NOTHING_LEFT:
             break  # alone, or nothing more to wait for in a view read after our group's gather
         if decision is round_policy.MergeWait.TIMED_OUT:
+            sending = {p for p in outstanding if awaited is None or awaited(p, by_peer[p])}
             logger.info(f"round {round_no}: merged {len(held) - 1} other groups' sets; not waiting longer for "
                         f"{len(sending)} peers of the round and {len(unfetched)} sets")
             skip.update({p: round_no + timing.merge_skip_rounds for p in sending})

@@ -128,6 +128,9 @@ def _take(peer, last: LastRound, result, lacking: List[str], key: str, symbolic:
         last.lists = None if last.lists is None else {**last.lists, **got_lists}
         logger.info(f"round {last.round}: took {len(got) + len(got_lists or {})} set(s) without a payload into "
                     f"the round's union: θ unchanged")
+        history = peer.totals.history
+        if history and history[-1].round == last.round + 1:
+            history[-1].sets = len(last.names)
     elif got or got_lists:
         _redo(peer, last, {**last.sets, **got}, len(got) + len(got_lists or {}),
               None if last.lists is None else {**last.lists, **got_lists})

@@ -82,12 +82,14 @@ def may_send(seed: str, table: Mapping[str, int], standing: Mapping[str, int], s
              sends: str = "") -> bool:
     """Whether a peer whose progress record shows ``part`` (and ``sends``: a chain stage's blocks, or
     "") may send its payload in the round of ``seed``: the peers a round of at most K waits for, since
-    the draw passes over every other's payload (``RoundEngine.draw``). A peer that has not chosen its
-    part yet (``part`` below -1) may send, as far as anyone can tell (tests/protocol/test_eligibility.py)."""
-    if not sends and part < -1:
+    the draw passes over every other's payload (``RoundEngine.draw``). A record is a claim: a peer may
+    send under either part it names (one that names a stage's blocks to look like a non-sender and
+    sends a full replica's payload is still waited for), and one that has not chosen its part yet
+    (``part`` below -1) may send, as far as anyone can tell (tests/protocol/test_eligibility.py)."""
+    if part < -1:
         return True
-    key = sends or str(int(part))
-    return eligible(seed, sender, table.get(key, CAP), weight(standing.get(sender, 0)))
+    w = weight(standing.get(sender, 0))
+    return any(eligible(seed, sender, table.get(key, CAP), w) for key in filter(None, (sends, str(int(part)))))
 
 
 def contributors(parts: Mapping[str, Optional[Part]], seed: str, table: Mapping[str, int],

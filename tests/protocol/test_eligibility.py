@@ -115,10 +115,16 @@ def test_a_record_may_send_as_its_part_or_its_chain_stages_blocks_would():
     """The barrier's test (``may_send``) from a progress record's part and ``sends``: the same decision
     as the gather's, a chain stage's by its blocks, a peer with no part yet as one that may."""
     names = _names(400)
-    table, standing = {"-1": ONE // 10, "2": ONE // 10, "0:4": ONE // 10}, {s: 3 for s in names}
-    for part, sends, as_part in ((-1, "", -1), (2, "", 2), (-1, "0:4", (0, 4))):
+    table, standing = {"-1": ONE // 10, "2": ONE // 10, "0:4": ONE // 40}, {s: 3 for s in names}
+    def sending(as_part):
+        return eligibility.contributors({s: as_part for s in names}, "seed:9", table, standing)
+
+    for part, sends, as_part in ((-1, "", -1), (2, "", 2)):
         got = {s for s in names if eligibility.may_send("seed:9", table, standing, s, part, sends)}
-        assert got == eligibility.contributors({s: as_part for s in names}, "seed:9", table, standing)
-        assert 10 < len(got) < 80
+        assert got == sending(as_part) and 10 < len(got) < 80
+    # a stage's record: its blocks, or the full part it shows (a record is a claim: a full replica that
+    # names a stage's blocks to look like a non-sender is still waited for where it may send as one)
+    got = {s for s in names if eligibility.may_send("seed:9", table, standing, s, -1, "0:4")}
+    assert got == sending((0, 4)) | sending(-1) and sending(-1) - sending((0, 4)) and sending((0, 4))
     assert all(eligibility.may_send("seed:9", table, standing, s, -1, "4:8") for s in names)  # no p of its own: CAP
     assert all(eligibility.may_send("seed:9", table, standing, s, -2, "") for s in names)  # still choosing

@@ -5,8 +5,10 @@ itself comes from the lineage's tables (peer/round/draw.py ``awaited``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -15,6 +17,7 @@ from peer.outer.strategies import make_strategy
 from peer.round import draw
 from peer.round.membership import Membership
 from peer.round.merge import merge_round
+from peer.training.roles import Role
 from protocol.round import eligibility
 from protocol.round.eligibility import ONE
 from tests.conftest import Clock  # noqa: F401
@@ -104,3 +107,33 @@ def test_one_peer_that_may_send_among_peers_that_may_not_is_waited_for_their_gro
     swarm = Swarm([training] * 3 + [named], {others[0]: {theirs[1]: theirs[0]}}, allowance=5.0)
     peer, result = member_of(swarm, mine)
     assert merge_round(peer, ROUND, result, ready=[], awaited=only(others[2])).sets == 2
+
+
+def test_a_sender_this_peer_gave_up_on_still_keeps_the_merge_waiting_for_its_groupmates():
+    """The barrier gave up on a sender still training; two peers that may not send are matchmaking.
+    Before any skip of its own, the merge waited for those two (a group of them can name a set the
+    sender's payload is in): it still does, though neither may send."""
+    mine, theirs = a_group(0, 3, b"g1"), a_group(3, 3, b"g2")
+    others = sorted(theirs[2])
+    coming = [record(others[0], state="training")] + [record(p, state="exchanging") for p in others[1:]]
+    named = [record(p, gathered=theirs[1]) for p in others]
+    swarm = Swarm([coming] * 3 + [named], {others[0]: {theirs[1]: theirs[0]}}, allowance=5.0)
+    peer, result = member_of(swarm, mine)
+    merged = merge_round(peer, ROUND, result, ready=[], gave_up=[others[0]], awaited=only(others[0]))
+    assert merged.sets == 2
+
+
+def test_a_barrier_that_waited_for_nobody_still_aims_for_a_pair(monkeypatch, clock):
+    script = lambda t: [view("me", 5, "ready"), view("b", 5, "training")]
+    m = membership(monkeypatch, clock, script)
+    barrier = m.wait_for_round(5, set(), first_round=False, awaited=only())
+    assert barrier.unawaited == {"b"} and barrier.gave_up == frozenset() and barrier.gather_size == 2
+
+
+def test_a_chain_stages_record_is_judged_by_its_blocks_and_a_role_names_them():
+    assert Role.progress_sends.fget(SimpleNamespace(part=(0, 4))) == "0:4"
+    assert Role.progress_sends.fget(SimpleNamespace(part=-1)) == Role.progress_sends.fget(SimpleNamespace(part=3)) == ""
+    seen = []
+    engine = SimpleNamespace(round=ROUND, may_send=lambda r, base: lambda peer, part, sends: seen.append((peer, part, sends)))
+    draw.awaited(engine, "ab" * 8)("x", dataclasses.replace(record("x").progress, sends="0:4"))
+    assert seen == [("x", -1, "0:4")]

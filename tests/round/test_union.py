@@ -147,9 +147,12 @@ def test_a_set_without_a_payload_joins_the_union_without_concluding_the_round_ag
     n3, p3 = set_digest(binding.context, {}), pack_set(binding, {})
     before = e.params_hash()
     peer = member(spec, e, {"x": {n3: p3}})
+    peer.totals.history.append(RoundRecord(round=ROUND + 1, params_hash=before, group=["me"], contributors=2,
+                                           excluded={}, bytes_sent=0, bytes_received=0, loss=0.0, val_loss=0.0,
+                                           seconds=0.0))
     e.redo = None  # concluding the round again would fail here
     last_sets = {"me": (base, (n1,)), "x": (base, tuple(sorted((n1, n3))))}
     taken = union.take_group_union(peer, last, gathered(last_sets, {"me": before, "x": before}))
     assert peer.gatherer.asked == [("x", n3)] and taken.taken == 1
     assert e.params_hash() == before == last.after_hash and taken.holds
-    assert union.announce(last, e) == (base, tuple(sorted((n1, n3))))
+    assert union.announce(last, e) == (base, tuple(sorted((n1, n3)))) and peer.totals.history[-1].sets == 2
