@@ -36,6 +36,20 @@ def membership(monkeypatch, clock, script) -> Membership:
     return m
 
 
+def late_group(states, named_at_once=False):
+    """Our group of 3 has gathered; another group (one peer per entry of ``states``: what its records
+    say for three reads, before they name their set) comes late. (its peers, the swarm, a call of
+    ``merge_round`` with the given keywords). ``named_at_once``: the set is named from the first read."""
+    mine, theirs = a_group(0, 3, b"g1"), a_group(3, len(states), b"g2")
+    others = sorted(theirs[2])
+    named = [record(p, gathered=theirs[1]) for p in others]
+    coming = [record(p, state=state) for p, state in zip(others, states)]
+    swarm = Swarm([named] if named_at_once else [coming] * 3 + [named], {others[0]: {theirs[1]: theirs[0]}},
+                  allowance=5.0)
+    peer, result = member_of(swarm, mine)
+    return others, swarm, lambda **kw: merge_round(peer, ROUND, result, ready=[], **kw)
+
+
 def only(*names):
     return lambda peer, progress: peer in names
 
@@ -57,25 +71,18 @@ def test_the_barrier_waits_for_peers_that_may_send_and_for_last_rounds_mates_onl
 
 
 def test_the_merge_does_not_wait_for_a_peer_that_may_not_send_but_takes_its_set_if_named():
-    mine, theirs = a_group(0, 3, b"g1"), a_group(3, 3, b"g2")
-    others = sorted(theirs[2])
-    training = [record(p, state="training") for p in others]
-    named = [record(p, gathered=theirs[1]) for p in others]
     # the other group still trains: peers that may send (two: enough for a group) are waited for until
     # their set is named ...
-    swarm = Swarm([training] * 3 + [named], {others[0]: {theirs[1]: theirs[0]}}, allowance=5.0)
-    peer, result = member_of(swarm, mine)
-    assert merge_round(peer, ROUND, result, ready=[], awaited=only(*others[:2])).sets == 2
+    others, _, merge = late_group(["training"] * 3)
+    assert merge(awaited=only(*others[:2])).sets == 2
     # ... peers that may not send are not: the merge ends at once, with our set alone
-    swarm = Swarm([training] * 3 + [named], {others[0]: {theirs[1]: theirs[0]}}, allowance=5.0)
-    peer, result = member_of(swarm, mine)
+    _, swarm, merge = late_group(["training"] * 3)
     t0 = time.monotonic()
-    merged = merge_round(peer, ROUND, result, ready=[], awaited=only())
+    merged = merge(awaited=only())
     assert merged.sets == 1 and time.monotonic() - t0 < 1.0 and not swarm.no_shows
     # a set such peers named in time is still merged
-    swarm = Swarm([named], {others[0]: {theirs[1]: theirs[0]}}, allowance=5.0)
-    peer, result = member_of(swarm, mine)
-    assert merge_round(peer, ROUND, result, ready=[], awaited=only()).sets == 2
+    _, _, merge = late_group(["training"] * 3, named_at_once=True)
+    assert merge(awaited=only()).sets == 2
 
 
 def test_the_predicate_is_the_lineages_eligibility_and_none_without_k():
@@ -100,27 +107,16 @@ def test_the_predicate_is_the_lineages_eligibility_and_none_without_k():
 def test_one_peer_that_may_send_among_peers_that_may_not_is_waited_for_their_group():
     """The merge's rule that fewer peers than make a group cannot name a set counts every peer of the
     round: one that may send, still training among three that may not, forms a group with them."""
-    mine, theirs = a_group(0, 3, b"g1"), a_group(3, 4, b"g2")
-    others = sorted(theirs[2])
-    training = [record(p, state="training") for p in others]
-    named = [record(p, gathered=theirs[1]) for p in others]
-    swarm = Swarm([training] * 3 + [named], {others[0]: {theirs[1]: theirs[0]}}, allowance=5.0)
-    peer, result = member_of(swarm, mine)
-    assert merge_round(peer, ROUND, result, ready=[], awaited=only(others[2])).sets == 2
+    others, _, merge = late_group(["training"] * 4)
+    assert merge(awaited=only(others[2])).sets == 2
 
 
 def test_a_sender_this_peer_gave_up_on_still_keeps_the_merge_waiting_for_its_groupmates():
     """The barrier gave up on a sender still training; two peers that may not send are matchmaking.
     Before any skip of its own, the merge waited for those two (a group of them can name a set the
     sender's payload is in): it still does, though neither may send."""
-    mine, theirs = a_group(0, 3, b"g1"), a_group(3, 3, b"g2")
-    others = sorted(theirs[2])
-    coming = [record(others[0], state="training")] + [record(p, state="exchanging") for p in others[1:]]
-    named = [record(p, gathered=theirs[1]) for p in others]
-    swarm = Swarm([coming] * 3 + [named], {others[0]: {theirs[1]: theirs[0]}}, allowance=5.0)
-    peer, result = member_of(swarm, mine)
-    merged = merge_round(peer, ROUND, result, ready=[], gave_up=[others[0]], awaited=only(others[0]))
-    assert merged.sets == 2
+    others, _, merge = late_group(["training", "exchanging", "exchanging"])
+    assert merge(gave_up=[others[0]], awaited=only(others[0])).sets == 2
 
 
 def test_a_barrier_that_waited_for_nobody_still_aims_for_a_pair(monkeypatch, clock):
