@@ -50,6 +50,7 @@ from peer.exchange.identity import payload_signer
 from peer.exchange.late_join import LateJoin
 from peer.exchange.matchmaking import describe_search, read_gathered, refuse_peers, senders_of, step_outcome
 from peer.exchange.results import GatherResult, base58
+from peer.exchange.ready_notices import ReadyNotices
 from peer.exchange.set_lists import ListServer
 from peer.exchange.set_server import SetServer
 from peer.exchange.state_serving import StateServing
@@ -69,7 +70,7 @@ CALLS_PER_PEER = 8  # gather RPCs one remote peer may have running here at once
 DEFAULT_MAX_PAYLOAD_BYTES = 16 << 20  # for tools without a spec; a peer passes its strategy's bound
 
 
-class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer, StateServing, DecentralizedAverager):  # Admitted: a private run's gate (swarm/access/admission.py)
+class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer, ReadyNotices, StateServing, DecentralizedAverager):  # Admitted: a private run's gate (swarm/access/admission.py)
     """hivemind matchmaking + a signed, agreed all-gather of one payload per member."""
 
     _round_no = -1  # the round being gathered, set as each round's matchmaking is prepared

@@ -194,8 +194,10 @@ class Peer:
                               set_state=self._set_state, on_installed=self._installed)
         self.gatherer.state_provider = self.sync.shareable_state
         self.gatherer.authorizer = admission_gate(self.dht, spec.run_id)  # None in a public run
+        self.membership.tell = self.gatherer.note_progress  # barriers that wait for us may ask it directly
         with starting_helpers():
             self.gatherer.run_in_background(await_ready=True)
+        self.membership.publish()  # the gatherer serves our record from now on
         self.install_signal_handlers()
 
         if self.role.checkpointed:

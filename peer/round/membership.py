@@ -27,8 +27,9 @@ while, and a wait for strangers alone (fresh identities) lasts what a budget gra
 rounds, a new identity every round a bounded share of wall time, while an honest peer that fell
 behind once is waited for again as soon as it comes: tests/round/test_rejoin.py). In a round of at
 most K contributions a part, only the peers that may send it are waited for (``awaited``:
-peer/round/draw.py; tests/round/test_awaited.py). A round far
-ahead of everyone is not believed either: "the swarm's round" is one that at least two other peers
+peer/round/draw.py; tests/round/test_awaited.py). The barrier also asks the peers it waits for
+directly to answer once they are done (peer/round/ready_asks.py, peer/exchange/ready_notices.py), so
+it need not wait for the next read of the view to see them ready. A round far ahead of everyone is not believed either: "the swarm's round" is one that at least two other peers
 have reached (``swarm_round``), and peers that state sync caught lying (a state it refused, none
 served) are left out of the view for a while (``ignore``).
 """
@@ -44,12 +45,13 @@ from typing import Callable, Container, Deque, Dict, Iterable, List, Optional, S
 from hivemind.utils import get_dht_time
 
 from peer.round.barrier import Barrier
+from peer.round.ready_asks import ReadyAsks
 from peer.round.start_waits import StartWaits, names as _names
 from protocol.round import peer_states
 from protocol.round.round_policy import swarm_round
 from protocol.round.no_shows import NoShowLedger, WaitBudget, claimed_elsewhere
 from protocol.round.peer_states import DONE, NOT_IN_ROUNDS
-from protocol.dht.records import Progress, peer_record_ttl
+from protocol.dht.records import Progress, encode_body, peer_record_ttl
 from protocol.spec import RunSpec
 from protocol.round.timing import Timing
 from swarm.records import PeerView, publish_progress, read_progress
@@ -101,6 +103,8 @@ class Membership(StartWaits):
         self.read_began = float("-inf")  # when the view's last DHT read began (monotonic)
         self._published: Optional[tuple] = None  # (monotonic time, what others act on) of the last record stored
         self._live_seen: Dict[str, float] = {}  # other peer -> when a read last found it live (in rounds)
+        # what answers the barriers that ask us directly (peer/exchange/ready_notices.py): told every record we store
+        self.tell: Optional[Callable[[bytes], None]] = None
 
     # ---- our record -----------------------------------------------------------------------------
     def ttl(self) -> float:
@@ -121,6 +125,8 @@ class Membership(StartWaits):
                 if last == key and now - at < self.keepalive_s():
                     return
             self._note_state(progress.state)
+            if self.tell is not None:  # before the store: a barrier asking us directly hears at once
+                self.tell(encode_body(progress.to_wire()))
             publish_progress(self.dht, self.spec.run_id, self.peer_id, progress, ttl=self.ttl())
             self._published = (now, key)
         except Exception as e:
@@ -338,7 +344,7 @@ class Membership(StartWaits):
                 and (v.peer_id in self.no_shows or (limiting and self.wait_budget.stranger(v.peer_id)))}
 
     def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool, known: Container[str] = (),
-                       awaited: Optional[Callable[[str, Progress], bool]] = None) -> Barrier:
+                       awaited: Optional[Callable[[str, Progress], bool]] = None, notices=None) -> Barrier:
         """Wait until every live peer of ``round_no`` is ready: at most ``swarm.round_wait``, and at
         most the straggler allowance past the last time a peer of the round became ready.
 
@@ -348,7 +354,8 @@ class Membership(StartWaits):
         with standing in our lineage, no strangers: a wait for strangers alone lasts what
         ``self.wait_budget`` grants. ``awaited`` (peer id, record): whether a peer other than a mate
         is worth waiting for at all (a round of at most K contributions: those that may send,
-        peer/round/draw.py ``awaited``); None: everyone (tests/round/test_awaited.py)."""
+        peer/round/draw.py ``awaited``); None: everyone (tests/round/test_awaited.py). ``notices``: what
+        asks the peers waited for directly (peer/round/ready_asks.py); None: the view alone."""
         self._note_group(mates, round_no)
         self.wait_budget.lineage(known)
         start = time.monotonic()
@@ -359,18 +366,23 @@ class Membership(StartWaits):
         deadline = start + self.timing.round_wait_s
         busy = ("training", "waiting") if first_round else ("training",)
         try:
-            return self._barrier(round_no, mates, busy, start, cap, budget, deadline, awaited)
+            asks = ReadyAsks(notices, round_no, self.digest, self.timing, time.monotonic) if notices is not None else None
+            return self._barrier(round_no, mates, busy, start, cap, budget, deadline, awaited, asks)
         finally:
             self.waiting_for_strangers.clear()  # whatever ended the wait, an exception included
 
     def _barrier(self, round_no: int, mates: Set[str], busy: tuple, start: float, cap: float, budget: float,
-                 deadline: float, awaited: Optional[Callable[[str, Progress], bool]] = None) -> Barrier:
-        """``wait_for_round``'s loop: read the view until the round's peers are ready or the waits end."""
+                 deadline: float, awaited: Optional[Callable[[str, Progress], bool]] = None,
+                 asks: Optional[ReadyAsks] = None) -> Barrier:
+        """``wait_for_round``'s loop: read the view (and ``asks``' answers) until the round's peers are
+        ready or the waits end."""
         last_arrival = start
         arrived: Set[str] = set()
         lost = False
         while True:
             view = self.view()
+            if asks is not None:
+                view = asks.overlay(view, self.read_began)
             mine = [v for v in view if v.progress.round == round_no and v.peer_id != self.peer_id]
             ready = [v for v in mine if v.progress.state in DONE]
             pending = [v for v in mine if v.progress.state in busy] + [
@@ -379,6 +391,8 @@ class Membership(StartWaits):
             ]
             coming = [v for v in pending if v.peer_id not in self.no_shows]
             pending = [v for v in coming if awaited is None or v.peer_id in mates or awaited(v.peer_id, v.progress)]
+            if asks is not None:
+                asks.ask((v.peer_id for v in pending), first=mates)
             now = time.monotonic()
             if {v.peer_id for v in ready} - arrived:
                 arrived |= {v.peer_id for v in ready}

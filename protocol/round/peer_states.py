@@ -57,6 +57,17 @@ def allowed(old: str, new: str) -> bool:
     return new in STATES and (old == new or new in TRANSITIONS.get(old, frozenset()))
 
 
+def keeps_waiting(round_no: int, state: str, asked_round: int) -> bool:
+    """Whether a peer at ``round_no`` in ``state`` is still one that a barrier of ``asked_round`` waits
+    for: training that round (or waiting for its start quorum), or in an earlier round and not out of
+    rounds (a groupmate still finishing the last one). A peer answers a barrier's direct question only
+    once this turns false, or when the question's hold runs out (peer/exchange/ready_notices.py;
+    tests/protocol/test_peer_states.py)."""
+    if state in NOT_IN_ROUNDS:
+        return False
+    return round_no < asked_round or (round_no == asked_round and state in (TRAINING, WAITING))
+
+
 def settled(state: str) -> str:
     """``state`` with the two done states as one: the move from ready to exchanging changes nothing
     another peer acts on, so it waits for the next keep-alive instead of a publication."""

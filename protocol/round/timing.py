@@ -50,6 +50,13 @@ class Timing:
     """... and never less often than this: forged identities cannot slow the view down further."""
     view_poll_s: float = 0.25
     """Between two looks at the view while waiting on it (barrier, merge, adopting a set)."""
+    ready_hold_s: float = 10.0
+    """A barrier's question to a peer it waits for ("tell me once you are done with this round":
+    peer/round/ready_asks.py) is held open by that peer at most this long, then asked again ..."""
+    ready_reask_s: float = 1.0
+    """... and asked again no sooner than this after an answer that did not end the wait for that peer."""
+    ready_asked_max: int = 32
+    """The most peers one barrier asks directly (the rest it sees through the view alone)."""
     pause_poll_s: float = 0.02
     """Between two looks at the flags an overlapped peer's steps pause on (the barrier's wait for strangers,
     the group's wait for a member that sent nothing: peer/round/loop.py ``_pause_for_no_shows``)."""

@@ -1,0 +1,124 @@
+"""Telling the peers whose round barrier waits for us that we are done, without the DHT in between.
+
+A barrier (peer/round/membership.py) learns from the progress records whom it waits for; reading
+those records is rate-limited by the swarm's size (``Timing.read_interval``: every N / 8 s, at most
+8 s), so a barrier used to end up to one read interval after the last peer it waited for was ready.
+Instead, the barrier asks each peer it waits for directly ("tell me once you are done with round
+r": ``ask_ready``), and that peer holds the question open until its own state ends the wait
+(protocol/round/peer_states.py ``keeps_waiting``) or the question's hold runs out, then answers with
+its current progress record. A barrier's questions are bounded by whom it waits for (at most
+``Timing.ready_asked_max`` peers, and one question at a time to each), not by the swarm's size.
+
+A mixin of peer/exchange/gatherer.py's ``PayloadGatherer``: the host process pushes its progress
+record whenever it publishes one (``note_progress``); the averager process serves ``rpc_ready`` from
+the last one pushed. The answer is that peer's own claim about itself, exactly as its DHT record is
+(the libp2p stream authenticates who answers): the asker parses it with the same
+``protocol/dht/records.py`` ``parse_progress`` and acts on it only to stop waiting for that peer.
+In a private run the gate of swarm/access/admission.py serves it to admitted peers only.
+
+Bounds: a question is held at most ``Timing.ready_hold_s`` (and no longer than the asker asks),
+``MAX_HELD`` questions at once (beyond them, answered at once), and the usual ``CallLimiter`` per
+caller; an answer over ``MAX_ANSWER_BYTES`` is refused. Guarded by tests/exchange/test_ready_notices.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Optional
+
+from hivemind.p2p import P2PContext, PeerID
+from hivemind.proto import averaging_pb2, runtime_pb2
+from hivemind.utils import MPFuture, get_logger
+
+from protocol.dht.records import parse_progress
+from protocol.errors import ProtocolError
+from protocol.round.peer_states import keeps_waiting
+
+logger = get_logger(__name__)
+
+MAX_HELD = 512  # questions held open at once; more are answered at once
+MAX_ANSWER_BYTES = 4096  # a progress record is about 100 bytes
+MAX_ROUND_CHARS = 12  # the asked round, as decimal digits
+
+
+class ReadyNotices:
+    """Needs of its host class: ``_calls`` (a CallLimiter), ``_p2p``, ``prefix``, ``_count``,
+    ``_outer_pipe``, ``get_stub`` and ``timing`` (protocol/round/timing.py)."""
+
+    _ready_body: Optional[bytes] = None  # our last progress record (Progress.to_wire, msgpack)
+    _ready_round, _ready_state = -1, ""
+    _ready_changed: Optional[asyncio.Event] = None  # set (and replaced) whenever our record changes
+    _ready_held = 0
+
+    # ---- host-process API ---------------------------------------------------------------------
+    def note_progress(self, body: bytes) -> None:
+        """Our progress record as just published (encoded): what the peers that ask are told."""
+        self._outer_pipe.send(("_note_progress", [bytes(body)], {}))
+
+    def ask_ready(self, peer: str, round_no: int, wait: float) -> MPFuture:
+        """Ask ``peer`` (base58) to answer once it is done with ``round_no``, or after ``wait`` s at
+        most: a future of its progress record's bytes (unchecked), or None if it did not answer."""
+        future = MPFuture()
+        self._outer_pipe.send(("_ask_ready", [], dict(peer=peer, round_no=int(round_no), wait=float(wait), future=future)))
+        return future
+
+    # ---- averager-process side ----------------------------------------------------------------
+    async def _note_progress(self, body: bytes) -> None:
+        try:
+            p = parse_progress(body)
+        except ProtocolError as e:  # our own record: cannot happen, but never serve what no peer could read
+            logger.debug(f"not serving a progress record that does not parse: {e}")
+            return
+        self._ready_body, self._ready_round, self._ready_state = body, p.round, p.state
+        changed, self._ready_changed = self._ready_changed, asyncio.Event()
+        if changed is not None:
+            changed.set()
+
+    async def _ask_ready(self, peer: str, round_no: int, wait: float, future: MPFuture) -> None:
+        request = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=str(round_no).encode()), weight=wait)
+        try:
+            stub = self.get_stub(self._p2p, PeerID.from_base58(peer), namespace=self.prefix)
+            self._count(sent=request.ByteSize())
+            answer = await asyncio.wait_for(stub.rpc_ready(request), timeout=wait + self.timing.rpc_slack_s)
+            self._count(received=answer.ByteSize())
+            body = answer.tensor_part.buffer
+            ok = answer.code == averaging_pb2.NO_CODE and 0 < len(body) <= MAX_ANSWER_BYTES
+            future.set_result(bytes(body) if ok else None)
+        except Exception as e:
+            logger.debug(f"asking {peer} whether it is done with round {round_no}: {e!r}")
+            future.set_result(None)
+
+    def _holds(self, asked: int) -> bool:
+        return self._ready_body is None or keeps_waiting(self._ready_round, self._ready_state, asked)
+
+    async def rpc_ready(self, request: averaging_pb2.AveragingData, context: P2PContext) -> averaging_pb2.AveragingData:
+        """A barrier waiting for us asks whether we are done with its round: answered with our progress
+        record once we are (or are out of rounds, or past it), held open meanwhile at most the wait it
+        names (``weight``, capped at ``Timing.ready_hold_s``)."""
+        with self._calls.admit(context.remote_id) as admitted:
+            asked = request.tensor_part.buffer
+            if not admitted or not 0 < len(asked) <= MAX_ROUND_CHARS or not asked.isdigit():
+                return averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
+            self._count(received=request.ByteSize())
+            round_no = int(asked)
+            wait = min(max(request.weight, 0.0), self.timing.ready_hold_s) if math.isfinite(request.weight) else 0.0
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait
+            if self._ready_held < MAX_HELD:
+                self._ready_held += 1
+                try:
+                    while self._holds(round_no) and loop.time() < deadline:
+                        if self._ready_changed is None:
+                            self._ready_changed = asyncio.Event()
+                        try:
+                            await asyncio.wait_for(self._ready_changed.wait(), deadline - loop.time())
+                        except asyncio.TimeoutError:
+                            break
+                finally:
+                    self._ready_held -= 1
+            if self._ready_body is None:
+                return averaging_pb2.AveragingData(code=averaging_pb2.NOT_LOOKING_FOR_GROUP)
+            msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=self._ready_body))
+            self._count(sent=msg.ByteSize())
+            return msg

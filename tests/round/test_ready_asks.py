@@ -1,0 +1,117 @@
+"""peer/round/ready_asks.py: a round barrier asks the peers it waits for directly, and their answers
+stand in for a view that is a read interval old (peer/round/membership.py), with a scripted view, a
+fake clock and fake answers."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from peer.round.membership import Membership
+from peer.round.ready_asks import ReadyAsks
+from protocol.dht.records import encode_body
+from protocol.round.timing import Timing
+from tests.conftest import Clock  # noqa: F401
+from tests.round.test_liveness import SPEC, progress, view
+
+
+class Answer:
+    """A question's future: done once the clock reaches ``at``."""
+
+    def __init__(self, clock, at, body):
+        self.clock, self.at, self.body = clock, at, body
+
+    def done(self):
+        return self.clock.now >= self.at
+
+    def result(self):
+        return self.body
+
+
+class Notices:
+    """Each peer answers ``answers[peer] = (seconds after it is asked, its record's bytes or None)``."""
+
+    def __init__(self, clock, answers):
+        self.clock, self.answers, self.asked = clock, answers, []
+
+    def ask_ready(self, peer, round_no, wait):
+        self.asked.append((peer, round_no))
+        delay, body = self.answers.get(peer, (1e9, None))
+        return Answer(self.clock, self.clock.now + delay, body)
+
+
+def record(round_no, state, spec=None):
+    p = progress(round_no, state)
+    if spec is not None:
+        p = dataclasses.replace(p, spec=spec)
+    return encode_body(p.to_wire())
+
+
+def membership(monkeypatch, clock, script) -> Membership:
+    m = Membership(dht=None, spec=SPEC, peer_id="me", progress=lambda: None, stop=threading.Event())
+    m.train_seconds = 20.0  # a straggler allowance of 10 s
+    t0 = clock.now
+    monkeypatch.setattr(m, "view", lambda: script(clock.now - t0))
+    return m
+
+
+def stale(t):
+    """The view: "a" and "b" show training until a read at 8 s."""
+    state = "ready" if t >= 8.0 else "training"
+    return [view("me", 5, "ready"), view("a", 5, state), view("b", 5, state)]
+
+
+def test_the_barrier_ends_when_the_peers_it_waits_for_say_they_are_done_not_at_the_next_read(monkeypatch, clock):
+    notices = Notices(clock, {"a": (1.0, record(5, "ready")), "b": (2.0, record(5, "exchanging"))})
+    m = membership(monkeypatch, clock, stale)
+    t0 = clock.now
+    barrier = m.wait_for_round(5, set(), first_round=False, notices=notices)
+    assert 2.0 <= clock.now - t0 < 2.6
+    assert barrier.ready == {"a", "b"} and barrier.expected == 3 and not barrier.gave_up
+    assert sorted(notices.asked) == [("a", 5), ("b", 5)]  # one question each
+    # without questions, the view's read at 8 s ends it
+    m = membership(monkeypatch, clock, stale)
+    t0 = clock.now
+    m.wait_for_round(5, set(), first_round=False)
+    assert clock.now - t0 >= 8.0
+
+
+def test_an_answer_that_does_not_end_the_wait_is_asked_again_and_a_silent_peer_is_not(monkeypatch, clock):
+    # "a" answers "still training" after its hold (1 s), then is asked again and answers ready; "b"
+    # does not answer at all (an older voloco): not asked again, seen through the view at 8 s
+    calls = {"a": 0}
+
+    class Again(Notices):
+        def ask_ready(self, peer, round_no, wait):
+            if peer == "a":
+                calls["a"] += 1
+                self.answers["a"] = (1.0, record(5, "training" if calls["a"] == 1 else "ready"))
+            return super().ask_ready(peer, round_no, wait)
+
+    notices = Again(clock, {"b": (0.5, None)})
+    m = membership(monkeypatch, clock, stale)
+    barrier = m.wait_for_round(5, set(), first_round=False, notices=notices)
+    assert calls["a"] == 2 and [p for p, _ in notices.asked].count("b") == 1
+    assert barrier.ready == {"a", "b"}
+
+
+def test_answers_are_bounded_checked_and_only_fresher_than_the_view_count(clock):
+    timing = Timing().with_(ready_asked_max=2)
+    notices = Notices(clock, {"a": (0.0, record(5, "ready")), "b": (0.0, b"\xc1 garbage"),
+                              "c": (0.0, record(5, "ready", spec="another spec"))})
+    asks = ReadyAsks(notices, 5, SPEC.digest(), timing, clock.monotonic)
+    asks.ask(["c", "b", "a", "m"], first={"m"})
+    assert [p for p, _ in notices.asked] == ["m", "a"]  # the mate first, then by id, two at most
+    clock.sleep(0.1)
+    views = [view("a", 5, "training"), view("m", 4, "exchanging")]
+    assert [v.progress.state for v in asks.overlay(views, read_began=clock.now - 1.0)] == ["ready", "exchanging"]
+    # an answer older than the view's last read does not stand in for it
+    assert [v.progress.state for v in asks.overlay(views, read_began=clock.now + 1.0)] == ["training", "exchanging"]
+    # an answer that does not parse or names another spec is dropped, and its peer not asked again
+    asks.timing = Timing()
+    asks.ask(["b", "c"])
+    clock.sleep(0.1)
+    views = [view("b", 5, "training"), view("c", 5, "training")]
+    assert [v.progress.state for v in asks.overlay(views, read_began=0.0)] == ["training", "training"]
+    asks.ask(["b", "c"])
+    assert [p for p, _ in notices.asked].count("b") == 1 and [p for p, _ in notices.asked].count("c") == 1
