@@ -28,9 +28,9 @@ rounds, a new identity every round a bounded share of wall time, while an honest
 behind once is waited for again as soon as it comes: tests/round/test_rejoin.py). In a round of at
 most K contributions a part, only the peers that may send it are waited for (``awaited``:
 peer/round/draw.py; tests/round/test_awaited.py). The barrier also asks the peers it waits for
-directly to answer once they are done (peer/round/ready_asks.py, peer/exchange/ready_notices.py), so
-it need not wait for the next read of the view to see them ready. A round far ahead of everyone is not believed either: "the swarm's round" is one that at least two other peers
-have reached (``swarm_round``), and peers that state sync caught lying (a state it refused, none
+directly to answer once they are done (peer/exchange/ready_notices.py), so it need not wait for the
+next read of the view to see them ready. A round far ahead of everyone is not believed either: "the
+swarm's round" is one that at least two other peers have reached (``swarm_round``), and peers that state sync caught lying (a state it refused, none
 served) are left out of the view for a while (``ignore``).
 """
 
@@ -45,7 +45,7 @@ from typing import Callable, Container, Deque, Dict, Iterable, List, Optional, S
 from hivemind.utils import get_dht_time
 
 from peer.round.barrier import Barrier
-from peer.round.ready_asks import ReadyAsks
+from peer.exchange.ready_notices import ReadyAsks
 from peer.round.start_waits import StartWaits, names as _names
 from protocol.round import peer_states
 from protocol.round.round_policy import swarm_round
@@ -355,7 +355,7 @@ class Membership(StartWaits):
         ``self.wait_budget`` grants. ``awaited`` (peer id, record): whether a peer other than a mate
         is worth waiting for at all (a round of at most K contributions: those that may send,
         peer/round/draw.py ``awaited``); None: everyone (tests/round/test_awaited.py). ``notices``: what
-        asks the peers waited for directly (peer/round/ready_asks.py); None: the view alone."""
+        asks the peers waited for directly (peer/exchange/ready_notices.py ``ReadyAsks``); None: the view alone."""
         self._note_group(mates, round_no)
         self.wait_budget.lineage(known)
         start = time.monotonic()

@@ -52,7 +52,7 @@ class Timing:
     """Between two looks at the view while waiting on it (barrier, merge, adopting a set)."""
     ready_hold_s: float = 10.0
     """A barrier's question to a peer it waits for ("tell me once you are done with this round":
-    peer/round/ready_asks.py) is held open by that peer at most this long, then asked again ..."""
+    peer/exchange/ready_notices.py ``ReadyAsks``) is held open by that peer at most this long, then asked again ..."""
     ready_reask_s: float = 1.0
     """... and asked again no sooner than this after an answer that did not end the wait for that peer."""
     ready_asked_max: int = 32

@@ -1,4 +1,4 @@
-"""peer/round/ready_asks.py: a round barrier asks the peers it waits for directly, and their answers
+"""peer/exchange/ready_notices.py ``ReadyAsks``: a round barrier asks the peers it waits for directly, and their answers
 stand in for a view that is a read interval old (peer/round/membership.py), with a scripted view, a
 fake clock and fake answers."""
 
@@ -8,10 +8,9 @@ import dataclasses
 import threading
 
 from peer.round.membership import Membership
-from peer.round.ready_asks import ReadyAsks
+from peer.exchange.ready_notices import ReadyAsks
 from protocol.dht.records import encode_body
 from protocol.round.timing import Timing
-from tests.conftest import Clock  # noqa: F401
 from tests.round.test_liveness import SPEC, progress, view
 
 
