@@ -130,6 +130,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         self._packed_lists: "OrderedDict[bytes, bytes]" = OrderedDict()  # lists of the sets we hold whole
         self._group_opened: Optional[asyncio.Event] = None
         self._calls = CallLimiter(CALLS_PER_PEER)
+        self._init_ready_notices()  # shared with the averager process: made before it starts
 
     # ---- host-process API ---------------------------------------------------------------------
     @property

@@ -9,9 +9,9 @@ r": ``ask_ready``), and that peer holds the question open until its own state en
 its current progress record. A barrier's questions are bounded by whom it waits for (at most
 ``Timing.ready_asked_max`` peers, and one question at a time to each), not by the swarm's size.
 
-A mixin of peer/exchange/gatherer.py's ``PayloadGatherer``: the host process pushes its progress
-record whenever it publishes one (``note_progress``); the averager process serves ``rpc_ready`` from
-the last one pushed. The answer is that peer's own claim about itself, exactly as its DHT record is
+A mixin of peer/exchange/gatherer.py's ``PayloadGatherer``: the host process stores its progress
+record in memory shared with the averager process whenever it publishes one (``note_progress``);
+the averager process serves ``rpc_ready`` from the last one stored. The answer is that peer's own claim about itself, exactly as its DHT record is
 (the libp2p stream authenticates who answers): the asker parses it with the same
 ``protocol/dht/records.py`` ``parse_progress`` and acts on it only to stop waiting for that peer.
 In a private run the gate of swarm/access/admission.py serves it to admitted peers only.
@@ -26,16 +26,20 @@ NAT, is seen through the view as before); an answer that does not parse, or name
 is dropped.
 
 Bounds of the serving side: a question is held at most ``Timing.ready_hold_s`` (and no longer than the asker asks),
-``MAX_HELD`` questions at once (beyond them, answered at once), and the usual ``CallLimiter`` per
-caller; an answer over ``MAX_ANSWER_BYTES`` is refused. Guarded by tests/exchange/test_ready_notices.py and
+``MAX_HELD`` questions at once (beyond them, answered at once), and ``QUESTIONS_PER_PEER`` running
+from one caller (a limiter of their own: a caller's questions never take the slots of its gather calls); an answer over ``MAX_ANSWER_BYTES`` is refused. Guarded by tests/exchange/test_ready_notices.py and
 tests/round/test_ready_asks.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import hashlib
 import logging
 import math
+import multiprocessing as mp
+import os
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
@@ -43,9 +47,10 @@ from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_logger
 
+from peer.exchange.bounds import CallLimiter
 from protocol.dht.records import Progress, parse_progress
 from protocol.errors import ProtocolError
-from protocol.round.peer_states import keeps_waiting
+from protocol.round.peer_states import DONE, keeps_waiting
 from protocol.round.timing import Timing
 from swarm.records import PeerView
 
@@ -53,23 +58,41 @@ logger = get_logger(__name__)
 peer_logger = logging.getLogger("voloco.peer")  # the asking side logs with the round's other lines
 
 MAX_HELD = 512  # questions held open at once; more are answered at once
+QUESTIONS_PER_PEER = 4  # questions one caller may have running here (a barrier asks one at a time)
 MAX_ANSWER_BYTES = 4096  # a progress record is about 100 bytes
 MAX_ROUND_CHARS = 12  # the asked round, as decimal digits
 
 
 class ReadyNotices:
-    """Needs of its host class: ``_calls`` (a CallLimiter), ``_p2p``, ``prefix``, ``_count``,
-    ``_outer_pipe``, ``get_stub`` and ``timing`` (protocol/round/timing.py)."""
+    """Needs of its host class: ``_p2p``, ``prefix``, ``_count``, ``_outer_pipe``, ``get_stub`` and
+    ``timing`` (protocol/round/timing.py); its ``__init__`` calls ``_init_ready_notices`` before the
+    averager process starts."""
 
-    _ready_body: Optional[bytes] = None  # our last progress record (Progress.to_wire, msgpack)
-    _ready_round, _ready_state = -1, ""
+    _ready_body: Optional[bytes] = None  # our last progress record (Progress.to_wire, msgpack) ...
+    _ready_round, _ready_state = -1, ""  # ... what it says
+    _ready_seen = 0  # the version of the shared record taken
     _ready_changed: Optional[asyncio.Event] = None  # set (and replaced) whenever our record changes
     _ready_held = 0
+    _ready_watcher: Optional[asyncio.Task] = None  # takes the shared record while questions are held
+    _questions: Optional[CallLimiter] = None  # QUESTIONS_PER_PEER a caller, made on the first question
+
+    def _init_ready_notices(self) -> None:
+        # our record, shared with the averager process: the heartbeat thread stores it too, and a pipe
+        # written from two threads at once could interleave two messages
+        self._ready_shared = mp.Array(ctypes.c_char, MAX_ANSWER_BYTES)
+        self._ready_len = mp.Value(ctypes.c_int, 0, lock=False)
+        self._ready_version = mp.Value(ctypes.c_int64, 0, lock=False)
 
     # ---- host-process API ---------------------------------------------------------------------
     def note_progress(self, body: bytes) -> None:
         """Our progress record as just published (encoded): what the peers that ask are told."""
-        self._outer_pipe.send(("_note_progress", [bytes(body)], {}))
+        if len(body) > MAX_ANSWER_BYTES:
+            logger.debug(f"not serving a progress record of {len(body)} bytes")
+            return
+        with self._ready_shared.get_lock():
+            self._ready_shared[: len(body)] = bytes(body)
+            self._ready_len.value = len(body)
+            self._ready_version.value += 1
 
     def ask_ready(self, peer: str, round_no: int, wait: float) -> MPFuture:
         """Ask ``peer`` (base58) to answer once it is done with ``round_no``, or after ``wait`` s at
@@ -79,7 +102,13 @@ class ReadyNotices:
         return future
 
     # ---- averager-process side ----------------------------------------------------------------
-    async def _note_progress(self, body: bytes) -> None:
+    def _take_progress(self) -> None:
+        """Take our record from the shared memory if it changed since last taken."""
+        if self._ready_version.value == self._ready_seen:
+            return
+        with self._ready_shared.get_lock():
+            version, body = self._ready_version.value, bytes(self._ready_shared[: self._ready_len.value])
+        self._ready_seen = version
         try:
             p = parse_progress(body)
         except ProtocolError as e:  # our own record: cannot happen, but never serve what no peer could read
@@ -89,6 +118,14 @@ class ReadyNotices:
         changed, self._ready_changed = self._ready_changed, asyncio.Event()
         if changed is not None:
             changed.set()
+
+    async def _watch_progress(self) -> None:
+        try:
+            while self._ready_held > 0:
+                self._take_progress()
+                await asyncio.sleep(self.timing.ready_watch_s)
+        finally:
+            self._ready_watcher = None
 
     async def _ask_ready(self, peer: str, round_no: int, wait: float, future: MPFuture) -> None:
         request = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=str(round_no).encode()), weight=wait)
@@ -111,7 +148,9 @@ class ReadyNotices:
         """A barrier waiting for us asks whether we are done with its round: answered with our progress
         record once we are (or are out of rounds, or past it), held open meanwhile at most the wait it
         names (``weight``, capped at ``Timing.ready_hold_s``)."""
-        with self._calls.admit(context.remote_id) as admitted:
+        if self._questions is None:
+            self._questions = CallLimiter(QUESTIONS_PER_PEER)
+        with self._questions.admit(context.remote_id) as admitted:
             asked = request.tensor_part.buffer
             if not admitted or not 0 < len(asked) <= MAX_ROUND_CHARS or not asked.isdigit():
                 return averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
@@ -120,8 +159,11 @@ class ReadyNotices:
             wait = min(max(request.weight, 0.0), self.timing.ready_hold_s) if math.isfinite(request.weight) else 0.0
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait
+            self._take_progress()
             if self._ready_held < MAX_HELD:
                 self._ready_held += 1
+                if self._ready_watcher is None:
+                    self._ready_watcher = asyncio.create_task(self._watch_progress())
                 try:
                     while self._holds(round_no) and loop.time() < deadline:
                         if self._ready_changed is None:
@@ -151,15 +193,19 @@ class ReadyAsks:
         self._answers: Dict[str, Tuple[float, Progress]] = {}  # peer -> (when it came, what it said)
         self._silent: Set[str] = set()  # asked and not answered: not asked again in this barrier
         self.asked = 0  # questions sent (for the tests and the log)
+        self._key = os.urandom(16)
 
     def ask(self, peers: Iterable[str], first: Set[str] = frozenset()) -> None:
         """Ask each of ``peers`` (those the barrier still waits for; ``first``: asked before the rest)
         that has no question in flight, within the bound."""
         self._collect()
         now = self.clock()
-        wanted = sorted(set(peers), key=lambda p: (p not in first, p))[: self.timing.ready_asked_max]
-        for peer in wanted:
-            if peer in self._asked or peer in self._silent:
+        # the bound counts questions in flight; the order past the mates is a keyed hash, so that no
+        # peer id chosen to sort first takes every slot
+        wanted = sorted((p for p in set(peers) if p not in self._silent),
+                        key=lambda p: (p not in first, hashlib.blake2b(p.encode(), key=self._key).digest()))
+        for peer in wanted[: self.timing.ready_asked_max]:
+            if peer in self._asked:
                 continue
             answered = self._answers.get(peer)
             if answered is not None and now - answered[0] < self.timing.ready_reask_s:
@@ -197,11 +243,22 @@ class ReadyAsks:
         return progress if progress.spec == self.digest else None
 
     def overlay(self, views: List[PeerView], read_began: float) -> List[PeerView]:
-        """``views`` with each record replaced by the answer of its peer where that answer came after
-        the view's read began (``read_began``, on this object's clock)."""
+        """``views`` with each record replaced by the answer of its peer where that answer shows it further
+        on (a later round, or done with the same one), or as far on and came after the view's read began
+        (``read_began``, on this object's clock): a read can carry a record older than an answer (the
+        answer is sent before the record is stored), and an answer can be older than a read."""
         self._collect()
-        fresher = {p: progress for p, (at, progress) in self._answers.items() if at > read_began}
-        if not fresher:
+        if not self._answers:
             return views
-        return [PeerView(peer_id=v.peer_id, progress=fresher[v.peer_id], expires=v.expires) if v.peer_id in fresher else v
-                for v in views]
+        out = []
+        for v in views:
+            at, answer = self._answers.get(v.peer_id, (None, None))
+            if answer is not None and (further(answer, v.progress) or (not further(v.progress, answer) and at > read_began)):
+                v = PeerView(peer_id=v.peer_id, progress=answer, expires=v.expires)
+            out.append(v)
+        return out
+
+
+def further(a: Progress, b: Progress) -> bool:
+    """Whether record ``a`` shows its peer further on than record ``b``: a later round, or done with the same one."""
+    return (a.round, a.state in DONE) > (b.round, b.state in DONE)

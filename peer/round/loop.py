@@ -385,8 +385,10 @@ class RoundLoop:
             peer._load_theta()
             if self._last_round is not None:
                 self._last_round.after_hash = engine.params_hash()
-        if self.overlap and not peer.stop_event.is_set():
-            peer._set_state("training")  # θ of the next round is known: its inner steps are under way
+        if not peer.stop_event.is_set():
+            # θ of the next round is known: its inner steps are under way (overlap) or come next; a record
+            # "exchanging" in a round not trained yet would count as done with it (peer_states.keeps_waiting)
+            peer._set_state("training")
         sent, received = (peer.gatherer.bytes_sent - counted[0], peer.gatherer.bytes_received - counted[1]) \
             if result is not None else (0, 0)
         peer.totals.bytes_sent += sent

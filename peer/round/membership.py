@@ -125,12 +125,24 @@ class Membership(StartWaits):
                 if last == key and now - at < self.keepalive_s():
                     return
             self._note_state(progress.state)
-            if self.tell is not None:  # before the store: a barrier asking us directly hears at once
-                self.tell(encode_body(progress.to_wire()))
+        except Exception as e:
+            logger.debug(f"could not publish progress: {e!r}")
+            return
+        self._tell(progress)
+        try:
             publish_progress(self.dht, self.spec.run_id, self.peer_id, progress, ttl=self.ttl())
             self._published = (now, key)
         except Exception as e:
             logger.debug(f"could not publish progress: {e!r}")
+
+    def _tell(self, progress: Progress) -> None:
+        """What a barrier that asks us directly is told (peer/exchange/ready_notices.py), before the store:
+        it hears at once."""
+        if self.tell is not None:
+            try:
+                self.tell(encode_body(progress.to_wire()))
+            except Exception as e:
+                logger.debug(f"could not tell the gatherer our progress: {e!r}")
 
     def _note_state(self, state: str) -> None:
         """Time this peer's training (every state change is published): the straggler allowance scales with it."""
@@ -391,8 +403,6 @@ class Membership(StartWaits):
             ]
             coming = [v for v in pending if v.peer_id not in self.no_shows]
             pending = [v for v in coming if awaited is None or v.peer_id in mates or awaited(v.peer_id, v.progress)]
-            if asks is not None:
-                asks.ask((v.peer_id for v in pending), first=mates)
             now = time.monotonic()
             if {v.peer_id for v in ready} - arrived:
                 arrived |= {v.peer_id for v in ready}
@@ -429,4 +439,6 @@ class Membership(StartWaits):
                 return Barrier(expected=1 + len(ready), alone=not others, behind=behind, only_syncing=syncing,
                                ready=frozenset(v.peer_id for v in ready), gave_up=frozenset(self._waited),
                                unawaited=frozenset(v.peer_id for v in coming) - self._waited)
+            if asks is not None:  # still waiting: ask whom it waits for directly
+                asks.ask((v.peer_id for v in pending), first=mates)
             time.sleep(self.timing.view_poll_s)

@@ -62,7 +62,8 @@ def keeps_waiting(round_no: int, state: str, asked_round: int) -> bool:
     for: training that round (or waiting for its start quorum), or in an earlier round and not out of
     rounds (a groupmate still finishing the last one). A peer answers a barrier's direct question only
     once this turns false, or when the question's hold runs out (peer/exchange/ready_notices.py;
-    tests/protocol/test_peer_states.py)."""
+    tests/exchange/test_ready_notices.py). A peer never shows a done state for a round it has not
+    trained: it is "training" from the moment the round before concludes (peer/round/loop.py)."""
     if state in NOT_IN_ROUNDS:
         return False
     return round_no < asked_round or (round_no == asked_round and state in (TRAINING, WAITING))

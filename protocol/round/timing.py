@@ -55,6 +55,8 @@ class Timing:
     peer/exchange/ready_notices.py ``ReadyAsks``) is held open by that peer at most this long, then asked again ..."""
     ready_reask_s: float = 1.0
     """... and asked again no sooner than this after an answer that did not end the wait for that peer."""
+    ready_watch_s: float = 0.05
+    """While questions are held, how often the averager process looks at the record the host shares with it."""
     ready_asked_max: int = 32
     """The most peers one barrier asks directly (the rest it sees through the view alone)."""
     pause_poll_s: float = 0.02

@@ -9,7 +9,6 @@ import asyncio
 from hivemind.proto import averaging_pb2, runtime_pb2
 
 from peer.exchange import ready_notices
-from peer.exchange.bounds import CallLimiter
 from protocol.dht.records import Progress, encode_body, parse_progress
 from protocol.round.peer_states import keeps_waiting
 from protocol.round.timing import Timing
@@ -28,6 +27,7 @@ def ask(round_no="7", wait: float = 5.0) -> averaging_pb2.AveragingData:
 def server(hold: float = 10.0):
     g = gatherer()
     g.timing = Timing().with_(ready_hold_s=hold)
+    g._init_ready_notices()
     return g
 
 
@@ -50,14 +50,14 @@ def test_a_question_asked_while_we_train_is_answered_once_we_are_done():
     g = server()
 
     async def go():
-        await g._note_progress(body(7, "training"))
+        g.note_progress(body(7, "training"))
         question = asyncio.create_task(g.rpc_ready(ask(), context(MATE)))
         await asyncio.sleep(0.2)
         assert not question.done()
-        await g._note_progress(body(7, "training"))  # a keep-alive changes nothing
-        await asyncio.sleep(0.1)
+        g.note_progress(body(7, "training"))  # a keep-alive changes nothing
+        await asyncio.sleep(5 * Timing().ready_watch_s)
         assert not question.done()
-        await g._note_progress(body(7, "ready"))
+        g.note_progress(body(7, "ready"))
         return await asyncio.wait_for(question, 1.0)
 
     p = answered(asyncio.run(go()))
@@ -69,7 +69,7 @@ def test_a_peer_done_past_or_out_of_the_round_answers_at_once():
         g = server()
 
         async def go():
-            await g._note_progress(body(round_no, state))
+            g.note_progress(body(round_no, state))
             return await asyncio.wait_for(g.rpc_ready(ask(wait=30.0), context(MATE)), 0.5)
 
         p = answered(asyncio.run(go()))
@@ -78,14 +78,14 @@ def test_a_peer_done_past_or_out_of_the_round_answers_at_once():
 
 def test_a_question_is_held_no_longer_than_it_asks_or_the_hold_allows():
     async def go(g, wait):
-        await g._note_progress(body(7, "training"))
+        g.note_progress(body(7, "training"))
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         msg = await g.rpc_ready(ask(wait=wait), context(MATE))
         return msg, loop.time() - t0
 
-    for hold, wait, least, most in ((10.0, 0.3, 0.25, 1.0), (0.3, 60.0, 0.25, 1.0), (10.0, float("nan"), 0.0, 0.2),
-                                    (10.0, -5.0, 0.0, 0.2), (10.0, float("inf"), 0.0, 0.2)):
+    for hold, wait, least, most in ((10.0, 0.3, 0.25, 1.0), (0.3, 60.0, 0.25, 1.0), (10.0, float("nan"), 0.0, 1.0),
+                                    (10.0, -5.0, 0.0, 1.0), (10.0, float("inf"), 0.0, 1.0)):
         msg, took = asyncio.run(go(server(hold), wait))
         assert least <= took < most, (hold, wait, took)
         assert answered(msg).state == "training"  # still training: the asker asks again
@@ -102,11 +102,11 @@ def test_malformed_rounds_are_refused_at_once_and_nothing_is_told_before_our_fir
 
 def test_held_questions_are_bounded_per_caller_and_in_all(monkeypatch):
     monkeypatch.setattr(ready_notices, "MAX_HELD", 3)
+    monkeypatch.setattr(ready_notices, "QUESTIONS_PER_PEER", 2)
     g = server()
-    g._calls = CallLimiter(2)
 
     async def go():
-        await g._note_progress(body(7, "training"))
+        g.note_progress(body(7, "training"))
         held = [asyncio.create_task(g.rpc_ready(ask(), context(MATE))) for _ in range(2)]
         await asyncio.sleep(0.1)
         refused = await asyncio.wait_for(g.rpc_ready(ask(), context(MATE)), 0.5)  # a third from one caller
@@ -114,7 +114,7 @@ def test_held_questions_are_bounded_per_caller_and_in_all(monkeypatch):
         await asyncio.sleep(0.1)
         assert not any(t.done() for t in held) and g._ready_held == 3
         at_once = await asyncio.wait_for(g.rpc_ready(ask(), context(OUTSIDER)), 0.5)  # over MAX_HELD
-        await g._note_progress(body(7, "ready"))
+        g.note_progress(body(7, "ready"))
         done = await asyncio.wait_for(asyncio.gather(*held), 1.0)
         return refused, at_once, done
 
@@ -128,7 +128,9 @@ def test_our_own_record_that_does_not_parse_is_never_served():
     g = server(hold=0.2)
 
     async def go():
-        await g._note_progress(b"\xc1 not msgpack")
+        g.note_progress(b"\xc1 not msgpack")
         return await g.rpc_ready(ask(wait=30.0), context(MATE))
 
     assert asyncio.run(go()).code == averaging_pb2.NOT_LOOKING_FOR_GROUP
+    g.note_progress(b"x" * (ready_notices.MAX_ANSWER_BYTES + 1))  # over the bound: not stored
+    assert g._ready_len.value == len(b"\xc1 not msgpack")

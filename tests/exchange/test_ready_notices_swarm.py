@@ -35,7 +35,7 @@ def test_a_question_over_the_network_is_answered_once_the_peer_is_done(nodes):
         assert not held.done()
         asked.note_progress(body(4, "ready"))
         answer = parse_progress(held.result(timeout=3.0))
-        assert (answer.round, answer.state) == (4, "ready") and 1.0 <= time.monotonic() - t0 < 3.0
+        assert (answer.round, answer.state) == (4, "ready") and 1.0 <= time.monotonic() - t0 < 4.0
         # a peer already past the round answers at once; one that serves no questions (unknown) gives None
         assert parse_progress(asker.ask_ready(asked.peer_id.to_base58(), 3, wait=5.0).result(timeout=2.0)).round == 4
         assert asker.ask_ready("QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N", 4, wait=1.0).result(timeout=5.0) is None

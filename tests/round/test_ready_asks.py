@@ -9,7 +9,7 @@ import threading
 
 from peer.round.membership import Membership
 from peer.exchange.ready_notices import ReadyAsks
-from protocol.dht.records import encode_body
+from protocol.dht.records import encode_body, parse_progress
 from protocol.round.timing import Timing
 from tests.round.test_liveness import SPEC, progress, view
 
@@ -94,23 +94,62 @@ def test_an_answer_that_does_not_end_the_wait_is_asked_again_and_a_silent_peer_i
     assert barrier.ready == {"a", "b"}
 
 
-def test_answers_are_bounded_checked_and_only_fresher_than_the_view_count(clock):
+def test_answers_are_bounded_checked_and_stand_in_only_for_an_older_or_less_advanced_record(clock):
     timing = Timing().with_(ready_asked_max=2)
     notices = Notices(clock, {"a": (0.0, record(5, "ready")), "b": (0.0, b"\xc1 garbage"),
-                              "c": (0.0, record(5, "ready", spec="another spec"))})
+                              "c": (0.0, record(5, "ready", spec="another spec")), "m": (0.0, record(4, "exchanging"))})
     asks = ReadyAsks(notices, 5, SPEC.digest(), timing, clock.monotonic)
     asks.ask(["c", "b", "a", "m"], first={"m"})
-    assert [p for p, _ in notices.asked] == ["m", "a"]  # the mate first, then by id, two at most
+    assert len(notices.asked) == 2 and notices.asked[0][0] == "m"  # the mate first, two at most
+    asks.ask(["a", "b", "c"])
+    assert {p for p, _ in notices.asked} == {"m", "a", "b", "c"}  # once answered, the others' turn
     clock.sleep(0.1)
-    views = [view("a", 5, "training"), view("m", 4, "exchanging")]
-    assert [v.progress.state for v in asks.overlay(views, read_began=clock.now - 1.0)] == ["ready", "exchanging"]
-    # an answer older than the view's last read does not stand in for it
-    assert [v.progress.state for v in asks.overlay(views, read_began=clock.now + 1.0)] == ["training", "exchanging"]
+    views = [view("a", 5, "training"), view("m", 4, "exchanging"), view("b", 5, "training"), view("c", 5, "training")]
+    # an answer that shows its peer further on stands in, even for a read that began after it (the
+    # read can carry a record older than the answer)
+    assert [v.progress.state for v in asks.overlay(views, read_began=clock.now + 1.0)][:2] == ["ready", "exchanging"]
     # an answer that does not parse or names another spec is dropped, and its peer not asked again
-    asks.timing = Timing()
-    asks.ask(["b", "c"])
-    clock.sleep(0.1)
-    views = [view("b", 5, "training"), view("c", 5, "training")]
-    assert [v.progress.state for v in asks.overlay(views, read_began=0.0)] == ["training", "training"]
+    assert [v.progress.state for v in asks.overlay(views, read_began=0.0)][2:] == ["training", "training"]
     asks.ask(["b", "c"])
     assert [p for p, _ in notices.asked].count("b") == 1 and [p for p, _ in notices.asked].count("c") == 1
+
+
+def test_a_read_that_shows_a_peer_further_on_than_its_answer_wins(clock):
+    # "a" answered "still training" (its hold ran out), then a read shows it ready: the read stands
+    notices = Notices(clock, {"a": (0.0, record(5, "training"))})
+    asks = ReadyAsks(notices, 5, SPEC.digest(), Timing(), clock.monotonic)
+    asks.ask(["a"])
+    clock.sleep(0.1)
+    assert asks.overlay([view("a", 5, "ready")], read_began=0.0)[0].progress.state == "ready"
+    # as far on: the later of the two stands
+    later = asks.overlay([view("a", 5, "syncing")], read_began=clock.now + 1.0)
+    assert later[0].progress.state == "syncing"
+    assert asks.overlay([view("a", 5, "syncing")], read_began=0.0)[0].progress.state == "training"
+
+
+def test_silent_peers_take_no_slot_of_the_bound(clock):
+    notices = Notices(clock, {p: (0.0, None) for p in "abc"})
+    asks = ReadyAsks(notices, 5, SPEC.digest(), Timing().with_(ready_asked_max=2), clock.monotonic)
+    for _ in range(3):
+        asks.ask(["a", "b", "c", "d"])
+        clock.sleep(0.1)
+    assert {p for p, _ in notices.asked} == {"a", "b", "c", "d"}
+
+
+def test_every_record_published_is_told_to_the_gatherer_and_a_failing_tell_stops_no_store(monkeypatch):
+    from peer.round import membership as membership_mod
+
+    stored, told = [], []
+    monkeypatch.setattr(membership_mod, "publish_progress", lambda dht, run, peer, progress, ttl: stored.append(progress))
+    m = Membership(dht=None, spec=SPEC, peer_id="me", progress=lambda: progress(5, "ready"), stop=threading.Event())
+    m.publish()
+    m.tell = told.append
+    m.publish()
+    assert len(stored) == 2 and [parse_progress(b).state for b in told] == ["ready"]
+
+    def broken(body):
+        raise BrokenPipeError
+
+    m.tell = broken
+    m.publish()
+    assert len(stored) == 3
