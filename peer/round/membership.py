@@ -360,7 +360,8 @@ class Membership(StartWaits):
         """Wait until every live peer of ``round_no`` is ready: at most ``swarm.round_wait``, and at
         most the straggler allowance past the last time a peer of the round became ready.
 
-        ``mates``: last round's groupmates (those still finishing it train this round with us).
+        ``mates``: last round's groupmates (those still finishing it train this round with us); any
+        other peer still exchanging the round before is waited for too.
         ``first_round``: peers still "waiting" for the start quorum are about to train it too. Peers
         waited for in vain and not in our last group are not waited for a while. ``known``: senders
         with standing in our lineage, no strangers: a wait for strangers alone lasts what
@@ -397,9 +398,12 @@ class Membership(StartWaits):
                 view = asks.overlay(view, self.read_began)
             mine = [v for v in view if v.progress.round == round_no and v.peer_id != self.peer_id]
             ready = [v for v in mine if v.progress.state in DONE]
+            # and peers still exchanging the round before: about to train this one (with overlap, done with
+            # its steps already); a group whose exchange ended first would otherwise take this round alone
+            # (tests/round/test_ready_asks.py); last round's groupmates in any state of a round
             pending = [v for v in mine if v.progress.state in busy] + [
-                v for v in view
-                if v.peer_id in mates and v.progress.round == round_no - 1 and v.progress.state not in NOT_IN_ROUNDS
+                v for v in view if v.progress.round == round_no - 1 and (
+                    v.progress.state in DONE or (v.peer_id in mates and v.progress.state not in NOT_IN_ROUNDS))
             ]
             coming = [v for v in pending if v.peer_id not in self.no_shows]
             pending = [v for v in coming if awaited is None or v.peer_id in mates or awaited(v.peer_id, v.progress)]
@@ -423,7 +427,8 @@ class Membership(StartWaits):
                 continue
             if not pending or late or now > deadline or self.stop.is_set():
                 self._waited, self._waited_round = {v.peer_id for v in pending}, round_no
-                self._waited_steps.update({v.peer_id: v.progress.step for v in pending})
+                # (one still in the round before has come once it trains this round at all: step -1)
+                self._waited_steps.update({v.peer_id: v.progress.step if v.progress.round == round_no else -1 for v in pending})
                 if strangers:
                     self.wait_budget.spend(now - last_arrival, now, cap)
                 if pending and late:

@@ -101,8 +101,9 @@ def test_answers_are_bounded_checked_and_stand_in_only_for_an_older_or_less_adva
     asks = ReadyAsks(notices, 5, SPEC.digest(), timing, clock.monotonic)
     asks.ask(["c", "b", "a", "m"], first={"m"})
     assert len(notices.asked) == 2 and notices.asked[0][0] == "m"  # the mate first, two at most
+    asks.timing = Timing()
     asks.ask(["a", "b", "c"])
-    assert {p for p, _ in notices.asked} == {"m", "a", "b", "c"}  # once answered, the others' turn
+    assert {p for p, _ in notices.asked} == {"m", "a", "b", "c"}
     clock.sleep(0.1)
     views = [view("a", 5, "training"), view("m", 4, "exchanging"), view("b", 5, "training"), view("c", 5, "training")]
     # an answer that shows its peer further on stands in, even for a read that began after it (the
@@ -153,3 +154,23 @@ def test_every_record_published_is_told_to_the_gatherer_and_a_failing_tell_stops
     m.tell = broken
     m.publish()
     assert len(stored) == 3
+
+
+def test_a_peer_still_exchanging_the_round_before_is_waited_for(monkeypatch, clock):
+    # "x" (no groupmate of ours) still exchanges round 4 when our barrier of round 5 begins; it is about
+    # to train round 5 (with overlap it has already): a group whose exchange ended first would
+    # otherwise take round 5 alone
+    script = lambda t: [view("me", 5, "ready"), view("x", 5, "ready") if t >= 3.0 else view("x", 4, "exchanging")]
+    m = membership(monkeypatch, clock, script)
+    t0 = clock.now
+    barrier = m.wait_for_round(5, set(), first_round=False)
+    assert 3.0 <= clock.now - t0 < 3.5 and barrier.ready == {"x"}
+    # asked directly, it answers once it is done with round 5
+    notices = Notices(clock, {"x": (1.0, record(5, "ready"))})
+    m = membership(monkeypatch, clock, lambda t: [view("me", 5, "ready"), view("x", 4, "exchanging")])
+    t0 = clock.now
+    assert m.wait_for_round(5, set(), first_round=False, notices=notices).ready == {"x"} and clock.now - t0 < 1.5
+    # one still training the round before (it fell behind) is not: it joins a later round
+    m = membership(monkeypatch, clock, lambda t: [view("me", 5, "ready"), view("x", 4, "training")])
+    t0 = clock.now
+    assert m.wait_for_round(5, set(), first_round=False).ready == frozenset() and clock.now - t0 < 0.5
