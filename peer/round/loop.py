@@ -386,8 +386,9 @@ class RoundLoop:
             if self._last_round is not None:
                 self._last_round.after_hash = engine.params_hash()
         if not peer.stop_event.is_set():
-            # θ of the next round is known: its inner steps are under way (overlap) or come next; a record
-            # "exchanging" in a round not trained yet would count as done with it (peer_states.keeps_waiting)
+            # θ of the next round is known: its inner steps are under way (overlap) or come next (none done
+            # yet); "exchanging" in a round not trained yet would count as done with it (peer_states.keeps_waiting)
+            peer.step = peer.step if self.overlap else 0
             peer._set_state("training")
         sent, received = (peer.gatherer.bytes_sent - counted[0], peer.gatherer.bytes_received - counted[1]) \
             if result is not None else (0, 0)

@@ -136,8 +136,7 @@ class Membership(StartWaits):
             logger.debug(f"could not publish progress: {e!r}")
 
     def _tell(self, progress: Progress) -> None:
-        """What a barrier that asks us directly is told (peer/exchange/ready_notices.py), before the store:
-        it hears at once."""
+        """What a barrier asking us directly is told (peer/exchange/ready_notices.py), before the store."""
         if self.tell is not None:
             try:
                 self.tell(encode_body(progress.to_wire()))
@@ -278,9 +277,13 @@ class Membership(StartWaits):
             if peer in mates or peer in self._came.get(r, ()):
                 continue  # it came: a groupmate, or its signed payload is in our union of the round
             p = by_peer.get(peer)
-            coming = p is not None and p.round == r and (
+            # waited for while still exchanging the round before: came only if that exchange named a set or
+            # sent us its payload (test_a_peer_one_round_behind_for_ever_is_struck)
+            finished = self._waited_steps.get(peer) != -1 or (
+                p is not None and (bool(p.set_of(r - 1)) or peer in self._came.get(r - 1, ())))
+            coming = p is not None and p.round == r and finished and (
                 p.state in DONE or (p.state == "training" and p.step > self._waited_steps.get(peer, p.step)))
-            if p is not None and p.round == r and p.state in DONE:
+            if coming and p.state in DONE:
                 self.wait_budget.met([peer])  # slower than us, not a staller: no stranger to the budget
             if coming and r >= round_no - self.timing.carry_rounds:
                 self._carried[peer] = r
@@ -387,8 +390,7 @@ class Membership(StartWaits):
     def _barrier(self, round_no: int, mates: Set[str], busy: tuple, start: float, cap: float, budget: float,
                  deadline: float, awaited: Optional[Callable[[str, Progress], bool]] = None,
                  asks: Optional[ReadyAsks] = None) -> Barrier:
-        """``wait_for_round``'s loop: read the view (and ``asks``' answers) until the round's peers are
-        ready or the waits end."""
+        """``wait_for_round``'s loop: read the view (and ``asks``' answers) until the round's peers are ready."""
         last_arrival = start
         arrived: Set[str] = set()
         lost = False
@@ -398,9 +400,8 @@ class Membership(StartWaits):
                 view = asks.overlay(view, self.read_began)
             mine = [v for v in view if v.progress.round == round_no and v.peer_id != self.peer_id]
             ready = [v for v in mine if v.progress.state in DONE]
-            # and peers still exchanging the round before: about to train this one (with overlap, done with
-            # its steps already); a group whose exchange ended first would otherwise take this round alone
-            # (tests/round/test_ready_asks.py); last round's groupmates in any state of a round
+            # and peers still exchanging the round before (a group whose exchange ended first would take this
+            # round alone: tests/round/test_ready_asks.py); last round's groupmates in any state of a round
             pending = [v for v in mine if v.progress.state in busy] + [
                 v for v in view if v.progress.round == round_no - 1 and (
                     v.progress.state in DONE or (v.peer_id in mates and v.progress.state not in NOT_IN_ROUNDS))

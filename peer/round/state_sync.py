@@ -38,7 +38,7 @@ from peer.round.state_download import StateDownloader
 from protocol.errors import ProtocolError
 from protocol.round.round_policy import swarm_round
 from protocol.round import eligibility, standing
-from protocol.round.peer_states import NOT_A_SOURCE
+from protocol.round.peer_states import DONE, NOT_A_SOURCE
 from protocol.spec import RunSpec
 
 logger = logging.getLogger("voloco.peer")
@@ -178,7 +178,7 @@ class StateSync:
         if rejoin:
             logger.info(f"rejoining the swarm: this peer's last round was solo and raced ahead to round "
                         f"{self.engine.round}; taking the state of the swarm's round {target}")
-        previous = self._set_state("syncing")
+        previous, started = self._set_state("syncing"), self.engine.round
         try:
             if self._download_and_install(sources, target, views):
                 if rejoin:  # the swarm it lost is training: the peers it skipped as no-shows are waited for again
@@ -187,7 +187,9 @@ class StateSync:
             self._failed_target = (target, time.monotonic() + self.membership.timing.retry_target_s)
             logger.warning(f"could not download the state of round {target}; continuing from our own")
         finally:
-            self._set_state(previous)
+            # done with a round it has not trained, once another round is installed: no (a barrier of
+            # that round would count it ready: peer_states.keeps_waiting)
+            self._set_state("training" if previous in DONE and self.engine.round != started else previous)
 
     def _download_and_install(self, sources: List[Any], target: int, views: Sequence[Any]) -> bool:
         queue = list(sources)

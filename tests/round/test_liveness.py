@@ -434,3 +434,17 @@ def test_a_peer_read_again_out_of_rounds_is_not_a_missed_read(monkeypatch, clock
     assert not m.others() and not m.lost_sight() and m.swarm_is_empty()
     t0 = clock.now
     assert m.wait_for_round(0, set(), first_round=False).alone and clock.now - t0 < 0.5
+
+
+def test_a_peer_one_round_behind_for_ever_is_struck(monkeypatch, clock):
+    # a staller that always shows itself still exchanging the round before ours: waited for once, then
+    # struck, as it never names a set for that round; an honest peer as slow that names its set is
+    # judged later (carried), not struck
+    m, _ = barrier_peer(monkeypatch, clock, lambda t: [])
+    for round_no in (6, 7):
+        named = dataclasses.replace(progress(round_no - 1, "exchanging"), gathered_round=round_no - 2, gathered="1" * 32)
+        honest = SimpleNamespace(peer_id="slow", progress=named, expires=0.0)
+        now = [view("me", round_no), view("liar", round_no - 1, "exchanging"), honest]
+        monkeypatch.setattr(m, "view", lambda: now)
+        m.wait_for_round(round_no, set(), first_round=False)
+    assert "liar" in m.no_shows and "slow" not in m.no_shows and m._carried == {"slow": 6}

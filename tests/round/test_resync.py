@@ -76,3 +76,19 @@ def test_ordinary_catch_up_only_downloads_from_peers_ahead(monkeypatch):
     peer = make_peer(own_round=3, others_round=5, served_rounds=[5])
     peer.catch_up()
     assert peer.installed == [5]
+
+
+def test_a_peer_that_installs_another_round_shows_no_done_state_for_it(monkeypatch):
+    # a peer that found no group ("exchanging" round 2) takes the swarm's round 4: it has not trained
+    # round 4, so it shows "training" there, not "exchanging" (a barrier of round 4 would count it ready)
+    monkeypatch.setattr(state_sync.time, "sleep", lambda s: None)
+    peer = make_peer(own_round=2, others_round=4, served_rounds=[4])
+    install = peer.install
+
+    def install_round(meta, tensors, **checks):
+        install(meta, tensors, **checks)
+        peer.engine.round = meta["round"]
+
+    peer.install = install_round
+    peer.catch_up()
+    assert peer.installed == [4] and peer.shown["state"] == "training"
