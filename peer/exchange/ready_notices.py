@@ -70,6 +70,7 @@ class ReadyNotices:
 
     _ready_body: Optional[bytes] = None  # our last progress record (Progress.to_wire, msgpack) ...
     _ready_round, _ready_state = -1, ""  # ... what it says
+    _ready_progress: Optional[Progress] = None  # ... parsed (peer/exchange/set_server.py reads it too)
     _ready_seen = 0  # the version of the shared record taken
     _ready_changed: Optional[asyncio.Event] = None  # set (and replaced) whenever our record changes
     _ready_held = 0
@@ -114,7 +115,7 @@ class ReadyNotices:
         except ProtocolError as e:  # our own record: cannot happen, but never serve what no peer could read
             logger.debug(f"not serving a progress record that does not parse: {e}")
             return
-        self._ready_body, self._ready_round, self._ready_state = body, p.round, p.state
+        self._ready_body, self._ready_round, self._ready_state, self._ready_progress = body, p.round, p.state, p
         changed, self._ready_changed = self._ready_changed, asyncio.Event()
         if changed is not None:
             changed.set()

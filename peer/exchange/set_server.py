@@ -10,7 +10,9 @@ signature before anything counts.
 ``rpc_merged`` tells a member of one of our groups which sets we merged for that group's round
 (``offer_merged``), once we know: members that merged different sets (one saw a late group's set
 in time, another did not) each take the union of their groupmates' lists (``merged_by``,
-peer/round/merge.py), so a group ends its round with one θ.
+peer/round/merge.py), so a group ends its round with one θ. A question names the round too: a peer
+whose own record shows it will never merge that set (it names another set for the round, or is long
+past it: protocol/round/peer_states.py ``offers_no_set``) says so at once instead of holding it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from hivemind.utils import MPFuture, get_logger
 
 from peer.exchange.bounds import read_bounded_stream
 from protocol.round import group_sets
+from protocol.round.peer_states import offers_no_set
 from protocol.wire.signed import payload_digest
 
 logger = get_logger(__name__)
@@ -33,13 +36,15 @@ SET_CHUNK_BYTES = 1 << 18
 KEEP_FETCHED = 8  # sets fetched from other groups we keep serving (a groupmate may lack one we merged)
 KEEP_FETCHED_BYTES = 64 << 20  # and the most bytes they may take together
 KEEP_OFFERS = 8  # our recent rounds' lists of merged sets, answered to groupmates
+MAX_ROUND_CHARS = 12  # a question's round, as decimal digits
 
 
 class SetServer:
     """Needs of its host class: ``_groups`` (group id -> group with ``agreement`` and ``set_digest``),
     ``_calls`` (a CallLimiter), ``_p2p``, ``prefix``, ``_count``, ``_outer_pipe``,
     ``_max_group_size``, ``_max_payload_bytes``, ``_fetched`` and ``_merged`` (empty OrderedDicts),
-    ``timing`` (protocol/round/timing.py)."""
+    ``timing`` (protocol/round/timing.py), and ReadyNotices' ``_take_progress`` and ``_ready_progress``
+    (peer/exchange/ready_notices.py: our own progress record, as the host last published it)."""
 
     # ---- host-process API ---------------------------------------------------------------------
     @property
@@ -68,12 +73,15 @@ class SetServer:
             set_digest=set_digest, members=frozenset(PeerID.from_base58(m).to_bytes() for m in members),
             packed=group_sets.pack_names(names))))
 
-    def merged_by(self, waits: Dict[str, float], set_digest: str) -> Dict[str, Optional[Tuple[str, ...]]]:
-        """Each peer of ``waits`` (members of our group ``set_digest``): the sets it merged for the
-        round, asked all at once, each answer awaited until that peer has merged or for its wait (s);
-        None for a peer that did not answer in time, or answered something that is not a list of set names."""
+    def merged_by(self, waits: Dict[str, float], set_digest: str,
+                  round_no: Optional[int] = None) -> Dict[str, Optional[Tuple[str, ...]]]:
+        """Each peer of ``waits`` (members of our group ``set_digest``, of round ``round_no``): the sets it
+        merged for the round, asked all at once, each answer awaited until that peer has merged or for
+        its wait (s); None for a peer that did not answer in time, or answered something that is not a
+        list of set names; () for one that said it merges another set of the round, or none."""
         future = MPFuture()
-        self._outer_pipe.send(("_merged_by", [], dict(waits=dict(waits), set_digest=set_digest, future=future)))
+        self._outer_pipe.send(("_merged_by", [], dict(waits=dict(waits), set_digest=set_digest, round_no=round_no,
+                                                      future=future)))
         try:
             return future.result(timeout=max(waits.values(), default=0.0) + self.timing.pipe_slack_s)
         except Exception as e:
@@ -119,21 +127,26 @@ class SetServer:
         while len(self._merged) > KEEP_OFFERS:
             self._merged.popitem(last=False)
 
-    async def _merged_by(self, waits: Dict[str, float], set_digest: str, future: MPFuture) -> None:
+    async def _merged_by(self, waits: Dict[str, float], set_digest: str, round_no: Optional[int],
+                         future: MPFuture) -> None:
         try:
             peers = sorted(waits)
-            answers = await asyncio.gather(*(self._ask_merged(p, set_digest, waits[p]) for p in peers))
+            answers = await asyncio.gather(*(self._ask_merged(p, set_digest, waits[p], round_no) for p in peers))
             future.set_result(dict(zip(peers, answers)))
         except Exception as e:
             future.set_exception(e)
 
-    async def _ask_merged(self, peer: str, set_digest: str, timeout: float) -> Optional[Tuple[str, ...]]:
-        request = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=set_digest.encode()), weight=timeout)
+    async def _ask_merged(self, peer: str, set_digest: str, timeout: float,
+                          round_no: Optional[int] = None) -> Optional[Tuple[str, ...]]:
+        request = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=set_digest.encode()), weight=timeout,
+                                              group_id=b"" if round_no is None else str(int(round_no)).encode())
         try:
             stub = self.get_stub(self._p2p, PeerID.from_base58(peer), namespace=self.prefix)
             self._count(sent=request.ByteSize())
             answer = await asyncio.wait_for(stub.rpc_merged(request), timeout=timeout + self.timing.rpc_slack_s)
             self._count(received=answer.ByteSize())
+            if answer.code == averaging_pb2.GROUP_DISBANDED:
+                return ()  # it merges another set of the round, or none: nothing to wait for
             if answer.code != averaging_pb2.NO_CODE:
                 return None
             return group_sets.parse_names(answer.tensor_part.buffer)
@@ -176,11 +189,15 @@ class SetServer:
 
     async def rpc_merged(self, request: averaging_pb2.AveragingData, context: P2PContext) -> averaging_pb2.AveragingData:
         """A member of one of our groups asks which sets we merged for its round: answered once we
-        have merged (``offer_merged``), held open at most the wait it names (``weight``, capped)."""
+        have merged (``offer_merged``), held open at most the wait it names (``weight``, capped), or at
+        once (GROUP_DISBANDED) where our record shows we never will (``offers_no_set``; a question
+        that names no round, ``group_id``, is only held)."""
         with self._calls.admit(context.remote_id) as admitted:
-            name = request.tensor_part.buffer
-            if not admitted or len(name) != group_sets.DIGEST_CHARS:
+            name, asked = request.tensor_part.buffer, request.group_id
+            if (not admitted or len(name) != group_sets.DIGEST_CHARS or len(asked) > MAX_ROUND_CHARS
+                    or (asked and not asked.isdigit())):
                 return averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
+            round_no = int(asked) if asked else None
             self._count(received=request.ByteSize())
             wait = min(max(request.weight, 0.0), self.timing.merged_wait_max_s) if math.isfinite(request.weight) else 0.0
             loop = asyncio.get_running_loop()
@@ -193,6 +210,14 @@ class SetServer:
                     msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=packed))
                     self._count(sent=msg.ByteSize())
                     return msg
+                if round_no is not None and self._merges_elsewhere(name, round_no):
+                    return averaging_pb2.AveragingData(code=averaging_pb2.GROUP_DISBANDED)
                 if loop.time() >= deadline:
                     return averaging_pb2.AveragingData(code=averaging_pb2.NOT_LOOKING_FOR_GROUP)
                 await asyncio.sleep(self.timing.merged_poll_s)
+
+    def _merges_elsewhere(self, name: bytes, round_no: int) -> bool:
+        """Whether our own record says we will never merge the set ``name`` of ``round_no``."""
+        self._take_progress()
+        mine = self._ready_progress
+        return mine is not None and offers_no_set(mine, round_no, name.decode("ascii", "replace"))

@@ -143,6 +143,7 @@ class RoundLoop:
         if losses is None or not self.finish():
             return  # stopping, or restarting the round from the swarm's θ
         t_train = time.monotonic()
+        self._meters.exchange_began()
         if not self.overlap:
             cpu0 = time.thread_time()
             payload, pending = engine.encode(round_start, role.params)

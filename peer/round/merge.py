@@ -240,7 +240,8 @@ def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, byte
     for m in [m for m, until in quiet.items() if until <= round_no]:
         del quiet[m]
     # a member that left us waiting lately is asked, but not waited for long
-    answers = gatherer.merged_by({m: quiet_wait if m in quiet else max(timing.mate_answer_min_s, wait) for m in mates}, own)
+    answers = gatherer.merged_by({m: quiet_wait if m in quiet else max(timing.mate_answer_min_s, wait) for m in mates}, own,
+                                 round_no=round_no)
     for mate, names in answers.items():
         if names is None:
             quiet[mate] = round_no + timing.merge_skip_rounds

@@ -42,6 +42,10 @@ class RoundRecord:
     # seconds count in the next record; swarm/cpu_meter.py)
     exchange_cpu: float = 0.0
     helpers_cpu: Optional[float] = None
+    # of ``helpers_cpu``, the seconds from the end of the round's inner steps to its record: the helpers'
+    # share of the exchange itself, without what they spent while the peer trained (serving others' reads,
+    # heartbeats: a cost per second of wall time, not per round)
+    helpers_exchange_cpu: Optional[float] = None
     # when the round ended (Unix time, this host's clock): successive records' ``ended`` give the
     # rounds' period, what a run's rounds per hour follow (``seconds`` overlaps the next round's steps)
     ended: float = 0.0
@@ -50,7 +54,7 @@ class RoundRecord:
 class RoundMeters:
     """What a round cost that only counters tell: every TCP byte the peer's processes sent and received
     (``peer.wire``: swarm/wire/meter.py) and the CPU seconds of its helper processes, since the
-    previous round ended."""
+    previous round ended, split where the round's inner steps ended (``exchange_began``)."""
 
     def __init__(self, peer):
         self._peer = peer
@@ -58,6 +62,12 @@ class RoundMeters:
         # the DHT's process (p2pd is its child) and the gather's; the start-up's seconds are not a round's
         self._cpu = HelperCpu(lambda: (getattr(getattr(peer, n, None), "pid", None) for n in ("dht", "gatherer")))
         self._cpu.since_last()
+        self._before: Optional[float] = 0.0  # helper seconds of the rounds' training since the last record
+
+    def exchange_began(self) -> None:
+        """The round's inner steps ended: what the helpers spent until now was while the peer trained."""
+        spent = self._cpu.since_last()
+        self._before = None if spent is None or self._before is None else self._before + spent
 
     def fill(self, record: RoundRecord) -> None:
         meter = getattr(self._peer, "wire", None)
@@ -67,7 +77,9 @@ class RoundMeters:
         else:
             (sent0, received0), self._wire_mark = self._wire_mark, (totals.sent, totals.received)
             record.wire_sent, record.wire_received = totals.sent - sent0, totals.received - received0
-        record.helpers_cpu = self._cpu.since_last()
+        exchange, before, self._before = self._cpu.since_last(), self._before, 0.0
+        record.helpers_exchange_cpu = exchange
+        record.helpers_cpu = None if exchange is None or before is None else before + exchange
 
 
 @dataclass

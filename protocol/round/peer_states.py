@@ -69,6 +69,18 @@ def keeps_waiting(round_no: int, state: str, asked_round: int) -> bool:
     return round_no < asked_round or (round_no == asked_round and state in (TRAINING, WAITING))
 
 
+def offers_no_set(p, round_no: int, name: str) -> bool:
+    """Whether a peer whose record is ``p`` (protocol/dht/records.py ``Progress``) will never say which
+    sets it merged for the set ``name`` of ``round_no``: its record names another set for that round
+    (a peer agrees one set a round, and names it before it merges), or it is more than two rounds
+    past it (its merges of that round are long over). A groupmate's question about ``name`` is then
+    answered at once instead of held open until the asker's wait runs out: a member that gave up the
+    group's gather and took another set would otherwise hold its groupmates for up to
+    ``Timing.mate_merge_bound`` (tests/exchange/test_merged_lists.py)."""
+    named = p.set_of(round_no)
+    return bool(named and named != name) or p.round > round_no + 2
+
+
 def settled(state: str) -> str:
     """``state`` with the two done states as one: the move from ready to exchanging changes nothing
     another peer acts on, so it waits for the next keep-alive instead of a publication."""

@@ -77,7 +77,7 @@ class Swarm:
     def offer_merged(self, set_digest: str, members, names) -> None:
         self.offers.append((set_digest, tuple(names)))
 
-    def merged_by(self, waits, set_digest: str):
+    def merged_by(self, waits, set_digest: str, round_no=None):
         return {p: self.mates_merged.get(p) for p in waits}
 
 

@@ -19,7 +19,7 @@ def test_a_groupmate_still_merging_is_waited_for_as_long_as_its_merge_may_run():
     swarm = Swarm([[record(sorted(theirs[2])[0], state="training")]], {mate: {theirs[1]: theirs[0]}})
     waits = []
 
-    def merged_by(ask, digest):
+    def merged_by(ask, digest, round_no=None):
         waits.append(dict(ask))
         return {mate: tuple(sorted([mine[1], theirs[1]]))}
 
@@ -35,7 +35,7 @@ def test_with_no_other_group_in_sight_a_silent_groupmate_costs_only_the_allowanc
     mate = sorted(mine[2])[1]
     swarm = Swarm([[]], {})
     waits = []
-    swarm.merged_by = lambda ask, digest: waits.append(dict(ask)) or {mate: None}
+    swarm.merged_by = lambda ask, digest, round_no=None: waits.append(dict(ask)) or {mate: None}
     peer, result = member_of(swarm, mine)
     assert merge_round(peer, ROUND, result, ready=[]).sets == 1
     assert waits[0][mate] < peer.spec.swarm.round_wait
@@ -47,7 +47,7 @@ def test_a_quiet_groupmate_is_waited_for_the_allowance_where_the_round_shows_ano
     waits = []
     for view in ([record(sorted(theirs[2])[0], state="training")], []):
         swarm = Swarm([view], {}, allowance=3.0)
-        swarm.merged_by = lambda ask, digest: waits.append(dict(ask)) or {mate: (mine[1],)}
+        swarm.merged_by = lambda ask, digest, round_no=None: waits.append(dict(ask)) or {mate: (mine[1],)}
         peer, result = member_of(swarm, mine)
         merge_round(peer, ROUND, result, ready=[], quiet={mate: ROUND + 3})
     assert waits[0][mate] >= 3.0 and waits[1][mate] == Timing.quiet_mate_s

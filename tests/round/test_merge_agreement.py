@@ -51,7 +51,7 @@ def test_client_mode_groupmates_are_not_asked():
     mate = sorted(mine[2])[1]
     swarm = Swarm([[]], {})
     asked = []
-    swarm.merged_by = lambda waits, digest: asked.extend(waits) or {}
+    swarm.merged_by = lambda waits, digest, round_no=None: asked.extend(waits) or {}
     peer, result = member_of(swarm, mine)
     result.unservable = frozenset([mate])
     agree(peer, ROUND, result, ready=[])
@@ -63,7 +63,7 @@ def test_a_groupmate_that_does_not_answer_is_not_waited_for_long_again_and_an_ex
     mate, silent = sorted(mine[2])[1:]
     swarm = Swarm([[]], {})
     waits, asked = [], []
-    swarm.merged_by = lambda ask, digest: waits.append(dict(ask)) or asked.append(sorted(ask)) or {
+    swarm.merged_by = lambda ask, digest, round_no=None: waits.append(dict(ask)) or asked.append(sorted(ask)) or {
         p: (None if p == silent else (mine[1],)) for p in ask}
     peer, result = member_of(swarm, mine)
     quiet: Dict[str, int] = {}
@@ -88,3 +88,18 @@ def test_a_groupmate_listing_many_sets_nobody_serves_costs_one_failed_fetch():
     merged = agree(peer, ROUND, result, ready=[])
     assert merged.sets == 1 and swarm.asked == [mate]
 
+
+
+def test_a_groupmate_that_merges_another_set_is_asked_with_the_round_and_not_marked_quiet():
+    """A member that took another set for the round answers () at once (peer/exchange/set_server.py
+    ``rpc_merged``): nothing is fetched, and it is asked as any member next round."""
+    mine = a_group(0, 2, b"g1")
+    mate = sorted(mine[2])[1]
+    swarm = Swarm([[]], {})
+    rounds = []
+    swarm.merged_by = lambda ask, digest, round_no=None: rounds.append(round_no) or {mate: ()}
+    peer, result = member_of(swarm, mine)
+    quiet: Dict[str, int] = {}
+    merged = agree(peer, ROUND, result, ready=[], quiet=quiet)
+    assert merged.sets == 1 and merged.payloads == mine[2]
+    assert rounds == [ROUND] and quiet == {} and swarm.asked == []

@@ -70,3 +70,32 @@ def test_unreadable_counters_give_none_once_said(monkeypatch, caplog):
     with caplog.at_level("INFO", logger="voloco.peer"):
         assert meter.since_last() is None and meter.since_last() is None
     assert sum("cannot be read" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_rounds_helper_seconds_split_where_its_inner_steps_ended(monkeypatch):
+    """peer/round/report.py RoundMeters: ``helpers_cpu`` is the whole round's, ``helpers_exchange_cpu``
+    the part after ``exchange_began``; a round that wrote no record adds its seconds to the next."""
+    import peer.round.report as report
+
+    spent = iter([0.0, 1.0, 0.5, 2.0, 0.25, 4.0, None, 1.0])  # the baseline, then what each call saw
+
+    class Meter:
+        def __init__(self, roots):
+            pass
+
+        def since_last(self):
+            return next(spent)
+
+    monkeypatch.setattr(report, "HelperCpu", Meter)
+    meters = report.RoundMeters(object())
+    record = report.RoundRecord(1, "h", ["me"], 1, {}, 0, 0, 0.0, 0.0, 1.0)
+    meters.exchange_began()  # 1.0 while training
+    meters.fill(record)  # 0.5 in the exchange
+    assert (record.helpers_cpu, record.helpers_exchange_cpu) == (1.5, 0.5)
+    meters.exchange_began()  # 2.0: a deferred round, no record
+    meters.exchange_began()  # 0.25
+    meters.fill(record)  # 4.0
+    assert (record.helpers_cpu, record.helpers_exchange_cpu) == (6.25, 4.0)
+    meters.exchange_began()  # unreadable
+    meters.fill(record)
+    assert (record.helpers_cpu, record.helpers_exchange_cpu) == (None, 1.0)

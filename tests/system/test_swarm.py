@@ -52,6 +52,8 @@ def test_three_peers_train_stay_identical_and_a_late_joiner_catches_up(swarm_fac
         assert shared and all(r["exchange_cpu"] > 0 for r in shared), rounds
         assert all(r["helpers_cpu"] is not None and r["helpers_cpu"] >= 0 for r in shared), rounds
         assert sum(r["helpers_cpu"] for r in shared) > 0, rounds
+        # the exchange's share of them: from the end of the round's inner steps (peer/round/report.py)
+        assert all(0 <= r["helpers_exchange_cpu"] <= r["helpers_cpu"] + 1e-9 for r in shared), rounds
         # every record says when its round ended, in order (bench/hostile.py's round period)
         ended = [r["ended"] for r in s["history"]]
         assert all(e > 0 for e in ended) and ended == sorted(ended), ended
