@@ -21,7 +21,8 @@ from the peers' status files (their ``history``):
   first record ("-" where the helpers' counters cannot be read); of it, the exchange's own: the
   thread's and what the helpers spent from the end of the round's inner steps (``helpers_exchange_cpu``),
   without their seconds while the peer trained, which follow the round's length (on this shared
-  machine, the swarm's size) rather than its exchange;
+  machine, the swarm's size) rather than its exchange; exchange s: the wall seconds from the end of the
+  inner steps to the round's record (``exchange_s``), and the helpers' CPU seconds per such second;
 - barrier wait/peer: seconds a peer's round barrier waited for the round's other peers (its record's
   ``waited``: from its payload's encoding to the barrier's end), mean over the peers;
 - round s: the median peer's round time (its record's ``seconds``); swarm s: from the moment every
@@ -171,6 +172,9 @@ def round_rows(statuses: List[Optional[Dict[str, Any]]], watcher: Watcher) -> Li
                                             if n > 1 and r.get("helpers_cpu") is not None]),
             "exchange_only_cpu_per_peer": _mean([r["exchange_cpu"] + r["helpers_exchange_cpu"] for _, n, r in recs
                                                  if n > 1 and r.get("helpers_exchange_cpu") is not None]),
+            "exchange_s_per_peer": _mean([r["exchange_s"] for _, n, r in recs if n > 1 and r.get("exchange_s")]),
+            "helpers_cpu_per_exchange_s": _mean([r["helpers_exchange_cpu"] / r["exchange_s"] for _, n, r in recs
+                                                 if n > 1 and r.get("helpers_exchange_cpu") is not None and r.get("exchange_s")]),
             "waited_per_peer": _mean([r["waited"] for _, _, r in recs if r.get("waited") is not None]),
             "round_s": statistics.median(r["seconds"] for _, _, r in recs), "swarm_s": swarm_s,
         })
@@ -242,12 +246,16 @@ def growth(runs: List[Dict[str, Any]]) -> str:
         mean = _mean([r["payload_received_per_peer"] for r in later if r["payload_received_per_peer"] is not None])
         cpu = _mean([r["exchange_cpu_per_peer"] for r in later if r.get("exchange_cpu_per_peer") is not None])
         own = _mean([r["exchange_only_cpu_per_peer"] for r in later if r.get("exchange_only_cpu_per_peer") is not None])
+        span = _mean([r["exchange_s_per_peer"] for r in later if r.get("exchange_s_per_peer") is not None])
+        rate = _mean([r["helpers_cpu_per_exchange_s"] for r in later if r.get("helpers_cpu_per_exchange_s") is not None])
         waited = _mean([r["waited_per_peer"] for r in later if r.get("waited_per_peer") is not None])
         base = base if base is not None else (mean, cpu, own)
         rows.append([str(run["peers"]), str(run.get("max_contributions", 0)), str(run["max_group_size"]), _b(mean),
-                     _ratio(mean, base[0]), _c(cpu), _ratio(cpu, base[1]), _c(own), _ratio(own, base[2]), _c(waited)])
+                     _ratio(mean, base[0]), _c(cpu), _ratio(cpu, base[1]), _c(own), _ratio(own, base[2]), _c(waited),
+                     _s(span), "-" if rate is None else f"{rate:.4f}"])
     return table(["peers", "K", "groups <=", "payload recv/peer/round", "vs smallest", "exchange CPU/peer/round",
-                  "vs smallest", "of it after the steps", "vs smallest", "barrier wait/peer/round"], rows, left=0)
+                  "vs smallest", "of it after the steps", "vs smallest", "barrier wait/peer/round",
+                  "exchange s/round", "helpers CPU s/exchange s"], rows, left=0)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -61,6 +61,7 @@ from protocol.wire.signed import Binding, Signer
 from protocol.round.timing import Timing
 from swarm.access.admission import Admitted
 from swarm.dht.group_keys import LeanGroupKeyManager
+from swarm.future_pipes import send_futures_lean
 
 logger = get_logger(__name__)
 
@@ -131,6 +132,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         self._group_opened: Optional[asyncio.Event] = None
         self._calls = CallLimiter(CALLS_PER_PEER)
         self._init_ready_notices()  # shared with the averager process: made before it starts
+        send_futures_lean(self._outer_pipe)  # each caller's result pipe reaches the averager process once
 
     # ---- host-process API ---------------------------------------------------------------------
     @property

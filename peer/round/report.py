@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -46,6 +47,7 @@ class RoundRecord:
     # share of the exchange itself, without what they spent while the peer trained (serving others' reads,
     # heartbeats: a cost per second of wall time, not per round)
     helpers_exchange_cpu: Optional[float] = None
+    exchange_s: float = 0.0  # wall seconds from the end of the round's inner steps to its record
     # when the round ended (Unix time, this host's clock): successive records' ``ended`` give the
     # rounds' period, what a run's rounds per hour follow (``seconds`` overlaps the next round's steps)
     ended: float = 0.0
@@ -63,11 +65,13 @@ class RoundMeters:
         self._cpu = HelperCpu(lambda: (getattr(getattr(peer, n, None), "pid", None) for n in ("dht", "gatherer")))
         self._cpu.since_last()
         self._before: Optional[float] = 0.0  # helper seconds of the rounds' training since the last record
+        self._began: Optional[float] = None  # when the last round's inner steps ended (monotonic)
 
     def exchange_began(self) -> None:
         """The round's inner steps ended: what the helpers spent until now was while the peer trained."""
         spent = self._cpu.since_last()
         self._before = None if spent is None or self._before is None else self._before + spent
+        self._began = time.monotonic()
 
     def fill(self, record: RoundRecord) -> None:
         meter = getattr(self._peer, "wire", None)
@@ -78,6 +82,7 @@ class RoundMeters:
             (sent0, received0), self._wire_mark = self._wire_mark, (totals.sent, totals.received)
             record.wire_sent, record.wire_received = totals.sent - sent0, totals.received - received0
         exchange, before, self._before = self._cpu.since_last(), self._before, 0.0
+        record.exchange_s = 0.0 if self._began is None else time.monotonic() - self._began
         record.helpers_exchange_cpu = exchange
         record.helpers_cpu = None if exchange is None or before is None else before + exchange
 

@@ -28,6 +28,7 @@ from swarm.access.identity import Identity, NodeTrust, prepare_identity, registe
 from swarm.access.join_probe import MAX_ALTERNATES, PRIVATE, PUBLIC, TOKEN_BAD, TOKEN_OK, join_help, serve_run_access
 from swarm.access.reachability import dial, dial_failure, peer_answers, serve_dial_back
 from swarm.dht.rejoin import keep_joined
+from swarm.future_pipes import send_futures_lean
 from swarm.dht.validators import node_validators
 
 logger = logging.getLogger("voloco.swarm")
@@ -299,6 +300,7 @@ def _start_node(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity
     if dht.peer_id.to_base58() != mine.identity.peer_id:
         dht.shutdown()
         raise RuntimeError(f"the DHT node's peer id {dht.peer_id} is not that of its identity {mine.identity.peer_id}")
+    send_futures_lean(dht._outer_pipe)  # each caller's result pipe reaches the DHT process once
     return dht
 
 

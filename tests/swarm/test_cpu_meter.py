@@ -91,7 +91,7 @@ def test_a_rounds_helper_seconds_split_where_its_inner_steps_ended(monkeypatch):
     record = report.RoundRecord(1, "h", ["me"], 1, {}, 0, 0, 0.0, 0.0, 1.0)
     meters.exchange_began()  # 1.0 while training
     meters.fill(record)  # 0.5 in the exchange
-    assert (record.helpers_cpu, record.helpers_exchange_cpu) == (1.5, 0.5)
+    assert (record.helpers_cpu, record.helpers_exchange_cpu) == (1.5, 0.5) and record.exchange_s >= 0.0
     meters.exchange_began()  # 2.0: a deferred round, no record
     meters.exchange_began()  # 0.25
     meters.fill(record)  # 4.0
