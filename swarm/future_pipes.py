@@ -8,15 +8,15 @@ the descriptor. In a 32-peer run of bench/scale.py that hand-over was a fifth of
 samples (bench/RESULTS.md, "A caller's result pipe, sent once"), and the caller's sharer thread did
 its half in the caller.
 
-``send_futures_lean(conn)`` wraps the ``send`` of one helper's pipe (the end the callers write): the
-first future that carries a given result pipe carries it whole, with a token; later ones carry the
-token only, and the helper takes the pipe from what it kept (``_resolve``). The helper keeps at most
-``MAX_KEPT`` pipes (a peer has a few callers: its main process and its averager process). What a
-writer has delivered is recorded only once the write has returned, under a lock per pipe, and a
-pipe delivers in order, so a token never arrives before its pipe. A process forked while another
-thread held the lock gets a fresh one. Only futures pickled inside a wrapped ``send`` change: a
-future pickled anywhere else carries its pipe as hivemind always did. Guarded by
-tests/swarm/test_future_pipes.py.
+``send_futures_lean(conn)`` wraps the ``send`` of one helper's pipe (the end the callers write): a
+future carries its result pipe whole, with a token, until the helper has answered one such future
+with a result through that pipe (then it holds the pipe: it sent the answer on it); later futures
+carry the token only, and the helper takes the pipe from what it kept (``_resolve``). So a token
+never reaches a helper that lacks its pipe, even where the helper dropped a message it could not
+read. The helper keeps at most ``MAX_KEPT`` pipes, the least recently used going first (a peer has a
+few callers: its main process and its averager process). A future forwarded by a process that did
+not make it carries its pipe whole, as do futures pickled anywhere but inside a wrapped ``send``.
+Guarded by tests/swarm/test_future_pipes.py.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from functools import partial
 from typing import Any, Optional, Set
 
 from hivemind.utils.mpfuture import MPFuture
@@ -40,17 +41,15 @@ _installed = False
 
 
 class _Delivery:
-    """What one writer process has delivered through one wrapped pipe."""
+    """The result pipes one writer process knows its helper holds (answered through) for one wrapped pipe."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
         self.delivered: Set[bytes] = set()
-        self.pending: Set[bytes] = set()
-        os.register_at_fork(after_in_child=self._after_fork)
 
-    def _after_fork(self) -> None:
-        self.lock = threading.Lock()  # a lock held by another thread at the fork is never released here
-        self.pending = set()
+    def answered(self, token: bytes, future) -> None:
+        """A future that carried the pipe ``token`` is done: with a result, it came through that pipe."""
+        if not future.cancelled() and future.exception() is None:
+            self.delivered.add(token)
 
 
 def _token(pipe) -> bytes:
@@ -72,7 +71,9 @@ def _resolve(token: bytes, pipe):
                 _kept.popitem(last=False)
             return pipe
         kept = _kept.get(token)
-    if kept is None:  # cannot happen in order; the call's caller then times out instead of getting an answer
+        if kept is not None:
+            _kept.move_to_end(token)
+    if kept is None:  # cannot happen: a token is sent only once the helper answered through its pipe
         logger.warning("a call's result pipe was never received: its result cannot be sent back")
     return kept
 
@@ -94,13 +95,13 @@ def _getstate(self) -> dict:
     state = _hivemind_getstate(self)
     delivery: Optional[_Delivery] = getattr(_local, "delivery", None)
     pipe = state.get("_sender_pipe")
-    if delivery is not None and pipe is not None:
+    if delivery is not None and pipe is not None and self._origin_pid == os.getpid():
         token = _token(pipe)
         if token in delivery.delivered:
             state["_sender_pipe"] = _PipeRef(token, None)
         else:
-            delivery.pending.add(token)
             state["_sender_pipe"] = _PipeRef(token, pipe)
+            self.add_done_callback(partial(delivery.answered, token))
     return state
 
 
@@ -116,13 +117,11 @@ def send_futures_lean(conn) -> None:
     send, delivery = conn.send, _Delivery()
 
     def lean_send(obj) -> None:
-        with delivery.lock:
-            _local.delivery, delivery.pending = delivery, set()
-            try:
-                send(obj)
-            finally:
-                _local.delivery = None
-            delivery.delivered |= delivery.pending  # written: every later message is read after it
+        _local.delivery = delivery
+        try:
+            send(obj)
+        finally:
+            _local.delivery = None
 
     conn.send = lean_send
     conn._voloco_lean_send = True

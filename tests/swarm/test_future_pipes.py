@@ -8,6 +8,7 @@ import multiprocessing as mp
 import pickle
 import threading
 from functools import partial
+from types import SimpleNamespace
 
 import hivemind
 from hivemind.utils.mpfuture import MPFuture
@@ -27,22 +28,42 @@ class Recording:
         self.sent.append(bytes(ForkingPickler.dumps(obj)))
 
 
-def test_the_first_future_carries_the_pipe_and_later_ones_a_token_that_resolves_to_it():
+def test_futures_carry_the_pipe_until_the_helper_answers_through_it_then_a_token_that_resolves_to_it():
     conn = Recording()
     send_futures_lean(conn)
     send_futures_lean(conn)  # idempotent: one wrapper
-    futures = [MPFuture() for _ in range(3)]
-    for f in futures:
+    sent = MPFuture()
+    conn.send(("_call", [], dict(future=sent)))
+    conn.send(("_call", [], dict(future=MPFuture())))  # not answered yet: the pipe again
+    failed, cancelled = MPFuture(), MPFuture()
+    for f in (failed, cancelled):
         conn.send(("_call", [], dict(future=f)))
-    first, *later = (len(b) for b in conn.sent)
-    assert all(n < first for n in later)  # no connection pickled in them
+    failed.set_exception(RuntimeError("no answer through the pipe"))
+    cancelled.cancel()
+    conn.send(("_call", [], dict(future=MPFuture())))  # neither counts as an answer
+    assert all(b"rebuild_connection" in b for b in conn.sent)
+    sent.set_result(1)  # answered: the helper holds the pipe
+    conn.send(("_call", [], dict(future=MPFuture())))
+    assert b"rebuild_connection" not in conn.sent[-1]  # a token, no connection
     future_pipes._kept.clear()
     received = [pickle.loads(b)[2]["future"] for b in conn.sent]
-    pipes = {id(f._sender_pipe) for f in received}
-    assert len(pipes) == 1 and received[0]._sender_pipe is not None
+    assert all(f._sender_pipe is not None for f in received)
+    assert received[-1]._sender_pipe is received[-2]._sender_pipe  # the token: the pipe last received whole
     # a future pickled outside a wrapped send carries its pipe as hivemind always did
     plain = pickle.loads(bytes(ForkingPickler.dumps(MPFuture())))
     assert plain._sender_pipe is not None
+
+
+def test_kept_pipes_are_bounded_and_the_least_recently_used_goes_first(monkeypatch):
+    monkeypatch.setattr(future_pipes, "MAX_KEPT", 2)
+    future_pipes._kept.clear()
+    a, b, c = SimpleNamespace(), SimpleNamespace(), SimpleNamespace()
+    future_pipes._resolve(b"a", a)
+    future_pipes._resolve(b"b", b)
+    assert future_pipes._resolve(b"a", None) is a  # used: now the most recent
+    future_pipes._resolve(b"c", c)
+    assert list(future_pipes._kept) == [b"a", b"c"]
+    future_pipes._kept.clear()
 
 
 async def _double(dht, node, x):
