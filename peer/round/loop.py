@@ -45,7 +45,7 @@ from peer.round.early_close import EarlyClose, min_steps
 from peer.round.handoff import Handoff, continue_from
 from peer.round.merge import adopt_own_set, adopt_round_set, merge_round, no_group_left
 from peer.round import draw, union
-from peer.round.report import RoundMeters, RoundRecord, log_round, states_of, write_status
+from peer.round.report import RoundMeters, RoundRecord, log_phases, log_round, states_of, write_status
 from peer.training.evaluator import RoundEvaluator
 from peer.training.progress_bar import ProgressBar
 from peer.training.roles import ChainStage, RoundAbandoned
@@ -424,11 +424,7 @@ class RoundLoop:
         t_eval = time.monotonic()
         peer.val_loss = record.val_loss = self.evaluator.evaluate() if self.evaluator is not None else peer._evaluate()
         record.seconds, record.ended = time.monotonic() - h.t0, time.time()
-        logger.debug(
-            f"round {record.round - 1} timing: train {h.t_train - h.t0:.2f} s, encode {h.t_encode - h.t_train:.2f} s, "
-            f"wait {t_wait - h.t_encode:.2f} s, gather {t_gather - t_wait:.2f} s, apply {t_apply - t_gather:.2f} s, "
-            f"eval {time.monotonic() - t_eval:.2f} s"
-        )
+        log_phases(record.round - 1, h.t0, h.t_train, h.t_encode, t_wait, t_gather, t_apply, t_eval, time.monotonic())
         record.util = peer.util.round_done()
         advice = self.advisor.note(RoundTime(record.util, peer.util.last_steps, peer.util.last_busy,
                                                time.monotonic() - h.t_train, record.waited))

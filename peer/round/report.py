@@ -100,6 +100,16 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     return sum(t.numel() * t.element_size() for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t))
 
 
+def log_phases(round_no: int, t0: float, trained: float, encoded: float, waited: float, gathered: float,
+               applied: float, evaluating: float, ended: float) -> None:
+    """A debug line: how long each phase of round ``round_no`` took (monotonic times, in order)."""
+    logger.debug(
+        f"round {round_no} timing: train {trained - t0:.2f} s, encode {encoded - trained:.2f} s, "
+        f"wait {waited - encoded:.2f} s, gather {gathered - waited:.2f} s, apply {applied - gathered:.2f} s, "
+        f"eval {ended - evaluating:.2f} s"
+    )
+
+
 def log_round(record: RoundRecord, tokens_per_s: float) -> None:
     excluded = f" ({len(record.excluded)} excluded)" if record.excluded else ""
     if record.sets > 1:
