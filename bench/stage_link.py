@@ -53,7 +53,8 @@ from bench.common import exit_on_sigterm  # noqa: E402
 from peer.training.inner import InnerTrainer  # noqa: E402
 from peer.chain.gpipe import run_inner_step  # noqa: E402
 from peer.training.model import build_model  # noqa: E402
-from peer.chain.links import StageIdentity, StageListener, connect_link, link_codec, run  # noqa: E402
+from peer.chain.links import StageIdentity, connect_link, link_codec, run  # noqa: E402
+from peer.chain.listener import StageListener  # noqa: E402
 from protocol.chain.frames import FrameFormat  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)

@@ -2,6 +2,6 @@
 
 ``stage`` is a low-resource peer's life as a chain candidate and stage, ``gpipe`` the pipelined inner
 step over the stage links, ``links`` the TCP links that carry subspace-projected activations between
-neighbouring stages, ``handshake`` how a link is authenticated, ``errors`` how a broken link ends a
-round for the whole chain.
+neighbouring stages, ``listener`` how a stage accepts its upstream neighbour's link, ``handshake``
+how a link is authenticated, ``errors`` how a broken link ends a round for the whole chain.
 """

@@ -1,7 +1,8 @@
 """The handshake of a stage link, both sides: ``hello`` -> (``challenge`` -> ``auth`` ->) ``hello_ok``.
 
-The dialer sends its hello; the listener checks its public fields (``protocol.chain.frames.check_hello``)
-and, when it has a ``LinkAuth``, challenges the dialer to prove it is the peer the chain assignment
+The dialer sends its hello; the listener reads it (``read_hello``: a hello of a round the listener has
+not reached yet is held until it has, peer/chain/links.py), checks its public fields
+(``protocol.chain.frames.check_hello``) and, when it has a ``LinkAuth``, challenges the dialer to prove it is the peer the chain assignment
 names for that stage while proving the same of itself (protocol/chain/link_auth.py). Everything here
 runs on a ``StageLink`` (peer/chain/links.py) that still reads with the handshake's small frame
 limit, within one deadline for the whole exchange.
@@ -23,7 +24,7 @@ from protocol.wire.signed import Signer
 if TYPE_CHECKING:  # pragma: no cover
     from peer.chain.links import StageLink
 
-__all__ = ["LinkAuth", "dial", "answer"]
+__all__ = ["LinkAuth", "dial", "read_hello", "answer"]
 
 
 @dataclass(frozen=True)
@@ -61,12 +62,18 @@ async def dial(link: "StageLink", hello: Hello, auth: "LinkAuth | None", deadlin
         raise link._fail(LinkProtocolError(f"expected hello_ok, got {type(frame).__name__}", link))
 
 
-async def answer(link: "StageLink", expect: dict, auth: "LinkAuth | None", deadline: float) -> Hello:
+async def read_hello(link: "StageLink", deadline: float):
+    """The dialer's first frame, unchecked (``answer`` checks it): a listener may look at its round
+    first. Raises the link's LinkError (garbage, timeout, closed)."""
+    return await link._recv_frame(_left(deadline))
+
+
+async def answer(link: "StageLink", frame, expect: dict, auth: "LinkAuth | None", deadline: float) -> Hello:
     """The listener's side, up to (not including) its hello_ok: the dialer's checked hello.
-    ``expect``: ``check_hello``'s keyword arguments. Raises FrameError with the reason to send back
-    in a reject (a hello from the wrong neighbour, or one that cannot prove who it is), or the
-    link's LinkError (garbage, timeout, closed)."""
-    hello = check_hello(await link._recv_frame(_left(deadline)), **expect)
+    ``frame``: what ``read_hello`` read; ``expect``: ``check_hello``'s keyword arguments. Raises
+    FrameError with the reason to send back in a reject (a hello from the wrong neighbour, or one
+    that cannot prove who it is), or the link's LinkError (garbage, timeout, closed)."""
+    hello = check_hello(frame, **expect)
     if auth is None:
         return hello
     if len(hello.nonce) != NONCE_BYTES:

@@ -1,9 +1,9 @@
 """The links of a chain stage to its neighbours: TCP connections speaking ``protocol.chain.frames``.
 
 * ``StageLink``: a TCP connection to one neighbour, over asyncio streams (uvloop where
-  installed: ``run``). ``connect_link`` dials a neighbour; ``StageListener`` accepts them,
-  checks each ``hello`` (run digest, chain id, stage index, round, protocol version) and answers
-  ``reject`` with the reason to anything else, then keeps listening.
+  installed: ``run``). ``connect_link`` dials a neighbour; ``peer.chain.listener.StageListener``
+  accepts them, checks each ``hello`` (run digest, chain id, stage index, round, protocol
+  version) and answers ``reject`` with the reason to anything else, then keeps listening.
 * Every read has a deadline per frame, so a dead or stalled neighbour (or one that trickles
   bytes) is detected. Whatever a neighbour sends that this stage cannot use closes that
   connection with a logged reason and surfaces as a ``LinkError`` subclass to the caller:
@@ -13,9 +13,7 @@
   the process.
 * ``link_codec``: the activation codec of a link (the subspace basis and the wire dtype).
 * Before the handshake completes a connection costs little: frames of at most
-  ``HANDSHAKE_MAX_BYTES``, reads of that size, one deadline for the whole handshake
-  (``handshake_timeout``), and at most ``MAX_PENDING_HANDSHAKES`` connections in a handshake at
-  once (a new one drops the oldest, so stalled strangers cannot lock an honest neighbour out).
+  ``HANDSHAKE_MAX_BYTES``, reads of that size, one deadline for the whole handshake.
 * With a ``LinkAuth`` (this stage's identity key and the peer id the chain assignment names for
   the neighbour) both ends prove who they are (peer/chain/handshake.py, protocol/chain/link_auth.py):
   a stranger who copies a hello's public fields is rejected.
@@ -30,7 +28,7 @@ import collections
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Deque, Optional, Tuple
 
 import torch
 
@@ -41,7 +39,7 @@ from protocol import PROTOCOL_VERSION
 from protocol.chain.activations import ActivationCodec
 from protocol.errors import FrameError
 from protocol.chain.frames import (
-    HANDSHAKE_MAX_BYTES, NONCE_BYTES, Activations, Bye, Frame, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, Reject,
+    HANDSHAKE_MAX_BYTES, NONCE_BYTES, Activations, Bye, Frame, FrameDecoder, FrameFormat, Grads, Hello,
     encode_frame,
 )
 from protocol.chain.subspace import subspace_basis
@@ -51,11 +49,10 @@ try:  # pragma: no cover - depends on the platform
 except ImportError:  # pragma: no cover
     uvloop = None
 
-__all__ = ["StageIdentity", "LinkAuth", "link_codec", "StageLink", "StageListener", "connect_link", "run"]
+__all__ = ["StageIdentity", "LinkAuth", "link_codec", "StageLink", "connect_link", "opposite", "run"]
 
 log = logging.getLogger("voloco.pipeline")
 
-MAX_PENDING_HANDSHAKES = 4  # connections in a handshake at once, per listener
 READ_BYTES = 1 << 16  # what one read takes from the socket after the handshake
 
 
@@ -88,7 +85,7 @@ def link_codec(d: int, k: int, seed: int, dtype: torch.dtype = torch.float16) ->
     return _Fp32Codec(U) if dtype == torch.float32 else ActivationCodec(U, dtype)
 
 
-def _opposite(role: str) -> str:
+def opposite(role: str) -> str:
     return "downstream" if role == "upstream" else "upstream"
 
 
@@ -333,109 +330,6 @@ async def connect_link(
     await handshake.dial(link, hello, auth, deadline)
     link.handshake_done()
     return link
-
-
-class StageListener:
-    """Accepts neighbours on a TCP port: each connection must open with a valid hello from the
-    expected neighbour (stage ``local.stage - 1`` if ``role`` is ``"downstream"``, else
-    ``local.stage + 1``), same run digest, chain, round and protocol version, and, when ``auth``
-    is set, prove it is ``auth.neighbour``, all within ``handshake_timeout``. A bad hello is
-    answered with ``reject`` + the reason, logged, appended to ``rejected`` and closed; the
-    listener keeps accepting. Good links queue up for ``accept``. ``local`` and ``auth`` may be
-    changed between rounds."""
-
-    def __init__(
-        self, *, local: StageIdentity, role: str, fmt: FrameFormat, codec: ActivationCodec,
-        timeout: float = 30.0, handshake_timeout: float = 5.0, auth: Optional[LinkAuth] = None,
-    ):
-        if role not in ("upstream", "downstream"):
-            raise ValueError(f"role must be 'upstream' or 'downstream', got {role!r}")
-        self.local, self.role, self.fmt, self.codec, self.auth = local, role, fmt, codec, auth
-        self.timeout, self.handshake_timeout = timeout, handshake_timeout
-        self.rejected: List[str] = []
-        self._queue: "asyncio.Queue[StageLink]" = asyncio.Queue()
-        self._server: Optional[asyncio.AbstractServer] = None
-        self._handshakes: Dict[asyncio.Task, StageLink] = {}  # in the order they began
-
-    @classmethod
-    async def start(cls, host: str = "127.0.0.1", port: int = 0, **kwargs: Any) -> "StageListener":
-        listener = cls(**kwargs)
-        listener._server = await asyncio.start_server(listener._on_connect, host, port)
-        return listener
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None
-        return self._server.sockets[0].getsockname()[1]
-
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        link = StageLink(reader, writer, local=self.local, role=self.role, fmt=self.fmt, codec=self.codec, timeout=self.timeout)
-        if len(self._handshakes) >= MAX_PENDING_HANDSHAKES:  # close the one that has stalled longest
-            stale = self._handshakes.pop(next(iter(self._handshakes)))
-            stale._fail(LinkTimeout("dropped for a newer connection: too many in a handshake", stale), logging.INFO)
-        task = asyncio.current_task()
-        self._handshakes[task] = link
-        try:
-            if await self._handshake(link):
-                link.handshake_done()
-                link.send(HelloOk())
-                self._queue.put_nowait(link)
-        finally:
-            self._handshakes.pop(task, None)
-
-    async def _handshake(self, link: StageLink) -> bool:
-        """Whether the connection proved to be the expected neighbour (else answered, logged, closed)."""
-        local = self.local
-        expect = dict(run_digest=local.run_digest, chain_id=local.chain_id, stage=link.neighbour_stage,
-                      round=local.round, role=_opposite(self.role))
-        try:
-            await handshake.answer(link, expect, self.auth, asyncio.get_running_loop().time() + self.handshake_timeout)
-            return True
-        except FrameError as e:  # a well-formed hello from the wrong neighbour, or one that cannot prove who it is
-            reason = f"rejected hello: {e}"
-            self.rejected.append(reason)
-            try:
-                link.writer.write(encode_frame(Reject(str(e))))
-            except Exception:  # pragma: no cover
-                pass
-            link._fail(LinkProtocolError(reason, link))
-        except LinkError as e:  # garbage, timeout, closed before the hello
-            self.rejected.append(f"handshake failed: {e.reason}")
-        return False
-
-    async def retarget(self, local: StageIdentity, auth: Optional[LinkAuth]) -> int:
-        """Accept as ``local`` from now on (a new round or chain): links that passed the handshake
-        as an earlier identity and were never accepted are closed, so ``accept`` cannot hand out a
-        link of a past round (its neighbour gave up on it long ago). Returns how many were dropped."""
-        changed = local != self.local or auth is not self.auth
-        self.local, self.auth = local, auth
-        dropped = 0
-        while changed and not self._queue.empty():
-            await self._queue.get_nowait().close(bye=False)
-            dropped += 1
-        return dropped
-
-    async def accept(self, timeout: Optional[float] = None) -> StageLink:
-        """The next neighbour that passed the handshake as ``local`` is now and is still open
-        (asyncio.TimeoutError after ``timeout``)."""
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            left = None if deadline is None else max(0.0, deadline - loop.time())
-            link = await asyncio.wait_for(self._queue.get(), left)
-            if link.local == self.local and not link.closed and not link.reader.at_eof():
-                return link
-            await link.close(bye=False)  # handshaken as an identity this listener has left, or gone
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
-        for link in list(self._handshakes.values()):  # their handshakes end at once, as failed
-            link._fail(LinkClosed("the listener closed", link), logging.DEBUG)
-        while not self._queue.empty():
-            await self._queue.get_nowait().close(bye=False)
 
 
 def run(coro):

@@ -29,7 +29,8 @@ from peer.training.model import Model, build_model
 from peer.training.resources import Resources
 from peer.chain.errors import LinkError, StageError
 from peer.chain.handshake import LinkAuth
-from peer.chain.links import StageIdentity, StageListener, connect_link, link_codec
+from peer.chain.links import StageIdentity, connect_link, link_codec
+from peer.chain.listener import StageListener
 from protocol.chain.records import CandidateRecord, ChainAssignment
 from protocol.chain.endpoints import announced_endpoints, dial_order, format_endpoint, hosts_of_maddrs
 from protocol.chain.frames import FrameFormat

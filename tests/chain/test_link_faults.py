@@ -15,7 +15,8 @@ import torch
 
 from peer.chain.errors import BatchMismatch, HandshakeRejected, LinkClosed, LinkProtocolError, LinkTimeout
 from peer.chain.gpipe import run_inner_step
-from peer.chain.links import StageListener, connect_link, run
+from peer.chain.links import connect_link, run
+from peer.chain.listener import StageListener
 from protocol import PROTOCOL_VERSION
 from protocol.errors import FrameError
 from protocol.chain.frames import Activations, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, Reject, encode_frame

@@ -16,7 +16,8 @@ import torch
 from peer.training.inner import InnerTrainer
 from peer.chain.gpipe import run_inner_step
 from peer.training.model import build_model
-from peer.chain.links import StageIdentity, StageListener, connect_link, link_codec, run
+from peer.chain.links import StageIdentity, connect_link, link_codec, run
+from peer.chain.listener import StageListener
 from protocol.chain.activations import compressed_boundary
 from protocol.chain.stages import stage_shapes
 from protocol.chain.frames import FrameFormat

@@ -20,7 +20,8 @@ from peer.training.inner import InnerTrainer
 from peer.training.model import build_model
 from peer.training.resources import Resources
 from peer.chain.errors import BatchMismatch, LinkProtocolError, NonFiniteGradients, NonFiniteOutput, StageError
-from peer.chain.links import StageIdentity, StageListener, connect_link, link_codec, run
+from peer.chain.links import StageIdentity, connect_link, link_codec, run
+from peer.chain.listener import StageListener
 from protocol import PROTOCOL_VERSION
 from protocol.chain.frames import Activations, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, encode_frame
 

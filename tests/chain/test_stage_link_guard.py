@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from peer.chain.errors import HandshakeRejected, LinkProtocolError
-from peer.chain.links import LinkAuth, StageIdentity, StageListener, connect_link, link_codec, run
+from peer.chain.links import LinkAuth, StageIdentity, connect_link, link_codec, run
+from peer.chain.listener import StageListener
 from protocol.chain import link_auth
 from protocol.chain.frames import HANDSHAKE_MAX_BYTES, FrameFormat, Hello
 from protocol.wire.signed import Signer
@@ -199,3 +200,33 @@ def test_a_link_left_queued_from_an_earlier_round_is_never_accepted_later():
     assert dropped == 1
     assert got_round == 9
     assert second_peer == f"{live_peer[0]}:{live_peer[1]}"
+
+
+def test_a_hello_a_round_ahead_waits_for_this_stage():
+    """The stage that concluded a round first dials its neighbour for the next one at once; the
+    neighbour, a moment behind, takes that link when it reaches the round instead of rejecting the
+    hello and making it redial (``StageListener._reach``). A hello for a round this stage does not
+    reach within the handshake's deadline is rejected with the reason, as before."""
+    async def main():
+        listener = await listen(handshake_timeout=3)
+        ahead = StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=0, round=4)
+        dialing = asyncio.ensure_future(connect_link(HOST, listener.port, local=ahead, role="upstream", fmt=FMT,
+                                                     codec=CODEC, timeout=5, handshake_timeout=5))
+        await asyncio.sleep(0.5)
+        held = not dialing.done()
+        await listener.retarget(StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=1, round=4), None)
+        link = await dialing
+        accepted = await listener.accept(timeout=5)
+        taken = (accepted.local.round, list(listener.rejected))
+        await link.close()
+        await accepted.close()
+        too_far = StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=0, round=5)
+        with pytest.raises(HandshakeRejected, match="peer is at round 5, this stage at round 4"):
+            await connect_link(HOST, listener.port, local=too_far, role="upstream", fmt=FMT, codec=CODEC,
+                               timeout=5, handshake_timeout=5)
+        await listener.close()
+        return held, taken
+
+    held, (round_taken, rejected_before) = run(main())
+    assert held, "the hello of a later round was answered before this stage reached it"
+    assert round_taken == 4 and rejected_before == []

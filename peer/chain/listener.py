@@ -1,0 +1,150 @@
+"""A stage's listener: accepts its upstream neighbour's connections and checks each handshake.
+
+Each connection must open with a valid hello from the expected neighbour, within
+``handshake_timeout``; at most ``MAX_PENDING_HANDSHAKES`` connections are in a handshake at once (a
+new one drops the oldest, so stalled strangers cannot lock an honest neighbour out). A hello of a
+round this stage has not reached yet is held until it has. The link itself is peer/chain/links.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Dict, List, Optional
+
+from peer.chain import handshake
+from peer.chain.errors import LinkClosed, LinkError, LinkProtocolError, LinkTimeout
+from peer.chain.handshake import LinkAuth
+from peer.chain.links import StageIdentity, StageLink, opposite
+from protocol.chain.activations import ActivationCodec
+from protocol.chain.frames import Frame, FrameFormat, Hello, HelloOk, Reject, encode_frame
+from protocol.errors import FrameError
+
+__all__ = ["MAX_PENDING_HANDSHAKES", "StageListener"]
+
+MAX_PENDING_HANDSHAKES = 4  # connections in a handshake at once, per listener
+
+
+class StageListener:
+    """Accepts neighbours on a TCP port: each connection must open with a valid hello from the
+    expected neighbour (stage ``local.stage - 1`` if ``role`` is ``"downstream"``, else
+    ``local.stage + 1``), same run digest, chain, round and protocol version, and, when ``auth``
+    is set, prove it is ``auth.neighbour``, all within ``handshake_timeout``. A bad hello is
+    answered with ``reject`` + the reason, logged, appended to ``rejected`` and closed; the
+    listener keeps accepting. Good links queue up for ``accept``. ``local`` and ``auth`` may be
+    changed between rounds."""
+
+    def __init__(
+        self, *, local: StageIdentity, role: str, fmt: FrameFormat, codec: ActivationCodec,
+        timeout: float = 30.0, handshake_timeout: float = 5.0, auth: Optional[LinkAuth] = None,
+    ):
+        if role not in ("upstream", "downstream"):
+            raise ValueError(f"role must be 'upstream' or 'downstream', got {role!r}")
+        self.local, self.role, self.fmt, self.codec, self.auth = local, role, fmt, codec, auth
+        self.timeout, self.handshake_timeout = timeout, handshake_timeout
+        self.rejected: List[str] = []
+        self._queue: "asyncio.Queue[StageLink]" = asyncio.Queue()
+        self._server: Optional[asyncio.AbstractServer] = None
+        self._handshakes: Dict[asyncio.Task, StageLink] = {}  # in the order they began
+        self._moved = asyncio.Event()  # set (and replaced) when retarget changes who this stage is
+
+    @classmethod
+    async def start(cls, host: str = "127.0.0.1", port: int = 0, **kwargs: Any) -> "StageListener":
+        listener = cls(**kwargs)
+        listener._server = await asyncio.start_server(listener._on_connect, host, port)
+        return listener
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        link = StageLink(reader, writer, local=self.local, role=self.role, fmt=self.fmt, codec=self.codec, timeout=self.timeout)
+        if len(self._handshakes) >= MAX_PENDING_HANDSHAKES:  # close the one that has stalled longest
+            stale = self._handshakes.pop(next(iter(self._handshakes)))
+            stale._fail(LinkTimeout("dropped for a newer connection: too many in a handshake", stale), logging.INFO)
+        task = asyncio.current_task()
+        self._handshakes[task] = link
+        try:
+            if await self._handshake(link):
+                link.handshake_done()
+                link.send(HelloOk())
+                self._queue.put_nowait(link)
+        finally:
+            self._handshakes.pop(task, None)
+
+    async def _handshake(self, link: StageLink) -> bool:
+        """Whether the connection proved to be the expected neighbour (else answered, logged, closed)."""
+        deadline = asyncio.get_running_loop().time() + self.handshake_timeout
+        try:
+            frame = await handshake.read_hello(link, deadline)
+            await self._reach(frame, deadline)
+            local = link.local = self.local
+            expect = dict(run_digest=local.run_digest, chain_id=local.chain_id, stage=link.neighbour_stage,
+                          round=local.round, role=opposite(self.role))
+            await handshake.answer(link, frame, expect, self.auth, deadline)
+            return True
+        except FrameError as e:  # a well-formed hello from the wrong neighbour, or one that cannot prove who it is
+            reason = f"rejected hello: {e}"
+            self.rejected.append(reason)
+            try:
+                link.writer.write(encode_frame(Reject(str(e))))
+            except Exception:  # pragma: no cover
+                pass
+            link._fail(LinkProtocolError(reason, link))
+        except LinkError as e:  # garbage, timeout, closed before the hello
+            self.rejected.append(f"handshake failed: {e.reason}")
+        return False
+
+    async def _reach(self, frame: Frame, deadline: float) -> None:
+        """Hold a hello of this chain and stage's neighbour that names a later round than this stage's
+        until this stage is retargeted to that round, or until ``deadline`` (then ``check_hello``
+        rejects it as before): the neighbour that concluded the round first dials at once, and this
+        stage, a moment behind, takes the link when it gets there instead of making it redial
+        (tests/chain/test_stage_link_guard.py::test_a_hello_a_round_ahead_waits_for_this_stage)."""
+        loop = asyncio.get_running_loop()
+        while (isinstance(frame, Hello) and frame.chain == self.local.chain_id and frame.round > self.local.round
+               and loop.time() < deadline):
+            moved = self._moved
+            try:
+                await asyncio.wait_for(moved.wait(), deadline - loop.time())
+            except asyncio.TimeoutError:
+                return
+
+    async def retarget(self, local: StageIdentity, auth: Optional[LinkAuth]) -> int:
+        """Accept as ``local`` from now on (a new round or chain): links that passed the handshake
+        as an earlier identity and were never accepted are closed, so ``accept`` cannot hand out a
+        link of a past round (its neighbour gave up on it long ago). Returns how many were dropped."""
+        changed = local != self.local or auth is not self.auth
+        self.local, self.auth = local, auth
+        if changed:  # wake the hellos held for a later round (_reach)
+            self._moved.set()
+            self._moved = asyncio.Event()
+        dropped = 0
+        while changed and not self._queue.empty():
+            await self._queue.get_nowait().close(bye=False)
+            dropped += 1
+        return dropped
+
+    async def accept(self, timeout: Optional[float] = None) -> StageLink:
+        """The next neighbour that passed the handshake as ``local`` is now and is still open
+        (asyncio.TimeoutError after ``timeout``)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            link = await asyncio.wait_for(self._queue.get(), left)
+            if link.local == self.local and not link.closed and not link.reader.at_eof():
+                return link
+            await link.close(bye=False)  # handshaken as an identity this listener has left, or gone
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for link in list(self._handshakes.values()):  # their handshakes end at once, as failed
+            link._fail(LinkClosed("the listener closed", link), logging.DEBUG)
+        while not self._queue.empty():
+            await self._queue.get_nowait().close(bye=False)
