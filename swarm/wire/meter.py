@@ -48,13 +48,29 @@ logger = logging.getLogger("voloco.swarm")
 
 # seconds between polls: as short as MIN_PERIOD_S while a poll costs at most CPU_BUDGET of one core
 # (a peer's own machine: tens of sockets, well under 1 ms a poll); on a machine with thousands of
-# sockets (a dump costs ~30 us a socket) the polls spread out, up to MAX_PERIOD_S apart
+# sockets (a dump costs ~3 us a socket) the polls spread out, up to MAX_PERIOD_S apart. The budget is
+# divided by how oversubscribed the machine is (``budget``): 32 peers on 2 cores spent 1.75 % of a
+# core each on their meters, 28 % of the machine (bench/RESULTS.md, 2026-12-01)
 MIN_PERIOD_S, MAX_PERIOD_S, CPU_BUDGET = 0.25, 5.0, 0.01
 # between dumps, the sockets already followed are re-read by lookup (a hash lookup each: ~15 us a
 # socket against ~1 ms a dump walking the kernel's whole table), as often as this while the same
 # budget allows: a connection another node closes loses at most this long of its bytes
 REFRESH_MIN_S = 0.05
 CLOSE_PERIOD_S, CLOSE_DUMP_EVERY = 0.01, 10  # while the peer shuts down (``closely``): lookups, and a dump every 10th
+
+
+def budget(load: Callable[[], float] = lambda: os.getloadavg()[0], cores: Optional[int] = None) -> float:
+    """The share of one core a meter may spend: ``CPU_BUDGET``, divided by the machine's
+    oversubscription (its 1-minute load average over its cores, at least 1). A peer on a machine of
+    its own keeps the whole budget; N peers on one oversubscribed machine spend together about what
+    one would, instead of N budgets of the cores they share (tests/swarm/test_wire_bytes.py::
+    test_the_meters_budget_shrinks_on_an_oversubscribed_machine)."""
+    try:
+        cores = cores or len(os.sched_getaffinity(0))
+        oversubscribed = load() / max(1, cores)
+    except (OSError, AttributeError):  # no load average here (not Linux): the whole budget
+        return CPU_BUDGET
+    return CPU_BUDGET / max(1.0, oversubscribed)
 
 
 def _children(pid: int) -> List[int]:
@@ -114,19 +130,20 @@ def socket_inodes(pids: Iterable[int]) -> Set[int]:
 
 class WireMeter:
     """The wire bytes of the process tree under ``root`` (default: this process), read from a daemon
-    thread once ``start()`` is called, every ``period`` seconds (None: as often as ``CPU_BUDGET``
-    allows). ``totals()`` reads once more and returns the sum, or None when the kernel's counters
+    thread once ``start()`` is called, every ``period`` seconds (None: as often as ``share()`` of a
+    core allows, ``budget``). ``totals()`` reads once more and returns the sum, or None when the kernel's counters
     cannot be read here."""
 
     def __init__(self, root: Optional[int] = None, period: Optional[float] = None,
                  dump: Callable[..., List[SockStat]] = dump_tcp, tree: Callable[[int], List[int]] = process_tree,
                  feed: Optional[Callable[[], DestroyFeed]] = DestroyFeed,
-                 lookup: Optional[Callable[[List[SockStat]], List[SockStat]]] = lookup_tcp):
+                 lookup: Optional[Callable[[List[SockStat]], List[SockStat]]] = lookup_tcp,
+                 share: Callable[[], float] = budget):
         self.root = os.getpid() if root is None else root
         self.period = period if period is not None else MIN_PERIOD_S
         self._adapt = period is None
         self.refresh_period = REFRESH_MIN_S if self._adapt else self.period
-        self._lookup = lookup
+        self._lookup, self._share = lookup, share
         self._dump, self._tree, self._new_feed = dump, tree, feed
         self._feed: Optional[DestroyFeed] = None
         self._ledger = WireLedger()
@@ -148,7 +165,7 @@ class WireMeter:
                 self._ledger.update(self._dump(skip=self._ledger.ignored), lambda: socket_inodes(self._tree(self.root)))
                 if self._adapt:
                     cost = time.thread_time() - t0
-                    self.period = min(MAX_PERIOD_S, max(MIN_PERIOD_S, cost / CPU_BUDGET))
+                    self.period = min(MAX_PERIOD_S, max(MIN_PERIOD_S, cost / self._share()))
             except (OSError, ValueError) as e:
                 self.unavailable = f"{type(e).__name__}: {e}"
                 logger.info(f"wire bytes: unknown (the kernel's socket counters cannot be read here: {self.unavailable})")
@@ -167,7 +184,7 @@ class WireMeter:
                 self._ledger.refresh(self._lookup(live))
                 if self._adapt:
                     cost = time.thread_time() - t0
-                    self.refresh_period = min(self.period, max(REFRESH_MIN_S, cost / CPU_BUDGET))
+                    self.refresh_period = min(self.period, max(REFRESH_MIN_S, cost / self._share()))
             except (OSError, ValueError) as e:
                 logger.debug(f"wire bytes: sockets cannot be looked up one by one ({e!r}): dumps only")
                 self._lookup = None

@@ -23,7 +23,7 @@ from peer.host.metrics import MetricsServer
 from swarm.wire import sock_diag
 from swarm.wire.sock_diag import (INET_DIAG_INFO, SOCK_DIAG_BY_FAMILY, TCP_LISTEN, DestroyFeed, SockStat, TcpCounters,
                                   dump_tcp, lookup_request, lookup_tcp)
-from swarm.wire.meter import WireMeter, wire_report
+from swarm.wire.meter import CPU_BUDGET, WireMeter, budget, wire_report
 from swarm.wire.ledger import KEEP_GONE_POLLS, WireLedger, WireTotals
 from tests.coordinator.test_dashboard_records import progress
 
@@ -382,3 +382,32 @@ def test_lookups_read_live_sockets_counters_and_leave_out_gone_ones():
     finally:
         for s in (a, b, srv):
             s.close()
+
+
+def test_the_meters_budget_shrinks_on_an_oversubscribed_machine():
+    """A peer on a machine of its own may spend CPU_BUDGET of a core on its meter; 32 peers on 2
+    cores (load 32) together spend about what one would, and a poll's cost spreads the polls out by
+    as much (``meter.budget``)."""
+    assert budget(load=lambda: 1.5, cores=2) == CPU_BUDGET
+    assert budget(load=lambda: 32.0, cores=2) == pytest.approx(CPU_BUDGET / 16)
+
+    def no_load_average():
+        raise OSError("no /proc/loadavg")
+
+    assert budget(load=no_load_average, cores=2) == CPU_BUDGET
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        port, inode = listener.getsockname()[1], os.fstat(listener.fileno()).st_ino
+
+        def dump(**_):
+            spent = time.thread_time() + 0.002  # a dump of a large table: 2 ms of CPU
+            while time.thread_time() < spent:
+                pass
+            return [stat(1, inode, state=TCP_LISTEN, sport=port), stat(2, sport=port, sent=5)]
+
+        alone = WireMeter(dump=dump, feed=None, lookup=None, share=lambda: CPU_BUDGET)
+        crowded = WireMeter(dump=dump, feed=None, lookup=None, share=lambda: CPU_BUDGET / 16)
+        alone.poll(), crowded.poll()
+        assert alone.period < 0.5 and crowded.period > 2.5  # 2 ms at 1 % of a core, and at 1/16 of that
+    finally:
+        listener.close()
