@@ -23,6 +23,8 @@ from the peers' status files (their ``history``):
   without their seconds while the peer trained, which follow the round's length (on this shared
   machine, the swarm's size) rather than its exchange; exchange s: the wall seconds from the end of the
   inner steps to the round's record (``exchange_s``), and the helpers' CPU seconds per such second;
+- the peer process's CPU by thread (its status' ``cpu_by_thread``): its training (``main``), its
+  exchange threads, its wire meter, its heartbeat, in seconds a peer a round, start-up included;
 - barrier wait/peer: seconds a peer's round barrier waited for the round's other peers (its record's
   ``waited``: from its payload's encoding to the barrier's end), mean over the peers;
 - round s: the median peer's round time (its record's ``seconds``); swarm s: from the moment every
@@ -199,7 +201,19 @@ def run_size(peers: int, rounds: int, marks: List[int], args, workdir: Path) -> 
     return {"peers": peers, "quorum": quorum, "max_group_size": args.max_group_size, "rounds": rounds,
             "max_contributions": args.max_contributions,
             "wall_s": round(time.monotonic() - t0, 1), "failure": failure, "workdir": str(workdir),
-            "rows": round_rows(statuses, watcher), "usage": watcher.usage}
+            "rows": round_rows(statuses, watcher), "usage": watcher.usage, "threads": thread_seconds(statuses)}
+
+
+def thread_seconds(statuses: List[Optional[Dict[str, Any]]]) -> Dict[str, float]:
+    """The peer process's CPU seconds by thread (its status' ``cpu_by_thread``, swarm/cpu_meter.py), per
+    peer per round trained: mean over the peers that report it."""
+    per: Dict[str, List[float]] = {}
+    for s in statuses:
+        if s and s.get("cpu_by_thread") and s.get("rounds"):
+            for name, seconds in s["cpu_by_thread"].items():
+                per.setdefault(name, []).append(seconds / s["rounds"])
+    n = sum(1 for s in statuses if s and s.get("cpu_by_thread") and s.get("rounds"))
+    return {name: round(sum(v) / n, 4) for name, v in sorted(per.items(), key=lambda kv: -sum(kv[1]))} if n else {}
 
 
 def _b(n: Optional[float]) -> str:
@@ -232,8 +246,16 @@ def report(runs: List[Dict[str, Any]]) -> str:
         [[str(run["peers"]), str(u["after_rounds"]), str(len(u["processes"])), human(1024 * u["processes"][0]["rss_kib"]),
           human(1024 * u["rss_kib"]), human(1024 * u["pss_kib"]), str(u["fds"]), str(u["threads"])]
          for run in runs for u in run["usage"]], left=0)
+    names = list(dict.fromkeys(n for run in runs for n in list(run.get("threads", {}))[:6]))
+    threads = table(["peers"] + [f"{n} s/round" for n in names],
+                    [[str(run["peers"])] + [_s3(run.get("threads", {}).get(n)) for n in names] for run in runs], left=0)
     failures = [f"{run['peers']} peers: {run['failure']}" for run in runs if run["failure"]]
-    return "\n\n".join([rounds, grown, usage] + failures)
+    return "\n\n".join([rounds, grown, usage, "the peer process's CPU by thread, a peer a round (start-up included):\n" + threads]
+                       + failures)
+
+
+def _s3(n: Optional[float]) -> str:
+    return "-" if n is None else f"{n:.3f}"
 
 
 def growth(runs: List[Dict[str, Any]]) -> str:

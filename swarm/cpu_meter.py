@@ -12,12 +12,18 @@ exited takes its seconds with it, one that started counts from zero. Only those 
 compile worker pool (torch.compile) or a data loader the peer may also start are not helpers. The
 first call takes the baseline. None where the counters cannot be read (not Linux, a sandbox).
 Guarded by tests/swarm/test_cpu_meter.py.
+
+``thread_cpu()`` is the other half: the CPU seconds of this process's own threads, by name, since
+they started (a peer's status carries it as ``cpu_by_thread``): what its training, its exchange,
+its wire meter and its heartbeat each spent, where the round records give only the exchange's.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, Iterable, Optional
+import re
+import threading
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import psutil
 
@@ -63,3 +69,41 @@ class HelperCpu:
         spent = sum(max(0.0, t - self._seen.get(pid, 0.0)) for pid, t in now.items())
         self._seen = now
         return spent
+
+
+_threads_seen: Dict[int, Tuple[str, float]] = {}  # native id -> (name, seconds) at the last call
+_threads_ended: Dict[str, float] = {}  # name -> seconds of threads seen alive once and gone since
+_threads_lock = threading.Lock()
+UNSEEN = "ended, unnamed"  # threads that started and ended between two calls (a round's exchange thread)
+
+
+def thread_cpu() -> Optional[Dict[str, float]]:
+    """CPU seconds (user + system) of this process's threads since it started, summed by name:
+    Python threads by their name less a trailing number ("exchange-4" and "exchange-5" count as
+    "exchange"), the main thread as "main", threads Python did not start (torch's workers, hivemind's
+    native ones) as "other". A thread seen alive at an earlier call keeps its seconds under its name
+    once it has ended; what threads that lived only between two calls spent is ``UNSEEN`` (the
+    process's total less the named). None where the counters cannot be read
+    (tests/swarm/test_cpu_meter.py::test_a_threads_seconds_count_under_its_name)."""
+    try:
+        proc = psutil.Process()
+        threads, times = proc.threads(), proc.cpu_times()
+    except (psutil.Error, OSError, AttributeError):
+        return None
+    names = {t.native_id: ("main" if t is threading.main_thread() else re.sub(r"[-_ ]?\d+$", "", t.name) or "thread")
+             for t in threading.enumerate() if t.native_id is not None}
+    live = {t.id: (names.get(t.id, "other"), t.user_time + t.system_time) for t in threads}
+    with _threads_lock:
+        for tid, (name, seconds) in _threads_seen.items():
+            now = live.get(tid)
+            if now is None or now[1] < seconds:  # gone (or its id taken by a newer thread)
+                _threads_ended[name] = _threads_ended.get(name, 0.0) + seconds
+        _threads_seen.clear()
+        _threads_seen.update(live)
+        out = dict(_threads_ended)
+    for name, seconds in live.values():
+        out[name] = out.get(name, 0.0) + seconds
+    unseen = times.user + times.system - sum(out.values())
+    if unseen >= 0.001:
+        out[UNSEEN] = unseen
+    return {name: round(v, 3) for name, v in sorted(out.items(), key=lambda kv: -kv[1])}

@@ -52,6 +52,7 @@ from protocol.dht.keys import averager_prefix
 from protocol.dht.records import CHOOSING, Progress
 from protocol.spec import RunSpec
 from protocol.round.timing import Timing
+from swarm.cpu_meter import thread_cpu
 from swarm.access.admission import admission_gate
 from swarm.dht import known_nodes
 from swarm.dht.node import start_dht
@@ -375,6 +376,7 @@ class Peer:
             "bytes_sent": self.totals.bytes_sent,
             "bytes_received": self.totals.bytes_received,
             "wire": lifecycle.wire_status(self),  # every TCP byte on the wire, and the control plane's share
+            "cpu_by_thread": thread_cpu(),  # this process's CPU seconds by thread (swarm/cpu_meter.py)
             "params_hash": self.engine.params_hash(),
             "history": [r.__dict__ for r in self.totals.history],
         }

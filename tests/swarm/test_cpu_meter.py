@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
 
-from swarm.cpu_meter import HelperCpu
+from swarm.cpu_meter import UNSEEN, HelperCpu, thread_cpu
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\nimport sys; sys.stdout.write('done\\n'); sys.stdout.flush()\ntime.sleep(60)\n"
 
@@ -99,3 +100,45 @@ def test_a_rounds_helper_seconds_split_where_its_inner_steps_ended(monkeypatch):
     meters.exchange_began()  # unreadable
     meters.fill(record)
     assert (record.helpers_cpu, record.helpers_exchange_cpu) == (None, 1.0)
+
+
+def test_a_threads_seconds_count_under_its_name():
+    def burn():
+        t = time.thread_time()
+        while time.thread_time() - t < 0.3:
+            pass
+        done.wait(10)
+
+    done = threading.Event()
+    workers = [threading.Thread(target=burn, name=f"burner-{i}", daemon=True) for i in range(2)]
+    for w in workers:
+        w.start()
+    try:
+        time.sleep(1.0)
+        cpu = thread_cpu()
+    finally:
+        done.set()
+    assert cpu is not None and 0.55 <= cpu["burner"] <= 2.0, cpu  # both burners' 0.3 s under one name
+    assert "main" in cpu and all(v >= 0 for v in cpu.values())
+
+
+def test_an_ended_threads_seconds_stay_counted():
+    def burn(seconds):
+        t = time.thread_time()
+        while time.thread_time() - t < seconds:
+            pass
+        go.wait(10)
+
+    go = threading.Event()
+    seen = threading.Thread(target=burn, args=(0.3,), name="seen-1", daemon=True)
+    seen.start()
+    time.sleep(0.8)
+    assert thread_cpu()["seen"] >= 0.25  # alive at this call
+    go.set()
+    seen.join()
+    unseen = threading.Thread(target=burn, args=(0.3,), name="unseen-1")
+    unseen.start()
+    unseen.join()
+    cpu = thread_cpu()
+    assert cpu["seen"] >= 0.25, cpu  # ended, still under its name
+    assert cpu.get(UNSEEN, 0.0) >= 0.25, cpu  # lived only between two calls: counted, without a name
