@@ -85,18 +85,18 @@ def thread_cpu() -> Optional[Dict[str, float]]:
     once it has ended; what threads that lived only between two calls spent is ``UNSEEN`` (the
     process's total less the named). None where the counters cannot be read
     (tests/swarm/test_cpu_meter.py::test_a_threads_seconds_count_under_its_name)."""
-    try:
-        proc = psutil.Process()
-        threads, times = proc.threads(), proc.cpu_times()
-    except (psutil.Error, OSError, AttributeError):
-        return None
-    names = {t.native_id: ("main" if t is threading.main_thread() else re.sub(r"[-_ ]?\d+$", "", t.name) or "thread")
-             for t in threading.enumerate() if t.native_id is not None}
-    live = {t.id: (names.get(t.id, "other"), t.user_time + t.system_time) for t in threads}
-    with _threads_lock:
+    with _threads_lock:  # callers on two threads (the exchange's and the training's) read in turn
+        try:
+            proc = psutil.Process()
+            threads, times = proc.threads(), proc.cpu_times()
+        except (psutil.Error, OSError, AttributeError):
+            return None
+        names = {t.native_id: ("main" if t is threading.main_thread() else re.sub(r"[-_ ]?\d+$", "", t.name) or "thread")
+                 for t in threading.enumerate() if t.native_id is not None}
+        live = {t.id: (names.get(t.id, "other"), t.user_time + t.system_time) for t in threads}
         for tid, (name, seconds) in _threads_seen.items():
             now = live.get(tid)
-            if now is None or now[1] < seconds:  # gone (or its id taken by a newer thread)
+            if now is None or now[0] != name or now[1] < seconds:  # gone (or its id taken by a newer thread)
                 _threads_ended[name] = _threads_ended.get(name, 0.0) + seconds
         _threads_seen.clear()
         _threads_seen.update(live)

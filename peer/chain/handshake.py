@@ -1,7 +1,7 @@
 """The handshake of a stage link, both sides: ``hello`` -> (``challenge`` -> ``auth`` ->) ``hello_ok``.
 
 The dialer sends its hello; the listener reads it (``read_hello``: a hello of a round the listener has
-not reached yet is held until it has, peer/chain/links.py), checks its public fields
+not reached yet is held until it has, peer/chain/listener.py), checks its public fields
 (``protocol.chain.frames.check_hello``) and, when it has a ``LinkAuth``, challenges the dialer to prove it is the peer the chain assignment
 names for that stage while proving the same of itself (protocol/chain/link_auth.py). Everything here
 runs on a ``StageLink`` (peer/chain/links.py) that still reads with the handshake's small frame

@@ -17,12 +17,13 @@ from peer.chain.errors import LinkClosed, LinkError, LinkProtocolError, LinkTime
 from peer.chain.handshake import LinkAuth
 from peer.chain.links import StageIdentity, StageLink, opposite
 from protocol.chain.activations import ActivationCodec
-from protocol.chain.frames import Frame, FrameFormat, Hello, HelloOk, Reject, encode_frame
+from protocol.chain.frames import Frame, FrameFormat, Hello, HelloOk, Reject, check_hello, encode_frame
 from protocol.errors import FrameError
 
-__all__ = ["MAX_PENDING_HANDSHAKES", "StageListener"]
+__all__ = ["MAX_PENDING_HANDSHAKES", "MAX_ROUNDS_AHEAD", "StageListener"]
 
 MAX_PENDING_HANDSHAKES = 4  # connections in a handshake at once, per listener
+MAX_ROUNDS_AHEAD = 2  # a hello of a round at most this far past the listener's is held, not rejected
 
 
 class StageListener:
@@ -79,7 +80,9 @@ class StageListener:
         deadline = asyncio.get_running_loop().time() + self.handshake_timeout
         try:
             frame = await handshake.read_hello(link, deadline)
-            await self._reach(frame, deadline)
+            await self._reach(frame, link, deadline)
+            if link.closed:  # dropped for a newer connection, or the listener closed, while held
+                return False
             local = link.local = self.local
             expect = dict(run_digest=local.run_digest, chain_id=local.chain_id, stage=link.neighbour_stage,
                           round=local.round, role=opposite(self.role))
@@ -97,15 +100,27 @@ class StageListener:
             self.rejected.append(f"handshake failed: {e.reason}")
         return False
 
-    async def _reach(self, frame: Frame, deadline: float) -> None:
-        """Hold a hello of this chain and stage's neighbour that names a later round than this stage's
-        until this stage is retargeted to that round, or until ``deadline`` (then ``check_hello``
-        rejects it as before): the neighbour that concluded the round first dials at once, and this
-        stage, a moment behind, takes the link when it gets there instead of making it redial
-        (tests/chain/test_stage_link_guard.py::test_a_hello_a_round_ahead_waits_for_this_stage)."""
+    def _ahead(self, frame: Frame, link: StageLink) -> bool:
+        """Whether ``frame`` is a hello this stage would take were it at the hello's round, one or
+        two rounds past its own (anything else is answered at once)."""
+        local = self.local
+        if not isinstance(frame, Hello) or not local.round < frame.round <= local.round + MAX_ROUNDS_AHEAD:
+            return False
+        try:
+            check_hello(frame, run_digest=local.run_digest, chain_id=local.chain_id, stage=link.neighbour_stage,
+                        round=frame.round, role=opposite(self.role))
+        except FrameError:
+            return False
+        return True
+
+    async def _reach(self, frame: Frame, link: StageLink, deadline: float) -> None:
+        """Hold a hello of this stage's neighbour that names a later round than this stage's (at most
+        ``MAX_ROUNDS_AHEAD``) until this stage is retargeted to that round, or until ``deadline``
+        (then ``check_hello`` rejects it as before): the neighbour that concluded the round first
+        dials at once, and this stage, a moment behind, takes the link when it gets there instead of
+        making it redial (tests/chain/test_stage_link_guard.py::test_a_hello_a_round_ahead_waits_for_this_stage)."""
         loop = asyncio.get_running_loop()
-        while (isinstance(frame, Hello) and frame.chain == self.local.chain_id and frame.round > self.local.round
-               and loop.time() < deadline):
+        while self._ahead(frame, link) and not link.closed and loop.time() < deadline:
             moved = self._moved
             try:
                 await asyncio.wait_for(moved.wait(), deadline - loop.time())
@@ -118,14 +133,18 @@ class StageListener:
         link of a past round (its neighbour gave up on it long ago). Returns how many were dropped."""
         changed = local != self.local or auth is not self.auth
         self.local, self.auth = local, auth
+        stale = []
+        while changed and not self._queue.empty():  # before the held hellos wake: they queue links of `local`
+            stale.append(self._queue.get_nowait())
         if changed:  # wake the hellos held for a later round (_reach)
-            self._moved.set()
-            self._moved = asyncio.Event()
-        dropped = 0
-        while changed and not self._queue.empty():
-            await self._queue.get_nowait().close(bye=False)
-            dropped += 1
-        return dropped
+            self._wake()
+        for link in stale:
+            await link.close(bye=False)
+        return len(stale)
+
+    def _wake(self) -> None:
+        self._moved.set()
+        self._moved = asyncio.Event()
 
     async def accept(self, timeout: Optional[float] = None) -> StageLink:
         """The next neighbour that passed the handshake as ``local`` is now and is still open
@@ -146,5 +165,6 @@ class StageListener:
             self._server = None
         for link in list(self._handshakes.values()):  # their handshakes end at once, as failed
             link._fail(LinkClosed("the listener closed", link), logging.DEBUG)
+        self._wake()  # held hellos see their links closed
         while not self._queue.empty():
             await self._queue.get_nowait().close(bye=False)

@@ -89,6 +89,7 @@ def startup_status(peer) -> Dict[str, Any]:
         "bytes_sent": 0,
         "bytes_received": 0,
         "wire": wire_status(peer),
+        "cpu_by_thread": None,
         "params_hash": "",
         "history": [],
     }

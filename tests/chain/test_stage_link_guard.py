@@ -224,6 +224,12 @@ def test_a_hello_a_round_ahead_waits_for_this_stage():
         with pytest.raises(HandshakeRejected, match="peer is at round 5, this stage at round 4"):
             await connect_link(HOST, listener.port, local=too_far, role="upstream", fmt=FMT, codec=CODEC,
                                timeout=5, handshake_timeout=5)
+        stranger = StageIdentity(run_digest="run-digest", chain_id="another-chain", stage=0, round=5)
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(HandshakeRejected, match="another-chain"):  # not the neighbour even then: not held
+            await connect_link(HOST, listener.port, local=stranger, role="upstream", fmt=FMT, codec=CODEC,
+                               timeout=5, handshake_timeout=5)
+        assert asyncio.get_running_loop().time() - t0 < 1.0
         await listener.close()
         return held, taken
 
