@@ -207,21 +207,20 @@ def run_size(peers: int, rounds: int, marks: List[int], args, workdir: Path) -> 
 def thread_seconds(statuses: List[Optional[Dict[str, Any]]]) -> Dict[str, float]:
     """The peer process's CPU seconds by thread (its status' ``cpu_by_thread``, swarm/cpu_meter.py), per
     peer per round trained: mean over the peers that report it."""
-    per: Dict[str, List[float]] = {}
-    for s in statuses:
-        if s and s.get("cpu_by_thread") and s.get("rounds"):
-            for name, seconds in s["cpu_by_thread"].items():
-                per.setdefault(name, []).append(seconds / s["rounds"])
-    n = sum(1 for s in statuses if s and s.get("cpu_by_thread") and s.get("rounds"))
-    return {name: round(sum(v) / n, 4) for name, v in sorted(per.items(), key=lambda kv: -sum(kv[1]))} if n else {}
+    reporting = [s for s in statuses if s and s.get("cpu_by_thread") and s.get("rounds")]
+    per: Dict[str, float] = {}
+    for s in reporting:
+        for name, seconds in s["cpu_by_thread"].items():
+            per[name] = per.get(name, 0.0) + seconds / s["rounds"]
+    return {name: round(total / len(reporting), 4) for name, total in sorted(per.items(), key=lambda kv: -kv[1])}
 
 
 def _b(n: Optional[float]) -> str:
     return "-" if n is None else human(n)
 
 
-def _s(n: Optional[float]) -> str:
-    return "-" if n is None else f"{n:.1f}"
+def _s(n: Optional[float], places: int = 1) -> str:
+    return "-" if n is None else f"{n:.{places}f}"
 
 
 def _c(n: Optional[float]) -> str:
@@ -248,14 +247,10 @@ def report(runs: List[Dict[str, Any]]) -> str:
          for run in runs for u in run["usage"]], left=0)
     names = list(dict.fromkeys(n for run in runs for n in list(run.get("threads", {}))[:6]))
     threads = table(["peers"] + [f"{n} s/round" for n in names],
-                    [[str(run["peers"])] + [_s3(run.get("threads", {}).get(n)) for n in names] for run in runs], left=0)
+                    [[str(run["peers"])] + [_s(run.get("threads", {}).get(n), 3) for n in names] for run in runs], left=0)
     failures = [f"{run['peers']} peers: {run['failure']}" for run in runs if run["failure"]]
     return "\n\n".join([rounds, grown, usage, "the peer process's CPU by thread, a peer a round (start-up included):\n" + threads]
                        + failures)
-
-
-def _s3(n: Optional[float]) -> str:
-    return "-" if n is None else f"{n:.3f}"
 
 
 def growth(runs: List[Dict[str, Any]]) -> str:

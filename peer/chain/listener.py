@@ -83,10 +83,8 @@ class StageListener:
             await self._reach(frame, link, deadline)
             if link.closed:  # dropped for a newer connection, or the listener closed, while held
                 return False
-            local = link.local = self.local
-            expect = dict(run_digest=local.run_digest, chain_id=local.chain_id, stage=link.neighbour_stage,
-                          round=local.round, role=opposite(self.role))
-            await handshake.answer(link, frame, expect, self.auth, deadline)
+            link.local = self.local
+            await handshake.answer(link, frame, self._expect(link, self.local.round), self.auth, deadline)
             return True
         except FrameError as e:  # a well-formed hello from the wrong neighbour, or one that cannot prove who it is
             reason = f"rejected hello: {e}"
@@ -100,6 +98,12 @@ class StageListener:
             self.rejected.append(f"handshake failed: {e.reason}")
         return False
 
+    def _expect(self, link: StageLink, round_no: int) -> dict:
+        """``check_hello``'s keyword arguments for ``link``'s neighbour as this stage is now, at ``round_no``."""
+        local = self.local
+        return dict(run_digest=local.run_digest, chain_id=local.chain_id, stage=link.neighbour_stage, round=round_no,
+                    role=opposite(self.role))
+
     def _ahead(self, frame: Frame, link: StageLink) -> bool:
         """Whether ``frame`` is a hello this stage would take were it at the hello's round, one or
         two rounds past its own (anything else is answered at once)."""
@@ -107,8 +111,7 @@ class StageListener:
         if not isinstance(frame, Hello) or not local.round < frame.round <= local.round + MAX_ROUNDS_AHEAD:
             return False
         try:
-            check_hello(frame, run_digest=local.run_digest, chain_id=local.chain_id, stage=link.neighbour_stage,
-                        round=frame.round, role=opposite(self.role))
+            check_hello(frame, **self._expect(link, frame.round))
         except FrameError:
             return False
         return True
