@@ -288,13 +288,17 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
 
         A member may ask before matchmaking told us about the group: wait a little for it, and ask
         the leaders of this round whether it is one they assembled with us (peer/exchange/late_join.py). None
-        once the wait is over; a group of ours for this round already open (``_gathers_elsewhere``) asks
-        no leader (the caller is then told GROUP_DISBANDED: ``_refusal``)."""
+        once the wait is over, or as soon as a group of ours for this round is open (``_gathers_elsewhere``:
+        the caller is then told GROUP_DISBANDED, ``_refusal``, and stops asking; a wait to the end of
+        it held every member of that group a gather slot, and the whole round's merge with them:
+        tests/exchange/test_late_join.py::test_a_member_gathering_elsewhere_is_refused_at_once)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.gather_timeout
         if group_id not in self._groups and not self._gathers_elsewhere(group_id):
             self._start_late_join(group_id, caller)
         while group_id not in self._groups:
+            if self._gathers_elsewhere(group_id):
+                return None
             if self._group_opened is None:
                 self._group_opened = asyncio.Event()
             try:

@@ -99,12 +99,25 @@ async def ask_each(call: Callable[[P, float, Callable[[], None]], Awaitable[byte
                    round_no: int, silent_wait: Optional[Flag] = None) -> Dict[P, Answered]:
     """One agreement round's ``call(peer, deadline, began)`` to each of ``peers``, from now to
     ``deadline``, paced by a ``FetchClock`` (``patient`` never cut); the members cut are added to
-    ``held`` (the caller asks them nothing more in this group). ``silent_wait``: ``call_side_by_side``'s."""
+    ``held`` (the caller asks them nothing more in this group), and so are those that sent not a byte
+    by the deadline: a sole other sender has no others' payloads to start a grace from, and asking it
+    again would cost the next round's half slot too (tests/exchange/test_side_by_side.py)."""
     loop = asyncio.get_running_loop()
     clock = FetchClock(peers, loop.time(), deadline - loop.time(), grace, [p for p in peers if p in patient])
-    got, cut = await call_side_by_side(lambda p, began: call(p, deadline, began), peers, clock, what, silent_wait)
+    opened: Set[P] = set()
+
+    def calling(p: P, began: Callable[[], None]) -> Awaitable[bytes]:
+        return call(p, deadline, lambda: (opened.add(p), began()))
+
+    got, cut = await call_side_by_side(calling, peers, clock, what, silent_wait)
     if cut:
         logger.info(f"round {round_no}: stopped waiting for the {what} of {', '.join(map(str, cut))}: it sent "
                     f"nothing within the grace after the others'")
         held.update(cut)
+    mute = [p for p, a in got.items() if isinstance(a, asyncio.TimeoutError) and p not in cut and p not in opened
+            and p not in patient]
+    if mute:
+        logger.info(f"round {round_no}: {', '.join(map(str, mute))} sent no {what} by the round's deadline: not "
+                    f"asked again in this group")
+        held.update(mute)
     return got

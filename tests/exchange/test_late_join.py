@@ -91,3 +91,43 @@ def test_a_member_asking_about_made_up_groups_uses_up_its_own_share_not_the_roun
         await asyncio.gather(*host._late_joins.values())
 
     asyncio.run(run())
+
+
+def test_a_member_gathering_elsewhere_is_refused_at_once():
+    """A peer asked about a group it is not in waits for that group only until a group of its own
+    for the round opens; then it refuses (GROUP_DISBANDED), so the asking group stops waiting for it.
+    In a 32-peer run a peer named by two leaders held one group a gather slot and a half, and every
+    peer's merge with it (bench/RESULTS.md, 2026-12-01, fifty-second session)."""
+    from types import SimpleNamespace
+
+    from hivemind.proto import averaging_pb2
+
+    from peer.exchange import late_join
+
+    class Host(late_join.LateJoin):
+        _member_group = PayloadGatherer._member_group
+        _refusal = PayloadGatherer._refusal
+
+        async def _join_late(self, group_id):
+            await asyncio.sleep(3600)  # the leaders asked never answer
+
+    async def run():
+        host = Host()
+        host._asked_leaders, host._late_joins, host._late_join_callers = [], {}, {}
+        host._groups, host._group_opened, host._round_no, host.gather_timeout = {}, None, 7, 30.0
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        asked = asyncio.ensure_future(host._member_group(b"their-group", b"caller"))
+        await asyncio.sleep(0.2)
+        assert not asked.done()  # the group may still be ours: wait for it
+        host._groups[b"our-group"] = SimpleNamespace(round_no=7, members=frozenset())
+        host._group_opened.set()
+        assert await asyncio.wait_for(asked, timeout=5) is None
+        assert loop.time() - began < 5
+        assert host._refusal(b"their-group") == averaging_pb2.GROUP_DISBANDED
+        # and at once once ours is open
+        assert await asyncio.wait_for(host._member_group(b"another-group", b"caller"), timeout=1) is None
+        for task in host._late_joins.values():
+            task.cancel()
+
+    asyncio.run(run())

@@ -117,3 +117,26 @@ def test_ask_each_adds_the_cut_to_held_and_never_cuts_a_patient_member():
     got, held, _ = asyncio.run(main())
     assert got["a"] == b"a" and isinstance(got["s"], Unanswered) and isinstance(got["client"], asyncio.TimeoutError)
     assert held == {"earlier", "s"}  # the client-mode member was waited for to the deadline, not cut
+
+
+def test_ask_each_holds_a_sole_sender_that_sent_nothing_by_the_deadline_not_a_slow_stream():
+    """With no other sender there is no grace to cut from: the deadline ends the fetch, and a member
+    that sent not a byte by then is not asked in the group's later rounds (it cost a 32-peer run's
+    round half a slot more: bench/RESULTS.md, 2026-12-01, fifty-second session); one whose payload
+    began to stream is asked again."""
+    async def fetch(peer, deadline, began):
+        if peer == "streaming":
+            began()
+        await asyncio.sleep(max(0.0, deadline - asyncio.get_running_loop().time()))
+        raise asyncio.TimeoutError()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        held_alone, held_slow = set(), set()
+        got = await ask_each(fetch, ["mute"], loop.time() + 0.5, lambda took: 0.2, set(), held_alone, "payload", 7)
+        await ask_each(fetch, ["streaming"], loop.time() + 0.5, lambda took: 0.2, set(), held_slow, "payload", 7)
+        return got, held_alone, held_slow
+
+    got, held_alone, held_slow = asyncio.run(main())
+    assert isinstance(got["mute"], asyncio.TimeoutError) and not isinstance(got["mute"], Unanswered)
+    assert held_alone == {"mute"} and held_slow == set()
