@@ -120,7 +120,6 @@ class StageLink:
         self.reader, self.writer = reader, writer
         self.local, self.role, self.fmt, self.codec = local, role, fmt, codec
         self.timeout = float(timeout)
-        self.neighbour_stage = local.stage + 1 if role == "upstream" else local.stage - 1
         self._decoder = FrameDecoder(fmt, HANDSHAKE_MAX_BYTES)  # until handshake_done()
         self._read_bytes = HANDSHAKE_MAX_BYTES
         self._frames: Deque[Frame] = collections.deque()
@@ -132,6 +131,12 @@ class StageLink:
         except Exception:  # pragma: no cover
             peer = None
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
+
+    @property
+    def neighbour_stage(self) -> int:
+        """The stage at the other end, as this end is now (a listener's link takes the listener's
+        identity once its hello is answered: peer/chain/listener.py)."""
+        return self.local.stage + 1 if self.role == "upstream" else self.local.stage - 1
 
     @property
     def name(self) -> str:

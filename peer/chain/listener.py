@@ -3,7 +3,9 @@
 Each connection must open with a valid hello from the expected neighbour, within
 ``handshake_timeout``; at most ``MAX_PENDING_HANDSHAKES`` connections are in a handshake at once (a
 new one drops the oldest, so stalled strangers cannot lock an honest neighbour out). A hello of a
-round this stage has not reached yet is held until it has. The link itself is peer/chain/links.py.
+round this stage has not reached yet is held until it has, and so is any hello that reaches a
+listener whose stage has no chain yet (``stage < 0``: started before the stage's first chain, so that
+it can announce its port). The link itself is peer/chain/links.py.
 """
 
 from __future__ import annotations
@@ -106,8 +108,11 @@ class StageListener:
 
     def _ahead(self, frame: Frame, link: StageLink) -> bool:
         """Whether ``frame`` is a hello this stage would take were it at the hello's round, one or
-        two rounds past its own (anything else is answered at once)."""
+        two rounds past its own, or any hello while this stage has no chain yet (anything else is
+        answered at once)."""
         local = self.local
+        if isinstance(frame, Hello) and local.stage < 0:  # the neighbour was told of this stage first
+            return True
         if not isinstance(frame, Hello) or not local.round < frame.round <= local.round + MAX_ROUNDS_AHEAD:
             return False
         try:
@@ -121,7 +126,8 @@ class StageListener:
         ``MAX_ROUNDS_AHEAD``) until this stage is retargeted to that round, or until ``deadline``
         (then ``check_hello`` rejects it as before): the neighbour that concluded the round first
         dials at once, and this stage, a moment behind, takes the link when it gets there instead of
-        making it redial (tests/chain/test_stage_link_guard.py::test_a_hello_a_round_ahead_waits_for_this_stage)."""
+        making it redial (tests/chain/test_stage_link_guard.py::test_a_hello_a_round_ahead_waits_for_this_stage,
+        ``test_a_hello_before_this_stage_has_a_chain_waits_for_it``)."""
         loop = asyncio.get_running_loop()
         while self._ahead(frame, link) and not link.closed and loop.time() < deadline:
             moved = self._moved

@@ -236,3 +236,37 @@ def test_a_hello_a_round_ahead_waits_for_this_stage():
     held, (round_taken, rejected_before) = run(main())
     assert held, "the hello of a later round was answered before this stage reached it"
     assert round_taken == 4 and rejected_before == []
+
+
+def test_a_hello_before_this_stage_has_a_chain_waits_for_it():
+    """A stage's listener starts before its first chain (its port is announced with it), so its
+    neighbour, told of the chain first, may dial it before it knows its chain: that hello is held
+    until ``retarget`` names the chain, not rejected ("peer trains run spec …, not ''") and redialled.
+    A hello that is still not this stage's neighbour's then is rejected as before."""
+    async def main():
+        nobody = StageIdentity(run_digest="", chain_id="", stage=-1, round=-1)
+        listener = await StageListener.start(HOST, 0, local=nobody, role="downstream", fmt=FMT, codec=CODEC,
+                                             timeout=5, handshake_timeout=3)
+        first = StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=0, round=0)
+        dialing = asyncio.ensure_future(connect_link(HOST, listener.port, local=first, role="upstream", fmt=FMT,
+                                                     codec=CODEC, timeout=5, handshake_timeout=5))
+        stranger = asyncio.ensure_future(connect_link(HOST, listener.port, local=StageIdentity(
+            run_digest="run-digest", chain_id="another-chain", stage=0, round=0), role="upstream", fmt=FMT, codec=CODEC,
+            timeout=5, handshake_timeout=5))
+        await asyncio.sleep(0.5)
+        held = not dialing.done() and not stranger.done()
+        await listener.retarget(StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=1, round=0), None)
+        link = await dialing
+        accepted = await listener.accept(timeout=5)
+        with pytest.raises(HandshakeRejected, match="another-chain"):
+            await stranger
+        names = (accepted.name.split(" (")[0], list(listener.rejected))
+        await link.close()
+        await accepted.close()
+        await listener.close()
+        return held, names
+
+    held, (name, rejected) = run(main())
+    assert held, "a hello was answered before this stage knew its chain"
+    assert name == "stage 1 <-> stage 0"
+    assert len(rejected) == 1 and "another-chain" in rejected[0], rejected
