@@ -105,6 +105,7 @@ class Peer:
         self.val_loss = float("nan")
         self.gathered = (0, "")  # (round, name) of the last set this peer's group agreed (peer/round/merge.py)
         self.gathered_before = ""  # the name of the one its group agreed the round before, if any
+        self.gathered_from = ""  # the θ the set of self.gathered was applied to (peer/round/merge.py)
         self.initial_val_loss = float("nan")
         self.tokens_per_s = 0.0
         self.role: Optional[Role] = None
@@ -344,6 +345,7 @@ class Peer:
             gathered_round=self.gathered[0],
             gathered=self.gathered[1],
             gathered_before=self.gathered_before,
+            gathered_from=self.gathered_from,
             state_digest=digest,
             sends=self.role.progress_sends if self.role is not None else "",
         )

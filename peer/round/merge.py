@@ -91,6 +91,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     last_round, last = peer.gathered
     peer.gathered_before = last if last_round == round_no - 1 else ""
     peer.gathered = (round_no, own)
+    peer.gathered_from = peer.engine.params_hash()  # θ after the union's repair: what the round's sets apply to
     membership.publish()
     mine = set(result.group)
     part = peer.role.progress_part
@@ -341,14 +342,24 @@ def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage
     are ready for the round, arrives after their group has gathered, defers, downloads the next
     state, and again; taking their set keeps the steps
     it took meanwhile, so it is in step with them by the next round
-    (``test_a_peer_that_installed_a_state_takes_the_set_of_its_servers_lineage``)."""
+    (``test_a_peer_that_installed_a_state_takes_the_set_of_its_servers_lineage``).
+
+    Whatever the lineage, a peer whose record says its group's set of ``round_no`` was applied to our
+    θ (``gathered_from == start_hash``) is of it: in a swarm of many groups a lineage of one group
+    is rarely most of any set's owners
+    (``test_a_peer_takes_a_set_whose_owners_applied_it_to_its_own_theta``)."""
     lineage = set(lineage)
     before, ours = basis if basis is not None else peer.gathered
 
     def kin(view) -> Set[str]:
+        # peers whose record says their group's set of this round was applied to our θ; in a swarm of
+        # many groups the server's groupmates alone are rarely most of a set's owners (at 32 peers a
+        # downloaded state's holder missed one gather after another: bench/RESULTS.md, 2026-12-01)
+        same = {v.peer_id for v in view if v.progress.gathered_round == round_no and v.progress.gathered_from == start_hash}
         if before != round_no - 1 or not ours:
-            return set()
-        return {v.peer_id for v in view if (basis is not None or v.peer_id in lineage) and v.progress.set_of(before) == ours}
+            return same
+        return same | {v.peer_id for v in view
+                       if (basis is not None or v.peer_id in lineage) and v.progress.set_of(before) == ours}
 
     return _adopt(peer, round_no, start_hash, wait_s, lambda got, view: 2 * len(kin(view) & set(got)) > len(got),
                   "every other peer gathered without us: taking their set instead of their state")

@@ -66,6 +66,10 @@ class Progress:
     # there and sends its blocks: "0:4", protocol/round/eligibility.py ``part_key``), "" otherwise: a
     # round that takes at most K contributions waits only for peers that may send (``may_send``)
     sends: str = ""
+    # the θ (params_hash) its group's set of gathered_round was applied to, "" if unknown: a peer that
+    # missed the round's gather takes a set whose owners mostly started from its own θ
+    # (peer/round/merge.py ``adopt_round_set``)
+    gathered_from: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -91,9 +95,9 @@ _TYPES = {f.name: f.type for f in fields(Progress)}
 _FIELDS = tuple(_TYPES)
 _SET_NAME = re.compile(r"[0-9a-f]{32}")
 _HEX = re.compile(r"(?:[0-9a-f]{2})+")  # a digest: written as its bytes
-_HEX_FIELDS = ("spec", "params_hash", "gathered", "gathered_before", "state_digest")
+_HEX_FIELDS = ("spec", "params_hash", "gathered", "gathered_before", "state_digest", "gathered_from")
 _HEX_INDICES = tuple(_FIELDS.index(name) for name in _HEX_FIELDS)
-_LATER = {"sends": ""}  # fields added since the first list format, absent from an older writer's record
+_LATER = {"sends": "", "gathered_from": ""}  # fields added since the first list format, absent from an older writer's record
 _SENDS = re.compile(r"[0-9]{1,5}:[0-9]{1,5}")
 
 
@@ -136,6 +140,8 @@ def parse_progress(value: Any) -> Progress:
     for name in ("gathered", "gathered_before"):
         if value[name] and not _SET_NAME.fullmatch(value[name]):
             raise ProtocolError(f"progress.{name} must be empty or a set's name (32 hex digits)")
+    if value["gathered_from"] and not _HEX.fullmatch(value["gathered_from"]):
+        raise ProtocolError("progress.gathered_from must be empty or a parameter hash (hex digits)")
     if value["sends"] and not _SENDS.fullmatch(value["sends"]):
         raise ProtocolError("progress.sends must be empty or a chain stage's blocks (\"start:end\")")
     return Progress(**{k: (float(v) if _TYPES[k] == "float" else v) for k, v in value.items()})

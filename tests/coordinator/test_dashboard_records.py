@@ -45,6 +45,7 @@ def test_progress_round_trips_with_device_util_reach():
     ("device", "x" * 65), ("device", 5), ("device", "cpu\n<b>"), ("device", "\x1b[31mred"),
     ("reach", "maybe"), ("reach", ""), ("reach", None),
     ("gathered", "ab" * 15), ("gathered_before", "AB" * 16), ("gathered_before", "ab" * 17), ("gathered_before", None),
+    ("gathered_from", "0:4"), ("gathered_from", "abc"), ("gathered_from", "ab" * 33), ("gathered_from", None),
 ])
 def test_progress_refuses_bad_device_util_reach(field, value):
     d = progress().to_dict()
@@ -80,16 +81,25 @@ def test_the_wire_form_is_positional_with_digests_as_bytes_and_reads_back_the_sa
 def test_a_record_says_what_a_chain_stage_sends_and_one_from_before_that_field_still_reads():
     p = progress(sends="0:4")
     assert parse_progress(encode_body(p.to_wire())) == p and parse_progress(encode_body(p.to_dict())) == p
-    old = progress().to_wire()[:-1]  # a writer from before ``sends``: every field but the last
+    old = progress().to_wire()[:-2]  # a writer from before ``sends``: every field but the last two
     assert parse_progress(encode_body(old)) == progress()
     d = progress().to_dict()
-    del d["sends"]
+    del d["sends"], d["gathered_from"]
     assert parse_progress(encode_body(d)) == progress()
 
 
+def test_a_record_says_what_theta_its_last_set_was_applied_to_and_one_from_before_that_still_reads():
+    p = progress(gathered_round=7, gathered="ab" * 16, gathered_from="0f" * 8)
+    wire = p.to_wire()
+    assert wire[-1] == bytes.fromhex("0f" * 8)  # a digest: its bytes on the wire
+    assert parse_progress(encode_body(wire)) == p and parse_progress(encode_body(p.to_dict())) == p
+    assert parse_progress(encode_body(progress(sends="0:4").to_wire()[:-1])) == progress(sends="0:4")
+
+
 @pytest.mark.parametrize("change", [
-    lambda w: w[:-2], lambda w: w + [""], lambda w: [],
-    lambda w: w[:-1] + ["0:4:8"], lambda w: w[:-1] + ["x" * 9],  # not a chain stage's blocks
+    lambda w: w[:-3], lambda w: w + [""], lambda w: [],
+    lambda w: w[:-2] + ["0:4:8", ""], lambda w: w[:-2] + ["x" * 9, ""],  # not a chain stage's blocks
+    lambda w: w[:-1] + ["0:4"], lambda w: w[:-1] + [b"\x00" * 33],  # not a parameter hash
     lambda w: w[:3] + [b"\x00" * 33] + w[4:],  # a digest longer than any
     lambda w: w[:2] + [b"tr"] + w[3:],  # bytes where a state's name goes
     lambda w: w[:12] + [b"\xca\xfe"] + w[13:],  # bytes for the device

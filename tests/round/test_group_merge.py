@@ -29,12 +29,12 @@ def a_group(first: int, n: int, group_id: bytes):
 
 
 def record(peer: str, state: str = "exchanging", gathered: str = "", round_no: int = ROUND, start: str = "a" * 16,
-           gathered_round: Optional[int] = None, gathered_before: str = ""):
+           gathered_round: Optional[int] = None, gathered_before: str = "", gathered_from: str = ""):
     if gathered_round is None:
         gathered_round = ROUND if gathered else 0
     progress = Progress(round=round_no, step=0, state=state, spec="", loss=0.0, val_loss=0.0, tokens=0, tokens_per_s=0.0,
                         bytes_sent=0, bytes_received=0, params_hash=start, part=-1, gathered_round=gathered_round,
-                        gathered=gathered, gathered_before=gathered_before)
+                        gathered=gathered, gathered_before=gathered_before, gathered_from=gathered_from)
     return SimpleNamespace(peer_id=peer, progress=progress)
 
 
@@ -87,7 +87,8 @@ def member_of(swarm: Swarm, mine):
                                                  max_group_size=16, min_group_size=2))
     swarm.timing = Timing.from_spec(spec)
     peer = SimpleNamespace(membership=swarm, gatherer=swarm, spec=spec, stop_event=threading.Event(),
-                           role=SimpleNamespace(progress_part=-1), gathered=(0, ""), peer_id=sorted(payloads)[0])
+                           role=SimpleNamespace(progress_part=-1), gathered=(0, ""), peer_id=sorted(payloads)[0],
+                           engine=SimpleNamespace(params_hash=lambda: "a" * 16))
     result = SimpleNamespace(group=sorted(payloads), present=sorted(payloads), payloads=payloads, set_digest=digest, unservable=frozenset())
     return peer, result
 
@@ -373,6 +374,33 @@ def test_a_peer_that_installed_a_state_takes_the_set_of_its_servers_lineage():
                                 for p in first]], {first[0]: {g1[1]: g1[0]}}), mine)
     peer.peer_id = me
     assert adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.3, basis=(ROUND - 2, served)) is None
+
+
+def test_a_peer_takes_a_set_whose_owners_applied_it_to_its_own_theta():
+    # a downloaded state of a swarm of many groups: the set's owners were in other groups than the
+    # server the round before, but their records say the round's set was applied to our θ
+    mine, g1 = a_group(0, 1, b"g0"), a_group(1, 3, b"g1")
+    me, first = sorted(mine[2])[0], sorted(g1[2])
+    ours, theirs = "c" * 16, "9" * 16
+    for froms, ok in [((ours, ours, theirs), True),  # two of three owners started the round from our θ
+                      ((ours, theirs, theirs), False),  # one of three
+                      (("", "", ""), False)]:  # records that do not say (an older peer's)
+        views = [record(p, gathered=g1[1], round_no=ROUND + 1, state="training", gathered_before="f" * 32,
+                        gathered_from=f) for p, f in zip(first, froms)]
+        swarm = Swarm([views], {first[0]: {g1[1]: g1[0]}})
+        peer, _ = member_of(swarm, mine)
+        peer.peer_id, peer.gathered = me, (ROUND - 7, "d" * 32)
+        result = adopt_round_set(peer, ROUND, ours, wait_s=0.6 if ok else 0.3, basis=(ROUND - 1, "e" * 32))
+        assert (result is not None and result.payloads == g1[2]) == ok, froms
+        # the same holds for a peer whose lineage is its last round's groupmates (none of them here)
+        swarm.asked.clear()
+        result = adopt_round_set(peer, ROUND, ours, wait_s=0.6 if ok else 0.3, lineage=[])
+        assert (result is not None) == ok, froms
+    # a record of a later round says nothing about this round's θ
+    later = [record(p, gathered=g1[1], round_no=ROUND + 2, gathered_round=ROUND + 1, gathered_from=ours) for p in first]
+    peer, _ = member_of(Swarm([later], {first[0]: {g1[1]: g1[0]}}), mine)
+    peer.peer_id = me
+    assert adopt_round_set(peer, ROUND, ours, wait_s=0.3, basis=(ROUND - 1, "e" * 32)) is None
 
 
 def test_a_peer_the_round_gathered_without_defers_when_no_named_set_can_be_had():
