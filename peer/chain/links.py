@@ -134,8 +134,8 @@ class StageLink:
 
     @property
     def neighbour_stage(self) -> int:
-        """The stage at the other end, as this end is now (a listener's link takes the listener's
-        identity once its hello is answered: peer/chain/listener.py)."""
+        """The stage at the other end of this end's identity (a listener's link takes the listener's
+        identity when it answers the hello: peer/chain/listener.py)."""
         return self.local.stage + 1 if self.role == "upstream" else self.local.stage - 1
 
     @property

@@ -86,7 +86,7 @@ class StageListener:
             if link.closed:  # dropped for a newer connection, or the listener closed, while held
                 return False
             link.local = self.local
-            await handshake.answer(link, frame, self._expect(link, self.local.round), self.auth, deadline)
+            await handshake.answer(link, frame, self._expect(self.local.round), self.auth, deadline)
             return True
         except FrameError as e:  # a well-formed hello from the wrong neighbour, or one that cannot prove who it is
             reason = f"rejected hello: {e}"
@@ -100,10 +100,12 @@ class StageListener:
             self.rejected.append(f"handshake failed: {e.reason}")
         return False
 
-    def _expect(self, link: StageLink, round_no: int) -> dict:
-        """``check_hello``'s keyword arguments for ``link``'s neighbour as this stage is now, at ``round_no``."""
+    def _expect(self, round_no: int) -> dict:
+        """``check_hello``'s keyword arguments for this stage's neighbour as this stage is now (not as it
+        was when the connection came), at ``round_no``."""
         local = self.local
-        return dict(run_digest=local.run_digest, chain_id=local.chain_id, stage=link.neighbour_stage, round=round_no,
+        stage = local.stage + 1 if self.role == "upstream" else local.stage - 1
+        return dict(run_digest=local.run_digest, chain_id=local.chain_id, stage=stage, round=round_no,
                     role=opposite(self.role))
 
     def _ahead(self, frame: Frame, link: StageLink) -> bool:
@@ -116,7 +118,7 @@ class StageListener:
         if not isinstance(frame, Hello) or not local.round < frame.round <= local.round + MAX_ROUNDS_AHEAD:
             return False
         try:
-            check_hello(frame, **self._expect(link, frame.round))
+            check_hello(frame, **self._expect(frame.round))
         except FrameError:
             return False
         return True

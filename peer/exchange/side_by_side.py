@@ -96,12 +96,13 @@ async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[by
 
 async def ask_each(call: Callable[[P, float, Callable[[], None]], Awaitable[bytes]], peers: Sequence[P], deadline: float,
                    grace: Callable[[float], float], patient: Collection[P], held: Set[P], what: str,
-                   round_no: int, silent_wait: Optional[Flag] = None) -> Dict[P, Answered]:
+                   round_no: int, silent_wait: Optional[Flag] = None, mute: Optional[Set[P]] = None) -> Dict[P, Answered]:
     """One agreement round's ``call(peer, deadline, began)`` to each of ``peers``, from now to
     ``deadline``, paced by a ``FetchClock`` (``patient`` never cut); the members cut are added to
-    ``held`` (the caller asks them nothing more in this group), and so are those that sent not a byte
-    by the deadline: a sole other sender has no others' payloads to start a grace from, and asking it
-    again would cost the next round's half slot too (tests/exchange/test_side_by_side.py)."""
+    ``held`` (the caller asks them nothing more in this group). ``mute``, if given, gets the members
+    not cut and not patient that sent not a byte by the deadline (the caller decides what that means:
+    peer/exchange/agreement_rounds.py; tests/exchange/test_side_by_side.py). ``silent_wait``:
+    ``call_side_by_side``'s."""
     loop = asyncio.get_running_loop()
     clock = FetchClock(peers, loop.time(), deadline - loop.time(), grace, [p for p in peers if p in patient])
     opened: Set[P] = set()
@@ -114,10 +115,7 @@ async def ask_each(call: Callable[[P, float, Callable[[], None]], Awaitable[byte
         logger.info(f"round {round_no}: stopped waiting for the {what} of {', '.join(map(str, cut))}: it sent "
                     f"nothing within the grace after the others'")
         held.update(cut)
-    mute = [p for p, a in got.items() if isinstance(a, asyncio.TimeoutError) and p not in cut and p not in opened
-            and p not in patient]
-    if mute:
-        logger.info(f"round {round_no}: {', '.join(map(str, mute))} sent no {what} by the round's deadline: not "
-                    f"asked again in this group")
-        held.update(mute)
+    if mute is not None:
+        mute.update(p for p, a in got.items() if isinstance(a, asyncio.TimeoutError) and p not in cut
+                    and p not in opened and p not in patient)
     return got

@@ -371,6 +371,7 @@ class RoundLoop:
             group_hash = majority_hash(starts, voters_out, me=peer.peer_id, unservable=result.unservable)
             peer.sync.consistent = taken.holds and starts.get(peer.peer_id, start_hash) == group_hash
             if not peer.sync.consistent:
+                peer.gathered_from = ""  # our θ is not the one our group's set was applied to
                 logger.error(
                     f"round {engine.round}: this peer started from parameters {starts.get(peer.peer_id, start_hash)}, "
                     f"most of the round's peers from {group_hash}; it will download their state after this round"

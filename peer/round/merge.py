@@ -90,8 +90,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     own = result.set_digest
     last_round, last = peer.gathered
     peer.gathered_before = last if last_round == round_no - 1 else ""
-    peer.gathered = (round_no, own)
     peer.gathered_from = peer.engine.params_hash()  # θ after the union's repair: what the round's sets apply to
+    peer.gathered = (round_no, own)  # after it: a record naming this set never carries the last one's θ
     membership.publish()
     mine = set(result.group)
     part = peer.role.progress_part
@@ -306,7 +306,7 @@ def adopt_own_set(peer, round_no: int, payload: bytes, start_hash: str, wait_s: 
     our groupmates' θ, where deferring the round would leave us apart from them. None if no set
     named within ``wait_s`` holds it: the round is deferred as before."""
     me = peer.peer_id
-    return _adopt(peer, round_no, start_hash, wait_s, lambda got, view: got.get(me) == payload,
+    return _adopt(peer, round_no, start_hash, wait_s, lambda got, view, name: got.get(me) == payload,
                   "our gather failed, but our group completed it with our payload")
 
 
@@ -351,24 +351,27 @@ def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage
     lineage = set(lineage)
     before, ours = basis if basis is not None else peer.gathered
 
-    def kin(view) -> Set[str]:
-        # peers whose record says their group's set of this round was applied to our θ; in a swarm of
-        # many groups the server's groupmates alone are rarely most of a set's owners (at 32 peers a
-        # downloaded state's holder missed one gather after another: bench/RESULTS.md, 2026-12-01)
-        same = {v.peer_id for v in view if v.progress.gathered_round == round_no and v.progress.gathered_from == start_hash}
+    def kin(view, name: str) -> Set[str]:
+        # owners that name this very set for the round, and whose record says it was applied to our θ;
+        # in a swarm of many groups a lineage of one group is rarely most of a set's owners (at 32 peers
+        # a downloaded state's holder missed one gather after another: bench/RESULTS.md, 2026-12-01).
+        # A record that names another θ for the round is of another lineage whatever it named before
+        named = [v for v in view if v.progress.set_of(round_no) == name]
+        said = {v.peer_id: v.progress.gathered_from for v in named if v.progress.gathered_round == round_no}
+        same = {p for p, theta in said.items() if theta == start_hash}
         if before != round_no - 1 or not ours:
             return same
-        return same | {v.peer_id for v in view
-                       if (basis is not None or v.peer_id in lineage) and v.progress.set_of(before) == ours}
+        return same | {v.peer_id for v in named if said.get(v.peer_id, "") in ("", start_hash)
+                       and (basis is not None or v.peer_id in lineage) and v.progress.set_of(before) == ours}
 
-    return _adopt(peer, round_no, start_hash, wait_s, lambda got, view: 2 * len(kin(view) & set(got)) > len(got),
+    return _adopt(peer, round_no, start_hash, wait_s, lambda got, view, name: 2 * len(kin(view, name) & set(got)) > len(got),
                   "every other peer gathered without us: taking their set instead of their state")
 
 
-def _adopt(peer, round_no: int, start_hash: str, wait_s: float, accept: Callable[[Dict[str, bytes], list], bool],
+def _adopt(peer, round_no: int, start_hash: str, wait_s: float, accept: Callable[[Dict[str, bytes], list, str], bool],
            why: str):
-    """The first set named for ``round_no`` that ``accept(set, records)`` takes (``records``: the
-    membership view the set's name was read from), as a GatherResult; None past ``wait_s``."""
+    """The first set named for ``round_no`` that ``accept(set, records, its name)`` takes (``records``:
+    the membership view the set's name was read from), as a GatherResult; None past ``wait_s``."""
     membership, gatherer, spec, me = peer.membership, peer.gatherer, peer.spec, peer.peer_id
     timing = membership.timing
     part = peer.role.progress_part
@@ -386,7 +389,7 @@ def _adopt(peer, round_no: int, start_hash: str, wait_s: float, accept: Callable
             tried.add(name)
             timeout = min(timing.set_fetch_s, max(timing.set_fetch_min_s, deadline - time.monotonic()))
             got = fetch_checked_set(gatherer, spec, v.peer_id, name, round_no, timeout)
-            if got is not None and accept(got, view):
+            if got is not None and accept(got, view, name):
                 logger.info(f"round {round_no}: {why} (set {name[:12]}, from {v.peer_id})")
                 return GatherResult(group=sorted(got), payloads=got, excluded={}, start_hashes={me: start_hash},
                                     set_digest=name)

@@ -98,6 +98,8 @@ _HEX = re.compile(r"(?:[0-9a-f]{2})+")  # a digest: written as its bytes
 _HEX_FIELDS = ("spec", "params_hash", "gathered", "gathered_before", "state_digest", "gathered_from")
 _HEX_INDICES = tuple(_FIELDS.index(name) for name in _HEX_FIELDS)
 _LATER = {"sends": "", "gathered_from": ""}  # fields added since the first list format, absent from an older writer's record
+# fields a newer writer may have appended, ignored here: a run's peers need not all upgrade at once
+MAX_NEWER_FIELDS = 8
 _SENDS = re.compile(r"[0-9]{1,5}:[0-9]{1,5}")
 
 
@@ -107,9 +109,9 @@ def parse_progress(value: Any) -> Progress:
     if isinstance(value, (bytes, bytearray)):
         value = decode_body(bytes(value), "progress record")
     if isinstance(value, list):
-        if not len(_FIELDS) - len(_LATER) <= len(value) <= len(_FIELDS):
+        if not len(_FIELDS) - len(_LATER) <= len(value) <= len(_FIELDS) + MAX_NEWER_FIELDS:
             raise ProtocolError(f"progress record has {len(value)} fields, not {len(_FIELDS)}")
-        value = {**_LATER, **dict(zip(_FIELDS, value))}
+        value = {**_LATER, **dict(zip(_FIELDS, value))}  # zip drops a newer writer's fields
         for name in _HEX_FIELDS:
             if isinstance(value[name], bytes) and 0 < len(value[name]) <= 32:
                 value[name] = value[name].hex()

@@ -92,4 +92,5 @@ def acted_on(p) -> tuple:
     change to one is published at once, the rest (losses, tokens, "exchanging" after "ready") waits
     for the next keep-alive, as every store moves the record to every replica
     (tests/round/test_liveness.py, ``test_only_what_other_peers_act_on_is_published_at_once``)."""
-    return (p.round, settled(p.state), p.params_hash, p.part, p.reach, p.gathered_round, p.gathered, p.gathered_before)
+    return (p.round, settled(p.state), p.params_hash, p.part, p.reach, p.gathered_round, p.gathered, p.gathered_before,
+            p.gathered_from)

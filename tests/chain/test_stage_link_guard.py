@@ -270,3 +270,31 @@ def test_a_hello_before_this_stage_has_a_chain_waits_for_it():
     assert held, "a hello was answered before this stage knew its chain"
     assert name == "stage 1 <-> stage 0"
     assert len(rejected) == 1 and "another-chain" in rejected[0], rejected
+
+
+def test_a_hello_before_this_stage_has_a_chain_waits_on_for_a_round_past_its_first():
+    """A hello held before this stage had a chain that names a round after the one ``retarget`` gives
+    it is held on as any hello of a later round (judged by what this stage is now, not by the
+    identity it had when the connection came), and taken there."""
+    async def main():
+        nobody = StageIdentity(run_digest="", chain_id="", stage=-1, round=-1)
+        listener = await StageListener.start(HOST, 0, local=nobody, role="downstream", fmt=FMT, codec=CODEC,
+                                             timeout=5, handshake_timeout=3)
+        ahead = StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=0, round=1)
+        dialing = asyncio.ensure_future(connect_link(HOST, listener.port, local=ahead, role="upstream", fmt=FMT,
+                                                     codec=CODEC, timeout=5, handshake_timeout=5))
+        await asyncio.sleep(0.3)
+        await listener.retarget(StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=1, round=0), None)
+        await asyncio.sleep(0.3)
+        held = not dialing.done()
+        await listener.retarget(StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=1, round=1), None)
+        link = await dialing
+        accepted = await listener.accept(timeout=5)
+        taken = (accepted.local.round, list(listener.rejected))
+        await link.close()
+        await accepted.close()
+        await listener.close()
+        return held, taken
+
+    held, (round_taken, rejected) = run(main())
+    assert held and round_taken == 1 and rejected == [], (held, round_taken, rejected)

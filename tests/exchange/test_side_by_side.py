@@ -119,11 +119,16 @@ def test_ask_each_adds_the_cut_to_held_and_never_cuts_a_patient_member():
     assert held == {"earlier", "s"}  # the client-mode member was waited for to the deadline, not cut
 
 
-def test_ask_each_holds_a_sole_sender_that_sent_nothing_by_the_deadline_not_a_slow_stream():
-    """With no other sender there is no grace to cut from: the deadline ends the fetch, and a member
-    that sent not a byte by then is not asked in the group's later rounds (it cost a 32-peer run's
-    round half a slot more: bench/RESULTS.md, 2026-12-01, fifty-second session); one whose payload
-    began to stream is asked again."""
+
+def test_only_a_sole_mute_sender_is_left_unasked():
+    """With no other sender there is no grace to cut from: the deadline ends the fetch. ``ask_each``
+    reports a member that sent not a byte by then (``mute``), not one whose payload began to stream,
+    and holds neither; the agreement's later rounds leave it unasked only where it was the only
+    other sender and other members can relay (a sole mute sender cost a 32-peer run's round half a
+    slot more: bench/RESULTS.md, 2026-12-01, fifty-second session). A member that heard from nobody
+    keeps asking everyone: relays are how it learns what the others got."""
+    from peer.exchange.agreement_rounds import unasked
+
     async def fetch(peer, deadline, began):
         if peer == "streaming":
             began()
@@ -132,11 +137,14 @@ def test_ask_each_holds_a_sole_sender_that_sent_nothing_by_the_deadline_not_a_sl
 
     async def main():
         loop = asyncio.get_running_loop()
-        held_alone, held_slow = set(), set()
-        got = await ask_each(fetch, ["mute"], loop.time() + 0.5, lambda took: 0.2, set(), held_alone, "payload", 7)
-        await ask_each(fetch, ["streaming"], loop.time() + 0.5, lambda took: 0.2, set(), held_slow, "payload", 7)
-        return got, held_alone, held_slow
+        held, mute = set(), set()
+        got = await ask_each(fetch, ["mute", "streaming"], loop.time() + 0.5, lambda took: 0.2, set(), held, "payload", 7,
+                             mute=mute)
+        return got, held, mute
 
-    got, held_alone, held_slow = asyncio.run(main())
+    got, held, mute = asyncio.run(main())
     assert isinstance(got["mute"], asyncio.TimeoutError) and not isinstance(got["mute"], Unanswered)
-    assert held_alone == {"mute"} and held_slow == set()
+    assert mute == {"mute"} and held == set()
+    assert unasked(["s"], ["s", "a", "b"], {"s"}) == {"s"}  # the only other sender, others to relay
+    assert unasked(["s"], ["s"], {"s"}) == set()  # a group of two: nobody else to relay
+    assert unasked(["s", "t"], ["s", "t", "a"], {"s", "t"}) == set()  # heard from no sender: ask on

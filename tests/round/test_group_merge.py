@@ -396,11 +396,30 @@ def test_a_peer_takes_a_set_whose_owners_applied_it_to_its_own_theta():
         swarm.asked.clear()
         result = adopt_round_set(peer, ROUND, ours, wait_s=0.6 if ok else 0.3, lineage=[])
         assert (result is not None) == ok, froms
-    # a record of a later round says nothing about this round's θ
-    later = [record(p, gathered=g1[1], round_no=ROUND + 2, gathered_round=ROUND + 1, gathered_from=ours) for p in first]
-    peer, _ = member_of(Swarm([later], {first[0]: {g1[1]: g1[0]}}), mine)
+    # a record that has moved on names the round's set as the one before, and its θ is the next round's
+    later = [record(p, gathered="f" * 32, round_no=ROUND + 2, gathered_round=ROUND + 1, gathered_before=g1[1],
+                    gathered_from=ours) for p in first]
+    swarm = Swarm([later], {first[0]: {g1[1]: g1[0]}})
+    peer, _ = member_of(swarm, mine)
     peer.peer_id = me
     assert adopt_round_set(peer, ROUND, ours, wait_s=0.3, basis=(ROUND - 1, "e" * 32)) is None
+    assert swarm.asked == [first[0]]  # fetched, and judged not of our lineage
+    # owners that say our θ but name another set than the one offered do not vouch for it
+    elsewhere = [record(p, gathered="f" * 32, round_no=ROUND + 1, gathered_from=ours) for p in first[1:]]
+    swarm = Swarm([[record(first[0], gathered=g1[1], round_no=ROUND + 1, gathered_from=ours)] + elsewhere],
+                  {first[0]: {g1[1]: g1[0]}})
+    peer, _ = member_of(swarm, mine)
+    peer.peer_id = me
+    assert adopt_round_set(peer, ROUND, ours, wait_s=0.3, basis=(ROUND - 1, "e" * 32)) is None
+    # a last round's groupmate whose record names another θ for this round is no longer of our lineage
+    mates = [record(p, gathered=g1[1], round_no=ROUND + 1, gathered_before="e" * 32, gathered_from=theirs) for p in first]
+    peer, _ = member_of(Swarm([mates], {first[0]: {g1[1]: g1[0]}}), mine)
+    peer.peer_id, peer.gathered = me, (ROUND - 1, "e" * 32)
+    assert adopt_round_set(peer, ROUND, ours, wait_s=0.3, lineage=first) is None
+    older = [record(p, gathered=g1[1], round_no=ROUND + 1, gathered_before="e" * 32) for p in first]  # says no θ
+    peer, _ = member_of(Swarm([older], {first[0]: {g1[1]: g1[0]}}), mine)
+    peer.peer_id, peer.gathered = me, (ROUND - 1, "e" * 32)
+    assert adopt_round_set(peer, ROUND, ours, wait_s=0.6, lineage=first) is not None
 
 
 def test_a_peer_the_round_gathered_without_defers_when_no_named_set_can_be_had():
