@@ -150,7 +150,10 @@ class ChainMember:
         self.close_links()
         if self.assignment is not None:
             self.failed_epoch = self.assignment.epoch
-            logger.warning(f"chain {self.assignment.chain.chain_id} broke: {why}; waiting for a new chain")
+            if self.stop.is_set():  # stopping as asked: a neighbour that stopped first is no fault
+                logger.info(f"chain {self.assignment.chain.chain_id} ended as this peer stops: {why}")
+            else:
+                logger.warning(f"chain {self.assignment.chain.chain_id} broke: {why}; waiting for a new chain")
         self.assignment, self.state = None, "waiting"
         self.publish()
         return ChainBroken(why)

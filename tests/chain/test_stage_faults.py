@@ -7,6 +7,7 @@ closed, the parameters, the optimizer state and the step counter untouched."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 import time
@@ -286,3 +287,21 @@ def test_chain_member_bad_arguments_are_not_a_broken_chain(member):
     with pytest.raises(ValueError, match="T must be"):
         member.inner_step(stage, trainer, torch.zeros(2, D), batch())
     neighbour.sock.close()
+
+
+def test_a_chain_that_ends_as_its_peer_stops_is_no_warning(member, caplog, monkeypatch):
+    """A neighbour that stopped first ends the step of a stage that is stopping too (the demo's end):
+    said at INFO, not as a broken chain to wait out."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(member, "publish", lambda: None)
+    for stopping, level in ((False, logging.WARNING), (True, logging.INFO)):
+        member.assignment = SimpleNamespace(epoch=3, chain=SimpleNamespace(chain_id="ch-stop"))
+        if stopping:
+            member.stop.set()
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="voloco.chain"):
+            member.broken("inner step failed: neighbour said bye")
+        said = [r for r in caplog.records if "ch-stop" in r.getMessage()]
+        assert [r.levelno for r in said] == [level], [(r.levelno, r.getMessage()) for r in said]
+        assert member.assignment is None and member.failed_epoch == 3
