@@ -89,6 +89,11 @@ def opposite(role: str) -> str:
     return "downstream" if role == "upstream" else "upstream"
 
 
+def neighbour_of(stage: int, role: str) -> int:
+    """The stage at the other end of a link whose ``role`` end is ``stage``."""
+    return stage + 1 if role == "upstream" else stage - 1
+
+
 class StageLink:
     """One TCP connection to a neighbour stage, after a successful handshake.
 
@@ -136,7 +141,7 @@ class StageLink:
     def neighbour_stage(self) -> int:
         """The stage at the other end of this end's identity (a listener's link takes the listener's
         identity when it answers the hello: peer/chain/listener.py)."""
-        return self.local.stage + 1 if self.role == "upstream" else self.local.stage - 1
+        return neighbour_of(self.local.stage, self.role)
 
     @property
     def name(self) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 from peer.chain import handshake
 from peer.chain.errors import LinkClosed, LinkError, LinkProtocolError, LinkTimeout
 from peer.chain.handshake import LinkAuth
-from peer.chain.links import StageIdentity, StageLink, opposite
+from peer.chain.links import StageIdentity, StageLink, neighbour_of, opposite
 from protocol.chain.activations import ActivationCodec
 from protocol.chain.frames import Frame, FrameFormat, Hello, HelloOk, Reject, check_hello, encode_frame
 from protocol.errors import FrameError
@@ -104,9 +104,8 @@ class StageListener:
         """``check_hello``'s keyword arguments for this stage's neighbour as this stage is now (not as it
         was when the connection came), at ``round_no``."""
         local = self.local
-        stage = local.stage + 1 if self.role == "upstream" else local.stage - 1
-        return dict(run_digest=local.run_digest, chain_id=local.chain_id, stage=stage, round=round_no,
-                    role=opposite(self.role))
+        return dict(run_digest=local.run_digest, chain_id=local.chain_id, stage=neighbour_of(local.stage, self.role),
+                    round=round_no, role=opposite(self.role))
 
     def _ahead(self, frame: Frame, link: StageLink) -> bool:
         """Whether ``frame`` is a hello this stage would take were it at the hello's round, one or

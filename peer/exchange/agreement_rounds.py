@@ -65,7 +65,8 @@ class AgreementRounds:
                 logger.info(f"round {self._round_no}: no valid payload from {peer} itself: {e!r}")
         group.done[1].set()
         # one that held its payload would hold its answers too; later rounds cut nobody (fetch_clock.py says why)
-        live = [p for p in others if p not in group.held and p not in unasked(sending, others, mute)]
+        skipped = group.held | unasked(sending, others, mute)
+        live = [p for p in others if p not in skipped]
         for k in range(2, agreement.rounds + 1):
             start = t0 + (k - 1) * slot
             request = agreement.request(k)

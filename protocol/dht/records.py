@@ -109,8 +109,9 @@ def parse_progress(value: Any) -> Progress:
     if isinstance(value, (bytes, bytearray)):
         value = decode_body(bytes(value), "progress record")
     if isinstance(value, list):
-        if not len(_FIELDS) - len(_LATER) <= len(value) <= len(_FIELDS) + MAX_NEWER_FIELDS:
-            raise ProtocolError(f"progress record has {len(value)} fields, not {len(_FIELDS)}")
+        fewest, most = len(_FIELDS) - len(_LATER), len(_FIELDS) + MAX_NEWER_FIELDS
+        if not fewest <= len(value) <= most:
+            raise ProtocolError(f"progress record has {len(value)} fields, not {fewest} to {most}")
         value = {**_LATER, **dict(zip(_FIELDS, value))}  # zip drops a newer writer's fields
         for name in _HEX_FIELDS:
             if isinstance(value[name], bytes) and 0 < len(value[name]) <= 32:

@@ -24,12 +24,32 @@ CODEC = link_codec(FMT.d_model, FMT.k, seed=0)
 STALLED = 16
 
 
-def ident(stage):
-    return StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=stage, round=3)
+def ident(stage, round_no=3, chain="ch-guard"):
+    return StageIdentity(run_digest="run-digest", chain_id=chain, stage=stage, round=round_no)
 
 
-def listen(**kwargs):
-    return StageListener.start(HOST, 0, local=ident(1), role="downstream", fmt=FMT, codec=CODEC, timeout=5, **kwargs)
+NO_CHAIN = StageIdentity(run_digest="", chain_id="", stage=-1, round=-1)  # a stage's listener before its first chain
+
+
+def dial_soon(port, local):
+    """Stage 0 dialling ``port`` as ``local``, in the background."""
+    return asyncio.ensure_future(connect_link(HOST, port, local=local, role="upstream", fmt=FMT, codec=CODEC, timeout=5,
+                                              handshake_timeout=5))
+
+
+async def take(listener, dialing):
+    """The link ``dialing`` opened, as the listener accepted it: (its round, its name); both ends closed."""
+    link = await dialing
+    accepted = await listener.accept(timeout=5)
+    taken = (accepted.local.round, accepted.name.split(" (")[0])
+    await link.close()
+    await accepted.close()
+    return taken
+
+
+def listen(local=None, **kwargs):
+    return StageListener.start(HOST, 0, local=ident(1) if local is None else local, role="downstream", fmt=FMT,
+                               codec=CODEC, timeout=5, **kwargs)
 
 
 def dial(port, auth=None, stage=0):
@@ -209,26 +229,16 @@ def test_a_hello_a_round_ahead_waits_for_this_stage():
     reach within the handshake's deadline is rejected with the reason, as before."""
     async def main():
         listener = await listen(handshake_timeout=3)
-        ahead = StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=0, round=4)
-        dialing = asyncio.ensure_future(connect_link(HOST, listener.port, local=ahead, role="upstream", fmt=FMT,
-                                                     codec=CODEC, timeout=5, handshake_timeout=5))
+        dialing = dial_soon(listener.port, ident(0, 4))
         await asyncio.sleep(0.5)
         held = not dialing.done()
-        await listener.retarget(StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=1, round=4), None)
-        link = await dialing
-        accepted = await listener.accept(timeout=5)
-        taken = (accepted.local.round, list(listener.rejected))
-        await link.close()
-        await accepted.close()
-        too_far = StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=0, round=5)
+        await listener.retarget(ident(1, 4), None)
+        taken = ((await take(listener, dialing))[0], list(listener.rejected))
         with pytest.raises(HandshakeRejected, match="peer is at round 5, this stage at round 4"):
-            await connect_link(HOST, listener.port, local=too_far, role="upstream", fmt=FMT, codec=CODEC,
-                               timeout=5, handshake_timeout=5)
-        stranger = StageIdentity(run_digest="run-digest", chain_id="another-chain", stage=0, round=5)
+            await dial_soon(listener.port, ident(0, 5))
         t0 = asyncio.get_running_loop().time()
         with pytest.raises(HandshakeRejected, match="another-chain"):  # not the neighbour even then: not held
-            await connect_link(HOST, listener.port, local=stranger, role="upstream", fmt=FMT, codec=CODEC,
-                               timeout=5, handshake_timeout=5)
+            await dial_soon(listener.port, ident(0, 5, chain="another-chain"))
         assert asyncio.get_running_loop().time() - t0 < 1.0
         await listener.close()
         return held, taken
@@ -244,27 +254,17 @@ def test_a_hello_before_this_stage_has_a_chain_waits_for_it():
     until ``retarget`` names the chain, not rejected ("peer trains run spec …, not ''") and redialled.
     A hello that is still not this stage's neighbour's then is rejected as before."""
     async def main():
-        nobody = StageIdentity(run_digest="", chain_id="", stage=-1, round=-1)
-        listener = await StageListener.start(HOST, 0, local=nobody, role="downstream", fmt=FMT, codec=CODEC,
-                                             timeout=5, handshake_timeout=3)
-        first = StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=0, round=0)
-        dialing = asyncio.ensure_future(connect_link(HOST, listener.port, local=first, role="upstream", fmt=FMT,
-                                                     codec=CODEC, timeout=5, handshake_timeout=5))
-        stranger = asyncio.ensure_future(connect_link(HOST, listener.port, local=StageIdentity(
-            run_digest="run-digest", chain_id="another-chain", stage=0, round=0), role="upstream", fmt=FMT, codec=CODEC,
-            timeout=5, handshake_timeout=5))
+        listener = await listen(local=NO_CHAIN, handshake_timeout=3)
+        dialing = dial_soon(listener.port, ident(0, 0))
+        stranger = dial_soon(listener.port, ident(0, 0, chain="another-chain"))
         await asyncio.sleep(0.5)
         held = not dialing.done() and not stranger.done()
-        await listener.retarget(StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=1, round=0), None)
-        link = await dialing
-        accepted = await listener.accept(timeout=5)
+        await listener.retarget(ident(1, 0), None)
+        name = (await take(listener, dialing))[1]
         with pytest.raises(HandshakeRejected, match="another-chain"):
             await stranger
-        names = (accepted.name.split(" (")[0], list(listener.rejected))
-        await link.close()
-        await accepted.close()
         await listener.close()
-        return held, names
+        return held, (name, list(listener.rejected))
 
     held, (name, rejected) = run(main())
     assert held, "a hello was answered before this stage knew its chain"
@@ -277,22 +277,14 @@ def test_a_hello_before_this_stage_has_a_chain_waits_on_for_a_round_past_its_fir
     it is held on as any hello of a later round (judged by what this stage is now, not by the
     identity it had when the connection came), and taken there."""
     async def main():
-        nobody = StageIdentity(run_digest="", chain_id="", stage=-1, round=-1)
-        listener = await StageListener.start(HOST, 0, local=nobody, role="downstream", fmt=FMT, codec=CODEC,
-                                             timeout=5, handshake_timeout=3)
-        ahead = StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=0, round=1)
-        dialing = asyncio.ensure_future(connect_link(HOST, listener.port, local=ahead, role="upstream", fmt=FMT,
-                                                     codec=CODEC, timeout=5, handshake_timeout=5))
+        listener = await listen(local=NO_CHAIN, handshake_timeout=3)
+        dialing = dial_soon(listener.port, ident(0, 1))
         await asyncio.sleep(0.3)
-        await listener.retarget(StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=1, round=0), None)
+        await listener.retarget(ident(1, 0), None)
         await asyncio.sleep(0.3)
         held = not dialing.done()
-        await listener.retarget(StageIdentity(run_digest="run-digest", chain_id="ch-guard", stage=1, round=1), None)
-        link = await dialing
-        accepted = await listener.accept(timeout=5)
-        taken = (accepted.local.round, list(listener.rejected))
-        await link.close()
-        await accepted.close()
+        await listener.retarget(ident(1, 1), None)
+        taken = ((await take(listener, dialing))[0], list(listener.rejected))
         await listener.close()
         return held, taken
 
