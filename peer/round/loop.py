@@ -294,7 +294,7 @@ class RoundLoop:
             result = peer.gatherer.gather(
                 engine.round, h.payload, start_hash=start_hash, expected_size=barrier.gather_size,
                 timeout=peer.membership.straggler_allowance() if short else peer.membership.timing.round_wait_s,
-                give_up=give_up, refused=peer.membership.refused(engine.round),
+                give_up=give_up, refused=peer.membership.refused(engine.round, barrier.gave_up | barrier.unawaited),
                 read_latency=peer.membership.read_latency(),
                 last=union.announce(self._last_round, engine), **draw.senders(engine, start_hash, h.payload, peer.peer_id),
             )

@@ -324,9 +324,15 @@ class Membership(StartWaits):
                 logger.info(f"round {round_no}: not matching with {_names(struck)} until round {min(until.values())}: {why}")
         self._refresh_no_shows(round_no)
 
-    def refused(self, round_no: int) -> frozenset:
-        """The peers this peer's matchmaking of ``round_no`` neither accepts nor follows (``came_in``)."""
-        return frozenset(self.silent.skipped(round_no))
+    def refused(self, round_no: int, unawaited: Iterable[str] = ()) -> frozenset:
+        """The peers this peer's matchmaking of ``round_no`` neither accepts nor follows: groupmates that
+        sent nothing or held our requests, for their refusal's period (``came_in``), and past it while
+        this round's barrier does not wait for them (a no-show, or ``unawaited``: given up on or not
+        waited for). The gather's group target counts only the ready peers, so such a member, matched,
+        would take a ready honest peer's seat and leave that one's update for a later round
+        (tests/round/test_rejoin.py::test_a_silent_groupmate_the_barrier_does_not_wait_for_takes_no_seat)."""
+        not_awaited = self.ledger.skipped(round_no) | set(unawaited)
+        return frozenset(self.silent.skipped(round_no) | {p for p in not_awaited if self.silent.strikes(p)})
 
     def missed(self, peers: Iterable[str], round_no: int) -> None:
         """``peers`` were waited for in vain in ``round_no`` (by the barrier or the merge): a strike each."""

@@ -162,6 +162,23 @@ def test_a_groupmate_that_sent_nothing_is_refused_in_matchmaking_for_a_skip_peri
     assert m.refused(13) == {"s"}
 
 
+def test_a_silent_groupmate_the_barrier_does_not_wait_for_takes_no_seat(monkeypatch, clock):
+    # its refusal over (round 12), "s" is still a no-show of the barrier: the gather's target counts
+    # only ready peers, so matched it would fill a ready honest peer's seat (bench/hostile.py
+    # --attacks silent-member --sequential, round 3): refused until the barrier waits for it again
+    m = barrier(monkeypatch, clock, lambda m: [view("me", 9)])
+    m.came_in(9, {"a"}, silent={"s"})
+    assert m.refused(12) == set()
+    m.missed({"s", "late"}, 12)  # the barrier gave up on both: only the one that was silent is refused
+    assert m.refused(12) == m.refused(13) == {"s"} and m.refused(14) == set()
+    # given up on in this very round (not yet struck), or not waited for: the same
+    assert m.refused(14, {"s", "late"}) == {"s"} and m.refused(14, {"late"}) == set()
+    # forgiven by time: one strike falls per Timing.forgive_after_rounds rounds it came in
+    for r in range(14, 14 + Timing.forgive_after_rounds):
+        m.came_in(r, {"s"})
+    assert m.refused(20, {"s"}) == set()
+
+
 def test_a_groupmate_that_held_our_requests_is_refused_even_though_its_payload_came(monkeypatch, clock):
     # "h" served its payload to another member and held ours (peer/exchange/gatherer.py ``GatherResult.held``):
     # its payload is in our union, and still this peer refuses it, as every member it held does
