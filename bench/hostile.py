@@ -31,7 +31,7 @@ the wire times X; ``negate`` is ``poison=-1``, an honest payload pointing the ot
 Gaussian noise at the honest norm; ``garbage``: the unchanged peer trained on uniformly random ASCII
 (``--data``). The others run the hostile processes the multi-process tests use
 (tests/support/stalling_peer.py: ``stall``, ``stall-pair``, ``stall-fresh``, ``forged-round``;
-tests/support/hostile_exchange.py: ``framer``, ``silent-member``, ``invented-owners``;
+tests/support/hostile_exchange.py: ``framer``, ``silent-member``, ``silent-fresh``, ``lurk-fresh``, ``invented-owners``;
 tests/support/hostile_records.py: ``forged-records``); they never train, so the honest peers
 ``--wait-peers N`` in those runs. A new attack is one more line in ``ATTACKS``.
 """
@@ -153,6 +153,11 @@ ATTACKS: Dict[str, Attack] = {a.name: a for a in [
            tests_process("hostile_exchange", _join, _rounds, _const("frame")), peer=False),
     Attack("silent-member", "a groupmate that joins every group it can and then sends nothing (its gather waits out the deadline)",
            tests_process("hostile_exchange", _join, _rounds, _const("silent")), peer=False),
+    Attack("silent-fresh", "silent-member under a new identity every round: no refusal or strike of an earlier round reaches it",
+           tests_process("hostile_exchange", _join, _rounds, _const("silent-fresh")), peer=False),
+    Attack("lurk-fresh", "silent-fresh whose record never says 'ready': no barrier sizes a group for it, and it "
+           "joins one to fill a ready peer's seat", tests_process("hostile_exchange", _join, _rounds, _const("lurk-fresh")),
+           peer=False),
     Attack("invented-owners", "a groupmate that lists invented owners with huge payloads in its table",
            tests_process("hostile_exchange", _join, _rounds, _const("invent")), peer=False),
     Attack("forged-records", "a DHT node that writes a run spec with lr 50, progress at round 2**62 under every "

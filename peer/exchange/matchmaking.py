@@ -1,6 +1,6 @@
 """voloco's side of hivemind's matchmaking (peer/exchange/gatherer.py's gather): each member's
 matchmaking data read back, which members send a payload (``senders_of``), a step's outcome (given up while still looking), a step cancelled
-without a race, the peers it refuses, and what a search still holds. Its
+without a race, the peers it refuses, whom a leader's group target counts (``count_seats``), and what a search still holds. Its
 times, stretched on a host whose DHT reads are slow, are ``Timing.matchmaking`` (protocol/round/timing.py)."""
 
 from __future__ import annotations
@@ -117,3 +117,35 @@ def refuse_peers(mm: Any, refused: FrozenSet[Any]) -> None:
         return await join(leader)
 
     mm._check_reasons_to_reject, mm._request_join_group = check_reasons_to_reject, request_join_group
+
+
+
+def count_seats(mm: Any, counted: FrozenSet[Any], spare: int, largest: int) -> None:
+    """Make hivemind's ``Matchmaking`` ``mm``, as a leader, count toward its group target (set for the
+    round: ``mm.target_group_size``) only the members it waited for: ``counted`` (PeerIDs: the peers its
+    barrier found ready) and ``spare`` more of anyone (the gather's pair while peers of the round are
+    still coming, peer/round/barrier.py ``gather_size``). Every other follower adds a seat, up to
+    ``largest``: hivemind's leader closes a group as soon as it reaches its target, so such a member (a
+    new identity, a peer given up on) would fill a ready peer's seat and leave that one out of the
+    round's group, its update waiting a round. The target is worked out again from the followers
+    there are at each join request (hivemind compares it only then), so one that joined and left
+    holds no seat. Installed on the instance once, the counts set each round (tests/exchange/test_seats.py)."""
+    mm.voloco_seats = (mm.target_group_size, counted, max(0, spare), largest)
+    if getattr(mm, "_voloco_seating", False):
+        return
+    mm._voloco_seating = True
+    check = mm._check_reasons_to_reject
+
+    def target(joining: Any = None) -> int:
+        base, counted, spare, largest = mm.voloco_seats
+        others = sum(1 for p in [*mm.current_followers, *([joining] if joining is not None else [])] if p not in counted)
+        return max(base, min(largest, base + others - spare))
+
+    def check_reasons_to_reject(request, context):
+        mm.target_group_size = target(context.remote_id)  # hivemind compares with it once this is accepted
+        answer = check(request, context)
+        if answer is not None:
+            mm.target_group_size = target()
+        return answer
+
+    mm._check_reasons_to_reject = check_reasons_to_reject

@@ -5,7 +5,7 @@ tests/round/test_rejoin.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass
@@ -30,3 +30,10 @@ class Barrier:
         peers of the round are still coming (nobody ready yet is no reason to train alone: the gather
         waits for one of them, until the round's wait ends or every other peer has gathered)."""
         return max(self.expected, min(2, 1 + len(self.gave_up | self.unawaited)))
+
+    def without(self, refused: frozenset) -> "Barrier":
+        """This barrier with ``refused`` (whom this round's matchmaking refuses) not among the ready: a
+        group's target keeps no seat for a peer that may not take it (the leader would wait out its
+        matchmaking for it). tests/round/test_rejoin.py::test_a_silent_groupmate_the_barrier_does_not_wait_for_takes_no_seat"""
+        out = self.ready & refused
+        return replace(self, expected=self.expected - len(out), ready=self.ready - out) if out else self

@@ -15,9 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from peer.exchange.gatherer import PayloadGatherer
-from swarm.dht.node import start_dht
+from tests.support.dht_nodes import loopback_gatherers
 
-LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
 
 class MissesItsGroup(PayloadGatherer):
@@ -44,21 +43,8 @@ MissesItsGroup.__name__ = MissesItsGroup.__qualname__ = "PayloadGatherer"  # hiv
 
 @pytest.fixture
 def gatherers():
-    first = start_dht((), LOOPBACK)
-    nodes = [first] + [start_dht(first.get_visible_maddrs(), LOOPBACK) for _ in range(2)]
-    made = []
-    try:
-        for node in nodes:
-            g = MissesItsGroup(node, prefix="late-join-test", schema=b"late-join", min_group_size=2, max_group_size=3,
-                               matchmaking_time=3.0, gather_timeout=20.0)
-            g.run_in_background(await_ready=True)
-            made.append(g)
-        yield made
-    finally:
-        for g in made:
-            g.shutdown()
-        for node in nodes:
-            node.shutdown()
+    yield from loopback_gatherers(MissesItsGroup, 3, prefix="late-join-test", schema=b"late-join", min_group_size=2,
+                                  max_group_size=3, matchmaking_time=3.0, gather_timeout=20.0)
 
 
 def test_a_follower_that_missed_its_group_gathers_in_it(gatherers):

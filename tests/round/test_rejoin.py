@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+from peer.round.barrier import Barrier
 from peer.round.membership import Membership
 from peer.host.runtime import majority_hash
 from protocol.round.no_shows import retry_round
@@ -173,6 +174,10 @@ def test_a_silent_groupmate_the_barrier_does_not_wait_for_takes_no_seat(monkeypa
     assert m.refused(12) == m.refused(13) == {"s"} and m.refused(14) == set()
     # given up on in this very round (not yet struck), or not waited for: the same
     assert m.refused(14, {"s", "late"}) == {"s"} and m.refused(14, {"late"}) == set()
+    # ready by its record, it is still refused, and the group's target keeps it no seat
+    b = Barrier(expected=3, alone=False, behind=False, ready=frozenset({"a", "s"}))
+    assert b.without(m.refused(12)).ready == {"a"} and b.without(m.refused(12)).gather_size == 2
+    assert b.without(frozenset()) is b
     # forgiven by time: one strike falls per Timing.forgive_after_rounds rounds it came in
     for r in range(14, 14 + Timing.forgive_after_rounds):
         m.came_in(r, {"s"})

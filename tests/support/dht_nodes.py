@@ -26,3 +26,23 @@ def loopback_nodes(spec: Optional[RunSpec], others: int) -> Iterator[List]:
     finally:
         for n in started:
             n.shutdown()
+
+
+def loopback_gatherers(cls, servers: int, clients: int = 0, **kwargs) -> Iterator[List]:
+    """Yields started gatherers of class ``cls`` (peer/exchange/gatherer.py's or a test's subclass, made
+    with ``kwargs``), one per node: ``servers`` nodes, then ``clients`` in hivemind's client mode (they
+    follow, never lead); shuts them and their nodes down afterwards (a generator for a fixture)."""
+    first = start_dht((), LOOPBACK)
+    nodes = [first] + [start_dht(first.get_visible_maddrs(), LOOPBACK) for _ in range(servers - 1)]
+    nodes += [start_dht(first.get_visible_maddrs(), LOOPBACK, client_mode=True) for _ in range(clients)]
+    made = []
+    try:
+        for node in nodes:
+            made.append(cls(node, **kwargs))
+            made[-1].run_in_background(await_ready=True)
+        yield made
+    finally:
+        for g in made:
+            g.shutdown()
+        for node in nodes:
+            node.shutdown()

@@ -18,19 +18,24 @@ valid zero update signed with its own identity, then lies in every agreement ans
 - ``silent``: joins the group and then sends nothing: its payload and its agreement answers never
   come (each request is held until the caller gives up), so the group's gather waits out its
   deadline. A member that does this every round would cost every round a gather slot; each honest
-  peer refuses it in its matchmaking after its first silence (peer/exchange/matchmaking.py).
+  peer refuses it in its matchmaking after its first silence (peer/exchange/matchmaking.py);
+- ``silent-fresh``: ``silent`` under a new identity (DHT node and key) every round, which no
+  refusal or strike of an earlier round reaches;
+- ``lurk-fresh``: the same, but its record never says "ready", so no barrier counts it among the
+  peers a group is sized for: it joins a group to fill a ready peer's seat.
 All log "LIED" for every lie told, so a test can tell the attack was made.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import AsyncIterator, List, Tuple
+from typing import AsyncIterator, Callable, List, Optional, Tuple
 
 import msgpack
 import torch
@@ -110,8 +115,13 @@ class LyingGatherer(exchange.PayloadGatherer):
 LyingGatherer.__name__ = LyingGatherer.__qualname__ = "PayloadGatherer"  # hivemind names handlers after the class
 
 
-def take_part(spec, liars: List[Tuple[DHT, LyingGatherer]], rounds: int) -> None:
-    """Pose, all together, as members of each of the next ``rounds`` rounds the honest peers train."""
+def take_part(spec, liars: List[Tuple[DHT, LyingGatherer]], rounds: int,
+              renew: Optional[Callable[[], List[Tuple[DHT, LyingGatherer]]]] = None,
+              announce_ready: bool = True) -> List[Tuple[DHT, LyingGatherer]]:
+    """Pose, all together, as members of each of the next ``rounds`` rounds the honest peers train;
+    ``renew``: new identities for every round after the first (the old ones shut down);
+    ``announce_ready``: whether their records say "ready" before they gather. The liars
+    still running at the end are returned."""
     ids = {dht.peer_id.to_base58() for dht, _ in liars}
     dht = liars[0][0]
     zeros = {n: torch.zeros(s) for n, s in spec.param_shapes().items()}
@@ -133,7 +143,7 @@ def take_part(spec, liars: List[Tuple[DHT, LyingGatherer]], rounds: int) -> None
             if states and all(s in ("ready", "exchanging") for s in states):
                 break
             time.sleep(0.05)
-        for node, _ in liars:  # ... and turns up ready, in a group that expects us
+        for node, _ in liars if announce_ready else ():  # ... and turns up ready, in a group that expects us
             publish_progress(node, spec.run_id, node.peer_id.to_base58(), _fake(spec, rnd, "ready", start), ttl=30)
         size = len(honest) + len(liars)
         with ThreadPoolExecutor(len(liars)) as pool:
@@ -143,22 +153,30 @@ def take_part(spec, liars: List[Tuple[DHT, LyingGatherer]], rounds: int) -> None
         groups = [len(r.group) if r is not None else 0 for r in results]
         joined += all(n > len(liars) for n in groups)
         log.info(f"round {rnd}: groups of {groups}")
+        if renew is not None:  # new identities, started while the honest peers finish the round
+            shut_down(liars)
+            liars = renew()
+            ids |= {node.peer_id.to_base58() for node, _ in liars}
+            dht = liars[0][0]
         while any(v.progress.round <= rnd for v in read_progress(dht, spec.run_id) if v.peer_id not in ids):
             time.sleep(0.1)
+    return liars
 
 
-def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s hostile: %(message)s")
-    join, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-    nodes = [start_dht(parse_multiaddrs([join]), ["/ip4/127.0.0.1/tcp/0"]) for _ in modes]
-    spec = fetch_spec(nodes[0])
-    outsiders = [Signer.generate() for _ in range(2)]
-    huge = {n: torch.full(s, 1e4) for n, s in spec.param_shapes().items()}
-    poison = encode_payload(make_codec(spec), huge, run_digest=spec.digest(), round=0)[0]
+def shut_down(liars: List[Tuple[DHT, LyingGatherer]]) -> None:
+    for node, gatherer in liars:
+        gatherer.shutdown()
+        node.shutdown()
+
+
+def start_liars(join: str, spec, modes: List[str], outsiders: List[Signer], poison: bytes) -> List[Tuple[DHT, LyingGatherer]]:
+    """One DHT node and lying gatherer (a new identity) per mode."""
     liars = []
-    for node, mode in zip(nodes, modes):
+    for mode in modes:
+        node = start_dht(parse_multiaddrs([join]), ["/ip4/127.0.0.1/tcp/0"])
         # class attributes, read in the averager process forked by run_in_background
-        cls = type("PayloadGatherer", (LyingGatherer,), dict(behaviour=mode, outsiders=outsiders, poison=poison))
+        behaviour = {"lurk": "silent"}.get(mode.removesuffix("-fresh"), mode.removesuffix("-fresh"))
+        cls = type("PayloadGatherer", (LyingGatherer,), dict(behaviour=behaviour, outsiders=outsiders, poison=poison))
         gatherer = cls(
             node, prefix=averager_prefix(spec.run_id), schema=spec.digest().encode(),
             min_group_size=spec.swarm.min_group_size, max_group_size=spec.swarm.max_group_size,
@@ -166,12 +184,26 @@ def main() -> None:
         )
         gatherer.run_in_background(await_ready=True)
         liars.append((node, gatherer))
+    return liars
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s hostile: %(message)s")
+    join, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    probe = start_dht(parse_multiaddrs([join]), ["/ip4/127.0.0.1/tcp/0"])
+    spec = fetch_spec(probe)
+    probe.shutdown()
+    outsiders = [Signer.generate() for _ in range(2)]
+    huge = {n: torch.full(s, 1e4) for n, s in spec.param_shapes().items()}
+    poison = encode_payload(make_codec(spec), huge, run_digest=spec.digest(), round=0)[0]
+    start = functools.partial(start_liars, join, spec, modes, outsiders, poison)
+    liars = start()
+    fresh = all(m.endswith("-fresh") for m in modes)
     try:
-        take_part(spec, liars, rounds)
+        liars = take_part(spec, liars, rounds, renew=start if fresh else None,
+                          announce_ready=not all(m.startswith("lurk") for m in modes))
     finally:
-        for node, gatherer in liars:
-            gatherer.shutdown()
-            node.shutdown()
+        shut_down(liars)
 
 
 if __name__ == "__main__":
