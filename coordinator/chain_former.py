@@ -27,6 +27,7 @@ from swarm.records import publish_assignment, read_assignments, read_candidates
 logger = logging.getLogger("voloco.coordinator")
 
 GRACE = 20.0  # seconds a new chain's members may still report "waiting" before it counts as broken
+MISSED_S = 20.0  # seconds a member's record may be missing from the reads (a read that missed it) before it counts as gone
 YOUNG = 300.0  # a chain that breaks within this many seconds of forming counts as a failed formation
 BACKOFF_S, MAX_BACKOFF_S = 30.0, 600.0  # a failed formation is not repeated for this long, doubling
 
@@ -38,6 +39,7 @@ class ChainFormer:
         self.formed_at: Dict[str, float] = {}  # chain id -> when it was formed (or first seen)
         self.dead: Set[str] = set()  # chains seen broken
         self.failures: Dict[Tuple[str, ...], Tuple[int, float]] = {}  # members -> (failed formations, retry after)
+        self.seen: Dict[str, float] = {}  # a live chain's member -> when a read last found its record
 
     def step(self) -> List[ChainAssignment]:
         """One pass: keep live chains alive, group waiting candidates into new ones; returns the new ones."""
@@ -50,8 +52,14 @@ class ChainFormer:
                 continue
             self.formed_at.setdefault(chain_id, now)
             young = now - self.formed_at[chain_id] < GRACE
+            for p in a.chain.members:
+                if p in candidates:
+                    self.seen[p] = now
+            # a record missing from one read is a read that missed it (a loaded host), not a member that left
+            # (tests/chain/test_stage_endpoints.py::test_a_member_missing_from_a_read_does_not_break_its_chain)
             states = [candidates[p].state if p in candidates else None for p in a.chain.members]
-            alive = all(s == "assigned" or (young and s == "waiting") for s in states)
+            missed = [now - self.seen.get(p, self.formed_at[chain_id]) < MISSED_S for p in a.chain.members]
+            alive = all(s == "assigned" or (young and s == "waiting") or (s is None and m) for s, m in zip(states, missed))
             if not alive:
                 self._note_broken(chain_id, a, now)
                 continue
@@ -59,6 +67,7 @@ class ChainFormer:
             if now - self.published.get(chain_id, 0.0) > ASSIGNMENT_TTL / 3:
                 publish_assignment(self.dht, self.spec, a, ASSIGNMENT_TTL)
                 self.published[chain_id] = now
+        self.seen = {p: t for p, t in self.seen.items() if p in busy}  # bounded: members of live chains only
         pool = [rec.candidate(p) for p, rec in sorted(candidates.items()) if rec.state == "waiting" and p not in busy]
         if not pool:
             return []
