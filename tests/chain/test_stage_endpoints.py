@@ -75,11 +75,16 @@ class FakeSwarm:
             self.candidates[p] = CandidateRecord(rec.spec, rec.capacity, rec.bandwidth, state, rec.endpoint)
 
 
-def test_a_chain_that_breaks_at_once_is_not_formed_again_from_the_same_members_for_a_while(monkeypatch):
+def two_candidates(monkeypatch):
+    """(the clock, the DHT, a coordinator's chain former) with two waiting candidates, "a" and "b"."""
     clock = [1000.0]
     swarm = FakeSwarm(["a", "b"])
     swarm.install(monkeypatch, clock)
-    former = ChainFormer(None, SPEC)
+    return clock, swarm, ChainFormer(None, SPEC)
+
+
+def test_a_chain_that_breaks_at_once_is_not_formed_again_from_the_same_members_for_a_while(monkeypatch):
+    clock, swarm, former = two_candidates(monkeypatch)
 
     def form_and_break():
         assert len(former.step()) == 1  # formed
@@ -103,10 +108,7 @@ def test_a_chain_that_breaks_at_once_is_not_formed_again_from_the_same_members_f
 
 
 def test_a_chain_that_trained_for_a_while_and_broke_is_formed_again_at_once(monkeypatch):
-    clock = [1000.0]
-    swarm = FakeSwarm(["a", "b"])
-    swarm.install(monkeypatch, clock)
-    former = ChainFormer(None, SPEC)
+    clock, swarm, former = two_candidates(monkeypatch)
     assert len(former.step()) == 1
     swarm.set_state("assigned")
     clock[0] += 3600  # an hour of training, then one member restarted
@@ -119,10 +121,7 @@ def test_a_chain_that_trained_for_a_while_and_broke_is_formed_again_at_once(monk
 def test_a_member_missing_from_a_read_does_not_break_its_chain(monkeypatch):
     # a read that missed a member's record (a loaded host: the demo's coordinator called a training
     # chain broken 12 s after forming) is not a member that left; one missing for MISSED_S is
-    clock = [1000.0]
-    swarm = FakeSwarm(["a", "b"])
-    swarm.install(monkeypatch, clock)
-    former = ChainFormer(None, SPEC)
+    clock, swarm, former = two_candidates(monkeypatch)
     assert len(former.step()) == 1
     swarm.set_state("assigned")
     clock[0] += 5
