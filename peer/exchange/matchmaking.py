@@ -119,7 +119,6 @@ def refuse_peers(mm: Any, refused: FrozenSet[Any]) -> None:
     mm._check_reasons_to_reject, mm._request_join_group = check_reasons_to_reject, request_join_group
 
 
-
 def count_seats(mm: Any, counted: FrozenSet[Any], spare: int, largest: int) -> None:
     """Make hivemind's ``Matchmaking`` ``mm``, as a leader, count toward its group target (set for the
     round: ``mm.target_group_size``) only the members it waited for: ``counted`` (PeerIDs: the peers its

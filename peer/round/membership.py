@@ -326,10 +326,9 @@ class Membership(StartWaits):
 
     def refused(self, round_no: int, unawaited: Iterable[str] = ()) -> frozenset:
         """The peers this peer's matchmaking of ``round_no`` neither accepts nor follows: groupmates that
-        sent nothing or held our requests, for their refusal's period (``came_in``), and past it while
-        this round's barrier does not wait for them (a no-show, or ``unawaited``: given up on or not
-        waited for). The gather's group target counts only the ready peers, so such a member, matched,
-        would take a ready honest peer's seat and leave that one's update for a later round
+        sent nothing or held our requests, for their refusal's period (``came_in``), and past it while this
+        round's barrier does not wait for them (a no-show, or ``unawaited``: given up on or not waited for),
+        which would otherwise take a seat in our group and hold it a grace
         (tests/round/test_rejoin.py::test_a_silent_groupmate_the_barrier_does_not_wait_for_takes_no_seat)."""
         not_awaited = self.ledger.skipped(round_no) | set(unawaited)
         return frozenset(self.silent.skipped(round_no) | {p for p in not_awaited if self.silent.strikes(p)})
