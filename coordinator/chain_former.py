@@ -2,7 +2,7 @@
 chains and publishes each assignment.
 
 A chain stays while every member reports itself ``assigned``; when a member disappears (its
-record expires) or returns to ``waiting`` (its chain broke), the chain's record is no longer
+record has been missing from the reads for ``MISSED_S``) or returns to ``waiting`` (its chain broke), the chain's record is no longer
 refreshed and the waiting members are grouped again under a newer epoch, which supersedes the old
 chain for every reader.
 
@@ -67,7 +67,8 @@ class ChainFormer:
             if now - self.published.get(chain_id, 0.0) > ASSIGNMENT_TTL / 3:
                 publish_assignment(self.dht, self.spec, a, ASSIGNMENT_TTL)
                 self.published[chain_id] = now
-        self.seen = {p: t for p, t in self.seen.items() if p in busy}  # bounded: members of live chains only
+        # bounded: members seen lately (a read that missed a chain's assignment keeps its members' times)
+        self.seen = {p: t for p, t in self.seen.items() if now - t < 4 * MISSED_S}
         pool = [rec.candidate(p) for p, rec in sorted(candidates.items()) if rec.state == "waiting" and p not in busy]
         if not pool:
             return []

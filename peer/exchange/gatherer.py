@@ -211,7 +211,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
             if not isinstance(mm.group_key_manager, LeanGroupKeyManager):  # its DHT calls at a fraction of the bytes
                 mm.group_key_manager = LeanGroupKeyManager.replacing(mm.group_key_manager)
             mm.group_key_manager.group_bits = format(round_no % (1 << ROUND_BITS), f"0{ROUND_BITS}b")
-            # close the group as soon as every live peer of the round has joined
+            # close the group as soon as the ready peers have joined (and a seat more for each other member: count_seats)
             mm.target_group_size = mm.potential_leaders.target_group_size = expected
             mm.min_matchmaking_time = mm.potential_leaders.min_matchmaking_time = matchmaking_time
             mm.request_timeout = request_timeout

@@ -110,7 +110,7 @@ Watched.__name__ = Watched.__qualname__ = "PayloadGatherer"  # hivemind names ha
 def swarm():
     """Three server peers and a client-mode one (it can follow, never lead), with real gatherers."""
     yield from loopback_gatherers(Watched, 3, clients=1, prefix="seats-test", schema=b"seats", min_group_size=2,
-                                  max_group_size=4, matchmaking_time=6.0, gather_timeout=20.0)
+                                  max_group_size=4, matchmaking_time=15.0, gather_timeout=20.0)
 
 
 def test_a_member_nobody_awaited_leaves_every_ready_peer_its_seat(swarm):
@@ -122,7 +122,7 @@ def test_a_member_nobody_awaited_leaves_every_ready_peer_its_seat(swarm):
     def gather(i):
         ready = [p for p in honest if p != ids[i]] if i < 3 else None
         return swarm[i].gather(7, f"payload of member {i}".encode(), start_hash="0123456789abcdef",
-                               expected_size=3 if i < 3 else 4, ready=ready, timeout=30)
+                               expected_size=3 if i < 3 else 4, ready=ready, timeout=40)
 
     with ThreadPoolExecutor(4) as pool:
         first = [pool.submit(gather, 0), pool.submit(gather, 3)]

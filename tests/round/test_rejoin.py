@@ -164,9 +164,10 @@ def test_a_groupmate_that_sent_nothing_is_refused_in_matchmaking_for_a_skip_peri
 
 
 def test_a_silent_groupmate_the_barrier_does_not_wait_for_takes_no_seat(monkeypatch, clock):
-    # its refusal over (round 12), "s" is still a no-show of the barrier: the gather's target counts
-    # only ready peers, so matched it would fill a ready honest peer's seat (bench/hostile.py
-    # --attacks silent-member --sequential, round 3): refused until the barrier waits for it again
+    # its refusal over (round 12), "s" is still a no-show of the barrier: matched, it filled a ready
+    # honest peer's seat before a group's target counted only ready peers (bench/hostile.py --attacks
+    # silent-member --sequential, round 3), and would hold the group a grace now: refused until the
+    # barrier waits for it again
     m = barrier(monkeypatch, clock, lambda m: [view("me", 9)])
     m.came_in(9, {"a"}, silent={"s"})
     assert m.refused(12) == set()

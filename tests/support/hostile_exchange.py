@@ -117,11 +117,11 @@ LyingGatherer.__name__ = LyingGatherer.__qualname__ = "PayloadGatherer"  # hivem
 
 def take_part(spec, liars: List[Tuple[DHT, LyingGatherer]], rounds: int,
               renew: Optional[Callable[[], List[Tuple[DHT, LyingGatherer]]]] = None,
-              announce_ready: bool = True) -> List[Tuple[DHT, LyingGatherer]]:
+              announce_ready: bool = True) -> None:
     """Pose, all together, as members of each of the next ``rounds`` rounds the honest peers train;
-    ``renew``: new identities for every round after the first (the old ones shut down);
-    ``announce_ready``: whether their records say "ready" before they gather. The liars
-    still running at the end are returned."""
+    ``renew``: new identities for every round after the first (the old ones shut down; ``liars`` is
+    updated in place, so the caller shuts down whichever run at the end); ``announce_ready``: whether
+    their records say "ready" before they gather."""
     ids = {dht.peer_id.to_base58() for dht, _ in liars}
     dht = liars[0][0]
     zeros = {n: torch.zeros(s) for n, s in spec.param_shapes().items()}
@@ -153,14 +153,14 @@ def take_part(spec, liars: List[Tuple[DHT, LyingGatherer]], rounds: int,
         groups = [len(r.group) if r is not None else 0 for r in results]
         joined += all(n > len(liars) for n in groups)
         log.info(f"round {rnd}: groups of {groups}")
-        if renew is not None:  # new identities, started while the honest peers finish the round
-            shut_down(liars)
-            liars = renew()
-            ids |= {node.peer_id.to_base58() for node, _ in liars}
-            dht = liars[0][0]
         while any(v.progress.round <= rnd for v in read_progress(dht, spec.run_id) if v.peer_id not in ids):
             time.sleep(0.1)
-    return liars
+        if renew is not None and joined < rounds and tries < rounds + 4:  # new identities for the next round
+            old, liars[:] = list(liars), []
+            shut_down(old)
+            liars[:] = renew()
+            ids |= {node.peer_id.to_base58() for node, _ in liars}
+            dht = liars[0][0]
 
 
 def shut_down(liars: List[Tuple[DHT, LyingGatherer]]) -> None:
@@ -198,10 +198,10 @@ def main() -> None:
     poison = encode_payload(make_codec(spec), huge, run_digest=spec.digest(), round=0)[0]
     start = functools.partial(start_liars, join, spec, modes, outsiders, poison)
     liars = start()
-    fresh = all(m.endswith("-fresh") for m in modes)
+    fresh = all(m.endswith("-fresh") for m in modes)  # (a process of mixed modes renews nobody)
     try:
-        liars = take_part(spec, liars, rounds, renew=start if fresh else None,
-                          announce_ready=not all(m.startswith("lurk") for m in modes))
+        take_part(spec, liars, rounds, renew=start if fresh else None,
+                  announce_ready=not all(m.startswith("lurk") for m in modes))
     finally:
         shut_down(liars)
 
