@@ -18,7 +18,6 @@ from peer.exchange.gatherer import PayloadGatherer
 from tests.support.dht_nodes import loopback_gatherers
 
 
-
 class MissesItsGroup(PayloadGatherer):
     """Drops the first group its leader names to it, as if the message came after its wait."""
 

@@ -19,6 +19,7 @@ from peer.exchange.matchmaking import count_seats, refuse_peers
 from protocol.wire.signed import Signer
 from tests.support.dht_nodes import loopback_gatherers
 
+
 def peer_id() -> PeerID:
     return PeerID(Signer.generate().peer_id)
 
