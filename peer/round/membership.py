@@ -40,11 +40,12 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Callable, Container, Deque, Dict, Iterable, List, Optional, Sequence, Set
+from typing import Callable, Container, Deque, Dict, List, Optional, Sequence, Set
 
 from hivemind.utils import get_dht_time
 
 from peer.round.barrier import Barrier
+from peer.round.no_show_views import NoShows
 from peer.exchange.ready_notices import ReadyAsks
 from peer.round.start_waits import StartWaits, names as _names
 from protocol.round import peer_states
@@ -66,7 +67,7 @@ logger = logging.getLogger("voloco.peer")
 LATENCIES_KEPT = 5  # reads whose durations give the host's DHT read latency
 
 
-class Membership(StartWaits):
+class Membership(NoShows, StartWaits):
     """This peer's progress record in the DHT and its view of everyone else's."""
 
     def __init__(self, dht, spec: RunSpec, peer_id: str, progress: Callable[[], Progress], stop: threading.Event,
@@ -295,73 +296,6 @@ class Membership(StartWaits):
         self._waited_steps = {p: self._waited_steps[p] for p in self._carried if p in self._waited_steps}
         self._waited = set()
         self.missed(missing, round_no)
-
-    def came_in(self, round_no: int, senders: Iterable[str], silent: Iterable[str] = (), held: Iterable[str] = ()) -> None:
-        """The senders whose signed payload is in this peer's union of round ``round_no``: they came
-        (the next barrier does not strike them, and a single strike of theirs is over). ``silent``:
-        groupmates the gather excluded for sending nothing in time (alike on every member); ``held``:
-        groupmates that held this peer's requests while its payload reached the group anyway (cut a grace
-        after the others' payloads, or a later agreement round's request held to its deadline: this
-        peer's own judgement). A strike each in ``self.silent``; this peer's matchmaking refuses them
-        meanwhile (``refused``), so one that joins groups only to stall them costs a grace per skip
-        period, not per round; one that serves its payload to some members and holds the others is
-        refused by every member it held (tests/round/test_rejoin.py)."""
-        silent = set(silent) - {self.peer_id}  # (a generator: read once)
-        held = set(held) - {self.peer_id} - silent
-        senders = set(senders) - {self.peer_id}
-        self._came.setdefault(round_no, set()).update(senders)
-        self.wait_budget.met(senders)
-        self.wait_budget.concluded()
-        for r in [r for r in self._came if r < round_no - self.timing.carry_rounds - 1]:
-            del self._came[r]  # bounded: only rounds the barrier may still judge
-        for peer in senders:
-            self.ledger.came(peer, round_no)
-            if peer not in held:
-                self.silent.came(peer, round_no)
-        for struck, why in ((silent, "in our group, they sent nothing in time"), (held, "in our group, they held our requests")):
-            if struck:
-                until = {p: self.silent.missed(p, round_no + 1) for p in struck}  # judged for the next round's matchmaking
-                logger.info(f"round {round_no}: not matching with {_names(struck)} until round {min(until.values())}: {why}")
-        self._refresh_no_shows(round_no)
-
-    def refused(self, round_no: int, unawaited: Iterable[str] = ()) -> frozenset:
-        """The peers this peer's matchmaking of ``round_no`` neither accepts nor follows: groupmates that
-        sent nothing or held our requests, for their refusal's period (``came_in``), and past it while this
-        round's barrier does not wait for them (a no-show, or ``unawaited``: given up on or not waited for),
-        which would otherwise take a seat in our group and hold it a grace
-        (tests/round/test_rejoin.py::test_a_silent_groupmate_the_barrier_does_not_wait_for_takes_no_seat)."""
-        not_awaited = self.ledger.skipped(round_no) | set(unawaited)
-        return frozenset(self.silent.skipped(round_no) | {p for p in not_awaited if self.silent.strikes(p)})
-
-    def missed(self, peers: Iterable[str], round_no: int) -> None:
-        """``peers`` were waited for in vain in ``round_no`` (by the barrier or the merge): a strike each."""
-        struck = {p: self.ledger.missed(p, round_no) for p in set(peers)}
-        fresh = set(struck) - self.no_shows
-        if fresh:
-            first = all(self.ledger.strikes(p) <= 1 for p in fresh)
-            logger.info(f"not waiting again for {_names(fresh)} until round {min(struck[p] for p in fresh)}"
-                        f"{' or until they join a group of ours' if first else ' (they missed before: joining a group of ours does not end it)'}")
-        self._refresh_no_shows(round_no)
-
-    def _refresh_no_shows(self, round_no: int) -> None:
-        expired = self.no_shows - self.ledger.skipped(round_no)
-        if expired:
-            logger.info(f"round {round_no}: waiting again for {_names(expired)} if they train this round")
-        self.no_shows, self.absent = self.ledger.skipped(round_no), self.ledger.absent(round_no)
-
-    def forgive(self, peers: Iterable[str]) -> None:
-        """``peers`` are evidently training (this peer took their state): wait for them again."""
-        for peer in peers:
-            self.ledger.forgive(peer)
-            self.no_shows.discard(peer)
-            self.absent.discard(peer)
-
-    def unawaited(self, views: Iterable[PeerView]) -> Set[str]:
-        """Peers of ``views`` that no barrier waits a whole allowance for: skipped no-shows, and
-        strangers once the budget for strangers applies (early close does not count them)."""
-        limiting = self.wait_budget.limiting
-        return {v.peer_id for v in views if v.peer_id != self.peer_id
-                and (v.peer_id in self.no_shows or (limiting and self.wait_budget.stranger(v.peer_id)))}
 
     def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool, known: Container[str] = (),
                        awaited: Optional[Callable[[str, Progress], bool]] = None, notices=None) -> Barrier:
