@@ -43,7 +43,7 @@ import msgpack  # noqa: E402
 import torch  # noqa: E402
 
 from peer.training.data import load_corpus  # noqa: E402
-from peer.round.byte_models import allgather_bytes_per_round, allreduce_bytes_per_step  # noqa: E402
+from protocol.wire.exchange_bytes import allgather_bytes_per_round, allreduce_bytes_per_step  # noqa: E402
 from peer.round.simulate import simulate, train_single  # noqa: E402
 from peer.outer.robust import CLIP_MULTIPLE  # noqa: E402
 from peer.outer.strategies import OuterStrategy, make_strategy  # noqa: E402

@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from bench.common import human, machine, now, run_jobs, table, warm_start  # noqa: E402
 from peer.training.data import load_corpus  # noqa: E402
-from peer.round.byte_models import allreduce_bytes_per_step  # noqa: E402
+from protocol.wire.exchange_bytes import allreduce_bytes_per_step  # noqa: E402
 from peer.round.simulate import simulate, train_single  # noqa: E402
 from protocol.spec import ModelSpec, RunSpec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402  (NaN -> null: strict JSON)

@@ -25,7 +25,7 @@ serves its payload to the other R−1 members and fetches their R−1 payloads, 
 ``sent = (R−1)·len(own payload)`` and ``received = Σ len(other payloads)``. Per-step data-parallel
 training is not simulated for bytes: a ring all-reduce of fp32 gradients sends (and receives)
 ``2·(R−1)/R · 4 · params`` bytes per peer per step, computed analytically
-(peer/round/byte_models.py).
+(protocol/wire/exchange_bytes.py).
 
 ``train_single`` is the single-process baseline: plain AdamW (the same ``InnerTrainer``) on one
 model, no outer loop.
@@ -46,7 +46,7 @@ from peer.training.roles import FullReplica, SliceOwner
 from peer.outer.engine import RoundEngine, Settled
 from peer.outer.robust import Contributions, sender_names
 from peer.round.handoff import continue_from
-from peer.round.byte_models import allgather_bytes_per_round, allreduce_bytes_per_step
+from protocol.wire.exchange_bytes import allgather_bytes_per_round, allreduce_bytes_per_step
 from peer.outer.strategies import Tensors
 from protocol.model.partial import FULL
 from protocol.spec import RunSpec

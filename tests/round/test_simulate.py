@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from peer.training.data import load_corpus
-from peer.round.byte_models import allgather_bytes_per_round, allreduce_bytes_per_step
+from protocol.wire.exchange_bytes import allgather_bytes_per_round, allreduce_bytes_per_step
 from peer.round.simulate import (
     simulate,
     train_single,
