@@ -34,7 +34,7 @@ import multiprocessing as mp
 import os
 import tempfile
 from collections import OrderedDict
-from typing import AsyncIterator, Callable, Optional, Sequence, Tuple
+from typing import AsyncIterator, Callable, Iterable, Optional, Sequence, Tuple
 
 from hivemind.averaging.averager import AveragingMode, DecentralizedAverager
 from hivemind.averaging.group_info import GroupInfo
@@ -48,7 +48,7 @@ from peer.exchange.bounds import CallLimiter
 from peer.exchange.groups import Group
 from peer.exchange.identity import payload_signer
 from peer.exchange.late_join import LateJoin
-from peer.exchange.matchmaking import count_seats, describe_search, read_gathered, refuse_peers, senders_of, step_outcome
+from peer.exchange.matchmaking import as_peer_ids, count_seats, describe_search, read_gathered, refuse_peers, senders_of, step_outcome
 from peer.exchange.results import GatherResult, base58
 from peer.exchange.ready_notices import ReadyNotices
 from peer.exchange.set_lists import ListServer
@@ -148,6 +148,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         give_up: Optional[Callable[[], bool]] = None, read_latency: float = 0.0,
         last: Tuple[str, Sequence[str]] = ("", ()), refused: Sequence[str] = (),
         senders: bool = False, part: Optional[Part] = None, ready: Optional[Sequence[str]] = None,
+        admitted: Optional[Iterable[str]] = None,
     ) -> Optional[GatherResult]:
         """Find a group of this round and all-gather payloads. None if no group formed in time, or
         if ``give_up`` (asked every ``Timing.give_up_poll_s`` while matchmaking is still looking) says that
@@ -158,7 +159,8 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         ``senders``: a round of at most K a part, where only the members that announce a ``part`` send a
         payload (we do if ``part`` is given: ``matchmaking.senders_of``); else every member sends.
         ``ready``: the peers (base58) the group's target is for, as the round's barrier found them; a
-        member outside them that we lead adds a seat (``matchmaking.count_seats``); None: any member fills one."""
+        member outside them that we lead adds a seat (``matchmaking.count_seats``); None: any member fills one.
+        ``admitted``: the only peers (base58) this matchmaking accepts and follows; None: anyone not refused."""
         sent0, recv0 = self.bytes_sent, self.bytes_received
         future = MPFuture()
         expected = max(1, min(expected_size, self._max_group_size))
@@ -173,6 +175,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
                                                           senders=senders,
                                                           matchmaking_time=wait, request_timeout=request,
                                                           refused=sorted(refused),
+                                                          admitted=None if admitted is None else sorted(admitted),
                                                           ready=None if ready is None else sorted(ready))))
         try:
             future.result(timeout=self.timing.prepare_s)
@@ -195,7 +198,8 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
     # ---- averager-process side: one group's all-gather ----------------------------------------
     async def _prepare_round(self, round_no: int, path: str, expected: int, future: MPFuture,
                              matchmaking_time: float, request_timeout: float, refused: Sequence[str] = (),
-                             senders: bool = False, ready: Optional[Sequence[str]] = None):
+                             senders: bool = False, ready: Optional[Sequence[str]] = None,
+                             admitted: Optional[Sequence[str]] = None):
         try:
             if self.client_mode and not getattr(self, "_serving", False):
                 # hivemind's client mode registers no handlers; members still pull this peer's payload
@@ -215,7 +219,8 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
             mm.target_group_size = mm.potential_leaders.target_group_size = expected
             mm.min_matchmaking_time = mm.potential_leaders.min_matchmaking_time = matchmaking_time
             mm.request_timeout = request_timeout
-            refuse_peers(mm, frozenset(PeerID.from_base58(p) for p in refused))
+            refuse_peers(mm, frozenset(PeerID.from_base58(p) for p in refused),
+                         None if admitted is None else frozenset(as_peer_ids(admitted)))
             if ready is None:  # every member fills a seat
                 count_seats(mm, frozenset(), spare=self._max_group_size, largest=self._max_group_size)
             else:  # the target's seats are for the ready peers (and the pair's spare seat while peers still come)

@@ -1,6 +1,6 @@
 """voloco's side of hivemind's matchmaking (peer/exchange/gatherer.py's gather): each member's
 matchmaking data read back, which members send a payload (``senders_of``), a step's outcome (given up while still looking), a step cancelled
-without a race, the peers it refuses, whom a leader's group target counts (``count_seats``), and what a search still holds. Its
+without a race, the peers it refuses or alone admits, whom a leader's group target counts (``count_seats``), and what a search still holds. Its
 times, stretched on a host whose DHT reads are slow, are ``Timing.matchmaking`` (protocol/round/timing.py)."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import TimeoutError as FuturesTimeout
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from hivemind.averaging.control import AveragingStage
+from hivemind.p2p import PeerID
 
 from hivemind.proto import averaging_pb2
 from hivemind.utils.mpfuture import MPFuture
@@ -92,26 +93,44 @@ def describe_search(mm: Any) -> str:
     return "; ".join(parts)
 
 
-def refuse_peers(mm: Any, refused: FrozenSet[Any]) -> None:
-    """Make hivemind's ``Matchmaking`` ``mm`` refuse ``refused`` (PeerIDs) from now on: a join request
-    from one of them is answered as if this peer were not looking for a group, and a leader among
-    them is passed over (the next potential leader is asked). Each peer decides alone whom it refuses
-    (peer/round/membership.py ``refused``: members that joined its groups and sent nothing); the group
-    is still the leader's list, the same for every member. Installed on the instance once, the set
-    replaced each round (tests/exchange/test_refused_peers.py)."""
-    mm.voloco_refused = refused
+def as_peer_ids(names: Iterable[str]) -> List[Any]:
+    """PeerIDs of ``names`` (base58); a name that is none (a standing table names senders) is skipped."""
+    out = []
+    for name in names:
+        if not name:
+            continue
+        try:
+            out.append(PeerID.from_base58(name))
+        except ValueError:
+            pass
+    return out
+
+
+def refuse_peers(mm: Any, refused: FrozenSet[Any], admitted: Optional[FrozenSet[Any]] = None) -> None:
+    """Make hivemind's ``Matchmaking`` ``mm`` refuse ``refused`` (PeerIDs) from now on, and, unless
+    ``admitted`` is None, every peer outside ``admitted``: a join request from one of them is answered
+    as if this peer were not looking for a group, and a leader among them is passed over (the next
+    potential leader is asked). Each peer decides alone whom it refuses (peer/round/no_show_views.py
+    ``refused``: members that joined its groups and sent nothing; ``admitted``: only peers it knows,
+    while new identities cost its groups too much); the group is still the leader's list, the same for
+    every member. Installed on the instance once, the sets replaced each round
+    (tests/exchange/test_refused_peers.py)."""
+    mm.voloco_refused, mm.voloco_admitted = refused, admitted
     if getattr(mm, "_voloco_refusing", False):
         return
     mm._voloco_refusing = True
     check, join = mm._check_reasons_to_reject, mm._request_join_group
 
+    def shunned(peer) -> bool:
+        return peer in mm.voloco_refused or (mm.voloco_admitted is not None and peer not in mm.voloco_admitted)
+
     def check_reasons_to_reject(request, context):
-        if context.remote_id in mm.voloco_refused:
+        if shunned(context.remote_id):
             return averaging_pb2.MessageFromLeader(code=averaging_pb2.NOT_LOOKING_FOR_GROUP)
         return check(request, context)
 
     async def request_join_group(leader):
-        if leader in mm.voloco_refused:
+        if shunned(leader):
             logger.debug(f"not following {leader}: refused this round")
             return None
         return await join(leader)

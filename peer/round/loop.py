@@ -290,13 +290,13 @@ class RoundLoop:
             # the only others are catching up to an earlier round (a chain stage that cannot link does,
             # again and again): give them the straggler allowance to join, not the whole round_wait
             short = barrier.expected == 1 and barrier.only_syncing
-            give_up = no_group_left(peer, engine.round, time.monotonic(), barrier.gave_up)
             refused = peer.membership.refused(engine.round, barrier.gave_up | barrier.unawaited)
+            give_up = no_group_left(peer, engine.round, time.monotonic(), barrier.gave_up | refused)  # (never met)
             seats = barrier.without(refused)  # the group's target counts the ready peers we do not refuse
             result = peer.gatherer.gather(
                 engine.round, h.payload, start_hash=start_hash, expected_size=seats.gather_size,
                 timeout=peer.membership.straggler_allowance() if short else peer.membership.timing.round_wait_s,
-                give_up=give_up, refused=refused, ready=seats.ready,
+                give_up=give_up, refused=refused, admitted=peer.membership.admitted(), ready=seats.ready,
                 read_latency=peer.membership.read_latency(),
                 last=union.announce(self._last_round, engine), **draw.senders(engine, start_hash, h.payload, peer.peer_id),
             )

@@ -1,18 +1,24 @@
 """Whom this peer waits for and matches with, from what the round's groups and barriers saw: strikes
 for peers waited for in vain (the barrier's ledger), strikes for groupmates that sent nothing or held
-our requests (the matchmaking's refusals), and the budget for strangers (protocol/round/no_shows.py).
+our requests (the matchmaking's refusals), the budget for waits for strangers, and the budget for the
+time strangers cost in our groups (protocol/round/no_shows.py ``WaitBudget``, both).
 A mixin of peer/round/membership.py's ``Membership``, which owns the ledgers; guarded by
 tests/round/test_rejoin.py."""
 
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Set
+import time
+from typing import Iterable, Optional, Set
 
 from peer.round.start_waits import names as _names
 from swarm.records import PeerView
 
 logger = logging.getLogger("voloco.peer")
+
+# the most a stranger's cost in our groups is remembered: a gather can last this many slots (its
+# agreement rounds and their fetches), so one held to the end is charged in full
+STRANGER_DEBT_SLOTS = 6
 
 
 class NoShows:
@@ -30,6 +36,7 @@ class NoShows:
         refused by every member it held (tests/round/test_rejoin.py)."""
         silent = set(silent) - {self.peer_id}  # (a generator: read once)
         held = set(held) - {self.peer_id} - silent
+        strangers = {p for p in silent | held if self.wait_budget.stranger(p)}  # before anything marks them met
         senders = set(senders) - {self.peer_id}
         self._came.setdefault(round_no, set()).update(senders)
         self.wait_budget.met(senders)
@@ -44,16 +51,47 @@ class NoShows:
             if struck:
                 until = {p: self.silent.missed(p, round_no + 1) for p in struck}  # judged for the next round's matchmaking
                 logger.info(f"round {round_no}: not matching with {_names(struck)} until round {min(until.values())}: {why}")
+        if strangers:
+            self._charge_strangers(round_no, strangers)
         self._refresh_no_shows(round_no)
+
+    def _charge_strangers(self, round_no: int, strangers: Set[str]) -> None:
+        """New identities (``strangers``: never seen to come, no standing) joined our group and sent
+        nothing or held our requests: the whole exchange's time is charged to ``stranger_seats``, which
+        refills at ``Timing.vain_wait_share`` of wall time; while it is in debt, our matchmaking admits
+        no stranger (``refused``, ``admitted``). A new identity every round cannot be struck, and can
+        always hold a group it is in to its deadlines; this keeps what such identities cost to that share
+        of any window plus one exchange (tests/round/test_rejoin.py::test_strangers_that_cost_our_group_time_keep_strangers_out_for_a_share_of_it)."""
+        now = time.monotonic()
+        began = self.exchange_began if self.exchange_began is not None else now
+        cost = max(0.0, now - began)
+        self.stranger_seats.spend(cost, now, self.straggler_allowance(), debt_s=STRANGER_DEBT_SLOTS * self.timing.gather_slot_s)
+        if not self.admits_strangers():
+            out = -self.stranger_seats.balance / self.stranger_seats.share
+            logger.info(f"round {round_no}: {_names(strangers)}, new to us, joined our group and sent nothing "
+                        f"({cost:.0f} s): matching with no new identity for about {out:.0f} s")
+
+    def admits_strangers(self) -> bool:
+        """Whether our matchmaking admits strangers now: ``stranger_seats`` holds time (``_charge_strangers``)."""
+        return self.stranger_seats.grant(time.monotonic(), self.straggler_allowance()) > 0
+
+    def admitted(self) -> Optional[frozenset]:
+        """The only peers our matchmaking accepts and follows now: None (anyone not ``refused``) while it
+        admits strangers, else every peer that is none (seen to come, or with standing), ourselves included."""
+        return None if self.admits_strangers() else self.wait_budget.known() | {self.peer_id}
 
     def refused(self, round_no: int, unawaited: Iterable[str] = ()) -> frozenset:
         """The peers this peer's matchmaking of ``round_no`` neither accepts nor follows: groupmates that
         sent nothing or held our requests, for their refusal's period (``came_in``), and past it while this
         round's barrier does not wait for them (a no-show, or ``unawaited``: given up on or not waited for),
         which would otherwise take a seat in our group and hold it a grace
-        (tests/round/test_rejoin.py::test_a_silent_groupmate_the_barrier_does_not_wait_for_takes_no_seat)."""
+        (tests/round/test_rejoin.py::test_a_silent_groupmate_the_barrier_does_not_wait_for_takes_no_seat);
+        and every stranger in our view while ``admits_strangers`` says no."""
         not_awaited = self.ledger.skipped(round_no) | set(unawaited)
-        return frozenset(self.silent.skipped(round_no) | {p for p in not_awaited if self.silent.strikes(p)})
+        out = self.silent.skipped(round_no) | {p for p in not_awaited if self.silent.strikes(p)}
+        if not self.admits_strangers():  # the strangers in our view take no seat either (``_charge_strangers``)
+            out |= {v.peer_id for v in self.view() if v.peer_id != self.peer_id and self.wait_budget.stranger(v.peer_id)}
+        return frozenset(out)
 
     def missed(self, peers: Iterable[str], round_no: int) -> None:
         """``peers`` were waited for in vain in ``round_no`` (by the barrier or the merge): a strike each."""

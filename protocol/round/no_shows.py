@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Container, Dict, Iterable, Set, Tuple
+from typing import Container, Dict, FrozenSet, Iterable, Optional, Set, Tuple
 
 from protocol.round.timing import Timing
 
@@ -233,8 +233,12 @@ class WaitBudget:
         self._accrue(now, cap_s)
         return min(cap_s, max(0.0, self.balance))
 
-    def spend(self, seconds: float, now: float, cap_s: float) -> None:
+    def spend(self, seconds: float, now: float, cap_s: float, debt_s: Optional[float] = None) -> None:
         """``seconds`` were waited in vain for strangers (the barrier ended without them): spent, down
-        to a debt of one allowance (waits in our first round, not limited, are paid later)."""
+        to a debt of ``debt_s`` (default one allowance; waits in our first round, not limited, are paid later)."""
         self._accrue(now, cap_s)
-        self.balance = max(-cap_s, self.balance - max(0.0, seconds))
+        self.balance = max(-(cap_s if debt_s is None else debt_s), self.balance - max(0.0, seconds))
+
+    def known(self) -> FrozenSet[str]:
+        """Every peer that is no stranger: seen to come, or with standing in our lineage."""
+        return frozenset(self._met) | frozenset(self._lineage)

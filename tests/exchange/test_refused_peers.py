@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from hivemind.p2p import PeerID
 from hivemind.proto import averaging_pb2
 
-from peer.exchange.matchmaking import refuse_peers
+from peer.exchange.matchmaking import as_peer_ids, refuse_peers
 from protocol.wire.signed import Signer
 
 
@@ -46,3 +46,22 @@ def test_a_refused_peer_is_neither_accepted_nor_followed_and_the_set_is_replaced
     refuse_peers(mm, frozenset())
     assert mm._check_reasons_to_reject(None, SimpleNamespace(remote_id=silent)) is None
     assert asyncio.run(mm._request_join_group(silent)) == "group"
+
+
+def test_with_an_admitted_list_only_its_peers_are_accepted_or_followed():
+    # while new identities cost our groups too much (peer/round/no_show_views.py ``admitted``)
+    mm, known, stranger = FakeMatchmaking(), peer_id(), peer_id()
+    refuse_peers(mm, frozenset(), frozenset({known}))
+    assert mm._check_reasons_to_reject(None, SimpleNamespace(remote_id=stranger)).code == averaging_pb2.NOT_LOOKING_FOR_GROUP
+    assert asyncio.run(mm._request_join_group(stranger)) is None
+    assert mm._check_reasons_to_reject(None, SimpleNamespace(remote_id=known)) is None
+    assert asyncio.run(mm._request_join_group(known)) == "group"
+    refuse_peers(mm, frozenset({known}), frozenset({known}))  # refused wins over admitted
+    assert asyncio.run(mm._request_join_group(known)) is None
+    refuse_peers(mm, frozenset())  # the next round admits anyone again
+    assert asyncio.run(mm._request_join_group(stranger)) == "group" and mm.joined == [known, stranger]
+
+
+def test_names_that_are_no_peer_ids_are_skipped():
+    known = peer_id()
+    assert as_peer_ids([known.to_base58(), "chain:stage-1", ""]) == [known]

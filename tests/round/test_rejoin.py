@@ -301,3 +301,44 @@ def test_early_close_does_not_count_the_claims_no_barrier_waits_for(monkeypatch,
     assert m.unawaited(views) == {"s", "x"}
     assert not most_are_done(views, "me", 7)  # one ready against three training
     assert most_are_done(views, "me", 7, m.unawaited(views))  # one ready against "b" alone
+
+
+def test_strangers_that_cost_our_group_time_keep_strangers_out_for_a_share_of_it(monkeypatch, clock):
+    # a new identity every round joins our group and holds it (bench/hostile.py --attacks silent-fresh):
+    # no strike reaches the next one, so the time they cost is charged, and while it is owed our
+    # matchmaking admits no stranger: only peers seen to come (or with standing), and ourselves
+    m = barrier(monkeypatch, clock, lambda m: [view("me", 9), view("a", 9), view("x2", 9)])
+    m.came_in(8, {"a"})
+    assert m.admits_strangers() and m.admitted() is None and m.refused(9) == set()
+    m.exchange_began = clock.now
+    clock.now += 20.0  # the exchange the stranger x1 held
+    m.came_in(9, {"a"}, silent={"x1"})
+    assert not m.admits_strangers()
+    assert m.refused(10) == {"x1", "x2"} and m.admitted() == {"a", "me"}  # x1 struck; x2: a stranger in our view
+    assert Barrier(expected=3, alone=False, behind=False, ready=frozenset({"a", "x2"})).without(m.refused(10)).ready == {"a"}
+    # owed: 20 s less what the budget held (one straggler allowance), refilled at vain_wait_share of wall time
+    owed = (20.0 - m.straggler_allowance()) / Timing.vain_wait_share
+    clock.now += owed - 1.0
+    assert not m.admits_strangers()
+    clock.now += 2.0
+    assert m.admits_strangers() and m.admitted() is None and m.refused(12) == set()
+    # a peer we know that sends nothing is struck as ever, and costs no stranger any seat
+    m.exchange_began = clock.now
+    clock.now += 20.0
+    m.came_in(12, set(), silent={"a"})
+    assert m.admits_strangers() and m.refused(13) == {"a"}
+
+
+def test_a_new_silent_identity_every_round_costs_a_bounded_share_of_any_window(monkeypatch, clock):
+    # rounds of 10 s; whenever our matchmaking admits strangers, a new one joins and holds the exchange 20 s
+    m = barrier(monkeypatch, clock, lambda m: [view("me", 0)])
+    start, held = clock.now, 0.0
+    for r in range(400):
+        m.exchange_began = clock.now
+        cost = 20.0 if m.admits_strangers() else 0.0
+        clock.now += 10.0 + cost
+        held += cost
+        m.came_in(r, set(), silent={f"x{r}"} if cost else set())
+    window = clock.now - start
+    assert held / window <= Timing.vain_wait_share * 1.35  # each charge is the whole exchange: 30 s for 20 held
+    assert held > 0  # strangers are admitted again once the budget holds time
