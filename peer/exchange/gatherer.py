@@ -148,7 +148,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         give_up: Optional[Callable[[], bool]] = None, read_latency: float = 0.0,
         last: Tuple[str, Sequence[str]] = ("", ()), refused: Sequence[str] = (),
         senders: bool = False, part: Optional[Part] = None, ready: Optional[Sequence[str]] = None,
-        admitted: Optional[Iterable[str]] = None,
+        admitted: Optional[Iterable[str]] = None, leaders: Optional[Iterable[str]] = None,
     ) -> Optional[GatherResult]:
         """Find a group of this round and all-gather payloads. None if no group formed in time, or
         if ``give_up`` (asked every ``Timing.give_up_poll_s`` while matchmaking is still looking) says that
@@ -160,7 +160,8 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         payload (we do if ``part`` is given: ``matchmaking.senders_of``); else every member sends.
         ``ready``: the peers (base58) the group's target is for, as the round's barrier found them; a
         member outside them that we lead adds a seat (``matchmaking.count_seats``); None: any member fills one.
-        ``admitted``: the only peers (base58) this matchmaking accepts and follows; None: anyone not refused."""
+        ``admitted``: the only peers (base58) this matchmaking accepts and follows, ``leaders`` the only ones it
+        follows; None: anyone not refused."""
         sent0, recv0 = self.bytes_sent, self.bytes_received
         future = MPFuture()
         expected = max(1, min(expected_size, self._max_group_size))
@@ -176,6 +177,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
                                                           matchmaking_time=wait, request_timeout=request,
                                                           refused=sorted(refused),
                                                           admitted=None if admitted is None else sorted(admitted),
+                                                          leaders=None if leaders is None else sorted(leaders),
                                                           ready=None if ready is None else sorted(ready))))
         try:
             future.result(timeout=self.timing.prepare_s)
@@ -199,7 +201,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
     async def _prepare_round(self, round_no: int, path: str, expected: int, future: MPFuture,
                              matchmaking_time: float, request_timeout: float, refused: Sequence[str] = (),
                              senders: bool = False, ready: Optional[Sequence[str]] = None,
-                             admitted: Optional[Sequence[str]] = None):
+                             admitted: Optional[Sequence[str]] = None, leaders: Optional[Sequence[str]] = None):
         try:
             if self.client_mode and not getattr(self, "_serving", False):
                 # hivemind's client mode registers no handlers; members still pull this peer's payload
@@ -220,7 +222,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
             mm.min_matchmaking_time = mm.potential_leaders.min_matchmaking_time = matchmaking_time
             mm.request_timeout = request_timeout
             refuse_peers(mm, frozenset(PeerID.from_base58(p) for p in refused),
-                         None if admitted is None else frozenset(as_peer_ids(admitted)))
+                         *(None if names is None else frozenset(as_peer_ids(names)) for names in (admitted, leaders)))
             if ready is None:  # every member fills a seat
                 count_seats(mm, frozenset(), spare=self._max_group_size, largest=self._max_group_size)
             else:  # the target's seats are for the ready peers (and the pair's spare seat while peers still come)

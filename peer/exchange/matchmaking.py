@@ -106,16 +106,18 @@ def as_peer_ids(names: Iterable[str]) -> List[Any]:
     return out
 
 
-def refuse_peers(mm: Any, refused: FrozenSet[Any], admitted: Optional[FrozenSet[Any]] = None) -> None:
+def refuse_peers(mm: Any, refused: FrozenSet[Any], admitted: Optional[FrozenSet[Any]] = None,
+                 leaders: Optional[FrozenSet[Any]] = None) -> None:
     """Make hivemind's ``Matchmaking`` ``mm`` refuse ``refused`` (PeerIDs) from now on, and, unless
     ``admitted`` is None, every peer outside ``admitted``: a join request from one of them is answered
     as if this peer were not looking for a group, and a leader among them is passed over (the next
-    potential leader is asked). Each peer decides alone whom it refuses (peer/round/no_show_views.py
-    ``refused``: members that joined its groups and sent nothing; ``admitted``: only peers it knows,
-    while new identities cost its groups too much); the group is still the leader's list, the same for
-    every member. Installed on the instance once, the sets replaced each round
+    potential leader is asked), as is a leader outside ``leaders`` (unless None). Each peer decides
+    alone whom it refuses (peer/round/no_show_views.py ``refused``: members that joined its groups and
+    sent nothing; ``admitted``: only peers it knows, while new identities cost its groups too much;
+    ``leaders``: only peers it knows, while one of them is ready); the group is still the leader's
+    list, the same for every member. Installed on the instance once, the sets replaced each round
     (tests/exchange/test_refused_peers.py)."""
-    mm.voloco_refused, mm.voloco_admitted = refused, admitted
+    mm.voloco_refused, mm.voloco_admitted, mm.voloco_leaders = refused, admitted, leaders
     if getattr(mm, "_voloco_refusing", False):
         return
     mm._voloco_refusing = True
@@ -129,8 +131,8 @@ def refuse_peers(mm: Any, refused: FrozenSet[Any], admitted: Optional[FrozenSet[
             return averaging_pb2.MessageFromLeader(code=averaging_pb2.NOT_LOOKING_FOR_GROUP)
         return check(request, context)
 
-    async def request_join_group(leader):
-        if shunned(leader):
+    async def request_join_group(leader):  # (hivemind's redirect to a suggested leader comes through here too)
+        if shunned(leader) or (mm.voloco_leaders is not None and leader not in mm.voloco_leaders):
             logger.debug(f"not following {leader}: refused this round")
             return None
         return await join(leader)

@@ -270,7 +270,7 @@ class RoundLoop:
         peer = self.peer
         engine = peer.engine
         last = peer.totals.history[-1] if peer.totals.history else None
-        mates = set(last.group) - {peer.peer_id} if last is not None and last.round == engine.round else set()
+        mates = last.mates(peer.peer_id) if last is not None and last.round == engine.round else set()
         # with K a part, only peers that may send are waited for (here and in the merge)
         barrier = peer.membership.wait_for_round(engine.round, mates, first_round=peer.totals.rounds == 0,
                                                  known=engine.standing, awaited=draw.awaited(engine, engine.params_hash()),
@@ -297,7 +297,7 @@ class RoundLoop:
                 engine.round, h.payload, start_hash=start_hash, expected_size=seats.gather_size,
                 timeout=peer.membership.straggler_allowance() if short else peer.membership.timing.round_wait_s,
                 give_up=give_up, refused=refused, admitted=peer.membership.admitted(), ready=seats.ready,
-                read_latency=peer.membership.read_latency(),
+                leaders=peer.membership.leaders(barrier.ready), read_latency=peer.membership.read_latency(),
                 last=union.announce(self._last_round, engine), **draw.senders(engine, start_hash, h.payload, peer.peer_id),
             )
             # given up while matchmaking (give_up.fired): our payload went nowhere and only a set of our

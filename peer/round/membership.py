@@ -320,7 +320,9 @@ class Membership(NoShows, StartWaits):
         cap = self.straggler_allowance()
         # at least one read of the view (its interval, and a read's latency for the store of a "ready"
         # to land): a stranger ready a read after the others is still seen
-        budget = max(self.wait_budget.grant(start, cap), min(cap, self.read_interval() + self.read_latency()))
+        # (while our matchmaking refuses strangers, none is worth a wait: no_show_views.py ``admits_strangers``)
+        grant = self.wait_budget.grant(start, cap) if self.admits_strangers() else 0.0
+        budget = max(grant, min(cap, self.read_interval() + self.read_latency()))
         deadline = start + self.timing.round_wait_s
         busy = ("training", "waiting") if first_round else ("training",)
         try:

@@ -65,20 +65,32 @@ class NoShows:
         now = time.monotonic()
         began = self.exchange_began if self.exchange_began is not None else now
         cost = max(0.0, now - began)
-        self.stranger_seats.spend(cost, now, self.straggler_allowance(), debt_s=STRANGER_DEBT_SLOTS * self.timing.gather_slot_s)
-        if not self.admits_strangers():
-            out = -self.stranger_seats.balance / self.stranger_seats.share
-            logger.info(f"round {round_no}: {_names(strangers)}, new to us, joined our group and sent nothing "
-                        f"({cost:.0f} s): matching with no new identity for about {out:.0f} s")
+        # it holds no time in advance (a cap of 0): the first such exchange already keeps strangers out
+        self.stranger_seats.spend(cost, now, 0.0, debt_s=STRANGER_DEBT_SLOTS * self.timing.gather_slot_s)
+        out = self.stranger_seats.owed(now, 0.0) / self.stranger_seats.share
+        logger.info(f"round {round_no}: {_names(strangers)}, new to us, joined our group and sent nothing "
+                    f"({cost:.0f} s): matching with no new identity for about {out:.0f} s")
 
     def admits_strangers(self) -> bool:
-        """Whether our matchmaking admits strangers now: ``stranger_seats`` holds time (``_charge_strangers``)."""
-        return self.stranger_seats.grant(time.monotonic(), self.straggler_allowance()) > 0
+        """Whether our matchmaking admits strangers now: ``stranger_seats`` owes nothing (``_charge_strangers``)."""
+        return self.stranger_seats.owed(time.monotonic(), 0.0) <= 0.0
 
     def admitted(self) -> Optional[frozenset]:
         """The only peers our matchmaking accepts and follows now: None (anyone not ``refused``) while it
         admits strangers, else every peer that is none (seen to come, or with standing), ourselves included."""
         return None if self.admits_strangers() else self.wait_budget.known() | {self.peer_id}
+
+    def leaders(self, ready: Iterable[str]) -> Optional[frozenset]:
+        """The only peers our matchmaking follows as a leader: while a peer we know (seen to come, or with
+        standing) is ready for the round, the peers we know, ourselves included; None (anyone not refused)
+        otherwise, as at a run's start. A leader decides its group alone: a new identity that leads can
+        close it at whatever size suits it, leaving ready honest peers out of the round (their update
+        waits, and they fall behind the others). We still accept strangers as followers, and a stranger
+        that leads can still gather strangers; one we pass over that is honest re-declares itself once
+        its own matchmaking time is over and follows the leader we chose
+        (tests/round/test_rejoin.py::test_a_stranger_leads_no_peer_that_knows_a_ready_peer)."""
+        known = self.wait_budget.known()
+        return known | {self.peer_id} if known & set(ready) else None
 
     def refused(self, round_no: int, unawaited: Iterable[str] = ()) -> frozenset:
         """The peers this peer's matchmaking of ``round_no`` neither accepts nor follows: groupmates that

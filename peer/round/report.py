@@ -6,10 +6,11 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 import torch
 
+from protocol.round import reconcile
 from swarm.cpu_meter import HelperCpu
 from swarm.console import human_bytes
 from swarm.jsonout import write_atomic
@@ -51,6 +52,13 @@ class RoundRecord:
     # when the round ended (Unix time, this host's clock): successive records' ``ended`` give the
     # rounds' period, what a run's rounds per hour follow (``seconds`` overlaps the next round's steps)
     ended: float = 0.0
+
+    def mates(self, me: str) -> Set[str]:
+        """The round's groupmates, as the next barrier waits for them and a lineage counts them: every
+        member but ``me`` and those excluded for sending nothing in time (struck and refused in
+        matchmaking: a new identity that joined only to hold the group would otherwise be waited for
+        the whole allowance the next round, and be no stranger; tests/round/test_rejoin.py)."""
+        return set(self.group) - {me} - {m for m, why in self.excluded.items() if why == reconcile.SILENT}
 
 
 class RoundMeters:

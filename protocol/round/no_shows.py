@@ -239,6 +239,11 @@ class WaitBudget:
         self._accrue(now, cap_s)
         self.balance = max(-(cap_s if debt_s is None else debt_s), self.balance - max(0.0, seconds))
 
+    def owed(self, now: float, cap_s: float) -> float:
+        """How far in debt the budget is at ``now`` (0 while it holds time; at most ``cap_s`` held)."""
+        self._accrue(now, cap_s)
+        return max(0.0, -self.balance)
+
     def known(self) -> FrozenSet[str]:
         """Every peer that is no stranger: seen to come, or with standing in our lineage."""
         return frozenset(self._met) | frozenset(self._lineage)

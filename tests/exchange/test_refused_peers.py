@@ -65,3 +65,13 @@ def test_with_an_admitted_list_only_its_peers_are_accepted_or_followed():
 def test_names_that_are_no_peer_ids_are_skipped():
     known = peer_id()
     assert as_peer_ids([known.to_base58(), "chain:stage-1", ""]) == [known]
+
+
+def test_a_leader_outside_the_leaders_is_passed_over_but_still_accepted_as_a_follower():
+    mm, known, stranger = FakeMatchmaking(), peer_id(), peer_id()
+    refuse_peers(mm, frozenset(), None, frozenset({known}))
+    assert asyncio.run(mm._request_join_group(stranger)) is None
+    assert asyncio.run(mm._request_join_group(known)) == "group" and mm.joined == [known]
+    assert mm._check_reasons_to_reject(None, SimpleNamespace(remote_id=stranger)) is None
+    refuse_peers(mm, frozenset())
+    assert asyncio.run(mm._request_join_group(stranger)) == "group"
