@@ -222,7 +222,8 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
             mm.min_matchmaking_time = mm.potential_leaders.min_matchmaking_time = matchmaking_time
             mm.request_timeout = request_timeout
             refuse_peers(mm, frozenset(PeerID.from_base58(p) for p in refused),
-                         *(None if names is None else frozenset(as_peer_ids(names)) for names in (admitted, leaders)))
+                         *(None if names is None else frozenset(as_peer_ids(names)) for names in (admitted, leaders)),
+                         leaders_for=matchmaking_time)  # then newcomers left over pair with whoever leads
             if ready is None:  # every member fills a seat
                 count_seats(mm, frozenset(), spare=self._max_group_size, largest=self._max_group_size)
             else:  # the target's seats are for the ready peers (and the pair's spare seat while peers still come)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
@@ -107,17 +108,20 @@ def as_peer_ids(names: Iterable[str]) -> List[Any]:
 
 
 def refuse_peers(mm: Any, refused: FrozenSet[Any], admitted: Optional[FrozenSet[Any]] = None,
-                 leaders: Optional[FrozenSet[Any]] = None) -> None:
+                 leaders: Optional[FrozenSet[Any]] = None, leaders_for: float = float("inf")) -> None:
     """Make hivemind's ``Matchmaking`` ``mm`` refuse ``refused`` (PeerIDs) from now on, and, unless
     ``admitted`` is None, every peer outside ``admitted``: a join request from one of them is answered
     as if this peer were not looking for a group, and a leader among them is passed over (the next
-    potential leader is asked), as is a leader outside ``leaders`` (unless None). Each peer decides
+    potential leader is asked), as is a leader outside ``leaders`` (unless None) for the next
+    ``leaders_for`` seconds (a leader passed over is asked again only once it declares itself anew,
+    as hivemind's leaders do when their matchmaking time is over). Each peer decides
     alone whom it refuses (peer/round/no_show_views.py ``refused``: members that joined its groups and
     sent nothing; ``admitted``: only peers it knows, while new identities cost its groups too much;
     ``leaders``: only peers it knows, while one of them is ready); the group is still the leader's
     list, the same for every member. Installed on the instance once, the sets replaced each round
     (tests/exchange/test_refused_peers.py)."""
     mm.voloco_refused, mm.voloco_admitted, mm.voloco_leaders = refused, admitted, leaders
+    mm.voloco_leaders_until = time.monotonic() + leaders_for
     if getattr(mm, "_voloco_refusing", False):
         return
     mm._voloco_refusing = True
@@ -132,7 +136,8 @@ def refuse_peers(mm: Any, refused: FrozenSet[Any], admitted: Optional[FrozenSet[
         return check(request, context)
 
     async def request_join_group(leader):  # (hivemind's redirect to a suggested leader comes through here too)
-        if shunned(leader) or (mm.voloco_leaders is not None and leader not in mm.voloco_leaders):
+        if shunned(leader) or (mm.voloco_leaders is not None and leader not in mm.voloco_leaders
+                               and time.monotonic() < mm.voloco_leaders_until):
             logger.debug(f"not following {leader}: refused this round")
             return None
         return await join(leader)

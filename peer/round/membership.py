@@ -92,7 +92,6 @@ class Membership(NoShows, StartWaits):
         self.silent = NoShowLedger.from_timing(self.timing)
         # the time strangers cost in our groups: while in debt, our matchmaking admits none (no_show_views.py)
         self.stranger_seats = WaitBudget(self.timing.vain_wait_share, 0)
-        self.exchange_began: Optional[float] = None  # when the last barrier ended: the exchange's start
         self._waited: Set[str] = set()  # whom the last barrier gave up waiting for
         self._waited_round = -1  # ... in which round
         self._waited_steps: Dict[str, int] = {}  # ... at which inner step of it
@@ -330,7 +329,6 @@ class Membership(NoShows, StartWaits):
             return self._barrier(round_no, mates, busy, start, cap, budget, deadline, awaited, asks)
         finally:
             self.waiting_for_strangers.clear()  # whatever ended the wait, an exception included
-            self.exchange_began = time.monotonic()
 
     def _barrier(self, round_no: int, mates: Set[str], busy: tuple, start: float, cap: float, budget: float,
                  deadline: float, awaited: Optional[Callable[[str, Progress], bool]] = None,

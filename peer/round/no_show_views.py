@@ -24,7 +24,8 @@ STRANGER_DEBT_SLOTS = 6
 class NoShows:
     """``Membership``'s strikes and refusals (see the module docstring)."""
 
-    def came_in(self, round_no: int, senders: Iterable[str], silent: Iterable[str] = (), held: Iterable[str] = ()) -> None:
+    def came_in(self, round_no: int, senders: Iterable[str], silent: Iterable[str] = (), held: Iterable[str] = (),
+                cost_s: float = 0.0) -> None:
         """The senders whose signed payload is in this peer's union of round ``round_no``: they came
         (the next barrier does not strike them, and a single strike of theirs is over). ``silent``:
         groupmates the gather excluded for sending nothing in time (alike on every member); ``held``:
@@ -33,7 +34,8 @@ class NoShows:
         peer's own judgement). A strike each in ``self.silent``; this peer's matchmaking refuses them
         meanwhile (``refused``), so one that joins groups only to stall them costs a grace per skip
         period, not per round; one that serves its payload to some members and holds the others is
-        refused by every member it held (tests/round/test_rejoin.py)."""
+        refused by every member it held (tests/round/test_rejoin.py). ``cost_s``: how long the round's
+        matchmaking and gather took, charged when a stranger among them held it (``_charge_strangers``)."""
         silent = set(silent) - {self.peer_id}  # (a generator: read once)
         held = set(held) - {self.peer_id} - silent
         strangers = {p for p in silent | held if self.wait_budget.stranger(p)}  # before anything marks them met
@@ -52,19 +54,17 @@ class NoShows:
                 until = {p: self.silent.missed(p, round_no + 1) for p in struck}  # judged for the next round's matchmaking
                 logger.info(f"round {round_no}: not matching with {_names(struck)} until round {min(until.values())}: {why}")
         if strangers:
-            self._charge_strangers(round_no, strangers)
+            self._charge_strangers(round_no, strangers, cost_s)
         self._refresh_no_shows(round_no)
 
-    def _charge_strangers(self, round_no: int, strangers: Set[str]) -> None:
+    def _charge_strangers(self, round_no: int, strangers: Set[str], cost: float) -> None:
         """New identities (``strangers``: never seen to come, no standing) joined our group and sent
-        nothing or held our requests: the whole exchange's time is charged to ``stranger_seats``, which
+        nothing or held our requests: the matchmaking's and gather's time (``cost``) is charged to ``stranger_seats``, which
         refills at ``Timing.vain_wait_share`` of wall time; while it is in debt, our matchmaking admits
         no stranger (``refused``, ``admitted``). A new identity every round cannot be struck, and can
         always hold a group it is in to its deadlines; this keeps what such identities cost to that share
         of any window plus one exchange (tests/round/test_rejoin.py::test_strangers_that_cost_our_group_time_keep_strangers_out_for_a_share_of_it)."""
-        now = time.monotonic()
-        began = self.exchange_began if self.exchange_began is not None else now
-        cost = max(0.0, now - began)
+        now, cost = time.monotonic(), max(0.0, cost)
         # it holds no time in advance (a cap of 0): the first such exchange already keeps strangers out
         self.stranger_seats.spend(cost, now, 0.0, debt_s=STRANGER_DEBT_SLOTS * self.timing.gather_slot_s)
         out = self.stranger_seats.owed(now, 0.0) / self.stranger_seats.share
@@ -85,9 +85,10 @@ class NoShows:
         standing) is ready for the round, the peers we know, ourselves included; None (anyone not refused)
         otherwise, as at a run's start. A leader decides its group alone: a new identity that leads can
         close it at whatever size suits it, leaving ready honest peers out of the round (their update
-        waits, and they fall behind the others). We still accept strangers as followers, and a stranger
-        that leads can still gather strangers; one we pass over that is honest re-declares itself once
-        its own matchmaking time is over and follows the leader we chose
+        waits, and they fall behind the others). The matchmaking applies it for its first matchmaking
+        time only (peer/exchange/matchmaking.py ``refuse_peers``): long enough to find a leader we know
+        that is looking, and no longer, so that newcomers left over (groups full, or the peers we know
+        all in groups) still pair with whoever leads. We still accept strangers as followers
         (tests/round/test_rejoin.py::test_a_stranger_leads_no_peer_that_knows_a_ready_peer)."""
         known = self.wait_budget.known()
         return known | {self.peer_id} if known & set(ready) else None

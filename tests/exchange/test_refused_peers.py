@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from hivemind.p2p import PeerID
 from hivemind.proto import averaging_pb2
 
+from peer.exchange import matchmaking
 from peer.exchange.matchmaking import as_peer_ids, refuse_peers
 from protocol.wire.signed import Signer
 
@@ -67,11 +68,14 @@ def test_names_that_are_no_peer_ids_are_skipped():
     assert as_peer_ids([known.to_base58(), "chain:stage-1", ""]) == [known]
 
 
-def test_a_leader_outside_the_leaders_is_passed_over_but_still_accepted_as_a_follower():
-    mm, known, stranger = FakeMatchmaking(), peer_id(), peer_id()
-    refuse_peers(mm, frozenset(), None, frozenset({known}))
+def test_a_leader_outside_the_leaders_is_passed_over_for_a_while_but_always_accepted_as_a_follower(monkeypatch):
+    mm, known, stranger, now = FakeMatchmaking(), peer_id(), peer_id(), [100.0]
+    monkeypatch.setattr(matchmaking, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    refuse_peers(mm, frozenset(), None, frozenset({known}), leaders_for=3.0)
     assert asyncio.run(mm._request_join_group(stranger)) is None
     assert asyncio.run(mm._request_join_group(known)) == "group" and mm.joined == [known]
     assert mm._check_reasons_to_reject(None, SimpleNamespace(remote_id=stranger)) is None
+    now[0] += 3.5  # its first matchmaking time over: a newcomer left over pairs with whoever leads
+    assert asyncio.run(mm._request_join_group(stranger)) == "group"
     refuse_peers(mm, frozenset())
     assert asyncio.run(mm._request_join_group(stranger)) == "group"
