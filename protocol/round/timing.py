@@ -38,7 +38,8 @@ class Timing:
     most this share of wall time over any window, plus one allowance (protocol/round/no_shows.py's
     ``WaitBudget``): a new stalling identity every round stretches rounds about 1.11x in the steady
     state, plus one allowance over any window (measured 1.21x over 5 rounds; at a fifth, 1.27x:
-    bench/RESULTS.md)."""
+    bench/RESULTS.md). The same share refills the budget for the time strangers cost in a peer's groups
+    (peer/round/no_show_views.py ``_charge_strangers``)."""
     budget_after_rounds: int = 1
     """... from this peer's this many concluded rounds on: at a run's start, or a restart, everyone is
     a stranger to it, and is waited for the whole allowance in its first round."""
