@@ -138,7 +138,7 @@ def refuse_peers(mm: Any, refused: FrozenSet[Any], admitted: Optional[FrozenSet[
     async def request_join_group(leader):  # (hivemind's redirect to a suggested leader comes through here too)
         if shunned(leader) or (mm.voloco_leaders is not None and leader not in mm.voloco_leaders
                                and time.monotonic() < mm.voloco_leaders_until):
-            logger.debug(f"not following {leader}: refused this round")
+            logger.debug(f"not following {leader}: refused this round, or not a leader we know")
             return None
         return await join(leader)
 

@@ -62,8 +62,10 @@ class NoShows:
         nothing or held our requests: the matchmaking's and gather's time (``cost``) is charged to ``stranger_seats``, which
         refills at ``Timing.vain_wait_share`` of wall time; while it is in debt, our matchmaking admits
         no stranger (``refused``, ``admitted``). A new identity every round cannot be struck, and can
-        always hold a group it is in to its deadlines; this keeps what such identities cost to that share
-        of any window plus one exchange (tests/round/test_rejoin.py::test_strangers_that_cost_our_group_time_keep_strangers_out_for_a_share_of_it)."""
+        always hold a group it is in to its deadlines; this keeps what the strangers we let in cost to that
+        share of any window plus one exchange (a leader that still admits them can let one into a group of
+        ours meanwhile, and then owes as well; docs/trust.md)
+        (tests/round/test_rejoin.py::test_strangers_that_cost_our_group_time_keep_strangers_out_for_a_share_of_it)."""
         now, cost = time.monotonic(), max(0.0, cost)
         # it holds no time in advance (a cap of 0): the first such exchange already keeps strangers out
         self.stranger_seats.spend(cost, now, 0.0, debt_s=STRANGER_DEBT_SLOTS * self.timing.gather_slot_s)
