@@ -117,12 +117,11 @@ LyingGatherer.__name__ = LyingGatherer.__qualname__ = "PayloadGatherer"  # hivem
 
 def take_part(spec, liars: List[Tuple[DHT, LyingGatherer]], rounds: int,
               renew: Optional[Callable[[], List[Tuple[DHT, LyingGatherer]]]] = None,
-              announce_ready: bool = True, follow: bool = False) -> None:
+              announce_ready: bool = True) -> None:
     """Pose, all together, as members of each of the next ``rounds`` rounds the honest peers train;
     ``renew``: new identities for every round after the first (the old ones shut down; ``liars`` is
     updated in place, so the caller shuts down whichever run at the end); ``announce_ready``: whether
-    their records say "ready" before they gather; ``follow``: whether they look for a group only once
-    the honest peers do, to follow an honest leader (else they lead, as a silent member would)."""
+    their records say "ready" before they gather."""
     ids = {dht.peer_id.to_base58() for dht, _ in liars}
     dht = liars[0][0]
     zeros = {n: torch.zeros(s) for n, s in spec.param_shapes().items()}
@@ -146,14 +145,6 @@ def take_part(spec, liars: List[Tuple[DHT, LyingGatherer]], rounds: int,
             time.sleep(0.05)
         for node, _ in liars if announce_ready else ():  # ... and turns up ready, in a group that expects us
             publish_progress(node, spec.run_id, node.peer_id.to_base58(), _fake(spec, rnd, "ready", start), ttl=30)
-        # a peer that knows a ready peer follows no new identity as a leader (peer/round/no_show_views.py
-        # ``leaders``): a liar that must be in an honest group looks for one once the honest peers lead
-        while follow and time.monotonic() < give_up:
-            states = [v.progress.state for v in read_progress(dht, spec.run_id) if v.peer_id not in ids and v.progress.round == rnd]
-            if states and all(s == "exchanging" for s in states):
-                break
-            time.sleep(0.05)
-        time.sleep(0.5 if follow else 0.0)
         size = len(honest) + len(liars)
         with ThreadPoolExecutor(len(liars)) as pool:
             results = list(pool.map(lambda g: g.gather(rnd, payload, start_hash=start, expected_size=size, timeout=20),
@@ -186,10 +177,14 @@ def start_liars(join: str, spec, modes: List[str], outsiders: List[Signer], pois
         # class attributes, read in the averager process forked by run_in_background
         behaviour = {"lurk": "silent"}.get(mode.removesuffix("-fresh"), mode.removesuffix("-fresh"))
         cls = type("PayloadGatherer", (LyingGatherer,), dict(behaviour=behaviour, outsiders=outsiders, poison=poison))
+        # a peer that knows a ready peer follows no new identity as a leader (peer/round/no_show_views.py
+        # ``leaders``): a liar that must be in an honest group declares a later expiration than the honest
+        # leaders', so that it follows one of them (a silent one leads, as before)
+        follow = 3.0 if behaviour in ("frame", "invent") else 1.0
         gatherer = cls(
             node, prefix=averager_prefix(spec.run_id), schema=spec.digest().encode(),
             min_group_size=spec.swarm.min_group_size, max_group_size=spec.swarm.max_group_size,
-            matchmaking_time=spec.swarm.matchmaking_time, gather_timeout=spec.swarm.gather_timeout,
+            matchmaking_time=spec.swarm.matchmaking_time * follow, gather_timeout=spec.swarm.gather_timeout,
         )
         gatherer.run_in_background(await_ready=True)
         liars.append((node, gatherer))
@@ -210,8 +205,7 @@ def main() -> None:
     fresh = all(m.endswith("-fresh") for m in modes)  # (a process of mixed modes renews nobody)
     try:
         take_part(spec, liars, rounds, renew=start if fresh else None,
-                  announce_ready=not all(m.startswith("lurk") for m in modes),
-                  follow=all(m in ("frame", "invent") for m in modes))  # liars that must be in honest groups
+                  announce_ready=not all(m.startswith("lurk") for m in modes))
     finally:
         shut_down(liars)
 
