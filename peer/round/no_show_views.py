@@ -85,13 +85,15 @@ class NoShows:
     def leaders(self, ready: Iterable[str]) -> Optional[frozenset]:
         """The only peers our matchmaking follows as a leader: while a peer we know (seen to come, or with
         standing) is ready for the round, the peers we know, ourselves included; None (anyone not refused)
-        otherwise, as at a run's start. A leader decides its group alone: a new identity that leads can
+        otherwise, as at a run's start, or while ``admitted`` restricts whom we follow anyway. A leader decides its group alone: a new identity that leads can
         close it at whatever size suits it, leaving ready honest peers out of the round (their update
         waits, and they fall behind the others). The matchmaking applies it for its first matchmaking
         time only (peer/exchange/matchmaking.py ``refuse_peers``): long enough to find a leader we know
         that is looking, and no longer, so that newcomers left over (groups full, or the peers we know
         all in groups) still pair with whoever leads. We still accept strangers as followers
         (tests/round/test_rejoin.py::test_a_stranger_leads_no_peer_that_knows_a_ready_peer)."""
+        if not self.admits_strangers():
+            return None  # ``admitted`` already follows only the peers we know, and for the whole matchmaking
         known = self.wait_budget.known()
         return known | {self.peer_id} if known & set(ready) else None
 

@@ -352,6 +352,8 @@ def test_a_stranger_leads_no_peer_that_knows_a_ready_peer(monkeypatch, clock):
     m.wait_budget.lineage({"b": 4})  # standing in our lineage makes a peer known too
     assert m.leaders({"a", "x"}) == {"a", "b", "me"}
     assert m.leaders({"x", "y"}) is None  # none we know is ready: strangers lead strangers
+    m.came_in(9, {"a"}, silent={"z"}, cost_s=10.0)  # a stranger held our group: ``admitted`` restricts instead
+    assert m.admitted() == {"a", "b", "me"} and m.leaders({"a", "x"}) is None
 
 
 def test_while_strangers_are_refused_the_barrier_waits_for_none_of_them(monkeypatch, clock):

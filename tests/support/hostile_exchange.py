@@ -180,11 +180,11 @@ def start_liars(join: str, spec, modes: List[str], outsiders: List[Signer], pois
         # a peer that knows a ready peer follows no new identity as a leader (peer/round/no_show_views.py
         # ``leaders``): a liar that must be in an honest group declares a later expiration than the honest
         # leaders', so that it follows one of them (a silent one leads, as before)
-        follow = 3.0 if behaviour in ("frame", "invent") else 1.0
+        stretch = 3.0 if behaviour in ("frame", "invent") else 1.0
         gatherer = cls(
             node, prefix=averager_prefix(spec.run_id), schema=spec.digest().encode(),
             min_group_size=spec.swarm.min_group_size, max_group_size=spec.swarm.max_group_size,
-            matchmaking_time=spec.swarm.matchmaking_time * follow, gather_timeout=spec.swarm.gather_timeout,
+            matchmaking_time=spec.swarm.matchmaking_time * stretch, gather_timeout=spec.swarm.gather_timeout,
         )
         gatherer.run_in_background(await_ready=True)
         liars.append((node, gatherer))
