@@ -5,13 +5,23 @@ values it lacks (``rpc_relay``) and fetches the bytes of a new value from a memb
 A mixin of peer/exchange/gatherer.py's ``PayloadGatherer``, run in the averager process; the serving
 side (``rpc_fetch_payload``, ``rpc_relay``) and the bounds on what a member is served stay there. Each
 round has a deadline counted from the group's start; round 1 cuts a sender that sent nothing a grace
-after the others' payloads (peer/exchange/side_by_side.py). Guarded by tests/exchange/test_exchange_bounds.py,
+after the others' payloads (peer/exchange/side_by_side.py). A later round waits for a member we know
+(seen to come, or with standing) to its deadline: an honest member answers round k only once its own
+round k - 1 is over, which may run to that round's deadline for a sender streaming to it alone, and a
+member cut earlier could then decide apart from us (an equivocator that streams its second payload
+slowly to that member alone: bench/RESULTS.md). A stranger is cut a grace after the others' answers,
+where we know another member of the group (in a run's first round every member is new to every other,
+and honest ones still finishing their first round would be struck), once we hold a value of every sender (protocol/round/reconcile.py ``Agreement.complete``: only the
+stranger can then decide apart from us): a new identity that served its payload to one member and held
+that member's round-2 request kept the whole round to its deadline (bench/RESULTS.md, 2026-12-02).
+Guarded by tests/exchange/test_exchange_bounds.py,
 tests/exchange/test_side_by_side.py and tests/system/test_hostile_consensus.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from functools import partial
 from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
 
@@ -32,6 +42,20 @@ CHUNK_BYTES = 1 << 18  # an envelope is streamed in chunks of this size
 CANDIDATES_PER_OWNER = 4  # new values of one owner whose bytes one round tries to fetch
 
 
+def _never(others_took: float) -> float:
+    """The grace of a round that cuts nobody: its deadline ends every call."""
+    return math.inf
+
+
+def cuttable(members: FrozenSet[str], known: Optional[FrozenSet[str]]) -> FrozenSet[str]:
+    """The other members (base58) that later agreement rounds may cut a grace after the others' answers:
+    those outside ``known`` (no strangers to us), unless all are (a run's first round, in which every
+    member is new to every other, or a peer new to the run: none then); with ``known`` None, none
+    (tests/exchange/test_side_by_side.py::test_only_strangers_beside_a_member_we_know_may_be_cut_in_later_rounds)."""
+    strangers = members - known if known is not None else frozenset()
+    return frozenset() if strangers == members else strangers
+
+
 def unasked(sending: List[PeerID], others: List[PeerID], mute: set) -> set:
     """The senders the agreement's later rounds do not ask: the only other sender, when it sent not a
     byte of its payload by round 1's deadline and other members are there to relay whatever it sent
@@ -45,9 +69,11 @@ def unasked(sending: List[PeerID], others: List[PeerID], mute: set) -> set:
 class AgreementRounds:
     """``PayloadGatherer``'s calls to the other members of a group (see the module docstring)."""
 
-    async def _agree(self, group: Group, others: List[PeerID], patient: FrozenSet[str] = frozenset()) -> None:
+    async def _agree(self, group: Group, others: List[PeerID], patient: FrozenSet[str] = frozenset(),
+                     strangers: FrozenSet[str] = frozenset()) -> None:
         """Rounds 1..R of the agreement; round k ends at most k deadlines after the group formed (round 1
-        a grace after the others' payloads: side_by_side.py). ``patient`` (base58): never cut."""
+        a grace after the others' payloads: side_by_side.py). ``patient`` (base58): never cut. ``strangers``
+        (base58): the members that later rounds may cut (see the module docstring)."""
         agreement, gid = group.agreement, group.group_id
         t0, slot = asyncio.get_running_loop().time(), self.gather_timeout
         sending = [p for p in others if p.to_bytes() in agreement.senders]
@@ -64,18 +90,24 @@ class AgreementRounds:
             except Exception as e:
                 logger.info(f"round {self._round_no}: no valid payload from {peer} itself: {e!r}")
         group.done[1].set()
-        # one that held its payload would hold its answers too; later rounds cut nobody (fetch_clock.py says why)
+        # one that held its payload would hold its answers too
         skipped = group.held | unasked(sending, others, mute)
         live = [p for p in others if p not in skipped]
         for k in range(2, agreement.rounds + 1):
             start = t0 + (k - 1) * slot
             request = agreement.request(k)
             deadline = start + slot / 2
-            answers = await asyncio.gather(*(retry_until(deadline, partial(self._relay, p, gid, request, deadline))
-                                             for p in live), return_exceptions=True)
+            # holding a value of every sender, we can lose to a stranger that holds this request only what sets
+            # it alone apart from us (reconcile.Agreement.complete): it is cut a grace after the others' answers
+            grace = self.timing.answer_grace if agreement.complete() else _never
+            waited = [p for p in live if p.to_base58() in patient or p.to_base58() not in strangers]
+            got = await ask_each(
+                lambda p, deadline, began, request=request: retry_until(deadline, partial(self._relay, p, gid, request, deadline)),
+                live, deadline, grace, waited, group.held, f"agreement round {k} answer", self._round_no)
             offered: Dict[bytes, Dict[bytes, Tuple[reconcile.Value, List[PeerID]]]] = {}
             still = []
-            for peer, answer in zip(live, answers):
+            for peer in live:
+                answer = got[peer]
                 try:
                     if isinstance(answer, BaseException):
                         raise answer

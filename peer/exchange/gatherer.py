@@ -36,6 +36,7 @@ import tempfile
 from collections import OrderedDict
 from typing import AsyncIterator, Callable, Iterable, Optional, Sequence, Tuple
 
+import msgpack
 from hivemind.averaging.averager import AveragingMode, DecentralizedAverager
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.dht import DHT
@@ -43,7 +44,7 @@ from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_dht_time, get_logger
 
-from peer.exchange.agreement_rounds import CHUNK_BYTES, AgreementRounds
+from peer.exchange.agreement_rounds import CHUNK_BYTES, AgreementRounds, cuttable
 from peer.exchange.bounds import CallLimiter
 from peer.exchange.groups import Group
 from peer.exchange.identity import payload_signer
@@ -75,6 +76,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
     """hivemind matchmaking + a signed, agreed all-gather of one payload per member."""
 
     _round_no = -1  # the round being gathered, set as each round's matchmaking is prepared
+    _known: Optional[frozenset] = None  # the peers (base58) no strangers to us this round (``gather``); None: unknown
     _senders = False  # a round of at most K a part: only members announcing a part send (matchmaking.senders_of)
     timing = Timing()  # every wait of the exchange; __init__ sets the run's (protocol/round/timing.py)
 
@@ -149,6 +151,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         last: Tuple[str, Sequence[str]] = ("", ()), refused: Sequence[str] = (),
         senders: bool = False, part: Optional[Part] = None, ready: Optional[Sequence[str]] = None,
         admitted: Optional[Iterable[str]] = None, leaders: Optional[Iterable[str]] = None,
+        known: Optional[Iterable[str]] = None,
     ) -> Optional[GatherResult]:
         """Find a group of this round and all-gather payloads. None if no group formed in time, or
         if ``give_up`` (asked every ``Timing.give_up_poll_s`` while matchmaking is still looking) says that
@@ -161,15 +164,18 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         ``ready``: the peers (base58) the group's target is for, as the round's barrier found them; a
         member outside them that we lead adds a seat (``matchmaking.count_seats``); None: any member fills one.
         ``admitted``: the only peers (base58) this matchmaking accepts and follows, ``leaders`` the only ones it
-        follows; None: anyone not refused."""
+        follows; None: anyone not refused. ``known``: the peers (base58) that are no strangers to us (seen to come,
+        or with standing); a member outside them that holds a later agreement round's request is cut a grace
+        after the others' answers where the group holds a member inside them (``AgreementRounds._agree``);
+        None: no member is."""
         sent0, recv0 = self.bytes_sent, self.bytes_received
         future = MPFuture()
         expected = max(1, min(expected_size, self._max_group_size))
         # the control pipe is non-blocking on the averager's side and drops large messages: hand the
-        # payload over through a file in shared memory instead
+        # payload (and the peers we know, up to thousands of names) over through a file in shared memory instead
         fd, path = tempfile.mkstemp(prefix="voloco-payload-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         with os.fdopen(fd, "wb") as f:
-            f.write(payload)
+            msgpack.pack([payload, None if known is None else sorted(known)], f, use_bin_type=True)
         wait, request = self.timing.matchmaking(read_latency, timeout / 4)
         self.matchmaking_wait = wait  # the merge of this round's sets waits as long for late groups
         self._outer_pipe.send(("_prepare_round", [], dict(round_no=round_no, path=path, expected=expected, future=future,
@@ -208,8 +214,10 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
                 # and relay answers over the connections it opened to them (it only leads no group)
                 self._serving = True
                 await self.add_p2p_handlers(self._p2p, namespace=self.prefix)
-            with open(path, "rb") as f:
-                self._round_no, self._payload, self._senders = round_no, f.read(), senders
+            with open(path, "rb") as f:  # our own process wrote it (``gather``)
+                self._payload, known = msgpack.unpackb(f.read(), raw=False)
+            self._round_no, self._senders = round_no, senders
+            self._known = None if known is None else frozenset(known)
             mm = self._matchmaking
             self._begin_round_search(mm)
             if mm.is_looking_for_group:
@@ -259,7 +267,9 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
                 logger.info(f"round {self._round_no}: this peer is not one of the round's senders: it sends no payload, "
                             f"its update waits ({len(agreement.senders)} of the group's {len(members)} send)")
             group.done[0].set()
-            await self._agree(group, [p for p in peer_ids if p != self.peer_id], patient=clients)
+            others = [p for p in peer_ids if p != self.peer_id]
+            strangers = cuttable(frozenset(p.to_base58() for p in others), self._known)
+            await self._agree(group, others, patient=clients, strangers=strangers)
             outcome = group.agreement.outcome()
             group.set_digest = group_sets.set_digest(binding.context, outcome.payloads)
             for owner, why in outcome.excluded.items():

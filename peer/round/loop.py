@@ -297,7 +297,7 @@ class RoundLoop:
                 engine.round, h.payload, start_hash=start_hash, expected_size=seats.gather_size,
                 timeout=peer.membership.straggler_allowance() if short else peer.membership.timing.round_wait_s,
                 give_up=give_up, refused=refused, admitted=peer.membership.admitted(), ready=seats.ready,
-                leaders=peer.membership.leaders(barrier.ready), read_latency=peer.membership.read_latency(),
+                leaders=peer.membership.leaders(barrier.ready), known=peer.membership.known(), read_latency=peer.membership.read_latency(),
                 last=union.announce(self._last_round, engine), **draw.senders(engine, start_hash, h.payload, peer.peer_id),
             )
             # given up while matchmaking (give_up.fired): our payload went nowhere and only a set of our

@@ -80,7 +80,13 @@ class NoShows:
     def admitted(self) -> Optional[frozenset]:
         """The only peers our matchmaking accepts and follows now: None (anyone not ``refused``) while it
         admits strangers, else every peer that is none (seen to come, or with standing), ourselves included."""
-        return None if self.admits_strangers() else self.wait_budget.known() | {self.peer_id}
+        return None if self.admits_strangers() else self.known()
+
+    def known(self) -> frozenset:
+        """The peers that are no strangers to us (seen to come, or with standing), ourselves included: a
+        stranger that holds a later agreement round's request is cut a grace after the others' answers
+        (peer/exchange/agreement_rounds.py)."""
+        return self.wait_budget.known() | {self.peer_id}
 
     def leaders(self, ready: Iterable[str]) -> Optional[frozenset]:
         """The only peers our matchmaking follows as a leader: while a peer we know (seen to come, or with

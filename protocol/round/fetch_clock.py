@@ -21,9 +21,11 @@ then on. So this member:
 A sender cut this way is not asked in the group's later rounds (peer/exchange/gatherer.py); its payload
 still counts if another member got it and relays it. Nor is the only other sender once it has sent
 not a byte by the deadline, where other members can relay (peer/exchange/agreement_rounds.py
-``unasked``). Later rounds cut nobody: an honest member answers round k only once its own round k - 1
-is over, which may run to its deadline for a sender streaming to it alone; cut early, its relay of
-that payload would reach some members and not others. The cut is
+``unasked``). A later round cuts a member the same way only while the cutting member holds a value of
+every sender (protocol/round/reconcile.py ``Agreement.complete``): an honest member answers round k
+only once its own round k - 1 is over, which may run to its deadline for a sender streaming to it
+alone, and cut early, its relay of that payload would reach the members that waited and not the one
+that cut. The cut is
 this member's own judgement: members that cut differently still decide alike through the agreement's
 later rounds, and an honest member cut by everyone counts as "sent nothing in time"
 (protocol/round/reconcile.py, "timeliness"). Time is an input, never read here. Guarded by

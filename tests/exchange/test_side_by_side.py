@@ -148,3 +148,85 @@ def test_only_a_sole_mute_sender_is_left_unasked():
     assert unasked(["s"], ["s", "a", "b"], {"s"}) == {"s"}  # the only other sender, others to relay
     assert unasked(["s"], ["s"], {"s"}) == set()  # a group of two: nobody else to relay
     assert unasked(["s", "t"], ["s", "t", "a"], {"s", "t"}) == set()  # heard from no sender: ask on
+
+
+def agree_with_a_holder(complete: bool, stranger: bool = True):
+    """``PayloadGatherer._agree`` in a group of four (three agreement rounds): two honest members answer
+    at once; a third served us its payload and then holds every relay request (a new identity's
+    stall, bench/hostile.py ``silent-fresh``). ``complete=False``: one honest sender's payload streams to
+    its deadline and never comes, so we lack a value. ``stranger``: the holder is a new identity to us, not
+    one we know. (seconds _agree took, the members it held)."""
+    from types import SimpleNamespace
+
+    from hivemind.p2p import PeerID
+
+    from peer.exchange.gatherer import PayloadGatherer
+    from protocol.round.reconcile import Agreement
+    from protocol.round.timing import Timing
+    from tests.support.agreement_sim import MAX_PAYLOAD, Member, binding_of, signer
+
+    keys = [signer(i) for i in range(4)]
+    binding = binding_of([k.peer_id for k in keys])
+    me, a, b, holder = keys
+    members = {k.peer_id: Member(k, binding, b"payload %d" % i) for i, k in enumerate(keys)}
+    slot = 2.0
+
+    g = PayloadGatherer.__new__(PayloadGatherer)  # the asking side only: no DHT, no process
+    g.gather_timeout, g._round_no, g.waiting_for_silent = slot, 7, None
+    g.timing = Timing().with_(answer_grace_s=0.2, answer_grace_factor=1.0)
+    g._parent_pid = None
+
+    async def fetch(peer, gid, owner, digest, deadline, began=None):
+        loop = asyncio.get_running_loop()
+        if not complete and owner == b.peer_id:
+            began()  # a stream that began is waited for to the deadline, and never ends
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            raise asyncio.TimeoutError()
+        if began is not None:
+            began()
+        return members[owner].envelope
+
+    async def relay(peer, gid, request, deadline):
+        if peer.to_bytes() == holder.peer_id:
+            await asyncio.sleep(max(0.0, deadline - asyncio.get_running_loop().time()))
+            raise asyncio.TimeoutError()
+        return members[peer.to_bytes()].answer_for(me.peer_id, request, 2)
+
+    g._fetch, g._relay = fetch, relay
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        agreement = Agreement(binding, me, MAX_PAYLOAD)
+        agreement.seal(b"payload 0")
+        group = SimpleNamespace(agreement=agreement, group_id=b"group-1", held=set(),
+                                done=[asyncio.Event() for _ in range(agreement.rounds + 1)])
+        t0 = loop.time()
+        others = [PeerID(k.peer_id) for k in (a, b, holder)]
+        await g._agree(group, others, strangers=frozenset({others[2].to_base58()} if stranger else ()))
+        return loop.time() - t0, {p.to_bytes() for p in group.held}
+
+    return asyncio.run(main()), slot, holder.peer_id
+
+
+def test_a_stranger_that_holds_a_later_round_is_cut_a_grace_after_the_others_once_we_hold_every_payload():
+    """Holding a value of every sender, a later agreement round stops waiting for a stranger that holds our
+    request a grace after the others' answers, and holds it (refused by our matchmaking); lacking one,
+    it waits the round's deadline, as the member may hold what we lack (protocol/round/reconcile.py
+    ``Agreement.complete``), and so it does for a member we know, which may be an honest one still in
+    its previous round. Before, the holder kept the round to half a slot past a slot: a new identity
+    that served one member its payload held that member's exchange 24 s (bench/RESULTS.md, 2026-12-02)."""
+    (took, held), slot, holder = agree_with_a_holder(complete=True)
+    assert took < 0.5 * slot and held == {holder}
+    (took, held), slot, holder = agree_with_a_holder(complete=False)
+    assert took >= 1.5 * slot - 0.1 and holder in held  # round 1 to its deadline, round 2 to its own
+    (took, held), slot, holder = agree_with_a_holder(complete=True, stranger=False)
+    assert took >= 1.5 * slot - 0.1 and holder in held  # round 2 to its deadline, a slot and a half from the start
+
+
+def test_only_strangers_beside_a_member_we_know_may_be_cut_in_later_rounds():
+    from peer.exchange.agreement_rounds import cuttable
+
+    assert cuttable(frozenset({"a", "b", "x"}), frozenset({"a", "b", "me"})) == {"x"}
+    assert cuttable(frozenset({"a", "x"}), frozenset({"me"})) == set()  # all new to us: a run's first round
+    assert cuttable(frozenset({"a", "x"}), None) == set()
+    assert cuttable(frozenset({"a", "b"}), frozenset({"a", "b"})) == set()

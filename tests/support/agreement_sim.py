@@ -10,7 +10,7 @@ Keys are made once per test session (an RSA key takes about 0.1 s).
 from __future__ import annotations
 
 import functools
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from protocol.errors import ProtocolError
 from protocol.round.reconcile import Agreement, Outcome, Value, parse_request
@@ -50,9 +50,15 @@ class Member:
         return self.agreement.serve(owner, digest)
 
 
-def run_group(members: Sequence[Member], honest: Sequence[Member], log: Optional[List[Tuple]] = None) -> Dict[bytes, Outcome]:
-    """Every honest member's outcome; ``log`` collects (asker, server, owner) of every byte fetch."""
+def run_group(members: Sequence[Member], honest: Sequence[Member], log: Optional[List[Tuple]] = None,
+              cut: Optional[Callable[[bytes, bytes, int], bool]] = None,
+              stopped: Optional[Set[Tuple[bytes, bytes]]] = None) -> Dict[bytes, Outcome]:
+    """Every honest member's outcome; ``log`` collects (asker, server, owner) of every byte fetch.
+    ``cut(h, m, k)``: whether honest member ``h`` stops asking member ``m`` from round ``k`` on, as
+    peer/exchange/agreement_rounds.py does, which it may only while it holds a value of every sender;
+    ``stopped`` collects the pairs (h, m) so cut."""
     log = log if log is not None else []
+    stopped = stopped if stopped is not None else set()
     everyone = {m.id: m for m in members}
     for h in honest:
         for m in members:
@@ -74,9 +80,11 @@ def run_group(members: Sequence[Member], honest: Sequence[Member], log: Optional
                 if m is not h:
                     answers[(h.id, m.id)] = m.answer_for(h.id, request, k)
         for h in honest:
+            if cut is not None and h.agreement.complete():
+                stopped.update((h.id, m.id) for m in members if m is not h and cut(h.id, m.id, k))
             offered: Dict[Tuple[bytes, bytes], Tuple[Value, List[bytes]]] = {}
             for m in members:
-                answer = answers.get((h.id, m.id))
+                answer = None if (h.id, m.id) in stopped else answers.get((h.id, m.id))
                 if answer is None:
                     continue
                 try:
