@@ -9,12 +9,13 @@ after the others' payloads (peer/exchange/side_by_side.py). A later round waits 
 (seen to come, or with standing) to its deadline: an honest member answers round k only once its own
 round k - 1 is over, which may run to that round's deadline for a sender streaming to it alone, and a
 member cut earlier could then decide apart from us (an equivocator that streams its second payload
-slowly to that member alone: bench/RESULTS.md). A stranger is cut a grace after the others' answers,
-where we know another member of the group (in a run's first round every member is new to every other,
-and honest ones still finishing their first round would be struck), once we hold a value of every sender (protocol/round/reconcile.py ``Agreement.complete``: only the
-stranger can then decide apart from us): a new identity that served its payload to one member and held
-that member's round-2 request kept the whole round to its deadline (bench/RESULTS.md, 2026-12-02).
-Guarded by tests/exchange/test_exchange_bounds.py,
+slowly to that member alone: bench/RESULTS.md). A stranger (``cuttable``; in a run's first round,
+every member) is no longer waited for a grace after the members we know have answered, where we can
+lose nothing by it (protocol/round/reconcile.py ``Agreement.may_stop_asking``: only the stranger can
+then decide apart from us); it gets no strike for it, since an honest newcomer on a slow link answers
+only once its own first round, fetching every payload, is over. A new identity that served its payload to one member and held that member's round-2
+request used to keep that member's whole exchange to the deadline (bench/RESULTS.md, "A stranger that
+holds a later agreement round"). Guarded by tests/exchange/test_exchange_bounds.py,
 tests/exchange/test_side_by_side.py and tests/system/test_hostile_consensus.py.
 """
 
@@ -32,7 +33,7 @@ from hivemind.utils import get_logger
 from peer.exchange.bounds import read_bounded_stream, refused, retry_until
 from peer.exchange.groups import Group
 from peer.exchange.results import base58
-from peer.exchange.side_by_side import ask_each
+from peer.exchange.side_by_side import Unanswered, ask_each
 from protocol.round import reconcile
 from protocol.wire.signed import ENVELOPE_OVERHEAD
 
@@ -48,12 +49,11 @@ def _never(others_took: float) -> float:
 
 
 def cuttable(members: FrozenSet[str], known: Optional[FrozenSet[str]]) -> FrozenSet[str]:
-    """The other members (base58) that later agreement rounds may cut a grace after the others' answers:
-    those outside ``known`` (no strangers to us), unless all are (a run's first round, in which every
-    member is new to every other, or a peer new to the run: none then); with ``known`` None, none
-    (tests/exchange/test_side_by_side.py::test_only_strangers_beside_a_member_we_know_may_be_cut_in_later_rounds)."""
-    strangers = members - known if known is not None else frozenset()
-    return frozenset() if strangers == members else strangers
+    """The other members (base58) that later agreement rounds may stop waiting for a grace after the
+    others' answers: those outside ``known`` (no strangers to us; in a run's first round, every member);
+    with ``known`` None, none
+    (tests/exchange/test_side_by_side.py::test_only_strangers_may_be_cut_in_later_rounds)."""
+    return members - known if known is not None else frozenset()
 
 
 def unasked(sending: List[PeerID], others: List[PeerID], mute: set) -> set:
@@ -97,13 +97,15 @@ class AgreementRounds:
             start = t0 + (k - 1) * slot
             request = agreement.request(k)
             deadline = start + slot / 2
-            # holding a value of every sender, we can lose to a stranger that holds this request only what sets
-            # it alone apart from us (reconcile.Agreement.complete): it is cut a grace after the others' answers
-            grace = self.timing.answer_grace if agreement.complete() else _never
-            waited = [p for p in live if p.to_base58() in patient or p.to_base58() not in strangers]
+            # a stranger that holds this request can then set only itself apart from us (may_stop_asking): it is
+            # no longer waited for a grace after the others' answers; no strike (an honest newcomer on a slow
+            # link answers only once its own round 1, fetching every payload, is over)
+            grace = self.timing.answer_grace if agreement.may_stop_asking() else _never
+            known = [p for p in live if p.to_base58() not in strangers]
             got = await ask_each(
                 lambda p, deadline, began, request=request: retry_until(deadline, partial(self._relay, p, gid, request, deadline)),
-                live, deadline, grace, waited, group.held, f"agreement round {k} answer", self._round_no)
+                live, deadline, grace, [p for p in live if p.to_base58() in patient], set(),
+                f"agreement round {k} answer", self._round_no, awaited=known)
             offered: Dict[bytes, Dict[bytes, Tuple[reconcile.Value, List[PeerID]]]] = {}
             still = []
             for peer in live:
@@ -116,8 +118,8 @@ class AgreementRounds:
                     still.append(peer)
                 except Exception as e:  # late, gone or malformed: not asked again in this group
                     logger.info(f"round {self._round_no}: agreement round {k}: stop asking {peer}: {e!r}")
-                    if isinstance(e, asyncio.TimeoutError):  # held it to the deadline: its merge answer may be held too
-                        group.held.add(peer)
+                    if isinstance(e, asyncio.TimeoutError) and not isinstance(e, Unanswered):
+                        group.held.add(peer)  # held it to the deadline: its merge answer may be held too
             live = still
             await asyncio.gather(*(self._take(agreement, gid, list(c.values()), start + slot) for c in offered.values()))
             group.done[k].set()

@@ -25,7 +25,7 @@ class Group:
     round_no: int = -1
     # members that held this peer's requests, its own judgement, not agreed: they sent none of their
     # payload within the grace after the others' came (cut by its FetchClock: protocol/round/fetch_clock.py),
-    # or no later agreement round's answer by the round's deadline (a stranger: within the grace after the others')
+    # or no later agreement round's answer by the round's deadline
     held: Set[PeerID] = field(default_factory=set)
 
     @classmethod

@@ -96,15 +96,18 @@ async def call_side_by_side(call: Callable[[P, Callable[[], None]], Awaitable[by
 
 async def ask_each(call: Callable[[P, float, Callable[[], None]], Awaitable[bytes]], peers: Sequence[P], deadline: float,
                    grace: Callable[[float], float], patient: Collection[P], held: Set[P], what: str,
-                   round_no: int, silent_wait: Optional[Flag] = None, mute: Optional[Set[P]] = None) -> Dict[P, Answered]:
+                   round_no: int, silent_wait: Optional[Flag] = None, mute: Optional[Set[P]] = None,
+                   awaited: Collection[P] = ()) -> Dict[P, Answered]:
     """One agreement round's ``call(peer, deadline, began)`` to each of ``peers``, from now to
-    ``deadline``, paced by a ``FetchClock`` (``patient`` never cut); the members cut are added to
+    ``deadline``, paced by a ``FetchClock`` (``patient`` never cut; ``awaited`` never cut, and nobody
+    cut before they all answered); the members cut are added to
     ``held`` (the caller asks them nothing more in this group). ``mute``, if given, gets the members
     not cut and not patient that sent not a byte by the deadline (the caller decides what that means:
     peer/exchange/agreement_rounds.py; tests/exchange/test_side_by_side.py). ``silent_wait``:
     ``call_side_by_side``'s."""
     loop = asyncio.get_running_loop()
-    clock = FetchClock(peers, loop.time(), deadline - loop.time(), grace, [p for p in peers if p in patient])
+    clock = FetchClock(peers, loop.time(), deadline - loop.time(), grace, [p for p in peers if p in patient],
+                       [p for p in peers if p in awaited])
     opened: Set[P] = set()
 
     def calling(p: P, began: Callable[[], None]) -> Awaitable[bytes]:

@@ -21,11 +21,11 @@ then on. So this member:
 A sender cut this way is not asked in the group's later rounds (peer/exchange/gatherer.py); its payload
 still counts if another member got it and relays it. Nor is the only other sender once it has sent
 not a byte by the deadline, where other members can relay (peer/exchange/agreement_rounds.py
-``unasked``). A later round cuts a member the same way only while the cutting member holds a value of
-every sender (protocol/round/reconcile.py ``Agreement.complete``): an honest member answers round k
-only once its own round k - 1 is over, which may run to its deadline for a sender streaming to it
-alone, and cut early, its relay of that payload would reach the members that waited and not the one
-that cut. The cut is
+``unasked``). A later round stops waiting for a stranger the same way, once every member it knows has
+answered (``awaited``), and only while the cutting member can lose nothing by it (protocol/round/
+reconcile.py ``Agreement.may_stop_asking``): an honest member answers round k only once its own round
+k - 1 is over, which may run to its deadline for a sender streaming to it alone, and cut early, its
+relay of that payload would reach the members that waited and not the one that cut. The cut is
 this member's own judgement: members that cut differently still decide alike through the agreement's
 later rounds, and an honest member cut by everyone counts as "sent nothing in time"
 (protocol/round/reconcile.py, "timeliness"). Time is an input, never read here. Guarded by
@@ -43,14 +43,17 @@ class FetchClock(Generic[T]):
     """One member's round-1 fetches of one group: which senders have begun, ended, or may be cut."""
 
     def __init__(self, senders: Iterable[T], started: float, slot: float, grace: Callable[[float], float],
-                 patient: Iterable[T] = ()):
+                 patient: Iterable[T] = (), awaited: Iterable[T] = ()):
         """``senders``: the senders fetched from (from ``started``, until ``started + slot``); ``grace(took)``:
-        how long one that has sent nothing is waited for once the others' payloads took ``took`` seconds."""
+        how long one that has sent nothing is waited for once the others' payloads took ``took`` seconds.
+        ``patient``: never cut. ``awaited``: never cut either, and nobody is cut while one of them has not
+        answered (the call waits for it anyway: a cut then saves no time)."""
         self.started, self.end = started, started + slot
         self._grace = grace
         self._idle: Set[T] = set(senders)
         self._streaming: Set[T] = set()
-        self._patient: FrozenSet[T] = frozenset(patient)
+        self._awaited: Set[T] = set(awaited) & self._idle
+        self._patient: FrozenSet[T] = frozenset(patient) | frozenset(self._awaited)
         self._last_came: Optional[float] = None
 
     def began(self, sender: T, now: float) -> Optional[float]:
@@ -72,13 +75,15 @@ class FetchClock(Generic[T]):
         if sender in self._idle or sender in self._streaming:
             self._idle.discard(sender)
             self._streaming.discard(sender)
+            self._awaited.discard(sender)
             if came:
                 self._last_came = max(now, self._last_came if self._last_came is not None else now)
 
     def deadline(self) -> Optional[float]:
         """When the senders that have sent nothing may be cut; None while no cut is due (a fetch still
-        streams, nothing came yet, or only patient senders are left): the slot's end bounds them."""
-        if self._streaming or self._last_came is None or not (self._idle - self._patient):
+        streams, nothing came yet, an awaited sender has not answered, or only patient senders are left):
+        the slot's end bounds them."""
+        if self._streaming or self._awaited or self._last_came is None or not (self._idle - self._patient):
             return None
         due = self._last_came + self.grace()
         return due if due < self.end else None  # at the deadline the calls end anyway, and nobody is cut

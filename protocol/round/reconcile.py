@@ -200,14 +200,20 @@ class Agreement:
         return out
 
     def complete(self) -> bool:
-        """Whether I hold a value of every sender. A member that then holds my request of a later round can
-        keep from me only a second value of some owner (proof that it equivocated): what another member
-        accepts from it in a round before the last, that member relays to me in the next, and a value
-        accepted in the last round (R = n - 1 signatures of distinct members other than the acceptor)
-        carries mine, so I hold it already. So I may stop asking it early, and only it, if it holds a
-        proof nobody else does, decides apart from me (peer/exchange/agreement_rounds.py;
-        tests/protocol/test_reconcile.py::test_a_member_cut_in_a_later_round_once_complete_sets_no_other_member_apart)."""
+        """Whether I hold a value of every sender."""
         return all(self._accepted.get(owner) for owner in self.senders)
+
+    def may_stop_asking(self) -> bool:
+        """Whether I may stop asking a member that holds my request of a later round, before its deadline:
+        I hold a value of every sender, and the group runs its full n - 1 rounds (not capped at
+        ``MAX_ROUNDS``). The member can then keep from me only a second value of some owner (proof that
+        it equivocated): what another member accepts from it in a round before the last, that member
+        relays to me in the next, and a value accepted in the last round (n - 1 signatures of distinct
+        members other than the acceptor) carries mine, so I hold it already. So only the member I stopped
+        asking can decide apart from me, if it holds a proof nobody else does, or if it stopped asking me
+        as well (peer/exchange/agreement_rounds.py;
+        tests/protocol/test_reconcile.py::test_a_member_cut_in_a_later_round_once_complete_sets_no_other_member_apart)."""
+        return self.rounds >= len(self.members) - 1 and self.complete()
 
     def needs_bytes(self, value: Value) -> bool:
         return value.digest not in self._payloads

@@ -100,3 +100,13 @@ def test_the_wait_is_for_silent_senders_alone_from_a_share_of_their_grace():
     assert c.deadline() == 107.0 and c.alone_from(0.25) == 103.25  # a quarter of the 5-s grace on
     c.began("c", 103.0)
     assert c.alone_from(0.25) is None  # it began: nobody is waited for alone
+
+
+def test_nobody_is_cut_while_an_awaited_member_has_not_answered():
+    # a later agreement round waits for the members we know to the deadline anyway: a stranger is cut a
+    # grace after the last of their answers, not while one of them is still pending
+    c = FetchClock(list("akx"), started=100.0, slot=30.0, grace=GRACE, awaited={"k"})
+    c.ended("a", 101.0, came=True)
+    assert c.deadline() is None and c.cut(107.0) == set()
+    c.ended("k", 103.0, came=True)
+    assert c.deadline() == 108.0 and c.cut(108.0) == {"x"}

@@ -55,7 +55,7 @@ def run_group(members: Sequence[Member], honest: Sequence[Member], log: Optional
               stopped: Optional[Set[Tuple[bytes, bytes]]] = None) -> Dict[bytes, Outcome]:
     """Every honest member's outcome; ``log`` collects (asker, server, owner) of every byte fetch.
     ``cut(h, m, k)``: whether honest member ``h`` stops asking member ``m`` from round ``k`` on, as
-    peer/exchange/agreement_rounds.py does, which it may only while it holds a value of every sender;
+    peer/exchange/agreement_rounds.py does, which it may only while ``Agreement.may_stop_asking``;
     ``stopped`` collects the pairs (h, m) so cut."""
     log = log if log is not None else []
     stopped = stopped if stopped is not None else set()
@@ -80,7 +80,7 @@ def run_group(members: Sequence[Member], honest: Sequence[Member], log: Optional
                 if m is not h:
                     answers[(h.id, m.id)] = m.answer_for(h.id, request, k)
         for h in honest:
-            if cut is not None and h.agreement.complete():
+            if cut is not None and h.agreement.may_stop_asking():
                 stopped.update((h.id, m.id) for m in members if m is not h and cut(h.id, m.id, k))
             offered: Dict[Tuple[bytes, bytes], Tuple[Value, List[bytes]]] = {}
             for m in members:
