@@ -13,7 +13,8 @@ slowly to that member alone: bench/RESULTS.md). A stranger (``cuttable``; in a r
 every member) is no longer waited for a grace after the members we know have answered, where we can
 lose nothing by it (protocol/round/reconcile.py ``Agreement.may_stop_asking``: only the stranger can
 then decide apart from us); it gets no strike for it, since an honest newcomer on a slow link answers
-only once its own first round, fetching every payload, is over. A new identity that served its payload to one member and held that member's round-2
+only once its own first round, fetching every payload, is over, but what it cost is charged to the
+strangers' budget (``Group.lagged``, peer/round/no_show_views.py ``came_in``). A new identity that served its payload to one member and held that member's round-2
 request used to keep that member's whole exchange to the deadline (bench/RESULTS.md, "A stranger that
 holds a later agreement round"). Guarded by tests/exchange/test_exchange_bounds.py,
 tests/exchange/test_side_by_side.py and tests/system/test_hostile_consensus.py.
@@ -99,12 +100,12 @@ class AgreementRounds:
             deadline = start + slot / 2
             # a stranger that holds this request can then set only itself apart from us (may_stop_asking): it is
             # no longer waited for a grace after the others' answers; no strike (an honest newcomer on a slow
-            # link answers only once its own round 1, fetching every payload, is over)
+            # link answers only once its own round 1, fetching every payload, is over), only a charge (lagged)
             grace = self.timing.answer_grace if agreement.may_stop_asking() else _never
             known = [p for p in live if p.to_base58() not in strangers]
             got = await ask_each(
                 lambda p, deadline, began, request=request: retry_until(deadline, partial(self._relay, p, gid, request, deadline)),
-                live, deadline, grace, [p for p in live if p.to_base58() in patient], set(),
+                live, deadline, grace, [p for p in live if p.to_base58() in patient], group.lagged,
                 f"agreement round {k} answer", self._round_no, awaited=known)
             offered: Dict[bytes, Dict[bytes, Tuple[reconcile.Value, List[PeerID]]]] = {}
             still = []

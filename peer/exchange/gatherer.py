@@ -283,6 +283,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
                 set_digest=group.set_digest,
                 unservable=clients,
                 held=frozenset(p.to_base58() for p in group.held),
+                lagged=frozenset(p.to_base58() for p in group.lagged - group.held),
             )
         finally:
             for event in group.done:

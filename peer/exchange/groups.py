@@ -27,6 +27,9 @@ class Group:
     # payload within the grace after the others' came (cut by its FetchClock: protocol/round/fetch_clock.py),
     # or no later agreement round's answer by the round's deadline
     held: Set[PeerID] = field(default_factory=set)
+    # strangers no longer waited for in a later agreement round, a grace after the members we know answered
+    # (peer/exchange/agreement_rounds.py): no strike, but what they cost is charged to the strangers' budget
+    lagged: Set[PeerID] = field(default_factory=set)
 
     @classmethod
     def opened(cls, group_id: bytes, agreement: reconcile.Agreement, info: Optional[GroupInfo], round_no: int) -> "Group":

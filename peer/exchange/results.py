@@ -24,6 +24,7 @@ class GatherResult:
     # members that held this member's requests (``Group.held``), their payload perhaps relayed by others:
     # its judgement alone, not agreed; its merge waits for their answer only briefly (peer/round/loop.py)
     held: FrozenSet[str] = frozenset()
+    lagged: FrozenSet[str] = frozenset()  # strangers not waited for in a later agreement round (``Group.lagged``)
     bytes_sent: int = 0
     bytes_received: int = 0
 

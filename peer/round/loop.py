@@ -362,7 +362,7 @@ class RoundLoop:
         # (our own judgement: it served some members and held us, and each member it held refuses it)
         peer.membership.came_in(engine.round, (s for s in senders if s not in excluded),
                                 silent=(m for m, why in excluded.items() if why == reconcile.SILENT),
-                                held=result.held if result is not None else (), cost_s=t_gather - t_wait)
+                                held=result.held if result is not None else (), lagged=result.lagged if result is not None else (), cost_s=t_gather - t_wait)
         group_hash = None
         if taken is not None:
             # each member's start counted as what it holds after the union. A group votes with its members'

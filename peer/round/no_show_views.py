@@ -25,7 +25,7 @@ class NoShows:
     """``Membership``'s strikes and refusals (see the module docstring)."""
 
     def came_in(self, round_no: int, senders: Iterable[str], silent: Iterable[str] = (), held: Iterable[str] = (),
-                cost_s: float = 0.0) -> None:
+                cost_s: float = 0.0, lagged: Iterable[str] = ()) -> None:
         """The senders whose signed payload is in this peer's union of round ``round_no``: they came
         (the next barrier does not strike them, and a single strike of theirs is over). ``silent``:
         groupmates the gather excluded for sending nothing in time (alike on every member); ``held``:
@@ -35,10 +35,13 @@ class NoShows:
         meanwhile (``refused``), so one that joins groups only to stall them costs a grace per skip
         period, not per round; one that serves its payload to some members and holds the others is
         refused by every member it held (tests/round/test_rejoin.py). ``cost_s``: how long the round's
-        matchmaking and gather took, charged when a stranger among them held it (``_charge_strangers``)."""
+        matchmaking and gather took, charged when a stranger among them held it (``_charge_strangers``).
+        ``lagged``: strangers a later agreement round stopped waiting for (peer/exchange/agreement_rounds.py):
+        charged too, but no strike (an honest newcomer on a slow link answers late as well)."""
         silent = set(silent) - {self.peer_id}  # (a generator: read once)
         held = set(held) - {self.peer_id} - silent
-        strangers = {p for p in silent | held if self.wait_budget.stranger(p)}  # before anything marks them met
+        lagged = set(lagged) - {self.peer_id}
+        strangers = {p for p in silent | held | lagged if self.wait_budget.stranger(p)}  # before anything marks them met
         senders = set(senders) - {self.peer_id}
         self._came.setdefault(round_no, set()).update(senders)
         self.wait_budget.met(senders)

@@ -327,6 +327,22 @@ def test_strangers_that_cost_our_group_time_keep_strangers_out_for_a_share_of_it
     assert m.admits_strangers() and m.refused(13) == {"a"}
 
 
+def test_a_stranger_not_waited_for_in_a_later_agreement_round_is_charged_but_not_struck(monkeypatch, clock):
+    # it served its payload and held our round-2 request (peer/exchange/agreement_rounds.py): its payload
+    # counts, no matchmaking refusal (an honest newcomer on a slow link answers late too), but the time
+    # is charged to the strangers' budget, so a new identity every round costs a share of wall time
+    m = barrier(monkeypatch, clock, lambda m: [view("me", 9), view("a", 9), view("x2", 9)])
+    m.came_in(8, {"a"})
+    clock.now += 8.0
+    m.came_in(9, {"a", "x1"}, lagged={"x1"}, cost_s=8.0)
+    assert not m.admits_strangers() and "x1" not in m.silent.skipped(10)
+    assert m.refused(10) == {"x2"}  # x1 came (its payload is in our union): no stranger now, nor refused
+    # a peer we know that is not waited for costs nothing
+    clock.now += 8.0 / Timing.vain_wait_share + 1.0
+    m.came_in(10, {"a", "x1"}, lagged={"a"}, cost_s=8.0)
+    assert m.admits_strangers()
+
+
 def test_a_new_silent_identity_every_round_costs_a_bounded_share_of_any_window(monkeypatch, clock):
     # rounds of 10 s; whenever our matchmaking admits strangers, a new one joins and holds the exchange 20 s
     m = barrier(monkeypatch, clock, lambda m: [view("me", 0)])
