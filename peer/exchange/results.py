@@ -24,7 +24,9 @@ class GatherResult:
     # members that held this member's requests (``Group.held``), their payload perhaps relayed by others:
     # its judgement alone, not agreed; its merge waits for their answer only briefly (peer/round/loop.py)
     held: FrozenSet[str] = frozenset()
-    lagged: FrozenSet[str] = frozenset()  # strangers not waited for in a later agreement round (``Group.lagged``)
+    # strangers not waited for in a later agreement round (``Group.lagged``): their merge answer is waited for
+    # briefly too (peer/round/loop.py), and what they cost is charged to the strangers' budget
+    lagged: FrozenSet[str] = frozenset()
     bytes_sent: int = 0
     bytes_received: int = 0
 

@@ -341,7 +341,7 @@ class RoundLoop:
         # that this round's draw is seeded by, and its outer step taken from, the θ every member holds
         taken = union.take_group_union(peer, self._last_round, result) if result is not None else None
         by_list = getattr(engine.strategy, "max_contributions", 0) > 0  # only the drawn payloads fetched
-        for mate in result.held if result is not None else ():  # held our requests: its merge answer may be too
+        for mate in (result.held | result.lagged) if result is not None else ():  # held our requests: its merge answer may be too
             self._quiet_mates[mate] = max(self._quiet_mates.get(mate, 0), engine.round + 1)
         if result is not None and result.set_digest:  # other groups of the round: one θ from all their sets
             merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip, gave_up=barrier.gave_up,
