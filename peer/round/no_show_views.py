@@ -87,8 +87,8 @@ class NoShows:
 
     def known(self) -> frozenset:
         """The peers that are no strangers to us (seen to come, or with standing), ourselves included: a
-        stranger that holds a later agreement round's request is cut a grace after the others' answers
-        (peer/exchange/agreement_rounds.py)."""
+        stranger that holds a later agreement round's request is waited for only a grace after the answers of
+        the members we know (peer/exchange/agreement_rounds.py)."""
         return self.wait_budget.known() | {self.peer_id}
 
     def leaders(self, ready: Iterable[str]) -> Optional[frozenset]:
