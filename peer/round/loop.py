@@ -406,8 +406,8 @@ class RoundLoop:
             group=sorted(result.group) if result is not None else [peer.peer_id],  # every member, contributing or not
             contributors=settled.contributors,  # the direction check's refusals and copies not counted
             excluded=settled.excluded,  # the group's, the decoder's and the outer step's
-            bytes_sent=sent,
-            bytes_received=received,
+            bytes_sent=sent, bytes_received=received,
+            held=sorted(result.held | result.lagged) if result is not None else [],
             loss=sum(h.losses) / len(h.losses),  # NaN on a chain stage other than the last
             val_loss=float("nan"),
             seconds=0.0,

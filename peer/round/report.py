@@ -52,13 +52,18 @@ class RoundRecord:
     # when the round ended (Unix time, this host's clock): successive records' ``ended`` give the
     # rounds' period, what a run's rounds per hour follow (``seconds`` overlaps the next round's steps)
     ended: float = 0.0
+    # members that held our requests, or strangers a later agreement round stopped waiting for (the
+    # gather's ``held`` and ``lagged``): this peer's judgement, no mates of the next barrier
+    held: List[str] = field(default_factory=list)
 
     def mates(self, me: str) -> Set[str]:
         """The round's groupmates, as the next barrier waits for them and a lineage counts them: every
-        member but ``me`` and those excluded for sending nothing in time (struck and refused in
+        member but ``me``, those excluded for sending nothing in time (struck and refused in
         matchmaking: a new identity that joined only to hold the group would otherwise be waited for
-        the whole allowance the next round, and be no stranger; tests/round/test_rejoin.py)."""
-        return set(self.group) - {me} - {m for m, why in self.excluded.items() if why == reconcile.SILENT}
+        the whole allowance the next round, and be no stranger; tests/round/test_rejoin.py) and those that
+        held our requests (``held``: a new identity whose payload one member relayed was waited for 6.7 s
+        the next round; a member that trains that round is still waited for as any peer of it)."""
+        return set(self.group) - {me} - set(self.held) - {m for m, why in self.excluded.items() if why == reconcile.SILENT}
 
 
 class RoundMeters:

@@ -390,10 +390,13 @@ def test_while_strangers_are_refused_the_barrier_waits_for_none_of_them(monkeypa
     assert clock.now - t0 < 2.0
 
 
-def test_a_groupmate_that_sent_nothing_is_no_mate_of_the_next_barrier():
+def test_a_groupmate_that_sent_nothing_or_held_our_requests_is_no_mate_of_the_next_barrier():
     from peer.round.report import RoundRecord
     from protocol.round import reconcile
     record = RoundRecord(round=3, params_hash="", group=["a", "me", "s", "q"], contributors=2,
                          excluded={"s": reconcile.SILENT, "q": "refused update: its direction ..."}, bytes_sent=0,
                          bytes_received=0, loss=0.0, val_loss=0.0, seconds=0.0)
     assert record.mates("me") == {"a", "q"}
+    # nor one that held our requests, or a stranger a later agreement round stopped waiting for
+    record.held = ["q"]
+    assert record.mates("me") == {"a"}
