@@ -165,9 +165,9 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         member outside them that we lead adds a seat (``matchmaking.count_seats``); None: any member fills one.
         ``admitted``: the only peers (base58) this matchmaking accepts and follows, ``leaders`` the only ones it
         follows; None: anyone not refused. ``known``: the peers (base58) that are no strangers to us (seen to come,
-        or with standing); a member outside them that holds a later agreement round's request is cut a grace
-        after the others' answers where the group holds a member inside them (``AgreementRounds._agree``);
-        None: no member is."""
+        or with standing); a member outside them that holds a later agreement round's request is no longer
+        waited for a grace after the answers of the members inside them, where we can lose nothing by it
+        (``AgreementRounds._agree``, ``reconcile.Agreement.may_stop_asking``); None: no member is."""
         sent0, recv0 = self.bytes_sent, self.bytes_received
         future = MPFuture()
         expected = max(1, min(expected_size, self._max_group_size))

@@ -27,7 +27,8 @@ reconcile.py ``Agreement.may_stop_asking``): an honest member answers round k on
 k - 1 is over, which may run to its deadline for a sender streaming to it alone, and cut early, its
 relay of that payload would reach the members that waited and not the one that cut. The cut is
 this member's own judgement: members that cut differently still decide alike through the agreement's
-later rounds, and an honest member cut by everyone counts as "sent nothing in time"
+later rounds (a member cut in a later round may decide apart from the one that cut it, only it:
+``Agreement.may_stop_asking``), and an honest member cut by everyone counts as "sent nothing in time"
 (protocol/round/reconcile.py, "timeliness"). Time is an input, never read here. Guarded by
 tests/protocol/test_fetch_clock.py.
 """
@@ -40,7 +41,8 @@ T = TypeVar("T", bound=Hashable)
 
 
 class FetchClock(Generic[T]):
-    """One member's round-1 fetches of one group: which senders have begun, ended, or may be cut."""
+    """One member's calls of one agreement round of one group (round 1's fetches, or a later round's relay
+    requests): which senders have begun, ended, or may be cut."""
 
     def __init__(self, senders: Iterable[T], started: float, slot: float, grace: Callable[[float], float],
                  patient: Iterable[T] = (), awaited: Iterable[T] = ()):
