@@ -23,7 +23,6 @@ tests/exchange/test_side_by_side.py and tests/system/test_hostile_consensus.py.
 from __future__ import annotations
 
 import asyncio
-import math
 from functools import partial
 from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
 
@@ -42,11 +41,6 @@ logger = get_logger(__name__)
 
 CHUNK_BYTES = 1 << 18  # an envelope is streamed in chunks of this size
 CANDIDATES_PER_OWNER = 4  # new values of one owner whose bytes one round tries to fetch
-
-
-def _never(others_took: float) -> float:
-    """The grace of a round that cuts nobody: its deadline ends every call."""
-    return math.inf
 
 
 def cuttable(members: FrozenSet[str], known: Optional[FrozenSet[str]]) -> FrozenSet[str]:
@@ -101,12 +95,12 @@ class AgreementRounds:
             # a stranger that holds this request can then set only itself apart from us (may_stop_asking): it is
             # no longer waited for a grace after the others' answers; no strike (an honest newcomer on a slow
             # link answers only once its own round 1, fetching every payload, is over), only a charge (lagged)
-            grace = self.timing.answer_grace if agreement.may_stop_asking() else _never
-            known = [p for p in live if p.to_base58() not in strangers]
+            # (otherwise every member is awaited, and so none is cut)
+            awaited = [p for p in live if p.to_base58() not in strangers] if agreement.may_stop_asking() else live
             got = await ask_each(
                 lambda p, deadline, began, request=request: retry_until(deadline, partial(self._relay, p, gid, request, deadline)),
-                live, deadline, grace, [p for p in live if p.to_base58() in patient], group.lagged,
-                f"agreement round {k} answer", self._round_no, awaited=known)
+                live, deadline, self.timing.answer_grace, [p for p in live if p.to_base58() in patient], group.lagged,
+                f"agreement round {k} answer", self._round_no, awaited=awaited)
             offered: Dict[bytes, Dict[bytes, Tuple[reconcile.Value, List[PeerID]]]] = {}
             still = []
             for peer in live:
