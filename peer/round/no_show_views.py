@@ -103,8 +103,8 @@ class NoShows:
         (tests/round/test_rejoin.py::test_a_stranger_leads_no_peer_that_knows_a_ready_peer)."""
         if not self.admits_strangers():
             return None  # ``admitted`` already follows only the peers we know, and for the whole matchmaking
-        known = self.wait_budget.known()
-        return known | {self.peer_id} if known & set(ready) else None
+        known = self.known()
+        return known if known & (set(ready) - {self.peer_id}) else None
 
     def refused(self, round_no: int, unawaited: Iterable[str] = ()) -> frozenset:
         """The peers this peer's matchmaking of ``round_no`` neither accepts nor follows: groupmates that
