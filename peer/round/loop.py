@@ -270,11 +270,11 @@ class RoundLoop:
         peer = self.peer
         engine = peer.engine
         last = peer.totals.history[-1] if peer.totals.history else None
-        mates = last.mates(peer.peer_id) if last is not None and last.round == engine.round else set()
+        mates, held = (last.mates(peer.peer_id), set(last.held)) if last is not None and last.round == engine.round else (set(), set())
         # with K a part, only peers that may send are waited for (here and in the merge)
         barrier = peer.membership.wait_for_round(engine.round, mates, first_round=peer.totals.rounds == 0,
                                                  known=engine.standing, awaited=draw.awaited(engine, engine.params_hash()),
-                                                 notices=peer.gatherer)
+                                                 notices=peer.gatherer, held=held)
         t_wait = time.monotonic()
         # each step of the exchange is protocol/round/round_policy.py's decision, from the facts gathered here
         step = round_policy.after_barrier(peer.stop_event.is_set(), barrier.nobody_to_meet)

@@ -300,7 +300,8 @@ class Membership(NoShows, StartWaits):
         self.missed(missing, round_no)
 
     def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool, known: Container[str] = (),
-                       awaited: Optional[Callable[[str, Progress], bool]] = None, notices=None) -> Barrier:
+                       awaited: Optional[Callable[[str, Progress], bool]] = None, notices=None,
+                       held: Container[str] = ()) -> Barrier:
         """Wait until every live peer of ``round_no`` is ready: at most ``swarm.round_wait``, and at
         most the straggler allowance past the last time a peer of the round became ready.
 
@@ -312,7 +313,11 @@ class Membership(NoShows, StartWaits):
         ``self.wait_budget`` grants. ``awaited`` (peer id, record): whether a peer other than a mate
         is worth waiting for at all (a round of at most K contributions: those that may send,
         peer/round/draw.py ``awaited``); None: everyone (tests/round/test_awaited.py). ``notices``: what
-        asks the peers waited for directly (peer/exchange/ready_notices.py ``ReadyAsks``); None: the view alone."""
+        asks the peers waited for directly (peer/exchange/ready_notices.py ``ReadyAsks``); None: the view alone.
+        ``held``: last round's members that held our requests or were no longer waited for (``RoundRecord.held``):
+        no peers still exchanging the round before, only peers of this round once they train it (a new
+        identity that held a group was waited for a whole allowance the next round, its record alive for
+        its TTL; test_a_member_that_held_last_round_is_not_waited_for_while_it_finishes_it)."""
         self._note_group(mates, round_no)
         self.wait_budget.lineage(known)
         start = time.monotonic()
@@ -326,13 +331,13 @@ class Membership(NoShows, StartWaits):
         busy = ("training", "waiting") if first_round else ("training",)
         try:
             asks = ReadyAsks(notices, round_no, self.digest, self.timing, time.monotonic) if notices is not None else None
-            return self._barrier(round_no, mates, busy, start, cap, budget, deadline, awaited, asks)
+            return self._barrier(round_no, mates, busy, start, cap, budget, deadline, awaited, asks, held)
         finally:
             self.waiting_for_strangers.clear()  # whatever ended the wait, an exception included
 
     def _barrier(self, round_no: int, mates: Set[str], busy: tuple, start: float, cap: float, budget: float,
                  deadline: float, awaited: Optional[Callable[[str, Progress], bool]] = None,
-                 asks: Optional[ReadyAsks] = None) -> Barrier:
+                 asks: Optional[ReadyAsks] = None, held: Container[str] = ()) -> Barrier:
         """``wait_for_round``'s loop: read the view (and ``asks``' answers) until the round's peers are ready."""
         last_arrival = start
         arrived: Set[str] = set()
@@ -347,7 +352,7 @@ class Membership(NoShows, StartWaits):
             # round alone: tests/round/test_ready_asks.py); last round's groupmates in any state of a round
             pending = [v for v in mine if v.progress.state in busy] + [
                 v for v in view if v.progress.round == round_no - 1 and (
-                    v.progress.state in DONE or (v.peer_id in mates and v.progress.state not in NOT_IN_ROUNDS))
+                    (v.progress.state in DONE and v.peer_id not in held) or (v.peer_id in mates and v.progress.state not in NOT_IN_ROUNDS))
             ]
             coming = [v for v in pending if v.peer_id not in self.no_shows]
             pending = [v for v in coming if awaited is None or v.peer_id in mates or awaited(v.peer_id, v.progress)]

@@ -400,3 +400,25 @@ def test_a_groupmate_that_sent_nothing_or_held_our_requests_is_no_mate_of_the_ne
     # nor one that held our requests, or a stranger a later agreement round stopped waiting for
     record.held = ["q"]
     assert record.mates("me") == {"a"}
+
+
+def test_a_member_that_held_last_round_is_not_waited_for_while_it_finishes_it(monkeypatch, clock):
+    # "f" (a new identity) got into our group of round 7 and held us; its record says it is still
+    # exchanging round 7 for as long as it lives (bench/hostile.py --attacks silent-fresh --rounds 15:
+    # 5.0-5.7 s each round after one it got into). Held ("RoundRecord.held"), it is no peer still
+    # exchanging the round before
+    m = barrier(monkeypatch, clock, lambda m: [view("me", 8), view("a", 8), view("f", 7, "exchanging")])
+    m.came_in(7, {"a"})
+    t0 = clock.now
+    b = m.wait_for_round(8, {"a"}, first_round=False, held={"f"})
+    assert clock.now - t0 < 2.0 and "f" not in b.gave_up
+    # without the judgement it is waited for as any peer still exchanging the round before
+    t0 = clock.now
+    b = m.wait_for_round(8, {"a"}, first_round=False)
+    assert clock.now - t0 >= 2.0 and "f" in b.gave_up
+    # a held member that trains this round is waited for as any peer of it
+    m2 = barrier(monkeypatch, clock, lambda m: [view("me", 8), view("a", 8), view("f", 8, "training")])
+    m2.came_in(7, {"a"})
+    t0 = clock.now
+    b = m2.wait_for_round(8, {"a"}, first_round=False, held={"f"})
+    assert "f" in b.gave_up
