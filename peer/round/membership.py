@@ -310,7 +310,8 @@ class Membership(NoShows, StartWaits):
         ``first_round``: peers still "waiting" for the start quorum are about to train it too. Peers
         waited for in vain and not in our last group are not waited for a while. ``known``: senders
         with standing in our lineage, no strangers: a wait for strangers alone lasts what
-        ``self.wait_budget`` grants. ``awaited`` (peer id, record): whether a peer other than a mate
+        ``self.wait_budget`` grants, and none is waited for while our matchmaking refuses strangers
+        (test_while_strangers_are_refused_the_barrier_waits_for_none_of_them). ``awaited`` (peer id, record): whether a peer other than a mate
         is worth waiting for at all (a round of at most K contributions: those that may send,
         peer/round/draw.py ``awaited``); None: everyone (tests/round/test_awaited.py). ``notices``: what
         asks the peers waited for directly (peer/exchange/ready_notices.py ``ReadyAsks``); None: the view alone.
@@ -355,7 +356,10 @@ class Membership(NoShows, StartWaits):
                     (v.progress.state in DONE and v.peer_id not in held) or (v.peer_id in mates and v.progress.state not in NOT_IN_ROUNDS))
             ]
             coming = [v for v in pending if v.peer_id not in self.no_shows]
-            pending = [v for v in coming if awaited is None or v.peer_id in mates or awaited(v.peer_id, v.progress)]
+            # while our matchmaking refuses strangers (``admits_strangers``), none takes a seat: none is waited for
+            shut = not self.admits_strangers()
+            pending = [v for v in coming if (awaited is None or v.peer_id in mates or awaited(v.peer_id, v.progress))
+                       and not (shut and v.peer_id not in mates and self.wait_budget.stranger(v.peer_id))]
             now = time.monotonic()
             if {v.peer_id for v in ready} - arrived:
                 arrived |= {v.peer_id for v in ready}

@@ -386,8 +386,9 @@ def test_while_strangers_are_refused_the_barrier_waits_for_none_of_them(monkeypa
     m.came_in(9, {"a"}, silent={"y"}, cost_s=20.0)
     r["round"] = 10
     t0 = clock.now
-    m.wait_for_round(10, set(), first_round=False)
-    assert clock.now - t0 < 2.0
+    b = m.wait_for_round(10, set(), first_round=False)
+    # not even the one read a stranger gets while admitted (0.5 s a round, bench/hostile.py --attacks silent-fresh)
+    assert clock.now - t0 < m.read_interval() and "x10" in b.unawaited and "x10" not in b.gave_up
 
 
 def test_a_groupmate_that_sent_nothing_or_held_our_requests_is_no_mate_of_the_next_barrier():
