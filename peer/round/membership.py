@@ -83,15 +83,15 @@ class Membership(NoShows, StartWaits):
         self.absent: Set[str] = set()  # ... and not seen to come since: nobody to meet either
         self.ledger = NoShowLedger.from_timing(self.timing)
         self._came: Dict[int, Set[str]] = {}  # round -> senders whose signed payload was in our union
-        # waits for strangers (fresh identities): a bounded share of any window (protocol/round/no_shows.py)
-        self.wait_budget = WaitBudget(self.timing.vain_wait_share, self.timing.budget_after_rounds)
+        # waits for strangers (fresh identities): half of their share of any window (protocol/round/no_shows.py)
+        self.wait_budget = WaitBudget(self.timing.vain_wait_share / 2, self.timing.budget_after_rounds)
         # set while the round barrier waits for strangers alone: an overlapped peer's steps pause meanwhile,
         # so that such a wait costs time from the budget, not steps on the old θ (peer/round/loop.py)
         self.waiting_for_strangers = threading.Event()
         # groupmates that joined a group of ours and sent nothing: not matched with for a while
         self.silent = NoShowLedger.from_timing(self.timing)
-        # the time strangers cost in our groups: while in debt, our matchmaking admits none (no_show_views.py)
-        self.stranger_seats = WaitBudget(self.timing.vain_wait_share, 0)
+        # the time strangers cost in our groups, the other half: while in debt, our matchmaking admits none (no_show_views.py)
+        self.stranger_seats = WaitBudget(self.timing.vain_wait_share / 2, 0)
         self._waited: Set[str] = set()  # whom the last barrier gave up waiting for
         self._waited_round = -1  # ... in which round
         self._waited_steps: Dict[str, int] = {}  # ... at which inner step of it

@@ -63,7 +63,7 @@ class NoShows:
     def _charge_strangers(self, round_no: int, strangers: Set[str], cost: float) -> None:
         """New identities (``strangers``: never seen to come, no standing) joined our group and sent
         nothing or held our requests: the matchmaking's and gather's time (``cost``) is charged to ``stranger_seats``, which
-        refills at ``Timing.vain_wait_share`` of wall time; while it is in debt, our matchmaking admits
+        refills at half of ``Timing.vain_wait_share`` of wall time; while it is in debt, our matchmaking admits
         no stranger (``refused``, ``admitted``). A new identity every round cannot be struck, and can
         always hold a group it is in to its deadlines; this keeps what the strangers we let in cost to that
         share of any window plus one exchange (a leader that still admits them can let one into a group of

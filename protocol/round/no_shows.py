@@ -27,7 +27,7 @@ What keeps this a bound over any window, and not one wait per doubling:
 Skips bound how often a peer is waited for; ``WaitBudget`` bounds how long a peer waits for
 **strangers**: peers it never saw come (in its groups, or with a signed payload in its union) and
 that have no standing in its lineage, as a new identity has. A wait past the last arrival that
-serves only strangers is paid from a budget that grows at ``Timing.vain_wait_share`` of wall time
+serves only strangers is paid from a budget that grows at half of ``Timing.vain_wait_share`` of wall time
 and holds at most one straggler allowance; a wait that ended without them spends it (down to a
 debt of one allowance). So a new stalling identity every round, which the ledger cannot strike
 twice, costs at most that share of any window plus one allowance

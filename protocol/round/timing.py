@@ -34,12 +34,11 @@ class Timing:
     straggler_fraction: float = 0.5
     """... and at most this fraction of its own training time of the round, if that is longer."""
     vain_wait_share: float = 0.1
-    """Waits for strangers (peers never seen to come: fresh identities) that end without them take at
-    most this share of wall time over any window, plus one allowance (protocol/round/no_shows.py's
-    ``WaitBudget``): a new stalling identity every round stretches rounds about 1.11x in the steady
-    state, plus one allowance over any window (measured 1.21x over 5 rounds; at a fifth, 1.27x:
-    bench/RESULTS.md). The same share refills the budget for the time strangers cost in a peer's groups
-    (peer/round/no_show_views.py ``_charge_strangers``)."""
+    """What strangers (peers never seen to come: fresh identities) may cost over any window, as a share
+    of wall time, plus one allowance and one exchange: half for the barrier's waits for them that end
+    without them (protocol/round/no_shows.py's ``WaitBudget``), half for the time they cost in a
+    peer's groups (peer/round/no_show_views.py ``_charge_strangers``). With a tenth each, a new
+    silent identity every round stretched rounds 1.27-1.31x (bench/RESULTS.md): the two budgets add up."""
     budget_after_rounds: int = 1
     """... from this peer's this many concluded rounds on: at a run's start, or a restart, everyone is
     a stranger to it, and is waited for the whole allowance in its first round."""

@@ -217,7 +217,7 @@ def test_waits_for_strangers_come_from_a_budget_and_acquaintances_get_the_whole_
     m.wait_for_round(10, set(), first_round=False)
     assert clock.now - t0 >= cap  # our first round: strangers get the whole allowance (paid from the budget)
     m.came_in(10, {"a"})
-    clock.sleep(cap / m.timing.vain_wait_share)  # its share of that refills the budget: one allowance
+    clock.sleep(cap / m.wait_budget.share)  # its share of that refills the budget: one allowance
     state.update(round=12, stall="s12")
     t0 = clock.now
     m.wait_for_round(12, set(), first_round=False)
@@ -315,8 +315,8 @@ def test_strangers_that_cost_our_group_time_keep_strangers_out_for_a_share_of_it
     assert not m.admits_strangers()
     assert m.refused(10) == {"x1", "x2"} and m.admitted() == {"a", "me"}  # x1 struck; x2: a stranger in our view
     assert Barrier(expected=3, alone=False, behind=False, ready=frozenset({"a", "x2"})).without(m.refused(10)).ready == {"a"}
-    # owed: the 20 s (the budget holds nothing in advance), refilled at vain_wait_share of wall time
-    owed = 20.0 / Timing.vain_wait_share
+    # owed: the 20 s (the budget holds nothing in advance), refilled at half of vain_wait_share of wall time
+    owed = 20.0 / m.stranger_seats.share
     clock.now += owed - 1.0
     assert not m.admits_strangers()
     clock.now += 2.0
@@ -338,7 +338,7 @@ def test_a_stranger_not_waited_for_in_a_later_agreement_round_is_charged_but_not
     assert not m.admits_strangers() and "x1" not in m.silent.skipped(10)
     assert m.refused(10) == {"x2"}  # x1 came (its payload is in our union): no stranger now, nor refused
     # a peer we know that is not waited for costs nothing
-    clock.now += 8.0 / Timing.vain_wait_share + 1.0
+    clock.now += 8.0 / m.stranger_seats.share + 1.0
     m.came_in(10, {"a", "x1"}, lagged={"a"}, cost_s=8.0)
     assert m.admits_strangers()
 
@@ -353,8 +353,8 @@ def test_a_new_silent_identity_every_round_costs_a_bounded_share_of_any_window(m
         held += cost
         m.came_in(r, set(), silent={f"x{r}"} if cost else set(), cost_s=cost + 1.0)
     window = clock.now - start
-    assert held / window <= Timing.vain_wait_share * 1.1
-    assert held / window >= Timing.vain_wait_share / 2
+    assert held / window <= Timing.vain_wait_share / 2 * 1.1  # the seats' half of the strangers' share
+    assert held / window >= Timing.vain_wait_share / 4
     assert held > 0  # strangers are admitted again once the budget holds time
 
 
