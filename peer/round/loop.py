@@ -175,7 +175,7 @@ class RoundLoop:
 
     def _pause_for_no_shows(self) -> None:
         """No step while the exchange in flight waits for peers that have not come, alone: its barrier for
-        strangers (paid from the budget for strangers, a tenth of wall time), or its group's first agreement
+        strangers (paid from the budget for strangers, a twentieth of wall time), or its group's first agreement
         round for members that sent nothing once the others' payloads came (a grace: peer/exchange/
         side_by_side.py). A step on the old θ meanwhile would turn such a peer's claim into loss as well as
         time (bench/RESULTS.md, "Stallers cost time, not loss"; tests/round/test_rejoin.py,
@@ -270,11 +270,11 @@ class RoundLoop:
         peer = self.peer
         engine = peer.engine
         last = peer.totals.history[-1] if peer.totals.history else None
-        mates, held = (last.mates(peer.peer_id), set(last.held)) if last is not None and last.round == engine.round else (set(), set())
+        mates, judged = (last.mates(peer.peer_id), last.judged(peer.peer_id)) if last is not None and last.round == engine.round else (set(), set())
         # with K a part, only peers that may send are waited for (here and in the merge)
         barrier = peer.membership.wait_for_round(engine.round, mates, first_round=peer.totals.rounds == 0,
                                                  known=engine.standing, awaited=draw.awaited(engine, engine.params_hash()),
-                                                 notices=peer.gatherer, held=held)
+                                                 notices=peer.gatherer, judged=judged)
         t_wait = time.monotonic()
         # each step of the exchange is protocol/round/round_policy.py's decision, from the facts gathered here
         step = round_policy.after_barrier(peer.stop_event.is_set(), barrier.nobody_to_meet)

@@ -301,7 +301,7 @@ class Membership(NoShows, StartWaits):
 
     def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool, known: Container[str] = (),
                        awaited: Optional[Callable[[str, Progress], bool]] = None, notices=None,
-                       held: Container[str] = ()) -> Barrier:
+                       judged: Container[str] = ()) -> Barrier:
         """Wait until every live peer of ``round_no`` is ready: at most ``swarm.round_wait``, and at
         most the straggler allowance past the last time a peer of the round became ready.
 
@@ -310,15 +310,17 @@ class Membership(NoShows, StartWaits):
         ``first_round``: peers still "waiting" for the start quorum are about to train it too. Peers
         waited for in vain and not in our last group are not waited for a while. ``known``: senders
         with standing in our lineage, no strangers: a wait for strangers alone lasts what
-        ``self.wait_budget`` grants, and none is waited for while our matchmaking refuses strangers
-        (test_while_strangers_are_refused_the_barrier_waits_for_none_of_them). ``awaited`` (peer id, record): whether a peer other than a mate
+        ``self.wait_budget`` grants. ``awaited`` (peer id, record): whether a peer other than a mate
         is worth waiting for at all (a round of at most K contributions: those that may send,
         peer/round/draw.py ``awaited``); None: everyone (tests/round/test_awaited.py). ``notices``: what
         asks the peers waited for directly (peer/exchange/ready_notices.py ``ReadyAsks``); None: the view alone.
-        ``held``: last round's members that held our requests or were no longer waited for (``RoundRecord.held``):
-        no peers still exchanging the round before, only peers of this round once they train it (a new
-        identity that held a group was waited for a whole allowance the next round, its record alive for
-        its TTL; test_a_member_that_held_last_round_is_not_waited_for_while_it_finishes_it)."""
+        ``judged``: last round's members that are no mates (``RoundRecord.judged``: sent nothing, held our
+        requests, or strangers no longer waited for): no peers still exchanging the round before, only
+        peers of this round once they train it (a new identity that held a group was waited for a whole
+        allowance the next round, its record alive for its TTL; an honest newcomer on a slow link, cut
+        as a stranger, may miss its second round so, once: it is known from then on;
+        test_a_member_that_held_last_round_is_not_waited_for_while_it_finishes_it). Peers our
+        matchmaking refuses now are not waited for at all (``refused_now``)."""
         self._note_group(mates, round_no)
         self.wait_budget.lineage(known)
         start = time.monotonic()
@@ -332,13 +334,13 @@ class Membership(NoShows, StartWaits):
         busy = ("training", "waiting") if first_round else ("training",)
         try:
             asks = ReadyAsks(notices, round_no, self.digest, self.timing, time.monotonic) if notices is not None else None
-            return self._barrier(round_no, mates, busy, start, cap, budget, deadline, awaited, asks, held)
+            return self._barrier(round_no, mates, busy, start, cap, budget, deadline, awaited, asks, judged)
         finally:
             self.waiting_for_strangers.clear()  # whatever ended the wait, an exception included
 
     def _barrier(self, round_no: int, mates: Set[str], busy: tuple, start: float, cap: float, budget: float,
                  deadline: float, awaited: Optional[Callable[[str, Progress], bool]] = None,
-                 asks: Optional[ReadyAsks] = None, held: Container[str] = ()) -> Barrier:
+                 asks: Optional[ReadyAsks] = None, judged: Container[str] = ()) -> Barrier:
         """``wait_for_round``'s loop: read the view (and ``asks``' answers) until the round's peers are ready."""
         last_arrival = start
         arrived: Set[str] = set()
@@ -353,13 +355,13 @@ class Membership(NoShows, StartWaits):
             # round alone: tests/round/test_ready_asks.py); last round's groupmates in any state of a round
             pending = [v for v in mine if v.progress.state in busy] + [
                 v for v in view if v.progress.round == round_no - 1 and (
-                    (v.progress.state in DONE and v.peer_id not in held) or (v.peer_id in mates and v.progress.state not in NOT_IN_ROUNDS))
+                    (v.progress.state in DONE and v.peer_id not in judged) or (v.peer_id in mates and v.progress.state not in NOT_IN_ROUNDS))
             ]
             coming = [v for v in pending if v.peer_id not in self.no_shows]
-            # while our matchmaking refuses strangers (``admits_strangers``), none takes a seat: none is waited for
-            shut = not self.admits_strangers()
-            pending = [v for v in coming if (awaited is None or v.peer_id in mates or awaited(v.peer_id, v.progress))
-                       and not (shut and v.peer_id not in mates and self.wait_budget.stranger(v.peer_id))]
+            worth = [v for v in coming if awaited is None or v.peer_id in mates or awaited(v.peer_id, v.progress)]
+            # a peer our matchmaking refuses now takes no seat: given up at once (``refused_now``)
+            struck, shunned = self.refused_now(round_no, mates, (v.peer_id for v in worth))
+            pending = [v for v in worth if v.peer_id not in shunned]
             now = time.monotonic()
             if {v.peer_id for v in ready} - arrived:
                 arrived |= {v.peer_id for v in ready}
@@ -379,15 +381,17 @@ class Membership(NoShows, StartWaits):
                 time.sleep(self.timing.view_poll_s)
                 continue
             if not pending or late or now > deadline or self.stop.is_set():
-                self._waited, self._waited_round = {v.peer_id for v in pending}, round_no
+                # the strangers refused are struck as if waited for in vain, members struck already are not
+                waited = pending + [v for v in worth if v.peer_id in shunned - struck]
+                self._waited, self._waited_round = {v.peer_id for v in waited}, round_no
                 # (one still in the round before has come once it trains this round at all: step -1)
-                self._waited_steps.update({v.peer_id: v.progress.step if v.progress.round == round_no else -1 for v in pending})
+                self._waited_steps.update({v.peer_id: v.progress.step if v.progress.round == round_no else -1 for v in waited})
                 if strangers:
                     self.wait_budget.spend(now - last_arrival, now, cap)
                 if pending and late:
                     short = " (what the budget for strangers holds)" if allowance < cap else ""
                     logger.info(f"round {round_no}: not waiting longer than {allowance:.1f} s past the last arrival{short} "
-                                f"for {_names(self._waited)}")
+                                f"for {_names(v.peer_id for v in pending)}")
                 others = [
                     v for v in view
                     if v.peer_id != self.peer_id and v.progress.state not in NOT_IN_ROUNDS and v.peer_id not in self.absent
@@ -395,8 +399,8 @@ class Membership(NoShows, StartWaits):
                 behind = swarm_round([v.progress.round for v in others]) > round_no
                 syncing = bool(others) and all(v.progress.state == "syncing" and v.progress.round < round_no for v in others)
                 return Barrier(expected=1 + len(ready), alone=not others, behind=behind, only_syncing=syncing,
-                               ready=frozenset(v.peer_id for v in ready), gave_up=frozenset(self._waited),
-                               unawaited=frozenset(v.peer_id for v in coming) - self._waited)
+                               ready=frozenset(v.peer_id for v in ready), gave_up=frozenset(self._waited | shunned),
+                               unawaited=frozenset(v.peer_id for v in coming) - self._waited - shunned)
             if asks is not None:  # still waiting: ask whom it waits for directly
                 asks.ask((v.peer_id for v in pending), first=mates)
             time.sleep(self.timing.view_poll_s)

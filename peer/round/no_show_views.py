@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Iterable, Optional, Set
+from typing import Container, Iterable, Optional, Set, Tuple
 
 from peer.round.start_waits import names as _names
 from swarm.records import PeerView
@@ -118,6 +118,20 @@ class NoShows:
         if not self.admits_strangers():  # the strangers in our view take no seat either (``_charge_strangers``)
             out |= {v.peer_id for v in self.view() if v.peer_id != self.peer_id and self.wait_budget.stranger(v.peer_id)}
         return frozenset(out)
+
+    def refused_now(self, round_no: int, mates: Container[str], peers: Iterable[str]) -> Tuple[Set[str], Set[str]]:
+        """Of ``peers`` (not ``mates``, last round's groupmates), those the barrier of ``round_no`` does not
+        wait for because our matchmaking would refuse them, a seat they could not take: (members struck for
+        sending nothing or holding our requests, those and the strangers while ``admits_strangers`` says no).
+        Before, a struck member that announced the round was waited for the whole allowance, and a
+        stranger one read of the view, 0.5 s a round (bench/hostile.py --attacks silent-fresh;
+        tests/round/test_rejoin.py::test_while_strangers_are_refused_the_barrier_waits_for_none_of_them,
+        ::test_a_member_that_held_last_round_is_not_waited_for_while_it_finishes_it)."""
+        struck = self.silent.skipped(round_no)
+        # (in our first round nobody is a stranger: ``WaitBudget.limiting``)
+        shut = self.wait_budget.limiting and not self.admits_strangers()
+        out = {p for p in peers if p not in mates and (p in struck or (shut and self.wait_budget.stranger(p)))}
+        return out & struck, out
 
     def missed(self, peers: Iterable[str], round_no: int) -> None:
         """``peers`` were waited for in vain in ``round_no`` (by the barrier or the merge): a strike each."""

@@ -63,7 +63,12 @@ class RoundRecord:
         the whole allowance the next round, and be no stranger; tests/round/test_rejoin.py) and those that
         held our requests (``held``: a new identity whose payload one member relayed was waited for 6.7 s
         the next round; a member that trains that round is still waited for as any peer of it)."""
-        return set(self.group) - {me} - set(self.held) - {m for m, why in self.excluded.items() if why == reconcile.SILENT}
+        return set(self.group) - {me} - self.judged(me)
+
+    def judged(self, me: str) -> Set[str]:
+        """The round's members that are no mates: excluded for sending nothing in time, or ``held``."""
+        silent = {m for m, why in self.excluded.items() if why == reconcile.SILENT}
+        return (set(self.held) | silent) & (set(self.group) - {me})
 
 
 class RoundMeters:
