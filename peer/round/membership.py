@@ -286,8 +286,8 @@ class Membership(NoShows, StartWaits):
                 p is not None and (bool(p.set_of(r - 1)) or peer in self._came.get(r - 1, ())))
             coming = p is not None and p.round == r and finished and (
                 p.state in DONE or (p.state == "training" and p.step > self._waited_steps.get(peer, p.step)))
-            if coming and p.state in DONE:
-                self.wait_budget.met([peer])  # slower than us, not a staller: no stranger to the budget
+            # (a record saying it ended the round is a claim, no appearance: it stays a stranger to the budget;
+            # a new identity claimed so to be waited for the whole allowance the next round)
             if coming and r >= round_no - self.timing.carry_rounds:
                 self._carried[peer] = r
             elif not (peer in claimed[r] and self.ledger.excuse(peer, round_no)):  # a claim excuses it now and then

@@ -33,8 +33,9 @@ debt of one allowance). So a new stalling identity every round, which the ledger
 twice, costs at most that share of any window plus one allowance
 (``test_waits_for_strangers_take_a_bounded_share_of_any_window``), and one read of the view a
 round (the barrier's least wait, peer/round/membership.py). A peer that came before (an
-honest one back from a stall, a groupmate, one that ended a round we waited for it in after we
-stopped waiting: slower, not stalling) is waited for the whole allowance, and in its first round
+honest one back from a stall, a groupmate, a sender in our union) is waited for the whole
+allowance; a record that says it ended a round we stopped waiting for it in is a claim, and
+leaves it a stranger. In its first round
 (``Timing.budget_after_rounds``) a peer limits nobody (at a run's start everyone is a stranger;
 tests/round/test_rejoin.py), though its waits in vain are paid later.
 
