@@ -120,13 +120,14 @@ class NoShows:
         return frozenset(out)
 
     def refused_now(self, round_no: int, mates: Container[str], peers: Iterable[str]) -> Tuple[Set[str], Set[str]]:
-        """Of ``peers`` (not ``mates``, last round's groupmates), those the barrier of ``round_no`` does not
-        wait for because our matchmaking would refuse them, a seat they could not take: (members struck for
-        sending nothing or holding our requests, those and the strangers while ``admits_strangers`` says no).
-        Before, a struck member that announced the round was waited for the whole allowance, and a
-        stranger one read of the view, 0.5 s a round (bench/hostile.py --attacks silent-fresh;
-        tests/round/test_rejoin.py::test_while_strangers_are_refused_the_barrier_waits_for_none_of_them,
-        ::test_a_member_that_held_last_round_is_not_waited_for_while_it_finishes_it)."""
+        """Of ``peers`` (last round's groupmates, ``mates``, excepted), those our matchmaking of
+        ``round_no`` refuses, so the barrier does not wait for a seat they could not take. Returns
+        (struck, refused): ``struck``, members struck for sending nothing or holding our requests;
+        ``refused``, those and, while ``admits_strangers`` says no, the strangers. Before, a struck
+        member that announced the round was waited for the whole allowance, and a stranger one read of
+        the view, 0.5 s a round (bench/hostile.py --attacks silent-fresh; tests/round/test_rejoin.py::
+        test_while_strangers_are_refused_the_barrier_waits_for_none_of_them,
+        test_a_member_that_held_last_round_is_not_waited_for_while_it_finishes_it)."""
         struck = self.silent.skipped(round_no)
         # (in our first round nobody is a stranger: ``WaitBudget.limiting``)
         shut = self.wait_budget.limiting and not self.admits_strangers()
