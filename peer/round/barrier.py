@@ -19,6 +19,9 @@ class Barrier:
     ready: frozenset = frozenset()  # the other peers of the round that were ready (they may gather in other groups)
     gave_up: frozenset = frozenset()  # the peers of the round it stopped waiting for (still training, or stalled)
     unawaited: frozenset = frozenset()  # peers of the round still coming that it did not wait for (they may not send)
+    # it ended with strangers still coming: its "exchanging" is stored at once, so that a peer still
+    # waiting for them alone sees it has moved on (peer/round/membership.py ``_barrier``)
+    left_strangers: bool = False
 
     @property
     def nobody_to_meet(self) -> bool:

@@ -281,6 +281,8 @@ class RoundLoop:
         if step is Step.STOP:
             return
         peer.state = "exchanging"
+        if barrier.left_strangers:  # stored at once: peers still waiting for them alone follow us (Barrier)
+            peer.membership.publish()
         result = None
         start_hash = engine.params_hash()
         counted = (peer.gatherer.bytes_sent, peer.gatherer.bytes_received)  # the whole exchange's, fetches of sets included

@@ -51,7 +51,7 @@ from peer.round.start_waits import StartWaits, names as _names
 from protocol.round import peer_states
 from protocol.round.round_policy import swarm_round
 from protocol.round.no_shows import NoShowLedger, WaitBudget, claimed_elsewhere
-from protocol.round.peer_states import DONE, NOT_IN_ROUNDS
+from protocol.round.peer_states import DONE, EXCHANGING, NOT_IN_ROUNDS
 from protocol.dht.records import Progress, encode_body, peer_record_ttl
 from protocol.spec import RunSpec
 from protocol.round.timing import Timing
@@ -372,7 +372,11 @@ class Membership(NoShows, StartWaits):
                 self.waiting_for_strangers.set()
             else:
                 self.waiting_for_strangers.clear()
-            late = now - last_arrival > allowance
+            # a ready peer we know has left its barrier: it did not wait for these strangers (its budgets
+            # are not ours), and its group forms without us if we do (bench/hostile.py --attacks lurk-fresh)
+            moved_on = strangers and self.wait_budget.limiting and any(
+                v.progress.state == EXCHANGING and not self.wait_budget.stranger(v.peer_id) for v in ready)
+            late = now - last_arrival > allowance or moved_on
             if self.lost_sight() and now <= deadline and not self.stop.is_set():
                 if not lost:
                     lost = True
@@ -388,7 +392,10 @@ class Membership(NoShows, StartWaits):
                 self._waited_steps.update({v.peer_id: v.progress.step if v.progress.round == round_no else -1 for v in waited})
                 if strangers:
                     self.wait_budget.spend(now - last_arrival, now, cap)
-                if pending and late:
+                if pending and moved_on:
+                    logger.info(f"round {round_no}: a peer we know has left its barrier: not waiting longer for "
+                                f"{_names(v.peer_id for v in pending)}, new to us")
+                elif pending and late:
                     short = " (what the budget for strangers holds)" if allowance < cap else ""
                     logger.info(f"round {round_no}: not waiting longer than {allowance:.1f} s past the last arrival{short} "
                                 f"for {_names(v.peer_id for v in pending)}")
@@ -400,7 +407,8 @@ class Membership(NoShows, StartWaits):
                 syncing = bool(others) and all(v.progress.state == "syncing" and v.progress.round < round_no for v in others)
                 return Barrier(expected=1 + len(ready), alone=not others, behind=behind, only_syncing=syncing,
                                ready=frozenset(v.peer_id for v in ready), gave_up=frozenset(self._waited | shunned),
-                               unawaited=frozenset(v.peer_id for v in coming) - self._waited - shunned)
+                               unawaited=frozenset(v.peer_id for v in coming) - self._waited - shunned,
+                               left_strangers=(strangers and bool(pending)) or any(self.wait_budget.stranger(p) for p in shunned))
             if asks is not None:  # still waiting: ask whom it waits for directly
                 asks.ask((v.peer_id for v in pending), first=mates)
             time.sleep(self.timing.view_poll_s)

@@ -438,3 +438,25 @@ def test_a_member_that_held_last_round_is_not_waited_for_while_it_finishes_it(mo
     t0 = clock.now
     b = m2.wait_for_round(8, {"a"}, first_round=False)
     assert clock.now - t0 >= 2.0 and "g" in b.gave_up
+
+
+def test_a_wait_for_strangers_alone_ends_once_a_ready_peer_we_know_has_left_its_barrier(monkeypatch, clock):
+    # "a" (known) owes the strangers' budget and did not wait for "s" (new); we hold a full budget and
+    # would wait an allowance, and "a"'s group would form without us (bench/hostile.py --attacks
+    # lurk-fresh, seed 1: an honest peer left out of 3 rounds so). Once "a" says "exchanging" (stored at
+    # once by a barrier that left strangers: ``Barrier.left_strangers``), we follow
+    left_at = clock.now + 1.0
+    m = barrier(monkeypatch, clock, lambda m: [view("me", 9), view("s", 9, "training"),
+                                               view("a", 9, "exchanging" if clock.now >= left_at else "ready")])
+    m.came_in(8, {"a"})
+    t0 = clock.now
+    b = m.wait_for_round(9, set(), first_round=False)
+    assert 1.0 <= clock.now - t0 < 2.0 < m.straggler_allowance() and "s" in b.gave_up and b.left_strangers
+    # nobody we know left: the budget's wait, as before; nobody new still coming: nothing to tell
+    m2 = barrier(monkeypatch, clock, lambda m: [view("me", 9), view("s", 9, "training"), view("a", 9, "ready")])
+    m2.came_in(8, {"a"})
+    t0 = clock.now
+    assert m2.wait_for_round(9, set(), first_round=False).left_strangers and clock.now - t0 >= m2.straggler_allowance()
+    m3 = barrier(monkeypatch, clock, lambda m: [view("me", 9), view("a", 9, "exchanging")])
+    m3.came_in(8, {"a"})
+    assert not m3.wait_for_round(9, set(), first_round=False).left_strangers
