@@ -338,6 +338,13 @@ class Membership(NoShows, StartWaits):
         finally:
             self.waiting_for_strangers.clear()  # whatever ended the wait, an exception included
 
+    def _most_moved_on(self, ready: List[PeerView], round_no: int) -> bool:
+        """Whether more than half the ready peers of ``round_no`` we know, still matchmaking, say "exchanging"."""
+        struck = self.silent.skipped(round_no)
+        known = [v for v in ready if not self.wait_budget.stranger(v.peer_id) and v.peer_id not in self.no_shows
+                 and v.peer_id not in struck and not v.progress.set_of(round_no)]
+        return 2 * sum(v.progress.state == EXCHANGING for v in known) > len(known)
+
     def _barrier(self, round_no: int, mates: Set[str], busy: tuple, start: float, cap: float, budget: float,
                  deadline: float, awaited: Optional[Callable[[str, Progress], bool]] = None,
                  asks: Optional[ReadyAsks] = None, judged: Container[str] = ()) -> Barrier:
@@ -372,10 +379,12 @@ class Membership(NoShows, StartWaits):
                 self.waiting_for_strangers.set()
             else:
                 self.waiting_for_strangers.clear()
-            # a ready peer we know has left its barrier: it did not wait for these strangers (its budgets
-            # are not ours), and its group forms without us if we do (bench/hostile.py --attacks lurk-fresh)
-            moved_on = strangers and self.wait_budget.limiting and any(
-                v.progress.state == EXCHANGING and not self.wait_budget.stranger(v.peer_id) for v in ready)
+            # most ready peers we know that are still matchmaking (no no-show, none we refuse, no set named)
+            # have left their barriers: they did not wait for these strangers (their budgets are not ours),
+            # and their group forms without us if we do (bench/hostile.py --attacks lurk-fresh). Most, not
+            # one: a known identity saying "exchanging" early cannot end our waits for newcomers alone
+            moved_on = strangers and self.wait_budget.limiting and self._most_moved_on(ready, round_no) and (
+                now - last_arrival > min(cap, self.read_interval() + self.read_latency()))  # one read at least
             late = now - last_arrival > allowance or moved_on
             if self.lost_sight() and now <= deadline and not self.stop.is_set():
                 if not lost:

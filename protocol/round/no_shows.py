@@ -192,8 +192,8 @@ class WaitBudget:
         self.rounds = 0  # rounds this peer concluded since it started
 
     def met(self, peers: Iterable[str]) -> None:
-        """``peers`` came: groupmates, senders in our union, peers that ended a round we waited for
-        them in (senders with standing are ``lineage``'s)."""
+        """``peers`` came: groupmates, senders in our union (senders with standing are ``lineage``'s;
+        a record saying a peer ended a round is a claim, and makes it no acquaintance)."""
         for peer in peers:
             self._met[peer] = None
             self._met.move_to_end(peer)
