@@ -6,6 +6,7 @@ tests/round/test_rejoin.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable, Optional, Set, Tuple
 
 
 @dataclass
@@ -40,3 +41,15 @@ class Barrier:
         matchmaking for it). tests/round/test_rejoin.py::test_a_silent_groupmate_the_barrier_does_not_wait_for_takes_no_seat"""
         out = self.ready & refused
         return replace(self, expected=self.expected - len(out), ready=self.ready - out) if out else self
+
+
+def meet_round(peer, awaited: Optional[Callable]) -> Tuple[Barrier, Set[str]]:
+    """``peer``'s barrier of its engine's round, and last round's groupmates (peer/round/loop.py): the
+    members last round judged (``RoundRecord.judged``) are neither mates nor peers still exchanging the
+    round before. ``awaited``: with K a part, only peers that may send are waited for (here and in the merge)."""
+    engine = peer.engine
+    last = peer.totals.history[-1] if peer.totals.history else None
+    mates, judged = (last.mates(peer.peer_id), last.judged(peer.peer_id)) if last is not None and last.round == engine.round else (set(), set())
+    barrier = peer.membership.wait_for_round(engine.round, mates, first_round=peer.totals.rounds == 0, known=engine.standing,
+                                             awaited=awaited, notices=peer.gatherer, judged=judged)
+    return barrier, mates

@@ -40,6 +40,7 @@ import torch
 
 from peer.checkpoints import contents as checkpoints
 from peer.checkpoints import schedule
+from peer.round.barrier import meet_round
 from peer.round.busy_advice import BusyAdvisor, RoundTime
 from peer.round.early_close import EarlyClose, min_steps
 from peer.round.handoff import Handoff, continue_from
@@ -270,11 +271,7 @@ class RoundLoop:
         peer = self.peer
         engine = peer.engine
         last = peer.totals.history[-1] if peer.totals.history else None
-        mates, judged = (last.mates(peer.peer_id), last.judged(peer.peer_id)) if last is not None and last.round == engine.round else (set(), set())
-        # with K a part, only peers that may send are waited for (here and in the merge)
-        barrier = peer.membership.wait_for_round(engine.round, mates, first_round=peer.totals.rounds == 0,
-                                                 known=engine.standing, awaited=draw.awaited(engine, engine.params_hash()),
-                                                 notices=peer.gatherer, judged=judged)
+        barrier, mates = meet_round(peer, draw.awaited(engine, engine.params_hash()))
         t_wait = time.monotonic()
         # each step of the exchange is protocol/round/round_policy.py's decision, from the facts gathered here
         step = round_policy.after_barrier(peer.stop_event.is_set(), barrier.nobody_to_meet)
