@@ -5,7 +5,9 @@ Each connection must open with a valid hello from the expected neighbour, within
 new one drops the oldest, so stalled strangers cannot lock an honest neighbour out). A hello of a
 round this stage has not reached yet is held until it has, and so is any hello that reaches a
 listener whose stage has no chain yet (``stage < 0``: started before the stage's first chain, so that
-it can announce its port). The link itself is peer/chain/links.py.
+it can announce its port). Between a round's end and the next ``retarget`` (``end_round``) no hello is
+taken: one of the round just ended is refused at once (its dialer must catch up), one of a later
+round is held as above. The link itself is peer/chain/links.py.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class StageListener:
         self._server: Optional[asyncio.AbstractServer] = None
         self._handshakes: Dict[asyncio.Task, StageLink] = {}  # in the order they began
         self._moved = asyncio.Event()  # set (and replaced) when retarget changes who this stage is
+        self._ended = False  # the round of ``local`` is over and the next not begun (end_round .. retarget)
 
     @classmethod
     async def start(cls, host: str = "127.0.0.1", port: int = 0, **kwargs: Any) -> "StageListener":
@@ -85,6 +88,10 @@ class StageListener:
             await self._reach(frame, link, deadline)
             if link.closed:  # dropped for a newer connection, or the listener closed, while held
                 return False
+            if self._ended:
+                theirs = getattr(frame, "round", -1)
+                raise FrameError(f"this stage has ended round {self.local.round}: " + (
+                    f"it is not at round {theirs} yet" if theirs > self.local.round else "catch up and dial again"))
             link.local = self.local
             await handshake.answer(link, frame, self._expect(self.local.round), self.auth, deadline)
             return True
@@ -142,12 +149,29 @@ class StageListener:
         as an earlier identity and were never accepted are closed, so ``accept`` cannot hand out a
         link of a past round (its neighbour gave up on it long ago). Returns how many were dropped."""
         changed = local != self.local or auth is not self.auth
+        ended, self._ended = self._ended, False
         self.local, self.auth = local, auth
         stale = []
         while changed and not self._queue.empty():  # before the held hellos wake: they queue links of `local`
             stale.append(self._queue.get_nowait())
-        if changed:  # wake the hellos held for a later round (_reach)
+        if changed or ended:  # wake the hellos held for a later round (_reach)
             self._wake()
+        for link in stale:
+            await link.close(bye=False)
+        return len(stale)
+
+    async def end_round(self) -> int:
+        """This stage has ended its round: until the next ``retarget`` a hello of that round (or an
+        earlier one) is refused with the reason, and one of a later round is held. Links of the round
+        that passed the handshake but were never accepted are closed. Without this, a neighbour that
+        missed the round's exchange (and so still trains it) would link up with this stage's ended
+        round, and lose that link at our next ``retarget``: both ends then waited ``round_wait`` for
+        each other (tests/chain/test_stage_link_guard.py::test_a_hello_of_a_round_this_stage_has_ended_is_refused).
+        Returns how many links were closed."""
+        self._ended = True
+        stale = []
+        while not self._queue.empty():
+            stale.append(self._queue.get_nowait())
         for link in stale:
             await link.close(bye=False)
         return len(stale)

@@ -94,6 +94,7 @@ class ChainMember:
         self.endpoint = announced_endpoints(seen, self.listener.port, override=host)
         logger.info(f"stage listener on {bind}:{self.listener.port}, announced to chain neighbours as {self.endpoint}")
         self.upstream = self.downstream = None
+        self._upstream_seen = False  # the previous stage linked with this one in this assignment
         self.bytes_sent = self.bytes_received = 0
         self.tokens = 0  # tokens whose activations (or gradients) crossed this stage's links
 
@@ -121,6 +122,7 @@ class ChainMember:
                 mine = None
             if mine is not None and mine.epoch > self.failed_epoch:
                 self.assignment, self.state = mine, "assigned"
+                self._upstream_seen = False  # no link of this assignment yet (_left_chain)
                 self.last_chain_id = mine.chain.chain_id
                 self.publish()
                 stage = mine.chain.stage_of(self.peer_id)
@@ -216,13 +218,28 @@ class ChainMember:
                     )
                 try:
                     self.upstream = self._call(self.listener.accept(timeout=2.0), timeout=7.0)
+                    self._upstream_seen = True
                 except (asyncio.TimeoutError, TimeoutError):
+                    if self._upstream_seen and self._left_chain(previous.peer_id):
+                        raise self.broken(f"stage {stage.index} ({previous.peer_id}) left the chain: it waits for a new one")
                     round_no = sync()  # the previous stage may be waiting for us to catch up
                     if round_no != self.listener.local.round:
                         local = StageIdentity(local.run_digest, local.chain_id, local.stage, round_no)
                         self._call(self.listener.retarget(local, self.listener.auth), timeout=self.timing.chain_retarget_s)
         except ChainBroken:
             raise
+
+    def _left_chain(self, neighbour: str) -> bool:
+        """Whether ``neighbour``, linked with this stage before in this assignment, says it waits for a
+        chain again (its chain broke on its side: a link it lost, a step that failed). Waiting
+        ``round_wait`` for its hello would be in vain; the coordinator re-forms chains from the
+        waiting candidates (tests/chain/test_chain_swarm.py)."""
+        try:
+            record = read_candidates(self.dht, self.spec).get(neighbour)
+        except Exception as e:
+            logger.debug(f"could not read chain candidates: {e!r}")
+            return False
+        return record is not None and record.state == "waiting"
 
     def _auth(self, neighbour: str) -> LinkAuth:
         """What proves the link to ``neighbour`` (a base58 peer id from the chain assignment)."""
@@ -253,6 +270,11 @@ class ChainMember:
         return loss
 
     def close_links(self) -> None:
+        """End this round's links; the listener takes no hello until the next round's ``open_links``."""
+        try:
+            self._call(self.listener.end_round(), timeout=5)
+        except Exception as e:
+            logger.debug(f"ending the listener's round: {e!r}")
         for link in (self.upstream, self.downstream):
             if link is not None:
                 self.bytes_sent += link.bytes_sent

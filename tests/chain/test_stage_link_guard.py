@@ -248,6 +248,45 @@ def test_a_hello_a_round_ahead_waits_for_this_stage():
     assert round_taken == 4 and rejected_before == []
 
 
+def test_a_hello_of_a_round_this_stage_has_ended_is_refused():
+    """Between a round's end and the next round's ``retarget`` (``StageListener.end_round``) a hello of
+    the ended round is refused at once, with the reason, and a link of that round never accepted is
+    closed: a neighbour that missed the round's exchange still trains it and must catch up, not link
+    up with a round this stage has left (it lost that link at our next retarget, and both ends then
+    waited ``round_wait`` for each other: CI, 2026-12-02). A hello of the next round is held until
+    this stage gets there, as before."""
+    async def main():
+        listener = await listen(local=ident(1, 4), handshake_timeout=3)
+        queued = await connect_link(HOST, listener.port, local=ident(0, 4), role="upstream", fmt=FMT, codec=CODEC,
+                                    timeout=5, handshake_timeout=5)
+        await asyncio.sleep(0.2)
+        closed = await listener.end_round()
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(HandshakeRejected, match="ended round 4"):
+            await dial_soon(listener.port, ident(0, 4))
+        refused_in = asyncio.get_running_loop().time() - t0
+        dialing = dial_soon(listener.port, ident(0, 5))
+        await asyncio.sleep(0.5)
+        held = not dialing.done()
+        await listener.retarget(ident(1, 5), None)
+        round_taken = (await take(listener, dialing))[0]
+        # the same identity again (a round this stage found no group for, trained once more): refused
+        # until retarget names it again, then taken
+        await listener.end_round()
+        with pytest.raises(HandshakeRejected, match="ended round 5: catch up"):
+            await dial_soon(listener.port, ident(0, 5))
+        await listener.retarget(ident(1, 5), None)
+        round_again = (await take(listener, dial_soon(listener.port, ident(0, 5))))[0]
+        await queued.close(bye=False)
+        await listener.close()
+        return closed, refused_in, held, round_taken, round_again
+
+    closed, refused_in, held, round_taken, round_again = run(main())
+    assert closed == 1
+    assert refused_in < 1.0, "a hello of the ended round was held, not refused"
+    assert held and round_taken == 5 and round_again == 5
+
+
 def test_a_hello_before_this_stage_has_a_chain_waits_for_it():
     """A stage's listener starts before its first chain (its port is announced with it), so its
     neighbour, told of the chain first, may dial it before it knows its chain: that hello is held
