@@ -78,6 +78,7 @@ class Membership(NoShows, StartWaits):
         self.digest = spec.digest()
         self.timing = timing if timing is not None else Timing.from_spec(spec)  # every wait of the round
         self._progress = progress
+        self._publishing = threading.Lock()  # one record read and stored at a time (publish)
         self._thread: Optional[threading.Thread] = None
         self.no_shows: Set[str] = set()  # waited for in vain: not waited for a while (protocol/round/no_shows.py)
         self.absent: Set[str] = set()  # ... and not seen to come since: nobody to meet either
@@ -119,7 +120,13 @@ class Membership(NoShows, StartWaits):
 
     def publish(self, only_if_due: bool = False) -> None:
         """Store this peer's progress record; with ``only_if_due``, only if something other peers act
-        on changed (``peer_states.acted_on``) or the last one is a keep-alive period old (the heartbeat)."""
+        on changed (``peer_states.acted_on``) or the last one is a keep-alive period old (the heartbeat).
+        One at a time: the heartbeat's record, read before a state change, is never stored after the
+        change's (tests/round/test_control_plane.py::test_a_heartbeat_never_stores_a_state_older_than_the_last_stored)."""
+        with self._publishing:
+            self._publish(only_if_due)
+
+    def _publish(self, only_if_due: bool) -> None:
         try:
             progress = self._progress()
             now, key = time.monotonic(), peer_states.acted_on(progress)

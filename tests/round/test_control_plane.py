@@ -166,6 +166,33 @@ def test_the_heartbeat_stores_a_record_on_a_change_or_once_a_keepalive_period(mo
     assert len(stored) == 4
 
 
+def test_a_heartbeat_never_stores_a_state_older_than_the_last_stored(monkeypatch):
+    """The heartbeat thread reads our record, then stores it; a state change published meanwhile from
+    the round's thread (a barrier that left strangers says "exchanging" at once) must not be
+    overwritten by the heartbeat's older "ready" (``Membership.publish`` holds a lock)."""
+    shown = {"state": "ready"}
+    stored, read, release = [], threading.Event(), threading.Event()
+
+    def store(dht, run_id, peer, p, ttl):
+        if threading.current_thread().name == "beat":  # the heartbeat's store is slow
+            read.set()
+            release.wait(5)
+        stored.append(p.state)
+
+    monkeypatch.setattr(membership_mod, "publish_progress", store)
+    m = member(monkeypatch, Reads([]), progress_fn=lambda: progress(3, shown["state"]))
+    beat = threading.Thread(target=m.publish, name="beat")
+    beat.start()
+    assert read.wait(5)
+    shown["state"] = "exchanging"
+    main = threading.Thread(target=m.publish)
+    main.start()
+    main.join(0.3)
+    release.set()
+    beat.join(5), main.join(5)
+    assert stored == ["ready", "exchanging"]
+
+
 def test_early_close_reads_nothing_before_the_round_reaches_its_floor():
     reads = []
     done = [record("a", round_no=3, state="ready")]
