@@ -94,7 +94,7 @@ class ChainMember:
         self.endpoint = announced_endpoints(seen, self.listener.port, override=host)
         logger.info(f"stage listener on {bind}:{self.listener.port}, announced to chain neighbours as {self.endpoint}")
         self.upstream = self.downstream = None
-        self._upstream_seen = False  # the previous stage linked with this one in this assignment
+        self._linked: set = set()  # neighbours linked with this stage in this assignment (_left_chain)
         self.bytes_sent = self.bytes_received = 0
         self.tokens = 0  # tokens whose activations (or gradients) crossed this stage's links
 
@@ -122,7 +122,7 @@ class ChainMember:
                 mine = None
             if mine is not None and mine.epoch > self.failed_epoch:
                 self.assignment, self.state = mine, "assigned"
-                self._upstream_seen = False  # no link of this assignment yet (_left_chain)
+                self._linked = set()  # no link of this assignment yet (_left_chain)
                 self.last_chain_id = mine.chain.chain_id
                 self.publish()
                 stage = mine.chain.stage_of(self.peer_id)
@@ -197,11 +197,14 @@ class ChainMember:
                                          auth=self._auth(nxt.peer_id)),
                             timeout=self.timing.chain_call_s,
                         )
+                        self._linked.add(nxt.peer_id)
                         break
                     except (LinkError, OSError, asyncio.TimeoutError) as e:
                         errors[format_endpoint(host, port)] = str(e) or type(e).__name__
                         if time.monotonic() > deadline or self.stop.is_set():
                             raise self.broken(unreachable(nxt.index + 1, nxt.peer_id, errors)) from None
+                        if self._left_chain(nxt.peer_id):
+                            raise self.broken(f"stage {nxt.index + 1} ({nxt.peer_id}) left the chain: it waits for a new one")
                         if attempt % len(targets) == 0:
                             time.sleep(self.timing.chain_redial_s)
                         now_at = sync()
@@ -218,9 +221,9 @@ class ChainMember:
                     )
                 try:
                     self.upstream = self._call(self.listener.accept(timeout=2.0), timeout=7.0)
-                    self._upstream_seen = True
+                    self._linked.add(previous.peer_id)
                 except (asyncio.TimeoutError, TimeoutError):
-                    if self._upstream_seen and self._left_chain(previous.peer_id):
+                    if self._left_chain(previous.peer_id):
                         raise self.broken(f"stage {stage.index} ({previous.peer_id}) left the chain: it waits for a new one")
                     round_no = sync()  # the previous stage may be waiting for us to catch up
                     if round_no != self.listener.local.round:
@@ -232,8 +235,10 @@ class ChainMember:
     def _left_chain(self, neighbour: str) -> bool:
         """Whether ``neighbour``, linked with this stage before in this assignment, says it waits for a
         chain again (its chain broke on its side: a link it lost, a step that failed). Waiting
-        ``round_wait`` for its hello would be in vain; the coordinator re-forms chains from the
-        waiting candidates (tests/chain/test_chain_swarm.py)."""
+        ``round_wait`` for it would be in vain; the coordinator re-forms chains from the waiting
+        candidates. (Before its first link a neighbour may not have read the assignment yet.)"""
+        if neighbour not in self._linked:
+            return False
         try:
             record = read_candidates(self.dht, self.spec).get(neighbour)
         except Exception as e:

@@ -305,3 +305,27 @@ def test_a_chain_that_ends_as_its_peer_stops_is_no_warning(member, caplog, monke
         said = [r for r in caplog.records if "ch-stop" in r.getMessage()]
         assert [r.levelno for r in said] == [level], [(r.levelno, r.getMessage()) for r in said]
         assert member.assignment is None and member.failed_epoch == 3
+
+
+def test_a_neighbour_linked_before_that_waits_for_a_chain_again_has_left_it(member, monkeypatch):
+    """A stage waiting for a neighbour (its hello, or its listener) stops once that neighbour, linked
+    with it before in this assignment, publishes "waiting": its chain broke on its side, and the wait
+    would last ``round_wait`` for nothing (CI, 2026-12-02: both stages of a chain waited 60 s for each
+    other). A neighbour never linked may not have read the assignment yet; a record that cannot be
+    read says nothing."""
+    from peer.chain import stage as stage_mod
+    from protocol.chain.records import CandidateRecord
+
+    records = {"peer-up": CandidateRecord("spec", 1 << 30, 100.0, "waiting", "127.0.0.1:1")}
+    monkeypatch.setattr(stage_mod, "read_candidates", lambda dht, spec: records)
+    assert not member._left_chain("peer-up")  # never linked in this assignment
+    member._linked.add("peer-up")
+    assert member._left_chain("peer-up")
+    records["peer-up"] = CandidateRecord("spec", 1 << 30, 100.0, "assigned", "127.0.0.1:1")
+    assert not member._left_chain("peer-up")
+
+    def unreadable(dht, spec):
+        raise TimeoutError("no DHT")
+
+    monkeypatch.setattr(stage_mod, "read_candidates", unreadable)
+    assert not member._left_chain("peer-up")
