@@ -40,7 +40,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Callable, Container, Deque, Dict, List, Optional, Sequence, Set
+from typing import Callable, Container, Deque, Dict, Iterable, List, Optional, Sequence, Set
 
 from hivemind.utils import get_dht_time
 
@@ -308,7 +308,7 @@ class Membership(NoShows, StartWaits):
 
     def wait_for_round(self, round_no: int, mates: Set[str], first_round: bool, known: Container[str] = (),
                        awaited: Optional[Callable[[str, Progress], bool]] = None, notices=None,
-                       judged: Container[str] = ()) -> Barrier:
+                       judged: Container[str] = (), refused: Iterable[str] = ()) -> Barrier:
         """Wait until every live peer of ``round_no`` is ready: at most ``swarm.round_wait``, and at
         most the straggler allowance past the last time a peer of the round became ready.
 
@@ -327,8 +327,11 @@ class Membership(NoShows, StartWaits):
         allowance the next round, its record alive for its TTL; an honest newcomer on a slow link, cut
         as a stranger, may miss its second round so, once: it is known from then on;
         test_a_member_that_held_last_round_is_not_waited_for_while_it_finishes_it). Peers our
-        matchmaking refuses now are not waited for at all (``refused_now``)."""
+        matchmaking refuses now are not waited for at all (``refused_now``). ``refused``: senders whose
+        contribution last round's checks refused: no acquaintances from it (``WaitBudget.forget``;
+        test_a_sender_whose_update_was_refused_is_still_a_stranger)."""
         self._note_group(mates, round_no)
+        self.wait_budget.forget(refused)
         self.wait_budget.lineage(known)
         start = time.monotonic()
         cap = self.straggler_allowance()

@@ -200,6 +200,14 @@ class WaitBudget:
         while len(self._met) > MAX_ENTRIES:
             self._met.popitem(last=False)
 
+    def forget(self, peers: Iterable[str]) -> None:
+        """``peers``' contributions were refused by a round's checks (direction, values): they are no
+        acquaintances from those (an identity whose only payloads are refused, a silent one that serves
+        one member its zero update, stays a stranger whose waits the budget pays; standing is the
+        lineage's and unaffected; tests/protocol/test_no_shows.py)."""
+        for peer in peers:
+            self._met.pop(peer, None)
+
     def lineage(self, senders: Container[str]) -> None:
         """``senders``: those with standing in our lineage (the engine's table, kept by reference, not
         copied: a full table must not push the peers we met out of ``_met``)."""

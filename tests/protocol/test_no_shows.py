@@ -170,6 +170,9 @@ def test_only_strangers_past_our_first_rounds_are_limited_and_the_memory_is_boun
     budget.concluded()
     budget.concluded()
     assert budget.limiting and budget.stranger("x") and not budget.stranger("a")
+    budget.forget(["a", "never-met"])  # a's contribution was refused: no acquaintance from it
+    assert budget.stranger("a")
+    budget.met(["a"])
     budget.met(f"sybil{i}" for i in range(MAX_ENTRIES + 10))  # a flood of identities that came
     assert len(budget._met) == MAX_ENTRIES and budget.stranger("a")  # the oldest acquaintance went first
 

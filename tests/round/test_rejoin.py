@@ -269,6 +269,24 @@ def test_a_stranger_whose_record_claims_it_ended_the_round_is_still_a_stranger(m
     assert not m.wait_budget.stranger("n")
 
 
+def test_a_sender_whose_update_was_refused_is_still_a_stranger(monkeypatch, clock):
+    # a silent member served one groupmate its zero update and held everyone else: its payload reached
+    # every member's union (it "came"), the direction check refused it, and each barrier after a strike
+    # lapsed waited a whole allowance for it as for a peer we know (bench/hostile.py --attacks
+    # silent-member, seed 2: 5.4-5.9 s in rounds 2 and 4). A refused contribution makes no acquaintance
+    state = {"round": 30}
+    m = barrier(monkeypatch, clock, lambda m: [view("me", state["round"]), view("x", state["round"], "training")])
+    m.came_in(29, {"x", "a"})  # x's payload in our union
+    m.wait_budget.spend(100.0, clock.now, m.straggler_allowance())
+    t0 = clock.now
+    m.wait_for_round(30, set(), first_round=False, refused={"x"})  # ... and refused by the round's checks
+    assert clock.now - t0 < m.straggler_allowance() and m.wait_budget.stranger("x") and not m.wait_budget.stranger("a")
+    state["round"] = 31
+    t0 = clock.now
+    m.wait_for_round(31, {"x"}, first_round=False, refused={"x"})  # a groupmate still, refused again
+    assert m.wait_budget.stranger("x")
+
+
 def test_an_overlapped_peer_is_told_while_its_barrier_waits_for_strangers_alone(monkeypatch, clock):
     """``Membership.waiting_for_strangers`` pauses an overlapped peer's steps (peer/round/loop.py
     ``_pause_for_no_shows``): set only while every peer still waited for is a stranger and the budget
