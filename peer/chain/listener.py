@@ -88,12 +88,15 @@ class StageListener:
             await self._reach(frame, link, deadline)
             if link.closed:  # dropped for a newer connection, or the listener closed, while held
                 return False
-            if self._ended:
-                theirs = getattr(frame, "round", -1)
+            if self._ended:  # the neighbour's hello (any other is refused for what it is), but no round to link
+                theirs = getattr(frame, "round", self.local.round)
+                check_hello(frame, **self._expect(theirs))
                 raise FrameError(f"this stage has ended round {self.local.round}: " + (
                     f"it is not at round {theirs} yet" if theirs > self.local.round else "catch up and dial again"))
             link.local = self.local
             await handshake.answer(link, frame, self._expect(self.local.round), self.auth, deadline)
+            if self._ended or link.local != self.local:  # the round ended (or moved) during the proof's round trip
+                raise FrameError(f"this stage has ended round {link.local.round} during the handshake: dial again")
             return True
         except FrameError as e:  # a well-formed hello from the wrong neighbour, or one that cannot prove who it is
             reason = f"rejected hello: {e}"

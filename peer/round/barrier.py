@@ -49,7 +49,7 @@ def meet_round(peer, awaited: Optional[Callable]) -> Tuple[Barrier, Set[str]]:
     round before. ``awaited``: with K a part, only peers that may send are waited for (here and in the merge)."""
     engine = peer.engine
     last = peer.totals.history[-1] if peer.totals.history else None
-    mates, judged, refused = (last.mates(peer.peer_id), last.judged(peer.peer_id), set(last.excluded)) \
+    mates, judged, refused = (last.mates(peer.peer_id), last.judged(peer.peer_id), last.refused()) \
         if last is not None and last.round == engine.round else (set(), set(), set())
     barrier = peer.membership.wait_for_round(engine.round, mates, first_round=peer.totals.rounds == 0, known=engine.standing,
                                              awaited=awaited, notices=peer.gatherer, judged=judged, refused=refused)

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Set
 
 import torch
 
+from peer.outer.robust import REFUSED
 from protocol.round import reconcile
 from swarm.cpu_meter import HelperCpu
 from swarm.console import human_bytes
@@ -64,6 +65,12 @@ class RoundRecord:
         held our requests (``held``: a new identity whose payload one member relayed was waited for 6.7 s
         the next round; a member that trains that round is still waited for as any peer of it)."""
         return set(self.group) - {me} - self.judged(me)
+
+    def refused(self) -> Set[str]:
+        """The senders whose contribution the round's checks refused (direction, values: ``robust.REFUSED``),
+        not those excluded for how it was delivered (a fetch that timed out, a list that misstated parts:
+        possibly another peer's doing); tests/round/test_rejoin.py::test_a_sender_whose_update_was_refused_is_still_a_stranger."""
+        return {s for s, why in self.excluded.items() if why.startswith(REFUSED)}
 
     def judged(self, me: str) -> Set[str]:
         """The round's members that are no mates: excluded for sending nothing in time, or ``held``."""

@@ -265,6 +265,8 @@ def test_a_hello_of_a_round_this_stage_has_ended_is_refused():
         with pytest.raises(HandshakeRejected, match="ended round 4"):
             await dial_soon(listener.port, ident(0, 4))
         refused_in = asyncio.get_running_loop().time() - t0
+        with pytest.raises(HandshakeRejected, match="another-chain"):  # not the neighbour: refused for that
+            await dial_soon(listener.port, ident(0, 4, chain="another-chain"))
         dialing = dial_soon(listener.port, ident(0, 5))
         await asyncio.sleep(0.5)
         held = not dialing.done()

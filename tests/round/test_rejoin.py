@@ -285,6 +285,15 @@ def test_a_sender_whose_update_was_refused_is_still_a_stranger(monkeypatch, cloc
     t0 = clock.now
     m.wait_for_round(31, {"x"}, first_round=False, refused={"x"})  # a groupmate still, refused again
     assert m.wait_budget.stranger("x")
+    # what the next barrier is given (peer/round/barrier.py meet_round): the refusals of the round's checks
+    # only, not exclusions a peer may owe to others (a fetch that timed out, a list that misstated parts)
+    from peer.round.draw import NOT_FETCHED
+    from peer.round.report import RoundRecord
+    from protocol.round import reconcile
+    record = RoundRecord(round=31, params_hash="", group=["me", "x", "y", "z"], contributors=1, bytes_sent=0,
+                         excluded={"x": "refused update: its direction ...", "y": NOT_FETCHED, "z": reconcile.SILENT},
+                         bytes_received=0, loss=0.0, val_loss=0.0, seconds=0.0)
+    assert record.refused() == {"x"}
 
 
 def test_an_overlapped_peer_is_told_while_its_barrier_waits_for_strangers_alone(monkeypatch, clock):
