@@ -154,9 +154,7 @@ class StageListener:
         changed = local != self.local or auth is not self.auth
         ended, self._ended = self._ended, False
         self.local, self.auth = local, auth
-        stale = []
-        while changed and not self._queue.empty():  # before the held hellos wake: they queue links of `local`
-            stale.append(self._queue.get_nowait())
+        stale = self._dequeue() if changed else []  # before the held hellos wake: they queue links of `local`
         if changed or ended:  # wake the hellos held for a later round (_reach)
             self._wake()
         for link in stale:
@@ -172,12 +170,17 @@ class StageListener:
         each other (tests/chain/test_stage_link_guard.py::test_a_hello_of_a_round_this_stage_has_ended_is_refused).
         Returns how many links were closed."""
         self._ended = True
-        stale = []
-        while not self._queue.empty():
-            stale.append(self._queue.get_nowait())
+        stale = self._dequeue()
         for link in stale:
             await link.close(bye=False)
         return len(stale)
+
+    def _dequeue(self) -> List[StageLink]:
+        """The links that passed the handshake and were never accepted, taken out of the queue."""
+        out = []
+        while not self._queue.empty():
+            out.append(self._queue.get_nowait())
+        return out
 
     def _wake(self) -> None:
         self._moved.set()
@@ -203,5 +206,5 @@ class StageListener:
         for link in list(self._handshakes.values()):  # their handshakes end at once, as failed
             link._fail(LinkClosed("the listener closed", link), logging.DEBUG)
         self._wake()  # held hellos see their links closed
-        while not self._queue.empty():
-            await self._queue.get_nowait().close(bye=False)
+        for link in self._dequeue():
+            await link.close(bye=False)
