@@ -61,11 +61,11 @@ class LyingGatherer(exchange.PayloadGatherer):
     poison = b""  # what an invented owner "sent"
 
     async def rpc_relay(self, request: averaging_pb2.AveragingData, context: P2PContext) -> averaging_pb2.AveragingData:
+        if self.behaviour == "silent":  # every request, even one that comes before it has opened the group
+            await self._hold(context)
         group = self._groups.get(request.group_id)
         if group is None or context.remote_id.to_bytes() not in group.members:
             return await super().rpc_relay(request, context)
-        if self.behaviour == "silent":
-            await self._hold(context)
         ctx, me, key = group.agreement.context, self._signer.peer_id, self._signer
         signers, items = [key], []
         if self.behaviour == "frame":
@@ -99,9 +99,9 @@ class LyingGatherer(exchange.PayloadGatherer):
     async def rpc_fetch_payload(
         self, request: averaging_pb2.AveragingData, context: P2PContext
     ) -> AsyncIterator[averaging_pb2.AveragingData]:
-        group = self._groups.get(request.group_id)
-        if self.behaviour == "silent" and group is not None:
+        if self.behaviour == "silent":  # (a fetch that came before it opened the group would get its zeros)
             await self._hold(context)
+        group = self._groups.get(request.group_id)
         invented = {o.peer_id: o for o in self.outsiders}
         if group is not None and request.peer_id in invented:
             log.info(f"SERVED invented owner {request.peer_id.hex()[:12]} to {context.remote_id}")
