@@ -1,7 +1,7 @@
 """Hostile peers among honest ones, real processes: does the swarm hold?
 
     python bench/hostile.py [--quick] [--attacks NAME,NAME] [--honest N] [--hostile K] [--rounds R]
-                            [--seeds S] [--json OUT] [--workdir DIR]
+                            [--seeds S] [--sequential] [--nice-hostile N] [--json OUT] [--workdir DIR]
 
 Every run is a coordinator and peers on loopback, as processes (``voloco coordinator``, ``voloco
 peer --wait-peers … --max-rounds R --threads 1``): N honest peers (``--honest``, default 3) and K
@@ -183,9 +183,9 @@ def make_spec(cfg: Dict[str, Any], seed: int = 0, sequential: bool = False, max_
 
 
 def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float, honest: int = 3,
-               hostile: int = 1) -> Dict[str, Any]:
-    """Start the run (peers 0 .. honest-1 honest, then ``hostile`` processes of the attack), wait until
-    every honest peer has stopped (or ``timeout``), read what they report."""
+               hostile: int = 1, nice: int = 0) -> Dict[str, Any]:
+    """Start the run (peers 0 .. honest-1 honest, then ``hostile`` processes of the attack, at niceness
+    ``nice``), wait until every honest peer has stopped (or ``timeout``), read what they report."""
     from voloco.demo import Child, coordinator_up, peer_argv, read_status
 
     shutil.rmtree(workdir, ignore_errors=True)  # a previous run's address file and statuses would be read as this one's
@@ -213,6 +213,7 @@ def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float,
                 argv = attack.argv(Run(join, key or "", rounds, argv[4:], workdir))
                 if not argv:  # no hostile process
                     continue
+                argv = ["nice", "-n", str(nice), *argv] if nice else argv
             slots[i] = Child(f"peer{i}", argv, workdir / f"peer{i}.log")
             children.append(slots[i])
         watched = slots[:honest] if attack.argv is not None else slots
@@ -332,6 +333,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--max-overlap", type=float, default=1.0, metavar="F",
                     help="outer.max_overlap of every run: at most F x H steps ahead of an exchange in flight (default: 1.0; "
                     "not with --sequential)")
+    ap.add_argument("--nice-hostile", type=int, default=0, metavar="N",
+                    help="run the hostile processes at niceness N (1-19): on this shared machine they then take CPU "
+                    "mostly while the honest peers wait, as attackers on machines of their own would not take it "
+                    "at all; what is left of an attack's round time is what the swarm's protocol costs (default: 0)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take before it is stopped (default: 600)")
     ap.add_argument("--workdir", type=Path, help="where every run's logs and status files go (default: a temporary folder)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write every run's figures as JSON to OUT")
@@ -386,6 +391,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.error("--honest must be at least 2 and every --hostile count at least 1")
     if not 0.0 < args.max_overlap <= 1.0:
         ap.error(f"--max-overlap {args.max_overlap}: a fraction of H in (0, 1]")
+    if not 0 <= args.nice_hostile <= 19:
+        ap.error(f"--nice-hostile {args.nice_hostile}: a niceness from 0 to 19")
     if args.sequential and args.max_overlap < 1.0:
         ap.error("--max-overlap caps the steps of an overlapped round: it means nothing with --sequential")
     spec = make_spec(cfg, sequential=args.sequential, max_overlap=args.max_overlap)
@@ -393,7 +400,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"bench/hostile.py ({name}): {now()}, {machine()}\n{spec.outer.strategy}, "
           f"{spec.model.num_params():,} parameters, {args.honest} honest peers + {','.join(map(str, ks))} hostile, {rounds} rounds of H={spec.outer.inner_steps}"
           f"{', sequential (no overlap, no early close)' if args.sequential else ''}"
-          f"{f', outer.max_overlap {args.max_overlap:g}' if args.max_overlap < 1 else ''}; "
+          f"{f', outer.max_overlap {args.max_overlap:g}' if args.max_overlap < 1 else ''}"
+          f"{f', hostile processes at niceness {args.nice_hostile}' if args.nice_hostile else ''}; "
           f"logs in {workdir}", flush=True)
     t0 = time.monotonic()
     results = []
@@ -401,7 +409,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         def one(n: str, k: int) -> Dict[str, Any]:
             where = workdir / (f"{n}" if n == "honest-only" else f"{n}-k{k}")
             where = where if args.seeds == 1 else workdir / f"seed{seed}" / where.name
-            r = dict(run_attack(ATTACKS[n], make_spec(cfg, seed, args.sequential, args.max_overlap), rounds, where, args.timeout, args.honest, k), seed=seed,
+            r = dict(run_attack(ATTACKS[n], make_spec(cfg, seed, args.sequential, args.max_overlap), rounds, where, args.timeout, args.honest, k,
+                                args.nice_hostile), seed=seed,
                      k=0 if n == "honest-only" else k)
             print(f"  {n}{'' if n == 'honest-only' else f' K={k}'}{'' if args.seeds == 1 else f' (seed {seed})'}: "
                   f"{r['rounds']}/{rounds} rounds, val {r['val_loss']}, honest ok {r['honest_ok']}/{r['honest']}, "
@@ -420,7 +429,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.json:
         args.json.write_text(strict_json(dict(config=cfg, name=name, rounds=rounds, date=now(), machine=machine(),
                                              honest=args.honest, hostile=ks, sequential=args.sequential,
-                                             max_overlap=args.max_overlap, results=results), indent=2, default=str))
+                                             max_overlap=args.max_overlap, nice_hostile=args.nice_hostile,
+                                             results=results), indent=2, default=str))
     return 0
 
 

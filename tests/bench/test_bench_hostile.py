@@ -202,6 +202,29 @@ def test_a_bad_hostile_count_is_a_clear_error(capsys):
         assert "--hostile" in capsys.readouterr().err
 
 
+def test_only_the_hostile_processes_run_niced_and_a_bad_niceness_is_a_clear_error(monkeypatch, tmp_path, capsys):
+    started = []
+
+    class Started:  # records each process's argv instead of starting it
+        def __init__(self, name, argv, log):
+            started.append((name, argv))
+            log.write_text("")
+            self.proc = type("P", (), dict(poll=lambda self: 0))()
+
+        def stop(self, grace):
+            pass
+
+    import voloco.demo as demo
+    monkeypatch.setattr(demo, "Child", Started)
+    monkeypatch.setattr(demo, "coordinator_up", lambda workdir, toml, children: ("/ip4/127.0.0.1/tcp/1/p2p/x", ""))
+    spec = bh.make_spec(bh.CONFIGS["quick"])
+    bh.run_attack(bh.ATTACKS["silent-fresh"], spec, 2, tmp_path / "run", timeout=1.0, honest=2, hostile=1, nice=19)
+    assert [argv[:3] == ["nice", "-n", "19"] for _, argv in started] == [False, False, True]
+    with pytest.raises(SystemExit):
+        bh.main(["--quick", "--nice-hostile", "20"])
+    assert "--nice-hostile" in capsys.readouterr().err
+
+
 def test_the_clean_run_of_n_plus_k_is_added_only_where_an_attacker_trains(monkeypatch, tmp_path):
     ran = []
     monkeypatch.setattr(bh, "run_attack", lambda attack, *a, **k: ran.append(attack.name) or dict(
