@@ -3,7 +3,7 @@ for peers waited for in vain (the barrier's ledger), strikes for groupmates that
 our requests (the matchmaking's refusals), the budget for waits for strangers, and the budget for the
 time strangers cost in our groups (protocol/round/no_shows.py ``WaitBudget``, both).
 A mixin of peer/round/membership.py's ``Membership``, which owns the ledgers; guarded by
-tests/round/test_rejoin.py."""
+tests/round/test_rejoin.py and tests/round/test_strangers.py."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class NoShows:
         always hold a group it is in to its deadlines; this keeps what the strangers we let in cost to that
         share of any window plus one exchange (a leader that still admits them can let one into a group of
         ours meanwhile, and then owes as well; docs/trust.md)
-        (tests/round/test_rejoin.py::test_strangers_that_cost_our_group_time_keep_strangers_out_for_a_share_of_it)."""
+        (tests/round/test_strangers.py::test_strangers_that_cost_our_group_time_keep_strangers_out_for_a_share_of_it)."""
         now, cost = time.monotonic(), max(0.0, cost)
         # it holds no time in advance (a cap of 0): the first such exchange already keeps strangers out
         self.stranger_seats.spend(cost, now, 0.0, debt_s=STRANGER_DEBT_SLOTS * self.timing.gather_slot_s)
@@ -100,7 +100,7 @@ class NoShows:
         time only (peer/exchange/matchmaking.py ``refuse_peers``): long enough to find a leader we know
         that is looking, and no longer, so that newcomers left over (groups full, or the peers we know
         all in groups) still pair with whoever leads. We still accept strangers as followers
-        (tests/round/test_rejoin.py::test_a_stranger_leads_no_peer_that_knows_a_ready_peer)."""
+        (tests/round/test_strangers.py::test_a_stranger_leads_no_peer_that_knows_a_ready_peer)."""
         if not self.admits_strangers():
             return None  # ``admitted`` already follows only the peers we know, and for the whole matchmaking
         known = self.known()
@@ -125,7 +125,7 @@ class NoShows:
         (struck, refused): ``struck``, members struck for sending nothing or holding our requests;
         ``refused``, those and, while ``admits_strangers`` says no, the strangers. Before, a struck
         member that announced the round was waited for the whole allowance, and a stranger one read of
-        the view, 0.5 s a round (bench/hostile.py --attacks silent-fresh; tests/round/test_rejoin.py::
+        the view, 0.5 s a round (bench/hostile.py --attacks silent-fresh; tests/round/test_strangers.py::
         test_while_strangers_are_refused_the_barrier_waits_for_none_of_them,
         test_a_member_that_held_last_round_is_not_waited_for_while_it_finishes_it)."""
         struck = self.silent.skipped(round_no)

@@ -61,7 +61,7 @@ class RoundRecord:
         """The round's groupmates, as the next barrier waits for them and a lineage counts them: every
         member but ``me``, those excluded for sending nothing in time (struck and refused in
         matchmaking: a new identity that joined only to hold the group would otherwise be waited for
-        the whole allowance the next round, and be no stranger; tests/round/test_rejoin.py) and those that
+        the whole allowance the next round, and be no stranger; tests/round/test_strangers.py) and those that
         held our requests (``held``: a new identity whose payload one member relayed was waited for 6.7 s
         the next round; a member that trains that round is still waited for as any peer of it)."""
         return set(self.group) - {me} - self.judged(me)
@@ -69,7 +69,7 @@ class RoundRecord:
     def refused(self) -> Set[str]:
         """The senders whose contribution the round's checks refused (direction, values: ``robust.REFUSED``),
         not those excluded for how it was delivered (a fetch that timed out, a list that misstated parts:
-        possibly another peer's doing); tests/round/test_rejoin.py::test_a_sender_whose_update_was_refused_is_still_a_stranger."""
+        possibly another peer's doing); tests/round/test_strangers.py::test_a_sender_whose_update_was_refused_is_still_a_stranger."""
         return {s for s, why in self.excluded.items() if why.startswith(REFUSED)}
 
     def judged(self, me: str) -> Set[str]:
