@@ -6,8 +6,9 @@ matchmaking bounds them). Each member names its group's agreed set in its progre
 that gathers late, on a loaded host, still finds the set of a peer that has trained on and named
 the next round's), then waits for the peers of its round that are not in its group (ready, or
 still training, unless the round's barrier already gave up on them): until each has named a set,
-or has left the round (found no group and caught up, stopped), or too few are left to make a
-group of their own (``swarm.min_group_size``), or the wait ran out: the straggler allowance or
+or has left the round (found no group and caught up, stopped), or is a stranger (``Membership.known``)
+listed in the binding of a group whose set it holds (it sent nothing there: no set of its own is
+coming), or too few are left to make a group of their own (``swarm.min_group_size``), or the wait ran out: the straggler allowance or
 ``swarm.gather_timeout`` (the larger), and two matchmakings (``Timing.merge_allowance``), past the
 last set that came in, never more than ``swarm.round_wait``; both ``Timing.gathering_extra_slots``
 gather timeouts longer while a peer it waits for has finished training (ready or exchanging: its
@@ -104,6 +105,11 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     t0 = last_arrival = time.monotonic()
     seen_naming: Dict[str, List[str]] = {}
     others: Set[str] = set()  # peers of the round outside our group seen in it, or naming a set for it
+    # members of the groups whose sets we hold: a stranger among them that named no set (it sent nothing
+    # in that group) has no set of its own to come; a peer we know is still waited for, as a hostile
+    # group's binding may name it (tests/round/test_group_merge_waits.py)
+    grouped: Set[str] = set()
+    known = membership.known()
     # another group may form and agree as late as a gather's deadline after ours (a loaded host's matchmaking)
     # (matchmaking's wait as stretched on this host for the round's gather: peer/exchange/gatherer.py)
     timing = membership.timing
@@ -125,14 +131,15 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
                 continue
             tries[digest] = tries.get(digest, 0) + 1
             timeout = min(timing.set_fetch_s, max(timing.set_fetch_min_s, allowance - (time.monotonic() - last_arrival)))
-            if fetch_into(held, lists, gatherer, spec, sources, digest, round_no, timeout):
+            if fetch_into(held, lists, gatherer, spec, sources, digest, round_no, timeout, grouped):
                 last_arrival = time.monotonic()
             else:
                 failed.add(sources[0])  # not asked again this round, whatever set it names next
         # whoever is in the round and has named no set yet: those the barrier saw ready, and any the view
         # shows in the round now (the barrier's view may have been a read behind, or they came late)
         by_peer = {v.peer_id: v.progress for v in view}
-        in_round = {v.peer_id for v in view if v.progress.round == round_no and v.progress.state in IN_ROUND}
+        accounted = grouped - known
+        in_round = {v.peer_id for v in view if v.progress.round == round_no and v.progress.state in IN_ROUND} - accounted
         outstanding |= in_round
         others |= in_round | {p for pubs in named.values() for p in pubs}
         # with K: the merge waits, as it always did, only while a peer that may send is still to name a set
@@ -145,7 +152,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             if skip[p] <= round_no or (p in by_peer and by_peer[p].set_of(round_no)):
                 del skip[p]
         outstanding = {
-            p for p in outstanding - membership.no_shows - set(skip)
+            p for p in outstanding - membership.no_shows - set(skip) - accounted
             if p in by_peer and by_peer[p].round == round_no and by_peer[p].state in IN_ROUND
             and not (p in gave_up and by_peer[p].state == "training")
             and not by_peer[p].set_of(round_no)
@@ -192,11 +199,13 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
 
 
 def fetch_into(held: Dict[str, Dict[str, bytes]], lists: Optional[Dict[str, "SetList"]], gatherer, spec,
-               sources: List[str], digest: str, round_no: int, timeout: float) -> bool:
+               sources: List[str], digest: str, round_no: int, timeout: float,
+               members: Optional[Set[str]] = None) -> bool:
     """Fetch the set ``digest`` from ``sources[0]`` into ``held`` whole, or, where ``lists`` is kept,
-    as its list (the other ``sources`` asked later for its payloads); whether it came."""
+    as its list (the other ``sources`` asked later for its payloads); whether it came. ``members``:
+    where given, the members of the group that agreed it are added to it."""
     if lists is None:
-        got = fetch_checked_set(gatherer, spec, sources[0], digest, round_no, timeout)
+        got = fetch_checked_set(gatherer, spec, sources[0], digest, round_no, timeout, members)
         if got is not None:
             held[digest] = got
         return got is not None
@@ -204,6 +213,8 @@ def fetch_into(held: Dict[str, Dict[str, bytes]], lists: Optional[Dict[str, "Set
     if listed is not None:
         listed.sources += [p for p in sources if p not in listed.sources]
         lists[digest] = listed
+        if members is not None:
+            members.update(base58(m) for m in listed.manifest.binding.members)
     return listed is not None
 
 
@@ -399,8 +410,10 @@ def _adopt(peer, round_no: int, start_hash: str, wait_s: float, accept: Callable
     return None
 
 
-def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, timeout: float):
-    """The set ``digest`` from ``source``, checked, as sender (base58) -> payload; None on any failure."""
+def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, timeout: float,
+                      members: Optional[Set[str]] = None):
+    """The set ``digest`` from ``source``, checked, as sender (base58) -> payload; None on any failure.
+    ``members``: where given, the members of the group that agreed it (its binding) are added to it."""
     raw = gatherer.fetch_set(source, digest, timeout=timeout)
     if raw is None:
         return None
@@ -410,5 +423,7 @@ def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, t
     except group_sets.SetError as e:
         logger.warning(f"round {round_no}: {source} served a set that is refused: {e}")
         return None
+    if members is not None:
+        members.update(base58(m) for m in checked.binding.members)
     return {base58(owner): payload for owner, payload in checked.payloads.items()}
 

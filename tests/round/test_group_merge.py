@@ -47,6 +47,7 @@ class Swarm:
     def __init__(self, views: List[list], serves: Dict[str, Dict[str, bytes]], allowance: float = 1.0):
         self.views, self.serves, self.allowance = views, serves, allowance
         self.no_shows: set = set()
+        self.known_peers: set = set()  # no strangers to this member (Membership.known)
         self.asked: List[str] = []
         self.published = 0
         self.read_began = float("-inf")
@@ -66,6 +67,9 @@ class Swarm:
 
     def straggler_allowance(self) -> float:
         return self.allowance
+
+    def known(self) -> frozenset:
+        return frozenset(self.known_peers)
 
     # gatherer
     run_digest, max_payload_bytes = RUN, MAX_PAYLOAD

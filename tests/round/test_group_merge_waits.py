@@ -1,13 +1,18 @@
-"""How long a member of a group waits for its groupmates' lists of merged sets (peer/round/merge.py):
+"""How long a member of a group waits (peer/round/merge.py): for its groupmates' lists of merged sets
 as long as a groupmate's merge may run where the round shows another group, the allowance where it
-shows none, and a groupmate that left us waiting lately is not waited for long again."""
+shows none, and a groupmate that left us waiting lately is not waited for long again; for a stranger
+of the round that sent nothing in a group whose set it holds, not at all."""
 
 from __future__ import annotations
 
+import time
+
 from peer.round.merge import merge_round
+from protocol.round.group_sets import pack_set, set_digest
 from protocol.round.timing import Timing
-from tests.round.test_group_merge import Swarm, a_group, member_of, record
-from tests.protocol.test_group_sets import ROUND
+from tests.round.test_group_merge import Swarm, a_group, b58, member_of, record
+from tests.protocol.test_group_sets import ROUND, agreed_set
+from tests.support.agreement_sim import signer
 
 
 def test_a_groupmate_still_merging_is_waited_for_as_long_as_its_merge_may_run():
@@ -51,3 +56,32 @@ def test_a_quiet_groupmate_is_waited_for_the_allowance_where_the_round_shows_ano
         peer, result = member_of(swarm, mine)
         merge_round(peer, ROUND, result, ready=[], quiet={mate: ROUND + 3})
     assert waits[0][mate] >= 3.0 and waits[1][mate] == Timing.quiet_mate_s
+
+
+def test_a_stranger_that_sent_nothing_in_a_group_whose_set_we_hold_is_not_waited_for_but_a_peer_we_know_is():
+    # the other group (keys 2-5) agreed the payloads of 2 and 3; 4 and 5 (new identities every round,
+    # which join groups and send nothing) still say "ready" and name no set (two: one alone could form
+    # no group, and is not waited for anyway). Its group's set is held:
+    # no set of its own is coming, so a stranger is not waited for (6 honest peers and 3 such identities
+    # waited round_wait for them in every round they met in two groups: bench/RESULTS.md). The binding
+    # is signed by its group's owners only, and a hostile group may name any member: a peer we know
+    # is still waited for, and struck when it does not come
+    mine = a_group(0, 2, b"g1")
+    sent = {signer(i).peer_id: b"payload of %d" % i for i in (2, 3)}
+    binding, envelopes, payloads = agreed_set(2, 4, group_id=b"g2", payloads=sent)
+    theirs = (pack_set(binding, envelopes), set_digest(binding.context, payloads), {b58(o): p for o, p in payloads.items()})
+    silent = {b58(signer(i).peer_id) for i in (4, 5)}
+    view = [record(p, gathered=theirs[1]) for p in sorted(theirs[2])] + [record(p, state="ready") for p in sorted(silent)]
+    for known in (set(), silent):
+        swarm = Swarm([view], {sorted(theirs[2])[0]: {theirs[1]: theirs[0]}}, allowance=2.0)
+        swarm.known_peers = known
+        swarm.merged_by = lambda ask, digest, round_no=None: {p: None for p in ask}
+        peer, result = member_of(swarm, mine)
+        t0 = time.monotonic()
+        merged = merge_round(peer, ROUND, result, ready=sorted(silent))
+        took = time.monotonic() - t0
+        assert merged.sets == 2 and merged.payloads == {**mine[2], **theirs[2]}
+        if known:
+            assert swarm.no_shows == silent and took >= 2.0  # waited the allowance, then struck
+        else:
+            assert not swarm.no_shows and took < 2.0
