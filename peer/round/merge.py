@@ -109,7 +109,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     # in that group) has no set of its own to come; a peer we know is still waited for, as a hostile
     # group's binding may name it (tests/round/test_group_merge_waits.py)
     grouped: Set[str] = set()
-    known = membership.known()
+    acquaintances = membership.known()
     # another group may form and agree as late as a gather's deadline after ours (a loaded host's matchmaking)
     # (matchmaking's wait as stretched on this host for the round's gather: peer/exchange/gatherer.py)
     timing = membership.timing
@@ -138,7 +138,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         # whoever is in the round and has named no set yet: those the barrier saw ready, and any the view
         # shows in the round now (the barrier's view may have been a read behind, or they came late)
         by_peer = {v.peer_id: v.progress for v in view}
-        accounted = grouped - known
+        accounted = grouped - acquaintances
         in_round = {v.peer_id for v in view if v.progress.round == round_no and v.progress.state in IN_ROUND} - accounted
         outstanding |= in_round
         others |= in_round | {p for pubs in named.values() for p in pubs}
