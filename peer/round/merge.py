@@ -7,18 +7,20 @@ that gathers late, on a loaded host, still finds the set of a peer that has trai
 the next round's), then waits for the peers of its round that are not in its group (ready, or
 still training, unless the round's barrier already gave up on them): until each has named a set,
 or has left the round (found no group and caught up, stopped), or is a stranger (``Membership.known``)
-listed in the binding of a group whose set it holds (it sent nothing there: no set of its own is
-coming), or too few are left to make a group of their own (``swarm.min_group_size``), or the wait ran out: the straggler allowance or
-``swarm.gather_timeout`` (the larger), and two matchmakings (``Timing.merge_allowance``), past the
-last set that came in, never more than ``swarm.round_wait``; both ``Timing.gathering_extra_slots``
-gather timeouts longer while a peer it waits for has finished training (ready or exchanging: its
-group's set is coming, and a large group on a loaded host gathers for longer than a small one).
-Every set named for the round is fetched from one of the peers that named it (another on
-failure), checked envelope by envelope (protocol/round/group_sets.py) and merged: θ is computed from the
-union, in canonical order, so groups that hold the same sets hold the same θ. A set that cannot be
-had in time leaves that round with a second θ; a member of the minority takes the majority's
-parameters at the next round's start-hash check. Guarded by tests/round/test_group_merge.py and
-tests/round/test_group_merge_waits.py.
+listed in a binding that a set it holds vouches for (``Vouched``: it sent nothing there, no set of
+its own is coming), or too few are left to make a group of their own (``swarm.min_group_size``), or
+the wait ran out: the straggler allowance or ``swarm.gather_timeout`` (the larger), and two
+matchmakings (``Timing.merge_allowance``), past the last set that came in, never more than
+``swarm.round_wait``; for strangers alone, what their budget grants (``Membership.strangers_wait``:
+a group of new identities that never names its set held every honest merge); both
+``Timing.gathering_extra_slots`` gather timeouts longer while a peer it waits for has finished
+training (ready or exchanging: its group's set is coming, and a large group on a loaded host
+gathers for longer than a small one). Every set named for the round is fetched from one of the
+peers that named it (another on failure), checked envelope by envelope
+(protocol/round/group_sets.py) and merged: θ is computed from the union, in canonical order, so
+groups that hold the same sets hold the same θ. A set that cannot be had in time leaves that round
+with a second θ; a member of the minority takes the majority's parameters at the next round's
+start-hash check. Guarded by tests/round/test_group_merge.py and tests/round/test_group_merge_waits.py.
 
 Only peers of the same part of the model (``progress.part``: a full replica, a slice, a stage)
 are asked: the others gather under another key.
@@ -29,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Callable, Container, Dict, Iterable, List, Optional, Set, Tuple
 
 from peer.exchange.results import GatherResult, base58
 from peer.round.draw import SetList, fetch_checked_list
@@ -40,6 +42,20 @@ from protocol.round.peer_states import IN_ROUND, NOT_IN_ROUNDS
 logger = logging.getLogger("voloco.peer")
 
 TRIES_PER_SET = 3  # peers that named a set asked for it, one after the other, before giving it up
+
+
+@dataclass
+class Vouched:
+    """The members of the groups whose sets the merge holds, where their set vouches for its binding
+    (protocol/round/group_sets.py ``vouched``); ``known``: Membership.known."""
+
+    known: Container[str]
+    members: Set[str] = field(default_factory=set)
+
+    def note(self, members: Iterable[bytes], owners: Iterable[bytes]) -> None:
+        members = [base58(m) for m in members]
+        if group_sets.vouched(members, (base58(o) for o in owners), self.known):
+            self.members.update(members)
 
 
 @dataclass
@@ -105,11 +121,11 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     t0 = last_arrival = time.monotonic()
     seen_naming: Dict[str, List[str]] = {}
     others: Set[str] = set()  # peers of the round outside our group seen in it, or naming a set for it
-    # members of the groups whose sets we hold: a stranger among them that named no set (it sent nothing
-    # in that group) has no set of its own to come; a peer we know is still waited for, as a hostile
-    # group's binding may name it (tests/round/test_group_merge_waits.py)
-    grouped: Set[str] = set()
+    # members of the groups whose sets we hold, as far as the sets vouch: a stranger among them that named no
+    # set has none to come; a peer we know is still waited for (tests/round/test_group_merge_waits.py)
     acquaintances = membership.known()
+    grouped = Vouched(acquaintances)
+    stranger_wait: Optional[float] = None  # once it waits for strangers alone: what their budget granted
     # another group may form and agree as late as a gather's deadline after ours (a loaded host's matchmaking)
     # (matchmaking's wait as stretched on this host for the round's gather: peer/exchange/gatherer.py)
     timing = membership.timing
@@ -138,9 +154,9 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         # whoever is in the round and has named no set yet: those the barrier saw ready, and any the view
         # shows in the round now (the barrier's view may have been a read behind, or they came late)
         by_peer = {v.peer_id: v.progress for v in view}
-        accounted = grouped - acquaintances
+        accounted = grouped.members - acquaintances
         in_round = {v.peer_id for v in view if v.progress.round == round_no and v.progress.state in IN_ROUND} - accounted
-        outstanding |= in_round
+        outstanding = (outstanding | in_round) - accounted
         others |= in_round | {p for pubs in named.values() for p in pubs}
         # with K: the merge waits, as it always did, only while a peer that may send is still to name a set
         # (before this peer's own skips: a sender it skips may still form a group with the others it waits
@@ -152,7 +168,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             if skip[p] <= round_no or (p in by_peer and by_peer[p].set_of(round_no)):
                 del skip[p]
         outstanding = {
-            p for p in outstanding - membership.no_shows - set(skip) - accounted
+            p for p in outstanding - membership.no_shows - set(skip)
             if p in by_peer and by_peer[p].round == round_no and by_peer[p].state in IN_ROUND
             and not (p in gave_up and by_peer[p].state == "training")
             and not by_peer[p].set_of(round_no)
@@ -162,8 +178,15 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         # once its group's gather ends: a large group on a loaded host gathers for longer than a pair
         # (test_a_large_group_still_gathering_past_round_wait_is_waited_for_and_one_still_training_is_not)
         extra = timing.gathering_extra() if round_policy.still_gathering(by_peer[p].state for p in outstanding) else 0.0
-        clock = round_policy.MergeClock(now=time.monotonic(), started=t0, last_arrival=last_arrival, allowance=allowance,
-                                        extra=extra, round_wait=timing.round_wait_s)
+        # strangers alone (a group of new identities that never names its set): what their budget grants,
+        # asked once; a peer we know among them: the whole allowance, as before
+        strangers_only = sender_coming and bool(outstanding) and not (outstanding & acquaintances)
+        if strangers_only and stranger_wait is None:
+            stranger_wait = membership.strangers_wait(outstanding)
+        limited = strangers_only and stranger_wait is not None
+        clock = round_policy.MergeClock(now=time.monotonic(), started=t0, last_arrival=last_arrival,
+                                        allowance=min(allowance, stranger_wait) if limited else allowance,
+                                        extra=0.0 if limited else extra, round_wait=timing.round_wait_s)
         decision = round_policy.merge_wait(clock, bool(view), len(outstanding) if sender_coming else 0, len(unfetched),
                                            spec.swarm.min_group_size,
                                            fresh_read=membership.read_began > t0)
@@ -171,8 +194,11 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             break  # alone, or nothing more to wait for in a view read after our group's gather
         if decision is round_policy.MergeWait.TIMED_OUT:
             sending = {p for p in outstanding if awaited is None or awaited(p, by_peer[p])}
+            new = " new to us (what the budget for strangers holds)" if limited else ""
             logger.info(f"round {round_no}: merged {len(held) - 1} other groups' sets; not waiting longer for "
-                        f"{len(sending)} peers of the round and {len(unfetched)} sets")
+                        f"{len(sending)} peers of the round{new} and {len(unfetched)} sets")
+            if strangers_only:
+                membership.waited_for_strangers(clock.now - last_arrival)
             skip.update({p: round_no + timing.merge_skip_rounds for p in sending})
             membership.missed(sending, round_no)  # strikes outlive a set named later (protocol/round/no_shows.py)
             break
@@ -200,10 +226,10 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
 
 def fetch_into(held: Dict[str, Dict[str, bytes]], lists: Optional[Dict[str, "SetList"]], gatherer, spec,
                sources: List[str], digest: str, round_no: int, timeout: float,
-               members: Optional[Set[str]] = None) -> bool:
+               members: Optional[Vouched] = None) -> bool:
     """Fetch the set ``digest`` from ``sources[0]`` into ``held`` whole, or, where ``lists`` is kept,
     as its list (the other ``sources`` asked later for its payloads); whether it came. ``members``:
-    where given, the members of the group that agreed it are added to it."""
+    where given, the members of the group that agreed it are noted there."""
     if lists is None:
         got = fetch_checked_set(gatherer, spec, sources[0], digest, round_no, timeout, members)
         if got is not None:
@@ -214,7 +240,7 @@ def fetch_into(held: Dict[str, Dict[str, bytes]], lists: Optional[Dict[str, "Set
         listed.sources += [p for p in sources if p not in listed.sources]
         lists[digest] = listed
         if members is not None:
-            members.update(base58(m) for m in listed.manifest.binding.members)
+            members.note(listed.manifest.binding.members, listed.manifest.entries)
     return listed is not None
 
 
@@ -350,10 +376,9 @@ def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage
     (peer/round/state_sync.py ``Basis``: the set its server's group agreed in the round before): it
     has no groupmates, and its lineage is every peer whose record names that set for that round.
     Without this such a peer stays apart when the others' rounds overlap: it has its θ only when they
-    are ready for the round, arrives after their group has gathered, defers, downloads the next
-    state, and again; taking their set keeps the steps
-    it took meanwhile, so it is in step with them by the next round
-    (``test_a_peer_that_installed_a_state_takes_the_set_of_its_servers_lineage``).
+    are ready for the round, arrives after their group has gathered, defers, downloads the next state,
+    and again; taking their set keeps the steps it took meanwhile, so it is in step with them by the
+    next round (``test_a_peer_that_installed_a_state_takes_the_set_of_its_servers_lineage``).
 
     Whatever the lineage, a peer whose record says its group's set of ``round_no`` was applied to our
     θ (``gathered_from == start_hash``) is of it: in a swarm of many groups a lineage of one group
@@ -411,9 +436,9 @@ def _adopt(peer, round_no: int, start_hash: str, wait_s: float, accept: Callable
 
 
 def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, timeout: float,
-                      members: Optional[Set[str]] = None):
+                      members: Optional[Vouched] = None):
     """The set ``digest`` from ``source``, checked, as sender (base58) -> payload; None on any failure.
-    ``members``: where given, the members of the group that agreed it (its binding) are added to it."""
+    ``members``: where given, the members of the group that agreed it (its binding) are noted there."""
     raw = gatherer.fetch_set(source, digest, timeout=timeout)
     if raw is None:
         return None
@@ -424,6 +449,6 @@ def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, t
         logger.warning(f"round {round_no}: {source} served a set that is refused: {e}")
         return None
     if members is not None:
-        members.update(base58(m) for m in checked.binding.members)
+        members.note(checked.binding.members, checked.payloads)
     return {base58(owner): payload for owner, payload in checked.payloads.items()}
 

@@ -76,6 +76,24 @@ class NoShows:
         logger.info(f"round {round_no}: {_names(strangers)}, new to us, joined our group and sent nothing "
                     f"({cost:.0f} s): matching with no new identity for about {out:.0f} s")
 
+    def strangers_wait(self, peers: Iterable[str]) -> Optional[float]:
+        """How long past the last arrival a wait for ``peers`` alone may last where every one is a
+        stranger and the budget for strangers applies: what it grants (nothing while our matchmaking
+        refuses strangers), one read of the view at least, as the barrier's. None where a peer we know
+        is among them, or in our first round: the caller's whole allowance. The merge's wait for a group
+        of new identities that never names its set (peer/round/merge.py;
+        tests/round/test_strangers.py::test_the_merge_waits_for_strangers_alone_what_the_budget_grants)."""
+        peers = set(peers)
+        if not peers or not self.wait_budget.limiting or not all(self.wait_budget.stranger(p) for p in peers):
+            return None
+        cap = self.straggler_allowance()
+        grant = self.wait_budget.grant(time.monotonic(), cap) if self.admits_strangers() else 0.0
+        return max(grant, min(cap, self.read_interval() + self.read_latency()))
+
+    def waited_for_strangers(self, seconds: float) -> None:
+        """``seconds`` past the last arrival were waited in vain for strangers alone: paid from the budget."""
+        self.wait_budget.spend(seconds, time.monotonic(), self.straggler_allowance())
+
     def admits_strangers(self) -> bool:
         """Whether our matchmaking admits strangers now: ``stranger_seats`` owes nothing (``_charge_strangers``)."""
         return self.stranger_seats.owed(time.monotonic(), 0.0) <= 0.0

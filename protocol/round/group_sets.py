@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, FrozenSet, Hashable, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Container, Dict, FrozenSet, Hashable, Iterable, Mapping, Optional, Sequence, Tuple
 
 import msgpack
 
@@ -146,6 +146,17 @@ def union(sets: Iterable[Mapping[Hashable, Any]], key: Callable[[Any], Any] = la
                 del merged[sender]
                 excluded[sender] = TWO_PAYLOADS
     return merged, excluded
+
+
+def vouched(members: Sequence[Hashable], owners: Iterable[Hashable], known: Container[Hashable]) -> bool:
+    """Whether a checked set's binding may be taken for its group's members (a stranger listed there
+    that named no set sent nothing in that group: no set of its own is coming). The binding is signed
+    by the set's owners only: a set of new identities can list anyone, honest newcomers too, to keep
+    them out of a merge's wait. So it counts where one of its ``owners`` is ``known`` (no stranger), or,
+    while we know nobody else (``known`` is ourselves alone: our first round, when every peer is a
+    stranger), where most ``members`` own an envelope in it (tests/protocol/test_group_sets.py)."""
+    owners = list(owners)
+    return any(o in known for o in owners) or (len(known) <= 1 and 2 * len(owners) > len(members))
 
 
 MAX_NAMES = 256  # the most set names a member's list of what it merged may hold (groups in one round)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from protocol.round.group_sets import (DIGEST_CHARS, MAX_NAMES, TWO_PAYLOADS, SetError, late_union, open_set, pack_names, pack_set,
                                  repaired_key, start_keys,
-                                 parse_names, set_digest, union)
+                                 parse_names, set_digest, union, vouched)
 from protocol.wire.signed import seal
 from tests.support.agreement_sim import MAX_PAYLOAD, RUN, binding_of, signer
 
@@ -196,3 +196,12 @@ def test_start_keys_are_the_same_whatever_the_order_members_are_listed_in(last, 
     for m, key in start_keys(starts, last, u).items():
         if not last[m][0] or u <= set(last[m][1]):
             assert key == starts[m]
+
+
+def test_a_binding_is_vouched_for_by_an_owner_we_know_or_in_our_first_round_by_most_members():
+    members = ["a", "b", "s1", "s2"]
+    assert vouched(members, ["a"], known={"me", "a"})  # an owner we know signed it
+    assert not vouched(members, ["s1", "s2", "x"], known={"me", "a"})  # only strangers signed it
+    # we know nobody (our first round): most of the members must own an envelope in it
+    assert vouched(members, ["a", "b", "s1"], known={"me"})
+    assert not vouched(members, ["a", "b"], known={"me"}) and not vouched(members, ["a", "b"], known=set())

@@ -71,6 +71,15 @@ class Swarm:
     def known(self) -> frozenset:
         return frozenset(self.known_peers)
 
+    stranger_grant: Optional[float] = None  # where set: the budget for strangers applies and grants this
+    paid_for_strangers: List[float] = []
+
+    def strangers_wait(self, peers) -> Optional[float]:
+        return None if self.stranger_grant is None or set(peers) & self.known_peers else self.stranger_grant
+
+    def waited_for_strangers(self, seconds: float) -> None:
+        self.paid_for_strangers = [*self.paid_for_strangers, seconds]
+
     # gatherer
     run_digest, max_payload_bytes = RUN, MAX_PAYLOAD
 

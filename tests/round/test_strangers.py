@@ -308,3 +308,19 @@ def test_a_wait_for_strangers_alone_ends_once_a_ready_peer_we_know_has_left_its_
     t0 = clock.now
     m4.wait_for_round(9, set(), first_round=False)
     assert clock.now - t0 >= m4.straggler_allowance()
+
+
+def test_the_merge_waits_for_strangers_alone_what_the_budget_grants(monkeypatch, clock):
+    # peer/round/merge.py asks how long it may wait for peers of the round that never name a set: the
+    # whole allowance (None) in our first round or where a peer we know is among them; for strangers
+    # alone, what the budget grants (one read at least), and what it waits in vain is paid from it
+    m = barrier(monkeypatch, clock, lambda m: [view("me", 7)])
+    cap = m.straggler_allowance()
+    assert m.strangers_wait({"n1", "n2"}) is None  # our first round: nobody limits
+    m.came_in(6, {"a"})
+    assert m.strangers_wait({"n1", "a"}) is None and m.strangers_wait(set()) is None
+    assert m.strangers_wait({"n1", "n2"}) == cap  # the budget starts full: one allowance
+    m.waited_for_strangers(cap)
+    assert m.strangers_wait({"n1"}) == min(cap, m.read_interval() + m.read_latency())  # spent: one read
+    clock.sleep(cap / m.wait_budget.share)
+    assert m.strangers_wait({"n1"}) == cap  # refilled at its share of wall time
