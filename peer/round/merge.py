@@ -7,8 +7,8 @@ that gathers late, on a loaded host, still finds the set of a peer that has trai
 the next round's), then waits for the peers of its round that are not in its group (ready, or
 still training, unless the round's barrier already gave up on them): until each has named a set,
 or has left the round (found no group and caught up, stopped), or is a stranger (``Membership.known``)
-listed in a binding that a set it holds vouches for (``Vouched``: it sent nothing there, no set of
-its own is coming), or too few are left to make a group of their own (``swarm.min_group_size``), or
+listed in a binding that a set it holds vouches for (group_sets.py ``vouched``: it sent nothing
+there, no set of its own is coming), or too few are left to make a group of their own (``swarm.min_group_size``), or
 the wait ran out: the straggler allowance or ``swarm.gather_timeout`` (the larger), and two
 matchmakings (``Timing.merge_allowance``), past the last set that came in, never more than
 ``swarm.round_wait``; for strangers alone, what their budget grants (``Membership.strangers_wait``:
@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Container, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from peer.exchange.results import GatherResult, base58
 from peer.round.draw import SetList, fetch_checked_list
@@ -44,18 +44,7 @@ logger = logging.getLogger("voloco.peer")
 TRIES_PER_SET = 3  # peers that named a set asked for it, one after the other, before giving it up
 
 
-@dataclass
-class Vouched:
-    """The members of the groups whose sets the merge holds, where their set vouches for its binding
-    (protocol/round/group_sets.py ``vouched``); ``known``: Membership.known."""
-
-    known: Container[str]
-    members: Set[str] = field(default_factory=set)
-
-    def note(self, members: Iterable[bytes], owners: Iterable[bytes]) -> None:
-        members = [base58(m) for m in members]
-        if group_sets.vouched(members, (base58(o) for o in owners), self.known):
-            self.members.update(members)
+Bindings = List[Tuple[List[str], List[str]]]  # (members, owners) of each group whose set the merge holds
 
 
 @dataclass
@@ -124,8 +113,9 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     # members of the groups whose sets we hold, as far as the sets vouch: a stranger among them that named no
     # set has none to come; a peer we know is still waited for (tests/round/test_group_merge_waits.py)
     acquaintances = membership.known()
-    grouped = Vouched(acquaintances)
+    grouped: Bindings = []
     stranger_wait: Optional[float] = None  # once it waits for strangers alone: what their budget granted
+    strangers_since: Optional[float] = None  # since when it has waited for strangers alone
     # another group may form and agree as late as a gather's deadline after ours (a loaded host's matchmaking)
     # (matchmaking's wait as stretched on this host for the round's gather: peer/exchange/gatherer.py)
     timing = membership.timing
@@ -154,7 +144,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         # whoever is in the round and has named no set yet: those the barrier saw ready, and any the view
         # shows in the round now (the barrier's view may have been a read behind, or they came late)
         by_peer = {v.peer_id: v.progress for v in view}
-        accounted = grouped.members - acquaintances
+        accounted = {m for members, owners in grouped if group_sets.vouched(members, owners, acquaintances)
+                     for m in members} - acquaintances
         in_round = {v.peer_id for v in view if v.progress.round == round_no and v.progress.state in IN_ROUND} - accounted
         outstanding = (outstanding | in_round) - accounted
         others |= in_round | {p for pubs in named.values() for p in pubs}
@@ -178,13 +169,17 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         # once its group's gather ends: a large group on a loaded host gathers for longer than a pair
         # (test_a_large_group_still_gathering_past_round_wait_is_waited_for_and_one_still_training_is_not)
         extra = timing.gathering_extra() if round_policy.still_gathering(by_peer[p].state for p in outstanding) else 0.0
-        # strangers alone (a group of new identities that never names its set): what their budget grants,
-        # asked once; a peer we know among them: the whole allowance, as before
-        strangers_only = sender_coming and bool(outstanding) and not (outstanding & acquaintances)
+        # strangers alone (a group of new identities that never names its set), no named set left to fetch:
+        # what their budget grants past the later of the last arrival and the moment only they were left,
+        # asked once; a peer we know among them, or a set still to fetch: the whole allowance, as before
+        now = time.monotonic()
+        strangers_only = sender_coming and bool(outstanding) and not unfetched and not (outstanding & acquaintances)
+        strangers_since = (now if strangers_since is None else strangers_since) if strangers_only else None
         if strangers_only and stranger_wait is None:
             stranger_wait = membership.strangers_wait(outstanding)
         limited = strangers_only and stranger_wait is not None
-        clock = round_policy.MergeClock(now=time.monotonic(), started=t0, last_arrival=last_arrival,
+        since = max(last_arrival, strangers_since) if strangers_only else last_arrival
+        clock = round_policy.MergeClock(now=now, started=t0, last_arrival=since if limited else last_arrival,
                                         allowance=min(allowance, stranger_wait) if limited else allowance,
                                         extra=0.0 if limited else extra, round_wait=timing.round_wait_s)
         decision = round_policy.merge_wait(clock, bool(view), len(outstanding) if sender_coming else 0, len(unfetched),
@@ -197,8 +192,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             new = " new to us (what the budget for strangers holds)" if limited else ""
             logger.info(f"round {round_no}: merged {len(held) - 1} other groups' sets; not waiting longer for "
                         f"{len(sending)} peers of the round{new} and {len(unfetched)} sets")
-            if strangers_only:
-                membership.waited_for_strangers(clock.now - last_arrival)
+            if strangers_only:  # in vain, and for them alone
+                membership.waited_for_strangers(clock.now - since)
             skip.update({p: round_no + timing.merge_skip_rounds for p in sending})
             membership.missed(sending, round_no)  # strikes outlive a set named later (protocol/round/no_shows.py)
             break
@@ -226,10 +221,10 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
 
 def fetch_into(held: Dict[str, Dict[str, bytes]], lists: Optional[Dict[str, "SetList"]], gatherer, spec,
                sources: List[str], digest: str, round_no: int, timeout: float,
-               members: Optional[Vouched] = None) -> bool:
+               members: Optional[Bindings] = None) -> bool:
     """Fetch the set ``digest`` from ``sources[0]`` into ``held`` whole, or, where ``lists`` is kept,
     as its list (the other ``sources`` asked later for its payloads); whether it came. ``members``:
-    where given, the members of the group that agreed it are noted there."""
+    where given, its binding's members and its owners are added to it."""
     if lists is None:
         got = fetch_checked_set(gatherer, spec, sources[0], digest, round_no, timeout, members)
         if got is not None:
@@ -240,7 +235,7 @@ def fetch_into(held: Dict[str, Dict[str, bytes]], lists: Optional[Dict[str, "Set
         listed.sources += [p for p in sources if p not in listed.sources]
         lists[digest] = listed
         if members is not None:
-            members.note(listed.manifest.binding.members, listed.manifest.entries)
+            members.append(([base58(m) for m in listed.manifest.binding.members], [base58(o) for o in listed.manifest.entries]))
     return listed is not None
 
 
@@ -436,9 +431,9 @@ def _adopt(peer, round_no: int, start_hash: str, wait_s: float, accept: Callable
 
 
 def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, timeout: float,
-                      members: Optional[Vouched] = None):
+                      members: Optional[Bindings] = None):
     """The set ``digest`` from ``source``, checked, as sender (base58) -> payload; None on any failure.
-    ``members``: where given, the members of the group that agreed it (its binding) are noted there."""
+    ``members``: where given, its binding's members and its owners are added to it."""
     raw = gatherer.fetch_set(source, digest, timeout=timeout)
     if raw is None:
         return None
@@ -449,6 +444,6 @@ def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, t
         logger.warning(f"round {round_no}: {source} served a set that is refused: {e}")
         return None
     if members is not None:
-        members.note(checked.binding.members, checked.payloads)
+        members.append(([base58(m) for m in checked.binding.members], [base58(o) for o in checked.payloads]))
     return {base58(owner): payload for owner, payload in checked.payloads.items()}
 

@@ -68,8 +68,10 @@ class Swarm:
     def straggler_allowance(self) -> float:
         return self.allowance
 
+    me: str = ""  # set by member_of: Membership.known counts ourselves
+
     def known(self) -> frozenset:
-        return frozenset(self.known_peers)
+        return frozenset(self.known_peers | {self.me})
 
     stranger_grant: Optional[float] = None  # where set: the budget for strangers applies and grants this
     paid_for_strangers: List[float] = []
@@ -98,7 +100,7 @@ def member_of(swarm: Swarm, mine):
     packed, digest, payloads = mine
     spec = SimpleNamespace(swarm=SimpleNamespace(matchmaking_time=0.1, gather_timeout=0.1, round_wait=10.0, heartbeat_period=0.5,
                                                  max_group_size=16, min_group_size=2))
-    swarm.timing = Timing.from_spec(spec)
+    swarm.timing, swarm.me = Timing.from_spec(spec), sorted(payloads)[0]
     peer = SimpleNamespace(membership=swarm, gatherer=swarm, spec=spec, stop_event=threading.Event(),
                            role=SimpleNamespace(progress_part=-1), gathered=(0, ""), peer_id=sorted(payloads)[0],
                            engine=SimpleNamespace(params_hash=lambda: "a" * 16))

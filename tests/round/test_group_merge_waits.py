@@ -83,31 +83,32 @@ def test_a_stranger_that_sent_nothing_in_a_group_whose_set_we_hold_is_not_waited
             assert not swarm.no_shows and took < 2.0
 
 
-def _a_set_with_silent_members():
-    """Our group (keys 0, 1); another (keys 2-5) whose set holds the payloads of 2 and 3 only; the
-    records of 4 and 5 say "ready" and name no set."""
+def _a_set_with_silent_members(signed=(2, 3), silent=(4, 5)):
+    """Our group (keys 0, 1); another (keys ``signed`` and ``silent``) whose set holds the payloads of
+    ``signed`` only; the records of ``silent`` say "ready" and name no set."""
     mine = a_group(0, 2, b"g1")
-    sent = {signer(i).peer_id: b"payload of %d" % i for i in (2, 3)}
-    binding, envelopes, payloads = agreed_set(2, 4, group_id=b"g2", payloads=sent)
+    sent = {signer(i).peer_id: b"payload of %d" % i for i in signed}
+    binding, envelopes, payloads = agreed_set(min(signed), len(signed) + len(silent), group_id=b"g2", payloads=sent)
     theirs = (pack_set(binding, envelopes), set_digest(binding.context, payloads), {b58(o): p for o, p in payloads.items()})
-    silent = {b58(signer(i).peer_id) for i in (4, 5)}
-    view = [record(p, gathered=theirs[1]) for p in sorted(theirs[2])] + [record(p, state="ready") for p in sorted(silent)]
-    return mine, theirs, silent, view
+    quiet = {b58(signer(i).peer_id) for i in silent}
+    view = [record(p, gathered=theirs[1]) for p in sorted(theirs[2])] + [record(p, state="ready") for p in sorted(quiet)]
+    return mine, theirs, quiet, view
 
 
 def test_a_binding_only_strangers_signed_vouches_for_nobody():
     # the same set, its owners (2, 3) new to us: its binding may list anyone (honest newcomers kept out
     # of our wait so), so 4 and 5 are waited for as any peer of the round; in our first round (we know
-    # nobody) a set most of whose members signed it still vouches, and here 2 of 4 did not
-    mine, theirs, silent, view = _a_set_with_silent_members()
-    for known, vouched in (({b58(signer(0).peer_id), b58(signer(1).peer_id)}, False), (set(), False)):
+    # nobody but ourselves) a set most of whose members signed it still vouches: 3 of 5, not 2 of 4
+    our_group = {b58(signer(0).peer_id), b58(signer(1).peer_id)}
+    for known, signed, vouched in ((our_group, (2, 3), False), (set(), (2, 3), False), (set(), (2, 3, 4), True)):
+        mine, theirs, silent, view = _a_set_with_silent_members(signed, (5, 6))
         swarm = Swarm([view], {sorted(theirs[2])[0]: {theirs[1]: theirs[0]}}, allowance=1.0)
         swarm.known_peers = known
         swarm.merged_by = lambda ask, digest, round_no=None: {p: None for p in ask}
         peer, result = member_of(swarm, mine)
         t0 = time.monotonic()
         assert merge_round(peer, ROUND, result, ready=sorted(silent)).sets == 2
-        assert (time.monotonic() - t0 >= 1.0) is not vouched and (swarm.no_shows == silent) is not vouched
+        assert (time.monotonic() - t0 >= 1.0) is not vouched and (swarm.no_shows == silent) is not vouched, (known, signed)
 
 
 def test_the_merge_waits_for_strangers_alone_what_the_budget_grants():
@@ -132,3 +133,23 @@ def test_the_merge_waits_for_strangers_alone_what_the_budget_grants():
         else:
             assert 0.3 <= took < 1.0 and swarm.no_shows == lurkers
             assert len(swarm.paid_for_strangers) == 1 and 0.3 <= swarm.paid_for_strangers[0] < 1.0
+
+
+
+def test_a_named_set_still_to_fetch_gets_the_whole_allowance_beside_strangers():
+    # a group we know named its set and the first peer asked answered nothing for longer than the
+    # strangers' grant: with only strangers left to wait for, the set is still asked of its other
+    # owner (the grant cut it short, and that group ended the round on another θ: review)
+    mine, theirs = a_group(0, 2, b"g1"), a_group(2, 2, b"g2")
+    slow, other = sorted(theirs[2])
+    lurkers = {b58(signer(i).peer_id) for i in (6, 7)}
+    view = [record(p, gathered=theirs[1]) for p in (slow, other)] + [record(p) for p in sorted(lurkers)]
+    swarm = Swarm([view], {other: {theirs[1]: theirs[0]}}, allowance=1.5)
+    swarm.known_peers, swarm.stranger_grant = {slow, other}, 0.05
+    swarm.merged_by = lambda ask, digest, round_no=None: {p: None for p in ask}
+    served = swarm.fetch_set
+    swarm.fetch_set = lambda peer, digest, timeout: time.sleep(0.4) if peer == slow else served(peer, digest, timeout)
+    peer, result = member_of(swarm, mine)
+    merged = merge_round(peer, ROUND, result, ready=[])
+    assert merged.sets == 2 and merged.payloads == {**mine[2], **theirs[2]} and swarm.no_shows == lurkers
+    assert len(swarm.paid_for_strangers) == 1 and swarm.paid_for_strangers[0] < 0.4  # only the wait for them alone
