@@ -169,22 +169,27 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         # once its group's gather ends: a large group on a loaded host gathers for longer than a pair
         # (test_a_large_group_still_gathering_past_round_wait_is_waited_for_and_one_still_training_is_not)
         extra = timing.gathering_extra() if round_policy.still_gathering(by_peer[p].state for p in outstanding) else 0.0
-        # strangers alone (a group of new identities that never names its set), no named set left to fetch:
-        # what their budget grants past the later of the last arrival and the moment only they were left,
-        # asked once; a peer we know among them, or a set still to fetch: the whole allowance, as before
+        # strangers alone (a group of new identities that never names its set), no named set to fetch: what
+        # their budget grants (asked once) past when only they were left; else the whole allowance
         now = time.monotonic()
         strangers_only = sender_coming and bool(outstanding) and not unfetched and not (outstanding & acquaintances)
-        strangers_since = (now if strangers_since is None else strangers_since) if strangers_only else None
+        # in vain until a set comes in or others are waited for: strangers that leave the round naming no set
+        # were waited for in vain too (unpaid, a group of them held every merge the whole grant each round)
+        if unfetched or (outstanding and not strangers_only) or last_arrival > (strangers_since or now):
+            strangers_since = None
+        if strangers_only and strangers_since is None:
+            strangers_since = now
         if strangers_only and stranger_wait is None:
             stranger_wait = membership.strangers_wait(outstanding)
         limited = strangers_only and stranger_wait is not None
-        since = max(last_arrival, strangers_since) if strangers_only else last_arrival
-        clock = round_policy.MergeClock(now=now, started=t0, last_arrival=since if limited else last_arrival,
+        clock = round_policy.MergeClock(now=now, started=t0, last_arrival=strangers_since if limited else last_arrival,
                                         allowance=min(allowance, stranger_wait) if limited else allowance,
                                         extra=0.0 if limited else extra, round_wait=timing.round_wait_s)
         decision = round_policy.merge_wait(clock, bool(view), len(outstanding) if sender_coming else 0, len(unfetched),
                                            spec.swarm.min_group_size,
                                            fresh_read=membership.read_began > t0)
+        if decision is not round_policy.MergeWait.GO_ON and strangers_since is not None:
+            membership.waited_for_strangers(now - strangers_since)
         if decision is round_policy.MergeWait.NOTHING_LEFT:
             break  # alone, or nothing more to wait for in a view read after our group's gather
         if decision is round_policy.MergeWait.TIMED_OUT:
@@ -192,8 +197,6 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             new = " new to us (what the budget for strangers holds)" if limited else ""
             logger.info(f"round {round_no}: merged {len(held) - 1} other groups' sets; not waiting longer for "
                         f"{len(sending)} peers of the round{new} and {len(unfetched)} sets")
-            if strangers_only:  # in vain, and for them alone
-                membership.waited_for_strangers(clock.now - since)
             skip.update({p: round_no + timing.merge_skip_rounds for p in sending})
             membership.missed(sending, round_no)  # strikes outlive a set named later (protocol/round/no_shows.py)
             break

@@ -153,3 +153,21 @@ def test_a_named_set_still_to_fetch_gets_the_whole_allowance_beside_strangers():
     merged = merge_round(peer, ROUND, result, ready=[])
     assert merged.sets == 2 and merged.payloads == {**mine[2], **theirs[2]} and swarm.no_shows == lurkers
     assert len(swarm.paid_for_strangers) == 1 and swarm.paid_for_strangers[0] < 0.4  # only the wait for them alone
+
+
+def test_strangers_that_leave_the_round_naming_no_set_were_waited_for_in_vain():
+    # a group of new identities that gathers among themselves and names no set leaves the round once its
+    # gather ends: the merge's wait for them ends then (nothing left to wait for), and is paid from the
+    # budget all the same (unpaid, it held every merge the whole grant, ~18 s a round, in bench/hostile.py
+    # --attacks silent-fresh against 6 honest peers)
+    mine = a_group(0, 2, b"g1")
+    lurkers = [record(b58(signer(i).peer_id)) for i in (6, 7)]
+    swarm = Swarm([lurkers] * 4 + [[]], {}, allowance=3.0)
+    swarm.stranger_grant = 2.0
+    swarm.merged_by = lambda ask, digest, round_no=None: {p: None for p in ask}
+    peer, result = member_of(swarm, mine)
+    t0 = time.monotonic()
+    assert merge_round(peer, ROUND, result, ready=[]).sets == 1
+    took = time.monotonic() - t0
+    assert took < 2.0 and not swarm.no_shows  # they left: nobody struck
+    assert len(swarm.paid_for_strangers) == 1 and 0.0 < swarm.paid_for_strangers[0] <= took
