@@ -115,7 +115,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     acquaintances = membership.known()
     grouped: Bindings = []
     stranger_wait: Optional[float] = None  # once it waits for strangers alone: what their budget granted
-    strangers_since: Optional[float] = None  # since when it has waited for strangers alone
+    strangers = round_policy.StrangersWait()
     # another group may form and agree as late as a gather's deadline after ours (a loaded host's matchmaking)
     # (matchmaking's wait as stretched on this host for the round's gather: peer/exchange/gatherer.py)
     timing = membership.timing
@@ -131,11 +131,13 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
                 named.setdefault(name, []).append(v.peer_id)
                 if v.peer_id not in seen_naming.setdefault(name, []):
                     seen_naming[name].append(v.peer_id)
+        asked_known = False  # a set a peer we know named asked for: no wait for strangers alone meanwhile
         for digest, publishers in sorted(named.items()):
             sources = [p for p in publishers if p not in failed]
             if not sources or tries.get(digest, 0) >= TRIES_PER_SET:
                 continue
             tries[digest] = tries.get(digest, 0) + 1
+            asked_known |= bool(acquaintances.intersection(publishers))
             timeout = min(timing.set_fetch_s, max(timing.set_fetch_min_s, allowance - (time.monotonic() - last_arrival)))
             if fetch_into(held, lists, gatherer, spec, sources, digest, round_no, timeout, grouped):
                 last_arrival = time.monotonic()
@@ -169,27 +171,24 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         # once its group's gather ends: a large group on a loaded host gathers for longer than a pair
         # (test_a_large_group_still_gathering_past_round_wait_is_waited_for_and_one_still_training_is_not)
         extra = timing.gathering_extra() if round_policy.still_gathering(by_peer[p].state for p in outstanding) else 0.0
-        # strangers alone (a group of new identities that never names its set), no named set to fetch: what
-        # their budget grants (asked once) past when only they were left; else the whole allowance
+        # strangers alone (a group of new identities that never names its set, or sets only they named): what
+        # their budget grants (asked once) past when only they were left, a vain wait paid; else the allowance
         now = time.monotonic()
-        strangers_only = sender_coming and bool(outstanding) and not unfetched and not (outstanding & acquaintances)
-        # in vain until a set comes in or others are waited for: strangers that leave the round naming no set
-        # were waited for in vain too (unpaid, a group of them held every merge the whole grant each round)
-        if unfetched or (outstanding and not strangers_only) or last_arrival > (strangers_since or now):
-            strangers_since = None
-        if strangers_only and strangers_since is None:
-            strangers_since = now
-        if strangers_only and stranger_wait is None:
-            stranger_wait = membership.strangers_wait(outstanding)
-        limited = strangers_only and stranger_wait is not None
-        clock = round_policy.MergeClock(now=now, started=t0, last_arrival=strangers_since if limited else last_arrival,
+        due = {p for d in unfetched for p in named[d] if p not in failed}
+        alone = round_policy.strangers_alone(outstanding if sender_coming else set(), due, acquaintances,
+                                             spec.swarm.min_group_size)
+        strangers.check(now, alone, last_arrival, asked_known)
+        if alone and stranger_wait is None:
+            stranger_wait = membership.strangers_wait(outstanding | due)
+        limited = alone and stranger_wait is not None
+        clock = round_policy.MergeClock(now=now, started=t0, last_arrival=strangers.since if limited else last_arrival,
                                         allowance=min(allowance, stranger_wait) if limited else allowance,
                                         extra=0.0 if limited else extra, round_wait=timing.round_wait_s)
         decision = round_policy.merge_wait(clock, bool(view), len(outstanding) if sender_coming else 0, len(unfetched),
                                            spec.swarm.min_group_size,
                                            fresh_read=membership.read_began > t0)
-        if decision is not round_policy.MergeWait.GO_ON and strangers_since is not None:
-            membership.waited_for_strangers(now - strangers_since)
+        if decision is not round_policy.MergeWait.GO_ON and strangers.vain > 0:
+            membership.waited_for_strangers(strangers.vain)
         if decision is round_policy.MergeWait.NOTHING_LEFT:
             break  # alone, or nothing more to wait for in a view read after our group's gather
         if decision is round_policy.MergeWait.TIMED_OUT:

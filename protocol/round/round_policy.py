@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Dict, FrozenSet, Iterable, Sequence, Tuple
+from typing import AbstractSet, Dict, FrozenSet, Iterable, Optional, Sequence, Tuple
 
 from protocol.round.peer_states import DONE, IN_ROUND
 
@@ -121,6 +121,42 @@ def merge_wait(clock: MergeClock, records_seen: bool, outstanding: int, unfetche
     if c.now - c.last_arrival > c.allowance + c.extra or c.now - c.started > c.round_wait + c.extra:
         return MergeWait.TIMED_OUT
     return MergeWait.GO_ON
+
+
+def strangers_alone(outstanding: AbstractSet[str], due: AbstractSet[str], known: AbstractSet[str],
+                    min_group_size: int) -> bool:
+    """Whether the merge waits for strangers alone: ``outstanding`` (peers of the round still to name a
+    set, where one that may send is among them) and ``due`` (peers that named a set still to fetch)
+    hold nobody ``known``, and a set could still come of them (a set to fetch, or enough outstanding
+    peers to form a group: fewer wait only for one fresh read of the view, which costs nobody)."""
+    waiting = set(outstanding) | set(due)
+    return bool(due or len(outstanding) >= min_group_size) and not (waiting & set(known))
+
+
+@dataclass
+class StrangersWait:
+    """The merge's wait for strangers alone, with time as an input: ``check`` once a poll, with whether
+    the poll waits for strangers alone (``strangers_alone``), when the last set came in, and whether a
+    set a peer we know named was asked for since the last poll. ``vain`` adds up the time from a poll
+    that waited for strangers alone to the next where nothing came meanwhile (no set, no known peer's
+    set asked for): paid from the budget for strangers however the merge ends (they may leave the round
+    naming no set: unpaid, a group of them held every merge the whole grant, round after round).
+    ``since``: when the current stretch of such polls began, None outside one: the grant runs from it
+    (tests/protocol/test_round_policy.py)."""
+
+    since: Optional[float] = None
+    vain: float = 0.0
+    last: Optional[float] = None  # the previous poll, where it waited for strangers alone
+
+    def check(self, now: float, alone: bool, last_arrival: float, asked_known: bool) -> None:
+        quiet = not asked_known and (self.last is None or last_arrival <= self.last)
+        if self.last is not None and quiet:
+            self.vain += max(0.0, now - self.last)
+        if not (alone and quiet):
+            self.since = None
+        if alone and self.since is None:
+            self.since = now
+        self.last = now if alone else None
 
 
 # (peer id, its round, its state, the part it trains, whether it named a set for the round in question)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from protocol.round import round_policy as rp
-from protocol.round.round_policy import MergeClock, MergeWait, Outcome, Step
+from protocol.round.round_policy import MergeClock, MergeWait, Outcome, Step, StrangersWait, strangers_alone
 
 
 @pytest.mark.parametrize("stopping,nobody,step", [
@@ -95,3 +95,31 @@ R = 7
 ])
 def test_when_a_gather_can_give_up(records, not_waited, left):
     assert rp.nobody_left(records, "me", -1, R, frozenset(not_waited)) is left
+
+
+def test_strangers_alone_are_those_the_merge_waits_for_with_nobody_known_among_them():
+    assert strangers_alone({"n1", "n2"}, set(), known={"me"}, min_group_size=2)
+    assert not strangers_alone({"n1", "a"}, set(), known={"me", "a"}, min_group_size=2)
+    assert not strangers_alone({"n1", "n2"}, {"a"}, known={"me", "a"}, min_group_size=2)  # a set a peer we know named
+    assert strangers_alone(set(), {"n1"}, known={"me"}, min_group_size=2)  # a set only strangers named, still to fetch
+    # one stranger cannot form a group: the merge waits only for a fresh read, which costs nobody
+    assert not strangers_alone({"n1"}, set(), known={"me"}, min_group_size=2)
+    assert not strangers_alone(set(), set(), known={"me"}, min_group_size=2)
+
+
+def test_a_wait_for_strangers_alone_is_paid_unless_something_came_of_it():
+    w = StrangersWait()
+    w.check(10.0, alone=True, last_arrival=9.0, asked_known=False)
+    assert w.since == 10.0 and w.vain == 0.0
+    w.check(12.0, alone=True, last_arrival=9.0, asked_known=False)
+    w.check(13.0, alone=False, last_arrival=9.0, asked_known=False)  # they left the round, naming no set
+    assert w.vain == 3.0 and w.since is None
+    # a set a peer we know named was asked for meanwhile (its fetch may take long): not the strangers'
+    w = StrangersWait()
+    w.check(10.0, alone=True, last_arrival=9.0, asked_known=False)
+    w.check(15.0, alone=True, last_arrival=9.0, asked_known=True)
+    assert w.vain == 0.0 and w.since == 15.0  # a new stretch: the grant runs from here
+    w.check(16.0, alone=True, last_arrival=15.5, asked_known=False)  # a set came in: not in vain, again a new stretch
+    assert w.vain == 0.0 and w.since == 16.0
+    w.check(17.0, alone=True, last_arrival=15.5, asked_known=False)
+    assert w.vain == 1.0 and w.since == 16.0

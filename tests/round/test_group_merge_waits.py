@@ -171,3 +171,22 @@ def test_strangers_that_leave_the_round_naming_no_set_were_waited_for_in_vain():
     took = time.monotonic() - t0
     assert took < 2.0 and not swarm.no_shows  # they left: nobody struck
     assert len(swarm.paid_for_strangers) == 1 and 0.0 < swarm.paid_for_strangers[0] <= took
+
+
+def test_a_slow_fetch_of_a_set_a_peer_we_know_named_is_not_paid_by_the_strangers():
+    # while two new identities lurk, a peer we know names its group's set a few reads in, and serves it
+    # slowly (0.4 s): that fetch was not a wait for strangers alone, and is not paid from their budget
+    mine, theirs = a_group(0, 2, b"g1"), a_group(2, 2, b"g2")
+    lurkers = [record(b58(signer(i).peer_id)) for i in (6, 7)]
+    late = [record(p, state="training") for p in sorted(theirs[2])]
+    named = [record(p, gathered=theirs[1]) for p in sorted(theirs[2])]
+    swarm = Swarm([lurkers + late] * 2 + [lurkers + named] * 3 + [named], dict.fromkeys(theirs[2], {theirs[1]: theirs[0]}),
+                  allowance=3.0)
+    swarm.known_peers, swarm.stranger_grant = set(theirs[2]), 5.0
+    served = swarm.fetch_set
+    swarm.fetch_set = lambda peer, digest, timeout: time.sleep(0.4) or served(peer, digest, timeout)
+    swarm.merged_by = lambda ask, digest, round_no=None: {p: None for p in ask}
+    peer, result = member_of(swarm, mine)
+    merged = merge_round(peer, ROUND, result, ready=[])
+    assert merged.sets == 2 and not swarm.no_shows
+    assert sum(swarm.paid_for_strangers) < 0.4 + Timing.view_poll_s  # the lurkers' reads after the set came, not the fetch
