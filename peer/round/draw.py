@@ -34,11 +34,14 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 from peer.exchange.results import base58
 from protocol.dht.records import Progress
 from protocol.round import set_manifests
+from protocol.round import group_sets
 from protocol.round.group_sets import SetError
 from protocol.round.set_manifests import Entry, SetManifest, entries_of
 from protocol.wire.payload import claimed_part
 
 logger = logging.getLogger("voloco.peer")
+
+Bindings = List[Tuple[List[str], List[str]]]  # (members, owners) of each group whose set a merge holds
 
 NOT_FETCHED = "its payload was drawn and could not be fetched in time"
 PARTS_DISAGREE = "the round's lists disagree on its payload's part, and more such senders than K were read"
@@ -113,6 +116,44 @@ def awaited(engine, start_hash: str) -> Optional[Callable[[str, Progress], bool]
     if test is None:
         return None
     return lambda peer, progress: test(peer, progress.part, progress.sends)
+
+
+def fetch_into(held: Dict[str, Dict[str, bytes]], lists: Optional[Dict[str, SetList]], gatherer, spec,
+               sources: List[str], digest: str, round_no: int, timeout: float,
+               members: Optional[Bindings] = None) -> bool:
+    """Fetch the set ``digest`` from ``sources[0]`` into ``held`` whole, or, where ``lists`` is kept,
+    as its list (the other ``sources`` asked later for its payloads); whether it came. ``members``:
+    where given, its binding's members and its owners are added to it."""
+    if lists is None:
+        got = fetch_checked_set(gatherer, spec, sources[0], digest, round_no, timeout, members)
+        if got is not None:
+            held[digest] = got
+        return got is not None
+    listed = fetch_checked_list(gatherer, spec, sources[0], digest, round_no, timeout)
+    if listed is not None:
+        listed.sources += [p for p in sources if p not in listed.sources]
+        lists[digest] = listed
+        if members is not None:
+            members.append(([base58(m) for m in listed.manifest.binding.members], [base58(o) for o in listed.manifest.entries]))
+    return listed is not None
+
+
+def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, timeout: float,
+                      members: Optional[Bindings] = None):
+    """The set ``digest`` from ``source``, checked, as sender (base58) -> payload; None on any failure.
+    ``members``: where given, its binding's members and its owners are added to it."""
+    raw = gatherer.fetch_set(source, digest, timeout=timeout)
+    if raw is None:
+        return None
+    try:
+        checked = group_sets.open_set(raw, gatherer.run_digest, round_no, digest, spec.swarm.max_group_size,
+                                      gatherer.max_payload_bytes)
+    except group_sets.SetError as e:
+        logger.warning(f"round {round_no}: {source} served a set that is refused: {e}")
+        return None
+    if members is not None:
+        members.append(([base58(m) for m in checked.binding.members], [base58(o) for o in checked.payloads]))
+    return {base58(owner): payload for owner, payload in checked.payloads.items()}
 
 
 def fetch_checked_list(gatherer, spec, source: str, digest: str, round_no: int, timeout: float) -> Optional[SetList]:

@@ -335,11 +335,7 @@ class Membership(NoShows, StartWaits):
         self.wait_budget.lineage(known)
         start = time.monotonic()
         cap = self.straggler_allowance()
-        # at least one read of the view (its interval, and a read's latency for the store of a "ready"
-        # to land): a stranger ready a read after the others is still seen
-        # (while our matchmaking refuses strangers, none is worth a wait: no_show_views.py ``admits_strangers``)
-        grant = self.wait_budget.grant(start, cap) if self.admits_strangers() else 0.0
-        budget = max(grant, min(cap, self.read_interval() + self.read_latency()))
+        budget = self.strangers_grant(start, cap)  # one read of the view at least (no_show_views.py)
         deadline = start + self.timing.round_wait_s
         busy = ("training", "waiting") if first_round else ("training",)
         try:

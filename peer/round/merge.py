@@ -33,8 +33,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from peer.exchange.results import GatherResult, base58
-from peer.round.draw import SetList, fetch_checked_list
+from peer.exchange.results import GatherResult
+from peer.round.draw import Bindings, SetList, fetch_checked_set, fetch_into
 from protocol.round import group_sets, round_policy
 from protocol.dht.records import Progress
 from protocol.round.peer_states import IN_ROUND, NOT_IN_ROUNDS
@@ -42,9 +42,6 @@ from protocol.round.peer_states import IN_ROUND, NOT_IN_ROUNDS
 logger = logging.getLogger("voloco.peer")
 
 TRIES_PER_SET = 3  # peers that named a set asked for it, one after the other, before giving it up
-
-
-Bindings = List[Tuple[List[str], List[str]]]  # (members, owners) of each group whose set the merge holds
 
 
 @dataclass
@@ -219,26 +216,6 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
         logger.info(f"round {round_no}: merged the sets of {count - 1} other group(s) of the round: "
                     f"{len(payloads)} {known}")
     return Merged(payloads, excluded, count, held, lists)
-
-
-def fetch_into(held: Dict[str, Dict[str, bytes]], lists: Optional[Dict[str, "SetList"]], gatherer, spec,
-               sources: List[str], digest: str, round_no: int, timeout: float,
-               members: Optional[Bindings] = None) -> bool:
-    """Fetch the set ``digest`` from ``sources[0]`` into ``held`` whole, or, where ``lists`` is kept,
-    as its list (the other ``sources`` asked later for its payloads); whether it came. ``members``:
-    where given, its binding's members and its owners are added to it."""
-    if lists is None:
-        got = fetch_checked_set(gatherer, spec, sources[0], digest, round_no, timeout, members)
-        if got is not None:
-            held[digest] = got
-        return got is not None
-    listed = fetch_checked_list(gatherer, spec, sources[0], digest, round_no, timeout)
-    if listed is not None:
-        listed.sources += [p for p in sources if p not in listed.sources]
-        lists[digest] = listed
-        if members is not None:
-            members.append(([base58(m) for m in listed.manifest.binding.members], [base58(o) for o in listed.manifest.entries]))
-    return listed is not None
 
 
 def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, bytes]],
@@ -430,22 +407,3 @@ def _adopt(peer, round_no: int, start_hash: str, wait_s: float, accept: Callable
             return None
         time.sleep(timing.view_poll_s)
     return None
-
-
-def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, timeout: float,
-                      members: Optional[Bindings] = None):
-    """The set ``digest`` from ``source``, checked, as sender (base58) -> payload; None on any failure.
-    ``members``: where given, its binding's members and its owners are added to it."""
-    raw = gatherer.fetch_set(source, digest, timeout=timeout)
-    if raw is None:
-        return None
-    try:
-        checked = group_sets.open_set(raw, gatherer.run_digest, round_no, digest, spec.swarm.max_group_size,
-                                      gatherer.max_payload_bytes)
-    except group_sets.SetError as e:
-        logger.warning(f"round {round_no}: {source} served a set that is refused: {e}")
-        return None
-    if members is not None:
-        members.append(([base58(m) for m in checked.binding.members], [base58(o) for o in checked.payloads]))
-    return {base58(owner): payload for owner, payload in checked.payloads.items()}
-

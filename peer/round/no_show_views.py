@@ -86,8 +86,14 @@ class NoShows:
         peers = set(peers)
         if not peers or not self.wait_budget.limiting or not all(self.wait_budget.stranger(p) for p in peers):
             return None
-        cap = self.straggler_allowance()
-        grant = self.wait_budget.grant(time.monotonic(), cap) if self.admits_strangers() else 0.0
+        return self.strangers_grant(time.monotonic(), self.straggler_allowance())
+
+    def strangers_grant(self, now: float, cap: float) -> float:
+        """The longest wait for strangers alone at ``now``: what the budget grants (nothing while our
+        matchmaking refuses strangers), and at least one read of the view (its interval, and a read's
+        latency for the store of a "ready" to land), so that a stranger ready a read after the others is
+        still seen; never past ``cap``, one straggler allowance. The barrier's and the merge's alike."""
+        grant = self.wait_budget.grant(now, cap) if self.admits_strangers() else 0.0
         return max(grant, min(cap, self.read_interval() + self.read_latency()))
 
     def waited_for_strangers(self, seconds: float) -> None:

@@ -35,7 +35,8 @@ from typing import Dict, List, Optional, Tuple
 
 from peer.round import draw
 from peer.round.draw import SetList
-from peer.round.merge import TRIES_PER_SET, fetch_checked_set
+from peer.round.draw import fetch_checked_set
+from peer.round.merge import TRIES_PER_SET
 from protocol.round import group_sets
 
 logger = logging.getLogger("voloco.peer")

@@ -15,7 +15,7 @@ from peer.exchange.results import GatherResult
 from peer.outer.engine import RoundEngine
 from peer.outer.strategies import make_strategy
 from peer.round import draw, union
-from peer.round.merge import fetch_into
+from peer.round.draw import fetch_into
 from protocol.round.group_sets import entries_digest, set_digest
 from protocol.round.set_manifests import PART_MISMATCH, entries_of, pack_manifest
 from protocol.round.timing import Timing
