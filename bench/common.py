@@ -172,3 +172,17 @@ def seeded_identity(path, spec: RunSpec, slot: int) -> None:
     from swarm.access.identity import write_identity
 
     write_identity(str(path), hashlib.sha256(f"{spec.run_id}/{spec.seed}/{slot}".encode()).digest())
+
+
+def deprioritize(pid: int, nice: int) -> None:
+    """Run process ``pid``'s whole session at niceness ``nice``: its process group (its DHT, averager and
+    p2pd processes) and, where Linux groups a session's processes for scheduling (autogroup, on when
+    /proc/PID/autogroup exists), the session's group too. Without the second, a niced peer started
+    with a session of its own (voloco/demo.py's ``Child``) still takes a full share of the CPU from the
+    other sessions: nice weighs processes only against others of the same session."""
+    os.setpriority(os.PRIO_PGRP, pid, nice)
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:  # not Linux, autogroup off, or the process has exited
+        pass

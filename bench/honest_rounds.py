@@ -46,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import exit_on_sigterm, machine, now, table  # noqa: E402
+from bench.common import deprioritize, exit_on_sigterm, machine, now, table  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
 from tests.support.swarm_harness import TINY_SPEC, Swarm, refused_senders  # noqa: E402
 
@@ -64,7 +64,8 @@ class Load:
     """``n`` busy-loop processes, and the 1-minute load average sampled every 5 s while they run."""
 
     def __init__(self, n: int):
-        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+        # a session each: scheduled as the peers are (each one session, weighed against the others by autogroup)
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(n)]
         self.samples, self._stop = [], threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -92,7 +93,7 @@ def run_seed(args, seed: int, workdir: Path) -> dict:
     try:
         for name, nice in zip(names, args.nice):
             proc = swarm.add_peer(name, "--wait-peers", str(args.peers), "--max-rounds", str(args.rounds + 5), checkpoint=False)
-            os.setpriority(os.PRIO_PGRP, proc.proc.pid, nice)  # its DHT, averager and p2pd processes inherit it
+            deprioritize(proc.proc.pid, nice)
         # past the counted rounds, or stopped at --max-rounds: a peer that caught up by state
         # completed fewer rounds itself than the run's round number
         swarm.wait(lambda: all(_done(swarm.status(n), args.rounds) for n in names), args.timeout,

@@ -57,7 +57,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 import numpy as np  # noqa: E402
 
-from bench.common import machine, now, seeded_identity  # noqa: E402
+from bench.common import deprioritize, machine, now, seeded_identity  # noqa: E402
 from bench import hostile_table  # noqa: E402
 from bench.hostile_table import BASELINES, hostile_of, over_seeds, pool_baselines, print_table  # noqa: E402
 from bench.hostile_peers import BEHAVIOURS, run_as_peer  # noqa: E402
@@ -213,8 +213,9 @@ def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float,
                 argv = attack.argv(Run(join, key or "", rounds, argv[4:], workdir))
                 if not argv:  # no hostile process
                     continue
-                argv = ["nice", "-n", str(nice), *argv] if nice else argv
             slots[i] = Child(f"peer{i}", argv, workdir / f"peer{i}.log")
+            if i >= honest and nice:
+                deprioritize(slots[i].proc.pid, nice)
             children.append(slots[i])
         watched = slots[:honest] if attack.argv is not None else slots
         while any(c.proc.poll() is None for c in watched) and time.monotonic() < deadline:
