@@ -92,7 +92,7 @@ async def _download(maddr, handle: str, peer: str, limit: int, timeout: float) -
     finally:
         await p2p.shutdown()
     if metadata is None:
-        raise StateDownloadError("does not share its state")
+        raise StateDownloadError("served no state (it shares none yet, or serves as many downloads as it will)")
     n = len(metadata)
     meta = bounded_unpack(metadata, StateDownloadError, "state metadata", max_array_len=n, max_map_len=n)
     return meta, tensors

@@ -155,6 +155,12 @@ class Timing:
     """Beyond two read intervals, how long a fresh view is waited for before a state is refused."""
     download_min_rate: float = float(1 << 20)
     """Bytes/s: a state download slower than this on top of its per-frame timeout is given up."""
+    serves_at_once: int = 2
+    """State downloads this peer serves at the same time, one kept for peers of our rounds (protocol/round/serve_gate.py)."""
+    serves_per_peer: int = 4
+    """... downloads one peer may begin within ``serve_window_s``."""
+    serve_window_s: float = 60.0
+    """... the window those are counted over."""
 
     # ---- chain stages (peer/chain/stage.py) -------------------------------------------------------
     chain_poll_s: float = 1.0
