@@ -268,6 +268,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
                             f"its update waits ({len(agreement.senders)} of the group's {len(members)} send)")
             group.done[0].set()
             others = [p for p in peer_ids if p != self.peer_id]
+            self._mates = frozenset(p.to_base58() for p in others)  # no strangers to our state serving (state_serving.py)
             strangers = cuttable(frozenset(p.to_base58() for p in others), self._known)
             await self._agree(group, others, patient=clients, strangers=strangers)
             outcome = group.agreement.outcome()

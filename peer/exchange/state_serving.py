@@ -1,25 +1,32 @@
 """Serving this peer's replica state to peers that download it (peer/round/state_download.py).
 
-A mixin of peer/exchange/gatherer.py's ``PayloadGatherer``: hivemind's ``rpc_download_state`` serves what
-``get_current_state`` returns while state sharing is allowed (peer/round/state_sync.py turns it on once
-the state is the group's), here ``state_provider()``, set by the runtime. Each download is admitted by
-a ``ServeGate`` first (protocol/round/serve_gate.py): a few at once, a few per peer within a window, one
-slot kept for peers of our rounds; a refused one ends with no state, as a peer that does not share.
+A mixin of peer/exchange/gatherer.py's ``PayloadGatherer``: what hivemind's ``rpc_download_state`` serves,
+while state sharing is allowed (peer/round/state_sync.py turns it on once the state is the group's),
+is ``get_current_state``, here ``state_provider()``, set by the runtime. Each download is admitted by a
+``ServeGate`` first (protocol/round/serve_gate.py): a few at once, strangers never all of them, a few a
+peer within a window, one at a time. A refused one is answered "busy" (metadata ``{"busy": why}`` and no
+tensor), and one that falls behind the slowest rate a downloader accepts is cut off.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from typing import Any, AsyncIterator, Callable, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Callable, Dict, Optional, Sequence, Tuple
 
+import msgpack
 import torch
+from hivemind.compression import CompressionInfo
 from hivemind.p2p import P2PContext
 from hivemind.proto import averaging_pb2
+from hivemind.utils.streaming import split_for_streaming
 
 from protocol.round.serve_gate import ServeGate
 
 logger = logging.getLogger(__name__)
+
+REFUSALS_LOGGED_EVERY = 60.0  # seconds: a refused peer is logged once within this, however often it asks
 
 
 class StateServing:
@@ -27,6 +34,7 @@ class StateServing:
 
     state_provider: Optional[Callable[[], Tuple[Any, Sequence[torch.Tensor]]]] = None
     _serve_gate: Optional[ServeGate] = None  # made in the averager process, where downloads are served
+    _mates: frozenset = frozenset()  # the members of our last group (base58): no strangers to us
 
     def get_current_state(self):
         """Called in this (host) process when a late joiner downloads our state."""
@@ -34,25 +42,68 @@ class StateServing:
             raise RuntimeError("this peer has no state to share yet")
         return self.state_provider()
 
-    async def rpc_download_state(self, request: averaging_pb2.DownloadRequest,
+    async def rpc_download_state(self, _request: averaging_pb2.DownloadRequest,
                                  context: P2PContext) -> AsyncIterator[averaging_pb2.DownloadData]:
-        """hivemind's answer, once the gate admits the download (tests/exchange/test_state_serving.py)."""
+        """hivemind's answer, once the gate admits the download, within its lease
+        (tests/exchange/test_state_serving.py)."""
         if not self.allow_state_sharing:
             return
+        t = self.timing
         if self._serve_gate is None:
-            t = self.timing
-            self._serve_gate = ServeGate(t.serves_at_once, t.serves_per_peer, t.serve_window_s)
+            self._serve_gate = ServeGate(t.serves_at_once, t.serves_per_peer, t.serve_window_s, lease=t.gather_slot_s)
         peer = context.remote_id.to_base58()
-        known = self._known  # this round's peers that are no strangers to us; None: not yet known
-        why = self._serve_gate.admit(peer, time.monotonic(), stranger=known is not None and peer not in known)
-        if why is not None:
-            logger.info(f"not serving our state to {peer}: {why}")
+        known = self._known  # None before our first gather: nobody is a stranger yet
+        stranger = known is not None and peer not in known and peer not in self._mates
+        slot, why = self._serve_gate.admit(peer, time.monotonic(), stranger)
+        if slot is None:
+            self._log_refusal(peer, why)
+            yield averaging_pb2.DownloadData(metadata=msgpack.packb({"busy": why}))
             return
+        # hivemind puts no deadline on the serving side: a stream that stalls (a downloader that stops reading)
+        # is cut once it falls behind the slowest rate a downloader accepts, or a gather slot passes without
+        # a part sent (the downloader's own limits: peer/round/state_download.py); its slot's lease follows
+        task, loop = asyncio.current_task(), asyncio.get_running_loop()
+        cut = lambda: self._cut(peer, task)  # noqa: E731
+        watchdog = loop.call_later(t.gather_slot_s, cut)
         try:
-            async for part in super().rpc_download_state(request, context):
-                yield part
+            metadata, tensors, infos = await self._get_current_state_from_host_process()
+            if infos is None:
+                infos = [CompressionInfo.from_tensor(tensor, key=i) for i, tensor in enumerate(tensors)]
+            began, sent = time.monotonic(), 0
+            for tensor, info in zip(tensors, infos):
+                for part in split_for_streaming(self.state_compression.compress(tensor, info, allow_inplace=False)):
+                    sent += len(part.buffer)
+                    now = time.monotonic()
+                    due = min(now + t.gather_slot_s, began + t.gather_slot_s + sent / t.download_min_rate)
+                    self._serve_gate.hold(slot, due)
+                    watchdog.cancel()
+                    watchdog = loop.call_later(max(0.0, due - now), cut)
+                    yield averaging_pb2.DownloadData(tensor_part=part, metadata=metadata or b"")
+                    metadata = None
         finally:
-            self._serve_gate.release(peer)
+            watchdog.cancel()
+            self._serve_gate.release(slot)
+
+    @staticmethod
+    def _cut(peer: str, task: asyncio.Task) -> None:
+        logger.info(f"cut the state download of {peer}: it fell behind the slowest rate a download may take")
+        task.cancel()
+
+    def _log_refusal(self, peer: str, why: str) -> None:
+        """One line a peer within ``REFUSALS_LOGGED_EVERY`` s, for 16 peers at most; a count for the rest."""
+        log: Dict[str, Any] = self.__dict__.setdefault("_refusals", {"peers": {}, "more": 0, "since": time.monotonic()})
+        now = time.monotonic()
+        log["peers"] = {p: t for p, t in log["peers"].items() if now - t < REFUSALS_LOGGED_EVERY}
+        if peer in log["peers"]:
+            return
+        if len(log["peers"]) < 16:
+            log["peers"][peer] = now
+            logger.info(f"not serving our state to {peer} now: {why}")
+            return
+        log["more"] += 1
+        if now - log["since"] >= REFUSALS_LOGGED_EVERY:
+            logger.info(f"not serving our state to {log['more']} more downloads in the last {now - log['since']:.0f} s")
+            log["more"], log["since"] = 0, now
 
     async def _declare_for_download_periodically(self):
         """Nothing. hivemind stores each peer as a state source under one DHT key every

@@ -36,6 +36,10 @@ class StateDownloadError(ProtocolError):
     """A peer's answer to a state download that this peer does not read any further."""
 
 
+class StateServerBusy(StateDownloadError):
+    """The peer serves as many downloads as it will now (protocol/round/serve_gate.py): ask again later."""
+
+
 async def _frames(reader: asyncio.StreamReader, limit: int, timeout: float):
     """The protobuf frames of a stream answer (hivemind's framing: a marker, an 8-byte length, the bytes)."""
     total = 0
@@ -83,6 +87,8 @@ async def _download(maddr, handle: str, peer: str, limit: int, timeout: float) -
                     if metadata is not None or len(message.metadata) > MAX_METADATA_BYTES:
                         raise StateDownloadError("sent its metadata twice or too large")
                     metadata = message.metadata
+                if not message.HasField("tensor_part"):  # metadata alone (a busy server's answer)
+                    continue
                 if message.tensor_part.dtype and parts:  # a new tensor begins
                     tensors.append(_tensor(parts))
                     parts = []
@@ -92,9 +98,11 @@ async def _download(maddr, handle: str, peer: str, limit: int, timeout: float) -
     finally:
         await p2p.shutdown()
     if metadata is None:
-        raise StateDownloadError("served no state (it shares none yet, or serves as many downloads as it will)")
+        raise StateDownloadError("served no state (it shares none yet, or does not admit us)")
     n = len(metadata)
     meta = bounded_unpack(metadata, StateDownloadError, "state metadata", max_array_len=n, max_map_len=n)
+    if not tensors and isinstance(meta, dict) and "busy" in meta:
+        raise StateServerBusy(f"busy: {str(meta['busy'])[:200]}")
     return meta, tensors
 
 

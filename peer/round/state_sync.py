@@ -34,7 +34,7 @@ import torch
 
 from peer.outer.engine import RoundEngine
 from peer.checkpoints.files import params_hash, state_digest
-from peer.round.state_download import StateDownloader
+from peer.round.state_download import StateDownloader, StateServerBusy
 from protocol.errors import ProtocolError
 from protocol.round.round_policy import swarm_round
 from protocol.round import eligibility, standing
@@ -44,6 +44,8 @@ from protocol.spec import RunSpec
 logger = logging.getLogger("voloco.peer")
 
 MAX_ATTEMPTS = 3  # downloads per catch-up
+BUSY_TRIES = 5  # busy answers a catch-up takes (a pause growing by one each) before it gives up on them
+BUSY = "busy"  # ``StateSync.download``'s answer where the source serves as many downloads as it will now
 STATE_MAX_ABS = 1e6  # no trained weight or momentum comes near it; 1e300 or inf never passes
 ROUND_SPREAD = 2  # honest peers of a swarm are within a round or two of each other
 
@@ -136,12 +138,16 @@ class StateSync:
         self.gatherer.allow_state_sharing = True  # rpc_download_state serves (no DHT declaration: peer/exchange/state_serving.py)
 
     # ---- downloading ----------------------------------------------------------------------------
-    def download(self, peer: str, timeout: float) -> Optional[Tuple[Any, List[torch.Tensor]]]:
-        """``peer``'s state, or None (logged) if it could not be had."""
+    def download(self, peer: str, timeout: float) -> Any:
+        """``peer``'s state; None (logged) if it could not be had; ``BUSY`` if it serves as many downloads as it
+        will now (protocol/round/serve_gate.py; tests/round/test_state_sources.py)."""
         expected = 4 * (sum(t.numel() for t in self.engine.theta.values())
                         + sum(t.numel() for t in self.engine.strategy.shared_state().values()))
         try:
             return self._fetch(peer, expected, timeout)
+        except StateServerBusy as e:
+            logger.info(f"{peer} does not serve our download now: {e!r}")
+            return BUSY
         except Exception as e:
             logger.info(f"could not download the state of {peer}: {e!r}")
             return None
@@ -192,15 +198,20 @@ class StateSync:
             self._set_state("training" if previous in DONE and self.engine.round != started else previous)
 
     def _download_and_install(self, sources: List[Any], target: int, views: Sequence[Any]) -> bool:
-        queue = list(sources)
-        for attempt in range(MAX_ATTEMPTS):
-            if not queue:
-                return False
+        queue, attempt, busy = list(sources), 0, 0
+        while queue and attempt < MAX_ATTEMPTS:
             view = queue.pop(0)
             peer, claimed = view.peer_id, view.progress.round
             logger.info(f"downloading the state of round {target} from {peer} (it reports round {claimed})")
             asked = time.monotonic()
             got = self.download(peer, timeout=self.membership.timing.gather_slot_s)
+            if got is BUSY:  # it serves others now: not a silent source; asked again after the other sources
+                busy += 1
+                if busy < BUSY_TRIES:
+                    queue.append(view)
+                time.sleep(self.membership.timing.download_pause_s * min(busy, BUSY_TRIES))
+                continue
+            attempt += 1
             if got is None:
                 # (a --client-mode peer too: left out, this peer trains on, and the client, which can
                 # dial out, downloads our state instead: waiting on it would leave both stuck)
@@ -213,7 +224,7 @@ class StateSync:
                 if claimed < target:  # a groupmate still finishing the round: ask again
                     logger.info(f"{peer} is still finishing round {claimed}: {e}")
                     queue.append(view)
-                    time.sleep(self.membership.timing.download_pause_s * (1 + attempt))
+                    time.sleep(self.membership.timing.download_pause_s * attempt)
                     continue
                 self._refuse(peer, e)
                 continue

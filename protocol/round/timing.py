@@ -156,9 +156,10 @@ class Timing:
     download_min_rate: float = float(1 << 20)
     """Bytes/s: a state download slower than this on top of its per-frame timeout is given up."""
     serves_at_once: int = 2
-    """State downloads this peer serves at the same time, one kept for peers of our rounds (protocol/round/serve_gate.py)."""
-    serves_per_peer: int = 4
-    """... downloads one peer may begin within ``serve_window_s``."""
+    """State downloads this peer serves at the same time, strangers never all of them (protocol/round/serve_gate.py)."""
+    serves_per_peer: int = 8
+    """... downloads one peer may begin within ``serve_window_s`` (a catch-up asks one source up to 3 times, a round
+    may catch up more than once)."""
     serve_window_s: float = 60.0
     """... the window those are counted over."""
 

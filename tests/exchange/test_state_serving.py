@@ -1,44 +1,97 @@
 """A peer's state served over real libp2p streams (peer/exchange/state_serving.py) through its serve
-gate (protocol/round/serve_gate.py): a download is served whole, a peer that downloads again within
-the window is refused as a peer that does not share, and another peer still gets the state."""
+gate (protocol/round/serve_gate.py): a download is served whole; a peer over its downloads for the
+window is answered "busy" while another still gets the state; a stream that stalls holds its slot
+only until its lease ends."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
+from hivemind.dht import DHT
+from hivemind.p2p import P2P
+from hivemind.proto import averaging_pb2
 
 from peer.exchange.gatherer import PayloadGatherer
-from peer.round.state_download import StateDownloader, StateDownloadError
+from peer.round.state_download import StateDownloader, StateServerBusy
 from protocol.dht.keys import averager_prefix
 from protocol.round.timing import Timing
+from swarm.loop_thread import run_in_fresh_loop
 from tests.round.test_liveness import SPEC
 from tests.support.dht_nodes import loopback_nodes
 
 
 @pytest.fixture
 def nodes():
-    yield from loopback_nodes(SPEC, 2)
+    yield from loopback_nodes(SPEC, 3)
 
 
-def test_a_peer_downloads_our_state_once_per_window_and_others_still_can(nodes):
-    timing = Timing().with_(serves_per_peer=1, serve_window_s=600.0)
-    gatherers = [PayloadGatherer(dht, prefix=averager_prefix(SPEC.run_id), schema=SPEC.digest().encode(), timing=timing)
-                 for dht in nodes]
+def gatherer(dht, timing, **kw) -> PayloadGatherer:
+    return PayloadGatherer(dht, prefix=averager_prefix(SPEC.run_id), schema=SPEC.digest().encode(), timing=timing, **kw)
+
+
+async def _stall(maddr, handle: str, peer) -> int:
+    """Ask for the state, read nothing for a while (the server's sends back up), then read what is left
+    until the stream ends: the bytes that came."""
+    p2p = await P2P.replicate(maddr)
     try:
-        for g in gatherers:
+        _, reader, writer = await p2p.call_binary_stream_handler(peer, handle)
+        await P2P.send_protobuf(averaging_pb2.DownloadRequest(), writer)
+        await P2P.send_protobuf(P2P.END_OF_STREAM, writer)
+        await asyncio.sleep(6.0)
+        got = 0
+        while chunk := await asyncio.wait_for(reader.read(1 << 20), 20.0):
+            got += len(chunk)
+        writer.close()
+        return got
+    finally:
+        await p2p.shutdown()
+
+
+def test_downloads_pass_the_serve_gate_and_a_stalled_one_frees_its_slot_at_its_lease(nodes):
+    # a download keeps its slot while it keeps up with 8 MiB/s (after 2 s), and a part goes within 2 s
+    timing = Timing().with_(serves_at_once=1, serves_per_peer=1, serve_window_s=600.0, download_min_rate=8 << 20)
+    server = gatherer(nodes[0], timing, gather_timeout=2.0)
+    first, second = gatherer(nodes[1], timing), gatherer(nodes[2], timing)
+    try:
+        for g in (server, first, second):
             g.run_in_background(await_ready=True)
-        server, first, second = gatherers
         theta = torch.arange(12, dtype=torch.float32).reshape(3, 4)
-        server.state_provider = lambda: ({"round": 3}, [theta.clone()])
+        big = torch.zeros(16 << 20)  # 64 MiB: more than a stream's buffers hold
+        server.state_provider = lambda: ({"round": 3}, [theta.clone(), big])
         server.allow_state_sharing = True
         peer = server.peer_id.to_base58()
+        size = 4 * (12 + big.numel())
         fetch = StateDownloader(nodes[1], first, min_rate=1 << 20)
-        meta, tensors = fetch(peer, expected_bytes=48, timeout=10.0)
-        assert meta == {"round": 3} and torch.equal(tensors[0], theta)
-        with pytest.raises(StateDownloadError, match="served no state"):
-            fetch(peer, expected_bytes=48, timeout=10.0)
-        meta, tensors = StateDownloader(nodes[2], second, min_rate=1 << 20)(peer, expected_bytes=48, timeout=10.0)
+        meta, tensors = fetch(peer, expected_bytes=size, timeout=30.0)
+        assert meta == {"round": 3} and torch.equal(tensors[0], theta) and tensors[1].numel() == big.numel()
+        with pytest.raises(StateServerBusy, match="busy: began 1 downloads"):
+            fetch(peer, expected_bytes=size, timeout=30.0)
+        # a downloader that stalls holds the only slot: another is answered busy, until the stalled stream
+        # falls behind and is cut (the slot then free), long before its 64 MiB were sent
+        handle = type(server)._get_handle_name(server.prefix, "rpc_download_state")
+        maddr = nodes[3].run_coroutine(DHT._get_p2p_daemon_listen_maddr)
+        pool = ThreadPoolExecutor(1)
+        stall = pool.submit(run_in_fresh_loop, _stall(maddr, handle, server.peer_id), "stall")
+        time.sleep(1.0)
+        other = StateDownloader(nodes[2], second, min_rate=1 << 20)
+        with pytest.raises(StateServerBusy, match="serving 1 downloads already"):
+            other(peer, expected_bytes=size, timeout=30.0)
+        deadline = time.monotonic() + 20.0
+        while True:
+            try:
+                meta, tensors = other(peer, expected_bytes=size, timeout=30.0)
+                break
+            except StateServerBusy:
+                assert time.monotonic() < deadline, "the stalled download kept its slot"
+                time.sleep(0.5)
         assert torch.equal(tensors[0], theta)
+        assert stall.result(timeout=40.0) < size // 2  # cut: most of the state never went out
+        pool.shutdown()
     finally:
-        for g in gatherers:
+        for g in (server, first, second):
             g.shutdown()
+

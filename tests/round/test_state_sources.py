@@ -103,3 +103,29 @@ def test_a_basis_is_a_lineage_only_for_its_round_and_its_theta():
     assert basis.lineage(13, "ab" * 8) is None  # a later round: the state is not this round's θ
     assert basis.lineage(12, "ef" * 8) is None  # θ changed since (a repair, a newer state)
     assert Basis(12, "ab" * 8, "").lineage(12, "ab" * 8) is None  # its server named no set
+
+
+@pytest.mark.parametrize("frees_up", [True, False])
+def test_a_busy_source_is_asked_again_after_the_others_and_never_left_out(monkeypatch, clock, frees_up):
+    """A source that serves as many downloads as it will answers "busy" (protocol/round/serve_gate.py):
+    not a silent source (no 60 s out of the view), asked again after the others, a bounded number of times."""
+    from peer.round import state_sync
+    honest = honest_engine(10)
+    views = [view("busy", 10, "ready"), view("a", 10, "ready")]
+    answers = {"busy": 0}
+
+    def serve(peer):
+        if peer == "busy":
+            answers["busy"] += 1
+            if frees_up and answers["busy"] == 3:
+                return served(honest)
+        return state_sync.BUSY
+
+    sync, engine = syncing_peer(monkeypatch, views, serve)
+    monkeypatch.setattr("peer.round.state_sync.order_sources", lambda views, target, slack=0: list(views))
+    sync.catch_up()
+    if frees_up:
+        assert sync.asked == ["busy", "a", "busy", "a", "busy"] and engine.params_hash() == honest.params_hash()
+    else:  # every source busy: the catch-up gives up after BUSY_TRIES answers and a last one from each
+        assert sync.asked == ["busy", "a", "busy", "a", "busy", "a"] and engine.round == 0
+    assert [v.peer_id for v in sync.membership.others()] == ["busy", "a"]
