@@ -37,16 +37,10 @@ from swarm.jsonout import dumps as strict_json  # noqa: E402
 ARMS = ("gate", "open")
 
 
-def _peak_kb(pid: int) -> int:
+def _status_kb(pid: int, field: str) -> int:
+    """A size from /proc/PID/status (VmHWM: the peak resident size; VmRSS: the current one), in KiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return 0
-
-
-def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
     return 0
 
@@ -105,14 +99,14 @@ def run_arm(arm: str, downloaders: int, state_mb: int) -> dict:
         t.start()
     time.sleep(1.0)
     pids = {"host": os.getpid(), "averager": server.pid}
-    base = {k: _rss_kb(p) for k, p in pids.items()}
+    base = {k: _status_kb(p, "VmRSS") for k, p in pids.items()}
     for p in pids.values():
         _reset_peak(p)
     t0 = time.monotonic()
     start.set()
     for t in threads:
         t.join(600.0)
-    peak = {k: _peak_kb(p) - base[k] for k, p in pids.items()}
+    peak = {k: _status_kb(p, "VmHWM") - base[k] for k, p in pids.items()}
     server.shutdown()
     for n in [*nodes, server_dht]:
         n.shutdown()

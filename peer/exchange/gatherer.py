@@ -269,7 +269,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
             group.done[0].set()
             others = [p for p in peer_ids if p != self.peer_id]
             self._mates = frozenset(p.to_base58() for p in others)  # no strangers to our state serving (state_serving.py)
-            strangers = cuttable(frozenset(p.to_base58() for p in others), self._known)
+            strangers = cuttable(self._mates, self._known)
             await self._agree(group, others, patient=clients, strangers=strangers)
             outcome = group.agreement.outcome()
             group.set_digest = group_sets.set_digest(binding.context, outcome.payloads)

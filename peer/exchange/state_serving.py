@@ -86,7 +86,8 @@ class StateServing:
 
     @staticmethod
     def _cut(peer: str, task: asyncio.Task) -> None:
-        logger.info(f"cut the state download of {peer}: it fell behind the slowest rate a download may take")
+        logger.info(f"cut the state download of {peer}: it fell behind the slowest rate a download may take, "
+                    f"or sent no part for a gather slot")
         task.cancel()
 
     def _log_refusal(self, peer: str, why: str) -> None:
