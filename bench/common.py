@@ -186,3 +186,73 @@ def deprioritize(pid: int, nice: int) -> None:
             f.write(str(nice))
     except OSError:  # not Linux, autogroup off, or the process has exited
         pass
+
+
+class CpuQuota:
+    """A CPU cgroup that holds at most ``cores`` cores' time; processes started inside
+    ``with quota.entered():`` are in it, with every process they start.
+
+    On one machine a swarm's peers share its cores, so a larger swarm also gives each peer less CPU
+    and its waits (polls, timeouts) last more wall seconds: per-peer costs then grow with the
+    machine's oversubscription as well as with the swarm. A quota of ``peers x share`` cores keeps
+    each peer's share equal across swarm sizes, as peers on machines of their own have. Linux only,
+    as root: cgroup v1's cpu controller (``/sys/fs/cgroup/cpu``) or cgroup v2 with cpu enabled.
+    Guarded by tests/bench/test_bench_scale.py."""
+
+    PERIOD_US = 100_000
+
+    def __init__(self, cores: float, name: str):
+        if cores <= 0:
+            raise ValueError(f"a CPU quota needs a positive number of cores, not {cores}")
+        v1, v2 = "/sys/fs/cgroup/cpu", "/sys/fs/cgroup"
+        quota = max(1000, int(cores * self.PERIOD_US))
+        if os.path.exists(os.path.join(v1, "cpu.cfs_quota_us")):
+            self.root, self.path = v1, os.path.join(v1, name)
+            files = {"cpu.cfs_period_us": str(self.PERIOD_US), "cpu.cfs_quota_us": str(quota)}
+        elif "cpu" in _read(os.path.join(v2, "cgroup.subtree_control")).split():
+            self.root, self.path = v2, os.path.join(v2, name)
+            files = {"cpu.max": f"{quota} {self.PERIOD_US}"}
+        else:
+            raise SystemExit("a CPU quota needs the cgroup cpu controller (/sys/fs/cgroup/cpu, or cgroup v2 with "
+                             "cpu in cgroup.subtree_control) and root")
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            for f, value in files.items():
+                with open(os.path.join(self.path, f), "w") as out:
+                    out.write(value)
+        except OSError as e:
+            raise SystemExit(f"could not set a CPU quota in {self.path} ({e}): run as root on Linux") from e
+        self.cores = cores
+
+    def _move(self, cgroup: str, pid: int) -> None:
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+
+    def entered(self):
+        """While inside, this process (and so every process it starts) is in the cgroup."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def inside():
+            self._move(self.path, os.getpid())
+            try:
+                yield self
+            finally:
+                self._move(self.root, os.getpid())
+
+        return inside()
+
+    def close(self) -> None:
+        """Remove the cgroup (once its processes have exited; left in place while some remain)."""
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            pass
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""

@@ -39,12 +39,16 @@ threads. Every swarm's peer 0 is sampled after its first
 round too, so memory can be compared across swarm sizes.
 
 The machine's cores are shared by every process: at 32 peers on 2 cores each peer has about 1/16
-of a core, as slow volunteers would look to the protocol.
+of a core, as slow volunteers would look to the protocol. So a larger swarm here also means a slower
+peer, and a peer's waits (polls, heartbeats) last more wall seconds of its CPU. ``--cores-per-peer C``
+holds each swarm to ``peers x C`` cores (a CPU cgroup, bench/common.py ``CpuQuota``), so every size
+gives a peer the same CPU, as machines of their own would: what then still grows is the swarm's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -56,7 +60,7 @@ from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import exit_on_sigterm, human, machine, now, table  # noqa: E402
+from bench.common import CpuQuota, exit_on_sigterm, human, machine, now, table  # noqa: E402
 from bench.swarm_check import run_swarm  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
 from swarm.wire.meter import process_tree  # noqa: E402
@@ -191,15 +195,22 @@ def run_size(peers: int, rounds: int, marks: List[int], args, workdir: Path) -> 
     timeout = args.timeout or 300 + 15 * peers * rounds
     print(f"{now()}: {peers} peers (quorum {quorum}, groups of at most {args.max_group_size}), {rounds} rounds; "
           f"logs in {workdir}", flush=True)
+    quota = CpuQuota(peers * args.cores_per_peer, f"voloco-scale-{os.getpid()}-{peers}") if args.cores_per_peer else None
+    if quota:
+        print(f"  the swarm's processes hold {quota.cores:g} cores in all ({args.cores_per_peer:g} a peer)", flush=True)
     t0, failure = time.monotonic(), None
     try:
-        run_swarm(spec, peers, rounds, workdir, timeout=timeout, quorum=quorum, watch=watcher)
+        with quota.entered() if quota else contextlib.nullcontext():
+            run_swarm(spec, peers, rounds, workdir, timeout=timeout, quorum=quorum, watch=watcher)
     except (TimeoutError, RuntimeError) as e:  # what the peers did until then is still reported
         failure = str(e)
         print(f"  stopped: {failure}", flush=True)
+    finally:
+        if quota:
+            quota.close()
     statuses = [read_status(workdir, i) for i in range(peers)]
     return {"peers": peers, "quorum": quorum, "max_group_size": args.max_group_size, "rounds": rounds,
-            "max_contributions": args.max_contributions,
+            "max_contributions": args.max_contributions, "cores": quota.cores if quota else None,
             "wall_s": round(time.monotonic() - t0, 1), "failure": failure, "workdir": str(workdir),
             "rows": round_rows(statuses, watcher), "usage": watcher.usage, "threads": thread_seconds(statuses)}
 
@@ -267,10 +278,11 @@ def growth(runs: List[Dict[str, Any]]) -> str:
         rate = _mean([r["helpers_cpu_per_exchange_s"] for r in later if r.get("helpers_cpu_per_exchange_s") is not None])
         waited = _mean([r["waited_per_peer"] for r in later if r.get("waited_per_peer") is not None])
         base = base if base is not None else (mean, cpu, own)
-        rows.append([str(run["peers"]), str(run.get("max_contributions", 0)), str(run["max_group_size"]), _b(mean),
+        cores = "machine" if run.get("cores") is None else f"{run['cores']:g}"
+        rows.append([str(run["peers"]), cores, str(run.get("max_contributions", 0)), str(run["max_group_size"]), _b(mean),
                      _ratio(mean, base[0]), _c(cpu), _ratio(cpu, base[1]), _c(own), _ratio(own, base[2]), _c(waited),
                      _s(span), "-" if rate is None else f"{rate:.4f}"])
-    return table(["peers", "K", "groups <=", "payload recv/peer/round", "vs smallest", "exchange CPU/peer/round",
+    return table(["peers", "cores", "K", "groups <=", "payload recv/peer/round", "vs smallest", "exchange CPU/peer/round",
                   "vs smallest", "of it after the steps", "vs smallest", "barrier wait/peer/round",
                   "exchange s/round", "helpers CPU s/exchange s"], rows, left=0)
 
@@ -301,6 +313,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--start-timeout", type=float, default=600.0,
                     help="seconds a swarm may take until every peer has begun training (passed the quorum) "
                     "before it is stopped and reported as not started (default 600)")
+    ap.add_argument("--cores-per-peer", type=float, default=None, metavar="C",
+                    help="hold each swarm to C cores a peer in all (a CPU cgroup of peers x C cores; Linux, root): every "
+                    "size then gives a peer the same CPU, as machines of their own would; 2 cores / 32 peers is 0.0625 "
+                    "(default: no quota, every swarm shares the whole machine)")
     ap.add_argument("--workdir", type=Path, default=None, help="where each swarm's folder goes (default: a temporary folder)")
     ap.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write every swarm's rows and samples as JSON to OUT")
     ap.add_argument("--quick", action="store_true", help="a smoke run: --peers 4 --rounds 2 --long-rounds 5 unless given")
@@ -314,6 +330,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         sizes = [int(p) for p in args.peers.split(",") if p.strip()]
     except ValueError:
         ap.error(f"--peers: not a comma-separated list of numbers: {args.peers}")
+    if args.cores_per_peer is not None and args.cores_per_peer <= 0:
+        ap.error("--cores-per-peer must be a positive number of cores")
     if not sizes or min(sizes) < 1 or args.rounds < 1 or args.long_rounds < 0 or args.long_peers < 1:
         ap.error("--peers, --rounds and --long-peers must be at least 1, --long-rounds at least 0")
     root = args.workdir or Path(tempfile.mkdtemp(prefix="voloco-scale-"))

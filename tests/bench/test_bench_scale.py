@@ -4,6 +4,9 @@ after the fifth) and the JSON holds together: a row per round, one θ and one gr
 rounds 1 and 5 with positive memory, descriptors and threads."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -51,3 +54,30 @@ def test_bad_sizes_are_refused():
         bs.main(["--peers", "4,x"])
     with pytest.raises(SystemExit):
         bs.main(["--peers", "0"])
+
+
+def test_cores_per_peer_must_be_positive():
+    with pytest.raises(SystemExit):
+        bs.main(["--peers", "4", "--cores-per-peer", "0"])
+
+
+@pytest.mark.skipif(not os.path.exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") or os.geteuid() != 0,
+                    reason="needs root and cgroup v1's cpu controller")
+def test_a_cpu_quota_holds_the_processes_started_inside_it():
+    """bench/common.py CpuQuota: a busy process started inside a 0.2-core quota gets about 0.2 s of CPU
+    a wall second, where on its own it would take a whole core; the bench process leaves the cgroup."""
+    from bench.common import CpuQuota
+
+    quota = CpuQuota(0.2, f"voloco-test-{os.getpid()}")
+    try:
+        with quota.entered():
+            busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.monotonic()\n"
+                                     "while time.monotonic() - t < 2.0: pass\nimport os\nprint(sum(os.times()[:2]))"],
+                                    stdout=subprocess.PIPE, text=True)
+        with open(f"/proc/{os.getpid()}/cgroup") as f:
+            assert f"voloco-test-{os.getpid()}" not in f.read()
+        cpu = float(busy.communicate(timeout=30)[0])
+    finally:
+        quota.close()
+    assert cpu < 0.8, cpu  # 2 wall seconds at 0.2 cores: about 0.4 s (1.0 and more unbounded, on a core of its own)
+    assert not os.path.exists(quota.path)
