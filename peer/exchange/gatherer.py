@@ -129,6 +129,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         self._fetched: "OrderedDict[bytes, bytes]" = OrderedDict()  # sets fetched from other groups (set_server.py)
         self._merged: "OrderedDict[bytes, Tuple[frozenset, bytes]]" = OrderedDict()  # set -> (members, what we merged)
         self._fetched_lists: "OrderedDict[bytes, bytes]" = OrderedDict()  # sets' lists fetched (set_lists.py)
+        self._opened_lists: OrderedDict = OrderedDict()  # the same lists as checked: set -> SetManifest
         self._fetched_members: "OrderedDict[Tuple[bytes, bytes], bytes]" = OrderedDict()  # (set, owner) -> envelope
         self._packed_lists: "OrderedDict[bytes, bytes]" = OrderedDict()  # lists of the sets we hold whole
         self._group_opened: Optional[asyncio.Event] = None

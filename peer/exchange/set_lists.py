@@ -44,7 +44,8 @@ KEEP_MEMBER_BYTES = 64 << 20  # and the most bytes they may take together
 
 class ListServer:
     """Needs of its host class: ``SetServer`` (``_group_of_set``, ``_serve_packed``) with what it needs,
-    ``_run``, and ``_fetched_lists``, ``_fetched_members``, ``_packed_lists`` (empty OrderedDicts)."""
+    ``_run``, and ``_fetched_lists``, ``_opened_lists``, ``_fetched_members``, ``_packed_lists`` (empty
+    OrderedDicts)."""
 
     # ---- host-process API ---------------------------------------------------------------------
     def fetch_manifest(self, peer: str, digest: str, timeout: float) -> Optional[bytes]:
@@ -120,14 +121,20 @@ class ListServer:
             return None
 
     def _keep_list(self, digest: str, raw: bytes) -> None:
-        """Serve on a fetched list, once it checks out (a garbled answer must not push good ones out)."""
-        if self._opened_list(digest, raw) is not None:
+        """Serve on a fetched list, once it checks out (a garbled answer must not push good ones out);
+        the checked list is kept too, so that the envelopes fetched against it do not check every
+        signature of the list again, once each (tests/exchange/test_set_lists.py)."""
+        manifest = self._opened_list(digest, raw)
+        if manifest is not None:
             self._keep(self._fetched_lists, digest.encode(), raw, KEEP_LISTS, None)
+            self._opened_lists[digest.encode()] = manifest
+            self._opened_lists.move_to_end(digest.encode())
+            while len(self._opened_lists) > KEEP_LISTS:
+                self._opened_lists.popitem(last=False)
 
     def _keep_member(self, digest: str, owner: bytes, raw: bytes) -> None:
         """Serve on a fetched envelope, once it checks out against the list we hold of its set."""
-        listed = self._fetched_lists.get(digest.encode())
-        manifest = self._opened_list(digest, listed) if listed is not None else None
+        manifest = self._opened_lists.get(digest.encode())
         try:
             if manifest is not None and set_manifests.open_member(manifest, owner, raw, self._max_payload_bytes):
                 self._keep(self._fetched_members, (digest.encode(), owner), raw, KEEP_MEMBERS, KEEP_MEMBER_BYTES)

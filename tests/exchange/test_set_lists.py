@@ -21,6 +21,7 @@ def server():
     g = gatherer()
     g._fetched, g._merged = OrderedDict(), OrderedDict()
     g._fetched_lists, g._fetched_members, g._packed_lists = OrderedDict(), OrderedDict(), OrderedDict()
+    g._opened_lists = OrderedDict()
     g._max_group_size, g._max_payload_bytes, g._run = 16, MAX_PAYLOAD, RUN
     return g
 
@@ -91,3 +92,27 @@ def test_only_lists_and_envelopes_that_check_out_are_kept_to_serve_on():
     g._keep_member(name, a, envelopes[b])  # b's envelope for a's entry
     g._keep_member(name, a, envelopes[a])
     assert list(g._fetched_lists) == [name.encode()] and list(g._fetched_members) == [(name.encode(), a)]
+
+
+def test_a_list_is_checked_once_not_once_for_every_envelope_fetched_against_it(monkeypatch):
+    """A 32-peer profile put a third of the averager's CPU in checking a list's signatures again for
+    each envelope fetched against it; the list checked once is kept, bounded as the lists are."""
+    import peer.exchange.set_lists as set_lists
+
+    g = server()
+    binding, envelopes, payloads = agreed_set(0, 3)
+    name = set_digest(binding.context, payloads)
+    opened = []
+    real = set_lists.set_manifests.open_manifest
+    monkeypatch.setattr(set_lists.set_manifests, "open_manifest", lambda *a: opened.append(a) or real(*a))
+    g._keep_list(name, pack_manifest(binding, envelopes))
+    for owner in binding.members:
+        g._keep_member(name, owner, envelopes[owner])
+    assert len(opened) == 1
+    assert [owner for _, owner in g._fetched_members] == list(binding.members)
+    g._keep_list(f"{0:032d}", pack_manifest(binding, envelopes))  # under a name it does not match: not kept
+    assert list(g._opened_lists) == [name.encode()]
+    for i in range(KEEP_LISTS):  # bounded as the raw lists are
+        other, others_envelopes, others_payloads = agreed_set(0, 2, group_id=b"group-%d" % i)
+        g._keep_list(set_digest(other.context, others_payloads), pack_manifest(other, others_envelopes))
+    assert len(g._opened_lists) == len(g._fetched_lists) == KEEP_LISTS and name.encode() not in g._opened_lists
