@@ -194,12 +194,13 @@ class CpuQuota:
 
     On one machine a swarm's peers share its cores, so a larger swarm also gives each peer less CPU
     and its waits (polls, timeouts) last more wall seconds: per-peer costs then grow with the
-    machine's oversubscription as well as with the swarm. A quota of ``peers x share`` cores keeps
-    each peer's share equal across swarm sizes, as peers on machines of their own have. Linux only,
-    as root: cgroup v1's cpu controller (``/sys/fs/cgroup/cpu``) or cgroup v2 with cpu enabled.
-    Guarded by tests/bench/test_bench_scale.py."""
+    machine's oversubscription as well as with the swarm. A quota of ``peers x share`` cores, entered
+    only while the peers are started, keeps each peer's share equal across swarm sizes, as peers on
+    machines of their own have. Linux only, as root: cgroup v1's cpu controller
+    (``/sys/fs/cgroup/cpu``) or cgroup v2 with cpu enabled. Guarded by tests/bench/test_bench_scale.py."""
 
     PERIOD_US = 100_000
+    EMPTY_WAIT_S = 30.0  # how long ``close`` waits for the processes left in it (a peer's helpers) to exit
 
     def __init__(self, cores: float, name: str):
         if cores <= 0:
@@ -207,47 +208,85 @@ class CpuQuota:
         v1, v2 = "/sys/fs/cgroup/cpu", "/sys/fs/cgroup"
         quota = max(1000, int(cores * self.PERIOD_US))
         if os.path.exists(os.path.join(v1, "cpu.cfs_quota_us")):
-            self.root, self.path = v1, os.path.join(v1, name)
+            root, own = v1, _own_cgroup("cpu")
             files = {"cpu.cfs_period_us": str(self.PERIOD_US), "cpu.cfs_quota_us": str(quota)}
         elif "cpu" in _read(os.path.join(v2, "cgroup.subtree_control")).split():
-            self.root, self.path = v2, os.path.join(v2, name)
+            root, own = v2, _own_cgroup("")
             files = {"cpu.max": f"{quota} {self.PERIOD_US}"}
         else:
             raise SystemExit("a CPU quota needs the cgroup cpu controller (/sys/fs/cgroup/cpu, or cgroup v2 with "
                              "cpu in cgroup.subtree_control) and root")
+        self.home = os.path.join(root, own.strip("/"))  # where this process is, and goes back to
+        # beside it, not under it (v2 lets a cgroup that has children hold no process)
+        self.path = os.path.join(root, os.path.dirname(own.rstrip("/")).strip("/"), name)
         try:
             os.makedirs(self.path, exist_ok=True)
             for f, value in files.items():
                 with open(os.path.join(self.path, f), "w") as out:
                     out.write(value)
         except OSError as e:
+            self.close()
             raise SystemExit(f"could not set a CPU quota in {self.path} ({e}): run as root on Linux") from e
         self.cores = cores
 
-    def _move(self, cgroup: str, pid: int) -> None:
+    @staticmethod
+    def _move(cgroup: str, pid: int) -> None:
         with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
             f.write(str(pid))
 
     def entered(self):
-        """While inside, this process (and so every process it starts) is in the cgroup."""
+        """While inside, this process (and so every process it starts) is in the cgroup; on leaving,
+        it is back in its own."""
         import contextlib
 
         @contextlib.contextmanager
         def inside():
-            self._move(self.path, os.getpid())
+            try:
+                self._move(self.path, os.getpid())
+            except OSError as e:
+                raise SystemExit(f"could not enter the CPU quota {self.path} ({e}): run as root on Linux") from e
             try:
                 yield self
             finally:
-                self._move(self.root, os.getpid())
+                try:
+                    self._move(self.home, os.getpid())
+                except OSError as e:  # never hides how the block ended
+                    print(f"could not leave the CPU quota {self.path} for {self.home}: {e}", flush=True)
 
         return inside()
 
+    def pids(self) -> List[int]:
+        return [int(p) for p in _read(os.path.join(self.path, "cgroup.procs")).split()]
+
     def close(self) -> None:
-        """Remove the cgroup (once its processes have exited; left in place while some remain)."""
-        try:
-            os.rmdir(self.path)
-        except OSError:
-            pass
+        """Remove the cgroup. The processes started in it may outlive their parents a little (a peer's
+        DHT, averager and p2pd exit after it): they get ``EMPTY_WAIT_S`` to exit, then SIGKILL."""
+        deadline = time.monotonic() + self.EMPTY_WAIT_S
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for _ in range(20):
+            try:
+                os.rmdir(self.path)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.25)
+        print(f"could not remove the CPU quota's cgroup {self.path}: remove it with rmdir once it is empty", flush=True)
+
+
+def _own_cgroup(controller: str) -> str:
+    """This process's cgroup path for ``controller`` (v1), or its unified one (v2: ``controller`` "")."""
+    for line in _read("/proc/self/cgroup").splitlines():
+        _, controllers, path = line.split(":", 2)
+        if (controller and controller in controllers.split(",")) or (not controller and controllers == ""):
+            return path
+    return "/"
 
 
 def _read(path: str) -> str:

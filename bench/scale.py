@@ -41,7 +41,8 @@ round too, so memory can be compared across swarm sizes.
 The machine's cores are shared by every process: at 32 peers on 2 cores each peer has about 1/16
 of a core, as slow volunteers would look to the protocol. So a larger swarm here also means a slower
 peer, and a peer's waits (polls, heartbeats) last more wall seconds of its CPU. ``--cores-per-peer C``
-holds each swarm to ``peers x C`` cores (a CPU cgroup, bench/common.py ``CpuQuota``), so every size
+holds each swarm's peer processes (with their DHT, averager and p2pd processes; the coordinator and
+this bench outside) to ``peers x C`` cores (a CPU cgroup, bench/common.py ``CpuQuota``), so every size
 gives a peer the same CPU, as machines of their own would: what then still grows is the swarm's.
 """
 
@@ -197,11 +198,12 @@ def run_size(peers: int, rounds: int, marks: List[int], args, workdir: Path) -> 
           f"logs in {workdir}", flush=True)
     quota = CpuQuota(peers * args.cores_per_peer, f"voloco-scale-{os.getpid()}-{peers}") if args.cores_per_peer else None
     if quota:
-        print(f"  the swarm's processes hold {quota.cores:g} cores in all ({args.cores_per_peer:g} a peer)", flush=True)
+        print(f"  the peers' processes hold {quota.cores:g} cores in all ({args.cores_per_peer:g} a peer; the coordinator "
+              f"and this bench outside)", flush=True)
     t0, failure = time.monotonic(), None
     try:
-        with quota.entered() if quota else contextlib.nullcontext():
-            run_swarm(spec, peers, rounds, workdir, timeout=timeout, quorum=quorum, watch=watcher)
+        run_swarm(spec, peers, rounds, workdir, timeout=timeout, quorum=quorum, watch=watcher,
+                  starting=quota.entered if quota else contextlib.nullcontext)
     except (TimeoutError, RuntimeError) as e:  # what the peers did until then is still reported
         failure = str(e)
         print(f"  stopped: {failure}", flush=True)
@@ -314,7 +316,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="seconds a swarm may take until every peer has begun training (passed the quorum) "
                     "before it is stopped and reported as not started (default 600)")
     ap.add_argument("--cores-per-peer", type=float, default=None, metavar="C",
-                    help="hold each swarm to C cores a peer in all (a CPU cgroup of peers x C cores; Linux, root): every "
+                    help="hold each swarm's peer processes to C cores a peer in all (a CPU cgroup of peers x C cores; the "
+                    "coordinator outside it; Linux, root): every "
                     "size then gives a peer the same CPU, as machines of their own would; 2 cores / 32 peers is 0.0625 "
                     "(default: no quota, every swarm shares the whole machine)")
     ap.add_argument("--workdir", type=Path, default=None, help="where each swarm's folder goes (default: a temporary folder)")

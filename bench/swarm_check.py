@@ -16,12 +16,13 @@ and the simulation run the same training, codec and aggregation code on the same
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, ContextManager, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -42,12 +43,15 @@ Watch = Callable[[List[Optional[Dict[str, Any]]], List[int]], None]  # (every pe
 
 
 def run_swarm(spec: RunSpec, peers: int, rounds: int, workdir: Path, timeout: float = 1800.0, log=print,
-              quorum: Optional[int] = None, watch: Optional[Watch] = None) -> List[Dict[str, Any]]:
+              quorum: Optional[int] = None, watch: Optional[Watch] = None,
+              starting: Callable[[], ContextManager] = contextlib.nullcontext) -> List[Dict[str, Any]]:
     """Run ``rounds`` rounds of ``spec`` with ``peers`` real peer processes; their final statuses.
 
     ``quorum``: every peer's ``--wait-peers`` (default: all of them). ``watch``, when given, is
     called about once a second while the peers run, with every peer's status as it is now (None
-    where a peer has written none yet) and the peer processes' pids (to sample their /proc)."""
+    where a peer has written none yet) and the peer processes' pids (to sample their /proc).
+    ``starting``: a context entered while each peer process is started (and not the coordinator):
+    bench/scale.py's CPU quota."""
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "run.toml"
     config.write_text(spec.to_toml())
@@ -57,7 +61,8 @@ def run_swarm(spec: RunSpec, peers: int, rounds: int, workdir: Path, timeout: fl
         for i in range(peers):
             argv = peer_argv(join, workdir, i, threads=1, run_key=run_key) + [
                 "--wait-peers", str(quorum or peers), "--max-rounds", str(rounds)]
-            children.append(Child(f"peer{i}", argv, workdir / f"peer{i}.log"))
+            with starting():
+                children.append(Child(f"peer{i}", argv, workdir / f"peer{i}.log"))
         deadline = time.monotonic() + timeout
         last = -1
         while any(c.proc.poll() is None for c in children[1:]):

@@ -41,27 +41,39 @@ def test_a_member_that_lacked_a_late_set_takes_it_and_ends_on_its_groupmates_the
             """Whether ``name`` said that the vote of round ``rnd`` outvoted its start."""
             return f"round {rnd}: this peer started from parameters" in swarm.peers[name].text()
 
-        def shared_take():
-            """A take whose θ another peer's record holds, reported by everyone two rounds on, and not
-            outvoted in the next round's start vote (a vote may still outvote a take, see below: the wait
-            goes on until one that kept on comes, which is what the test is about)."""
-            statuses = {n: swarm.status(n) for n in NAMES}
-            return any(min(swarm.round_of(n) for n in NAMES) > rnd + 2 and new in held_by_others(name, rnd, statuses).values()
-                       and not apart(name, rnd + 1) for name, (rnd, _, new) in taken())
+        def counted(name, rnd, statuses):
+            """Whether the statuses show ``name``'s take of round ``rnd`` whole: its records of rounds
+            rnd + 1 and rnd + 2 (the status may have been written before the take, whose exchange writes
+            record rnd + 2, or it installed a state since, its records from then gone), every peer two
+            rounds on (a groupmate that took the same union writes it in its own next status)."""
+            history = {r["round"] for r in statuses[name]["history"]}
+            return rnd + 1 in history and rnd + 2 in history and min(statuses[o]["round"] for o in NAMES) > rnd + 2
 
-        swarm.wait(shared_take, 600, "a member taking a late set into a round's union, on its groupmates' θ, and keeping on")
-        statuses = {n: swarm.status(n) for n in NAMES}
+        seen = {}
+
+        def kept_take():
+            """A take counted whole, whose θ another peer's record holds, and not outvoted in the next
+            round's start vote (a vote may still outvote a take, see below: the wait goes on until one
+            that kept on comes, which is what the test is about). The statuses it was judged on are kept."""
+            statuses = {n: swarm.status(n) for n in NAMES}
+            if any(s is None for s in statuses.values()):
+                return False
+            takes = taken()
+            if any(counted(name, rnd, statuses) and new in held_by_others(name, rnd, statuses).values()
+                   and not apart(name, rnd + 1) for name, (rnd, _, new) in takes):
+                seen.update(statuses=statuses, takes=takes)
+                return True
+            return False
+
+        swarm.wait(kept_take, 600, "a member taking a late set into a round's union, on its groupmates' θ, and keeping on")
+        statuses = seen["statuses"]
         names_of = {statuses[n]["peer_id"]: n for n in NAMES}
 
         kept_on = 0  # takes after which the member's start counted with its group's (no state download)
-        for name, (rnd, old, new) in taken():
-            history = {r["round"]: r for r in statuses[name]["history"]}
-            # the status read above was written before the take (the exchange that took it writes the
-            # next one, with record rnd + 2), or it installed a state since (its records from then gone)
-            # and the others' statuses too: a groupmate that took the same union writes it in its own
-            # next status, which the read above may have come before
-            if rnd + 1 not in history or rnd + 2 not in history or min(statuses[o]["round"] for o in NAMES) <= rnd + 2:
+        for name, (rnd, old, new) in seen["takes"]:
+            if not counted(name, rnd, statuses):
                 continue
+            history = {r["round"]: r for r in statuses[name]["history"]}
             # the round's record (its θ, round rnd + 1's start) names the θ recomputed from the union
             assert history[rnd + 1]["params_hash"] == new, (name, rnd, history[rnd + 1])
             held = held_by_others(name, rnd, statuses)
