@@ -3,6 +3,7 @@ process pool and the warm start every arm of a run starts from."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import os
@@ -11,7 +12,7 @@ import signal
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Callable, List, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -188,6 +189,22 @@ def deprioritize(pid: int, nice: int) -> None:
         pass
 
 
+def proc_status_kib(pid, field: str) -> Optional[int]:
+    """A size from /proc/PID/status in KiB (``pid`` a number or "self"; VmHWM: the peak resident
+    size, VmRSS: the current one); None if it has no such field. OSError if it cannot be read."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return None
+
+
+def reset_peak_rss(pid="self") -> None:
+    """Start process ``pid``'s VmHWM again at its current resident size (Linux: clear_refs 5)."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+
+
 class CpuQuota:
     """A CPU cgroup that holds at most ``cores`` cores' time; processes started inside
     ``with quota.entered():`` are in it, with every process they start.
@@ -237,8 +254,6 @@ class CpuQuota:
     def entered(self):
         """While inside, this process (and so every process it starts) is in the cgroup; on leaving,
         it is back in its own."""
-        import contextlib
-
         @contextlib.contextmanager
         def inside():
             try:

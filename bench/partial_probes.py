@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import gc
 import resource
-from pathlib import Path
 from typing import Any, Dict, Optional
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from bench.common import proc_status_kib, reset_peak_rss as common_reset_peak_rss
 from peer.training.inner import InnerTrainer
 from peer.training.model import Model
 from protocol.model.partial import FULL, owned_shapes
@@ -105,12 +105,9 @@ def flop_shares(model_cfg: Dict[str, Any], batch: int) -> Dict[str, float]:
 # --- memory probe (runs in a fresh process per arm) ----------------------------------------------------
 def _status_kib(field: str) -> Optional[int]:
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
+        return proc_status_kib("self", field)
     except OSError:
-        pass
-    return None
+        return None
 
 
 def reset_peak_rss() -> int:
@@ -120,7 +117,7 @@ def reset_peak_rss() -> int:
     the previous image's peak into it (the parent's when subprocess vforks), so a child's ru_maxrss
     starts at the parent's peak. VmHWM is the child's own mm's high-water mark and can be reset."""
     try:
-        Path("/proc/self/clear_refs").write_text("5")
+        common_reset_peak_rss()
         return _status_kib("VmRSS") * 1024
     except (OSError, TypeError):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

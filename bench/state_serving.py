@@ -31,22 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import exit_on_sigterm, machine, now, table  # noqa: E402
+from bench.common import exit_on_sigterm, machine, now, proc_status_kib, reset_peak_rss, table  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
 
 ARMS = ("gate", "open")
-
-
-def _status_kb(pid: int, field: str) -> int:
-    """A size from /proc/PID/status (VmHWM: the peak resident size; VmRSS: the current one), in KiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def _reset_peak(pid: int) -> None:
-    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM back to the current resident size
 
 
 def run_arm(arm: str, downloaders: int, state_mb: int) -> dict:
@@ -99,14 +87,14 @@ def run_arm(arm: str, downloaders: int, state_mb: int) -> dict:
         t.start()
     time.sleep(1.0)
     pids = {"host": os.getpid(), "averager": server.pid}
-    base = {k: _status_kb(p, "VmRSS") for k, p in pids.items()}
+    base = {k: (proc_status_kib(p, "VmRSS") or 0) for k, p in pids.items()}
     for p in pids.values():
-        _reset_peak(p)
+        reset_peak_rss(p)
     t0 = time.monotonic()
     start.set()
     for t in threads:
         t.join(600.0)
-    peak = {k: _status_kb(p, "VmHWM") - base[k] for k, p in pids.items()}
+    peak = {k: (proc_status_kib(p, "VmHWM") or 0) - base[k] for k, p in pids.items()}
     server.shutdown()
     for n in [*nodes, server_dht]:
         n.shutdown()

@@ -127,10 +127,7 @@ class ListServer:
         manifest = self._opened_list(digest, raw)
         if manifest is not None:
             self._keep(self._fetched_lists, digest.encode(), raw, KEEP_LISTS, None)
-            self._opened_lists[digest.encode()] = manifest
-            self._opened_lists.move_to_end(digest.encode())
-            while len(self._opened_lists) > KEEP_LISTS:
-                self._opened_lists.popitem(last=False)
+            self._keep(self._opened_lists, digest.encode(), manifest, KEEP_LISTS, None)
 
     def _keep_member(self, digest: str, owner: bytes, raw: bytes) -> None:
         """Serve on a fetched envelope, once it checks out against the list we hold of its set."""
@@ -142,7 +139,7 @@ class ListServer:
             pass
 
     @staticmethod
-    def _keep(kept: OrderedDict, key, raw: bytes, most: int, most_bytes: Optional[int]) -> None:
+    def _keep(kept: OrderedDict, key, raw, most: int, most_bytes: Optional[int]) -> None:
         kept[key] = raw
         kept.move_to_end(key)
         while len(kept) > most or (most_bytes is not None and len(kept) > 1 and sum(map(len, kept.values())) > most_bytes):
