@@ -187,3 +187,26 @@ def test_a_join_node_too_busy_to_answer_is_tried_again(monkeypatch, caplog):
     attempts.clear()  # with a join token the likely cause is the token: said at once, not retried
     assert "check that --join-token is the one" in fails([addr], LOOPBACK, join_token="x" * 24)
     assert len(attempts) == 1
+
+
+def test_a_join_node_whose_dial_timed_out_but_that_answers_now_is_tried_again(monkeypatch):
+    import swarm.dht.node as dht_mod
+
+    attempts = []
+
+    class DialTimedOut:  # the daemon's dial of a busy join node timed out (32 peers started at once on 2 cores)
+        def __init__(self, **kwargs):
+            attempts.append(kwargs["initial_peers"])
+            raise RuntimeError("Daemon failed to start: failed to connect to bootstrap peers")
+
+    monkeypatch.setattr(dht_mod.hivemind, "DHT", DialTimedOut)
+    monkeypatch.setattr(dht_mod, "JOIN_RETRY_S", 0.0)
+    monkeypatch.setattr(dht_mod, "join_help", lambda peers, key: (None, [], False))
+    addr = Multiaddr(f"/ip4/127.0.0.1/tcp/1/p2p/{OTHER_ID}")
+    monkeypatch.setattr(dht_mod, "dial_join_nodes", lambda peers, timeout=5.0: [(True, "")] * len(peers))
+    assert "it answers now" in fails([addr], LOOPBACK)
+    assert len(attempts) == dht_mod.JOIN_ATTEMPTS  # busy: tried again, as a join node whose DHT answers late
+    attempts.clear()
+    monkeypatch.setattr(dht_mod, "dial_join_nodes", lambda peers, timeout=5.0: [(False, "connection refused")] * len(peers))
+    assert "nothing listens at" in fails([addr], LOOPBACK)
+    assert len(attempts) == 1  # nobody there: said at once
