@@ -26,7 +26,10 @@ from the peers' status files (their ``history``):
 - the peer process's CPU by thread (its status' ``cpu_by_thread``): its training (``main``), its
   exchange threads, its wire meter, its heartbeat, in seconds a peer a round, start-up included;
 - barrier wait/peer: seconds a peer's round barrier waited for the round's other peers (its record's
-  ``waited``: from its payload's encoding to the barrier's end), mean over the peers;
+  ``waited``: from its payload's encoding to the barrier's end), mean over the peers; then, in the
+  growth table, the exchange's next two phases: gather s (``gather_s``: matchmaking and its group's
+  all-gather) and merge s (``merge_s``: waiting for, fetching and agreeing on the round's other
+  groups' sets or lists; the draw, the drawn payloads' fetch and the outer step come after it);
 - round s: the median peer's round time (its record's ``seconds``); swarm s: from the moment every
   peer had ended the previous round (round 1: had begun training) to the moment every peer had
   ended this one.
@@ -183,6 +186,8 @@ def round_rows(statuses: List[Optional[Dict[str, Any]]], watcher: Watcher) -> Li
             "helpers_cpu_per_exchange_s": _mean([r["helpers_exchange_cpu"] / r["exchange_s"] for _, n, r in recs
                                                  if n > 1 and r.get("helpers_exchange_cpu") is not None and r.get("exchange_s")]),
             "waited_per_peer": _mean([r["waited"] for _, _, r in recs if r.get("waited") is not None]),
+            "gather_s_per_peer": _mean([r["gather_s"] for _, _, r in recs if r.get("gather_s") is not None]),
+            "merge_s_per_peer": _mean([r["merge_s"] for _, _, r in recs if r.get("merge_s") is not None]),
             "round_s": statistics.median(r["seconds"] for _, _, r in recs), "swarm_s": swarm_s,
         })
     return rows
@@ -279,13 +284,14 @@ def growth(runs: List[Dict[str, Any]]) -> str:
         span = _mean([r["exchange_s_per_peer"] for r in later if r.get("exchange_s_per_peer") is not None])
         rate = _mean([r["helpers_cpu_per_exchange_s"] for r in later if r.get("helpers_cpu_per_exchange_s") is not None])
         waited = _mean([r["waited_per_peer"] for r in later if r.get("waited_per_peer") is not None])
+        gather, merge = (_mean([r[k] for r in later if r.get(k) is not None]) for k in ("gather_s_per_peer", "merge_s_per_peer"))
         base = base if base is not None else (mean, cpu, own)
         cores = "machine" if run.get("cores") is None else f"{run['cores']:g}"
         rows.append([str(run["peers"]), cores, str(run.get("max_contributions", 0)), str(run["max_group_size"]), _b(mean),
                      _ratio(mean, base[0]), _c(cpu), _ratio(cpu, base[1]), _c(own), _ratio(own, base[2]), _c(waited),
-                     _s(span), "-" if rate is None else f"{rate:.4f}"])
+                     _c(gather), _c(merge), _s(span), "-" if rate is None else f"{rate:.4f}"])
     return table(["peers", "cores", "K", "groups <=", "payload recv/peer/round", "vs smallest", "exchange CPU/peer/round",
-                  "vs smallest", "of it after the steps", "vs smallest", "barrier wait/peer/round",
+                  "vs smallest", "of it after the steps", "vs smallest", "barrier wait/peer/round", "gather s", "merge s",
                   "exchange s/round", "helpers CPU s/exchange s"], rows, left=0)
 
 

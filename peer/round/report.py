@@ -50,6 +50,9 @@ class RoundRecord:
     # heartbeats: a cost per second of wall time, not per round)
     helpers_exchange_cpu: Optional[float] = None
     exchange_s: float = 0.0  # wall seconds from the end of the round's inner steps to its record
+    # of them: matchmaking and the group's gather, then the merge of the round's other groups' sets (0: none)
+    gather_s: float = 0.0
+    merge_s: float = 0.0
     # when the round ended (Unix time, this host's clock): successive records' ``ended`` give the
     # rounds' period, what a run's rounds per hour follow (``seconds`` overlaps the next round's steps)
     ended: float = 0.0
