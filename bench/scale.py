@@ -27,8 +27,9 @@ from the peers' status files (their ``history``):
   exchange threads, its wire meter, its heartbeat, in seconds a peer a round, start-up included;
 - barrier wait/peer: seconds a peer's round barrier waited for the round's other peers (its record's
   ``waited``: from its payload's encoding to the barrier's end), mean over the peers; then, in the
-  growth table, the exchange's next two phases: gather s (``gather_s``: matchmaking and its group's
-  all-gather) and merge s (``merge_s``: waiting for, fetching and agreeing on the round's other
+  growth table, the exchange's next two phases (past each peer's first record, as exchange s):
+  gather s (``gather_s``: matchmaking and its group's all-gather) and merge s (``merge_s``: the
+  repair of the last round's union, then waiting for, fetching and agreeing on the round's other
   groups' sets or lists; the draw, the drawn payloads' fetch and the outer step come after it);
 - round s: the median peer's round time (its record's ``seconds``); swarm s: from the moment every
   peer had ended the previous round (round 1: had begun training) to the moment every peer had
@@ -186,8 +187,8 @@ def round_rows(statuses: List[Optional[Dict[str, Any]]], watcher: Watcher) -> Li
             "helpers_cpu_per_exchange_s": _mean([r["helpers_exchange_cpu"] / r["exchange_s"] for _, n, r in recs
                                                  if n > 1 and r.get("helpers_exchange_cpu") is not None and r.get("exchange_s")]),
             "waited_per_peer": _mean([r["waited"] for _, _, r in recs if r.get("waited") is not None]),
-            "gather_s_per_peer": _mean([r["gather_s"] for _, _, r in recs if r.get("gather_s") is not None]),
-            "merge_s_per_peer": _mean([r["merge_s"] for _, _, r in recs if r.get("merge_s") is not None]),
+            "gather_s_per_peer": _mean([r["gather_s"] for _, n, r in recs if n > 1 and r.get("gather_s") is not None]),
+            "merge_s_per_peer": _mean([r["merge_s"] for _, n, r in recs if n > 1 and r.get("merge_s") is not None]),
             "round_s": statistics.median(r["seconds"] for _, _, r in recs), "swarm_s": swarm_s,
         })
     return rows

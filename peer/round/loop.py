@@ -342,12 +342,11 @@ class RoundLoop:
         by_list = getattr(engine.strategy, "max_contributions", 0) > 0  # only the drawn payloads fetched
         for mate in (result.held | result.lagged) if result is not None else ():  # held our requests: its merge answer may be too
             self._quiet_mates[mate] = max(self._quiet_mates.get(mate, 0), engine.round + 1)
-        t_merge = time.monotonic()
         if result is not None and result.set_digest:  # other groups of the round: one θ from all their sets
             merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip, gave_up=barrier.gave_up,
                                  quiet=self._quiet_mates, by_list=by_list,
                                  awaited=draw.awaited(engine, engine.params_hash()))  # the seed after the union's repair
-        t_merge = time.monotonic() - t_merge
+        t_merged = time.monotonic()  # the union's repair and the merge of the round's other groups' sets
         chosen, invalid, passed, senders, excluded = draw.contributions(peer, merged, payloads, excluded, timing.set_fetch_s)
         decoded, bad = engine.decode(chosen)
         invalid.update(bad)
@@ -412,7 +411,7 @@ class RoundLoop:
             loss=sum(h.losses) / len(h.losses),  # NaN on a chain stage other than the last
             val_loss=float("nan"),
             seconds=0.0,
-            waited=t_wait - h.t_encode, gather_s=t_gather - t_wait, merge_s=t_merge,
+            waited=t_wait - h.t_encode, gather_s=t_gather - t_wait, merge_s=t_merged - t_gather,
             steps=len(h.losses),
             overlapped=h.overlapped,
             sets=merged.sets if merged is not None else 1,

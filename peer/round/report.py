@@ -50,7 +50,8 @@ class RoundRecord:
     # heartbeats: a cost per second of wall time, not per round)
     helpers_exchange_cpu: Optional[float] = None
     exchange_s: float = 0.0  # wall seconds from the end of the round's inner steps to its record
-    # of them: matchmaking and the group's gather, then the merge of the round's other groups' sets (0: none)
+    # of them: matchmaking and the group's gather (or, where it failed, taking a set named without us), then
+    # the repair of the last round's union and the merge of this round's other groups' sets
     gather_s: float = 0.0
     merge_s: float = 0.0
     # when the round ended (Unix time, this host's clock): successive records' ``ended`` give the

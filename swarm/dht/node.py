@@ -48,6 +48,7 @@ JOIN_ATTEMPTS = 5
 BUSY_JOIN_ATTEMPTS = 10
 JOIN_RETRY_S = 5.0  # the first wait; 10, 20, 40 s after it
 MAX_JOIN_WAIT_S = 60.0
+CHECK_FAILED = "the check itself failed"  # a join node's dial that could not be made (not the node's answer)
 
 
 def parse_multiaddrs(addrs: Sequence[str], flag: str = "--join") -> List[Multiaddr]:
@@ -216,7 +217,7 @@ def _join(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity, clie
             if access is None or keep_trying:  # asked again while it may admit us: fresh nodes to join through
                 verdict, found, answered = join_help(initial_peers, key)
                 access = verdict if verdict is not None else access
-                handed, reached = found or handed, reached or answered
+                handed, reached = found or handed, reached or answered or e.answered
                 alternates = handed + list(known[:MAX_ALTERNATES])
                 if access in (PRIVATE, TOKEN_BAD) or (key is not None and access in (PUBLIC, None) and not keep_trying):
                     raise UsageError(_refused(e.cause, access, initial_peers, host_maddrs, key, mine)) from None
@@ -227,7 +228,7 @@ def _join(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity, clie
                        and not (key is not None and access == PUBLIC))
             if attempt >= attempts and not endless:
                 why = (f"could not reach the DHT at {_addr_list(initial_peers)}: it is too busy to answer this node"
-                       if access is not None else
+                       if access is not None or e.answered else
                        explain_start_failure(e.cause, initial_peers, host_maddrs, key is not None, mine.given))
                 raise UsageError(f"{why} (or it was too busy to answer {attempts} tries over "
                                  f"{time.monotonic() - t0:.0f} s: try again later)") from None
@@ -269,9 +270,10 @@ NODE_CACHING = dict(cache_nearest=0, cache_refresh_before_expiry=0)
 class _JoinTimeout(Exception):
     """The join nodes answer, but their DHT did not in time: worth another try."""
 
-    def __init__(self, cause: BaseException):
+    def __init__(self, cause: BaseException, answered: bool = False):
         super().__init__(str(cause))
         self.cause = cause
+        self.answered = answered  # a join node took a connection of ours meanwhile: it is there, and busy
 
 
 def _start_node(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity, client_mode, key, run_ids,
@@ -297,11 +299,12 @@ def _start_node(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity
         if initial_peers and "none of the initial_peers responded" in str(e).lower():
             raise _JoinTimeout(e) from None
         # the daemon's dial timed out, yet a join node takes a connection now: a busy node, as above (32 peers
-        # started at once on 2 cores: two of them exited here, bench/RESULTS.md 2026-12-03)
-        if initial_peers and "failed to connect to bootstrap peers" in str(e).lower() and any(
-                ok for ok, _ in dial_join_nodes(initial_peers)):
-            raise _JoinTimeout(e) from None
-        raise UsageError(explain_start_failure(e, initial_peers, host_maddrs, key is not None, mine.given)) from None
+        # started at once on 2 cores: two of them exited here, bench/RESULTS.md 2026-12-03). One dial a join
+        # node (a fresh p2pd each), whose results also explain a failure
+        dialed = dial_join_nodes(initial_peers) if initial_peers and "failed to connect to bootstrap peers" in str(e).lower() else None
+        if dialed is not None and any(ok for ok, _ in dialed):
+            raise _JoinTimeout(e, answered=True) from None
+        raise UsageError(explain_start_failure(e, initial_peers, host_maddrs, key is not None, mine.given, dialed)) from None
     if dht.peer_id.to_base58() != mine.identity.peer_id:
         dht.shutdown()
         raise RuntimeError(f"the DHT node's peer id {dht.peer_id} is not that of its identity {mine.identity.peer_id}")
@@ -322,8 +325,9 @@ def _refused(cause: BaseException, access: Optional[str], initial_peers, host_ma
 
 # ---- why a node could not start ------------------------------------------------------------------
 def explain_start_failure(e: BaseException, initial_peers: Sequence[Multiaddr], host_maddrs: Sequence[str],
-                          private: bool, identity_path: Optional[str]) -> str:
-    """One line for hivemind's start-up failure ``e``: the cause, and what to do about it."""
+                          private: bool, identity_path: Optional[str], dialed: Optional[List[Tuple[bool, str]]] = None) -> str:
+    """One line for hivemind's start-up failure ``e``: the cause, and what to do about it. ``dialed``: the
+    join nodes' ``dial_join_nodes`` results where already taken (else dialed here, where needed)."""
     text = str(e).strip()
     low = text.lower()
     last = text.splitlines()[-1] if text else type(e).__name__
@@ -344,7 +348,7 @@ def explain_start_failure(e: BaseException, initial_peers: Sequence[Multiaddr], 
         return (f"--identity {identity_path}: another running node already uses this identity (the same peer id is in "
                 f"the swarm): stop that process, or give this one its own --identity file")
     if "failed to connect to bootstrap peers" in low and initial_peers:
-        return "could not reach the DHT: " + "; ".join(diagnose_join(initial_peers))
+        return "could not reach the DHT: " + "; ".join(diagnose_join(initial_peers, dialed=dialed))
     if "none of the initial_peers responded" in low and initial_peers:
         if private:
             return (f"could not reach the DHT at {_addr_list(initial_peers)}: it answers, but not to this join token: "
@@ -368,7 +372,7 @@ def dial_join_nodes(initial_peers: Sequence[Multiaddr], timeout: float = 5.0) ->
         try:
             ok, _, error = await dial(PeerID.from_base58(peer), [Multiaddr(where)], timeout)
         except Exception as e:
-            ok, error = False, f"the check itself failed: {e!r}"
+            ok, error = False, f"{CHECK_FAILED}: {e!r}"
         return bool(ok), error
 
     async def all_of() -> List[Tuple[bool, str]]:
@@ -377,11 +381,13 @@ def dial_join_nodes(initial_peers: Sequence[Multiaddr], timeout: float = 5.0) ->
     try:
         return asyncio.run(asyncio.wait_for(all_of(), timeout + 15))
     except Exception as e:
-        return [(False, f"the check itself failed: {e!r}")] * len(initial_peers)
+        return [(False, f"{CHECK_FAILED}: {e!r}")] * len(initial_peers)
 
 
-def diagnose_join(initial_peers: Sequence[Multiaddr], timeout: float = 5.0) -> List[str]:
-    """Why each ``--join`` address failed, found by dialing it from a fresh daemon (bounded by ``timeout``)."""
+def diagnose_join(initial_peers: Sequence[Multiaddr], timeout: float = 5.0,
+                  dialed: Optional[List[Tuple[bool, str]]] = None) -> List[str]:
+    """Why each ``--join`` address failed, found by dialing it from a fresh daemon (bounded by ``timeout``;
+    ``dialed``: those dials' results, where already taken)."""
 
     def one(maddr: Multiaddr, ok: bool, error: str) -> str:
         peer = maddr.value_for_protocol("p2p")
@@ -400,7 +406,11 @@ def diagnose_join(initial_peers: Sequence[Multiaddr], timeout: float = 5.0) -> L
                     f"blocks that TCP port on the coordinator's side")
         return f"{maddr}: {why}"
 
-    return [one(m, ok, error) for m, (ok, error) in zip(initial_peers, dial_join_nodes(initial_peers, timeout))]
+    dialed = dialed if dialed is not None else dial_join_nodes(initial_peers, timeout)
+    if dialed and all(not ok and error.startswith(CHECK_FAILED) for ok, error in dialed):  # no dial could be made here
+        return [f"{_addr_list(initial_peers)} ({dialed[0][1]}): check that the coordinator is running, that "
+                f"the address, port and peer id match what it printed, and that no firewall blocks the port"]
+    return [one(m, ok, error) for m, (ok, error) in zip(initial_peers, dialed)]
 
 
 def _addr_list(maddrs: Sequence[Multiaddr]) -> str:

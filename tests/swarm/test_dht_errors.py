@@ -203,10 +203,21 @@ def test_a_join_node_whose_dial_timed_out_but_that_answers_now_is_tried_again(mo
     monkeypatch.setattr(dht_mod, "JOIN_RETRY_S", 0.0)
     monkeypatch.setattr(dht_mod, "join_help", lambda peers, key: (None, [], False))
     addr = Multiaddr(f"/ip4/127.0.0.1/tcp/1/p2p/{OTHER_ID}")
-    monkeypatch.setattr(dht_mod, "dial_join_nodes", lambda peers, timeout=5.0: [(True, "")] * len(peers))
-    assert "it answers now" in fails([addr], LOOPBACK)
-    assert len(attempts) == dht_mod.JOIN_ATTEMPTS  # busy: tried again, as a join node whose DHT answers late
-    attempts.clear()
-    monkeypatch.setattr(dht_mod, "dial_join_nodes", lambda peers, timeout=5.0: [(False, "connection refused")] * len(peers))
+    dials = []
+
+    def dial(result):
+        def dial_join_nodes(peers, timeout=5.0):
+            dials.append(peers)
+            return [result] * len(peers)
+        return dial_join_nodes
+
+    monkeypatch.setattr(dht_mod, "dial_join_nodes", dial((True, "")))
+    assert "it is too busy to answer this node" in fails([addr], LOOPBACK)
+    assert len(attempts) == len(dials) == dht_mod.JOIN_ATTEMPTS  # busy: tried again, as a join node whose DHT answers late
+    attempts.clear(), dials.clear()
+    monkeypatch.setattr(dht_mod, "dial_join_nodes", dial((False, "connection refused")))
     assert "nothing listens at" in fails([addr], LOOPBACK)
-    assert len(attempts) == 1  # nobody there: said at once
+    assert len(attempts) == len(dials) == 1  # nobody there: said at once, from the one dial
+    attempts.clear()
+    monkeypatch.setattr(dht_mod, "dial_join_nodes", dial((False, f"{dht_mod.CHECK_FAILED}: TimeoutError()")))
+    assert "check that the coordinator is running" in fails([addr], LOOPBACK)  # no dial made here: no verdict on it
