@@ -268,7 +268,8 @@ NODE_CACHING = dict(cache_nearest=0, cache_refresh_before_expiry=0)
 
 
 class _JoinTimeout(Exception):
-    """The join nodes answer, but their DHT did not in time: worth another try."""
+    """The join nodes answer, but their DHT did not in time, or took a check's connection after the
+    daemon's dial timed out (``answered``): worth another try."""
 
     def __init__(self, cause: BaseException, answered: bool = False):
         super().__init__(str(cause))
@@ -362,13 +363,18 @@ def explain_start_failure(e: BaseException, initial_peers: Sequence[Multiaddr], 
     return f"could not start a DHT node on {hosts} ({last})"
 
 
+def _peer_and_host(maddr: Multiaddr) -> Tuple[str, str]:
+    """A ``--join`` address's peer id and the address without it (what is dialed)."""
+    peer = maddr.value_for_protocol("p2p")
+    return peer, str(maddr.decapsulate(Multiaddr(f"/p2p/{peer}")))
+
+
 def dial_join_nodes(initial_peers: Sequence[Multiaddr], timeout: float = 5.0) -> List[Tuple[bool, str]]:
     """Dial each ``--join`` address from a fresh daemon (bounded by ``timeout``): (whether it took the
     connection, the dial's error), in order."""
 
     async def one(maddr: Multiaddr) -> Tuple[bool, str]:
-        peer = maddr.value_for_protocol("p2p")
-        where = str(maddr.decapsulate(Multiaddr(f"/p2p/{peer}")))
+        peer, where = _peer_and_host(maddr)
         try:
             ok, _, error = await dial(PeerID.from_base58(peer), [Multiaddr(where)], timeout)
         except Exception as e:
@@ -390,8 +396,7 @@ def diagnose_join(initial_peers: Sequence[Multiaddr], timeout: float = 5.0,
     ``dialed``: those dials' results, where already taken)."""
 
     def one(maddr: Multiaddr, ok: bool, error: str) -> str:
-        peer = maddr.value_for_protocol("p2p")
-        where = str(maddr.decapsulate(Multiaddr(f"/p2p/{peer}")))
+        peer, where = _peer_and_host(maddr)
         if ok:
             return f"{maddr}: it answers now (it may have just started): try again"
         m = re.search(r"remote key matches (\w+)", error)
