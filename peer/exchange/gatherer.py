@@ -152,7 +152,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         last: Tuple[str, Sequence[str]] = ("", ()), refused: Sequence[str] = (),
         senders: bool = False, part: Optional[Part] = None, ready: Optional[Sequence[str]] = None,
         admitted: Optional[Iterable[str]] = None, leaders: Optional[Iterable[str]] = None,
-        known: Optional[Iterable[str]] = None,
+        known: Optional[Iterable[str]] = None, lineage: str = "",
     ) -> Optional[GatherResult]:
         """Find a group of this round and all-gather payloads. None if no group formed in time, or
         if ``give_up`` (asked every ``Timing.give_up_poll_s`` while matchmaking is still looking) says that
@@ -168,7 +168,9 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         follows; None: anyone not refused. ``known``: the peers (base58) that are no strangers to us (seen to come,
         or with standing); a member outside them that holds a later agreement round's request is no longer
         waited for a grace after the answers of the members inside them, where we can lose nothing by it
-        (``AgreementRounds._agree``, ``reconcile.Agreement.may_stop_asking``); None: no member is."""
+        (``AgreementRounds._agree``, ``reconcile.Agreement.may_stop_asking``); None: no member is.
+        ``lineage``: the start most of the round's peers we know hold, named to the group for its start
+        vote (protocol/round/start_vote.py)."""
         sent0, recv0 = self.bytes_sent, self.bytes_received
         future = MPFuture()
         expected = max(1, min(expected_size, self._max_group_size))
@@ -192,7 +194,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
             if os.path.exists(path):
                 os.unlink(path)
         try:
-            control = self.step(gather=reconcile.announcement(round_no, start_hash, *last, part=part), timeout=timeout,
+            control = self.step(gather=reconcile.announcement(round_no, start_hash, *last, part=part, lineage=lineage), timeout=timeout,
                                 scheduled_time=get_dht_time() + wait, allow_retries=True, wait=False)
             result = step_outcome(control, give_up, self.timing.give_up_poll_s)
         except Exception as e:  # matchmaking or gather failure: the caller defers this round
@@ -255,6 +257,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
             raise reconcile.GroupError(f"no other member of the group gathers for round {self._round_no}")
         start_hashes = {group_info.peer_ids[i].to_base58(): a.start_hash for i, a in kept.items()}
         last_sets = {group_info.peer_ids[i].to_base58(): (a.base, a.last_sets) for i, a in kept.items()}
+        lineages = {group_info.peer_ids[i].to_base58(): a.lineage for i, a in kept.items() if a.lineage}
         clients = frozenset(group_info.peer_ids[i].to_base58() for i in kept if gathered[i][1] == AveragingMode.CLIENT.value)
         members = tuple(p.to_bytes() for p in peer_ids)
         binding = Binding(self._run, self._round_no, group_info.group_id, members)
@@ -281,7 +284,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
                 payloads={base58(k): v for k, v in outcome.payloads.items()},
                 excluded={base58(k): why for k, why in outcome.excluded.items()},
                 start_hashes=start_hashes,
-                last_sets=last_sets,
+                last_sets=last_sets, lineages=lineages,
                 set_digest=group.set_digest,
                 unservable=clients,
                 held=frozenset(p.to_base58() for p in group.held),

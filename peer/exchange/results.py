@@ -19,6 +19,7 @@ class GatherResult:
     start_hashes: Dict[str, str]  # member -> hash of the parameters it started the round from
     # member -> (hash of θ before its last round's outer step, the sets it concluded that round from)
     last_sets: Dict[str, Tuple[str, Tuple[str, ...]]] = field(default_factory=dict)
+    lineages: Dict[str, str] = field(default_factory=dict)  # member -> the lineage it named (start_vote.py)
     set_digest: str = ""  # the name of the agreed set (protocol/round/group_sets.py), served to other groups
     unservable: FrozenSet[str] = frozenset()  # members in hivemind's client mode: they serve no state
     # members that held this member's requests (``Group.held``), their payload perhaps relayed by others:

@@ -268,8 +268,7 @@ class RoundLoop:
 
     def _exchange(self, h: Handoff) -> None:
         """Wait for the round's peers, gather, apply; then evaluate, checkpoint and report."""
-        peer = self.peer
-        engine = peer.engine
+        peer, engine = self.peer, self.peer.engine
         last = peer.totals.history[-1] if peer.totals.history else None
         barrier, mates = meet_round(peer, draw.awaited(engine, engine.params_hash()))
         t_wait = time.monotonic()
@@ -296,6 +295,7 @@ class RoundLoop:
                 engine.round, h.payload, start_hash=start_hash, expected_size=seats.gather_size,
                 timeout=peer.membership.straggler_allowance() if short else peer.membership.timing.round_wait_s,
                 give_up=give_up, refused=refused, admitted=peer.membership.admitted(), ready=seats.ready,
+                lineage=peer.membership.lineage(engine.round, peer.role.progress_part),  # for the start vote
                 leaders=peer.membership.leaders(barrier.ready), known=peer.membership.known(), read_latency=peer.membership.read_latency(),
                 last=union.announce(self._last_round, engine), **draw.senders(engine, start_hash, h.payload, peer.peer_id),
             )
@@ -324,9 +324,8 @@ class RoundLoop:
             self._restart = self.overlap
             logger.warning(f"round {engine.round}: found no group; keeping this round's update locally")
             peer._load_theta()
-            # a lineage of its own: a solo last round, or none since this process started (a peer
-            # restarted from a checkpoint of its solo rounds may be rounds ahead of the swarm;
-            # tests/round/test_state_sources.py)
+            # a lineage of its own: a solo last round, or none since this process started (a peer restarted
+            # from a checkpoint of its solo rounds may be rounds ahead of the swarm; tests/round/test_state_sources.py)
             peer.sync.catch_up(solo=last is None or last.group == [peer.peer_id])
             # the status says so too (its round, a state it installed, its wire bytes): a slow peer whose
             # every round ends here would otherwise keep its start-up status
@@ -366,11 +365,12 @@ class RoundLoop:
         group_hash = None
         if taken is not None:
             # each member's start counted as what it holds after the union. A group votes with its members'
-            # announcements only: every member holds the same ones, so all decide alike (other groups'
-            # starts come from each member's own view of the records)
+            # announcements only (their starts, and the lineage each one's view named): every member holds
+            # the same ones, so all decide alike
             starts = taken.keys
             voters_out = {**result.excluded, **invalid}  # the same on every member
-            group_hash = majority_hash(starts, voters_out, me=peer.peer_id, unservable=result.unservable)
+            group_hash = majority_hash(starts, voters_out, me=peer.peer_id, unservable=result.unservable,
+                                       named=result.lineages, announced=result.start_hashes)
             peer.sync.consistent = taken.holds and starts.get(peer.peer_id, start_hash) == group_hash
             if not peer.sync.consistent:
                 peer.gathered_from = ""  # our θ is not the one our group's set was applied to

@@ -50,6 +50,7 @@ from peer.exchange.ready_notices import ReadyAsks
 from peer.round.start_waits import StartWaits, names as _names
 from protocol.round import peer_states
 from protocol.round.round_policy import swarm_round
+from protocol.round.start_vote import swarm_lineage
 from protocol.round.no_shows import NoShowLedger, WaitBudget, claimed_elsewhere
 from protocol.round.peer_states import DONE, EXCHANGING, NOT_IN_ROUNDS
 from protocol.dht.records import Progress, encode_body, peer_record_ttl
@@ -230,6 +231,12 @@ class Membership(NoShows, StartWaits):
 
     def others(self, excluding=NOT_IN_ROUNDS) -> List[PeerView]:
         return [v for v in self.view() if v.peer_id != self.peer_id and v.progress.state not in excluding]
+
+    def lineage(self, round_no: int, part: int) -> str:
+        """The start most of the peers of ``round_no`` (of ``part``) that we know hold, as our view shows:
+        named to our group for its start vote (protocol/round/start_vote.py ``swarm_lineage``)."""
+        return swarm_lineage(((v.peer_id, v.progress.params_hash) for v in self.view() if v.progress.round == round_no
+                              and v.progress.part == part and v.progress.state not in NOT_IN_ROUNDS), self.known())
 
     def swarm_is_empty(self) -> bool:
         """No other live peer in the view, and none in a read of the last ``Timing.live_memory_ttls`` TTLs."""

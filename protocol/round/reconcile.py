@@ -371,16 +371,20 @@ class Announced(NamedTuple):
     base: str = ""  # the hash of θ before its last round's outer step ("": it did not conclude round - 1)
     last_sets: Tuple[str, ...] = ()  # the names of the sets that round's θ was computed from
     part: Optional[Part] = None  # the part its payload carries (None: not announced)
+    lineage: str = ""  # the start most of the round's peers it knows hold (protocol/round/start_vote.py)
 
 
 def announcement(round_no: int, start_hash: str, base: str = "", last_sets: Sequence[str] = (),
-                 part: Optional[Part] = None) -> List[Any]:
+                 part: Optional[Part] = None, lineage: str = "") -> List[Any]:
     """What each member announces in matchmaking: [round, start hash, base hash, [set names]] and, where
-    given, the part its payload carries (protocol/round/eligibility.py): the base and set names say
+    given, the part its payload carries (protocol/round/eligibility.py; nil where only a lineage
+    follows) and the lineage its view names (``start_vote.swarm_lineage``): the base and set names say
     which θ and which sets of round - 1 its start was computed from (protocol/round/group_sets.py,
     ``late_union``)."""
     out = [round_no, start_hash, base, sorted(last_sets)[:MAX_LAST_SETS]]
-    return out if part is None else out + [list(part) if isinstance(part, tuple) else part]
+    if part is not None or lineage:
+        out.append(list(part) if isinstance(part, tuple) else part)
+    return out + [lineage] if lineage else out
 
 
 def _announced_part(raw: Any) -> Optional[Part]:
@@ -394,7 +398,7 @@ def _announced_part(raw: Any) -> Optional[Part]:
 def parse_announcement(value: Any) -> Announced:
     """A groupmate's announcement, hashes cut to 64 characters; the short form [round, start hash]
     is read as one with no last round."""
-    if not (isinstance(value, (list, tuple)) and len(value) in (2, 4, 5) and isinstance(value[0], int)
+    if not (isinstance(value, (list, tuple)) and len(value) in (2, 4, 5, 6) and isinstance(value[0], int)
             and isinstance(value[1], str)):
         raise GroupError(f"malformed matchmaking announcement {value!r:.80}")
     if len(value) == 2:
@@ -403,8 +407,12 @@ def parse_announcement(value: Any) -> Announced:
     if not (isinstance(base, str) and isinstance(names, (list, tuple)) and len(names) <= MAX_LAST_SETS
             and all(isinstance(n, str) and 0 < len(n) <= MAX_HASH_CHARS for n in names)):
         raise GroupError(f"malformed last-round sets in an announcement {value!r:.80}")
-    part = _announced_part(value[4]) if len(value) == 5 else None
-    return Announced(value[0], value[1][:MAX_HASH_CHARS], base[:MAX_HASH_CHARS], tuple(sorted(set(names))), part)
+    part = _announced_part(value[4]) if len(value) >= 5 and value[4] is not None else None
+    lineage = value[5] if len(value) == 6 else ""
+    if not isinstance(lineage, str):
+        raise GroupError(f"an announced lineage is a hash, not {lineage!r:.40}")
+    return Announced(value[0], value[1][:MAX_HASH_CHARS], base[:MAX_HASH_CHARS], tuple(sorted(set(names))), part,
+                     lineage[:MAX_HASH_CHARS])
 
 
 def members_of_round(values: Sequence[Any], round_no: int) -> Tuple[Dict[int, Announced], Dict[int, str]]:

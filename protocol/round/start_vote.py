@@ -1,29 +1,70 @@
 """The start-hash vote of a group after its gather (docs/round.md, "The start-hash check"): which
-starting point most of the group shares. Pure; guarded by tests/round/test_rejoin.py."""
+starting point the group takes. Pure; guarded by tests/round/test_rejoin.py and
+tests/protocol/test_start_vote.py.
+
+A group counts its own members' starts, and each member also names, in its matchmaking
+announcement, the start most of the round's peers it knows hold (``swarm_lineage``, from its view of
+their records). Where the swarm holds two θ (a round whose merge missed a late group's set), a group
+that counted its members alone would send a member of the swarm's majority to the minority whenever
+the minority outnumbers it in that group: the two lineages trade peers for rounds (a random walk).
+Counted by what the members name, every group that holds both sends its minority members to the
+swarm's majority, and the swarm holds one θ again after about one round."""
 
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Mapping, Optional, Tuple
 
-__all__ = ["majority_hash"]
+__all__ = ["majority_hash", "swarm_lineage"]
 
 _HASH = re.compile(r"[0-9a-f]{16}")  # peer/checkpoints/files.py's params_hash
 
 
 def majority_hash(hashes: Dict[str, str], excluded: Iterable[str] = (), me: Optional[str] = None,
-                  unservable: Iterable[str] = ()) -> str:
-    """The starting point most of a group shares (ties: one that a member able to serve its state
-    holds, not only ``unservable`` ones, which the others could not download; then the smallest
-    hash: the same on every member).
+                  unservable: Iterable[str] = (), named: Optional[Mapping[str, str]] = None,
+                  announced: Optional[Mapping[str, str]] = None) -> str:
+    """The starting point a group takes: the one whose holders started from the lineage that most
+    voting members name (``named``: member -> ``swarm_lineage`` of its view; ``announced``: member ->
+    the start it announced, which ``hashes`` may count as a repaired key, protocol/round/group_sets.py
+    ``start_keys``); then the one most members hold; then one that a member able to serve its state
+    holds, not only ``unservable`` ones, which the others could not download; then the smallest hash:
+    the same on every member. Only a start some member holds can win: a named lineage nobody in the
+    group holds counts for nothing.
 
     Only members whose payload counted vote (``excluded`` do not: a silent, equivocating or invalid
-    sender may have announced anything), and only with a well-formed hash; ``me`` always votes.
+    sender may have announced anything), and only with a well-formed hash; ``me`` always votes. A
+    member names one lineage, as it holds one start: a hostile minority of the group sways neither.
     A hash that wins this way is still only a name: the state download that follows must produce
     parameters that hash to it, so a forged majority costs a refused download, never θ."""
-    votes = {m: h for m, h in hashes.items() if m == me or (m not in set(excluded) and _HASH.fullmatch(h))}
+    excluded = set(excluded)
+    votes = {m: h for m, h in hashes.items() if m == me or (m not in excluded and _HASH.fullmatch(h))}
     counts: Dict[str, int] = {}
     for h in votes.values():
         counts[h] = counts.get(h, 0) + 1
+    naming: Dict[str, int] = {}
+    for m in votes:
+        lineage = (named or {}).get(m, "")
+        if _HASH.fullmatch(lineage):
+            naming[lineage] = naming.get(lineage, 0) + 1
+    support: Dict[str, int] = {}
+    for m, h in votes.items():
+        support[h] = max(support.get(h, 0), naming.get((announced or {}).get(m, h), 0), naming.get(h, 0))
     servable = {h for m, h in votes.items() if m not in set(unservable)}
-    return min(counts, key=lambda h: (-counts[h], h not in servable, h)) if counts else ""
+    return min(counts, key=lambda h: (-support[h], -counts[h], h not in servable, h)) if counts else ""
+
+
+def swarm_lineage(starts: Iterable[Tuple[str, str]], known: Optional[Iterable[str]] = None) -> str:
+    """The start most of the round's peers hold as far as one member's view shows: ``starts`` (peer,
+    params hash of the round's start, from the progress records of the peers of its part in the round),
+    counting only ``known`` peers where given (seen to come, or with standing: a burst of new identities
+    publishing records names no lineage); "" where two tie or none is well-formed (no lineage named:
+    the group counts its members alone)."""
+    known = None if known is None else set(known)
+    counts: Dict[str, int] = {}
+    for peer, h in starts:
+        if _HASH.fullmatch(h) and (known is None or peer in known):
+            counts[h] = counts.get(h, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+    if not ranked or (len(ranked) > 1 and ranked[0][1] == ranked[1][1]):
+        return ""
+    return ranked[0][0]

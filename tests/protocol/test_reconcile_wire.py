@@ -67,8 +67,8 @@ def test_any_bytes_as_an_envelope_are_refused(raw):
 
 # ---- matchmaking announcements ------------------------------------------------------------------
 def test_announcement_round_trip_cuts_the_hash_to_64_characters():
-    assert parse_announcement(announcement(5, "ab" * 40)) == (5, "ab" * 32, "", (), None)
-    assert parse_announcement((5, "h")) == (5, "h", "", (), None)  # the short form: no last round
+    assert parse_announcement(announcement(5, "ab" * 40)) == (5, "ab" * 32, "", (), None, "")
+    assert parse_announcement((5, "h")) == (5, "h", "", (), None, "")  # the short form: no last round
     got = parse_announcement(announcement(5, "h", "b" * 70, ["s2", "s1", "s1"]))
     assert got.base == "b" * 64 and got.last_sets == ("s1", "s2")
     assert len(announcement(5, "h", "b", [f"{i:04d}" for i in range(200)])[3]) == MAX_LAST_SETS
@@ -114,19 +114,33 @@ def test_an_announced_part_round_trips_and_a_malformed_one_is_refused():
             parse_announcement(bad)
 
 
+def test_an_announced_lineage_round_trips_with_or_without_a_part_and_a_malformed_one_is_refused():
+    """The lineage a member's view names for the start vote (protocol/round/start_vote.py) follows the
+    part, nil where it announces none; cut to 64 characters like every hash."""
+    assert parse_announcement(announcement(5, "h", "b", ["s"], lineage="a" * 16)).lineage == "a" * 16
+    assert announcement(5, "h", "b", ["s"], lineage="a" * 16)[4] is None
+    got = parse_announcement(announcement(5, "h", "b", ["s"], part=(0, 2), lineage="c" * 70))
+    assert got.part == (0, 2) and got.lineage == "c" * 64
+    assert parse_announcement(announcement(5, "h", "b", ["s"], part=-1)).lineage == ""
+    for bad in ([5, "h", "b", [], None, 7], [5, "h", "b", [], -1, b"aa"], [5, "h", "b", [], "x", "a" * 16]):
+        with pytest.raises(GroupError):
+            parse_announcement(bad)
+
+
 @pytest.mark.parametrize("value", [None, [], [1], [1, "h", 2], ["1", "h"], [1, b"h"], {"round": 1}, 1.5,
                                    [1, "h", "b"], [1, "h", 2, []], [1, "h", "b", "s"], [1, "h", "b", [1]],
-                                   [1, "h", "b", [""]], [1, "h", "b", ["s"] * (MAX_LAST_SETS + 1)]])
+                                   [1, "h", "b", [""]], [1, "h", "b", ["s"] * (MAX_LAST_SETS + 1)],
+                                   [1, "h", "b", [], None, "a" * 16, "extra"]])
 def test_malformed_announcement_raises_group_error(value):
     with pytest.raises(GroupError):
         parse_announcement(value)
 
 
 def test_members_announcing_another_round_or_garbage_are_left_out_and_the_rest_kept():
-    assert members_of_round([[3, "x"], [3, "y", "b", ["s"]]], 3) == ({0: (3, "x", "", (), None), 1: (3, "y", "b", ("s",), None)}, {})
+    assert members_of_round([[3, "x"], [3, "y", "b", ["s"]]], 3) == ({0: (3, "x", "", (), None, ""), 1: (3, "y", "b", ("s",), None, "")}, {})
     assert members_of_round([], 3) == ({}, {})
     kept, dropped = members_of_round([[3, "x"], [3 + (1 << 20), "y"], None, [3, "z"], "junk"], 3)
-    assert kept == {0: (3, "x", "", (), None), 3: (3, "z", "", (), None)}
+    assert kept == {0: (3, "x", "", (), None, ""), 3: (3, "z", "", (), None, "")}
     assert set(dropped) == {1, 2, 4} and "announced round" in dropped[1]
 
 
