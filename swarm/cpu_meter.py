@@ -7,7 +7,7 @@ what they spend between two round records is the exchange and the control plane,
 what a peer reads, serves and receives (the scale issue's "CPU seconds of the exchange per peer").
 
 ``HelperCpu(roots).since_last()`` sums user and system seconds over the processes ``roots()`` names
-and their descendants (psutil), against the totals of the previous call, per pid: a helper that
+and their descendants (from /proc's children lists; their seconds from psutil), against the totals of the previous call, per pid: a helper that
 exited takes its seconds with it, one that started counts from zero. Only those processes: a
 compile worker pool (torch.compile) or a data loader the peer may also start are not helpers. The
 first call takes the baseline. None where the counters cannot be read (not Linux, a sandbox).
@@ -27,6 +27,8 @@ from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import psutil
 
+from swarm.wire.meter import process_tree
+
 logger = logging.getLogger("voloco.peer")
 
 
@@ -42,11 +44,11 @@ class HelperCpu:
         for pid in self._roots():
             if pid is None:
                 continue
-            try:
-                root = psutil.Process(pid)
-                procs += [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                continue  # a helper that exited: nothing of it to count
+            for member in process_tree(pid):  # /proc's children lists: psutil's walk reads every process on the host
+                try:
+                    procs.append(psutil.Process(member))
+                except psutil.NoSuchProcess:
+                    continue  # a helper that exited: nothing of it to count
         out = {}
         for p in procs:
             try:

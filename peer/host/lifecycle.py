@@ -102,7 +102,7 @@ def meter_wire(peer) -> None:
 
 
 def wire_status(peer) -> Optional[Dict[str, Any]]:
-    """The peer's wire bytes, polled now, and what they were: its payloads as it counted them
+    """The peer's wire bytes (read whole once the peer has stopped), and what they were: its payloads as it counted them
     (exchange, state download), its chain links' activations, the control plane (the rest).
     None when unknown (no meter yet, or the kernel's counters cannot be read here)."""
     meter = getattr(peer, "wire", None)
@@ -111,7 +111,9 @@ def wire_status(peer) -> Optional[Dict[str, Any]]:
     role, totals = getattr(peer, "role", None), getattr(peer, "totals", None)
     links = role.status() if role is not None else {}
     payload = (totals.bytes_sent, totals.bytes_received) if totals is not None else (0, 0)
-    return wire_report(meter.totals(), payload, (links.get("link_bytes_sent", 0), links.get("link_bytes_received", 0)))
+    # while the peer runs, the meter's last dump and a lookup of the sockets it follows: no dump a status
+    return wire_report(meter.totals(fresh=getattr(peer, "state", "") == "stopped"), payload,
+                       (links.get("link_bytes_sent", 0), links.get("link_bytes_received", 0)))
 
 
 def shutdown(peer, closers: Tuple[Optional[Any], ...]) -> None:

@@ -104,7 +104,7 @@ class RoundMeters:
 
     def fill(self, record: RoundRecord) -> None:
         meter = getattr(self._peer, "wire", None)
-        totals = meter.totals() if meter is not None else None
+        totals = meter.totals(fresh=False) if meter is not None else None  # new sockets: from the meter's next dump
         if totals is None:
             record.wire_sent = record.wire_received = None  # unknown
         else:

@@ -64,10 +64,10 @@ def test_a_helpers_child_counts_too():
 def test_unreadable_counters_give_none_once_said(monkeypatch, caplog):
     meter = HelperCpu(lambda: [1])
 
-    def refuse(self, recursive=False):
+    def refuse(self):
         raise psutil.AccessDenied(pid=self.pid)
 
-    monkeypatch.setattr(psutil.Process, "children", refuse)
+    monkeypatch.setattr(psutil.Process, "cpu_times", refuse)
     with caplog.at_level("INFO", logger="voloco.peer"):
         assert meter.since_last() is None and meter.since_last() is None
     assert sum("cannot be read" in r.getMessage() for r in caplog.records) == 1
