@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -149,6 +150,21 @@ class DialBack(ServicerBase):
                     if (proto, ip) not in seen:
                         seen.append((proto, ip))
         return seen
+
+
+def tcp_accepts(maddrs: Sequence[object], timeout: float = 3.0) -> bool:
+    """Whether one of the direct TCP addresses among ``maddrs`` accepts a TCP connection within
+    ``timeout``. The kernel completes a listener's handshake however busy the process behind it is, so
+    an address whose libp2p dial timed out but that accepts here has a node there, too busy to finish
+    libp2p's handshake in time (or some other program on that port); a firewall that drops the
+    packets accepts nothing (tests/swarm/test_dht_errors.py)."""
+    for _, ip, port in tcp_endpoints(maddrs):
+        try:
+            with socket.create_connection((ip, port), timeout=timeout):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 async def dial(peer: PeerID, targets: Sequence[Multiaddr], timeout: float) -> Tuple[bool, str, str]:

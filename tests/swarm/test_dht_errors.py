@@ -221,3 +221,14 @@ def test_a_join_node_whose_dial_timed_out_but_that_answers_now_is_tried_again(mo
     attempts.clear()
     monkeypatch.setattr(dht_mod, "dial_join_nodes", dial((False, f"{dht_mod.CHECK_FAILED}: TimeoutError()")))
     assert "check that the coordinator is running" in fails([addr], LOOPBACK)  # no dial made here: no verdict on it
+    # a dial that timed out, where the address takes a TCP connection: a node too busy for libp2p's handshake
+    # (5 of 32 peers started at once on 2 cores exited so); where nothing takes one, said at once
+    monkeypatch.setattr(dht_mod, "dial_join_nodes", dial((False, "timeout: no answer in 5 s")))
+    with socket.create_server(("127.0.0.1", 0)) as listener:  # the kernel completes the handshake; nobody accepts
+        busy = Multiaddr(f"/ip4/127.0.0.1/tcp/{listener.getsockname()[1]}/p2p/{OTHER_ID}")
+        attempts.clear()
+        assert "it is too busy to answer this node" in fails([busy], LOOPBACK)
+        assert len(attempts) == dht_mod.JOIN_ATTEMPTS
+    attempts.clear()
+    assert "does not answer (timed out)" in fails([busy], LOOPBACK)  # the port is closed now
+    assert len(attempts) == 1
