@@ -69,7 +69,9 @@ class HelperCpu:
             logger.info(f"the CPU time of this peer's DHT and p2p processes cannot be read ({e}); it is not reported")
             return None
         spent = sum(max(0.0, t - self._seen.get(pid, 0.0)) for pid, t in now.items())
-        self._seen = now
+        # a live helper this walk missed (a /proc read that raced a thread's exit) keeps its mark: found again,
+        # it counts from there, not its whole life at once; an exited one is forgotten (bounded)
+        self._seen = {**{p: t for p, t in self._seen.items() if p not in now and psutil.pid_exists(p)}, **now}
         return spent
 
 

@@ -376,7 +376,7 @@ class RoundLoop:
                 peer.gathered_from = ""  # our θ is not the one our group's set was applied to
                 logger.error(
                     f"round {engine.round}: this peer started from parameters {starts.get(peer.peer_id, start_hash)}, "
-                    f"most of the round's peers from {group_hash}; it will download their state after this round"
+                    f"its group's start vote chose {group_hash}; it will download that state after this round"
                 )
         with engine.lock:
             # what concluding this round again takes, should the next round's group hold a set we lack

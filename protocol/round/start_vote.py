@@ -7,8 +7,9 @@ announcement, the start most of the round's peers it knows hold (``swarm_lineage
 their records). Where the swarm holds two θ (a round whose merge missed a late group's set), a group
 that counted its members alone would send a member of the swarm's majority to the minority whenever
 the minority outnumbers it in that group: the two lineages trade peers for rounds (a random walk).
-Counted by what the members name, every group that holds both sends its minority members to the
-swarm's majority, and the swarm holds one θ again after about one round."""
+Where most of a group names one lineage, every group that holds it sends its other members to the
+swarm's majority, and the swarm holds one θ again after about one round; where most do not, the
+group counts its members alone, as it always did."""
 
 from __future__ import annotations
 
@@ -23,34 +24,37 @@ _HASH = re.compile(r"[0-9a-f]{16}")  # peer/checkpoints/files.py's params_hash
 def majority_hash(hashes: Dict[str, str], excluded: Iterable[str] = (), me: Optional[str] = None,
                   unservable: Iterable[str] = (), named: Optional[Mapping[str, str]] = None,
                   announced: Optional[Mapping[str, str]] = None) -> str:
-    """The starting point a group takes: the one whose holders started from the lineage that most
-    voting members name (``named``: member -> ``swarm_lineage`` of its view; ``announced``: member ->
-    the start it announced, which ``hashes`` may count as a repaired key, protocol/round/group_sets.py
-    ``start_keys``); then the one most members hold; then one that a member able to serve its state
-    holds, not only ``unservable`` ones, which the others could not download; then the smallest hash:
-    the same on every member. Only a start some member holds can win: a named lineage nobody in the
-    group holds counts for nothing.
+    """The starting point a group takes. Where most of the voting members name one lineage (``named``:
+    member -> ``swarm_lineage`` of its view; a strict majority, members naming none or a malformed one
+    counted against it), a start held by a member that announced it (``announced``: member -> the start
+    it announced, which ``hashes`` may count as a repaired key, protocol/round/group_sets.py
+    ``start_keys``) and that can serve its state; then the start most members hold; then one that a
+    member able to serve its state holds, not only ``unservable`` ones, which the others could not
+    download; then the smallest hash: the same on every member.
 
     Only members whose payload counted vote (``excluded`` do not: a silent, equivocating or invalid
-    sender may have announced anything), and only with a well-formed hash; ``me`` always votes. A
-    member names one lineage, as it holds one start: a hostile minority of the group sways neither.
-    A hash that wins this way is still only a name: the state download that follows must produce
-    parameters that hash to it, so a forged majority costs a refused download, never θ."""
-    excluded = set(excluded)
+    sender may have announced anything), and only with a well-formed hash; ``me`` always votes with
+    its start, and names a lineage only where it is not excluded (every member counts the same
+    names). A lineage needs most of the group behind it, so a minority that names its own start (or
+    no lineage, or one nobody in the group holds) leaves the vote to the count, as before. A hash
+    that wins this way is still only a name: the state download that follows must produce parameters
+    that hash to it, so a forged majority costs a refused download, never θ."""
+    excluded, unservable = set(excluded), set(unservable)
     votes = {m: h for m, h in hashes.items() if m == me or (m not in excluded and _HASH.fullmatch(h))}
     counts: Dict[str, int] = {}
     for h in votes.values():
         counts[h] = counts.get(h, 0) + 1
+    namers = [m for m in votes if m not in excluded]
     naming: Dict[str, int] = {}
-    for m in votes:
+    for m in namers:
         lineage = (named or {}).get(m, "")
         if _HASH.fullmatch(lineage):
             naming[lineage] = naming.get(lineage, 0) + 1
-    support: Dict[str, int] = {}
-    for m, h in votes.items():
-        support[h] = max(support.get(h, 0), naming.get((announced or {}).get(m, h), 0), naming.get(h, 0))
-    servable = {h for m, h in votes.items() if m not in set(unservable)}
-    return min(counts, key=lambda h: (-support[h], -counts[h], h not in servable, h)) if counts else ""
+    lineage = next((h for h, n in naming.items() if 2 * n > len(namers)), None)
+    backed = {h for m, h in votes.items() if lineage is not None and m not in unservable
+              and lineage in (h, (announced or {}).get(m, h))}
+    servable = {h for m, h in votes.items() if m not in unservable}
+    return min(counts, key=lambda h: (h not in backed, -counts[h], h not in servable, h)) if counts else ""
 
 
 def swarm_lineage(starts: Iterable[Tuple[str, str]], known: Optional[Iterable[str]] = None) -> str:

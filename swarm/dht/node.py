@@ -221,14 +221,16 @@ def _join(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity, clie
                 alternates = handed + list(known[:MAX_ALTERNATES])
                 if access in (PRIVATE, TOKEN_BAD) or (key is not None and access in (PUBLIC, None) and not keep_trying):
                     raise UsageError(_refused(e.cause, access, initial_peers, host_maddrs, key, mine)) from None
-                if access is not None:  # PUBLIC without a token, TOKEN_OK: busy
+                if access is not None or e.listens:  # PUBLIC without a token, TOKEN_OK, a port that answers: busy
                     attempts = BUSY_JOIN_ATTEMPTS
             # on and on only while a join node is there (it took the probe's connection) and may admit us
             endless = (keep_trying and reached and access not in (PRIVATE, TOKEN_BAD)
                        and not (key is not None and access == PUBLIC))
             if attempt >= attempts and not endless:
                 why = (f"could not reach the DHT at {_addr_list(initial_peers)}: it is too busy to answer this node"
-                       if access is not None or e.answered else
+                       + ("" if access is not None or e.answered else " (its port takes connections; unless another "
+                          "program listens there: check the port the coordinator printed)")
+                       if access is not None or e.answered or e.listens else
                        explain_start_failure(e.cause, initial_peers, host_maddrs, key is not None, mine.given))
                 raise UsageError(f"{why} (or it was too busy to answer {attempts} tries over "
                                  f"{time.monotonic() - t0:.0f} s: try again later)") from None
@@ -271,10 +273,13 @@ class _JoinTimeout(Exception):
     """The join nodes answer, but their DHT did not in time, or took a check's connection after the
     daemon's dial timed out (``answered``): worth another try."""
 
-    def __init__(self, cause: BaseException, answered: bool = False):
+    def __init__(self, cause: BaseException, answered: bool = False, listens: bool = False):
         super().__init__(str(cause))
         self.cause = cause
         self.answered = answered  # a join node took a connection of ours meanwhile: it is there, and busy
+        # its address took a TCP connection, libp2p's did not finish: tried as a busy node, but not endlessly
+        # (another program may listen on that port)
+        self.listens = listens
 
 
 def _start_node(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity, client_mode, key, run_ids,
@@ -303,11 +308,13 @@ def _start_node(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity
         # started at once on 2 cores: two of them exited here, bench/RESULTS.md 2026-12-03). One dial a join
         # node (a fresh p2pd each), whose results also explain a failure
         dialed = dial_join_nodes(initial_peers) if initial_peers and "failed to connect to bootstrap peers" in str(e).lower() else None
-        # (also a dial that timed out where the address takes a TCP connection: the node is there, too
-        # busy for libp2p's handshake: 5 of 32 peers started at once exited so, bench/RESULTS.md 2026-12-03)
-        if dialed is not None and (any(ok for ok, _ in dialed) or (
-                any(dial_failure(error) == "timed out" for _, error in dialed) and tcp_accepts(initial_peers))):
+        if dialed is not None and any(ok for ok, _ in dialed):
             raise _JoinTimeout(e, answered=True) from None
+        # a dial that timed out where that address takes a TCP connection: something listens there, likely the
+        # node, too busy for libp2p's handshake (5 of 32 peers started at once exited so, bench/RESULTS.md 2026-12-03)
+        timed_out = [m for m, (_, error) in zip(initial_peers, dialed or ()) if dial_failure(error) == "timed out"]
+        if timed_out and tcp_accepts(timed_out):
+            raise _JoinTimeout(e, listens=True) from None
         raise UsageError(explain_start_failure(e, initial_peers, host_maddrs, key is not None, mine.given, dialed)) from None
     if dht.peer_id.to_base58() != mine.identity.peer_id:
         dht.shutdown()

@@ -4,7 +4,7 @@ A voloco peer's traffic leaves from hivemind's p2p daemon (p2pd, a child of the 
 DHT, matchmaking, payloads, state downloads, all over libp2p connections) and from the peer itself
 (a chain stage's TCP links). Neither reports the bytes of its connections, but the kernel keeps
 them: the ``tcp_info`` of every socket (swarm/wire/sock_diag.py). ``WireMeter`` reads them from a daemon
-thread, a few times a second and whenever asked for totals, and sums over the sockets of the
+thread, a few times a second, and whenever asked for fresh totals, and sums over the sockets of the
 peer's process tree (swarm/wire/ledger.py says which are; the tree is walked from the root pid
 through /proc).
 
@@ -77,11 +77,15 @@ def budget(load: Callable[[], float] = lambda: os.getloadavg()[0], cores: Option
 def _children(pid: int) -> List[int]:
     kids: List[int] = []
     try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for tid in tids:
+        try:  # a thread that ended meanwhile takes only its own children's line with it
             with open(f"/proc/{pid}/task/{tid}/children") as f:
                 kids.extend(int(k) for k in f.read().split())
-    except OSError:
-        pass
+        except OSError:
+            continue
     return kids
 
 
@@ -99,6 +103,8 @@ def _parents() -> Dict[int, int]:
 
 def process_tree(root: int) -> List[int]:
     """``root`` and every descendant of it, from /proc (CONFIG_PROC_CHILDREN, else each process's ppid)."""
+    if not os.path.exists(f"/proc/{root}"):
+        return []  # gone: nothing to walk (the fallback below would read every process on the host)
     children = _children
     if not os.path.exists(f"/proc/{root}/task/{root}/children"):
         parents = _parents()
@@ -132,8 +138,8 @@ def socket_inodes(pids: Iterable[int]) -> Set[int]:
 class WireMeter:
     """The wire bytes of the process tree under ``root`` (default: this process), read from a daemon
     thread once ``start()`` is called, every ``period`` seconds (None: as often as ``share()`` of a
-    core allows, ``budget``). ``totals()`` reads once more and returns the sum, or None when the kernel's counters
-    cannot be read here."""
+    core allows, ``budget``). ``totals()`` reads once more (``fresh=False``: by lookup only, while the thread
+    runs) and returns the sum, or None when the kernel's counters cannot be read here."""
 
     def __init__(self, root: Optional[int] = None, period: Optional[float] = None,
                  dump: Callable[..., List[SockStat]] = dump_tcp, tree: Callable[[int], List[int]] = process_tree,
@@ -285,9 +291,10 @@ class WireMeter:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5.0)
-        if self._feed is not None:
-            with self._lock:
+        with self._lock:
+            if self._feed is not None:  # (``_take_notices`` may close it on an error)
                 self._take_notices()
+            if self._feed is not None:
                 self._feed.close()
                 self._feed = None
 

@@ -21,13 +21,26 @@ def test_the_lineage_the_members_name_wins_over_the_group_count():
 def test_a_hostile_minority_naming_its_own_start_sways_nothing():
     starts = {"p": A, "q": A, "x": F, "y": F}
     named = {"p": A, "q": A, "x": F, "y": F}
-    assert majority_hash(starts, me="p", named=named) == A  # a tie, then the count, then the smallest hash
+    assert majority_hash(starts, me="p", named=named) == A  # no majority names one: the count, then the smallest hash
     starts = {"p": A, "q": A, "r": A, "x": F}
     assert majority_hash(starts, me="p", named={"p": A, "q": A, "r": A, "x": F}) == A
+    # the honest members name a lineage none of them holds (a group of the swarm's minority): one member
+    # naming its own start is no majority, and the group counts its members
+    assert majority_hash(starts, me="p", named={"p": B, "q": B, "r": B, "x": F}) == A
+    assert majority_hash({"p": B, "q": B, "r": A, "x": F}, me="p", named={"p": "", "q": "", "r": "", "x": F}) == B
     # an excluded member's start and lineage both count for nothing
     assert majority_hash({"p": A, "x": F, "y": F}, excluded={"x", "y"}, me="p", named={"x": F, "y": F}) == A
-    # a malformed lineage is no lineage
-    assert majority_hash({"p": B, "q": B, "r": A}, me="p", named={"p": "zz", "q": "", "r": A}) == A
+    # a malformed lineage is no lineage, and counts against a majority
+    assert majority_hash({"p": B, "q": B, "r": A}, me="p", named={"p": "zz", "q": "", "r": A}) == B
+    # ``me`` excluded votes with its start but names nothing: every member counts the same names
+    assert majority_hash({"p": B, "q": B, "r": A}, excluded={"r"}, me="r", named={"p": B, "q": B, "r": A}) == B
+
+
+def test_a_lineage_held_only_by_a_member_that_cannot_serve_wins_nothing():
+    """A client-mode member serves no state: a start only it holds would leave the others no source."""
+    starts = {"p": B, "q": B, "c": A}
+    assert majority_hash(starts, me="p", named={m: A for m in starts}, unservable={"c"}) == B
+    assert majority_hash(starts, me="p", named={m: A for m in starts}) == A
 
 
 def test_a_repaired_key_counts_with_the_lineage_its_holder_announced():

@@ -227,8 +227,14 @@ def test_a_join_node_whose_dial_timed_out_but_that_answers_now_is_tried_again(mo
     with socket.create_server(("127.0.0.1", 0)) as listener:  # the kernel completes the handshake; nobody accepts
         busy = Multiaddr(f"/ip4/127.0.0.1/tcp/{listener.getsockname()[1]}/p2p/{OTHER_ID}")
         attempts.clear()
-        assert "it is too busy to answer this node" in fails([busy], LOOPBACK)
-        assert len(attempts) == dht_mod.JOIN_ATTEMPTS
+        said = fails([busy], LOOPBACK)
+        assert "it is too busy to answer this node" in said and "another program listens there" in said
+        assert len(attempts) == dht_mod.BUSY_JOIN_ATTEMPTS  # as a busy node's, and not endlessly (no libp2p answer)
+        # only the addresses whose dial timed out are asked: one refused elsewhere is not taken for busy
+        monkeypatch.setattr(dht_mod, "dial_join_nodes", lambda peers, timeout=5.0: [(False, "connection refused")] * len(peers))
+        attempts.clear()
+        assert "nothing listens at" in fails([busy], LOOPBACK) and len(attempts) == 1
+        monkeypatch.setattr(dht_mod, "dial_join_nodes", dial((False, "timeout: no answer in 5 s")))
     attempts.clear()
     assert "does not answer (timed out)" in fails([busy], LOOPBACK)  # the port is closed now
     assert len(attempts) == 1
