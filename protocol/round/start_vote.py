@@ -26,9 +26,9 @@ def majority_hash(hashes: Dict[str, str], excluded: Iterable[str] = (), me: Opti
                   announced: Optional[Mapping[str, str]] = None) -> str:
     """The starting point a group takes. Where most of the voting members name one lineage (``named``:
     member -> ``swarm_lineage`` of its view; a strict majority, members naming none or a malformed one
-    counted against it), a start held by a member that announced it (``announced``: member -> the start
-    it announced, which ``hashes`` may count as a repaired key, protocol/round/group_sets.py
-    ``start_keys``) and that can serve its state; then the start most members hold; then one that a
+    counted against it), a start held by a member that announced it, or whose key it is (``announced``:
+    member -> the start it announced, which ``hashes`` may count as a repaired key,
+    protocol/round/group_sets.py ``start_keys``), and that can serve its state; then the start most members hold; then one that a
     member able to serve its state holds, not only ``unservable`` ones, which the others could not
     download; then the smallest hash: the same on every member.
 
@@ -36,7 +36,8 @@ def majority_hash(hashes: Dict[str, str], excluded: Iterable[str] = (), me: Opti
     sender may have announced anything), and only with a well-formed hash; ``me`` always votes with
     its start, and names a lineage only where it is not excluded (every member counts the same
     names). A lineage needs most of the group behind it, so a minority that names its own start (or
-    no lineage, or one nobody in the group holds) leaves the vote to the count, as before. A hash
+    no lineage, or one nobody in the group holds) leaves the vote to the count, as before; a hostile
+    member can only move the group to the lineage most of it names. A hash
     that wins this way is still only a name: the state download that follows must produce parameters
     that hash to it, so a forged majority costs a refused download, never θ."""
     excluded, unservable = set(excluded), set(unservable)
@@ -51,8 +52,8 @@ def majority_hash(hashes: Dict[str, str], excluded: Iterable[str] = (), me: Opti
         if _HASH.fullmatch(lineage):
             naming[lineage] = naming.get(lineage, 0) + 1
     lineage = next((h for h, n in naming.items() if 2 * n > len(namers)), None)
-    backed = {h for m, h in votes.items() if lineage is not None and m not in unservable
-              and lineage in (h, (announced or {}).get(m, h))}
+    backed = {votes[m] for m in namers if lineage is not None and m not in unservable  # (alike on every member)
+              and lineage in (votes[m], (announced or {}).get(m, votes[m]))}
     servable = {h for m, h in votes.items() if m not in unservable}
     return min(counts, key=lambda h: (h not in backed, -counts[h], h not in servable, h)) if counts else ""
 

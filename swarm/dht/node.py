@@ -39,7 +39,8 @@ logger = logging.getLogger("voloco.swarm")
 # run refuses a node without its token the same way, so after the first failure the node asks the
 # join nodes which it is (swarm/access/join_probe.py): refused, it stops at once with the flag to fix; busy,
 # it tries BUSY_JOIN_ATTEMPTS times (about 6 min: 75 s of tries is too short for 13 of 32 peers);
-# with no answer, JOIN_ATTEMPTS times (an older node, or one too busy to answer even that). A peer
+# with no answer, JOIN_ATTEMPTS times (an older node, or one too busy to answer even that); where a dial timed
+# out but the address takes a TCP connection (``_JoinTimeout.listens``), BUSY_JOIN_ATTEMPTS, never endlessly. A peer
 # (``keep_trying``) does not give up on a run that may admit it: it tries on, every MAX_JOIN_WAIT_S
 # at most, saying so, and joins through the other nodes a busy join node hands out as well
 # (swarm/access/join_probe.py), so a crowd started at once spreads over the swarm's live nodes.

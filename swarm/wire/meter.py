@@ -244,7 +244,10 @@ class WireMeter:
             wait = max(0.0, min(next_poll, next_refresh) - time.monotonic())
             feed = self._feed
             if feed is not None:  # a destroy notice wakes the thread: take it before the buffer fills
-                readable = select.select([feed], [], [], min(wait, 0.5))[0]
+                try:
+                    readable = select.select([feed], [], [], min(wait, 0.5))[0]
+                except (OSError, ValueError):  # closed meanwhile (an error while taking notices, or a shutdown)
+                    continue
                 if readable:
                     with self._lock:
                         self._take_notices()

@@ -230,10 +230,17 @@ def test_a_join_node_whose_dial_timed_out_but_that_answers_now_is_tried_again(mo
         said = fails([busy], LOOPBACK)
         assert "it is too busy to answer this node" in said and "another program listens there" in said
         assert len(attempts) == dht_mod.BUSY_JOIN_ATTEMPTS  # as a busy node's, and not endlessly (no libp2p answer)
-        # only the addresses whose dial timed out are asked: one refused elsewhere is not taken for busy
-        monkeypatch.setattr(dht_mod, "dial_join_nodes", lambda peers, timeout=5.0: [(False, "connection refused")] * len(peers))
+        # only the addresses whose dial timed out are asked: a closed port that timed out beside a listening port
+        # whose dial was refused for another reason is no busy node
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            gone = Multiaddr(f"/ip4/127.0.0.1/tcp/{closed.getsockname()[1]}/p2p/{OTHER_ID}")
+        monkeypatch.setattr(dht_mod, "dial_join_nodes", lambda peers, timeout=5.0: [
+            (False, "timeout: no answer in 5 s") if p == gone else (False, "peer id mismatch: remote key matches X")
+            for p in peers])
         attempts.clear()
-        assert "nothing listens at" in fails([busy], LOOPBACK) and len(attempts) == 1
+        fails([gone, busy], LOOPBACK)
+        assert len(attempts) == 1
         monkeypatch.setattr(dht_mod, "dial_join_nodes", dial((False, "timeout: no answer in 5 s")))
     attempts.clear()
     assert "does not answer (timed out)" in fails([busy], LOOPBACK)  # the port is closed now
