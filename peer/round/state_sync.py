@@ -246,15 +246,18 @@ class StateSync:
 
     def _install_ahead(self, got, peer: str, target: int, asked: float, ahead: StateAhead):
         """A state of a round past its server's claim: install it if a view read after the download
-        shows the server announcing that round (-1), with that view's hashes; refuse it otherwise.
+        shows the server announcing that round (-1), or up to ``Timing.record_lag_rounds`` before it (a
+        record lags a fast run's rounds), with that view's hashes; refuse it otherwise
+        (tests/round/test_liveness.py::test_a_state_a_few_rounds_past_its_servers_record_is_installed).
         Returns the server's record in that view once installed, else None."""
         views = self.membership.fresh_view(since=asked, timeout=self.membership.timing.recheck_wait(self.membership.read_interval()))
         server = next((v for v in views if v.peer_id == peer), None)
-        if server is None or server.progress.round + 1 < ahead.round:
+        lag = self.membership.timing.record_lag_rounds  # its record lags its rounds by a heartbeat
+        if server is None or server.progress.round + 1 + lag < ahead.round:
             self._refuse(peer, ahead)
             return None
         try:
-            self.install(*got, min_round=target, max_round=server.progress.round + 1,
+            self.install(*got, min_round=target, max_round=server.progress.round + 1 + lag,
                          reported=_reported_hashes(views, excluding=peer))
         except ProtocolError as e:
             self._refuse(peer, e)

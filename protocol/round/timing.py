@@ -147,6 +147,10 @@ class Timing:
     """A peer that served a state we refused is left out of the view for this long (tests/round/test_state_sources.py)."""
     silent_source_s: float = 60.0
     """... one that claimed a round we need and served nothing (no answer, too slow)."""
+    record_lag_rounds: int = 3
+    """A served state may be this many rounds past its server's record read after the download: a record
+    is stored every heartbeat, and rounds of a small run end faster (a netns run at 1.5 s a round: every
+    server refused, and hidden for ``refuse_source_s``, for a state 2-3 rounds past its record)."""
     retry_target_s: float = 60.0
     """A round no peer could serve is not chased again sooner (tests/round/test_liveness.py)."""
     download_pause_s: float = 1.0

@@ -349,6 +349,20 @@ def test_a_state_newer_than_the_view_is_checked_against_a_view_read_after_the_do
     assert engine2.round == 0 and sorted(sync2.asked) == ["a", "b", "c"]
 
 
+def test_a_state_a_few_rounds_past_its_servers_record_is_installed(monkeypatch, clock):
+    """A fast run (a netns test at 1.5 s a round) ends rounds faster than a record is stored: a state up to
+    ``Timing.record_lag_rounds`` past its server's record read after the download is installed (before:
+    every server refused and hidden for 10 minutes, the peer alone); one further past is refused."""
+    lag = Timing.record_lag_rounds
+    records = [view(p, 10, "training") for p in ("a", "b", "c")]
+    sync, engine = syncing_peer(monkeypatch, records, lambda peer: served(honest_engine(11 + lag, seed=1)))
+    sync.catch_up()
+    assert engine.round == 11 + lag and len(sync.asked) == 1
+    sync2, engine2 = syncing_peer(monkeypatch, records, lambda peer: served(honest_engine(12 + lag, seed=1)))
+    sync2.catch_up()
+    assert engine2.round == 0 and sorted(sync2.asked) == ["a", "b", "c"]
+
+
 def test_downloads_are_bounded_and_an_unservable_round_is_not_chased_again(monkeypatch, clock):
     views = [view(p, 10, "training") for p in ("a", "b", "c", "d", "e")]
     sync, engine = syncing_peer(monkeypatch, views, lambda peer: None)  # nobody answers
