@@ -28,24 +28,24 @@ def majority_hash(hashes: Dict[str, str], excluded: Iterable[str] = (), me: Opti
     member -> ``swarm_lineage`` of its view; a strict majority, members naming none or a malformed one
     counted against it), a start held by a member that announced it, or whose key it is (``announced``:
     member -> the start it announced, which ``hashes`` may count as a repaired key,
-    protocol/round/group_sets.py ``start_keys``), and that can serve its state; then the start most members hold; then one that a
-    member able to serve its state holds, not only ``unservable`` ones, which the others could not
-    download; then the smallest hash: the same on every member.
+    protocol/round/group_sets.py ``start_keys``), and that can serve its state; then the start most
+    members hold; then one that a member able to serve its state holds, not only ``unservable`` ones,
+    which the others could not download; then the smallest hash: the same on every member.
 
     Only members whose payload counted vote (``excluded`` do not: a silent, equivocating or invalid
     sender may have announced anything), and only with a well-formed hash; ``me`` always votes with
     its start, and names a lineage only where it is not excluded (every member counts the same
     names). A lineage needs most of the group behind it, so a minority that names its own start (or
     no lineage, or one nobody in the group holds) leaves the vote to the count, as before; a hostile
-    member can only move the group to the lineage most of it names. A hash
-    that wins this way is still only a name: the state download that follows must produce parameters
-    that hash to it, so a forged majority costs a refused download, never θ."""
+    member can only move the group to the lineage most of it names. A hash that wins this way is
+    still only a name: the state download that follows must produce parameters that hash to it, so a
+    forged majority costs a refused download, never θ."""
     excluded, unservable = set(excluded), set(unservable)
     votes = {m: h for m, h in hashes.items() if m == me or (m not in excluded and _HASH.fullmatch(h))}
     counts: Dict[str, int] = {}
     for h in votes.values():
         counts[h] = counts.get(h, 0) + 1
-    namers = [m for m in votes if m not in excluded]
+    namers = [m for m, h in hashes.items() if m not in excluded and _HASH.fullmatch(h)]  # ``me`` aside: alike everywhere
     naming: Dict[str, int] = {}
     for m in namers:
         lineage = (named or {}).get(m, "")
