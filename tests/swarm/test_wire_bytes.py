@@ -288,22 +288,30 @@ def test_with_destroy_notices_a_connection_shorter_than_a_poll_counts():
         child.kill()
 
 
+def _one_followed_socket(listener):
+    """A dump of ``listener`` (the tree's port) and one socket on it that sent 10 bytes, and a lookup of
+    that socket whose count grows by 10 a call: (dump, lookup, the dumps' times, the lookups' cookies)."""
+    port, inode = listener.getsockname()[1], os.fstat(listener.fileno()).st_ino
+    dumps, lookups = [], []
+
+    def dump(**_):
+        dumps.append(time.monotonic())
+        return [stat(1, inode, state=TCP_LISTEN, sport=port), stat(2, sport=port, sent=10)]
+
+    def lookup(live):
+        lookups.append([s.cookie for s in live])
+        return [stat(2, sport=port, sent=10 * (len(lookups) + 1))]
+
+    return dump, lookup, dumps, lookups
+
+
 def test_a_totals_that_need_not_be_fresh_takes_no_dump():
     """A round record and a status ask for totals twice a round: while the meter's thread runs, those
     re-read the followed sockets by lookup and take no dump (a dump walks the whole machine's socket
     table: 60 ms with 32 peers on one host); a fresh one, or one with no thread running, dumps."""
     listener = socket.create_server(("127.0.0.1", 0))  # gives the tree (this process) its port
     try:
-        port, inode = listener.getsockname()[1], os.fstat(listener.fileno()).st_ino
-        dumps, lookups = [], []
-
-        def dump(**_):
-            dumps.append(time.monotonic())
-            return [stat(1, inode, state=TCP_LISTEN, sport=port), stat(2, sport=port, sent=10)]
-
-        def lookup(live):
-            lookups.append([s.cookie for s in live])
-            return [stat(2, sport=port, sent=10 * (len(lookups) + 1))]
+        dump, lookup, dumps, lookups = _one_followed_socket(listener)
 
         idle = WireMeter(dump=dump, feed=None, lookup=lookup, period=60.0)  # no thread: every call dumps
         assert idle.totals(fresh=False).sent == 10 and len(dumps) == 1
@@ -324,16 +332,7 @@ def test_a_totals_that_need_not_be_fresh_takes_no_dump():
 def test_around_a_shutdown_the_meter_reads_closely_by_lookup_with_a_dump_now_and_then():
     listener = socket.create_server(("127.0.0.1", 0))  # gives the tree (this process) its port
     try:
-        port, inode = listener.getsockname()[1], os.fstat(listener.fileno()).st_ino
-        dumps, lookups = [], []
-
-        def dump(**_):
-            dumps.append(time.monotonic())
-            return [stat(1, inode, state=TCP_LISTEN, sport=port), stat(2, sport=port, sent=10)]
-
-        def lookup(live):
-            lookups.append([s.cookie for s in live])
-            return [stat(2, sport=port, sent=10 * (len(lookups) + 1))]
+        dump, lookup, dumps, lookups = _one_followed_socket(listener)
 
         meter = WireMeter(dump=dump, feed=None, lookup=lookup, period=60.0).start()
         before = len(dumps)
