@@ -112,6 +112,9 @@ def check_against_simulation(spec: RunSpec, statuses: List[Dict[str, Any]], roun
             full_group=all(r is not None and len(r["group"]) == len(ids)
                            and r["contributors"] + len(refused_senders(r)) == len(ids) for r in real),
             refused=max((len(refused_senders(r)) for r in present), default=0),
+            # what each peer recorded of the round, for a failure's message (None: it has no such round)
+            records=[None if r is None else {k: r.get(k) for k in ("group", "contributors", "excluded", "sets", "resynced", "held")}
+                     for r in real],
             sim_val=h.val_loss,
             real_val=[r["val_loss"] for r in present],
             sim_sent_per_peer=(len(ids) - 1) * sum(h.payload_bytes) / len(ids),

@@ -10,6 +10,8 @@ size) was delivered, and the simulation refuses it too (tests/support/swarm_harn
 """
 
 
+from pathlib import Path
+
 import pytest
 
 from protocol.spec import ModelSpec, RunSpec
@@ -32,8 +34,18 @@ def test_real_swarm_is_bit_identical_to_its_simulation(tmp_path):
     statuses = swarm_check.run_swarm(spec, peers=3, rounds=3, workdir=tmp_path, timeout=300, log=lambda *a, **k: None)
     check = swarm_check.check_against_simulation(spec, statuses, rounds=3)
     for r in check["per_round"]:
-        assert r["full_group"], f"round {r['round']}: not every peer was in one group"
+        assert r["full_group"], (f"round {r['round']}: not every peer was in one group: {r['records']}\n"
+                                 + _warnings(tmp_path))
         assert r["identical"], f"round {r['round']}: real θ {r['real_hashes']} vs simulated {r['sim_hash']}"
         assert r["real_val"] == [r["sim_val"]] * 3
         assert r["real_sent_per_peer"] > 0
     assert check["identical_rounds"] == 3
+
+
+def _warnings(workdir: Path) -> str:
+    """The peers' WARN lines and last lines: what a failure on a loaded CI machine leaves to read."""
+    out = []
+    for log in sorted(workdir.glob("peer*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        out += [f"{log.name}: {line}" for line in [x for x in lines if " WARN " in x][-10:] + lines[-5:]]
+    return "\n".join(out)
