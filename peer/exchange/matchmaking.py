@@ -19,17 +19,22 @@ from hivemind.utils.mpfuture import MPFuture
 
 from protocol.round.reconcile import Announced
 from protocol.round.timing import Timing
+from protocol.wire.bounded_unpack import MAX_DEPTH, nesting
 
 logger = logging.getLogger(__name__)
 
 
 def read_gathered(serializer: Any, raw: bytes) -> Optional[list]:
     """One member's matchmaking data as hivemind's ``step`` writes it, [bandwidth, mode, announcement]
-    (the announcement serialized inside); None if it is not that."""
+    (the announcement serialized inside); None if it is not that
+    (tests/exchange/test_exchange_bounds.py::test_a_deeply_nested_announcement_is_left_out_of_the_group)."""
     try:
         value = serializer.loads(raw)
         if isinstance(value, (list, tuple)) and len(value) == 3 and isinstance(value[2], bytes):
-            return [value[0], value[1], serializer.loads(value[2])]
+            announced = serializer.loads(value[2])
+            # nested deeper than anything we send: quoting it in an error would raise RecursionError
+            if nesting(announced) <= MAX_DEPTH:
+                return [value[0], value[1], announced]
     except Exception:
         pass
     return None

@@ -26,6 +26,7 @@ from protocol.spec import sections as spec_sections
 from protocol.errors import SpecError
 from protocol.model.layout import TensorInfo, tensor_layout
 from protocol.spec.fields import Int, SpecModel, Str
+from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.spec.sections import (  # noqa: F401 - the sections and constants are re-exported from here
     BYTE_VOCAB,
     CHAIN_WIRE_DTYPES,
@@ -146,10 +147,7 @@ class RunSpec(SpecModel):
     def from_bytes(cls, raw: bytes, max_size: int = 1 << 16) -> "RunSpec":
         if not isinstance(raw, (bytes, bytearray)) or len(raw) > max_size:
             raise SpecError("run spec record is not bytes or is too large")
-        try:
-            data = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-        except Exception as e:  # msgpack raises several unrelated types
-            raise SpecError(f"run spec record is not valid msgpack: {e}") from None
+        data = bounded_unpack(bytes(raw), SpecError, "run spec record", max_array_len=len(raw), max_map_len=len(raw))
         if not isinstance(data, dict):
             raise SpecError("run spec record must be a map")
         return cls.from_dict(data)

@@ -3,8 +3,12 @@
 Payloads (protocol/wire/payload.py), stage frames (protocol/chain/frames.py) and chain records
 (protocol/chain/records.py) all arrive from peers that may be hostile. They are decoded with the
 same settings: str keys only, no ext types, no string or binary longer than the input itself, and
-the caller's bounds on arrays and maps, so a few bytes cannot make the decoder allocate much. Any
-failure of msgpack becomes the caller's ``ProtocolError`` subclass, with one line that says why.
+the caller's bounds on arrays and maps, so a few bytes cannot make the decoder allocate much, and
+no nesting deeper than ``MAX_DEPTH``: msgpack itself accepts about 1,000 levels, and Python's ``repr``
+of a list nested that deep raises ``RecursionError`` (an error message quoting a hostile value would
+then raise in place of the error, on some machines and not others, as the stack allows). Any failure
+of msgpack becomes the caller's ``ProtocolError`` subclass, with one line that says why.
+Guarded by tests/wire/test_bounded_unpack.py.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ import msgpack
 
 from protocol.errors import ProtocolError
 
-__all__ = ["bounded_unpack", "cut_short"]
+__all__ = ["MAX_DEPTH", "bounded_unpack", "cut_short", "nesting"]
+
+# lists and maps inside one another: the deepest message voloco sends nests 4; 16 leaves room to grow
+MAX_DEPTH = 16
 
 
 def bounded_unpack(data: bytes, error: Type[ProtocolError], what: str, *, max_array_len: int, max_map_len: int) -> Any:
@@ -24,9 +31,29 @@ def bounded_unpack(data: bytes, error: Type[ProtocolError], what: str, *, max_ar
     n = len(data)
     limits = dict(max_str_len=n, max_bin_len=n, max_array_len=max_array_len, max_map_len=max_map_len, max_ext_len=0)
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True, **limits)
+        value = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True, **limits)
     except Exception as e:  # msgpack raises ExtraData, FormatError, StackError, ValueError, TypeError...
         raise error(f"{what} is not valid msgpack: {type(e).__name__}: {e}") from None
+    if nesting(value) > MAX_DEPTH:
+        raise error(f"{what} nests lists or maps more than {MAX_DEPTH} deep")
+    return value
+
+
+def nesting(value: Any) -> int:
+    """How deep lists and maps nest in ``value`` (a scalar: 0, ``[1]``: 1, ``[[1]]``: 2), without
+    recursion; stops counting once past ``MAX_DEPTH``."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if not isinstance(v, list):
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            break
+        stack.extend((x, depth + 1) for x in v if isinstance(x, (list, dict)))
+    return deepest
 
 
 def cut_short(data: bytes) -> bool:

@@ -148,7 +148,7 @@ def _part(part: Any, layouts: Callable[[Part], Optional[Mapping[str, Shape]]]) -
         raise PayloadError(f"payload part {part!r:.40} is neither a slice index nor a [start, end] block range")
     layout = layouts(part)
     if layout is None:
-        raise PayloadError(f"payload part {part!r} is not a part of this run")
+        raise PayloadError(f"payload part {part!r:.40} is not a part of this run")
     return part, layout
 
 
@@ -178,13 +178,13 @@ def _unpack(data: Any, max_bytes: int) -> Dict[str, Any]:
 def _check_header(message: Dict[str, Any], codec: TensorCodec, run_digest: str, round: int) -> None:
     version = message["v"]
     if type(version) is not int or version != PROTOCOL_VERSION:
-        raise PayloadError(f"payload protocol version {version!r} is not {PROTOCOL_VERSION}")
+        raise PayloadError(f"payload protocol version {version!r:.40} is not {PROTOCOL_VERSION}")
     if message["run"] != run_digest:
-        raise PayloadError(f"payload is for run {message['run']!r}, not {run_digest!r}")
+        raise PayloadError(f"payload is for run {message['run']!r:.40}, not {run_digest!r}")
     if type(message["round"]) is not int or message["round"] != round:
-        raise PayloadError(f"payload is for round {message['round']!r}, not {round}")
+        raise PayloadError(f"payload is for round {message['round']!r:.40}, not {round}")
     if message["codec"] != codec.name:
-        raise PayloadError(f"payload uses codec {message['codec']!r}, not {codec.name!r}")
+        raise PayloadError(f"payload uses codec {message['codec']!r:.40}, not {codec.name!r}")
 
 
 def _entries(entries: Any, expected: List[str]) -> List[Tuple[str, Any]]:

@@ -52,6 +52,7 @@ from protocol.dht.records import (
     proof_ok,
     record_mac,
 )
+from protocol.wire.bounded_unpack import MAX_DEPTH, nesting
 from swarm.access.identity import Identity, peer_id_of, public_key_from_bytes
 
 logger = logging.getLogger("voloco.swarm")
@@ -148,6 +149,8 @@ class OwnedRecordValidator(RecordValidatorBase):
             subkey = MSGPackSerializer.loads(record.subkey)
             value = MSGPackSerializer.loads(record.value)
         except Exception:
+            return False
+        if nesting(subkey) > MAX_DEPTH or nesting(value) > MAX_DEPTH:  # no checker may quote such a value
             return False
         if expires_too_late(record.expiration_time, get_dht_time(), MAX_RECORD_TTL):
             logger.debug("refusing a record that expires too far ahead")

@@ -286,3 +286,39 @@ def test_matchmaking_data_reads_as_hivemind_writes_it_and_garbage_reads_as_none(
     for junk in (b"", b"\xc1", MSGPackSerializer.dumps([1, 2]), MSGPackSerializer.dumps([1, 2, "not bytes"]),
                  MSGPackSerializer.dumps([1, 2, b"\xc1"])):
         assert read_gathered(MSGPackSerializer, junk) is None
+
+
+def test_a_deeply_nested_announcement_is_left_out_of_the_group():
+    """An announcement nested a thousand lists deep reads as garbage (None: the member is left out by
+    every member alike), not as a value whose error message raises RecursionError and fails the
+    whole group's gather (protocol/round/reconcile.py ``members_of_round`` catches GroupError only)."""
+    from hivemind.averaging.averager import AveragingMode
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    from peer.exchange.matchmaking import read_gathered
+    from protocol.round.reconcile import members_of_round
+
+    nested = [7, "ab" * 8, "", []]
+    for _ in range(1000):
+        nested = [nested]
+    written = MSGPackSerializer.dumps([100.0, AveragingMode.NODE.value, MSGPackSerializer.dumps(nested)])
+    assert read_gathered(MSGPackSerializer, written) is None
+    kept, dropped = members_of_round([None, [7, "ab" * 8, "", []]], 7)
+    assert list(kept) == [1] and list(dropped) == [0]
+
+
+def test_a_dht_record_nested_past_the_limit_is_refused_without_raising(tmp_path):
+    from hivemind.dht.validation import DHTRecord
+    from hivemind.utils import MSGPackSerializer, get_dht_time
+
+    from protocol.dht.keys import owned_subkey, peers_key
+    from swarm.access.identity import prepare_identity
+    from swarm.dht.validators import OwnedRecordValidator, key_id
+
+    identity = prepare_identity(str(tmp_path / "id.key"))[0]
+    nested = {"peer": identity.peer_id, "body": b"", "mac": b""}
+    for _ in range(1000):
+        nested = [nested]
+    record = DHTRecord(key_id(peers_key("test")), MSGPackSerializer.dumps(owned_subkey(identity.public_key)),
+                       MSGPackSerializer.dumps(nested), get_dht_time() + 20)
+    assert OwnedRecordValidator().validate(record) is False
