@@ -13,7 +13,8 @@ HELP = "start a run: first DHT node, publishes the run spec, prints the join com
 
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
-    c.add_argument("--config", type=Path, help="run spec as TOML (see README; omitted fields take their defaults)")
+    c.add_argument("--config", type=Path, help="run spec as TOML: every field in docs/spec.md, an example in docker/run.toml (default: the built-in "
+                   "defaults; omitted fields take theirs)")
     c.add_argument("--run-id", help="override the run id of the spec (a-z, 0-9, '_', '-')")
     c.add_argument("--strategy", choices=["diloco", "sparseloco", "dct"], help="override outer.strategy of the spec")
     c.add_argument("--tokenizer", type=Path, metavar="PATH", help="a tokenizer.json the run uses (data.tokenizer = \"bpe\"); "
@@ -22,7 +23,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         "--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/31337"],
         help="multiaddrs to listen on (default: /ip4/0.0.0.0/tcp/31337; use tcp/0 for a free port)",
     )
-    c.add_argument("--announce-maddrs", nargs="+", default=[], help="public multiaddrs to advertise (behind NAT or in Docker)")
+    c.add_argument("--announce-maddrs", nargs="+", default=[], help="public multiaddrs to advertise (behind NAT or in Docker; default: none, the listening addresses)")
     c.add_argument("--use-relay", dest="use_relay", action="store_true", default=True,
                    help="libp2p circuit relay: reach peers through relays, and relay for peers behind NATs that "
                    "start with --use-auto-relay (default: on)")
@@ -30,11 +31,13 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--identity", type=Path,
         help="private key file (created if missing): a stable peer id and run key across restarts; the run key "
-        "signs the run spec and chain assignments, and its fingerprint is the --run-key peers join with",
+        "signs the run spec and chain assignments, and its fingerprint is the --run-key peers join with (default: a "
+        "new key at every start, so a restarted coordinator has a new run key and peers need the new join command)",
     )
     c.add_argument(
         "--address-file", type=Path,
-        help="also write the join multiaddrs to this file, one per line, and the run key's fingerprint to PATH.run-key",
+        help="also write the join multiaddrs to this file, one per line, and the run key's fingerprint to PATH.run-key "
+        "(default: none, they are printed only)",
     )
     c.add_argument(
         "--dashboard-port", type=int, default=8080, metavar="PORT",

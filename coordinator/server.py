@@ -42,7 +42,8 @@ def load_spec(config: Optional[Path], run_id: Optional[str] = None, strategy: Op
             spec = RunSpec()
         else:
             if not config.is_file():
-                raise UsageError(f"--config {str(config)!r} does not exist")
+                what = "is a directory, not a TOML file" if config.is_dir() else "does not exist"
+                raise UsageError(f"--config {str(config)!r} {what} (an example: docker/run.toml; every field: docs/spec.md)")
             spec = RunSpec.from_toml(config.read_text())
         changes = {}
         if run_id:
@@ -51,8 +52,8 @@ def load_spec(config: Optional[Path], run_id: Optional[str] = None, strategy: Op
             changes["outer"] = {"strategy": strategy}
         return spec.replace(**changes) if changes else spec
     except SpecError as e:
-        source = str(config) if config else "the run spec"
-        raise UsageError(f"invalid run spec in {source}: {e}") from None
+        source = f"in {config}" if config else "(from the command line)"
+        raise UsageError(f"invalid run spec {source}: {e}") from None
 
 
 def join_addresses(dht) -> List[str]:
@@ -69,8 +70,9 @@ def run_coordinator(args: argparse.Namespace) -> int:
 
         spec, tokenizer_json = coordinator_tokenizer(spec, getattr(args, "tokenizer", None))
     token = join_token(args)
-    if args.identity is not None and not args.identity.parent.is_dir():
-        raise UsageError(f"--identity {str(args.identity)!r}: directory {str(args.identity.parent)!r} does not exist")
+    for flag, path in (("--identity", args.identity), ("--address-file", args.address_file)):
+        if path is not None and not path.parent.is_dir():
+            raise UsageError(f"{flag} {str(path)!r}: directory {str(path.parent)!r} does not exist")
     with starting_helpers():  # Ctrl+C reaches this process only; it stops the DHT's (swarm/helper_processes.py)
         dht = start_dht((), args.host_maddrs, args.announce_maddrs, str(args.identity) if args.identity else None,
                         join_token=token, run_ids=[spec.run_id], use_relay=getattr(args, "use_relay", True))

@@ -17,6 +17,15 @@ class UsageError(Exception):
     """Bad input from the person running voloco: printed as one line, exit code 2."""
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose errors (a missing or unknown flag, a value of the wrong type) are one
+    line and exit code 2 as every other bad input, not the whole usage block first
+    (tests/host/test_cli.py::test_a_flag_error_is_one_line)."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1000 or unit == "GB":
@@ -104,7 +113,7 @@ def standalone_main(
     from swarm.settings import add_settings_argument, parse_args, precedence_epilog
 
     section = prog.split()[-1]  # "python -m peer": the [peer] table
-    parser = argparse.ArgumentParser(prog=prog, description=summary[0].upper() + summary[1:] + ".",
+    parser = ArgumentParser(prog=prog, description=summary[0].upper() + summary[1:] + ".",
                                      epilog=precedence_epilog(section))
     add_arguments(parser)
     add_log_level(parser)

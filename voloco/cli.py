@@ -22,7 +22,7 @@ from typing import List, Optional
 
 import coordinator.cli
 import peer.host.cli
-from swarm.console import EXIT_USAGE, add_log_level, exit_process, run_command
+from swarm.console import EXIT_USAGE, ArgumentParser, add_log_level, exit_process, run_command
 from swarm.settings import SettingsError, add_settings_argument, parse_args, precedence_epilog
 from voloco import demo, export, generate, tokenize
 
@@ -37,7 +37,7 @@ COMMANDS = {  # name: (one-line help, add_arguments, run)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="voloco",
         description="Train a language model together with volunteers over the internet.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

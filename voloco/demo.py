@@ -47,7 +47,7 @@ def add_arguments(d: argparse.ArgumentParser) -> None:
     )
     d.add_argument("--strategy", choices=["diloco", "sparseloco", "dct"], help="outer strategy (default: the spec's, sparseloco)")
     d.add_argument("--config", type=Path, help="run spec as TOML (default: the built-in demo spec)")
-    d.add_argument("--json", type=Path, help="also write the summary as JSON to this file")
+    d.add_argument("--json", type=Path, help="also write the summary as JSON to this file (default: none)")
     d.add_argument("--workdir", type=Path, help="where logs, checkpoints and status files go (default: a temporary directory)")
 
 
@@ -342,6 +342,10 @@ def run_demo(args: argparse.Namespace) -> int:
         raise UsageError("--chain-peers must be 0 or at least 2 (a chain has two or more stages)")
     # what a chain peer declares: too little for a full replica, enough for its share of a chain
     small = chain_peer_bytes(spec, args.chain_peers) / 1e9
+    if args.workdir is not None and args.workdir.exists() and not args.workdir.is_dir():
+        raise UsageError(f"--workdir {str(args.workdir)!r} is a file, not a directory")
+    if args.json is not None and not args.json.parent.is_dir():  # written at the end: say so before the run
+        raise UsageError(f"--json {str(args.json)!r}: directory {str(args.json.parent)!r} does not exist")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="voloco-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     chain_note = f" + {args.chain_peers} low-memory peers for a pipeline chain" if args.chain_peers else ""

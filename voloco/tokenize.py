@@ -24,7 +24,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("out_dir", type=Path, help="directory for the shards and meta.json (created)")
     how = c.add_mutually_exclusive_group()
     how.add_argument("--tokenizer", type=Path, metavar="PATH", help="encode with this tokenizer.json (the run's)")
-    how.add_argument("--vocab-size", type=int, metavar="N", help="train a byte-level BPE tokenizer of N tokens on the input")
+    how.add_argument("--vocab-size", type=int, metavar="N", help="train a byte-level BPE tokenizer of N tokens on the input "
+                     "(with neither this nor --tokenizer: the byte-level tokenizer, 256 tokens)")
     c.add_argument("--text-field", default="text", help="the text field of .jsonl records / column of .parquet (default: text)")
     c.add_argument("--val-fraction", type=float, default=0.1, help="held-out fraction, as data.val_fraction (default: 0.1)")
     c.add_argument("--max-bytes", type=int, default=None, help="read at most this many bytes of text (default: 40 MiB)")
@@ -36,6 +37,14 @@ def run_tokenize(args: argparse.Namespace) -> int:
     from peer.training.tokenizer import BYTES, load_tokenizer, train_bpe
 
     t0 = time.monotonic()
+    if args.out_dir.exists() and not args.out_dir.is_dir():
+        raise UsageError(f"out_dir {str(args.out_dir)!r} is a file, not a directory")
+    if not 0 < args.val_fraction < 1:
+        raise UsageError(f"--val-fraction must lie in (0, 1), got {args.val_fraction:g}")
+    if args.max_bytes is not None and args.max_bytes < 1:
+        raise UsageError("--max-bytes must be a positive number of bytes")
+    if args.tokenizer is not None and not args.tokenizer.is_file():
+        raise UsageError(f"--tokenizer {str(args.tokenizer)!r} does not exist")
     try:
         corpus = load_corpus(args.input, args.val_fraction, args.max_bytes or DEFAULT_MAX_BYTES, text_field=args.text_field)
         if corpus.split == "shards":

@@ -6,6 +6,7 @@ Bad input exits with code 2 and one line on stderr that says what to fix.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import List, Optional
 
@@ -17,18 +18,19 @@ HELP = "join a run by its DHT address and train"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--join", nargs="+", required=True, metavar="MULTIADDR", help="DHT address(es) printed by the coordinator or any peer")
-    p.add_argument("--run", dest="run_id", help="run id to join when the DHT announces several runs")
+    p.add_argument("--run", dest="run_id", help="run id to join when the DHT announces several runs (default: the only run it announces)")
     add_run_key_argument(p)
     add_join_token_arguments(p, coordinator=False)
     p.add_argument("--data", help="a text file or a directory of text files to train on (default: the run spec's corpus)")
     p.add_argument("--device", default="auto",
                    help="torch device: auto, cpu, cuda or cuda:N (default: auto: the first CUDA GPU when torch sees one, "
                    "else the CPU; the start-up log says what was chosen and why)")
-    p.add_argument("--identity", type=Path, help="private key file: a stable peer id across restarts (created if missing)")
+    p.add_argument("--identity", type=Path, help="private key file: a stable peer id across restarts (created if missing; "
+                   "default: a new peer id at every start)")
     p.add_argument("--checkpoint-dir", type=Path,
                    help="directory for the peer's checkpoint; a restarted peer resumes from it (written in the background "
                    "at the end of a round: every round for a small model, at most a tenth of the wall time for a large one, "
-                   "and on stop)")
+                   "and on stop; default: none, a restarted peer downloads the swarm's state)")
     p.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], help="multiaddrs to listen on (default: any port)")
     p.add_argument("--announce-maddrs", nargs="+", default=[], help="public multiaddrs to advertise (behind NAT or in Docker)")
     p.add_argument(
@@ -41,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-relay", dest="use_relay", action="store_false", help="turn the circuit relay off")
     p.add_argument("--use-auto-relay", action="store_true",
                    help="behind a NAT: look for relays and become reachable through them (default: off)")
-    p.add_argument("--status-file", type=Path, help="write the peer's status and round history as JSON after every round")
+    p.add_argument("--status-file", type=Path, help="write the peer's status and round history as JSON at each start-up "
+                   "phase and after every round (default: none)")
     p.add_argument("--max-rounds", type=int, help="stop after this round (default: the spec's max_rounds; 0 = never)")
     p.add_argument("--threads", type=int,
                    help="torch CPU threads for the inner steps on the CPU and for the exchange's decode and aggregate "
@@ -80,6 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_peer(args: argparse.Namespace) -> int:
     from peer.training.data import DataError
     from peer.host.runtime import Peer, PeerOptions
+    from protocol.spec import RUN_ID
     from swarm.dht.node import parse_multiaddrs
 
     join = parse_multiaddrs(args.join)
@@ -90,10 +94,15 @@ def run_peer(args: argparse.Namespace) -> int:
         raise UsageError("--max-rounds must be >= 0")
     if args.wait_peers < 1:
         raise UsageError("--wait-peers must be >= 1")
-    if args.max_memory_gb is not None and not args.max_memory_gb > 0:
-        raise UsageError("--max-memory-gb must be a positive number of gigabytes")
-    if args.bandwidth_mbps is not None and not args.bandwidth_mbps > 0:
-        raise UsageError("--bandwidth-mbps must be a positive number")
+    if args.max_memory_gb is not None and not 0 < args.max_memory_gb < math.inf:
+        raise UsageError("--max-memory-gb must be a positive, finite number of gigabytes")
+    if args.bandwidth_mbps is not None and not 0 < args.bandwidth_mbps < math.inf:
+        raise UsageError("--bandwidth-mbps must be a positive, finite number")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError("--threads must be >= 1 (leave it out for torch's choice)")
+    if args.run_id is not None and not RUN_ID.fullmatch(args.run_id):
+        raise UsageError(f"--run {args.run_id!r:.60} is no run id: 1-48 characters of a-z, 0-9, '_' or '-', "
+                         "starting with a letter or digit")
     if not 0 <= args.stage_port < 65536:
         raise UsageError("--stage-port must be a TCP port (0-65535)")
     if not 0 <= args.metrics_port < 65536:

@@ -48,7 +48,7 @@ from protocol.spec.sections import (  # noqa: F401 - the sections and constants 
 
 SPEC_VERSION = 1
 MAX_TENSORS = 1 << 16  # tensors of the (sliced) model: every exchange walks them all
-_RUN_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
+RUN_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
 
 
 class RunSpec(SpecModel):
@@ -78,7 +78,7 @@ class RunSpec(SpecModel):
     @field_validator("run_id")
     @classmethod
     def _run_id(cls, value: str) -> str:
-        if not _RUN_ID.fullmatch(value):
+        if not RUN_ID.fullmatch(value):
             raise SpecError(
                 f"run_id {value!r} must be 1-48 characters of a-z, 0-9, '_' or '-', starting with a letter or digit"
             )
@@ -180,4 +180,4 @@ def _toml_table(table: Mapping[str, Any], path: List[str], lines: List[str]) -> 
         _toml_table(value, path + [key], lines)
 
 
-__all__ = ["SPEC_VERSION", "MAX_TENSORS", "RunSpec", *spec_sections.__all__]
+__all__ = ["SPEC_VERSION", "MAX_TENSORS", "RUN_ID", "RunSpec", *spec_sections.__all__]

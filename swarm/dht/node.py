@@ -62,8 +62,10 @@ def parse_multiaddrs(addrs: Sequence[str], flag: str = "--join") -> List[Multiad
             example = "/ip4/203.0.113.5/tcp/31337/p2p/QmPeerID" if flag == "--join" else "/ip4/0.0.0.0/tcp/31337"
             raise UsageError(f"{flag} {addr!r} is not a multiaddr ({e}); expected e.g. {example}") from None
         protocols = [p.name for p in maddr.protocols()]
-        if flag != "--join" and "p2p-circuit" not in protocols and not {"tcp", "udp"} & set(protocols):
-            raise UsageError(f"{flag} {addr!r} names no port; expected e.g. /ip4/0.0.0.0/tcp/31337")
+        if "p2p-circuit" not in protocols and not {"tcp", "udp"} & set(protocols):
+            example = "/ip4/203.0.113.5/tcp/31337/p2p/QmPeerID: copy the full address the coordinator printed" \
+                if flag == "--join" else "/ip4/0.0.0.0/tcp/31337"
+            raise UsageError(f"{flag} {addr!r} names no port; expected e.g. {example}")
         if flag == "--join" and "p2p" not in protocols:
             raise UsageError(f"{flag} {addr!r} has no /p2p/<peer id> part: copy the full address the coordinator printed")
         out.append(maddr)

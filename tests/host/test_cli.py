@@ -70,3 +70,38 @@ def test_help_lists_every_command():
     for command in ("coordinator", "peer", "demo"):
         sub = run_cli(command, "--help")
         assert sub.returncode == 0 and "--log-level" in sub.stdout
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (("peer",), "--join"),  # a required flag missing
+    (("peer", "--join", UNREACHABLE, "--threads", "abc"), "--threads"),  # a value of the wrong type
+    (("coordinator", "--strategy", "adam"), "--strategy"),  # not one of the choices
+    (("demo", "--bogus"), "--bogus"),  # an unknown flag
+])
+def test_a_flag_error_is_one_line(argv, needle):
+    """argparse's own errors are one line as well, not the usage block first (swarm/console.py ArgumentParser)."""
+    result = run_cli(*argv)
+    assert_usage_error(result, needle, "--help")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (("peer", "--join", "/ip4/127.0.0.1/p2p/12D3KooWLThebN5GGzvNeNTmDYniNADKv7sN4L83viwKmquDd25N"), "names no port"),
+    (("peer", "--join", UNREACHABLE, "--threads", "-1"), "--threads"),
+    (("peer", "--join", UNREACHABLE, "--bandwidth-mbps", "inf"), "--bandwidth-mbps"),
+    (("peer", "--join", UNREACHABLE, "--max-memory-gb", "inf"), "--max-memory-gb"),
+    (("peer", "--join", UNREACHABLE, "--run", "Bad Id!"), "no run id"),
+    (("tokenize", "stdlib", "OUT", "--val-fraction", "2"), "--val-fraction"),
+])
+def test_values_a_peer_or_tool_cannot_use_are_refused_before_any_work(argv, needle, tmp_path):
+    assert_usage_error(run_cli(*(str(tmp_path / "out") if a == "OUT" else a for a in argv), timeout=60), needle)
+
+
+def test_a_file_where_a_directory_goes_is_refused_before_any_process_starts(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert_usage_error(run_cli("demo", "--workdir", str(afile)), "is a file")
+    assert_usage_error(run_cli("demo", "--json", str(tmp_path / "missing" / "x.json")), "does not exist")
+    assert_usage_error(run_cli("tokenize", "stdlib", str(afile)), "is a file")
+    assert_usage_error(run_cli("coordinator", "--config", str(tmp_path)), "is a directory")
+    assert_usage_error(run_cli("coordinator", "--address-file", str(tmp_path / "missing" / "addr")), "does not exist")
