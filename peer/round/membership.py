@@ -30,8 +30,9 @@ most K contributions a part, only the peers that may send it are waited for (``a
 peer/round/draw.py; tests/round/test_awaited.py). The barrier also asks the peers it waits for
 directly to answer once they are done (peer/exchange/ready_notices.py), so it need not wait for the
 next read of the view to see them ready. A round far ahead of everyone is not believed either: "the
-swarm's round" is one that at least two other peers have reached (``swarm_round``), and peers that state sync caught lying (a state it refused, none
-served) are left out of the view for a while (``ignore``).
+swarm's round" is one that two peers we know, or a strict majority of those we see, have reached
+(``sync_target``), and peers that state sync caught lying (a state it refused, none served) are left
+out of the view for a while (``ignore``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from peer.round.no_show_views import NoShows
 from peer.exchange.ready_notices import ReadyAsks
 from peer.round.start_waits import StartWaits, names as _names
 from protocol.round import peer_states
-from protocol.round.round_policy import swarm_round
+from protocol.round.round_policy import sync_target
 from protocol.round.start_vote import swarm_lineage
 from protocol.round.no_shows import NoShowLedger, WaitBudget, claimed_elsewhere
 from protocol.round.peer_states import DONE, EXCHANGING, NOT_IN_ROUNDS
@@ -425,7 +426,7 @@ class Membership(NoShows, StartWaits):
                     v for v in view
                     if v.peer_id != self.peer_id and v.progress.state not in NOT_IN_ROUNDS and v.peer_id not in self.absent
                 ]
-                behind = swarm_round([v.progress.round for v in others]) > round_no
+                behind = sync_target({v.peer_id: v.progress.round for v in others}, self.known())[0] > round_no
                 syncing = bool(others) and all(v.progress.state == "syncing" and v.progress.round < round_no for v in others)
                 return Barrier(expected=1 + len(ready), alone=not others, behind=behind, only_syncing=syncing,
                                ready=frozenset(v.peer_id for v in ready), gave_up=frozenset(self._waited | shunned),

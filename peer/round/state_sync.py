@@ -5,9 +5,12 @@ through hivemind's state sharing (``rpc_download_state``) and downloaded from a 
 chooses (peer/round/state_download.py), never from whoever declares the highest priority.
 
 What other peers claim is weighed, not believed:
-- the round to catch up to is one at least two live peers have reached (peer/round/membership.py's
-  ``swarm_round``): one peer announcing a round far ahead cannot make everyone chase it;
-- sources are peers at or a little above that round, the rounds most peers report first;
+- the round to catch up to is one at least two live peers this peer knows have reached (seen to come,
+  or with standing in its lineage), or else one a strict majority of the live peers it sees have reached
+  (protocol/round/round_policy.py ``sync_target``): one peer announcing a round far ahead cannot make
+  everyone chase it, nor can two new identities that vouch for each other's θ;
+- sources are peers at or a little above that round, the rounds most peers report first; where
+  known peers set the round, only they serve it and only their reports check its θ;
 - a peer that serves a state we refuse (malformed, older than it announced, non-finite, off the
   hash its round's peers report) is left out of the membership view for ``Timing.refuse_source_s``; one that
   serves nothing, for ``Timing.silent_source_s``; a catch-up makes at most ``MAX_ATTEMPTS`` downloads, and a
@@ -36,7 +39,7 @@ from peer.outer.engine import RoundEngine
 from peer.checkpoints.files import params_hash, state_digest
 from peer.round.state_download import StateDownloader, StateServerBusy
 from protocol.errors import ProtocolError
-from protocol.round.round_policy import swarm_round
+from protocol.round.round_policy import swarm_round, sync_target
 from protocol.round import eligibility, standing
 from protocol.round.peer_states import DONE, NOT_A_SOURCE
 from protocol.spec import RunSpec
@@ -87,16 +90,16 @@ class StateAhead(ProtocolError):
         self.round = round_no
 
 
-def order_sources(views: Sequence[Any], target: int, slack: int = 0) -> List[Any]:
+def order_sources(views: Sequence[Any], target: int, slack: int = 0, spread: int = ROUND_SPREAD) -> List[Any]:
     """The views of peers to download a state of at least ``target`` from, best first: peers from
-    ``target - slack`` to ``target + ROUND_SPREAD`` (one far ahead of that is an outlier, never
+    ``target - slack`` to ``target + spread`` (one far ahead of that is an outlier, never
     asked), rounds that two or more peers report first, then higher rounds; within a round, the
     parameters (``params_hash``) most of its peers report first (after a round that ended with two
     θ, the majority's lineage, not the pair that stopped waiting for it); in random order among
     equals; peers that others cannot dial (``reach`` "client", swarm/access/reachability.py) last."""
     counts = Counter(v.progress.round for v in views)
     lineages = Counter((v.progress.round, getattr(v.progress, "params_hash", "")) for v in views)
-    usable = [v for v in views if target - slack <= v.progress.round <= target + ROUND_SPREAD]
+    usable = [v for v in views if target - slack <= v.progress.round <= target + spread]
     random.shuffle(usable)
     return sorted(usable, key=lambda v: (getattr(v.progress, "reach", "") == "client", counts[v.progress.round] < 2,
                                          -v.progress.round,
@@ -118,6 +121,7 @@ class StateSync:
         """``set_state(s)``: shows state ``s`` in the progress record, returns the previous one;
         ``on_installed(nbytes)``: θ changed (load it into the model) and ``nbytes`` were received."""
         self.spec, self.engine, self.gatherer, self.membership = spec, engine, gatherer, membership
+        self._vouchers: Optional[frozenset] = None  # who may serve and vouch for the catch-up under way (None: any)
         self.peer_id = peer_id
         self.layout = spec.param_shapes()
         self.consistent = True  # False after a round whose group started from other parameters than ours
@@ -168,7 +172,13 @@ class StateSync:
         group's parameters: any other source may hold another lineage)."""
         now = time.monotonic()
         views = [v for v in self.membership.others(excluding=NOT_A_SOURCE) if only is None or v.peer_id in only]
-        target = swarm_round([v.progress.round for v in views])
+        # a repair to the round's group (its start vote named the sources) takes them as they are; a
+        # catch-up, whom we know: new identities vouching for each other must not set the round
+        weighed = only is None and not even_at_same_round
+        target, self._vouchers = sync_target({v.peer_id: v.progress.round for v in views}, self.membership.known()) \
+            if weighed else (swarm_round([v.progress.round for v in views]), None)
+        if self._vouchers is not None:
+            views = [v for v in views if v.peer_id in self._vouchers]
         rejoin = solo and not even_at_same_round and 0 <= target < self.engine.round and _grouped(views, target) >= 2
         if even_at_same_round:
             if not views:
@@ -178,7 +188,10 @@ class StateSync:
             return
         if not even_at_same_round and self._failed_target[0] == target and now < self._failed_target[1]:
             return
-        sources = order_sources(views, target, slack=1 if even_at_same_round else 0)
+        # a peer that knows nobody it sees asks no peer past the majority's round: new identities a round
+        # ahead, vouching for each other, would come first (higher rounds do)
+        sources = order_sources(views, target, slack=1 if even_at_same_round else 0,
+                                spread=0 if weighed and self._vouchers is None else ROUND_SPREAD)
         if not sources:
             return
         if rejoin:
@@ -217,7 +230,7 @@ class StateSync:
                 # dial out, downloads our state instead: waiting on it would leave both stuck)
                 self.membership.ignore(peer, self.membership.timing.silent_source_s)
                 continue
-            reported = _reported_hashes(views, excluding=peer)
+            reported = self._reported(views, excluding=peer)
             try:
                 self.install(*got, min_round=target, max_round=claimed + 1, reported=reported)
             except StateTooOld as e:
@@ -258,7 +271,7 @@ class StateSync:
             return None
         try:
             self.install(*got, min_round=target, max_round=server.progress.round + 1 + lag,
-                         reported=_reported_hashes(views, excluding=peer))
+                         reported=self._reported(views, excluding=peer))
         except ProtocolError as e:
             self._refuse(peer, e)
             return None
@@ -272,12 +285,16 @@ class StateSync:
         ``test_a_state_newer_than_the_view_is_checked_against_a_view_read_after_the_download``)."""
         views = self.membership.fresh_view(since=asked, timeout=self.membership.timing.recheck_wait(self.membership.read_interval()))
         try:
-            self.install(*got, min_round=target, max_round=claimed + 1, reported=_reported_hashes(views, excluding=peer))
+            self.install(*got, min_round=target, max_round=claimed + 1, reported=self._reported(views, excluding=peer))
         except ProtocolError as e:
             self._refuse(peer, e)
             return False
         logger.info(f"the state {peer} served fits a view read after the download (the first one, {why}, was older)")
         return True
+
+    def _reported(self, views: Sequence[Any], excluding: str) -> Dict[int, Set[str]]:
+        """``_reported_hashes`` of this catch-up's vouchers (``sync_target``) among ``views``."""
+        return _reported_hashes([v for v in views if self._vouchers is None or v.peer_id in self._vouchers], excluding)
 
     def _refuse(self, peer: str, why: Exception) -> None:
         logger.warning(f"refused the state {peer} served: {why}; not asking it again for {self.membership.timing.refuse_source_s:.0f} s")

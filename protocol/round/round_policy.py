@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import AbstractSet, Dict, FrozenSet, Iterable, Optional, Sequence, Tuple
+from typing import AbstractSet, Dict, FrozenSet, Iterable, Mapping, Optional, Sequence, Tuple
 
 from protocol.round.peer_states import DONE, IN_ROUND
 
@@ -187,3 +187,29 @@ def swarm_round(rounds: Sequence[int]) -> int:
     ``rounds`` (reached by at least two peers), or the only one; -1 for none."""
     ordered = sorted(rounds, reverse=True)
     return ordered[1] if len(ordered) > 1 else (ordered[0] if ordered else -1)
+
+
+def majority_round(rounds: Sequence[int]) -> int:
+    """The latest round a strict majority of ``rounds`` has reached; -1 for none."""
+    ordered = sorted(rounds, reverse=True)
+    return ordered[len(ordered) // 2] if ordered else -1
+
+
+def sync_target(rounds: Mapping[str, int], known: AbstractSet[str]) -> Tuple[int, Optional[FrozenSet[str]]]:
+    """The round a peer catches up to (or counts itself behind), from the rounds of the peers it sees
+    (peer id -> round), and the peers that may serve that state and vouch for its θ (None: any).
+
+    Where it sees peers it ``known``s (seen to come, or with standing in its lineage), only they count:
+    the second-highest of their rounds (the only one's, where it sees one), and only they serve and
+    vouch. A peer that knows none of them (a newcomer, or one whose acquaintances all left) takes the
+    round a strict majority of them has reached. Two new identities announcing a round ahead, each
+    reporting the θ the other serves, once made every honest peer install a θ of their choosing; now
+    they move no peer that knows a live one, and new identities must outnumber the peers a newcomer
+    sees (tests/protocol/test_round_policy.py
+    ``test_new_identities_fewer_than_the_peers_seen_cannot_set_the_round_to_catch_up_to``). Not
+    followed so: a swarm that turned over entirely while this peer and its acquaintances were cut
+    off from it (docs/trust.md)."""
+    vouchers = frozenset(p for p in rounds if p in known)
+    if vouchers:
+        return swarm_round([rounds[p] for p in vouchers]), vouchers
+    return majority_round(list(rounds.values())), None

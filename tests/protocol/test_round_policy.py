@@ -123,3 +123,21 @@ def test_a_wait_for_strangers_alone_is_paid_unless_something_came_of_it():
     assert w.vain == 0.0 and w.since == 16.0
     w.check(17.0, alone=True, last_arrival=15.5, asked_known=False)
     assert w.vain == 1.0 and w.since == 16.0
+
+
+def test_new_identities_fewer_than_the_peers_seen_cannot_set_the_round_to_catch_up_to():
+    from protocol.round.round_policy import majority_round, sync_target
+
+    assert majority_round([]) == -1 and majority_round([7]) == 7 and majority_round([9, 5]) == 5
+    assert majority_round([2**62, 2**62, 10, 10, 10]) == 10 and majority_round([11, 11, 10]) == 11
+    honest = {"a": 10, "b": 10, "c": 11}
+    forged = {**honest, "x": 2**62, "y": 2**62}  # two new identities vouching for each other's θ
+    # a peer that knows some of them: only they set the round, and only they serve and vouch for it
+    assert sync_target(forged, {"a", "b"}) == (10, frozenset({"a", "b"}))
+    assert sync_target(forged, {"a", "b", "c", "me"}) == (10, frozenset({"a", "b", "c"}))  # the second-highest
+    assert sync_target({**forged, "c": 12, "d": 12}, {"a", "c", "d"}) == (12, frozenset({"a", "c", "d"}))
+    assert sync_target(forged, {"c"}) == (11, frozenset({"c"}))  # the only one it knows
+    # a newcomer that knows nobody: a strict majority of what it sees (two liars among five cannot move it)
+    assert sync_target(forged, set()) == (11, None) and sync_target({**forged, "d": 10}, set()) == (10, None)
+    assert sync_target({"x": 2**62, "y": 2**62, "a": 10}, set()) == (2**62, None)  # a majority of liars can
+    assert sync_target({}, {"a"}) == (-1, None)

@@ -260,8 +260,9 @@ def served(engine, spec=SPEC, round_no=None, **changes):
     return meta, tensors
 
 
-def syncing_peer(monkeypatch, views, serve, own_round=0):
-    """A real StateSync (real engine and checks) whose view is ``views`` and whose downloads ``serve(peer)``."""
+def syncing_peer(monkeypatch, views, serve, own_round=0, known=()):
+    """A real StateSync (real engine and checks) whose view is ``views`` and whose downloads ``serve(peer)``;
+    ``known``: the peers it has met or that have standing (none: a newcomer)."""
     monkeypatch.setattr(state_sync, "StateDownloader", lambda dht, gatherer, min_rate: None)
     theta = {n: torch.zeros(s) for n, s in SPEC.param_shapes().items()}
     engine = RoundEngine(make_strategy(SPEC), theta)
@@ -272,7 +273,7 @@ def syncing_peer(monkeypatch, views, serve, own_round=0):
     membership = SimpleNamespace(
         dht=None, others=lambda excluding=(): visible(), fresh_view=lambda since, timeout: visible(),
         read_interval=lambda: 0.5, ignore=lambda peer, seconds: ignored.__setitem__(peer, state_sync.time.monotonic() + seconds),
-        forgiven=[], timing=Timing.from_spec(SPEC),
+        forgiven=[], timing=Timing.from_spec(SPEC), known=lambda: frozenset(known) | {"me"},
     )
     membership.forgive = lambda peers: membership.forgiven.extend(peers)
     sync = StateSync(SPEC, engine, gatherer, membership, "me", set_state=lambda s: shown.append(s) or "training",
@@ -303,6 +304,26 @@ def test_a_forged_round_far_ahead_does_not_block_a_newcomers_catch_up(monkeypatc
     assert engine.round == 10 and engine.params_hash() == honest.params_hash() and "liar" not in sync.asked
 
 
+@pytest.mark.parametrize("ahead", [1, 2**62])
+def test_two_new_identities_vouching_for_each_other_cannot_hand_their_theta_to_a_peer(monkeypatch, clock, ahead):
+    """Two new identities announce a round ahead of the swarm, each reporting the θ (and state digest)
+    the other serves. A peer that knows live peers takes the round they report and only their state
+    and reports; a newcomer takes the round most of the peers it sees report, from peers at that round
+    (before: both followed the two, and every honest peer installed their θ; protocol/round/round_policy.py
+    ``sync_target``)."""
+    honest, forged = honest_engine(10, seed=1), honest_engine(10 + ahead, seed=9)
+    theta_hash, digest = forged.hashes()
+    liars = [SimpleNamespace(peer_id=p, progress=dataclasses.replace(progress(10 + ahead, "ready", theta_hash), state_digest=digest),
+                             expires=0.0) for p in ("x", "y")]
+    views = liars + [view(p, 10, "training") for p in ("a", "b", "c")]
+    serve = lambda peer: served(forged) if peer in ("x", "y") else served(honest)  # noqa: E731
+    for known in ({"a", "b"}, ()):  # a peer that knows a and b; a newcomer
+        sync, engine = syncing_peer(monkeypatch, views, serve, known=known)
+        sync.catch_up()
+        assert engine.round == 10 and engine.params_hash() == honest.params_hash()
+        assert not {"x", "y"} & set(sync.asked)
+
+
 @pytest.mark.parametrize("poison", ["float64 1e300", "nan momentum", "beyond the bound", "hash", "older than claimed", "far ahead"])
 def test_a_poisoned_state_is_refused_and_its_server_not_asked_again(monkeypatch, clock, poison):
     honest = honest_engine(10)
@@ -321,7 +342,7 @@ def test_a_poisoned_state_is_refused_and_its_server_not_asked_again(monkeypatch,
     else:
         bad = served(honest, round_no=500)
     views = [view("liar", 10, "ready", honest.params_hash()), view("a", 10, "ready", honest.params_hash()), view("b", 10, "training")]
-    monkeypatch.setattr(state_sync, "order_sources", lambda views, target, slack=0: list(views))  # the liar first
+    monkeypatch.setattr(state_sync, "order_sources", lambda views, target, **kw: list(views))  # the liar first
     sync, engine = syncing_peer(monkeypatch, views, lambda peer: bad if peer == "liar" else served(honest))
     sync.catch_up()
     assert sync.asked == ["liar", "a"] and engine.round == 10 and engine.params_hash() == honest.params_hash()

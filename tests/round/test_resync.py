@@ -36,7 +36,7 @@ def make_peer(own_round, others_round, served_rounds):
     peer.engine = SimpleNamespace(round=own_round, params_hash=lambda: "0" * 16)
     peer.gatherer = Gatherer(served_rounds)
     peer.membership = SimpleNamespace(others=lambda excluding=(): [view], ignore=lambda peer, seconds: None,
-                                      timing=Timing(gather_slot_s=1.0))
+                                      timing=Timing(gather_slot_s=1.0), known=lambda: frozenset({"me"}))
     peer.peer_id, peer.consistent = "me", False
     peer._set_state, peer.enable_sharing = set_state, lambda: None
     peer.installed, peer.shown = [], shown

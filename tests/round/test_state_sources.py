@@ -38,7 +38,7 @@ def test_a_server_still_announcing_less_than_it_served_is_refused(monkeypatch, c
     views = [view("liar", 10, "ready"), view("a", 10, "ready")]
     honest = honest_engine(10, seed=2)
     sync, engine = syncing_peer(monkeypatch, views, lambda peer: served(liar) if peer == "liar" else served(honest))
-    monkeypatch.setattr("peer.round.state_sync.order_sources", lambda views, target, slack=0: list(views))  # the liar first
+    monkeypatch.setattr("peer.round.state_sync.order_sources", lambda views, target, **kw: list(views))  # the liar first
     sync.catch_up()
     assert sync.asked == ["liar", "a"] and engine.round == 10 and engine.params_hash() == honest.params_hash()
     assert [v.peer_id for v in sync.membership.others()] == ["a"]
@@ -122,7 +122,7 @@ def test_a_busy_source_is_asked_again_after_the_others_and_never_left_out(monkey
         return state_sync.BUSY
 
     sync, engine = syncing_peer(monkeypatch, views, serve)
-    monkeypatch.setattr("peer.round.state_sync.order_sources", lambda views, target, slack=0: list(views))
+    monkeypatch.setattr("peer.round.state_sync.order_sources", lambda views, target, **kw: list(views))
     sync.catch_up()
     if frees_up:
         assert sync.asked == ["busy", "a", "busy", "a", "busy"] and engine.params_hash() == honest.params_hash()
