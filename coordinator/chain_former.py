@@ -30,6 +30,7 @@ GRACE = 20.0  # seconds a new chain's members may still report "waiting" before 
 MISSED_S = 20.0  # seconds a member's record may be missing from the reads (a read that missed it) before it counts as gone
 YOUNG = 300.0  # a chain that breaks within this many seconds of forming counts as a failed formation
 BACKOFF_S, MAX_BACKOFF_S = 30.0, 600.0  # a failed formation is not repeated for this long, doubling
+FORGET_FAILURES_S = 3600.0  # a back-off that ended this long ago is forgotten (candidates come and go)
 
 
 class ChainFormer:
@@ -67,8 +68,10 @@ class ChainFormer:
             if now - self.published.get(chain_id, 0.0) > ASSIGNMENT_TTL / 3:
                 publish_assignment(self.dht, self.spec, a, ASSIGNMENT_TTL)
                 self.published[chain_id] = now
-        # bounded: members seen lately (a read that missed a chain's assignment keeps its members' times)
+        # bounded: members seen lately (a read that missed a chain's assignment keeps its members' times),
+        # back-offs of the last hour
         self.seen = {p: t for p, t in self.seen.items() if now - t < 4 * MISSED_S}
+        self.failures = {k: v for k, v in self.failures.items() if now - v[1] < FORGET_FAILURES_S}
         pool = [rec.candidate(p) for p, rec in sorted(candidates.items()) if rec.state == "waiting" and p not in busy]
         if not pool:
             return []

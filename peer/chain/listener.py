@@ -13,6 +13,7 @@ round is held as above. The link itself is peer/chain/links.py.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from typing import Any, Dict, List, Optional
 
@@ -28,6 +29,7 @@ __all__ = ["MAX_PENDING_HANDSHAKES", "MAX_ROUNDS_AHEAD", "StageListener"]
 
 MAX_PENDING_HANDSHAKES = 4  # connections in a handshake at once, per listener
 MAX_ROUNDS_AHEAD = 2  # a hello of a round at most this far past the listener's is held, not rejected
+MAX_REJECTED = 64  # the latest reasons kept (anyone who reaches the port can fail a handshake, again and again)
 
 
 class StageListener:
@@ -47,7 +49,7 @@ class StageListener:
             raise ValueError(f"role must be 'upstream' or 'downstream', got {role!r}")
         self.local, self.role, self.fmt, self.codec, self.auth = local, role, fmt, codec, auth
         self.timeout, self.handshake_timeout = timeout, handshake_timeout
-        self.rejected: List[str] = []
+        self.rejected: "collections.deque[str]" = collections.deque(maxlen=MAX_REJECTED)
         self._queue: "asyncio.Queue[StageLink]" = asyncio.Queue()
         self._server: Optional[asyncio.AbstractServer] = None
         self._handshakes: Dict[asyncio.Task, StageLink] = {}  # in the order they began
@@ -76,6 +78,10 @@ class StageListener:
             if await self._handshake(link):
                 link.handshake_done()
                 link.send(HelloOk())
+                # one neighbour, one link: its newest connection is the one it uses, and one that dials
+                # again and again holds one socket here, not one a dial (tests/chain/test_stage_link_guard.py)
+                for older in self._dequeue():
+                    await older.close(bye=False)
                 self._queue.put_nowait(link)
         finally:
             self._handshakes.pop(task, None)

@@ -14,6 +14,7 @@ Pure functions of strings: no sockets.
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 MAX_ENDPOINTS = 4  # endpoints one candidate record carries (it is read by every peer of the chain)
@@ -22,6 +23,19 @@ SEPARATOR = ","
 
 class EndpointError(ValueError):
     """An endpoint or an address that cannot be announced or dialed."""
+
+
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")  # one DNS label (RFC 1123)
+
+
+def dialable_host(host: str) -> bool:
+    """Whether ``host`` is an IP address or a DNS name a socket can be asked to dial: a name with an
+    empty label or a label over 63 characters makes ``asyncio.open_connection`` raise UnicodeError
+    (IDNA), which a stage dialing a neighbour's record did not expect (tests/chain/test_endpoints.py)."""
+    if _ip(host) is not None:
+        return True
+    name = host[:-1] if host.endswith(".") else host
+    return 0 < len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split("."))
 
 
 def _ip(text: str) -> Optional[ipaddress._BaseAddress]:
@@ -91,8 +105,9 @@ def split_endpoints(field: str) -> List[Tuple[str, int]]:
         raise EndpointError(f"at most {MAX_ENDPOINTS} endpoints, got {len(items)}")
     for item in items:
         host, sep, port = item.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise EndpointError(f"an endpoint must be host:port, got {item!r}")
+        if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536 \
+                or not dialable_host(host.strip("[]")):
+            raise EndpointError(f"an endpoint must be host:port, got {item!r:.80}")
         out.append((host.strip("[]"), int(port)))
     return out
 

@@ -298,7 +298,7 @@ def decode_body(body: bytes, fmt: FrameFormat) -> Frame:
         raise FrameError(f"frame must be a map, got {type(msg).__name__}")
     kind = msg.get("t")
     if not isinstance(kind, str) or kind not in _FIELDS:
-        raise FrameError(f"unknown frame type {kind!r}")
+        raise FrameError(f"unknown frame type {kind!r:.40}")
     if set(msg) != _FIELDS[kind]:
         missing = sorted(_FIELDS[kind] - set(msg))
         extra = sorted(map(str, set(msg) - _FIELDS[kind]))
@@ -327,11 +327,11 @@ def decode_body(body: bytes, fmt: FrameFormat) -> Frame:
     mb, step = _int(msg, "mb"), _int(msg, "step")
     shape = msg["shape"]
     if not (isinstance(shape, list) and len(shape) == 3 and all(type(s) is int for s in shape)):
-        raise FrameError(f"{kind} shape must be three integers, got {shape!r}")
+        raise FrameError(f"{kind} shape must be three integers, got {shape!r:.60}")
     _check_shape(shape, fmt, FrameError)
     dtype = msg["dtype"]
     if not isinstance(dtype, str) or dtype not in WIRE_DTYPES:
-        raise FrameError(f"{kind} dtype must be one of {sorted(WIRE_DTYPES)}, got {dtype!r}")
+        raise FrameError(f"{kind} dtype must be one of {sorted(WIRE_DTYPES)}, got {dtype!r:.40}")
     values = _floats(msg["data"], shape, WIRE_DTYPES[dtype], kind)
     if kind == "grads":
         return Grads(mb, step, values)
@@ -373,7 +373,7 @@ def _describe(v: Any) -> str:
 def _int(msg: Dict[str, Any], name: str) -> int:
     v = msg[name]
     if type(v) is not int or not 0 <= v < MAX_INT:
-        raise FrameError(f"frame field {name!r} must be an integer in [0, 2^62), got {v!r}")
+        raise FrameError(f"frame field {name!r} must be an integer in [0, 2^62), got {v!r:.40}")
     return v
 
 
@@ -405,11 +405,11 @@ def check_hello(
     if frame.version != version:
         raise FrameError(f"protocol version {frame.version} is not {version}")
     if frame.run != run_digest:
-        raise FrameError(f"peer trains run spec {frame.run!r}, not {run_digest!r}")
+        raise FrameError(f"peer trains run spec {frame.run!r:.40}, not {run_digest!r}")
     if frame.chain != chain_id:
-        raise FrameError(f"peer is in chain {frame.chain!r}, not {chain_id!r}")
+        raise FrameError(f"peer is in chain {frame.chain!r:.60}, not {chain_id!r}")
     if frame.role not in ROLES:
-        raise FrameError(f"unknown role {frame.role!r}")
+        raise FrameError(f"unknown role {frame.role!r:.40}")
     if frame.role != role or frame.stage != stage:
         raise FrameError(f"peer is stage {frame.stage} ({frame.role}), expected stage {stage} ({role})")
     if frame.round != round:

@@ -19,7 +19,7 @@ import msgpack
 from protocol import PROTOCOL_VERSION
 from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.chain.stages import Candidate, Chain, make_chain
-from protocol.chain.endpoints import MAX_ENDPOINTS, SEPARATOR
+from protocol.chain.endpoints import MAX_ENDPOINTS, SEPARATOR, EndpointError, split_endpoints
 from protocol.errors import ProtocolError
 from protocol.dht.keys import CANDIDATES_FIELD, CHAINS_FIELD
 from protocol.spec import RunSpec
@@ -104,7 +104,7 @@ class ChainAssignment:
 
 
 _CANDIDATE_KEYS = {"v", "spec", "capacity", "bandwidth", "state", "endpoint"}
-_ENDPOINT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]{1,253}):(\d{1,5})$")
+_ENDPOINT = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]{1,253}):(\d{1,5})")  # fullmatch: "$" passes a "\n"
 _ASSIGNMENT_KEYS = {"v", "spec", "epoch", "chain", "stages"}
 
 
@@ -127,9 +127,9 @@ def parse_candidate(value: Any, spec: Optional[RunSpec] = None) -> CandidateReco
         raise ChainError(f"chain candidate state must be one of {CANDIDATE_STATES}, got {state!r}")
     endpoint = _short_str(rec["endpoint"], "chain candidate endpoint", 270) if rec["endpoint"] else ""
     items = endpoint.split(SEPARATOR) if endpoint else []
-    if len(items) > MAX_ENDPOINTS or any(not _ENDPOINT.match(e) or not 0 < int(e.rsplit(":", 1)[1]) < 65536 for e in items):
+    if len(items) > MAX_ENDPOINTS or any(not _ENDPOINT.fullmatch(e) for e in items) or not _dialable(endpoint):
         raise ChainError(f"chain candidate endpoint must be host:port (up to {MAX_ENDPOINTS}, comma-separated), "
-                         f"got {endpoint!r}")
+                         f"got {endpoint!r:.80}")
     return CandidateRecord(digest, capacity, float(bandwidth), state, endpoint)
 
 
@@ -185,6 +185,16 @@ def latest_assignments(assignments: Iterable[ChainAssignment]) -> Dict[str, Chai
         for p in a.chain.members:
             out[p] = a
     return out
+
+
+def _dialable(endpoint: str) -> bool:
+    """Whether every host of ``endpoint`` is one a socket can dial (a DNS label over 63 characters
+    passed the pattern above and made the stage that dialed it raise)."""
+    try:
+        split_endpoints(endpoint)
+    except EndpointError:
+        return False
+    return True
 
 
 def _as_map(value: Any, keys: set, what: str) -> Dict[str, Any]:

@@ -45,6 +45,16 @@ def test_a_dialer_skips_a_neighbours_loopback_when_it_announced_another_address(
             split_endpoints(bad)
 
 
+def test_only_hosts_a_socket_can_dial_are_endpoints():
+    from protocol.chain.endpoints import dialable_host
+
+    assert all(dialable_host(h) for h in ("10.0.0.1", "::1", "peer-3.example.org", "example.org.", "x" * 63))
+    assert not any(dialable_host(h) for h in ("", ".", "a..b", "x" * 64, "-a", "a-", "a_b", "é.org", "x." * 127 + "x"))
+    for bad in ("a..b:1", "x" * 64 + ":1", "h:1\n", "h:٣"):
+        with pytest.raises(EndpointError):
+            split_endpoints(bad)
+
+
 def test_a_stage_that_cannot_dial_says_where_and_what_to_open():
     why = unreachable(2, PID, {"10.7.0.3:41234": "Connect call failed", "[2001:db8::5]:41234": "timed out"})
     assert "stage 2" in why and PID in why and "10.7.0.3:41234: Connect call failed" in why

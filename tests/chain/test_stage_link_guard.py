@@ -331,3 +331,40 @@ def test_a_hello_before_this_stage_has_a_chain_waits_on_for_a_round_past_its_fir
 
     held, (round_taken, rejected) = run(main())
     assert held and round_taken == 1 and rejected == [], (held, round_taken, rejected)
+
+
+def test_a_neighbour_that_dials_again_and_again_holds_one_queued_link():
+    """Every connection that passed the handshake waited in an unbounded queue until the stage accepted
+    one: a neighbour dialing in a loop for a round held a socket and a link per dial. Now the newest
+    link replaces the one queued (peer/chain/listener.py), and the stage accepts that one."""
+    async def main():
+        listener = await listen()
+        links = [await dial(listener.port) for _ in range(6)]
+        await asyncio.sleep(0.2)
+        queued = listener._queue.qsize()
+        accepted = await listener.accept(timeout=5)
+        for link in links:
+            await link.close()
+        await accepted.close()
+        await listener.close()
+        return queued
+
+    assert run(main()) == 1
+
+
+def test_the_reasons_of_failed_handshakes_kept_are_bounded():
+    from peer.chain.listener import MAX_REJECTED
+
+    async def main():
+        listener = await listen()
+        for _ in range(MAX_REJECTED + 10):
+            _, writer = await asyncio.open_connection(HOST, listener.port)
+            writer.write(b"\x00\x00\x00\x02\xc1\xc1")  # a frame that is no msgpack
+            await writer.drain()
+            writer.close()
+        await asyncio.sleep(0.5)
+        kept = len(listener.rejected)
+        await listener.close()
+        return kept
+
+    assert 0 < run(main()) <= MAX_REJECTED

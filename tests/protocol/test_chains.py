@@ -455,6 +455,9 @@ def test_newer_assignments_supersede_older_ones():
     # a short list of endpoints (protocol/chain/endpoints.py)
     ("10.7.0.2:4100,[2001:db8::5]:4100", True), (",".join(["10.0.0.1:5"] * 4), True),
     (",".join(["10.0.0.1:5"] * 5), False), ("10.7.0.2:4100,", False), ("10.7.0.2:4100,a b:1", False),
+    # hosts no socket can dial: the pattern passed them and the stage that dialed one raised UnicodeError
+    ("a..b:4000", False), ("x" * 64 + ":4000", False), (".:1", False), ("h:4000\n", False), ("-a.org:1", False),
+    ("x" * 63 + ".org:4000", True),
 ])
 def test_candidate_endpoint_is_host_and_port(endpoint, ok):
     raw = CandidateRecord(SPEC.digest(), 1000, 10.0, "waiting", endpoint).to_dict()
