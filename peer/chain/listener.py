@@ -69,8 +69,13 @@ class StageListener:
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = StageLink(reader, writer, local=self.local, role=self.role, fmt=self.fmt, codec=self.codec, timeout=self.timeout)
-        if len(self._handshakes) >= MAX_PENDING_HANDSHAKES:  # close the one that has stalled longest
-            stale = self._handshakes.pop(next(iter(self._handshakes)))
+        if len(self._handshakes) >= MAX_PENDING_HANDSHAKES:
+            # close the one that has stalled longest of the address holding the most: a flood of empty
+            # connections from one host then evicts its own, not a neighbour's handshake from another
+            hosts = collections.Counter(_host_of(pending) for pending in self._handshakes.values())
+            crowded = max(hosts, key=lambda h: hosts[h])
+            oldest = next(t for t, pending in self._handshakes.items() if _host_of(pending) == crowded)
+            stale = self._handshakes.pop(oldest)
             stale._fail(LinkTimeout("dropped for a newer connection: too many in a handshake", stale), logging.INFO)
         task = asyncio.current_task()
         self._handshakes[task] = link
@@ -214,3 +219,9 @@ class StageListener:
         self._wake()  # held hellos see their links closed
         for link in self._dequeue():
             await link.close(bye=False)
+
+
+def _host_of(link: StageLink) -> str:
+    """The address a link's connection came from ("" where the socket no longer says)."""
+    peer = link.writer.get_extra_info("peername")
+    return str(peer[0]) if peer else ""

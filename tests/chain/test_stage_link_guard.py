@@ -368,3 +368,24 @@ def test_the_reasons_of_failed_handshakes_kept_are_bounded():
         return kept
 
     assert 0 < run(main()) <= MAX_REJECTED
+
+
+def test_a_flood_of_connections_from_one_address_evicts_its_own_handshakes():
+    """With 4 handshakes pending, a new connection closes the oldest of the address holding the most,
+    so empty connections from one host cannot push out a neighbour's handshake from another."""
+    async def main():
+        listener = await listen(handshake_timeout=30)
+        _, neighbour = await asyncio.open_connection(HOST, listener.port, local_addr=("127.0.0.1", 0))
+        await asyncio.sleep(0.1)
+        flood = []
+        for _ in range(12):
+            flood.append((await asyncio.open_connection(HOST, listener.port, local_addr=("127.0.0.2", 0)))[1])
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        hosts = sorted(link.writer.get_extra_info("peername")[0] for link in listener._handshakes.values())
+        for writer in [neighbour] + flood:
+            writer.close()
+        await listener.close()
+        return hosts
+
+    assert run(main()) == ["127.0.0.1", "127.0.0.2", "127.0.0.2", "127.0.0.2"]
