@@ -19,7 +19,7 @@ from hivemind.utils.mpfuture import MPFuture
 
 from protocol.round.reconcile import Announced
 from protocol.round.timing import Timing
-from protocol.wire.bounded_unpack import MAX_DEPTH, nesting
+from protocol.wire.bounded_unpack import MAX_DEPTH, packed_nesting
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +29,14 @@ def read_gathered(serializer: Any, raw: bytes) -> Optional[list]:
     (the announcement serialized inside); None if it is not that
     (tests/exchange/test_exchange_bounds.py::test_a_deeply_nested_announcement_is_left_out_of_the_group)."""
     try:
+        # nested deeper than anything we send: hivemind's decoder can overflow the C stack on it, and
+        # quoting it in an error would raise RecursionError
+        if packed_nesting(raw) > MAX_DEPTH:
+            return None
         value = serializer.loads(raw)
         if isinstance(value, (list, tuple)) and len(value) == 3 and isinstance(value[2], bytes):
-            announced = serializer.loads(value[2])
-            # nested deeper than anything we send: quoting it in an error would raise RecursionError
-            if nesting(announced) <= MAX_DEPTH:
-                return [value[0], value[1], announced]
+            if packed_nesting(value[2]) <= MAX_DEPTH:
+                return [value[0], value[1], serializer.loads(value[2])]
     except Exception:
         pass
     return None

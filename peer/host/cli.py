@@ -83,6 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_peer(args: argparse.Namespace) -> int:
     from peer.training.data import DataError
     from peer.host.runtime import Peer, PeerOptions
+    from protocol.chain.endpoints import dialable_host
     from protocol.spec import RUN_ID
     from swarm.dht.node import parse_multiaddrs
 
@@ -100,6 +101,9 @@ def run_peer(args: argparse.Namespace) -> int:
         raise UsageError("--bandwidth-mbps must be a positive, finite number")
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be >= 1 (leave it out for torch's choice)")
+    if args.stage_host is not None and ("%" in args.stage_host or not dialable_host(args.stage_host.strip("[]"))):
+        raise UsageError(f"--stage-host {args.stage_host!r:.80} is no address other peers can dial: an IP address "
+                         "or a DNS name (labels of letters, digits and '-')")
     if args.run_id is not None and not RUN_ID.fullmatch(args.run_id):
         raise UsageError(f"--run {args.run_id!r:.60} is no run id: 1-48 characters of a-z, 0-9, '_' or '-', "
                          "starting with a letter or digit")

@@ -445,6 +445,6 @@ class RoundLoop:
         # takes the swarm's state now, or the two go on apart for as long as each finds a group; a
         # solo round's lineage (cut off) takes it even from an earlier round once the swarm is back
         before = engine.round
-        peer.sync.catch_up(solo=result is None)  # downloads only when at least two live peers are at a later round
+        peer.sync.catch_up(solo=result is None)  # only when the swarm is at a later round (round_policy.sync_target)
         if engine.round != before and not peer.stop_event.is_set():
             self._restart = self.overlap  # the steps taken meanwhile started from the stale θ

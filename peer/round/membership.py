@@ -53,7 +53,7 @@ from protocol.round import peer_states
 from protocol.round.round_policy import sync_target
 from protocol.round.start_vote import swarm_lineage
 from protocol.round.no_shows import NoShowLedger, WaitBudget, claimed_elsewhere
-from protocol.round.peer_states import DONE, EXCHANGING, NOT_IN_ROUNDS
+from protocol.round.peer_states import DONE, EXCHANGING, IN_ROUND, NOT_IN_ROUNDS
 from protocol.dht.records import Progress, encode_body, peer_record_ttl
 from protocol.spec import RunSpec
 from protocol.round.timing import Timing
@@ -426,7 +426,8 @@ class Membership(NoShows, StartWaits):
                     v for v in view
                     if v.peer_id != self.peer_id and v.progress.state not in NOT_IN_ROUNDS and v.peer_id not in self.absent
                 ]
-                behind = sync_target({v.peer_id: v.progress.round for v in others}, self.known())[0] > round_no
+                behind = sync_target({v.peer_id: v.progress.round for v in others}, self.known(),
+                                     {v.peer_id for v in others if v.progress.state in IN_ROUND})[0] > round_no
                 syncing = bool(others) and all(v.progress.state == "syncing" and v.progress.round < round_no for v in others)
                 return Barrier(expected=1 + len(ready), alone=not others, behind=behind, only_syncing=syncing,
                                ready=frozenset(v.peer_id for v in ready), gave_up=frozenset(self._waited | shunned),

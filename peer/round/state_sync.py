@@ -5,12 +5,13 @@ through hivemind's state sharing (``rpc_download_state``) and downloaded from a 
 chooses (peer/round/state_download.py), never from whoever declares the highest priority.
 
 What other peers claim is weighed, not believed:
-- the round to catch up to is one at least two live peers this peer knows have reached (seen to come,
-  or with standing in its lineage), or else one a strict majority of the live peers it sees have reached
-  (protocol/round/round_policy.py ``sync_target``): one peer announcing a round far ahead cannot make
-  everyone chase it, nor can two new identities that vouch for each other's θ;
+- the round to catch up to is the second-highest two or more live peers this peer knows have reached
+  (seen to come, or with standing in its lineage), or a later one a strict majority of the active peers
+  it sees have reached (protocol/round/round_policy.py ``sync_target``): one peer announcing a round
+  far ahead cannot make everyone chase it, nor can two new identities that vouch for each other's θ;
 - sources are peers at or a little above that round, the rounds most peers report first; where
-  known peers set the round, only they serve it and only their reports check its θ;
+  known peers set the round, only they serve it and only their reports check its θ; where the
+  majority does, only peers at that round serve it;
 - a peer that serves a state we refuse (malformed, older than it announced, non-finite, off the
   hash its round's peers report) is left out of the membership view for ``Timing.refuse_source_s``; one that
   serves nothing, for ``Timing.silent_source_s``; a catch-up makes at most ``MAX_ATTEMPTS`` downloads, and a
@@ -41,7 +42,7 @@ from peer.round.state_download import StateDownloader, StateServerBusy
 from protocol.errors import ProtocolError
 from protocol.round.round_policy import swarm_round, sync_target
 from protocol.round import eligibility, standing
-from protocol.round.peer_states import DONE, NOT_A_SOURCE
+from protocol.round.peer_states import DONE, IN_ROUND, NOT_A_SOURCE
 from protocol.spec import RunSpec
 
 logger = logging.getLogger("voloco.peer")
@@ -122,6 +123,7 @@ class StateSync:
         ``on_installed(nbytes)``: θ changed (load it into the model) and ``nbytes`` were received."""
         self.spec, self.engine, self.gatherer, self.membership = spec, engine, gatherer, membership
         self._vouchers: Optional[frozenset] = None  # who may serve and vouch for the catch-up under way (None: any)
+        self._by_majority = False  # the catch-up under way follows the round most active peers reached
         self.peer_id = peer_id
         self.layout = spec.param_shapes()
         self.consistent = True  # False after a round whose group started from other parameters than ours
@@ -175,8 +177,12 @@ class StateSync:
         # a repair to the round's group (its start vote named the sources) takes them as they are; a
         # catch-up, whom we know: new identities vouching for each other must not set the round
         weighed = only is None and not even_at_same_round
-        target, self._vouchers = sync_target({v.peer_id: v.progress.round for v in views}, self.membership.known()) \
+        # (standing holders count from the start: a peer restored from a checkpoint has met nobody yet)
+        known = self.membership.known() | set(self.engine.standing)
+        active = {v.peer_id for v in views if v.progress.state in IN_ROUND}
+        target, self._vouchers = sync_target({v.peer_id: v.progress.round for v in views}, known, active) \
             if weighed else (swarm_round([v.progress.round for v in views]), None)
+        self._by_majority = weighed and self._vouchers is None
         if self._vouchers is not None:
             views = [v for v in views if v.peer_id in self._vouchers]
         rejoin = solo and not even_at_same_round and 0 <= target < self.engine.round and _grouped(views, target) >= 2
@@ -191,7 +197,7 @@ class StateSync:
         # a peer that knows nobody it sees asks no peer past the majority's round: new identities a round
         # ahead, vouching for each other, would come first (higher rounds do)
         sources = order_sources(views, target, slack=1 if even_at_same_round else 0,
-                                spread=0 if weighed and self._vouchers is None else ROUND_SPREAD)
+                                spread=0 if self._by_majority else ROUND_SPREAD)
         if not sources:
             return
         if rejoin:

@@ -195,21 +195,23 @@ def majority_round(rounds: Sequence[int]) -> int:
     return ordered[len(ordered) // 2] if ordered else -1
 
 
-def sync_target(rounds: Mapping[str, int], known: AbstractSet[str]) -> Tuple[int, Optional[FrozenSet[str]]]:
+def sync_target(rounds: Mapping[str, int], known: AbstractSet[str],
+                active: AbstractSet[str]) -> Tuple[int, Optional[FrozenSet[str]]]:
     """The round a peer catches up to (or counts itself behind), from the rounds of the peers it sees
-    (peer id -> round), and the peers that may serve that state and vouch for its θ (None: any).
+    (peer id -> round), and the peers that may vouch for that state's θ (None: the round's majority).
 
-    Where it sees peers it ``known``s (seen to come, or with standing in its lineage), only they count:
-    the second-highest of their rounds (the only one's, where it sees one), and only they serve and
-    vouch. A peer that knows none of them (a newcomer, or one whose acquaintances all left) takes the
-    round a strict majority of them has reached. Two new identities announcing a round ahead, each
-    reporting the θ the other serves, once made every honest peer install a θ of their choosing; now
-    they move no peer that knows a live one, and new identities must outnumber the peers a newcomer
-    sees (tests/protocol/test_round_policy.py
-    ``test_new_identities_fewer_than_the_peers_seen_cannot_set_the_round_to_catch_up_to``). Not
-    followed so: a swarm that turned over entirely while this peer and its acquaintances were cut
-    off from it (docs/trust.md)."""
+    Two kinds of claims count. Where it sees two or more peers it ``known``s (seen to come, or with
+    standing in its lineage), the second-highest of their rounds, and only they serve it and vouch for
+    it. Where a strict majority of the ``active`` peers it sees (training or done with their round: not
+    peers still downloading a state or waiting to start) has reached a later round, that round: the
+    peers it knows lag the swarm (two newcomers that trained a round together while the swarm was
+    ahead), or it knows nobody: new identities must then outnumber the active peers it sees to move
+    it, and it downloads from peers at that round only (peer/round/state_sync.py). Two new identities
+    announcing a round ahead and vouching for each other's θ once made every honest peer install it
+    (tests/protocol/test_round_policy.py ``test_new_identities_fewer_than_the_peers_seen_cannot_set_the_round_to_catch_up_to``)."""
     vouchers = frozenset(p for p in rounds if p in known)
-    if vouchers:
-        return swarm_round([rounds[p] for p in vouchers]), vouchers
-    return majority_round(list(rounds.values())), None
+    by_known = swarm_round([rounds[p] for p in vouchers]) if len(vouchers) >= 2 else -1
+    by_most = majority_round([r for p, r in rounds.items() if p in active])
+    if by_known >= 0 and by_known >= by_most:
+        return by_known, vouchers
+    return by_most, None

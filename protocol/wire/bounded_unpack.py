@@ -8,7 +8,9 @@ no nesting deeper than ``MAX_DEPTH``: msgpack itself accepts about 1,000 levels,
 of a list nested that deep raises ``RecursionError`` (an error message quoting a hostile value would
 then raise in place of the error, on some machines and not others, as the stack allows). Any failure
 of msgpack becomes the caller's ``ProtocolError`` subclass, with one line that says why.
-Guarded by tests/wire/test_bounded_unpack.py.
+``packed_nesting`` measures the same in bytes about to be decoded by hivemind's serializer, which
+packs a tuple as an extension type holding msgpack and decodes it recursively through C: about 200
+tuples deep crash the process (a segmentation fault). Guarded by tests/protocol/test_deep_nesting.py.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import msgpack
 
 from protocol.errors import ProtocolError
 
-__all__ = ["MAX_DEPTH", "bounded_unpack", "cut_short", "nesting"]
+__all__ = ["MAX_DEPTH", "bounded_unpack", "cut_short", "nesting", "packed_nesting"]
 
 # lists and maps inside one another: the deepest message voloco sends nests 4; 16 leaves room to grow
 MAX_DEPTH = 16
@@ -40,19 +42,47 @@ def bounded_unpack(data: bytes, error: Type[ProtocolError], what: str, *, max_ar
 
 
 def nesting(value: Any) -> int:
-    """How deep lists and maps nest in ``value`` (a scalar: 0, ``[1]``: 1, ``[[1]]``: 2), without
-    recursion; stops counting once past ``MAX_DEPTH``."""
+    """How deep lists, tuples and maps nest in ``value`` (a scalar: 0, ``[1]``: 1, ``[(1,)]``: 2),
+    without recursion; stops counting once past ``MAX_DEPTH``."""
     deepest, stack = 0, [(value, 1)]
     while stack:
         v, depth = stack.pop()
         if isinstance(v, dict):
-            v = list(v.values())
-        if not isinstance(v, list):
+            v = list(v.keys()) + list(v.values())
+        if not isinstance(v, (list, tuple)):
             continue
         deepest = max(deepest, depth)
         if depth > MAX_DEPTH:
             break
-        stack.extend((x, depth + 1) for x in v if isinstance(x, (list, dict)))
+        stack.extend((x, depth + 1) for x in v if isinstance(x, (list, tuple, dict)))
+    return deepest
+
+
+def packed_nesting(data: bytes) -> int:
+    """``nesting`` of the value msgpack ``data`` holds, extension types counted as a level and their
+    payloads read as msgpack too (hivemind's tuples and DHT values), decoded level by level and never
+    recursively; stops counting once past ``MAX_DEPTH``. Bytes that are no msgpack count 0 (the
+    decoder that follows refuses them)."""
+    deepest, pending = 0, [(bytes(data), 0)]
+    while pending and deepest <= MAX_DEPTH:
+        raw, base = pending.pop()
+        try:
+            value = msgpack.unpackb(raw, raw=False, strict_map_key=False)  # extensions stay ExtType
+        except Exception:
+            continue
+        stack = [(value, base)]
+        while stack and deepest <= MAX_DEPTH:
+            v, depth = stack.pop()
+            if isinstance(v, msgpack.ExtType):
+                deepest = max(deepest, depth + 1)
+                pending.append((v.data, depth + 1))
+                continue
+            if isinstance(v, dict):
+                v = list(v.keys()) + list(v.values())
+            if not isinstance(v, list):
+                continue
+            deepest = max(deepest, depth + 1)
+            stack.extend((x, depth + 1) for x in v if isinstance(x, (list, dict, msgpack.ExtType)))
     return deepest
 
 

@@ -288,10 +288,22 @@ def test_matchmaking_data_reads_as_hivemind_writes_it_and_garbage_reads_as_none(
         assert read_gathered(MSGPackSerializer, junk) is None
 
 
+def deep_tuples(levels: int) -> bytes:
+    """msgpack of ``levels`` tuples inside one another as hivemind packs a tuple (extension 0x40 holding
+    the msgpack of a list): about 200 of them crash hivemind's decoder (C stack), 1.4 KB for 300."""
+    import msgpack
+
+    data = msgpack.packb([0])
+    for _ in range(levels):
+        data = msgpack.packb([msgpack.ExtType(0x40, data)])
+    return data
+
+
 def test_a_deeply_nested_announcement_is_left_out_of_the_group():
-    """An announcement nested a thousand lists deep reads as garbage (None: the member is left out by
-    every member alike), not as a value whose error message raises RecursionError and fails the
-    whole group's gather (protocol/round/reconcile.py ``members_of_round`` catches GroupError only)."""
+    """An announcement nested a thousand lists deep, or 300 tuples deep, reads as garbage (None: the
+    member is left out by every member alike); before, the lists made its error message raise
+    RecursionError past ``members_of_round``, failing the group's gather, and the tuples crashed the
+    process that decoded them (protocol/wire/bounded_unpack.py ``packed_nesting``)."""
     from hivemind.averaging.averager import AveragingMode
     from hivemind.utils.serializer import MSGPackSerializer
 
@@ -301,24 +313,32 @@ def test_a_deeply_nested_announcement_is_left_out_of_the_group():
     nested = [7, "ab" * 8, "", []]
     for _ in range(1000):
         nested = [nested]
-    written = MSGPackSerializer.dumps([100.0, AveragingMode.NODE.value, MSGPackSerializer.dumps(nested)])
-    assert read_gathered(MSGPackSerializer, written) is None
+    for announcement in (MSGPackSerializer.dumps(nested), deep_tuples(300)):
+        written = MSGPackSerializer.dumps([100.0, AveragingMode.NODE.value, announcement])
+        assert read_gathered(MSGPackSerializer, written) is None
     kept, dropped = members_of_round([None, [7, "ab" * 8, "", []]], 7)
     assert list(kept) == [1] and list(dropped) == [0]
+    assert read_gathered(MSGPackSerializer, deep_tuples(300)) is None  # the outer data itself
 
 
-def test_a_dht_record_nested_past_the_limit_is_refused_without_raising(tmp_path):
+def test_a_dht_record_nested_past_the_limit_is_refused_before_any_validator_decodes_it(tmp_path):
     from hivemind.dht.validation import DHTRecord
     from hivemind.utils import MSGPackSerializer, get_dht_time
 
     from protocol.dht.keys import owned_subkey, peers_key
     from swarm.access.identity import prepare_identity
-    from swarm.dht.validators import OwnedRecordValidator, key_id
+    from swarm.dht.validators import key_id, node_validators
 
     identity = prepare_identity(str(tmp_path / "id.key"))[0]
-    nested = {"peer": identity.peer_id, "body": b"", "mac": b""}
-    for _ in range(1000):
-        nested = [nested]
-    record = DHTRecord(key_id(peers_key("test")), MSGPackSerializer.dumps(owned_subkey(identity.public_key)),
-                       MSGPackSerializer.dumps(nested), get_dht_time() + 20)
-    assert OwnedRecordValidator().validate(record) is False
+    (validator,) = node_validators(identity, None)
+    subkey = MSGPackSerializer.dumps(owned_subkey(identity.public_key))
+    for value in (deep_tuples(300), MSGPackSerializer.dumps(_deep_list(1000))):
+        record = DHTRecord(key_id(peers_key("test")), subkey, value, get_dht_time() + 20)
+        assert validator.validate(record) is False  # (the tuples: a crash of the DHT process before)
+
+
+def _deep_list(levels: int):
+    value = {"peer": "x", "body": b"", "mac": b""}
+    for _ in range(levels):
+        value = [value]
+    return value

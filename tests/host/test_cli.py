@@ -91,6 +91,7 @@ def test_a_flag_error_is_one_line(argv, needle):
     (("peer", "--join", UNREACHABLE, "--bandwidth-mbps", "inf"), "--bandwidth-mbps"),
     (("peer", "--join", UNREACHABLE, "--max-memory-gb", "inf"), "--max-memory-gb"),
     (("peer", "--join", UNREACHABLE, "--run", "Bad Id!"), "no run id"),
+    (("peer", "--join", UNREACHABLE, "--stage-host", "my_host"), "--stage-host"),
     (("tokenize", "stdlib", "OUT", "--val-fraction", "2"), "--val-fraction"),
 ])
 def test_values_a_peer_or_tool_cannot_use_are_refused_before_any_work(argv, needle, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from protocol.chain.records import ChainError, parse_candidate
 from protocol.errors import PayloadError, SpecError
 from protocol.spec import RunSpec
-from protocol.wire.bounded_unpack import MAX_DEPTH, bounded_unpack, nesting
+from protocol.wire.bounded_unpack import MAX_DEPTH, bounded_unpack, nesting, packed_nesting
 from protocol.wire.payload import decode_payload
 from tests.protocol.test_payload import CODECS, LAYOUT, RUN, ROUND, repack, valid_payload
 
@@ -28,6 +28,18 @@ def test_nesting_counts_lists_and_maps_without_recursion():
     assert nesting(7) == 0 and nesting(b"x") == 0 and nesting([]) == 1 and nesting({"a": [1, {"b": 2}]}) == 3
     assert nesting(deep(MAX_DEPTH)) == MAX_DEPTH
     assert MAX_DEPTH < nesting(deep(5000)) <= MAX_DEPTH + 1  # stops counting past the limit; no RecursionError
+
+
+def test_packed_nesting_reads_extension_payloads_level_by_level():
+    """hivemind packs a tuple as extension 0x40 holding msgpack, and decodes it recursively through C
+    (300 of them, 1.4 KB, crash the process): counted here without decoding them that way."""
+    assert nesting((1, (2,))) == 2 and nesting({(1,): 2}) == 2
+    assert packed_nesting(msgpack.packb({"a": [1, 2]})) == 2 and packed_nesting(b"\xc1") == 0
+    data = msgpack.packb([0])
+    for _ in range(300):
+        data = msgpack.packb([msgpack.ExtType(0x40, data)])
+    assert MAX_DEPTH < packed_nesting(data) <= MAX_DEPTH + 2
+    assert packed_nesting(msgpack.packb(deep(5000 // 5))) > MAX_DEPTH
 
 
 def test_bounded_unpack_refuses_what_nests_past_the_limit():

@@ -130,14 +130,21 @@ def test_new_identities_fewer_than_the_peers_seen_cannot_set_the_round_to_catch_
 
     assert majority_round([]) == -1 and majority_round([7]) == 7 and majority_round([9, 5]) == 5
     assert majority_round([2**62, 2**62, 10, 10, 10]) == 10 and majority_round([11, 11, 10]) == 11
-    honest = {"a": 10, "b": 10, "c": 11}
+    honest = {"a": 10, "b": 10, "c": 10}
     forged = {**honest, "x": 2**62, "y": 2**62}  # two new identities vouching for each other's θ
-    # a peer that knows some of them: only they set the round, and only they serve and vouch for it
-    assert sync_target(forged, {"a", "b"}) == (10, frozenset({"a", "b"}))
-    assert sync_target(forged, {"a", "b", "c", "me"}) == (10, frozenset({"a", "b", "c"}))  # the second-highest
-    assert sync_target({**forged, "c": 12, "d": 12}, {"a", "c", "d"}) == (12, frozenset({"a", "c", "d"}))
-    assert sync_target(forged, {"c"}) == (11, frozenset({"c"}))  # the only one it knows
-    # a newcomer that knows nobody: a strict majority of what it sees (two liars among five cannot move it)
-    assert sync_target(forged, set()) == (11, None) and sync_target({**forged, "d": 10}, set()) == (10, None)
-    assert sync_target({"x": 2**62, "y": 2**62, "a": 10}, set()) == (2**62, None)  # a majority of liars can
-    assert sync_target({}, {"a"}) == (-1, None)
+    everyone = set(forged)
+    # a peer that knows two or more of them: they set the round, and only they serve and vouch for it
+    assert sync_target(forged, {"a", "b"}, everyone) == (10, frozenset({"a", "b"}))
+    assert sync_target({**forged, "c": 11, "d": 11}, {"a", "c", "d"}, everyone) == (11, frozenset({"a", "c", "d"}))
+    # knowing one proves nothing: the active peers' majority decides, and no one peer vouches
+    assert sync_target(forged, {"c"}, everyone) == (10, None)
+    assert sync_target({"p": 2**62, "q": 2**62, "a": 10, "b": 10, "c": 10}, {"p"}, everyone | {"p", "q"}) == (10, None)
+    # a newcomer that knows nobody: a strict majority of the active peers (two liars among five cannot move it)
+    assert sync_target(forged, set(), everyone) == (10, None)
+    assert sync_target({"x": 2**62, "y": 2**62, "a": 10}, set(), {"x", "y", "a"}) == (2**62, None)  # a majority of liars can
+    # two newcomers that trained a round together while the swarm was ahead: the swarm's round
+    assert sync_target({"q": 0, "a": 30, "b": 30}, {"q"}, {"q", "a", "b"}) == (30, None)
+    assert sync_target({"q": 0, "r": 0, "a": 30, "b": 30, "c": 30}, {"q", "r"}, {"q", "r", "a", "b", "c"}) == (30, None)
+    # peers still downloading a state (syncing at their old round) or waiting to start are no majority
+    assert sync_target({"a": 30, "b": 30, "s": 0, "t": 0}, set(), {"a", "b"}) == (30, None)
+    assert sync_target({}, {"a"}, set()) == (-1, None)

@@ -317,8 +317,9 @@ def test_two_new_identities_vouching_for_each_other_cannot_hand_their_theta_to_a
                              expires=0.0) for p in ("x", "y")]
     views = liars + [view(p, 10, "training") for p in ("a", "b", "c")]
     serve = lambda peer: served(forged) if peer in ("x", "y") else served(honest)  # noqa: E731
-    for known in ({"a", "b"}, ()):  # a peer that knows a and b; a newcomer
+    for known, standing in (({"a", "b"}, {}), ((), {}), ((), {"a": 4, "c": 4})):  # met a, b; a newcomer; restored
         sync, engine = syncing_peer(monkeypatch, views, serve, known=known)
+        engine.standing = dict(standing)  # a peer restored from a checkpoint knows its lineage's senders
         sync.catch_up()
         assert engine.round == 10 and engine.params_hash() == honest.params_hash()
         assert not {"x", "y"} & set(sync.asked)

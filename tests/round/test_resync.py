@@ -33,7 +33,7 @@ def make_peer(own_round, others_round, served_rounds):
 
     peer = object.__new__(StateSync)
     peer.spec = SimpleNamespace(swarm=SimpleNamespace(gather_timeout=1.0))
-    peer.engine = SimpleNamespace(round=own_round, params_hash=lambda: "0" * 16)
+    peer.engine = SimpleNamespace(round=own_round, params_hash=lambda: "0" * 16, standing={})
     peer.gatherer = Gatherer(served_rounds)
     peer.membership = SimpleNamespace(others=lambda excluding=(): [view], ignore=lambda peer, seconds: None,
                                       timing=Timing(gather_slot_s=1.0), known=lambda: frozenset({"me"}))
