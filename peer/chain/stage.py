@@ -185,10 +185,7 @@ class ChainMember:
                         time.sleep(self.timing.chain_redial_s)
                 if endpoint is None:
                     raise self.broken(f"stage {nxt.index + 1} published no endpoint")
-                try:
-                    targets = dial_order(endpoint)
-                except ValueError as e:  # a record from before the reader checked hosts, or a forged one
-                    raise self.broken(f"stage {nxt.index + 1} published an endpoint no socket can dial: {e}") from None
+                targets = dial_order(endpoint)
                 attempt, errors = 0, {}
                 while True:  # the next stage may still be finishing its previous round, or catching up
                     host, port = targets[attempt % len(targets)]
@@ -202,7 +199,7 @@ class ChainMember:
                         )
                         self._linked.add(nxt.peer_id)
                         break
-                    except (LinkError, OSError, asyncio.TimeoutError, ValueError) as e:  # ValueError: a host IDNA refuses
+                    except (LinkError, OSError, asyncio.TimeoutError) as e:
                         errors[format_endpoint(host, port)] = str(e) or type(e).__name__
                         if time.monotonic() > deadline or self.stop.is_set():
                             raise self.broken(unreachable(nxt.index + 1, nxt.peer_id, errors)) from None

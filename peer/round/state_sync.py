@@ -32,7 +32,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -122,8 +122,6 @@ class StateSync:
         """``set_state(s)``: shows state ``s`` in the progress record, returns the previous one;
         ``on_installed(nbytes)``: θ changed (load it into the model) and ``nbytes`` were received."""
         self.spec, self.engine, self.gatherer, self.membership = spec, engine, gatherer, membership
-        self._vouchers: Optional[frozenset] = None  # who may serve and vouch for the catch-up under way (None: any)
-        self._by_majority = False  # the catch-up under way follows the round most active peers reached
         self.peer_id = peer_id
         self.layout = spec.param_shapes()
         self.consistent = True  # False after a round whose group started from other parameters than ours
@@ -176,15 +174,17 @@ class StateSync:
         views = [v for v in self.membership.others(excluding=NOT_A_SOURCE) if only is None or v.peer_id in only]
         # a repair to the round's group (its start vote named the sources) takes them as they are; a
         # catch-up, whom we know: new identities vouching for each other must not set the round
-        weighed = only is None and not even_at_same_round
-        # (standing holders count from the start: a peer restored from a checkpoint has met nobody yet)
-        known = self.membership.known() | set(self.engine.standing)
-        active = {v.peer_id for v in views if v.progress.state in IN_ROUND}
-        target, self._vouchers = sync_target({v.peer_id: v.progress.round for v in views}, known, active) \
-            if weighed else (swarm_round([v.progress.round for v in views]), None)
-        self._by_majority = weighed and self._vouchers is None
-        if self._vouchers is not None:
-            views = [v for v in views if v.peer_id in self._vouchers]
+        vouchers, by_majority = None, False  # who may serve the state and vouch for its θ (None: any)
+        if only is None and not even_at_same_round:
+            # (standing holders count from the start: a peer restored from a checkpoint has met nobody yet)
+            known = self.membership.known() | set(self.engine.standing)
+            active = {v.peer_id for v in views if v.progress.state in IN_ROUND}
+            target, vouchers = sync_target({v.peer_id: v.progress.round for v in views}, known, active)
+            by_majority = vouchers is None
+        else:
+            target = swarm_round([v.progress.round for v in views])
+        if vouchers is not None:
+            views = [v for v in views if v.peer_id in vouchers]
         rejoin = solo and not even_at_same_round and 0 <= target < self.engine.round and _grouped(views, target) >= 2
         if even_at_same_round:
             if not views:
@@ -197,7 +197,7 @@ class StateSync:
         # a peer that knows nobody it sees asks no peer past the majority's round: new identities a round
         # ahead, vouching for each other, would come first (higher rounds do)
         sources = order_sources(views, target, slack=1 if even_at_same_round else 0,
-                                spread=0 if self._by_majority else ROUND_SPREAD)
+                                spread=0 if by_majority else ROUND_SPREAD)
         if not sources:
             return
         if rejoin:
@@ -205,7 +205,7 @@ class StateSync:
                         f"{self.engine.round}; taking the state of the swarm's round {target}")
         previous, started = self._set_state("syncing"), self.engine.round
         try:
-            if self._download_and_install(sources, target, views):
+            if self._download_and_install(sources, target, views, vouchers):
                 if rejoin:  # the swarm it lost is training: the peers it skipped as no-shows are waited for again
                     self.membership.forgive(v.peer_id for v in views)
                 return
@@ -216,7 +216,8 @@ class StateSync:
             # that round would count it ready: peer_states.keeps_waiting)
             self._set_state("training" if previous in DONE and self.engine.round != started else previous)
 
-    def _download_and_install(self, sources: List[Any], target: int, views: Sequence[Any]) -> bool:
+    def _download_and_install(self, sources: List[Any], target: int, views: Sequence[Any],
+                              vouchers: Optional[AbstractSet[str]]) -> bool:
         queue, attempt, busy = list(sources), 0, 0
         while queue and attempt < MAX_ATTEMPTS:
             view = queue.pop(0)
@@ -236,7 +237,7 @@ class StateSync:
                 # dial out, downloads our state instead: waiting on it would leave both stuck)
                 self.membership.ignore(peer, self.membership.timing.silent_source_s)
                 continue
-            reported = self._reported(views, excluding=peer)
+            reported = _reported_hashes(views, excluding=peer, among=vouchers)
             try:
                 self.install(*got, min_round=target, max_round=claimed + 1, reported=reported)
             except StateTooOld as e:
@@ -248,11 +249,11 @@ class StateSync:
                 self._refuse(peer, e)
                 continue
             except StateAhead as e:
-                view = self._install_ahead(got, peer, target, asked, e)  # the server's record read after
+                view = self._install_ahead(got, peer, target, asked, e, vouchers)  # the server's record read after
                 if view is None:
                     continue
             except StateUnreported as e:
-                if not self._install_rechecked(got, peer, target, claimed, asked, e):
+                if not self._install_rechecked(got, peer, target, claimed, asked, e, vouchers):
                     continue
             except ProtocolError as e:
                 self._refuse(peer, e)
@@ -263,7 +264,8 @@ class StateSync:
             return True
         return False
 
-    def _install_ahead(self, got, peer: str, target: int, asked: float, ahead: StateAhead):
+    def _install_ahead(self, got, peer: str, target: int, asked: float, ahead: StateAhead,
+                       vouchers: Optional[AbstractSet[str]]):
         """A state of a round past its server's claim: install it if a view read after the download
         shows the server announcing that round (-1), or up to ``Timing.record_lag_rounds`` before it (a
         record lags a fast run's rounds), with that view's hashes; refuse it otherwise
@@ -277,13 +279,14 @@ class StateSync:
             return None
         try:
             self.install(*got, min_round=target, max_round=server.progress.round + 1 + lag,
-                         reported=self._reported(views, excluding=peer))
+                         reported=_reported_hashes(views, excluding=peer, among=vouchers))
         except ProtocolError as e:
             self._refuse(peer, e)
             return None
         return server
 
-    def _install_rechecked(self, got, peer: str, target: int, claimed: int, asked: float, why: StateUnreported) -> bool:
+    def _install_rechecked(self, got, peer: str, target: int, claimed: int, asked: float, why: StateUnreported,
+                           vouchers: Optional[AbstractSet[str]]) -> bool:
         """A state whose θ the view does not report: check it again against a view read after the
         download, and refuse it (and its server for ``Timing.refuse_source_s``) only if it does not fit that one either.
         Refused at once, a newcomer whose first view lags the peers by one record would refuse every
@@ -291,16 +294,13 @@ class StateSync:
         ``test_a_state_newer_than_the_view_is_checked_against_a_view_read_after_the_download``)."""
         views = self.membership.fresh_view(since=asked, timeout=self.membership.timing.recheck_wait(self.membership.read_interval()))
         try:
-            self.install(*got, min_round=target, max_round=claimed + 1, reported=self._reported(views, excluding=peer))
+            self.install(*got, min_round=target, max_round=claimed + 1,
+                         reported=_reported_hashes(views, excluding=peer, among=vouchers))
         except ProtocolError as e:
             self._refuse(peer, e)
             return False
         logger.info(f"the state {peer} served fits a view read after the download (the first one, {why}, was older)")
         return True
-
-    def _reported(self, views: Sequence[Any], excluding: str) -> Dict[int, Set[str]]:
-        """``_reported_hashes`` of this catch-up's vouchers (``sync_target``) among ``views``."""
-        return _reported_hashes([v for v in views if self._vouchers is None or v.peer_id in self._vouchers], excluding)
 
     def _refuse(self, peer: str, why: Exception) -> None:
         logger.warning(f"refused the state {peer} served: {why}; not asking it again for {self.membership.timing.refuse_source_s:.0f} s")
@@ -379,12 +379,13 @@ def _checked(name: str, t: Any, shape: Optional[Sequence[int]]) -> torch.Tensor:
     return t
 
 
-def _reported_hashes(views: Sequence[Any], excluding: str) -> Dict[int, Set[str]]:
-    """round -> what peers (but ``excluding``) report for it: ``θ hash:state digest``, or θ's hash
-    alone from a record without a digest (a training peer reports none)."""
+def _reported_hashes(views: Sequence[Any], excluding: str, among: Optional[AbstractSet[str]] = None) -> Dict[int, Set[str]]:
+    """round -> what peers (but ``excluding``; of ``among`` only, where given: ``sync_target``'s
+    vouchers) report for it: ``θ hash:state digest``, or θ's hash alone from a record without a
+    digest (a training peer reports none)."""
     out: Dict[int, Set[str]] = {}
     for v in views:
         p = v.progress
-        if v.peer_id != excluding and p.params_hash:
+        if v.peer_id != excluding and (among is None or v.peer_id in among) and p.params_hash:
             out.setdefault(p.round, set()).add(f"{p.params_hash}:{p.state_digest}" if p.state_digest else p.params_hash)
     return out

@@ -31,7 +31,8 @@ _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")  # one DNS
 def dialable_host(host: str) -> bool:
     """Whether ``host`` is an IP address or a DNS name a socket can be asked to dial: a name with an
     empty label or a label over 63 characters makes ``asyncio.open_connection`` raise UnicodeError
-    (IDNA), which a stage dialing a neighbour's record did not expect (tests/chain/test_endpoints.py)."""
+    (IDNA), which a stage dialing a neighbour's record did not expect; every name it passes encodes
+    (tests/chain/test_stage_endpoints.py::test_only_hosts_a_socket_can_dial_are_endpoints)."""
     if _ip(host) is not None:
         return True
     name = host[:-1] if host.endswith(".") else host
