@@ -272,18 +272,20 @@ class RoundLoop:
         last = peer.totals.history[-1] if peer.totals.history else None
         barrier, mates = meet_round(peer, draw.awaited(engine, engine.params_hash()))
         t_wait = time.monotonic()
+        start_hash = engine.params_hash()
+        # θ of this round downloaded, no groupmates: the lineage of the state's server (peer/round/state_sync.Basis)
+        basis = peer.sync.basis.lineage(engine.round, start_hash) if peer.sync.basis and not mates else None
+        named = not barrier.alone and any(v.progress.set_of(engine.round) and v.progress.part == peer.role.progress_part
+                                          for v in peer.membership.others())  # by peers gone on without us
         # each step of the exchange is protocol/round/round_policy.py's decision, from the facts gathered here
-        step = round_policy.after_barrier(peer.stop_event.is_set(), barrier.nobody_to_meet)
+        step = round_policy.after_barrier(peer.stop_event.is_set(), barrier.nobody_to_meet, named and (bool(mates) or basis is not None))
         if step is Step.STOP:
             return
         peer.state = "exchanging"
         if barrier.left_strangers:  # stored at once: peers still waiting for them alone follow us (Barrier)
             peer.membership.publish()
         result = None
-        start_hash = engine.params_hash()
         counted = (peer.gatherer.bytes_sent, peer.gatherer.bytes_received)  # the whole exchange's, fetches of sets included
-        # θ of this round downloaded, no groupmates: the lineage of the state's server (peer/round/state_sync.Basis)
-        basis = peer.sync.basis.lineage(engine.round, start_hash) if peer.sync.basis and not mates else None
         if step is Step.GATHER:  # (nobody of our round left to meet: no group, catch up)
             # the only others are catching up to an earlier round (a chain stage that cannot link does,
             # again and again): give them the straggler allowance to join, not the whole round_wait
@@ -311,7 +313,8 @@ class RoundLoop:
             result = adopt_round_set(peer, engine.round, start_hash, wait, lineage=mates, basis=basis)
             step = round_policy.after_adopt(result is not None)
         elif step is Step.ADOPT_OWN_SET:
-            result = adopt_own_set(peer, engine.round, h.payload, start_hash, timing.no_group_wait(peer.membership.read_interval()))
+            result = adopt_own_set(peer, engine.round, h.payload, start_hash, timing.no_group_wait(peer.membership.read_interval()),
+                                   lineage=mates, basis=basis)  # (or our lineage's, gathered without us)
             step = round_policy.after_adopt(result is not None)
         if step is Step.NO_GROUP:
             step = round_policy.without_group(barrier.alone or peer.membership.swarm_is_empty())

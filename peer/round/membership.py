@@ -52,6 +52,7 @@ from peer.round.start_waits import StartWaits, names as _names
 from protocol.round import peer_states
 from protocol.round.round_policy import sync_target
 from protocol.round.start_vote import swarm_lineage
+from protocol.round.named_sets import NamedSets
 from protocol.round.no_shows import NoShowLedger, WaitBudget, claimed_elsewhere
 from protocol.round.peer_states import DONE, EXCHANGING, IN_ROUND, NOT_IN_ROUNDS
 from protocol.dht.records import Progress, encode_body, peer_record_ttl
@@ -104,6 +105,7 @@ class Membership(NoShows, StartWaits):
         self.train_seconds = 0.0  # this peer's training time of its last round
         self._read_lock = threading.Lock()  # one DHT read at a time; callers meanwhile share its result
         self._views: List[PeerView] = []  # the last view read (every spec, nobody left out)
+        self.named_sets = NamedSets()  # what the records read named of their groups' sets (merge.adopt_round_set)
         self._latencies: Deque[float] = deque(maxlen=LATENCIES_KEPT)  # seconds the last reads took
         self._read_at: Optional[float] = None
         self.read_began = float("-inf")  # when the view's last DHT read began (monotonic)
@@ -189,6 +191,7 @@ class Membership(NoShows, StartWaits):
             if self._read_at is None or time.monotonic() - self._read_at >= self.read_interval():
                 began = time.monotonic()
                 self._views = self._read(began)
+                self.named_sets.note(self._views)
                 self._read_at, self.read_began = time.monotonic(), began
                 self._latencies.append(self._read_at - began)
             views = self._views

@@ -309,16 +309,32 @@ def no_group_left(peer, round_no: int, since: float, gave_up: Iterable[str] = ()
     return check
 
 
-def adopt_own_set(peer, round_no: int, payload: bytes, start_hash: str, wait_s: float):
+def adopt_own_set(peer, round_no: int, payload: bytes, start_hash: str, wait_s: float,
+                  lineage: Iterable[str] = (), basis: Optional[Tuple[int, str]] = None):
     """After our gather of ``round_no`` failed: the set our group agreed without us knowing, if one
     holds our ``payload`` (a timeout on our side can end a gather the other members completed with
     our payload counted). Peers that finished the round name its set (``gathered``); a set that
     holds our payload, signed by us for this round, is our group's outcome: taking it keeps us on
-    our groupmates' θ, where deferring the round would leave us apart from them. None if no set
-    named within ``wait_s`` holds it: the round is deferred as before."""
+    our groupmates' θ, where deferring the round would leave us apart from them.
+
+    With a ``lineage`` or ``basis`` (``adopt_round_set``), a set of our lineage is taken too: the
+    others gathered without us while our gather still waited for a peer they had given up on (a
+    staller announcing the round, to a late joiner that has not met it yet), and taking their set
+    keeps us in step where deferring costs a download of the state, after which the next round's
+    gather is missed the same way (tests/round/test_group_merge.py
+    ``test_a_peer_whose_gather_timed_out_takes_a_set_of_its_lineage``). None if no set named
+    within ``wait_s`` is either: the round is deferred as before."""
     me = peer.peer_id
-    return _adopt(peer, round_no, start_hash, wait_s, lambda got, view, name: got.get(me) == payload,
-                  "our gather failed, but our group completed it with our payload")
+    kin = of_lineage(peer, round_no, start_hash, lineage, basis) if lineage or basis is not None else None
+
+    def accept(got, view, name) -> str:
+        if got.get(me) == payload:
+            return "our gather failed, but our group completed it with our payload"
+        if kin is not None and kin(got, view, name):
+            return "our gather failed; the peers of our lineage gathered without us: taking their set"
+        return ""
+
+    return _adopt(peer, round_no, start_hash, wait_s, accept)
 
 
 def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage: Iterable[str] = (),
@@ -358,48 +374,70 @@ def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage
     θ (``gathered_from == start_hash``) is of it: in a swarm of many groups a lineage of one group
     is rarely most of any set's owners
     (``test_a_peer_takes_a_set_whose_owners_applied_it_to_its_own_theta``)."""
+    kin = of_lineage(peer, round_no, start_hash, lineage, basis)
+    return _adopt(peer, round_no, start_hash, wait_s, lambda got, view, name: kin(got, view, name) and
+                  "every other peer gathered without us: taking their set instead of their state")
+
+
+def of_lineage(peer, round_no: int, start_hash: str, lineage: Iterable[str] = (),
+               basis: Optional[Tuple[int, str]] = None) -> Callable[[Dict[str, bytes], list, str], bool]:
+    """``adopt_round_set``'s test of a set of ``round_no`` named ``name``: most of its owners (``got``)
+    are of our lineage, as the records of ``view``, or those ``Membership.named_sets`` kept of the same
+    peers, say."""
     lineage = set(lineage)
     before, ours = basis if basis is not None else peer.gathered
+    named_sets = peer.membership.named_sets
 
     def kin(view, name: str) -> Set[str]:
         # owners that name this very set for the round, and whose record says it was applied to our θ;
         # in a swarm of many groups a lineage of one group is rarely most of a set's owners (at 32 peers
         # a downloaded state's holder missed one gather after another: bench/RESULTS.md, 2026-12-01).
-        # A record that names another θ for the round is of another lineage whatever it named before
-        named = [v for v in view if v.progress.set_of(round_no) == name]
-        said = {v.peer_id: v.progress.gathered_from for v in named if v.progress.gathered_round == round_no}
-        same = {p for p, theta in said.items() if theta == start_hash}
+        # A record that names another θ for the round is of another lineage whatever it named before.
+        # The record of the round itself says that: where the view shows one that has moved on to the
+        # next round, the one an earlier read kept (a late joiner on a loaded host always read them late)
+        said = {}
+        for v in view:
+            if v.progress.set_of(round_no) == name:
+                said[v.peer_id] = v.progress if v.progress.gathered_round == round_no \
+                    else named_sets.record(v.peer_id, round_no, name)
+        same = {p for p, r in said.items() if r is not None and r.gathered_from == start_hash}
         if before != round_no - 1 or not ours:
             return same
-        return same | {v.peer_id for v in named if said.get(v.peer_id, "") in ("", start_hash)
-                       and (basis is not None or v.peer_id in lineage) and v.progress.set_of(before) == ours}
+        return same | {p for p, r in said.items() if r is not None and r.gathered_from in ("", start_hash)
+                       and (basis is not None or p in lineage) and r.gathered_before == ours}
 
-    return _adopt(peer, round_no, start_hash, wait_s, lambda got, view, name: 2 * len(kin(view, name) & set(got)) > len(got),
-                  "every other peer gathered without us: taking their set instead of their state")
+    return lambda got, view, name: 2 * len(kin(view, name) & set(got)) > len(got)
 
 
-def _adopt(peer, round_no: int, start_hash: str, wait_s: float, accept: Callable[[Dict[str, bytes], list, str], bool],
-           why: str):
-    """The first set named for ``round_no`` that ``accept(set, records, its name)`` takes (``records``:
-    the membership view the set's name was read from), as a GatherResult; None past ``wait_s``."""
+def _adopt(peer, round_no: int, start_hash: str, wait_s: float, accept: Callable[[Dict[str, bytes], list, str], str]):
+    """The first set named for ``round_no`` that ``accept(set, records, its name)`` takes (it returns
+    why, to log; "" to refuse; ``records``: the membership view the set's name was read from), as a
+    GatherResult; None past ``wait_s``. A set fetched is judged again at each read: its owners'
+    records change, and what ``Membership.named_sets`` keeps of them grows."""
     membership, gatherer, spec, me = peer.membership, peer.gatherer, peer.spec, peer.peer_id
     timing = membership.timing
     part = peer.role.progress_part
     tried: Set[str] = set()
+    fetched: Dict[str, Dict[str, bytes]] = {}  # name -> the checked set: the sets the view names, no more
     deadline = time.monotonic() + wait_s
     while not peer.stop_event.is_set():
         view = membership.view()
         for v in view:
             p = v.progress
             name = p.set_of(round_no)
-            if v.peer_id == me or p.part != part or not name or name in tried:
+            if v.peer_id == me or p.part != part or not name:
                 continue
-            if time.monotonic() >= deadline:
-                return None
-            tried.add(name)
-            timeout = min(timing.set_fetch_s, max(timing.set_fetch_min_s, deadline - time.monotonic()))
-            got = fetch_checked_set(gatherer, spec, v.peer_id, name, round_no, timeout)
-            if got is not None and accept(got, view, name):
+            got = fetched.get(name)
+            if got is None and name not in tried:
+                if time.monotonic() >= deadline:
+                    return None
+                tried.add(name)
+                timeout = min(timing.set_fetch_s, max(timing.set_fetch_min_s, deadline - time.monotonic()))
+                got = fetch_checked_set(gatherer, spec, v.peer_id, name, round_no, timeout)
+                if got is not None:
+                    fetched[name] = got
+            why = accept(got, view, name) if got is not None else ""
+            if why:
                 logger.info(f"round {round_no}: {why} (set {name[:12]}, from {v.peer_id})")
                 return GatherResult(group=sorted(got), payloads=got, excluded={}, start_hashes={me: start_hash},
                                     set_digest=name)

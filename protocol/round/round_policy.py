@@ -7,7 +7,9 @@ view, the times they measured) and carry out what these functions decide.
 A round's exchange moves through ``Step``s:
 
     BARRIER ──stopping──────────────────────────────────────────────> STOP
-       │ nobody of the round left to meet ──────────────────────────> NO_GROUP
+       │ nobody of the round left to meet: a set of it named by peers
+       │ gone on to later rounds, and a lineage to judge it by ─────> ADOPT_ROUND_SET
+       │                      otherwise ────────────────────────────> NO_GROUP
        v
     GATHER ──a group's set──────────────────────────────────────────> CONCLUDE
        │ no group, and the gather gave up because every other peer
@@ -61,11 +63,17 @@ OUTCOME: Dict[Step, Outcome] = {Step.CONCLUDE: Outcome.AGREED, Step.ALONE: Outco
 FINAL: FrozenSet[Step] = frozenset(OUTCOME)
 
 
-def after_barrier(stopping: bool, nobody_to_meet: bool) -> Step:
-    """The step after the round's barrier: nobody of our round left to meet skips the gather."""
+def after_barrier(stopping: bool, nobody_to_meet: bool, adoptable: bool = False) -> Step:
+    """The step after the round's barrier: nobody of our round left to meet skips the gather.
+    ``adoptable``: peers that went on to later rounds named a set of ours, and we have a lineage to
+    judge it by: their set is taken (one set's bytes), not their state (a download, after which a
+    late joiner on a loaded host met the next round's barrier just as late: peer/round/merge.py
+    ``adopt_round_set``; tests/protocol/test_round_policy.py)."""
     if stopping:
         return Step.STOP
-    return Step.NO_GROUP if nobody_to_meet else Step.GATHER
+    if not nobody_to_meet:
+        return Step.GATHER
+    return Step.ADOPT_ROUND_SET if adoptable else Step.NO_GROUP
 
 
 def after_gather(got_group: bool, gave_up: bool, has_mates: bool, stopping: bool = False) -> Step:

@@ -8,12 +8,14 @@ from protocol.round import round_policy as rp
 from protocol.round.round_policy import MergeClock, MergeWait, Outcome, Step, StrangersWait, strangers_alone
 
 
-@pytest.mark.parametrize("stopping,nobody,step", [
-    (True, False, Step.STOP), (True, True, Step.STOP),
-    (False, False, Step.GATHER), (False, True, Step.NO_GROUP),
+@pytest.mark.parametrize("stopping,nobody,adoptable,step", [
+    (True, False, False, Step.STOP), (True, True, True, Step.STOP),
+    (False, False, False, Step.GATHER), (False, False, True, Step.GATHER),  # peers of our round to meet: gather
+    (False, True, False, Step.NO_GROUP),
+    (False, True, True, Step.ADOPT_ROUND_SET),  # gone on without us, their set named: taken, not their state
 ])
-def test_after_the_barrier(stopping, nobody, step):
-    assert rp.after_barrier(stopping, nobody) is step
+def test_after_the_barrier(stopping, nobody, adoptable, step):
+    assert rp.after_barrier(stopping, nobody, adoptable) is step
 
 
 @pytest.mark.parametrize("got,gave_up,mates,stopping,step", [
@@ -43,8 +45,8 @@ def test_every_final_step_has_one_of_three_outcomes_and_every_path_ends_in_one()
     assert set(rp.OUTCOME.values()) == set(Outcome) and len(Outcome) == 3
     ends = set()
     for stopping in (False, True):
-        for nobody in (False, True):
-            step = rp.after_barrier(stopping, nobody)
+        for nobody, adoptable in ((False, False), (True, False), (True, True)):
+            step = rp.after_barrier(stopping, nobody, adoptable)
             for got in (False, True):
                 for gave_up in (False, True):
                     for mates in (False, True):

@@ -14,6 +14,7 @@ from hivemind.p2p import PeerID
 from peer.round.merge import adopt_own_set, adopt_round_set, merge_round, no_group_left
 from protocol.round.group_sets import pack_set, set_digest
 from protocol.dht.records import Progress
+from protocol.round.named_sets import NamedSets
 from protocol.round.timing import Timing
 from tests.support.agreement_sim import MAX_PAYLOAD, RUN, signer
 from tests.protocol.test_group_sets import ROUND, agreed_set
@@ -53,11 +54,14 @@ class Swarm:
         self.read_began = float("-inf")
         self.mates_merged: Dict[str, Optional[tuple]] = {}  # groupmate -> the sets it says it merged
         self.offers: List[tuple] = []
+        self.named_sets = NamedSets()  # Membership's memory of what the records read named
 
     # membership
     def view(self):
         self.read_began = time.monotonic()  # every call reads afresh
-        return self.views.pop(0) if len(self.views) > 1 else self.views[0]
+        view = self.views.pop(0) if len(self.views) > 1 else self.views[0]
+        self.named_sets.note(view)
+        return view
 
     def publish(self):
         self.published += 1

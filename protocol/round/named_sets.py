@@ -1,0 +1,44 @@
+"""What peers' progress records said of their groups' sets, kept across reads of the view.
+
+A record names its group's set of ``gathered_round`` with the θ that set was applied to
+(``gathered_from``) and the set of the round before. One round later it names the next set, and
+what it said of the θ is gone. A peer that missed a round's gather looks for a set of its lineage
+(peer/round/merge.py ``adopt_round_set``): where its first reads after the gather show the others
+already at the next round, it can no longer tell whether their set of the round was applied to its
+θ. On a loaded host the others are often that far ahead (a late joiner chased the swarm for minutes,
+bench/RESULTS.md, 2026-12-03). Each peer's last ``ROUNDS`` gathers, as its records said them, are kept
+here: a few records per peer of the view, replaced as they come.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Optional
+
+ROUNDS = 4  # gathers remembered per peer: the one a late peer asks about is at most a round or two back
+
+
+class NamedSets:
+    """peer id -> {gathered_round: the record (``Progress``) that named that round's set}, for the
+    peers of the last read (tests/protocol/test_named_sets.py)."""
+
+    def __init__(self, rounds: int = ROUNDS):
+        self.rounds = rounds
+        self._by_peer: Dict[str, Dict[int, Any]] = {}
+
+    def note(self, views: Iterable[Any]) -> None:
+        """Remember what each record of a fresh read names (``views``: objects with ``peer_id`` and
+        ``progress``); peers absent from it are forgotten, so the memory is bounded by the view."""
+        kept: Dict[str, Dict[int, Any]] = {}
+        for v in views:
+            p = v.progress
+            gathers = kept.setdefault(v.peer_id, self._by_peer.get(v.peer_id, {}))
+            if p.gathered and p.gathered_round > 0:
+                gathers[p.gathered_round] = p
+                for old in sorted(gathers)[:-self.rounds]:
+                    del gathers[old]
+        self._by_peer = kept
+
+    def record(self, peer_id: str, round_no: int, name: str) -> Optional[Any]:
+        """The latest record of ``peer_id`` that named ``name`` as its group's set of ``round_no``, or None."""
+        p = self._by_peer.get(peer_id, {}).get(round_no)
+        return p if p is not None and p.gathered == name else None

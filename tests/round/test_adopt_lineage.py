@@ -1,0 +1,75 @@
+"""A peer whose gather of a round failed takes a set of its lineage (peer/round/merge.py
+``adopt_own_set``, ``adopt_round_set``) even where its reads show the set's owners only after they
+have moved on to the next round: what an earlier read showed of them is kept
+(protocol/round/named_sets.py). A late joiner on a loaded host otherwise chased the swarm's state
+for minutes (tests/round/test_liveness_swarm.py)."""
+
+from __future__ import annotations
+
+from peer.round.merge import adopt_own_set, adopt_round_set
+from tests.round.test_group_merge import ROUND, Swarm, a_group, member_of, record
+
+OURS = "c" * 16  # our θ of the round: the state we downloaded
+SERVED = "e" * 32  # the set our server's group agreed the round before (the state's basis)
+
+
+def _late_joiner(views):
+    mine, theirs = a_group(0, 1, b"g0"), a_group(1, 3, b"g1")
+    owners = sorted(theirs[2])
+    swarm = Swarm(views(owners, theirs[1]), {owners[0]: {theirs[1]: theirs[0]}})
+    peer, _ = member_of(swarm, mine)
+    peer.peer_id, peer.gathered = sorted(mine[2])[0], (ROUND - 7, "d" * 32)  # an old lineage of its own
+    return peer, swarm, mine, theirs
+
+
+def _at_the_round(owners, name, start=OURS, before=SERVED):
+    return [record(p, gathered=name, round_no=ROUND + 1, state="training", gathered_before=before,
+                   gathered_from=start) for p in owners]
+
+
+def _moved_on(owners, name):
+    return [record(p, gathered="f" * 32, round_no=ROUND + 2, gathered_round=ROUND + 1, gathered_before=name,
+                   gathered_from="9" * 16) for p in owners]
+
+
+def test_a_peer_whose_gather_timed_out_takes_a_set_of_its_lineage():
+    # its gather waited for a peer the others had given up on: no set holds its payload, but most of
+    # the owners of the round's set applied it to the θ it downloaded
+    peer, swarm, mine, theirs = _late_joiner(lambda owners, name: [_at_the_round(owners, name)])
+    mine_payload = mine[2][peer.peer_id]
+    assert adopt_own_set(peer, ROUND, mine_payload, OURS, wait_s=0.3) is None  # no lineage given: ours only
+    result = adopt_own_set(peer, ROUND, mine_payload, OURS, wait_s=0.6, basis=(ROUND - 1, SERVED))
+    assert result is not None and result.payloads == theirs[2] and result.set_digest == theirs[1]
+    assert peer.peer_id not in result.payloads  # not ours: the round's update stays in the local buffers
+
+
+def test_a_set_of_another_theta_is_not_taken_after_a_timeout():
+    for start, before in (("9" * 16, SERVED), ("", "f" * 32)):  # another θ; or no θ said, another lineage
+        peer, swarm, mine, _ = _late_joiner(lambda owners, name: [_at_the_round(owners, name, start, before)])
+        assert adopt_own_set(peer, ROUND, mine[2][peer.peer_id], OURS, wait_s=0.3, basis=(ROUND - 1, SERVED)) is None
+
+
+def test_owners_read_at_the_round_earlier_still_vouch_once_their_records_moved_on():
+    # the barrier's read saw the owners at the round; by the time the set is judged their records name
+    # the next round's set and θ: what the earlier read showed decides
+    for adopt in (lambda peer, mine: adopt_round_set(peer, ROUND, OURS, wait_s=0.6, basis=(ROUND - 1, SERVED)),
+                  lambda peer, mine: adopt_own_set(peer, ROUND, mine[2][peer.peer_id], OURS, wait_s=0.6,
+                                                   basis=(ROUND - 1, SERVED))):
+        peer, swarm, mine, theirs = _late_joiner(lambda owners, name: [_at_the_round(owners, name), _moved_on(owners, name)])
+        swarm.view()  # a read before the gather failed (the barrier's)
+        result = adopt(peer, mine)
+        assert result is not None and result.payloads == theirs[2]
+        # never read at the round: nothing vouches for the set
+        peer, swarm, mine, theirs = _late_joiner(lambda owners, name: [_moved_on(owners, name)])
+        assert adopt(peer, mine) is None and swarm.asked  # fetched, and judged not of our lineage
+
+
+def test_a_set_fetched_is_judged_again_as_its_owners_records_come_in():
+    # the first read names the set before its owners' records say which θ it was applied to
+    def views(owners, name):
+        unsaid = [record(p, gathered=name, round_no=ROUND + 1, state="training") for p in owners]
+        return [unsaid, unsaid, _at_the_round(owners, name)]
+    peer, swarm, mine, theirs = _late_joiner(views)
+    result = adopt_round_set(peer, ROUND, OURS, wait_s=1.5, basis=(ROUND - 1, SERVED))
+    assert result is not None and result.payloads == theirs[2]
+    assert len(swarm.asked) == 1  # fetched once, judged at each read
