@@ -44,7 +44,8 @@ from peer.round.barrier import meet_round
 from peer.round.busy_advice import BusyAdvisor, RoundTime
 from peer.round.early_close import EarlyClose, min_steps
 from peer.round.handoff import Handoff, continue_from
-from peer.round.merge import adopt_own_set, adopt_round_set, merge_round, no_group_left
+from peer.round.adopt import adopt_own_set, adopt_round_set, lineage_named
+from peer.round.merge import merge_round, no_group_left
 from peer.round import draw, union
 from peer.round.report import RoundMeters, RoundRecord, log_phases, log_round, states_of, write_status
 from peer.training.evaluator import RoundEvaluator
@@ -275,10 +276,11 @@ class RoundLoop:
         start_hash = engine.params_hash()
         # θ of this round downloaded, no groupmates: the lineage of the state's server (peer/round/state_sync.Basis)
         basis = peer.sync.basis.lineage(engine.round, start_hash) if peer.sync.basis and not mates else None
-        named = not barrier.alone and any(v.progress.set_of(engine.round) and v.progress.part == peer.role.progress_part
-                                          for v in peer.membership.others())  # by peers gone on without us
+        # peers we may take a set from, gone on without us, named their set of the round (peer/round/adopt.py)
+        named = barrier.nobody_to_meet and not barrier.alone and (bool(mates) or basis is not None) \
+            and lineage_named(peer, engine.round, mates)
         # each step of the exchange is protocol/round/round_policy.py's decision, from the facts gathered here
-        step = round_policy.after_barrier(peer.stop_event.is_set(), barrier.nobody_to_meet, named and (bool(mates) or basis is not None))
+        step = round_policy.after_barrier(peer.stop_event.is_set(), barrier.nobody_to_meet, named)
         if step is Step.STOP:
             return
         peer.state = "exchanging"

@@ -105,7 +105,7 @@ class Membership(NoShows, StartWaits):
         self.train_seconds = 0.0  # this peer's training time of its last round
         self._read_lock = threading.Lock()  # one DHT read at a time; callers meanwhile share its result
         self._views: List[PeerView] = []  # the last view read (every spec, nobody left out)
-        self.named_sets = NamedSets()  # what the records read named of their groups' sets (merge.adopt_round_set)
+        self.named_sets = NamedSets()  # what the records read named of their groups' sets (adopt.adopt_round_set)
         self._latencies: Deque[float] = deque(maxlen=LATENCIES_KEPT)  # seconds the last reads took
         self._read_at: Optional[float] = None
         self.read_began = float("-inf")  # when the view's last DHT read began (monotonic)
@@ -191,10 +191,14 @@ class Membership(NoShows, StartWaits):
             if self._read_at is None or time.monotonic() - self._read_at >= self.read_interval():
                 began = time.monotonic()
                 self._views = self._read(began)
-                self.named_sets.note(self._views)
+                self.named_sets.note(self._shown(self._views))
                 self._read_at, self.read_began = time.monotonic(), began
                 self._latencies.append(self._read_at - began)
             views = self._views
+        return self._shown(views)
+
+    def _shown(self, views: List[PeerView]) -> List[PeerView]:
+        """The records of ``views`` of this run spec, but a peer's we ignore for lying (``ignore``)."""
         now = time.monotonic()
         return [v for v in views if v.progress.spec == self.digest and self._ignored.get(v.peer_id, 0.0) <= now]
 

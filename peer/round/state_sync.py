@@ -69,7 +69,7 @@ class Basis:
     """What the last state this peer installed derives from: its round and θ hash, and the set its
     server's group agreed in the round before (its server's record at the download; "" if it named
     none). A peer whose θ came from a download has no groupmates of its own lineage; the peers that
-    name that set for that round concluded it as its server did (peer/round/merge.py ``adopt_round_set``)."""
+    name that set for that round concluded it as its server did (peer/round/adopt.py ``adopt_round_set``)."""
 
     round: int
     theta: str

@@ -68,7 +68,7 @@ class Progress:
     sends: str = ""
     # the θ (params_hash) its group's set of gathered_round was applied to, "" if unknown: a peer that
     # missed the round's gather takes a set whose owners mostly started from its own θ
-    # (peer/round/merge.py ``adopt_round_set``)
+    # (peer/round/adopt.py ``adopt_round_set``)
     gathered_from: str = ""
 
     def to_dict(self) -> Dict[str, Any]:

@@ -3,7 +3,7 @@
 A record names its group's set of ``gathered_round`` with the θ that set was applied to
 (``gathered_from``) and the set of the round before. One round later it names the next set, and
 what it said of the θ is gone. A peer that missed a round's gather looks for a set of its lineage
-(peer/round/merge.py ``adopt_round_set``): where its first reads after the gather show the others
+(peer/round/adopt.py ``adopt_round_set``): where its first reads after the gather show the others
 already at the next round, it can no longer tell whether their set of the round was applied to its
 θ. On a loaded host the others are often that far ahead (a late joiner chased the swarm for minutes,
 bench/RESULTS.md, 2026-12-03). Each peer's last ``ROUNDS`` gathers, as its records said them, are kept
@@ -17,22 +17,30 @@ from typing import Any, Dict, Iterable, Optional
 ROUNDS = 4  # gathers remembered per peer: the one a late peer asks about is at most a round or two back
 
 
+def settled(progress: Any) -> bool:
+    """Whether a record's gather is concluded: its peer has gone on to a later round. During its merge
+    a peer's record names the θ its set applies to, and a start vote lost after withdraws that
+    (peer/round/loop.py): only a concluded record speaks for the round."""
+    return bool(progress.gathered) and progress.round > progress.gathered_round
+
+
 class NamedSets:
     """peer id -> {gathered_round: the record (``Progress``) that named that round's set}, for the
     peers of the last read (tests/protocol/test_named_sets.py)."""
 
     def __init__(self, rounds: int = ROUNDS):
-        self.rounds = rounds
+        self.rounds = max(1, rounds)
         self._by_peer: Dict[str, Dict[int, Any]] = {}
 
     def note(self, views: Iterable[Any]) -> None:
-        """Remember what each record of a fresh read names (``views``: objects with ``peer_id`` and
-        ``progress``); peers absent from it are forgotten, so the memory is bounded by the view."""
+        """Remember what each concluded record of a fresh read names (``views``: objects with ``peer_id``
+        and ``progress``; only records the view shows: of this run, none of a peer ignored for lying);
+        peers absent from it are forgotten, so the memory is bounded by the view."""
         kept: Dict[str, Dict[int, Any]] = {}
         for v in views:
             p = v.progress
             gathers = kept.setdefault(v.peer_id, self._by_peer.get(v.peer_id, {}))
-            if p.gathered and p.gathered_round > 0:
+            if settled(p):
                 gathers[p.gathered_round] = p
                 for old in sorted(gathers)[:-self.rounds]:
                     del gathers[old]

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from protocol.round.named_sets import NamedSets
+from protocol.round.named_sets import NamedSets, settled
 
 
-def _view(peer, gathered_round, name, source="a" * 16):
-    return SimpleNamespace(peer_id=peer, progress=SimpleNamespace(gathered_round=gathered_round, gathered=name,
-                                                                   gathered_from=source))
+def _view(peer, gathered_round, name, source="a" * 16, at=None):
+    # (a record at a later round than its gather: concluded, unless ``at`` says otherwise)
+    return SimpleNamespace(peer_id=peer, progress=SimpleNamespace(
+        round=gathered_round + 1 if at is None else at, gathered_round=gathered_round, gathered=name, gathered_from=source))
 
 
 def test_a_record_of_a_round_is_kept_after_the_peer_moved_on():
@@ -37,3 +38,14 @@ def test_records_that_name_no_set_are_not_kept():
     named = NamedSets()
     named.note([_view("p", 0, ""), _view("p", 3, "")])
     assert named.record("p", 0, "") is None and named.record("p", 3, "") is None
+
+
+def test_a_record_still_in_its_rounds_merge_is_not_kept():
+    named = NamedSets()
+    merging = _view("p", 5, "s5", at=5)
+    assert not settled(merging.progress) and settled(_view("p", 5, "s5").progress)
+    named.note([merging])
+    assert named.record("p", 5, "s5") is None
+    named.note([_view("p", 5, "s5")])
+    assert named.record("p", 5, "s5") is not None
+    assert NamedSets(rounds=0).rounds == 1  # never unbounded

@@ -6,7 +6,9 @@ for minutes (tests/round/test_liveness_swarm.py)."""
 
 from __future__ import annotations
 
-from peer.round.merge import adopt_own_set, adopt_round_set
+from types import SimpleNamespace
+
+from peer.round.adopt import adopt_own_set, adopt_round_set, lineage_named
 from tests.round.test_group_merge import ROUND, Swarm, a_group, member_of, record
 
 OURS = "c" * 16  # our θ of the round: the state we downloaded
@@ -17,6 +19,7 @@ def _late_joiner(views):
     mine, theirs = a_group(0, 1, b"g0"), a_group(1, 3, b"g1")
     owners = sorted(theirs[2])
     swarm = Swarm(views(owners, theirs[1]), {owners[0]: {theirs[1]: theirs[0]}})
+    swarm.known_peers = {owners[0]}  # its server: with standing in the state it downloaded
     peer, _ = member_of(swarm, mine)
     peer.peer_id, peer.gathered = sorted(mine[2])[0], (ROUND - 7, "d" * 32)  # an old lineage of its own
     return peer, swarm, mine, theirs
@@ -73,3 +76,51 @@ def test_a_set_fetched_is_judged_again_as_its_owners_records_come_in():
     result = adopt_round_set(peer, ROUND, OURS, wait_s=1.5, basis=(ROUND - 1, SERVED))
     assert result is not None and result.payloads == theirs[2]
     assert len(swarm.asked) == 1  # fetched once, judged at each read
+
+
+def test_new_identities_claiming_our_theta_do_not_make_us_take_their_set():
+    # owners none of which we know, whose records say their set was applied to our θ (a claim anyone
+    # reading our record can make): fetched, and not taken
+    peer, swarm, mine, theirs = _late_joiner(lambda owners, name: [_at_the_round(owners, name)])
+    swarm.known_peers = set()
+    assert adopt_round_set(peer, ROUND, OURS, wait_s=0.3, basis=(ROUND - 1, SERVED)) is None
+    assert adopt_own_set(peer, ROUND, mine[2][peer.peer_id], OURS, wait_s=0.3, basis=(ROUND - 1, SERVED)) is None
+    assert swarm.asked  # judged, not skipped
+    peer.engine.standing = {sorted(theirs[2])[1]: 1}  # one owner with standing in our θ's lineage: taken
+    assert adopt_round_set(peer, ROUND, OURS, wait_s=0.6, basis=(ROUND - 1, SERVED)) is not None
+
+
+def test_a_set_holding_our_payload_comes_before_a_set_of_our_lineage():
+    ours, theirs = a_group(0, 2, b"g0"), a_group(2, 3, b"g1")
+    me, mate = sorted(ours[2])
+    owners = sorted(theirs[2])
+    views = _at_the_round(owners, theirs[1]) + [record(mate, gathered=ours[1], round_no=ROUND + 1, state="training")]
+    swarm = Swarm([views], {owners[0]: {theirs[1]: theirs[0]}, mate: {ours[1]: ours[0]}})
+    swarm.known_peers = {owners[0]}
+    peer, _ = member_of(swarm, ours)
+    peer.peer_id = me
+    result = adopt_own_set(peer, ROUND, ours[2][me], OURS, wait_s=1.0, basis=(ROUND - 1, SERVED))
+    assert result is not None and result.set_digest == ours[1] and me in result.payloads
+
+
+def test_a_claim_made_during_the_owners_merge_counts_only_once_they_concluded_the_round():
+    # read mid-merge (the round not concluded: a start vote lost after withdraws the θ), then moved on
+    def views(owners, name):
+        merging = [record(p, gathered=name, round_no=ROUND, state="exchanging", gathered_before=SERVED,
+                          gathered_from=OURS) for p in owners]
+        return [merging, _moved_on(owners, name)]
+    peer, swarm, mine, theirs = _late_joiner(views)
+    swarm.view()
+    assert adopt_round_set(peer, ROUND, OURS, wait_s=0.3, basis=(ROUND - 1, SERVED)) is None
+
+
+def test_the_barrier_takes_the_set_path_only_where_a_peer_we_know_names_one():
+    def peer_seeing(named_by, known):
+        records = [record(p, gathered="1" * 32, round_no=ROUND + 1, state="training") for p in named_by]
+        membership = SimpleNamespace(others=lambda: records, known=lambda: frozenset(known))
+        return SimpleNamespace(membership=membership, engine=SimpleNamespace(standing={}),
+                               role=SimpleNamespace(progress_part=-1))
+    assert lineage_named(peer_seeing(["x", "y"], {"x"}), ROUND)
+    assert not lineage_named(peer_seeing(["x", "y"], {"z"}), ROUND)  # strangers' sets: defer at once
+    assert lineage_named(peer_seeing(["x"], set()), ROUND, lineage=["x"])  # last round's groupmate
+    assert not lineage_named(peer_seeing(["x"], {"x"}), ROUND + 1)  # a set of another round

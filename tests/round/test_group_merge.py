@@ -11,7 +11,8 @@ from typing import Dict, List, Optional
 
 from hivemind.p2p import PeerID
 
-from peer.round.merge import adopt_own_set, adopt_round_set, merge_round, no_group_left
+from peer.round.adopt import adopt_own_set, adopt_round_set
+from peer.round.merge import merge_round, no_group_left
 from protocol.round.group_sets import pack_set, set_digest
 from protocol.dht.records import Progress
 from protocol.round.named_sets import NamedSets
@@ -107,7 +108,7 @@ def member_of(swarm: Swarm, mine):
     swarm.timing, swarm.me = Timing.from_spec(spec), sorted(payloads)[0]
     peer = SimpleNamespace(membership=swarm, gatherer=swarm, spec=spec, stop_event=threading.Event(),
                            role=SimpleNamespace(progress_part=-1), gathered=(0, ""), peer_id=sorted(payloads)[0],
-                           engine=SimpleNamespace(params_hash=lambda: "a" * 16))
+                           engine=SimpleNamespace(params_hash=lambda: "a" * 16, standing={}))
     result = SimpleNamespace(group=sorted(payloads), present=sorted(payloads), payloads=payloads, set_digest=digest, unservable=frozenset())
     return peer, result
 
@@ -381,6 +382,7 @@ def test_a_peer_that_installed_a_state_takes_the_set_of_its_servers_lineage():
         views = [record(p, gathered=g1[1], round_no=ROUND + 1, state="training", gathered_before=b)
                  for p, b in zip(first, befores)]
         swarm = Swarm([views], {first[0]: {g1[1]: g1[0]}})
+        swarm.known_peers = {first[0]}  # (the server: an owner we may take a set from, test_adopt_lineage.py)
         peer, _ = member_of(swarm, mine)
         peer.peer_id, peer.gathered = me, (ROUND - 7, "d" * 32)  # an old lineage of its own
         assert adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.3, lineage=[]) is None  # without the basis: none
@@ -389,8 +391,10 @@ def test_a_peer_that_installed_a_state_takes_the_set_of_its_servers_lineage():
         assert (result is not None and result.payloads == g1[2]) == ok, befores
         assert swarm.asked == [first[0]], swarm.asked  # fetched and judged by its owners, not skipped
     # a basis of another round than the one before is no lineage
-    peer, _ = member_of(Swarm([[record(p, gathered=g1[1], round_no=ROUND + 1, state="training", gathered_before=served)
-                                for p in first]], {first[0]: {g1[1]: g1[0]}}), mine)
+    swarm = Swarm([[record(p, gathered=g1[1], round_no=ROUND + 1, state="training", gathered_before=served)
+                    for p in first]], {first[0]: {g1[1]: g1[0]}})
+    swarm.known_peers = {first[0]}
+    peer, _ = member_of(swarm, mine)
     peer.peer_id = me
     assert adopt_round_set(peer, ROUND, "c" * 16, wait_s=0.3, basis=(ROUND - 2, served)) is None
 
@@ -407,6 +411,7 @@ def test_a_peer_takes_a_set_whose_owners_applied_it_to_its_own_theta():
         views = [record(p, gathered=g1[1], round_no=ROUND + 1, state="training", gathered_before="f" * 32,
                         gathered_from=f) for p, f in zip(first, froms)]
         swarm = Swarm([views], {first[0]: {g1[1]: g1[0]}})
+        swarm.known_peers = {first[0]}  # (the server: an owner we may take a set from, test_adopt_lineage.py)
         peer, _ = member_of(swarm, mine)
         peer.peer_id, peer.gathered = me, (ROUND - 7, "d" * 32)
         result = adopt_round_set(peer, ROUND, ours, wait_s=0.6 if ok else 0.3, basis=(ROUND - 1, "e" * 32))
@@ -419,6 +424,7 @@ def test_a_peer_takes_a_set_whose_owners_applied_it_to_its_own_theta():
     later = [record(p, gathered="f" * 32, round_no=ROUND + 2, gathered_round=ROUND + 1, gathered_before=g1[1],
                     gathered_from=ours) for p in first]
     swarm = Swarm([later], {first[0]: {g1[1]: g1[0]}})
+    swarm.known_peers = {first[0]}
     peer, _ = member_of(swarm, mine)
     peer.peer_id = me
     assert adopt_round_set(peer, ROUND, ours, wait_s=0.3, basis=(ROUND - 1, "e" * 32)) is None
@@ -427,6 +433,7 @@ def test_a_peer_takes_a_set_whose_owners_applied_it_to_its_own_theta():
     elsewhere = [record(p, gathered="f" * 32, round_no=ROUND + 1, gathered_from=ours) for p in first[1:]]
     swarm = Swarm([[record(first[0], gathered=g1[1], round_no=ROUND + 1, gathered_from=ours)] + elsewhere],
                   {first[0]: {g1[1]: g1[0]}})
+    swarm.known_peers = {first[0]}
     peer, _ = member_of(swarm, mine)
     peer.peer_id = me
     assert adopt_round_set(peer, ROUND, ours, wait_s=0.3, basis=(ROUND - 1, "e" * 32)) is None

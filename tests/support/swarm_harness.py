@@ -191,7 +191,7 @@ def _groupmate_pairs(statuses: List[dict]):
     old process had its payload counted in the first group, and its new one trained the round again
     from its checkpoint and gathered it in a group of its own (one θ per group; the round's two
     groups meet at the next round's start-hash check). A record that does not name its own peer
-    took another group's set (peer/round/merge.py's ``adopt_round_set``): it must hold that
+    took another group's set (peer/round/adopt.py's ``adopt_round_set``): it must hold that
     group's θ, and is compared with every member of it. A groupmate whose update the round's checks
     refused is compared (``refused_by_checks``); one excluded otherwise is not."""
     by_peer = {s["peer_id"]: {r["round"]: r for r in s["history"]} for s in statuses if s}
