@@ -159,40 +159,49 @@ def _adopt(peer, round_no: int, start_hash: str, wait_s: float,
     the view (``records``: that read), as a GatherResult; None past ``wait_s``. A set fetched is judged
     again at each fresh read (its owners' records change, and what ``Membership.named_sets`` keeps of
     them grows), and kept for that only where an owner is in ``keep``: a set no rule can take is
-    not held (new identities naming many sets cost one fetch each, as before)."""
+    judged once and not held. Peers in ``keep`` are asked first, and a set one peer naming it did not
+    serve is asked of the next: a stranger naming a real set it does not serve costs one try, not the
+    set (tests/round/test_adopt_lineage.py ``test_a_set_one_namer_does_not_serve_is_asked_of_another``)."""
     membership, gatherer, spec, me = peer.membership, peer.gatherer, peer.spec, peer.peer_id
     timing = membership.timing
     part = peer.role.progress_part
-    tried: Set[str] = set()
-    fetched: Dict[str, Dict[str, bytes]] = {}  # name -> the checked set
+    tried: Set[Tuple[str, str]] = set()  # (name, peer asked) that failed; bounded by the view's records
+    fetched: Dict[str, Dict[str, bytes]] = {}  # name -> the checked set, where an owner is in keep
+    dropped: Set[str] = set()  # names of sets fetched whose owners no rule can take (a name fixes its set)
     judged = None  # the read whose records the fetched sets were last judged by
     deadline = time.monotonic() + wait_s
     while not peer.stop_event.is_set():
         view = membership.view()
         fresh, judged = membership.read_began != judged, membership.read_began
         best, seen = None, set()
-        for v in view:
+        for v in sorted(view, key=lambda v: v.peer_id not in keep):
             p = v.progress
             name = p.set_of(round_no)
-            if v.peer_id == me or p.part != part or not name or name in seen or (name in tried and name not in fetched):
+            if v.peer_id == me or p.part != part or not name or name in seen or name in dropped:
                 continue
-            seen.add(name)  # (judged once a read, however many owners name it)
             got = fetched.get(name)
             if got is None:
+                if (name, v.peer_id) in tried:
+                    continue
                 if time.monotonic() >= deadline:
-                    return None
-                tried.add(name)
+                    break  # (a set taken in this read still counts)
+                tried.add((name, v.peer_id))
                 timeout = min(timing.set_fetch_s, max(timing.set_fetch_min_s, deadline - time.monotonic()))
                 got = fetch_checked_set(gatherer, spec, v.peer_id, name, round_no, timeout)
                 if got is None:
-                    continue
+                    continue  # another peer naming it may serve it
                 if keep & set(got):
                     fetched[name] = got
+                else:
+                    dropped.add(name)
             elif not fresh:
                 continue
+            seen.add(name)  # (judged once a read, however many peers name it)
             verdict = accept(got, view, name)
             if verdict is not None and (best is None or verdict[0] < best[0][0]):
                 best = (verdict, name, v.peer_id, got)
+                if verdict[0] == OURS:
+                    break
         if best is not None:
             (_, why), name, source, got = best
             logger.info(f"round {round_no}: {why} (set {name[:12]}, from {source})")

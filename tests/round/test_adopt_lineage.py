@@ -124,3 +124,18 @@ def test_the_barrier_takes_the_set_path_only_where_a_peer_we_know_names_one():
     assert not lineage_named(peer_seeing(["x", "y"], {"z"}), ROUND)  # strangers' sets: defer at once
     assert lineage_named(peer_seeing(["x"], set()), ROUND, lineage=["x"])  # last round's groupmate
     assert not lineage_named(peer_seeing(["x"], {"x"}), ROUND + 1)  # a set of another round
+
+
+def test_a_set_one_namer_does_not_serve_is_asked_of_another():
+    # a stranger names the round's set first in the view and serves nothing: the owner we know is
+    # asked first, and were it to fail, the others naming the set would be asked in turn
+    peer, swarm, mine, theirs = _late_joiner(lambda owners, name: [
+        [record("stranger", gathered=name, round_no=ROUND + 1, state="training")] + _at_the_round(owners, name)])
+    owners = sorted(theirs[2])
+    result = adopt_round_set(peer, ROUND, OURS, wait_s=1.0, basis=(ROUND - 1, SERVED))
+    assert result is not None and swarm.asked == [owners[0]]
+    # the owner we know does not serve it either (swarm.serves: another owner does)
+    swarm.serves = {owners[2]: swarm.serves[owners[0]]}
+    swarm.asked.clear()
+    result = adopt_round_set(peer, ROUND, OURS, wait_s=1.0, basis=(ROUND - 1, SERVED))
+    assert result is not None and swarm.asked[0] == owners[0] and owners[2] in swarm.asked
