@@ -4,7 +4,7 @@
 
 One serving peer (a real ``PayloadGatherer``: its averager process streams the state, its host
 process copies it for each download, as a peer's engine does) and N downloaders, each a DHT node of
-its own on loopback, all asking for the state at the same moment (peer/round/state_download.py's
+its own on loopback, all asking for the state at the same moment (peer/exchange/state_download.py's
 ``StateDownloader``); a downloader answered "busy" asks again 0.5 s later. Two arms, each in a fresh
 process:
 
@@ -44,7 +44,7 @@ def run_arm(arm: str, downloaders: int, state_mb: int) -> dict:
     import torch
 
     from peer.exchange.gatherer import PayloadGatherer
-    from peer.round.state_download import StateDownloader, StateServerBusy
+    from peer.exchange.state_download import StateDownloader, StateServerBusy
     from protocol.dht.keys import averager_prefix
     from protocol.round.timing import Timing
     from protocol.spec import RunSpec

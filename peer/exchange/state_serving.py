@@ -1,4 +1,4 @@
-"""Serving this peer's replica state to peers that download it (peer/round/state_download.py).
+"""Serving this peer's replica state to peers that download it (peer/exchange/state_download.py).
 
 A mixin of peer/exchange/gatherer.py's ``PayloadGatherer``: what hivemind's ``rpc_download_state`` serves,
 while state sharing is allowed (peer/round/state_sync.py turns it on once the state is the group's),
@@ -61,7 +61,7 @@ class StateServing:
             return
         # hivemind puts no deadline on the serving side: a stream that stalls (a downloader that stops reading)
         # is cut once it falls behind the slowest rate a downloader accepts, or a gather slot passes without
-        # a part sent (the downloader's own limits: peer/round/state_download.py); its slot's lease follows
+        # a part sent (the downloader's own limits: peer/exchange/state_download.py); its slot's lease follows
         task, loop = asyncio.current_task(), asyncio.get_running_loop()
         cut = lambda: self._cut(peer, task)  # noqa: E731
         watchdog = loop.call_later(t.gather_slot_s, cut)

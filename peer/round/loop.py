@@ -319,11 +319,12 @@ class RoundLoop:
                                    lineage=mates, basis=basis)  # (or our lineage's, gathered without us)
             step = round_policy.after_adopt(result is not None)
         if step is Step.NO_GROUP:
-            step = round_policy.without_group(barrier.alone or peer.membership.swarm_is_empty())
+            # (or every other peer in rounds is one we refuse: deferring would hold the rounds the refusal counts)
+            step = round_policy.without_group(barrier.alone or peer.membership.swarm_is_empty() or peer.membership.cut_off(engine.round))
         if step is Step.ALONE:
             seen = [v for v in peer.membership.view() if v.peer_id != peer.peer_id]
-            if seen:  # records, but none of a peer that takes part in rounds
-                logger.info(f"round {engine.round}: training alone: no other peer in rounds ({states_of(seen)})")
+            if seen:  # records, but none of a peer that takes part in rounds, or only of peers we refuse
+                logger.info(f"round {engine.round}: training alone: no other peer in rounds that we match with ({states_of(seen)})")
         elif step is Step.DEFER:
             engine.defer(h.pending)
             self._restart = self.overlap

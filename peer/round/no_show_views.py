@@ -143,6 +143,15 @@ class NoShows:
             out |= {v.peer_id for v in self.view() if v.peer_id != self.peer_id and self.wait_budget.stranger(v.peer_id)}
         return frozenset(out)
 
+    def cut_off(self, round_no: int) -> bool:
+        """Every other peer in rounds is one our matchmaking of ``round_no`` refuses (``refused``): a round
+        with no group then trains alone (protocol/round/round_policy.py ``without_group``). Deferred, it
+        would stay where it is, and a refusal that ends at a later round would never end: two peers, one
+        refusing the other until round 6, deferred round 4 for ever (CI, 2026-12-03; tests/round/
+        test_rejoin.py ``test_a_peer_that_refuses_every_other_peer_in_rounds_is_cut_off``)."""
+        others = {v.peer_id for v in self.others()}
+        return bool(others) and others <= self.refused(round_no)
+
     def refused_now(self, round_no: int, mates: Container[str], peers: Iterable[str]) -> Tuple[Set[str], Set[str]]:
         """Of ``peers`` (last round's groupmates, ``mates``, excepted), those our matchmaking of
         ``round_no`` refuses, so the barrier does not wait for a seat they could not take. Returns

@@ -2,7 +2,7 @@
 
 The state is θ, its round and the strategy's shared state (DiLoCo's outer momentum), served
 through hivemind's state sharing (``rpc_download_state``) and downloaded from a peer this peer
-chooses (peer/round/state_download.py), never from whoever declares the highest priority.
+chooses (peer/exchange/state_download.py), never from whoever declares the highest priority.
 
 What other peers claim is weighed, not believed:
 - the round to catch up to is the second-highest two or more live peers this peer knows have reached
@@ -38,7 +38,7 @@ import torch
 
 from peer.outer.engine import RoundEngine
 from peer.checkpoints.files import params_hash, state_digest
-from peer.round.state_download import StateDownloader, StateServerBusy
+from peer.exchange.state_download import StateDownloader, StateServerBusy
 from protocol.errors import ProtocolError
 from protocol.round.round_policy import swarm_round, sync_target
 from protocol.round import eligibility, standing

@@ -16,7 +16,7 @@ from hivemind.p2p import P2P
 from hivemind.proto import averaging_pb2
 
 from peer.exchange.gatherer import PayloadGatherer
-from peer.round.state_download import StateDownloader, StateServerBusy
+from peer.exchange.state_download import StateDownloader, StateServerBusy
 from protocol.dht.keys import averager_prefix
 from protocol.round.timing import Timing
 from swarm.loop_thread import run_in_fresh_loop

@@ -196,3 +196,18 @@ def test_a_groupmate_that_held_our_requests_is_refused_even_though_its_payload_c
     assert m.refused(15) == {"h"} and m.refused(16) == set()
     m.came_in(12, set(), silent=(p for p in ["s"]), held={"s"})  # cut, and nothing of it reached the group: one strike, not two
     assert "s" in m.refused(13) and "s" not in m.refused(14)
+
+
+def test_a_peer_that_refuses_every_other_peer_in_rounds_is_cut_off(monkeypatch, clock):
+    # two peers, one refusing the other until a later round: its rounds without a group train alone,
+    # so that the refusal's rounds pass (deferred, both stayed in round 4 for ever)
+    m = barrier(monkeypatch, clock, lambda m: [view("me", 4), view("s", 4, "training")])
+    assert not m.cut_off(4)  # nobody refused: defer and catch up as before
+    m.came_in(3, {"me"}, silent={"s"})
+    assert m.refused(4) == {"s"} and m.cut_off(4)
+    assert not m.cut_off(6)  # the refusal's end: it is waited for again
+    m2 = barrier(monkeypatch, clock, lambda m: [view("me", 4), view("s", 4, "training"), view("t", 4, "training")])
+    m2.came_in(3, {"me", "t"}, silent={"s"})
+    assert not m2.cut_off(4)  # another peer to group with: no
+    m3 = barrier(monkeypatch, clock, lambda m: [view("me", 4)])
+    assert not m3.cut_off(4)  # alone is the barrier's finding, not this one
