@@ -276,9 +276,8 @@ class RoundLoop:
         start_hash = engine.params_hash()
         # θ of this round downloaded, no groupmates: the lineage of the state's server (peer/round/state_sync.Basis)
         basis = peer.sync.basis.lineage(engine.round, start_hash) if peer.sync.basis and not mates else None
-        # peers we may take a set from, gone on without us, named their set of the round (peer/round/adopt.py)
-        named = barrier.nobody_to_meet and not barrier.alone and (bool(mates) or basis is not None) \
-            and lineage_named(peer, engine.round, mates)
+        has_lineage = bool(mates) or basis is not None  # whose set of the round we may take (peer/round/adopt.py)
+        named = barrier.nobody_to_meet and not barrier.alone and has_lineage and lineage_named(peer, engine.round, mates)
         # each step of the exchange is protocol/round/round_policy.py's decision, from the facts gathered here
         step = round_policy.after_barrier(peer.stop_event.is_set(), barrier.nobody_to_meet, named)
         if step is Step.STOP:
@@ -303,23 +302,17 @@ class RoundLoop:
                 leaders=peer.membership.leaders(barrier.ready), known=peer.membership.known(), read_latency=peer.membership.read_latency(),
                 last=union.announce(self._last_round, engine), **draw.senders(engine, start_hash, h.payload, peer.peer_id),
             )
-            # given up while matchmaking (give_up.fired): our payload went nowhere and only a set of our
-            # lineage can be taken (adopt_round_set: last round's groupmates, or the downloaded state's
-            # basis); with neither (a fresh start) the swarm's state is taken at once
-            step = round_policy.after_gather(result is not None, give_up.fired, bool(mates) or basis is not None,
-                                             peer.stop_event.is_set())
+            # given up while matchmaking (give_up.fired): our payload went nowhere, only a set of our lineage
+            # can be taken (adopt_round_set); with none (a fresh start) the swarm's state is taken at once
+            step = round_policy.after_gather(result is not None, give_up.fired, has_lineage, peer.stop_event.is_set())
         merged = None
         timing = peer.membership.timing
-        if step is Step.ADOPT_ROUND_SET:
-            wait = max(timing.no_group_wait(peer.membership.read_interval()), timing.set_fetch_s)
-            result = adopt_round_set(peer, engine.round, start_hash, wait, lineage=mates, basis=basis)
-            step = round_policy.after_adopt(result is not None)
-        elif step is Step.ADOPT_OWN_SET:
-            result = adopt_own_set(peer, engine.round, h.payload, start_hash, timing.no_group_wait(peer.membership.read_interval()),
-                                   lineage=mates, basis=basis)  # (or our lineage's, gathered without us)
+        if step in (Step.ADOPT_ROUND_SET, Step.ADOPT_OWN_SET):  # (a set holding our payload, or our lineage's)
+            wait = timing.no_group_wait(peer.membership.read_interval())
+            result = adopt_round_set(peer, engine.round, start_hash, max(wait, timing.set_fetch_s), lineage=mates, basis=basis) \
+                if step is Step.ADOPT_ROUND_SET else adopt_own_set(peer, engine.round, h.payload, start_hash, wait, lineage=mates, basis=basis)
             step = round_policy.after_adopt(result is not None)
         if step is Step.NO_GROUP:
-            # (or every other peer in rounds is one we refuse: deferring would hold the rounds the refusal counts)
             step = round_policy.without_group(barrier.alone or peer.membership.swarm_is_empty() or peer.membership.cut_off(engine.round))
         if step is Step.ALONE:
             seen = [v for v in peer.membership.view() if v.peer_id != peer.peer_id]
