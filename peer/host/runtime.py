@@ -326,10 +326,11 @@ class Peer:
 
     def _progress(self) -> Progress:
         engine = self.engine
-        # θ's hash and the state digest that goes with it, read together (a round may conclude meanwhile)
-        theta_hash, digest = engine.hashes() if engine is not None and self.state != "training" else ("", "")
+        # θ's round, hash and state digest, read together (a round may conclude meanwhile); a training
+        # peer reports them too, without waiting for the exchange: newcomers check a served θ against them
+        round_no, theta_hash, digest = engine.reported(waits=self.state != "training") if engine is not None else (0, "", "")
         return Progress(
-            round=self.round,
+            round=round_no,
             step=self.step,
             state=self.state,
             spec=self.membership.digest,

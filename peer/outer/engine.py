@@ -61,6 +61,7 @@ class RoundEngine:
         self._theta = theta
         self._hash: Optional[str] = None
         self._digest: Optional[str] = None  # state_digest's cache, cleared with _hash
+        self._reported: Tuple[int, str, str] = (round_no, "", "")  # reported()'s last (round, hash, digest)
         self.standing: Dict[str, int] = {}  # rounds counted per sender in this lineage (protocol/round/standing.py)
         # p per part of who sends a payload at all when a round takes at most K (protocol/round/eligibility.py)
         self.eligibility: Dict[str, int] = {}
@@ -88,9 +89,23 @@ class RoundEngine:
             return self._digest
 
     def hashes(self) -> Tuple[str, str]:
-        """(``params_hash``, ``state_digest``) of one moment: what a progress record reports."""
+        """(``params_hash``, ``state_digest``) of one moment."""
         with self.lock:
             return self.params_hash(), self.state_digest()
+
+    def reported(self, waits: bool = True) -> Tuple[int, str, str]:
+        """(round, ``params_hash``, ``state_digest``) of one moment: what a progress record reports.
+        ``waits`` False (a training peer's record: its inner steps must not wait while the exchange
+        holds θ): where the lock is held elsewhere, the last one reported if it is of this round, else
+        no hash (tests/outer/test_engine_reported.py)."""
+        if self.lock.acquire(blocking=waits):
+            try:
+                self._reported = (self.round, self.params_hash(), self.state_digest())
+            finally:
+                self.lock.release()
+            return self._reported
+        last = self._reported  # still θ's only while θ's hash is cached (a change clears it)
+        return last if last[0] == self.round and last[1] == self._hash else (self.round, "", "")
 
     def install(self, theta: Tensors, round_no: int, shared: Optional[Mapping[str, torch.Tensor]] = None,
                 forget_local: bool = False, standing: Optional[Mapping[str, int]] = None,

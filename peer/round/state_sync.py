@@ -382,7 +382,7 @@ def _checked(name: str, t: Any, shape: Optional[Sequence[int]]) -> torch.Tensor:
 def _reported_hashes(views: Sequence[Any], excluding: str, among: Optional[AbstractSet[str]] = None) -> Dict[int, Set[str]]:
     """round -> what peers (but ``excluding``; of ``among`` only, where given: ``sync_target``'s
     vouchers) report for it: ``θ hash:state digest``, or θ's hash alone from a record without a
-    digest (a training peer reports none)."""
+    digest (an older peer's; a training peer reports none while its exchange holds θ)."""
     out: Dict[int, Set[str]] = {}
     for v in views:
         p = v.progress

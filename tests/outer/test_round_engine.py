@@ -100,3 +100,37 @@ def test_shareable_state_is_consistent_while_rounds_conclude():
         hashes[a.round] = a.params_hash()
     t.join()
     assert all(hashes[r] == h for r, h in seen)  # never a θ of one round labelled with another
+
+
+def test_a_record_read_without_waiting_reports_theta_of_this_round_or_no_hash():
+    """What a training peer's progress record reports (``RoundEngine.reported(waits=False)``): θ's
+    hash while the lock is free, the last one reported while the exchange holds the lock in the same
+    round, and no hash (never a stale one) once the round or θ changed under the lock."""
+    spec, (a, b) = engines(2)
+    want = (0, a.params_hash(), a.state_digest())
+    assert a.reported(waits=False) == want == a.reported()
+    held, release = threading.Event(), threading.Event()
+
+    def exchange(change):
+        with a.lock:
+            held.set()
+            release.wait(10)
+            change()
+
+    for change, after in ((lambda: None, want), (lambda: a.install(b.theta, 0), (0, "", "")),
+                          (lambda: a.settle_round({}, None, me="a"), (1, "", ""))):
+        held.clear(), release.clear()
+        t = threading.Thread(target=exchange, args=(change,))
+        t.start()
+        held.wait(10)
+        assert a.reported(waits=False) == want  # the lock is held: no wait, the last report
+        release.set()
+        t.join(10)
+        if after != want:
+            with a.lock:  # the change made, the lock held again: its hash is not cached yet
+                got = []
+                t = threading.Thread(target=lambda: got.append(a.reported(waits=False)))
+                t.start(), t.join(10)
+            assert got == [after]
+        want = a.reported()
+    assert a.reported(waits=False) == (1, a.params_hash(), a.state_digest())

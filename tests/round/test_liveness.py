@@ -325,6 +325,30 @@ def test_two_new_identities_vouching_for_each_other_cannot_hand_their_theta_to_a
         assert not {"x", "y"} & set(sync.asked)
 
 
+def test_training_peers_report_their_theta_so_liars_at_the_round_cannot_hand_a_newcomer_theirs(monkeypatch, clock):
+    """Two new identities at the swarm's round report a θ of their own while the honest peers train. A
+    training peer's record reports θ's hash and state digest too (``Peer._progress``), so a newcomer
+    takes the honest θ (before, training peers reported none, and the newcomer refused the honest θ
+    as unreported and did not catch up)."""
+    from peer.host.runtime import Peer
+
+    honest, forged = honest_engine(10, seed=1), honest_engine(10, seed=9)
+    fields = dict(state="training", step=3, membership=SimpleNamespace(digest=SPEC.digest()), last_loss=0.0, val_loss=0.0,
+                  totals=SimpleNamespace(tokens=0, bytes_sent=0, bytes_received=0), tokens_per_s=0.0, role=None,
+                  gathered=(9, ""), gathered_before="", gathered_from="")
+    record = Peer._progress(SimpleNamespace(engine=honest, **fields))
+    assert (record.round, record.params_hash, record.state_digest) == (10, *honest.hashes())
+    theta_hash, digest = forged.hashes()
+    liars = [SimpleNamespace(peer_id=p, progress=dataclasses.replace(progress(10, "ready", theta_hash), state_digest=digest),
+                             expires=0.0) for p in ("x", "y")]
+    honest_views = [SimpleNamespace(peer_id=p, progress=record, expires=0.0) for p in ("a", "b", "c")]
+    serve = lambda peer: served(forged) if peer in ("x", "y") else served(honest)  # noqa: E731
+    for order in (liars + honest_views, honest_views + liars):
+        sync, engine = syncing_peer(monkeypatch, order, serve)
+        sync.catch_up()
+        assert engine.round == 10 and engine.params_hash() == honest.params_hash()
+
+
 @pytest.mark.parametrize("poison", ["float64 1e300", "nan momentum", "beyond the bound", "hash", "older than claimed", "far ahead"])
 def test_a_poisoned_state_is_refused_and_its_server_not_asked_again(monkeypatch, clock, poison):
     honest = honest_engine(10)
