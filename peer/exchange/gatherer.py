@@ -126,7 +126,8 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         self._max_payload_bytes = max_payload_bytes
         self._max_group_size = max_group_size
         self._groups: "OrderedDict[bytes, Group]" = OrderedDict()
-        self._fetched: "OrderedDict[bytes, bytes]" = OrderedDict()  # sets fetched from other groups (set_server.py)
+        self._fetched: "OrderedDict[bytes, bytes]" = OrderedDict()  # sets fetched from other groups, checked (set_server.py)
+        self._unchecked_sets: OrderedDict = OrderedDict()  # (set, source) -> a set fetched, until the host checked it
         self._merged: "OrderedDict[bytes, Tuple[frozenset, bytes]]" = OrderedDict()  # set -> (members, what we merged)
         self._fetched_lists: "OrderedDict[bytes, bytes]" = OrderedDict()  # sets' lists fetched (set_lists.py)
         self._opened_lists: OrderedDict = OrderedDict()  # the same lists as checked: set -> SetManifest

@@ -146,8 +146,8 @@ class ListServer:
             kept.popitem(last=False)
 
     def _whole_envelope(self, digest: bytes, owner: Optional[bytes] = None):
-        """Of a set we hold whole (one of our groups', or one fetched whole: its envelopes unchecked
-        here, as when we serve the set itself): ``owner``'s envelope, or with no owner (binding,
+        """Of a set we hold whole (one of our groups', or one fetched whole and checked by the host):
+        ``owner``'s envelope, or with no owner (binding,
         owner -> envelope); None if we hold no such set (or entry)."""
         group = self._group_of_set(digest)
         if group is not None:

@@ -2,10 +2,11 @@
 
 A mixin of peer/exchange/gatherer.py's ``PayloadGatherer`` (the averager process holds the agreements and
 the libp2p streams): ``rpc_fetch_set`` serves the packed set (protocol/round/group_sets.py) one of our
-recent groups agreed, or one we fetched lately, by its name, to any peer the run admits;
-``fetch_set`` fetches one from a peer, from the host process, read with the size limit of a full
-group's set. What comes back is only bytes: protocol/round/group_sets.py's ``open_set`` checks every
-signature before anything counts.
+recent groups agreed, or one we fetched lately and the host checked, by its name, to any peer the
+run admits; ``fetch_set`` fetches one from a peer, from the host process, read with the size limit
+of a full group's set. What comes back is only bytes: protocol/round/group_sets.py's ``open_set``
+checks every signature before anything counts, and only then (``keep_checked_set``) is the set
+served on: a garbled set under a real name would make the peers asking us for it refuse us.
 
 ``rpc_merged`` tells a member of one of our groups which sets we merged for that group's round
 (``offer_merged``), once we know: members that merged different sets (one saw a late group's set
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import OrderedDict
 from typing import AsyncIterator, Callable, Dict, Optional, Sequence, Tuple
 
 from hivemind.p2p import P2PContext, PeerID
@@ -66,6 +68,10 @@ class SetServer:
             logger.debug(f"set {digest} from {peer}: {e!r}")
             return None
 
+    def keep_checked_set(self, peer: str, digest: str) -> None:
+        """Serve on the set ``digest`` last fetched from ``peer``: ``open_set`` found it is that set."""
+        self._outer_pipe.send(("_keep_checked_set", [], dict(peer=peer, digest=digest)))
+
     def offer_merged(self, set_digest: str, members: Sequence[str], names: Sequence[str]) -> None:
         """The sets we merged for the round of our group ``set_digest`` (its own included): what its
         ``members`` (base58) are told when they ask (``merged_by``)."""
@@ -103,15 +109,22 @@ class SetServer:
                 timeout=timeout,
             )
             self._count(received=wire)
-            self._keep_fetched(digest.encode(), raw)
+            self._keep_fetched((digest.encode(), peer), raw, self._unchecked_sets)
             future.set_result(raw)
         except Exception as e:
             future.set_exception(e)
 
-    def _keep_fetched(self, digest: bytes, raw: bytes) -> None:
-        """Keep a fetched set to serve it on (unchecked here: whoever fetches it checks it, as any set)."""
-        kept = self._fetched
-        kept[digest] = raw
+    async def _keep_checked_set(self, peer: str, digest: str) -> None:
+        raw = self._unchecked_sets.pop((digest.encode(), peer), None)
+        if raw is not None:
+            self._keep_fetched(digest.encode(), raw)
+
+    def _keep_fetched(self, key, raw: bytes, kept: Optional["OrderedDict"] = None) -> None:
+        """Keep a fetched set (in ``_fetched``, served on; or until the host checked it), within
+        ``KEEP_FETCHED`` sets and ``KEEP_FETCHED_BYTES`` (the newest kept even alone over it)."""
+        kept = self._fetched if kept is None else kept
+        kept[key] = raw
+        kept.move_to_end(key)
         while len(kept) > KEEP_FETCHED or (len(kept) > 1 and sum(map(len, kept.values())) > KEEP_FETCHED_BYTES):
             kept.popitem(last=False)
 

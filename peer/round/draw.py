@@ -151,6 +151,7 @@ def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, t
     except group_sets.SetError as e:
         logger.warning(f"round {round_no}: {source} served a set that is refused: {e}")
         return None
+    gatherer.keep_checked_set(source, digest)  # served on to peers that ask us for it
     if members is not None:
         members.append(([base58(m) for m in checked.binding.members], [base58(o) for o in checked.payloads]))
     return {base58(owner): payload for owner, payload in checked.payloads.items()}

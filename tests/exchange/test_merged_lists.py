@@ -155,3 +155,40 @@ def test_fetched_sets_are_bounded_in_bytes_too(monkeypatch):
         g._keep_fetched(str(i).encode(), b"x" * 60)
     assert list(g._fetched) == [b"3"]  # the newest is kept even alone over the bound
 
+
+
+def test_a_fetched_set_is_served_on_only_once_the_host_checked_it(monkeypatch):
+    """A set fetched from another group is served on to peers that ask us for it only after the host's
+    ``open_set`` accepted it (``keep_checked_set``, peer/round/draw.py), as the set fetched from that
+    source: a garbled set under a real name, kept and served on, made the peers asking us refuse us."""
+    import peer.exchange.set_server as set_server
+    from hivemind.p2p import PeerID
+    from hivemind.utils import MPFuture
+
+    g = server()
+    g._unchecked_sets, g._p2p, g.prefix, g._max_group_size, g._max_payload_bytes = OrderedDict(), None, "p", 4, 1 << 16
+    g._count = lambda sent=0, received=0: None
+    answers = {}
+
+    async def read(p2p, peer, handle, request, limit, chunk):
+        return answers[peer.to_base58()], 10
+
+    monkeypatch.setattr(set_server, "read_bounded_stream", read)
+    honest, liar = PeerID(MATE.peer_id).to_base58(), PeerID(OUTSIDER.peer_id).to_base58()
+    answers.update({honest: b"the set", liar: b"garbage"})
+
+    async def fetch(peer):
+        future = MPFuture()
+        await g._fetch_set(peer, THEIRS, 1.0, future)
+        return future.result()
+
+    assert asyncio.run(fetch(liar)) == b"garbage" and asyncio.run(fetch(honest)) == b"the set"
+    assert g._packed_set(THEIRS.encode()) is None  # nothing served before the host checked it
+    asyncio.run(g._keep_checked_set(honest, THEIRS))
+    asyncio.run(g._keep_checked_set(honest, OURS))  # nothing fetched under that name: nothing kept
+    assert g._packed_set(THEIRS.encode()) == b"the set" and list(g._fetched) == [THEIRS.encode()]
+    assert list(g._unchecked_sets) == [(THEIRS.encode(), liar)]  # refused by the host: pushed out in time
+    for i in range(3 * KEEP_FETCHED):
+        answers[liar] = b"x"
+        asyncio.run(g._fetch_set(liar, f"{i:032x}", 1.0, MPFuture()))
+    assert len(g._unchecked_sets) == KEEP_FETCHED and g._packed_set(THEIRS.encode()) == b"the set"

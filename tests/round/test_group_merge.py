@@ -94,6 +94,9 @@ class Swarm:
         self.asked.append(peer)
         return self.serves.get(peer, {}).get(digest)
 
+    def keep_checked_set(self, peer: str, digest: str) -> None:
+        self.checked = [*getattr(self, "checked", []), (peer, digest)]
+
     def offer_merged(self, set_digest: str, members, names) -> None:
         self.offers.append((set_digest, tuple(names)))
 

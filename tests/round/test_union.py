@@ -66,6 +66,9 @@ class Gatherer:
         self.asked.append((peer, digest))
         return self.serves.get(peer, {}).get(digest)
 
+    def keep_checked_set(self, peer, digest):
+        pass
+
 
 def member(spec, e, serves):
     membership = SimpleNamespace(timing=Timing.from_spec(spec))
