@@ -8,7 +8,7 @@ the same way. It takes instead a set the round's peers named: the one that holds
 (``adopt_own_set``), or one most of whose owners are of its lineage (``adopt_round_set``), merged
 then with the round's other sets as any member's (peer/round/merge.py). Each set is fetched and
 checked envelope by envelope (peer/round/draw.py ``fetch_checked_set``). Guarded by
-tests/round/test_group_merge.py and tests/round/test_adopt_lineage.py.
+tests/round/test_adopt_lineage.py.
 """
 
 from __future__ import annotations
@@ -88,14 +88,14 @@ def adopt_round_set(peer, round_no: int, start_hash: str, wait_s: float, lineage
     group's start-hash check, so that group then took our θ as its start, and the set's outcome from
     our θ is the group's. One of two is not enough: with one owner of each lineage the tied vote may
     go to the other θ, our groupmate then downloads it, and we would end the round on a θ nobody
-    else holds. None if no such set can be had within ``wait_s`` (tests/round/test_group_merge.py,
+    else holds. None if no such set can be had within ``wait_s`` (tests/round/test_adopt_lineage.py,
     ``test_a_peer_the_round_gathered_without_takes_a_named_set_and_merges_the_rest``).
 
     A groupmate of our last round counts only where its record names, for that round, the set our
     group agreed (``peer.gathered``): a member cut off in the middle of the round's gather decided it
     with a set of its own, and its θ is then apart from theirs: their next set taken onto that θ
     would leave it apart until a later start-hash vote. Such a peer, or one whose groupmates'
-    records no longer name that round, defers and downloads instead (tests/round/test_group_merge.py,
+    records no longer name that round, defers and downloads instead (tests/round/test_adopt_lineage.py,
     ``test_a_groupmate_that_agreed_another_set_last_round_is_not_of_our_lineage``).
 
     ``basis`` (round_no - 1, a set's name), for a peer whose θ of this round is a state it downloaded

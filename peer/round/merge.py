@@ -233,7 +233,7 @@ def agree_with_group(peer, round_no: int, result, held: Dict[str, Dict[str, byte
     ``Timing.merge_skip_rounds`` rounds with a wait of ``quiet_wait`` only (``Timing.quiet_mate_s`` when
     None; the merge's allowance where the round showed another group: a groupmate marked quiet while
     our own link was down may merge another group's set a little after the short wait, which would
-    split the group). Guarded by tests/round/test_group_merge.py
+    split the group). Guarded by tests/round/test_merge_agreement.py
     (``test_a_groupmate_that_does_not_answer_is_not_waited_for_long_again_and_an_excluded_one_is_never_asked``)
     and tests/round/test_group_merge_waits.py. ``lists``: where the round's sets are held by their
     lists (``merge_round``'s ``by_list``), a lacking set is fetched as its list into it."""

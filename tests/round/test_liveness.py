@@ -15,10 +15,9 @@ import torch
 from peer.round import membership as membership_mod
 from peer.round import state_sync
 from peer.round.membership import Membership
-from protocol.round.round_policy import swarm_round
 from peer.outer.engine import RoundEngine
 from peer.checkpoints.files import params_hash
-from peer.round.state_sync import MAX_ATTEMPTS, StateSync, order_sources
+from peer.round.state_sync import MAX_ATTEMPTS, StateSync
 from peer.outer.strategies import make_strategy
 from protocol.errors import ProtocolError
 from protocol.dht.records import Progress
@@ -226,29 +225,6 @@ def test_only_what_other_peers_act_on_is_published_at_once(monkeypatch, clock):
     assert step(val_loss=1.9) == 5 and stored[-1].val_loss == 1.9  # the keep-alive
 
 
-# ---- the round to catch up to and whom to ask ---------------------------------------------------
-def test_one_forged_round_far_ahead_does_not_set_the_swarm_round():
-    assert swarm_round([2**62, 10, 10]) == 10
-    assert swarm_round([2**62, 10]) == 10
-    assert swarm_round([2**62, 0]) == 0
-    assert swarm_round([11, 11, 10]) == 11
-    assert swarm_round([7]) == 7 and swarm_round([]) == -1
-    views = [view("liar", 2**62), view("a", 10), view("b", 11), view("c", 10)]
-    ordered = [v.peer_id for v in order_sources(views, 10)]
-    assert "liar" not in ordered and ordered[-1] == "b"  # rounds two peers report first
-    assert [v.peer_id for v in order_sources([view("mate", 4)], 5, slack=1)] == ["mate"]
-
-
-def test_sources_of_the_parameters_most_peers_of_a_round_report_come_first():
-    # a pair that stopped waiting for the round's other groups holds θ of its own: a peer catching up
-    # takes the majority's lineage, whichever order the views come in
-    for _ in range(20):
-        views = [view("p1", 7, params_hash="pair"), view("p2", 7, params_hash="pair")] + [
-            view(f"m{i}", 7, params_hash="most") for i in range(3)]
-        ordered = order_sources(views, 7)
-        assert [v.progress.params_hash for v in ordered] == ["most"] * 3 + ["pair"] * 2
-
-
 # ---- catching up against lying peers -------------------------------------------------------------
 def served(engine, spec=SPEC, round_no=None, **changes):
     meta, tensors = engine.shareable()
@@ -294,59 +270,6 @@ def honest_engine(round_no, seed=1):
     engine.strategy.momentum = {n: torch.randn(s, generator=gen) * 1e-3 for n, s in SPEC.param_shapes().items()}
     engine.round = round_no
     return engine
-
-
-def test_a_forged_round_far_ahead_does_not_block_a_newcomers_catch_up(monkeypatch, clock):
-    honest = honest_engine(10)
-    views = [view("liar", 2**62, "training"), view("a", 10, "training"), view("b", 10, "training")]
-    sync, engine = syncing_peer(monkeypatch, views, lambda peer: served(honest) if peer != "liar" else served(honest, round_no=2**62))
-    sync.catch_up()
-    assert engine.round == 10 and engine.params_hash() == honest.params_hash() and "liar" not in sync.asked
-
-
-@pytest.mark.parametrize("ahead", [1, 2**62])
-def test_two_new_identities_vouching_for_each_other_cannot_hand_their_theta_to_a_peer(monkeypatch, clock, ahead):
-    """Two new identities announce a round ahead of the swarm, each reporting the θ (and state digest)
-    the other serves. A peer that knows live peers takes the round they report and only their state
-    and reports; a newcomer takes the round most of the peers it sees report, from peers at that round
-    (before: both followed the two, and every honest peer installed their θ; protocol/round/round_policy.py
-    ``sync_target``)."""
-    honest, forged = honest_engine(10, seed=1), honest_engine(10 + ahead, seed=9)
-    theta_hash, digest = forged.hashes()
-    liars = [SimpleNamespace(peer_id=p, progress=dataclasses.replace(progress(10 + ahead, "ready", theta_hash), state_digest=digest),
-                             expires=0.0) for p in ("x", "y")]
-    views = liars + [view(p, 10, "training") for p in ("a", "b", "c")]
-    serve = lambda peer: served(forged) if peer in ("x", "y") else served(honest)  # noqa: E731
-    for known, standing in (({"a", "b"}, {}), ((), {}), ((), {"a": 4, "c": 4})):  # met a, b; a newcomer; restored
-        sync, engine = syncing_peer(monkeypatch, views, serve, known=known)
-        engine.standing = dict(standing)  # a peer restored from a checkpoint knows its lineage's senders
-        sync.catch_up()
-        assert engine.round == 10 and engine.params_hash() == honest.params_hash()
-        assert not {"x", "y"} & set(sync.asked)
-
-
-def test_training_peers_report_their_theta_so_liars_at_the_round_cannot_hand_a_newcomer_theirs(monkeypatch, clock):
-    """Two new identities at the swarm's round report a θ of their own while the honest peers train. A
-    training peer's record reports θ's hash and state digest too (``Peer._progress``), so a newcomer
-    takes the honest θ (before, training peers reported none, and the newcomer refused the honest θ
-    as unreported and did not catch up)."""
-    from peer.host.runtime import Peer
-
-    honest, forged = honest_engine(10, seed=1), honest_engine(10, seed=9)
-    fields = dict(state="training", step=3, membership=SimpleNamespace(digest=SPEC.digest()), last_loss=0.0, val_loss=0.0,
-                  totals=SimpleNamespace(tokens=0, bytes_sent=0, bytes_received=0), tokens_per_s=0.0, role=None,
-                  gathered=(9, ""), gathered_before="", gathered_from="")
-    record = Peer._progress(SimpleNamespace(engine=honest, **fields))
-    assert (record.round, record.params_hash, record.state_digest) == (10, *honest.hashes())
-    theta_hash, digest = forged.hashes()
-    liars = [SimpleNamespace(peer_id=p, progress=dataclasses.replace(progress(10, "ready", theta_hash), state_digest=digest),
-                             expires=0.0) for p in ("x", "y")]
-    honest_views = [SimpleNamespace(peer_id=p, progress=record, expires=0.0) for p in ("a", "b", "c")]
-    serve = lambda peer: served(forged) if peer in ("x", "y") else served(honest)  # noqa: E731
-    for order in (liars + honest_views, honest_views + liars):
-        sync, engine = syncing_peer(monkeypatch, order, serve)
-        sync.catch_up()
-        assert engine.round == 10 and engine.params_hash() == honest.params_hash()
 
 
 @pytest.mark.parametrize("poison", ["float64 1e300", "nan momentum", "beyond the bound", "hash", "older than claimed", "far ahead"])
