@@ -24,6 +24,7 @@ from protocol.dht.records import token_key
 from swarm.access.admission import JoinTokenAuthorizer
 from swarm.console import UsageError
 from swarm.dht.channels import install_channels
+from swarm.dht.depth_guard import guard_decoder, install_guard
 from swarm.access.identity import Identity, NodeTrust, prepare_identity, register
 from swarm.access.join_probe import MAX_ALTERNATES, PRIVATE, PUBLIC, TOKEN_BAD, TOKEN_OK, join_help, serve_run_access
 from swarm.access.reachability import dial, dial_failure, peer_answers, serve_dial_back, tcp_accepts
@@ -288,6 +289,7 @@ class _JoinTimeout(Exception):
 def _start_node(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity, client_mode, key, run_ids,
                 use_relay, use_auto_relay) -> hivemind.DHT:
     """One attempt at starting the node; UsageError, or _JoinTimeout to try again."""
+    guard_decoder()  # a DHT process forked from here decodes nothing nested past MAX_DEPTH
     try:
         dht = hivemind.DHT(
             start=True,
@@ -323,6 +325,7 @@ def _start_node(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity
         dht.shutdown()
         raise RuntimeError(f"the DHT node's peer id {dht.peer_id} is not that of its identity {mine.identity.peer_id}")
     send_futures_lean(dht._outer_pipe)  # each caller's result pipe reaches the DHT process once
+    dht.run_coroutine(install_guard)  # (a DHT process that was not forked from this one)
     return dht
 
 
