@@ -98,15 +98,16 @@ async def read_bounded_stream(
 
 
 class CallLimiter:
-    """At most ``per_peer`` running calls from each remote peer; the others are refused at once."""
+    """At most ``per_peer`` running calls from each remote peer, and at most ``total`` from all of them
+    (None: no such bound); the others are refused at once."""
 
-    def __init__(self, per_peer: int):
-        self.per_peer = per_peer
+    def __init__(self, per_peer: int, total: Optional[int] = None):
+        self.per_peer, self.total = per_peer, total
         self._running: Dict[PeerID, int] = {}
 
     @contextlib.contextmanager
     def admit(self, peer: PeerID) -> Iterator[bool]:
-        if self._running.get(peer, 0) >= self.per_peer:
+        if self._running.get(peer, 0) >= self.per_peer or (self.total is not None and sum(self._running.values()) >= self.total):
             yield False
             return
         self._running[peer] = self._running.get(peer, 0) + 1

@@ -69,6 +69,10 @@ logger = get_logger(__name__)
 ROUND_BITS = 20  # the round number, mod 2**20, is the matchmaking bucket
 KEEP_GROUPS = 8  # recent groups of ours whose payloads we keep serving to slower members
 CALLS_PER_PEER = 8  # gather RPCs one remote peer may have running here at once
+# sets, lists and envelopes served to all peers at once: a stream whose reader stops holds a chunk of its
+# answer (the packed set itself is shared), so new identities opening CALLS_PER_PEER streams each hold at
+# most this many chunks (64 MiB), whatever their number
+SERVING_AT_ONCE = 256
 DEFAULT_MAX_PAYLOAD_BYTES = 16 << 20  # for tools without a spec; a peer passes its strategy's bound
 
 
@@ -135,6 +139,8 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         self._packed_lists: "OrderedDict[bytes, bytes]" = OrderedDict()  # lists of the sets we hold whole
         self._group_opened: Optional[asyncio.Event] = None
         self._calls = CallLimiter(CALLS_PER_PEER)
+        self._serving = CallLimiter(CALLS_PER_PEER, total=SERVING_AT_ONCE)  # set_server.py's streams
+        self._packed_sets: "OrderedDict[bytes, bytes]" = OrderedDict()  # our groups' sets, packed once
         self._init_ready_notices()  # shared with the averager process: made before it starts
         send_futures_lean(self._outer_pipe)  # each caller's result pipe reaches the averager process once
 

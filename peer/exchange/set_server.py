@@ -43,8 +43,9 @@ MAX_ROUND_CHARS = 12  # a question's round, as decimal digits
 
 class SetServer:
     """Needs of its host class: ``_groups`` (group id -> group with ``agreement`` and ``set_digest``),
-    ``_calls`` (a CallLimiter), ``_p2p``, ``prefix``, ``_count``, ``_outer_pipe``,
-    ``_max_group_size``, ``_max_payload_bytes``, ``_fetched`` and ``_merged`` (empty OrderedDicts),
+    ``_calls`` and ``_serving`` (CallLimiters), ``_p2p``, ``prefix``, ``_count``, ``_outer_pipe``,
+    ``_max_group_size``, ``_max_payload_bytes``, ``_fetched``, ``_unchecked_sets``, ``_packed_sets`` and ``_merged``
+    (empty OrderedDicts),
     ``timing`` (protocol/round/timing.py), and ReadyNotices' ``_take_progress`` and ``_ready_progress``
     (peer/exchange/ready_notices.py: our own progress record, as the host last published it)."""
 
@@ -168,12 +169,19 @@ class SetServer:
             return None
 
     def _packed_set(self, digest: bytes) -> Optional[bytes]:
+        """The set named ``digest``, packed: one of our groups' (packed once: a name fixes its content,
+        and every asker shares the one copy), or one fetched and checked; None if we hold no such set."""
+        packed = self._packed_sets.get(digest)
+        if packed is not None:
+            return packed
         group = self._group_of_set(digest)
         if group is not None:
             agreement = group.agreement
             payloads = agreement.outcome().payloads
             envelopes = {owner: agreement.serve(owner, payload_digest(p)) for owner, p in payloads.items()}
-            return group_sets.pack_set(agreement.binding, envelopes)
+            packed = group_sets.pack_set(agreement.binding, envelopes)
+            self._keep_fetched(digest, packed, self._packed_sets)
+            return packed
         return self._fetched.get(digest)
 
     async def rpc_fetch_set(
@@ -188,8 +196,9 @@ class SetServer:
 
     async def _serve_packed(self, context: P2PContext, request: averaging_pb2.AveragingData,
                             answer: Callable[[bytes], Optional[bytes]]) -> AsyncIterator[averaging_pb2.AveragingData]:
-        """``answer(what was asked)`` streamed in chunks to an admitted caller; BAD_GROUP_ID for None."""
-        with self._calls.admit(context.remote_id) as admitted:
+        """``answer(what was asked)`` streamed in chunks to an admitted caller (``_serving``: a few at once
+        from each peer, ``SERVING_AT_ONCE`` in all); BAD_GROUP_ID for None."""
+        with self._serving.admit(context.remote_id) as admitted:
             packed = answer(request.tensor_part.buffer) if admitted else None
             if packed is None:
                 yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)

@@ -16,7 +16,7 @@ import pytest
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 
-from peer.exchange.gatherer import CALLS_PER_PEER, PayloadGatherer
+from peer.exchange.gatherer import CALLS_PER_PEER, SERVING_AT_ONCE, PayloadGatherer
 from peer.exchange.bounds import AnswerCutShort, CallLimiter, ExchangeLimitError, read_bounded_stream, retry_until
 from protocol.wire.bounded_unpack import cut_short
 from protocol.round.reconcile import Agreement, parse_answer
@@ -130,6 +130,9 @@ def test_call_limiter_refuses_beyond_its_count_per_peer():
         assert (one, two, three, other) == (True, True, False, True)
     with limiter.admit("a") as again:
         assert again
+    everyone = CallLimiter(2, total=3)  # new identities, each within its own count, are bounded together
+    with everyone.admit("a") as one, everyone.admit("b") as two, everyone.admit("c") as three, everyone.admit("d") as four:
+        assert (one, two, three, four) == (True, True, True, False)
 
 
 def test_retry_until_outlasts_transient_failures_but_not_its_deadline_or_a_flood():
@@ -158,6 +161,7 @@ def gatherer(timeout: float = 0.2) -> PayloadGatherer:
     g = PayloadGatherer.__new__(PayloadGatherer)  # the RPC side only: no DHT, no process
     g.dht = SimpleNamespace(peer_id=PeerID(ME.peer_id))
     g.gather_timeout, g._groups, g._group_opened, g._calls = timeout, OrderedDict(), None, CallLimiter(CALLS_PER_PEER)
+    g._serving, g._packed_sets = CallLimiter(CALLS_PER_PEER, total=SERVING_AT_ONCE), OrderedDict()
     g._bytes_sent, g._bytes_received = mp.Value(ctypes.c_int64, 0), mp.Value(ctypes.c_int64, 0)
     g._parent_pid = None  # hivemind's __del__ asks whether its process is alive
     return g

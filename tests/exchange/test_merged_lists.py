@@ -192,3 +192,20 @@ def test_a_fetched_set_is_served_on_only_once_the_host_checked_it(monkeypatch):
         answers[liar] = b"x"
         asyncio.run(g._fetch_set(liar, f"{i:032x}", 1.0, MPFuture()))
     assert len(g._unchecked_sets) == KEEP_FETCHED and g._packed_set(THEIRS.encode()) == b"the set"
+
+
+def test_our_groups_set_is_packed_once_for_every_asker(monkeypatch):
+    """A set of ours is packed once and the one copy served to every asker (each call packed it anew:
+    askers that stop reading held a copy each, up to a full group's payloads)."""
+    import peer.exchange.set_server as set_server
+    from types import SimpleNamespace
+
+    g = server()
+    g._packed_sets = OrderedDict()
+    packed = []
+    monkeypatch.setattr(set_server.group_sets, "pack_set", lambda binding, envelopes: packed.append(bytes(8)) or packed[-1])
+    agreement = SimpleNamespace(outcome=lambda: SimpleNamespace(payloads={b"o": b"p"}), serve=lambda owner, digest: b"e",
+                                binding=None)
+    g._groups[b"g"] = SimpleNamespace(set_digest=OURS, agreement=agreement)
+    served = [g._packed_set(OURS.encode()) for _ in range(5)]
+    assert len(packed) == 1 and all(s is packed[0] for s in served)
