@@ -111,6 +111,20 @@ def check_owned(kid: bytes, subkey: Any, value: Any, token_key: Optional[bytes])
     return owner, name, peer, body
 
 
+# the most bytes one record (key, subkey and value) may take: the largest body an honest writer stores
+# (a run spec), its envelope, signature and key, with room to spare; hivemind's own records are far smaller
+MAX_RECORD_BYTES = MAX_BODY_BYTES + 8192
+
+
+def within_bounds(record: DHTRecord) -> bool:
+    """Whether any node should keep ``record`` at all, whoever wrote it: at most ``MAX_RECORD_BYTES``, and
+    an expiration no honest writer sets further ahead (``MAX_RECORD_TTL``). Records with no owner (any
+    key outside the run's schema passes the schema) used to be kept at any size until an expiration of
+    the writer's choosing, for ever (tests/swarm/test_remembering_validator.py)."""
+    size = len(record.key) + len(record.subkey or b"") + len(record.value or b"")
+    return size <= MAX_RECORD_BYTES and not expires_too_late(record.expiration_time, get_dht_time(), MAX_RECORD_TTL)
+
+
 class OwnerSignatureValidator(RSASignatureValidator):
     """hivemind's signature check of owned records, for owners with an Ed25519 key (what voloco
     identities are) or an RSA key: the marker, signature format and signed bytes are hivemind's,
@@ -202,6 +216,8 @@ class RememberingValidator(RecordValidatorBase):
         # before any validator decodes it: hivemind's decoder recurses through C for each tuple and
         # overflows the stack (a segmentation fault) about 200 deep; nothing honest nests past MAX_DEPTH
         if any(packed_nesting(b) > MAX_DEPTH for b in (record.subkey or b"", record.value or b"")):
+            return False
+        if not within_bounds(record):
             return False
         if not self.inner.validate(record):
             return False

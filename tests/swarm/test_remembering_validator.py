@@ -67,3 +67,20 @@ def test_the_memory_is_bounded(ids):
     assert len(memo._passed) == 4
     assert memo.validate(many[0]) and memo.checks == 11  # forgotten: checked again
     assert memo.validate(many[-1]) and memo.hits == 1
+
+
+def test_a_record_nobody_owns_is_kept_only_at_an_honest_size_and_lifetime(ids):
+    """Any key outside the run's schema passes the schema, and a record with no owner passes every
+    owner check: such records were kept at any size until an expiration of the writer's choosing.
+    A hivemind matchmaking record (small, seconds ahead) still passes."""
+    from hivemind.dht.validation import DHTRecord
+    from hivemind.utils import get_dht_time
+    from swarm.dht.validators import MAX_RECORD_BYTES
+
+    outer = CompositeValidator(node_validators(ids["coord"], None))
+    now = get_dht_time()
+    key, subkey = b"\x01" * 20, b"\xc0"
+    assert outer.validate(DHTRecord(key, subkey, b"\x93\x01\x02\x03", now + 30))
+    assert not outer.validate(DHTRecord(key, subkey, b"\x93\x01\x02\x03", 1e12))  # kept for ever
+    assert not outer.validate(DHTRecord(key, subkey, b"\xc6" + (1 << 20).to_bytes(4, "big") + bytes(1 << 20), now + 30))
+    assert outer.validate(DHTRecord(key, subkey, bytes(MAX_RECORD_BYTES - 100), now + 30))
