@@ -97,7 +97,7 @@ class RoundEngine:
         """(round, ``params_hash``, ``state_digest``) of one moment: what a progress record reports.
         ``waits`` False (a training peer's record: its inner steps must not wait while the exchange
         holds θ): where the lock is held elsewhere, the last one reported if it is of this round, else
-        no hash (tests/outer/test_engine_reported.py)."""
+        no hash (tests/outer/test_round_engine.py)."""
         if self.lock.acquire(blocking=waits):
             try:
                 self._reported = (self.round, self.params_hash(), self.state_digest())
