@@ -139,7 +139,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         self._packed_lists: "OrderedDict[bytes, bytes]" = OrderedDict()  # lists of the sets we hold whole
         self._group_opened: Optional[asyncio.Event] = None
         self._calls = CallLimiter(CALLS_PER_PEER)
-        self._serving = CallLimiter(CALLS_PER_PEER, total=SERVING_AT_ONCE)  # set_server.py's streams
+        self._stream_calls = CallLimiter(CALLS_PER_PEER, total=SERVING_AT_ONCE)  # set_server.py's streams
         self._packed_sets: "OrderedDict[bytes, bytes]" = OrderedDict()  # our groups' sets, packed once
         self._init_ready_notices()  # shared with the averager process: made before it starts
         send_futures_lean(self._outer_pipe)  # each caller's result pipe reaches the averager process once
@@ -219,10 +219,10 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
                              senders: bool = False, ready: Optional[Sequence[str]] = None,
                              admitted: Optional[Sequence[str]] = None, leaders: Optional[Sequence[str]] = None):
         try:
-            if self.client_mode and not getattr(self, "_serving", False):
+            if self.client_mode and not getattr(self, "_client_handlers", False):
                 # hivemind's client mode registers no handlers; members still pull this peer's payload
                 # and relay answers over the connections it opened to them (it only leads no group)
-                self._serving = True
+                self._client_handlers = True
                 await self.add_p2p_handlers(self._p2p, namespace=self.prefix)
             with open(path, "rb") as f:  # our own process wrote it (``gather``)
                 self._payload, known = msgpack.unpackb(f.read(), raw=False)

@@ -43,7 +43,7 @@ MAX_ROUND_CHARS = 12  # a question's round, as decimal digits
 
 class SetServer:
     """Needs of its host class: ``_groups`` (group id -> group with ``agreement`` and ``set_digest``),
-    ``_calls`` and ``_serving`` (CallLimiters), ``_p2p``, ``prefix``, ``_count``, ``_outer_pipe``,
+    ``_calls`` and ``_stream_calls`` (CallLimiters), ``_p2p``, ``prefix``, ``_count``, ``_outer_pipe``,
     ``_max_group_size``, ``_max_payload_bytes``, ``_fetched``, ``_unchecked_sets``, ``_packed_sets`` and ``_merged``
     (empty OrderedDicts),
     ``timing`` (protocol/round/timing.py), and ReadyNotices' ``_take_progress`` and ``_ready_progress``
@@ -196,9 +196,9 @@ class SetServer:
 
     async def _serve_packed(self, context: P2PContext, request: averaging_pb2.AveragingData,
                             answer: Callable[[bytes], Optional[bytes]]) -> AsyncIterator[averaging_pb2.AveragingData]:
-        """``answer(what was asked)`` streamed in chunks to an admitted caller (``_serving``: a few at once
+        """``answer(what was asked)`` streamed in chunks to an admitted caller (``_stream_calls``: a few at once
         from each peer, ``SERVING_AT_ONCE`` in all); BAD_GROUP_ID for None."""
-        with self._serving.admit(context.remote_id) as admitted:
+        with self._stream_calls.admit(context.remote_id) as admitted:
             packed = answer(request.tensor_part.buffer) if admitted else None
             if packed is None:
                 yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)

@@ -161,7 +161,7 @@ def gatherer(timeout: float = 0.2) -> PayloadGatherer:
     g = PayloadGatherer.__new__(PayloadGatherer)  # the RPC side only: no DHT, no process
     g.dht = SimpleNamespace(peer_id=PeerID(ME.peer_id))
     g.gather_timeout, g._groups, g._group_opened, g._calls = timeout, OrderedDict(), None, CallLimiter(CALLS_PER_PEER)
-    g._serving, g._packed_sets = CallLimiter(CALLS_PER_PEER, total=SERVING_AT_ONCE), OrderedDict()
+    g._stream_calls, g._packed_sets = CallLimiter(CALLS_PER_PEER, total=SERVING_AT_ONCE), OrderedDict()
     g._bytes_sent, g._bytes_received = mp.Value(ctypes.c_int64, 0), mp.Value(ctypes.c_int64, 0)
     g._parent_pid = None  # hivemind's __del__ asks whether its process is alive
     return g
