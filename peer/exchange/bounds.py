@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict
 from contextlib import closing
 from typing import Awaitable, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
@@ -136,3 +137,13 @@ async def retry_until(deadline: float, attempt: Callable[[], Awaitable[T]], firs
                 raise
         await asyncio.sleep(pause)
         pause = min(2 * pause, longest_pause)
+
+
+def keep_bounded(kept: OrderedDict, key, value, most: int, most_bytes: Optional[int]) -> None:
+    """Put ``key`` -> ``value`` last in ``kept``, then drop the oldest entries past ``most`` of them or
+    past ``most_bytes`` bytes of values (None: no such bound; the newest is kept even alone over it):
+    what a peer keeps of what other peers sent or asked, served on (tests/exchange/test_set_lists.py)."""
+    kept[key] = value
+    kept.move_to_end(key)
+    while len(kept) > most or (most_bytes is not None and len(kept) > 1 and sum(map(len, kept.values())) > most_bytes):
+        kept.popitem(last=False)

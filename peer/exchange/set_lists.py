@@ -21,14 +21,13 @@ keep to serve on is bounded (``KEEP_LISTS`` lists, ``KEEP_MEMBERS`` envelopes wi
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from typing import AsyncIterator, List, Optional, Sequence, Tuple
 
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_logger
 
-from peer.exchange.bounds import read_bounded_stream
+from peer.exchange.bounds import keep_bounded, read_bounded_stream
 from peer.exchange.set_server import SET_CHUNK_BYTES
 from protocol.round import group_sets, set_manifests
 from protocol.wire.bounded_unpack import bounded_unpack
@@ -126,24 +125,17 @@ class ListServer:
         signature of the list again, once each (tests/exchange/test_set_lists.py)."""
         manifest = self._opened_list(digest, raw)
         if manifest is not None:
-            self._keep(self._fetched_lists, digest.encode(), raw, KEEP_LISTS, None)
-            self._keep(self._opened_lists, digest.encode(), manifest, KEEP_LISTS, None)
+            keep_bounded(self._fetched_lists, digest.encode(), raw, KEEP_LISTS, None)
+            keep_bounded(self._opened_lists, digest.encode(), manifest, KEEP_LISTS, None)
 
     def _keep_member(self, digest: str, owner: bytes, raw: bytes) -> None:
         """Serve on a fetched envelope, once it checks out against the list we hold of its set."""
         manifest = self._opened_lists.get(digest.encode())
         try:
             if manifest is not None and set_manifests.open_member(manifest, owner, raw, self._max_payload_bytes):
-                self._keep(self._fetched_members, (digest.encode(), owner), raw, KEEP_MEMBERS, KEEP_MEMBER_BYTES)
+                keep_bounded(self._fetched_members, (digest.encode(), owner), raw, KEEP_MEMBERS, KEEP_MEMBER_BYTES)
         except ProtocolError:
             pass
-
-    @staticmethod
-    def _keep(kept: OrderedDict, key, raw, most: int, most_bytes: Optional[int]) -> None:
-        kept[key] = raw
-        kept.move_to_end(key)
-        while len(kept) > most or (most_bytes is not None and len(kept) > 1 and sum(map(len, kept.values())) > most_bytes):
-            kept.popitem(last=False)
 
     def _whole_envelope(self, digest: bytes, owner: Optional[bytes] = None):
         """Of a set we hold whole (one of our groups', or one fetched whole and checked by the host):
@@ -180,7 +172,7 @@ class ListServer:
                 except Exception as e:  # a garbled set fetched whole: served as nothing
                     logger.debug(f"the list of set {digest!r}: {e!r}")
                     return None
-                self._keep(self._packed_lists, digest, packed, KEEP_LISTS, None)
+                keep_bounded(self._packed_lists, digest, packed, KEEP_LISTS, None)
         return packed if packed is not None else self._fetched_lists.get(digest)
 
     def _member_of(self, digest: bytes, owner: bytes) -> Optional[bytes]:

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import OrderedDict
 from typing import AsyncIterator, Callable, Dict, Optional, Sequence, Tuple
 
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_logger
 
-from peer.exchange.bounds import read_bounded_stream
+from peer.exchange.bounds import keep_bounded, read_bounded_stream
 from protocol.round import group_sets
 from protocol.round.peer_states import offers_no_set
 from protocol.wire.signed import payload_digest
@@ -110,7 +109,7 @@ class SetServer:
                 timeout=timeout,
             )
             self._count(received=wire)
-            self._keep_fetched((digest.encode(), peer), raw, self._unchecked_sets)
+            keep_bounded(self._unchecked_sets, (digest.encode(), peer), raw, KEEP_FETCHED, KEEP_FETCHED_BYTES)
             future.set_result(raw)
         except Exception as e:
             future.set_exception(e)
@@ -120,14 +119,9 @@ class SetServer:
         if raw is not None:
             self._keep_fetched(digest.encode(), raw)
 
-    def _keep_fetched(self, key, raw: bytes, kept: Optional["OrderedDict"] = None) -> None:
-        """Keep a fetched set (in ``_fetched``, served on; or until the host checked it), within
-        ``KEEP_FETCHED`` sets and ``KEEP_FETCHED_BYTES`` (the newest kept even alone over it)."""
-        kept = self._fetched if kept is None else kept
-        kept[key] = raw
-        kept.move_to_end(key)
-        while len(kept) > KEEP_FETCHED or (len(kept) > 1 and sum(map(len, kept.values())) > KEEP_FETCHED_BYTES):
-            kept.popitem(last=False)
+    def _keep_fetched(self, digest: bytes, raw: bytes) -> None:
+        """Serve on a fetched set the host checked (within ``KEEP_FETCHED`` sets and ``KEEP_FETCHED_BYTES``)."""
+        keep_bounded(self._fetched, digest, raw, KEEP_FETCHED, KEEP_FETCHED_BYTES)
 
     def _group_of_set(self, name: bytes):
         for group in reversed(self._groups.values()):
@@ -180,7 +174,7 @@ class SetServer:
             payloads = agreement.outcome().payloads
             envelopes = {owner: agreement.serve(owner, payload_digest(p)) for owner, p in payloads.items()}
             packed = group_sets.pack_set(agreement.binding, envelopes)
-            self._keep_fetched(digest, packed, self._packed_sets)
+            keep_bounded(self._packed_sets, digest, packed, KEEP_FETCHED, KEEP_FETCHED_BYTES)
             return packed
         return self._fetched.get(digest)
 

@@ -9,7 +9,8 @@ from collections import OrderedDict
 
 from hivemind.proto import averaging_pb2, runtime_pb2
 
-from peer.exchange.set_lists import KEEP_LISTS, KEEP_MEMBERS, ListServer
+from peer.exchange.bounds import keep_bounded
+from peer.exchange.set_lists import KEEP_LISTS, KEEP_MEMBERS
 from protocol.round.group_sets import pack_set, set_digest
 from protocol.round.set_manifests import open_manifest, open_member, pack_manifest
 from tests.exchange.test_exchange_bounds import MATE, collect, context, gatherer
@@ -53,8 +54,8 @@ def test_a_list_fetched_is_served_on_with_only_the_envelopes_fetched():
     binding, envelopes, payloads = agreed_set(0, 3)
     name = set_digest(binding.context, payloads)
     a, b = binding.members[:2]
-    ListServer._keep(g._fetched_lists, name.encode(), pack_manifest(binding, envelopes), KEEP_LISTS, None)
-    ListServer._keep(g._fetched_members, (name.encode(), a), envelopes[a], KEEP_MEMBERS, None)
+    keep_bounded(g._fetched_lists, name.encode(), pack_manifest(binding, envelopes), KEEP_LISTS, None)
+    keep_bounded(g._fetched_members, (name.encode(), a), envelopes[a], KEEP_MEMBERS, None)
     assert open_manifest(answer(g, "rpc_fetch_manifest", name.encode()), RUN, ROUND, name, 16).digest == name
     assert answer(g, "rpc_fetch_member", name.encode() + a) == envelopes[a]
     assert answer(g, "rpc_fetch_member", name.encode() + b) == averaging_pb2.BAD_GROUP_ID
@@ -72,11 +73,11 @@ def test_unknown_sets_malformed_asks_and_a_garbled_set_get_a_code():
 def test_what_is_kept_to_serve_on_is_bounded():
     kept = OrderedDict()
     for i in range(KEEP_MEMBERS + 10):
-        ListServer._keep(kept, i, b"x" * 1000, KEEP_MEMBERS, 20_000)
+        keep_bounded(kept, i, b"x" * 1000, KEEP_MEMBERS, 20_000)
     assert len(kept) == 20 and list(kept)[-1] == KEEP_MEMBERS + 9
     lists = OrderedDict()
     for i in range(KEEP_LISTS + 5):
-        ListServer._keep(lists, i, b"x", KEEP_LISTS, None)
+        keep_bounded(lists, i, b"x", KEEP_LISTS, None)
     assert len(lists) == KEEP_LISTS
 
 
