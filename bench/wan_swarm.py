@@ -77,9 +77,12 @@ class Watch:
     accounted_start: Dict[str, Tuple[Optional[int], Optional[int]]] = field(default_factory=dict)  # sent, received
     raw: List[Tuple[float, str, int, Optional[float]]] = field(default_factory=list)  # absolute times
     statuses: Dict[str, dict] = field(default_factory=dict)
-    # host -> its eth0's link_stats read as its newest status was read: the status's accounted totals
-    # and these counters end within one poll of each other
+    # host -> its eth0's link_stats read as its newest status was read (after the status was written),
+    # and as the poll before it began (before: that poll still read the older status). The status's
+    # accounted totals lie between the two, however late a loaded machine let the poll run
     status_counters: Dict[str, Dict[str, int]] = field(default_factory=dict)
+    status_counters_before: Dict[str, Dict[str, int]] = field(default_factory=dict)
+    polled: Dict[str, Dict[str, int]] = field(default_factory=dict)  # every host's link_stats as the last poll began
     busy: Dict[str, dict] = field(default_factory=dict)
     failure: Optional[str] = None
 
@@ -200,6 +203,7 @@ class ArmRunner:
 
     # ---- watching -----------------------------------------------------------------------------
     def _poll(self, w: Watch, d: Path, hivemind: bool) -> None:
+        polled, w.polled = w.polled, self.hosts.link_stats_all()
         for h in PEERS:
             path = d / h / "status.json"
             st = read_json(path)
@@ -207,6 +211,7 @@ class ArmRunner:
                 continue
             if st != w.statuses.get(h):
                 w.status_counters[h] = self._link(h)
+                w.status_counters_before[h] = polled[h]
             w.statuses[h] = st
             w.busy[h] = BusyLog.read(d / h / "busy.json")
             if st.get("phase") in ("waiting for peers", "training") or st.get("state") == "ready":
@@ -225,7 +230,7 @@ class ArmRunner:
         d.mkdir(parents=True)
         self.procs = []
         counters_launch = self._counters()
-        w = Watch(launched=time.time())
+        w = Watch(launched=time.time(), polled=self.hosts.link_stats_all())
         try:
             (self._launch_hivemind if hivemind else self._launch_voloco)(arm, d)
             while w.end is None and w.failure is None:
@@ -309,6 +314,8 @@ def summarize(arm: Arm, w: Watch, counters_launch: Dict[str, Dict[str, int]], d:
             wire_received_with_startup=c1["rx_bytes"] - launch["rx_bytes"],
             wire_payload_sent_at_status=frame_payload(launch, w.status_counters.get(h, c1), "tx"),
             wire_payload_received_at_status=frame_payload(launch, w.status_counters.get(h, c1), "rx"),
+            wire_payload_sent_before_status=frame_payload(launch, w.status_counters_before.get(h, c1), "tx"),
+            wire_payload_received_before_status=frame_payload(launch, w.status_counters_before.get(h, c1), "rx"),
             wire_retrans_segs_at_status=w.status_counters.get(h, c1)["retrans_segs"] - launch["retrans_segs"],
             accounted_sent=None if sent is None else sent - (sent_start or 0), accounted_sent_with_startup=sent,
             accounted_received=None if received is None else received - (received_start or 0),

@@ -46,15 +46,19 @@ def test_quick_runs_every_arm_to_its_budget(tmp_path, capsys):
             if r["kind"] == "voloco":
                 assert p["accounted_sent"] > 0, (name, host, p)
                 # what the peer says it sent and received crossed its interface: its TCP payload since it
-                # started, against the interface's bytes less each packet's frame headers up to the moment
-                # its newest status was read (pure ACKs and small control messages can make the headers
+                # started, against the interface's bytes less each packet's frame headers around the moment
+                # its newest status was written (pure ACKs and small control messages can make the headers
                 # half of a slow peer's sent bytes; the bytes after its last status, a state download at
                 # a round's end, can be a quarter of another's); a segment the shaped link dropped crossed
                 # the sender's interface twice and was written once (at most a full segment: 1448 bytes)
+                # the status was written after the poll before it ("before") and read before the "at" counters:
+                # a loaded machine's late poll lets the next round's payloads in between (a fifth of p0's bytes
+                # received, once in CI)
                 sent, mine = p["wire_payload_sent_at_status"], p["accounted_sent_with_startup"]
-                assert 0.85 * (sent - 1448 * p["wire_retrans_segs_at_status"]) <= mine <= 1.05 * sent, (name, host, p)
+                before = p["wire_payload_sent_before_status"] - 1448 * p["wire_retrans_segs_at_status"]
+                assert 0.85 * before <= mine <= 1.05 * sent, (name, host, p)
                 received, mine = p["wire_payload_received_at_status"], p["accounted_received_with_startup"]
-                assert 0.85 * received <= mine <= 1.05 * received, (name, host, p)
+                assert 0.85 * p["wire_payload_received_before_status"] <= mine <= 1.05 * received, (name, host, p)
         if r["kind"] == "voloco":
             assert r["final_val_loss"] < r["initial_val_loss"], name  # a few rounds of training show
             assert r["time_to_target_s"] is not None and r["time_to_target_s"] <= r["wall_s"] + 1.0, name

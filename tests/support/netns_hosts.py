@@ -313,6 +313,16 @@ class Hosts:
         stats = json.loads(out)[0]["stats64"]
         return {f"{way}_{unit}": stats[way][unit] for way in ("rx", "tx") for unit in ("bytes", "packets")}
 
+    def link_stats_all(self) -> Dict[str, Dict[str, int]]:
+        """Every host's ``link_stats``, read at once from the switch's end of each link (one command for
+        all: cheap enough for a watcher's every poll). The two ends of a veth mirror each other: what
+        the switch's port received, the host sent."""
+        out = _sh("ip", "-n", self.switch_ns, "-s", "-j", "link", "show").stdout
+        ports = {link["ifname"]: link["stats64"] for link in json.loads(out) if "stats64" in link}
+        mirror = {"rx": "tx", "tx": "rx"}
+        return {name: {f"{mirror[way]}_{unit}": ports[self._port(name)][way][unit]
+                       for way in ("rx", "tx") for unit in ("bytes", "packets")} for name in self.names}
+
     def set_rate(self, name: str, rate: RateSpec) -> None:
         """Shape host ``name``'s link at ``rate`` in both directions (None: unshaped)."""
         for ns, dev in ((self.ns(name), IFNAME), (self.switch_ns, self._port(name))):
