@@ -50,6 +50,10 @@ def check_meta(meta: Dict[str, Any]) -> None:
     except standing.StandingError as e:
         raise CheckpointError(f"its metadata field 'standing': {e}") from None
     try:
+        standing.checked_evidence(meta.get("evidence"))  # optional: absent where no fresh sender has pooled scores
+    except standing.StandingError as e:
+        raise CheckpointError(f"its metadata field 'evidence': {e}") from None
+    try:
         eligibility.checked(meta.get("eligibility"))  # optional: absent where rounds take every contribution
     except eligibility.EligibilityError as e:
         raise CheckpointError(f"its metadata field 'eligibility': {e}") from None
@@ -109,7 +113,7 @@ def collect(spec: RunSpec, engine: RoundEngine, role, tokens: int,
         tensors: Dict[str, Any] = {f"theta.{n}": t.clone() for n, t in engine.theta.items()}
         tensors.update({f"shared.{k}": v.clone() for k, v in engine.strategy.shared_state().items()})
         tensors.update({f"local.{k}": v.clone() for k, v in engine.strategy.local_state().items()})
-        round_no, table, who_sends = engine.round, dict(engine.standing), dict(engine.eligibility)
+        round_no, table, who_sends, pools = engine.round, dict(engine.standing), dict(engine.eligibility), dict(engine.evidence)
     tensors.update(trainer["tensors"])
     meta = {
         "round": round_no,
@@ -124,6 +128,8 @@ def collect(spec: RunSpec, engine: RoundEngine, role, tokens: int,
     }
     if who_sends:  # who sends a payload when a round takes at most K (protocol/round/eligibility.py)
         meta["eligibility"] = who_sends
+    if pools:  # fresh senders' pooled scores (protocol/round/standing.py)
+        meta["evidence"] = {s: list(e) for s, e in pools.items()}
     return tensors, meta
 
 
@@ -182,6 +188,7 @@ def restore(directory: Optional[Path], spec: RunSpec, engine: RoundEngine, role)
             theta[n] = t
         table = standing.checked(meta.get("standing"))  # valid: check_meta read it
         who_sends = eligibility.checked(meta.get("eligibility"))
+        pools = standing.checked_evidence(meta.get("evidence"))
         rollback = _snapshot(strategy, role)
         try:
             strategy.load_shared_state({k[7:]: v for k, v in tensors.items() if k.startswith("shared.")})
@@ -193,7 +200,7 @@ def restore(directory: Optional[Path], spec: RunSpec, engine: RoundEngine, role)
         except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as e:
             rollback()
             raise CheckpointError(f"it does not fit this run ({type(e).__name__}: {e})") from None
-        engine.install(theta, meta["round"], standing=table, eligibility=who_sends)
+        engine.install(theta, meta["round"], standing=table, eligibility=who_sends, evidence=pools)
         return meta["tokens"]
 
     tokens = _usable(directory, spec, use)

@@ -59,10 +59,12 @@ def params_hash(theta: Mapping[str, torch.Tensor]) -> str:
 
 
 def state_digest(shared: Mapping[str, torch.Tensor], table: Mapping[str, int],
-                 eligibility: Optional[Mapping[str, int]] = None) -> str:
+                 eligibility: Optional[Mapping[str, int]] = None,
+                 evidence: Optional[Mapping[str, Tuple[int, int]]] = None) -> str:
     """A short sha256 of what a downloaded state holds beside θ: the strategy's shared state (DiLoCo's
     outer momentum; names and fp32 bytes, in name order), the lineage's standing table (sender ->
-    rounds counted, in sender order) and, where a round takes at most K, its eligibility table. Every
+    rounds counted, in sender order), where a round takes at most K its eligibility table, and fresh
+    senders' evidence where any has some (protocol/round/standing.py). Every
     member of a lineage holds the same, so peers report it with θ's hash and a newcomer checks a
     served state against both (peer/round/state_sync.py)."""
     h = hashlib.sha256(b"voloco state v1\0")
@@ -77,6 +79,12 @@ def state_digest(shared: Mapping[str, torch.Tensor], table: Mapping[str, int],
         for part in sorted(eligibility):
             _update(h, part.encode())
             _update(h, int(eligibility[part]).to_bytes(8, "little", signed=True))
+    if evidence:  # empty: the digest as before
+        h.update(b"evidence\0")
+        for sender in sorted(evidence):
+            _update(h, sender.encode())
+            for n in evidence[sender]:
+                _update(h, int(n).to_bytes(8, "little", signed=True))
     return h.hexdigest()[:16]
 
 

@@ -63,6 +63,7 @@ class RoundEngine:
         self._digest: Optional[str] = None  # state_digest's cache, cleared with _hash
         self._reported: Tuple[int, str, str] = (round_no, "", "")  # reported()'s last (round, hash, digest)
         self.standing: Dict[str, int] = {}  # rounds counted per sender in this lineage (protocol/round/standing.py)
+        self.evidence: Dict[str, standing.Evidence] = {}  # fresh senders' pooled scores (the same module)
         # p per part of who sends a payload at all when a round takes at most K (protocol/round/eligibility.py)
         self.eligibility: Dict[str, int] = {}
         self._candidates: Dict[int, Dict[str, int]] = {}  # round -> its draw's candidates per part, until concluded
@@ -85,7 +86,7 @@ class RoundEngine:
         state's table and momentum are checked as θ is."""
         with self.lock:
             if self._digest is None:
-                self._digest = state_digest(self.strategy.shared_state(), self.standing, self.eligibility)
+                self._digest = state_digest(self.strategy.shared_state(), self.standing, self.eligibility, self.evidence)
             return self._digest
 
     def hashes(self) -> Tuple[str, str]:
@@ -109,9 +110,10 @@ class RoundEngine:
 
     def install(self, theta: Tensors, round_no: int, shared: Optional[Mapping[str, torch.Tensor]] = None,
                 forget_local: bool = False, standing: Optional[Mapping[str, int]] = None,
-                eligibility: Optional[Mapping[str, int]] = None) -> None:
+                eligibility: Optional[Mapping[str, int]] = None,
+                evidence: Optional[Mapping[str, standing.Evidence]] = None) -> None:
         """Take a state from elsewhere (a checkpoint, a groupmate): θ, its round and, if given, the
-        strategy's shared state, the lineage's standing table and eligibility table (checked by the caller:
+        strategy's shared state, the lineage's standing, evidence and eligibility tables (checked by the caller:
         protocol/round/standing.py, eligibility.py); ``forget_local``: zero the strategy's local buffers too. Raises
         ValueError (nothing changed) if the shared state does not fit."""
         with self.lock:
@@ -121,6 +123,7 @@ class RoundEngine:
                 self.strategy.forget_local_state()
             if standing is not None:
                 self.standing = dict(standing)
+                self.evidence = dict(evidence or {})  # a table without evidence: a state from before it existed
             if eligibility is not None:
                 self.eligibility = dict(eligibility)
             self._theta, self.round, self._hash, self._digest = theta, round_no, None, None
@@ -130,7 +133,8 @@ class RoundEngine:
         with self.lock:
             shared = self.strategy.shared_state()
             meta = {"round": self.round, "names": list(self._theta), "shared": sorted(shared),
-                    "standing": dict(self.standing), **({"eligibility": dict(self.eligibility)} if self.eligibility else {})}
+                    "standing": dict(self.standing), **({"eligibility": dict(self.eligibility)} if self.eligibility else {}),
+                    **({"evidence": {s: list(e) for s, e in self.evidence.items()}} if self.evidence else {})}
             tensors = [t.clone() for t in self._theta.values()] + [shared[k].clone() for k in sorted(shared)]
         return meta, tensors
 
@@ -237,12 +241,14 @@ class RoundEngine:
         ``choose``, settles as undelivered: what we sent goes back into our buffers
         (tests/outer/test_round_engine.py)."""
         with self.lock:
-            outcome = robust_step(self.strategy, self._theta, decoded, self.round, standing=self.standing)
+            outcome = robust_step(self.strategy, self._theta, decoded, self.round, standing=self.standing,
+                                  evidence=self.evidence)
             delivered = delivered and (me is None or (me not in outcome.excluded and me not in passed))
             # a contribution that had a copy counts once, and earns none of its senders standing
             self.standing = standing.advance(
                 self.standing, [s for s in sender_names(decoded) if s not in outcome.excluded and s not in outcome.copied],
                 outcome.excluded)
+            self.evidence = standing.gather(self.evidence, outcome.scores, outcome.excluded, outcome.copied, self.standing)
             counts = self._candidates.pop(self.round, None)
             if counts is not None:  # the round's draw saw these candidates (K > 0): every member alike
                 self.eligibility = eligibility.update(self.eligibility, counts, getattr(self.strategy, "max_contributions", 0))
@@ -254,23 +260,24 @@ class RoundEngine:
             self._hash = self._digest = None
         return settled
 
-    def snapshot(self) -> Tuple[int, Tensors, Tensors, Dict[str, int], Dict[str, int]]:
-        """(round, θ, the strategy's shared state, the standing table, the eligibility table), copied:
-        what concluding this round again starts from."""
+    def snapshot(self) -> Tuple[int, Tensors, Tensors, Dict[str, int], Dict[str, int], Dict[str, standing.Evidence]]:
+        """(round, θ, the strategy's shared state, the standing table, the eligibility table, the
+        evidence table), copied: what concluding this round again starts from."""
         with self.lock:
             theta = {n: t.clone() for n, t in self._theta.items()}
             shared = {k: v.clone() for k, v in self.strategy.shared_state().items()}
-            return self.round, theta, shared, dict(self.standing), dict(self.eligibility)
+            return self.round, theta, shared, dict(self.standing), dict(self.eligibility), dict(self.evidence)
 
-    def redo(self, snapshot: Tuple[int, Tensors, Tensors, Dict[str, int], Dict[str, int]], decoded: Sequence[Tensors],
+    def redo(self, snapshot: Tuple[int, Tensors, Tensors, Dict[str, int], Dict[str, int], Dict[str, standing.Evidence]],
+             decoded: Sequence[Tensors],
              excluded: Optional[Mapping[str, str]] = None) -> Settled:
         """Conclude the round of ``snapshot`` again, from its θ and shared state, with ``decoded``:
         the same arithmetic as ``conclude``, so the same bits as a member that concluded it with
         these payloads the first time. The local buffers are not settled again."""
-        round_no, theta, shared, standing_then, eligibility_then = snapshot
+        round_no, theta, shared, standing_then, eligibility_then, evidence_then = snapshot
         with self.lock:
             self.install({n: t.clone() for n, t in theta.items()}, round_no, shared, standing=standing_then,
-                         eligibility=eligibility_then)
+                         eligibility=eligibility_then, evidence=evidence_then)
             return self.conclude(decoded, None, delivered=False, excluded=excluded)
 
     def settle_round(self, payloads: Mapping[str, bytes], pending: Optional[Pending], me: str,
@@ -295,7 +302,7 @@ class RoundEngine:
             self.strategy.load_shared_state(leader.strategy.shared_state())
             self._theta = {n: t.clone() for n, t in leader.theta.items()}
             self.standing, self.round, self._hash, self._digest = dict(leader.standing), leader.round, leader._hash, None
-            self.eligibility = dict(leader.eligibility)
+            self.eligibility, self.evidence = dict(leader.eligibility), dict(leader.evidence)
 
     def defer(self, pending: Pending) -> None:
         """The round found no group: keep all of this round's signal in the local buffers."""

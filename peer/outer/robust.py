@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from peer.outer.consensus import agreement, copies, score_contributions
-from protocol.round.standing import AGAINST, ESTABLISHED, FRESH_SHARE, MIN_JUDGES, weights
+from protocol.round.standing import AGAINST, ESTABLISHED, FRESH_SHARE, MIN_JUDGES, Evidence, convinced, weights
 from protocol.codecs.fields import MAX_ABS
 
 __all__ = ["CLIP_MULTIPLE", "PLAIN", "PROJECTED", "REFUSED", "Contributions", "kinds_of", "NonFiniteStep", "Outcome", "Screening", "robust_step", "screen",
@@ -160,7 +160,8 @@ class Screening:
     copies: Dict[int, int] = field(default_factory=dict)  # position -> the position of the copy that counts
 
 
-def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, established: set, kinds: List[int]) -> None:
+def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, established: set, kinds: List[int],
+               evidence: Mapping[int, Evidence]) -> None:
     """The direction check of ``screen``, on ``out.kept``: copies counted once, then every other
     contribution scored. A contribution to θ itself (``PLAIN``) is judged by the others of its kind
     where it can be compared with one: a chain stage trains θ projected onto its links' subspace
@@ -168,7 +169,8 @@ def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, establi
     must not sink an honest full replica's score. A chain stage's is judged by all: θ is the model
     the run trains, and an update that does not agree with the others' (a chain that joined a run
     under way: +2 % loss at equal honest tokens when counted, bench/chains.py --warm-rounds) does
-    not count."""
+    not count. A fresh contribution below ``min_z`` counts where its sender's evidence (``evidence``:
+    position -> its pool, protocol/round/standing.py) pooled with this score reaches it."""
     checked = list(out.kept)
     contributions = [decoded[i] for i in checked]
     pairs = agreement(contributions)
@@ -191,22 +193,26 @@ def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, establi
         if i in established and z <= -AGAINST * min_z:
             out.excluded[i] = (f"its direction points against the others' of its round ({z:+.1f} standard "
                                f"deviations from chance; {-AGAINST * min_z:g} or less refuses an established sender)")
-        elif i not in established and z < min_z:
+        elif i not in established and not convinced(evidence.get(i), z, min_z):
+            rounds = evidence[i][1] + 1 if i in evidence and z > 0 else 1
             out.excluded[i] = (f"its direction agrees with the others' of its round {z:+.1f} standard deviations "
-                               f"above chance, below the {min_z:g} a sender without standing needs")
+                               f"above chance ({rounds} round{'s' if rounds > 1 else ''} pooled), below the {min_z:g} "
+                               f"a sender without standing needs")
         else:
             continue
         out.kept.remove(i)
 
 
 def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: float = 0.0,
-           established: Iterable[int] = (), kinds: Optional[Sequence[int]] = None) -> Screening:
+           established: Iterable[int] = (), kinds: Optional[Sequence[int]] = None,
+           evidence: Optional[Mapping[int, Evidence]] = None) -> Screening:
     """Check every contribution, screen their directions (``min_z``; 0: no such check), then clip
     each tensor whose norm exceeds ``multiple`` x the median norm of that tensor over the contributions
     that carry it to that median (``math.inf``: no clipping). ``established``: the positions whose
     senders have standing in this lineage (protocol/round/standing.py): once ``MIN_JUDGES`` of them
     are here only they judge, and they are refused only for pointing against the others (score <=
-    -AGAINST x min_z); a fresh contribution must show agreement (score >= min_z). ``kinds``: the
+    -AGAINST x min_z); a fresh contribution must show agreement (score >= min_z, or pooled with its
+    ``evidence`` by position, standing.convinced). ``kinds``: the
     model each was trained on (``kinds_of``): a full replica is not judged by chain stages
     (``_direction``)."""
     out = Screening()
@@ -219,7 +225,8 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
         else:
             out.excluded[i] = why
     if min_z > 0 and len(out.kept) >= 2:
-        _direction(out, decoded, min_z, set(established), kinds_of(decoded) if kinds is None else list(kinds))
+        _direction(out, decoded, min_z, set(established), kinds_of(decoded) if kinds is None else list(kinds),
+                   evidence or {})
     scales: Dict[int, Dict[str, float]] = {i: {} for i in out.kept}
     names = list(dict.fromkeys(name for i in out.kept for name in decoded[i]))  # first-seen order
     for name in names:
@@ -265,15 +272,17 @@ class Outcome:
 
 
 def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: int = -1,
-                multiple: Optional[float] = None, standing: Optional[Mapping[str, int]] = None) -> Outcome:
+                multiple: Optional[float] = None, standing: Optional[Mapping[str, int]] = None,
+                evidence: Optional[Mapping[str, Evidence]] = None) -> Outcome:
     """Check, screen by direction, clip, aggregate with ``strategy`` and apply its outer step to
     ``theta`` (in place). The direction check's threshold is the strategy's ``min_agreement``
     (the run spec's ``outer.min_agreement``; absent: none); ``standing``: rounds counted per
-    sender in this lineage (protocol/round/standing.py)."""
+    sender in this lineage, ``evidence``: fresh senders' pooled scores (protocol/round/standing.py)."""
     names = sender_names(decoded)
     multiple = getattr(strategy, "clip_multiple", CLIP_MULTIPLE) if multiple is None else multiple
     established = {i for i, n in enumerate(names) if (standing or {}).get(n, 0) >= ESTABLISHED}
-    s = screen(decoded, multiple, getattr(strategy, "min_agreement", 0.0), established, kinds_of(decoded))
+    pools = {i: (evidence or {})[n] for i, n in enumerate(names) if n in (evidence or {})}
+    s = screen(decoded, multiple, getattr(strategy, "min_agreement", 0.0), established, kinds_of(decoded), pools)
     excluded = {names[i]: f"{REFUSED}: {why}" for i, why in s.excluded.items()}
     kept = list(s.kept)
     while kept:

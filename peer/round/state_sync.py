@@ -332,6 +332,7 @@ class StateSync:
             raise StateAhead(f"state of round {round_no} is ahead of the round {max_round - 1} its server reports", round_no)
         try:
             table = standing.checked(meta.get("standing"))  # absent from an older peer's state: empty
+            pools = standing.checked_evidence(meta.get("evidence"))  # absent: no fresh sender pools scores
         except standing.StandingError as e:
             raise ProtocolError(f"state's standing table: {e}") from None
         try:
@@ -346,7 +347,7 @@ class StateSync:
             digests = {h.partition(":")[2] for h in hashes if h.partition(":")[0] == theta_hash}
             if not digests:
                 raise StateUnreported(f"θ {theta_hash} of round {round_no} is none of those its peers report")
-            digest, reported_digests = state_digest(shared, table, who_sends), digests - {""}  # "": a record of θ alone
+            digest, reported_digests = state_digest(shared, table, who_sends, pools), digests - {""}  # "": a record of θ alone
             if reported_digests and digest not in reported_digests:
                 raise StateUnreported(f"the standing table and shared state served with θ {theta_hash} of round "
                                       f"{round_no} (digest {digest}) are none that its peers report with it")
@@ -356,7 +357,8 @@ class StateSync:
         own_round = self.engine.round
         forget = not own_round <= round_no <= own_round + self.membership.timing.keep_local_rounds
         try:
-            self.engine.install(theta, round_no, shared, forget_local=forget, standing=table, eligibility=who_sends)
+            self.engine.install(theta, round_no, shared, forget_local=forget, standing=table, eligibility=who_sends,
+                                evidence=pools)
         except ValueError as e:
             raise ProtocolError(str(e)) from None
         if forget and own_round > 0:  # (a newcomer's buffers were empty)

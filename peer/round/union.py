@@ -161,7 +161,7 @@ def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int,
     engine = peer.engine
     drawn = None
     if lists is not None:  # fetched before the lock: the next round's steps go on meanwhile
-        drawn = draw.take(peer, last.round, last.base, sets, lists, peer.membership.timing.set_fetch_s, *last.snapshot[3:])
+        drawn = draw.take(peer, last.round, last.base, sets, lists, peer.membership.timing.set_fetch_s, *last.snapshot[3:5])
         if draw.NOT_FETCHED in drawn.excluded.values():  # θ would not be what (base, sets) names
             raise RuntimeError("a payload the union's draw chose could not be fetched")
     with engine.lock:
@@ -170,7 +170,7 @@ def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int,
         old = last.after_hash
         if drawn is None:
             payloads, excluded = group_sets.union(sets[d] for d in sorted(sets))
-            chosen, invalid, _ = engine.choose(payloads, last.round, last.base, *last.snapshot[3:])  # as drawn then
+            chosen, invalid, _ = engine.choose(payloads, last.round, last.base, *last.snapshot[3:5])  # as drawn then
             count = len(payloads)
         else:
             chosen, invalid, excluded, count = drawn.payloads, dict(drawn.invalid), drawn.excluded, len(drawn.senders)

@@ -16,7 +16,20 @@ the others of its round; standing decides who judges and how much benefit of the
   (score ≤ −``AGAINST`` × min_z: twice the evidence a fresh sender must show for); one with no
   clear direction (|score| < min_z: a slow peer that closed its round
   early, a peer with unusual data, rounds in which its error feedback sent old residue) counts. A
-  fresh sender must show agreement (score ≥ min_z).
+  fresh sender must show agreement: a score ≥ min_z, or its *evidence* pooled over its rounds ≥
+  min_z (below).
+
+Evidence: one round's score of an honest sender with a weak signal (a chain stage, compared on its
+slice of the model, trained on fewer tokens a round: +0.8 to +3.0 in the demo) can sit below min_z
+round after round, and a refusal would leave it fresh for ever. So a fresh sender's positive scores
+are pooled over its consecutive rounds (Stouffer's z: Σ z / √n, the same statistic over more
+coordinates), and a round in which the pooled score reaches min_z counts. A score ≤ 0 starts the
+pool again; it holds the last ``EVIDENCE_ROUNDS`` rounds at most (older ones fade, ``gather``). An
+update without direction (noise: scores symmetric about 0) must string positive rounds together
+above chance to pass (two rounds: a sum of 3√2): scores drawn N(0, 1) count in 0.47 % of rounds
+against 0.13 % for one round above 3, and such a sender needs ``ESTABLISHED`` counted rounds in a
+row to be judged as established (tests/protocol/test_standing.py). Scores are kept in integer
+thousandths, so every member pools the same numbers.
 
 Standing is a function of the lineage's concluded rounds, so every member of the lineage holds
 the same table; it travels with θ in a downloaded state and in a checkpoint. A table from another
@@ -28,13 +41,14 @@ norm, clipped); updates pointing against the others stay refused whatever its st
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
-from typing import Any, Dict, Iterable, List, Mapping, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from protocol.errors import ProtocolError
 
-__all__ = ["AGAINST", "ESTABLISHED", "FRESH_SHARE", "MIN_JUDGES", "MAX_SENDERS", "MAX_COUNT", "StandingError", "advance",
-           "checked", "weights"]
+__all__ = ["AGAINST", "ESTABLISHED", "EVIDENCE_ROUNDS", "FRESH_SHARE", "MIN_JUDGES", "MAX_SENDERS", "MAX_COUNT",
+           "StandingError", "advance", "checked", "checked_evidence", "convinced", "gather", "weights"]
 
 ESTABLISHED = 3  # rounds counted before a sender judges and gets the benefit of the doubt
 # An established sender is refused at a score of -AGAINST x min_agreement or below. Not 1: an honest
@@ -48,6 +62,11 @@ FRESH_SHARE = Fraction(1, 3)
 MAX_SENDERS = 4096  # senders a table keeps; the lowest standing (then the greatest name) goes first
 MAX_COUNT = 1 << 20  # a count stops growing here
 MAX_NAME_CHARS = 128
+EVIDENCE_ROUNDS = 8  # rounds a fresh sender's evidence pools at most
+MILLI = 1000  # evidence is kept in thousandths of a standard deviation: integers, the same everywhere
+MAX_MILLI = 10**9 * EVIDENCE_ROUNDS  # a pool's sum at most (a score is far below 10^6)
+
+Evidence = Tuple[int, int]  # (the sum of a fresh sender's pooled scores in thousandths, the rounds pooled)
 
 
 class StandingError(ProtocolError):
@@ -67,6 +86,55 @@ def advance(standing: Mapping[str, int], counted: Iterable[str], refused: Iterab
     if len(out) > MAX_SENDERS:
         keep = sorted(out, key=lambda s: (-out[s], s))[:MAX_SENDERS]
         out = {s: out[s] for s in keep}
+    return dict(sorted(out.items()))
+
+
+def _milli(z: float) -> int:
+    return max(-MAX_MILLI, min(MAX_MILLI, math.floor(z * MILLI)))
+
+
+def _faded(entry: Optional[Evidence]) -> Evidence:
+    """A pool before a round is added: full (``EVIDENCE_ROUNDS``), it keeps the share of its sum its
+    newest rounds would hold, so a sender cannot live on long-past rounds."""
+    total, rounds = entry if entry else (0, 0)
+    if rounds >= EVIDENCE_ROUNDS:
+        total, rounds = total * (EVIDENCE_ROUNDS - 1) // EVIDENCE_ROUNDS, EVIDENCE_ROUNDS - 1
+    return total, rounds
+
+
+def convinced(entry: Optional[Evidence], z: float, min_z: float) -> bool:
+    """Whether a fresh sender's contribution of score ``z`` counts: ``z`` ≥ ``min_z`` alone, or pooled
+    with the sender's evidence so far (``entry``, from ``gather``) ≥ ``min_z``. Never stricter than
+    the round alone (tests/protocol/test_standing.py)."""
+    if z >= min_z:
+        return True
+    if z <= 0:
+        return False
+    total, rounds = _faded(entry)
+    return (total + _milli(z)) / MILLI / math.sqrt(rounds + 1) >= min_z
+
+
+def gather(evidence: Mapping[str, Evidence], scores: Mapping[str, float], refused: Iterable[str],
+           copied: Iterable[str], after: Mapping[str, int]) -> Dict[str, Evidence]:
+    """The evidence table after a round: every sender scored this round (``scores``, not a copy) and
+    fresh in the table ``after`` it pools a positive score and loses its pool with a score ≤ 0; a
+    sender refused for another reason loses it too, and an established one needs none. At most
+    ``MAX_SENDERS`` entries (the smallest sums go first). Deterministic (tests/protocol/test_standing.py)."""
+    out, copies = dict(evidence), set(copied)
+    for sender, z in scores.items():
+        if sender in copies:
+            continue
+        if z > 0:
+            total, rounds = _faded(out.get(sender))
+            out[sender] = (min(MAX_MILLI, total + _milli(z)), rounds + 1)
+        else:
+            out.pop(sender, None)
+    for sender in refused:
+        if scores.get(sender, 0.0) <= 0:
+            out.pop(sender, None)
+    out = {s: e for s, e in out.items() if after.get(s, 0) < ESTABLISHED and e[0] > 0}
+    if len(out) > MAX_SENDERS:
+        out = {s: out[s] for s in sorted(out, key=lambda s: (-out[s][0], s))[:MAX_SENDERS]}
     return dict(sorted(out.items()))
 
 
@@ -99,3 +167,24 @@ def checked(raw: Any) -> Dict[str, int]:
         if isinstance(count, bool) or not isinstance(count, int) or not 0 < count <= MAX_COUNT:
             raise StandingError(f"a standing table's count must be an integer in [1, {MAX_COUNT}]")
     return dict(sorted(raw.items()))
+
+
+def checked_evidence(raw: Any) -> Dict[str, Evidence]:
+    """An evidence table read from another peer's state or a checkpoint: a map of at most
+    ``MAX_SENDERS`` names to pairs (sum in (0, ``MAX_MILLI``], rounds in [1, ``EVIDENCE_ROUNDS``]);
+    absent (None) reads as empty. Raises StandingError otherwise."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or len(raw) > MAX_SENDERS:
+        raise StandingError(f"an evidence table is a map of at most {MAX_SENDERS} senders")
+    out: Dict[str, Evidence] = {}
+    for sender, entry in raw.items():
+        if not isinstance(sender, str) or not 0 < len(sender) <= MAX_NAME_CHARS:
+            raise StandingError("an evidence table's sender must be a name of 1 to 128 characters")
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in entry):
+            raise StandingError("an evidence table's entry must be a pair of integers")
+        total, rounds = entry
+        if not (0 < total <= MAX_MILLI and 0 < rounds <= EVIDENCE_ROUNDS):
+            raise StandingError(f"an evidence table's entry must be a sum in (0, {MAX_MILLI}] over 1 to {EVIDENCE_ROUNDS} rounds")
+        out[sender] = (total, rounds)
+    return dict(sorted(out.items()))

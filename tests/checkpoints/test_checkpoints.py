@@ -71,6 +71,7 @@ def same(a, b) -> bool:
 def test_a_checkpoint_round_trips_bit_for_bit_and_the_previous_one_is_kept(tmp_path, corpus):
     role, engine = trained_peer(corpus, round_no=3)
     engine.standing = {"peer-a": 3, "peer-b": 1}  # the lineage's standing table travels with θ
+    engine.evidence = {"peer-c": (2164, 1)}  # and so do fresh senders' pooled scores
     checkpoints.save(tmp_path, SPEC, engine, role, tokens=123)
     first = read_checkpoint(tmp_path / CHECKPOINT_NAME)
     engine.install({n: t + 1 for n, t in engine.theta.items()}, 4)
@@ -83,7 +84,7 @@ def test_a_checkpoint_round_trips_bit_for_bit_and_the_previous_one_is_kept(tmp_p
     role2, engine2 = make_peer(corpus, seed=1)
     assert checkpoints.restore(tmp_path, SPEC, engine2, role2) == 456
     assert engine2.round == 4 and engine2.params_hash() == engine.params_hash()
-    assert engine2.standing == {"peer-a": 3, "peer-b": 1}
+    assert engine2.standing == {"peer-a": 3, "peer-b": 1} and engine2.evidence == {"peer-c": (2164, 1)}
     assert all(torch.equal(engine2.strategy.momentum[n], engine.strategy.momentum[n]) for n in engine.strategy.momentum)
     assert role2.stream.state_dict() == role.stream.state_dict() and role2.trainer.step_count == role.trainer.step_count
 
@@ -169,7 +170,7 @@ def test_a_non_finite_state_is_never_written_nor_loaded(tmp_path, corpus, caplog
 @pytest.mark.parametrize(
     "field, value",
     [("stream", [1, 2]), ("optimizer", "adamw"), ("optimizer", {"param_groups": 3, "scalars": {}}),
-     ("round", "7"), ("part", None), ("tokens", -1), ("standing", {"peer-a": -3}), ("standing", [1]),
+     ("round", "7"), ("part", None), ("tokens", -1), ("standing", {"peer-a": -3}), ("standing", [1]), ("evidence", {"peer-a": [0, 1]}),
      (None, ["not", "an", "object"])],
 )
 def test_metadata_of_the_wrong_type_is_refused_cleanly_and_nothing_is_loaded(tmp_path, corpus, caplog, field, value):

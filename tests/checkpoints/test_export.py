@@ -33,7 +33,8 @@ def write_checkpoint(directory: Path, spec: RunSpec, seed: int = 0, round_no: in
     model = build_model(spec.model, seed, spec.partial.slices, spec.partial.attn_slices)
     theta = {n: p.detach().clone() for n, p in model.named_parameters()}
     strategy = SimpleNamespace(shared_state=dict, local_state=dict)
-    engine = SimpleNamespace(lock=threading.Lock(), theta=theta, strategy=strategy, round=round_no, standing={}, eligibility={})
+    engine = SimpleNamespace(lock=threading.Lock(), theta=theta, strategy=strategy, round=round_no, standing={}, eligibility={},
+                             evidence={})
     role = SimpleNamespace(trainer=InnerTrainer(model, spec.inner), part=-1, stream=SimpleNamespace(state_dict=dict))
     checkpoints.save(Path(directory), spec, engine, role, tokens=1234)
     return model.eval()

@@ -115,7 +115,7 @@ def test_each_round_moves_the_eligibility_table_alike_and_it_travels_with_the_st
     assert meta["eligibility"] == group[0].eligibility
     # concluding the last round again starts from the table it started from, moved by that round's draw
     table = dict(group[0].eligibility)
-    group[0].choose(payloads, snap[0], base, *snap[3:])
+    group[0].choose(payloads, snap[0], base, *snap[3:5])
     group[0].redo(snap, [])
     assert group[0].eligibility == table != snap[4]
     group[0].redo(snap, [])  # no draw of that round this time: not moved

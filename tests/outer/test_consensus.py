@@ -203,6 +203,39 @@ def test_the_engine_keeps_standing_in_its_lineage_state_snapshot_and_redo():
     assert engine.standing == {"p0": 4, "p1": 4, "p2": 3}  # from the snapshot's table, not the later one
 
 
+def weak(seed: int, own_noise: float = 4.0):
+    """The shared direction under four times a member's own noise: scores of +1.6 to +2.4 beside honest(0..2)."""
+    own, out = torch.Generator().manual_seed(3000 + seed), {}
+    for name in ("w", "b"):
+        common = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+        u = torch.randn(SIZE, generator=common) + own_noise * torch.randn(SIZE, generator=own)
+        out[name] = u * (torch.rand(SIZE, generator=own) < 0.3)
+    return out
+
+
+def test_a_fresh_sender_whose_every_score_is_below_the_bar_counts_once_its_pooled_scores_reach_it():
+    """A chain stage's scores sit at +0.8 to +3.0 (the demo): one round alone never lets it in; its
+    evidence, pooled over rounds in the lineage's state, does (protocol/round/standing.py)."""
+    strategy = make_strategy(SPEC, layout={"w": (SIZE,), "b": (SIZE,)})
+    engine = RoundEngine(strategy, {"w": torch.zeros(SIZE), "b": torch.zeros(SIZE)})
+    engine.install(engine.theta, 0, standing={"p0": 3, "p1": 3, "p2": 3})
+    senders, fresh_digest, outcomes = ["p0", "p1", "p2", "stage"], None, []
+    for seed in (0, 1, 2, 3, 5):
+        settled = engine.conclude(Contributions([honest(0), honest(1), honest(2), weak(seed)], senders), None,
+                                  delivered=False)
+        assert settled.scores["stage"] < 3.0
+        outcomes.append("stage" in settled.excluded)
+        if seed == 0:
+            meta, _ = engine.shareable()
+            assert meta["evidence"] == {"stage": [2164, 1]} and "1 round pooled" in settled.excluded["stage"]
+            fresh_digest = engine.state_digest()
+            twin = RoundEngine(make_strategy(SPEC, layout={"w": (SIZE,), "b": (SIZE,)}), engine.theta)
+            twin.install(engine.theta, engine.round, standing=engine.standing)
+            assert twin.state_digest() != fresh_digest and twin.evidence == {}  # the pool is part of the state
+    assert outcomes == [True, True, False, False, False]  # (2.16 + 2.04 + 2.23) / sqrt(3) = 3.71
+    assert engine.standing["stage"] == 3 and engine.evidence == {}  # established: judged as such from now on
+
+
 # --- copies ----------------------------------------------------------------------------------------
 def near_copy(c, flip: float, drop: float = 0.0, seed: int = 9, scale: float = 0.9):
     """``c`` scaled, with a fraction ``flip`` of its set coordinates' signs flipped and ``drop`` of them unset."""
