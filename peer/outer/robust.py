@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from peer.outer.consensus import agreement, copies, score_contributions
-from protocol.round.standing import AGAINST, ESTABLISHED, FRESH_SHARE, MIN_JUDGES, Evidence, convinced, weights
+from protocol.round.standing import AGAINST, ESTABLISHED, EVIDENCE_ROUNDS, FRESH_SHARE, MIN_JUDGES, Evidence, convinced, weights
 from protocol.codecs.fields import MAX_ABS
 
 __all__ = ["CLIP_MULTIPLE", "PLAIN", "PROJECTED", "REFUSED", "Contributions", "kinds_of", "NonFiniteStep", "Outcome", "Screening", "robust_step", "screen",
@@ -194,7 +194,7 @@ def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, establi
             out.excluded[i] = (f"its direction points against the others' of its round ({z:+.1f} standard "
                                f"deviations from chance; {-AGAINST * min_z:g} or less refuses an established sender)")
         elif i not in established and not convinced(evidence.get(i), z, min_z):
-            rounds = evidence[i][1] + 1 if i in evidence and z > 0 else 1
+            rounds = min(evidence[i][1], EVIDENCE_ROUNDS - 1) + 1 if i in evidence and z > 0 else 1
             out.excluded[i] = (f"its direction agrees with the others' of its round {z:+.1f} standard deviations "
                                f"above chance ({rounds} round{'s' if rounds > 1 else ''} pooled), below the {min_z:g} "
                                f"a sender without standing needs")
