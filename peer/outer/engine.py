@@ -123,7 +123,8 @@ class RoundEngine:
                 self.strategy.forget_local_state()
             if standing is not None:
                 self.standing = dict(standing)
-                self.evidence = dict(evidence or {})  # a table without evidence: a state from before it existed
+                # taken with the standing table only (the two move together); none: a state from before evidence
+                self.evidence = dict(evidence or {})
             if eligibility is not None:
                 self.eligibility = dict(eligibility)
             self._theta, self.round, self._hash, self._digest = theta, round_no, None, None
@@ -248,7 +249,8 @@ class RoundEngine:
             self.standing = standing.advance(
                 self.standing, [s for s in sender_names(decoded) if s not in outcome.excluded and s not in outcome.copied],
                 outcome.excluded)
-            self.evidence = standing.gather(self.evidence, outcome.scores, outcome.excluded, outcome.copied, self.standing)
+            self.evidence = standing.gather(self.evidence, outcome.scores, outcome.excluded, outcome.copied, self.standing,
+                                            outcome.unconvinced)
             counts = self._candidates.pop(self.round, None)
             if counts is not None:  # the round's draw saw these candidates (K > 0): every member alike
                 self.eligibility = eligibility.update(self.eligibility, counts, getattr(self.strategy, "max_contributions", 0))

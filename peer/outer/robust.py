@@ -158,6 +158,7 @@ class Screening:
     limits: Dict[str, float] = field(default_factory=dict)  # tensor name -> the norm past which it was clipped
     scores: Dict[int, float] = field(default_factory=dict)  # position -> its agreement with the others (z)
     copies: Dict[int, int] = field(default_factory=dict)  # position -> the position of the copy that counts
+    unconvinced: List[int] = field(default_factory=list)  # positions refused only for too little evidence (z > 0)
 
 
 def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, established: set, kinds: List[int],
@@ -198,6 +199,8 @@ def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, establi
             out.excluded[i] = (f"its direction agrees with the others' of its round {z:+.1f} standard deviations "
                                f"above chance ({rounds} round{'s' if rounds > 1 else ''} pooled), below the {min_z:g} "
                                f"a sender without standing needs")
+            if z > 0:
+                out.unconvinced.append(i)
         else:
             continue
         out.kept.remove(i)
@@ -264,6 +267,8 @@ class Outcome:
     weighed: Dict[str, float] = field(default_factory=dict)
     # sender -> the sender whose contribution, a copy of its own, counted in its place (consensus.copies)
     copies: Dict[str, str] = field(default_factory=dict)
+    # senders refused only because a fresh sender's evidence fell short (their pools go on: standing.gather)
+    unconvinced: List[str] = field(default_factory=list)
 
     @property
     def copied(self) -> set:
@@ -299,7 +304,8 @@ def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: 
     lighter = {names[kept[p]]: w for p, w in weighed.items()}
     copied = {names[i]: names[first] for i, first in s.copies.items()}
     _log(round_no, multiple, excluded, clipped, lighter, copied)
-    return Outcome(len(kept), excluded, clipped, {names[i]: z for i, z in s.scores.items()}, lighter, copied)
+    return Outcome(len(kept), excluded, clipped, {names[i]: z for i, z in s.scores.items()}, lighter, copied,
+                   [names[i] for i in s.unconvinced])
 
 
 def lightest(contributions: Sequence[Tensors], established: Sequence[bool]) -> Dict[int, float]:

@@ -333,8 +333,8 @@ class StateSync:
         try:
             table = standing.checked(meta.get("standing"))  # absent from an older peer's state: empty
             pools = standing.checked_evidence(meta.get("evidence"))  # absent: no fresh sender pools scores
-        except standing.StandingError as e:
-            raise ProtocolError(f"state's standing table: {e}") from None
+        except standing.StandingError as e:  # says which table
+            raise ProtocolError(f"state's standing: {e}") from None
         try:
             who_sends = eligibility.checked(meta.get("eligibility"))  # absent from an older peer's state: empty
         except eligibility.EligibilityError as e:

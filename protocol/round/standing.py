@@ -115,12 +115,13 @@ def convinced(entry: Optional[Evidence], z: float, min_z: float) -> bool:
 
 
 def gather(evidence: Mapping[str, Evidence], scores: Mapping[str, float], refused: Iterable[str],
-           copied: Iterable[str], after: Mapping[str, int]) -> Dict[str, Evidence]:
+           copied: Iterable[str], after: Mapping[str, int], unconvinced: Iterable[str] = ()) -> Dict[str, Evidence]:
     """The evidence table after a round: every sender scored this round (``scores``, not a copy) and
     fresh in the table ``after`` it pools a positive score and loses its pool with a score ≤ 0; a
-    sender refused for another reason loses it too, and an established one needs none. At most
+    sender ``refused`` for another reason than too little evidence (``unconvinced``: refused by
+    ``convinced`` alone) loses it too, and an established one needs none. At most
     ``MAX_SENDERS`` entries (the smallest sums go first). Deterministic (tests/protocol/test_standing.py)."""
-    out, copies = dict(evidence), set(copied)
+    out, copies, doubted = dict(evidence), set(copied), set(unconvinced)
     for sender, z in scores.items():
         if sender in copies:
             continue
@@ -130,7 +131,7 @@ def gather(evidence: Mapping[str, Evidence], scores: Mapping[str, float], refuse
         else:
             out.pop(sender, None)
     for sender in refused:
-        if scores.get(sender, 0.0) <= 0:
+        if sender not in doubted:
             out.pop(sender, None)
     out = {s: e for s, e in out.items() if after.get(s, 0) < ESTABLISHED and e[0] > 0}
     if len(out) > MAX_SENDERS:

@@ -66,7 +66,7 @@ def test_a_fresh_sender_with_a_weak_but_steady_direction_counts_once_its_pooled_
         counts = convinced(evidence.get("chain"), z, 3.0)
         counted_rounds += [r] if counts else []
         table = advance(table, ["chain"] if counts else [], [] if counts else ["chain"])
-        evidence = gather(evidence, {"chain": z}, [] if counts else ["chain"], [], table)
+        evidence = gather(evidence, {"chain": z}, [] if counts else ["chain"], [], table, [] if counts else ["chain"])
     assert counted_rounds == [2, 3, 4]  # (2 + 2.2 + 1.9) / sqrt(3) = 3.52
     assert "chain" not in evidence and table["chain"] == 3  # established: judged as such from now on
     assert convinced(None, 3.0, 3.0) and convinced({"x": (9000, 8)}["x"], 3.5, 3.0)  # never stricter than one round
@@ -76,8 +76,9 @@ def test_a_fresh_sender_with_a_weak_but_steady_direction_counts_once_its_pooled_
 def test_a_score_at_or_below_zero_or_a_refusal_for_another_reason_starts_the_pool_again():
     from protocol.round.standing import EVIDENCE_ROUNDS, gather
 
-    pools = gather({}, {"a": 2.0, "b": 1.5, "c": -0.5}, ["a", "b", "c"], [], {})
+    pools = gather({}, {"a": 2.0, "b": 1.5, "c": -0.5}, ["a", "b", "c"], [], {}, unconvinced=["a", "b"])
     assert pools == {"a": (2000, 1), "b": (1500, 1)}
+    assert gather({}, {"a": 2.0}, ["a"], [], {}) == {}  # scored, then refused for another reason (a non-finite step)
     assert gather(pools, {"a": -0.1}, ["a"], [], {}) == {"b": (1500, 1)}
     assert gather(pools, {}, ["b"], [], {}) == {"a": (2000, 1)}  # refused unscored: a bad payload
     assert gather(pools, {"a": 2.0}, [], ["a"], {}) == pools  # a copy pools nothing
@@ -99,7 +100,7 @@ def test_noise_passes_the_pooled_bar_about_as_seldom_as_the_single_round_bar():
         counts = convinced(evidence.get("n"), z, 3.0)
         passed += counts
         table = {"n": 1} if counts else {}  # never established: judged as fresh every round
-        evidence = gather(evidence, {"n": z}, [] if counts else ["n"], [], table)
+        evidence = gather(evidence, {"n": z}, [] if counts else ["n"], [], table, [] if counts or z <= 0 else ["n"])
     assert passed / rounds < 4 * 0.00135, passed / rounds
 
 
