@@ -158,30 +158,32 @@ def checked(raw: Any) -> Dict[str, int]:
     """A table read from another peer's state or from a checkpoint: a map of at most
     ``MAX_SENDERS`` names (str, 1 to 128 characters) to counts in [1, MAX_COUNT]; absent (None)
     reads as empty. Raises StandingError otherwise."""
+    table = _senders(raw, "a standing table")
+    for count in table.values():
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 < count <= MAX_COUNT:
+            raise StandingError(f"a standing table's count must be an integer in [1, {MAX_COUNT}]")
+    return dict(sorted(table.items()))
+
+
+def _senders(raw: Any, what: str) -> Dict[Any, Any]:
+    """``raw`` as a map of at most ``MAX_SENDERS`` sender names (str, 1 to 128 characters) to values
+    the caller checks; None reads as empty. Raises StandingError naming ``what`` otherwise."""
     if raw is None:
         return {}
     if not isinstance(raw, dict) or len(raw) > MAX_SENDERS:
-        raise StandingError(f"a standing table is a map of at most {MAX_SENDERS} senders")
-    for sender, count in raw.items():
+        raise StandingError(f"{what} is a map of at most {MAX_SENDERS} senders")
+    for sender in raw:
         if not isinstance(sender, str) or not 0 < len(sender) <= MAX_NAME_CHARS:
-            raise StandingError("a standing table's sender must be a name of 1 to 128 characters")
-        if isinstance(count, bool) or not isinstance(count, int) or not 0 < count <= MAX_COUNT:
-            raise StandingError(f"a standing table's count must be an integer in [1, {MAX_COUNT}]")
-    return dict(sorted(raw.items()))
+            raise StandingError(f"{what}'s sender must be a name of 1 to {MAX_NAME_CHARS} characters")
+    return raw
 
 
 def checked_evidence(raw: Any) -> Dict[str, Evidence]:
     """An evidence table read from another peer's state or a checkpoint: a map of at most
     ``MAX_SENDERS`` names to pairs (sum in (0, ``MAX_MILLI``], rounds in [1, ``EVIDENCE_ROUNDS``]);
     absent (None) reads as empty. Raises StandingError otherwise."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict) or len(raw) > MAX_SENDERS:
-        raise StandingError(f"an evidence table is a map of at most {MAX_SENDERS} senders")
     out: Dict[str, Evidence] = {}
-    for sender, entry in raw.items():
-        if not isinstance(sender, str) or not 0 < len(sender) <= MAX_NAME_CHARS:
-            raise StandingError("an evidence table's sender must be a name of 1 to 128 characters")
+    for sender, entry in _senders(raw, "an evidence table").items():
         if not isinstance(entry, (list, tuple)) or len(entry) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in entry):
             raise StandingError("an evidence table's entry must be a pair of integers")
         total, rounds = entry
