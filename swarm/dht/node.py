@@ -25,6 +25,7 @@ from swarm.access.admission import JoinTokenAuthorizer
 from swarm.console import UsageError
 from swarm.dht.channels import install_channels
 from swarm.dht.depth_guard import guard_decoder, install_guard
+from swarm.dht.store_quota import install_store_quota
 from swarm.access.identity import Identity, NodeTrust, prepare_identity, register
 from swarm.access.join_probe import MAX_ALTERNATES, PRIVATE, PUBLIC, TOKEN_BAD, TOKEN_OK, join_help, serve_run_access
 from swarm.access.reachability import dial, dial_failure, peer_answers, serve_dial_back, tcp_accepts
@@ -290,6 +291,7 @@ def _start_node(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity
                 use_relay, use_auto_relay) -> hivemind.DHT:
     """One attempt at starting the node; UsageError, or _JoinTimeout to try again."""
     guard_decoder()  # a DHT process forked from here decodes nothing nested past MAX_DEPTH
+    install_store_quota()  # and keeps what other peers store within a bound, shared among them
     try:
         dht = hivemind.DHT(
             start=True,
