@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -33,7 +33,7 @@ from peer.outer.strategies import OuterStrategy, Pending, Tensors, canonical_ord
 from protocol.errors import ProtocolError
 from protocol.wire.payload import Part, claimed_part
 
-__all__ = ["RoundEngine", "Settled"]
+__all__ = ["RoundEngine", "Settled", "Snapshot"]
 
 
 @dataclass
@@ -49,6 +49,17 @@ class Settled:
     passed: List[str] = field(default_factory=list)  # senders not chosen this round (protocol/round/choice.py)
     copies: Dict[str, str] = field(default_factory=dict)  # sender -> the sender whose copy of its update counted
     weighed: Dict[str, float] = field(default_factory=dict)  # sender -> its weight where below 1 (a fresh sender)
+
+
+class Snapshot(NamedTuple):
+    """What concluding a round again starts from (``RoundEngine.snapshot``), copied."""
+
+    round: int
+    theta: Tensors
+    shared: Tensors  # the strategy's shared state
+    standing: Dict[str, int]
+    eligibility: Dict[str, int]
+    evidence: Dict[str, standing.Evidence]
 
 
 class RoundEngine:
@@ -262,17 +273,15 @@ class RoundEngine:
             self._hash = self._digest = None
         return settled
 
-    def snapshot(self) -> Tuple[int, Tensors, Tensors, Dict[str, int], Dict[str, int], Dict[str, standing.Evidence]]:
-        """(round, θ, the strategy's shared state, the standing table, the eligibility table, the
-        evidence table), copied: what concluding this round again starts from."""
+    def snapshot(self) -> Snapshot:
+        """The round, θ, the strategy's shared state and the standing, eligibility and evidence
+        tables, copied: what concluding this round again starts from."""
         with self.lock:
             theta = {n: t.clone() for n, t in self._theta.items()}
             shared = {k: v.clone() for k, v in self.strategy.shared_state().items()}
-            return self.round, theta, shared, dict(self.standing), dict(self.eligibility), dict(self.evidence)
+            return Snapshot(self.round, theta, shared, dict(self.standing), dict(self.eligibility), dict(self.evidence))
 
-    def redo(self, snapshot: Tuple[int, Tensors, Tensors, Dict[str, int], Dict[str, int], Dict[str, standing.Evidence]],
-             decoded: Sequence[Tensors],
-             excluded: Optional[Mapping[str, str]] = None) -> Settled:
+    def redo(self, snapshot: Snapshot, decoded: Sequence[Tensors], excluded: Optional[Mapping[str, str]] = None) -> Settled:
         """Conclude the round of ``snapshot`` again, from its θ and shared state, with ``decoded``:
         the same arithmetic as ``conclude``, so the same bits as a member that concluded it with
         these payloads the first time. The local buffers are not settled again."""

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
+from peer.outer.engine import Snapshot
 from peer.round import draw
 from peer.round.draw import SetList
 from peer.round.draw import fetch_checked_set
@@ -47,7 +48,7 @@ class LastRound:
     """What concluding round ``round`` again takes."""
 
     round: int
-    snapshot: object  # RoundEngine.snapshot(): θ and the shared state before the round's outer step
+    snapshot: Snapshot  # θ, the shared state and the tables before the round's outer step
     sets: Dict[str, Dict[str, bytes]]  # set name -> sender -> payload: every set the union held
     base: str  # θ's hash before the round's outer step
     after_hash: str = ""  # θ's hash once the round was concluded (a state installed since changes θ)
@@ -161,7 +162,7 @@ def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int,
     engine = peer.engine
     drawn = None
     if lists is not None:  # fetched before the lock: the next round's steps go on meanwhile
-        drawn = draw.take(peer, last.round, last.base, sets, lists, peer.membership.timing.set_fetch_s, *last.snapshot[3:5])
+        drawn = draw.take(peer, last.round, last.base, sets, lists, peer.membership.timing.set_fetch_s, last.snapshot.standing, last.snapshot.eligibility)
         if draw.NOT_FETCHED in drawn.excluded.values():  # θ would not be what (base, sets) names
             raise RuntimeError("a payload the union's draw chose could not be fetched")
     with engine.lock:
@@ -170,7 +171,7 @@ def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int,
         old = last.after_hash
         if drawn is None:
             payloads, excluded = group_sets.union(sets[d] for d in sorted(sets))
-            chosen, invalid, _ = engine.choose(payloads, last.round, last.base, *last.snapshot[3:5])  # as drawn then
+            chosen, invalid, _ = engine.choose(payloads, last.round, last.base, last.snapshot.standing, last.snapshot.eligibility)  # as drawn then
             count = len(payloads)
         else:
             chosen, invalid, excluded, count = drawn.payloads, dict(drawn.invalid), drawn.excluded, len(drawn.senders)

@@ -24,7 +24,8 @@ slice of the model, trained on fewer tokens a round: +0.8 to +3.0 in the demo) c
 round after round, and a refusal would leave it fresh for ever. So a fresh sender's positive scores
 are pooled over its consecutive rounds (Stouffer's z: Σ z / √n, the same statistic over more
 coordinates), and a round in which the pooled score reaches min_z counts. A score ≤ 0 starts the
-pool again; it holds the last ``EVIDENCE_ROUNDS`` rounds at most (older ones fade, ``gather``). An
+pool again; it holds the last ``EVIDENCE_ROUNDS`` rounds at most (older ones fade, ``gather``), and
+it fades in each round its sender is not scored, so a departed sender's pool does not stay. An
 update without direction (noise: scores symmetric about 0) must string positive rounds together
 above chance to pass (two rounds: a sum of 3√2): scores drawn N(0, 1) count in 0.47 % of rounds
 against 0.13 % for one round above 3, and such a sender needs ``ESTABLISHED`` counted rounds in a
@@ -47,7 +48,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from protocol.errors import ProtocolError
 
-__all__ = ["AGAINST", "ESTABLISHED", "EVIDENCE_ROUNDS", "FRESH_SHARE", "MIN_JUDGES", "MAX_SENDERS", "MAX_COUNT",
+__all__ = ["ABSENT_ROUNDS", "AGAINST", "ESTABLISHED", "EVIDENCE_ROUNDS", "FRESH_SHARE", "MIN_JUDGES", "MAX_SENDERS", "MAX_COUNT",
            "StandingError", "advance", "checked", "checked_evidence", "convinced", "gather", "weights"]
 
 ESTABLISHED = 3  # rounds counted before a sender judges and gets the benefit of the doubt
@@ -65,6 +66,9 @@ MAX_NAME_CHARS = 128
 EVIDENCE_ROUNDS = 8  # rounds a fresh sender's evidence pools at most
 MILLI = 1000  # evidence is kept in thousandths of a standard deviation: integers, the same everywhere
 MAX_MILLI = 10**9 * EVIDENCE_ROUNDS  # a pool's sum at most (a score is far below 10^6)
+
+# rounds without a score after which the largest pool (MAX_MILLI) has faded to nothing, at 7/8 a round
+ABSENT_ROUNDS = math.ceil(math.log(MAX_MILLI) / math.log(EVIDENCE_ROUNDS / (EVIDENCE_ROUNDS - 1))) + 1
 
 Evidence = Tuple[int, int]  # (the sum of a fresh sender's pooled scores in thousandths, the rounds pooled)
 
@@ -119,9 +123,14 @@ def gather(evidence: Mapping[str, Evidence], scores: Mapping[str, float], refuse
     """The evidence table after a round: every sender scored this round (``scores``, not a copy) and
     fresh in the table ``after`` it pools a positive score and loses its pool with a score ≤ 0; a
     sender ``refused`` for another reason than too little evidence (``unconvinced``: refused by
-    ``convinced`` alone) loses it too, and an established one needs none. At most
-    ``MAX_SENDERS`` entries (the smallest sums go first). Deterministic (tests/protocol/test_standing.py)."""
+    ``convinced`` alone) loses it too, and an established one needs none. A sender not scored this
+    round keeps 7/8 of its sum (a departed sender's pool is gone within ``ABSENT_ROUNDS``, not left to
+    fill the table). At most ``MAX_SENDERS`` entries (the smallest sums go first). Deterministic
+    (tests/protocol/test_standing.py)."""
     out, copies, doubted = dict(evidence), set(copied), set(unconvinced)
+    for sender, (total, rounds) in evidence.items():
+        if sender not in scores:  # not scored this round: the pool fades, and is gone within ABSENT_ROUNDS
+            out[sender] = (total * (EVIDENCE_ROUNDS - 1) // EVIDENCE_ROUNDS, rounds)
     for sender, z in scores.items():
         if sender in copies:
             continue

@@ -79,11 +79,26 @@ def test_a_score_at_or_below_zero_or_a_refusal_for_another_reason_starts_the_poo
     pools = gather({}, {"a": 2.0, "b": 1.5, "c": -0.5}, ["a", "b", "c"], [], {}, unconvinced=["a", "b"])
     assert pools == {"a": (2000, 1), "b": (1500, 1)}
     assert gather({}, {"a": 2.0}, ["a"], [], {}) == {}  # scored, then refused for another reason (a non-finite step)
-    assert gather(pools, {"a": -0.1}, ["a"], [], {}) == {"b": (1500, 1)}
-    assert gather(pools, {}, ["b"], [], {}) == {"a": (2000, 1)}  # refused unscored: a bad payload
-    assert gather(pools, {"a": 2.0}, [], ["a"], {}) == pools  # a copy pools nothing
+    assert gather(pools, {"a": -0.1}, ["a"], [], {}) == {"b": (1312, 1)}  # (b, not scored, fades by 1/8)
+    assert gather(pools, {}, ["b"], [], {}) == {"a": (1750, 1)}  # refused unscored: a bad payload
+    assert gather(pools, {"a": 2.0}, [], ["a"], {}) == {"a": (2000, 1), "b": (1312, 1)}  # a copy pools nothing
     full = {"a": (16000, EVIDENCE_ROUNDS)}
     assert gather(full, {"a": 1.0}, [], [], {}) == {"a": (14000 + 1000, EVIDENCE_ROUNDS)}  # the oldest fade
+
+
+def test_a_departed_senders_pool_fades_each_round_and_is_gone_within_absent_rounds():
+    """Before, a pool stayed until the table's cap pushed it out: identities that left with pools
+    larger than an honest chain stage's could push the stage's pool out of a full table."""
+    from protocol.round.standing import ABSENT_ROUNDS, EVIDENCE_ROUNDS, MAX_MILLI, gather
+
+    pools, rounds = {"gone": (MAX_MILLI, EVIDENCE_ROUNDS), "stage": (2500, 1)}, 0
+    pools = gather(pools, {"stage": 1.5}, [], [], {})
+    assert pools["gone"] == (MAX_MILLI * 7 // 8, EVIDENCE_ROUNDS) and pools["stage"] == (4000, 2)
+    while "gone" in pools:
+        pools, rounds = gather(pools, {"stage": 0.5}, [], [], {}), rounds + 1
+    assert rounds < ABSENT_ROUNDS and "stage" in pools
+    skipped = gather({"stage": (4000, 2)}, {}, [], [], {})  # an honest sender missing one round keeps 7/8
+    assert skipped == {"stage": (3500, 2)}
 
 
 def test_noise_passes_the_pooled_bar_about_as_seldom_as_the_single_round_bar():
