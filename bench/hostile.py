@@ -42,6 +42,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import re
 import shutil
 import statistics
@@ -163,6 +164,8 @@ ATTACKS: Dict[str, Attack] = {a.name: a for a in [
     Attack("forged-records", "a DHT node that writes a run spec with lr 50, progress at round 2**62 under every "
            "peer's id and a chain assignment naming itself, with far expirations",
            tests_process("hostile_records", _join, _const("bench-hostile"), _const("3600")), peer=False),
+    Attack("record-flood", "a DHT node that stores valid 16 KB records at every node it meets, 16 MiB/s in all, "
+           "into their storage and their cache", tests_process("record_flood", _join, _const("3600"), _const("16")), peer=False),
     Attack("state-poison", "a groupmate that serves a late joiner θ shifted by 1 % noise (finite: only the hash tells)",
            hostile_peer("serve-poison=shift"), late=True),
 ]}
@@ -218,7 +221,9 @@ def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float,
                 deprioritize(slots[i].proc.pid, nice)
             children.append(slots[i])
         watched = slots[:honest] if attack.argv is not None else slots
+        peak_rss = [0] * len(watched)  # each honest peer's process tree (its DHT process and p2p daemon too), PSS
         while any(c.proc.poll() is None for c in watched) and time.monotonic() < deadline:
+            peak_rss = [max(m, tree_rss(c.proc.pid)) for m, c in zip(peak_rss, watched)]
             time.sleep(0.5)
         codes = [c.proc.poll() for c in watched]
         # a hostile process that died on its own (a bad argument, an import error) attacked nothing
@@ -230,10 +235,27 @@ def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float,
     statuses = [read_status(workdir, i) for i in range(len(watched))]
     logs = [(workdir / f"peer{i}.log").read_text(errors="replace") for i in range(len(watched))]
     result = summarize(attack, statuses, codes, logs, rounds, time.monotonic() - t0)
-    result.update(attacker_failed=bool(failed), honest_peers=honest, hostile_peers=hostile if attack.argv is not None else 0)
+    result.update(attacker_failed=bool(failed), honest_peers=honest, hostile_peers=hostile if attack.argv is not None else 0,
+                  honest_peak_rss_mib=round(max(peak_rss, default=0) / 2**20, 1))
     for i, code in failed:
         print(f"  {attack.name}: hostile process {i} exited with code {code} (see {workdir / f'peer{i}.log'})")
     return result
+
+
+def tree_rss(pid: int) -> int:
+    """Proportional resident bytes (PSS: a page shared by n processes counts 1/n in each, as the DHT
+    process forked from its peer shares most of the peer's pages) of ``pid`` and every process under
+    it now; 0 once it is gone."""
+    from swarm.wire.meter import process_tree
+
+    total = 0
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:")) * 1024
+        except (OSError, ValueError, IndexError, StopIteration):
+            pass
+    return total
 
 
 def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wall: float) -> Dict[str, Any]:

@@ -92,7 +92,8 @@ def over_seeds(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                    round_period_s=mean(runs, "round_period_s"), later_period_s=mean(runs, "later_period_s"),
                    honest_refused=(sum(r["honest_refused"] for r in runs) if all("honest_refused" in r for r in runs)
                                    else None),  # None: runs from before it was counted
-                   attacker_failed=any(r.get("attacker_failed") for r in runs))
+                   attacker_failed=any(r.get("attacker_failed") for r in runs),
+                   honest_peak_rss_mib=max((r["honest_peak_rss_mib"] for r in runs if r.get("honest_peak_rss_mib")), default=None))
         for key in ("loss_vs_honest", "loss_vs_clean", "time_vs_clean", "period_vs_clean", "later_vs_clean"):
             row[key], row[f"{key}_std"] = mean(runs, key), std(runs, key)
         for key in ("attacker_excluded", "attacker_clipped", "attacker_skipped"):
@@ -129,10 +130,11 @@ def print_table(results: List[Dict[str, Any]]) -> None:
               pct(r, "loss_vs_honest"), pct(r, "loss_vs_clean"),
               "yes" if r["hashes_equal"] else "NO", r.get("same_theta", "-"), f"{r['honest_ok']}/{r['honest']}", "-" if r.get("honest_refused") is None else str(r["honest_refused"]),
               secs(r.get("round_period_s")), times(r, "period_vs_clean"), times(r, "later_vs_clean"),
-              times(r, "time_vs_clean"), verdict(r)] for r in results]
+              times(r, "time_vs_clean"), "-" if not r.get("honest_peak_rss_mib") else f"{r['honest_peak_rss_mib']:.0f} MiB",
+              verdict(r)] for r in results]
     seeds = max((len(r.get("seeds", [0])) for r in results), default=1)
     print(table(["attack", "K", "rounds", "honest val loss", "vs honest-only", "vs clean", "θ equal", "θ = honest-only", "honest ok", "honest refused", "round time",
-                 "vs clean*", "from round 2*", "latency*", "attacker excluded/clipped"], lines))
+                 "vs clean*", "from round 2*", "latency*", "honest RSS peak", "attacker excluded/clipped"], lines))
     if seeds > 1:
         print(f"\nover {seeds} seeds: figures are means; the loss ratios are paired by seed, mean ± std.")
     print("\nvs honest-only: against the N honest peers and nobody else, the honest tokens of every attacked run (the\n"
@@ -143,4 +145,5 @@ def print_table(results: List[Dict[str, Any]]) -> None:
           "steps). *against the clean run with as many training\n"
           "processes: 'clean' for attackers that train, 'honest-only' for those that do not. honest ok: honest processes that finished every round and\n"
           "exited normally; θ = honest-only: runs (of the seeds) whose honest peers ended on the honest-only run's θ bit\n"
-          "for bit (with --sequential: the attack changed nothing but time); honest refused: (round, honest sender) pairs whose update an honest peer refused. Goals: loss within 2 % of honest-only, 0 honest processes lost, round time within 1.25x.")
+          "for bit (with --sequential: the attack changed nothing but time); honest refused: (round, honest sender) pairs whose update an honest peer refused; honest RSS peak: the largest proportional resident memory\n"
+          "(PSS) of an honest peer with its DHT process and p2p daemon, sampled every 0.5 s. Goals: loss within 2 % of honest-only, 0 honest processes lost, round time within 1.25x.")

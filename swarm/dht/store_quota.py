@@ -23,19 +23,23 @@ import contextvars
 import functools
 import heapq
 import itertools
+import time
 from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
 import hivemind.dht.protocol as dht_protocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
+from hivemind.proto import dht_pb2
 from hivemind.utils import get_dht_time
 from hivemind.utils.timed_storage import TimedStorage
 
-__all__ = ["QuotaStorage", "install_store_quota", "MAX_STORE_BYTES", "LOCAL"]
+__all__ = ["QuotaStorage", "StoreRate", "install_store_quota", "MAX_STORE_BYTES", "LOCAL"]
 
 MAX_STORE_BYTES = 64 << 20  # per storage (a node has two: records, and its cache); honest swarms use well under 1 %
 RECORD_OVERHEAD = 96  # bytes charged for a record beyond its value and subkey: its slot in hivemind's dicts and heap
+STORE_RATE = 256 << 10  # bytes a second one peer may store at a node (an honest peer: a few KB a round)
+STORE_BURST = 1 << 20  # and at once (a run spec is at most 64 KB)
 LOCAL = ""  # the writer of the node's own records: dropped only when nothing else is left to drop
 
 _writer: contextvars.ContextVar[str] = contextvars.ContextVar("voloco_dht_writer", default=LOCAL)
@@ -182,13 +186,42 @@ def _subkey_bytes(subkey) -> int:
     return len(subkey) if isinstance(subkey, (bytes, str)) else 16
 
 
+class StoreRate:
+    """Bytes each peer may store at this node: ``rate`` a second, ``burst`` at once (a token bucket
+    each, for the ``MAX_TRACKED`` peers seen last). An honest peer stores a few KB a round; a flood
+    beyond the rate is refused before anything decodes or validates it."""
+
+    MAX_TRACKED = 4096
+
+    def __init__(self, rate: float = STORE_RATE, burst: float = STORE_BURST):
+        self.rate, self.burst = rate, burst
+        self._buckets: "OrderedDict[str, Tuple[float, float]]" = OrderedDict()  # peer -> (tokens, when)
+        self.refused = 0
+
+    def take(self, peer: str, size: int, now: float) -> bool:
+        tokens, when = self._buckets.pop(peer, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - when) * self.rate)
+        ok = size <= tokens
+        self._buckets[peer] = (tokens - size if ok else tokens, now)
+        if len(self._buckets) > self.MAX_TRACKED:
+            self._buckets.popitem(last=False)
+        self.refused += not ok
+        return ok
+
+
 _original_rpc_store = dht_protocol.DHTProtocol.rpc_store
 
 
 @functools.wraps(_original_rpc_store)  # (hivemind registers handlers by their annotations)
 async def _attributed_rpc_store(self, request, context):
-    """hivemind's ``rpc_store``, with every record it stores charged to the calling peer."""
-    token = _writer.set(context.remote_id.to_base58())
+    """hivemind's ``rpc_store``, with every record it stores charged to the calling peer, and a
+    request past the peer's ``StoreRate`` refused whole."""
+    peer = context.remote_id.to_base58()
+    rate = self.__dict__.setdefault("store_rate", StoreRate())
+    size = sum(map(len, request.values)) + sum(map(len, request.subkeys)) + 32 * len(request.keys)
+    if not rate.take(peer, size, time.monotonic()):
+        return dht_pb2.StoreResponse(store_ok=[False] * len(request.keys), peer=self.node_info)
+    token = _writer.set(peer)
     try:
         return await _original_rpc_store(self, request, context)
     finally:

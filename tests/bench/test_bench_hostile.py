@@ -25,6 +25,7 @@ def test_quick_clean_and_poisoned(tmp_path, capsys):
     for r in (clean, poisoned):
         assert r["honest_ok"] == r["honest"] and r["hashes_equal"] and r["rounds"] == 3, (r, what_happened(tmp_path / "runs" / r["attack"]))
         assert r["val_loss"] < r["initial_val_loss"]
+        assert r["honest_peak_rss_mib"] > 50  # a peer with torch, its DHT process and p2p daemon
     assert len(poisoned["attacker_excluded"]) == 2 and not clean["attacker_excluded"]
     assert results["honest-only"]["honest"] == 3 and results["honest-only"]["honest_ok"] == 3
     # the poison counted would wreck the loss; the bound leaves room for the noise of 3 rounds of a tiny
@@ -70,7 +71,7 @@ def test_scale_payload_keeps_the_payload_well_formed():
 
 def test_each_attack_is_compared_with_a_clean_run_of_as_many_honest_trainers():
     assert bh.ATTACKS["poison-1e4"].baseline == "clean" and bh.ATTACKS["state-poison"].baseline == "clean"
-    for name in ("stall", "forged-round", "framer", "invented-owners", "forged-records"):
+    for name in ("stall", "forged-round", "framer", "invented-owners", "forged-records", "record-flood"):
         assert bh.ATTACKS[name].baseline == "honest-only", name
     runs = [dict(attack=a, val_loss=v, mean_round_s=t) for a, v, t in
             [("clean", 2.0, 10.0), ("honest-only", 2.2, 8.0), ("poison-1e4", 2.02, 11.0), ("stall", 2.2, 12.0)]]

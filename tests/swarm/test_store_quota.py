@@ -137,3 +137,44 @@ def test_a_real_node_flooded_with_valid_records_keeps_within_its_bound_and_its_h
         attacker.shutdown()
         honest.shutdown()
         victim.shutdown()
+
+
+def test_a_peer_storing_past_its_rate_is_refused_and_others_are_not():
+    from swarm.dht.store_quota import StoreRate
+
+    rate = StoreRate(rate=1000, burst=4000)
+    assert rate.take("flood", 3000, now=0.0) and not rate.take("flood", 3000, now=0.5)  # 1,000 + 500 left
+    assert rate.take("honest", 3000, now=0.5)  # a bucket each
+    assert rate.take("flood", 3000, now=2.0)  # refilled at 1,000 a second
+    assert not rate.take("flood", 5000, now=100.0)  # never more than the burst at once
+    assert rate.refused == 2
+
+
+async def _store_fast(victim, count, size, _dht, node):
+    """From the attacker's DHT process: ``count`` records of ``size`` bytes as fast as it can; (accepted, refused)."""
+    stub, ok, refused = node.protocol.get_stub(victim), 0, 0
+    for _ in range(count // 10):
+        request = dht_pb2.StoreRequest(
+            keys=[DHTID.generate().to_bytes() for _ in range(10)], subkeys=[DHTProtocol.IS_REGULAR_VALUE] * 10,
+            values=[MSGPackSerializer.dumps(b"f" * size)] * 10, expiration_time=[get_dht_time() + 600] * 10,
+            in_cache=[False] * 10, peer=node.protocol.node_info)
+        answer = (await stub.rpc_store(request, timeout=10)).store_ok
+        ok, refused = ok + sum(answer), refused + len(answer) - sum(answer)
+    return ok, refused
+
+
+@pytest.mark.slow
+def test_a_real_node_refuses_a_peers_stores_past_its_rate():
+    victim = start_dht((), LOOPBACK)
+    attacker = hivemind.DHT(initial_peers=[str(m) for m in victim.get_visible_maddrs()], start=True)
+    try:
+        t = time.monotonic()
+        ok, refused = attacker.run_coroutine(functools.partial(_store_fast, victim.peer_id, 400, 16_000))
+        elapsed = time.monotonic() - t
+        # 6.4 MB offered at once: the burst (1 MiB) and the rate over the time it took pass, the rest is refused
+        allowed = (store_quota.STORE_BURST + store_quota.STORE_RATE * elapsed) / 16_000
+        assert refused > 0 and ok <= allowed + 10, (ok, refused, elapsed)
+        assert victim.store("mine", b"x", get_dht_time() + 60)  # the node's own stores are not rated
+    finally:
+        attacker.shutdown()
+        victim.shutdown()
