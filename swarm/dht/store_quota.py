@@ -37,7 +37,9 @@ from hivemind.utils.timed_storage import TimedStorage
 __all__ = ["QuotaStorage", "StoreRate", "install_store_quota", "MAX_STORE_BYTES", "LOCAL"]
 
 MAX_STORE_BYTES = 64 << 20  # per storage (a node has two: records, and its cache); honest swarms use well under 1 %
-RECORD_OVERHEAD = 96  # bytes charged for a record beyond its value and subkey: its slot in hivemind's dicts and heap
+# bytes charged for a record beyond its value and subkey: what a tiny record takes in hivemind's dicts,
+# heap and DHTID and in this ledger (about 900 B measured)
+RECORD_OVERHEAD = 1024
 STORE_RATE = 256 << 10  # bytes a second one peer may store at a node (an honest peer: a few KB a round)
 STORE_BURST = 1 << 20  # and at once (a run spec is at most 64 KB)
 LOCAL = ""  # the writer of the node's own records: dropped only when nothing else is left to drop
@@ -74,15 +76,24 @@ class QuotaStorage(DHTLocalStorage):
             return False  # (hivemind would reject it too, but keep its expiration as the key's)
         if not TimedStorage.store(self, key, value, expiration_time):
             return False
+        _compact_timed(self)
         self._forget_key(key)  # a plain value replaces whatever the key held, a dictionary included
-        self._charge(key, None, len(value), expiration_time)
+        self._charge(key, None, _value_bytes(value), expiration_time)
         return key in self.data
 
     def store_subkey(self, key: DHTID, subkey, value, expiration_time: float) -> bool:
         held = self.data.get(key)
         replaces_plain = held is not None and not isinstance(held.value, DictionaryDHTValue)
+        if not replaces_plain and held is not None:
+            entry = held.value.data.get(subkey)
+            if entry is not None and entry.expiration_time >= expiration_time:
+                return False  # (refused by hivemind too, after it made the older expiration the subkey's)
         if not super().store_subkey(key, subkey, value, expiration_time):
             return False
+        stored = self.data.get(key)
+        _compact_timed(self)
+        if stored is not None and isinstance(stored.value, DictionaryDHTValue):
+            _compact_timed(stored.value)
         if replaces_plain:
             self._forget_key(key)
         self._charge(key, subkey, len(value) + _subkey_bytes(subkey), expiration_time)
@@ -152,6 +163,7 @@ class QuotaStorage(DHTLocalStorage):
         self._uncharge(key, subkey)
         held = self.data.get(key)
         if subkey is None or held is None or not isinstance(held.value, DictionaryDHTValue):
+            self._forget_key(key)  # (a dictionary our own cache took whole may have gained subkeys since)
             if key in self.data:
                 TimedStorage.__delitem__(self, key)
         else:
@@ -182,14 +194,32 @@ class QuotaStorage(DHTLocalStorage):
         heapq.heapify(self._expiring)
 
 
+def _value_bytes(value) -> int:
+    """A plain value's bytes; a whole dictionary (our own cache keeps what a find returned so) counted
+    record by record."""
+    if isinstance(value, DictionaryDHTValue):
+        return sum(len(v.value) + _subkey_bytes(k) + RECORD_OVERHEAD for k, v in value.data.items())
+    return len(value)
+
+
+def _compact_timed(storage: TimedStorage) -> None:
+    """Rebuild hivemind's expiry heap once stale entries outnumber live ones: each refresh of a record
+    pushes a new entry and leaves the old one until its expiration (hours), so a peer refreshing one
+    tiny record thousands of times a second grew it without bound."""
+    if len(storage.expiration_heap) > 2 * len(storage.key_to_heap) + 64:
+        storage.expiration_heap = list(storage.key_to_heap.values())
+        heapq.heapify(storage.expiration_heap)
+
+
 def _subkey_bytes(subkey) -> int:
     return len(subkey) if isinstance(subkey, (bytes, str)) else 16
 
 
 class StoreRate:
     """Bytes each peer may store at this node: ``rate`` a second, ``burst`` at once (a token bucket
-    each, for the ``MAX_TRACKED`` peers seen last). An honest peer stores a few KB a round; a flood
-    beyond the rate is refused before anything decodes or validates it."""
+    each, for the ``MAX_TRACKED`` peers seen last; a full bucket lets one larger request through and
+    is in debt after it). An honest peer stores a few KB a round; a flood beyond the rate is refused
+    before anything decodes or validates it. Records are counted as ``QuotaStorage`` charges them."""
 
     MAX_TRACKED = 4096
 
@@ -201,8 +231,8 @@ class StoreRate:
     def take(self, peer: str, size: int, now: float) -> bool:
         tokens, when = self._buckets.pop(peer, (self.burst, now))
         tokens = min(self.burst, tokens + (now - when) * self.rate)
-        ok = size <= tokens
-        self._buckets[peer] = (tokens - size if ok else tokens, now)
+        ok = size <= tokens or tokens >= self.burst  # a full bucket lends one larger request (a routing
+        self._buckets[peer] = (tokens - size if ok else tokens, now)  # table's replication), repaid at the rate
         if len(self._buckets) > self.MAX_TRACKED:
             self._buckets.popitem(last=False)
         self.refused += not ok
@@ -218,7 +248,7 @@ async def _attributed_rpc_store(self, request, context):
     request past the peer's ``StoreRate`` refused whole."""
     peer = context.remote_id.to_base58()
     rate = self.__dict__.setdefault("store_rate", StoreRate())
-    size = sum(map(len, request.values)) + sum(map(len, request.subkeys)) + 32 * len(request.keys)
+    size = sum(map(len, request.values)) + sum(map(len, request.subkeys)) + RECORD_OVERHEAD * len(request.keys)
     if not rate.take(peer, size, time.monotonic()):
         return dht_pb2.StoreResponse(store_ok=[False] * len(request.keys), peer=self.node_info)
     token = _writer.set(peer)

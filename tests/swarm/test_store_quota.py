@@ -146,7 +146,8 @@ def test_a_peer_storing_past_its_rate_is_refused_and_others_are_not():
     assert rate.take("flood", 3000, now=0.0) and not rate.take("flood", 3000, now=0.5)  # 1,000 + 500 left
     assert rate.take("honest", 3000, now=0.5)  # a bucket each
     assert rate.take("flood", 3000, now=2.0)  # refilled at 1,000 a second
-    assert not rate.take("flood", 5000, now=100.0)  # never more than the burst at once
+    assert rate.take("flood", 5000, now=100.0)  # a full bucket lends one request past the burst
+    assert not rate.take("flood", 100, now=100.5)  # and is in debt after it (4,000 - 5,000 + 500)
     assert rate.refused == 2
 
 
@@ -178,3 +179,41 @@ def test_a_real_node_refuses_a_peers_stores_past_its_rate():
     finally:
         attacker.shutdown()
         victim.shutdown()
+
+
+def test_a_refused_older_copy_of_a_subkey_leaves_its_life_and_charge_alone():
+    """hivemind's dictionary refused the older copy but made its expiration the subkey's: a replay of
+    a peer's older signed record made its current one vanish then (a review found it)."""
+    storage = QuotaStorage()
+    key = _key("peers")
+    assert _as("w", storage.store_subkey, key, b"peer", b"new", get_dht_time() + 60)
+    assert not _as("w", storage.store_subkey, key, b"peer", b"old", get_dht_time() + 0.2)
+    time.sleep(0.3)
+    assert storage.get(key).value.get(b"peer").value == b"new" and storage.records == 1
+
+
+def test_refreshing_one_record_many_times_keeps_hiveminds_heaps_small():
+    storage = QuotaStorage()
+    now = get_dht_time()
+    for i in range(5_000):
+        _as("w", storage.store, _key("plain"), b"x", now + 600 + i * 1e-3)
+        _as("w", storage.store_subkey, _key("dict"), b"sub", b"y", now + 600 + i * 1e-3)
+    assert len(storage.expiration_heap) <= 2 * len(storage.key_to_heap) + 64
+    inner = storage.get(_key("dict")).value
+    assert len(inner.expiration_heap) <= 2 * len(inner.key_to_heap) + 64
+    assert storage.records == 2
+
+
+def test_a_whole_dictionary_our_cache_keeps_is_charged_by_its_records_and_evicted_whole():
+    from hivemind.dht.storage import DictionaryDHTValue
+
+    found = DictionaryDHTValue()
+    for i in range(100):
+        found.store(f"s{i}".encode(), b"v" * 1000, get_dht_time() + 600)
+    cache = QuotaStorage(max_bytes=10 ** 6)
+    assert cache.store(_key("found"), found, get_dht_time() + 600)  # hivemind's node caches a find so
+    assert cache.usage(LOCAL) >= 100 * (1000 + RECORD_OVERHEAD)
+    assert cache.store_subkey(_key("found"), b"extra", b"e", get_dht_time() + 600)
+    for i in range(300):  # a peer's flood pushes the node's own cache out only once nothing else is left
+        _as("flood", cache.store, _key(f"f{i}"), b"f" * 4000, get_dht_time() + 600)
+    assert cache.total <= cache.max_bytes and cache.usage(LOCAL) > 0
