@@ -9,12 +9,18 @@ nobody) and, past ``max_bytes``, drops the oldest records of the peer that holds
 An honest writer keeps its few records unless the flood's identities each hold as many bytes as it
 does: that takes ``max_bytes`` over an honest writer's share of them, thousands of connections.
 
-It also refuses, without side effects, a top-level store that hivemind would reject for an older
-expiration: hivemind's ``TimedStorage`` rejects it but keeps the older expiration as the key's, so
-anyone could make a key's whole dictionary vanish early by storing a plain value there.
+``StoreRate`` bounds how fast each peer may store at a node (256 KiB a second), refusing the rest
+before anything decodes it: a flood within the bound still cost every node its decoding and checks.
 
-``install_store_quota`` applies both to every DHT node started in this process afterwards (a node's
-process is forked from it). Guarded by tests/swarm/test_store_quota.py.
+It also refuses, without side effects, a store (of a key or a subkey) that hivemind would reject for
+an older expiration: hivemind's ``TimedStorage`` rejects it but keeps the older expiration as the
+entry's, so anyone could make a key's whole dictionary vanish early by storing a plain value there,
+or a peer's record by replaying its older copy; and it rebuilds hivemind's expiry heaps, which kept
+a stale entry for every refresh until its expiration.
+
+``install_store_quota`` applies all of it to every DHT node started in this process afterwards (a
+node's process is forked from it). Guarded by tests/swarm/test_store_quota.py and measured by
+bench/store_quota.py and ``bench/hostile.py --attacks record-flood``.
 """
 
 from __future__ import annotations
