@@ -10,7 +10,8 @@ An honest writer keeps its few records unless the flood's identities each hold a
 does: that takes ``max_bytes`` over an honest writer's share of them, thousands of connections.
 
 ``StoreRate`` bounds how fast each peer may store at a node (256 KiB a second), refusing the rest
-before anything decodes it: a flood within the bound still cost every node its decoding and checks.
+before its records are decoded or checked (the request is still received and parsed): a flood within
+the bound still cost every node its decoding and checks.
 
 It also refuses, without side effects, a store (of a key or a subkey) that hivemind would reject for
 an older expiration: hivemind's ``TimedStorage`` rejects it but keeps the older expiration as the
