@@ -12,11 +12,12 @@ import signal
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from protocol.spec import RunSpec
+from swarm.wire.meter import process_tree
 
 
 def exit_on_sigterm() -> None:
@@ -197,6 +198,32 @@ def proc_status_kib(pid, field: str) -> Optional[int]:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     return None
+
+
+def _proc_status(pid: int) -> Dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def _kib(fields: Dict[str, str], key: str) -> int:
+    return int(fields.get(key, "0 kB").split()[0])
+
+
+def tree_usage(root: int) -> Dict[str, Any]:
+    """Memory (KiB: resident, VmRSS, and proportional, Pss: a page shared by n processes counts 1/n
+    in each, so forked processes' shared pages count once in the sum), open descriptors and threads
+    of ``root``'s process tree, in all and per process."""
+    procs = []
+    for pid in process_tree(root):
+        try:
+            st, fds = _proc_status(pid), len(os.listdir(f"/proc/{pid}/fd"))
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                pss = _kib(dict(line.split(":", 1) for line in f if ":" in line), "Pss")
+        except (OSError, ValueError):  # ended between the walk and the read
+            continue
+        procs.append({"pid": pid, "name": st.get("Name", "?"), "rss_kib": _kib(st, "VmRSS"), "pss_kib": pss,
+                      "fds": fds, "threads": int(st.get("Threads", "0"))})
+    return {"processes": procs, **{k: sum(p[k] for p in procs) for k in ("rss_kib", "pss_kib", "fds", "threads")}}
 
 
 def reset_peak_rss(pid="self") -> None:

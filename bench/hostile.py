@@ -42,7 +42,6 @@ import argparse
 import functools
 import json
 import math
-import os
 import re
 import shutil
 import statistics
@@ -58,7 +57,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 import numpy as np  # noqa: E402
 
-from bench.common import deprioritize, machine, now, seeded_identity  # noqa: E402
+from bench.common import deprioritize, machine, now, seeded_identity, tree_usage  # noqa: E402
 from bench import hostile_table  # noqa: E402
 from bench.hostile_table import BASELINES, hostile_of, over_seeds, pool_baselines, print_table  # noqa: E402
 from bench.hostile_peers import BEHAVIOURS, run_as_peer  # noqa: E402
@@ -223,7 +222,7 @@ def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float,
         watched = slots[:honest] if attack.argv is not None else slots
         peak_rss = [0] * len(watched)  # each honest peer's process tree (its DHT process and p2p daemon too), PSS
         while any(c.proc.poll() is None for c in watched) and time.monotonic() < deadline:
-            peak_rss = [max(m, tree_rss(c.proc.pid)) for m, c in zip(peak_rss, watched)]
+            peak_rss = [max(m, tree_usage(c.proc.pid)["pss_kib"] * 1024) for m, c in zip(peak_rss, watched)]
             time.sleep(0.5)
         codes = [c.proc.poll() for c in watched]
         # a hostile process that died on its own (a bad argument, an import error) attacked nothing
@@ -240,22 +239,6 @@ def run_attack(attack: Attack, spec, rounds: int, workdir: Path, timeout: float,
     for i, code in failed:
         print(f"  {attack.name}: hostile process {i} exited with code {code} (see {workdir / f'peer{i}.log'})")
     return result
-
-
-def tree_rss(pid: int) -> int:
-    """Proportional resident bytes (PSS: a page shared by n processes counts 1/n in each, as the DHT
-    process forked from its peer shares most of the peer's pages) of ``pid`` and every process under
-    it now; 0 once it is gone."""
-    from swarm.wire.meter import process_tree
-
-    total = 0
-    for p in process_tree(pid):
-        try:
-            with open(f"/proc/{p}/smaps_rollup") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:")) * 1024
-        except (OSError, ValueError, IndexError, StopIteration):
-            pass
-    return total
 
 
 def summarize(attack: Attack, statuses, codes, logs: List[str], rounds: int, wall: float) -> Dict[str, Any]:

@@ -65,10 +65,9 @@ from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import CpuQuota, exit_on_sigterm, human, machine, now, table  # noqa: E402
+from bench.common import CpuQuota, exit_on_sigterm, human, machine, now, table, tree_usage  # noqa: E402
 from bench.swarm_check import run_swarm  # noqa: E402
 from protocol.spec import RunSpec  # noqa: E402
-from swarm.wire.meter import process_tree  # noqa: E402
 from voloco.demo import read_status  # noqa: E402
 
 TINY_MODEL = {"d_model": 32, "n_layers": 2, "n_heads": 2, "ffn_hidden": 64, "seq_len": 32}
@@ -83,32 +82,6 @@ def scale_spec(inner_steps: int = 10, max_group_size: int = 16, max_contribution
         outer={"strategy": "sparseloco", "inner_steps": inner_steps, "max_contributions": max_contributions},
         swarm={"max_group_size": max_group_size},
     )
-
-
-def _proc_status(pid: int) -> Dict[str, str]:
-    with open(f"/proc/{pid}/status") as f:
-        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-
-
-def _kib(fields: Dict[str, str], key: str) -> int:
-    return int(fields.get(key, "0 kB").split()[0])
-
-
-def tree_usage(root: int) -> Dict[str, Any]:
-    """Memory (KiB: resident, VmRSS, and proportional, Pss: a page shared by n processes counts 1/n
-    in each, so forked processes' shared pages count once in the sum), open descriptors and threads
-    of ``root``'s process tree, in all and per process."""
-    procs = []
-    for pid in process_tree(root):
-        try:
-            st, fds = _proc_status(pid), len(os.listdir(f"/proc/{pid}/fd"))
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                pss = _kib(dict(line.split(":", 1) for line in f if ":" in line), "Pss")
-        except (OSError, ValueError):  # ended between the walk and the read
-            continue
-        procs.append({"pid": pid, "name": st.get("Name", "?"), "rss_kib": _kib(st, "VmRSS"), "pss_kib": pss,
-                      "fds": fds, "threads": int(st.get("Threads", "0"))})
-    return {"processes": procs, **{k: sum(p[k] for p in procs) for k in ("rss_kib", "pss_kib", "fds", "threads")}}
 
 
 class Watcher:
