@@ -84,6 +84,10 @@ def main(argv=None) -> Dict:
     ap.add_argument("--repeats", type=int, default=3, help="timings of each pattern; the best is kept (default 3)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
+    small = [f"--{k.replace('_', '-')}" for k in ("writers", "records", "rounds", "flood", "max_mib", "repeats")
+             if getattr(args, k) <= 0]
+    if small:
+        ap.error(f"{', '.join(small)} must be greater than 0")
 
     from hivemind.dht.storage import DHTLocalStorage
 

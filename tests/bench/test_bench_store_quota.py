@@ -1,6 +1,8 @@
 """bench/store_quota.py runs, and its figures say what the storage does: a flood past the bound
 leaves the quota storage within it and hivemind's holding all of it."""
 
+import pytest
+
 from bench import store_quota
 
 
@@ -11,3 +13,9 @@ def test_the_store_benchmark_bounds_the_flood_and_keeps_the_honest_records(capsy
     for pattern in (flood, sybils):
         assert pattern["hivemind_held"] > 2 ** 20 >= pattern["quota_held"] > 0
     assert "quota µs/store" in capsys.readouterr().out
+
+
+def test_a_count_that_is_not_positive_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit):
+        store_quota.main(["--flood", "-3", "--repeats", "0"])
+    assert "--flood, --repeats must be greater than 0" in capsys.readouterr().err
