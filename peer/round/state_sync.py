@@ -13,8 +13,9 @@ What other peers claim is weighed, not believed:
   known peers set the round, only they serve it and only their reports check its θ; where the
   majority does, only peers at that round serve it;
 - a peer that serves a state we refuse (malformed, older than it announced, non-finite, off the
-  hash its round's peers report) is left out of the membership view for ``Timing.refuse_source_s``; one that
-  serves nothing, for ``Timing.silent_source_s``; a catch-up makes at most ``MAX_ATTEMPTS`` downloads, and a
+  hash its round's peers report) is left out of the membership view for ``Timing.refuse_source_s`` (a θ
+  unreported while another peer still announces the round before it is refused, its server not left
+  out: that peer's record may yet report it); one that serves nothing, for ``Timing.silent_source_s``; a catch-up makes at most ``MAX_ATTEMPTS`` downloads, and a
   round that could not be had is not chased again for ``Timing.retry_target_s``;
 - a downloaded state must name this run spec and exactly this run's tensors, with their shapes,
   every value finite and at most ``STATE_MAX_ABS`` after the cast to float32, and be of a round
@@ -62,6 +63,10 @@ class StateUnreported(ProtocolError):
     """A state whose θ is none of those the peers of its round report. The view may be older than
     the state: a peer that applies its round's delayed update (overlap) stores a record with the new
     θ, and a view read before that record shows the old one."""
+
+    def __init__(self, message: str, round_no: int):
+        super().__init__(message)
+        self.round = round_no
 
 
 @dataclass(frozen=True)
@@ -281,7 +286,7 @@ class StateSync:
             self.install(*got, min_round=target, max_round=server.progress.round + 1 + lag,
                          reported=_reported_hashes(views, excluding=peer, among=vouchers))
         except ProtocolError as e:
-            self._refuse(peer, e)
+            self._refuse(peer, e, views, vouchers)
             return None
         return server
 
@@ -297,12 +302,23 @@ class StateSync:
             self.install(*got, min_round=target, max_round=claimed + 1,
                          reported=_reported_hashes(views, excluding=peer, among=vouchers))
         except ProtocolError as e:
-            self._refuse(peer, e)
+            self._refuse(peer, e, views, vouchers)
             return False
         logger.info(f"the state {peer} served fits a view read after the download (the first one, {why}, was older)")
         return True
 
-    def _refuse(self, peer: str, why: Exception) -> None:
+    def _refuse(self, peer: str, why: Exception, views: Sequence[Any] = (),
+                vouchers: Optional[AbstractSet[str]] = None) -> None:
+        """Leave ``peer`` out of the view for ``Timing.refuse_source_s``, unless its state's θ is only
+        unreported while another peer still announces the round before it: that peer's record of the
+        state's round may yet show this θ (after a round that ended in two θ, the side that published
+        first is all a view shows), so the state is refused but its server stays in view, a source for
+        the repair the next start vote may ask for
+        (tests/round/test_state_sources.py::test_a_state_unreported_only_because_its_round_is_still_finishing_does_not_hide_its_server)."""
+        if isinstance(why, StateUnreported) and _finishing(views, peer, why.round - 1, vouchers):
+            logger.info(f"did not install the state {peer} served: {why}, and a peer still announces "
+                        f"round {why.round - 1}; asking the next source")
+            return
         logger.warning(f"refused the state {peer} served: {why}; not asking it again for {self.membership.timing.refuse_source_s:.0f} s")
         self.membership.ignore(peer, self.membership.timing.refuse_source_s)
 
@@ -346,11 +362,11 @@ class StateSync:
             theta_hash = params_hash(theta)
             digests = {h.partition(":")[2] for h in hashes if h.partition(":")[0] == theta_hash}
             if not digests:
-                raise StateUnreported(f"θ {theta_hash} of round {round_no} is none of those its peers report")
+                raise StateUnreported(f"θ {theta_hash} of round {round_no} is none of those its peers report", round_no)
             digest, reported_digests = state_digest(shared, table, who_sends, pools), digests - {""}  # "": a record of θ alone
             if reported_digests and digest not in reported_digests:
                 raise StateUnreported(f"the standing table and shared state served with θ {theta_hash} of round "
-                                      f"{round_no} (digest {digest}) are none that its peers report with it")
+                                      f"{round_no} (digest {digest}) are none that its peers report with it", round_no)
         # a few rounds missed (no group found, a short stall): the local buffers hold this peer's
         # updates, which its next payloads still carry. Further (a restart from an older checkpoint, a
         # long stall) or a solo lineage left behind: they hold updates to a θ the swarm has moved on from
@@ -379,6 +395,12 @@ def _checked(name: str, t: Any, shape: Optional[Sequence[int]]) -> torch.Tensor:
     if not bool(torch.isfinite(t).all()) or (t.numel() and float(t.abs().max()) > STATE_MAX_ABS):
         raise ProtocolError(f"state tensor {name} has non-finite values or values beyond {STATE_MAX_ABS:g} (as float32)")
     return t
+
+
+def _finishing(views: Sequence[Any], server: str, round_no: int, among: Optional[AbstractSet[str]]) -> bool:
+    """Whether a peer of ``views`` other than ``server`` (of ``among`` only, where given) announces ``round_no``."""
+    return any(v.peer_id != server and (among is None or v.peer_id in among) and v.progress.round == round_no
+               for v in views)
 
 
 def _reported_hashes(views: Sequence[Any], excluding: str, among: Optional[AbstractSet[str]] = None) -> Dict[int, Set[str]]:

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from peer.round import membership as membership_mod
+from peer.round import state_sync
 from peer.round.membership import Membership
 from peer.round.state_sync import Basis
 from protocol.dht.records import Progress
@@ -207,3 +208,29 @@ def test_training_peers_report_their_theta_so_liars_at_the_round_cannot_hand_a_n
         sync, engine = syncing_peer(monkeypatch, order, serve)
         sync.catch_up()
         assert engine.round == 10 and engine.params_hash() == honest.params_hash()
+
+
+def test_a_state_unreported_only_because_its_round_is_still_finishing_does_not_hide_its_server(monkeypatch, clock):
+    """A round ended in two θ: d, alone, published its record of round 48 first; a and c, the majority,
+    still announce round 47 while their states are of round 48. A peer catching up refuses their
+    states as unreported (d's θ is the only one reported), but does not hide a and c: when its next
+    start vote names their θ, they are the sources of the repair (before: both hidden for ten
+    minutes, and the peer kept the minority's θ for rounds). Once no peer announces round 47, a state
+    no peer reports hides its server, as before."""
+    majority, minority = honest_engine(48, seed=1), honest_engine(48, seed=2)
+    views = [view("a", 47, "ready", "1" * 16), view("c", 47, "ready", "1" * 16), view("d", 48, "ready", minority.params_hash())]
+    monkeypatch.setattr(state_sync, "order_sources", lambda views, target, **kw: list(views))
+    serve = lambda peer: served(minority if peer == "d" else majority)  # noqa: E731
+    sync, engine = syncing_peer(monkeypatch, views, serve, own_round=40, known=("a", "c", "d"))
+    sync.catch_up()
+    assert sync.asked == ["a", "c", "d"] and engine.round == 48 and engine.params_hash() == minority.params_hash()
+    assert {v.peer_id for v in sync.membership.others()} == {"a", "c", "d"}  # nobody hidden
+    sync.catch_up(even_at_same_round=True, only={"a", "c"})  # the repair its next start vote asks for
+    assert sync.asked[3:] == ["a"] and engine.params_hash() == majority.params_hash()
+    # every peer announces round 48 now, and none reports the θ x serves: x is hidden
+    views[:] = [view(p, 48, "ready", majority.params_hash()) for p in ("x", "a", "c")]
+    sync, engine = syncing_peer(monkeypatch, views, lambda peer: served(minority if peer == "x" else majority),
+                                own_round=40, known=("x", "a", "c"))
+    sync.catch_up()
+    assert sync.asked == ["x", "a"] and engine.params_hash() == majority.params_hash()
+    assert {v.peer_id for v in sync.membership.others()} == {"a", "c"}
