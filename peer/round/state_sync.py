@@ -13,9 +13,10 @@ What other peers claim is weighed, not believed:
   known peers set the round, only they serve it and only their reports check its θ; where the
   majority does, only peers at that round serve it;
 - a peer that serves a state we refuse (malformed, older than it announced, non-finite, off the
-  hash its round's peers report) is left out of the membership view for ``Timing.refuse_source_s`` (a θ
-  unreported while another peer still announces the round before it is refused, its server not left
-  out: that peer's record may yet report it); one that serves nothing, for ``Timing.silent_source_s``; a catch-up makes at most ``MAX_ATTEMPTS`` downloads, and a
+  hash its round's peers report) is left out of the membership view for ``Timing.refuse_source_s``
+  (once in that time not, where its θ is only unreported while it and another peer still announce
+  the round before: their next records may report it); one that serves nothing, for
+  ``Timing.silent_source_s``; a catch-up makes at most ``MAX_ATTEMPTS`` downloads, and a
   round that could not be had is not chased again for ``Timing.retry_target_s``;
 - a downloaded state must name this run spec and exactly this run's tensors, with their shapes,
   every value finite and at most ``STATE_MAX_ABS`` after the cast to float32, and be of a round
@@ -133,6 +134,8 @@ class StateSync:
         self._set_state, self._on_installed = set_state, on_installed
         self._fetch = StateDownloader(membership.dht, gatherer, membership.timing.download_min_rate)
         self._failed_target: Tuple[int, float] = (-1, 0.0)  # a round no peer served, and when to try again
+        # servers whose unreported θ was refused without hiding them (``_refuse``), until when: once a window
+        self._spared: Dict[str, float] = {}
         self.basis: Optional[Basis] = None  # what the last installed state derives from (Basis)
 
     # ---- serving --------------------------------------------------------------------------------
@@ -293,7 +296,7 @@ class StateSync:
     def _install_rechecked(self, got, peer: str, target: int, claimed: int, asked: float, why: StateUnreported,
                            vouchers: Optional[AbstractSet[str]]) -> bool:
         """A state whose θ the view does not report: check it again against a view read after the
-        download, and refuse it (and its server for ``Timing.refuse_source_s``) only if it does not fit that one either.
+        download, and refuse it (``_refuse``) only if it does not fit that one either.
         Refused at once, a newcomer whose first view lags the peers by one record would refuse every
         honest server and leave them all out of its view, training alone meanwhile (tests/round/test_liveness.py,
         ``test_a_state_newer_than_the_view_is_checked_against_a_view_read_after_the_download``)."""
@@ -309,18 +312,22 @@ class StateSync:
 
     def _refuse(self, peer: str, why: Exception, views: Sequence[Any] = (),
                 vouchers: Optional[AbstractSet[str]] = None) -> None:
-        """Leave ``peer`` out of the view for ``Timing.refuse_source_s``, unless its state's θ is only
-        unreported while another peer still announces the round before it: that peer's record of the
-        state's round may yet show this θ (after a round that ended in two θ, the side that published
-        first is all a view shows), so the state is refused but its server stays in view, a source for
-        the repair the next start vote may ask for
+        """Leave ``peer`` out of the view for ``Timing.refuse_source_s``. Once in that time a server is
+        spared it: where its state's θ is only unreported, its own record and another live peer's
+        (of ``vouchers``, where given; not ours) still announce the round before the state's, whose
+        next records may report that θ. The state is refused, the server stays in view as a source
+        for the repair the next start vote may ask for
         (tests/round/test_state_sources.py::test_a_state_unreported_only_because_its_round_is_still_finishing_does_not_hide_its_server)."""
-        if isinstance(why, StateUnreported) and _finishing(views, peer, why.round - 1, vouchers):
-            logger.info(f"did not install the state {peer} served: {why}, and a peer still announces "
+        now, window = time.monotonic(), self.membership.timing.refuse_source_s
+        if isinstance(why, StateUnreported) and self._spared.get(peer, -1.0) < now \
+                and _finishing(views, peer, why.round - 1, vouchers, self.peer_id):
+            self._spared = {p: t for p, t in self._spared.items() if t >= now}
+            self._spared[peer] = now + window
+            logger.info(f"did not install the state {peer} served: {why}, and it and another peer still announce "
                         f"round {why.round - 1}; asking the next source")
             return
-        logger.warning(f"refused the state {peer} served: {why}; not asking it again for {self.membership.timing.refuse_source_s:.0f} s")
-        self.membership.ignore(peer, self.membership.timing.refuse_source_s)
+        logger.warning(f"refused the state {peer} served: {why}; not asking it again for {window:.0f} s")
+        self.membership.ignore(peer, window)
 
     def install(self, meta: Any, tensors: Sequence[torch.Tensor], min_round: int = 0, max_round: Optional[int] = None,
                 reported: Optional[Mapping[int, Set[str]]] = None) -> None:
@@ -397,10 +404,11 @@ def _checked(name: str, t: Any, shape: Optional[Sequence[int]]) -> torch.Tensor:
     return t
 
 
-def _finishing(views: Sequence[Any], server: str, round_no: int, among: Optional[AbstractSet[str]]) -> bool:
-    """Whether a peer of ``views`` other than ``server`` (of ``among`` only, where given) announces ``round_no``."""
-    return any(v.peer_id != server and (among is None or v.peer_id in among) and v.progress.round == round_no
-               for v in views)
+def _finishing(views: Sequence[Any], server: str, round_no: int, among: Optional[AbstractSet[str]], me: str) -> bool:
+    """Whether ``server`` and another live peer of ``views`` (of ``among`` only, where given; not
+    ``me``) both announce ``round_no``."""
+    live = {v.peer_id for v in views if v.progress.round == round_no and v.progress.state not in NOT_A_SOURCE}
+    return server in live and bool(live - {server, me} if among is None else (live & set(among)) - {server, me})
 
 
 def _reported_hashes(views: Sequence[Any], excluding: str, among: Optional[AbstractSet[str]] = None) -> Dict[int, Set[str]]:

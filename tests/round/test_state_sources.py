@@ -215,8 +215,9 @@ def test_a_state_unreported_only_because_its_round_is_still_finishing_does_not_h
     still announce round 47 while their states are of round 48. A peer catching up refuses their
     states as unreported (d's θ is the only one reported), but does not hide a and c: when its next
     start vote names their θ, they are the sources of the repair (before: both hidden for ten
-    minutes, and the peer kept the minority's θ for rounds). Once no peer announces round 47, a state
-    no peer reports hides its server, as before."""
+    minutes, and the peer kept the minority's θ for rounds). A server is spared once in
+    ``Timing.refuse_source_s``, and only where it and another live peer, not this one, announce
+    the round before; otherwise a state no peer reports hides its server, as before."""
     majority, minority = honest_engine(48, seed=1), honest_engine(48, seed=2)
     views = [view("a", 47, "ready", "1" * 16), view("c", 47, "ready", "1" * 16), view("d", 48, "ready", minority.params_hash())]
     monkeypatch.setattr(state_sync, "order_sources", lambda views, target, **kw: list(views))
@@ -227,10 +228,24 @@ def test_a_state_unreported_only_because_its_round_is_still_finishing_does_not_h
     assert {v.peer_id for v in sync.membership.others()} == {"a", "c", "d"}  # nobody hidden
     sync.catch_up(even_at_same_round=True, only={"a", "c"})  # the repair its next start vote asks for
     assert sync.asked[3:] == ["a"] and engine.params_hash() == majority.params_hash()
-    # every peer announces round 48 now, and none reports the θ x serves: x is hidden
-    views[:] = [view(p, 48, "ready", majority.params_hash()) for p in ("x", "a", "c")]
-    sync, engine = syncing_peer(monkeypatch, views, lambda peer: served(minority if peer == "x" else majority),
-                                own_round=40, known=("x", "a", "c"))
+    engine.round = 40  # behind again within the window: a's unreported θ hides it now
     sync.catch_up()
-    assert sync.asked == ["x", "a"] and engine.params_hash() == majority.params_hash()
-    assert {v.peer_id for v in sync.membership.others()} == {"a", "c"}
+    assert sync.asked[4:6] == ["a", "c"] and "a" not in {v.peer_id for v in sync.membership.others()}
+
+    def hidden(views, fresh_extra=(), repair=False):
+        """Whether x, serving a θ no peer reports, is left out of the view of a peer catching up (or,
+        ``repair``, of one at round 47 whose start vote named x's and a's start: no vouchers then)."""
+        sync, engine = syncing_peer(monkeypatch, views, lambda peer: served(minority if peer == "x" else majority),
+                                    own_round=47 if repair else 40, known={v.peer_id for v in views})
+        shown = sync.membership.fresh_view
+        sync.membership.fresh_view = lambda since, timeout: shown(since, timeout) + list(fresh_extra)
+        sync.catch_up(even_at_same_round=True, only={"x", "a"}) if repair else sync.catch_up()
+        assert sync.asked[0] == "x" and engine.params_hash() != minority.params_hash()
+        return "x" not in {v.peer_id for v in sync.membership.others()}
+
+    at_48 = [view(p, 48, "ready", majority.params_hash()) for p in ("a", "c")]
+    assert not hidden([view("x", 47, "ready"), view("b", 47, "ready")] + at_48)  # b may yet report x's θ
+    assert hidden([view(p, 48, "ready", majority.params_hash()) for p in ("x", "a", "c")])  # nobody at 47
+    assert hidden([view("x", 47, "ready")] + at_48, fresh_extra=[view("me", 47, "training")], repair=True)  # only we are
+    assert not hidden([view("x", 47, "ready"), view("b", 47, "ready")] + at_48, repair=True)
+    assert hidden([view("x", 47, "ready"), view("b", 47, "starting")] + at_48)  # b's record says nothing yet
