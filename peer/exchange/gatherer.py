@@ -332,7 +332,8 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         it held every member of that group a gather slot, and the whole round's merge with them:
         tests/exchange/test_late_join.py::test_a_member_gathering_elsewhere_is_refused_at_once)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.gather_timeout
+        asked = loop.time()
+        deadline = asked + self.gather_timeout
         if group_id not in self._groups and not self._gathers_elsewhere(group_id):
             self._start_late_join(group_id, caller)
         while group_id not in self._groups:
@@ -343,8 +344,15 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
             try:
                 await asyncio.wait_for(self._group_opened.wait(), timeout=max(0.0, deadline - loop.time()))
             except asyncio.TimeoutError:
+                # (what a member that cut us for "sent nothing in time" saw from our side: its one request
+                # held here to its deadline, and refused)
+                logger.info(f"round {self._round_no}: {caller} asked about a group this peer had not opened "
+                            f"{self.gather_timeout:.1f} s later: refused")
                 return None
         group = self._groups[group_id]
+        if loop.time() - asked > self.gather_timeout / 4:
+            logger.info(f"round {self._round_no}: {caller} asked about our group {loop.time() - asked:.1f} s before "
+                        f"this peer opened it")
         return group if caller.to_bytes() in group.members else None
 
     def _refusal(self, group_id: bytes) -> int:

@@ -196,6 +196,9 @@ class StateSync:
         rejoin = solo and not even_at_same_round and 0 <= target < self.engine.round and _grouped(views, target) >= 2
         if even_at_same_round:
             if not views:
+                if only:
+                    logger.warning(f"cannot take the group's state of round {self.engine.round}: none of the groupmates "
+                                   f"that hold it ({', '.join(sorted(only))}) is in this peer's view")
                 return
             target = max(target, self.engine.round)
         elif target <= self.engine.round and not rejoin:
@@ -213,7 +216,7 @@ class StateSync:
                         f"{self.engine.round}; taking the state of the swarm's round {target}")
         previous, started = self._set_state("syncing"), self.engine.round
         try:
-            if self._download_and_install(sources, target, views, vouchers):
+            if self._download_and_install(sources, target, views, vouchers, repair=even_at_same_round and only is not None):
                 if rejoin:  # the swarm it lost is training: the peers it skipped as no-shows are waited for again
                     self.membership.forgive(v.peer_id for v in views)
                 return
@@ -225,8 +228,14 @@ class StateSync:
             self._set_state("training" if previous in DONE and self.engine.round != started else previous)
 
     def _download_and_install(self, sources: List[Any], target: int, views: Sequence[Any],
-                              vouchers: Optional[AbstractSet[str]]) -> bool:
+                              vouchers: Optional[AbstractSet[str]], repair: bool = False) -> bool:
+        """``repair``: the sources are groupmates our start vote named, finishing the round we just
+        concluded. An older state or no answer from one of them is its round still ending (or a stream
+        that broke), not a lie: it is asked again, never hidden from the view, where hiding the only
+        source would leave this peer off its group's θ for rounds
+        (tests/round/test_resync.py::test_a_repair_asks_its_groupmate_again_and_hides_it_from_nobody)."""
         queue, attempt, busy = list(sources), 0, 0
+        again: Set[str] = set()  # repair sources that did not answer once
         while queue and attempt < MAX_ATTEMPTS:
             view = queue.pop(0)
             peer, claimed = view.peer_id, view.progress.round
@@ -241,6 +250,11 @@ class StateSync:
                 continue
             attempt += 1
             if got is None:
+                if repair and peer not in again and getattr(view.progress, "reach", "") != "client":
+                    again.add(peer)
+                    queue.append(view)
+                    time.sleep(self.membership.timing.download_pause_s * attempt)
+                    continue
                 # (a --client-mode peer too: left out, this peer trains on, and the client, which can
                 # dial out, downloads our state instead: waiting on it would leave both stuck)
                 self.membership.ignore(peer, self.membership.timing.silent_source_s)
@@ -249,8 +263,8 @@ class StateSync:
             try:
                 self.install(*got, min_round=target, max_round=claimed + 1, reported=reported)
             except StateTooOld as e:
-                if claimed < target:  # a groupmate still finishing the round: ask again
-                    logger.info(f"{peer} is still finishing round {claimed}: {e}")
+                if claimed < target or repair:  # a groupmate still finishing the round: ask again
+                    logger.info(f"{peer} is still finishing round {max(claimed, target - 1)}: {e}")
                     queue.append(view)
                     time.sleep(self.membership.timing.download_pause_s * attempt)
                     continue

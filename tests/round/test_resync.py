@@ -18,7 +18,8 @@ class Gatherer:
 
     def load_state(self, timeout):
         self.calls += 1
-        return ({"round": self.rounds.pop(0)}, []) if self.rounds else None
+        served = self.rounds.pop(0) if self.rounds else None
+        return None if served is None else ({"round": served}, [])
 
 
 def make_peer(own_round, others_round, served_rounds):
@@ -35,9 +36,10 @@ def make_peer(own_round, others_round, served_rounds):
     peer.spec = SimpleNamespace(swarm=SimpleNamespace(gather_timeout=1.0))
     peer.engine = SimpleNamespace(round=own_round, params_hash=lambda: "0" * 16, standing={})
     peer.gatherer = Gatherer(served_rounds)
-    peer.membership = SimpleNamespace(others=lambda excluding=(): [view], ignore=lambda peer, seconds: None,
+    peer.hidden = []
+    peer.membership = SimpleNamespace(others=lambda excluding=(): [view], ignore=lambda who, seconds: peer.hidden.append(who),
                                       timing=Timing(gather_slot_s=1.0), known=lambda: frozenset({"me"}))
-    peer.peer_id, peer.consistent = "me", False
+    peer.peer_id, peer.consistent, peer._spared = "me", False, {}
     peer._set_state, peer.enable_sharing = set_state, lambda: None
     peer.installed, peer.shown = [], shown
     peer._failed_target = (-1, 0.0)
@@ -92,3 +94,18 @@ def test_a_peer_that_installs_another_round_shows_no_done_state_for_it(monkeypat
     peer.install = install_round
     peer.catch_up()
     assert peer.installed == [4] and peer.shown["state"] == "training"
+
+
+def test_a_repair_asks_its_groupmate_again_and_hides_it_from_nobody(monkeypatch):
+    """The groupmate our start vote named already shows the round we concluded, yet first serves the
+    round before (its round still ending) and then nothing (a stream that broke): a repair asks it
+    again and takes its state. An ordinary download from the same sequence refuses the source and
+    hides it; a repair that hid its only source would leave the peer off its group's θ for rounds
+    (CI: two peers of one group ended round 3 on two θ, the loser's one download refused)."""
+    monkeypatch.setattr(state_sync.time, "sleep", lambda s: None)
+    peer = make_peer(own_round=3, others_round=3, served_rounds=[2, None, 3])
+    peer.catch_up(even_at_same_round=True, only={"mate"})
+    assert peer.installed == [3] and peer.consistent and peer.gatherer.calls == 3 and peer.hidden == []
+    peer = make_peer(own_round=3, others_round=3, served_rounds=[2, None, 3])
+    peer.catch_up(even_at_same_round=True)  # not a repair: an older state than announced is refused
+    assert peer.installed == [] and not peer.consistent and peer.hidden == ["mate"]
