@@ -19,6 +19,21 @@ def test_groupmates_apart_are_caught():
         assert_groups_identical(statuses)
 
 
+def test_groupmates_apart_are_shown_with_what_their_logs_say_of_those_rounds(tmp_path, monkeypatch):
+    from tests.support import swarm_harness
+
+    log = tmp_path / "b.log"
+    log.write_text("10:00 INFO voloco.peer: peer b joined the DHT\n"
+                   "10:01 ERROR voloco.peer: round 0: this peer started from parameters y, its group's start vote chose x\n"
+                   "10:02 WARNING voloco.peer: refused the state a served: state of round 0 is older than the swarm's round 1\n"
+                   "10:03 WARNING voloco.peer: round 7: something of another round\n")
+    monkeypatch.setattr(swarm_harness, "_LOGS", [log])
+    statuses = [status("a", rec(1, "ab", "x"), rec(2, "ab", "z")), status("b", rec(1, "ab", "y"), rec(2, "ab", "z"))]
+    with pytest.raises(AssertionError, match="start vote chose x(.|\n)*older than the swarm's round 1") as e:
+        assert_groups_identical(statuses)
+    assert "round 7" not in str(e.value)
+
+
 def test_a_last_record_that_differs_is_not_judged_yet():
     # a's round 2 is its last record: round 3's group may still take a set into round 2's union and
     # rewrite it (b already has: it wrote its next status first)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from swarm.helper_processes import signal_tree
 
@@ -56,9 +57,15 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(voloco(*args), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+# every Proc's log of this test process: a failed check of θ quotes what the peers it names said (_said)
+_LOGS: List[Path] = []
+SAID = re.compile(r"start vote|state|refus|download|union|sent nothing|held|could not|group|WARNING|ERROR")
+
+
 class Proc:
     def __init__(self, argv: List[str], log: Path, env: Optional[Dict[str, str]] = None):
         self.log = log
+        _LOGS.append(log)
         self._f = open(log, "wb")
         self.proc = subprocess.Popen(
             argv, stdout=self._f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -276,9 +283,31 @@ def assert_groups_identical(statuses: List[dict]) -> int:
         assert mine == theirs, (
             _apart(pid, other, rec, theirs_rec)
             + f"\n  round before: {_brief(rounds.get(rnd - 1, {}))} / {_brief(their_rounds.get(rnd - 1, {}))}"
+            + _said((pid, other), (rnd - 2, rnd - 1, rnd))
         )
         checked += 1
     return checked
+
+
+def _said(peers: Sequence[str], rounds: Sequence[int], per_peer: int = 16) -> str:
+    """What the logs of ``peers`` (each log names its peer id as it joins) say of ``rounds`` about groups,
+    votes, state downloads and refusals (a peer logs the round it exchanges, one less than its record's
+    round): a divergence that CI shows can then be traced (tests/round/test_groupmate_pairs.py)."""
+    marks = tuple(f"round {r}" for r in rounds)
+    out = []
+    for log in dict.fromkeys(_LOGS):
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            continue
+        for peer in peers:
+            if f"peer {peer} joined" not in text:
+                continue
+            lines = [ln[:300] for ln in text.splitlines()
+                     if any(m + ":" in ln or m + " " in ln for m in marks) and SAID.search(ln)]
+            out.append(f"\n  --- {log.name} ({peer[-6:]}), {len(lines)} lines, the last {per_peer}:\n    "
+                       + "\n    ".join(lines[-per_peer:]))
+    return "".join(out)
 
 
 def honest_swarm_with_liars(workdir: Path, honest: Tuple[str, ...], rounds: int, modes: List[str],
