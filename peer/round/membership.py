@@ -237,6 +237,9 @@ class Membership(NoShows, StartWaits):
         """Leave ``peer_id``'s records out of the view for ``seconds`` (it was caught lying)."""
         self._ignored[peer_id] = time.monotonic() + seconds
 
+    def ignoring(self, peer_id: str) -> bool:
+        return self._ignored.get(peer_id, 0.0) > time.monotonic()
+
     def others(self, excluding=NOT_IN_ROUNDS) -> List[PeerView]:
         return [v for v in self.view() if v.peer_id != self.peer_id and v.progress.state not in excluding]
 

@@ -16,15 +16,16 @@ What other peers claim is weighed, not believed:
   hash its round's peers report) is left out of the membership view for ``Timing.refuse_source_s``
   (once in that time not, where its θ is only unreported while it and another peer still announce
   the round before: their next records may report it); one that serves nothing, for
-  ``Timing.silent_source_s``; a catch-up makes at most ``MAX_ATTEMPTS`` downloads, and a
-  round that could not be had is not chased again for ``Timing.retry_target_s``;
+  ``Timing.silent_source_s``; but a repair (a lost start vote) asks the groupmates that won it
+  whatever their records say, again where one serves an older state or nothing, and hides none;
+  a catch-up makes at most ``MAX_ATTEMPTS`` downloads, a round that could not be had is not chased
+  again for ``Timing.retry_target_s``;
 - a downloaded state must name this run spec and exactly this run's tensors, with their shapes,
   every value finite and at most ``STATE_MAX_ABS`` after the cast to float32, and be of a round
   between the one we need and the one its server announced (+1: it may have just finished one). A
   state further ahead is checked once more against a view read after the download (a fast peer's
   rounds go by while its state travels), and refused only if its server still announces less;
-- peers that others cannot dial (``reach`` "client": hivemind's client mode shares no state) are
-  asked last.
+- peers that others cannot dial (``reach`` "client": hivemind's client mode shares no state) last.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import logging
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AbstractSet, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
@@ -44,14 +45,17 @@ from peer.exchange.state_download import StateDownloader, StateServerBusy
 from protocol.errors import ProtocolError
 from protocol.round.round_policy import swarm_round, sync_target
 from protocol.round import eligibility, standing
-from protocol.round.peer_states import DONE, IN_ROUND, NOT_A_SOURCE
+from protocol.dht.records import Progress
+from protocol.round.peer_states import DONE, EXCHANGING, IN_ROUND, NOT_A_SOURCE, STOPPED
 from protocol.spec import RunSpec
+from swarm.records import PeerView
 
 logger = logging.getLogger("voloco.peer")
 
 MAX_ATTEMPTS = 3  # downloads per catch-up
 BUSY_TRIES = 5  # busy answers a catch-up takes (a pause growing by one each) before it gives up on them
 BUSY = "busy"  # ``StateSync.download``'s answer where the source serves as many downloads as it will now
+NAN = float("nan")
 STATE_MAX_ABS = 1e6  # no trained weight or momentum comes near it; 1e300 or inf never passes
 ROUND_SPREAD = 2  # honest peers of a swarm are within a round or two of each other
 
@@ -177,9 +181,11 @@ class StateSync:
         state of at least its own (new) round, even if no groupmate has published that round yet:
         a groupmate still evaluating it serves an older state, which is refused and asked again.
         ``only``: download from these peers alone (the groupmates that started the round from the
-        group's parameters: any other source may hold another lineage)."""
+        group's parameters: any other source may hold another lineage), with ``even_at_same_round``
+        asked whatever their records say yet (``_repair_views``)."""
         now = time.monotonic()
-        views = [v for v in self.membership.others(excluding=NOT_A_SOURCE) if only is None or v.peer_id in only]
+        views = _repair_views(self.membership, only, self.engine.round) if only is not None and even_at_same_round \
+            else [v for v in self.membership.others(excluding=NOT_A_SOURCE) if only is None or v.peer_id in only]
         # a repair to the round's group (its start vote named the sources) takes them as they are; a
         # catch-up, whom we know: new identities vouching for each other must not set the round
         vouchers, by_majority = None, False  # who may serve the state and vouch for its θ (None: any)
@@ -198,7 +204,7 @@ class StateSync:
             if not views:
                 if only:
                     logger.warning(f"cannot take the group's state of round {self.engine.round}: none of the groupmates "
-                                   f"that hold it ({', '.join(sorted(only))}) is in this peer's view")
+                                   f"that hold it ({', '.join(sorted(only))}) can serve it: stopped, or left out for lying")
                 return
             target = max(target, self.engine.round)
         elif target <= self.engine.round and not rejoin:
@@ -416,6 +422,24 @@ def _checked(name: str, t: Any, shape: Optional[Sequence[int]]) -> torch.Tensor:
     if not bool(torch.isfinite(t).all()) or (t.numel() and float(t.abs().max()) > STATE_MAX_ABS):
         raise ProtocolError(f"state tensor {name} has non-finite values or values beyond {STATE_MAX_ABS:g} (as float32)")
     return t
+
+
+def _repair_views(membership, mates: AbstractSet[str], round_no: int) -> List[PeerView]:
+    """The groupmates a start vote named, as sources of its state of ``round_no``, whatever their records
+    say yet (none read, a lagging round): but one stopped or ignored for lying
+    (tests/round/test_resync.py::test_a_repair_asks_the_groupmates_its_view_does_not_show_yet)."""
+    shown = {v.peer_id: v for v in membership.view() if v.peer_id in mates}
+    out = []
+    for mate in [*shown, *sorted(set(mates) - set(shown))]:
+        view = shown.get(mate)
+        if view is None and membership.ignoring(mate) or view is not None and view.progress.state == STOPPED:
+            continue
+        if view is None:
+            view = PeerView(mate, Progress(round_no, 0, EXCHANGING, membership.digest, NAN, NAN, 0, 0.0, 0, 0, ""), 0.0)
+        elif view.progress.round < round_no:
+            view = PeerView(mate, replace(view.progress, round=round_no, params_hash="", state_digest=""), view.expires)
+        out.append(view)
+    return out
 
 
 def _finishing(views: Sequence[Any], server: str, round_no: int, among: Optional[AbstractSet[str]], me: str) -> bool:

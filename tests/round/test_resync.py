@@ -38,6 +38,7 @@ def make_peer(own_round, others_round, served_rounds):
     peer.gatherer = Gatherer(served_rounds)
     peer.hidden = []
     peer.membership = SimpleNamespace(others=lambda excluding=(): [view], ignore=lambda who, seconds: peer.hidden.append(who),
+                                      view=lambda: [view], ignoring=lambda who: who in peer.hidden, digest="d",
                                       timing=Timing(gather_slot_s=1.0), known=lambda: frozenset({"me"}))
     peer.peer_id, peer.consistent, peer._spared = "me", False, {}
     peer._set_state, peer.enable_sharing = set_state, lambda: None
@@ -109,3 +110,26 @@ def test_a_repair_asks_its_groupmate_again_and_hides_it_from_nobody(monkeypatch)
     peer = make_peer(own_round=3, others_round=3, served_rounds=[2, None, 3])
     peer.catch_up(even_at_same_round=True)  # not a repair: an older state than announced is refused
     assert peer.installed == [] and not peer.consistent and peer.hidden == ["mate"]
+
+
+def test_a_repair_asks_the_groupmates_its_view_does_not_show_yet(monkeypatch):
+    """The groupmates our start vote named are asked for the group's state whatever their records say
+    yet: one whose last record we read still says "starting" in round 0, and one we have read no
+    record of (before, both were left out, and the repair returned at once without a word). A
+    groupmate ignored for lying, or whose record says it stopped, is not asked."""
+    from protocol.dht.records import Progress
+    from swarm.records import PeerView
+
+    monkeypatch.setattr(state_sync.time, "sleep", lambda s: None)
+    lagging = PeerView("lagging", Progress(0, 0, "starting", "d", 0.0, 0.0, 0, 0.0, 0, 0, "e" * 16), 0.0)
+    stopped = PeerView("stopped", Progress(3, 0, "stopped", "d", 0.0, 0.0, 0, 0.0, 0, 0, ""), 0.0)
+    for mates, served, asked in (({"lagging"}, [3], ["lagging"]), ({"unread"}, [3], ["unread"]),
+                                 ({"liar", "stopped"}, [3], [])):
+        peer = make_peer(own_round=3, others_round=3, served_rounds=served)
+        peer.hidden.append("liar")
+        peer.membership.others = lambda excluding=(): [v for v in (lagging, stopped) if v.progress.state not in excluding]
+        peer.membership.view = lambda: [lagging, stopped]
+        calls = []
+        peer.download = lambda source, timeout: calls.append(source) or peer.gatherer.load_state(timeout)
+        peer.catch_up(even_at_same_round=True, only=mates)
+        assert calls == asked and peer.installed == ([3] if asked else [])
