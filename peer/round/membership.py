@@ -102,6 +102,7 @@ class Membership(NoShows, StartWaits):
         self._carried: Dict[str, int] = {}  # peers waited for in a round they are still coming to -> that round
         self._training_since: Optional[float] = None
         self._ignored: Dict[str, float] = {}  # peer -> until when its records are left out
+        self._lied: Dict[str, float] = {}  # of those, the ones left out for lying, not for silence
         self.train_seconds = 0.0  # this peer's training time of its last round
         self._read_lock = threading.Lock()  # one DHT read at a time; callers meanwhile share its result
         self._views: List[PeerView] = []  # the last view read (every spec, nobody left out)
@@ -233,12 +234,16 @@ class Membership(NoShows, StartWaits):
         grace = self.timing.missed_reads_kept * self.read_interval()
         return fresh + [v for v in self._views if v.peer_id not in seen and v.expires + grace > at_start]
 
-    def ignore(self, peer_id: str, seconds: float) -> None:
-        """Leave ``peer_id``'s records out of the view for ``seconds`` (it was caught lying)."""
+    def ignore(self, peer_id: str, seconds: float, lied: bool = True) -> None:
+        """Leave ``peer_id``'s records out of the view for ``seconds`` (it was caught lying, or was silent)."""
         self._ignored[peer_id] = time.monotonic() + seconds
+        if lied:
+            self._lied = {p: t for p, t in self._lied.items() if t > time.monotonic()}
+            self._lied[peer_id] = self._ignored[peer_id]
 
-    def ignoring(self, peer_id: str) -> bool:
-        return self._ignored.get(peer_id, 0.0) > time.monotonic()
+    def lied(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` is left out of the view now for lying."""
+        return self._lied.get(peer_id, 0.0) > time.monotonic()
 
     def others(self, excluding=NOT_IN_ROUNDS) -> List[PeerView]:
         return [v for v in self.view() if v.peer_id != self.peer_id and v.progress.state not in excluding]

@@ -17,7 +17,8 @@ What other peers claim is weighed, not believed:
   (once in that time not, where its θ is only unreported while it and another peer still announce
   the round before: their next records may report it); one that serves nothing, for
   ``Timing.silent_source_s``; but a repair (a lost start vote) asks the groupmates that won it
-  whatever their records say, again where one serves an older state or nothing, and hides none;
+  whatever their records say, again where one serves an older state or nothing (for a gather slot
+  and a set fetch), and hides none for being late;
   a catch-up makes at most ``MAX_ATTEMPTS`` downloads, a round that could not be had is not chased
   again for ``Timing.retry_target_s``;
 - a downloaded state must name this run spec and exactly this run's tensors, with their shapes,
@@ -31,10 +32,8 @@ What other peers claim is weighed, not believed:
 from __future__ import annotations
 
 import logging
-import random
 import time
-from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import AbstractSet, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
@@ -45,19 +44,16 @@ from peer.exchange.state_download import StateDownloader, StateServerBusy
 from protocol.errors import ProtocolError
 from protocol.round.round_policy import swarm_round, sync_target
 from protocol.round import eligibility, standing
-from protocol.dht.records import Progress
-from protocol.round.peer_states import DONE, EXCHANGING, IN_ROUND, NOT_A_SOURCE, STOPPED
+from protocol.round.state_sources import ROUND_SPREAD, finishing, grouped, order_sources, repair_sources, reported_hashes
+from protocol.round.peer_states import DONE, IN_ROUND, NOT_A_SOURCE
 from protocol.spec import RunSpec
-from swarm.records import PeerView
 
 logger = logging.getLogger("voloco.peer")
 
 MAX_ATTEMPTS = 3  # downloads per catch-up
 BUSY_TRIES = 5  # busy answers a catch-up takes (a pause growing by one each) before it gives up on them
 BUSY = "busy"  # ``StateSync.download``'s answer where the source serves as many downloads as it will now
-NAN = float("nan")
 STATE_MAX_ABS = 1e6  # no trained weight or momentum comes near it; 1e300 or inf never passes
-ROUND_SPREAD = 2  # honest peers of a swarm are within a round or two of each other
 
 
 class StateTooOld(ProtocolError):
@@ -99,29 +95,6 @@ class StateAhead(ProtocolError):
     def __init__(self, message: str, round_no: int):
         super().__init__(message)
         self.round = round_no
-
-
-def order_sources(views: Sequence[Any], target: int, slack: int = 0, spread: int = ROUND_SPREAD) -> List[Any]:
-    """The views of peers to download a state of at least ``target`` from, best first: peers from
-    ``target - slack`` to ``target + spread`` (one far ahead of that is an outlier, never
-    asked), rounds that two or more peers report first, then higher rounds; within a round, the
-    parameters (``params_hash``) most of its peers report first (after a round that ended with two
-    θ, the majority's lineage, not the pair that stopped waiting for it); in random order among
-    equals; peers that others cannot dial (``reach`` "client", swarm/access/reachability.py) last."""
-    counts = Counter(v.progress.round for v in views)
-    lineages = Counter((v.progress.round, getattr(v.progress, "params_hash", "")) for v in views)
-    usable = [v for v in views if target - slack <= v.progress.round <= target + spread]
-    random.shuffle(usable)
-    return sorted(usable, key=lambda v: (getattr(v.progress, "reach", "") == "client", counts[v.progress.round] < 2,
-                                         -v.progress.round,
-                                         -lineages[(v.progress.round, getattr(v.progress, "params_hash", ""))]))
-
-
-def _grouped(views: Sequence[Any], target: int) -> int:
-    """How many of ``views`` are at ``target`` or a little later and gathered in a group lately
-    (a set named for their last round or the one before: peer/round/merge.py)."""
-    return sum(1 for v in views if target <= v.progress.round <= target + ROUND_SPREAD
-               and getattr(v.progress, "gathered", "") and getattr(v.progress, "gathered_round", -9) >= v.progress.round - 2)
 
 
 class StateSync:
@@ -182,9 +155,10 @@ class StateSync:
         a groupmate still evaluating it serves an older state, which is refused and asked again.
         ``only``: download from these peers alone (the groupmates that started the round from the
         group's parameters: any other source may hold another lineage), with ``even_at_same_round``
-        asked whatever their records say yet (``_repair_views``)."""
+        asked whatever their records say yet (protocol/round/state_sources.py ``repair_sources``)."""
         now = time.monotonic()
-        views = _repair_views(self.membership, only, self.engine.round) if only is not None and even_at_same_round \
+        repair = only is not None and even_at_same_round
+        views = repair_sources(self.membership.view(), only, self.engine.round, self.membership.lied, self.membership.digest) if repair \
             else [v for v in self.membership.others(excluding=NOT_A_SOURCE) if only is None or v.peer_id in only]
         # a repair to the round's group (its start vote named the sources) takes them as they are; a
         # catch-up, whom we know: new identities vouching for each other must not set the round
@@ -199,10 +173,10 @@ class StateSync:
             target = swarm_round([v.progress.round for v in views])
         if vouchers is not None:
             views = [v for v in views if v.peer_id in vouchers]
-        rejoin = solo and not even_at_same_round and 0 <= target < self.engine.round and _grouped(views, target) >= 2
+        rejoin = solo and not even_at_same_round and 0 <= target < self.engine.round and grouped(views, target) >= 2
         if even_at_same_round:
             if not views:
-                if only:
+                if only is not None:
                     logger.warning(f"cannot take the group's state of round {self.engine.round}: none of the groupmates "
                                    f"that hold it ({', '.join(sorted(only))}) can serve it: stopped, or left out for lying")
                 return
@@ -213,8 +187,8 @@ class StateSync:
             return
         # a peer that knows nobody it sees asks no peer past the majority's round: new identities a round
         # ahead, vouching for each other, would come first (higher rounds do)
-        sources = order_sources(views, target, slack=1 if even_at_same_round else 0,
-                                spread=0 if by_majority else ROUND_SPREAD)
+        sources = views if repair else order_sources(views, target, slack=1 if even_at_same_round else 0,
+                                                     spread=0 if by_majority else ROUND_SPREAD)
         if not sources:
             return
         if rejoin:
@@ -222,7 +196,7 @@ class StateSync:
                         f"{self.engine.round}; taking the state of the swarm's round {target}")
         previous, started = self._set_state("syncing"), self.engine.round
         try:
-            if self._download_and_install(sources, target, views, vouchers, repair=even_at_same_round and only is not None):
+            if self._download_and_install(sources, target, views, vouchers, repair=repair):
                 if rejoin:  # the swarm it lost is training: the peers it skipped as no-shows are waited for again
                     self.membership.forgive(v.peer_id for v in views)
                 return
@@ -236,43 +210,60 @@ class StateSync:
     def _download_and_install(self, sources: List[Any], target: int, views: Sequence[Any],
                               vouchers: Optional[AbstractSet[str]], repair: bool = False) -> bool:
         """``repair``: the sources are groupmates our start vote named, finishing the round we just
-        concluded. An older state or no answer from one of them is its round still ending (or a stream
-        that broke), not a lie: it is asked again, never hidden from the view, where hiding the only
-        source would leave this peer off its group's θ for rounds
-        (tests/round/test_resync.py::test_a_repair_asks_its_groupmate_again_and_hides_it_from_nobody)."""
-        queue, attempt, busy = list(sources), 0, 0
-        again: Set[str] = set()  # repair sources that did not answer once
+        concluded. An older state or no answer from one of them is its round still ending (its merge of
+        other groups' sets may take ``Timing.set_fetch_s``) or a stream that broke, not a lie: it is
+        asked again, a pause growing by a second each time, until a gather slot and a set fetch have
+        passed, and is not hidden from the view; hiding the only source would leave this peer off its
+        group's θ for rounds (tests/round/test_resync.py::test_a_repair_asks_its_groupmate_again_and_hides_it_from_nobody)."""
+        timing = self.membership.timing
+        queue, attempt, busy, waits = list(sources), 0, 0, 0
+        patience = time.monotonic() + timing.gather_slot_s + timing.set_fetch_s if repair else 0.0
+
+        def later(view) -> bool:
+            """A repair's source not ready yet: asked again after a pause, while the repair's patience lasts."""
+            nonlocal waits
+            if not repair or time.monotonic() >= patience:
+                return False
+            waits += 1
+            queue.append(view)
+            time.sleep(min(timing.download_pause_s * waits, max(0.0, patience - time.monotonic())))
+            return True
+
         while queue and attempt < MAX_ATTEMPTS:
             view = queue.pop(0)
             peer, claimed = view.peer_id, view.progress.round
             logger.info(f"downloading the state of round {target} from {peer} (it reports round {claimed})")
             asked = time.monotonic()
-            got = self.download(peer, timeout=self.membership.timing.gather_slot_s)
+            got = self.download(peer, timeout=timing.gather_slot_s)
             if got is BUSY:  # it serves others now: not a silent source; asked again after the other sources
                 busy += 1
                 if busy < BUSY_TRIES:
                     queue.append(view)
-                time.sleep(self.membership.timing.download_pause_s * min(busy, BUSY_TRIES))
+                time.sleep(timing.download_pause_s * min(busy, BUSY_TRIES))
+                continue
+            if got is None:
+                if getattr(view.progress, "reach", "") != "client" and later(view):
+                    continue
+                attempt += 1
+                if not repair:
+                    # (a --client-mode peer too: left out, this peer trains on, and the client, which can
+                    # dial out, downloads our state instead: waiting on it would leave both stuck)
+                    self.membership.ignore(peer, timing.silent_source_s, lied=False)
                 continue
             attempt += 1
-            if got is None:
-                if repair and peer not in again and getattr(view.progress, "reach", "") != "client":
-                    again.add(peer)
-                    queue.append(view)
-                    time.sleep(self.membership.timing.download_pause_s * attempt)
-                    continue
-                # (a --client-mode peer too: left out, this peer trains on, and the client, which can
-                # dial out, downloads our state instead: waiting on it would leave both stuck)
-                self.membership.ignore(peer, self.membership.timing.silent_source_s)
-                continue
-            reported = _reported_hashes(views, excluding=peer, among=vouchers)
+            reported = reported_hashes(views, excluding=peer, among=vouchers)
             try:
                 self.install(*got, min_round=target, max_round=claimed + 1, reported=reported)
             except StateTooOld as e:
-                if claimed < target or repair:  # a groupmate still finishing the round: ask again
-                    logger.info(f"{peer} is still finishing round {max(claimed, target - 1)}: {e}")
+                if repair:  # a groupmate still finishing the round: asked again while the repair lasts, never hidden
+                    if later(view):
+                        attempt -= 1
+                        logger.info(f"{peer} is still finishing round {target - 1}: {e}")
+                    continue
+                if claimed < target:  # a groupmate still finishing the round: ask again
+                    logger.info(f"{peer} is still finishing round {claimed}: {e}")
                     queue.append(view)
-                    time.sleep(self.membership.timing.download_pause_s * attempt)
+                    time.sleep(timing.download_pause_s * attempt)
                     continue
                 self._refuse(peer, e)
                 continue
@@ -307,7 +298,7 @@ class StateSync:
             return None
         try:
             self.install(*got, min_round=target, max_round=server.progress.round + 1 + lag,
-                         reported=_reported_hashes(views, excluding=peer, among=vouchers))
+                         reported=reported_hashes(views, excluding=peer, among=vouchers))
         except ProtocolError as e:
             self._refuse(peer, e, views, vouchers)
             return None
@@ -323,7 +314,7 @@ class StateSync:
         views = self.membership.fresh_view(since=asked, timeout=self.membership.timing.recheck_wait(self.membership.read_interval()))
         try:
             self.install(*got, min_round=target, max_round=claimed + 1,
-                         reported=_reported_hashes(views, excluding=peer, among=vouchers))
+                         reported=reported_hashes(views, excluding=peer, among=vouchers))
         except ProtocolError as e:
             self._refuse(peer, e, views, vouchers)
             return False
@@ -340,7 +331,7 @@ class StateSync:
         (tests/round/test_state_sources.py::test_a_state_unreported_only_because_its_round_is_still_finishing_does_not_hide_its_server)."""
         now, window = time.monotonic(), self.membership.timing.refuse_source_s
         if isinstance(why, StateUnreported) and self._spared.get(peer, -1.0) < now \
-                and _finishing(views, peer, why.round - 1, vouchers, self.peer_id):
+                and finishing(views, peer, why.round - 1, vouchers, self.peer_id):
             self._spared = {p: t for p, t in self._spared.items() if t >= now}
             self._spared[peer] = now + window
             logger.info(f"did not install the state {peer} served: {why}, and it and another peer still announce "
@@ -354,7 +345,7 @@ class StateSync:
         """Check a downloaded state and make it ours; ProtocolError (nothing changed) if it does not fit.
 
         ``reported``: round -> what other peers report for it, each θ's hash, or ``θ hash:state digest``
-        (``_reported_hashes``); a state of a round some peers report must have one of their θ hashes,
+        (``reported_hashes``); a state of a round some peers report must have one of their θ hashes,
         and where those peers report a digest with it, its standing table and shared state must have
         that digest too: a server cannot hand a newcomer an honest θ with a standing table that makes
         it established, or with a forged outer momentum (tests/round/test_liveness.py
@@ -422,40 +413,3 @@ def _checked(name: str, t: Any, shape: Optional[Sequence[int]]) -> torch.Tensor:
     if not bool(torch.isfinite(t).all()) or (t.numel() and float(t.abs().max()) > STATE_MAX_ABS):
         raise ProtocolError(f"state tensor {name} has non-finite values or values beyond {STATE_MAX_ABS:g} (as float32)")
     return t
-
-
-def _repair_views(membership, mates: AbstractSet[str], round_no: int) -> List[PeerView]:
-    """The groupmates a start vote named, as sources of its state of ``round_no``, whatever their records
-    say yet (none read, a lagging round): but one stopped or ignored for lying
-    (tests/round/test_resync.py::test_a_repair_asks_the_groupmates_its_view_does_not_show_yet)."""
-    shown = {v.peer_id: v for v in membership.view() if v.peer_id in mates}
-    out = []
-    for mate in [*shown, *sorted(set(mates) - set(shown))]:
-        view = shown.get(mate)
-        if view is None and membership.ignoring(mate) or view is not None and view.progress.state == STOPPED:
-            continue
-        if view is None:
-            view = PeerView(mate, Progress(round_no, 0, EXCHANGING, membership.digest, NAN, NAN, 0, 0.0, 0, 0, ""), 0.0)
-        elif view.progress.round < round_no:
-            view = PeerView(mate, replace(view.progress, round=round_no, params_hash="", state_digest=""), view.expires)
-        out.append(view)
-    return out
-
-
-def _finishing(views: Sequence[Any], server: str, round_no: int, among: Optional[AbstractSet[str]], me: str) -> bool:
-    """Whether ``server`` and another live peer of ``views`` (of ``among`` only, where given; not
-    ``me``) both announce ``round_no``."""
-    live = {v.peer_id for v in views if v.progress.round == round_no and v.progress.state not in NOT_A_SOURCE}
-    return server in live and bool(live - {server, me} if among is None else (live & set(among)) - {server, me})
-
-
-def _reported_hashes(views: Sequence[Any], excluding: str, among: Optional[AbstractSet[str]] = None) -> Dict[int, Set[str]]:
-    """round -> what peers (but ``excluding``; of ``among`` only, where given: ``sync_target``'s
-    vouchers) report for it: ``θ hash:state digest``, or θ's hash alone from a record without a
-    digest (an older peer's; a training peer reports none while its exchange holds θ)."""
-    out: Dict[int, Set[str]] = {}
-    for v in views:
-        p = v.progress
-        if v.peer_id != excluding and (among is None or v.peer_id in among) and p.params_hash:
-            out.setdefault(p.round, set()).add(f"{p.params_hash}:{p.state_digest}" if p.state_digest else p.params_hash)
-    return out

@@ -248,8 +248,8 @@ def syncing_peer(monkeypatch, views, serve, own_round=0, known=()):
     visible = lambda: [v for v in views if ignored.get(v.peer_id, 0) <= state_sync.time.monotonic()]  # noqa: E731
     membership = SimpleNamespace(
         dht=None, others=lambda excluding=(): visible(), fresh_view=lambda since, timeout: visible(), view=visible,
-        ignoring=lambda peer: ignored.get(peer, 0) > state_sync.time.monotonic(), digest=SPEC.digest(),
-        read_interval=lambda: 0.5, ignore=lambda peer, seconds: ignored.__setitem__(peer, state_sync.time.monotonic() + seconds),
+        lied=lambda peer: ignored.get(peer, 0) > state_sync.time.monotonic(), digest=SPEC.digest(),
+        read_interval=lambda: 0.5, ignore=lambda peer, seconds, lied=True: ignored.__setitem__(peer, state_sync.time.monotonic() + seconds),
         forgiven=[], timing=Timing.from_spec(SPEC), known=lambda: frozenset(known) | {"me"},
     )
     membership.forgive = lambda peers: membership.forgiven.extend(peers)

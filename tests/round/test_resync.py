@@ -4,9 +4,21 @@ two peers flip-flopping between two parameter sets, each refusing the other's ol
 
 from types import SimpleNamespace
 
+import pytest
+
 from peer.round import state_sync
 from peer.round.state_sync import StateSync
+from protocol.dht.records import Progress
 from protocol.round.timing import Timing
+from swarm.records import PeerView
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """state_sync's time, advanced by its sleeps only."""
+    now = [1000.0]
+    monkeypatch.setattr(state_sync, "time", SimpleNamespace(monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)))
+    return now
 
 
 class Gatherer:
@@ -24,8 +36,7 @@ class Gatherer:
 
 def make_peer(own_round, others_round, served_rounds):
     """A StateSync of a peer at ``own_round`` whose one groupmate shows ``others_round``."""
-    view = SimpleNamespace(peer_id="mate", progress=SimpleNamespace(round=others_round, state="exchanging",
-                                                                    set_of=lambda round_no: ""))
+    view = PeerView("mate", Progress(others_round, 0, "exchanging", "d", 0.0, 0.0, 0, 0.0, 0, 0, "e" * 16), 0.0)
     shown = {"state": "exchanging"}
 
     def set_state(state):
@@ -37,8 +48,8 @@ def make_peer(own_round, others_round, served_rounds):
     peer.engine = SimpleNamespace(round=own_round, params_hash=lambda: "0" * 16, standing={})
     peer.gatherer = Gatherer(served_rounds)
     peer.hidden = []
-    peer.membership = SimpleNamespace(others=lambda excluding=(): [view], ignore=lambda who, seconds: peer.hidden.append(who),
-                                      view=lambda: [view], ignoring=lambda who: who in peer.hidden, digest="d",
+    peer.membership = SimpleNamespace(others=lambda excluding=(): [view], ignore=lambda who, seconds, lied=True: peer.hidden.append(who),
+                                      view=lambda: [view], lied=lambda who: who in peer.hidden, digest="d",
                                       timing=Timing(gather_slot_s=1.0), known=lambda: frozenset({"me"}))
     peer.peer_id, peer.consistent, peer._spared = "me", False, {}
     peer._set_state, peer.enable_sharing = set_state, lambda: None
@@ -117,19 +128,37 @@ def test_a_repair_asks_the_groupmates_its_view_does_not_show_yet(monkeypatch):
     yet: one whose last record we read still says "starting" in round 0, and one we have read no
     record of (before, both were left out, and the repair returned at once without a word). A
     groupmate ignored for lying, or whose record says it stopped, is not asked."""
-    from protocol.dht.records import Progress
-    from swarm.records import PeerView
-
     monkeypatch.setattr(state_sync.time, "sleep", lambda s: None)
     lagging = PeerView("lagging", Progress(0, 0, "starting", "d", 0.0, 0.0, 0, 0.0, 0, 0, "e" * 16), 0.0)
     stopped = PeerView("stopped", Progress(3, 0, "stopped", "d", 0.0, 0.0, 0, 0.0, 0, 0, ""), 0.0)
     for mates, served, asked in (({"lagging"}, [3], ["lagging"]), ({"unread"}, [3], ["unread"]),
-                                 ({"liar", "stopped"}, [3], [])):
+                                 ({"liar", "stopped"}, [3], []), ({"lagging", "mate"}, [3], ["mate"])):
         peer = make_peer(own_round=3, others_round=3, served_rounds=served)
         peer.hidden.append("liar")
+        peer.hidden.append("silent")  # left out for silence, not for lying: still a groupmate to ask
         peer.membership.others = lambda excluding=(): [v for v in (lagging, stopped) if v.progress.state not in excluding]
-        peer.membership.view = lambda: [lagging, stopped]
+        peer.membership.view = lambda: [lagging, stopped, peer_view("mate", 3)]
+        peer.membership.lied = lambda who: who == "liar"
         calls = []
         peer.download = lambda source, timeout: calls.append(source) or peer.gatherer.load_state(timeout)
         peer.catch_up(even_at_same_round=True, only=mates)
         assert calls == asked and peer.installed == ([3] if asked else [])
+
+
+def peer_view(peer, round_no):
+    return PeerView(peer, Progress(round_no, 0, "exchanging", "d", 0.0, 0.0, 0, 0.0, 0, 0, "e" * 16), 0.0)
+
+
+def test_a_repair_waits_for_its_groupmate_a_gather_slot_and_a_set_fetch_then_gives_up_without_hiding_it(clock):
+    """A groupmate whose merge of other groups' sets is slow serves the round before for a while, or
+    nothing: the repair asks again, a pause growing by a second each time, past the 3 downloads of a
+    catch-up, until a gather slot and a set fetch (1 + 10 s here) have passed; then it gives up,
+    and hides the groupmate from nobody: the next round's repair may ask it again."""
+    peer = make_peer(own_round=3, others_round=3, served_rounds=[2, None, 2, 2, 3])
+    peer.catch_up(even_at_same_round=True, only={"mate"})
+    assert peer.installed == [3] and peer.consistent and peer.gatherer.calls == 5 and peer.hidden == []
+    began = clock[0]
+    peer = make_peer(own_round=3, others_round=3, served_rounds=[2] * 50)
+    peer.catch_up(even_at_same_round=True, only={"mate"})
+    assert peer.installed == [] and not peer.consistent and peer.hidden == []
+    assert 3 < peer.gatherer.calls < 10 and clock[0] - began <= 1.0 + peer.membership.timing.set_fetch_s + 1e-6

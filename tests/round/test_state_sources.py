@@ -246,6 +246,7 @@ def test_a_state_unreported_only_because_its_round_is_still_finishing_does_not_h
     at_48 = [view(p, 48, "ready", majority.params_hash()) for p in ("a", "c")]
     assert not hidden([view("x", 47, "ready"), view("b", 47, "ready")] + at_48)  # b may yet report x's θ
     assert hidden([view(p, 48, "ready", majority.params_hash()) for p in ("x", "a", "c")])  # nobody at 47
-    assert hidden([view("x", 47, "ready")] + at_48, fresh_extra=[view("me", 47, "training")], repair=True)  # only we are
-    assert not hidden([view("x", 47, "ready"), view("b", 47, "ready")] + at_48, repair=True)
+    # (x's record reports a θ of round 47, so that a repair asks it first: records with a hash come first)
+    assert hidden([view("x", 47, "ready", "9" * 16)] + at_48, fresh_extra=[view("me", 47, "training")], repair=True)  # only we are
+    assert not hidden([view("x", 47, "ready", "9" * 16), view("b", 47, "ready")] + at_48, repair=True)
     assert hidden([view("x", 47, "ready"), view("b", 47, "starting")] + at_48)  # b's record says nothing yet
