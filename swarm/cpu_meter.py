@@ -100,8 +100,10 @@ def thread_cpu() -> Optional[Dict[str, float]]:
         live = {t.id: (names.get(t.id, "other"), t.user_time + t.system_time) for t in threads}
         for tid, (name, seconds) in _threads_seen.items():
             now = live.get(tid)
-            if now is None or now[0] != name or now[1] < seconds:  # gone (or its id taken by a newer thread)
+            if now is None or now[1] < seconds or now[0] not in (name, "other"):  # gone (or its id taken by a newer thread)
                 _threads_ended[name] = _threads_ended.get(name, 0.0) + seconds
+            elif now[0] != name:  # joined in Python, not yet gone from the OS: still that thread, under its name
+                live[tid] = (name, now[1])
         _threads_seen.clear()
         _threads_seen.update(live)
         out = dict(_threads_ended)
