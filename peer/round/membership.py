@@ -52,6 +52,7 @@ from peer.round.start_waits import StartWaits, names as _names
 from protocol.round import peer_states
 from protocol.round.round_policy import sync_target
 from protocol.round.start_vote import swarm_lineage
+from protocol.round.state_sources import LeftOut
 from protocol.round.named_sets import NamedSets
 from protocol.round.no_shows import NoShowLedger, WaitBudget, claimed_elsewhere
 from protocol.round.peer_states import DONE, EXCHANGING, IN_ROUND, NOT_IN_ROUNDS
@@ -101,8 +102,7 @@ class Membership(NoShows, StartWaits):
         self._waited_steps: Dict[str, int] = {}  # ... at which inner step of it
         self._carried: Dict[str, int] = {}  # peers waited for in a round they are still coming to -> that round
         self._training_since: Optional[float] = None
-        self._ignored: Dict[str, float] = {}  # peer -> until when its records are left out
-        self._lied: Dict[str, float] = {}  # of those, the ones left out for lying, not for silence
+        self._left_out = LeftOut()  # peers whose records are left out of the view, until when, and why
         self.train_seconds = 0.0  # this peer's training time of its last round
         self._read_lock = threading.Lock()  # one DHT read at a time; callers meanwhile share its result
         self._views: List[PeerView] = []  # the last view read (every spec, nobody left out)
@@ -201,7 +201,7 @@ class Membership(NoShows, StartWaits):
     def _shown(self, views: List[PeerView]) -> List[PeerView]:
         """The records of ``views`` of this run spec, but a peer's we ignore for lying (``ignore``)."""
         now = time.monotonic()
-        return [v for v in views if v.progress.spec == self.digest and self._ignored.get(v.peer_id, 0.0) <= now]
+        return [v for v in views if v.progress.spec == self.digest and not self._left_out.hides(v.peer_id, now)]
 
     def read_latency(self) -> float:
         """How long a DHT read of the progress records takes on this host now: the median of the
@@ -236,14 +236,11 @@ class Membership(NoShows, StartWaits):
 
     def ignore(self, peer_id: str, seconds: float, lied: bool = True) -> None:
         """Leave ``peer_id``'s records out of the view for ``seconds`` (it was caught lying, or was silent)."""
-        self._ignored[peer_id] = time.monotonic() + seconds
-        if lied:
-            self._lied = {p: t for p, t in self._lied.items() if t > time.monotonic()}
-            self._lied[peer_id] = self._ignored[peer_id]
+        self._left_out.leave_out(peer_id, time.monotonic() + seconds, time.monotonic(), lied)
 
     def lied(self, peer_id: str) -> bool:
         """Whether ``peer_id`` is left out of the view now for lying."""
-        return self._lied.get(peer_id, 0.0) > time.monotonic()
+        return self._left_out.lied(peer_id, time.monotonic())
 
     def others(self, excluding=NOT_IN_ROUNDS) -> List[PeerView]:
         return [v for v in self.view() if v.peer_id != self.peer_id and v.progress.state not in excluding]

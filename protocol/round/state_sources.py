@@ -23,6 +23,27 @@ class Source(NamedTuple):
     expires: float = 0.0
 
 
+class LeftOut:
+    """Peers whose records a view leaves out, until when (monotonic seconds, passed in), and which of
+    them for lying (a state refused) rather than for silence; entries past their time are dropped."""
+
+    def __init__(self) -> None:
+        self._until: Dict[str, float] = {}
+        self._lied: Set[str] = set()
+
+    def leave_out(self, peer: str, until: float, now: float, lied: bool) -> None:
+        self._until = {p: t for p, t in self._until.items() if t > now}
+        self._lied &= set(self._until)
+        self._until[peer] = until
+        (self._lied.add if lied else self._lied.discard)(peer)
+
+    def hides(self, peer: str, now: float) -> bool:
+        return self._until.get(peer, 0.0) > now
+
+    def lied(self, peer: str, now: float) -> bool:
+        return peer in self._lied and self.hides(peer, now)
+
+
 def order_sources(views: Sequence[Any], target: int, slack: int = 0, spread: int = ROUND_SPREAD) -> List[Any]:
     """The views of peers to download a state of at least ``target`` from, best first: peers from
     ``target - slack`` to ``target + spread`` (one far ahead of that is an outlier, never
