@@ -35,7 +35,8 @@ class LeftOut:
         self._until = {p: t for p, t in self._until.items() if t > now}
         self._lied &= set(self._until)
         self._until[peer] = until
-        (self._lied.add if lied else self._lied.discard)(peer)
+        if lied:  # (a liar left out again for silence stays a liar while it is left out)
+            self._lied.add(peer)
 
     def hides(self, peer: str, now: float) -> bool:
         return self._until.get(peer, 0.0) > now

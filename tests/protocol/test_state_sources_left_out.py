@@ -10,6 +10,7 @@ def test_peers_are_left_out_until_their_time_and_only_liars_count_as_lying():
     assert out.hides("liar", 10.0) and out.hides("silent", 10.0)
     assert out.lied("liar", 10.0) and not out.lied("silent", 10.0)
     assert not out.hides("silent", 60.0) and not out.lied("liar", 600.0)
-    out.leave_out("liar", until=700.0, now=650.0, lied=False)  # silent now: no longer counted a liar
-    assert out.hides("liar", 660.0) and not out.lied("liar", 660.0)
-    assert set(out._until) == {"liar"}  # entries past their time are dropped: the table is bounded by the live ones
+    out.leave_out("liar", until=500.0, now=100.0, lied=False)  # left out again, for silence: still a liar
+    assert out.hides("liar", 110.0) and out.lied("liar", 110.0)
+    out.leave_out("other", until=700.0, now=650.0, lied=False)
+    assert set(out._until) == {"other"} and not out.lied("liar", 650.0)  # past their time: dropped, and the liar mark with them
