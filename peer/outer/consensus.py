@@ -4,27 +4,36 @@ Clipping (peer/outer/robust.py) bounds the size of an update, not its direction:
 that sends the negated pseudo-gradient of honest training, or noise, at an honest norm, passes it.
 What honest updates share is their direction: trained from one θ on the same kind of data, their
 signs agree far more often than chance, coordinate by coordinate. So, for every pair of
-contributions (i, j) over the tensors both carry (a full replica, a slice owner and a chain stage
+contributions (i, j) and every tensor t both carry (a full replica, a slice owner and a chain stage
 are compared on what they share, never on what only one of them sends):
 
-    A_ij = Σ sign(u_i) · sign(u_j)          (agreements minus disagreements)
-    O_ij = Σ |sign(u_i)| · |sign(u_j)|      (coordinates both set)
-    z_ij = A_ij / √O_ij                      (0 where they set no coordinate in common)
+    A_ij,t = Σ sign(u_i) · sign(u_j)          (agreements minus disagreements over t)
+    O_ij,t = Σ |sign(u_i)| · |sign(u_j)|      (coordinates of t both set)
+    z_ij,t = A_ij,t / √O_ij,t                  (tensors with O = 0 are left out)
+    z_ij   = Σ_t clamp(z_ij,t, ±TENSOR_Z) / √T_ij   (T_ij: the tensors with O > 0; 0 where there is none)
 
-For signs drawn at random, A_ij has mean 0 and standard deviation √O_ij: z_ij is how many
-standard deviations the pair agrees above chance. A contribution's score is the median of its z
-over the others it can be compared with (of an even count, the upper of the two middle values): with
-R honest members and K hostile ones that agree with each other and not with the honest, an honest
-score stays high while K < R and a hostile one stays low while K <= R, so hostile members that are
-fewer than the honest can neither raise their own scores nor sink an honest one. A contribution
-counts only with a score of at least ``min_z``; where K = R nobody's direction wins and nothing
-counts (no step is better than half a step backwards).
+For signs drawn at random, A_ij,t has mean 0 and standard deviation √O_ij,t, so each z_ij,t and
+their combination z_ij (Stouffer's) are standard normal: z_ij is how many standard deviations the
+pair agrees above chance. Each tensor is one test of equal weight, not each coordinate, and none
+counts past ``TENSOR_Z``: the coordinates of one tensor are not independent. An input embedding's
+rows move together in a round's first steps, so a pair's signs there agree or disagree on nearly
+every coordinate they share (one coin flip counted hundreds of times): pooled over coordinates, that
+one tensor made an honest slice owner score −0.3 in round 0 where its other tensors all agreed, and a
+replica that trains a quarter of H score −4.2 (bench/RESULTS.md, "Per-tensor scores"). By chance a
+tensor passes 6 standard deviations once in 5 x 10^8: past that it has said all a test can, and what
+is left is how many coordinates moved together. A contribution's score is the median of its z over the others it can be compared with (of
+an even count, the upper of the two middle values): with R honest members and K hostile ones that
+agree with each other and not with the honest, an honest score stays high while K < R and a hostile
+one stays low while K <= R, so hostile members that are fewer than the honest can neither raise
+their own scores nor sink an honest one. A contribution counts only with a score of at least
+``min_z``; where K = R nobody's direction wins and nothing counts (no step is better than half a
+step backwards).
 
-Measured with ``python bench/trust.py`` (the simulation's small model, SparseLoCo, 3 seeds;
-bench/RESULTS.md, "Direction check"): honest updates score 7.1 to 28, noise −2.0 to +2.5, updates
-trained on random tokens −3.6 to +2.3, negated honest updates down to −27. A contribution that
-shares no coordinate with the others scores 0: carrying nothing in common with the round is no
-information.
+Measured on the probes of bench/RESULTS.md ("Per-tensor scores"): honest updates score 5.3 to 20,
+noise −1.6 to +2.3, updates trained on random tokens −3.7 to +2.2, negated honest updates −19 to −5.3. A contribution that shares no coordinate with the others
+scores 0: carrying nothing in common with the round is no information. What equal weights give up:
+an update negated on a minority of its tensors, honest on the rest, scores as honest; the clip bounds
+each of its tensors to a typical norm (docs/trust.md).
 
 A copy carries no information of its own: two contributions whose signs agree on at least
 ``COPY_FRACTION`` of the coordinates they share, and which share at least that fraction of the
@@ -36,7 +45,8 @@ Every member must decide alike: the counts are exact integers on any machine. Si
 as float32 in blocks of at most ``_BLOCK`` coordinates and multiplied as a matrix; every partial sum
 of ±1 and 0 over fewer than 2^24 terms is an integer that float32 holds exactly, whatever order a
 BLAS adds in, and the blocks are added in float64, exact below 2^53. z, the sort and the median are
-IEEE operations on those integers. Cost: bench/outer_step.py ("no check" arm), bench/RESULTS.md.
+IEEE operations on those integers, each pair's tensors added in the one order every member sees
+them (first seen in the canonical order). Cost: bench/outer_step.py ("no check" arm), bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -48,7 +58,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["COPY_FRACTION", "Agreement", "agreement", "copies", "score_contributions"]
+__all__ = ["COPY_FRACTION", "TENSOR_Z", "Agreement", "agreement", "copies", "score_contributions"]
 
 Tensors = Mapping[str, torch.Tensor]
 _BLOCK = 1 << 20  # coordinates per block: exact in float32 below 2^24, and n x 4 MiB of signs at a time
@@ -56,6 +66,9 @@ _BLOCK = 1 << 20  # coordinates per block: exact in float32 below 2^24, and n x 
 # is a copy: A / O = 0.8 or more, where honest pairs measured z = A / sqrt(O) of 7 to 28 over O of 10^4
 # coordinates and more (A / O below 0.3)
 COPY_FRACTION = Fraction(9, 10)
+# the most one tensor's z adds to a pair's: 4, 6 and 8 separated honest from hostile alike on the
+# probes, 6 kept a negated update lowest (bench/RESULTS.md, "Per-tensor scores")
+TENSOR_Z = 6.0
 
 
 @dataclass
@@ -65,11 +78,14 @@ class Agreement:
     agree: Dict[Tuple[int, int], int] = field(default_factory=dict)  # (i, j), i < j -> A_ij
     overlap: Dict[Tuple[int, int], int] = field(default_factory=dict)  # (i, j), i < j -> O_ij
     present: Dict[int, int] = field(default_factory=dict)  # i -> the coordinates i sets, over all its tensors
+    zsum: Dict[Tuple[int, int], float] = field(default_factory=dict)  # (i, j), i < j -> Σ_t of z_ij,t clamped
+    tests: Dict[Tuple[int, int], int] = field(default_factory=dict)  # (i, j), i < j -> T_ij, tensors with O > 0
 
     def z(self, i: int, j: int) -> float:
+        """Stouffer's z of the pair over the tensors both set a coordinate of (module docstring)."""
         key = (i, j) if i < j else (j, i)
-        o = self.overlap[key]
-        return self.agree[key] / math.sqrt(o) if o else 0.0
+        t = self.tests.get(key, 0)
+        return self.zsum[key] / math.sqrt(t) if t else 0.0
 
     def neighbours(self) -> Dict[int, List[int]]:
         """Position -> the positions it shares a tensor with, sorted, in one pass over the pairs (ask
@@ -100,7 +116,7 @@ def agreement(contributions: Sequence[Tensors]) -> Agreement:
 
 
 def _count(out: Agreement, carriers: List[int], flats: List[torch.Tensor]) -> None:
-    """Add one tensor's A and O of every pair of ``carriers`` (their flat values ``flats``) to ``out``.
+    """Add one tensor's A, O and z of every pair of ``carriers`` (their flat values ``flats``) to ``out``.
 
     Block by block: the signs are written into one buffer, the coordinates no carrier sets are
     dropped when they are most of the block (a SparseLoCo round: about 78 % of them with 16
@@ -127,9 +143,12 @@ def _count(out: Agreement, carriers: List[int], flats: List[torch.Tensor]) -> No
     for x, i in enumerate(carriers):
         out.present[i] = out.present.get(i, 0) + int(o[x][x])
         for y in range(x + 1, n):
-            key = (i, carriers[y])
-            out.agree[key] = out.agree.get(key, 0) + int(a[x][y])
-            out.overlap[key] = out.overlap.get(key, 0) + int(o[x][y])
+            key, ax, ox = (i, carriers[y]), int(a[x][y]), int(o[x][y])
+            out.agree[key] = out.agree.get(key, 0) + ax
+            out.overlap[key] = out.overlap.get(key, 0) + ox
+            if ox:  # this tensor's own test of the pair
+                out.zsum[key] = out.zsum.get(key, 0.0) + max(-TENSOR_Z, min(TENSOR_Z, ax / math.sqrt(ox)))
+                out.tests[key] = out.tests.get(key, 0) + 1
 
 
 def upper_median(values: Sequence[float]) -> float:

@@ -35,15 +35,24 @@ def noise(seed: int, density: float = 0.3, names=("w", "b")):
     return {n: torch.randn(SIZE, generator=g) * (torch.rand(SIZE, generator=g) < density) for n in names}
 
 
-def brute_force(a, b):
-    """A_ij and O_ij by the definition, one coordinate at a time, in Python integers."""
-    agree = overlap = 0
+def brute_force(a, b, by_tensor: bool = False):
+    """A_ij and O_ij by the definition, one coordinate at a time, in Python integers (``by_tensor``:
+    a list of (A, O) per tensor name both carry, in ``a``'s order)."""
+    counts = []
     for name in a:
         if name in b:
+            agree = overlap = 0
             for x, y in zip(torch.sign(a[name]).tolist(), torch.sign(b[name]).tolist()):
                 agree += int(x * y)
                 overlap += int(x != 0 and y != 0)
-    return agree, overlap
+            counts.append((agree, overlap))
+    return counts if by_tensor else (sum(c[0] for c in counts), sum(c[1] for c in counts))
+
+
+def stouffer(counts):
+    """z of a pair by the module docstring's definition: each tensor's A / √O, added in order, over √T."""
+    zs = [max(-consensus.TENSOR_Z, min(consensus.TENSOR_Z, a / math.sqrt(o))) for a, o in counts if o]
+    return sum(zs) / math.sqrt(len(zs)) if zs else 0.0
 
 
 @pytest.mark.parametrize("density", [0.3, 0.02], ids=["dense-blocks", "sparse-blocks"])
@@ -56,7 +65,26 @@ def test_counts_are_exact_integers_whatever_the_block_size(monkeypatch, density)
         monkeypatch.setattr(consensus, "_BLOCK", block)
         pairs = agreement(contributions)
         assert {k: (pairs.agree[k], pairs.overlap[k]) for k in pairs.agree} == want
-        assert pairs.z(0, 1).hex() == (want[(0, 1)][0] / math.sqrt(want[(0, 1)][1])).hex() == pairs.z(1, 0).hex()
+        for (i, j) in want:
+            z = stouffer(brute_force(contributions[i], contributions[j], by_tensor=True))
+            assert pairs.z(i, j).hex() == z.hex() == pairs.z(j, i).hex()
+
+
+def test_one_tensor_whose_coordinates_move_together_cannot_outweigh_the_others():
+    """A slice owner in round 0 (bench/RESULTS.md, "Per-tensor scores"): its input embedding's signs
+    disagree with most others' on nearly every coordinate (one common mode, one coin flip), its other
+    tensors agree as honest ones do. Pooled over coordinates the embedding sank it; each tensor one
+    test, it counts. A member negated on every tensor is still refused."""
+    names = ("a", "b", "c", "d", "f", "g")  # six tensors that agree as honest ones do
+    members = [honest(i, names=names) for i in range(5)]
+    common = torch.sign(torch.randn(SIZE, generator=torch.Generator().manual_seed(3)))
+    for i, m in enumerate(members):  # "e": 20x the coordinates, one shared sign pattern (flipped for member 4),
+        own = torch.Generator().manual_seed(77 + i)  # each member's own support: no two are copies
+        m["e"] = torch.cat([common * (-1.0 if i == 4 else 1.0)] * 20) * (torch.rand(20 * SIZE, generator=own) < 0.3)
+    pooled = agreement(members)
+    assert sum(pooled.agree[(j, 4)] for j in range(4)) / math.sqrt(sum(pooled.overlap[(j, 4)] for j in range(4))) < -3
+    s = screen(members + [{n: -t for n, t in honest(9, names=names + ("e",)).items()}], math.inf, min_z=3.0)
+    assert s.kept == [0, 1, 2, 3, 4] and list(s.excluded) == [5], s.scores
 
 
 @pytest.mark.parametrize("hostile", ["negated", "noise", "elsewhere", "copy-negated"])
@@ -227,12 +255,12 @@ def test_a_fresh_sender_whose_every_score_is_below_the_bar_counts_once_its_poole
         outcomes.append("stage" in settled.excluded)
         if seed == 0:
             meta, _ = engine.shareable()
-            assert meta["evidence"] == {"stage": [2164, 1]} and "1 round pooled" in settled.excluded["stage"]
+            assert meta["evidence"] == {"stage": [2145, 1]} and "1 round pooled" in settled.excluded["stage"]
             fresh_digest = engine.state_digest()
             twin = RoundEngine(make_strategy(SPEC, layout={"w": (SIZE,), "b": (SIZE,)}), engine.theta)
             twin.install(engine.theta, engine.round, standing=engine.standing)
             assert twin.state_digest() != fresh_digest and twin.evidence == {}  # the pool is part of the state
-    assert outcomes == [True, True, False, False, False]  # (2.16 + 2.04 + 2.23) / sqrt(3) = 3.71
+    assert outcomes == [True, True, False, False, False]  # (2.15 + 2.05 + 2.23) / sqrt(3) = 3.71
     assert engine.standing["stage"] == 3 and engine.evidence == {}  # established: judged as such from now on
 
 
