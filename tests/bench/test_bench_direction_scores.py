@@ -1,0 +1,24 @@
+"""bench/direction_scores.py on the quick model: both statistics scored on the same contributions,
+a negated update far below chance under the one in use, and a replica that trains a quarter of H
+(which the pooled statistic scored below chance) above the bar. Seconds."""
+
+from __future__ import annotations
+
+import json
+
+from bench import direction_scores
+
+
+def test_both_statistics_on_the_same_contributions(tmp_path, capsys):
+    out = tmp_path / "out.json"
+    assert direction_scores.main(["--quick", "--seeds", "1", "--jobs", "1", "--attacks", "negate", "--hostile", "3:1",
+                                  "--kinds", "slow", "--slice-rounds", "0", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    rows = {(s["arm"], s["role"], s["statistic"]): s for s in doc["summary"]}
+    for stat in direction_scores.STATISTICS:  # the same contributions, so the same count under each
+        assert rows[("R=3 K=1 negate", "hostile", stat)]["n"] == 4
+    assert rows[("R=3 K=1 negate", "hostile", "per-tensor")]["max"] < -3
+    assert rows[("R=3 K=1 negate", "honest", "per-tensor")]["wrong_side"] == 0
+    slow = rows[("R=4 slow", "odd", "per-tensor")]
+    assert slow["wrong_side"] == 0 and slow["min"] > rows[("R=4 slow", "odd", "pooled")]["min"]
+    assert "wrong side of 3" in capsys.readouterr().out
