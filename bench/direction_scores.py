@@ -5,10 +5,12 @@ honest, odd-but-honest and hostile updates score from chance.
                                      [--hostile 3:1,3:2,6:2,6:3] [--slice-rounds 4] [--seeds 3] [--jobs 2] [--json OUT]
 
 Each arm is a simulation of bench/trust.py (R honest replicas of the demo-sized model with K
-hostile ones, or 4 honest replicas one of which is odd) or of bench/partial_loss.py (8 slice owners
-of S = 4 slices at top-k 25, its first ``--slice-rounds`` rounds). Every round's decoded
-contributions are taken where the round engine screens them and scored twice, among all of the
-round's contributions (no standing, every one judges, as in round 0 of a run):
+hostile ones, or 4 honest replicas one of which is odd), of bench/partial_loss.py (8 slice owners
+of S = 4 slices at top-k 25, its first ``--slice-rounds`` rounds) or of bench/chains.py (arm c: 3
+full replicas and a 2-stage chain with compressed links, whose stages are the odd ones). Every
+round's decoded contributions are taken where the round engine screens them and scored twice,
+with no standing, every contribution judging (as in round 0 of a run), a contribution to θ itself
+by those of its kind and a chain stage's by all (peer/outer/robust.py):
 
 - ``per-tensor``: peer/outer/consensus.py's z: each tensor one test, clamped to ±TENSOR_Z,
   combined by Stouffer's rule (the statistic in use);
@@ -40,12 +42,12 @@ MIN_Z = 3.0  # the spec's default outer.min_agreement
 STATISTICS = ("per-tensor", "pooled")
 
 
-def pooled_scores(pairs, n: int) -> Dict[int, float]:
-    """Position -> the upper median over the others of Σ A / √Σ O (the former statistic)."""
+def pooled_scores(pairs, among: List[int]) -> Dict[int, float]:
+    """Position -> the upper median over the others of ``among`` of Σ A / √Σ O (the former statistic)."""
     out = {}
-    for i in range(n):
+    for i in among:
         zs = []
-        for j in range(n):
+        for j in among:
             key = (min(i, j), max(i, j))
             if j != i and key in pairs.overlap:
                 o = pairs.overlap[key]
@@ -64,7 +66,7 @@ def record_scores() -> None:
     scored by both statistics into ``_SINK``."""
     import peer.outer.engine as engine
     from peer.outer.consensus import agreement, score_contributions
-    from peer.outer.robust import sender_names
+    from peer.outer.robust import PLAIN, kinds_of, sender_names
 
     original = engine.robust_step
     if getattr(original, "scores_recorded", False):
@@ -74,8 +76,16 @@ def record_scores() -> None:
         senders = tuple(sender_names(decoded))
         if (round_no, senders) not in _SEEN and len(decoded) >= 2:
             _SEEN.add((round_no, senders))
-            pairs = agreement(list(decoded))
-            both = {"per-tensor": score_contributions(list(decoded), None, pairs), "pooled": pooled_scores(pairs, len(decoded))}
+            items, kinds = list(decoded), kinds_of(decoded)
+            pairs = agreement(items)
+            # as robust._direction: a contribution to θ itself judged by its kind, a chain stage's by all
+            plain, everyone = [i for i, k in enumerate(kinds) if k == PLAIN], list(range(len(items)))
+            both = {}
+            for stat, score in (("per-tensor", lambda among: score_contributions(items, None, pairs, among)),
+                                ("pooled", lambda among: pooled_scores(pairs, among))):
+                scores = score(plain)
+                scores.update({i: z for i, z in score(everyone).items() if i not in scores})
+                both[stat] = scores
             for stat, scores in both.items():
                 _SINK.extend(dict(round=round_no, sender=senders[i], statistic=stat, z=z) for i, z in scores.items())
         return original(strategy, theta, decoded, round_no, *args, **kwargs)
@@ -85,8 +95,9 @@ def record_scores() -> None:
 
 
 def run_arm(job) -> List[Dict[str, Any]]:
-    """One simulation: ("trust", cfg, honest, hostile, attack or kind or None, seed, threads) or
-    ("partial", cfg, rounds, seed, threads); its rows of scores, each with its role."""
+    """One simulation: ("trust", cfg, honest, hostile, attack or kind or None, seed, threads),
+    ("partial", cfg, rounds, seed, threads) or ("chain", cfg, seed, threads); its rows of scores,
+    each with its role."""
     import torch
 
     record_scores()
@@ -102,6 +113,14 @@ def run_arm(job) -> List[Dict[str, Any]]:
         arm = f"R={honest} K={hostile} {attack}" if hostile else f"R={honest} {attack or 'clean'}"
         odd = attack in trust.KINDS
         role = lambda s: "hostile" if s.startswith(trust.HOSTILE) else ("odd" if odd and s == "replica0" else "honest")  # noqa: E731
+    elif job[0] == "chain":
+        import bench.chains as chains
+
+        _, cfg, seed, threads = job
+        arm = [a for a in chains.ARMS if a.key == "c"][0]
+        chains.run_arm((cfg, arm, threads, seed))
+        arm = "3 full + a compressed 2-stage chain"
+        role = lambda s: "odd" if "stage" in s else "honest"  # noqa: E731
     else:
         import bench.partial_loss as partial_loss
 
@@ -136,6 +155,7 @@ def show(summary: List[Dict[str, Any]]) -> None:
 
 
 def main(argv=None) -> int:
+    import bench.chains as chains
     import bench.partial_loss as partial_loss
     import bench.trust as trust
 
@@ -144,6 +164,8 @@ def main(argv=None) -> int:
     ap.add_argument("--attacks", default="negate,noise,garbage", help="comma-separated bench/trust.py attacks")
     ap.add_argument("--kinds", default="slow,other-data,partial", help="comma-separated odd honest replicas ('' none)")
     ap.add_argument("--hostile", default="3:1,3:2,6:2,6:3", help="comma-separated honest:hostile counts per attack")
+    ap.add_argument("--no-chain", dest="chain", action="store_false",
+                    help="skip bench/chains.py's arm (c): 3 full replicas and a compressed 2-stage chain, whose stages are the odd ones")
     ap.add_argument("--slice-rounds", type=int, default=4,
                     help="rounds of bench/partial_loss.py's slice owners (0: none; default 4, round 0 is where they differ)")
     add_arm_flags(ap)
@@ -158,6 +180,8 @@ def main(argv=None) -> int:
                 jobs.append(("trust", cfg, r, k, attack, seed, args.threads))
         jobs += [("trust", cfg, trust.KIND_REPLICAS, 0, kind, seed, args.threads) for kind in args.kinds.split(",") if kind]
         jobs.append(("trust", cfg, trust.KIND_REPLICAS, 0, None, seed, args.threads))
+        if args.chain:
+            jobs.append(("chain", chains.CONFIGS["quick" if args.quick else "full"], seed, args.threads))
         if args.slice_rounds:
             jobs.append(("partial", slices_cfg, 2 if args.quick else args.slice_rounds, seed, args.threads))
     print(f"# bench/direction_scores.py, {now()}, {machine()}: {len(jobs)} simulations, {args.jobs} at a time", flush=True)
