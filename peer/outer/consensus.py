@@ -29,8 +29,9 @@ their own scores nor sink an honest one. A contribution counts only with a score
 ``min_z``; where K = R nobody's direction wins and nothing counts (no step is better than half a
 step backwards).
 
-Measured on the probes of bench/RESULTS.md ("Per-tensor scores"): honest updates score 5.3 to 20,
-noise −1.6 to +2.3, updates trained on random tokens −3.7 to +2.2, negated honest updates −19 to −5.3. A contribution that shares no coordinate with the others
+Measured with ``python bench/direction_scores.py`` (bench/RESULTS.md, "Per-tensor scores"): honest
+updates score +5.3 to +27, noise −1.6 to +2.3, updates trained on random tokens −3.7 to +2.2,
+negated honest updates −19 to −5.3. A contribution that shares no coordinate with the others
 scores 0: carrying nothing in common with the round is no information. What equal weights give up:
 an update negated on a minority of its tensors, honest on the rest, scores as honest; the clip bounds
 each of its tensors to a typical norm (docs/trust.md).
