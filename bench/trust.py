@@ -2,7 +2,7 @@
 (peer/outer/consensus.py) stops, what it costs honest runs, and whom it refuses.
 
     python bench/trust.py [--quick] [--honest 3,6] [--hostile 1,2,3]
-                          [--attacks negate,noise,garbage,scale,amplify] [--kinds slow,other-data,partial]
+                          [--attacks negate,negate-third,noise,garbage,scale,amplify] [--kinds slow,other-data,partial]
                           [--seeds 3] [--checks on,off] [--no-controls] [--jobs 2] [--threads 1] [--json OUT]
 
 Every arm is ``peer.round.simulate.simulate``: R honest replicas and K hostile ones, every one the
@@ -11,6 +11,8 @@ engine that checks, screens, clips, aggregates and applies). A hostile replica t
 what it sends is made hostile (``tamper``: the same for every member, as a signed payload is):
 
 - negate: its own honest pseudo-gradient, negated: honest norm, the opposite direction;
+- negate-third: the same negation on every third of its tensors (in the order it sends them), the
+  others honest: what the direction check, one test per tensor, lets through (docs/trust.md);
 - noise: Gaussian noise of its honest norm, on the coordinates it would have sent;
 - garbage: honest training on uniformly random tokens (a peer fed garbage data);
 - scale: its honest contribution x1e4 (what the median-norm clip is for, for comparison);
@@ -54,7 +56,7 @@ from bench.common import add_arm_flags, machine, now, run_jobs, spread, table  #
 from bench.compression import make_spec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
 
-ATTACKS = ("negate", "noise", "garbage", "scale", "amplify")
+ATTACKS = ("negate", "negate-third", "noise", "garbage", "scale", "amplify")
 AMPLIFY = 1.45
 KINDS = ("slow", "other-data", "partial")  # honest replicas unlike the others
 KIND_REPLICAS = 4
@@ -115,6 +117,8 @@ def make_tamper(attack: str):
             return decoded
         if attack == "negate":
             return {n: -t for n, t in decoded.items()}
+        if attack == "negate-third":
+            return {n: -t if k % 3 == 0 else t for k, (n, t) in enumerate(decoded.items())}
         if attack in ("scale", "amplify"):
             factor = torch.tensor(1e4 if attack == "scale" else AMPLIFY, dtype=torch.float32)
             return {n: t * factor for n, t in decoded.items()}

@@ -35,3 +35,11 @@ def test_amplify_and_scale_multiply_only_hostile_senders_in_float32():
         tamper = trust.make_tamper(attack)
         assert torch.equal(tamper(0, f"{trust.HOSTILE}0", t)["w"], t["w"] * torch.tensor(factor, dtype=torch.float32))
         assert tamper(0, "replica0", t) is t  # honest senders untouched
+
+
+def test_negate_third_negates_every_third_tensor_of_hostile_senders_only():
+    t = {n: torch.tensor([0.5, -1.0]) for n in "abcdef"}
+    tamper = trust.make_tamper("negate-third")
+    out = tamper(0, f"{trust.HOSTILE}0", t)
+    assert [bool(torch.equal(out[n], -t[n])) for n in "abcdef"] == [True, False, False, True, False, False]
+    assert tamper(0, "replica0", t) is t
