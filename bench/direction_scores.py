@@ -17,7 +17,9 @@ by those of its kind and a chain stage's by all (peer/outer/robust.py):
 - ``pooled``: the statistic before it, one z over every coordinate a pair shares,
   Σ A / √Σ O.
 
-A score is the (upper) median of a contribution's z over the others. The table gives, per arm,
+A score is the (upper) median of a contribution's z over the others. Unlike the round engine's
+screen, every contribution is scored as decoded: none is left out first for a failed check or as a
+copy (the simulations' honest replicas send neither). The table gives, per arm,
 role and statistic, the lowest, median and highest score over every round and seed, and how many
 fall on the wrong side of 3 (the spec's ``outer.min_agreement``): honest ones below it, hostile ones
 at or above it. The run's own decisions (standing, evidence pools, kinds) are bench/trust.py's.
@@ -61,16 +63,14 @@ _SINK: List[Dict[str, Any]] = []  # the scores of the simulation running in this
 _SEEN: set = set()  # (round, senders) already scored: every replica hands the same contributions
 
 
-def record_scores() -> None:
-    """Wrap the engine's ``robust_step`` (once a process) so that each round's contributions are
-    scored by both statistics into ``_SINK``."""
+def record_scores():
+    """Wrap the engine's ``robust_step`` so that each round's contributions are scored by both
+    statistics into ``_SINK``; returns the function it wrapped, for the caller to put back."""
     import peer.outer.engine as engine
     from peer.outer.consensus import agreement, score_contributions
     from peer.outer.robust import PLAIN, kinds_of, sender_names
 
     original = engine.robust_step
-    if getattr(original, "scores_recorded", False):
-        return
 
     def wrapped(strategy, theta, decoded, round_no=-1, *args, **kwargs):
         senders = tuple(sender_names(decoded))
@@ -90,21 +90,34 @@ def record_scores() -> None:
                 _SINK.extend(dict(round=round_no, sender=senders[i], statistic=stat, z=z) for i, z in scores.items())
         return original(strategy, theta, decoded, round_no, *args, **kwargs)
 
-    wrapped.scores_recorded = True
     engine.robust_step = wrapped
+    return original
 
 
 def run_arm(job) -> List[Dict[str, Any]]:
     """One simulation: ("trust", cfg, honest, hostile, attack or kind or None, seed, threads),
     ("partial", cfg, rounds, seed, threads) or ("chain", cfg, seed, threads); its rows of scores,
     each with its role."""
-    import torch
+    import peer.outer.engine as engine
 
-    record_scores()
+    t = time.monotonic()
     _SINK.clear()
     _SEEN.clear()
+    original = record_scores()
+    try:
+        arm, role, seed = _simulate(job)
+    finally:  # run in-process (--jobs 1, a test), the engine gets its own function back
+        engine.robust_step = original
+    rows = [dict(row, arm=arm, role=role(row["sender"]), seed=seed) for row in _SINK]
+    print(f"  {arm} seed {seed}: {len(rows) // 2} scores, {time.monotonic() - t:.0f} s", flush=True)
+    return rows
+
+
+def _simulate(job):
+    """Run the simulation of ``job`` (``run_arm``): its arm's name, the role of a sender, its seed."""
+    import torch
+
     logging.getLogger("voloco.peer.robust").setLevel(logging.ERROR)
-    t = time.monotonic()
     if job[0] == "trust":
         import bench.trust as trust
 
@@ -129,9 +142,7 @@ def run_arm(job) -> List[Dict[str, Any]]:
         cfg = dict(cfg, rounds=rounds)
         partial_loss.run_arm((cfg, "partial", 4, 25, 0, 8, seed, threads, "chosen", 1.0))
         arm, role = f"R=8 slice owners S=4, {rounds} rounds", (lambda s: "honest")
-    rows = [dict(row, arm=arm, role=role(row["sender"]), seed=seed) for row in _SINK]
-    print(f"  {arm} seed {seed}: {len(rows) // 2} scores, {time.monotonic() - t:.0f} s", flush=True)
-    return rows
+    return arm, role, seed
 
 
 def summarize(runs: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:

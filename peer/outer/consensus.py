@@ -46,8 +46,8 @@ Every member must decide alike: the counts are exact integers on any machine. Si
 as float32 in blocks of at most ``_BLOCK`` coordinates and multiplied as a matrix; every partial sum
 of ±1 and 0 over fewer than 2^24 terms is an integer that float32 holds exactly, whatever order a
 BLAS adds in, and the blocks are added in float64, exact below 2^53. z, the sort and the median are
-IEEE operations on those integers, each pair's tensors added in the one order every member sees
-them (first seen in the canonical order). Cost: bench/outer_step.py ("no check" arm), bench/RESULTS.md.
+IEEE operations on those integers, and a pair's per-tensor z are added by ``math.fsum`` (exactly
+rounded: the same bits in any order). Cost: bench/outer_step.py ("no check" arm), bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -64,8 +64,7 @@ __all__ = ["COPY_FRACTION", "TENSOR_Z", "Agreement", "agreement", "copies", "sco
 Tensors = Mapping[str, torch.Tensor]
 _BLOCK = 1 << 20  # coordinates per block: exact in float32 below 2^24, and n x 4 MiB of signs at a time
 # a pair whose signs agree on 90 % of the coordinates they share, sharing 90 % of each one's coordinates,
-# is a copy: A / O = 0.8 or more, where honest pairs measured z = A / sqrt(O) of 7 to 28 over O of 10^4
-# coordinates and more (A / O below 0.3)
+# is a copy: A / O = 0.8 or more, where honest pairs measured A / O below 0.3 over O of 10^4 coordinates and more
 COPY_FRACTION = Fraction(9, 10)
 # the most one tensor's z adds to a pair's: 4, 6 and 8 separated honest from hostile alike on the
 # probes, 6 kept a negated update lowest (bench/RESULTS.md, "Per-tensor scores")
@@ -79,14 +78,14 @@ class Agreement:
     agree: Dict[Tuple[int, int], int] = field(default_factory=dict)  # (i, j), i < j -> A_ij
     overlap: Dict[Tuple[int, int], int] = field(default_factory=dict)  # (i, j), i < j -> O_ij
     present: Dict[int, int] = field(default_factory=dict)  # i -> the coordinates i sets, over all its tensors
-    zsum: Dict[Tuple[int, int], float] = field(default_factory=dict)  # (i, j), i < j -> Σ_t of z_ij,t clamped
-    tests: Dict[Tuple[int, int], int] = field(default_factory=dict)  # (i, j), i < j -> T_ij, tensors with O > 0
+    # (i, j), i < j -> z_ij,t clamped, for each tensor t both set a coordinate of
+    tests: Dict[Tuple[int, int], List[float]] = field(default_factory=dict)
 
     def z(self, i: int, j: int) -> float:
-        """Stouffer's z of the pair over the tensors both set a coordinate of (module docstring)."""
-        key = (i, j) if i < j else (j, i)
-        t = self.tests.get(key, 0)
-        return self.zsum[key] / math.sqrt(t) if t else 0.0
+        """Stouffer's z of the pair over the tensors both set a coordinate of (module docstring); the
+        sum is ``math.fsum``'s, exactly rounded, so the same bits whatever order the tensors came in."""
+        zs = self.tests.get((i, j) if i < j else (j, i))
+        return math.fsum(zs) / math.sqrt(len(zs)) if zs else 0.0
 
     def neighbours(self) -> Dict[int, List[int]]:
         """Position -> the positions it shares a tensor with, sorted, in one pass over the pairs (ask
@@ -99,7 +98,8 @@ class Agreement:
 
 
 def agreement(contributions: Sequence[Tensors]) -> Agreement:
-    """A_ij and O_ij for every pair that carries at least one tensor name in common."""
+    """A_ij and O_ij for every pair that carries at least one tensor name in common, summed over those
+    tensors, and each tensor's own clamped z_ij,t (``Agreement.tests``)."""
     out = Agreement()
     names = list(dict.fromkeys(name for c in contributions for name in c))  # first-seen order
     for name in names:
@@ -148,8 +148,7 @@ def _count(out: Agreement, carriers: List[int], flats: List[torch.Tensor]) -> No
             out.agree[key] = out.agree.get(key, 0) + ax
             out.overlap[key] = out.overlap.get(key, 0) + ox
             if ox:  # this tensor's own test of the pair
-                out.zsum[key] = out.zsum.get(key, 0.0) + max(-TENSOR_Z, min(TENSOR_Z, ax / math.sqrt(ox)))
-                out.tests[key] = out.tests.get(key, 0) + 1
+                out.tests.setdefault(key, []).append(max(-TENSOR_Z, min(TENSOR_Z, ax / math.sqrt(ox))))
 
 
 def upper_median(values: Sequence[float]) -> float:

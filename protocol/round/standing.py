@@ -20,10 +20,11 @@ the others of its round; standing decides who judges and how much benefit of the
   min_z (below).
 
 Evidence: one round's score of an honest sender with a weak signal (a chain stage, compared on its
-slice of the model, trained on fewer tokens a round: +0.8 to +3.0 in the demo) can sit below min_z
+slice of the model, trained on fewer tokens a round: +0.6 to +9.1 in bench/direction_scores.py's
+chain arm, a third of its rounds below 3) can sit below min_z
 round after round, and a refusal would leave it fresh for ever. So a fresh sender's positive scores
 are pooled over its consecutive rounds (Stouffer's z: Σ z / √n, the same statistic over more
-coordinates), and a round in which the pooled score reaches min_z counts. A score ≤ 0 starts the
+tests), and a round in which the pooled score reaches min_z counts. A score ≤ 0 starts the
 pool again; it holds the last ``EVIDENCE_ROUNDS`` rounds at most (older ones fade, ``gather``), and
 it fades in each round its sender is not scored, so a departed sender's pool does not stay. An
 update without direction (noise: scores symmetric about 0) must string positive rounds together

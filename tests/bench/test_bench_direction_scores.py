@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 
+import peer.outer.engine as engine
 from bench import direction_scores
 
 
 def test_both_statistics_on_the_same_contributions(tmp_path, capsys):
-    out = tmp_path / "out.json"
+    out, robust_step = tmp_path / "out.json", engine.robust_step
     assert direction_scores.main(["--quick", "--seeds", "1", "--jobs", "1", "--attacks", "negate", "--hostile", "3:1",
                                   "--kinds", "slow", "--slice-rounds", "0", "--no-chain", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
@@ -22,3 +23,4 @@ def test_both_statistics_on_the_same_contributions(tmp_path, capsys):
     slow = rows[("R=4 slow", "odd", "per-tensor")]
     assert slow["wrong_side"] == 0 and slow["min"] > rows[("R=4 slow", "odd", "pooled")]["min"]
     assert "wrong side of 3" in capsys.readouterr().out
+    assert engine.robust_step is robust_step  # run in this process, it put the engine's function back
