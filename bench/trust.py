@@ -2,7 +2,8 @@
 (peer/outer/consensus.py) stops, what it costs honest runs, and whom it refuses.
 
     python bench/trust.py [--quick] [--honest 3,6] [--hostile 1,2,3]
-                          [--attacks negate,negate-third,noise,garbage,scale,amplify] [--kinds slow,other-data,partial]
+                          [--attacks negate,negate-third,turncoat,noise,garbage,scale,amplify]
+                          [--kinds slow,other-data,partial]
                           [--seeds 3] [--checks on,off] [--no-controls] [--jobs 2] [--threads 1] [--json OUT]
 
 Every arm is ``peer.round.simulate.simulate``: R honest replicas and K hostile ones, every one the
@@ -13,6 +14,8 @@ what it sends is made hostile (``tamper``: the same for every member, as a signe
 - negate: its own honest pseudo-gradient, negated: honest norm, the opposite direction;
 - negate-third: the same negation on every third of its tensors (in the order it sends them), the
   others honest: what the direction check, one test per tensor, lets through (docs/trust.md);
+- turncoat: honest for its first ``TURN`` rounds (standing earned: protocol/round/standing.py's
+  ESTABLISHED), then negated: a patient attacker, judged as an established sender when it turns;
 - noise: Gaussian noise of its honest norm, on the coordinates it would have sent;
 - garbage: honest training on uniformly random tokens (a peer fed garbage data);
 - scale: its honest contribution x1e4 (what the median-norm clip is for, for comparison);
@@ -56,7 +59,8 @@ from bench.common import add_arm_flags, machine, now, run_jobs, spread, table  #
 from bench.compression import make_spec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
 
-ATTACKS = ("negate", "negate-third", "noise", "garbage", "scale", "amplify")
+ATTACKS = ("negate", "negate-third", "turncoat", "noise", "garbage", "scale", "amplify")
+TURN = 4  # rounds a turncoat sends honest updates: one more than standing.ESTABLISHED
 AMPLIFY = 1.45
 KINDS = ("slow", "other-data", "partial")  # honest replicas unlike the others
 KIND_REPLICAS = 4
@@ -115,8 +119,10 @@ def make_tamper(attack: str):
     def tamper(round_no: int, sender: str, decoded):
         if not sender.startswith(HOSTILE) or attack == "garbage":
             return decoded
-        if attack == "negate":
+        if attack == "negate" or (attack == "turncoat" and round_no >= TURN):
             return {n: -t for n, t in decoded.items()}
+        if attack == "turncoat":
+            return decoded
         if attack == "negate-third":
             return {n: -t if k % 3 == 0 else t for k, (n, t) in enumerate(decoded.items())}
         if attack in ("scale", "amplify"):

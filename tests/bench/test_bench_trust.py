@@ -43,3 +43,11 @@ def test_negate_third_negates_every_third_tensor_of_hostile_senders_only():
     out = tamper(0, f"{trust.HOSTILE}0", t)
     assert [bool(torch.equal(out[n], -t[n])) for n in "abcdef"] == [True, False, False, True, False, False]
     assert tamper(0, "replica0", t) is t
+
+
+def test_a_turncoat_is_honest_for_its_first_rounds_then_negates():
+    t = {"w": torch.tensor([0.5, -1.0])}
+    tamper = trust.make_tamper("turncoat")
+    assert tamper(trust.TURN - 1, f"{trust.HOSTILE}0", t) is t
+    assert torch.equal(tamper(trust.TURN, f"{trust.HOSTILE}0", t)["w"], -t["w"])
+    assert tamper(trust.TURN, "replica0", t) is t
