@@ -54,8 +54,10 @@ __all__ = ["ABSENT_ROUNDS", "AGAINST", "ESTABLISHED", "EVIDENCE_ROUNDS", "FRESH_
 
 ESTABLISHED = 3  # rounds counted before a sender judges and gets the benefit of the doubt
 # An established sender is refused at a score of -AGAINST x min_agreement or below. Not 1: an honest
-# slow peer (a quarter of H a round) scored -3.4 once in 36 rounds, its error feedback sending residue
-# the others had moved past; negated updates score -7 to -27 (bench/trust.py, bench/RESULTS.md)
+# slow peer (a quarter of H a round) scored -3.4 once in 36 rounds under the pooled statistic before
+# (+5.3 at least per tensor, peer/outer/consensus.py); established senders that turn to negated updates
+# score -15 or lower and are refused every round (bench/trust.py --attacks turncoat); fresh negators
+# judged by all, their own kind among the judges, as high as -5.3 (bench/direction_scores.py)
 AGAINST = 2.0
 MIN_JUDGES = 2  # established contributions a round needs before only they judge (fewer: all judge)
 # Once MIN_JUDGES established contributions are in a round, its fresh ones weigh at most this share of
