@@ -46,6 +46,8 @@ STATISTICS = ("per-tensor", "pooled")
 
 def pooled_scores(pairs, among: List[int]) -> Dict[int, float]:
     """Position -> the upper median over the others of ``among`` of Σ A / √Σ O (the former statistic)."""
+    from peer.outer.consensus import upper_median
+
     out = {}
     for i in among:
         zs = []
@@ -55,7 +57,7 @@ def pooled_scores(pairs, among: List[int]) -> Dict[int, float]:
                 o = pairs.overlap[key]
                 zs.append(pairs.agree[key] / math.sqrt(o) if o else 0.0)
         if zs:
-            out[i] = sorted(zs)[len(zs) // 2]
+            out[i] = upper_median(zs)
     return out
 
 
@@ -80,13 +82,10 @@ def record_scores():
             pairs = agreement(items)
             # as robust._direction: a contribution to θ itself judged by its kind, a chain stage's by all
             plain, everyone = [i for i, k in enumerate(kinds) if k == PLAIN], list(range(len(items)))
-            both = {}
             for stat, score in (("per-tensor", lambda among: score_contributions(items, None, pairs, among)),
                                 ("pooled", lambda among: pooled_scores(pairs, among))):
                 scores = score(plain)
                 scores.update({i: z for i, z in score(everyone).items() if i not in scores})
-                both[stat] = scores
-            for stat, scores in both.items():
                 _SINK.extend(dict(round=round_no, sender=senders[i], statistic=stat, z=z) for i, z in scores.items())
         return original(strategy, theta, decoded, round_no, *args, **kwargs)
 

@@ -236,7 +236,8 @@ class Membership(NoShows, StartWaits):
 
     def ignore(self, peer_id: str, seconds: float, lied: bool = True) -> None:
         """Leave ``peer_id``'s records out of the view for ``seconds`` (it was caught lying, or was silent)."""
-        self._left_out.leave_out(peer_id, time.monotonic() + seconds, time.monotonic(), lied)
+        now = time.monotonic()
+        self._left_out.leave_out(peer_id, now + seconds, now, lied)
 
     def lied(self, peer_id: str) -> bool:
         """Whether ``peer_id`` is left out of the view now for lying."""
