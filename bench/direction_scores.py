@@ -180,15 +180,23 @@ def main(argv=None) -> int:
                     help="rounds of bench/partial_loss.py's slice owners (0: none; default 4, round 0 is where they differ)")
     add_arm_flags(ap)
     args = ap.parse_args(argv)
+    attacks, kinds = [a for a in args.attacks.split(",") if a], [k for k in args.kinds.split(",") if k]
+    unknown = [a for a in attacks if a not in trust.ATTACKS] + [k for k in kinds if k not in trust.KINDS]
+    if unknown:
+        ap.error(f"unknown attack(s) or kind(s) {', '.join(unknown)}; have: {', '.join(trust.ATTACKS + trust.KINDS)}")
+    try:
+        counts = [tuple(int(x) for x in c.split(":")) for c in args.hostile.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or any(len(c) != 2 or c[0] < 1 or c[1] < 0 for c in counts):
+        ap.error(f"--hostile wants honest:hostile counts such as 3:1,6:2, got {args.hostile!r}")
     cfg = trust.CONFIGS["quick" if args.quick else "full"]
     slices_cfg = partial_loss.CONFIGS["quick" if args.quick else "full"]
     jobs = []
     for seed in range(args.seeds):
-        for attack in [a for a in args.attacks.split(",") if a]:
-            for counts in args.hostile.split(","):
-                r, k = (int(x) for x in counts.split(":"))
-                jobs.append(("trust", cfg, r, k, attack, seed, args.threads))
-        jobs += [("trust", cfg, trust.KIND_REPLICAS, 0, kind, seed, args.threads) for kind in args.kinds.split(",") if kind]
+        for attack in attacks:
+            jobs += [("trust", cfg, r, k, attack, seed, args.threads) for r, k in counts]
+        jobs += [("trust", cfg, trust.KIND_REPLICAS, 0, kind, seed, args.threads) for kind in kinds]
         jobs.append(("trust", cfg, trust.KIND_REPLICAS, 0, None, seed, args.threads))
         if args.chain:
             jobs.append(("chain", chains.CONFIGS["quick" if args.quick else "full"], seed, args.threads))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import peer.outer.engine as engine
+import pytest
+
 from bench import direction_scores
 
 
@@ -24,3 +26,11 @@ def test_both_statistics_on_the_same_contributions(tmp_path, capsys):
     assert slow["wrong_side"] == 0 and slow["min"] > rows[("R=4 slow", "odd", "pooled")]["min"]
     assert "wrong side of 3" in capsys.readouterr().out
     assert engine.robust_step is robust_step  # run in this process, it put the engine's function back
+
+
+@pytest.mark.parametrize("flags", [["--attacks", "negat"], ["--kinds", "odd"], ["--hostile", "3-1"], ["--hostile", "3:1:2"]])
+def test_an_unknown_attack_or_a_malformed_count_is_refused_before_any_run(flags, capsys):
+    with pytest.raises(SystemExit) as e:
+        direction_scores.main(flags)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and ("unknown attack" in err or "--hostile wants" in err), err
