@@ -83,7 +83,26 @@ def peer_row(spec, status: Dict[str, Any]) -> Dict[str, Any]:
         device_peak_bytes=peak, estimate_bytes=estimate,
         peak_vs_estimate=peak / estimate if peak else None,
         hashes={r["round"]: r["params_hash"] for r in history},
+        phases=phase_medians(steady),
     )
+
+
+PHASES = ("seconds", "busy_s", "exchange_s", "waited", "gather_s", "merge_s", "exchange_cpu", "overlapped")
+
+
+def phase_medians(rounds: List[Dict[str, Any]]) -> Dict[str, Optional[float]]:
+    """Where a steady round's wall time goes, the median over ``rounds`` of each field of its record
+    (peer/round/loop.py ``RoundRecord``): ``seconds`` the round's wall time, ``busy_s`` its compute time
+    (util × seconds), ``exchange_s`` its last step to θ, of which ``waited`` is matchmaking (encode done
+    to the group's barrier), ``gather_s`` the payloads' fetch and ``merge_s`` the merge of sets;
+    ``exchange_cpu`` the exchange thread's CPU seconds and ``overlapped`` the next round's steps taken
+    while this exchange was in flight."""
+    out: Dict[str, Optional[float]] = {}
+    for key in PHASES:
+        values = [r["util"] * r["seconds"] if key == "busy_s" else r.get(key) for r in rounds]
+        values = [float(v) for v in values if isinstance(v, (int, float))]
+        out[key] = statistics.median(values) if values else None
+    return out
 
 
 def one_theta(rows: List[Dict[str, Any]]) -> Dict[int, int]:
@@ -124,6 +143,10 @@ def print_summary(summary: Dict[str, Any]) -> None:
              for p in summary["peers"]]
     print(table(["peer", "role", "device", "rounds", "util (rounds 3+)", f">= {BUSY_GOAL:.0%}", "tokens/s", "val loss",
                  "busy at H", "GPU peak", "estimate", "peak / estimate"], lines, left=3))
+    print("where a steady round's seconds go (medians; peer/round/loop.py RoundRecord):")
+    print(table(["peer", "role", *PHASES],
+                [[p["peer_id"][-10:], p["role"], *("-" if p["phases"].get(k) is None else f"{p['phases'][k]:.2f}"
+                                                   for k in PHASES)] for p in summary["peers"]], left=2))
     for c in summary["chains"]:
         ratio = "-" if c["vs_full"] is None else f"{c['vs_full']:.2f}x"
         speed = "-" if c["tokens_per_s"] is None else f"{c['tokens_per_s']:,.0f}"
