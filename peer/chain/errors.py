@@ -25,6 +25,7 @@ __all__ = [
     "BatchMismatch",
     "NonFiniteOutput",
     "NonFiniteGradients",
+    "RoundClosed",
 ]
 
 
@@ -72,3 +73,14 @@ class NonFiniteOutput(LinkError):
 class NonFiniteGradients(StageError):
     """The gradients a step accumulated are not all finite (a diverged model, or extreme values
     from a neighbour): the update is skipped, the parameters and optimizer state stay as they were."""
+
+
+class RoundClosed(Exception):
+    """The first stage closed the round early: a ``close`` frame came where step ``step``'s first
+    activations would have. Not a failure (not a ``StageError``): the step did not start, the links
+    stay up, and this stage ends its round after the steps it took, as every stage of the chain
+    does (peer/round/early_close.py; tests/chain/test_pipeline.py)."""
+
+    def __init__(self, step: int):
+        super().__init__(f"the first stage closed the round before step {step}")
+        self.step = step

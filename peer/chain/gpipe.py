@@ -42,6 +42,10 @@ must use the same bits of it, so the caller refreshes it after every outer step 
 including stages that do not own the embedding. Frames carry the step number
 (``trainer.step_count``, which keeps growing across rounds), and a frame of another step is
 refused; a link's hello pins the round (open new links for a new round to re-check it).
+
+Early close: the first stage may end a round before H steps (``close_round``: a ``close`` frame where
+the next step's activations would go); each later stage's ``run_inner_step`` then raises RoundClosed
+before computing anything, after passing the frame on, so every stage takes the same steps.
 """
 
 from __future__ import annotations
@@ -53,11 +57,11 @@ import torch
 
 from peer.training.inner import InnerTrainer
 from peer.training.model import Model
-from peer.chain.errors import NonFiniteGradients
+from peer.chain.errors import NonFiniteGradients, RoundClosed
 from peer.chain.links import StageLink
 from protocol.chain.subspace_constraint import constrain_to_subspace_, project_gradients_
 
-__all__ = ["run_inner_step"]
+__all__ = ["run_inner_step", "close_round"]
 
 
 def _split(t: torch.Tensor, m: int) -> List[torch.Tensor]:
@@ -112,7 +116,8 @@ async def run_inner_step(
 
     Raises a ``StageError`` (a ``LinkError`` subclass for anything about a neighbour: the link is
     closed) with the parameters and optimizer state unchanged and the gradients cleared;
-    ValueError for bad arguments of the caller."""
+    RoundClosed, after passing it downstream, where the first stage closed the round before
+    ``step``; ValueError for bad arguments of the caller."""
     if not isinstance(micro_batches, int) or micro_batches < 1:
         raise ValueError(f"micro_batches must be a positive integer, got {micro_batches!r}")
     _check_args(stage, T, upstream, downstream)
@@ -154,6 +159,10 @@ async def run_inner_step(
     try:
         loss = await _pipeline_pass(stage, _autocast(trainer, device), T, M, step, xs, ys, upstream, downstream)
         trainer.apply_gradients(before_clip, after_step)
+    except RoundClosed as closed:  # before anything of the step was computed: pass it on down the chain
+        trainer.optimizer.zero_grad(set_to_none=True)
+        await close_round(downstream, closed.step)
+        raise
     except BaseException:
         trainer.optimizer.zero_grad(set_to_none=True)
         raise
@@ -161,6 +170,15 @@ async def run_inner_step(
         if link is not None:
             await link.flush()
     return loss
+
+
+async def close_round(downstream: Optional[StageLink], step: int) -> None:
+    """End the chain's round before ``step``: the first stage calls it when it closes its round
+    early (peer/round/early_close.py), every later stage when that ``close`` reaches it, so all
+    stages take the same number of steps."""
+    if downstream is not None:
+        downstream.send_close(step)
+        await downstream.flush()
 
 
 def _autocast(trainer: InnerTrainer, device: torch.device):

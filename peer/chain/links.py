@@ -33,13 +33,14 @@ from typing import Deque, Optional, Tuple
 import torch
 
 from peer.chain import handshake
-from peer.chain.errors import BatchMismatch, LinkClosed, LinkError, LinkProtocolError, LinkTimeout, NonFiniteOutput
+from peer.chain.errors import (BatchMismatch, LinkClosed, LinkError, LinkProtocolError, LinkTimeout, NonFiniteOutput,
+                               RoundClosed)
 from peer.chain.handshake import LinkAuth
 from protocol import PROTOCOL_VERSION
 from protocol.chain.activations import ActivationCodec
 from protocol.errors import FrameError
 from protocol.chain.frames import (
-    HANDSHAKE_MAX_BYTES, NONCE_BYTES, Activations, Bye, Frame, FrameDecoder, FrameFormat, Grads, Hello,
+    HANDSHAKE_MAX_BYTES, NONCE_BYTES, Activations, Bye, Close, Frame, FrameDecoder, FrameFormat, Grads, Hello,
     encode_frame,
 )
 from protocol.chain.subspace import subspace_basis
@@ -210,6 +211,11 @@ class StageLink:
     def send_grads(self, step: int, mb: int, g: torch.Tensor) -> None:
         self.send(Grads(mb, step, self._encoded(self.codec.encode_backward, g)))
 
+    def send_close(self, step: int) -> None:
+        """Tell the next stage the round ends before ``step``: no frames of that step will come."""
+        self._check_open()
+        self.send(Close(step))
+
     # -- receiving ------------------------------------------------------------------------------
     async def _recv_frame(self, timeout: Optional[float]) -> Frame:
         """The next frame, whatever its type; the deadline covers the whole frame."""
@@ -246,12 +252,17 @@ class StageLink:
         partial = f" ({self._decoder.buffered} bytes of a frame received)" if self._decoder.buffered else ""
         return self._fail(LinkTimeout(f"no complete frame within {limit:g} s{partial}", self))
 
-    async def recv(self, timeout: Optional[float] = None) -> Frame:
+    async def recv(self, timeout: Optional[float] = None, close_before: Optional[int] = None) -> Frame:
         """The next data frame (activations or grads). ``bye`` -> LinkClosed, a handshake frame
-        in the middle of the stream -> LinkProtocolError."""
+        in the middle of the stream -> LinkProtocolError. With ``close_before`` (a step's first
+        activations are due), ``close`` of that step -> RoundClosed, the link left open."""
         frame = await self._recv_frame(timeout)
         if isinstance(frame, Bye):
             raise self._fail(LinkClosed("neighbour said bye", self), logging.INFO)
+        if isinstance(frame, Close) and close_before is not None and self.role == "downstream":
+            if frame.step != close_before:
+                raise self._fail(LinkProtocolError(f"close before step {frame.step}, expected step {close_before}", self))
+            raise RoundClosed(frame.step)
         if not isinstance(frame, (Activations, Grads)):
             raise self._fail(LinkProtocolError(f"unexpected {type(frame).__name__} frame after the handshake", self))
         return frame
@@ -285,8 +296,9 @@ class StageLink:
         self, step: int, mb: int, T: torch.Tensor, expect_tokens: Optional[torch.Tensor] = None
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """(token ids (b, S) int64 on the CPU, decoded h (b, S, d) float32 on T's device) of micro-batch ``mb``. With
-        ``expect_tokens``, ids that differ raise BatchMismatch (and close the link)."""
-        frame = await self.recv()
+        ``expect_tokens``, ids that differ raise BatchMismatch (and close the link). At micro-batch 0,
+        the previous stage's ``close`` of this step raises RoundClosed (the link stays open)."""
+        frame = await self.recv(close_before=step if mb == 0 else None)
         self._expect(frame, Activations, step, mb)
         if expect_tokens is not None and not torch.equal(frame.tokens, expect_tokens.to("cpu", frame.tokens.dtype)):
             raise self._fail(

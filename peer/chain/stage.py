@@ -23,7 +23,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 from hivemind.p2p import PeerID
 
-from peer.chain.gpipe import run_inner_step
+from peer.chain.gpipe import close_round, run_inner_step
 from peer.exchange.identity import payload_signer
 from peer.training.model import Model, build_model
 from peer.training.resources import Resources
@@ -273,6 +273,21 @@ class ChainMember:
             raise self.broken(f"inner step failed: {e or f'no step within {limit:g} s'}")
         self.tokens += batch[0].numel()
         return loss
+
+    def close_round(self, step: int) -> None:
+        """End the chain's round before ``step``: this stage is the first and closes the round early
+        (peer/round/early_close.py); each next stage learns it from a ``close`` frame. A link that
+        fails meanwhile breaks the chain (ChainBroken)."""
+        limit = self.spec.chain.link_timeout
+        try:
+            self._call(asyncio.wait_for(close_round(self.downstream, step), limit), timeout=limit + 10)
+        except (StageError, TimeoutError, asyncio.TimeoutError) as e:
+            raise self.broken(f"closing the round early failed: {e or f'no flush within {limit:g} s'}")
+
+    def mates(self) -> Tuple[str, ...]:
+        """The peer ids of this chain's other stages (they step with this one: one replica)."""
+        chain = self.assignment.chain if self.assignment is not None else None
+        return tuple(s.peer_id for s in chain.stages if s.peer_id != self.peer_id) if chain is not None else ()
 
     def close_links(self) -> None:
         """End this round's links; the listener takes no hello until the next round's ``open_links``."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from typing import Container, Iterable, Optional
+from typing import Container, FrozenSet, Iterable, Optional
 
 from protocol.round.peer_states import DONE
 from swarm.records import PeerView
@@ -66,6 +66,7 @@ class EarlyClose:
         self._armed = False
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self.lockstep: FrozenSet[str] = frozenset()  # peers that step with this one (a chain's stages): not counted
 
     def watch(self, round_no: int) -> None:
         """Watch ``round_no`` (the round the inner steps are for); reading starts once it is armed."""
@@ -104,6 +105,7 @@ class EarlyClose:
             except Exception as e:  # the DHT being slow never stops training
                 logger.debug(f"early close: could not read progress records: {e!r}")
                 views = []
+            views = [v for v in views if v.peer_id not in self.lockstep]
             unawaited = self.membership.unawaited(views)
             if self._round == round_no and self._armed and most_are_done(views, self.peer_id, round_no, unawaited):
                 self._due.set()

@@ -21,7 +21,8 @@ holds the inner optimizer and the batch stream as they were when the round's pay
 so neither stalls the inner steps.
 
 Mixed speeds (peer/round/early_close.py): a peer still training when most of its round is ready closes
-the round after at least ``outer.min_inner_fraction`` of H and contributes what it has.
+the round after at least ``outer.min_inner_fraction`` of H and contributes what it has. A chain closes
+as one replica: its first stage decides and sends ``close`` down its links; the others stop there.
 
 Each step of the exchange (gather, adopt a set, train alone, defer and catch up, stop) is decided by
 protocol/round/round_policy.py from the facts this loop gathers; it ends in an agreed set, a state caught
@@ -50,7 +51,7 @@ from peer.round import draw, union
 from peer.round.report import RoundMeters, RoundRecord, log_phases, log_round, states_of, write_status
 from peer.training.evaluator import RoundEvaluator
 from peer.training.progress_bar import ProgressBar
-from peer.training.roles import ChainStage, RoundAbandoned
+from peer.training.roles import ChainStage, RoundAbandoned, RoundClosedEarly
 from protocol.round import reconcile, round_policy
 from protocol.round.round_policy import Step
 from protocol.round.start_vote import majority_hash
@@ -63,8 +64,8 @@ class RoundLoop:
         self.peer = peer
         spec = peer.spec
         self.overlap = bool(spec.outer.overlap) and not isinstance(peer.role, ChainStage)
-        chain = isinstance(peer.role, ChainStage)  # its stages step together: none closes a round alone
-        self.min_steps = spec.outer.inner_steps if chain else min_steps(spec.outer.inner_steps, spec.outer.min_inner_fraction)
+        # the fewest steps before a round may close early; a chain's later stages follow its first (Role.decides_close)
+        self.min_steps = min_steps(spec.outer.inner_steps, spec.outer.min_inner_fraction)
         # steps taken ahead of an exchange in flight before the loop waits for it (outer.max_overlap, rounded down; H: never)
         self.max_ahead = max(1, math.floor(spec.outer.max_overlap * spec.outer.inner_steps + 1e-9))
         self.early = EarlyClose(peer.membership, peer.peer_id, peer.stop_event, enabled=self.min_steps < spec.outer.inner_steps)
@@ -200,7 +201,9 @@ class RoundLoop:
         round_start = None if self.overlap else role.begin_round(peer.engine.theta, peer._sync_round)
         if not self.in_flight:
             peer._set_state("training")  # a chain stage is "linking" until its links are up
+        self.early.lockstep = frozenset(role.lockstep_peers())  # a chain's stages: one replica, not peers to wait for
         self.early.watch(self.rounds_started())
+        floor = self.min_steps if role.decides_close else H
         bar = ProgressBar(H, f"round {self.rounds_started()}")
         losses: List[float] = []
         self._overlapped = 0
@@ -224,16 +227,23 @@ class RoundLoop:
                         losses, self._overlapped = [], 0
                         bar.update(0)
                     self.early.watch(peer.round)
-                if len(losses) >= self.min_steps and not self.in_flight:
+                if len(losses) >= floor and not self.in_flight:
                     self.early.arm()
-                if len(losses) >= self.min_steps and not self.in_flight and self.early.due():
+                if len(losses) >= floor and not self.in_flight and self.early.due():
+                    role.close_early()  # a chain's first stage: its other stages stop at the same step
                     self.closed_early += 1
                     logger.info(f"round {peer.round}: closing the round after {len(losses)} of {H} inner steps: "
                                 f"most of its peers are ready")
                     break
                 x, y = role.stream.next_batch()
                 t = time.monotonic()
-                loss = role.inner_step(x, y)
+                try:
+                    loss = role.inner_step(x, y)
+                except RoundClosedEarly:
+                    self.closed_early += 1
+                    logger.info(f"round {peer.round}: closing the round after {len(losses)} of {H} inner steps, "
+                                f"as the chain's first stage did")
+                    break
                 dt = time.monotonic() - t
                 peer.util.busy(dt)
                 tps = x.numel() / dt

@@ -9,9 +9,12 @@
 Every role builds its share of the model, names the tensors it sends (its strategy's layout),
 loads θ into its model, runs an inner step and says whether its tokens count. The round loop
 (peer/round/loop.py) trains through this interface; it asks the kind of role only where a chain
-stage's round differs (no overlap, no early close, "linking" until its links are up). A role whose
-round cannot go on (a chain that broke) raises ``RoundAbandoned``; ``recover`` then gets the
-peer back to a trainable role, or None when the peer is stopping.
+stage's round differs (no overlap, "linking" until its links are up). A role whose round cannot go
+on (a chain that broke) raises ``RoundAbandoned``; ``recover`` then gets the peer back to a trainable
+role, or None when the peer is stopping. Early close (peer/round/early_close.py): a role that
+``decides_close`` may end its round before H steps (``close_early``); a chain's first stage does so
+for the whole chain, and its later stages' ``inner_step`` raise ``RoundClosedEarly`` where the
+round ended.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from peer.chain.errors import RoundClosed
 from peer.chain.stage import ChainBroken, ChainMember
 from peer.training.data import Corpus, TrainStream
 from peer.training.inner import InnerTrainer, evaluate
@@ -34,11 +38,16 @@ from swarm.console import human_bytes
 
 logger = logging.getLogger("voloco.peer")
 
-__all__ = ["Role", "FullReplica", "SliceOwner", "ChainStage", "RoundAbandoned"]
+__all__ = ["Role", "FullReplica", "SliceOwner", "ChainStage", "RoundAbandoned", "RoundClosedEarly"]
 
 
 class RoundAbandoned(Exception):
     """This round's work cannot be completed (e.g. a neighbour of the chain died)."""
+
+
+class RoundClosedEarly(Exception):
+    """The round ended before this step (a chain's first stage closed it early): the steps taken
+    so far are the round's; this step's batch was not used and is drawn again next round."""
 
 
 class Role:
@@ -96,6 +105,18 @@ class Role:
 
     def inner_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         return self.trainer.step(x, y)
+
+    @property
+    def decides_close(self) -> bool:
+        """Whether this role may close a round early by itself (a chain's later stages follow the first)."""
+        return True
+
+    def close_early(self) -> None:
+        """The round ends here, before H steps (peer/round/early_close.py)."""
+
+    def lockstep_peers(self) -> tuple:
+        """Peers that step with this one (a chain's other stages): early close does not count them."""
+        return ()
 
     def end_round(self) -> None:
         """The inner steps are over (or were interrupted)."""
@@ -193,7 +214,23 @@ class ChainStage(Role):
             loss = self.chain.inner_step(self.model, self.trainer, self._T, (x, y))
         except ChainBroken as e:
             raise RoundAbandoned(str(e)) from e
+        except RoundClosed as e:
+            self.stream.batches -= 1  # not trained: every stage draws it again, in step with the first
+            raise RoundClosedEarly(str(e)) from e
         return float("nan") if loss is None else loss
+
+    @property
+    def decides_close(self) -> bool:
+        return self.part[0] == 0  # the first stage: the others learn it from its close frame
+
+    def close_early(self) -> None:
+        try:
+            self.chain.close_round(self.trainer.step_count)
+        except ChainBroken as e:
+            raise RoundAbandoned(str(e)) from e
+
+    def lockstep_peers(self) -> tuple:
+        return self.chain.mates()
 
     def end_round(self) -> None:
         self.chain.close_links()

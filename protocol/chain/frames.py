@@ -10,6 +10,8 @@ A frame is a 4-byte big-endian length, then a msgpack map of exactly that many b
     activations  {"t", "mb": micro-batch id, "step": inner step, "shape": [B, T, k],
                   "dtype": "fp16"|"bf16"|"fp32", "tokens": B*T token ids, "data": B*T*k values}
     grads        {"t", "mb", "step", "shape", "dtype", "data"}
+    close        {"t", "step"}: the round ends before inner step ``step`` (the first stage closed it
+                 early, peer/round/early_close.py); sent downstream in place of that step's frames
     bye          {"t"}
 
 The connecting side sends ``hello``; the other answers ``hello_ok`` or ``reject`` and closes.
@@ -119,14 +121,19 @@ class Grads:
 
 
 @dataclass(frozen=True)
+class Close:
+    step: int  # the first inner step the round does not take
+
+
+@dataclass(frozen=True)
 class Bye:
     pass
 
 
-Frame = Union[Hello, HelloOk, Challenge, Auth, Reject, Activations, Grads, Bye]
+Frame = Union[Hello, HelloOk, Challenge, Auth, Reject, Activations, Grads, Close, Bye]
 _TYPE_NAMES = {
     Hello: "hello", HelloOk: "hello_ok", Challenge: "challenge", Auth: "auth", Reject: "reject",
-    Activations: "activations", Grads: "grads", Bye: "bye",
+    Activations: "activations", Grads: "grads", Close: "close", Bye: "bye",
 }
 _FIELDS = {
     "hello": {"t", "v", "run", "chain", "stage", "round", "role", "nonce"},
@@ -136,6 +143,7 @@ _FIELDS = {
     "reject": {"t", "reason"},
     "activations": {"t", "mb", "step", "shape", "dtype", "tokens", "data"},
     "grads": {"t", "mb", "step", "shape", "dtype", "data"},
+    "close": {"t", "step"},
     "bye": {"t"},
 }
 
@@ -207,6 +215,8 @@ def encode_frame(frame: Frame, fmt: Optional[FrameFormat] = None) -> bytes:
         msg.update(key=frame.key, sig=frame.sig)
     elif isinstance(frame, Reject):
         msg["reason"] = frame.reason[:MAX_REASON]
+    elif isinstance(frame, Close):
+        msg["step"] = frame.step
     elif isinstance(frame, (Activations, Grads)):
         values = frame.values.detach()
         if values.dim() != 3 or values.dtype not in _DTYPE_NAMES:
@@ -322,6 +332,8 @@ def decode_body(body: bytes, fmt: FrameFormat) -> Frame:
         return Auth(_bytes(msg, "key", range(1, MAX_KEY_BYTES + 1)), _bytes(msg, "sig", range(1, MAX_SIG_BYTES + 1)))
     if kind == "bye":
         return Bye()
+    if kind == "close":
+        return Close(_int(msg, "step"))
     if kind == "reject":
         return Reject(_str(msg, "reason", MAX_REASON, allow_empty=True))
     mb, step = _int(msg, "mb"), _int(msg, "step")
@@ -418,22 +430,7 @@ def check_hello(
 
 
 __all__ = [
-    "Frame",
-    "Hello",
-    "HelloOk",
-    "Challenge",
-    "Auth",
-    "Reject",
-    "Activations",
-    "Grads",
-    "Bye",
-    "ROLES",
-    "WIRE_DTYPES",
-    "FrameFormat",
-    "FrameDecoder",
-    "encode_frame",
-    "decode_body",
-    "check_hello",
-    "HANDSHAKE_MAX_BYTES",
-    "NONCE_BYTES",
+    "Frame", "Hello", "HelloOk", "Challenge", "Auth", "Reject", "Activations", "Grads", "Close", "Bye",
+    "ROLES", "WIRE_DTYPES", "FrameFormat", "FrameDecoder", "encode_frame", "decode_body", "check_hello",
+    "HANDSHAKE_MAX_BYTES", "NONCE_BYTES",
 ]

@@ -3,8 +3,12 @@ that trains beside a full replica, over TCP stage links, and re-forms when a sta
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
+from peer.round.early_close import min_steps
+from tests.support.cpu_limit import throttle
 from tests.support.swarm_harness import Swarm, assert_groups_identical, refused_by_checks
 
 pytestmark = pytest.mark.slow
@@ -55,4 +59,43 @@ def test_chain_trains_beside_a_full_replica_and_reforms_after_a_stage_dies(tmp_p
         assert "broke" in swarm.peers["s1"].text()
         assert assert_groups_identical([swarm.status("full"), s1, s3]) >= 1
     finally:
+        swarm.close()
+
+
+def test_a_slow_chain_closes_its_rounds_early_as_one_replica_and_shares_them(tmp_path):
+    """A chain slower than the full peers (both stages throttled to a third of their speed): its first
+    stage closes the chain's round once the full peers are ready, the other stage stops at the same
+    step (a ``close`` frame: peer/chain/gpipe.py ``close_round``), and the chain's rounds end in one group
+    with the full peers, on one θ. Before, a chain never closed early: on a GPU at 125m its rounds took
+    4x a full peer's, and it concluded them in a group of its own (bench/RESULTS.md, seventy-second session)."""
+    H = 60  # rounds long enough that the first stage sees the full peers ready (early close reads once a second)
+    swarm = Swarm(tmp_path, strategy="sparseloco", inner_steps=H)
+    stop = threading.Event()
+    try:
+        swarm.add_peer("a")
+        swarm.add_peer("b")
+        stages = [swarm.add_peer("s1", *SMALL), swarm.add_peer("s2", *SMALL)]
+        swarm.wait(lambda: chain_of(swarm.status("s1")) is not None and swarm.round_of("s1") >= 1, 180,
+                   "the chain's first round")
+        for stage in stages:
+            throttle(stage.proc.pid, stop, run_s=0.1, pause_s=0.2)
+        first = swarm.round_of("s1")
+
+        def shared(name: str) -> list:  # the chain's rounds since the throttle, in one group with both full peers
+            return [r for r in (swarm.status(name) or {}).get("history", []) if r["round"] > first and len(r["group"]) == 4]
+
+        swarm.wait(lambda: sum(r["steps"] < H for r in shared("s1")) >= 2, 300,
+                   "two rounds the throttled chain closed early and shared with the full peers")
+        stop.set()
+        statuses = [swarm.status(n) for n in ("a", "b", "s1", "s2")]
+        steps = [{r["round"]: r["steps"] for r in shared(n)} for n in ("s1", "s2")]
+        both = sorted(set(steps[0]) & set(steps[1]))
+        assert both and all(steps[0][r] == steps[1][r] for r in both), steps  # the chain stopped as one
+        assert all(min_steps(H, 0.25) <= steps[0][r] <= H for r in both), steps
+        assert assert_groups_identical(statuses) >= 2
+        for name in ("s1", "s2"):
+            assert "Traceback" not in swarm.peers[name].text()
+            assert "broke" not in swarm.peers[name].text()
+    finally:
+        stop.set()
         swarm.close()

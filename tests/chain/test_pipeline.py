@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from peer.training.inner import InnerTrainer
-from peer.chain.gpipe import run_inner_step
+from peer.chain.errors import LinkProtocolError, RoundClosed
+from peer.chain.gpipe import close_round, run_inner_step
 from peer.training.model import build_model
 from peer.chain.links import StageIdentity, connect_link, link_codec, run
 from peer.chain.listener import StageListener
@@ -120,12 +121,16 @@ async def train_chain(cuts, ks, dtype, data, constraint=None, devices=None):
             assert all(r is None for r in results[:-1])
             losses.append(results[-1])
     finally:
-        for link in up + down:
-            if link is not None:
-                await link.close()
-        for listener in listeners:
-            await listener.close()
+        await close_chain(up, down, listeners)
     return stages, trainers, losses
+
+
+async def close_chain(up, down, listeners):
+    for link in up + down:
+        if link is not None:
+            await link.close()
+    for listener in listeners:
+        await listener.close()
 
 
 def train_reference(cuts, data, codecs=None, constraint=None):
@@ -290,3 +295,43 @@ def test_single_stage_chain_needs_no_links():
     model, ref = train_reference([0, 4], data)
     assert losses == pytest.approx(ref, rel=1e-6)
     assert_close([stage], model, rtol=1e-6)
+
+
+def test_a_round_closed_by_the_first_stage_ends_at_the_same_step_on_every_stage():
+    """Early close of a chain (peer/round/loop.py, peer/round/early_close.py): after two steps the first
+    stage sends ``close`` instead of step 2's activations. The middle stage's step raises RoundClosed
+    and passes it on, the last stage's too; neither touches its parameters, the links stay up, and
+    the chain's next round goes on from the same step ids. A close of another step breaks the link."""
+
+    async def go():
+        stages, trainers = make_stages([0, 1, 3, 4])
+        T = stages[0].embed.weight.detach().clone()
+        up, down, listeners = await connect_chain(stages, [D, D], torch.float16)
+        data = batches(3, seed=5)
+
+        def step(i, b):
+            return run_inner_step(stages[i], trainers[i], T=T, micro_batches=M, batch=b if i in (0, 2) else None,
+                                  upstream=up[i], downstream=down[i])
+
+        try:
+            for b in data[:2]:
+                await asyncio.gather(*(step(i, b) for i in range(3)))
+            before = [{n: p.detach().clone() for n, p in s.named_parameters()} for s in stages]
+            assert [t.step_count for t in trainers] == [2, 2, 2]
+            await close_round(down[0], trainers[0].step_count)
+            for i in (1, 2):
+                with pytest.raises(RoundClosed) as closed:
+                    await step(i, data[2])
+                assert closed.value.step == 2
+            for s, params in zip(stages, before):
+                assert all(torch.equal(p, params[n]) for n, p in s.named_parameters())
+            assert [t.step_count for t in trainers] == [2, 2, 2]
+            loss = (await asyncio.gather(*(step(i, data[2]) for i in range(3))))[-1]  # the next round, same links
+            assert loss is not None and [t.step_count for t in trainers] == [3, 3, 3]
+            await close_round(down[0], 7)  # not the step the next stage waits for
+            with pytest.raises(LinkProtocolError, match="close before step 7"):
+                await step(1, data[2])
+        finally:
+            await close_chain(up, down, listeners)
+
+    run(go())

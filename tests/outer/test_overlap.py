@@ -1,8 +1,6 @@
 """Overlap (one-step-delayed outer update) and mixed speeds (early close), peer/round/loop.py and
 peer/round/early_close.py: the algebra and the rule as functions, then real peers, one of them throttled."""
 
-import os
-import signal
 import threading
 
 import pytest
@@ -12,6 +10,7 @@ from peer.round.early_close import min_steps, most_are_done
 from peer.round.handoff import continue_from
 from protocol.dht.records import Progress
 from swarm.records import PeerView
+from tests.support.cpu_limit import throttle
 from tests.support.swarm_harness import Swarm, TINY_SPEC, assert_groups_identical, groupmate_pairs
 
 
@@ -51,29 +50,6 @@ def test_continue_from_keeps_the_local_delta_and_is_exact_without_one():
     continue_from(params, theta, sent)
     for k in theta:
         torch.testing.assert_close(params[k], theta[k] + (now[k] - sent[k]))
-
-
-def throttle(pid: int, stop: threading.Event, run_s: float = 0.15, pause_s: float = 0.15) -> threading.Thread:
-    """Make a process about twice as slow: stopped for ``pause_s`` after every ``run_s``."""
-
-    def loop() -> None:
-        try:
-            while not stop.is_set():
-                os.kill(pid, signal.SIGSTOP)
-                stop.wait(pause_s)
-                os.kill(pid, signal.SIGCONT)
-                stop.wait(run_s)
-        except ProcessLookupError:
-            pass
-        finally:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
-    return t
 
 
 @pytest.mark.slow

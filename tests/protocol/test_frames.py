@@ -15,6 +15,7 @@ from protocol.errors import FrameError
 from protocol.chain.frames import (
     Activations,
     Bye,
+    Close,
     FrameDecoder,
     FrameFormat,
     Grads,
@@ -43,7 +44,7 @@ def grads(b=2, dtype=torch.bfloat16, mb=3, step=7):
 
 
 HELLO = Hello(run=SPEC.digest(), chain="ch-0123456789abcdef", stage=1, round=5, role="upstream")
-SIMPLE = [HELLO, HelloOk(), Reject("wrong round"), Reject(""), Bye()]
+SIMPLE = [HELLO, HelloOk(), Reject("wrong round"), Reject(""), Close(12), Bye()]
 
 
 def same(a, b):
@@ -292,6 +293,11 @@ ACT_TOKENS = len(wire(ACT)["tokens"])
         (mutate(Reject("x"), reason=5), "'reason'"),
         (mutate(Reject("x"), reason="r" * 600), "'reason'"),
         (mutate(Bye(), reason="done"), "unexpected"),
+        (mutate(Close(3), step=-1), "'step'"),
+        (mutate(Close(3), step=2**62), "'step'"),
+        (mutate(Close(3), step=True), "'step'"),
+        (mutate(Close(3), step=DELETE), "missing"),
+        (mutate(Close(3), mb=0), "unexpected"),
         (framed([1, 2, 3]), "must be a map"),
         (framed({1: 2}), "not valid msgpack"),  # non-string keys
         (framed(msgpack.ExtType(1, b"x")), "not valid msgpack"),

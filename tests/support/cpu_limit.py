@@ -1,6 +1,7 @@
 """A CPU quota for a process tree, as a cgroup v2 group: a host that computes slower than this
 machine (``CpuLimit``). Used beside tests/support/netns_hosts.py by bench/wan.py, whose peers must
-compute alike whatever else the machine runs.
+compute alike whatever else the machine runs. ``throttle``: a slower process without cgroups
+(stopped and continued by signals), for the mixed-speed tests.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
 from typing import List, Optional, Tuple
 
@@ -147,3 +149,26 @@ def cleanup_stale_cpu_limits() -> List[str]:
             stale.__exit__(None, None, None)
             removed.append(name)
     return removed
+
+
+def throttle(pid: int, stop: threading.Event, run_s: float = 0.15, pause_s: float = 0.15) -> threading.Thread:
+    """Make a process about twice as slow: stopped for ``pause_s`` after every ``run_s``."""
+
+    def loop() -> None:
+        try:
+            while not stop.is_set():
+                os.kill(pid, signal.SIGSTOP)
+                stop.wait(pause_s)
+                os.kill(pid, signal.SIGCONT)
+                stop.wait(run_s)
+        except ProcessLookupError:
+            pass
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    return t
