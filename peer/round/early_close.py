@@ -39,45 +39,28 @@ def min_steps(inner_steps: int, fraction: float) -> int:
     return max(1, min(inner_steps, math.ceil(fraction * inner_steps - 1e-9)))
 
 
-def replica_share(view: PeerView, n_layers: int) -> float:
-    """What one peer counts for in the rule below: a chain stage its share of the model's blocks (its
-    record's ``sends``, "start:end"), so that a whole chain counts as one replica and not as one peer
-    per stage; anyone else 1. A claimed range only lowers a peer's count (clamped to [0, 1])."""
-    start, sep, end = view.progress.sends.partition(":")
-    if not sep or n_layers < 1:
-        return 1.0
-    try:
-        return min(1.0, max(0.0, (int(end) - int(start)) / n_layers))
-    except ValueError:
-        return 1.0
-
-
-def most_are_done(views: Iterable[PeerView], me: str, round_no: int, unawaited: Container[str] = (),
-                  n_layers: int = 0) -> bool:
+def most_are_done(views: Iterable[PeerView], me: str, round_no: int, unawaited: Container[str] = ()) -> bool:
     """Whether at least half of the other live peers of ``round_no`` (at least one) are ready for
     its exchange or already past it, while this peer still trains it. ``unawaited``: peers whose
     "training" no barrier waits a whole allowance for (``Membership.unawaited``: skipped no-shows,
     strangers once the budget applies); a staller's claim must not keep the others' rounds open
-    (tests/outer/test_overlap.py). With ``n_layers`` (the model's), a chain's stages count as one
-    replica together (``replica_share``): a ready chain of 8 stages is not 8 peers ready."""
-    done = training = 0.0
+    (tests/outer/test_overlap.py)."""
+    done = training = 0
     for v in views:
         if v.peer_id == me or v.peer_id in unawaited:
             continue
-        share = replica_share(v, n_layers)
         if v.progress.round > round_no or (v.progress.round == round_no and v.progress.state in DONE):
-            done += share
+            done += 1
         elif v.progress.round == round_no and v.progress.state == "training":
-            training += share
-    return done > 0 and done >= training
+            training += 1
+    return done >= 1 and done >= training
 
 
 class EarlyClose:
     """Watches the round this peer trains; ``due()`` turns true when it should close the round."""
 
-    def __init__(self, membership, peer_id: str, stop: threading.Event, enabled: bool = True, n_layers: int = 0):
+    def __init__(self, membership, peer_id: str, stop: threading.Event, enabled: bool = True):
         self.membership, self.peer_id, self.stop, self.enabled = membership, peer_id, stop, enabled
-        self.n_layers = n_layers  # the model's: a chain's stages count as one replica (most_are_done)
         self._due = threading.Event()
         self._round: Optional[int] = None
         self._armed = False
@@ -124,7 +107,7 @@ class EarlyClose:
                 views = []
             views = [v for v in views if v.peer_id not in self.lockstep]
             unawaited = self.membership.unawaited(views)
-            if self._round == round_no and self._armed and most_are_done(views, self.peer_id, round_no, unawaited, self.n_layers):
+            if self._round == round_no and self._armed and most_are_done(views, self.peer_id, round_no, unawaited):
                 self._due.set()
             self._wake.wait(max(self.membership.timing.early_close_poll_s, self.membership.read_interval()))  # or the next round's arm()
             self._wake.clear()

@@ -68,8 +68,7 @@ class RoundLoop:
         self.min_steps = min_steps(spec.outer.inner_steps, spec.outer.min_inner_fraction)
         # steps taken ahead of an exchange in flight before the loop waits for it (outer.max_overlap, rounded down; H: never)
         self.max_ahead = max(1, math.floor(spec.outer.max_overlap * spec.outer.inner_steps + 1e-9))
-        self.early = EarlyClose(peer.membership, peer.peer_id, peer.stop_event, enabled=self.min_steps < spec.outer.inner_steps,
-                                n_layers=spec.model.n_layers)
+        self.early = EarlyClose(peer.membership, peer.peer_id, peer.stop_event, enabled=self.min_steps < spec.outer.inner_steps)
         self.evaluator = RoundEvaluator(peer) if self.overlap else None
         self.advisor = BusyAdvisor(spec.outer.inner_steps, self.overlap, spec.outer.max_overlap)  # the H that keeps it busy
         self._thread: Optional[threading.Thread] = None

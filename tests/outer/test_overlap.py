@@ -14,9 +14,9 @@ from tests.support.cpu_limit import throttle
 from tests.support.swarm_harness import Swarm, TINY_SPEC, assert_groups_identical, groupmate_pairs
 
 
-def view(peer_id: str, round_no: int, state: str, sends: str = "") -> PeerView:
+def view(peer_id: str, round_no: int, state: str) -> PeerView:
     progress = Progress(round=round_no, step=0, state=state, spec="s", loss=0.0, val_loss=0.0, tokens=0,
-                        tokens_per_s=0.0, bytes_sent=0, bytes_received=0, params_hash="", sends=sends)
+                        tokens_per_s=0.0, bytes_sent=0, bytes_received=0, params_hash="")
     return PeerView(peer_id, progress, expires=0.0)
 
 
@@ -36,20 +36,6 @@ def test_a_round_closes_early_only_once_most_of_it_is_ready():
     assert not most_are_done([view("a", 4, "ready"), view("b", 4, "training"), view("c", 4, "training")], me, 4)
     assert most_are_done([view("a", 5, "training")], me, 4)  # moved on: this peer is the last of its round
     assert not most_are_done([view("a", 3, "ready"), view("b", 4, "training")], me, 4)  # behind us: not ours
-
-
-def test_a_chain_counts_as_one_replica_in_the_early_close_rule():
-    """Before, each stage counted as a peer: beside a ready 2-stage chain, two full peers still training
-    closed their rounds early (the demo's full peers trained 20-28 of 30 steps every round)."""
-    me, chain = "me", [view("s0", 4, "ready", "0:2"), view("s1", 4, "ready", "2:4")]
-    others = [view("b", 4, "training"), view("c", 4, "training")]
-    assert most_are_done(chain + others, me, 4)  # every view one peer: 2 ready against 2 training
-    assert not most_are_done(chain + others, me, 4, n_layers=4)  # one replica ready against two training
-    assert most_are_done(chain + others[:1], me, 4, n_layers=4)  # against one: half of the others
-    assert most_are_done([view("s0", 4, "ready", "0:1")], me, 4, n_layers=4)  # a stage alone still counts
-    # a stage's weight is its share of the blocks, never more than one peer's, whatever it claims
-    assert not most_are_done([view("s0", 4, "ready", "0:40"), view("b", 4, "training"), view("c", 4, "training")],
-                             me, 4, n_layers=4)
 
 
 def test_continue_from_keeps_the_local_delta_and_is_exact_without_one():
