@@ -23,20 +23,17 @@ longer (peer/round/membership.py shares its reads with the round barrier).
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from typing import Container, FrozenSet, Iterable, Optional
 
 from protocol.round.peer_states import DONE
+from protocol.round.round_policy import min_steps
 from swarm.records import PeerView
+
+__all__ = ["EarlyClose", "min_steps", "most_are_done"]  # min_steps lives in protocol/round/round_policy.py
 
 logger = logging.getLogger("voloco.peer")
 
-
-
-def min_steps(inner_steps: int, fraction: float) -> int:
-    """The fewest inner steps a round may close after (>= 1, <= H)."""
-    return max(1, min(inner_steps, math.ceil(fraction * inner_steps - 1e-9)))
 
 
 def most_are_done(views: Iterable[PeerView], me: str, round_no: int, unawaited: Container[str] = ()) -> bool:

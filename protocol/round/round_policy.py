@@ -33,11 +33,18 @@ times as inputs. Guarded by tests/protocol/test_round_policy.py.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 from typing import AbstractSet, Dict, FrozenSet, Iterable, Mapping, Optional, Sequence, Tuple
 
 from protocol.round.peer_states import DONE, IN_ROUND
+
+
+def min_steps(inner_steps: int, fraction: float) -> int:
+    """The fewest inner steps a round may close early after (>= 1, <= H): ``outer.min_inner_fraction``
+    of H (peer/round/early_close.py); a chain's later stages refuse a close before it (peer/training/roles.py)."""
+    return max(1, min(inner_steps, math.ceil(fraction * inner_steps - 1e-9)))
 
 
 class Step(Enum):

@@ -329,3 +329,43 @@ def test_a_neighbour_linked_before_that_waits_for_a_chain_again_has_left_it(memb
 
     monkeypatch.setattr(stage_mod, "read_candidates", unreadable)
     assert not member._left_chain("peer-up")
+
+
+def test_a_close_from_the_first_stage_ends_the_round_and_one_under_the_floor_breaks_the_chain(member, monkeypatch):
+    """Early close of a chain (peer/chain/gpipe.py ``close_round``): a ``close`` where a step's first
+    activations would come ends the member's step with RoundClosed, the link kept and nothing trained;
+    the role then ends its round (RoundClosedEarly) and draws the unused batch again. A close before
+    ``outer.min_inner_fraction`` of H steps, which no honest first stage sends, breaks the chain."""
+    from types import SimpleNamespace
+
+    from peer.chain.errors import RoundClosed
+    from peer.training.roles import ChainStage, RoundAbandoned, RoundClosedEarly
+    from protocol.chain.frames import Close
+
+    monkeypatch.setattr(member, "publish", lambda: None)
+    member.assignment, member.state = SimpleNamespace(epoch=1, chain=SimpleNamespace(chain_id="ch-close")), "training"
+    stage, trainer = trained_stage((2, 4))
+    T = build_model(RUN.model, RUN.seed, blocks=(0, 1)).embed.weight.detach().clone()
+    neighbour = RawNeighbour(member.listener.port)
+    member.upstream = member._call(member.listener.accept(5), timeout=10)
+    before = snapshot(stage, trainer)
+    neighbour.sock.sendall(encode_frame(Close(trainer.step_count)))
+    with pytest.raises(RoundClosed):
+        member.inner_step(stage, trainer, T, batch())
+    assert member.upstream is not None and member.state == "training"
+    assert_untouched(stage, trainer, before)
+
+    role = ChainStage.__new__(ChainStage)  # the role around the member, without a corpus or a DHT
+    role.spec, role.chain, role.model, role.trainer, role._T = RUN.replace(outer=dict(inner_steps=8)), member, stage, trainer, T
+    role.stream, role._steps = SimpleNamespace(batches=5), 2  # the floor: ceil(0.25 × 8) = 2 steps
+    neighbour.sock.sendall(encode_frame(Close(trainer.step_count)))
+    with pytest.raises(RoundClosedEarly):
+        role.inner_step(*batch())
+    assert role.stream.batches == 4 and member.upstream is not None
+    role._steps = 1
+    neighbour.sock.sendall(encode_frame(Close(trainer.step_count)))
+    with pytest.raises(RoundAbandoned, match="under the floor of 2"):
+        role.inner_step(*batch())
+    assert member.upstream is None and member.state == "waiting"
+    assert_untouched(stage, trainer, before)
+    neighbour.sock.close()
