@@ -195,21 +195,23 @@ class StageLink:
         except (ConnectionError, OSError) as e:
             raise self._fail(LinkClosed(f"connection lost while sending: {e}", self)) from None
 
-    def _encoded(self, encode, *args: torch.Tensor) -> torch.Tensor:
+    def _encoded(self, where: str, encode, *args: torch.Tensor) -> torch.Tensor:
         """The codec's output; its ValueError (shapes were checked by the caller: values that
-        are not finite in the wire dtype) closes the link."""
+        are not finite in the wire dtype, NaN or overflow, which the message tells apart) closes the
+        link. ``where``: the step and micro-batch, for the log."""
         self._check_open()
         try:
             return encode(*args)
         except ValueError as e:
-            raise self._fail(NonFiniteOutput(f"cannot send: {e}", self)) from e
+            raise self._fail(NonFiniteOutput(f"cannot send {where}: {e}", self)) from e
 
     def send_activations(self, step: int, mb: int, tokens: torch.Tensor, h: torch.Tensor, T: torch.Tensor) -> None:
         """Encode the boundary activation ``h`` (b, S, d) against ``T`` and send it with its ids."""
-        self.send(Activations(mb, step, tokens, self._encoded(self.codec.encode_forward, h, tokens, T)))
+        values = self._encoded(f"step {step} micro-batch {mb}", self.codec.encode_forward, h, tokens, T)
+        self.send(Activations(mb, step, tokens, values))
 
     def send_grads(self, step: int, mb: int, g: torch.Tensor) -> None:
-        self.send(Grads(mb, step, self._encoded(self.codec.encode_backward, g)))
+        self.send(Grads(mb, step, self._encoded(f"step {step} micro-batch {mb}", self.codec.encode_backward, g)))
 
     def send_close(self, step: int) -> None:
         """Tell the next stage the round ends before ``step``: no frames of that step will come."""

@@ -124,7 +124,12 @@ class ActivationCodec:
     def _wire(self, x: torch.Tensor, what: str) -> torch.Tensor:
         out = x.to(self.dtype)
         if not torch.isfinite(out).all():
-            raise ValueError(f"{what} is not finite in {self.dtype} (overflow or a diverged model)")
+            bad = ~torch.isfinite(x)
+            if bool(bad.any()):  # a diverged model: NaN or inf before the cast
+                raise ValueError(f"{what} is not finite in {self.dtype}: {int(bad.sum())} of {x.numel()} values "
+                                 f"are NaN or inf before it (a diverged model)")
+            raise ValueError(f"{what} is not finite in {self.dtype}: its largest value, {float(x.abs().max()):.4g}, "
+                             f"overflows it (chain.wire_dtype = \"bf16\" has float32's range)")
         return out
 
     def encode_forward(self, h: torch.Tensor, tok: torch.Tensor, T: torch.Tensor) -> torch.Tensor:

@@ -172,12 +172,14 @@ def test_generic_stream_is_lossy_at_k_lt_d():
 
 
 def test_encoder_refuses_what_fp16_cannot_carry():
+    """The message tells an overflow (with its largest value) from a diverged model (NaN or inf before
+    the cast): a chain broke once on an H200 with "not finite", which said neither."""
     codec = ActivationCodec(subspace_basis(16, 16, 0), torch.float16)
     T = torch.zeros(4, 16)
     tok = torch.zeros(1, 2, dtype=torch.long)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="largest value, 1e[+]06, overflows"):
         codec.encode_forward(torch.full((1, 2, 16), 1e6), tok, T)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="32 of 32 values are NaN or inf before it"):
         codec.encode_backward(torch.full((1, 2, 16), float("nan")))
     bf = ActivationCodec(subspace_basis(16, 16, 0), torch.bfloat16)
     assert torch.isfinite(bf.encode_forward(torch.full((1, 2, 16), 1e6), tok, T)).all()
