@@ -10,8 +10,8 @@
 # 1. tests/system/test_cuda_path.py and test_cuda_swarm.py: CPU and CUDA members end each round on one
 #    θ, chains with CUDA stages included (skipped where CUDA is absent), 4 at a time (pytest-xdist);
 # 2. bench/gpu_swarm.py at 125m, H = 100, batch 8: each peer's utilization (the GPU-box issue asks
-#    >= 95 %), where a round's seconds go, tokens/s, the H its rounds advise, and each stage's peak GPU
-#    memory against its estimate.
+#    >= 95 %), where a round's seconds go (and each peer's "round N timing:" debug lines in the logs),
+#    tokens/s, the H its rounds advise, and each stage's peak GPU memory against its estimate.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 PY=${PY:-python3}  # the machine's python3 is the one that holds torch
@@ -29,7 +29,7 @@ XDIST=$($PY -c "import xdist" 2> /dev/null && echo "-n 4")
 timeout "${TESTS_S:-200}" $PY -m pytest -q -p no:cacheprovider -rs $XDIST tests/system/test_cuda_path.py \
     tests/system/test_cuda_swarm.py 2>&1 | tee "$OUT/cuda_tests.log"
 timeout $(( ${SWARM_MINUTES:-3} * 60 + 150 )) $PY bench/gpu_swarm.py --preset 125m --inner-steps 100 --batch 8 \
-    --full 2 --chain-stages 2 --stage-memory-gb 8.5 --minutes "${SWARM_MINUTES:-3}" --workdir /tmp/gpu-swarm \
+    --full 2 --chain-stages 2 --stage-memory-gb 8.5 --minutes "${SWARM_MINUTES:-3}" --log-level debug --workdir /tmp/gpu-swarm \
     --json "$OUT/gpu_swarm_125m.json" 2>&1 | tee "$OUT/gpu_swarm_125m.log"
 # the peers' and coordinator's logs and status files, not their checkpoints
 (cd /tmp/gpu-swarm 2> /dev/null && tar czf "$OUT/gpu_swarm_logs.tgz" ./*.log ./peer*/status.json)

@@ -2,7 +2,7 @@
 
     python bench/gpu_swarm.py [--preset 125m] [--inner-steps 100] [--batch 8] [--full 2] [--chain-stages 2]
                               [--stage-memory-gb 8.5] [--minutes 5] [--device auto] [--no-compile]
-                              [--threads N] [--json OUT] [--workdir DIR]
+                              [--threads N] [--log-level debug] [--json OUT] [--workdir DIR]
     python bench/gpu_swarm.py --preset tiny --device cpu --minutes 1    # a smoke run on any machine
 
 What a volunteer with a GPU box runs, with the project's own commands (``voloco coordinator``, ``voloco
@@ -175,6 +175,9 @@ def main(argv=None) -> int:
                                                                   "own default, on for CUDA)")
     ap.add_argument("--threads", type=int, default=0,
                     help="every peer's --threads (default: the host's cores over the peers, at least 1)")
+    ap.add_argument("--log-level", default="info", choices=["debug", "info"],
+                    help="the peers' log level (default info; debug adds each round's 'round N timing:' line: "
+                         "train, encode, wait, gather, apply, eval)")
     ap.add_argument("--workdir", type=Path, default=None, help="where logs and status files go (default: a temporary folder)")
     ap.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the summary as JSON to OUT")
     args = ap.parse_args(argv)
@@ -207,7 +210,8 @@ def main(argv=None) -> int:
         for i in range(peers):
             argv = peer_argv(join, workdir, i, threads=threads, memory_gb=stage_gb if i >= args.full else None,
                              run_key=run_key, compile=False if args.no_compile else None)
-            children.append(Child(f"peer{i}", argv + ["--device", args.device, "--wait-peers", str(peers)],
+            children.append(Child(f"peer{i}", argv + ["--device", args.device, "--wait-peers", str(peers),
+                                                      "--log-level", args.log_level],
                                   workdir / f"peer{i}.log"))
         deadline = t0 + args.minutes * 60
         while time.monotonic() < deadline and all(c.proc.poll() is None for c in children):
