@@ -25,9 +25,12 @@ def test_a_tiny_swarm_of_full_peers_and_a_chain_reports_every_figure(tmp_path, c
         assert p["rounds"] >= 3 and 0.0 < p["util"] <= 1.0 and p["tokens_per_s"] > 0
         assert p["device_peak_bytes"] is None and p["peak_vs_estimate"] is None  # the CPU keeps no peak counter
         assert p["estimate_bytes"] > 0
+        phases = p["phases"]  # where a steady round's seconds go
+        assert 0.0 < phases["busy_s"] <= phases["seconds"] and phases["exchange_s"] > 0.0, phases
     [chain] = doc["chains"]
     assert chain["stages"] == 2 and chain["vs_full"] > 0
-    assert "one θ every round" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "one θ every round" in printed and "where a steady round's seconds go" in printed
 
 
 def test_no_cuda_measures_nothing_and_bad_flags_are_refused(monkeypatch, capsys):
