@@ -36,11 +36,10 @@ from peer.chain import handshake
 from peer.chain.errors import (BatchMismatch, LinkClosed, LinkError, LinkProtocolError, LinkTimeout, NonFiniteOutput,
                                RoundClosed)
 from peer.chain.handshake import LinkAuth
-from protocol import PROTOCOL_VERSION
 from protocol.chain.activations import ActivationCodec
 from protocol.errors import FrameError
 from protocol.chain.frames import (
-    HANDSHAKE_MAX_BYTES, NONCE_BYTES, Activations, Bye, Close, Frame, FrameDecoder, FrameFormat, Grads, Hello,
+    HANDSHAKE_MAX_BYTES, LINK_VERSION, NONCE_BYTES, Activations, Bye, Close, Frame, FrameDecoder, FrameFormat, Grads, Hello,
     encode_frame,
 )
 from protocol.chain.subspace import subspace_basis
@@ -335,7 +334,7 @@ class StageLink:
 
 def _hello(local: StageIdentity, role: str, nonce: bytes = b"") -> Hello:
     return Hello(run=local.run_digest, chain=local.chain_id, stage=local.stage, round=local.round, role=role,
-                 version=PROTOCOL_VERSION, nonce=nonce)
+                 version=LINK_VERSION, nonce=nonce)
 
 
 async def connect_link(

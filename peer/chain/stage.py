@@ -270,7 +270,7 @@ class ChainMember:
         try:  # the deadline cancels the step on the loop, so it never updates after we gave up
             loss = self._call(asyncio.wait_for(step, limit), timeout=limit + 10)
         except (StageError, TimeoutError) as e:
-            raise self.broken(f"inner step failed: {e or f'no step within {limit:g} s'}")
+            raise self.broken(f"inner step failed: {str(e) or f'no step within {limit:g} s'}")
         self.tokens += batch[0].numel()
         return loss
 
@@ -282,7 +282,7 @@ class ChainMember:
         try:
             self._call(asyncio.wait_for(close_round(self.downstream, step), limit), timeout=limit + 10)
         except (StageError, TimeoutError, asyncio.TimeoutError) as e:
-            raise self.broken(f"closing the round early failed: {e or f'no flush within {limit:g} s'}")
+            raise self.broken(f"closing the round early failed: {str(e) or f'no flush within {limit:g} s'}")
 
     def mates(self) -> Tuple[str, ...]:
         """The peer ids of this chain's other stages (they step with this one: one replica)."""

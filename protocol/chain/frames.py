@@ -3,7 +3,7 @@
 A frame is a 4-byte big-endian length, then a msgpack map of exactly that many bytes whose
 ``"t"`` names the frame type::
 
-    hello        {"t", "v": protocol version, "run": spec digest, "chain": chain id,
+    hello        {"t", "v": the link protocol's version (``LINK_VERSION``), "run": spec digest, "chain": chain id,
                   "stage": sender's stage index, "round": int, "role": "upstream"|"downstream"}
     hello_ok     {"t"}
     reject       {"t", "reason": str}
@@ -48,12 +48,12 @@ import msgpack
 import numpy as np
 import torch
 
-from protocol import PROTOCOL_VERSION
 from protocol.chain.activations import token_id_bytes
 from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.errors import FrameError
 from protocol.spec import RunSpec
 
+LINK_VERSION = 2  # the stage links' protocol: 2 since the close frame (a stage of 1 could not read one)
 LENGTH = struct.Struct(">I")
 ROLES = ("upstream", "downstream")
 WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -78,7 +78,7 @@ class Hello:
     stage: int
     round: int
     role: str
-    version: int = PROTOCOL_VERSION
+    version: int = LINK_VERSION
     nonce: bytes = b""  # the dialer's challenge to the listener; empty: no authentication
 
 
@@ -407,7 +407,7 @@ def _str(msg: Dict[str, Any], name: str, limit: int, allow_empty: bool = False) 
 
 
 def check_hello(
-    frame: Frame, *, run_digest: str, chain_id: str, stage: int, round: int, role: str, version: int = PROTOCOL_VERSION
+    frame: Frame, *, run_digest: str, chain_id: str, stage: int, round: int, role: str, version: int = LINK_VERSION
 ) -> Hello:
     """Accept the neighbour's hello or raise FrameError with the reason to log and send back in a
     ``reject``. ``stage`` and ``role`` are what the neighbour must be (e.g. a stage i expecting its
@@ -432,5 +432,5 @@ def check_hello(
 __all__ = [
     "Frame", "Hello", "HelloOk", "Challenge", "Auth", "Reject", "Activations", "Grads", "Close", "Bye",
     "ROLES", "WIRE_DTYPES", "FrameFormat", "FrameDecoder", "encode_frame", "decode_body", "check_hello",
-    "HANDSHAKE_MAX_BYTES", "NONCE_BYTES",
+    "HANDSHAKE_MAX_BYTES", "NONCE_BYTES", "LINK_VERSION",
 ]

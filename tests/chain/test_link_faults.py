@@ -17,9 +17,9 @@ from peer.chain.errors import BatchMismatch, HandshakeRejected, LinkClosed, Link
 from peer.chain.gpipe import run_inner_step
 from peer.chain.links import connect_link, run
 from peer.chain.listener import StageListener
-from protocol import PROTOCOL_VERSION
 from protocol.errors import FrameError
-from protocol.chain.frames import Activations, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, Reject, encode_frame
+from protocol.chain.frames import (LINK_VERSION, Activations, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, Reject,
+                                   encode_frame)
 from tests.chain.test_pipeline import B, CHAIN, D, HOST, LOG, M, RUN, batches, fmt_codec, ident, make_stages
 from tests.chain.test_pipeline import one_thread  # noqa: F401  (autouse: one torch thread, as there)
 
@@ -55,7 +55,7 @@ async def eof(reader, within=5.0):
     return False
 
 
-def good_hello(stage=0, run=RUN, chain=CHAIN, round=0, role="upstream", version=PROTOCOL_VERSION):
+def good_hello(stage=0, run=RUN, chain=CHAIN, round=0, role="upstream", version=LINK_VERSION):
     return Hello(run=run.digest(), chain=chain, stage=stage, round=round, role=role, version=version)
 
 
@@ -79,7 +79,7 @@ def test_bad_neighbours_are_dropped_and_the_listener_keeps_accepting(caplog):
             "expected stage 0": good_hello(stage=2),
             "expected stage 0 (upstream)": good_hello(role="downstream"),
             "round": good_hello(round=1),
-            "protocol version": good_hello(version=PROTOCOL_VERSION + 1),
+            "protocol version": good_hello(version=LINK_VERSION + 1),
         }
         for why, hello in bad_hellos.items():
             reader, writer, answer = await raw_hello(port, hello)

@@ -23,8 +23,7 @@ from peer.training.resources import Resources
 from peer.chain.errors import BatchMismatch, LinkProtocolError, NonFiniteGradients, NonFiniteOutput, StageError
 from peer.chain.links import StageIdentity, connect_link, link_codec, run
 from peer.chain.listener import StageListener
-from protocol import PROTOCOL_VERSION
-from protocol.chain.frames import Activations, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, encode_frame
+from protocol.chain.frames import LINK_VERSION, Activations, FrameDecoder, FrameFormat, Grads, Hello, HelloOk, encode_frame
 
 from tests.chain.test_pipeline import RUN as PIPELINE_RUN
 from tests.chain.test_pipeline import one_thread  # noqa: F401 - the module's autouse fixture: one intra-op thread
@@ -68,7 +67,7 @@ def ident(stage, round=0):
 
 
 def hello(stage, role):
-    return Hello(run=RUN.digest(), chain=CHAIN, stage=stage, round=0, role=role, version=PROTOCOL_VERSION)
+    return Hello(run=RUN.digest(), chain=CHAIN, stage=stage, round=0, role=role, version=LINK_VERSION)
 
 
 STEP = 1  # frames of the step after the one trained_stage made

@@ -10,9 +10,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import PROTOCOL_VERSION
 from protocol.errors import FrameError
 from protocol.chain.frames import (
+    LINK_VERSION,
     Activations,
     Bye,
     Close,
@@ -367,13 +367,14 @@ EXPECT = dict(run_digest=SPEC.digest(), chain_id="ch-0123456789abcdef", stage=1,
 def test_check_hello_accepts_the_expected_neighbour():
     (frame,) = FrameDecoder(FMT).feed(encode_frame(HELLO))
     assert check_hello(frame, **EXPECT) == HELLO
-    assert HELLO.version == PROTOCOL_VERSION
+    assert HELLO.version == LINK_VERSION
 
 
 @pytest.mark.parametrize(
     "change, match",
     [
-        (dict(version=PROTOCOL_VERSION + 1), "protocol version"),
+        (dict(version=LINK_VERSION + 1), "protocol version"),
+        (dict(version=1), "protocol version 1 is not 2"),  # a stage of before the close frame
         (dict(run="0000000000000000"), "run spec"),
         (dict(chain="ch-ffffffffffffffff"), "chain"),
         (dict(stage=2), "stage 2"),
