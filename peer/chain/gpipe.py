@@ -99,6 +99,7 @@ async def run_inner_step(
     downstream: Optional[StageLink] = None,
     constraint: Optional[torch.Tensor] = None,
     step: Optional[int] = None,
+    close_from: int = 0,
 ) -> Optional[float]:
     """One inner step of this stage of a chain; returns the batch's mean loss on the last stage,
     None elsewhere. Every stage of the chain calls it with the same ``step`` and ``micro_batches``.
@@ -112,7 +113,8 @@ async def run_inner_step(
     chain has neither). ``constraint``: U of the lossless variant (protocol/chain/subspace_constraint.py):
     gradients of the output projections and of the embedding are projected before the clip and
     the weights after the update; None to train unconstrained. ``step``: the id frames carry
-    (default ``trainer.step_count``).
+    (default ``trainer.step_count``). ``close_from``: the first step the previous stage may close the
+    round before (the round's floor of steps); a close under it is a LinkProtocolError.
 
     Raises a ``StageError`` (a ``LinkError`` subclass for anything about a neighbour: the link is
     closed) with the parameters and optimizer state unchanged and the gradients cleared;
@@ -157,7 +159,7 @@ async def run_inner_step(
     trainer.optimizer.zero_grad(set_to_none=True)
     stage.train()
     try:
-        loss = await _pipeline_pass(stage, _autocast(trainer, device), T, M, step, xs, ys, upstream, downstream)
+        loss = await _pipeline_pass(stage, _autocast(trainer, device), T, M, step, xs, ys, upstream, downstream, close_from)
         trainer.apply_gradients(before_clip, after_step)
     except RoundClosed as closed:  # before anything of the step was computed: pass it on down the chain
         trainer.optimizer.zero_grad(set_to_none=True)
@@ -199,12 +201,13 @@ async def _pipeline_pass(
     ys: Sequence[Optional[torch.Tensor]],
     upstream: Optional[StageLink],
     downstream: Optional[StageLink],
+    close_from: int = 0,
 ) -> Optional[float]:
     """Forward and backward of the M micro-batches; gradients accumulate in the parameters."""
     if stage.is_last:
         total = 0.0
         for mb in range(M):  # one forward, one backward: only one micro-batch's graph alive
-            h_in, _, h = await _stage_input(stage, autocast, T, step, mb, xs[mb], upstream)
+            h_in, _, h = await _stage_input(stage, autocast, T, step, mb, xs[mb], upstream, close_from)
             with autocast():
                 _, loss = stage.forward_head(stage.forward_blocks(h), ys[mb])
             (loss / M).backward()
@@ -216,7 +219,7 @@ async def _pipeline_pass(
     outs: List[Optional[torch.Tensor]] = []
     ins: List[Optional[torch.Tensor]] = []
     for mb in range(M):  # GPipe: every forward first, the graphs of all M micro-batches alive
-        h_in, tokens, h = await _stage_input(stage, autocast, T, step, mb, xs[mb], upstream)
+        h_in, tokens, h = await _stage_input(stage, autocast, T, step, mb, xs[mb], upstream, close_from)
         with autocast():
             out = stage.forward_blocks(h)
         downstream.send_activations(step, mb, tokens, out, T)
@@ -233,12 +236,12 @@ async def _pipeline_pass(
 
 
 async def _stage_input(stage: Model, autocast, T: torch.Tensor, step: int, mb: int, x: Optional[torch.Tensor],
-                       upstream: Optional[StageLink]):
+                       upstream: Optional[StageLink], close_from: int = 0):
     """(leaf input whose .grad goes upstream, or None on the first stage; the micro-batch's token
     ids; the hidden state to run the blocks on)."""
     if upstream is None:
         with autocast():
             return None, x, stage.embed_tokens(x)
-    tokens, h = await upstream.recv_activations(step, mb, T, expect_tokens=x)
+    tokens, h = await upstream.recv_activations(step, mb, T, expect_tokens=x, close_from=close_from)
     h_in = h.detach().requires_grad_(True)
     return h_in, tokens, h_in

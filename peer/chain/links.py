@@ -253,16 +253,20 @@ class StageLink:
         partial = f" ({self._decoder.buffered} bytes of a frame received)" if self._decoder.buffered else ""
         return self._fail(LinkTimeout(f"no complete frame within {limit:g} s{partial}", self))
 
-    async def recv(self, timeout: Optional[float] = None, close_before: Optional[int] = None) -> Frame:
+    async def recv(self, timeout: Optional[float] = None, close_before: Optional[int] = None, close_from: int = 0) -> Frame:
         """The next data frame (activations or grads). ``bye`` -> LinkClosed, a handshake frame
         in the middle of the stream -> LinkProtocolError. With ``close_before`` (a step's first
-        activations are due), ``close`` of that step -> RoundClosed, the link left open."""
+        activations are due), ``close`` of that step -> RoundClosed, the link left open, unless that
+        step is under ``close_from`` (the round's floor of steps): LinkProtocolError."""
         frame = await self._recv_frame(timeout)
         if isinstance(frame, Bye):
             raise self._fail(LinkClosed("neighbour said bye", self), logging.INFO)
         if isinstance(frame, Close) and close_before is not None and self.role == "downstream":
             if frame.step != close_before:
                 raise self._fail(LinkProtocolError(f"close before step {frame.step}, expected step {close_before}", self))
+            if frame.step < close_from:  # what no honest first stage sends: not passed on down the chain
+                raise self._fail(LinkProtocolError(f"close before step {frame.step}, under the round's floor "
+                                                   f"(no close before step {close_from})", self))
             raise RoundClosed(frame.step)
         if not isinstance(frame, (Activations, Grads)):
             raise self._fail(LinkProtocolError(f"unexpected {type(frame).__name__} frame after the handshake", self))
@@ -294,12 +298,13 @@ class StageLink:
         return out
 
     async def recv_activations(
-        self, step: int, mb: int, T: torch.Tensor, expect_tokens: Optional[torch.Tensor] = None
+        self, step: int, mb: int, T: torch.Tensor, expect_tokens: Optional[torch.Tensor] = None, close_from: int = 0
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """(token ids (b, S) int64 on the CPU, decoded h (b, S, d) float32 on T's device) of micro-batch ``mb``. With
         ``expect_tokens``, ids that differ raise BatchMismatch (and close the link). At micro-batch 0,
-        the previous stage's ``close`` of this step raises RoundClosed (the link stays open)."""
-        frame = await self.recv(close_before=step if mb == 0 else None)
+        the previous stage's ``close`` of this step raises RoundClosed (the link stays open), if
+        ``step`` is at least ``close_from``."""
+        frame = await self.recv(close_before=step if mb == 0 else None, close_from=close_from)
         self._expect(frame, Activations, step, mb)
         if expect_tokens is not None and not torch.equal(frame.tokens, expect_tokens.to("cpu", frame.tokens.dtype)):
             raise self._fail(

@@ -256,16 +256,18 @@ class ChainMember:
             raise self.broken(f"the chain assignment names {neighbour!r}, which is not a peer id") from None
         return LinkAuth(self._signer, expected)
 
-    def inner_step(self, stage: Model, trainer, T: torch.Tensor, batch) -> Optional[float]:
+    def inner_step(self, stage: Model, trainer, T: torch.Tensor, batch, close_from: int = 0) -> Optional[float]:
         """One inner step of this stage (peer/chain/gpipe.py). A neighbour that dies, stalls or sends
         what this stage cannot use raises ChainBroken (reason logged, links closed, parameters
-        and optimizer state as they were); bad arguments of the caller raise ValueError."""
+        and optimizer state as they were); the first stage's close of the round, RoundClosed (a close
+        before step ``close_from``, ChainBroken); bad arguments of the caller raise ValueError."""
         limit = self.spec.chain.link_timeout * 4
         device = next(stage.parameters()).device
         step = run_inner_step(
             stage, trainer, T=T, micro_batches=self.spec.chain.micro_batches, batch=batch,
             upstream=self.upstream, downstream=self.downstream,
             constraint=None if self.U is None else self.codec.basis_on(device),  # U on the stage's device, copied once
+            close_from=close_from,
         )
         try:  # the deadline cancels the step on the loop, so it never updates after we gave up
             loss = self._call(asyncio.wait_for(step, limit), timeout=limit + 10)

@@ -174,7 +174,7 @@ class ChainStage(Role):
     def __init__(self, spec: RunSpec, chain: ChainMember, device: torch.device, corpus: Corpus):
         self.chain = chain
         self._T: Optional[torch.Tensor] = None
-        self._steps = 0
+        self._close_from = 0
         # every stage of a chain draws the same batches: the chain id is the shard
         super().__init__(spec, chain.stage_range(), chain.build_stage(), device, corpus, shard=chain.assignment.chain.chain_id)
 
@@ -209,22 +209,18 @@ class ChainStage(Role):
         except ChainBroken as e:
             raise RoundAbandoned(str(e)) from e
         self._T = theta["embed.weight"].to(self.device)
-        self._steps = 0  # this round's, for the floor a close must respect
+        floor = min_steps(self.spec.outer.inner_steps, self.spec.outer.min_inner_fraction)
+        self._close_from = self.trainer.step_count + floor  # a close of this round before that step breaks the chain
         return {n: p.detach().to("cpu", torch.float32).clone() for n, p in self.params.items()}
 
     def inner_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         try:
-            loss = self.chain.inner_step(self.model, self.trainer, self._T, (x, y))
+            loss = self.chain.inner_step(self.model, self.trainer, self._T, (x, y), close_from=self._close_from)
         except ChainBroken as e:
             raise RoundAbandoned(str(e)) from e
         except RoundClosed as e:
             self.stream.batches -= 1  # not trained: every stage draws it again, in step with the first
-            floor = min_steps(self.spec.outer.inner_steps, self.spec.outer.min_inner_fraction)
-            if self._steps < floor:  # what no honest first stage sends
-                raise RoundAbandoned(str(self.chain.broken(f"the first stage closed the round after {self._steps} "
-                                                           f"steps, under the floor of {floor}"))) from e
             raise RoundClosedEarly(str(e)) from e
-        self._steps += 1
         return float("nan") if loss is None else loss
 
     @property

@@ -301,7 +301,8 @@ def test_a_round_closed_by_the_first_stage_ends_at_the_same_step_on_every_stage(
     """Early close of a chain (peer/round/loop.py, peer/round/early_close.py): after two steps the first
     stage sends ``close`` instead of step 2's activations. The middle stage's step raises RoundClosed
     and passes it on, the last stage's too; neither touches its parameters, the links stay up, and
-    the chain's next round goes on from the same step ids. A close of another step breaks the link."""
+    the chain's next round goes on from the same step ids. A close of another step breaks the link, and
+    so does one under the round's floor (``close_from``), which the middle stage then passes on to no one."""
 
     async def go():
         stages, trainers = make_stages([0, 1, 3, 4])
@@ -334,4 +335,18 @@ def test_a_round_closed_by_the_first_stage_ends_at_the_same_step_on_every_stage(
         finally:
             await close_chain(up, down, listeners)
 
+    async def under_the_floor():  # a close before the round's floor: the link breaks, nothing passed on
+        stages, trainers = make_stages([0, 1, 3, 4])
+        T = stages[0].embed.weight.detach().clone()
+        up, down, listeners = await connect_chain(stages, [D, D], torch.float16)
+        try:
+            await close_round(down[0], 0)
+            with pytest.raises(LinkProtocolError, match="under the round's floor"):
+                await run_inner_step(stages[1], trainers[1], T=T, micro_batches=M, upstream=up[1], downstream=down[1],
+                                     close_from=1)
+            assert up[1].closed and not down[1].closed  # the middle stage passed no close on
+        finally:
+            await close_chain(up, down, listeners)
+
     run(go())
+    run(under_the_floor())

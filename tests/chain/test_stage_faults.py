@@ -350,20 +350,20 @@ def test_a_close_from_the_first_stage_ends_the_round_and_one_under_the_floor_bre
     before = snapshot(stage, trainer)
     neighbour.sock.sendall(encode_frame(Close(trainer.step_count)))
     with pytest.raises(RoundClosed):
-        member.inner_step(stage, trainer, T, batch())
+        member.inner_step(stage, trainer, T, batch(), close_from=trainer.step_count)
     assert member.upstream is not None and member.state == "training"
     assert_untouched(stage, trainer, before)
 
     role = ChainStage.__new__(ChainStage)  # the role around the member, without a corpus or a DHT
-    role.spec, role.chain, role.model, role.trainer, role._T = RUN.replace(outer=dict(inner_steps=8)), member, stage, trainer, T
-    role.stream, role._steps = SimpleNamespace(batches=5), 2  # the floor: ceil(0.25 × 8) = 2 steps
+    role.spec, role.chain, role.model, role.trainer, role._T = RUN, member, stage, trainer, T
+    role.stream, role._close_from = SimpleNamespace(batches=5), trainer.step_count  # the floor: this step
     neighbour.sock.sendall(encode_frame(Close(trainer.step_count)))
     with pytest.raises(RoundClosedEarly):
         role.inner_step(*batch())
     assert role.stream.batches == 4 and member.upstream is not None
-    role._steps = 1
+    role._close_from = trainer.step_count + 1  # a round whose floor is a step further
     neighbour.sock.sendall(encode_frame(Close(trainer.step_count)))
-    with pytest.raises(RoundAbandoned, match="under the floor of 2"):
+    with pytest.raises(RoundAbandoned, match="under the round's floor"):
         role.inner_step(*batch())
     assert member.upstream is None and member.state == "waiting"
     assert_untouched(stage, trainer, before)
