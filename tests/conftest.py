@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from peer.round import membership as membership_mod
-from peer.round import no_show_views, start_waits, state_sync
+from peer.round import barrier, no_show_views, start_waits, state_sync
 
 
 class Clock:
@@ -25,6 +25,7 @@ class Clock:
 def clock(monkeypatch):
     c = Clock()
     monkeypatch.setattr(membership_mod, "time", c)
+    monkeypatch.setattr(barrier, "time", c)  # the round barrier's waits
     monkeypatch.setattr(no_show_views, "time", c)  # the budget for strangers in our groups
     monkeypatch.setattr(start_waits, "time", c)  # the start quorum's polls
     monkeypatch.setattr(state_sync, "time", c)

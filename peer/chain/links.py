@@ -214,7 +214,6 @@ class StageLink:
 
     def send_close(self, step: int) -> None:
         """Tell the next stage the round ends before ``step``: no frames of that step will come."""
-        self._check_open()
         self.send(Close(step))
 
     # -- receiving ------------------------------------------------------------------------------

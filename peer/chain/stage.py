@@ -283,7 +283,7 @@ class ChainMember:
         limit = self.spec.chain.link_timeout
         try:
             self._call(asyncio.wait_for(close_round(self.downstream, step), limit), timeout=limit + 10)
-        except (StageError, TimeoutError, asyncio.TimeoutError) as e:
+        except (StageError, TimeoutError) as e:
             raise self.broken(f"closing the round early failed: {str(e) or f'no flush within {limit:g} s'}")
 
     def mates(self) -> Tuple[str, ...]:

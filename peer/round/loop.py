@@ -35,7 +35,7 @@ import logging
 import math
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import torch
 
@@ -44,14 +44,13 @@ from peer.checkpoints import schedule
 from peer.round.barrier import meet_round
 from peer.round.busy_advice import BusyAdvisor, RoundTime
 from peer.round.early_close import EarlyClose, min_steps
-from peer.round.handoff import Handoff, continue_from
+from peer.round.handoff import Handoff, InnerSteps, continue_from
 from peer.round.adopt import adopt_own_set, adopt_round_set, lineage_named
 from peer.round.merge import merge_round, no_group_left
 from peer.round import draw, union
 from peer.round.report import RoundMeters, RoundRecord, log_phases, log_round, states_of, write_status
 from peer.training.evaluator import RoundEvaluator
-from peer.training.progress_bar import ProgressBar
-from peer.training.roles import ChainStage, RoundAbandoned, RoundClosedEarly
+from peer.training.roles import ChainStage, RoundAbandoned
 from protocol.round import reconcile, round_policy
 from protocol.round.round_policy import Step
 from protocol.round.start_vote import majority_hash
@@ -59,7 +58,7 @@ from protocol.round.start_vote import majority_hash
 logger = logging.getLogger("voloco.peer")
 
 
-class RoundLoop:
+class RoundLoop(InnerSteps):
     def __init__(self, peer):
         self.peer = peer
         spec = peer.spec
@@ -175,90 +174,6 @@ class RoundLoop:
         at the start of training. The whole exchange is waited for, gather and evaluation included
         (bench/RESULTS.md, "Stallers cost time, not loss"; tests/outer/test_overlap.py)."""
         return not self.peer.membership.wait_budget.limiting
-
-    def _pause_for_no_shows(self) -> None:
-        """No step while the exchange in flight waits for peers that have not come, alone: its barrier for
-        strangers (paid from the budget for strangers, a twentieth of wall time), or its group's first agreement
-        round for members that sent nothing once the others' payloads came (a grace: peer/exchange/
-        side_by_side.py). A step on the old θ meanwhile would turn such a peer's claim into loss as well as
-        time (bench/RESULTS.md, "Stallers cost time, not loss"; tests/round/test_rejoin.py,
-        tests/round/test_pause_for_no_shows.py)."""
-        peer = self.peer
-        strangers, silent = peer.membership.waiting_for_strangers, peer.gatherer.waiting_for_silent
-        waiting = lambda: strangers.is_set() or silent.is_set()  # noqa: E731
-        if waiting() and self._thread.is_alive():
-            why = ("its barrier waits for peers never seen to come" if strangers.is_set()
-                   else "its group waits for a member that sent nothing")
-            logger.info(f"round {peer.round + 1}: pausing while round {peer.round}'s exchange runs: {why}")
-        while waiting() and self._thread.is_alive() and not peer.stop_event.is_set():
-            time.sleep(peer.membership.timing.pause_poll_s)
-
-    def _inner_steps(self, H: int):
-        """Up to H inner steps; (losses, the parameters the round started from), or (None, None)
-        when the peer is stopping. Raises RoundAbandoned when the role cannot go on."""
-        peer = self.peer
-        role = peer.role
-        round_start = None if self.overlap else role.begin_round(peer.engine.theta, peer._sync_round)
-        if not self.in_flight:
-            peer._set_state("training")  # a chain stage is "linking" until its links are up
-        self.early.lockstep = frozenset(role.lockstep_peers())  # a chain's stages: one replica, not peers to wait for
-        self.early.watch(self.rounds_started())
-        floor = self.min_steps if role.decides_close else H
-        bar = ProgressBar(H, f"round {self.rounds_started()}")
-        losses: List[float] = []
-        self._overlapped = 0
-        try:
-            while len(losses) < H:
-                peer.step = len(losses) + 1
-                if peer.stop_event.is_set():
-                    return None, None
-                if self.in_flight:
-                    self._pause_for_no_shows()
-                    if peer.stop_event.is_set():
-                        return None, None
-                ahead = 0 if self._hold else self.max_ahead
-                if self.in_flight and (not self._thread.is_alive() or self._overlapped >= ahead):
-                    if self._hold and self._thread.is_alive():
-                        logger.info(f"round {peer.round + 1}: waiting for round {peer.round}'s exchange before its first "
-                                    f"step: no round concluded yet, so its barrier may wait for every peer announced")
-                    elif self._thread.is_alive():  # steps further ahead would train on a θ too stale
-                        logger.info(f"round {peer.round + 1}: waiting for round {peer.round}'s exchange, {self._overlapped} steps ahead of it")
-                    if not self.finish():
-                        losses, self._overlapped = [], 0
-                        bar.update(0)
-                    self.early.watch(peer.round)
-                if len(losses) >= floor and not self.in_flight:
-                    self.early.arm()
-                if len(losses) >= floor and not self.in_flight and self.early.due():
-                    role.close_early()  # a chain's first stage: its other stages stop at the same step
-                    self.closed_early += 1
-                    logger.info(f"round {peer.round}: closing the round after {len(losses)} of {H} inner steps: "
-                                f"most of its peers are ready")
-                    break
-                x, y = role.stream.next_batch()
-                t = time.monotonic()
-                try:
-                    loss = role.inner_step(x, y)
-                except RoundClosedEarly:
-                    self.closed_early += 1
-                    logger.info(f"round {peer.round}: closing the round after {len(losses)} of {H} inner steps, "
-                                f"as the chain's first stage did")
-                    break
-                dt = time.monotonic() - t
-                peer.util.busy(dt)
-                tps = x.numel() / dt
-                peer.tokens_per_s = 0.8 * peer.tokens_per_s + 0.2 * tps if peer.tokens_per_s else tps
-                if role.counts_tokens:
-                    peer.totals.tokens += x.numel()
-                losses.append(loss)
-                self._overlapped += self.in_flight
-                peer.last_loss = loss
-                bar.update(peer.step, f"loss {peer.last_loss:.3f} | {peer.tokens_per_s / 1e3:.1f}k tok/s")
-        finally:
-            bar.close()
-            self.early.unwatch()
-            role.end_round()
-        return losses, round_start
 
     # ---- the exchange ---------------------------------------------------------------------------
     def _exchange_in_background(self, handoff: Handoff, round_start, sent) -> None:
