@@ -21,6 +21,9 @@ R / S owners. Arms, per seed:
   full payload) inner steps a round (the nearest divisor of the run's inner steps), as many more
   rounds, the same tokens: what the full
   peers' byte budget buys the partial ones (the paper's comparison);
+- ``partial, equal bytes by top-k`` (not run by default): R slice owners at the config's H whose top-k
+  is the largest that keeps a payload no larger than a full one at ``--topk``, the same tokens: the
+  full peers' byte budget spent on denser payloads instead of more rounds;
 - ``partial, equal FLOPs`` (not run by default): R slice owners that train as many more rounds as
   their cheaper steps pay for (a full step's FLOPs over a slice owner's, counted by FlopCounterMode,
   rounded down), each arm's schedule to its own end: what the full peers' compute buys the partial ones.
@@ -62,7 +65,7 @@ CONFIGS = {
                   val_batches=4),
 }
 DEFAULT_TOPK = 64
-ARMS = ("full", "partial", "full-bytes", "partial-bytes", "partial-flops")
+ARMS = ("full", "partial", "full-bytes", "partial-bytes", "partial-flops", "partial-topk")
 DEFAULT_ARMS = ARMS[:4]
 
 
@@ -88,21 +91,28 @@ def payload_bytes(spec, part) -> int:
     return len(data)
 
 
+def largest_topk(cfg: Dict[str, Any], slices: int, budget: int, high: int) -> int:
+    """The largest top-k (at most ``high``) whose payload of part 0 of ``slices`` is no larger than
+    ``budget`` bytes; 0 where the strategy keeps no top-k (diloco: dense)."""
+    if cfg.get("strategy", "sparseloco") != "sparseloco":
+        return 0
+    low = 1  # a payload grows with top-k: bisect for the largest that fits
+    while low < high:
+        mid = (low + high + 1) // 2
+        if payload_bytes(arm_spec(cfg, slices, 0, mid), part_of(slices, 0)) <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
 def equal_bytes(cfg: Dict[str, Any], slices: int, base: int = DEFAULT_TOPK) -> Tuple[int, int]:
     """(the largest top-k whose full payload is no larger than a slice owner's payload at top-k ``base``,
     0 where the strategy keeps no top-k (diloco: dense); the H at which slice owners send about a full
     peer's bytes over the run)."""
     budget = payload_bytes(arm_spec(cfg, slices, 0, base), part_of(slices, 0))
     full = payload_bytes(arm_spec(cfg, 1, 0, base), part_of(1))
-    low, high = 1, base  # a payload grows with top-k: bisect for the largest that fits
-    if cfg.get("strategy", "sparseloco") != "sparseloco":
-        low = high = 0
-    while low < high:
-        mid = (low + high + 1) // 2
-        if payload_bytes(arm_spec(cfg, 1, 0, mid), part_of(1)) <= budget:
-            low = mid
-        else:
-            high = mid - 1
+    low = largest_topk(cfg, 1, budget, base)
     total, target = cfg["rounds"] * cfg["inner_steps"], cfg["inner_steps"] * budget / full
     segment = total // cfg.get("points", 1)  # --points: θ is evaluated every `segment` steps in every arm
     h = min((d for d in range(1, cfg["inner_steps"] + 1) if segment % d == 0), key=lambda d: (abs(d - target), d))
@@ -268,10 +278,16 @@ def main(argv=None) -> int:
         raise SystemExit(f"the full-bytes arm lowers SparseLoCo's top-k; {args.strategy} has none: leave it out of --arms")
     base = args.topk
     topk, h_partial = equal_bytes(cfg, args.slices, base)
+    partial_topk = 0
+    if "partial-topk" in chosen:  # slice owners' top-k that fills a full payload's bytes at the same H
+        if args.strategy != "sparseloco":
+            raise SystemExit(f"the partial-topk arm raises SparseLoCo's top-k; {args.strategy} has none: leave it out")
+        partial_topk = largest_topk(cfg, args.slices, payload_bytes(arm_spec(cfg, 1, 0, base), part_of(1)), 64 * 64)
     print(f"# partial updates at equal tokens and equal bytes, {now()}, {machine()}")
     print(f"# model {cfg['sim_model']}, batch {cfg['batch_size']}, H = {cfg['inner_steps']}, {cfg['rounds']} rounds; "
           f"S = {args.slices}; {args.strategy}; top-k {base} of 4096, {args.aggregate} aggregate, slice step x{args.slice_step:g}; "
-          f"equal bytes: full top-k {topk}, partial H = {h_partial}",
+          f"equal bytes: full top-k {topk}, partial H = {h_partial}"
+          + (f", partial top-k {partial_topk}" if partial_topk else ""),
           flush=True)
     ratio, flops_cfg = None, cfg
     if "partial-flops" in chosen:  # (counting FLOPs builds and runs both models once: only when asked)
@@ -285,13 +301,14 @@ def main(argv=None) -> int:
             "partial": (f"partial S={args.slices}", args.slices, base, 0),
             "full-bytes": ("full, equal bytes", 1, topk, 0),
             "partial-bytes": (f"partial S={args.slices}, equal bytes", args.slices, base, h_partial),
-            "partial-flops": (f"partial S={args.slices}, equal FLOPs", args.slices, base, 0)}
+            "partial-flops": (f"partial S={args.slices}, equal FLOPs", args.slices, base, 0),
+            "partial-topk": (f"partial S={args.slices}, bytes by top-k", args.slices, partial_topk, 0)}
     work = [(flops_cfg if a == "partial-flops" else cfg, *arms[a], r, seed, args.threads, args.aggregate, args.slice_step)
             for r in replicas for seed in range(args.seeds) for a in chosen]
     run_summarized(run_arm, work, args.jobs, summarize, print_summary, args.json, config=cfg, slices=args.slices,
                    strategy=args.strategy, flops_ratio=ratio, flops_rounds=flops_cfg["rounds"] if ratio else None,
                    topk=base, aggregate=args.aggregate, slice_step=args.slice_step, equal_bytes_topk=topk,
-                   equal_bytes_h=h_partial)
+                   equal_bytes_h=h_partial, partial_topk=partial_topk or None)
     return 0
 
 

@@ -123,3 +123,23 @@ def test_the_equal_flops_arm_trains_what_a_full_replica_s_compute_pays_for(tmp_p
     more = arms["partial S=4, equal FLOPs"]
     assert arms["full"]["tokens"] < more["tokens"] <= ratio * arms["full"]["tokens"]
     assert more["gap"] is not None
+
+
+def test_the_topk_arm_spends_a_full_payload_s_bytes_on_denser_slices_at_the_same_h(tmp_path):
+    """partial-topk: slice owners at the config's H with the largest top-k whose payload fits a full
+    one's at --topk; the diloco strategy, which keeps no top-k, refuses the arm."""
+    out = tmp_path / "out.json"
+    assert partial_loss.main(["--quick", "--seeds", "1", "--jobs", "1", "--topk", "25", "--arms", "full,partial-topk",
+                              "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    arms = {s["arm"]: s for s in doc["summary"]}
+    denser = arms["partial S=4, bytes by top-k"]
+    assert denser["topk"] == doc["partial_topk"] > 25 and denser["inner_steps"] == arms["full"]["inner_steps"]
+    cfg = partial_loss.CONFIGS["quick"]
+    full = partial_loss.payload_bytes(partial_loss.arm_spec(cfg, 1, 0, 25), partial_loss.part_of(1))
+    part = partial_loss.part_of(4, 0)
+    assert partial_loss.payload_bytes(partial_loss.arm_spec(cfg, 4, 0, denser["topk"]), part) <= full
+    assert partial_loss.payload_bytes(partial_loss.arm_spec(cfg, 4, 0, denser["topk"] + 1), part) > full
+    assert 0.6 * arms["full"]["sent"] <= denser["sent"] <= arms["full"]["sent"]
+    with pytest.raises(SystemExit, match="partial-topk"):
+        partial_loss.main(["--quick", "--strategy", "diloco", "--arms", "full,partial-topk"])
