@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Every GPU check of a session in one run, about 7 minutes on an H200, for a machine that has torch
+# Every GPU check of a session in one run, about 9 minutes on an H200, for a machine that has torch
 # with CUDA but not hivemind: its dependencies come as py3.12 wheels in .wheels/ (an ignored folder,
 # carried to the machine; docs/operations.md says which). Writes its logs and JSON under $OUT
 # (default /tmp/gpu-out): at most 8 files, the peers' logs as one archive.
 #
-#     bash bench/gpu_session.sh            # the CUDA tests, then a 125m swarm: 2 full peers + a 2-stage chain
-#     SWARM_MINUTES=3 bash bench/gpu_session.sh
+#     bash bench/gpu_session.sh            # the CUDA tests, then two 125m swarms
+#     TESTS_S=150 FULL_MINUTES=2 SWARM_MINUTES=2 bash bench/gpu_session.sh
 #
 # 1. tests/system/test_cuda_path.py and test_cuda_swarm.py: CPU and CUDA members end each round on one
 #    θ, chains with CUDA stages included (skipped where CUDA is absent), 4 at a time (pytest-xdist);
-# 2. bench/gpu_swarm.py at 125m, H = 100, batch 8: each peer's utilization (the GPU-box issue asks
-#    >= 95 %), where a round's seconds go (and each peer's "round N timing:" debug lines in the logs),
-#    tokens/s, the H its rounds advise, and each stage's peak GPU memory against its estimate.
+# 2. bench/gpu_swarm.py at 125m, H = 100, batch 8, two full peers alone on the card (the GPU-box
+#    issue's shape for its >= 95 % utilization), for FULL_MINUTES (0: skipped). Where py-spy is
+#    installed (its wheel in .wheels/), the first full peer's threads are sampled for 60 s of its
+#    steady rounds (raw folded stacks, pyspy_full0.txt): where a GPU peer's exchange spends its CPU;
+# 3. the same with a 2-stage chain beside the two full peers, for SWARM_MINUTES (0: skipped): the
+#    chain's tokens/s, its early close and each stage's peak GPU memory against its estimate.
+# Each swarm prints where a round's seconds go and keeps each peer's "round N timing:" debug lines.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 PY=${PY:-python3}  # the machine's python3 is the one that holds torch
@@ -28,8 +32,24 @@ $PY -c "import torch, hivemind, peer.host.cli; print('torch', torch.__version__,
 XDIST=$($PY -c "import xdist" 2> /dev/null && echo "-n 4")
 timeout "${TESTS_S:-200}" $PY -m pytest -q -p no:cacheprovider -rs $XDIST tests/system/test_cuda_path.py \
     tests/system/test_cuda_swarm.py 2>&1 | tee "$OUT/cuda_tests.log"
-timeout $(( ${SWARM_MINUTES:-3} * 60 + 150 )) $PY bench/gpu_swarm.py --preset 125m --inner-steps 100 --batch 8 \
-    --full 2 --chain-stages 2 --stage-memory-gb 8.5 --minutes "${SWARM_MINUTES:-3}" --log-level debug --workdir /tmp/gpu-swarm \
-    --json "$OUT/gpu_swarm_125m.json" 2>&1 | tee "$OUT/gpu_swarm_125m.log"
+swarm() {  # swarm NAME MINUTES CHAIN_STAGES
+    [ "$2" -gt 0 ] || return 0
+    timeout $(( $2 * 60 + 150 )) $PY bench/gpu_swarm.py --preset 125m --inner-steps 100 --batch 8 --full 2 \
+        --chain-stages "$3" --stage-memory-gb 8.5 --minutes "$2" --log-level debug --workdir "/tmp/gpu-$1" \
+        --json "$OUT/gpu_$1.json" 2>&1 | tee "$OUT/gpu_$1.log"
+}
+SPY=$(command -v py-spy || ls /tmp/site/bin/py-spy 2> /dev/null)
+if [ -n "$SPY" ] && [ "${FULL_MINUTES:-2}" -gt 1 ]; then
+    (  # the first full peer, once its start and first exchanges are behind it
+        sleep 100
+        pid=$(pgrep -f "voloco peer.*gpu-full/peer0" | head -1)
+        [ -n "$pid" ] && "$SPY" record --pid "$pid" --duration 60 --rate 20 --threads --nonblocking --format raw \
+            --output "$OUT/pyspy_full0.txt" > "$OUT/pyspy.log" 2>&1
+    ) &
+fi
+swarm full "${FULL_MINUTES:-2}" 0
+wait
+swarm chain "${SWARM_MINUTES:-2}" 2
 # the peers' and coordinator's logs and status files, not their checkpoints
-(cd /tmp/gpu-swarm 2> /dev/null && tar czf "$OUT/gpu_swarm_logs.tgz" ./*.log ./peer*/status.json)
+(cd /tmp && tar czf "$OUT/gpu_swarm_logs.tgz" gpu-full/*.log gpu-full/peer*/status.json gpu-chain/*.log \
+    gpu-chain/peer*/status.json 2> /dev/null)
