@@ -60,6 +60,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -324,9 +325,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.long_rounds:
         marks = sorted({m for m in MARKS if m <= args.long_rounds} | {args.long_rounds})
         plan.append((args.long_peers, max(args.rounds, args.long_rounds + 1), marks, True))
-    runs = []
-    for n, rounds, marks, long in plan:
-        runs.append(dict(run_size(n, rounds, marks, args, root / f"peers{n}-rounds{rounds}"), long=long))
+    runs, seen = [], Counter()
+    for n, rounds, marks, long in plan:  # a size given twice (--peers 8,32,8,32: A/B pairs) gets a folder of its own
+        seen[n, rounds] += 1
+        folder = f"peers{n}-rounds{rounds}" + (f"-{seen[n, rounds]}" if seen[n, rounds] > 1 else "")
+        runs.append(dict(run_size(n, rounds, marks, args, root / folder), long=long))
         print(report(runs[-1:]), flush=True)
     print(f"\n{machine()}, {now()}\n{report(runs)}")
     if args.json:

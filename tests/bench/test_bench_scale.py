@@ -49,6 +49,17 @@ def test_quick_scale_run_reports_rounds_and_resources(tmp_path, capsys):
         assert any(p["name"] == "p2pd" for p in u["processes"])
 
 
+def test_a_size_given_twice_runs_in_a_folder_of_its_own(tmp_path, monkeypatch):
+    """--peers 8,32,8,32 (A/B pairs): the second 8-peer swarm once reused the first one's folder, read
+    its finished status files and reported nothing."""
+    folders = []
+    monkeypatch.setattr(bs, "run_size", lambda n, rounds, marks, args, folder: folders.append(folder.name) or
+                        dict(peers=n, rounds=rounds, failure=None))
+    monkeypatch.setattr(bs, "report", lambda runs: "")
+    assert bs.main(["--peers", "8,32,8,32", "--rounds", "2", "--long-rounds", "0", "--workdir", str(tmp_path)]) == 0
+    assert folders == ["peers8-rounds2", "peers32-rounds2", "peers8-rounds2-2", "peers32-rounds2-2"]
+
+
 def test_bad_sizes_are_refused():
     with pytest.raises(SystemExit):
         bs.main(["--peers", "4,x"])
