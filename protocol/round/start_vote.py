@@ -62,14 +62,13 @@ def swarm_lineage(starts: Iterable[Tuple[str, str]], known: Optional[Iterable[st
     """The start most of the round's peers hold as far as one member's view shows: ``starts`` (peer,
     params hash of the round's start, from the progress records of the peers of its part in the round),
     counting only ``known`` peers where given (seen to come, or with standing: a burst of new identities
-    publishing records names no lineage); "" where two tie or none is well-formed (no lineage named:
-    the group counts its members alone)."""
+    publishing records names no lineage); of two or more that tie, the smallest hash, the same in every
+    view that counts the tie (a swarm split evenly, 4 / 4 at 8 peers, otherwise trades peers between
+    its halves for rounds: tests/protocol/test_start_vote.py); "" where none is well-formed (no lineage
+    named: the group counts its members alone)."""
     known = None if known is None else set(known)
     counts: Dict[str, int] = {}
     for peer, h in starts:
         if _HASH.fullmatch(h) and (known is None or peer in known):
             counts[h] = counts.get(h, 0) + 1
-    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
-    if not ranked or (len(ranked) > 1 and ranked[0][1] == ranked[1][1]):
-        return ""
-    return ranked[0][0]
+    return min(counts, key=lambda h: (-counts[h], h)) if counts else ""
