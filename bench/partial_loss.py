@@ -274,14 +274,14 @@ def main(argv=None) -> int:
     if not 2 <= args.topk <= 64 * 64:
         raise SystemExit("--topk must be between 2 and 4096 (entries kept of a 64 x 64 chunk)")
     chosen = choose_names(args.arms, ARMS, "--arms")
-    if args.strategy != "sparseloco" and "full-bytes" in chosen:
-        raise SystemExit(f"the full-bytes arm lowers SparseLoCo's top-k; {args.strategy} has none: leave it out of --arms")
+    topk_arms = [a for a in ("full-bytes", "partial-topk") if a in chosen]  # arms that set SparseLoCo's top-k
+    if args.strategy != "sparseloco" and topk_arms:
+        raise SystemExit(f"the {' and '.join(topk_arms)} arms set SparseLoCo's top-k; {args.strategy} has none: "
+                         "leave them out of --arms")
     base = args.topk
     topk, h_partial = equal_bytes(cfg, args.slices, base)
     partial_topk = 0
     if "partial-topk" in chosen:  # slice owners' top-k that fills a full payload's bytes at the same H
-        if args.strategy != "sparseloco":
-            raise SystemExit(f"the partial-topk arm raises SparseLoCo's top-k; {args.strategy} has none: leave it out")
         partial_topk = largest_topk(cfg, args.slices, payload_bytes(arm_spec(cfg, 1, 0, base), part_of(1)), 64 * 64)
     print(f"# partial updates at equal tokens and equal bytes, {now()}, {machine()}")
     print(f"# model {cfg['sim_model']}, batch {cfg['batch_size']}, H = {cfg['inner_steps']}, {cfg['rounds']} rounds; "
