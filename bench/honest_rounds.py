@@ -1,7 +1,8 @@
 """Long runs of a few honest peers on a loaded host: how often is an honest member's update lost?
 
     python bench/honest_rounds.py [--peers 3] [--seeds 3] [--rounds 100] [--H 10] [--load 4]
-                                  [--nice 0,5,10] [--swarm tests|defaults] [--json OUT] [--workdir DIR]
+                                  [--nice 0,5,10] [--swarm tests|defaults] [--max-group-size N]
+                                  [--arms waits,hasty,hasty-no-late] [--json OUT] [--workdir DIR]
 
 For each seed: a coordinator and ``--peers`` honest peers as processes on loopback
 (tests/support/swarm_harness.py, the tiny model, SparseLoCo, ``--threads 1``, ``--wait-peers`` all of them;
@@ -28,6 +29,15 @@ every peer recorded:
 - ``late joins``: members that learnt of their group only from the others' requests and joined it
   (peer/exchange/late_join.py: each one a member that would otherwise have been excluded).
 
+- ``late sets`` / ``group takes``: rounds a peer concluded again with sets a slower group named after
+  its merge (peer/round/union.py ``take_named_sets``) / with sets its next group held.
+
+``--arms`` runs each seed once per arm: ``waits``, the peers as they are; ``hasty``, peers whose merge
+never waits for another group (tests/support/hasty_peer.py: every group that gathers first concludes
+without the later groups' sets, the split a slow group causes, made to happen every round); and
+``hasty-no-late``, the same without taking the late sets before the next matchmaking (the behaviour
+before it). With ``--max-group-size`` below ``--peers`` a round forms several groups.
+
 The failure this finds: a follower that missed the message naming its group (peer/exchange/late_join.py).
 """
 
@@ -52,6 +62,9 @@ from tests.support.swarm_harness import TINY_SPEC, Swarm, refused_senders  # noq
 
 TOOK_SET = ("taking their set", "our group completed it", "found no group")
 LATE_JOIN = "its message naming the group had missed us"
+LATE_SETS = "of the round that another group named after our merge into its union"  # peer/round/union.py
+GROUP_TAKES = "of the round that our group held into its union"
+ARMS = ("waits", "hasty", "hasty-no-late")
 INSTALLED = "installed the state of round"
 CLEARED = "cleared this peer's local"  # peer/round/state_sync.py: a state too far ahead zeroed its buffers
 
@@ -81,18 +94,24 @@ class Load:
             p.wait()
 
 
-def spec_text(seed: int, H: int, swarm: str = "tests") -> str:
+def spec_text(seed: int, H: int, swarm: str = "tests", max_group_size: int = 0) -> str:
     text = TINY_SPEC.format(run_id=f"honest-{seed}", strategy="sparseloco", inner_steps=H).replace("seed = 1", f"seed = {seed}")
-    return text.split("[swarm]")[0] if swarm == "defaults" else text
+    text = text.split("[swarm]")[0] if swarm == "defaults" else text
+    if max_group_size:
+        text += ("" if "[swarm]" in text else "\n[swarm]\n") + f"max_group_size = {max_group_size}\n"
+    return text
 
 
-def run_seed(args, seed: int, workdir: Path) -> dict:
-    swarm = Swarm(workdir, spec_text=spec_text(seed, args.H, args.swarm))
+def run_seed(args, seed: int, workdir: Path, arm: str = "waits") -> dict:
+    swarm = Swarm(workdir, spec_text=spec_text(seed, args.H, args.swarm, args.max_group_size))
     names = [f"p{i}" for i in range(args.peers)]
     t0 = time.monotonic()
+    module = "voloco" if arm == "waits" else "tests.support.hasty_peer"
+    env = {"VOLOCO_HASTY_NO_LATE_SETS": "1"} if arm == "hasty-no-late" else None
     try:
         for name, nice in zip(names, args.nice):
-            proc = swarm.add_peer(name, "--wait-peers", str(args.peers), "--max-rounds", str(args.rounds + 5), checkpoint=False)
+            proc = swarm.add_peer(name, "--wait-peers", str(args.peers), "--max-rounds", str(args.rounds + 5), checkpoint=False,
+                                  module=module, env=env)
             deprioritize(proc.proc.pid, nice)
         # past the counted rounds, or stopped at --max-rounds: a peer that caught up by state
         # completed fewer rounds itself than the run's round number
@@ -124,7 +143,9 @@ def run_seed(args, seed: int, workdir: Path) -> dict:
     late = sum(text.count(LATE_JOIN) for text in logs.values())
     any_bad = set().union(*bad.values())
     lost = sum(max(0.0, max(r["seconds"] for r in by_round[n]) - median) for n in any_bad)
-    return dict(seed=seed, rounds=len(rounds), excluded=len(bad["excluded"]), refused=len(bad["refused"]),
+    return dict(seed=seed, arm=arm, rounds=len(rounds),
+                late_sets=sum(text.count(LATE_SETS) for text in logs.values()),
+                group_takes=sum(text.count(GROUP_TAKES) for text in logs.values()), excluded=len(bad["excluded"]), refused=len(bad["refused"]),
                 short=len(bad["short"]), took_set=took, states=sum(text.count(INSTALLED) for text in logs.values()),
                 cleared=sum(text.count(CLEARED) for text in logs.values()),
                 apart=len(bad["apart"]), lost_s=lost, late_joins=late, median_round_s=median, wall_s=time.monotonic() - t0,
@@ -141,6 +162,11 @@ def main(argv=None) -> int:
     ap.add_argument("--nice", default="0,5,10", help="niceness of peer 0, 1, ... (the last repeats; default 0,5,10)")
     ap.add_argument("--swarm", default="tests", choices=("tests", "defaults"),
                     help="[swarm] waits: the tests' short ones (default) or the spec's defaults (matchmaking 3 s, gather 30 s)")
+    ap.add_argument("--max-group-size", type=int, default=0,
+                    help="swarm.max_group_size of the run (default: the spec's); below --peers, a round forms several groups")
+    ap.add_argument("--arms", default="waits",
+                    help="comma-separated, each run once per seed: waits (the peers as they are), hasty (merges never wait "
+                         "for another group), hasty-no-late (hasty, the late sets not taken); default waits")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds one run may take (default 3600)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write the rows as JSON to OUT")
     ap.add_argument("--workdir", type=Path, help="keep every run's logs and status files here (default: a temporary folder, removed)")
@@ -150,8 +176,11 @@ def main(argv=None) -> int:
     except ValueError:
         ap.error(f"--nice must be comma-separated integers, not {args.nice!r}")
     args.nice = (nice + [nice[-1]] * args.peers)[: args.peers]
-    if min(args.peers - 1, args.seeds, args.rounds, args.H) < 1 or args.load < 0 or args.timeout <= 0:
-        ap.error("--peers must be >= 2, --seeds, --rounds and --H >= 1, --load >= 0, --timeout > 0")
+    if min(args.peers - 1, args.seeds, args.rounds, args.H) < 1 or args.load < 0 or args.timeout <= 0 or args.max_group_size < 0:
+        ap.error("--peers must be >= 2, --seeds, --rounds and --H >= 1, --load and --max-group-size >= 0, --timeout > 0")
+    args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if not args.arms or any(a not in ARMS for a in args.arms):
+        ap.error(f"--arms takes a comma-separated list of {', '.join(ARMS)}")
     exit_on_sigterm()
     print(f"bench/honest_rounds.py: {now()}, {machine()}; {args.peers} peers, H={args.H}, {args.rounds} rounds x "
           f"{args.seeds} seeds, {args.load} busy loops, niceness {args.nice}, {args.swarm} waits", flush=True)
@@ -161,25 +190,27 @@ def main(argv=None) -> int:
         with contextlib.ExitStack() as stack:
             tmp = args.workdir or stack.enter_context(tempfile.TemporaryDirectory(prefix="voloco-honest-"))
             Path(tmp).mkdir(parents=True, exist_ok=True)
-            for seed in range(1, args.seeds + 1):
-                workdir = Path(tmp) / f"seed{seed}"
+            for seed, arm in [(s, a) for s in range(1, args.seeds + 1) for a in args.arms]:
+                workdir = Path(tmp) / (f"seed{seed}" if arm == "waits" else f"seed{seed}-{arm}")
                 workdir.mkdir(exist_ok=args.workdir is not None)
-                row = run_seed(args, seed, workdir)
+                row = run_seed(args, seed, workdir, arm)
                 row["load"] = statistics.mean(load.samples[-max(1, int(row["wall_s"] / 5)):]) if load.samples else 0.0
                 rows.append(row)
-                print(f"  seed {seed}: {row['rounds']} rounds, {row['excluded']} with an exclusion, {row['refused']} with a "
+                print(f"  seed {seed} {arm}: {row['rounds']} rounds, {row['apart']} with θ apart, {row['excluded']} with an exclusion, {row['refused']} with a "
                       f"refusal, {row['short']} short, {row['states']} states installed, "
                       f"load {row['load']:.1f}, bad rounds {row['bad_rounds']}", flush=True)
     finally:
         load.close()
-    cols = ["seed", "rounds", "excluded", "refused", "short", "took set", "states", "cleared", "θ apart", "lost s", "late joins",
-            "median round s", "load avg"]
-    lines = [[str(r["seed"]), str(r["rounds"]), str(r["excluded"]), str(r["refused"]), str(r["short"]), str(r["took_set"]),
-              str(r["states"]), str(r["cleared"]), str(r["apart"]),
+    cols = ["seed", "arm", "rounds", "excluded", "refused", "short", "took set", "states", "cleared", "θ apart", "late sets",
+            "group takes", "lost s", "late joins", "median round s", "load avg"]
+    lines = [[str(r["seed"]), r["arm"], str(r["rounds"]), str(r["excluded"]), str(r["refused"]), str(r["short"]), str(r["took_set"]),
+              str(r["states"]), str(r["cleared"]), str(r["apart"]), str(r["late_sets"]), str(r["group_takes"]),
               f"{r['lost_s']:.1f}", str(r["late_joins"]), f"{r['median_round_s']:.2f}", f"{r['load']:.1f}"] for r in rows]
-    total = ["all", str(sum(r["rounds"] for r in rows))] + [str(sum(r[k] for r in rows)) for k in
-                                                            ("excluded", "refused", "short", "took_set", "states", "cleared", "apart")]
-    lines.append(total + [f"{sum(r['lost_s'] for r in rows):.1f}", str(sum(r["late_joins"] for r in rows)), "", ""])
+    for arm in args.arms:
+        of = [r for r in rows if r["arm"] == arm]
+        total = ["all", arm, str(sum(r["rounds"] for r in of))] + [str(sum(r[k] for r in of)) for k in (
+            "excluded", "refused", "short", "took_set", "states", "cleared", "apart", "late_sets", "group_takes")]
+        lines.append(total + [f"{sum(r['lost_s'] for r in of):.1f}", str(sum(r["late_joins"] for r in of)), "", ""])
     print("\n" + table(cols, lines))
     if args.json:
         args.json.write_text(strict_json(dict(date=now(), machine=machine(), args=vars(args) | {"json": str(args.json), "workdir": str(args.workdir or "")},

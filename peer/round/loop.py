@@ -198,6 +198,9 @@ class RoundLoop(InnerSteps):
         last = peer.totals.history[-1] if peer.totals.history else None
         barrier, mates = meet_round(peer, draw.awaited(engine, engine.params_hash()))
         t_wait = time.monotonic()
+        # sets of the last round that a slower group named after our merge stopped waiting: taken first, or
+        # the swarm goes on with two θ (peer/round/union.py ``take_named_sets``)
+        union.take_named_sets(peer, self._last_round)
         start_hash = engine.params_hash()
         # θ of this round downloaded, no groupmates: the lineage of the state's server (peer/round/state_sync.Basis)
         basis = peer.sync.basis.lineage(engine.round, start_hash) if peer.sync.basis and not mates else None

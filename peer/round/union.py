@@ -17,7 +17,9 @@ may conclude round r from different unions. The next round's group settles it:
   round's local buffers are settled once) before it concludes round r + 1 (``take_group_union``).
 
 Members of one base then hold one θ whichever of them waited longest, and the start vote counts
-them as one. A name that only one member announced and that member does not serve is left out by
+them as one. A set that no member of the next round's group holds (the group of a slower group's
+peers, which merged ours, formed apart again) is taken before its matchmaking, from the records
+of the peers that named it (``take_named_sets``). A name that only one member announced and that member does not serve is left out by
 every member that asks (a hostile member naming a set that does not exist costs the group one
 fetch, not a state download); a set that several members announced and none of them serves leaves
 this member without the θ its key names: it takes the vote winner's state, as a member that
@@ -39,6 +41,7 @@ from peer.round.draw import SetList
 from peer.round.draw import fetch_checked_set
 from peer.round.merge import TRIES_PER_SET
 from protocol.round import group_sets
+from protocol.round.named_sets import named_late
 
 logger = logging.getLogger("voloco.peer")
 
@@ -123,19 +126,7 @@ def _take(peer, last: LastRound, result, lacking: List[str], key: str, symbolic:
         logger.warning(f"round {last.round}: the group took set {name[:12]} into the round's union and we could "
                        f"not fetch it from {len(listers[name])} members that hold it")
         return False
-    if (got or got_lists) and not any(got.values()) and not any(listed.entries for listed in (got_lists or {}).values()):
-        # sets without a payload (a group whose members did not send this round): the union's payloads,
-        # and so θ, are what they were; the round is not concluded again (tests/round/test_union.py)
-        last.sets = {**last.sets, **got}
-        last.lists = None if last.lists is None else {**last.lists, **got_lists}
-        logger.info(f"round {last.round}: took {len(got) + len(got_lists or {})} set(s) without a payload into "
-                    f"the round's union: θ unchanged")
-        history = peer.totals.history
-        if history and history[-1].round == last.round + 1:
-            history[-1].sets = len(last.names)
-    elif got or got_lists:
-        _redo(peer, last, {**last.sets, **got}, len(got) + len(got_lists or {}),
-              None if last.lists is None else {**last.lists, **got_lists})
+    _grow(peer, last, got, got_lists, "that our group held")
     # a key that names a start another member announced (the same base, exactly these sets): θ must now
     # be that one, bit for bit (a set left out above leaves it apart)
     if key != symbolic and key != last.after_hash:
@@ -143,6 +134,71 @@ def _take(peer, last: LastRound, result, lacking: List[str], key: str, symbolic:
                      f"member that held it announced")
         return False
     return True
+
+
+def take_named_sets(peer, last: Optional[LastRound]) -> int:
+    """Before this round's matchmaking: the sets of the last round that other groups named after our
+    merge stopped waiting for them, fetched and taken into its union (the round concluded again from
+    its base, ``_redo``); how many were taken. Never raises.
+
+    A group whose merge gives up on a slower group concludes the round without that group's set, while
+    the slower group, naming its set a few seconds later, merged both: the swarm holds two θ. The
+    next round's group repairs only what its own members announce, and matchmaking often puts the
+    same peers together again, so the two θ went on side by side (8 peers, 4 / 4, under a CPU quota:
+    bench/RESULTS.md, seventy-third session). Here each member of the hasty group finds the late set
+    in the view (``protocol/round/named_sets.named_late``: named by a peer we know, whose record of the
+    round says it was applied to our base), and ends on the θ of the group that held both; members
+    that saw it at different reads are evened out by the group's own union (``take_group_union``).
+    Only names checked sets count: a name nobody serves costs one fetch per namer asked, all of them
+    within ``Timing.set_fetch_s``. Guarded by tests/round/test_late_sets.py."""
+    engine, membership = peer.engine, peer.membership
+    if last is None or engine.round != last.round + 1 or engine.params_hash() != last.after_hash:
+        return 0
+    try:
+        named = named_late(membership.others(), last.round, last.base, last.names, membership.known(),
+                           peer.role.progress_part, membership.named_sets)
+        if not named:
+            return 0
+        deadline = time.monotonic() + membership.timing.set_fetch_s
+        got: Dict[str, Dict[str, bytes]] = {}
+        got_lists: Optional[Dict[str, SetList]] = None if last.lists is None else {}
+        for name, namers in sorted(named.items()):
+            if got_lists is not None:
+                listed, _ = draw.fetch_list_from(peer.gatherer, peer.spec, namers, name, last.round, deadline, TRIES_PER_SET)
+                if listed is not None:
+                    got_lists[name] = listed
+            else:
+                fetched = _first_set(peer, namers[:TRIES_PER_SET], name, last.round, deadline)
+                if fetched is not None:
+                    got[name] = fetched
+        taken = len(got) + len(got_lists or {})
+        if taken:
+            _grow(peer, last, got, got_lists, "that another group named after our merge")
+            membership.publish()  # the round's start as it now is: the others' start votes read it
+        return taken
+    except Exception as e:  # the round stays as concluded; the start vote still repairs a split
+        logger.warning(f"round {last.round}: could not take the sets other groups named late: {e!r}")
+        return 0
+
+
+def _grow(peer, last: LastRound, got: Dict[str, Dict[str, bytes]], got_lists: Optional[Dict[str, SetList]],
+          whose: str) -> None:
+    """Take the sets ``got`` (and lists ``got_lists``) into ``last``'s union, concluding the round again
+    where they hold a payload; sets without one (a group whose members did not send this round: the
+    union's payloads, and so θ, are what they were) are only added (tests/round/test_union.py)."""
+    if not got and not got_lists:
+        return
+    if not any(got.values()) and not any(listed.entries for listed in (got_lists or {}).values()):
+        last.sets = {**last.sets, **got}
+        last.lists = None if last.lists is None else {**last.lists, **got_lists}
+        logger.info(f"round {last.round}: took {len(got) + len(got_lists or {})} set(s) without a payload into "
+                    f"the round's union: θ unchanged")
+        history = peer.totals.history
+        if history and history[-1].round == last.round + 1:
+            history[-1].sets = len(last.names)
+        return
+    _redo(peer, last, {**last.sets, **got}, len(got) + len(got_lists or {}),
+          None if last.lists is None else {**last.lists, **got_lists}, whose)
 
 
 def _first_set(peer, sources: List[str], name: str, round_no: int, deadline: float) -> Optional[Dict[str, bytes]]:
@@ -156,7 +212,7 @@ def _first_set(peer, sources: List[str], name: str, round_no: int, deadline: flo
 
 
 def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int,
-          lists: Optional[Dict[str, SetList]] = None) -> None:
+          lists: Optional[Dict[str, SetList]] = None, whose: str = "that our group held") -> None:
     """Conclude ``last.round`` again from its base with ``sets`` (and ``lists``: the draw made again
     from the grown union, the payloads it newly chose fetched, peer/round/draw.py)."""
     engine = peer.engine
@@ -178,7 +234,7 @@ def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int,
         decoded, bad = engine.decode_at(chosen, last.round)
         settled = engine.redo(last.snapshot, decoded, {**excluded, **invalid, **bad})
         last.sets, last.lists, last.after_hash = sets, lists, engine.params_hash()
-    logger.info(f"round {last.round}: took {taken} set(s) of the round that our group held into its union "
+    logger.info(f"round {last.round}: took {taken} set(s) of the round {whose} into its union "
                 f"({count} payloads): θ {old} -> {last.after_hash}")
     history = peer.totals.history
     if history and history[-1].round == last.round + 1:

@@ -35,3 +35,17 @@ def test_bad_arguments_are_refused_with_a_message(bad, capsys):
     with pytest.raises(SystemExit) as e:
         honest.main(bad)
     assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_the_spec_forms_several_groups_with_a_max_group_size_below_the_peers():
+    for swarm in ("tests", "defaults"):
+        text = honest.spec_text(1, 5, swarm, max_group_size=3)
+        assert text.count("[swarm]") == 1 and text.rstrip().endswith("max_group_size = 3")
+    assert "max_group_size" not in honest.spec_text(1, 5)
+
+
+@pytest.mark.parametrize("bad", [["--arms", "fast"], ["--arms", ","], ["--max-group-size", "-1"]])
+def test_bad_arms_are_refused_with_a_message(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        honest.main(bad)
+    assert e.value.code == 2 and "error:" in capsys.readouterr().err

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from protocol.round.named_sets import NamedSets, settled
+from protocol.dht.records import Progress
+from protocol.round.named_sets import NamedSets, named_late, settled
 
 
 def _view(peer, gathered_round, name, source="a" * 16, at=None):
@@ -49,3 +50,37 @@ def test_a_record_still_in_its_rounds_merge_is_not_kept():
     named.note([_view("p", 5, "s5")])
     assert named.record("p", 5, "s5") is not None
     assert NamedSets(rounds=0).rounds == 1  # never unbounded
+
+
+BASE, OTHER = "b" * 16, "c" * 16
+
+
+def _record(peer, rnd, gathered_round, gathered, before="", source=BASE, part=-1, state="training"):
+    return SimpleNamespace(peer_id=peer, progress=Progress(
+        round=rnd, step=0, state=state, spec="", loss=0.0, val_loss=0.0, tokens=0, tokens_per_s=0.0, bytes_sent=0,
+        bytes_received=0, params_hash="", part=part, gathered_round=gathered_round, gathered=gathered,
+        gathered_before=before, gathered_from=source))
+
+
+def test_sets_named_late_are_those_of_known_peers_of_our_part_applied_to_our_base():
+    """A group that named its set after our merge stopped waiting (peer/round/union.py ``take_named_sets``)."""
+    views = [
+        _record("b1", 6, 5, "setB"), _record("b2", 6, 5, "setB"),  # concluded round 5 from our base
+        _record("a1", 6, 5, "setA"),  # our own group's set: held
+        _record("x", 6, 5, "setX"),  # a stranger naming a set: not counted
+        _record("c1", 6, 5, "setC", source=OTHER),  # applied to another θ: another lineage
+        _record("d1", 5, 5, "setD"),  # still merging round 5: not concluded, the claim may be withdrawn
+        _record("s1", 6, 5, "setS", part=2),  # a slice owner: another part's sets
+    ]
+    known = {"b1", "b2", "a1", "c1", "d1", "s1"}
+    assert named_late(views, 5, BASE, {"setA"}, known, -1) == {"setB": ["b1", "b2"]}
+    assert named_late(views, 5, "", {"setA"}, known, -1) == {}  # no base of our own: nothing to apply to
+
+
+def test_a_peer_that_named_its_next_set_counts_by_what_an_earlier_read_kept():
+    kept = NamedSets()
+    kept.note([_record("b1", 6, 5, "setB")])
+    later = [_record("b1", 7, 6, "setB6", before="setB", source=OTHER)]  # its round 6 set, applied to round 6's θ
+    kept.note(later)
+    assert named_late(later, 5, BASE, (), {"b1"}, -1, kept) == {"setB": ["b1"]}
+    assert named_late(later, 5, BASE, (), {"b1"}, -1) == {}  # nothing kept: its base for round 5 is unknown

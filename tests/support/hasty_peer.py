@@ -7,10 +7,17 @@ answers "timed out" wherever it would answer "go on waiting", so the merge takes
 already named when it starts (and what its groupmates merged). A swarm of such peers concludes
 rounds from different unions whenever one group gathers after another: the case the next round's
 group union (peer/round/union.py) exists for.
+
+With ``VOLOCO_HASTY_NO_LATE_SETS=1`` in its environment it also skips ``union.take_named_sets`` (the
+sets a slower group named after the merge, taken before the next matchmaking): the behaviour
+before it, as bench/honest_rounds.py's ``hasty-no-late`` arm measures it against.
 """
 
 from __future__ import annotations
 
+import os
+
+from peer.round import union
 from protocol.round import round_policy
 from swarm.console import exit_process
 
@@ -23,6 +30,8 @@ def hasty_merge_wait(*args, **kwargs) -> round_policy.MergeWait:
 
 
 round_policy.merge_wait = hasty_merge_wait
+if os.environ.get("VOLOCO_HASTY_NO_LATE_SETS") == "1":
+    union.take_named_sets = lambda peer, last: 0
 
 if __name__ == "__main__":
     from voloco.cli import main
