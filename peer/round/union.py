@@ -37,6 +37,7 @@ from typing import Dict, List, Optional, Tuple
 
 from peer.outer.engine import Snapshot
 from peer.round import draw
+from peer.round.adopt import anchors
 from peer.round.draw import SetList
 from peer.round.draw import fetch_checked_set
 from peer.round.merge import TRIES_PER_SET
@@ -146,31 +147,50 @@ def take_named_sets(peer, last: Optional[LastRound]) -> int:
     next round's group repairs only what its own members announce, and matchmaking often puts the
     same peers together again, so the two θ went on side by side (8 peers, 4 / 4, under a CPU quota:
     bench/RESULTS.md, seventy-third session). Here each member of the hasty group finds the late set
-    in the view (``protocol/round/named_sets.named_late``: named by a peer we know, whose record of the
+    in the view (``protocol/round/named_sets.named_late``: named by a peer whose concluded record of the
     round says it was applied to our base), and ends on the θ of the group that held both; members
     that saw it at different reads are evened out by the group's own union (``take_group_union``).
-    Only names checked sets count: a name nobody serves costs one fetch per namer asked, all of them
-    within ``Timing.set_fetch_s``. Guarded by tests/round/test_late_sets.py."""
+
+    Only checked sets count: a name nobody serves costs one fetch per namer asked, all of them within
+    ``Timing.set_fetch_s``. A set that only strangers name (no peer we know or with standing in our
+    lineage, ``adopt.anchors``) is asked for as long as the budget for strangers grants, and a fetch
+    of one that fails is paid from it (``Membership.waited_for_strangers``): at a run's start every
+    peer is a stranger, and two groups that never met would otherwise stay apart (6 hasty peers split
+    3 / 3 for 8 rounds, bench/honest_rounds.py), while new identities naming sets nobody serves cost a
+    bounded share of wall time. Guarded by tests/round/test_late_sets.py."""
     engine, membership = peer.engine, peer.membership
     if last is None or engine.round != last.round + 1 or engine.params_hash() != last.after_hash:
         return 0
     try:
-        named = named_late(membership.others(), last.round, last.base, last.names, membership.known(),
-                           peer.role.progress_part, membership.named_sets)
+        known = anchors(peer)
+        named = named_late(membership.others(), last.round, last.base, last.names, None, peer.role.progress_part,
+                           membership.named_sets)
         if not named:
             return 0
         deadline = time.monotonic() + membership.timing.set_fetch_s
         got: Dict[str, Dict[str, bytes]] = {}
         got_lists: Optional[Dict[str, SetList]] = None if last.lists is None else {}
-        for name, namers in sorted(named.items()):
+        # sets a peer we know names first, each asked of those namers first
+        for name, namers in sorted(named.items(), key=lambda item: (not known.intersection(item[1]), item[0])):
+            namers = sorted(namers, key=lambda p: p not in known)
+            strangers = not known.intersection(namers)
+            grant = membership.strangers_wait(namers) if strangers else None  # new identities alone: the budget's
+            began = time.monotonic()
+            ends = deadline if grant is None else min(deadline, began + grant)
+            if ends <= began:
+                continue
             if got_lists is not None:
-                listed, _ = draw.fetch_list_from(peer.gatherer, peer.spec, namers, name, last.round, deadline, TRIES_PER_SET)
+                listed, _ = draw.fetch_list_from(peer.gatherer, peer.spec, namers, name, last.round, ends, TRIES_PER_SET)
                 if listed is not None:
                     got_lists[name] = listed
+                    continue
             else:
-                fetched = _first_set(peer, namers[:TRIES_PER_SET], name, last.round, deadline)
+                fetched = _first_set(peer, namers[:TRIES_PER_SET], name, last.round, ends)
                 if fetched is not None:
                     got[name] = fetched
+                    continue
+            if strangers:
+                membership.waited_for_strangers(time.monotonic() - began)  # in vain: paid from their budget
         taken = len(got) + len(got_lists or {})
         if taken:
             _grow(peer, last, got, got_lists, "that another group named after our merge")

@@ -75,6 +75,7 @@ def test_sets_named_late_are_those_of_known_peers_of_our_part_applied_to_our_bas
     known = {"b1", "b2", "a1", "c1", "d1", "s1"}
     assert named_late(views, 5, BASE, {"setA"}, known, -1) == {"setB": ["b1", "b2"]}
     assert named_late(views, 5, "", {"setA"}, known, -1) == {}  # no base of our own: nothing to apply to
+    assert named_late(views, 5, BASE, {"setA"}, None, -1) == {"setB": ["b1", "b2"], "setX": ["x"]}  # anyone's
 
 
 def test_a_peer_that_named_its_next_set_counts_by_what_an_earlier_read_kept():

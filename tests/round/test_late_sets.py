@@ -1,7 +1,7 @@
 """Sets a slower group named after our merge stopped waiting, taken before the next round's
 matchmaking (peer/round/union.py ``take_named_sets``): the member that concluded the round without
 them ends on the θ of the group that held both, bit for bit; a name from a stranger, from another
-lineage, or that nobody serves leaves θ as it was."""
+lineage, or that nobody serves leaves θ as it was; strangers' names cost what their budget grants."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -17,9 +17,16 @@ from tests.round.test_union import ROUND, Gatherer, concluded, engine, two_group
 
 
 class Membership:
-    def __init__(self, spec, views, known):
+    def __init__(self, spec, views, known, grant=None):
         self.timing, self.views, self._known = Timing.from_spec(spec), views, set(known)
         self.named_sets, self.published = NamedSets(), 0
+        self.grant, self.paid = grant, []  # what the budget for strangers grants (None: not limiting); waits paid
+
+    def strangers_wait(self, peers):
+        return self.grant
+
+    def waited_for_strangers(self, seconds):
+        self.paid.append(seconds)
 
     def others(self):
         return self.views
@@ -31,8 +38,8 @@ class Membership:
         self.published += 1
 
 
-def member(spec, e, serves, views, known):
-    peer = SimpleNamespace(engine=e, membership=Membership(spec, views, known), gatherer=Gatherer(serves), spec=spec,
+def member(spec, e, serves, views, known, grant=None):
+    peer = SimpleNamespace(engine=e, membership=Membership(spec, views, known, grant), gatherer=Gatherer(serves), spec=spec,
                            peer_id="me", role=SimpleNamespace(progress_part=-1), totals=SimpleNamespace(history=[]))
     peer.totals.history.append(RoundRecord(round=ROUND + 1, params_hash=e.params_hash(), group=["me"], contributors=2,
                                            excluded={}, bytes_sent=0, bytes_received=0, loss=0.0, val_loss=0.0,
@@ -60,6 +67,38 @@ def test_a_set_named_after_our_merge_gave_up_is_taken_and_we_end_on_the_theta_th
     assert len(peer.gatherer.asked) == 2
 
 
+@pytest.mark.parametrize("grant", [None, 5.0])
+def test_a_set_only_strangers_name_is_taken_while_the_budget_for_strangers_grants_time(grant):
+    """At a run's start every peer is a stranger: two groups that never met take each other's late sets
+    (the budget does not limit yet, None, or grants time)."""
+    spec, both = engine("diloco")
+    _, e = engine("diloco")
+    (n1, p1, s1), (n2, p2, s2) = two_groups(spec, both)
+    base = both.params_hash()
+    concluded(spec, both, {n1: s1, n2: s2})
+    last = concluded(spec, e, {n1: s1})
+    peer = member(spec, e, {"x": {n2: p2}}, [_record("x", ROUND + 1, ROUND, n2, source=base)], known=(), grant=grant)
+    assert union.take_named_sets(peer, last) == 1 and e.params_hash() == both.params_hash()
+    assert peer.membership.paid == []
+
+
+def test_strangers_naming_sets_nobody_serves_cost_what_their_budget_grants_and_known_names_go_first():
+    spec, e = engine("diloco")
+    (n1, p1, s1), (n2, p2, s2) = two_groups(spec, e)
+    base = e.params_hash()
+    last = concluded(spec, e, {n1: s1})
+    bogus = ["f" * 32, "e" * 32]
+    views = [_record(f"s{i}", ROUND + 1, ROUND, name, source=base) for i, name in enumerate(bogus)]
+    views.append(_record("k", ROUND + 1, ROUND, n2, source=base))
+    peer = member(spec, e, {"k": {n2: p2}}, views, known={"k"}, grant=0.5)
+    assert union.take_named_sets(peer, last) == 1
+    assert peer.gatherer.asked[0] == ("k", n2)  # the set a known peer names first
+    assert sorted(peer.gatherer.asked[1:]) == [("s0", bogus[0]), ("s1", bogus[1])]
+    assert len(peer.membership.paid) == 2  # each vain fetch paid from the budget for strangers
+    peer = member(spec, e, {}, views[:2], known=(), grant=0.0)  # nothing granted: not even asked
+    assert union.take_named_sets(peer, last) == 0 and peer.gatherer.asked == [] and peer.membership.paid == []
+
+
 @pytest.mark.parametrize("case", ["stranger", "other lineage", "not concluded", "not served", "state installed since",
                                   "no last round"])
 def test_a_late_name_that_cannot_be_taken_leaves_theta_as_it_was(case):
@@ -68,8 +107,9 @@ def test_a_late_name_that_cannot_be_taken_leaves_theta_as_it_was(case):
     base = e.params_hash()
     last = concluded(spec, e, {n1: s1})
     known, serves, source, at = {"x"}, {"x": {n2: p2}}, base, ROUND + 1
+    grant = None
     if case == "stranger":
-        known = set()
+        known, grant = set(), 0.0  # the budget for strangers spent
     elif case == "other lineage":
         source = "f" * 16
     elif case == "not concluded":
@@ -78,7 +118,7 @@ def test_a_late_name_that_cannot_be_taken_leaves_theta_as_it_was(case):
         serves = {}
     elif case == "state installed since":
         last.after_hash = "0" * 16
-    peer = member(spec, e, serves, [_record("x", at, ROUND, n2, source=source)], known)
+    peer = member(spec, e, serves, [_record("x", at, ROUND, n2, source=source)], known, grant)
     before = e.params_hash()
     assert union.take_named_sets(peer, None if case == "no last round" else last) == 0
     assert e.params_hash() == before and union.announce(last, e)[1] in ((n1,), ())
