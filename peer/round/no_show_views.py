@@ -60,6 +60,20 @@ class NoShows:
             self._charge_strangers(round_no, strangers, cost_s)
         self._refresh_no_shows(round_no)
 
+    def came_late(self, round_no: int, senders: Iterable[str]) -> None:
+        """Senders whose signed payload a set taken after ``round_no`` concluded put into our union of it
+        (peer/round/union.py ``take_named_sets``): they came, as ``came_in``'s senders do, so a merge
+        that gave up on a slower honest group waits for it again while it has a single strike (its
+        skip ends); nothing else of that round is judged again (tests/round/test_late_sets.py)."""
+        senders = set(senders) - {self.peer_id}
+        if round_no in self._came:
+            self._came[round_no].update(senders)
+        self.wait_budget.met(senders)
+        for peer in senders:
+            self.ledger.came(peer, round_no)
+            self.silent.came(peer, round_no)
+        self._refresh_no_shows(round_no + 1)  # (the round under way)
+
     def _charge_strangers(self, round_no: int, strangers: Set[str], cost: float) -> None:
         """New identities (``strangers``: never seen to come, no standing) joined our group and sent
         nothing or held our requests: the matchmaking's and gather's time (``cost``) is charged to ``stranger_seats``, which

@@ -194,6 +194,7 @@ def take_named_sets(peer, last: Optional[LastRound]) -> int:
         taken = len(got) + len(got_lists or {})
         if taken:
             _grow(peer, last, got, got_lists, "that another group named after our merge")
+            membership.came_late(last.round, {s for payloads in got.values() for s in payloads})
             membership.publish()  # the round's start as it now is: the others' start votes read it
         return taken
     except Exception as e:  # the round stays as concluded; the start vote still repairs a split

@@ -4,15 +4,18 @@ them ends on the θ of the group that held both, bit for bit; a name from a stra
 lineage, or that nobody serves leaves θ as it was; strangers' names cost what their budget grants."""
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import pytest
 
 from peer.round import union
+from peer.round.membership import Membership as RealMembership
 from peer.round.report import RoundRecord
 from protocol.round.named_sets import NamedSets
 from protocol.round.timing import Timing
 from tests.protocol.test_named_sets import _record
+from tests.round.test_liveness import SPEC as LIVE_SPEC
 from tests.round.test_union import ROUND, Gatherer, concluded, engine, two_groups
 
 
@@ -27,6 +30,9 @@ class Membership:
 
     def waited_for_strangers(self, seconds):
         self.paid.append(seconds)
+
+    def came_late(self, round_no, senders):
+        self.came = (round_no, set(senders))
 
     def others(self):
         return self.views
@@ -63,6 +69,7 @@ def test_a_set_named_after_our_merge_gave_up_is_taken_and_we_end_on_the_theta_th
     assert peer.gatherer.asked == [("x", n2), ("y", n2)] and peer.membership.published == 1
     assert union.announce(last, e) == (base, tuple(sorted((n1, n2))))  # the next group's union repair sees both
     assert peer.totals.history[-1].sets == 2 and peer.totals.history[-1].contributors == 4
+    assert peer.membership.came == (ROUND, set(s2))  # its senders came: a merge waits for them again
     assert union.take_named_sets(peer, last) == 0  # held now: not fetched again
     assert len(peer.gatherer.asked) == 2
 
@@ -123,3 +130,14 @@ def test_a_late_name_that_cannot_be_taken_leaves_theta_as_it_was(case):
     assert union.take_named_sets(peer, None if case == "no last round" else last) == 0
     assert e.params_hash() == before and union.announce(last, e)[1] in ((n1,), ())
     assert peer.gatherer.asked == ([("x", n2)] if case == "not served" else [])
+
+
+def test_senders_of_a_late_set_came_a_merge_waits_for_them_again_and_they_are_no_strangers():
+    """A merge that gave up on an honest slower group struck its peers; their payloads in a set taken late
+    count as an appearance (peer/round/no_show_views.py ``came_late``): a single strike's skip ends."""
+    m = RealMembership(dht=None, spec=LIVE_SPEC, peer_id="me", progress=lambda: None, stop=threading.Event())
+    m.missed({"b1", "b2"}, 10)
+    assert {"b1", "b2"} <= m.no_shows and m.wait_budget.stranger("b1")
+    m.came_late(10, {"b1", "me"})
+    assert "b1" not in m.no_shows and "b2" in m.no_shows
+    assert not m.wait_budget.stranger("b1") and "b1" in m.known()
