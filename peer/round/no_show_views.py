@@ -61,17 +61,18 @@ class NoShows:
         self._refresh_no_shows(round_no)
 
     def came_late(self, round_no: int, senders: Iterable[str]) -> None:
-        """Senders whose signed payload a set taken after ``round_no`` concluded put into our union of it
-        (peer/round/union.py ``take_named_sets``): they came, as ``came_in``'s senders do, so a merge
-        that gave up on a slower honest group waits for it again while it has a single strike (its
-        skip ends); nothing else of that round is judged again (tests/round/test_late_sets.py)."""
+        """Senders whose signed payload a set taken after ``round_no`` concluded put into our union of it,
+        counted (peer/round/union.py ``take_named_sets``): they came, as ``came_in``'s senders do, so the
+        barrier waits again for a slower honest group the merge struck while it has a single strike
+        (its skip ends). Nothing else of that round is judged again, and a groupmate's refusal for
+        sending us nothing (``silent``) stands: its payload in another group's set does not undo that
+        (tests/round/test_late_sets.py)."""
         senders = set(senders) - {self.peer_id}
         if round_no in self._came:
             self._came[round_no].update(senders)
         self.wait_budget.met(senders)
         for peer in senders:
             self.ledger.came(peer, round_no)
-            self.silent.came(peer, round_no)
         self._refresh_no_shows(round_no + 1)  # (the round under way)
 
     def _charge_strangers(self, round_no: int, strangers: Set[str], cost: float) -> None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from peer.outer.engine import Snapshot
 from peer.round import draw
@@ -152,12 +152,18 @@ def take_named_sets(peer, last: Optional[LastRound]) -> int:
     that saw it at different reads are evened out by the group's own union (``take_group_union``).
 
     Only checked sets count: a name nobody serves costs one fetch per namer asked, all of them within
-    ``Timing.set_fetch_s``. A set that only strangers name (no peer we know or with standing in our
-    lineage, ``adopt.anchors``) is asked for as long as the budget for strangers grants, and a fetch
-    of one that fails is paid from it (``Membership.waited_for_strangers``): at a run's start every
-    peer is a stranger, and two groups that never met would otherwise stay apart (6 hasty peers split
-    3 / 3 for 8 rounds, bench/honest_rounds.py), while new identities naming sets nobody serves cost a
-    bounded share of wall time. Guarded by tests/round/test_late_sets.py."""
+    ``Timing.set_fetch_s``, the sets most peers we know name first. Where a set a peer we know names
+    cannot be had, none is taken: a part of them would leave θ where nobody is. Sets that only
+    strangers name (no peer we know or with standing in our lineage, ``adopt.anchors``) are asked for
+    while our matchmaking admits strangers, for what one grant of the budget for strangers allows
+    them all, and a fetch of one that fails is paid from it (``Membership.waited_for_strangers``); one
+    of them that fails takes nothing else out. At a run's start every peer is a stranger, and two
+    groups that never met would otherwise stay apart (6 hasty peers split 3 / 3 for 8 rounds,
+    bench/honest_rounds.py), while new identities naming sets nobody serves cost a bounded share of
+    wall time. The senders whose payloads the round then counts came (``Membership.came_late``: the
+    barrier waits for them again); the merge's own skip of them (``merge_round``'s ``skip``) stays, so
+    a group slower than the merge's wait round after round costs a late take, not a wait, each round.
+    Guarded by tests/round/test_late_sets.py."""
     engine, membership = peer.engine, peer.membership
     if last is None or engine.round != last.round + 1 or engine.params_hash() != last.after_hash:
         return 0
@@ -165,19 +171,26 @@ def take_named_sets(peer, last: Optional[LastRound]) -> int:
         known = anchors(peer)
         named = named_late(membership.others(), last.round, last.base, last.names, None, peer.role.progress_part,
                            membership.named_sets)
+        if not membership.admits_strangers():  # our matchmaking keeps new identities out now: their names too
+            named = {name: namers for name, namers in named.items() if known.intersection(namers)}
         if not named:
             return 0
-        deadline = time.monotonic() + membership.timing.set_fetch_s
+        now = time.monotonic()
+        deadline = now + membership.timing.set_fetch_s
+        alone = sorted({p for namers in named.values() if not known.intersection(namers) for p in namers})
+        grant = membership.strangers_wait(alone) if alone else None  # one grant for every name only strangers give
+        strangers_end = deadline if grant is None else min(deadline, now + grant)
         got: Dict[str, Dict[str, bytes]] = {}
         got_lists: Optional[Dict[str, SetList]] = None if last.lists is None else {}
-        # sets a peer we know names first, each asked of those namers first
-        for name, namers in sorted(named.items(), key=lambda item: (not known.intersection(item[1]), item[0])):
+        missed = []  # sets a peer we know names that could not be had
+        # the sets most peers we know name first, each asked of those namers first
+        for name, namers in sorted(named.items(), key=lambda item: (-len(known.intersection(item[1])), item[0])):
             namers = sorted(namers, key=lambda p: p not in known)
             strangers = not known.intersection(namers)
-            grant = membership.strangers_wait(namers) if strangers else None  # new identities alone: the budget's
             began = time.monotonic()
-            ends = deadline if grant is None else min(deadline, began + grant)
-            if ends <= began:
+            ends = strangers_end if strangers else deadline
+            if ends <= began:  # (strangers: nothing granted is left; a name we know: out of time)
+                missed += [] if strangers else [name]
                 continue
             if got_lists is not None:
                 listed, _ = draw.fetch_list_from(peer.gatherer, peer.spec, namers, name, last.round, ends, TRIES_PER_SET)
@@ -191,10 +204,18 @@ def take_named_sets(peer, last: Optional[LastRound]) -> int:
                     continue
             if strangers:
                 membership.waited_for_strangers(time.monotonic() - began)  # in vain: paid from their budget
+            else:
+                missed.append(name)
+        if missed:  # a part of the sets would leave θ where nobody is: the next start vote decides instead
+            logger.info(f"round {last.round}: not taking the sets other groups named late: {len(missed)} of them, "
+                        f"named by peers we know, could not be fetched")
+            return 0
         taken = len(got) + len(got_lists or {})
         if taken:
-            _grow(peer, last, got, got_lists, "that another group named after our merge")
-            membership.came_late(last.round, {s for payloads in got.values() for s in payloads})
+            counted = _grow(peer, last, got, got_lists, "that another group named after our merge")
+            late = {s for payloads in got.values() for s in payloads} | \
+                {s for listed in (got_lists or {}).values() for s in listed.entries}
+            membership.came_late(last.round, late & counted)  # only payloads the round counted
             membership.publish()  # the round's start as it now is: the others' start votes read it
         return taken
     except Exception as e:  # the round stays as concluded; the start vote still repairs a split
@@ -203,12 +224,13 @@ def take_named_sets(peer, last: Optional[LastRound]) -> int:
 
 
 def _grow(peer, last: LastRound, got: Dict[str, Dict[str, bytes]], got_lists: Optional[Dict[str, SetList]],
-          whose: str) -> None:
+          whose: str) -> Set[str]:
     """Take the sets ``got`` (and lists ``got_lists``) into ``last``'s union, concluding the round again
     where they hold a payload; sets without one (a group whose members did not send this round: the
-    union's payloads, and so θ, are what they were) are only added (tests/round/test_union.py)."""
+    union's payloads, and so θ, are what they were) are only added (tests/round/test_union.py). The
+    senders whose payloads the round now counts."""
     if not got and not got_lists:
-        return
+        return set()
     if not any(got.values()) and not any(listed.entries for listed in (got_lists or {}).values()):
         last.sets = {**last.sets, **got}
         last.lists = None if last.lists is None else {**last.lists, **got_lists}
@@ -217,9 +239,9 @@ def _grow(peer, last: LastRound, got: Dict[str, Dict[str, bytes]], got_lists: Op
         history = peer.totals.history
         if history and history[-1].round == last.round + 1:
             history[-1].sets = len(last.names)
-        return
-    _redo(peer, last, {**last.sets, **got}, len(got) + len(got_lists or {}),
-          None if last.lists is None else {**last.lists, **got_lists}, whose)
+        return set()
+    return _redo(peer, last, {**last.sets, **got}, len(got) + len(got_lists or {}),
+                 None if last.lists is None else {**last.lists, **got_lists}, whose)
 
 
 def _first_set(peer, sources: List[str], name: str, round_no: int, deadline: float) -> Optional[Dict[str, bytes]]:
@@ -233,7 +255,7 @@ def _first_set(peer, sources: List[str], name: str, round_no: int, deadline: flo
 
 
 def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int,
-          lists: Optional[Dict[str, SetList]] = None, whose: str = "that our group held") -> None:
+          lists: Optional[Dict[str, SetList]] = None, whose: str = "that our group held") -> Set[str]:
     """Conclude ``last.round`` again from its base with ``sets`` (and ``lists``: the draw made again
     from the grown union, the payloads it newly chose fetched, peer/round/draw.py)."""
     engine = peer.engine
@@ -255,9 +277,11 @@ def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int,
         decoded, bad = engine.decode_at(chosen, last.round)
         settled = engine.redo(last.snapshot, decoded, {**excluded, **invalid, **bad})
         last.sets, last.lists, last.after_hash = sets, lists, engine.params_hash()
+        counted = set(chosen) - set(settled.excluded)
     logger.info(f"round {last.round}: took {taken} set(s) of the round {whose} into its union "
                 f"({count} payloads): θ {old} -> {last.after_hash}")
     history = peer.totals.history
     if history and history[-1].round == last.round + 1:
         history[-1].params_hash, history[-1].sets = last.after_hash, len(last.names)
         history[-1].contributors, history[-1].excluded = settled.contributors, settled.excluded
+    return counted

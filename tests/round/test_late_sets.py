@@ -14,7 +14,9 @@ from peer.round.membership import Membership as RealMembership
 from peer.round.report import RoundRecord
 from protocol.round.named_sets import NamedSets
 from protocol.round.timing import Timing
+from protocol.round.group_sets import set_digest
 from tests.protocol.test_named_sets import _record
+from tests.support.agreement_sim import binding_of, signer
 from tests.round.test_liveness import SPEC as LIVE_SPEC
 from tests.round.test_union import ROUND, Gatherer, concluded, engine, two_groups
 
@@ -24,6 +26,10 @@ class Membership:
         self.timing, self.views, self._known = Timing.from_spec(spec), views, set(known)
         self.named_sets, self.published = NamedSets(), 0
         self.grant, self.paid = grant, []  # what the budget for strangers grants (None: not limiting); waits paid
+        self.admits = True  # our matchmaking admits strangers
+
+    def admits_strangers(self):
+        return self.admits
 
     def strangers_wait(self, peers):
         return self.grant
@@ -104,6 +110,25 @@ def test_strangers_naming_sets_nobody_serves_cost_what_their_budget_grants_and_k
     assert len(peer.membership.paid) == 2  # each vain fetch paid from the budget for strangers
     peer = member(spec, e, {}, views[:2], known=(), grant=0.0)  # nothing granted: not even asked
     assert union.take_named_sets(peer, last) == 0 and peer.gatherer.asked == [] and peer.membership.paid == []
+    peer = member(spec, e, {}, views[:2], known=())
+    peer.membership.admits = False  # our matchmaking keeps strangers out now: their names too
+    assert union.take_named_sets(peer, last) == 0 and peer.gatherer.asked == []
+
+
+def test_where_a_set_a_known_peer_names_cannot_be_had_none_is_taken():
+    """Part of the late sets would leave θ where nobody is: the member stays on its group's θ."""
+    spec, e = engine("diloco")
+    (n1, p1, s1), (n2, p2, s2) = two_groups(spec, e)
+    binding = binding_of([signer(i).peer_id for i in (5, 6)], round_no=ROUND, group_id=b"g3")
+    n3 = set_digest(binding.context, {})
+    base = e.params_hash()
+    last = concluded(spec, e, {n1: s1})
+    views = [_record("k", ROUND + 1, ROUND, n2, source=base), _record("j", ROUND + 1, ROUND, n3, source=base)]
+    peer = member(spec, e, {"k": {n2: p2}}, views, known={"k", "j"})  # j does not serve n3
+    before = e.params_hash()
+    assert union.take_named_sets(peer, last) == 0
+    assert e.params_hash() == before and union.announce(last, e) == (base, (n1,))
+    assert not hasattr(peer.membership, "came")
 
 
 @pytest.mark.parametrize("case", ["stranger", "other lineage", "not concluded", "not served", "state installed since",
