@@ -103,23 +103,15 @@ def take_group_union(peer, last: Optional[LastRound], result) -> GroupUnion:
 def _take(peer, last: LastRound, result, lacking: List[str], key: str, symbolic: str) -> bool:
     """Fetch ``lacking``, conclude the round again; whether θ is then what ``key`` names (``symbolic``:
     the key of our base and the grown union, which no member had announced as its start)."""
-    gatherer, timing = peer.gatherer, peer.membership.timing
+    timing = peer.membership.timing
     listers = {name: [m for m in sorted(result.present) if m != peer.peer_id and m not in result.unservable
                       and name in result.last_sets.get(m, ("", ()))[1]] for name in lacking}
     deadline = time.monotonic() + timing.set_fetch_s  # all of them together: the round ends late by at most this
     got: Dict[str, Dict[str, bytes]] = {}
     got_lists: Optional[Dict[str, SetList]] = None if last.lists is None else {}
     for name in lacking:
-        if got_lists is not None:  # a run that draws its contributions: the set's list (peer/round/draw.py)
-            listed, _ = draw.fetch_list_from(gatherer, peer.spec, listers[name], name, last.round, deadline, TRIES_PER_SET)
-            if listed is not None:
-                got_lists[name] = listed
-                continue
-        else:
-            fetched = _first_set(peer, listers[name][:TRIES_PER_SET], name, last.round, deadline)
-            if fetched is not None:
-                got[name] = fetched
-                continue
+        if _fetch_into(peer, last.round, name, listers[name], deadline, got, got_lists):
+            continue
         if len(listers[name]) <= 1:  # its one lister does not serve it: every member that asks leaves it out
             logger.warning(f"round {last.round}: left set {name[:12]} out of the round's union: the one member "
                            f"that announced it did not serve it")
@@ -168,9 +160,11 @@ def take_named_sets(peer, last: Optional[LastRound]) -> int:
     if last is None or engine.round != last.round + 1 or engine.params_hash() != last.after_hash:
         return 0
     try:
-        known = anchors(peer)
-        named = named_late(membership.others(), last.round, last.base, last.names, None, peer.role.progress_part,
+        named = named_late(membership.others(), last.round, last.base, last.names, peer.role.progress_part,
                            membership.named_sets)
+        if not named:
+            return 0
+        known = anchors(peer)
         if not membership.admits_strangers():  # our matchmaking keeps new identities out now: their names too
             named = {name: namers for name, namers in named.items() if known.intersection(namers)}
         if not named:
@@ -192,16 +186,8 @@ def take_named_sets(peer, last: Optional[LastRound]) -> int:
             if ends <= began:  # (strangers: nothing granted is left; a name we know: out of time)
                 missed += [] if strangers else [name]
                 continue
-            if got_lists is not None:
-                listed, _ = draw.fetch_list_from(peer.gatherer, peer.spec, namers, name, last.round, ends, TRIES_PER_SET)
-                if listed is not None:
-                    got_lists[name] = listed
-                    continue
-            else:
-                fetched = _first_set(peer, namers[:TRIES_PER_SET], name, last.round, ends)
-                if fetched is not None:
-                    got[name] = fetched
-                    continue
+            if _fetch_into(peer, last.round, name, namers, ends, got, got_lists):
+                continue
             if strangers:
                 membership.waited_for_strangers(time.monotonic() - began)  # in vain: paid from their budget
             else:
@@ -242,6 +228,22 @@ def _grow(peer, last: LastRound, got: Dict[str, Dict[str, bytes]], got_lists: Op
         return set()
     return _redo(peer, last, {**last.sets, **got}, len(got) + len(got_lists or {}),
                  None if last.lists is None else {**last.lists, **got_lists}, whose)
+
+
+def _fetch_into(peer, round_no: int, name: str, sources: List[str], deadline: float,
+                got: Dict[str, Dict[str, bytes]], got_lists: Optional[Dict[str, SetList]]) -> bool:
+    """The set ``name`` into ``got``, checked, or, in a run that draws its contributions (``got_lists``
+    kept), its list into ``got_lists`` (peer/round/draw.py), from the first of ``sources`` (at most
+    ``TRIES_PER_SET`` asked) that serves it before ``deadline``; whether it came."""
+    if got_lists is not None:
+        listed, _ = draw.fetch_list_from(peer.gatherer, peer.spec, sources, name, round_no, deadline, TRIES_PER_SET)
+        if listed is not None:
+            got_lists[name] = listed
+        return listed is not None
+    fetched = _first_set(peer, sources[:TRIES_PER_SET], name, round_no, deadline)
+    if fetched is not None:
+        got[name] = fetched
+    return fetched is not None
 
 
 def _first_set(peer, sources: List[str], name: str, round_no: int, deadline: float) -> Optional[Dict[str, bytes]]:

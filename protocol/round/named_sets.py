@@ -52,22 +52,22 @@ class NamedSets:
         return p if p is not None and p.gathered == name else None
 
 
-def named_late(views: Iterable[Any], round_no: int, base: str, held: Iterable[str], known: Optional[Iterable[str]],
-               part: int, kept: Optional[NamedSets] = None) -> Dict[str, List[str]]:
+def named_late(views: Iterable[Any], round_no: int, base: str, held: Iterable[str], part: int,
+               kept: Optional[NamedSets] = None) -> Dict[str, List[str]]:
     """The sets of ``round_no`` that the round's other groups named and a merge that concluded the round
     from ``base`` with the sets ``held`` lacks: name -> the peers naming it, in the order of ``views``.
 
-    A peer's name counts where it is one of ``known`` (None: any peer; the caller then bounds what
-    names only new identities give cost it), of our ``part``, and where its record of the round, concluded (``settled``: a start vote lost
+    A peer's name counts where it is of our ``part`` (whoever it is: the caller bounds what names only
+    new identities give cost it), and where its record of the round, concluded (``settled``: a start vote lost
     after the merge withdraws the claim), says the set was applied to ``base``: as the view shows it, or
     as ``kept`` remembers it once the peer has named a later set. Guarded by
     tests/protocol/test_named_sets.py and tests/round/test_late_sets.py."""
-    held, known = set(held), None if known is None else set(known)
+    held = set(held)
     named: Dict[str, List[str]] = {}
     for v in views:
         p = v.progress
         name = p.set_of(round_no)
-        if not name or name in held or (known is not None and v.peer_id not in known) or p.part != part:
+        if not name or name in held or p.part != part:
             continue
         record = p if p.gathered_round == round_no and settled(p) else \
             kept.record(v.peer_id, round_no, name) if kept is not None else None

@@ -62,20 +62,19 @@ def _record(peer, rnd, gathered_round, gathered, before="", source=BASE, part=-1
         gathered_before=before, gathered_from=source))
 
 
-def test_sets_named_late_are_those_of_known_peers_of_our_part_applied_to_our_base():
-    """A group that named its set after our merge stopped waiting (peer/round/union.py ``take_named_sets``)."""
+def test_sets_named_late_are_those_of_our_part_concluded_on_our_base():
+    """A group that named its set after our merge stopped waiting (peer/round/union.py ``take_named_sets``,
+    which bounds what names only strangers give cost: tests/round/test_late_sets.py)."""
     views = [
         _record("b1", 6, 5, "setB"), _record("b2", 6, 5, "setB"),  # concluded round 5 from our base
         _record("a1", 6, 5, "setA"),  # our own group's set: held
-        _record("x", 6, 5, "setX"),  # a stranger naming a set: not counted
+        _record("x", 6, 5, "setX"),  # a stranger naming a set: named here, its cost bounded by the caller
         _record("c1", 6, 5, "setC", source=OTHER),  # applied to another θ: another lineage
         _record("d1", 5, 5, "setD"),  # still merging round 5: not concluded, the claim may be withdrawn
         _record("s1", 6, 5, "setS", part=2),  # a slice owner: another part's sets
     ]
-    known = {"b1", "b2", "a1", "c1", "d1", "s1"}
-    assert named_late(views, 5, BASE, {"setA"}, known, -1) == {"setB": ["b1", "b2"]}
-    assert named_late(views, 5, "", {"setA"}, known, -1) == {}  # no base of our own: nothing to apply to
-    assert named_late(views, 5, BASE, {"setA"}, None, -1) == {"setB": ["b1", "b2"], "setX": ["x"]}  # anyone's
+    assert named_late(views, 5, BASE, {"setA"}, -1) == {"setB": ["b1", "b2"], "setX": ["x"]}
+    assert named_late(views, 5, "", {"setA"}, -1) == {}  # no base of our own: nothing to apply to
 
 
 def test_a_peer_that_named_its_next_set_counts_by_what_an_earlier_read_kept():
@@ -83,5 +82,5 @@ def test_a_peer_that_named_its_next_set_counts_by_what_an_earlier_read_kept():
     kept.note([_record("b1", 6, 5, "setB")])
     later = [_record("b1", 7, 6, "setB6", before="setB", source=OTHER)]  # its round 6 set, applied to round 6's θ
     kept.note(later)
-    assert named_late(later, 5, BASE, (), {"b1"}, -1, kept) == {"setB": ["b1"]}
-    assert named_late(later, 5, BASE, (), {"b1"}, -1) == {}  # nothing kept: its base for round 5 is unknown
+    assert named_late(later, 5, BASE, (), -1, kept) == {"setB": ["b1"]}
+    assert named_late(later, 5, BASE, (), -1) == {}  # nothing kept: its base for round 5 is unknown

@@ -18,7 +18,8 @@ from protocol.round.group_sets import set_digest
 from tests.protocol.test_named_sets import _record
 from tests.support.agreement_sim import binding_of, signer
 from tests.round.test_liveness import SPEC as LIVE_SPEC
-from tests.round.test_union import ROUND, Gatherer, concluded, engine, two_groups
+from tests.round.test_union import ROUND, concluded, engine, two_groups
+from tests.round.test_union import member as union_member
 
 
 class Membership:
@@ -51,8 +52,9 @@ class Membership:
 
 
 def member(spec, e, serves, views, known, grant=None):
-    peer = SimpleNamespace(engine=e, membership=Membership(spec, views, known, grant), gatherer=Gatherer(serves), spec=spec,
-                           peer_id="me", role=SimpleNamespace(progress_part=-1), totals=SimpleNamespace(history=[]))
+    """tests/round/test_union.py's member, with a view, a part and a record of the round under way."""
+    peer = union_member(spec, e, serves)
+    peer.membership, peer.role = Membership(spec, views, known, grant), SimpleNamespace(progress_part=-1)
     peer.totals.history.append(RoundRecord(round=ROUND + 1, params_hash=e.params_hash(), group=["me"], contributors=2,
                                            excluded={}, bytes_sent=0, bytes_received=0, loss=0.0, val_loss=0.0,
                                            seconds=0.0))
