@@ -78,6 +78,9 @@ class RoundEngine:
         # p per part of who sends a payload at all when a round takes at most K (protocol/round/eligibility.py)
         self.eligibility: Dict[str, int] = {}
         self._candidates: Dict[int, Dict[str, int]] = {}  # round -> its draw's candidates per part, until concluded
+        self._open: Optional[Pending] = None  # our payload encoded and not settled yet (``encode``)
+        self._own: Optional[Tuple[int, bool]] = None  # (round, whether our payload counted) of the last one settled
+        self._owed: List[Tuple[Tensors, int]] = []  # ``redo``'s corrections, due once ``_open`` settles
 
     # ---- θ ------------------------------------------------------------------------------------
     @property
@@ -132,6 +135,7 @@ class RoundEngine:
                 self.strategy.load_shared_state(shared)
             if forget_local:
                 self.strategy.forget_local_state()
+                self._own, self._owed = None, []  # buffers of a lineage left: nothing of them to recount
             if standing is not None:
                 self.standing = dict(standing)
                 # taken with the standing table only (the two move together); none: a state from before evidence
@@ -154,7 +158,10 @@ class RoundEngine:
     def encode(self, round_start: Mapping[str, torch.Tensor], trained: Mapping[str, torch.Tensor]) -> Tuple[bytes, Pending]:
         """The payload of this round from the parameters it started from and those it trained."""
         delta = pseudo_gradient(dict(round_start), trained, self.strategy.layout)
-        return self.strategy.encode(delta, self.round)
+        data, pending = self.strategy.encode(delta, self.round)
+        with self.lock:
+            self._open = pending
+        return data, pending
 
     def choose(self, payloads: Mapping[str, bytes], round_no: int, base: str, standing: Optional[Mapping[str, int]] = None,
                table: Optional[Mapping[str, int]] = None) -> Tuple[Dict[str, bytes], Dict[str, str], List[str]]:
@@ -266,7 +273,8 @@ class RoundEngine:
             if counts is not None:  # the round's draw saw these candidates (K > 0): every member alike
                 self.eligibility = eligibility.update(self.eligibility, counts, getattr(self.strategy, "max_contributions", 0))
             if pending is not None:
-                self.strategy.settle(pending, delivered=delivered)
+                self._settle(pending, delivered)
+                self._own = (self.round, delivered)
             settled = Settled(self.round, outcome.contributors, {**(excluded or {}), **outcome.excluded}, delivered,
                               outcome.clipped, outcome.scores, sorted(passed), outcome.copies, outcome.weighed)
             self.round += 1
@@ -281,15 +289,54 @@ class RoundEngine:
             shared = {k: v.clone() for k, v in self.strategy.shared_state().items()}
             return Snapshot(self.round, theta, shared, dict(self.standing), dict(self.eligibility), dict(self.evidence))
 
-    def redo(self, snapshot: Snapshot, decoded: Sequence[Tensors], excluded: Optional[Mapping[str, str]] = None) -> Settled:
+    def redo(self, snapshot: Snapshot, decoded: Sequence[Tensors], excluded: Optional[Mapping[str, str]] = None,
+             me: Optional[str] = None, own: Optional[bytes] = None) -> Settled:
         """Conclude the round of ``snapshot`` again, from its θ and shared state, with ``decoded``:
         the same arithmetic as ``conclude``, so the same bits as a member that concluded it with
-        these payloads the first time. The local buffers are not settled again."""
+        these payloads the first time. Where our payload (``own``, sent as ``me``) counts now and did
+        not then, or the other way round, the local buffers give it up or take it back (its tensors as
+        receivers decode them), so it enters θ once. Raises as ``conclude`` does, with θ, the round,
+        the tables and the buffers as they were (tests/outer/test_redo.py)."""
         round_no, theta, shared, standing_then, eligibility_then, evidence_then = snapshot
         with self.lock:
-            self.install({n: t.clone() for n, t in theta.items()}, round_no, shared, standing=standing_then,
-                         eligibility=eligibility_then, evidence=evidence_then)
-            return self.conclude(decoded, None, delivered=False, excluded=excluded)
+            before, candidates = self.snapshot(), dict(self._candidates)
+            try:
+                self.install({n: t.clone() for n, t in theta.items()}, round_no, shared, standing=standing_then,
+                             eligibility=eligibility_then, evidence=evidence_then)
+                settled = self.conclude(decoded, None, delivered=False, excluded=excluded)
+            except BaseException:
+                self.install(before.theta, before.round, before.shared, standing=before.standing,
+                             eligibility=before.eligibility, evidence=before.evidence)
+                self._candidates = candidates
+                raise
+            settled.delivered = me is not None and me in sender_names(decoded) and me not in settled.excluded
+            if self._own is not None and self._own[0] == round_no and self._own[1] != settled.delivered and own is not None:
+                self._recount(own, round_no, settled.delivered)
+            return settled
+
+    def _recount(self, own: bytes, round_no: int, counted: bool) -> None:
+        """Our payload of ``round_no`` counts now (``counted``) or no longer: its tensors leave or
+        re-enter the local buffers, at once, or once the round encoded since settles (a settle
+        rewrites the buffers from what that round's encode read)."""
+        try:
+            _, sent = self.strategy.decode_part(own, round_no)
+        except ProtocolError:
+            return  # not ours to recount: it never decoded, so it never counted
+        sign = -1 if counted else 1
+        if self._open is not None:
+            self._owed.append((sent, sign))
+        else:
+            self.strategy.recount(sent, sign, since=0)
+        self._own = (round_no, counted)
+
+    def _settle(self, pending: Pending, delivered: bool) -> None:
+        """Settle ``pending``; where it is the payload encoded last, the corrections ``redo`` left for it."""
+        self.strategy.settle(pending, delivered=delivered)
+        if pending is self._open:
+            self._open = None
+            for sent, sign in self._owed:
+                self.strategy.recount(sent, sign, since=1)
+            self._owed = []
 
     def settle_round(self, payloads: Mapping[str, bytes], pending: Optional[Pending], me: str,
                      excluded: Optional[Mapping[str, str]] = None) -> Settled:
@@ -309,7 +356,7 @@ class RoundEngine:
             if leader.round != self.round + 1:
                 raise ValueError(f"the leader concluded round {leader.round - 1}, this engine is at round {self.round}")
             if pending is not None:
-                self.strategy.settle(pending, delivered=me not in settled.excluded and me not in settled.passed)
+                self._settle(pending, me not in settled.excluded and me not in settled.passed)
             self.strategy.load_shared_state(leader.strategy.shared_state())
             self._theta = {n: t.clone() for n, t in leader.theta.items()}
             self.standing, self.round, self._hash, self._digest = dict(leader.standing), leader.round, leader._hash, None
@@ -318,4 +365,4 @@ class RoundEngine:
     def defer(self, pending: Pending) -> None:
         """The round found no group: keep all of this round's signal in the local buffers."""
         with self.lock:
-            self.strategy.settle(pending, delivered=False)
+            self._settle(pending, False)

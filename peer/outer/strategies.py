@@ -113,6 +113,12 @@ class OuterStrategy:
     def settle(self, pending: "Pending", delivered: bool) -> None:
         """Update local buffers: keep the unsent part if the payload was delivered, all of it if not."""
 
+    def recount(self, sent: Tensors, sign: int, since: int) -> None:
+        """A settled round's payload (``sent``: its tensors as receivers decode them) counts after all
+        (``sign`` -1: take it out of the local buffers) or no longer (+1: put it back), ``since`` rounds
+        after it was settled: what ``settle`` would have left, for a round concluded again
+        (peer/outer/engine.py ``redo``; tests/outer/test_redo.py). No buffers: nothing to do."""
+
     def part_of(self, data: bytes, round_no: int) -> Part:
         """The part a groupmate's payload claims, its header checked and its tensors not decoded."""
         return payload_part(data, self.codec, self.layout_of, run_digest=self.run_digest, round=round_no,
@@ -188,6 +194,14 @@ class DiLoCo(OuterStrategy):
     def settle(self, pending: "Pending", delivered: bool) -> None:
         self.carry = {} if delivered else dict(pending.signal)
 
+    def recount(self, sent: Tensors, sign: int, since: int) -> None:
+        """The carry has no decay: the payload moves into or out of it whole (what the codec dropped of
+        the signal, if anything, is not recovered)."""
+        for n, t in sent.items():
+            have = self.carry.get(n)
+            t = t.to(have.device) if have is not None else t
+            self.carry[n] = t * sign if have is None else have + t * sign
+
     def local_state(self) -> Tensors:
         return {f"carry.{n}": t.cpu() for n, t in self.carry.items()}
 
@@ -243,6 +257,13 @@ class _ResidualStrategy(OuterStrategy):
     def settle(self, pending: "Pending", delivered: bool) -> None:
         for name, s in pending.signal.items():
             self.buffer[name] = s - pending.sent[name].to(s.device) if delivered else s
+
+    def recount(self, sent: Tensors, sign: int, since: int) -> None:
+        """Decayed once per round carried since, as the buffer it would have stayed in."""
+        scale = sign * self.decay ** since
+        for name, t in sent.items():
+            if name in self.buffer:
+                self.buffer[name] = self.buffer[name] + t.to(self.buffer[name].device) * scale
 
     def local_state(self) -> Tensors:
         """CPU tensors (copies when the buffers live on a GPU), so checkpoints load anywhere."""

@@ -277,7 +277,10 @@ def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int,
         else:
             chosen, invalid, excluded, count = drawn.payloads, dict(drawn.invalid), drawn.excluded, len(drawn.senders)
         decoded, bad = engine.decode_at(chosen, last.round)
-        settled = engine.redo(last.snapshot, decoded, {**excluded, **invalid, **bad})
+        # our own payload, in our group's set: the buffers give it up or take it back where it now counts
+        # or no longer does (``RoundEngine.redo``)
+        own = next((held[peer.peer_id] for held in sets.values() if peer.peer_id in held), None)
+        settled = engine.redo(last.snapshot, decoded, {**excluded, **invalid, **bad}, me=peer.peer_id, own=own)
         last.sets, last.lists, last.after_hash = sets, lists, engine.params_hash()
         counted = set(chosen) - set(settled.excluded)
     logger.info(f"round {last.round}: took {taken} set(s) of the round {whose} into its union "
