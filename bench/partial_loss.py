@@ -73,12 +73,14 @@ def arm_spec(cfg: Dict[str, Any], slices: int, seed: int, topk: int = DEFAULT_TO
              aggregate: str = "chosen"):
     """The spec of an arm; ``inner_steps``: its H (0: the config's), the inner steps of the run unchanged;
     ``aggregate``: SparseLoCo's (each coordinate averaged over the payloads that kept it, or over all);
-    ``cfg["strategy"]``: the outer strategy of every arm (SparseLoCo unless given)."""
+    ``cfg["strategy"]``: the outer strategy of every arm (SparseLoCo unless given); ``cfg["balance_steps"]``:
+    the spec's ``partial.balance_steps`` (the default, on, unless given)."""
     H = inner_steps or cfg["inner_steps"]
     spec = make_spec(model_dict(cfg["sim_model"]), slices, cfg["batch_size"], H, cfg["lr"], cfg["warmup"],
                      cfg["rounds"] * cfg["inner_steps"], cfg["val_batches"])
     return spec.replace(seed=seed, outer={"strategy": cfg.get("strategy", "sparseloco"),
-                                          "sparseloco": {"topk": topk, "aggregate": aggregate}})
+                                          "sparseloco": {"topk": topk, "aggregate": aggregate}},
+                        partial={"balance_steps": cfg.get("balance_steps", True)})
 
 
 def payload_bytes(spec, part) -> int:
@@ -142,8 +144,8 @@ def scale_slice_steps(strategy, factor: float) -> None:
     from protocol.model.partial import FULL, slice_of
 
     apply = strategy.apply
-    strategy.apply = lambda theta, update: apply(
-        theta, {n: u * factor if slice_of(n) != FULL else u for n, u in update.items()})
+    strategy.apply = lambda theta, update, scales=None: apply(
+        theta, {n: u * factor if slice_of(n) != FULL else u for n, u in update.items()}, scales)
 
 
 def run_arm(job) -> Dict[str, Any]:
@@ -248,6 +250,10 @@ def main(argv=None) -> int:
     ap.add_argument("--aggregate", choices=("chosen", "mean"), default="chosen",
                     help="SparseLoCo's aggregate for every arm: each coordinate averaged over the payloads that kept it "
                          "(chosen, the spec's default) or over all payloads of its part (mean)")
+    ap.add_argument("--balance-steps", choices=("on", "off"), default="on",
+                    help="the spec's partial.balance_steps for every arm: slices carried by fewer contributions "
+                    "than the most-carried tensor take a √(most / theirs) larger outer step (on, the default), "
+                    "or the same step as every tensor (off: before 2026-12-05)")
     ap.add_argument("--slice-step", type=float, default=1.0,
                     help="scale the outer step of sliced tensors by this (the partial arms' outer lr for their slices; "
                          "default 1.0: the spec's outer lr for every tensor)")
@@ -259,7 +265,8 @@ def main(argv=None) -> int:
                          "(default 1: at the end only)")
     add_arm_flags(ap)
     args = ap.parse_args(argv)
-    cfg = dict(CONFIGS["quick" if args.quick else "full"], points=args.points, strategy=args.strategy)
+    cfg = dict(CONFIGS["quick" if args.quick else "full"], points=args.points, strategy=args.strategy,
+               balance_steps=args.balance_steps == "on")
     if args.rounds < 0 or not 1 <= args.points <= 64:
         raise SystemExit("--rounds must be >= 0 and --points between 1 and 64")
     if args.rounds:
@@ -285,7 +292,8 @@ def main(argv=None) -> int:
         partial_topk = largest_topk(cfg, args.slices, payload_bytes(arm_spec(cfg, 1, 0, base), part_of(1)), 64 * 64)
     print(f"# partial updates at equal tokens and equal bytes, {now()}, {machine()}")
     print(f"# model {cfg['sim_model']}, batch {cfg['batch_size']}, H = {cfg['inner_steps']}, {cfg['rounds']} rounds; "
-          f"S = {args.slices}; {args.strategy}; top-k {base} of 4096, {args.aggregate} aggregate, slice step x{args.slice_step:g}; "
+          f"S = {args.slices}; {args.strategy}; top-k {base} of 4096, {args.aggregate} aggregate, slice step "
+          f"x{args.slice_step:g}, balanced steps {args.balance_steps}; "
           f"equal bytes: full top-k {topk}, partial H = {h_partial}"
           + (f", partial top-k {partial_topk}" if partial_topk else ""),
           flush=True)
@@ -307,7 +315,8 @@ def main(argv=None) -> int:
             for r in replicas for seed in range(args.seeds) for a in chosen]
     run_summarized(run_arm, work, args.jobs, summarize, print_summary, args.json, config=cfg, slices=args.slices,
                    strategy=args.strategy, flops_ratio=ratio, flops_rounds=flops_cfg["rounds"] if ratio else None,
-                   topk=base, aggregate=args.aggregate, slice_step=args.slice_step, equal_bytes_topk=topk,
+                   topk=base, aggregate=args.aggregate, slice_step=args.slice_step, balance_steps=args.balance_steps,
+                   equal_bytes_topk=topk,
                    equal_bytes_h=h_partial, partial_topk=partial_topk or None)
     return 0
 

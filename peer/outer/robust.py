@@ -292,8 +292,8 @@ def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: 
     kept = list(s.kept)
     while kept:
         try:
-            flags = [i in established for i in kept]
-            strategy.apply(theta, strategy.aggregate([s.contributions[i] for i in kept], flags))
+            flags, counted = [i in established for i in kept], [s.contributions[i] for i in kept]
+            strategy.apply(theta, strategy.aggregate(counted, flags), strategy.step_scales(counted))
             break
         except NonFiniteStep as e:  # the largest goes first; ties: the later in canonical order
             worst = max(kept, key=lambda i: (s.norms[i], i))

@@ -31,13 +31,14 @@ or in the strategy's state.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections import Counter
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from protocol.codecs import make_codec
 from protocol.chain.stages import stage_shapes
-from protocol.model.partial import FULL, owned_shapes
+from protocol.model.partial import FULL, balanced_steps, owned_shapes
 from protocol.wire.payload import Part, decode_part_payload, encode_payload, payload_max_bytes, payload_part
 from protocol.round.standing import weights
 from protocol.spec import RunSpec
@@ -139,17 +140,28 @@ class OuterStrategy:
         """Per tensor, the mean over the payloads that carry it, fresh senders bounded (``average``)."""
         return average(self.full_layout, decoded, established=established)
 
-    def apply(self, theta: Tensors, update: Tensors) -> None:
+    def apply(self, theta: Tensors, update: Tensors, scales: Optional[Mapping[str, float]] = None) -> None:
         """The outer step on the global parameters, in place, all or nothing: every new value is
         computed and checked finite first (``NonFiniteStep``, θ and the strategy's state unchanged),
-        then the same operations are done in place (the same bits as a single pass)."""
+        then the same operations are done in place (the same bits as a single pass). ``scales``:
+        tensor name -> a multiple of the outer lr (``step_scales``); absent: 1."""
+        scales = scales or {}
         for name, step in self._steps(update, commit=False):
             if not bool(torch.isfinite(step).all()):
                 raise NonFiniteStep(f"a non-finite outer step for {name}")
-            if not bool(torch.isfinite(theta[name] - step * self.lr).all()):
+            if not bool(torch.isfinite(theta[name] - step * (self.lr * scales.get(name, 1.0))).all()):
                 raise NonFiniteStep(f"a non-finite value in {name}")
         for name, step in self._steps(update, commit=True):
-            theta[name].sub_(step * self.lr)
+            theta[name].sub_(step * (self.lr * scales.get(name, 1.0)))
+
+    def step_scales(self, contributions: Sequence[Tensors]) -> Dict[str, float]:
+        """The outer lr's multiple per tensor for a round whose counted contributions are
+        ``contributions``: sliced tensors carried by fewer of them than the most-carried tensor step
+        further in a partial run (``partial.balance_steps``: protocol/model/partial.py
+        ``balanced_steps``); none otherwise."""
+        if self.spec.partial.slices <= 1 or not self.spec.partial.balance_steps or self._explicit:
+            return {}
+        return balanced_steps(Counter(n for c in contributions for n in c))
 
     def _steps(self, update: Tensors, commit: bool) -> Iterable[Tuple[str, torch.Tensor]]:
         """(name, the step θ[name] moves by, before the outer lr); ``commit``: also update the

@@ -224,9 +224,13 @@ class PartialSpec(SpecModel):
     """
 
     _path: ClassVar[str] = "partial"
+    _omit_at_default: ClassVar[Tuple[str, ...]] = ("balance_steps",)
 
     slices: Int(ge=1, le=1024) = 1
     attention: Bool = False
+    # a slice carried by fewer of a round's contributions than the most-carried tensor takes a larger
+    # outer step: √(most / its) (protocol/model/partial.py ``balanced_steps``)
+    balance_steps: Bool = True
 
     @property
     def attn_slices(self) -> int:

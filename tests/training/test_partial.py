@@ -9,7 +9,7 @@ from peer.training.inner import InnerTrainer
 from peer.training.model import build_model
 from peer.outer.strategies import make_strategy
 from protocol.errors import PayloadError
-from protocol.model.partial import FULL, choose_part, owned_shapes, part_layouts, slice_of
+from protocol.model.partial import FULL, balanced_steps, choose_part, owned_shapes, part_layouts, slice_of
 from protocol.spec import RunSpec
 
 TINY = dict(d_model=32, n_layers=2, n_heads=4, ffn_hidden=64, seq_len=16)
@@ -147,3 +147,58 @@ def test_sparseloco_averages_each_coordinate_over_the_payloads_that_kept_it():
                 assert torch.equal(agg[name][only], total[only])
         # every member computes the same bits
         assert all(torch.equal(agg[n], strategies[2].aggregate(decoded)[n]) for n in agg)
+
+
+def test_balanced_steps_are_the_root_of_the_carriers_ratio_for_sliced_tensors_only():
+    s = spec(4)
+    shared = next(n for n in s.param_shapes() if slice_of(n) == FULL)
+    sliced = [n for n in s.param_shapes() if slice_of(n) != FULL]
+    carriers = {shared: 8, sliced[0]: 2, sliced[1]: 8, sliced[2]: 4}
+    assert balanced_steps(carriers) == {sliced[0]: 2.0, sliced[2]: 2 ** 0.5}
+    assert balanced_steps({shared: 3}) == {} and balanced_steps({}) == {}
+    assert balanced_steps({shared: 2, sliced[0]: 8}) == {}  # a shared tensor is never scaled, even carried less
+
+
+@pytest.mark.parametrize("strategy", ["sparseloco", "diloco"])
+def test_a_slice_carried_by_fewer_owners_steps_further_alike_on_every_member(strategy):
+    """Four slice owners of S = 2 (two a slice): shared tensors are carried by 4, each slice by 2, so
+    with ``partial.balance_steps`` a slice steps √2 times as far as without, shared tensors alike;
+    two members concluding the round get the same bits."""
+    from peer.outer.engine import RoundEngine
+
+    def conclude(balance):
+        s = spec(2, strategy=strategy).replace(partial={"balance_steps": balance})
+        gen = torch.Generator().manual_seed(0)
+        theta = {n: torch.randn(sh, generator=gen) for n, sh in s.param_shapes().items()}
+        engine = RoundEngine(make_strategy(s), {n: t.clone() for n, t in theta.items()})
+        engine.standing = {f"p{i}": 20 for i in range(4)}  # established: every update counts
+        layouts, common = part_layouts(s), torch.Generator().manual_seed(1)
+        base = {n: torch.randn(sh, generator=common) for n, sh in s.param_shapes().items()}
+        payloads = {}
+        for i, part in enumerate([0, 0, 1, 1]):
+            noise = torch.Generator().manual_seed(10 + i)
+            delta = {n: base[n] + torch.randn(sh, generator=noise) for n, sh in layouts[part].items()}
+            payloads[f"p{i}"] = make_strategy(s, part=part).encode(delta, 0)[0]
+        decoded, invalid = engine.decode(payloads)
+        assert not invalid
+        settled = engine.conclude(decoded, None, delivered=False)
+        assert settled.contributors == 4, settled.excluded
+        return theta, engine.theta
+
+    before, on = conclude(True)
+    _, on_again = conclude(True)
+    _, off = conclude(False)
+    for n in before:
+        assert torch.equal(on[n], on_again[n])
+        moved_on, moved_off = (on[n] - before[n]).norm(), (off[n] - before[n]).norm()
+        if slice_of(n) == FULL:
+            assert torch.equal(on[n], off[n]), n
+        elif moved_off > 0:
+            assert moved_on / moved_off == pytest.approx(2 ** 0.5, rel=1e-4), n
+
+
+def test_balanced_steps_are_off_in_a_run_without_slices_and_omitted_from_its_spec():
+    whole = RunSpec(run_id="p").replace(model=TINY)
+    assert make_strategy(whole).step_scales([{n: None for n in whole.param_shapes()}]) == {}
+    assert "balance_steps" not in spec(4).to_toml()
+    assert "balance_steps" in spec(4).replace(partial={"balance_steps": False}).to_toml()
