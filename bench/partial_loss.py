@@ -255,8 +255,8 @@ def main(argv=None) -> int:
                     "than the most-carried tensor take a √(most / theirs) larger outer step (on, the default), "
                     "or the same step as every tensor (off: before 2026-12-05)")
     ap.add_argument("--slice-step", type=float, default=1.0,
-                    help="scale the outer step of sliced tensors by this (the partial arms' outer lr for their slices; "
-                         "default 1.0: the spec's outer lr for every tensor)")
+                    help="scale the outer step of sliced tensors by this, on top of --balance-steps (the partial arms' "
+                         "outer lr for their slices; default 1.0: the spec's rule alone)")
     ap.add_argument("--rounds", type=int, default=0,
                     help="rounds of H inner steps of the run (default 0: the config's, 12; 3 with --quick); the "
                          "equal-bytes arm runs as many tokens in more, shorter rounds")

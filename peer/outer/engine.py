@@ -80,6 +80,7 @@ class RoundEngine:
         self._candidates: Dict[int, Dict[str, int]] = {}  # round -> its draw's candidates per part, until concluded
         self._open: Optional[Pending] = None  # our payload encoded and not settled yet (``encode``)
         self._own: Optional[Tuple[int, bool]] = None  # (round, whether our payload counted) of the last one settled
+        self._since = 0  # settles since that one (each carried the buffers one encode further)
         self._owed: List[Tuple[Tensors, int]] = []  # ``redo``'s corrections, due once ``_open`` settles
 
     # ---- θ ------------------------------------------------------------------------------------
@@ -159,7 +160,7 @@ class RoundEngine:
         """The payload of this round from the parameters it started from and those it trained."""
         delta = pseudo_gradient(dict(round_start), trained, self.strategy.layout)
         data, pending = self.strategy.encode(delta, self.round)
-        with self.lock:
+        with self.lock:  # (encode and redo both run on the exchange's thread, one after the other)
             self._open = pending
         return data, pending
 
@@ -274,7 +275,7 @@ class RoundEngine:
                 self.eligibility = eligibility.update(self.eligibility, counts, getattr(self.strategy, "max_contributions", 0))
             if pending is not None:
                 self._settle(pending, delivered)
-                self._own = (self.round, delivered)
+                self._own, self._since = (self.round, delivered), 0
             settled = Settled(self.round, outcome.contributors, {**(excluded or {}), **outcome.excluded}, delivered,
                               outcome.clipped, outcome.scores, sorted(passed), outcome.copies, outcome.weighed)
             self.round += 1
@@ -299,15 +300,18 @@ class RoundEngine:
         the tables and the buffers as they were (tests/outer/test_redo.py)."""
         round_no, theta, shared, standing_then, eligibility_then, evidence_then = snapshot
         with self.lock:
-            before, candidates = self.snapshot(), dict(self._candidates)
+            # θ is not copied: install swaps the dict, so the conclusion below steps on the snapshot's clone
+            shared_now = {k: v.clone() for k, v in self.strategy.shared_state().items()}
+            before = (self._theta, self.round, shared_now, dict(self.standing), dict(self.eligibility), dict(self.evidence),
+                      dict(self._candidates))
             try:
                 self.install({n: t.clone() for n, t in theta.items()}, round_no, shared, standing=standing_then,
                              eligibility=eligibility_then, evidence=evidence_then)
                 settled = self.conclude(decoded, None, delivered=False, excluded=excluded)
             except BaseException:
-                self.install(before.theta, before.round, before.shared, standing=before.standing,
-                             eligibility=before.eligibility, evidence=before.evidence)
-                self._candidates = candidates
+                theta_now, round_now, _, standing_now, eligibility_now, evidence_now, self._candidates = before
+                self.install(theta_now, round_now, shared_now, standing=standing_now, eligibility=eligibility_now,
+                             evidence=evidence_now)
                 raise
             settled.delivered = me is not None and me in sender_names(decoded) and me not in settled.excluded
             if self._own is not None and self._own[0] == round_no and self._own[1] != settled.delivered and own is not None:
@@ -317,7 +321,8 @@ class RoundEngine:
     def _recount(self, own: bytes, round_no: int, counted: bool) -> None:
         """Our payload of ``round_no`` counts now (``counted``) or no longer: its tensors leave or
         re-enter the local buffers, at once, or once the round encoded since settles (a settle
-        rewrites the buffers from what that round's encode read)."""
+        rewrites the buffers from what that round's encode read), decayed once per encode since
+        (``_since``; tests/outer/test_redo.py)."""
         try:
             _, sent = self.strategy.decode_part(own, round_no)
         except ProtocolError:
@@ -326,16 +331,17 @@ class RoundEngine:
         if self._open is not None:
             self._owed.append((sent, sign))
         else:
-            self.strategy.recount(sent, sign, since=0)
+            self.strategy.recount(sent, sign, since=self._since)
         self._own = (round_no, counted)
 
     def _settle(self, pending: Pending, delivered: bool) -> None:
         """Settle ``pending``; where it is the payload encoded last, the corrections ``redo`` left for it."""
         self.strategy.settle(pending, delivered=delivered)
+        self._since += 1
         if pending is self._open:
             self._open = None
             for sent, sign in self._owed:
-                self.strategy.recount(sent, sign, since=1)
+                self.strategy.recount(sent, sign, since=self._since)
             self._owed = []
 
     def settle_round(self, payloads: Mapping[str, bytes], pending: Optional[Pending], me: str,
@@ -356,7 +362,9 @@ class RoundEngine:
             if leader.round != self.round + 1:
                 raise ValueError(f"the leader concluded round {leader.round - 1}, this engine is at round {self.round}")
             if pending is not None:
-                self._settle(pending, me not in settled.excluded and me not in settled.passed)
+                delivered = me not in settled.excluded and me not in settled.passed
+                self._settle(pending, delivered)
+                self._own, self._since = (self.round, delivered), 0
             self.strategy.load_shared_state(leader.strategy.shared_state())
             self._theta = {n: t.clone() for n, t in leader.theta.items()}
             self.standing, self.round, self._hash, self._digest = dict(leader.standing), leader.round, leader._hash, None

@@ -161,7 +161,7 @@ class OuterStrategy:
         ``balanced_steps``); none otherwise."""
         if self.spec.partial.slices <= 1 or not self.spec.partial.balance_steps or self._explicit:
             return {}
-        return balanced_steps(Counter(n for c in contributions for n in c))
+        return balanced_steps(Counter(n for c in contributions for n in c), self.spec.partial.slices)
 
     def _steps(self, update: Tensors, commit: bool) -> Iterable[Tuple[str, torch.Tensor]]:
         """(name, the step θ[name] moves by, before the outer lr); ``commit``: also update the

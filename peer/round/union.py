@@ -13,8 +13,9 @@ may conclude round r from different unions. The next round's group settles it:
   and the same key for each member's start (``start_keys``);
 - a member whose sets lack part of that union fetches the missing sets from the members that
   announced them, checks every envelope, and concludes round r again from its base with the larger
-  union (``RoundEngine.redo``: the same bits as a member that held every set the first time; the
-  round's local buffers are settled once) before it concludes round r + 1 (``take_group_union``).
+  union (``RoundEngine.redo``: the same bits as a member that held every set the first time; where
+  our own payload counts now and did not then, or the other way round, the local buffers give it up
+  or take it back) before it concludes round r + 1 (``take_group_union``).
 
 Members of one base then hold one θ whichever of them waited longest, and the start vote counts
 them as one. A set that no member of the next round's group holds (the group of a slower group's

@@ -64,18 +64,21 @@ def describe(spec: RunSpec, part: int) -> str:
     return f"slice {part} of {spec.partial.slices} ({what})"
 
 
-def balanced_steps(carriers: Mapping[str, int]) -> Dict[str, float]:
+def balanced_steps(carriers: Mapping[str, int], slices: int) -> Dict[str, float]:
     """The outer step's multiple for each sliced tensor of a round (``partial.balance_steps``), from
     ``carriers``: tensor name -> how many of the round's counted contributions carry it. A slice that
-    fewer contributions carry than the round's most-carried tensor steps √(most / its) times as far:
-    with S slices among R owners a slice's average comes from R / S updates, whose sparse union moves
-    fewer of its coordinates than R updates move of a shared tensor, and √S measured best of the
-    multiples tried at S = 4 (bench/RESULTS.md, "Slices' outer step by their carriers"). Shared tensors,
-    and slices carried as often as the most-carried tensor, step 1 (absent). A plain function of
-    counts every member holds alike, so every member steps alike (tests/protocol/test_partial.py)."""
+    fewer contributions carry than the round's most-carried tensor steps √(most / its) times as far,
+    at most √``slices``: with S slices among R owners a slice's average comes from R / S updates, whose
+    sparse union moves fewer of its coordinates than R updates move of a shared tensor, and √S
+    measured best of the multiples tried at S = 4 (bench/RESULTS.md, "Slices' outer step by their
+    carriers"). A slice one contribution alone carries steps 1: no median clips a lone update, and
+    none amplifies it. Shared tensors, and slices carried as often as the most-carried tensor, step 1
+    (absent). A plain function of counts every member holds alike, so every member steps alike
+    (tests/training/test_partial.py)."""
     most = max(carriers.values(), default=0)
-    return {n: math.sqrt(most / c) for n, c in sorted(carriers.items())
-            if 0 < c < most and slice_of(n) != FULL}
+    cap = math.sqrt(max(1, slices))
+    return {n: min(cap, math.sqrt(most / c)) for n, c in sorted(carriers.items())
+            if 2 <= c < most and slice_of(n) != FULL}
 
 
 __all__: List[str] = ["FULL", "slice_of", "owned_shapes", "part_layouts", "choose_part", "describe", "balanced_steps"]

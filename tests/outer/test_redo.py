@@ -70,9 +70,18 @@ def test_a_redo_that_changes_whether_ours_counts_moves_it_into_or_out_of_the_buf
         assert torch.allclose(buffers(e)[n], t, atol=1e-6), n
 
 
+def settle_next(engine, pending, how):
+    """The round encoded after the first one settles: deferred (its whole signal stays) or counted."""
+    if how == "defer":
+        engine.defer(pending)
+    else:
+        engine.conclude(Contributions([], []), pending, delivered=True)
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("counted_first", [True, False])
-def test_a_redo_while_the_next_round_is_encoded_corrects_once_that_round_settles(strategy, counted_first):
+@pytest.mark.parametrize("how", ["defer", "delivered"])
+def test_a_redo_while_the_next_round_is_encoded_corrects_once_that_round_settles(strategy, counted_first, how):
     """The next round's payload was encoded from the old buffers (and sent): the correction waits for
     that round's settle, which rewrites the buffers, and then what was sent plus what is kept equals
     what the engine that concluded the first round as the redo did sent plus kept."""
@@ -84,10 +93,42 @@ def test_a_redo_while_the_next_round_is_encoded_corrects_once_that_round_settles
     e.redo(snap, decoded(e, again), me="me", own=payloads["me"])
     assert e.params_hash() == ref.params_hash()
     before = buffers(e)
-    e.defer(pending)  # a round that settles (undelivered: the whole signal stays)
-    ref.defer(ref_pending)
+    settle_next(e, pending, how)
+    settle_next(ref, ref_pending, how)
     assert any(not torch.equal(before[n], buffers(e)[n]) for n in before)
+    kept, ref_kept = buffers(e), buffers(ref)
+    if how == "delivered":  # what was sent differs (encoded from other buffers): compare sent + kept
+        kept = {n: t + pending.sent.get(n, torch.zeros(t.shape)) for n, t in kept.items()}
+        ref_kept = {n: t + ref_pending.sent.get(n, torch.zeros(t.shape)) for n, t in ref_kept.items()}
+    for n, t in ref_kept.items():
+        assert torch.allclose(kept[n], t, atol=1e-5), n
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_redo_after_a_deferred_round_decays_the_correction_once_per_encode(strategy):
+    """Round 0, then round 1 encoded and deferred, encoded again, and round 0 concluded again: the
+    correction is carried two encodes (β² for the error feedback), as the buffer it belonged to was."""
+    e, snap, payloads = first_round(strategy, True)
+    ref, _, _ = first_round(strategy, False)
+    for engine in (e, ref):
+        engine.defer(engine.encode(engine.theta, trained(engine.theta, 3))[1])
+    _, pending = e.encode(e.theta, trained(e.theta, 4))
+    _, ref_pending = ref.encode(ref.theta, trained(ref.theta, 4))
+    e.redo(snap, decoded(e, {"mate": payloads["mate"]}), me="me", own=payloads["me"])
+    e.defer(pending)
+    ref.defer(ref_pending)
     for n, t in buffers(ref).items():
+        assert torch.allclose(buffers(e)[n], t, atol=1e-5), n
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_two_redos_that_flip_and_flip_back_leave_the_buffers_as_they_were(strategy):
+    e, snap, payloads = first_round(strategy, True)
+    before = buffers(e)
+    e.redo(snap, decoded(e, {"mate": payloads["mate"]}), me="me", own=payloads["me"])
+    assert any(not torch.equal(before[n], t) for n, t in buffers(e).items())
+    e.redo(snap, decoded(e, payloads), me="me", own=payloads["me"])
+    for n, t in before.items():
         assert torch.allclose(buffers(e)[n], t, atol=1e-6), n
 
 
@@ -111,6 +152,7 @@ def test_a_redo_that_raises_leaves_the_engine_as_it_was(monkeypatch):
     with pytest.raises(RuntimeError, match="outer step failed"):
         e.redo(snap, Contributions([], []), me="me", own=payloads["me"])
     assert (e.round, e.params_hash(), e.standing) == state[:3]
+    assert e.eligibility == {} and e.evidence == {}
     assert all(torch.equal(v, state[3][k]) for k, v in e.strategy.shared_state().items())
 
 

@@ -154,9 +154,11 @@ def test_balanced_steps_are_the_root_of_the_carriers_ratio_for_sliced_tensors_on
     shared = next(n for n in s.param_shapes() if slice_of(n) == FULL)
     sliced = [n for n in s.param_shapes() if slice_of(n) != FULL]
     carriers = {shared: 8, sliced[0]: 2, sliced[1]: 8, sliced[2]: 4}
-    assert balanced_steps(carriers) == {sliced[0]: 2.0, sliced[2]: 2 ** 0.5}
-    assert balanced_steps({shared: 3}) == {} and balanced_steps({}) == {}
-    assert balanced_steps({shared: 2, sliced[0]: 8}) == {}  # a shared tensor is never scaled, even carried less
+    assert balanced_steps(carriers, 4) == {sliced[0]: 2.0, sliced[2]: 2 ** 0.5}
+    assert balanced_steps(carriers, 2) == {sliced[0]: 2 ** 0.5, sliced[2]: 2 ** 0.5}  # at most √S
+    assert balanced_steps({shared: 3}, 4) == {} and balanced_steps({}, 4) == {}
+    assert balanced_steps({shared: 2, sliced[0]: 8}, 4) == {}  # a shared tensor is never scaled, even carried less
+    assert balanced_steps({shared: 16, sliced[0]: 1, sliced[1]: 2}, 16) == {sliced[1]: 8 ** 0.5}  # a lone carrier: 1
 
 
 @pytest.mark.parametrize("strategy", ["sparseloco", "diloco"])
