@@ -22,9 +22,8 @@ from protocol.round import eligibility
 from protocol.round.eligibility import ONE
 from tests.conftest import Clock  # noqa: F401
 from tests.protocol.test_group_sets import ROUND
-from tests.round.test_group_merge import Swarm, a_group, b58, member_of, record
+from tests.round.test_group_merge import Swarm, a_group, member_of, record
 from tests.round.test_liveness import SPEC, view
-from tests.support.agreement_sim import signer
 
 
 def membership(monkeypatch, clock, script) -> Membership:
@@ -90,7 +89,8 @@ def test_the_predicate_is_the_lineages_eligibility_and_none_without_k():
     gen = torch.Generator().manual_seed(0)
     theta = {name: torch.randn(shape, generator=gen) for name, shape in spec_k.param_shapes().items()}
     e = RoundEngine(make_strategy(spec_k), theta, round_no=ROUND)
-    names = [b58(signer(i).peer_id) for i in range(60)]
+    # fixed names: with fresh keys every run, no sender at all came up about once in 150 runs (CI, 2026-12-05)
+    names = [f"peer{i:02d}" for i in range(60)]
     with e.lock:
         e.eligibility = {"-1": ONE // 8}
         e.standing = {n: 3 for n in names[:30]}
