@@ -274,8 +274,7 @@ class RoundEngine:
             if counts is not None:  # the round's draw saw these candidates (K > 0): every member alike
                 self.eligibility = eligibility.update(self.eligibility, counts, getattr(self.strategy, "max_contributions", 0))
             if pending is not None:
-                self._settle(pending, delivered)
-                self._own, self._since = (self.round, delivered), 0
+                self._settle(pending, delivered, ours=self.round)
             settled = Settled(self.round, outcome.contributors, {**(excluded or {}), **outcome.excluded}, delivered,
                               outcome.clipped, outcome.scores, sorted(passed), outcome.copies, outcome.weighed)
             self.round += 1
@@ -298,25 +297,27 @@ class RoundEngine:
         not then, or the other way round, the local buffers give it up or take it back (its tensors as
         receivers decode them), so it enters θ once. Raises as ``conclude`` does, with θ, the round,
         the tables and the buffers as they were (tests/outer/test_redo.py)."""
-        round_no, theta, shared, standing_then, eligibility_then, evidence_then = snapshot
+        round_no = snapshot.round
         with self.lock:
             # θ is not copied: install swaps the dict, so the conclusion below steps on the snapshot's clone
-            shared_now = {k: v.clone() for k, v in self.strategy.shared_state().items()}
-            before = (self._theta, self.round, shared_now, dict(self.standing), dict(self.eligibility), dict(self.evidence),
-                      dict(self._candidates))
+            now = Snapshot(self.round, self._theta, {k: v.clone() for k, v in self.strategy.shared_state().items()},
+                           dict(self.standing), dict(self.eligibility), dict(self.evidence))
+            candidates = dict(self._candidates)
             try:
-                self.install({n: t.clone() for n, t in theta.items()}, round_no, shared, standing=standing_then,
-                             eligibility=eligibility_then, evidence=evidence_then)
+                self._install_snapshot(snapshot._replace(theta={n: t.clone() for n, t in snapshot.theta.items()}))
                 settled = self.conclude(decoded, None, delivered=False, excluded=excluded)
             except BaseException:
-                theta_now, round_now, _, standing_now, eligibility_now, evidence_now, self._candidates = before
-                self.install(theta_now, round_now, shared_now, standing=standing_now, eligibility=eligibility_now,
-                             evidence=evidence_now)
+                self._install_snapshot(now)
+                self._candidates = candidates
                 raise
             settled.delivered = me is not None and me in sender_names(decoded) and me not in settled.excluded
             if self._own is not None and self._own[0] == round_no and self._own[1] != settled.delivered and own is not None:
                 self._recount(own, round_no, settled.delivered)
             return settled
+
+    def _install_snapshot(self, snap: Snapshot) -> None:
+        self.install(snap.theta, snap.round, snap.shared, standing=snap.standing, eligibility=snap.eligibility,
+                     evidence=snap.evidence)
 
     def _recount(self, own: bytes, round_no: int, counted: bool) -> None:
         """Our payload of ``round_no`` counts now (``counted``) or no longer: its tensors leave or
@@ -334,8 +335,9 @@ class RoundEngine:
             self.strategy.recount(sent, sign, since=self._since)
         self._own = (round_no, counted)
 
-    def _settle(self, pending: Pending, delivered: bool) -> None:
-        """Settle ``pending``; where it is the payload encoded last, the corrections ``redo`` left for it."""
+    def _settle(self, pending: Pending, delivered: bool, ours: Optional[int] = None) -> None:
+        """Settle ``pending``; where it is the payload encoded last, the corrections ``redo`` left for it.
+        ``ours``: the round it was our payload of (concluded, not deferred): a later redo recounts from it."""
         self.strategy.settle(pending, delivered=delivered)
         self._since += 1
         if pending is self._open:
@@ -343,6 +345,8 @@ class RoundEngine:
             for sent, sign in self._owed:
                 self.strategy.recount(sent, sign, since=self._since)
             self._owed = []
+        if ours is not None:
+            self._own, self._since = (ours, delivered), 0
 
     def settle_round(self, payloads: Mapping[str, bytes], pending: Optional[Pending], me: str,
                      excluded: Optional[Mapping[str, str]] = None) -> Settled:
@@ -362,9 +366,7 @@ class RoundEngine:
             if leader.round != self.round + 1:
                 raise ValueError(f"the leader concluded round {leader.round - 1}, this engine is at round {self.round}")
             if pending is not None:
-                delivered = me not in settled.excluded and me not in settled.passed
-                self._settle(pending, delivered)
-                self._own, self._since = (self.round, delivered), 0
+                self._settle(pending, me not in settled.excluded and me not in settled.passed, ours=self.round)
             self.strategy.load_shared_state(leader.strategy.shared_state())
             self._theta = {n: t.clone() for n, t in leader.theta.items()}
             self.standing, self.round, self._hash, self._digest = dict(leader.standing), leader.round, leader._hash, None
