@@ -137,6 +137,10 @@ ATTACKS: Dict[str, Attack] = {a.name: a for a in [
            hostile_peer("poison=-1")),
     Attack("negate-late", "negate, from fresh identities that join after the first round (honest peers have standing)",
            hostile_peer("poison=-1"), hostile_late=True),
+    Attack("covert", "a groupmate's honest payload whose largest values are negated and carry its whole norm, the "
+           "rest kept in sign at a thousandth: signs that mostly agree, mass that points back", hostile_peer("covert")),
+    Attack("negate-big", "a groupmate's pseudo-gradient negated on its largest fifth of tensors (most of its mass), "
+           "honest on the rest", hostile_peer("negate-big")),
     Attack("noise", "Gaussian noise at each tensor's honest norm in place of the pseudo-gradient: no information",
            hostile_peer("noise")),
     Attack("garbage", "an unchanged peer whose corpus is uniformly random ASCII: honest work on garbage data",

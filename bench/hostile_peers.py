@@ -32,6 +32,44 @@ def scale_payload(data: bytes, factor: float) -> bytes:
     return msgpack.packb(message, use_bin_type=True)
 
 
+def covert_payload(data: bytes, tiny: float = 1e-3) -> bytes:
+    """The same SparseLoCo payload with each tensor's 2-bit table changed: the outer bins (its largest
+    values) negated and scaled to carry the tensor's whole honest norm, the inner bins kept in sign at
+    ``tiny`` of their size. Same indices and codes: most of its signs still agree with honest ones,
+    while its mass points back (bench/trust.py's ``covert``, on the wire). Other codecs pass unchanged."""
+    message = msgpack.unpackb(data, raw=False)
+    for _, fields in message["t"]:
+        if "lut" not in fields or "codes" not in fields:
+            continue
+        lut = np.frombuffer(fields["lut"], dtype="<f4").astype(np.float64)
+        if lut.size != 4:
+            continue
+        raw = np.frombuffer(fields["codes"], dtype=np.uint8)
+        codes = (np.unpackbits(raw, bitorder="little").reshape(-1, 2) * [1, 2]).sum(1)  # padding counts as bin 0
+        counts = np.bincount(codes, minlength=4).astype(np.float64)
+        honest = float((counts * lut ** 2).sum())
+        outer, inner = counts[[0, 3]] @ lut[[0, 3]] ** 2, counts[[1, 2]] @ lut[[1, 2]] ** 2
+        if outer <= 0:
+            continue
+        scale = max(honest - tiny ** 2 * inner, 0.0) ** 0.5 / outer ** 0.5
+        new = np.array([-scale * lut[0], tiny * lut[1], tiny * lut[2], -scale * lut[3]])
+        fields["lut"] = new.astype("<f4").tobytes()
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def covert(arg: str) -> None:
+    """Every payload this peer sends goes through ``covert_payload``; everything else stays honest."""
+    from peer.outer.engine import RoundEngine
+
+    encode = RoundEngine.encode
+
+    def covered(self, round_start, trained):
+        data, pending = encode(self, round_start, trained)
+        return covert_payload(data), pending
+
+    RoundEngine.encode = covered
+
+
 def poison(arg: str) -> None:
     """Every payload this peer sends is scaled by float(arg); everything else stays honest."""
     from peer.outer.engine import RoundEngine
@@ -67,6 +105,14 @@ def serve_poison(arg: str) -> None:
     StateSync.shareable_state = poisoned
 
 
+def _opened(engine, encoded):
+    """What RoundEngine.encode does after encoding: the round's payload is the open one (a redo's
+    corrections wait for it to settle)."""
+    with engine.lock:
+        engine._open = encoded[1]
+    return encoded
+
+
 def noise(arg: str) -> None:
     """This peer trains honestly, then sends Gaussian noise in place of each tensor's pseudo-gradient,
     at that tensor's honest norm (times float(arg), default 1): an update of honest size that carries
@@ -84,12 +130,33 @@ def noise(arg: str) -> None:
         for name, delta in pseudo_gradient(dict(round_start), trained, self.strategy.layout).items():
             r = torch.randn(delta.shape, generator=gen).to(delta.device)
             sent[name] = r * (factor * float(delta.norm()) / (float(r.norm()) + 1e-12))
-        return self.strategy.encode(sent, self.round)
+        return _opened(self, self.strategy.encode(sent, self.round))
 
     RoundEngine.encode = noisy
 
 
-BEHAVIOURS: Dict[str, Callable[[str], None]] = {"poison": poison, "serve-poison": serve_poison, "noise": noise}
+def negate_big(arg: str) -> None:
+    """This peer trains honestly and sends its pseudo-gradient negated on its largest tensors (by
+    size), a fraction float(arg) of them (default 0.2), honest on the rest: most of its mass points
+    back while most of its tensors agree (bench/trust.py's ``negate-big``)."""
+    import math
+
+    from peer.outer.engine import RoundEngine
+    from peer.outer.strategies import pseudo_gradient
+
+    share = float(arg or 0.2)
+
+    def negated(self, round_start, trained):  # RoundEngine.encode with its pseudo-gradient changed
+        layout = self.strategy.layout
+        big = set(sorted(layout, key=lambda n: (-math.prod(layout[n]), n))[: max(1, int(share * len(layout)))])
+        delta = pseudo_gradient(dict(round_start), trained, layout)
+        return _opened(self, self.strategy.encode({n: -t if n in big else t for n, t in delta.items()}, self.round))
+
+    RoundEngine.encode = negated
+
+
+BEHAVIOURS: Dict[str, Callable[[str], None]] = {"poison": poison, "serve-poison": serve_poison, "noise": noise,
+                                                  "covert": covert, "negate-big": negate_big}
 
 
 def run_as_peer(behaviour: str, peer_flags: List[str]) -> int:

@@ -2,7 +2,7 @@
 (peer/outer/consensus.py) stops, what it costs honest runs, and whom it refuses.
 
     python bench/trust.py [--quick] [--honest 3,6] [--hostile 1,2,3]
-                          [--attacks negate,negate-third,turncoat,noise,garbage,scale,amplify]
+                          [--attacks negate,negate-third,negate-big,turncoat,noise,garbage,scale,amplify,covert]
                           [--kinds slow,other-data,partial]
                           [--seeds 3] [--checks on,off] [--no-controls] [--jobs 2] [--threads 1] [--json OUT]
 
@@ -14,6 +14,9 @@ what it sends is made hostile (``tamper``: the same for every member, as a signe
 - negate: its own honest pseudo-gradient, negated: honest norm, the opposite direction;
 - negate-third: the same negation on every third of its tensors (in the order it sends them), the
   others honest: what the direction check, one test per tensor, lets through (docs/trust.md);
+- negate-big: the same negation on its largest tensors (by size), a fifth of them (``BIG_SHARE``):
+  the embedding, the head and both attention inputs here, 43 % of the parameters, while most of its
+  tensors agree;
 - turncoat: honest for its first ``TURN`` rounds (standing earned: protocol/round/standing.py's
   ESTABLISHED), then negated: a patient attacker, judged as an established sender when it turns;
 - noise: Gaussian noise of its honest norm, on the coordinates it would have sent;
@@ -21,7 +24,10 @@ what it sends is made hostile (``tamper``: the same for every member, as a signe
 - scale: its honest contribution x1e4 (what the median-norm clip is for, for comparison);
 - amplify: its honest contribution x1.45, just below the clip's 1.5x the median for a sender of a
   typical norm: the most an amplifier can hope to keep, since it must send before it sees the
-  round's median.
+  round's median;
+- covert: honest signs on its coordinates at a thousandth of their magnitude, its largest quarter
+  (``COVERT``) negated and carrying its whole honest norm: four values a tensor, as SparseLoCo's
+  2-bit table can send. Its signs mostly agree with the others'; its mass points back.
 
 Honest replicas that differ from the rest must not be refused (``--kinds``, 4 honest replicas and
 nobody hostile, replica 0 being the odd one): ``slow`` trains a quarter of H each round (the
@@ -59,7 +65,9 @@ from bench.common import add_arm_flags, machine, now, run_jobs, spread, table  #
 from bench.compression import make_spec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
 
-ATTACKS = ("negate", "negate-third", "turncoat", "noise", "garbage", "scale", "amplify")
+ATTACKS = ("negate", "negate-third", "negate-big", "turncoat", "noise", "garbage", "scale", "amplify", "covert")
+COVERT = 0.25  # the share of its coordinates a covert sender flips: its largest
+BIG_SHARE = 0.2  # the share of its tensors, the largest, a negate-big sender negates (here: embedding, head, both qkv)
 TURN = 4  # rounds a turncoat sends honest updates: one more than standing.ESTABLISHED
 AMPLIFY = 1.45
 KINDS = ("slow", "other-data", "partial")  # honest replicas unlike the others
@@ -115,6 +123,23 @@ class RandomTokens:
         return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
 
+def covert(t: torch.Tensor) -> torch.Tensor:
+    """Honest signs on most coordinates at a tiny magnitude, the largest ``COVERT`` of them flipped and
+    carrying the whole honest norm: four values a tensor, as a 2-bit codebook can send."""
+    kept = t != 0
+    n = int(kept.sum())
+    if n == 0:
+        return t
+    flip = max(1, int(COVERT * n))
+    mags = t.abs().flatten()
+    top = torch.zeros_like(mags, dtype=torch.bool)
+    top[torch.topk(mags, flip).indices] = True
+    top = top.view_as(t)
+    small = 1e-3 * float(mags[kept.flatten()].mean())
+    large = (max(float(t.norm()) ** 2 - small ** 2 * (n - flip), 0.0) / flip) ** 0.5
+    return torch.where(top, -torch.sign(t) * large, torch.sign(t) * small).to(t.dtype)
+
+
 def make_tamper(attack: str):
     def tamper(round_no: int, sender: str, decoded):
         if not sender.startswith(HOSTILE) or attack == "garbage":
@@ -125,6 +150,11 @@ def make_tamper(attack: str):
             return decoded
         if attack == "negate-third":
             return {n: -t if k % 3 == 0 else t for k, (n, t) in enumerate(decoded.items())}
+        if attack == "negate-big":  # the largest tensors, fewer than BIG_SHARE of them: most of its mass
+            big = sorted(decoded, key=lambda n: (-decoded[n].numel(), n))[: max(1, int(BIG_SHARE * len(decoded)))]
+            return {n: -t if n in big else t for n, t in decoded.items()}
+        if attack == "covert":
+            return {n: covert(t) for n, t in decoded.items()}
         if attack in ("scale", "amplify"):
             factor = torch.tensor(1e4 if attack == "scale" else AMPLIFY, dtype=torch.float32)
             return {n: t * factor for n, t in decoded.items()}
@@ -165,18 +195,22 @@ def run_arm(job) -> Dict[str, Any]:
     res = simulate(spec, len(shards), rounds, corpus=load_corpus("stdlib"), seed_shards=shards, eval_every=0,
                    tamper=make_tamper(attack) if attack in ATTACKS else None, on_replica=on_replica, parts=parts)
     refused = [s for h in res.history for s in h.excluded]
+    dropped = [s for h in res.history for s, names in getattr(h, "dropped", {}).items() for _ in names]  # one a tensor
     z_honest = [z for h in res.history for s, z in h.scores.items() if not s.startswith(HOSTILE)]
     z_hostile = [z for h in res.history for s, z in h.scores.items() if s.startswith(HOSTILE)]
     row = dict(honest=honest, hostile=hostile, attack=attack or "clean", check=check, seed=seed,
                val_loss=res.final_val_loss, rounds=rounds,
                honest_refused=sum(1 for s in refused if not s.startswith(HOSTILE)),
                hostile_refused=sum(1 for s in refused if s.startswith(HOSTILE)),
+               honest_dropped=sum(1 for s in dropped if not s.startswith(HOSTILE)),
+               hostile_dropped=sum(1 for s in dropped if s.startswith(HOSTILE)),
                hostile_sent=hostile * rounds, wall_s=time.monotonic() - t,
                z_honest=(min(z_honest), max(z_honest)) if z_honest else None,
                z_hostile=(min(z_hostile), max(z_hostile)) if z_hostile else None)
     print(f"  R={honest} K={hostile} {row['attack']:8s} check {'on ' if check else 'off'} seed {seed}: "
           f"val {row['val_loss']:.4f}, refused honest {row['honest_refused']} hostile {row['hostile_refused']}/"
-          f"{row['hostile_sent']}, {row['wall_s']:.0f} s", flush=True)
+          f"{row['hostile_sent']}, tensors left out honest {row['honest_dropped']} hostile {row['hostile_dropped']}, "
+          f"{row['wall_s']:.0f} s", flush=True)
     return row
 
 
@@ -213,6 +247,8 @@ def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             honest_refused=sum(r["honest_refused"] for r in rs),
             honest_sent=sum(r["honest"] * r["rounds"] for r in rs),
             hostile_refused=sum(r["hostile_refused"] for r in rs), hostile_sent=sum(r["hostile_sent"] for r in rs),
+            honest_dropped=sum(r.get("honest_dropped", 0) for r in rs),
+            hostile_dropped=sum(r.get("hostile_dropped", 0) for r in rs),
             z_honest=_span(r["z_honest"] for r in rs), z_hostile=_span(r["z_hostile"] for r in rs),
         ))
     return out
@@ -237,10 +273,11 @@ def print_summary(summary: List[Dict[str, Any]]) -> None:
         lines.append([f"{s['honest']} + {s['hostile']}", s["attack"], "on" if s["check"] else "off", str(s["seeds"]),
                       f"{s['loss']:.4f}", gap, vs, f"{s['honest_refused']}/{s['honest_sent']}",
                       f"{s['hostile_refused']}/{s['hostile_sent']}" if s["hostile"] else "-",
+                      f"{s.get('honest_dropped', 0)} / {s.get('hostile_dropped', 0)}",
                       _z(s["z_honest"]), _z(s["z_hostile"])])
     print(table(["honest + hostile", "attack", "check", "seeds", "val loss", "vs baseline (paired)",
                  "vs R + K honest", "honest refused",
-                 "hostile refused", "honest z", "hostile z"], lines, left=3))
+                 "hostile refused", "tensors left out (honest / hostile)", "honest z", "hostile z"], lines, left=3))
 
 
 def main(argv=None) -> int:

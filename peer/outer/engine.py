@@ -49,6 +49,7 @@ class Settled:
     passed: List[str] = field(default_factory=list)  # senders not chosen this round (protocol/round/choice.py)
     copies: Dict[str, str] = field(default_factory=dict)  # sender -> the sender whose copy of its update counted
     weighed: Dict[str, float] = field(default_factory=dict)  # sender -> its weight where below 1 (a fresh sender)
+    dropped: Dict[str, List[str]] = field(default_factory=dict)  # sender -> its tensors left out (robust.against)
 
 
 class Snapshot(NamedTuple):
@@ -264,10 +265,11 @@ class RoundEngine:
             outcome = robust_step(self.strategy, self._theta, decoded, self.round, standing=self.standing,
                                   evidence=self.evidence)
             delivered = delivered and (me is None or (me not in outcome.excluded and me not in passed))
-            # a contribution that had a copy counts once, and earns none of its senders standing
+            # a contribution that had a copy counts once, and earns none of its senders standing; nor
+            # does one with tensors left out for pointing against the others'
             self.standing = standing.advance(
-                self.standing, [s for s in sender_names(decoded) if s not in outcome.excluded and s not in outcome.copied],
-                outcome.excluded)
+                self.standing, [s for s in sender_names(decoded) if s not in outcome.excluded and s not in outcome.copied
+                                and s not in outcome.dropped], outcome.excluded)
             self.evidence = standing.gather(self.evidence, outcome.scores, outcome.excluded, outcome.copied, self.standing,
                                             outcome.unconvinced)
             counts = self._candidates.pop(self.round, None)
@@ -276,7 +278,8 @@ class RoundEngine:
             if pending is not None:
                 self._settle(pending, delivered, ours=self.round)
             settled = Settled(self.round, outcome.contributors, {**(excluded or {}), **outcome.excluded}, delivered,
-                              outcome.clipped, outcome.scores, sorted(passed), outcome.copies, outcome.weighed)
+                              outcome.clipped, outcome.scores, sorted(passed), outcome.copies, outcome.weighed,
+                              outcome.dropped)
             self.round += 1
             self._hash = self._digest = None
         return settled

@@ -7,10 +7,12 @@ here, per round:
 
 1. **check**: every decoded tensor finite and below that bound (a contribution that fails is
    excluded, with the reason; contributions that did not come through a codec are checked too);
-2. **direction** (peer/outer/consensus.py): a contribution whose signs agree with the others' of
-   its round less than ``min_z`` standard deviations above chance (the median over the
-   contributions it can be compared with) is excluded: a negated or random update of honest size
-   passes the clip, not this;
+2. **direction** (peer/outer/consensus.py): a contribution whose values agree in sign with the
+   others' of its round, weighed by the magnitudes both put there, less than ``min_z`` standard
+   deviations above chance (the median over the contributions it can be compared with) is
+   excluded: a negated or random update of honest size passes the clip, not this. Of one that
+   counts, a tensor that points against the others' is left out (``against``): the score counts
+   each tensor as one test, and a member negated on its few largest tensors passed it;
 3. **clip** (after SparseLoCo's production rule, median-norm clipping): per tensor name, over the
    contributions that carry that tensor (a full replica, a partial slice owner and a chain stage
    carry different sets: like is compared with like), the L2 norm of each; a contribution whose
@@ -44,7 +46,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from peer.outer.consensus import agreement, copies, score_contributions
+from peer.outer.consensus import agreement, copies, score_contributions, tensor_scores
 from protocol.round.standing import AGAINST, ESTABLISHED, EVIDENCE_ROUNDS, FRESH_SHARE, MIN_JUDGES, Evidence, convinced, weights
 from protocol.codecs.fields import MAX_ABS
 
@@ -159,10 +161,11 @@ class Screening:
     scores: Dict[int, float] = field(default_factory=dict)  # position -> its agreement with the others (z)
     copies: Dict[int, int] = field(default_factory=dict)  # position -> the position of the copy that counts
     unconvinced: List[int] = field(default_factory=list)  # positions refused only for too little evidence (z > 0)
+    dropped: Dict[int, List[str]] = field(default_factory=dict)  # position -> its tensors left out (``against``)
 
 
 def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, established: set, kinds: List[int],
-               evidence: Mapping[int, Evidence]) -> None:
+               evidence: Mapping[int, Evidence], norms: Mapping[int, Mapping[str, float]]) -> None:
     """The direction check of ``screen``, on ``out.kept``: copies counted once, then every other
     contribution scored. A contribution to θ itself (``PLAIN``) is judged by the others of its kind
     where it can be compared with one: a chain stage trains θ projected onto its links' subspace
@@ -171,7 +174,9 @@ def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, establi
     the run trains, and an update that does not agree with the others' (a chain that joined a run
     under way: +2 % loss at equal honest tokens when counted, bench/chains.py --warm-rounds) does
     not count. A fresh contribution below ``min_z`` counts where its sender's evidence (``evidence``:
-    position -> its pool, protocol/round/standing.py) pooled with this score reaches it."""
+    position -> its pool, protocol/round/standing.py) pooled with this score reaches it. Of a contribution that counts, the
+    tensors that point against its judges' (``against``) are left out (``Screening.dropped``; one whose
+    every tensor (``norms``: position -> tensor -> L2 norm) does so is refused)."""
     checked = list(out.kept)
     contributions = [decoded[i] for i in checked]
     pairs = agreement(contributions)
@@ -179,9 +184,13 @@ def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, establi
     originals = [p for p, i in enumerate(checked) if i not in out.copies]
     settled = {p for p in originals if checked[p] in established}
 
+    judged_by: Dict[int, List[int]] = {}  # position -> the positions that judged it
+
     def judged(among: List[int], scored: Iterable[int]) -> Dict[int, float]:
         judges = [p for p in among if p in settled]
-        scores, wanted = score_contributions(contributions, judges if len(judges) >= MIN_JUDGES else None, pairs, among), set(scored)
+        judges = judges if len(judges) >= MIN_JUDGES else list(among)
+        scores, wanted = score_contributions(contributions, judges, pairs, among), set(scored)
+        judged_by.update({p: judges for p in scores if p in wanted})
         return {p: z for p, z in scores.items() if p in wanted}
 
     plain = [p for p in originals if kinds[checked[p]] == PLAIN]
@@ -204,6 +213,31 @@ def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, establi
         else:
             continue
         out.kept.remove(i)
+    # the tensors of what still counts that point against the others' that still count (a refused
+    # update judges no tensor: a negated one would pull an honest tensor's median below chance)
+    counting = {p for p, i in enumerate(checked) if i in out.kept}
+    for p in sorted(scores):
+        i = checked[p]
+        if i not in out.kept:
+            continue
+        names = against(pairs, p, [j for j in judged_by[p] if j in counting], AGAINST * min_z)
+        if len(names) < len(norms[i]):
+            if names:
+                out.dropped[i] = names
+            continue
+        out.excluded[i] = (f"each of its tensors points against the others' ({AGAINST * min_z:g} standard deviations "
+                           f"or more below chance)")
+        out.kept.remove(i)
+
+
+def against(pairs, p: int, judges: Iterable[int], bar: float) -> List[str]:
+    """The tensors of contribution ``p`` whose (upper) median z over its ``judges`` is ``bar`` or
+    more below chance: pointing against the others' there (``screen`` uses the bar that refuses an
+    established sender, AGAINST x min_z: a lower one left out an honest input embedding whose
+    updates had drifted from two others' late in a run). The score counts each tensor as one test,
+    so a member negated on its few largest tensors (most of its mass) and honest on the rest scored
+    as honest (bench/trust.py's ``negate-big``); ``screen`` leaves such tensors out of the round."""
+    return [n for n, z in tensor_scores(pairs, p, judges).items() if z <= -bar]
 
 
 def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: float = 0.0,
@@ -229,9 +263,11 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
             out.excluded[i] = why
     if min_z > 0 and len(out.kept) >= 2:
         _direction(out, decoded, min_z, set(established), kinds_of(decoded) if kinds is None else list(kinds),
-                   evidence or {})
+                   evidence or {}, norms)
+    for i, left_out in out.dropped.items():
+        norms[i] = {n: v for n, v in norms[i].items() if n not in left_out}
     scales: Dict[int, Dict[str, float]] = {i: {} for i in out.kept}
-    names = list(dict.fromkeys(name for i in out.kept for name in decoded[i]))  # first-seen order
+    names = list(dict.fromkeys(name for i in out.kept for name in norms[i]))  # first-seen order
     for name in names:
         carriers = [i for i in out.kept if name in norms[i]]
         median = lower_median([norms[i][name] for i in carriers])
@@ -244,7 +280,7 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
             if norms[i][name] > limit:
                 scales[i][name] = to / norms[i][name]
     for i in out.kept:
-        contribution = dict(decoded[i])
+        contribution = {n: t for n, t in decoded[i].items() if n in norms[i]}
         for name, scale in scales[i].items():
             contribution[name] = contribution[name] * torch.tensor(scale, dtype=torch.float32)
         out.contributions[i] = contribution
@@ -269,6 +305,8 @@ class Outcome:
     copies: Dict[str, str] = field(default_factory=dict)
     # senders refused only because a fresh sender's evidence fell short (their pools go on: standing.gather)
     unconvinced: List[str] = field(default_factory=list)
+    # sender -> its tensors left out for pointing against the others' (``against``); the rest counted
+    dropped: Dict[str, List[str]] = field(default_factory=dict)
 
     @property
     def copied(self) -> set:
@@ -303,9 +341,10 @@ def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: 
     weighed = lightest([s.contributions[i] for i in kept], [i in established for i in kept])
     lighter = {names[kept[p]]: w for p, w in weighed.items()}
     copied = {names[i]: names[first] for i, first in s.copies.items()}
-    _log(round_no, multiple, excluded, clipped, lighter, copied)
+    dropped = {names[i]: s.dropped[i] for i in kept if i in s.dropped}
+    _log(round_no, multiple, excluded, clipped, lighter, copied, dropped)
     return Outcome(len(kept), excluded, clipped, {names[i]: z for i, z in s.scores.items()}, lighter, copied,
-                   [names[i] for i in s.unconvinced])
+                   [names[i] for i in s.unconvinced], dropped)
 
 
 def lightest(contributions: Sequence[Tensors], established: Sequence[bool]) -> Dict[int, float]:
@@ -321,7 +360,11 @@ def lightest(contributions: Sequence[Tensors], established: Sequence[bool]) -> D
 
 
 def _log(round_no: int, multiple: float, excluded: Dict[str, str], clipped: Dict[str, float],
-         lighter: Dict[str, float], copied: Dict[str, str]) -> None:
+         lighter: Dict[str, float], copied: Dict[str, str], dropped: Dict[str, List[str]]) -> None:
+    for sender, left_out in dropped.items():
+        shown = ", ".join(left_out[:3]) + (f" and {len(left_out) - 3} more" if len(left_out) > 3 else "")
+        logger.warning(f"round {round_no}: left out {len(left_out)} tensor{'s' if len(left_out) > 1 else ''} of the update "
+                       f"of {sender} ({shown}): each points against the others' of the round; the rest of it counts")
     for sender, first in copied.items():
         logger.warning(f"round {round_no}: the update of {sender} is a copy of the update of {first}: it counts once, "
                        f"and neither sender gains standing from it")

@@ -72,6 +72,7 @@ class RoundStats:
     params_hash: str = ""  # of θ after this round's outer step (``peer.checkpoints.files.params_hash``, as peers report it)
     excluded: Dict[str, str] = field(default_factory=dict)  # sender -> why its contribution did not count (replica 0's view)
     scores: Dict[str, float] = field(default_factory=dict)  # sender -> its direction check score (peer/outer/consensus.py)
+    dropped: Dict[str, List[str]] = field(default_factory=dict)  # sender -> its tensors left out (peer/outer/robust.py)
     contributors: int = 0  # contributions that entered θ this round (at most K per part: protocol/round/choice.py)
     decode_s: float = 0.0  # seconds replica 0 took to choose and decode them (what one peer decodes)
     senders: int = 0  # payloads sent at all this round (protocol/round/eligibility.py; every replica's with K = 0)
@@ -343,6 +344,7 @@ def simulate(
             params_hash=reps[0].engine.params_hash(),
             excluded=dict(excluded),
             scores=dict(scores),
+            dropped=dict(leader.dropped),
             contributors=leader.contributors,
             decode_s=decode_s,
             senders=len(offered),

@@ -2,6 +2,7 @@
 
 import json
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -135,13 +136,14 @@ def test_noise_sends_each_tensor_at_its_honest_norm_and_a_new_direction_each_rou
             return b"", None
 
     class Engine:
-        round, strategy = 0, Strategy()
+        round, strategy, lock, _open = 0, Strategy(), threading.Lock(), "unset"
 
     gen = torch.Generator().manual_seed(0)
     start = {"w": torch.randn(32, 16, generator=gen), "b": torch.randn(16, generator=gen)}
     trained = {n: t - 0.01 * torch.randn(t.shape, generator=gen) for n, t in start.items()}
     engine = Engine()
     RoundEngine.encode(engine, start, trained)
+    assert engine._open is None  # the strategy's pending: the round's payload is the open one, as RoundEngine's
     engine.round = 1
     RoundEngine.encode(engine, start, trained)
     for name in start:
@@ -314,3 +316,52 @@ def test_a_deprioritized_session_yields_the_cpu_to_other_sessions_not_only_withi
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_covert_keeps_indices_and_signs_of_the_inner_bins_and_negates_the_outer_ones_at_the_honest_norm():
+    import torch
+
+    from peer.outer.strategies import make_strategy
+    from protocol.spec import RunSpec
+
+    strategy = make_strategy(RunSpec(run_id="covert"))
+    gen = torch.Generator().manual_seed(0)
+    data, _ = strategy.encode({n: torch.randn(s, generator=gen) for n, s in strategy.layout.items()}, 0)
+    honest, bad = strategy.decode(data, 0), strategy.decode(hp.covert_payload(data), 0)
+    flipped = 0
+    for name, h in honest.items():
+        b = bad[name]
+        assert torch.equal(h != 0, b != 0)  # the same coordinates
+        against = (torch.sign(h) != torch.sign(b)) & (h != 0)
+        if bool(against.any()):
+            flipped += 1
+            assert float(b.norm()) == pytest.approx(float(h.norm()), rel=1e-3)
+            assert int(against.sum()) < int((h != 0).sum()) / 2  # most signs agree
+            assert float((b[against] * h[against]).sum().neg()) > 0.99 * float((b * b).sum()) ** 0.5 * float(h[against].norm())
+    assert flipped > len(honest) / 2
+
+
+def test_negate_big_negates_the_largest_fifth_of_the_tensors_only(monkeypatch):
+    import torch
+
+    from peer.outer.engine import RoundEngine
+
+    monkeypatch.setattr(RoundEngine, "encode", RoundEngine.encode)  # put back after the test
+    hp.negate_big("")
+    seen = []
+
+    class Strategy:
+        layout = {f"t{i}": (i + 1, 4) for i in range(10)}
+
+        def encode(self, delta, round_no):
+            seen.append(dict(delta))
+            return b"", None
+
+    class Engine:
+        round, strategy, lock, _open = 0, Strategy(), threading.Lock(), "unset"
+
+    start = {n: torch.ones(s) for n, s in Strategy.layout.items()}
+    trained = {n: torch.zeros(s) for n, s in Strategy.layout.items()}
+    RoundEngine.encode(Engine(), start, trained)
+    assert {n for n, d in seen[0].items() if bool((d < 0).all())} == {"t9", "t8"}
+    assert all(bool((d > 0).all()) for n, d in seen[0].items() if n not in ("t9", "t8"))
