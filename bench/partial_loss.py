@@ -171,6 +171,7 @@ def run_arm(job) -> Dict[str, Any]:
                inner_steps=spec.outer.inner_steps, rounds=rounds, replicas=replicas, seed=seed, tokens=sim.tokens,
                val_loss=sim.final_val_loss, initial_val_loss=sim.initial_val_loss, sent_per_peer=sent,
                refused=sum(len(h.excluded) for h in sim.history), wall_s=time.monotonic() - t,
+               left_out=sum(len(names) for h in sim.history for names in getattr(h, "dropped", {}).values()),
                curve=[[h.tokens, h.val_loss] for h in sim.history if h.val_loss is not None])
     print(f"  R={replicas} {arm:18s} seed {seed}: val {row['val_loss']:.4f}, sent/peer {human(sent)}, "
           f"{row['wall_s']:.0f} s", flush=True)
@@ -197,7 +198,8 @@ def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                         gap_std=spread(gaps),
                         sent=statistics.fmean(r["sent_per_peer"] for r in rs),
                         sent_vs_full=statistics.fmean(sent) if sent else None,
-                        refused=sum(r["refused"] for r in rs), curve=curve_gaps(rs, full)))
+                        refused=sum(r["refused"] for r in rs), left_out=sum(r.get("left_out", 0) for r in rs),
+                        curve=curve_gaps(rs, full)))
     return out
 
 
@@ -222,9 +224,10 @@ def print_summary(summary: List[Dict[str, Any]]) -> None:
         sent = "-" if not s["sent_vs_full"] else f"{100 * s['sent_vs_full']:+.1f} %"
         lines.append([str(s["replicas"]), s["arm"], str(s["topk"] or "dense"), str(s["inner_steps"]), str(s["seeds"]),
                       f"{s['tokens']:,}",
-                      f"{s['loss']:.4f} ± {s['loss_std']:.4f}", gap, human(s["sent"]), sent, str(s["refused"])])
+                      f"{s['loss']:.4f} ± {s['loss_std']:.4f}", gap, human(s["sent"]), sent, str(s["refused"]),
+                      str(s.get("left_out", 0))])
     print(table(["R", "arm", "top-k", "H", "seeds", "tokens", "val loss", "vs full (paired)", "sent/peer", "vs full",
-                 "refused"], lines, left=2))
+                 "refused", "tensors left out"], lines, left=2))
     if len(summary[0]["curve"]) > 1:  # --points: the gap along the run
         print("\nval loss along the run (tokens a replica trained; paired gap to full at the same tokens):")
         lines = [[str(s["replicas"]), s["arm"], f"{c['tokens'] // s['replicas']:,}", f"{c['loss']:.4f}",
