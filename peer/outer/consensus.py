@@ -76,16 +76,16 @@ import torch
 __all__ = ["COPY_FRACTION", "TENSOR_Z", "Agreement", "agreement", "copies", "score_contributions", "tensor_scores"]
 
 Tensors = Mapping[str, torch.Tensor]
-_BLOCK = 1 << 20  # coordinates per block: exact in float32 below 2^24, and n x 4 MiB of signs at a time
+_BLOCK = 1 << 18  # coordinates per block: n x 1 MiB of signs and n x 2 MiB of levels at a time, sums exact
 # a pair whose signs agree on 90 % of the coordinates they share, sharing 90 % of each one's coordinates,
 # is a copy: A / O = 0.8 or more, where honest pairs measured A / O below 0.3 over O of 10^4 coordinates and more
 COPY_FRACTION = Fraction(9, 10)
 # the most one tensor's z adds to a pair's: 4, 6 and 8 separated honest from hostile alike on the
 # probes, 6 kept a negated update lowest (bench/RESULTS.md, "Per-tensor scores")
 TENSOR_Z = 6.0
-# a contribution's magnitudes on a tensor, as integers up to this (``_levels_of``): W and V of a block of
-# 2^20 coordinates stay below 2^53 (LEVELS^4 x 2^20 = 2.7e14), and a value below half a level of the
-# tensor's largest (0.4 %) weighs nothing
+# a contribution's magnitudes on a tensor, as integers up to this (``_levels_of``): W and V of a block
+# stay below 2^53 (LEVELS^4 x _BLOCK < 2^46), and a value below half a level of the tensor's largest
+# (0.4 %) weighs nothing
 LEVELS = 127
 
 
