@@ -166,7 +166,8 @@ def _count(out: Agreement, name: str, carriers: List[int], flats: List[torch.Ten
         overlap += (present @ present.T).double()
         weighted = torch.stack([_levels_of(flat[start:end], top, set_somewhere if compact else None)
                                 for flat, top in zip(flats, tops)]) * block.double()
-        w, v = (weighted @ weighted.T).tolist(), (weighted.square() @ weighted.square().T).tolist()
+        squared = weighted.square()
+        w, v = (weighted @ weighted.T).tolist(), (squared @ squared.T).tolist()
         for x in range(n):
             for y in range(n):
                 mass[x][y] += int(w[x][y])
