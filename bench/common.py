@@ -159,6 +159,12 @@ def decode_payloads(engine, payloads, round_no: int, shared, mismatch: str):
     return shared
 
 
+def largest(sizes: Dict[str, int], share: float) -> set:
+    """The names of the largest ``share`` of ``sizes`` (name -> elements; at least one, ties by name):
+    the tensors a negate-big attacker negates (bench/trust.py, bench/hostile_peers.py)."""
+    return set(sorted(sizes, key=lambda n: (-sizes[n], n))[: max(1, int(share * len(sizes)))])
+
+
 def choose_names(arg: str, known, flag: str) -> list:
     """A comma-separated choice from ``known`` (a flag's value); SystemExit naming what is unknown."""
     names = [s.strip() for s in arg.split(",") if s.strip()]

@@ -141,14 +141,20 @@ def negate_big(arg: str) -> None:
     back while most of its tensors agree (bench/trust.py's ``negate-big``)."""
     import math
 
+    from bench.common import largest
     from peer.outer.engine import RoundEngine
     from peer.outer.strategies import pseudo_gradient
 
-    share = float(arg or 0.2)
+    try:
+        share = float(arg or 0.2)
+    except ValueError:
+        share = math.nan
+    if not 0 < share <= 1:
+        raise SystemExit(f"negate-big={arg!r}: a share of the tensors, above 0 and at most 1")
 
     def negated(self, round_start, trained):  # RoundEngine.encode with its pseudo-gradient changed
         layout = self.strategy.layout
-        big = set(sorted(layout, key=lambda n: (-math.prod(layout[n]), n))[: max(1, int(share * len(layout)))])
+        big = largest({n: math.prod(s) for n, s in layout.items()}, share)
         delta = pseudo_gradient(dict(round_start), trained, layout)
         return _opened(self, self.strategy.encode({n: -t if n in big else t for n, t in delta.items()}, self.round))
 

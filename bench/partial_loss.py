@@ -171,7 +171,7 @@ def run_arm(job) -> Dict[str, Any]:
                inner_steps=spec.outer.inner_steps, rounds=rounds, replicas=replicas, seed=seed, tokens=sim.tokens,
                val_loss=sim.final_val_loss, initial_val_loss=sim.initial_val_loss, sent_per_peer=sent,
                refused=sum(len(h.excluded) for h in sim.history), wall_s=time.monotonic() - t,
-               left_out=sum(len(names) for h in sim.history for names in getattr(h, "dropped", {}).values()),
+               left_out=sum(len(names) for h in sim.history for names in h.dropped.values()),
                curve=[[h.tokens, h.val_loss] for h in sim.history if h.val_loss is not None])
     print(f"  R={replicas} {arm:18s} seed {seed}: val {row['val_loss']:.4f}, sent/peer {human(sent)}, "
           f"{row['wall_s']:.0f} s", flush=True)

@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import add_arm_flags, machine, now, run_jobs, spread, table  # noqa: E402
+from bench.common import add_arm_flags, largest, machine, now, run_jobs, spread, table  # noqa: E402
 from bench.compression import make_spec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
 
@@ -150,8 +150,8 @@ def make_tamper(attack: str):
             return decoded
         if attack == "negate-third":
             return {n: -t if k % 3 == 0 else t for k, (n, t) in enumerate(decoded.items())}
-        if attack == "negate-big":  # the largest tensors, fewer than BIG_SHARE of them: most of its mass
-            big = sorted(decoded, key=lambda n: (-decoded[n].numel(), n))[: max(1, int(BIG_SHARE * len(decoded)))]
+        if attack == "negate-big":  # the largest tensors, BIG_SHARE of them: most of its mass
+            big = largest({n: t.numel() for n, t in decoded.items()}, BIG_SHARE)
             return {n: -t if n in big else t for n, t in decoded.items()}
         if attack == "covert":
             return {n: covert(t) for n, t in decoded.items()}
@@ -195,7 +195,7 @@ def run_arm(job) -> Dict[str, Any]:
     res = simulate(spec, len(shards), rounds, corpus=load_corpus("stdlib"), seed_shards=shards, eval_every=0,
                    tamper=make_tamper(attack) if attack in ATTACKS else None, on_replica=on_replica, parts=parts)
     refused = [s for h in res.history for s in h.excluded]
-    dropped = [s for h in res.history for s, names in getattr(h, "dropped", {}).items() for _ in names]  # one a tensor
+    dropped = [s for h in res.history for s, names in h.dropped.items() for _ in names]  # one entry a tensor
     z_honest = [z for h in res.history for s, z in h.scores.items() if not s.startswith(HOSTILE)]
     z_hostile = [z for h in res.history for s, z in h.scores.items() if s.startswith(HOSTILE)]
     row = dict(honest=honest, hostile=hostile, attack=attack or "clean", check=check, seed=seed,

@@ -58,7 +58,7 @@ as float32 in blocks of at most ``_BLOCK`` coordinates and multiplied as a matri
 of ±1 and 0 over fewer than 2^24 terms is an integer that float32 holds exactly, whatever order a
 BLAS adds in, and the blocks are added in float64, exact below 2^53. The signed levels are
 integers below 2^7, multiplied in float64: a block's W and V stay below 2^53, so exact in any
-order, and are added across blocks as Python integers. The sign counts (A: agreements minus
+order, and are added across blocks in int64. The sign counts (A: agreements minus
 disagreements, O: the coordinates both set) serve ``copies``. z, the sort and the median are
 IEEE operations on those integers, and a pair's per-tensor z are added by ``math.fsum`` (exactly
 rounded: the same bits in any order). Cost: bench/outer_step.py ("no check" arm), bench/RESULTS.md.
@@ -142,13 +142,13 @@ def _count(out: Agreement, name: str, carriers: List[int], flats: List[torch.Ten
     members), and two products give A and O; each block's counts are exact in float32 (fewer than
     2^24 terms of ±1 and 0) and are added in float64, exact below 2^53. Two more products of the
     signed levels give W and V (module docstring): terms below ``LEVELS``^4, fewer than 2^53 / LEVELS^4
-    of them a block, so exact in float64, added across blocks as Python integers."""
+    of them a block, so exact in float64, added across blocks in int64."""
     n, size = len(carriers), flats[0].numel()
     signs = torch.empty((n, min(_BLOCK, size)), dtype=torch.float32)
     agree = torch.zeros((n, n), dtype=torch.float64)
     overlap = torch.zeros((n, n), dtype=torch.float64)
-    mass = [[0] * n for _ in range(n)]
-    spread = [[0] * n for _ in range(n)]
+    mass = torch.zeros((n, n), dtype=torch.int64)
+    spread = torch.zeros((n, n), dtype=torch.int64)
     tops = [flat.abs().max() if size else flat.new_zeros(()) for flat in flats]
     for start in range(0, size, _BLOCK):
         end = min(start + _BLOCK, size)
@@ -167,12 +167,9 @@ def _count(out: Agreement, name: str, carriers: List[int], flats: List[torch.Ten
         weighted = torch.stack([_levels_of(flat[start:end], top, set_somewhere if compact else None)
                                 for flat, top in zip(flats, tops)]) * block.double()
         squared = weighted.square()
-        w, v = (weighted @ weighted.T).tolist(), (squared @ squared.T).tolist()
-        for x in range(n):
-            for y in range(n):
-                mass[x][y] += int(w[x][y])
-                spread[x][y] += int(v[x][y])
-    a, o = agree.tolist(), overlap.tolist()
+        mass += (weighted @ weighted.T).to(torch.int64)  # exact integers below 2^53: converted exactly
+        spread += (squared @ squared.T).to(torch.int64)
+    a, o, mass, spread = agree.tolist(), overlap.tolist(), mass.tolist(), spread.tolist()
     for x, i in enumerate(carriers):
         out.present[i] = out.present.get(i, 0) + int(o[x][x])
         for y in range(x + 1, n):

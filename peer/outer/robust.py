@@ -165,7 +165,7 @@ class Screening:
 
 
 def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, established: set, kinds: List[int],
-               evidence: Mapping[int, Evidence], norms: Mapping[int, Mapping[str, float]]) -> None:
+               evidence: Mapping[int, Evidence]) -> None:
     """The direction check of ``screen``, on ``out.kept``: copies counted once, then every other
     contribution scored. A contribution to θ itself (``PLAIN``) is judged by the others of its kind
     where it can be compared with one: a chain stage trains θ projected onto its links' subspace
@@ -176,8 +176,7 @@ def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, establi
     not count. A fresh contribution below ``min_z`` counts where its sender's evidence (``evidence``:
     position -> its pool, protocol/round/standing.py) pooled with this score reaches it. Of a
     contribution that counts, the tensors that point against its judges' (``against``) are left out
-    (``Screening.dropped``); one whose every tensor (``norms``: position -> tensor -> L2 norm) does
-    so is refused."""
+    (``Screening.dropped``); one whose every tensor does so is refused."""
     checked = list(out.kept)
     contributions = [decoded[i] for i in checked]
     pairs = agreement(contributions)
@@ -222,7 +221,7 @@ def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, establi
         if i not in out.kept:
             continue
         names = against(pairs, p, [j for j in judged_by[p] if j in counting], min_z)
-        if len(names) < len(norms[i]):
+        if len(names) < len(decoded[i]):
             if names:
                 out.dropped[i] = names
             continue
@@ -265,7 +264,7 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
             out.excluded[i] = why
     if min_z > 0 and len(out.kept) >= 2:
         _direction(out, decoded, min_z, set(established), kinds_of(decoded) if kinds is None else list(kinds),
-                   evidence or {}, norms)
+                   evidence or {})
     for i, left_out in out.dropped.items():
         norms[i] = {n: v for n, v in norms[i].items() if n not in left_out}
     scales: Dict[int, Dict[str, float]] = {i: {} for i in out.kept}
