@@ -2,7 +2,8 @@
 chains and publishes each assignment.
 
 A chain stays while every member reports itself ``assigned``; when a member disappears (its
-record has been missing from the reads for ``MISSED_S``) or returns to ``waiting`` (its chain broke), the chain's record is no longer
+record has been missing from the reads for ``MISSED_S``), returns to ``waiting`` (its chain broke) or
+says it is ``leaving`` (it stops: the chain ended, logged as such), the chain's record is no longer
 refreshed and the waiting members are grouped again under a newer epoch, which supersedes the old
 chain for every reader.
 
@@ -59,6 +60,10 @@ class ChainFormer:
             # a record missing from one read is a read that missed it (a loaded host), not a member that left
             # (tests/chain/test_stage_endpoints.py::test_a_member_missing_from_a_read_does_not_break_its_chain)
             states = [candidates[p].state if p in candidates else None for p in a.chain.members]
+            leaving = [p for p, s in zip(a.chain.members, states) if s == "leaving"]
+            if leaving:  # a member stopped as asked: the chain ends, no failed formation
+                self._note_ended(chain_id, leaving, now)
+                continue
             missed = [now - self.seen.get(p, self.formed_at[chain_id]) < MISSED_S for p in a.chain.members]
             alive = all(s == "assigned" or (young and s == "waiting") or (s is None and m) for s, m in zip(states, missed))
             if not alive:
@@ -94,6 +99,14 @@ class ChainFormer:
         if waiting:
             logger.info(f"{len(waiting)} chain candidate(s) wait for more capacity: {', '.join(p[-6:] for p in waiting)}")
         return formed
+
+    def _note_ended(self, chain_id: str, leaving: List[str], now: float) -> None:
+        """A chain one of whose members said it is leaving (it stops): ended, its members free."""
+        self.dead.add(chain_id)
+        formed = self.formed_at.pop(chain_id, now)
+        self.published.pop(chain_id, None)
+        logger.info(f"chain {chain_id} ended {now - formed:.0f} s after forming: "
+                    f"{', '.join(p[-6:] for p in leaving)} stopped")
 
     def _note_broken(self, chain_id: str, a: ChainAssignment, now: float) -> None:
         """A chain that is no longer alive: once, remember a young one's members to back off from."""

@@ -156,7 +156,8 @@ class ChainMember:
                 logger.info(f"chain {self.assignment.chain.chain_id} ended as this peer stops: {why}")
             else:
                 logger.warning(f"chain {self.assignment.chain.chain_id} broke: {why}; waiting for a new chain")
-        self.assignment, self.state = None, "waiting"
+        # a stopping peer says so: the coordinator ends its chain without counting a failed formation
+        self.assignment, self.state = None, "leaving" if self.stop.is_set() else "waiting"
         self.publish()
         return ChainBroken(why)
 
@@ -234,7 +235,7 @@ class ChainMember:
 
     def _left_chain(self, neighbour: str) -> bool:
         """Whether ``neighbour``, linked with this stage before in this assignment, says it waits for a
-        chain again (its chain broke on its side: a link it lost, a step that failed). Waiting
+        chain again (its chain broke on its side: a link it lost, a step that failed) or leaves the run. Waiting
         ``round_wait`` for it would be in vain; the coordinator re-forms chains from the waiting
         candidates. (Before its first link a neighbour may not have read the assignment yet.)"""
         if neighbour not in self._linked:
@@ -244,7 +245,7 @@ class ChainMember:
         except Exception as e:
             logger.debug(f"could not read chain candidates: {e!r}")
             return False
-        return record is not None and record.state == "waiting"
+        return record is not None and record.state in ("waiting", "leaving")
 
     def _auth(self, neighbour: str) -> LinkAuth:
         """What proves the link to ``neighbour`` (a base58 peer id from the chain assignment)."""
@@ -308,6 +309,12 @@ class ChainMember:
         self.upstream = self.downstream = None
 
     def shutdown(self) -> None:
+        """Say "leaving" in the candidate record first, then close the links: a neighbour that sees its
+        link close goes back to "waiting", and the coordinator, reading "leaving" of this member, ends the
+        chain as stopped rather than broken (tests/chain/test_stage_endpoints.py)."""
+        if self.state != "leaving":
+            self.state = "leaving"
+            self.publish()
         self.close_links()
         try:
             self._call(self.listener.close(), timeout=5)

@@ -149,3 +149,22 @@ def test_a_member_missing_from_a_read_does_not_break_its_chain(monkeypatch):
     clock[0] += 4 * former_mod.MISSED_S
     former.step()
     assert former.seen == {}  # bounded: forgotten once not seen for a while
+
+
+def test_a_chain_whose_member_leaves_ends_without_a_failure_or_a_warning(monkeypatch, caplog):
+    # the demo's last second: a stage stopping at --max-rounds closed its links, its neighbour went
+    # back to "waiting", and the coordinator warned that the chain "broke 200 s after forming"
+    clock, swarm, former = two_candidates(monkeypatch)
+    assert len(former.step()) == 1
+    swarm.set_state("assigned")
+    clock[0] += 30
+    former.step()
+    rec = swarm.candidates["a"]
+    swarm.candidates["a"] = CandidateRecord(rec.spec, rec.capacity, rec.bandwidth, "leaving", rec.endpoint)
+    swarm.candidates["b"] = CandidateRecord(rec.spec, rec.capacity, rec.bandwidth, "waiting", rec.endpoint)
+    clock[0] += 1
+    with caplog.at_level("INFO", logger="voloco.coordinator"):
+        assert former.step() == []  # "b" alone is no chain; "a" is not in the pool
+    assert len(former.dead) == 1 and not former.failures
+    assert "ended" in caplog.text and "stopped" in caplog.text
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

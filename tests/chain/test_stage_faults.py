@@ -304,6 +304,16 @@ def test_a_chain_that_ends_as_its_peer_stops_is_no_warning(member, caplog, monke
         said = [r for r in caplog.records if "ch-stop" in r.getMessage()]
         assert [r.levelno for r in said] == [level], [(r.levelno, r.getMessage()) for r in said]
         assert member.assignment is None and member.failed_epoch == 3
+        # a stopping stage says it is leaving: the coordinator ends its chain without a warning
+        assert member.state == ("leaving" if stopping else "waiting")
+
+
+def test_a_stage_that_shuts_down_says_it_is_leaving_before_its_links_close(member, monkeypatch):
+    said = []
+    monkeypatch.setattr(member, "publish", lambda: said.append(("publish", member.state)))
+    monkeypatch.setattr(member, "close_links", lambda: said.append(("close", member.state)))
+    member.shutdown()
+    assert said[:2] == [("publish", "leaving"), ("close", "leaving")]
 
 
 def test_a_neighbour_linked_before_that_waits_for_a_chain_again_has_left_it(member, monkeypatch):
@@ -320,6 +330,8 @@ def test_a_neighbour_linked_before_that_waits_for_a_chain_again_has_left_it(memb
     assert not member._left_chain("peer-up")  # never linked in this assignment
     member._linked.add("peer-up")
     assert member._left_chain("peer-up")
+    records["peer-up"] = CandidateRecord("spec", 1 << 30, 100.0, "leaving", "127.0.0.1:1")
+    assert member._left_chain("peer-up")  # it stops
     records["peer-up"] = CandidateRecord("spec", 1 << 30, 100.0, "assigned", "127.0.0.1:1")
     assert not member._left_chain("peer-up")
 
