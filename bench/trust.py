@@ -2,7 +2,7 @@
 (peer/outer/consensus.py) stops, what it costs honest runs, and whom it refuses.
 
     python bench/trust.py [--quick] [--honest 3,6] [--hostile 1,2,3]
-                          [--attacks negate,negate-third,negate-big,turncoat,noise,garbage,scale,amplify,covert]
+                          [--attacks negate,negate-third,negate-big,turncoat,turncoat-noise,noise,garbage,scale,amplify,covert]
                           [--kinds slow,other-data,partial]
                           [--seeds 3] [--checks on,off] [--no-controls] [--jobs 2] [--threads 1] [--json OUT]
 
@@ -19,6 +19,8 @@ what it sends is made hostile (``tamper``: the same for every member, as a signe
   tensors agree;
 - turncoat: honest for its first ``TURN`` rounds (standing earned: protocol/round/standing.py's
   ESTABLISHED), then negated: a patient attacker, judged as an established sender when it turns;
+- turncoat-noise: the same patient attacker, then noise (as ``noise``): no direction at all, which
+  an established sender is not refused for unless it points against the others;
 - noise: Gaussian noise of its honest norm, on the coordinates it would have sent;
 - garbage: honest training on uniformly random tokens (a peer fed garbage data);
 - scale: its honest contribution x1e4 (what the median-norm clip is for, for comparison);
@@ -65,7 +67,7 @@ from bench.common import add_arm_flags, largest, machine, now, run_jobs, spread,
 from bench.compression import make_spec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
 
-ATTACKS = ("negate", "negate-third", "negate-big", "turncoat", "noise", "garbage", "scale", "amplify", "covert")
+ATTACKS = ("negate", "negate-third", "negate-big", "turncoat", "turncoat-noise", "noise", "garbage", "scale", "amplify", "covert")
 COVERT = 0.25  # the share of its coordinates a covert sender flips: its largest
 BIG_SHARE = 0.2  # the share of its tensors, the largest, a negate-big sender negates (here: embedding, head, both qkv)
 TURN = 4  # rounds a turncoat sends honest updates: one more than standing.ESTABLISHED
@@ -146,7 +148,7 @@ def make_tamper(attack: str):
             return decoded
         if attack == "negate" or (attack == "turncoat" and round_no >= TURN):
             return {n: -t for n, t in decoded.items()}
-        if attack == "turncoat":
+        if attack in ("turncoat", "turncoat-noise") and round_no < TURN:
             return decoded
         if attack == "negate-third":
             return {n: -t if k % 3 == 0 else t for k, (n, t) in enumerate(decoded.items())}

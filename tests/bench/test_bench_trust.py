@@ -51,3 +51,12 @@ def test_a_turncoat_is_honest_for_its_first_rounds_then_negates():
     assert tamper(trust.TURN - 1, f"{trust.HOSTILE}0", t) is t
     assert torch.equal(tamper(trust.TURN, f"{trust.HOSTILE}0", t)["w"], -t["w"])
     assert tamper(trust.TURN, "replica0", t) is t
+
+
+def test_a_noisy_turncoat_is_honest_for_its_first_rounds_then_sends_noise_of_its_norm_on_its_support():
+    t = {"w": torch.tensor([0.5, 0.0, -1.0, 2.0])}
+    tamper = trust.make_tamper("turncoat-noise")
+    assert tamper(trust.TURN - 1, f"{trust.HOSTILE}0", t) is t
+    out = tamper(trust.TURN, f"{trust.HOSTILE}0", t)["w"]
+    assert out[1] == 0 and torch.isclose(out.norm(), t["w"].norm()) and not torch.equal(out, t["w"])
+    assert tamper(trust.TURN, "replica0", t) is t
