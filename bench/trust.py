@@ -2,7 +2,7 @@
 (peer/outer/consensus.py) stops, what it costs honest runs, and whom it refuses.
 
     python bench/trust.py [--quick] [--honest 3,6] [--hostile 1,2,3]
-                          [--attacks negate,negate-third,negate-big,turncoat,turncoat-noise,noise,garbage,scale,amplify,covert]
+                          [--attacks negate,negate-third,negate-big,turncoat,turncoat-noise,noise,garbage,garbage-ascii,scale,amplify,covert]
                           [--kinds slow,other-data,partial]
                           [--seeds 3] [--checks on,off] [--no-controls] [--jobs 2] [--threads 1] [--json OUT]
 
@@ -23,6 +23,8 @@ what it sends is made hostile (``tamper``: the same for every member, as a signe
   an established sender is not refused for unless it points against the others;
 - noise: Gaussian noise of its honest norm, on the coordinates it would have sent;
 - garbage: honest training on uniformly random tokens (a peer fed garbage data);
+- garbage-ascii: the same on uniformly random bytes 1..127, as bench/hostile.py's real garbage peer
+  trains: ASCII shares with Python source what a byte model learns first;
 - scale: its honest contribution x1e4 (what the median-norm clip is for, for comparison);
 - amplify: its honest contribution x1.45, just below the clip's 1.5x the median for a sender of a
   typical norm: the most an amplifier can hope to keep, since it must send before it sees the
@@ -67,7 +69,7 @@ from bench.common import add_arm_flags, largest, machine, now, run_jobs, spread,
 from bench.compression import make_spec  # noqa: E402
 from swarm.jsonout import dumps as strict_json  # noqa: E402
 
-ATTACKS = ("negate", "negate-third", "negate-big", "turncoat", "turncoat-noise", "noise", "garbage", "scale", "amplify", "covert")
+ATTACKS = ("negate", "negate-third", "negate-big", "turncoat", "turncoat-noise", "noise", "garbage", "garbage-ascii", "scale", "amplify", "covert")
 COVERT = 0.25  # the share of its coordinates a covert sender flips: its largest
 BIG_SHARE = 0.2  # the share of its tensors, the largest, a negate-big sender negates (here: embedding, head, both qkv)
 TURN = 4  # rounds a turncoat sends honest updates: one more than standing.ESTABLISHED
@@ -114,14 +116,14 @@ def prose_corpus():
 
 
 class RandomTokens:
-    """A training stream of uniformly random tokens: what a peer fed garbage trains on."""
+    """A training stream of uniformly random tokens in [low, vocab): what a peer fed garbage trains on."""
 
-    def __init__(self, stream, vocab: int, seed: int):
-        self.stream, self.vocab = stream, vocab
+    def __init__(self, stream, vocab: int, seed: int, low: int = 0):
+        self.stream, self.vocab, self.low = stream, vocab, low
         self.gen = torch.Generator().manual_seed(seed)
 
     def next_batch(self):
-        chunk = torch.randint(0, self.vocab, (self.stream.batch_size, self.stream.seq_len + 1), generator=self.gen)
+        chunk = torch.randint(self.low, self.vocab, (self.stream.batch_size, self.stream.seq_len + 1), generator=self.gen)
         return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
 
@@ -144,7 +146,7 @@ def covert(t: torch.Tensor) -> torch.Tensor:
 
 def make_tamper(attack: str):
     def tamper(round_no: int, sender: str, decoded):
-        if not sender.startswith(HOSTILE) or attack == "garbage":
+        if not sender.startswith(HOSTILE) or attack in ("garbage", "garbage-ascii"):
             return decoded
         if attack == "negate" or (attack == "turncoat" and round_no >= TURN):
             return {n: -t for n, t in decoded.items()}
@@ -187,6 +189,8 @@ def run_arm(job) -> Dict[str, Any]:
     def on_replica(i, role):
         if attack == "garbage" and shards[i].startswith(HOSTILE):
             role.stream = RandomTokens(role.stream, spec.model.vocab_size, seed * 1000 + i)
+        elif attack == "garbage-ascii" and shards[i].startswith(HOSTILE):
+            role.stream = RandomTokens(role.stream, 128, seed * 1000 + i, low=1)
         elif attack == "slow" and i == 0:
             role.inner_step = Slow(role.inner_step, max(1, cfg["inner_steps"] // 4), cfg["inner_steps"])
         elif attack == "other-data" and i == 0:
