@@ -60,3 +60,12 @@ def test_a_noisy_turncoat_is_honest_for_its_first_rounds_then_sends_noise_of_its
     out = tamper(trust.TURN, f"{trust.HOSTILE}0", t)["w"]
     assert out[1] == 0 and torch.isclose(out.norm(), t["w"].norm()) and not torch.equal(out, t["w"])
     assert tamper(trust.TURN, "replica0", t) is t
+
+
+def test_ascii_garbage_draws_bytes_1_to_127_only():
+    from types import SimpleNamespace
+
+    stream = trust.RandomTokens(SimpleNamespace(batch_size=4, seq_len=64), 128, seed=0, low=1)
+    x, y = stream.next_batch()
+    assert x.shape == (4, 64) and torch.equal(x[:, 1:], y[:, :-1])
+    assert int(x.min()) >= 1 and int(x.max()) <= 127 and int(y.min()) >= 1
