@@ -61,8 +61,8 @@ class ChainFormer:
             # (tests/chain/test_stage_endpoints.py::test_a_member_missing_from_a_read_does_not_break_its_chain)
             states = [candidates[p].state if p in candidates else None for p in a.chain.members]
             leaving = [p for p, s in zip(a.chain.members, states) if s == "leaving"]
-            if leaving:  # a member stopped as asked: the chain ends, no failed formation
-                self._note_ended(chain_id, leaving, now)
+            if leaving:  # a member stops as asked: the chain ends, said at INFO
+                self._note_broken(chain_id, a, now, leaving)
                 continue
             missed = [now - self.seen.get(p, self.formed_at[chain_id]) < MISSED_S for p in a.chain.members]
             alive = all(s == "assigned" or (young and s == "waiting") or (s is None and m) for s, m in zip(states, missed))
@@ -100,24 +100,25 @@ class ChainFormer:
             logger.info(f"{len(waiting)} chain candidate(s) wait for more capacity: {', '.join(p[-6:] for p in waiting)}")
         return formed
 
-    def _note_ended(self, chain_id: str, leaving: List[str], now: float) -> None:
-        """A chain one of whose members said it is leaving (it stops): ended, its members free."""
+    def _note_broken(self, chain_id: str, a: ChainAssignment, now: float, leaving: List[str] = ()) -> None:
+        """A chain that is no longer alive: once, remember a young one's members to back off from.
+        ``leaving``: its members that said they stop; the chain ended rather than broke (INFO, no
+        warning), but a young one still counts as a failed formation, so a member that leaves right
+        after every formation cannot pull an honest candidate into chain after chain
+        (tests/chain/test_stage_endpoints.py)."""
         self.dead.add(chain_id)
         formed = self.formed_at.pop(chain_id, now)
         self.published.pop(chain_id, None)
-        logger.info(f"chain {chain_id} ended {now - formed:.0f} s after forming: "
-                    f"{', '.join(p[-6:] for p in leaving)} stopped")
-
-    def _note_broken(self, chain_id: str, a: ChainAssignment, now: float) -> None:
-        """A chain that is no longer alive: once, remember a young one's members to back off from."""
-        self.dead.add(chain_id)
-        formed = self.formed_at.pop(chain_id, now)
-        self.published.pop(chain_id, None)
+        if leaving:
+            logger.info(f"chain {chain_id} ended {now - formed:.0f} s after forming: {', '.join(p[-6:] for p in leaving)} stopped")
         if now - formed > YOUNG:
             return
         key = tuple(a.chain.members)
         count = self.failures.get(key, (0, 0.0))[0] + 1
         wait = min(BACKOFF_S * 2 ** (count - 1), MAX_BACKOFF_S)
         self.failures[key] = (count, now + wait)
+        if leaving:
+            logger.debug(f"not forming chain {chain_id}'s members together again for {wait:.0f} s (failure {count})")
+            return
         logger.warning(f"chain {chain_id} ({', '.join(p[-6:] for p in key)}) broke {now - formed:.0f} s after forming "
                        f"(failure {count}): not forming it from the same members for {wait:.0f} s")
