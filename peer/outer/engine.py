@@ -266,10 +266,12 @@ class RoundEngine:
                                   evidence=self.evidence)
             delivered = delivered and (me is None or (me not in outcome.excluded and me not in passed))
             # a contribution that had a copy counts once, and earns none of its senders standing; nor
-            # does one with tensors left out for pointing against the others'
+            # does one with tensors left out for pointing against the others', or one whose agreement
+            # was too weak to count on its own (standing.advance)
             self.standing = standing.advance(
                 self.standing, [s for s in sender_names(decoded) if s not in outcome.excluded and s not in outcome.copied
-                                and s not in outcome.dropped], outcome.excluded)
+                                and s not in outcome.dropped], outcome.excluded,
+                outcome.scores, getattr(self.strategy, "min_agreement", 0.0))
             self.evidence = standing.gather(self.evidence, outcome.scores, outcome.excluded, outcome.copied, self.standing,
                                             outcome.unconvinced)
             counts = self._candidates.pop(self.round, None)

@@ -3,8 +3,8 @@
 Influence is earned. The direction check (peer/outer/consensus.py) judges each contribution against
 the others of its round; standing decides who judges and how much benefit of the doubt a sender gets:
 
-- a sender is *established* once its contributions have counted in ``ESTABLISHED`` rounds of this
-  lineage (a refused one starts it again from 0);
+- a sender is *established* once its contributions have counted on their own agreement in
+  ``ESTABLISHED`` rounds of this lineage (a refused one starts it again from 0; ``advance``);
 - only established senders' contributions judge the others, once a round has ``MIN_JUDGES`` of
   them: a burst of fresh identities can vote nobody out, whatever its size, and is itself judged
   by the established ones;
@@ -19,6 +19,16 @@ the others of its round; standing decides who judges and how much benefit of the
   fresh sender must show agreement: a score ≥ min_z, or its *evidence* pooled over its rounds ≥
   min_z (below).
 
+Standing follows agreement, not mere counting (``advance`` with the round's scores): a round that
+counted on pooled evidence earns no standing, and an established sender whose contribution agreed
+with the others no better than chance (score ≤ 0) counts that round and starts again from 0. A peer
+trained on random ASCII agrees weakly with honest ones in a run's first rounds (byte statistics:
++2 to +4), earned standing on pooled rounds, and then counted round after round at scores of −1.4
+to +1.4 while it raised the honest loss; three such peers beside 6 honest ones cost +2.45 % over 3
+seeds, and +0.93 % with standing earned so (bench/trust.py --attacks garbage-ascii, bench/RESULTS.md
+"Seventy-eighth session"). An honest chain stage that only ever passes on pooled evidence stays
+fresh: it counts, judges nobody and weighs within the fresh share.
+
 Evidence: one round's score of an honest sender with a weak signal (a chain stage, compared on its
 slice of the model, trained on fewer tokens a round: +0.6 to +9.1 in bench/direction_scores.py's
 chain arm, a third of its rounds below 3) can sit below min_z
@@ -29,17 +39,17 @@ pool again; it holds the last ``EVIDENCE_ROUNDS`` rounds at most (older ones fad
 it fades in each round its sender is not scored, so a departed sender's pool does not stay. An
 update without direction (noise: scores symmetric about 0) must string positive rounds together
 above chance to pass (two rounds: a sum of 3√2): scores drawn N(0, 1) count in 0.47 % of rounds
-against 0.13 % for one round above 3, and such a sender needs ``ESTABLISHED`` counted rounds in a
-row to be judged as established (tests/protocol/test_standing.py). Scores are kept in integer
+against 0.13 % for one round above 3, and rounds counted so never make it established
+(tests/protocol/test_standing.py). Scores are kept in integer
 thousandths, so every member pools the same numbers.
 
 Standing is a function of the lineage's concluded rounds, so every member of the lineage holds
 the same table; it travels with θ in a downloaded state and in a checkpoint. A table from another
 peer is input like any other: ``checked`` bounds and validates it. What a patient attacker can do:
 contribute honestly for ``ESTABLISHED`` rounds per identity, then judge as one established voter
-among the others, and send updates without a clear direction that still count (noise at an honest
-norm, clipped: −0.2 to +0.6 % loss beside 3 or 6 honest senders, bench/trust.py --attacks
-turncoat-noise); updates pointing against the others stay refused whatever its standing.
+among the others, and send updates without a clear direction: each counts until the first that
+scores at or below chance, which spends its standing (noise at an honest norm: bench/trust.py
+--attacks turncoat-noise); updates pointing against the others stay refused whatever its standing.
 """
 
 from __future__ import annotations
@@ -81,13 +91,22 @@ class StandingError(ProtocolError):
     """A standing table from another peer (a state, a checkpoint) that is not one."""
 
 
-def advance(standing: Mapping[str, int], counted: Iterable[str], refused: Iterable[str]) -> Dict[str, int]:
+def advance(standing: Mapping[str, int], counted: Iterable[str], refused: Iterable[str],
+            scores: Optional[Mapping[str, float]] = None, min_z: float = 0.0) -> Dict[str, int]:
     """The table after a round: +1 for every sender whose contribution counted, 0 for every sender
     whose contribution the round's checks refused, the others unchanged; at most ``MAX_SENDERS``
-    entries. Deterministic (tests/protocol/test_standing.py)."""
-    out = dict(standing)
+    entries. With the round's direction ``scores`` and its bar ``min_z`` > 0, standing is earned by
+    agreement alone: a fresh sender that counted on its pooled evidence (a score below ``min_z``)
+    keeps its count, and an established one whose contribution agreed with the others' no better
+    than chance (a score ≤ 0) starts again from 0, though its contribution counted. Deterministic
+    (tests/protocol/test_standing.py)."""
+    out, scores = dict(standing), (scores or {}) if min_z > 0 else {}
     for sender in counted:
-        out[sender] = min(out.get(sender, 0) + 1, MAX_COUNT)
+        had, z = out.get(sender, 0), scores.get(sender)
+        if z is None or (z > 0 if had >= ESTABLISHED else z >= min_z):
+            out[sender] = min(had + 1, MAX_COUNT)
+        elif had >= ESTABLISHED:
+            out[sender] = 0  # it counted on the benefit of the doubt, which is spent
     for sender in refused:
         out[sender] = 0
     out = {s: n for s, n in out.items() if n > 0}

@@ -68,7 +68,7 @@ def test_a_fresh_sender_with_a_weak_but_steady_direction_counts_once_its_pooled_
         table = advance(table, ["chain"] if counts else [], [] if counts else ["chain"])
         evidence = gather(evidence, {"chain": z}, [] if counts else ["chain"], [], table, [] if counts else ["chain"])
     assert counted_rounds == [2, 3, 4]  # (2 + 2.2 + 1.9) / sqrt(3) = 3.52
-    assert "chain" not in evidence and table["chain"] == 3  # established: judged as such from now on
+    assert "chain" not in evidence and table["chain"] == 3  # without scores every counted round earns standing
     assert convinced(None, 3.0, 3.0) and convinced({"x": (9000, 8)}["x"], 3.5, 3.0)  # never stricter than one round
     assert not convinced((9000, 3), 0.0, 3.0) and not convinced((9000, 3), -1.0, 3.0)
 
@@ -129,3 +129,16 @@ def test_an_evidence_table_from_another_peer_that_is_not_one_is_refused(raw):
         standing.checked_evidence(raw)
     assert standing.checked_evidence(None) == {} and standing.checked_evidence({"b": [5, 2], "a": (1, 1)}) == {
         "a": (1, 1), "b": (5, 2)}
+
+
+def test_standing_is_earned_by_agreement_and_spent_by_a_contribution_no_better_than_chance():
+    """With the round's scores, a fresh sender counted on pooled evidence (below the bar) keeps its
+    count, one that passed on its own gains a round; an established one at or below chance that still
+    counted starts again from 0, one above chance (however weak) gains a round; a refusal is 0."""
+    table = {"est-weak": 5, "est-zero": 5, "est-neg": 9, "fresh-pooled": 1, "fresh-strong": 2}
+    scores = {"est-weak": 0.4, "est-zero": 0.0, "est-neg": -2.0, "fresh-pooled": 2.2, "fresh-strong": 3.0, "new": 3.5}
+    after = advance(table, list(scores), [], scores, 3.0)
+    assert after == {"est-weak": 6, "fresh-pooled": 1, "fresh-strong": 3, "new": 1}
+    assert advance(table, list(scores), [], scores, 0.0) == advance(table, list(scores), [])  # check off: counting alone
+    assert advance(table, ["unscored"], ["fresh-strong"], scores, 3.0) == {
+        "est-weak": 5, "est-zero": 5, "est-neg": 9, "fresh-pooled": 1, "unscored": 1}  # no score: counting alone
