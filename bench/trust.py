@@ -1,7 +1,7 @@
 """Hostile contributions of honest size, in the in-process simulation: what the direction check
 (peer/outer/consensus.py) stops, what it costs honest runs, and whom it refuses.
 
-    python bench/trust.py [--quick] [--honest 3,6] [--hostile 1,2,3]
+    python bench/trust.py [--quick | --config full|peers|quick] [--honest 3,6] [--hostile 1,2,3]
                           [--attacks negate,negate-third,negate-big,turncoat,turncoat-noise,noise,garbage,garbage-ascii,scale,amplify,covert]
                           [--kinds slow,other-data,partial]
                           [--seeds 3] [--checks on,off] [--no-controls] [--jobs 2] [--threads 1] [--json OUT]
@@ -81,6 +81,9 @@ CONFIGS = {
     # the compression bench's small model, 12 rounds of H = 20 (240 inner steps a replica)
     "full": dict(model=dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176, seq_len=32),
                  batch_size=8, inner_steps=20, steps=240, lr=3e-3, warmup=20),
+    # bench/hostile.py's real peers: the default model (d 128, 4 layers, seq 128), batch 16, 4 rounds of
+    # H = 30 at the spec's lr (warm-up 30 of 3,000 steps): where a garbage peer's first rounds show
+    "peers": dict(model=dict(), batch_size=16, inner_steps=30, steps=120, lr=2e-3, warmup=30, total_steps=3000),
     "quick": dict(model=dict(d_model=64, n_layers=2, n_heads=4, ffn_hidden=176, seq_len=32),
                   batch_size=8, inner_steps=10, steps=40, lr=3e-3, warmup=5),
 }
@@ -289,6 +292,9 @@ def print_summary(summary: List[Dict[str, Any]]) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="4 rounds of H = 10: a smoke run of every arm")
+    ap.add_argument("--config", choices=sorted(CONFIGS), default=None,
+                    help="full (default: a d 64, 2-layer model, 12 rounds of H = 20), peers (bench/hostile.py's "
+                         "real peers' shape: d 128, 4 layers, 4 rounds of H = 30) or quick (as --quick)")
     ap.add_argument("--honest", default="3,6", help="comma-separated numbers of honest replicas (default 3,6)")
     ap.add_argument("--hostile", default="1,2,3", help="comma-separated numbers of hostile replicas (default 1,2,3)")
     ap.add_argument("--attacks", default=",".join(ATTACKS), help=f"comma-separated attacks (default: {','.join(ATTACKS)})")
@@ -302,7 +308,7 @@ def main(argv=None) -> int:
                     help="skip the R + K honest runs an attacked arm is also compared with (default: run them)")
     add_arm_flags(ap)
     args = ap.parse_args(argv)
-    cfg = CONFIGS["quick" if args.quick else "full"]
+    cfg = CONFIGS[args.config or ("quick" if args.quick else "full")]
     honest = [int(x) for x in args.honest.split(",")]
     hostile = [int(x) for x in args.hostile.split(",")]
     attacks = [a for a in args.attacks.split(",") if a]
