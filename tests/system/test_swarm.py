@@ -70,7 +70,9 @@ def test_sigkill_of_one_peer_does_not_stop_the_others(swarm_factory):
     swarm.wait_shared(("a", "b"), 3, 120, "rounds of a and b in one group")
     statuses = [swarm.status(n) for n in ("a", "b")]
     assert assert_groups_identical(statuses) >= 3
-    last = statuses[0]["history"][-1]
+    # the last round a shared with anyone was with b alone: the victim is gone from the groups (a's
+    # very last round may be one it closed alone, when b's matchmaking ran late on a loaded machine)
+    last = [h for h in statuses[0]["history"] if len(h["group"]) > 1][-1]
     assert len(last["group"]) == 2 and statuses[1]["peer_id"] in last["group"]
     assert not math.isnan(statuses[0]["val_loss"])
 
