@@ -20,8 +20,11 @@ the others of its round; standing decides who judges and how much benefit of the
   min_z (below).
 
 Standing follows agreement, not mere counting (``advance`` with the round's scores): a round that
-counted on pooled evidence earns no standing, and an established sender whose contribution agreed
-with the others no better than chance (score ≤ 0) counts that round and starts again from 0. A peer
+counted on pooled evidence earns no standing (a sender gains a round only with a score ≥ min_z),
+and an established sender whose contribution agreed with the others no better than chance (score
+≤ 0) counts that round and loses one round of standing: trust earned over many rounds is spent a
+round at a time, not on one bad round (resetting it to 0 refused an honest peer on other data once
+in 8 seeds, late in a run, bench/RESULTS.md "Seventy-eighth session"). A peer
 trained on random ASCII agrees weakly with honest ones in a run's first rounds (byte statistics:
 +2 to +4), earned standing on pooled rounds, and then counted round after round at scores of −1.4
 to +1.4 while it raised the honest loss; three such peers beside 6 honest ones cost +2.45 % over 3
@@ -47,9 +50,9 @@ Standing is a function of the lineage's concluded rounds, so every member of the
 the same table; it travels with θ in a downloaded state and in a checkpoint. A table from another
 peer is input like any other: ``checked`` bounds and validates it. What a patient attacker can do:
 contribute honestly for ``ESTABLISHED`` rounds per identity, then judge as one established voter
-among the others, and send updates without a clear direction: each counts until the first that
-scores at or below chance, which spends its standing (noise at an honest norm: bench/trust.py
---attacks turncoat-noise); updates pointing against the others stay refused whatever its standing.
+among the others, and send updates without a clear direction, which count while its standing lasts:
+each one at or below chance spends a round of it and none earns any (noise at an honest norm:
+bench/trust.py --attacks turncoat-noise); updates pointing against the others stay refused whatever its standing.
 """
 
 from __future__ import annotations
@@ -96,17 +99,18 @@ def advance(standing: Mapping[str, int], counted: Iterable[str], refused: Iterab
     """The table after a round: +1 for every sender whose contribution counted, 0 for every sender
     whose contribution the round's checks refused, the others unchanged; at most ``MAX_SENDERS``
     entries. With the round's direction ``scores`` and its bar ``min_z`` > 0, standing is earned by
-    agreement alone: a fresh sender that counted on its pooled evidence (a score below ``min_z``)
-    keeps its count, and an established one whose contribution agreed with the others' no better
-    than chance (a score ≤ 0) starts again from 0, though its contribution counted. Deterministic
+    agreement alone: a sender gains a round only with a score ≥ ``min_z`` (a fresh one that counted
+    on its pooled evidence, an established one that counted with a weak direction, keep their
+    count), and an established one whose contribution agreed with the others' no better than chance
+    (a score ≤ 0) loses one, though its contribution counted. Deterministic
     (tests/protocol/test_standing.py)."""
     out, scores = dict(standing), (scores or {}) if min_z > 0 else {}
     for sender in counted:
         had, z = out.get(sender, 0), scores.get(sender)
-        if z is None or (z > 0 if had >= ESTABLISHED else z >= min_z):
+        if z is None or z >= min_z:
             out[sender] = min(had + 1, MAX_COUNT)
-        elif had >= ESTABLISHED:
-            out[sender] = 0  # it counted on the benefit of the doubt, which is spent
+        elif had >= ESTABLISHED and z <= 0:
+            out[sender] = had - 1  # it counted on the benefit of the doubt: one round of it is spent
     for sender in refused:
         out[sender] = 0
     out = {s: n for s, n in out.items() if n > 0}

@@ -132,13 +132,14 @@ def test_an_evidence_table_from_another_peer_that_is_not_one_is_refused(raw):
 
 
 def test_standing_is_earned_by_agreement_and_spent_by_a_contribution_no_better_than_chance():
-    """With the round's scores, a fresh sender counted on pooled evidence (below the bar) keeps its
-    count, one that passed on its own gains a round; an established one at or below chance that still
-    counted starts again from 0, one above chance (however weak) gains a round; a refusal is 0."""
-    table = {"est-weak": 5, "est-zero": 5, "est-neg": 9, "fresh-pooled": 1, "fresh-strong": 2}
-    scores = {"est-weak": 0.4, "est-zero": 0.0, "est-neg": -2.0, "fresh-pooled": 2.2, "fresh-strong": 3.0, "new": 3.5}
+    """With the round's scores, a sender gains a round only where it passed the bar on its own: a
+    fresh one counted on pooled evidence and an established one with a weak direction keep their
+    count; an established one at or below chance that still counted loses one; a refusal is 0."""
+    table = {"est-weak": 5, "est-zero": 5, "est-neg": 9, "est-new": 3, "fresh-pooled": 1, "fresh-strong": 2}
+    scores = {"est-weak": 0.4, "est-zero": 0.0, "est-neg": -2.0, "est-new": -0.5, "fresh-pooled": 2.2,
+              "fresh-strong": 3.0, "new": 3.5}
     after = advance(table, list(scores), [], scores, 3.0)
-    assert after == {"est-weak": 6, "fresh-pooled": 1, "fresh-strong": 3, "new": 1}
+    assert after == {"est-weak": 5, "est-zero": 4, "est-neg": 8, "est-new": 2, "fresh-pooled": 1, "fresh-strong": 3, "new": 1}
     assert advance(table, list(scores), [], scores, 0.0) == advance(table, list(scores), [])  # check off: counting alone
     assert advance(table, ["unscored"], ["fresh-strong"], scores, 3.0) == {
-        "est-weak": 5, "est-zero": 5, "est-neg": 9, "fresh-pooled": 1, "unscored": 1}  # no score: counting alone
+        "est-weak": 5, "est-zero": 5, "est-neg": 9, "est-new": 3, "fresh-pooled": 1, "unscored": 1}  # no score: counting alone
