@@ -291,8 +291,9 @@ def print_summary(summary: List[Dict[str, Any]]) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="4 rounds of H = 10: a smoke run of every arm")
-    ap.add_argument("--config", choices=sorted(CONFIGS), default=None,
+    shape = ap.add_mutually_exclusive_group()
+    shape.add_argument("--quick", action="store_true", help="4 rounds of H = 10: a smoke run of every arm")
+    shape.add_argument("--config", choices=sorted(CONFIGS), default=None,
                     help="full (default: a d 64, 2-layer model, 12 rounds of H = 20), peers (bench/hostile.py's "
                          "real peers' shape: d 128, 4 layers, 4 rounds of H = 30) or quick (as --quick)")
     ap.add_argument("--honest", default="3,6", help="comma-separated numbers of honest replicas (default 3,6)")

@@ -52,7 +52,8 @@ peer is input like any other: ``checked`` bounds and validates it. What a patien
 contribute honestly for ``ESTABLISHED`` rounds per identity, then judge as one established voter
 among the others, and send updates without a clear direction, which count while its standing lasts:
 each one at or below chance spends a round of it and none earns any (noise at an honest norm:
-bench/trust.py --attacks turncoat-noise); updates pointing against the others stay refused whatever its standing.
+bench/trust.py --attacks turncoat-noise); updates pointing against the others stay refused
+whatever its standing.
 """
 
 from __future__ import annotations
