@@ -182,7 +182,10 @@ def run_arm(job) -> Dict[str, Any]:
     cfg, honest, hostile, attack, check, seed, threads = job
     torch.set_num_threads(threads)
     logging.getLogger("voloco.peer.robust").setLevel(logging.ERROR)  # every replica logs every refusal: counted below
-    spec = make_spec(cfg, {"strategy": "sparseloco", "min_agreement": 3.0 if check else 0.0}, {}, cfg["steps"], seed)
+    outer = {"strategy": "sparseloco", "min_agreement": 3.0 if check else 0.0}
+    if cfg.get("fresh_agreement") is not None:
+        outer["fresh_agreement"] = cfg["fresh_agreement"]
+    spec = make_spec(cfg, outer, {}, cfg["steps"], seed)
     shards = [f"replica{i}" for i in range(honest)] + [f"{HOSTILE}{k}" for k in range(hostile)]
     parts = None
     if attack == "partial":
@@ -307,9 +310,14 @@ def main(argv=None) -> int:
                          "the one the check exists for, unless it is the only setting)")
     ap.add_argument("--no-controls", dest="controls", action="store_false",
                     help="skip the R + K honest runs an attacked arm is also compared with (default: run them)")
+    ap.add_argument("--fresh-agreement", type=float, metavar="F",
+                    help="outer.fresh_agreement with the check on: the share of its round's median full-replica score a "
+                         "fresh full replica must reach (default: the spec's; 0: min_agreement alone)")
     add_arm_flags(ap)
     args = ap.parse_args(argv)
-    cfg = CONFIGS[args.config or ("quick" if args.quick else "full")]
+    cfg = dict(CONFIGS[args.config or ("quick" if args.quick else "full")])
+    if args.fresh_agreement is not None:
+        cfg["fresh_agreement"] = args.fresh_agreement
     honest = [int(x) for x in args.honest.split(",")]
     hostile = [int(x) for x in args.hostile.split(",")]
     attacks = [a for a in args.attacks.split(",") if a]

@@ -47,7 +47,8 @@ import numpy as np
 import torch
 
 from peer.outer.consensus import agreement, copies, score_contributions, tensor_scores
-from protocol.round.standing import AGAINST, ESTABLISHED, EVIDENCE_ROUNDS, FRESH_SHARE, MIN_JUDGES, Evidence, convinced, weights
+from protocol.round.standing import (AGAINST, ESTABLISHED, EVIDENCE_ROUNDS, FRESH_SHARE, MIN_JUDGES, Evidence, convinced,
+                                     fresh_bar, weights)
 from protocol.codecs.fields import MAX_ABS
 
 __all__ = ["CLIP_MULTIPLE", "PLAIN", "PROJECTED", "REFUSED", "Contributions", "kinds_of", "NonFiniteStep", "Outcome", "Screening", "robust_step", "screen",
@@ -165,7 +166,7 @@ class Screening:
 
 
 def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, established: set, kinds: List[int],
-               evidence: Mapping[int, Evidence]) -> None:
+               evidence: Mapping[int, Evidence], fraction: float = 0.0) -> None:
     """The direction check of ``screen``, on ``out.kept``: copies counted once, then every other
     contribution scored. A contribution to θ itself (``PLAIN``) is judged by the others of its kind
     where it can be compared with one: a chain stage trains θ projected onto its links' subspace
@@ -174,7 +175,9 @@ def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, establi
     the run trains, and an update that does not agree with the others' (a chain that joined a run
     under way: +2 % loss at equal honest tokens when counted, bench/chains.py --warm-rounds) does
     not count. A fresh contribution below ``min_z`` counts where its sender's evidence (``evidence``:
-    position -> its pool, protocol/round/standing.py) pooled with this score reaches it. Of a
+    position -> its pool, protocol/round/standing.py) pooled with this score reaches it; a fresh full
+    replica's bar is ``fraction`` of the round's median full-replica score where that is higher
+    (standing.fresh_bar: a chain stage's scores are weaker by nature and keep ``min_z``). Of a
     contribution that counts, the tensors that point against its judges' (``against``) are left out
     (``Screening.dropped``); one whose every tensor does so is refused."""
     checked = list(out.kept)
@@ -198,16 +201,19 @@ def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, establi
     scores.update(judged(originals, [p for p in originals if p not in scores]))
     out.kept = [i for i in checked if i not in out.copies]  # a copy counts once, as the first of its group
     out.scores = {checked[p]: z for p, z in scores.items()}
+    plain_bar = fresh_bar(min_z, fraction, [scores[p] for p in plain if p in scores])
     for p, z in scores.items():
         i = checked[p]
+        bar = plain_bar if kinds[i] == PLAIN else min_z
         if i in established and z <= -AGAINST * min_z:
             out.excluded[i] = (f"its direction points against the others' of its round ({z:+.1f} standard "
                                f"deviations from chance; {-AGAINST * min_z:g} or less refuses an established sender)")
-        elif i not in established and not convinced(evidence.get(i), z, min_z):
+        elif i not in established and not convinced(evidence.get(i), z, bar):
             rounds = min(evidence[i][1], EVIDENCE_ROUNDS - 1) + 1 if i in evidence and z > 0 else 1
+            why = "" if bar == min_z else f" ({fraction:g} of its round's median full replica's)"
             out.excluded[i] = (f"its direction agrees with the others' of its round {z:+.1f} standard deviations "
-                               f"above chance ({rounds} round{'s' if rounds > 1 else ''} pooled), below the {min_z:g} "
-                               f"a sender without standing needs")
+                               f"above chance ({rounds} round{'s' if rounds > 1 else ''} pooled), below the {bar:.3g}{why} "
+                               f"that a sender without standing needs")
             if z > 0:
                 out.unconvinced.append(i)
         else:
@@ -244,14 +250,15 @@ def against(pairs, p: int, judges: Iterable[int], bar: float) -> List[str]:
 
 def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: float = 0.0,
            established: Iterable[int] = (), kinds: Optional[Sequence[int]] = None,
-           evidence: Optional[Mapping[int, Evidence]] = None) -> Screening:
+           evidence: Optional[Mapping[int, Evidence]] = None, fresh_fraction: float = 0.0) -> Screening:
     """Check every contribution, screen their directions (``min_z``; 0: no such check), then clip
     each tensor whose norm exceeds ``multiple`` x the median norm of that tensor over the contributions
     that carry it to that median (``math.inf``: no clipping). ``established``: the positions whose
     senders have standing in this lineage (protocol/round/standing.py): once ``MIN_JUDGES`` of them
     are here only they judge, and they are refused only for pointing against the others (score <=
     -AGAINST x min_z); a fresh contribution must show agreement (score >= min_z, or pooled with its
-    ``evidence`` by position, standing.convinced). ``kinds``: the
+    ``evidence`` by position, standing.convinced; a fresh full replica also ``fresh_fraction`` of
+    the round's median full-replica score, standing.fresh_bar). ``kinds``: the
     model each was trained on (``kinds_of``): a full replica is not judged by chain stages
     (``_direction``)."""
     out = Screening()
@@ -265,7 +272,7 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
             out.excluded[i] = why
     if min_z > 0 and len(out.kept) >= 2:
         _direction(out, decoded, min_z, set(established), kinds_of(decoded) if kinds is None else list(kinds),
-                   evidence or {})
+                   evidence or {}, fresh_fraction)
     for i, left_out in out.dropped.items():
         norms[i] = {n: v for n, v in norms[i].items() if n not in left_out}
     scales: Dict[int, Dict[str, float]] = {i: {} for i in out.kept}
@@ -321,13 +328,15 @@ def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: 
                 evidence: Optional[Mapping[str, Evidence]] = None) -> Outcome:
     """Check, screen by direction, clip, aggregate with ``strategy`` and apply its outer step to
     ``theta`` (in place). The direction check's threshold is the strategy's ``min_agreement``
-    (the run spec's ``outer.min_agreement``; absent: none); ``standing``: rounds counted per
+    (the run spec's ``outer.min_agreement``, and ``outer.fresh_agreement`` for a fresh full replica;
+    absent: none); ``standing``: rounds counted per
     sender in this lineage, ``evidence``: fresh senders' pooled scores (protocol/round/standing.py)."""
     names = sender_names(decoded)
     multiple = getattr(strategy, "clip_multiple", CLIP_MULTIPLE) if multiple is None else multiple
     established = {i for i, n in enumerate(names) if (standing or {}).get(n, 0) >= ESTABLISHED}
     pools = {i: (evidence or {})[n] for i, n in enumerate(names) if n in (evidence or {})}
-    s = screen(decoded, multiple, getattr(strategy, "min_agreement", 0.0), established, kinds_of(decoded), pools)
+    s = screen(decoded, multiple, getattr(strategy, "min_agreement", 0.0), established, kinds_of(decoded), pools,
+               getattr(strategy, "fresh_agreement", 0.0))
     excluded = {names[i]: f"{REFUSED}: {why}" for i, why in s.excluded.items()}
     kept = list(s.kept)
     while kept:

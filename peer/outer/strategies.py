@@ -74,6 +74,7 @@ class OuterStrategy:
         self.codec = make_codec(spec)
         self.lr = spec.outer.effective_lr
         self.min_agreement = spec.outer.min_agreement  # the direction check of peer/outer/robust.py
+        self.fresh_agreement = spec.outer.fresh_agreement  # and a fresh full replica's share of its round's median
         self.max_contributions = spec.outer.max_contributions  # K of each part a round (protocol/round/choice.py)
         self.max_payload_bytes = payload_max_bytes(self.codec, self.full_layout)  # no part is larger
 

@@ -17,7 +17,12 @@ the others of its round; standing decides who judges and how much benefit of the
   clear direction (|score| < min_z: a slow peer that closed its round
   early, a peer with unusual data, rounds in which its error feedback sent old residue) counts. A
   fresh sender must show agreement: a score ≥ min_z, or its *evidence* pooled over its rounds ≥
-  min_z (below).
+  min_z (below); a fresh full replica must also reach a share of its round's median full-replica
+  score (``fresh_bar``, the run spec's ``outer.fresh_agreement``): honest replicas agree with each
+  other in proportion to what they learned, +18 to +26 in the first rounds of real peers, while a
+  peer trained on random ASCII agreed with them at +2 to +4 and, in rounds 0-1, before anyone was
+  established, passed the fixed bar of 3 (three beside 6 honest real peers: +4.64 % loss over 4
+  rounds, bench/RESULTS.md "Seventy-eighth session").
 
 Standing follows agreement, not mere counting (``advance`` with the round's scores): a round that
 counted on pooled evidence earns no standing (a sender gains a round only with a score ≥ min_z),
@@ -65,7 +70,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from protocol.errors import ProtocolError
 
 __all__ = ["ABSENT_ROUNDS", "AGAINST", "ESTABLISHED", "EVIDENCE_ROUNDS", "FRESH_SHARE", "MIN_JUDGES", "MAX_SENDERS", "MAX_COUNT",
-           "StandingError", "advance", "checked", "checked_evidence", "convinced", "gather", "weights"]
+           "StandingError", "advance", "checked", "checked_evidence", "convinced", "fresh_bar", "gather", "weights"]
 
 ESTABLISHED = 3  # rounds counted before a sender judges and gets the benefit of the doubt
 # An established sender is refused at a score of -AGAINST x min_agreement or below. Not 1: an honest
@@ -132,6 +137,20 @@ def _faded(entry: Optional[Evidence]) -> Evidence:
     if rounds >= EVIDENCE_ROUNDS:
         total, rounds = total * (EVIDENCE_ROUNDS - 1) // EVIDENCE_ROUNDS, EVIDENCE_ROUNDS - 1
     return total, rounds
+
+
+def fresh_bar(min_z: float, fraction: float, peer_scores: Sequence[float]) -> float:
+    """The score a fresh full replica's contribution must reach: ``min_z``, or ``fraction`` of the
+    lower median of the round's full-replica scores (``peer_scores``) where that is higher. Honest
+    replicas agree with each other in proportion to what they learned (+18 to +26 in the first
+    rounds of bench/hostile.py's real peers); a peer trained on random ASCII agrees with them by byte
+    statistics alone (+2 to +4), above a fixed bar of 3 but far below a quarter of theirs. The lower
+    median: a minority, however it scores, cannot raise the bar past an honest majority's scores.
+    Deterministic (tests/protocol/test_standing.py)."""
+    if fraction <= 0 or not peer_scores:
+        return min_z
+    ordered = sorted(peer_scores)
+    return max(min_z, fraction * ordered[(len(ordered) - 1) // 2])
 
 
 def convinced(entry: Optional[Evidence], z: float, min_z: float) -> bool:

@@ -186,7 +186,7 @@ class DCTSpec(_ChunkTopK):
 
 class OuterSpec(SpecModel):
     _path: ClassVar[str] = "outer"
-    _omit_at_default: ClassVar[Tuple[str, ...]] = ("min_agreement", "max_contributions", "max_overlap")
+    _omit_at_default: ClassVar[Tuple[str, ...]] = ("min_agreement", "fresh_agreement", "max_contributions", "max_overlap")
 
     strategy: Literal[STRATEGIES] = "sparseloco"
     inner_steps: Int(ge=1, le=1 << 20) = 30  # H: local steps between two exchanges
@@ -204,6 +204,9 @@ class OuterSpec(SpecModel):
     # standard deviations above chance (peer/outer/consensus.py); 0 turns the check off. Left out of
     # the serialized spec at its default, like data.tokenizer: digests are unchanged
     min_agreement: Float(ge=0.0, le=1e6) = 3.0
+    # a full replica without standing (protocol/round/standing.py) must also agree at least this fraction
+    # of the lower median agreement of its round's full replicas (standing.fresh_bar); 0: min_agreement alone
+    fresh_agreement: Float(ge=0.0, le=1.0) = 0.25
     # at most this many contributions of each part of the model enter θ in a round, drawn alike by every
     # member (protocol/round/choice.py); the others stay with their senders for a later round. 0: all of them
     max_contributions: Int(ge=0, le=1 << 16) = 0

@@ -316,6 +316,24 @@ def test_the_engine_keeps_standing_in_its_lineage_state_snapshot_and_redo():
     assert engine.standing == {"p0": 4, "p1": 4, "p2": 3}  # from the snapshot's table, not the later one
 
 
+def test_a_fresh_full_replica_far_weaker_than_its_rounds_others_is_refused_and_established_or_stages_are_not():
+    """outer.fresh_agreement: six replicas agreeing strongly (+17) and three that share their
+    direction under 11 times the noise (+3.6 to +5.4, above the fixed bar of 3, like a peer trained on
+    random ASCII beside honest ones in a run's first rounds). A fresh one must reach the given share of
+    the round's median; an established one, or a chain stage (weak by nature), is held to min_z alone
+    (protocol/round/standing.fresh_bar)."""
+    names = tuple("abcdefgh")
+    members = [honest(i, own_noise=0.5, names=names) for i in range(6)]
+    members += [honest(20 + j, own_noise=11.0, names=names) for j in range(3)]
+    assert screen(members, math.inf, min_z=3.0).kept == list(range(9))
+    s = screen(members, math.inf, min_z=3.0, fresh_fraction=1 / 3)
+    assert s.kept == list(range(6)) and all(3.0 < s.scores[i] < 17.0 / 3 for i in (6, 7, 8))
+    assert "of its round's median full replica's" in s.excluded[6]
+    assert screen(members, math.inf, min_z=3.0, fresh_fraction=1 / 3, established=range(9)).kept == list(range(9))
+    stages = screen(members, math.inf, min_z=3.0, fresh_fraction=1 / 3, kinds=[PLAIN] * 6 + [PROJECTED] * 3)
+    assert stages.kept == list(range(9))
+
+
 def weak(seed: int, own_noise: float = 5.5):
     """The shared direction under 5.5 times a member's own noise: scores of +1.2 to +2.9 beside honest(0..2)."""
     own, out = torch.Generator().manual_seed(3000 + seed), {}

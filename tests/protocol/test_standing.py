@@ -143,3 +143,17 @@ def test_standing_is_earned_by_agreement_and_spent_by_a_contribution_no_better_t
     assert advance(table, list(scores), [], scores, 0.0) == advance(table, list(scores), [])  # check off: counting alone
     assert advance(table, ["unscored"], ["fresh-strong"], scores, 3.0) == {
         "est-weak": 5, "est-zero": 5, "est-neg": 9, "est-new": 3, "fresh-pooled": 1, "unscored": 1}  # no score: counting alone
+
+
+def test_a_fresh_full_replica_must_reach_a_share_of_its_rounds_median_score():
+    """standing.fresh_bar: min_z, or the fraction of the lower median of the round's full-replica
+    scores where higher; a minority cannot lift it past the majority's scores; 0 turns it off."""
+    from protocol.round.standing import fresh_bar
+    honest, garbage = [18.0, 22.0, 26.0, 20.0, 24.0, 19.0], [3.5, 2.8, 3.1]
+    bar = fresh_bar(3.0, 0.25, honest + garbage)
+    assert bar == 0.25 * 19.0 and all(z < bar for z in garbage) and all(z >= bar for z in honest)
+    assert fresh_bar(3.0, 0.25, [4.0, 5.0, 6.0]) == 3.0  # weak rounds: the fixed bar stands
+    assert fresh_bar(3.0, 0.0, honest) == 3.0 and fresh_bar(3.0, 0.25, []) == 3.0
+    # a minority scoring itself sky-high does not lift the bar past the honest majority
+    assert fresh_bar(3.0, 0.25, honest + [1e6] * 5) <= 0.25 * max(honest)
+    assert fresh_bar(3.0, 1.0, [10.0, 20.0]) == 10.0  # the lower median of an even count
