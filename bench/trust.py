@@ -317,6 +317,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     cfg = dict(CONFIGS[args.config or ("quick" if args.quick else "full")])
     if args.fresh_agreement is not None:
+        if not 0 <= args.fresh_agreement <= 1:
+            ap.error(f"--fresh-agreement is a share in [0, 1], got {args.fresh_agreement:g}")
         cfg["fresh_agreement"] = args.fresh_agreement
     honest = [int(x) for x in args.honest.split(",")]
     hostile = [int(x) for x in args.hostile.split(",")]
