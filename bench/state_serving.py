@@ -5,7 +5,8 @@
 One serving peer (a real ``PayloadGatherer``: its averager process streams the state, its host
 process copies it for each download, as a peer's engine does) and N downloaders, each a DHT node of
 its own on loopback, all asking for the state at the same moment (peer/exchange/state_download.py's
-``StateDownloader``); a downloader answered "busy" asks again 0.5 s later. Two arms, each in a fresh
+``StateDownloader``); a downloader answered "busy", or whose try failed, asks again 0.5 s later (a
+failed try is counted and its error printed; three make it give up). Two arms, each in a fresh
 process:
 
 - ``gate``: the defaults (protocol/round/serve_gate.py: ``Timing.serves_at_once`` downloads at once,
@@ -35,6 +36,7 @@ from bench.common import exit_on_sigterm, machine, now, proc_status_kib, reset_p
 from swarm.jsonout import dumps as strict_json  # noqa: E402
 
 ARMS = ("gate", "open")
+MAX_FAILED_TRIES = 3  # a downloader whose tries fail this often gives up: its row says "NO" and why
 
 
 def run_arm(arm: str, downloaders: int, state_mb: int) -> dict:
@@ -66,20 +68,26 @@ def run_arm(arm: str, downloaders: int, state_mb: int) -> dict:
         prefix = server.prefix
         _get_handle_name = PayloadGatherer._get_handle_name
 
-    busy, done, ok = [0] * downloaders, [0.0] * downloaders, [False] * downloaders
+    busy, failed, done, ok = [0] * downloaders, [0] * downloaders, [0.0] * downloaders, [False] * downloaders
+    errors: list = []
     start = threading.Event()
 
     def download(i: int) -> None:
         fetch = StateDownloader(nodes[i], Named(), min_rate=1 << 20)
         start.wait()
-        while True:
+        while True:  # as peer/round/state_sync.py: busy or failed, asked again a little later
             try:
                 _, tensors = fetch(peer, expected_bytes=size, timeout=60.0)
                 ok[i] = len(tensors) == 1 and torch.equal(tensors[0], state)
                 break
             except StateServerBusy:
                 busy[i] += 1
-                time.sleep(0.5)
+            except Exception as e:  # reported in the row, never a silently dead downloader
+                failed[i] += 1
+                errors.append(f"downloader {i}: {e!r}"[:300])
+                if failed[i] >= MAX_FAILED_TRIES:
+                    break
+            time.sleep(0.5)
         done[i] = time.monotonic()
 
     threads = [threading.Thread(target=download, args=(i,)) for i in range(downloaders)]
@@ -99,7 +107,7 @@ def run_arm(arm: str, downloaders: int, state_mb: int) -> dict:
     for n in [*nodes, server_dht]:
         n.shutdown()
     return {"arm": arm, "downloaders": downloaders, "state_mb": state_mb, "all_equal": all(ok),
-            "seconds": max(done) - t0, "busy": sum(busy),
+            "seconds": max(done) - t0, "busy": sum(busy), "failed": sum(failed), "errors": errors[:8],
             "host_peak_mb": peak["host"] / 1024, "averager_peak_mb": peak["averager"] / 1024}
 
 
@@ -132,13 +140,18 @@ def main(argv=None) -> int:
             print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
             raise SystemExit(f"arm {arm} failed (exit {out.returncode})")
         rows.append(json.loads(lines[-1][len("RESULT "):]))
+        if not rows[-1]["all_equal"]:  # what the arm's process logged, for the reader of the failure
+            print(out.stderr[-4000:], file=sys.stderr)
     base = next((r for r in rows if r["arm"] == "open"), None)
     print(table(["arm", "states equal", "host peak MB", "averager peak MB", "all done s", "busy answers",
-                 "peak vs open", "time vs open"],
+                 "failed tries", "peak vs open", "time vs open"],
                 [[r["arm"], "yes" if r["all_equal"] else "NO", f"{r['host_peak_mb']:.0f}", f"{r['averager_peak_mb']:.0f}",
-                  f"{r['seconds']:.1f}", str(r["busy"]),
+                  f"{r['seconds']:.1f}", str(r["busy"]), str(r["failed"]),
                   f"{(r['host_peak_mb'] + r['averager_peak_mb']) / max(1e-9, base['host_peak_mb'] + base['averager_peak_mb']):.2f}x" if base else "-",
                   f"{r['seconds'] / base['seconds']:.2f}x" if base else "-"] for r in rows]))
+    for r in rows:
+        for line in r["errors"]:
+            print(f"  {r['arm']}: {line}")
     if args.json:
         args.json.write_text(strict_json({"date": now(), "machine": machine(), "rows": rows}))
     return 0 if all(r["all_equal"] for r in rows) else 1
