@@ -48,7 +48,7 @@ import torch
 
 from peer.outer.consensus import agreement, copies, score_contributions, tensor_scores
 from protocol.round.standing import (AGAINST, ESTABLISHED, EVIDENCE_ROUNDS, FRESH_SHARE, MIN_JUDGES, Evidence, convinced,
-                                     fresh_bar, weights)
+                                     fresh_bar, lower_median, weights)
 from protocol.codecs.fields import MAX_ABS
 
 __all__ = ["CLIP_MULTIPLE", "PLAIN", "PROJECTED", "REFUSED", "Contributions", "kinds_of", "NonFiniteStep", "Outcome", "Screening", "robust_step", "screen",
@@ -141,12 +141,6 @@ def _check(contribution: Tensors) -> Tuple[Optional[str], Dict[str, float]]:
             return f"tensor {name!r} holds a value of magnitude {peak:.3g}, at or above the bound {MAX_ABS:g}", norms
         norms[name] = math.sqrt(sq)
     return None, norms
-
-
-def lower_median(values: Sequence[float]) -> float:
-    """The lower median (of 4 values the second smallest): sorting exact floats, deterministic."""
-    ordered = sorted(values)
-    return ordered[(len(ordered) - 1) // 2]
 
 
 @dataclass

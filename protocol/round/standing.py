@@ -149,8 +149,14 @@ def fresh_bar(min_z: float, fraction: float, peer_scores: Sequence[float]) -> fl
     Deterministic (tests/protocol/test_standing.py)."""
     if fraction <= 0 or not peer_scores:
         return min_z
-    ordered = sorted(peer_scores)
-    return max(min_z, fraction * ordered[(len(ordered) - 1) // 2])
+    return max(min_z, fraction * lower_median(peer_scores))
+
+
+def lower_median(values: Sequence[float]) -> float:
+    """The lower median (of 4 values the second smallest): exact floats sorted, so deterministic on every
+    member. Used for the fresh bar above and for the clip's median norm (peer/outer/robust.py)."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def convinced(entry: Optional[Evidence], z: float, min_z: float) -> bool:

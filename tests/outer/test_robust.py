@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from peer.outer.robust import (CLIP_MULTIPLE, Contributions, NonFiniteStep, lower_median, robust_step, screen,
+from peer.outer.robust import (CLIP_MULTIPLE, Contributions, NonFiniteStep, robust_step, screen,
                                squared_norm)
 from peer.outer.engine import RoundEngine
 from peer.outer.strategies import make_strategy
@@ -83,12 +83,6 @@ def test_chosen_average_is_bit_identical_to_dividing_by_a_float_count():
     want = reference_average(layout, decoded, over_choosers=True, min_share=0.5)
     for name in layout:
         assert torch.equal(got[name].view(torch.int32), want[name].view(torch.int32)), name
-
-
-def test_lower_median():
-    assert lower_median([4.0, 1.0, 3.0, 2.0]) == 2.0
-    assert lower_median([5.0, 1.0, 3.0]) == 3.0
-    assert lower_median([7.0]) == 7.0
 
 
 def test_clip_to_the_median_per_tensor():

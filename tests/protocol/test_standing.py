@@ -157,3 +157,9 @@ def test_a_fresh_full_replica_must_reach_a_share_of_its_rounds_median_score():
     # a minority scoring itself sky-high does not lift the bar past the honest majority
     assert fresh_bar(3.0, 0.25, honest + [1e6] * 5) <= 0.25 * max(honest)
     assert fresh_bar(3.0, 1.0, [10.0, 20.0]) == 10.0  # the lower median of an even count
+
+
+def test_lower_median_is_the_lower_of_two_middles_whatever_the_order():
+    assert standing.lower_median([4.0, 1.0, 3.0, 2.0]) == 2.0
+    assert standing.lower_median([5.0, 1.0, 3.0]) == 3.0
+    assert standing.lower_median([7.0]) == 7.0
