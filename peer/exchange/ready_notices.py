@@ -50,7 +50,7 @@ from hivemind.utils import MPFuture, get_logger
 from peer.exchange.bounds import CallLimiter
 from protocol.dht.records import Progress, parse_progress
 from protocol.errors import ProtocolError
-from protocol.round.peer_states import DONE, keeps_naming, keeps_waiting
+from protocol.round.peer_states import DONE, keeps_waiting
 from protocol.round.timing import Timing
 from swarm.records import PeerView
 
@@ -60,8 +60,7 @@ peer_logger = logging.getLogger("voloco.peer")  # the asking side logs with the 
 MAX_HELD = 512  # questions held open at once; more are answered at once
 QUESTIONS_PER_PEER = 4  # questions one caller may have running here (a barrier asks one at a time)
 MAX_ANSWER_BYTES = 4096  # a progress record is about 100 bytes
-MAX_ROUND_CHARS = 12  # the asked round, as decimal digits ...
-NAMED_PREFIX = b"s"  # ... after this where a merge asks for the set named (an older peer refuses it: the view alone)
+MAX_ROUND_CHARS = 12  # the asked round, as decimal digits
 
 
 class ReadyNotices:
@@ -96,13 +95,11 @@ class ReadyNotices:
             self._ready_len.value = len(body)
             self._ready_version.value += 1
 
-    def ask_ready(self, peer: str, round_no: int, wait: float, named: bool = False) -> MPFuture:
-        """Ask ``peer`` (base58) to answer once it is done with ``round_no`` (``named``: once its record
-        names its group's set of ``round_no``), or after ``wait`` s at most: a future of its progress
-        record's bytes (unchecked), or None if it did not answer."""
+    def ask_ready(self, peer: str, round_no: int, wait: float) -> MPFuture:
+        """Ask ``peer`` (base58) to answer once it is done with ``round_no``, or after ``wait`` s at
+        most: a future of its progress record's bytes (unchecked), or None if it did not answer."""
         future = MPFuture()
-        self._outer_pipe.send(("_ask_ready", [], dict(peer=peer, round_no=int(round_no), wait=float(wait), future=future,
-                                                      named=bool(named))))
+        self._outer_pipe.send(("_ask_ready", [], dict(peer=peer, round_no=int(round_no), wait=float(wait), future=future)))
         return future
 
     # ---- averager-process side ----------------------------------------------------------------
@@ -131,9 +128,8 @@ class ReadyNotices:
         finally:
             self._ready_watcher = None
 
-    async def _ask_ready(self, peer: str, round_no: int, wait: float, future: MPFuture, named: bool = False) -> None:
-        asked = (NAMED_PREFIX if named else b"") + str(round_no).encode()
-        request = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=asked), weight=wait)
+    async def _ask_ready(self, peer: str, round_no: int, wait: float, future: MPFuture) -> None:
+        request = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=str(round_no).encode()), weight=wait)
         try:
             stub = self.get_stub(self._p2p, PeerID.from_base58(peer), namespace=self.prefix)
             self._count(sent=request.ByteSize())
@@ -146,24 +142,17 @@ class ReadyNotices:
             logger.debug(f"asking {peer} whether it is done with round {round_no}: {e!r}")
             future.set_result(None)
 
-    def _holds(self, asked: int, named: bool) -> bool:
-        if self._ready_body is None:
-            return True
-        if named:
-            return keeps_naming(self._ready_round, self._ready_state, bool(self._ready_progress.set_of(asked)), asked)
-        return keeps_waiting(self._ready_round, self._ready_state, asked)
+    def _holds(self, asked: int) -> bool:
+        return self._ready_body is None or keeps_waiting(self._ready_round, self._ready_state, asked)
 
     async def rpc_ready(self, request: averaging_pb2.AveragingData, context: P2PContext) -> averaging_pb2.AveragingData:
-        """A barrier waiting for us asks whether we are done with its round (a merge: whether we named
-        our group's set of it): answered with our progress record once we are (or are out of rounds,
-        or past it), held open meanwhile at most the wait it names (``weight``, capped at
-        ``Timing.ready_hold_s``)."""
+        """A barrier waiting for us asks whether we are done with its round: answered with our progress
+        record once we are (or are out of rounds, or past it), held open meanwhile at most the wait it
+        names (``weight``, capped at ``Timing.ready_hold_s``)."""
         if self._questions is None:
             self._questions = CallLimiter(QUESTIONS_PER_PEER)
         with self._questions.admit(context.remote_id) as admitted:
             asked = request.tensor_part.buffer
-            named = asked.startswith(NAMED_PREFIX)  # a merge's question: "once you have named your set"
-            asked = asked[len(NAMED_PREFIX):] if named else asked
             if not admitted or not 0 < len(asked) <= MAX_ROUND_CHARS or not asked.isdigit():
                 return averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
             self._count(received=request.ByteSize())
@@ -177,7 +166,7 @@ class ReadyNotices:
                 if self._ready_watcher is None:
                     self._ready_watcher = asyncio.create_task(self._watch_progress())
                 try:
-                    while self._holds(round_no, named) and loop.time() < deadline:
+                    while self._holds(round_no) and loop.time() < deadline:
                         if self._ready_changed is None:
                             self._ready_changed = asyncio.Event()
                         try:
@@ -196,13 +185,10 @@ class ReadyNotices:
 # ---- the asking side: one barrier's questions (host process) ------------------------------------
 class ReadyAsks:
     """``notices``: what asks (peer/exchange/ready_notices.py's ``ask_ready``: peer, round, wait ->
-    a future of bytes or None); ``digest``: our run spec's, the only one an answer may name; ``named``:
-    a merge's questions (answered once the peer names its set of the round), not a barrier's."""
+    a future of bytes or None); ``digest``: our run spec's, the only one an answer may name."""
 
-    def __init__(self, notices, round_no: int, digest: str, timing: Timing, clock: Optional[Callable[[], float]] = None,
-                 named: bool = False):
+    def __init__(self, notices, round_no: int, digest: str, timing: Timing, clock: Optional[Callable[[], float]] = None):
         self.notices, self.round_no, self.digest, self.timing = notices, round_no, digest, timing
-        self.named = named
         self.clock = clock if clock is not None else time.monotonic
         self._asked: Dict[str, object] = {}  # peer -> the future of the question in flight
         self._answers: Dict[str, Tuple[float, Progress]] = {}  # peer -> (when it came, what it said)
@@ -226,9 +212,7 @@ class ReadyAsks:
             if answered is not None and now - answered[0] < self.timing.ready_reask_s:
                 continue
             try:
-                wait = self.timing.ready_hold_s
-                self._asked[peer] = (self.notices.ask_ready(peer, self.round_no, wait, named=True) if self.named
-                                     else self.notices.ask_ready(peer, self.round_no, wait))
+                self._asked[peer] = self.notices.ask_ready(peer, self.round_no, self.timing.ready_hold_s)
                 self.asked += 1
             except Exception as e:  # the averager process is gone (stopping): the view alone
                 peer_logger.debug(f"could not ask {peer} whether it is done with round {self.round_no}: {e!r}")
@@ -277,6 +261,5 @@ class ReadyAsks:
 
 
 def further(a: Progress, b: Progress) -> bool:
-    """Whether record ``a`` shows its peer further on than record ``b``: a later round, or done with the
-    same one, or done with it and its set named."""
-    return (a.round, a.state in DONE, bool(a.set_of(a.round))) > (b.round, b.state in DONE, bool(b.set_of(b.round)))
+    """Whether record ``a`` shows its peer further on than record ``b``: a later round, or done with the same one."""
+    return (a.round, a.state in DONE) > (b.round, b.state in DONE)

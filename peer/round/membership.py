@@ -185,16 +185,10 @@ class Membership(NoShows, StartWaits, BarrierWait):
         """The least time between two DHT reads of the progress records, for the swarm last seen."""
         return self.timing.read_interval(len(self._views))
 
-    def view(self, after: Optional[float] = None) -> List[PeerView]:
-        """Every progress record of this run spec (our own included), read at most every ``read_interval``;
-        ``after`` (monotonic): also read now if the last read began before then, the interval counted
-        again from this read. The merge asks for one read begun after its group's gather this way
-        (peer/round/merge.py): at most one read more a round, where waiting for the next one cost up
-        to a read interval (N / 8 s) a round (tests/round/test_control_plane.py)."""
+    def view(self) -> List[PeerView]:
+        """Every progress record of this run spec (our own included), read at most every ``read_interval``."""
         with self._read_lock:
-            now = time.monotonic()
-            due = self._read_at is None or now - self._read_at >= self.read_interval()
-            if due or (after is not None and self.read_began < after):
+            if self._read_at is None or time.monotonic() - self._read_at >= self.read_interval():
                 began = time.monotonic()
                 self._views = self._read(began)
                 self.named_sets.note(self._shown(self._views))

@@ -33,7 +33,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Set
 
-from peer.exchange.ready_notices import ReadyAsks
 from peer.round.draw import Bindings, SetList, fetch_into
 from protocol.round import group_sets, round_policy
 from protocol.dht.records import Progress
@@ -117,13 +116,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     # (matchmaking's wait as stretched on this host for the round's gather: peer/exchange/gatherer.py)
     timing = membership.timing
     allowance = timing.merge_allowance(membership.straggler_allowance(), getattr(gatherer, "matchmaking_wait", 0.0))
-    # the peers still to name a set are asked to say so when they do: their set is seen then, not a read later
-    asks = (ReadyAsks(gatherer, round_no, membership.digest, timing, time.monotonic, named=True)
-            if hasattr(gatherer, "ask_ready") else None)
     while not peer.stop_event.is_set():
-        read = membership.view(after=t0)  # one read begun after our gather, at once (peer/round/membership.py)
-        read = asks.overlay(read, membership.read_began) if asks is not None else read
-        view = [v for v in read if v.peer_id not in mine and v.progress.part == part
+        view = [v for v in membership.view() if v.peer_id not in mine and v.progress.part == part
                 and v.progress.state not in NOT_IN_ROUNDS]
         named: Dict[str, List[str]] = {}
         for v in view:
@@ -168,8 +162,6 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             and not (p in gave_up and by_peer[p].state == "training")
             and not by_peer[p].set_of(round_no)
         }
-        if asks is not None:  # those that may send first (at most Timing.ready_asked_max in flight)
-            asks.ask(outstanding, first={p for p in outstanding if awaited is None or awaited(p, by_peer[p])})
         unfetched = [d for d, pubs in named.items() if tries.get(d, 0) < TRIES_PER_SET and set(pubs) - failed]
         # a peer of the round that has finished training and is matchmaking or gathering names its set
         # once its group's gather ends: a large group on a loaded host gathers for longer than a pair

@@ -69,17 +69,6 @@ def keeps_waiting(round_no: int, state: str, asked_round: int) -> bool:
     return round_no < asked_round or (round_no == asked_round and state in (TRAINING, WAITING))
 
 
-def keeps_naming(round_no: int, state: str, named: bool, asked_round: int) -> bool:
-    """Whether a peer at ``round_no`` in ``state``, whose record names a set of ``asked_round`` or not
-    (``named``), is still one that a merge of ``asked_round`` waits for: in that round (training or
-    done) with no set of it named yet, or in an earlier round and not out of rounds. A peer answers a
-    merge's direct question only once this turns false, or when the question's hold runs out
-    (peer/exchange/ready_notices.py; tests/exchange/test_ready_notices.py)."""
-    if state in NOT_IN_ROUNDS:
-        return False
-    return round_no < asked_round or (round_no == asked_round and state in IN_ROUND and not named)
-
-
 def offers_no_set(p, round_no: int, name: str) -> bool:
     """Whether a peer whose record is ``p`` (protocol/dht/records.py ``Progress``) will never say which
     sets it merged for the set ``name`` of ``round_no``: its record names another set for that round

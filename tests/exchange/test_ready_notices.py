@@ -10,20 +10,18 @@ from hivemind.proto import averaging_pb2, runtime_pb2
 
 from peer.exchange import ready_notices
 from protocol.dht.records import Progress, encode_body, parse_progress
-from protocol.round.peer_states import keeps_naming, keeps_waiting
+from protocol.round.peer_states import keeps_waiting
 from protocol.round.timing import Timing
 from tests.exchange.test_exchange_bounds import MATE, OUTSIDER, context, gatherer
 
 
-def body(round_no: int, state: str, gathered: str = "", gathered_round: int = 0) -> bytes:
+def body(round_no: int, state: str) -> bytes:
     return encode_body(Progress(round=round_no, step=3, state=state, spec="s" * 16, loss=0.0, val_loss=0.0, tokens=0,
-                                tokens_per_s=0.0, bytes_sent=0, bytes_received=0, params_hash="h",
-                                gathered=gathered, gathered_round=gathered_round).to_wire())
+                                tokens_per_s=0.0, bytes_sent=0, bytes_received=0, params_hash="h").to_wire())
 
 
-def ask(round_no="7", wait: float = 5.0, named: bool = False) -> averaging_pb2.AveragingData:
-    asked = (ready_notices.NAMED_PREFIX if named else b"") + str(round_no).encode()
-    return averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=asked), weight=wait)
+def ask(round_no="7", wait: float = 5.0) -> averaging_pb2.AveragingData:
+    return averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=str(round_no).encode()), weight=wait)
 
 
 def server(hold: float = 10.0):
@@ -64,34 +62,6 @@ def test_a_question_asked_while_we_train_is_answered_once_we_are_done():
 
     p = answered(asyncio.run(go()))
     assert (p.round, p.state) == (7, "ready")
-
-
-def test_keeps_naming_a_peer_of_the_round_until_its_record_names_a_set_of_it():
-    assert keeps_naming(7, "training", False, 7) and keeps_naming(7, "ready", False, 7)
-    assert keeps_naming(7, "exchanging", False, 7) and keeps_naming(6, "exchanging", True, 7)
-    assert not keeps_naming(7, "exchanging", True, 7) and not keeps_naming(8, "training", False, 7)
-    assert not keeps_naming(7, "syncing", False, 7)  # not in the round: the merge does not wait for it
-    for out in ("stopped", "starting", "linking"):
-        assert not keeps_naming(6, out, False, 7) and not keeps_naming(7, out, False, 7)
-
-
-def test_a_merges_question_is_answered_once_our_set_of_its_round_is_named_not_once_we_are_done():
-    """peer/round/merge.py asks the peers still to name a set (``ReadyAsks(..., named=True)``)."""
-    g = server()
-    name = "ab" * 16
-
-    async def go():
-        g.note_progress(body(7, "training"))
-        question = asyncio.create_task(g.rpc_ready(ask(named=True), context(MATE)))
-        await asyncio.sleep(0.2)
-        g.note_progress(body(7, "ready"))  # done, which a barrier's question waits for: not a set yet
-        await asyncio.sleep(5 * Timing().ready_watch_s)
-        assert not question.done()
-        g.note_progress(body(7, "exchanging", gathered=name, gathered_round=7))
-        return await asyncio.wait_for(question, 1.0)
-
-    p = answered(asyncio.run(go()))
-    assert (p.round, p.state, p.set_of(7)) == (7, "exchanging", name)
 
 
 def test_a_peer_done_past_or_out_of_the_round_answers_at_once():

@@ -68,29 +68,6 @@ def test_reads_are_shared_and_slow_down_as_the_swarm_grows(monkeypatch, clock):
     assert sybils.read_interval() == Timing.read_max_s  # slow the view down no further than this
 
 
-def test_a_read_asked_for_after_a_moment_is_taken_at_once_and_only_once(monkeypatch, clock):
-    """The merge's ``view(after=t0)``: a read begun after its group's gather without waiting out the
-    interval (N / 8 s), one such read however often it asks, the interval counted from it."""
-    reads = Reads([record(f"p{i}") for i in range(32)])
-    m = member(monkeypatch, reads)
-    m.view()
-    clock.sleep(1.0)
-    t0 = clock.monotonic()
-    assert reads.calls == 1 and m.read_began < t0
-    m.view()
-    assert reads.calls == 1  # within the 4 s interval: the last view
-    clock.sleep(0.01)
-    m.view(after=t0)
-    assert reads.calls == 2 and m.read_began > t0  # read at once for the merge
-    for _ in range(10):
-        clock.sleep(0.25)
-        m.view(after=t0)
-    assert reads.calls == 2  # once: every later call shares it until the interval, counted from it, passes
-    clock.sleep(1.5)
-    m.view(after=t0)
-    assert reads.calls == 3
-
-
 def test_a_failed_or_partial_read_keeps_the_records_that_have_not_expired(monkeypatch, clock):
     reads = Reads([record("a"), record("b"), record("gone", ttl=-5.0)], [record("a", state="ready")],
                   TimeoutError("the DHT is slow"), [])

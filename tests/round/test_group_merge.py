@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Dict, List, Optional
 
@@ -14,7 +13,7 @@ from hivemind.p2p import PeerID
 
 from peer.round.merge import merge_round, no_group_left
 from protocol.round.group_sets import pack_set, set_digest
-from protocol.dht.records import Progress, encode_body
+from protocol.dht.records import Progress
 from protocol.round.named_sets import NamedSets
 from protocol.round.timing import Timing
 from tests.support.agreement_sim import MAX_PAYLOAD, RUN, signer
@@ -37,7 +36,7 @@ def record(peer: str, state: str = "exchanging", gathered: str = "", round_no: i
     progress = Progress(round=round_no, step=0, state=state, spec="", loss=0.0, val_loss=0.0, tokens=0, tokens_per_s=0.0,
                         bytes_sent=0, bytes_received=0, params_hash=start, part=-1, gathered_round=gathered_round,
                         gathered=gathered, gathered_before=gathered_before, gathered_from=gathered_from)
-    return SimpleNamespace(peer_id=peer, progress=progress, expires=0.0)
+    return SimpleNamespace(peer_id=peer, progress=progress)
 
 
 QUIET_WAIT_S, SKIP_ROUNDS = Timing.quiet_mate_s, Timing.merge_skip_rounds  # the merge's defaults
@@ -58,8 +57,8 @@ class Swarm:
         self.named_sets = NamedSets()  # Membership's memory of what the records read named
 
     # membership
-    def view(self, after=None):  # every call reads afresh, so ``after`` always holds
-        self.read_began = time.monotonic()
+    def view(self):
+        self.read_began = time.monotonic()  # every call reads afresh
         view = self.views.pop(0) if len(self.views) > 1 else self.views[0]
         self.named_sets.note(view)
         return view
@@ -126,42 +125,6 @@ def test_two_groups_merge_into_the_union_of_their_sets():
     assert merged.payloads == {**mine[2], **theirs[2]} and merged.sets == 2 and not merged.excluded
     assert peer.gathered == (ROUND, mine[1]) and swarm.published == 1
     assert swarm.asked == [others[0]]  # one fetch of the set, however many named it
-
-
-class Answering(Swarm):
-    """A swarm whose peers answer a merge's direct question (peer/exchange/ready_notices.py ``ask_ready``,
-    ``named``) at once with ``answers[peer]``, a record's bytes."""
-
-    digest = ""  # the run spec's digest our records carry (``record``'s)
-
-    def __init__(self, views, serves, answers: Dict[str, bytes], **kw):
-        super().__init__(views, serves, **kw)
-        self.answers, self.questions = answers, []
-
-    def ask_ready(self, peer, round_no, wait, named=False):
-        self.questions.append((peer, round_no, named))
-        future = Future()
-        future.set_result(self.answers.get(peer))
-        return future
-
-
-def test_a_set_named_in_an_answer_is_merged_without_waiting_for_a_read_that_shows_it():
-    """The merge asks the peers still to name a set to answer once they have (a read of the view may be N / 8 s
-    away), and takes the set they name; a peer that answers no such question leaves the view alone."""
-    mine, theirs = a_group(0, 3, b"g1"), a_group(3, 3, b"g2")
-    others = sorted(theirs[2])
-    stale = [record(p) for p in others]  # every read shows them exchanging with no set named yet
-    answers = {p: encode_body(record(p, gathered=theirs[1]).progress.to_wire()) for p in others}
-    swarm = Answering([stale], {others[0]: {theirs[1]: theirs[0]}}, answers, allowance=1.0)
-    peer, result = member_of(swarm, mine)
-    t0 = time.monotonic()
-    merged = merge_round(peer, ROUND, result, ready=others)
-    assert merged.payloads == {**mine[2], **theirs[2]} and merged.sets == 2 and time.monotonic() - t0 < 1.0
-    assert sorted(swarm.questions) == [(p, ROUND, True) for p in others]  # one question each
-    swarm = Swarm([stale], {others[0]: {theirs[1]: theirs[0]}}, allowance=1.0)  # no questions: the view alone
-    peer, result = member_of(swarm, mine)
-    t0 = time.monotonic()
-    assert merge_round(peer, ROUND, result, ready=others).sets == 1 and time.monotonic() - t0 >= 1.0
 
 
 def test_a_late_group_finds_the_set_of_peers_that_already_named_the_next_rounds():
