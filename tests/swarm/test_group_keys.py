@@ -76,3 +76,22 @@ def test_leaving_after_the_declaration_expired_stores_nothing(nodes, monkeypatch
     monkeypatch.setattr(group_keys, "lean_store", lambda *args: calls.append(args))
     assert not run(lean.declare_averager(KEY + "1", a.peer_id, get_dht_time() - 1.0, looking_for_group=False))
     assert calls == []
+
+
+def test_in_a_swarm_larger_than_the_beam_every_poll_finds_every_declaration():
+    # polls and declarations search GROUP_KEY_BEAM nodes, not hivemind's bucket of 20: with more nodes
+    # than that, the key's nearest nodes (where every declaration goes) must still be the ones read
+    key = "gk-wide_avg.0b1"
+    gen = loopback_nodes(None, others=2 * group_keys.GROUP_KEY_BEAM)
+    nodes = next(gen)
+    try:
+        lean = [group_keys.LeanGroupKeyManager(n, "gk-wide_avg", "1", 4) for n in nodes]
+        expires = get_dht_time() + 60
+        for m, n in zip(lean, nodes):
+            assert run(m.declare_averager(key, n.peer_id, expires))
+        everyone = {n.peer_id for n in nodes}
+        for m, n in zip(lean, nodes):
+            replica_reads._confirmed.pop((n.peer_id.to_base58(), key), None)  # a network read, not storage
+            assert {p for p, _ in run(m.get_averagers(key, only_active=True))} == everyone
+    finally:
+        gen.close()
