@@ -30,6 +30,7 @@ from swarm.access.identity import Identity, NodeTrust, prepare_identity, registe
 from swarm.access.join_probe import MAX_ALTERNATES, PRIVATE, PUBLIC, TOKEN_BAD, TOKEN_OK, join_help, serve_run_access
 from swarm.access.reachability import dial, dial_failure, peer_answers, serve_dial_back, tcp_accepts
 from swarm.dht.rejoin import keep_joined
+from swarm import persistent_reads
 from swarm.future_pipes import send_futures_lean
 from swarm.dht.validators import node_validators
 
@@ -108,6 +109,7 @@ def start_dht(
         if any(p.name in ("tcp", "udp") and addr.value_for_protocol(p.name) == "0" for p in addr.protocols()):
             raise UsageError(f"--announce-maddrs {str(addr)!r}: give the real port others connect to, not 0")
     key = token_key(join_token) if join_token is not None else None
+    persistent_reads.install()  # before the DHT and averager processes fork: their p2p reads survive late answers
     mine = _NodeIdentity(identity_path, *prepare_identity(identity_path))
     lock = _lock_identity(identity_path) if identity_path is not None else None
     try:
