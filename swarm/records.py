@@ -50,7 +50,7 @@ from protocol.spec import RunSpec
 from swarm.console import UsageError
 from swarm.access.identity import NodeTrust, trust_of
 from swarm.dht.lean_store import store_lean
-from swarm.dht.replica_reads import replica_get, search_args
+from swarm.dht.replica_reads import NEAREST_BEAM, replica_get, search_args
 from swarm.dht.validators import check_owned, key_id, run_schema
 
 logger = logging.getLogger("voloco.swarm")
@@ -83,12 +83,6 @@ def verified_entries(key: str, found: Any, token_key: Optional[bytes], ttl: floa
             continue
         out.append(Entry(owner, name, peer, body, item.expiration_time))
     return out
-
-
-# A read or write of a peer record visits about this many DHT nodes (hivemind stores a record on its 5
-# nearest nodes, num_replicas), not hivemind's default beam of bucket_size (20): every node that read a
-# key caches it and answers with all of it, so at 32 peers a default read moved 20 copies of 32 records.
-RECORD_BEAM = 5
 
 
 # Reads of the run's keys that a replica of them serves from its own storage: swarm/dht/replica_reads.py.
@@ -255,7 +249,7 @@ def read_progress(dht: hivemind.DHT, run_id: str) -> List[PeerView]:
     """Every live peer's last progress record, by the peer id it is bound to; the rest is skipped."""
     key = peers_key(run_id)
     out: List[PeerView] = []
-    for peer, e in _per_peer(_read(dht, key, _peer_ttl(dht, run_id), beam_size=RECORD_BEAM, replica_ok=True), key).items():
+    for peer, e in _per_peer(_read(dht, key, _peer_ttl(dht, run_id), beam_size=NEAREST_BEAM, replica_ok=True), key).items():
         try:
             progress = parse_progress(e.body)
         except ProtocolError as err:
@@ -268,7 +262,7 @@ def read_progress(dht: hivemind.DHT, run_id: str) -> List[PeerView]:
 def publish_progress(dht: hivemind.DHT, run_id: str, peer_id: str, progress: Progress, ttl: float):
     """Store this node's progress record; returns the store's future (True once stored)."""
     _check_self(dht, peer_id)
-    return _store(dht, peers_key(run_id), encode_body(progress.to_wire()), ttl, beam_size=RECORD_BEAM)
+    return _store(dht, peers_key(run_id), encode_body(progress.to_wire()), ttl, beam_size=NEAREST_BEAM)
 
 
 # ---- chains: candidates (peers) and assignments (coordinator) -------------------------------------
@@ -282,7 +276,7 @@ def read_candidates(dht: hivemind.DHT, spec: RunSpec) -> Dict[str, CandidateReco
     key = chain_candidates_key(spec.run_id)
     out: Dict[str, CandidateRecord] = {}
     ttl = peer_record_ttl(spec.swarm.heartbeat_period)
-    for peer, e in _per_peer(_read(dht, key, ttl, beam_size=RECORD_BEAM, replica_ok=True), key).items():
+    for peer, e in _per_peer(_read(dht, key, ttl, beam_size=NEAREST_BEAM, replica_ok=True), key).items():
         try:
             out[peer] = parse_candidate(e.body, spec)
         except ProtocolError as err:
@@ -299,7 +293,7 @@ def read_assignments(dht: hivemind.DHT, spec: RunSpec) -> Dict[str, ChainAssignm
     Only assignments signed by the key that signed the run's spec count."""
     owner = trust_of(dht).owners.get(spec.run_id)
     parsed: List[ChainAssignment] = []
-    for e in _read(dht, chains_key(spec.run_id), ASSIGNMENT_TTL, beam_size=RECORD_BEAM, replica_ok=True):
+    for e in _read(dht, chains_key(spec.run_id), ASSIGNMENT_TTL, beam_size=NEAREST_BEAM, replica_ok=True):
         if e.owner != owner:
             logger.debug(f"skipping a chain assignment {e.name!r} signed by {e.peer}, not by the run's key")
             continue

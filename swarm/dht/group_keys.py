@@ -34,17 +34,11 @@ from hivemind.p2p import PeerID
 from hivemind.utils import DHTExpiration, get_dht_time, get_logger
 
 from swarm.dht.lean_store import lean_store
-from swarm.dht.replica_reads import replica_get_async
+from swarm.dht.replica_reads import NEAREST_BEAM, replica_get_async
 
 logger = get_logger(__name__)
 
 MIN_POLL_S = 0.1
-
-# A declaration is stored on the key's num_replicas (5) nearest nodes, so a poll or a declaration's
-# search visits about that many (as swarm/records.py's RECORD_BEAM), not hivemind's default beam of
-# bucket_size (20): every node of a default beam that cached the key answered with every declaration,
-# and at 32 peers a peer's polls were half the DHT finds it sent (bench/RESULTS.md, "Eighty-first session").
-GROUP_KEY_BEAM = 5
 
 
 class LeanGroupKeyManager(GroupKeyManager):
@@ -64,7 +58,7 @@ class LeanGroupKeyManager(GroupKeyManager):
             expiration_time = float(np.nextafter(expiration_time, float("inf")))
             if expiration_time <= get_dht_time():  # every node refuses an expired record: the store is bytes for nothing
                 return False
-        store = partial(lean_store, group_key, peer_id.to_bytes(), looking_for_group, expiration_time, GROUP_KEY_BEAM)
+        store = partial(lean_store, group_key, peer_id.to_bytes(), looking_for_group, expiration_time, NEAREST_BEAM)
         return bool(await self.dht.run_coroutine(store, return_future=True))
 
     async def get_averagers(self, group_key: GroupKey, only_active: bool) -> List[Tuple[PeerID, DHTExpiration]]:
@@ -73,7 +67,7 @@ class LeanGroupKeyManager(GroupKeyManager):
         if wait > 0:
             await asyncio.sleep(wait)
         self._last_poll = time.monotonic()
-        result = await replica_get_async(self.dht, group_key, ttl=float("inf"), beam_size=GROUP_KEY_BEAM)
+        result = await replica_get_async(self.dht, group_key, ttl=float("inf"), beam_size=NEAREST_BEAM)
         if result is None or not isinstance(result.value, dict):
             return []
         averagers = []

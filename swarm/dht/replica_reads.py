@@ -40,6 +40,12 @@ REPLICA_NETWORK_READ_S = 5.0
 REPLICA_TRUST_S = 30.0
 MAX_KEYS_REMEMBERED = 256
 
+# A read or write of a record, a matchmaking poll or declaration, visits about this many DHT nodes
+# (hivemind stores a record on its 5 nearest nodes, num_replicas), not hivemind's default beam of
+# bucket_size (20): every node of a default beam that had cached the key answered with all of it (at 32
+# peers a read of the progress key moved 20 copies of 32 records, and polls were half a peer's finds).
+NEAREST_BEAM = 5
+
 
 def search_args(beam_size: Optional[int]) -> Dict[str, int]:
     """A DHT call's search arguments: ``beam_size`` if given, else hivemind's default."""

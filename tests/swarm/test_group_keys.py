@@ -79,10 +79,10 @@ def test_leaving_after_the_declaration_expired_stores_nothing(nodes, monkeypatch
 
 
 def test_in_a_swarm_larger_than_the_beam_every_poll_finds_every_declaration():
-    # polls and declarations search GROUP_KEY_BEAM nodes, not hivemind's bucket of 20: with more nodes
+    # polls and declarations search NEAREST_BEAM nodes (swarm/dht/replica_reads.py), not hivemind's bucket of 20: with more nodes
     # than that, the key's nearest nodes (where every declaration goes) must still be the ones read
     key = "gk-wide_avg.0b1"
-    gen = loopback_nodes(None, others=2 * group_keys.GROUP_KEY_BEAM)
+    gen = loopback_nodes(None, others=2 * replica_reads.NEAREST_BEAM)
     nodes = next(gen)
     try:
         lean = [group_keys.LeanGroupKeyManager(n, "gk-wide_avg", "1", 4) for n in nodes]
