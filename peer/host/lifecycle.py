@@ -91,6 +91,7 @@ def startup_status(peer) -> Dict[str, Any]:
         "wire": wire_status(peer),
         "cpu_by_thread": None,
         "params_hash": "",
+        "state_digest": "",
         "history": [],
     }
 

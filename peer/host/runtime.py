@@ -381,6 +381,9 @@ class Peer:
             "wire": lifecycle.wire_status(self),  # every TCP byte on the wire, and the control plane's share
             "cpu_by_thread": thread_cpu(),  # this process's CPU seconds by thread (swarm/cpu_meter.py)
             "params_hash": self.engine.params_hash(),
+            # the standing, eligibility and shared state held with θ (peer/checkpoints/files.py), as the
+            # progress record reports it: equal on every peer of one lineage
+            "state_digest": self.engine.reported(waits=False)[2],
             "history": [r.__dict__ for r in self.totals.history],
         }
 

@@ -200,7 +200,7 @@ class RoundLoop(InnerSteps):
         t_wait = time.monotonic()
         # sets of the last round that a slower group named after our merge stopped waiting: taken first, or
         # the swarm goes on with two θ (peer/round/union.py ``take_named_sets``)
-        union.take_named_sets(peer, self._last_round)
+        late = union.take_named_sets(peer, self._last_round)
         start_hash = engine.params_hash()
         # θ of this round downloaded, no groupmates: the lineage of the state's server (peer/round/state_sync.Basis)
         basis = peer.sync.basis.lineage(engine.round, start_hash) if peer.sync.basis and not mates else None
@@ -305,6 +305,16 @@ class RoundLoop(InnerSteps):
                     f"round {engine.round}: this peer started from parameters {starts.get(peer.peer_id, start_hash)}, "
                     f"its group's start vote chose {group_hash}; it will download that state after this round"
                 )
+        split = frozenset()  # peers at our θ whose lineage tables most of them share and we do not
+        if group_hash is not None and peer.sync.consistent and not late and not taken.taken:
+            # (a set taken this round changed our tables; the others' records may not show theirs yet)
+            theta, digest = engine.hashes()
+            split = peer.membership.table_split(engine.round, peer.role.progress_part, peer.role.progress_sends, theta, digest)
+            if split:
+                peer.sync.consistent, peer.gathered_from = False, ""
+                logger.error(f"round {engine.round}: this peer holds the swarm's θ {theta} with other standing and "
+                             f"eligibility tables (state digest {digest}) than {len(split)} peers at that θ: an earlier "
+                             f"round's union differed unseen; it will download their state after this round")
         with engine.lock:
             # what concluding this round again takes, should the next round's group hold a set we lack
             # a drawn payload we could not fetch leaves θ short of what (base, sets) names: no base is
@@ -345,9 +355,9 @@ class RoundLoop(InnerSteps):
             exchange_cpu=time.thread_time() - h.cpu0,
         )
         if not peer.sync.consistent:  # repair before reporting: the round ends with the group's parameters
-            sources = None if result is None else {
+            sources = set(split) or (None if result is None else {
                 m for m, hsh in starts.items() if hsh == group_hash and m != peer.peer_id
-            }
+            })
             peer.sync.catch_up(even_at_same_round=True, only=sources)
             record.params_hash = engine.params_hash()
             record.resynced = peer.sync.consistent  # False: no groupmate served the round's state in time

@@ -42,7 +42,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Callable, Deque, Dict, List, Optional, Sequence, Set
+from typing import Callable, Deque, Dict, FrozenSet, List, Optional, Sequence, Set
 
 from hivemind.utils import get_dht_time
 
@@ -50,7 +50,7 @@ from peer.round.barrier import BarrierWait
 from peer.round.no_show_views import NoShows
 from peer.round.start_waits import StartWaits
 from protocol.round import peer_states
-from protocol.round.start_vote import swarm_lineage
+from protocol.round.start_vote import swarm_lineage, table_split
 from protocol.round.state_sources import LeftOut
 from protocol.round.named_sets import NamedSets
 from protocol.round.no_shows import NoShowLedger, WaitBudget, claimed_elsewhere
@@ -250,6 +250,13 @@ class Membership(NoShows, StartWaits, BarrierWait):
         named to our group for its start vote (protocol/round/start_vote.py ``swarm_lineage``)."""
         return swarm_lineage(((v.peer_id, v.progress.params_hash) for v in self.view() if v.progress.round == round_no
                               and v.progress.part == part and v.progress.state not in NOT_IN_ROUNDS), self.known())
+
+    def table_split(self, round_no: int, part: int, sends: str, theta: str, digest: str) -> FrozenSet[str]:
+        """The peers of ``round_no`` (of our ``part`` and ``sends``) we know that hold our θ ``theta`` with
+        other lineage tables, where most peers at that θ do (protocol/round/start_vote.py ``table_split``)."""
+        return table_split(((v.peer_id, v.progress.params_hash, v.progress.state_digest) for v in self.view()
+                            if v.progress.round == round_no and v.progress.part == part and v.progress.sends == sends
+                            and v.progress.state not in NOT_IN_ROUNDS), self.peer_id, theta, digest, self.known())
 
     def swarm_is_empty(self) -> bool:
         """No other live peer in the view, and none in a read of the last ``Timing.live_memory_ttls`` TTLs."""

@@ -14,9 +14,9 @@ group counts its members alone, as it always did."""
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterable, Mapping, Optional, Tuple
+from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
 
-__all__ = ["majority_hash", "swarm_lineage"]
+__all__ = ["majority_hash", "swarm_lineage", "table_split"]
 
 _HASH = re.compile(r"[0-9a-f]{16}")  # peer/checkpoints/files.py's params_hash
 
@@ -72,3 +72,30 @@ def swarm_lineage(starts: Iterable[Tuple[str, str]], known: Optional[Iterable[st
         if _HASH.fullmatch(h) and (known is None or peer in known):
             counts[h] = counts.get(h, 0) + 1
     return min(counts, key=lambda h: (-counts[h], h)) if counts else ""
+
+
+def table_split(states: Iterable[Tuple[str, str, str]], me: str, theta: str, digest: str,
+                known: Optional[Iterable[str]] = None) -> FrozenSet[str]:
+    """The peers that hold our θ with other lineage tables than ours, where a strict majority of the
+    peers at our θ do; empty otherwise. ``states``: (peer, θ hash, state digest) from the progress
+    records of the round's peers of our part; ``me``, ``theta``, ``digest``: ours. Only ``known`` peers
+    count, where given (new identities reporting a digest move nothing), and only well-formed hashes.
+
+    Two unions of a round that draws at most K contributions can hold the same drawn payloads and so
+    the same θ, while the standing and eligibility tables they feed differ (the state digest,
+    peer/checkpoints/files.py). The start vote compares θ only, so such a split shows nowhere until the
+    tables weigh a later draw differently and θ parts, rounds later. A peer whose digest the majority
+    at its θ does not share takes their state instead (peer/round/loop.py); the majority never moves,
+    so the swarm ends on one state. Guarded by tests/protocol/test_start_vote.py."""
+    known = None if known is None else set(known)
+    holders: Dict[str, set] = {}
+    counted = 1  # ourselves
+    for peer, h, d in states:
+        if peer == me or h != theta or not _HASH.fullmatch(d or "") or (known is not None and peer not in known):
+            continue
+        holders.setdefault(d, set()).add(peer)
+        counted += 1
+    best = max(holders, key=lambda d: (len(holders[d]), d), default=None)
+    if best is None or best == digest or 2 * len(holders[best]) <= counted:
+        return frozenset()
+    return frozenset(holders[best])

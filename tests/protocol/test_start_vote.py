@@ -5,7 +5,7 @@ split 8 / 24 by a round whose merge missed a late group's set, regrouped at rand
 
 import random
 
-from protocol.round.start_vote import majority_hash, swarm_lineage
+from protocol.round.start_vote import majority_hash, swarm_lineage, table_split
 
 A, B, F, K = "a" * 16, "b" * 16, "f" * 16, "e" * 16
 
@@ -100,3 +100,31 @@ def test_a_swarm_split_evenly_holds_one_theta_again_within_two_rounds_where_view
     assert max(_rounds_to_one_theta(s, named=True, peers=8, minority=4, missing=0.0) for s in range(20)) <= 2
     # views that miss records see near-ties either way: still one θ within a few rounds
     assert max(_rounds_to_one_theta(s, named=True, peers=8, minority=4, rounds=20) for s in range(40)) <= 4
+
+
+def test_table_split_names_the_majority_at_our_theta_where_its_tables_differ_from_ours():
+    T, U = "1" * 16, "2" * 16  # θ hashes
+    ours, theirs, third = "a" * 16, "b" * 16, "c" * 16  # state digests
+    at = lambda peers, h, d: [(p, h, d) for p in peers]
+    # 3 of the 4 peers at our θ (us included) hold other tables: theirs
+    assert table_split(at("pqr", T, theirs), "me", T, ours) == {"p", "q", "r"}
+    # peers at another θ count for nothing (that split is the start vote's)
+    assert table_split(at("pqr", U, theirs), "me", T, ours) == frozenset()
+    # a half is no majority: we keep ours
+    assert table_split(at("p", T, theirs), "me", T, ours) == frozenset()
+    assert table_split(at("pq", T, theirs) + at("r", T, ours), "me", T, ours) == frozenset()
+    # our own tables held by the majority: nothing to take
+    assert table_split(at("pq", T, ours) + at("r", T, theirs), "me", T, ours) == frozenset()
+    # two minorities: no digest has most peers behind it
+    assert table_split(at("pq", T, theirs) + at("rs", T, third), "me", T, ours) == frozenset()
+    # records without a digest (a training peer's, an older peer's) or malformed ones say nothing
+    assert table_split(at("pqr", T, "") + at("s", T, "zz"), "me", T, ours) == frozenset()
+    # our own record in the view is us, not a voice for our tables
+    assert table_split(at("pq", T, theirs) + at(["me"], T, ours), "me", T, ours) == {"p", "q"}
+
+
+def test_table_split_counts_only_peers_we_know():
+    T, ours, forged = "1" * 16, "a" * 16, "f" * 16
+    burst = [(f"new{i}", T, forged) for i in range(20)]  # new identities reporting our θ with forged tables
+    assert table_split(burst + [("p", T, ours)], "me", T, ours, known={"p", "q"}) == frozenset()
+    assert table_split(burst, "me", T, ours) == {f"new{i}" for i in range(20)}  # (where nobody is filtered)
