@@ -4,8 +4,6 @@ the join nodes answer late."""
 
 from __future__ import annotations
 
-from multiaddr import Multiaddr
-
 from swarm.dht import known_nodes
 from swarm.dht.node import start_dht
 
@@ -24,6 +22,32 @@ def test_a_node_remembers_the_nodes_it_is_connected_to(tmp_path):
         first.shutdown()
     assert path.name == "identity.key.nodes"
     assert first.peer_id.to_base58() in {m.value_for_protocol("p2p") for m in known_nodes.recall(path)}
+
+
+def test_a_dht_closing_as_a_stopping_peer_asks_costs_the_hint_not_the_stop(tmp_path):
+    """A DHT process closing its loop answers GeneratorExit, a BaseException: a 32-peer bench's peer
+    exited with an error on it, after its last round. One that never answers is waited for briefly."""
+    from concurrent.futures import Future
+
+    class Dht:
+        def __init__(self, outcome):
+            self.outcome = outcome
+
+        def run_coroutine(self, coro, return_future=False):
+            future = Future()
+            if self.outcome is not None:
+                future.set_exception(self.outcome)
+            return future
+
+    path = tmp_path / "x.nodes"
+    known_nodes.remember(Dht(GeneratorExit()), path)
+    known_nodes.remember(Dht(RuntimeError("closed")), path)
+    old, known_nodes.REMEMBER_TIMEOUT_S = known_nodes.REMEMBER_TIMEOUT_S, 0.1
+    try:
+        known_nodes.remember(Dht(None), path)  # never answers
+    finally:
+        known_nodes.REMEMBER_TIMEOUT_S = old
+    assert not path.exists()
 
 
 def test_what_is_recalled_is_bounded_and_well_formed(tmp_path):
