@@ -206,6 +206,28 @@ def test_a_peer_that_leaves_the_exchange_is_not_waited_for_and_a_set_named_later
     assert time.monotonic() - t0 < 3.0
 
 
+def test_the_set_of_a_group_that_stopped_right_after_the_round_is_still_merged():
+    """The last round of a run (every peer's --max-rounds): a group that concluded the round with both
+    sets stops at once, and its records say "stopped" by the other group's next read. The merge no
+    longer waits for those peers, but still takes the set they named (a 32-peer run ended its last
+    round on two θ: bench/RESULTS.md, eighty-second session)."""
+    mine, theirs = a_group(0, 3, b"g1"), a_group(3, 3, b"g2")
+    others = sorted(theirs[2])
+    stopped = [record(p, state="stopped", gathered=theirs[1]) for p in others]
+    swarm = Swarm([[record(p) for p in others], stopped], {others[0]: {theirs[1]: theirs[0]}}, allowance=5.0)
+    peer, result = member_of(swarm, mine)
+    t0 = time.monotonic()
+    merged = merge_round(peer, ROUND, result, ready=others)
+    assert merged.sets == 2 and merged.payloads == {**mine[2], **theirs[2]}
+    assert time.monotonic() - t0 < 3.0  # not waited for: only their set counts
+    # a stopped peer that no longer serves its set costs one fetch, not a wait
+    swarm = Swarm([stopped], {}, allowance=5.0)
+    peer, result = member_of(swarm, mine)
+    t0 = time.monotonic()
+    merged = merge_round(peer, ROUND, result, ready=others)
+    assert merged.sets == 1 and time.monotonic() - t0 < 3.0
+
+
 def test_peers_waited_for_in_vain_are_not_waited_for_the_next_rounds():
     mine = a_group(0, 3, b"g1")
     silent = [b58(signer(9).peer_id), b58(signer(10).peer_id)]
