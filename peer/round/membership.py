@@ -248,15 +248,19 @@ class Membership(NoShows, StartWaits, BarrierWait):
     def lineage(self, round_no: int, part: int) -> str:
         """The start most of the peers of ``round_no`` (of ``part``) that we know hold, as our view shows:
         named to our group for its start vote (protocol/round/start_vote.py ``swarm_lineage``)."""
-        return swarm_lineage(((v.peer_id, v.progress.params_hash) for v in self.view() if v.progress.round == round_no
-                              and v.progress.part == part and v.progress.state not in NOT_IN_ROUNDS), self.known())
+        return swarm_lineage(((v.peer_id, v.progress.params_hash) for v in self._in_round(round_no, part)), self.known())
 
     def table_split(self, round_no: int, part: int, sends: str, theta: str, digest: str) -> FrozenSet[str]:
         """The peers of ``round_no`` (of our ``part`` and ``sends``) we know that hold our θ ``theta`` with
         other lineage tables, where most peers at that θ do (protocol/round/start_vote.py ``table_split``)."""
-        return table_split(((v.peer_id, v.progress.params_hash, v.progress.state_digest) for v in self.view()
-                            if v.progress.round == round_no and v.progress.part == part and v.progress.sends == sends
-                            and v.progress.state not in NOT_IN_ROUNDS), self.peer_id, theta, digest, self.known())
+        return table_split(((v.peer_id, v.progress.params_hash, v.progress.state_digest)
+                            for v in self._in_round(round_no, part) if v.progress.sends == sends),
+                           self.peer_id, theta, digest, self.known())
+
+    def _in_round(self, round_no: int, part: int) -> List[PeerView]:
+        """The records of the view of peers of ``part`` taking part in ``round_no``."""
+        return [v for v in self.view() if v.progress.round == round_no and v.progress.part == part
+                and v.progress.state not in NOT_IN_ROUNDS]
 
     def swarm_is_empty(self) -> bool:
         """No other live peer in the view, and none in a read of the last ``Timing.live_memory_ttls`` TTLs."""
