@@ -325,7 +325,7 @@ class RoundLoop(InnerSteps):
                                       excluded=excluded, me=peer.peer_id, passed=passed)
             peer._load_theta()
             if self._last_round is not None:
-                self._last_round.after_hash = engine.params_hash()
+                self._last_round.settle(engine)
         if not peer.stop_event.is_set():
             # θ of the next round is known: its inner steps are under way (overlap) or come next (none done
             # yet); "exchanging" in a round not trained yet would count as done with it (peer_states.keeps_waiting)

@@ -57,8 +57,21 @@ class LastRound:
     sets: Dict[str, Dict[str, bytes]]  # set name -> sender -> payload: every set the union held
     base: str  # θ's hash before the round's outer step
     after_hash: str = ""  # θ's hash once the round was concluded (a state installed since changes θ)
+    # the state digest then: a state installed since with the same θ (a table split's repair) changes it
+    after_digest: str = ""
     # with outer.max_contributions: the other sets of the union, by their lists (peer/round/draw.py)
     lists: Optional[Dict[str, SetList]] = None
+
+    def settle(self, engine) -> None:
+        """Note θ and the tables as the round's conclusion left them (call with ``engine.lock`` held)."""
+        self.after_hash, self.after_digest = engine.hashes()
+
+    def concluded_here(self, engine) -> bool:
+        """Whether ``engine`` still holds what concluding this round gave: the next round, the same θ and
+        the same tables. A state installed since (even at the same θ) was concluded by another member from
+        its own union; concluding ours again would bring our old tables back
+        (tests/round/test_union.py ``test_a_union_that_cannot_be_taken_leaves_theta_as_it_was``)."""
+        return engine.round == self.round + 1 and engine.hashes() == (self.after_hash, self.after_digest)
 
     @property
     def names(self) -> Tuple[str, ...]:
@@ -78,7 +91,7 @@ class GroupUnion:
 def announce(last: Optional[LastRound], engine) -> Tuple[str, Tuple[str, ...]]:
     """(base, set names) to announce in this round's matchmaking; ("", ()) when θ is no longer the
     one the kept round concluded (a state installed since, a round deferred or trained alone)."""
-    if last is None or engine.round != last.round + 1 or engine.params_hash() != last.after_hash:
+    if last is None or not last.concluded_here(engine):
         return "", ()
     return last.base, last.names
 
@@ -158,7 +171,7 @@ def take_named_sets(peer, last: Optional[LastRound]) -> int:
     a group slower than the merge's wait round after round costs a late take, not a wait, each round.
     Guarded by tests/round/test_late_sets.py."""
     engine, membership = peer.engine, peer.membership
-    if last is None or engine.round != last.round + 1 or engine.params_hash() != last.after_hash:
+    if last is None or not last.concluded_here(engine):
         return 0
     try:
         named = named_late(membership.others(), last.round, last.base, last.names, peer.role.progress_part,
@@ -268,8 +281,8 @@ def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int,
         if draw.NOT_FETCHED in drawn.excluded.values():  # θ would not be what (base, sets) names
             raise RuntimeError("a payload the union's draw chose could not be fetched")
     with engine.lock:
-        if engine.round != last.round + 1 or engine.params_hash() != last.after_hash:
-            raise RuntimeError("θ changed since the round was concluded")
+        if not last.concluded_here(engine):
+            raise RuntimeError("θ or the tables changed since the round was concluded")
         old = last.after_hash
         if drawn is None:
             payloads, excluded = group_sets.union(sets[d] for d in sorted(sets))
@@ -282,7 +295,8 @@ def _redo(peer, last: LastRound, sets: Dict[str, Dict[str, bytes]], taken: int,
         # or no longer does (``RoundEngine.redo``)
         own = next((held[peer.peer_id] for held in sets.values() if peer.peer_id in held), None)
         settled = engine.redo(last.snapshot, decoded, {**excluded, **invalid, **bad}, me=peer.peer_id, own=own)
-        last.sets, last.lists, last.after_hash = sets, lists, engine.params_hash()
+        last.sets, last.lists = sets, lists
+        last.settle(engine)
         counted = set(chosen) - set(settled.excluded)
     logger.info(f"round {last.round}: took {taken} set(s) of the round {whose} into its union "
                 f"({count} payloads): θ {old} -> {last.after_hash}")

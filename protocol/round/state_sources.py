@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import replace
-from typing import AbstractSet, Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set
+from typing import AbstractSet, Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from protocol.dht.records import Progress
 from protocol.round.peer_states import EXCHANGING, NOT_A_SOURCE, STOPPED
@@ -50,15 +50,27 @@ def order_sources(views: Sequence[Any], target: int, slack: int = 0, spread: int
     ``target - slack`` to ``target + spread`` (one far ahead of that is an outlier, never
     asked), rounds that two or more peers report first, then higher rounds; within a round, the
     parameters (``params_hash``) most of its peers report first (after a round that ended with two
-    θ, the majority's lineage, not the pair that stopped waiting for it); in random order among
-    equals; peers that others cannot dial (``reach`` "client", swarm/access/reachability.py) last."""
+    θ, the majority's lineage, not the pair that stopped waiting for it), and at one θ the tables
+    (``state_digest``) most of them report (a union that differed unseen leaves a few peers the
+    swarm's θ with other tables: a state of theirs would be installed as the swarm's, its tables
+    parting from the swarm's a few rounds later); in random order among equals; peers that others
+    cannot dial (``reach`` "client", swarm/access/reachability.py) last
+    (tests/round/test_state_sources.py ``test_sources_of_the_parameters_most_peers_of_a_round_report_come_first``)."""
     counts = Counter(v.progress.round for v in views)
     lineages = Counter((v.progress.round, getattr(v.progress, "params_hash", "")) for v in views)
+    tables = Counter(_state_of(v) for v in views)
     usable = [v for v in views if target - slack <= v.progress.round <= target + spread]
     random.shuffle(usable)
     return sorted(usable, key=lambda v: (getattr(v.progress, "reach", "") == "client", counts[v.progress.round] < 2,
                                          -v.progress.round,
-                                         -lineages[(v.progress.round, getattr(v.progress, "params_hash", ""))]))
+                                         -lineages[(v.progress.round, getattr(v.progress, "params_hash", ""))],
+                                         -tables[_state_of(v)]))
+
+
+def _state_of(view: Any) -> Tuple[int, str, str]:
+    """(round, θ's hash, state digest) that a record reports."""
+    p = view.progress
+    return p.round, getattr(p, "params_hash", ""), getattr(p, "state_digest", "")
 
 
 def grouped(views: Sequence[Any], target: int) -> int:

@@ -180,7 +180,7 @@ def test_a_member_that_lacked_a_set_takes_its_list_draws_again_and_ends_on_the_g
     last = union.LastRound(ROUND, e.snapshot(), dict(held), base=e.params_hash(), lists={})
     mine_only, _, _ = e.choose(held[n1], ROUND, base)
     e.conclude(e.decode(mine_only)[0], None, delivered=False)
-    last.after_hash = e.params_hash()
+    last.settle(e)
     assert union.announce(last, e) == (base, (n1,)) and snap[0] == ROUND
     gatherer = Gatherer(sets)
     starts = {"me": last.after_hash, "x": full.params_hash(), "y": full.params_hash()}
@@ -205,7 +205,7 @@ def test_a_member_that_cannot_fetch_a_payload_the_grown_union_drew_keeps_theta_a
     held = {n1: by_name(sets[n1][1])}
     last = union.LastRound(ROUND, e.snapshot(), dict(held), base=base, lists={})
     e.conclude(e.decode(held[n1])[0], None, delivered=False)  # 2 payloads: both, whatever the draw
-    last.after_hash = e.params_hash()
+    last.settle(e)
     binding, payloads, envelopes = sets[n2]
     gatherer = Gatherer({n1: sets[n1], n2: (binding, payloads, {})}, envelopes={n2: envelopes})  # its list is served, its envelopes are not
     starts = {"me": last.after_hash, "x": "f" * 16, "y": "f" * 16}

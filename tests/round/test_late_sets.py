@@ -134,7 +134,7 @@ def test_where_a_set_a_known_peer_names_cannot_be_had_none_is_taken():
 
 
 @pytest.mark.parametrize("case", ["stranger", "other lineage", "not concluded", "not served", "state installed since",
-                                  "no last round"])
+                                  "tables installed since", "no last round"])
 def test_a_late_name_that_cannot_be_taken_leaves_theta_as_it_was(case):
     spec, e = engine("sparseloco")
     (n1, p1, s1), (n2, p2, s2) = two_groups(spec, e)
@@ -152,6 +152,8 @@ def test_a_late_name_that_cannot_be_taken_leaves_theta_as_it_was(case):
         serves = {}
     elif case == "state installed since":
         last.after_hash = "0" * 16
+    elif case == "tables installed since":  # a table split's repair: the same θ, another member's tables
+        e.install(e.theta, e.round, standing={**e.standing, "x": 3})
     peer = member(spec, e, serves, [_record("x", at, ROUND, n2, source=source)], known, grant)
     before = e.params_hash()
     assert union.take_named_sets(peer, None if case == "no last round" else last) == 0

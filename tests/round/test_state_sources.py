@@ -155,6 +155,15 @@ def test_sources_of_the_parameters_most_peers_of_a_round_report_come_first():
             view(f"m{i}", 7, params_hash="most") for i in range(3)]
         ordered = order_sources(views, 7)
         assert [v.progress.params_hash for v in ordered] == ["most"] * 3 + ["pair"] * 2
+    # at the majority's θ, a few peers whose union differed unseen hold other tables: the tables most
+    # peers at that θ report come first, so a newcomer does not take the minority's
+    for _ in range(20):
+        views = [view("odd", 7, params_hash="most"), view("pair", 7, params_hash="pair"),
+                 view("pair2", 7, params_hash="pair")] + [view(f"m{i}", 7, params_hash="most") for i in range(3)]
+        for v in views:
+            v.progress = dataclasses.replace(v.progress, state_digest="other" if v.peer_id == "odd" else "usual")
+        ordered = [v.peer_id for v in order_sources(views, 7)]
+        assert sorted(ordered[:3]) == ["m0", "m1", "m2"] and ordered[3] == "odd"
 
 
 def test_a_forged_round_far_ahead_does_not_block_a_newcomers_catch_up(monkeypatch, clock):
