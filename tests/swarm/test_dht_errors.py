@@ -219,8 +219,12 @@ def test_a_join_node_whose_dial_timed_out_but_that_answers_now_is_tried_again(mo
     assert "nothing listens at" in fails([addr], LOOPBACK)
     assert len(attempts) == len(dials) == 1  # nobody there: said at once, from the one dial
     attempts.clear()
+    # no dial could be made here (this host too loaded to start the check's daemon): no verdict on the join node,
+    # so tried again; the explanation comes once the tries are spent
     monkeypatch.setattr(dht_mod, "dial_join_nodes", dial((False, f"{dht_mod.CHECK_FAILED}: TimeoutError()")))
-    assert "check that the coordinator is running" in fails([addr], LOOPBACK)  # no dial made here: no verdict on it
+    attempts.clear()
+    assert "check that the coordinator is running" in fails([addr], LOOPBACK)
+    assert len(attempts) == dht_mod.JOIN_ATTEMPTS
     # a dial that timed out, where the address takes a TCP connection: a node too busy for libp2p's handshake
     # (5 of 32 peers started at once on 2 cores exited so); where nothing takes one, said at once
     monkeypatch.setattr(dht_mod, "dial_join_nodes", dial((False, "timeout: no answer in 5 s")))
@@ -230,6 +234,12 @@ def test_a_join_node_whose_dial_timed_out_but_that_answers_now_is_tried_again(mo
         said = fails([busy], LOOPBACK)
         assert "it is too busy to answer this node" in said and "another program listens there" in said
         assert len(attempts) == dht_mod.BUSY_JOIN_ATTEMPTS  # as a busy node's, and not endlessly (no libp2p answer)
+        # where the check's own daemon did not start, a port that takes a TCP connection is a busy node's too
+        monkeypatch.setattr(dht_mod, "dial_join_nodes", dial((False, f"{dht_mod.CHECK_FAILED}: P2PDaemonError()")))
+        attempts.clear()
+        assert "it is too busy to answer this node" in fails([busy], LOOPBACK)
+        assert len(attempts) == dht_mod.BUSY_JOIN_ATTEMPTS
+        monkeypatch.setattr(dht_mod, "dial_join_nodes", dial((False, "timeout: no answer in 5 s")))
         # only the addresses whose dial timed out are asked: a closed port that timed out beside a listening port
         # whose dial was refused for another reason is no busy node
         with socket.socket() as closed:
