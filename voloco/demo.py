@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from protocol.model.capacity import replica_bytes, stage_bytes
 from swarm.console import UsageError, human_bytes
@@ -39,7 +39,7 @@ HELP = "a coordinator and N peers as processes on this machine, then a summary"
 def add_arguments(d: argparse.ArgumentParser) -> None:
     d.add_argument("--peers", type=int, default=3, help="number of peers (default: 3)")
     d.add_argument("--minutes", type=float, default=3.5,
-                   help="training time before the peers are stopped, once the round in flight has ended on all of "
+                   help="training time before the peers are stopped, once the next round has ended on all of "
                         "them (at most a minute more; default: 3.5)")
     d.add_argument(
         "--chain-peers", type=int, default=2,
@@ -252,7 +252,7 @@ def print_summary(summary: Dict[str, Any]) -> None:
     print(f"wall time        {summary['wall_s']:.0f} s")
 
 
-SETTLE_S = 60.0  # the longest the demo waits past its time for every peer to end the round in flight
+SETTLE_S = 60.0  # the longest the demo waits past its time for the next round to end on every peer
 STARTED = ("training", "stopping", "stopped")  # phases past start-up (peer/host/lifecycle.py)
 _URL = re.compile(r"^dashboard: (https?://\S+)", re.M)
 
@@ -315,19 +315,32 @@ def settled(statuses: Sequence[Optional[Dict[str, Any]]]) -> bool:
     """Whether every peer that wrote a status has concluded the same round to the same θ: a moment
     between two rounds, when stopping them all leaves them on one θ (a peer stopped inside a round's
     exchange keeps the θ of the round before; tests/system/test_demo.py)."""
-    live = [s for s in statuses if s]
-    return bool(live) and len({(s.get("round"), s.get("params_hash")) for s in live}) == 1
+    return settled_on(statuses) is not None
 
 
-def wait_until_settled(workdir: Path, peers: int, limit_s: float) -> bool:
-    """Past the demo's time: wait (at most ``limit_s``) for a moment when every peer holds the same
-    round's θ, so that the summary shows one θ and not a round still in flight on some peers."""
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
-        if settled([read_status(workdir, i) for i in range(peers)]):
+def settled_on(statuses: Sequence[Optional[Dict[str, Any]]]) -> Optional[Tuple[Any, Any]]:
+    """(round, θ) that every peer that wrote a status has concluded, else None."""
+    live = {(s.get("round"), s.get("params_hash")) for s in statuses if s}
+    return next(iter(live)) if len(live) == 1 else None
+
+
+def wait_until_settled(read: Callable[[], Sequence[Optional[Dict[str, Any]]]], limit_s: float,
+                       clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Past the demo's time: wait (at most ``limit_s``) until the next round has ended on every peer
+    with one θ, and stop them right after it, while they are all in the next round's inner steps. A
+    moment that already showed one θ when the time ran out may have the next round's exchange in
+    flight (its inner steps overlap the exchange before): stopped then, three peers ended on round
+    14's θ and two on round 13's (bench/RESULTS.md, 2026-12-06). Where no round ends in time, any
+    moment that shows one θ will do. ``read``: every peer's status
+    (tests/system/test_demo.py::test_the_demo_stops_its_peers_right_after_a_round_has_ended_on_all)."""
+    end = clock() + limit_s
+    first = settled_on(read())
+    while clock() < end:
+        now = settled_on(read())
+        if now is not None and (first is None or now != first):
             return True
-        time.sleep(0.2)
-    return False
+        sleep(0.2)
+    return settled_on(read()) is not None
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -363,9 +376,9 @@ def run_demo(args: argparse.Namespace) -> int:
         deadline = t0 + args.minutes * 60
         names = [f"peer{i}" + (" (chain)" if i >= args.peers else "") for i in range(args.peers + args.chain_peers)]
         watch_progress(workdir, children[0], children[1:], names, t0, deadline)
-        print(f"time is up: stopping the peers once the round in flight has ended on all of them "
+        print(f"time is up: stopping the peers once the next round has ended on all of them "
               f"(at most {SETTLE_S:.0f} s)", flush=True)
-        wait_until_settled(workdir, args.peers + args.chain_peers, SETTLE_S)
+        wait_until_settled(lambda: [read_status(workdir, i) for i in range(args.peers + args.chain_peers)], SETTLE_S)
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted: stopping every process", flush=True)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from swarm.jsonout import dumps, loads_strict, write
-from voloco.demo import child_env, dashboard_address, peer_phase, progress_line, settled, summarize
+from voloco.demo import child_env, dashboard_address, peer_phase, progress_line, settled, summarize, wait_until_settled
 
 NAMES = ["peer0", "peer1", "peer2 (chain)"]
 
@@ -137,3 +137,38 @@ def test_the_demo_stops_its_peers_between_rounds_when_all_hold_one_theta():
     assert settled([a, a, dict(a), None])  # a peer with no status yet does not hold the stop up
     assert not settled([None, None])
     assert not settled([a, {"round": 16, "params_hash": "ffff"}])
+
+
+def test_the_demo_stops_its_peers_right_after_a_round_has_ended_on_all():
+    """One θ when the time runs out is not enough: the next round's exchange may be in flight (its
+    inner steps overlap the exchange before), and a stop then split the summary 3 / 2. The demo waits
+    for the next round to end on every peer; where none ends in time, one θ will do."""
+    r13, r14 = {"round": 13, "params_hash": "5bfd"}, {"round": 14, "params_hash": "747f"}
+    t = [0.0]
+
+    def clock():
+        return t[0]
+
+    def sleep(s):
+        t[0] += s
+
+    def script(steps):  # the statuses read at each call, the last one repeated
+        calls = iter(steps)
+        last = [steps[-1]]
+
+        def read():
+            last[0] = next(calls, last[0])
+            return last[0]
+        return read
+
+    # settled on round 13 when the time ran out: waits for round 14 to end on all three, then stops
+    read = script([[r13, r13, r13], [r13, r13, r13], [r14, r14, r13], [r14, r14, r14]])
+    assert wait_until_settled(read, 60.0, clock, sleep) and read() == [r14, r14, r14] and t[0] < 1.0
+    # a round in flight on some when the time ran out: the first moment all hold one θ
+    t[0] = 0.0
+    assert wait_until_settled(script([[r14, r13, r13], [r14, r14, r14]]), 60.0, clock, sleep) and t[0] < 1.0
+    # no round ends in time (the peers stalled): one θ still will do, once the limit is reached
+    t[0] = 0.0
+    assert wait_until_settled(script([[r13, r13]]), 60.0, clock, sleep) and t[0] >= 60.0
+    t[0] = 0.0
+    assert not wait_until_settled(script([[r13, r14]]), 5.0, clock, sleep)
