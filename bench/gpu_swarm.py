@@ -218,7 +218,7 @@ def main(argv=None) -> int:
             time.sleep(5.0)
             done = [(read_status(workdir, i) or {}).get("rounds", 0) for i in range(peers)]
             print(f"  [{time.monotonic() - t0:5.0f} s] rounds {' '.join(map(str, done))}", flush=True)
-        wait_until_settled(workdir, peers, 60.0)
+        wait_until_settled(lambda: [read_status(workdir, i) for i in range(peers)], 60.0)
     finally:
         for child in reversed(children[1:]):  # every peer at once, as Ctrl+C would: none trains on alone
             child.signal_group(signal.SIGINT)
