@@ -31,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -38,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import human, machine, now, table  # noqa: E402
 from swarm.jsonout import write_atomic  # noqa: E402
-from voloco.demo import (Child, chain_peer_bytes, coordinator_up, peer_argv, read_status, settled,  # noqa: E402
-                         wait_until_settled)
+from voloco.demo import (Child, chain_peer_bytes, coordinator_up, peer_argv, read_status, read_statuses,  # noqa: E402
+                         settled, wait_until_settled)
 
 TINY = {"d_model": 32, "n_layers": 2, "n_heads": 2, "ffn_hidden": 64, "seq_len": 32}  # the tests' model
 SKIPPED_ROUNDS = 2  # a peer's first rounds: its start and quorum, then the held first exchange
@@ -218,13 +219,13 @@ def main(argv=None) -> int:
             time.sleep(5.0)
             done = [(read_status(workdir, i) or {}).get("rounds", 0) for i in range(peers)]
             print(f"  [{time.monotonic() - t0:5.0f} s] rounds {' '.join(map(str, done))}", flush=True)
-        wait_until_settled(lambda: [read_status(workdir, i) for i in range(peers)], 60.0)
+        wait_until_settled(partial(read_statuses, workdir, peers), 60.0)
     finally:
         for child in reversed(children[1:]):  # every peer at once, as Ctrl+C would: none trains on alone
             child.signal_group(signal.SIGINT)
         for child in reversed(children):
             child.stop(grace=15.0)
-    statuses = [read_status(workdir, i) for i in range(peers)]
+    statuses = read_statuses(workdir, peers)
     failed = [c.name for c in children[1:] if c.proc.returncode not in (0, 130, -2)]
     summary = summarize(spec, statuses, time.monotonic() - t0)
     summary.update(preset=args.preset, inner_steps=args.inner_steps, batch=args.batch, full=args.full,

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -181,6 +182,11 @@ def read_status(workdir: Path, index: int) -> Optional[Dict[str, Any]]:
         return None
 
 
+def read_statuses(workdir: Path, peers: int) -> List[Optional[Dict[str, Any]]]:
+    """``read_status`` of peers 0 .. ``peers`` - 1."""
+    return [read_status(workdir, i) for i in range(peers)]
+
+
 def summarize(statuses: List[Optional[Dict[str, Any]]], wall_s: float) -> Dict[str, Any]:
     live = [s for s in statuses if s]
     initial = [s["initial_val_loss"] for s in live if _finite(s.get("initial_val_loss"))]
@@ -299,7 +305,7 @@ def watch_progress(workdir: Path, coord: "Child", peers: List["Child"], names: S
         now = time.monotonic()
         if dashboard is None and (dashboard := dashboard_address(coord.log)) is not None:
             print(f"dashboard: {dashboard}", flush=True)
-        statuses = [read_status(workdir, i) for i in range(len(peers))]
+        statuses = read_statuses(workdir, len(peers))
         line = progress_line(now - t0, names, statuses, [c.proc.poll() for c in peers])
         changed = line.split("] ", 1)[1] != last_line.split("] ", 1)[-1]
         starting = not line.split("] ", 1)[1].startswith("rounds ")
@@ -337,7 +343,7 @@ def wait_until_settled(read: Callable[[], Sequence[Optional[Dict[str, Any]]]], l
     first = settled_on(read())
     while clock() < end:
         now = settled_on(read())
-        if now is not None and (first is None or now != first):
+        if now is not None and now != first:
             return True
         sleep(0.2)
     return settled_on(read()) is not None
@@ -378,7 +384,7 @@ def run_demo(args: argparse.Namespace) -> int:
         watch_progress(workdir, children[0], children[1:], names, t0, deadline)
         print(f"time is up: stopping the peers once the next round has ended on all of them "
               f"(at most {SETTLE_S:.0f} s)", flush=True)
-        wait_until_settled(lambda: [read_status(workdir, i) for i in range(args.peers + args.chain_peers)], SETTLE_S)
+        wait_until_settled(partial(read_statuses, workdir, args.peers + args.chain_peers), SETTLE_S)
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted: stopping every process", flush=True)
@@ -387,7 +393,7 @@ def run_demo(args: argparse.Namespace) -> int:
             child.signal_group(signal.SIGINT)
         for child in reversed(children):
             child.stop(grace=15.0)
-    summary = summarize([read_status(workdir, i) for i in range(args.peers + args.chain_peers)], time.monotonic() - t0)
+    summary = summarize(read_statuses(workdir, args.peers + args.chain_peers), time.monotonic() - t0)
     print_summary(summary)
     if args.json:
         write_json(args.json, summary, indent=2)  # strict JSON: an unknown loss is null, never NaN
