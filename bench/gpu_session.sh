@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of a session in one run, about 9 minutes on an H200, for a machine that has torch
-# with CUDA but not hivemind: its dependencies come as py3.12 wheels in .wheels/ (an ignored folder,
-# carried to the machine; docs/operations.md says which). Writes its logs and JSON under $OUT
+# with CUDA but not hivemind: its dependencies come as py3.12 wheels in .wheels/ (an ignored folder that
+# bench/gpu_wheels.sh fills, carried to the machine). Writes its logs and JSON under $OUT
 # (default /tmp/gpu-out): at most 8 files, the peers' logs as one archive.
 #
 #     bash bench/gpu_session.sh            # the CUDA tests, then two 125m swarms
