@@ -108,6 +108,9 @@ class DCTCodec(TensorCodec):
         check_positions(idx, blocking.block_numel, "dct", "coefficients")
         coeffs = torch.from_numpy(values.reshape(blocking.nblocks, k))
         blocks = _inverse(blocking, torch.from_numpy(idx), coeffs)
+        # coefficients below the bound can still add up past it where no real block could have
+        # given them (an honest block's inverse is no larger than its norm: protocol/codecs/fields.py)
+        check_floats(blocks.numpy(), "dct decoded values")
         return blocking.join(blocks, shape)
 
 

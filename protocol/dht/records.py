@@ -132,8 +132,11 @@ def parse_progress(value: Any) -> Progress:
         raise ProtocolError("progress.part is out of range")
     if value["state"] not in STATES:
         raise ProtocolError(f"progress.state must be one of {STATES}")
-    if not math.isfinite(value["loss"]) and not math.isnan(value["loss"]):
-        raise ProtocolError("progress.loss must be finite or NaN")
+    for name in ("loss", "val_loss"):  # NaN: none measured yet
+        if not math.isfinite(value[name]) and not math.isnan(value[name]):
+            raise ProtocolError(f"progress.{name} must be finite or NaN")
+    if not 0.0 <= value["tokens_per_s"] < math.inf:  # NaN fails too
+        raise ProtocolError("progress.tokens_per_s must be a finite non-negative number")
     if not value["device"].isprintable():
         raise ProtocolError("progress.device must be printable")
     if not 0.0 <= value["util"] <= 1.0:  # NaN fails too

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Tuple
 
 import msgpack
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, padding, rsa
 
@@ -184,7 +184,7 @@ def _parse_key(public_key: bytes):
         raise SignatureError("malformed public key protobuf")
     try:
         key = serialization.load_der_public_key(public_key[i:])
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, UnsupportedAlgorithm) as e:  # an algorithm or curve the library lacks is refused too
         raise SignatureError(f"malformed RSA public key: {e}") from None
     if not isinstance(key, rsa.RSAPublicKey) or not MIN_RSA_BITS <= key.key_size <= MAX_RSA_BITS:
         raise SignatureError(f"RSA keys must have {MIN_RSA_BITS} to {MAX_RSA_BITS} bits")

@@ -360,6 +360,20 @@ def test_dct_rejects_duplicates_and_out_of_range():
         codec.decode(dict(fields, val=np.array([1, np.nan], dtype="<f4").tobytes()), (4, 4))
 
 
+def test_dct_coefficients_each_in_bounds_that_add_up_past_the_bound_are_refused():
+    """Every coefficient below MAX_ABS, signs aligned so k basis images add up at one entry: no real
+    block gives such coefficients, and the decoded tensor must obey the bound every decoder keeps
+    (found by fuzzing the codecs; each coefficient alone was checked, the sum was not)."""
+    codec = DCTCodec(chunk=16, topk=256, value_dtype="fp32")
+    corner = np.outer(dct_basis(16).double().numpy()[:, 0], dct_basis(16).double().numpy()[:, 0]).reshape(-1)
+    idx = np.arange(256)
+    vals = (9.9e7 * np.sign(corner)).astype("<f4")
+    with pytest.raises(PayloadError, match="dct decoded values"):
+        codec.decode({"idx": idx.astype("<u2").tobytes(), "val": vals.tobytes()}, (16, 16))
+    honest, _ = codec.encode(torch.randn(16, 16).sign() * 1e6)  # the largest an encoder takes still decodes
+    assert codec.decode(honest, (16, 16)).abs().max() < 1e8
+
+
 # --- hostile fields ---------------------------------------------------------------------------------
 def mutate(fields: dict, data) -> object:
     """One random corruption of a valid field dict."""

@@ -99,6 +99,24 @@ def test_weak_or_unknown_keys_are_refused():
             PublicKey(peer_id_of(raw), raw)
 
 
+def test_a_key_of_an_algorithm_the_library_does_not_know_is_refused_as_any_bad_key():
+    """cryptography raises UnsupportedAlgorithm, not ValueError, for a DER key of an unknown algorithm
+    or curve: it escaped the set and manifest checks, and a peer that fetched such a set from a
+    hostile one stopped (a set names its own members, so the key's id can be made up)."""
+    body = bytes.fromhex("3007" "06032a0304" "0500" "032100") + b"\x01" * 32  # algorithm OID 1.2.3.4
+    spki = bytes([0x30, len(body)]) + body
+    unknown = b"\x08\x00\x12" + bytes([len(spki)]) + spki
+    # an EC key on a curve cryptography does not support (secp112r1, OID 1.3.132.0.6)
+    algorithm = bytes.fromhex("301006072a8648ce3d020106052b81040006")
+    point = bytes.fromhex("031d00") + b"\x04" + b"\x01" * 28
+    ec_body = algorithm + point
+    ec_spki = bytes([0x30, len(ec_body)]) + ec_body
+    odd_curve = b"\x08\x00\x12" + bytes([len(ec_spki)]) + ec_spki
+    for raw in (unknown, odd_curve):
+        with pytest.raises(SignatureError):
+            PublicKey(peer_id_of(raw), raw)
+
+
 def test_signer_survives_pickling():
     a = signer(0)
     b = pickle.loads(pickle.dumps(a))
