@@ -140,7 +140,9 @@ def fetch_into(held: Dict[str, Dict[str, bytes]], lists: Optional[Dict[str, SetL
 
 def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, timeout: float,
                       members: Optional[Bindings] = None):
-    """The set ``digest`` from ``source``, checked, as sender (base58) -> payload; None on any failure.
+    """The set ``digest`` from ``source``, checked, as sender (base58) -> payload; None on any failure,
+    an unexpected exception of the check included (logged with its traceback: a hostile set must not
+    stop the peer through a bug of the parser; tests/round/test_checked_fetches.py).
     ``members``: where given, its binding's members and its owners are added to it."""
     raw = gatherer.fetch_set(source, digest, timeout=timeout)
     if raw is None:
@@ -150,6 +152,9 @@ def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, t
                                       gatherer.max_payload_bytes)
     except group_sets.SetError as e:
         logger.warning(f"round {round_no}: {source} served a set that is refused: {e}")
+        return None
+    except Exception:  # a check that fails in a way it should not is a bug: said, and refused
+        logger.exception(f"round {round_no}: checking the set {source} served failed unexpectedly; it is refused")
         return None
     gatherer.keep_checked_set(source, digest)  # served on to peers that ask us for it
     if members is not None:
@@ -166,6 +171,9 @@ def fetch_checked_list(gatherer, spec, source: str, digest: str, round_no: int, 
         manifest = set_manifests.open_manifest(raw, gatherer.run_digest, round_no, digest, spec.swarm.max_group_size)
     except SetError as e:
         logger.warning(f"round {round_no}: {source} served a set list that is refused: {e}")
+        return None
+    except Exception:  # as for a set: a hostile peer's bytes must never stop this one
+        logger.exception(f"round {round_no}: checking the set list {source} served failed unexpectedly; it is refused")
         return None
     return SetList(manifest, {base58(o): e for o, e in manifest.entries.items()}, [source])
 
