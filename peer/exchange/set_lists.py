@@ -115,7 +115,9 @@ class ListServer:
         try:
             round_no = bounded_unpack(raw, ProtocolError, "list", max_array_len=max(6, self._max_group_size),
                                       max_map_len=0)[2]
-            return set_manifests.open_manifest(raw, self._run, int(round_no), digest, self._max_group_size)
+            if not isinstance(round_no, int) or isinstance(round_no, bool):
+                return None  # the list's own check would refuse it; a float round (inf) is no round
+            return set_manifests.open_manifest(raw, self._run, round_no, digest, self._max_group_size)
         except (ProtocolError, TypeError, ValueError, IndexError, KeyError):
             return None
 

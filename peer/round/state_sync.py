@@ -130,10 +130,10 @@ class StateSync:
     def download(self, peer: str, timeout: float) -> Any:
         """``peer``'s state; None (logged) if it could not be had; ``BUSY`` if it serves as many downloads as it
         will now (protocol/round/serve_gate.py; tests/round/test_state_sources.py)."""
-        expected = 4 * (sum(t.numel() for t in self.engine.theta.values())
-                        + sum(t.numel() for t in self.engine.strategy.shared_state().values()))
+        tensors = [*self.engine.theta.values(), *self.engine.strategy.shared_state().values()]
+        expected = 4 * sum(t.numel() for t in tensors)
         try:
-            return self._fetch(peer, expected, timeout)
+            return self._fetch(peer, expected, timeout, len(tensors))
         except StateServerBusy as e:
             logger.info(f"{peer} does not serve our download now: {e!r}")
             return BUSY

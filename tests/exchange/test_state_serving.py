@@ -66,10 +66,10 @@ def test_downloads_pass_the_serve_gate_and_a_stalled_one_frees_its_slot_at_its_l
         peer = server.peer_id.to_base58()
         size = 4 * (12 + big.numel())
         fetch = StateDownloader(nodes[1], first, min_rate=1 << 20)
-        meta, tensors = fetch(peer, expected_bytes=size, timeout=30.0)
+        meta, tensors = fetch(peer, expected_bytes=size, timeout=30.0, tensors=2)
         assert meta == {"round": 3} and torch.equal(tensors[0], theta) and tensors[1].numel() == big.numel()
         with pytest.raises(StateServerBusy, match="busy: began 1 downloads"):
-            fetch(peer, expected_bytes=size, timeout=30.0)
+            fetch(peer, expected_bytes=size, timeout=30.0, tensors=2)
         # a downloader that stalls holds the only slot: another is answered busy, until the stalled stream
         # falls behind and is cut (the slot then free), long before its 64 MiB were sent
         handle = type(server)._get_handle_name(server.prefix, "rpc_download_state")
@@ -79,11 +79,11 @@ def test_downloads_pass_the_serve_gate_and_a_stalled_one_frees_its_slot_at_its_l
         time.sleep(1.0)
         other = StateDownloader(nodes[2], second, min_rate=1 << 20)
         with pytest.raises(StateServerBusy, match="serving 1 downloads already"):
-            other(peer, expected_bytes=size, timeout=30.0)
+            other(peer, expected_bytes=size, timeout=30.0, tensors=2)
         deadline = time.monotonic() + 20.0
         while True:
             try:
-                meta, tensors = other(peer, expected_bytes=size, timeout=30.0)
+                meta, tensors = other(peer, expected_bytes=size, timeout=30.0, tensors=2)
                 break
             except StateServerBusy:
                 assert time.monotonic() < deadline, "the stalled download kept its slot"
