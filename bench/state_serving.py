@@ -77,7 +77,7 @@ def run_arm(arm: str, downloaders: int, state_mb: int) -> dict:
         start.wait()
         while True:  # as peer/round/state_sync.py: busy or failed, asked again a little later
             try:
-                _, tensors = fetch(peer, expected_bytes=size, timeout=60.0)
+                _, tensors = fetch(peer, expected_bytes=size, timeout=60.0, tensors=1)
                 ok[i] = len(tensors) == 1 and torch.equal(tensors[0], state)
                 break
             except StateServerBusy:
