@@ -36,10 +36,14 @@ for name in $PACKAGES; do
             $PLATFORMS -d "$DEST" "$spec" > /dev/null 2>&1; then
         continue
     fi
-    # a package published only as source (pure Python): build its wheel here
-    if $PY -m pip wheel -q --no-deps -w "$DEST" "$spec" > /dev/null 2>&1; then
+    # a package published only as source: its wheel built here serves on 3.12 only if it is pure Python
+    built=$(mktemp -d)
+    if $PY -m pip wheel -q --no-deps -w "$built" "$spec" > /dev/null 2>&1 && ls "$built"/*-none-any.whl > /dev/null 2>&1; then
+        mv "$built"/*-none-any.whl "$DEST"/
+        rm -rf "$built"
         continue
     fi
+    rm -rf "$built"
     missing="$missing $spec"
 done
 # two versions of one package stop the install on the GPU machine: keep the newest file of each

@@ -96,6 +96,9 @@ async def _read_state(messages, limit: int, max_tensors: int) -> Tuple[Optional[
     parts: List[runtime_pb2.Tensor] = []
     count = 0
     async for message in messages:
+        count += 1  # every message, parts or not: a stream of empty frames ends here too
+        if count > max_parts:
+            raise StateDownloadError(f"sent more than {max_parts} messages")
         if message.metadata:
             if metadata is not None or len(message.metadata) > MAX_METADATA_BYTES:
                 raise StateDownloadError("sent its metadata twice or too large")
@@ -103,9 +106,6 @@ async def _read_state(messages, limit: int, max_tensors: int) -> Tuple[Optional[
         if not message.HasField("tensor_part"):  # metadata alone (a busy server's answer)
             continue
         part = message.tensor_part
-        count += 1
-        if count > max_parts:
-            raise StateDownloadError(f"sent more than {max_parts} tensor parts")
         if part.dtype and parts:  # a new tensor begins
             tensors.append(_tensor(parts, limit // 4))
             parts = []

@@ -108,7 +108,7 @@ def test_a_key_of_an_algorithm_the_library_does_not_know_is_refused_as_any_bad_k
     unknown = b"\x08\x00\x12" + bytes([len(spki)]) + spki
     # an EC key on a curve cryptography does not support (secp112r1, OID 1.3.132.0.6)
     algorithm = bytes.fromhex("301006072a8648ce3d020106052b81040006")
-    point = bytes.fromhex("031d00") + b"\x04" + b"\x01" * 28
+    point = bytes.fromhex("031e00") + b"\x04" + b"\x01" * 28  # a BIT STRING of 30 bytes
     ec_body = algorithm + point
     ec_spki = bytes([0x30, len(ec_body)]) + ec_body
     odd_curve = b"\x08\x00\x12" + bytes([len(ec_spki)]) + ec_spki
