@@ -205,7 +205,8 @@ def _direction(out: Screening, decoded: Sequence[Tensors], min_z: float, establi
         elif i not in established and not convinced(evidence.get(i), z, bar):
             rounds = min(evidence[i][1], EVIDENCE_ROUNDS - 1) + 1 if i in evidence and z > 0 else 1
             why = "" if bar == min_z else f" ({fraction:g} of its round's median full replica's)"
-            out.excluded[i] = (f"its direction agrees with the others' of its round {z:+.1f} standard deviations "
+            shown = math.floor(z * 100) / 100  # rounded down: a z just below the bar never reads as the bar
+            out.excluded[i] = (f"its direction agrees with the others' of its round {shown:+.2f} standard deviations "
                                f"above chance ({rounds} round{'s' if rounds > 1 else ''} pooled), below the {bar:.3g}{why} "
                                f"that a sender without standing needs")
             if z > 0:
