@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import human, machine, now, table  # noqa: E402
 from swarm.jsonout import write_atomic  # noqa: E402
-from voloco.demo import (Child, chain_peer_bytes, coordinator_up, peer_argv, read_status, read_statuses,  # noqa: E402
+from voloco.demo import (Child, chain_peer_bytes, coordinator_up, peer_argv, read_statuses,  # noqa: E402
                          settled, wait_until_settled)
 
 TINY = {"d_model": 32, "n_layers": 2, "n_heads": 2, "ffn_hidden": 64, "seq_len": 32}  # the tests' model
@@ -217,7 +217,7 @@ def main(argv=None) -> int:
         deadline = t0 + args.minutes * 60
         while time.monotonic() < deadline and all(c.proc.poll() is None for c in children):
             time.sleep(5.0)
-            done = [(read_status(workdir, i) or {}).get("rounds", 0) for i in range(peers)]
+            done = [(s or {}).get("rounds", 0) for s in read_statuses(workdir, peers)]
             print(f"  [{time.monotonic() - t0:5.0f} s] rounds {' '.join(map(str, done))}", flush=True)
         wait_until_settled(partial(read_statuses, workdir, peers), 60.0)
     finally:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from peer.exchange.results import base58
 from protocol.dht.records import Progress
@@ -138,23 +138,30 @@ def fetch_into(held: Dict[str, Dict[str, bytes]], lists: Optional[Dict[str, SetL
     return listed is not None
 
 
+def _opened(what: str, source: str, round_no: int, check: Callable[[], Any]) -> Optional[Any]:
+    """``check()``: what ``source`` served, opened and checked; None where the check refuses it (a
+    warning), and where it fails in a way a check should not: a parser's bug is logged with its
+    traceback and the bytes refused all the same, so that a hostile peer cannot stop this one through
+    it (tests/round/test_checked_fetches.py)."""
+    try:
+        return check()
+    except SetError as e:
+        logger.warning(f"round {round_no}: {source} served {what} that is refused: {e}")
+    except Exception:
+        logger.exception(f"round {round_no}: checking {what} {source} served failed unexpectedly; it is refused")
+    return None
+
+
 def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, timeout: float,
                       members: Optional[Bindings] = None):
-    """The set ``digest`` from ``source``, checked, as sender (base58) -> payload; None on any failure,
-    an unexpected exception of the check included (logged with its traceback: a hostile set must not
-    stop the peer through a bug of the parser; tests/round/test_checked_fetches.py).
-    ``members``: where given, its binding's members and its owners are added to it."""
+    """The set ``digest`` from ``source``, checked, as sender (base58) -> payload; None on any failure
+    (``_opened``). ``members``: where given, its binding's members and its owners are added to it."""
     raw = gatherer.fetch_set(source, digest, timeout=timeout)
     if raw is None:
         return None
-    try:
-        checked = group_sets.open_set(raw, gatherer.run_digest, round_no, digest, spec.swarm.max_group_size,
-                                      gatherer.max_payload_bytes)
-    except group_sets.SetError as e:
-        logger.warning(f"round {round_no}: {source} served a set that is refused: {e}")
-        return None
-    except Exception:  # a check that fails in a way it should not is a bug: said, and refused
-        logger.exception(f"round {round_no}: checking the set {source} served failed unexpectedly; it is refused")
+    checked = _opened("a set", source, round_no, lambda: group_sets.open_set(
+        raw, gatherer.run_digest, round_no, digest, spec.swarm.max_group_size, gatherer.max_payload_bytes))
+    if checked is None:
         return None
     gatherer.keep_checked_set(source, digest)  # served on to peers that ask us for it
     if members is not None:
@@ -163,17 +170,13 @@ def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, t
 
 
 def fetch_checked_list(gatherer, spec, source: str, digest: str, round_no: int, timeout: float) -> Optional[SetList]:
-    """The list of the set ``digest`` from ``source``, checked; None on any failure."""
+    """The list of the set ``digest`` from ``source``, checked; None on any failure (``_opened``)."""
     raw = gatherer.fetch_manifest(source, digest, timeout=timeout)
     if raw is None:
         return None
-    try:
-        manifest = set_manifests.open_manifest(raw, gatherer.run_digest, round_no, digest, spec.swarm.max_group_size)
-    except SetError as e:
-        logger.warning(f"round {round_no}: {source} served a set list that is refused: {e}")
-        return None
-    except Exception:  # as for a set: a hostile peer's bytes must never stop this one
-        logger.exception(f"round {round_no}: checking the set list {source} served failed unexpectedly; it is refused")
+    manifest = _opened("a set list", source, round_no, lambda: set_manifests.open_manifest(
+        raw, gatherer.run_digest, round_no, digest, spec.swarm.max_group_size))
+    if manifest is None:
         return None
     return SetList(manifest, {base58(o): e for o, e in manifest.entries.items()}, [source])
 
