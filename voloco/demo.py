@@ -89,11 +89,12 @@ class Child:
 
 
 def peer_argv(
-    join: str, workdir: Path, index: int, threads: int = 1, memory_gb: Optional[float] = None, run_key: Optional[str] = None,
+    join: str, workdir: Path, index: int, threads: Optional[int] = 1, memory_gb: Optional[float] = None, run_key: Optional[str] = None,
     compile: Optional[bool] = False,
 ) -> List[str]:
-    """A peer's command line. ``compile``: False (``--no-compile``: the demo's model is tiny, compiling
-    would take longer than its whole run), True (``--compile``), None (the peer's default)."""
+    """A peer's command line. ``threads``: its ``--threads``, None to leave it out (the peer takes its
+    share of the host: peer/host/cpu_share.py). ``compile``: False (``--no-compile``: the demo's model is
+    tiny, compiling would take longer than its whole run), True (``--compile``), None (the peer's default)."""
     d = workdir / f"peer{index}"
     d.mkdir(parents=True, exist_ok=True)
     extra = ["--max-memory-gb", f"{memory_gb:.6f}"] if memory_gb is not None else []
@@ -105,8 +106,7 @@ def peer_argv(
         "--status-file", str(d / "status.json"),
         "--checkpoint-dir", str(d / "checkpoint"),
         "--identity", str(d / "identity.key"),
-        "--threads", str(threads),
-    ] + extra
+    ] + (["--threads", str(threads)] if threads is not None else []) + extra
 
 
 def chain_peer_bytes(spec, peers: int) -> float:

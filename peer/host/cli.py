@@ -48,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-rounds", type=int, help="stop after this round (default: the spec's max_rounds; 0 = never)")
     p.add_argument("--threads", type=int,
                    help="torch CPU threads for the inner steps on the CPU and for the exchange's decode and aggregate "
-                   "(default: torch's choice, the host's cores)")
+                   "(default: the cores this process may use, torch's choice capped by its CPU affinity and cgroup "
+                   "quota, split evenly among the voloco peers running on this host, looked at again every round)")
     p.add_argument(
         "--compile", dest="compile", action="store_true", default=None,
         help="run the inner steps' forward pass through torch.compile: about 2x the tokens/s on a GPU at the 125m "

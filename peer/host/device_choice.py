@@ -10,7 +10,9 @@ once at start, so an operator sees what was chosen and why.
   more than it saves at the shapes a CPU trains). A failed compile falls back to eager
   (peer/training/inner.py). Chain stages run eagerly (their forward is split around the links).
 - ``--threads N``; none: torch's own choice (the host's cores), which the exchange's decode and
-  aggregate use between rounds.
+  aggregate use between rounds, where this peer has the host to itself; where other peers run on it,
+  or a cgroup's quota allows fewer cores, its share of them (``share``; peer/host/cpu_share.py looks
+  again every round).
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ class Machine:
 
     cuda: bool
     cuda_name: str = ""
-    cpu_threads: int = 1
+    cpu_threads: int = 1  # torch's default
+    usable_cores: int = 0  # the CPU affinity capped by a cgroup quota (peer/host/cpu_share.py); 0: unknown
+    peers_here: int = 1  # voloco peers on this host, this one included
+
+    @property
+    def base_threads(self) -> int:
+        """The most threads a peer without ``--threads`` takes: torch's default, within the usable cores."""
+        return max(1, min(self.cpu_threads, self.usable_cores or self.cpu_threads))
 
 
 @dataclass(frozen=True)
@@ -36,11 +45,17 @@ class Choice:
     compile: bool
     threads: Optional[int]  # None: torch's default
     why: str
+    shared: bool = False  # the thread count is this peer's share of the host, looked at again every round
 
     def describe(self, machine: Machine) -> str:
         threads = self.threads if self.threads is not None else machine.cpu_threads
         return (f"training on {self.device}{f' ({machine.cuda_name})' if self.device.startswith('cuda') and machine.cuda_name else ''}"
-                f", torch.compile {'on' if self.compile else 'off'}, {threads} CPU threads: {self.why}")
+                f", torch.compile {'on' if self.compile else 'off'}, {threads} CPU thread{'' if threads == 1 else 's'}: {self.why}")
+
+
+def share(base: int, peers: int) -> int:
+    """A peer's threads where ``peers`` peers share ``base`` cores: an even split, at least 1."""
+    return max(1, base // max(1, peers))
 
 
 def choose(device: str, compile: Optional[bool], threads: Optional[int], machine: Machine) -> Choice:
@@ -60,13 +75,26 @@ def choose(device: str, compile: Optional[bool], threads: Optional[int], machine
                        else "compile off by default on the CPU (--compile turns it on)")
     else:
         reasons.append("--compile" if compile else "--no-compile")
-    reasons.append(f"--threads {threads}" if threads else "threads: torch's default")
-    return Choice(device, compile, threads, "; ".join(reasons))
+    if threads:
+        reasons.append(f"--threads {threads}")
+        return Choice(device, compile, threads, "; ".join(reasons))
+    base = machine.base_threads
+    mine = share(base, machine.peers_here)
+    if machine.peers_here > 1:
+        reasons.append(f"threads: {machine.peers_here} peers on this host share its {base} cores (--threads N fixes the count)")
+    elif base < machine.cpu_threads:
+        reasons.append(f"threads: the {base} cores this process may use (CPU affinity, cgroup quota)")
+    else:
+        reasons.append("threads: torch's default")
+    return Choice(device, compile, None if mine == machine.cpu_threads else mine, "; ".join(reasons), shared=True)
 
 
 def detect_machine() -> Machine:
-    """What torch sees on this host."""
+    """What torch sees on this host, its usable cores and the peers running on it."""
     import torch
 
+    from peer.host.cpu_share import peers_on_host, usable_cores
+
     cuda = torch.cuda.is_available()
-    return Machine(cuda=cuda, cuda_name=torch.cuda.get_device_name(0) if cuda else "", cpu_threads=torch.get_num_threads())
+    return Machine(cuda=cuda, cuda_name=torch.cuda.get_device_name(0) if cuda else "", cpu_threads=torch.get_num_threads(),
+                   usable_cores=usable_cores(), peers_here=peers_on_host())

@@ -31,7 +31,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 
 from peer.checkpoints import contents as checkpoints
-from peer.host import device_choice, lifecycle
+from peer.host import cpu_share, device_choice, lifecycle
 from peer.chain.stage import ChainMember
 from peer.checkpoints.writer import CheckpointWriter
 from peer.training.data import val_batches
@@ -143,6 +143,10 @@ class Peer:
         if self.choice.threads:
             torch.set_num_threads(self.choice.threads)
         logger.info(self.choice.describe(machine))
+        # without --threads: its share of the host, looked at again at every round's start (by the loop)
+        self.thread_share = cpu_share.ThreadShare(machine.base_threads, self.choice.threads or machine.cpu_threads,
+                                                  device_choice.share, set_threads=torch.set_num_threads) \
+            if self.choice.shared else None
         lifecycle.meter_wire(self)  # self.wire: every TCP byte of this peer's processes, from the DHT's first on
         lifecycle.set_phase(self, "joining the DHT")
         with starting_helpers():  # Ctrl+C reaches this process only; it stops them (swarm/helper_processes.py)
@@ -212,7 +216,7 @@ class Peer:
         if self.role.reports_loss:
             logger.info(f"round {self.round}: validation loss {self.val_loss:.3f} nats/byte ({self.val_loss * self.corpus.bytes_per_token:.3f} nats/token)")
         self.sync.enable_sharing()
-        self.loop = RoundLoop(self)
+        self.loop = RoundLoop(self, threads=self.thread_share)
         self.started = True
         lifecycle.report_phase(self)
 

@@ -59,8 +59,9 @@ logger = logging.getLogger("voloco.peer")
 
 
 class RoundLoop(InnerSteps):
-    def __init__(self, peer):
+    def __init__(self, peer, threads=None):
         self.peer = peer
+        self.threads = threads  # the peer's share of the host's CPU threads (peer/host/cpu_share.py), None: fixed
         spec = peer.spec
         self.overlap = bool(spec.outer.overlap) and not isinstance(peer.role, ChainStage)
         # the fewest steps before a round may close early; a chain's later stages follow its first (Role.decides_close)
@@ -130,6 +131,8 @@ class RoundLoop(InnerSteps):
         peer = self.peer
         engine, role, spec = peer.engine, peer.role, peer.spec
         t0 = time.monotonic()
+        if self.threads is not None:
+            self.threads.refresh()  # in this thread: torch's thread count is taken per thread
         if not self.in_flight:
             # a chain not linked yet is not waited for by the round's other peers ("linking" is not in
             # rounds); once it has trained a round its stages count as training from the round's start
