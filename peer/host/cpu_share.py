@@ -14,10 +14,14 @@ Without ``--threads`` a peer therefore takes ``max(1, cores // peers here)`` thr
   ``python -m voloco peer`` or ``python -m peer``, counted once per process tree (a peer's DHT and
   averager processes are forks with its command line), this one included.
 
-``ThreadShare.refresh`` looks again at the start of every round (at most every ``every_s``), from the
-training thread (torch's thread count is taken per thread), so a peer started later makes the earlier
-ones give up their share and one that stopped gives it back. θ does not depend on the thread count
-(peer/outer/robust.py: sums in a fixed order). Guarded by tests/host/test_cpu_share.py.
+A thread of ``ThreadShare`` counts the peers every ``every_s`` (reading another process's command
+line can block a while); ``refresh``, at the start of every round, sets the count from the training
+thread (torch takes its thread count per thread; an exchange thread takes the count set last when it
+starts, so one already running keeps the old count for the rest of its round). So a peer started
+later makes the earlier ones give up their share, and one that stopped gives it back. θ does not
+depend on the thread count (peer/outer/robust.py: sums in a fixed order;
+tests/outer/test_thread_count.py). Kernels that ``--compile`` built on the CPU keep the count they
+were compiled with. Guarded by tests/host/test_cpu_share.py.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
+import threading
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence, Set, Tuple
+
+import psutil
 
 logger = logging.getLogger("voloco.peer")
 
@@ -77,19 +83,23 @@ def cgroup_cores(proc_cgroup: str, read: Callable[[Path], Optional[str]], root: 
                 if cores is not None:
                     limits.append(cores)
         elif "cpu" in controllers.split(","):
+            # mounted as cpu, or cpu,cpuacct (a symlink to the other), whatever order /proc lists them in
+            mounts = ["cpu", controllers, ",".join(sorted(controllers.split(",")))]
             for p in chain:
-                base = root / controllers / p
-                quota, period = read(base / "cpu.cfs_quota_us"), read(base / "cpu.cfs_period_us")
-                cores = quota_cores(f"{quota.strip()} {period.strip()}") if quota and period else None
-                if cores is not None:
-                    limits.append(cores)
+                for mount in dict.fromkeys(mounts):
+                    base = root / mount / p
+                    quota, period = read(base / "cpu.cfs_quota_us"), read(base / "cpu.cfs_period_us")
+                    cores = quota_cores(f"{quota.strip()} {period.strip()}") if quota and period else None
+                    if cores is not None:
+                        limits.append(cores)
+                        break
     return min(limits) if limits else None
 
 
 def _read(path: Path) -> Optional[str]:
     try:
         return path.read_text()
-    except OSError:
+    except (OSError, ValueError):  # absent, unreadable, not text
         return None
 
 
@@ -105,76 +115,87 @@ def usable_cores() -> int:
     return max(1, cores)
 
 
-def count_peer_trees(commands: Dict[int, Sequence[str]], parents: Dict[int, int], me: int) -> int:
-    """Peer process trees among ``commands`` (pid -> argv) with ``parents`` (pid -> parent pid): peer
-    processes whose parent is not one (a peer's forked helpers carry its command line), plus this
-    process ``me`` where it is none (a peer started some other way)."""
+def peer_roots(commands: Dict[int, Sequence[str]], parents: Dict[int, int]) -> Set[int]:
+    """The peer processes among ``commands`` (pid -> argv) whose parent (``parents``: pid -> parent
+    pid) is not one: one a peer, its forked helpers (which carry its command line) left out."""
     peers = {pid for pid, argv in commands.items() if is_peer_command(argv)}
-    roots = {pid for pid in peers if parents.get(pid) not in peers}
+    return {pid for pid in peers if parents.get(pid) not in peers}
+
+
+def count_peer_trees(commands: Dict[int, Sequence[str]], parents: Dict[int, int], me: int) -> int:
+    """Peer process trees among ``commands`` with ``parents`` (``peer_roots``), plus this process ``me``
+    where it is none (a peer started some other way)."""
+    peers = {pid for pid, argv in commands.items() if is_peer_command(argv)}
     mine = me
     while mine in peers and parents.get(mine) in peers:
         mine = parents[mine]
-    return len(roots | {mine})
+    return len(peer_roots(commands, parents) | {mine})
 
 
-def peers_on_host(proc: Path = Path("/proc")) -> int:
-    """The voloco peers this host's process table shows, this one included (at least 1)."""
+def process_table() -> Tuple[Dict[int, Sequence[str]], Dict[int, int]]:
+    """(pid -> argv, pid -> parent pid) of every process this one may read (psutil)."""
     commands: Dict[int, Sequence[str]] = {}
     parents: Dict[int, int] = {}
-    for entry in _pids(proc):
-        try:
-            raw = (proc / str(entry) / "cmdline").read_bytes()
-            stat = (proc / str(entry) / "stat").read_text()
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-        argv = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-        if not argv:
-            continue
-        commands[entry] = argv
-        fields = stat.rsplit(")", 1)[-1].split()  # after "pid (comm)": state, ppid, ...
-        if len(fields) > 1 and fields[1].isdigit():
-            parents[entry] = int(fields[1])
+    for proc in psutil.process_iter(["cmdline", "ppid"]):
+        info = proc.info  # a field psutil could not read is None
+        if info.get("cmdline"):
+            commands[proc.pid] = list(info["cmdline"])
+        if info.get("ppid") is not None:
+            parents[proc.pid] = info["ppid"]
+    return commands, parents
+
+
+def peers_on_host() -> int:
+    """The voloco peers this host's process table shows, this one included (at least 1)."""
+    commands, parents = process_table()
     return count_peer_trees(commands, parents, os.getpid())
-
-
-def _pids(proc: Path) -> Iterable[int]:
-    try:
-        return [int(p.name) for p in proc.iterdir() if p.name.isdigit()]
-    except OSError:
-        return []
 
 
 class ThreadShare:
     """Keeps a peer's torch thread count at its share of the host (see the module doc). ``base``: the
-    most it takes (torch's default capped by the usable cores); ``count``: the peers on this host
-    now; ``set_threads``: torch.set_num_threads; ``clock``: time.monotonic."""
+    most it takes (torch's default capped by the usable cores); ``threads``: the count it starts with;
+    ``count``: the peers on this host now; ``set_threads``: torch.set_num_threads. ``start`` counts
+    every ``every_s`` in a daemon thread; ``poll`` is one such count."""
 
     def __init__(self, base: int, threads: int, share: Callable[[int, int], int], count: Callable[[], int] = peers_on_host,
-                 set_threads: Optional[Callable[[int], None]] = None, clock: Callable[[], float] = time.monotonic,
-                 every_s: float = 10.0):
+                 set_threads: Optional[Callable[[int], None]] = None, every_s: float = 10.0):
         self.base, self.threads, self._share, self._count = base, threads, share, count
         self._set = set_threads
-        self._clock, self._every = clock, every_s
-        self._last = clock()
+        self._every = every_s
+        self._peers: Optional[int] = None  # the last count, None before the first
+        self._stop = threading.Event()
 
-    def refresh(self) -> Optional[int]:
-        """At a round's start, in the thread that runs the inner steps: the new thread count where
-        the peers on this host changed it (it is set, and logged), else None."""
-        now = self._clock()
-        if now - self._last < self._every:
-            return None
-        self._last = now
+    def poll(self) -> None:
+        """Count the peers on this host once (a count that fails keeps the last one)."""
         try:
-            peers = self._count()
+            self._peers = max(1, int(self._count()))
         except Exception:  # the process table unreadable: keep what we have
             logger.debug("could not count the peers on this host", exc_info=True)
+
+    def start(self) -> "ThreadShare":
+        def run():
+            while not self._stop.wait(self._every):
+                self.poll()
+
+        threading.Thread(target=run, daemon=True, name="cpu-share").start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def refresh(self) -> Optional[int]:
+        """At a round's start, in the thread that runs the inner steps: set this thread's count to the
+        share (every time: another thread may have set torch's count since); the new count where the
+        peers on this host changed it (logged), else None."""
+        peers = self._peers
+        if peers is None:
             return None
         threads = self._share(self.base, peers)
+        if self._set is not None:
+            self._set(threads)
         if threads == self.threads:
             return None
         logger.info(f"CPU threads {self.threads} -> {threads}: {peers} peer(s) on this host now share its {self.base} cores "
                     f"(--threads N fixes the count)")
         self.threads = threads
-        if self._set is not None:
-            self._set(threads)
         return threads

@@ -17,8 +17,11 @@ once at start, so an operator sees what was chosen and why.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
+
+logger = logging.getLogger("voloco.peer")
 
 AUTO = "auto"
 
@@ -89,12 +92,19 @@ def choose(device: str, compile: Optional[bool], threads: Optional[int], machine
     return Choice(device, compile, None if mine == machine.cpu_threads else mine, "; ".join(reasons), shared=True)
 
 
-def detect_machine() -> Machine:
-    """What torch sees on this host, its usable cores and the peers running on it."""
+def detect_machine(share: bool = True) -> Machine:
+    """What torch sees on this host and, where ``share`` (no ``--threads``), its usable cores and the
+    peers running on it (where these cannot be read: unknown, and this peer alone, with a warning)."""
     import torch
 
     from peer.host.cpu_share import peers_on_host, usable_cores
 
     cuda = torch.cuda.is_available()
+    usable, peers = 0, 1
+    if share:
+        try:
+            usable, peers = usable_cores(), peers_on_host()
+        except Exception as e:  # never a reason not to start
+            logger.warning(f"could not read this host's usable cores or its other peers ({e!r}): taking torch's default threads")
     return Machine(cuda=cuda, cuda_name=torch.cuda.get_device_name(0) if cuda else "", cpu_threads=torch.get_num_threads(),
-                   usable_cores=usable_cores(), peers_here=peers_on_host())
+                   usable_cores=usable, peers_here=peers)

@@ -138,14 +138,14 @@ class Peer:
 
     def start(self) -> None:
         opts = self.opts
-        machine = device_choice.detect_machine()
+        machine = device_choice.detect_machine(share=not opts.threads)
         self.choice = device_choice.choose(opts.device, opts.compile, opts.threads, machine)
         if self.choice.threads:
             torch.set_num_threads(self.choice.threads)
         logger.info(self.choice.describe(machine))
         # without --threads: its share of the host, looked at again at every round's start (by the loop)
         self.thread_share = cpu_share.ThreadShare(machine.base_threads, self.choice.threads or machine.cpu_threads,
-                                                  device_choice.share, set_threads=torch.set_num_threads) \
+                                                  device_choice.share, set_threads=torch.set_num_threads).start() \
             if self.choice.shared else None
         lifecycle.meter_wire(self)  # self.wire: every TCP byte of this peer's processes, from the DHT's first on
         lifecycle.set_phase(self, "joining the DHT")
@@ -392,6 +392,8 @@ class Peer:
         }
 
     def shutdown(self) -> None:
+        if getattr(self, "thread_share", None) is not None:
+            self.thread_share.stop()
         if getattr(self, "dht", None) is not None:  # the next start's other doors into the swarm
             known_nodes.remember(self.dht, known_nodes.nodes_file(self.opts.identity))
         lifecycle.shutdown(self, (self._chain, getattr(self, "gatherer", None), getattr(self, "dht", None),

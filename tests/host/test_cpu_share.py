@@ -4,15 +4,18 @@ cores a cgroup allows, and the thread count kept at the share as peers come and 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from peer.host.cpu_share import (ThreadShare, cgroup_cores, count_peer_trees, is_peer_command, peers_on_host,
-                                 quota_cores, usable_cores)
+from peer.host.cpu_share import (ThreadShare, cgroup_cores, count_peer_trees, is_peer_command, peer_roots,
+                                 peers_on_host, process_table, quota_cores)
 from peer.host.device_choice import Machine, choose, share
 
 
@@ -61,7 +64,13 @@ def test_the_tightest_quota_over_the_cgroup_and_its_ancestors():
           root / "cpu,cpuacct" / "docker" / "cpu.cfs_period_us": "100000\n"}
     assert cgroup_cores("4:cpu,cpuacct:/docker/c1\n3:memory:/docker/c1\n", v1.get, root) == 0.5
     assert cgroup_cores("", files.get, root) is None
-    assert 1 <= usable_cores()  # this machine, whatever it allows
+    # RHEL 7 lists the controllers as cpuacct,cpu; the mount is cpu,cpuacct (and cpu, a link to it)
+    assert cgroup_cores("3:cpuacct,cpu:/docker/c1\n", v1.get, root) == 0.5
+    linked = {root / "cpu" / "docker" / "c1" / "cpu.cfs_quota_us": "200000", root / "cpu" / "docker" / "c1" / "cpu.cfs_period_us": "100000"}
+    assert cgroup_cores("3:cpuacct,cpu:/docker/c1\n", linked.get, root) == 2.0
+    # inside a container the host's path is not under the mount: its root (".") holds the quota
+    inside = {root / "cpu,cpuacct" / "cpu.cfs_quota_us": "150000", root / "cpu,cpuacct" / "cpu.cfs_period_us": "100000"}
+    assert cgroup_cores("4:cpu,cpuacct:/docker/c1\n", inside.get, root) == 1.5
 
 
 def test_the_share_in_the_choice_and_its_log_line():
@@ -83,53 +92,88 @@ def test_the_share_in_the_choice_and_its_log_line():
 
 
 def test_the_thread_count_follows_the_peers_on_the_host(caplog):
-    now = [0.0]
     peers = [1]
     set_to = []
-    ts = ThreadShare(base=4, threads=4, share=share, count=lambda: peers[0], set_threads=set_to.append,
-                     clock=lambda: now[0], every_s=10.0)
+    ts = ThreadShare(base=4, threads=4, share=share, count=lambda: peers[0], set_threads=set_to.append)
+    assert ts.refresh() is None and set_to == []  # nothing counted yet: nothing set
     peers[0] = 2
-    now[0] = 5.0
-    assert ts.refresh() is None  # looked at no more often than every_s
-    now[0] = 11.0
+    ts.poll()
     with caplog.at_level(logging.INFO, logger="voloco.peer"):
         assert ts.refresh() == 2
     assert set_to == [2] and "CPU threads 4 -> 2: 2 peer(s) on this host" in caplog.text
-    now[0] = 22.0
-    assert ts.refresh() is None  # unchanged: nothing set, nothing logged
+    assert ts.refresh() is None and set_to == [2, 2]  # unchanged: set again (another thread may have), not logged
     peers[0] = 1  # the other one stopped: the share comes back
-    now[0] = 33.0
-    assert ts.refresh() == 4 and set_to == [2, 4]
+    ts.poll()
+    assert ts.refresh() == 4 and set_to[-1] == 4
 
     def broken():
         raise PermissionError("no /proc")
 
     ts._count = broken
-    now[0] = 44.0
-    assert ts.refresh() is None and ts.threads == 4  # the process table unreadable: keep what we have
+    ts.poll()
+    assert ts.refresh() is None and ts.threads == 4  # the process table unreadable: the last count stays
 
 
-def test_peer_processes_on_this_host_are_counted_from_the_process_table(tmp_path):
+def test_the_counting_thread_counts_and_stops():
+    counted = threading.Event()
+    ts = ThreadShare(base=2, threads=2, share=share, count=lambda: counted.set() or 2, every_s=0.01).start()
+    try:
+        assert counted.wait(5.0)
+        deadline = time.monotonic() + 5.0
+        while ts.refresh() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ts.threads == 1
+    finally:
+        ts.stop()
+
+
+def test_a_host_whose_cores_or_peers_cannot_be_read_still_starts(monkeypatch, caplog):
+    from peer.host import cpu_share, device_choice
+
+    def broken():
+        raise UnicodeDecodeError("utf-8", b"\xc3", 0, 1, "a process name cut in the middle of a character")
+
+    monkeypatch.setattr(cpu_share, "peers_on_host", broken)
+    with caplog.at_level(logging.WARNING, logger="voloco.peer"):
+        machine = device_choice.detect_machine()
+    assert (machine.usable_cores, machine.peers_here) == (0, 1) and "could not read this host" in caplog.text
+    assert device_choice.detect_machine(share=False).peers_here == 1  # --threads: nothing read at all
+
+
+def test_peer_processes_on_this_host_are_found_in_the_process_table(tmp_path):
     """Real processes whose command line is a peer's: a script named ``voloco`` run with ``peer``, one
     of them with a forked child (as a peer's DHT process is), and one that is not a peer."""
     script = tmp_path / "voloco"
-    script.write_text("import os, sys, time\nif len(sys.argv) > 2 and os.fork() == 0:\n    time.sleep(60)\n"
-                      "    os._exit(0)\ntime.sleep(60)\n")
-    before = peers_on_host()
-    procs = [subprocess.Popen([sys.executable, str(script), "peer", "--fork"]),
+    script.write_text("import os, sys, time\n"
+                      "if '--fork' in sys.argv:\n"
+                      "    child = os.fork()\n"
+                      "    if child == 0:\n"
+                      "        time.sleep(60)\n"
+                      "        os._exit(0)\n"
+                      "    open(sys.argv[-1], 'w').write(str(child))\n"
+                      "time.sleep(60)\n")
+    child_file = tmp_path / "child.pid"
+    procs = [subprocess.Popen([sys.executable, str(script), "peer", "--fork", str(child_file)]),
              subprocess.Popen([sys.executable, str(script), "peer"]),
              subprocess.Popen([sys.executable, str(script), "coordinator"])]
+    child = None
     try:
         deadline = time.monotonic() + 10
-        while peers_on_host() != before + 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert peers_on_host() == before + 2
+        while not (child_file.exists() and child_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(child_file.read_text())
+        commands, parents = process_table()
+        roots = peer_roots(commands, parents)
+        assert {procs[0].pid, procs[1].pid} <= roots  # both peers
+        assert is_peer_command(commands[child]) and child not in roots  # the fork counts with its peer
+        assert procs[2].pid not in roots and os.getpid() not in roots
+        assert peers_on_host() >= 3  # the two, and this process (a peer started some other way)
     finally:
         for p in procs:
             p.kill()
             p.wait()
-    deadline = time.monotonic() + 10
-    while peers_on_host() != before and time.monotonic() < deadline:  # the forked child outlives its parent a moment
-        subprocess.run(["pkill", "-f", f"{script} peer"], check=False)
-        time.sleep(0.1)
-    assert peers_on_host() == before
+        if child is not None:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
