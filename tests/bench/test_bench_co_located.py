@@ -1,6 +1,6 @@
 """bench/co_located.py with the tests' tiny model: two peers on this host started without --threads
 take a share of its cores each (at most half of torch's default), then two that take every core;
-every figure read from their status files and logs. About a minute and a half."""
+every figure read from their status files and logs. About a minute."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_peers_without_threads_share_the_host_and_every_figure_is_reported(tmp_p
 
     every_core = torch.get_num_threads()
     out = tmp_path / "out.json"
-    code = co_located.main(["--preset", "tiny", "--minutes", "0.6", "--repeats", "1", "--inner-steps", "5",
+    code = co_located.main(["--preset", "tiny", "--minutes", "0.4", "--repeats", "1", "--inner-steps", "5",
                             "--batch", "4", "--workdir", str(tmp_path / "runs"), "--json", str(out)])
     assert code == 0
     doc = json.loads(out.read_text())
