@@ -121,10 +121,12 @@ def test_a_full_replica_does_not_wait_for_a_chain_whose_stage_is_unreachable(tmp
         failed = lambda: [n for n in dead if "could not connect to stage 2" in swarm.text(n)]  # noqa: E731
         swarm.wait(failed, 180, "the chain failing to link")
         start = swarm.rounds("full")
-        swarm.wait(lambda: swarm.rounds("full") >= start + 6, 180, "the full replica's rounds beside the broken chain")
+        swarm.wait(lambda: swarm.rounds("full") >= start + 8, 180, "the full replica's rounds beside the broken chain")
         history = swarm.status("full")["history"]
         before = [r["seconds"] for r in history[2:alone]]
-        beside = [r["seconds"] for r in history[start:]]
+        # the round times from the third round on: the first two share this machine's 2 cores with the
+        # stages' start-up (once 16.5 s and 8.7 s in a CI run, then about 1 s, with no wait at the barrier)
+        beside = [r["seconds"] for r in history[start + 2:]]
         ratio = statistics.median(beside) / statistics.median(before)
         # the chain never exchanged: no round waited for its stages at the barrier (waiting for one
         # would take the straggler allowance, >= 5 s, or round_wait, 20 s). The round time itself
