@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import signal
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import machine, now, table  # noqa: E402
 from bench.gpu_swarm import make_spec, one_theta, peer_row  # noqa: E402
 from swarm.jsonout import write_atomic  # noqa: E402
-from voloco.demo import Child, coordinator_up, peer_argv, read_statuses, wait_until_settled  # noqa: E402
+from voloco.demo import (Child, coordinator_up, exited_with_error, peer_argv, read_statuses,  # noqa: E402
+                         stop_all, wait_until_settled)
 
 ARMS = ("share", "every core")
 _CHOSEN = re.compile(r"(\d+) CPU threads?\b")
@@ -63,17 +63,14 @@ def run_arm(arm: str, peers: int, minutes: float, spec, workdir: Path, every_cor
             time.sleep(2.0)
         wait_until_settled(partial(read_statuses, workdir, peers), 60.0)
     finally:
-        for child in reversed(children[1:]):
-            child.signal_group(signal.SIGINT)
-        for child in reversed(children):
-            child.stop(grace=15.0)
+        stop_all(children)
     statuses = read_statuses(workdir, peers)
     rows = [peer_row(spec, s) for s in statuses if s]
     logs = [(workdir / f"peer{i}.log").read_text(errors="replace") if (workdir / f"peer{i}.log").exists() else ""
             for i in range(peers)]
     speeds = [r["tokens_per_s"] for r in rows]
     thetas = one_theta(rows)
-    failed = [c.name for c in children[1:] if c.proc.returncode not in (0, 130, -2)]
+    failed = exited_with_error(children)
     return dict(arm=arm, threads=[threads_of(log) for log in logs], rounds=[r["rounds"] for r in rows],
                 tokens_per_s=speeds, swarm_tokens_per_s=sum(speeds) if speeds and None not in speeds else None,
                 one_theta=all(n == 1 for n in thetas.values()), failed=failed, workdir=str(workdir))

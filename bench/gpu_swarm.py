@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -39,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import human, machine, now, table  # noqa: E402
 from swarm.jsonout import write_atomic  # noqa: E402
-from voloco.demo import (Child, chain_peer_bytes, coordinator_up, peer_argv, read_statuses,  # noqa: E402
-                         settled, wait_until_settled)
+from voloco.demo import (Child, chain_peer_bytes, coordinator_up, exited_with_error, peer_argv,  # noqa: E402
+                         read_statuses, settled, stop_all, wait_until_settled)
 
 TINY = {"d_model": 32, "n_layers": 2, "n_heads": 2, "ffn_hidden": 64, "seq_len": 32}  # the tests' model
 SKIPPED_ROUNDS = 2  # a peer's first rounds: its start and quorum, then the held first exchange
@@ -221,12 +220,9 @@ def main(argv=None) -> int:
             print(f"  [{time.monotonic() - t0:5.0f} s] rounds {' '.join(map(str, done))}", flush=True)
         wait_until_settled(partial(read_statuses, workdir, peers), 60.0)
     finally:
-        for child in reversed(children[1:]):  # every peer at once, as Ctrl+C would: none trains on alone
-            child.signal_group(signal.SIGINT)
-        for child in reversed(children):
-            child.stop(grace=15.0)
+        stop_all(children)
     statuses = read_statuses(workdir, peers)
-    failed = [c.name for c in children[1:] if c.proc.returncode not in (0, 130, -2)]
+    failed = exited_with_error(children)
     summary = summarize(spec, statuses, time.monotonic() - t0)
     summary.update(preset=args.preset, inner_steps=args.inner_steps, batch=args.batch, full=args.full,
                    chain_stages=args.chain_stages, stage_memory_gb=stage_gb, device=args.device, threads=threads,

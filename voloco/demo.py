@@ -88,6 +88,20 @@ class Child:
         self.log_file.close()
 
 
+def stop_all(children: List[Child], grace: float = 15.0) -> None:
+    """Stop a run's processes, ``children[0]`` its coordinator: every peer at once, as Ctrl+C would (none
+    trains on alone), then each in turn, the coordinator last."""
+    for child in reversed(children[1:]):
+        child.signal_group(signal.SIGINT)
+    for child in reversed(children):
+        child.stop(grace=grace)
+
+
+def exited_with_error(children: List[Child]) -> List[str]:
+    """The peers (``children[1:]``) that exited otherwise than cleanly or by a stop signal."""
+    return [c.name for c in children[1:] if c.proc.returncode not in (0, 130, -signal.SIGINT)]
+
+
 def peer_argv(
     join: str, workdir: Path, index: int, threads: Optional[int] = 1, memory_gb: Optional[float] = None, run_key: Optional[str] = None,
     compile: Optional[bool] = False,
@@ -389,10 +403,7 @@ def run_demo(args: argparse.Namespace) -> int:
         interrupted = True
         print("\ninterrupted: stopping every process", flush=True)
     finally:
-        for child in reversed(children[1:]):
-            child.signal_group(signal.SIGINT)
-        for child in reversed(children):
-            child.stop(grace=15.0)
+        stop_all(children)
     summary = summarize(read_statuses(workdir, args.peers + args.chain_peers), time.monotonic() - t0)
     print_summary(summary)
     if args.json:

@@ -1,8 +1,9 @@
 """A peer's share of the host's CPU: its usable cores split evenly among the voloco peers running here.
 
 Several peers on one host that each take every core oversubscribe it: torch's intra-op threads spin
-while they wait for each other, and two peers of the default run on 2 cores, 2 threads each, took
-about half the steps a second that the same two took with 1 thread each (bench/co_located.py).
+while they wait for each other, and two peers of the default run on 2 cores, 2 threads each, trained
+about a quarter of the tokens a second that the same two trained with 1 thread each
+(bench/co_located.py).
 Without ``--threads`` a peer therefore takes ``max(1, cores // peers here)`` threads
 (peer/host/device_choice.py ``share``), where
 
