@@ -81,7 +81,12 @@ class BarrierWait:
 
         ``mates``: last round's groupmates (those still finishing it train this round with us); any
         other peer still exchanging the round before is waited for too.
-        ``first_round``: peers still "waiting" for the start quorum are about to train it too. Peers
+        ``first_round``: peers still "waiting" for the start quorum, or "starting" in this round (their
+        process up, their model and data still loading), are about to train it too: a peer that trained
+        a swarm's first round alone beside one still starting put the two on two lineages, and where it
+        cannot serve its state (``--client-mode``) the other could not take it, so the two trained apart
+        for a minute (tests/round/test_liveness.py
+        ``test_a_first_round_waits_for_a_peer_still_starting_in_it_and_no_longer_than_the_allowance``). Peers
         waited for in vain and not in our last group are not waited for a while. ``known``: senders
         with standing in our lineage, no strangers: a wait for strangers alone lasts what
         ``self.wait_budget`` grants. ``awaited`` (peer id, record): whether a peer other than a mate
@@ -104,7 +109,7 @@ class BarrierWait:
         cap = self.straggler_allowance()
         budget = self.strangers_grant(start, cap)  # one read of the view at least (no_show_views.py)
         deadline = start + self.timing.round_wait_s
-        busy = ("training", "waiting") if first_round else ("training",)
+        busy = ("training", "waiting", "starting") if first_round else ("training",)
         try:
             asks = ReadyAsks(notices, round_no, self.digest, self.timing, time.monotonic) if notices is not None else None
             return self._barrier(round_no, mates, busy, start, cap, budget, deadline, awaited, asks, judged)
