@@ -16,7 +16,7 @@ from typing import Callable, Container, Iterable, List, Optional, Set, Tuple
 from peer.exchange.ready_notices import ReadyAsks
 from peer.round.start_waits import names as _names
 from protocol.dht.records import Progress
-from protocol.round.peer_states import DONE, EXCHANGING, IN_ROUND, NOT_IN_ROUNDS
+from protocol.round.peer_states import DONE, EXCHANGING, IN_ROUND, NOT_IN_ROUNDS, STARTING, TRAINING, WAITING
 from protocol.round.round_policy import sync_target
 from swarm.records import PeerView
 
@@ -109,7 +109,7 @@ class BarrierWait:
         cap = self.straggler_allowance()
         budget = self.strangers_grant(start, cap)  # one read of the view at least (no_show_views.py)
         deadline = start + self.timing.round_wait_s
-        busy = ("training", "waiting", "starting") if first_round else ("training",)
+        busy = (TRAINING, WAITING, STARTING) if first_round else (TRAINING,)
         try:
             asks = ReadyAsks(notices, round_no, self.digest, self.timing, time.monotonic) if notices is not None else None
             return self._barrier(round_no, mates, busy, start, cap, budget, deadline, awaited, asks, judged)

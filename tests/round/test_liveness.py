@@ -185,6 +185,7 @@ def test_a_first_round_waits_for_a_peer_still_starting_in_it_and_no_longer_than_
     m = Membership(dht=None, spec=SPEC, peer_id="me", progress=lambda: None, stop=threading.Event())
     m.train_seconds = 4.0
     t0 = clock.now
+
     def script(t):
         return [view("me", 0, "ready"), view("a", 0, "starting" if t < 2.0 else "training" if t < 3.0 else "ready")]
 
