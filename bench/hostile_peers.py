@@ -63,8 +63,8 @@ def covert(arg: str) -> None:
 
     encode = RoundEngine.encode
 
-    def covered(self, round_start, trained):
-        data, pending = encode(self, round_start, trained)
+    def covered(self, round_start, trained, steps=None):
+        data, pending = encode(self, round_start, trained, steps)
         return covert_payload(data), pending
 
     RoundEngine.encode = covered
@@ -76,8 +76,8 @@ def poison(arg: str) -> None:
 
     factor, encode = float(arg), RoundEngine.encode
 
-    def poisoned(self, round_start, trained):
-        data, pending = encode(self, round_start, trained)
+    def poisoned(self, round_start, trained, steps=None):
+        data, pending = encode(self, round_start, trained, steps)
         return scale_payload(data, factor), pending
 
     RoundEngine.encode = poisoned
@@ -124,13 +124,13 @@ def noise(arg: str) -> None:
 
     factor = float(arg or 1.0)
 
-    def noisy(self, round_start, trained):  # RoundEngine.encode with its pseudo-gradient replaced
+    def noisy(self, round_start, trained, steps=None):  # RoundEngine.encode with its pseudo-gradient replaced
         gen = torch.Generator().manual_seed(1_000_003 * int(self.round) + 7)
         sent = {}
         for name, delta in pseudo_gradient(dict(round_start), trained, self.strategy.layout).items():
             r = torch.randn(delta.shape, generator=gen).to(delta.device)
             sent[name] = r * (factor * float(delta.norm()) / (float(r.norm()) + 1e-12))
-        return _opened(self, self.strategy.encode(sent, self.round))
+        return _opened(self, self.strategy.encode(sent, self.round, steps=steps))
 
     RoundEngine.encode = noisy
 
@@ -152,11 +152,12 @@ def negate_big(arg: str) -> None:
     if not 0 < share <= 1:
         raise SystemExit(f"negate-big={arg!r}: a share of the tensors, above 0 and at most 1")
 
-    def negated(self, round_start, trained):  # RoundEngine.encode with its pseudo-gradient changed
+    def negated(self, round_start, trained, steps=None):  # RoundEngine.encode with its pseudo-gradient changed
         layout = self.strategy.layout
         big = largest({n: math.prod(s) for n, s in layout.items()}, share)
         delta = pseudo_gradient(dict(round_start), trained, layout)
-        return _opened(self, self.strategy.encode({n: -t if n in big else t for n, t in delta.items()}, self.round))
+        return _opened(self, self.strategy.encode({n: -t if n in big else t for n, t in delta.items()}, self.round,
+                                                  steps=steps))
 
     RoundEngine.encode = negated
 

@@ -35,8 +35,9 @@ what it sends is made hostile (``tamper``: the same for every member, as a signe
 
 Honest replicas that differ from the rest must not be refused (``--kinds``, 4 honest replicas and
 nobody hostile, replica 0 being the odd one): ``slow`` trains a quarter of H each round (the
-least an early close leaves, ``outer.min_inner_fraction``); ``other-data`` trains on English prose
-(this repository's docs/ and README.md) while the others train on Python sources; ``partial``: every
+least an early close leaves, ``outer.min_inner_fraction``; its payloads say so, as a live peer's
+that closed early do); ``other-data`` trains on English prose (this repository's docs/ and
+README.md) while the others train on Python sources; ``partial``: every
 replica owns one of 2 slices (protocol/model/partial.py), 2 owners a slice. Their baseline is the same arm
 with the check off: what the check costs an honest run.
 
@@ -88,21 +89,6 @@ CONFIGS = {
                   batch_size=8, inner_steps=10, steps=40, lr=3e-3, warmup=5),
 }
 HOSTILE = "hostile"  # the shard prefix of hostile replicas ("replica" for the honest ones)
-
-
-class Slow:
-    """An inner step that trains only the first ``steps`` of every ``period`` calls (a slow peer
-    that closes its round early); the other calls return the last loss and change nothing."""
-
-    def __init__(self, step, steps: int, period: int):
-        self.step, self.steps, self.period = step, steps, period
-        self.calls, self.loss = 0, float("nan")
-
-    def __call__(self, x, y):
-        if self.calls % self.period < self.steps:
-            self.loss = self.step(x, y)
-        self.calls += 1
-        return self.loss
 
 
 def prose_corpus():
@@ -197,15 +183,14 @@ def run_arm(job) -> Dict[str, Any]:
             role.stream = RandomTokens(role.stream, spec.model.vocab_size, seed * 1000 + i)
         elif attack == "garbage-ascii" and shards[i].startswith(HOSTILE):
             role.stream = RandomTokens(role.stream, 128, seed * 1000 + i, low=1)
-        elif attack == "slow" and i == 0:
-            role.inner_step = Slow(role.inner_step, max(1, cfg["inner_steps"] // 4), cfg["inner_steps"])
         elif attack == "other-data" and i == 0:
             role.stream = TrainStream(prose, spec.model.seq_len, spec.data.batch_size, spec.seed, shards[i])
 
     t = time.monotonic()
     rounds = max(1, cfg["steps"] // cfg["inner_steps"])
     res = simulate(spec, len(shards), rounds, corpus=load_corpus("stdlib"), seed_shards=shards, eval_every=0,
-                   tamper=make_tamper(attack) if attack in ATTACKS else None, on_replica=on_replica, parts=parts)
+                   tamper=make_tamper(attack) if attack in ATTACKS else None, on_replica=on_replica, parts=parts,
+                   steps=lambda i, r: max(1, cfg["inner_steps"] // 4) if attack == "slow" and i == 0 else cfg["inner_steps"])
     refused = [s for h in res.history for s in h.excluded]
     dropped = [s for h in res.history for s, names in h.dropped.items() for _ in names]  # one entry a tensor
     z_honest = [z for h in res.history for s, z in h.scores.items() if not s.startswith(HOSTILE)]

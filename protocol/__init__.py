@@ -10,4 +10,4 @@ round's waits, states, decisions and agreement), ``dht`` (the records) and ``cha
 chains); ``errors`` serves all of them.
 """
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: a payload's header says how many inner steps its update covers

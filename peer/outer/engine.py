@@ -26,8 +26,9 @@ from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 import torch
 
-from peer.outer.robust import Contributions, robust_step, sender_names
+from peer.outer.robust import Contributions, robust_step, sender_names, steps_of
 from protocol.round import choice, eligibility, standing
+from protocol.round.round_policy import min_steps
 from peer.checkpoints.files import params_hash, state_digest
 from peer.outer.strategies import OuterStrategy, Pending, Tensors, canonical_order, pseudo_gradient
 from protocol.errors import ProtocolError
@@ -50,6 +51,7 @@ class Settled:
     copies: Dict[str, str] = field(default_factory=dict)  # sender -> the sender whose copy of its update counted
     weighed: Dict[str, float] = field(default_factory=dict)  # sender -> its weight where below 1 (a fresh sender)
     dropped: Dict[str, List[str]] = field(default_factory=dict)  # sender -> its tensors left out (robust.against)
+    short: Dict[str, int] = field(default_factory=dict)  # sender -> the steps its payload covered, where fewer than H
 
 
 class Snapshot(NamedTuple):
@@ -157,10 +159,12 @@ class RoundEngine:
         return meta, tensors
 
     # ---- a round ------------------------------------------------------------------------------
-    def encode(self, round_start: Mapping[str, torch.Tensor], trained: Mapping[str, torch.Tensor]) -> Tuple[bytes, Pending]:
-        """The payload of this round from the parameters it started from and those it trained."""
+    def encode(self, round_start: Mapping[str, torch.Tensor], trained: Mapping[str, torch.Tensor],
+               steps: Optional[int] = None) -> Tuple[bytes, Pending]:
+        """The payload of this round from the parameters it started from and those it trained, in
+        ``steps`` inner steps (None: H; fewer where the round closed early)."""
         delta = pseudo_gradient(dict(round_start), trained, self.strategy.layout)
-        data, pending = self.strategy.encode(delta, self.round)
+        data, pending = self.strategy.encode(delta, self.round, steps=steps)
         with self.lock:  # (encode and redo both run on the exchange's thread, one after the other)
             self._open = pending
         return data, pending
@@ -240,17 +244,22 @@ class RoundEngine:
 
     def decode_at(self, payloads: Mapping[str, bytes], round_no: int) -> Tuple[List[Tensors], Dict[str, str]]:
         """``decode`` for the payloads of round ``round_no`` (a round concluded again: peer/round/union.py)."""
-        decoded = Contributions(senders=[], kinds=[])
+        decoded = Contributions(senders=[], kinds=[], steps=[])
         invalid: Dict[str, str] = {}
+        spec = self.strategy.spec
+        floor = min_steps(spec.outer.inner_steps, spec.outer.min_inner_fraction)
         for sender in canonical_order(payloads):
             try:
-                part, tensors = self.strategy.decode_part(payloads[sender], round_no)
+                part, steps, tensors = self.strategy.decode_claimed(payloads[sender], round_no)
             except ProtocolError as e:
                 invalid[sender] = f"invalid payload: {e}"
                 continue
             decoded.append(tensors)
             decoded.senders.append(sender)
             decoded.kinds.append(self.strategy.kind_of(part))
+            # below the early close's floor no honest round ends: a claim there counts as the floor, so a
+            # liar's entry scales the others' clip by H / floor at most (peer/outer/robust.py ``at_steps``)
+            decoded.steps.append(max(steps, floor))
         return decoded, invalid
 
     def conclude(self, decoded: Sequence[Tensors], pending: Optional[Pending], delivered: bool,
@@ -281,10 +290,15 @@ class RoundEngine:
                 self._settle(pending, delivered, ours=self.round)
             settled = Settled(self.round, outcome.contributors, {**(excluded or {}), **outcome.excluded}, delivered,
                               outcome.clipped, outcome.scores, sorted(passed), outcome.copies, outcome.weighed,
-                              outcome.dropped)
+                              outcome.dropped, self._short(decoded))
             self.round += 1
             self._hash = self._digest = None
         return settled
+
+    def _short(self, decoded: Sequence[Tensors]) -> Dict[str, int]:
+        """Sender -> the inner steps its payload covered, for those of fewer than H (a round closed early)."""
+        steps, H = steps_of(decoded), self.strategy.spec.outer.inner_steps
+        return {} if steps is None else {s: n for s, n in zip(sender_names(decoded), steps) if n < H}
 
     def snapshot(self) -> Snapshot:
         """The round, θ, the strategy's shared state and the standing, eligibility and evidence

@@ -20,7 +20,10 @@ here, per round:
    to the median itself (to the limit where ``multiple`` < 1): past the limit an update is no
    honest one, so it weighs what a typical one does, not the most an honest one might. The median
    is the lower one (``torch.median``'s convention): with 4 members it is the second smallest norm,
-   so one huge update is clipped to an honest size and one zero update cannot pull the limit to zero;
+   so one huge update is clipped to an honest size and one zero update cannot pull the limit to zero.
+   Each payload states the inner steps its update covers, and an update is held to the median of the
+   others' norms scaled up to its own steps (``at_steps``): beside peers that closed their round
+   early, one that trained H steps is not clipped to their smaller norm (bench/mixed_speed.py);
 4. **step**: the strategy's aggregate of the clipped contributions, then its outer step, all or
    nothing (``OuterStrategy.apply`` raises ``NonFiniteStep`` before it changes anything). If the
    step would leave a non-finite value (not reachable from bounded contributions and a finite θ,
@@ -67,6 +70,7 @@ Tensors = Dict[str, torch.Tensor]
 # +3.6 to +5.4 % loss, at the median +0.8 to +1.5 % (10 seeds, bench/trust.py --attacks scale). An
 # amplifier must send before it sees the round's median, so aiming near the limit risks the median.
 CLIP_MULTIPLE = 1.5
+STEP_POWER = 1.0  # an update of s steps suggests one of t > s may weigh (t / s) ** STEP_POWER as much (at_steps)
 _CHUNK = 1 << 20  # elements squared and summed at a time (bounds the float64 temporaries)
 _NOTABLE = 0.5  # a clip that removes more than half of a tensor's norm is logged
 REFUSED = "refused update"  # how every reason these checks give begins (a round record's exclusions)
@@ -77,15 +81,18 @@ class NonFiniteStep(ValueError):
 
 
 class Contributions(list):
-    """The decoded contributions of a round in the canonical order, with their senders' ids and the
+    """The decoded contributions of a round in the canonical order, with their senders' ids, the
     model each was trained on (``kinds``: ``PLAIN`` θ itself, ``PROJECTED`` θ projected for a chain's
-    lossless links, ``OuterStrategy.kind_of``; None: all plain)."""
+    lossless links, ``OuterStrategy.kind_of``; None: all plain) and the inner steps each covers
+    (``steps``, as its payload claims them, at least the round's floor: peer/outer/engine.py; None:
+    all alike)."""
 
     def __init__(self, items: Iterable[Tensors] = (), senders: Optional[Sequence[str]] = None,
-                 kinds: Optional[Sequence[int]] = None):
+                 kinds: Optional[Sequence[int]] = None, steps: Optional[Sequence[int]] = None):
         super().__init__(items)
         self.senders = list(senders) if senders is not None else None
         self.kinds = list(kinds) if kinds is not None else None
+        self.steps = list(steps) if steps is not None else None
 
 
 PLAIN, PROJECTED = 0, 1  # the model a contribution was trained on: θ, or θ projected (chain-local stages)
@@ -97,6 +104,12 @@ def kinds_of(decoded: Sequence[Tensors]) -> List[int]:
     if kinds is not None and len(kinds) == len(decoded):
         return list(kinds)
     return [PLAIN] * len(decoded)
+
+
+def steps_of(decoded: Sequence[Tensors]) -> Optional[List[int]]:
+    """The inner steps each of ``decoded`` (a ``Contributions``) covers, or None for a plain list."""
+    steps = getattr(decoded, "steps", None)
+    return list(steps) if steps is not None and len(steps) == len(decoded) else None
 
 
 def sender_names(decoded: Sequence[Tensors]) -> List[str]:
@@ -243,9 +256,23 @@ def against(pairs, p: int, judges: Iterable[int], bar: float) -> List[str]:
     return [n for n, z in tensor_scores(pairs, p, judges).items() if z <= -bar]
 
 
+def at_steps(norms: Sequence[float], steps: Sequence[int], own: int, power: float = 1.0) -> List[float]:
+    """Each of ``norms`` (of updates covering ``steps`` inner steps) as the most it suggests an update
+    of ``own`` steps may honestly weigh: scaled up by ``(own / steps) ** power`` where the ratio is
+    above 1 (``STEP_POWER`` = 1: an update grows at most in proportion to its steps), never down
+    (error feedback lets an update of fewer steps carry as much). Of equal steps, the norms
+    themselves: the clip of a round whose peers all trained H steps is what it was before steps were
+    counted (tests/outer/test_robust.py::test_an_update_of_more_steps_is_compared_at_its_steps).
+    Proportion, not its square root: a full-speed update measured 2.3 to 14 times one of a quarter
+    of its steps, and √4 = 2 (× the 1.5 multiple) still clipped it in most rounds (bench/mixed_speed.py
+    --clips sqrt); what it grants an amplifier is in docs/trust.md, "Updates of fewer steps"."""
+    return [n if own <= s else n * (own / s) ** power for n, s in zip(norms, steps)]
+
+
 def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: float = 0.0,
            established: Iterable[int] = (), kinds: Optional[Sequence[int]] = None,
-           evidence: Optional[Mapping[int, Evidence]] = None, fresh_fraction: float = 0.0) -> Screening:
+           evidence: Optional[Mapping[int, Evidence]] = None, fresh_fraction: float = 0.0,
+           steps: Optional[Sequence[int]] = None, step_power: float = 1.0) -> Screening:
     """Check every contribution, screen their directions (``min_z``; 0: no such check), then clip
     each tensor whose norm exceeds ``multiple`` x the median norm of that tensor over the contributions
     that carry it to that median (``math.inf``: no clipping). ``established``: the positions whose
@@ -255,7 +282,10 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
     ``evidence`` by position, standing.convinced; a fresh full replica also ``fresh_fraction`` of
     the round's median full-replica score, standing.fresh_bar). ``kinds``: the
     model each was trained on (``kinds_of``): a full replica is not judged by chain stages
-    (``_direction``)."""
+    (``_direction``). ``steps``: the inner steps each covers (``steps_of``; None: all alike): the
+    median a contribution is held to is over the others' norms as ``at_steps`` scales them to its
+    own steps, so a peer that trained H steps is not clipped to the norm of one that closed its
+    round early."""
     out = Screening()
     norms: Dict[int, Dict[str, float]] = {}
     for i, contribution in enumerate(decoded):
@@ -270,17 +300,20 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
                    evidence or {}, fresh_fraction)
     for i, left_out in out.dropped.items():
         norms[i] = {n: v for n, v in norms[i].items() if n not in left_out}
+    covered = list(steps) if steps is not None and len(steps) == len(decoded) else [1] * len(decoded)
     scales: Dict[int, Dict[str, float]] = {i: {} for i in out.kept}
     names = list(dict.fromkeys(name for i in out.kept for name in norms[i]))  # first-seen order
     for name in names:
         carriers = [i for i in out.kept if name in norms[i]]
-        median = lower_median([norms[i][name] for i in carriers])
-        limit = multiple * median
-        if not math.isfinite(limit):
-            continue
-        out.limits[name] = limit
-        to = min(median, limit)  # test_robust.py::test_past_the_limit_an_update_weighs_the_median
+        values, counts = [norms[i][name] for i in carriers], [covered[i] for i in carriers]
+        medians = {own: lower_median(at_steps(values, counts, own, step_power)) for own in sorted(set(counts))}
         for i in carriers:
+            median = medians[covered[i]]
+            limit = multiple * median
+            if not math.isfinite(limit):
+                continue
+            out.limits[name] = max(limit, out.limits.get(name, 0.0))
+            to = min(median, limit)  # test_robust.py::test_past_the_limit_an_update_weighs_the_median
             if norms[i][name] > limit:
                 scales[i][name] = to / norms[i][name]
     for i in out.kept:
@@ -331,7 +364,7 @@ def robust_step(strategy, theta: Tensors, decoded: Sequence[Tensors], round_no: 
     established = {i for i, n in enumerate(names) if (standing or {}).get(n, 0) >= ESTABLISHED}
     pools = {i: (evidence or {})[n] for i, n in enumerate(names) if n in (evidence or {})}
     s = screen(decoded, multiple, getattr(strategy, "min_agreement", 0.0), established, kinds_of(decoded), pools,
-               getattr(strategy, "fresh_agreement", 0.0))
+               getattr(strategy, "fresh_agreement", 0.0), steps_of(decoded), getattr(strategy, "step_power", STEP_POWER))
     excluded = {names[i]: f"{REFUSED}: {why}" for i, why in s.excluded.items()}
     kept = list(s.kept)
     while kept:

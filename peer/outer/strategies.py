@@ -39,10 +39,10 @@ import torch
 from protocol.codecs import make_codec
 from protocol.chain.stages import stage_shapes
 from protocol.model.partial import FULL, balanced_steps, owned_shapes
-from protocol.wire.payload import Part, decode_part_payload, encode_payload, payload_max_bytes, payload_part
+from protocol.wire.payload import Part, decode_claimed_payload, encode_payload, payload_max_bytes, payload_part
 from protocol.round.standing import weights
 from protocol.spec import RunSpec
-from peer.outer.robust import CLIP_MULTIPLE, PLAIN, PROJECTED, NonFiniteStep
+from peer.outer.robust import CLIP_MULTIPLE, PLAIN, PROJECTED, STEP_POWER, NonFiniteStep
 
 Tensors = Dict[str, torch.Tensor]
 Layout = Mapping[str, Tuple[int, ...]]
@@ -61,6 +61,7 @@ class OuterStrategy:
 
     name = "base"
     clip_multiple = CLIP_MULTIPLE  # a tensor past this multiple of the median norm goes to the median (robust.py)
+    step_power = STEP_POWER  # how the clip scales norms to each payload's steps (robust.at_steps); 0: as if all were H
 
     def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: Part = FULL):
         """``part``: FULL, the slice a partial peer owns (protocol/model/partial.py), or the (start, end)
@@ -106,10 +107,13 @@ class OuterStrategy:
         """The tensors to compress this round: delta folded into the local buffers (not in place)."""
         return delta
 
-    def encode(self, delta: Tensors, round_no: int) -> Tuple[bytes, "Pending"]:
-        """The payload for this round, and what to keep locally once the round's outcome is known."""
+    def encode(self, delta: Tensors, round_no: int, steps: Optional[int] = None) -> Tuple[bytes, "Pending"]:
+        """The payload for this round, and what to keep locally once the round's outcome is known.
+        ``steps``: the inner steps ``delta`` covers (None: H; fewer where the round closed early)."""
         signal = self.signal(delta)
-        data, sent = encode_payload(self.codec, signal, run_digest=self.run_digest, round=round_no, part=self.part)
+        steps = self.spec.outer.inner_steps if steps is None else max(1, min(int(steps), self.spec.outer.inner_steps))
+        data, sent = encode_payload(self.codec, signal, run_digest=self.run_digest, round=round_no, steps=steps,
+                                    part=self.part)
         return data, Pending(signal, sent)
 
     def settle(self, pending: "Pending", delivered: bool) -> None:
@@ -132,9 +136,13 @@ class OuterStrategy:
 
     def decode_part(self, data: bytes, round_no: int) -> Tuple[Part, Tensors]:
         """``decode``, with the part the payload claims."""
-        return decode_part_payload(
-            data, self.codec, self.layout_of, run_digest=self.run_digest, round=round_no, max_bytes=self.max_payload_bytes
-        )
+        part, _, tensors = self.decode_claimed(data, round_no)
+        return part, tensors
+
+    def decode_claimed(self, data: bytes, round_no: int) -> Tuple[Part, int, Tensors]:
+        """``decode_part``, with the inner steps the payload claims (1 to H, else ProtocolError)."""
+        return decode_claimed_payload(data, self.codec, self.layout_of, run_digest=self.run_digest, round=round_no,
+                                      max_bytes=self.max_payload_bytes, max_steps=self.spec.outer.inner_steps)
 
     # -- what every member computes identically -----------------------------------------------------
     def aggregate(self, decoded: Sequence[Tensors], established: Optional[Sequence[bool]] = None) -> Tensors:

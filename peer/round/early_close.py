@@ -6,7 +6,9 @@ after at least ``ceil(outer.min_inner_fraction * H)`` steps and contributes what
 pseudo-gradient covers fewer steps, so its contribution to the round's mean is smaller in
 proportion, which weights it by the tokens it trained without trusting a token count a peer
 claims (a claimed count would let a liar weigh in for many peers; the median-norm clip of
-peer/outer/robust.py bounds what a large update can do). The peer then meets its round on time and is
+peer/outer/robust.py bounds what a large update can do). Its payload states the steps it covers,
+which only sets the norm the clip compares each update at (``robust.at_steps``): the peers that
+trained H steps are not clipped to an early closer's norm. The peer then meets its round on time and is
 in the next round with everyone else.
 
 Why this rather than a time-boxed round (every peer trains until a shared deadline): it needs no

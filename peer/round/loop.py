@@ -151,7 +151,7 @@ class RoundLoop(InnerSteps):
         self._meters.exchange_began()
         if not self.overlap:
             cpu0 = time.thread_time()
-            payload, pending = engine.encode(round_start, role.params)
+            payload, pending = engine.encode(round_start, role.params, len(losses))
             peer._set_state("ready")
             self._exchange(Handoff(payload, pending, losses, t0, t_train, time.monotonic(), overlapped=self._overlapped,
                                    cpu0=cpu0))
@@ -183,7 +183,7 @@ class RoundLoop(InnerSteps):
         """Encode the round's payload (θ_round_start − θ_send), then exchange it."""
         try:
             handoff.cpu0 = time.thread_time()
-            handoff.payload, handoff.pending = self.peer.engine.encode(round_start, sent)
+            handoff.payload, handoff.pending = self.peer.engine.encode(round_start, sent, len(handoff.losses))
             handoff.t_encode = time.monotonic()
             if not self.peer.stop_event.is_set():
                 self.peer._set_state("ready")
@@ -353,6 +353,7 @@ class RoundLoop(InnerSteps):
             seconds=0.0,
             waited=t_wait - h.t_encode, gather_s=t_gather - t_wait, merge_s=t_merged - t_gather,
             steps=len(h.losses),
+            clipped=dict(settled.clipped), short=dict(settled.short),
             overlapped=h.overlapped,
             sets=merged.sets if merged is not None else 1,
             exchange_cpu=time.thread_time() - h.cpu0,

@@ -34,6 +34,10 @@ class RoundRecord:
     waited: float = 0.0  # seconds at the round's barrier, waiting for the peers of the round
     resynced: bool = False  # it started off the group's parameters and downloaded them after the round
     steps: int = 0  # inner steps trained for the round (fewer than H: closed early, peer/round/early_close.py)
+    # sender -> the smallest scale the median-norm clip applied to one of its tensors, for the updates it
+    # scaled (peer/outer/robust.py); this peer's own among them is what it lost of its round's update
+    clipped: Dict[str, float] = field(default_factory=dict)
+    short: Dict[str, int] = field(default_factory=dict)  # sender -> the inner steps its payload covered, where fewer than H
     overlapped: int = 0  # of them, steps taken while the previous round's exchange was still in flight
     util: float = float("nan")  # compute utilization since the previous round ended (peer/host/utilization.py)
     wire_sent: Optional[int] = None  # every TCP byte the peer's processes sent since the previous round ended

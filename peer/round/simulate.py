@@ -73,6 +73,7 @@ class RoundStats:
     excluded: Dict[str, str] = field(default_factory=dict)  # sender -> why its contribution did not count (replica 0's view)
     scores: Dict[str, float] = field(default_factory=dict)  # sender -> its direction check score (peer/outer/consensus.py)
     dropped: Dict[str, List[str]] = field(default_factory=dict)  # sender -> its tensors left out (peer/outer/robust.py)
+    clipped: Dict[str, float] = field(default_factory=dict)  # sender -> the smallest scale the clip applied to it (replica 0's view)
     contributors: int = 0  # contributions that entered θ this round (at most K per part: protocol/round/choice.py)
     decode_s: float = 0.0  # seconds replica 0 took to choose and decode them (what one peer decodes)
     senders: int = 0  # payloads sent at all this round (protocol/round/eligibility.py; every replica's with K = 0)
@@ -200,6 +201,7 @@ def simulate(
     tamper: Optional[Callable[[int, str, Tensors], Tensors]] = None,
     on_replica: Optional[Callable[[int, object], None]] = None,
     conclude_rounds: Optional[int] = None,
+    steps: Optional[Callable[[int, int], int]] = None,
 ) -> SimResult:
     """Run ``rounds`` rounds of ``replicas`` replicas of the peer round loop in this process.
 
@@ -222,6 +224,8 @@ def simulate(
     take its θ and settle their own buffers (``RoundEngine.follow``: R outer steps a round become one,
     for swarms of hundreds). With ``outer.max_contributions`` > 0 each round takes the contributions
     ``RoundEngine.choose`` draws, and a replica passed over keeps its update, as a live peer does.
+    ``steps(i, round)``: the inner steps replica i trains in that round (from 1 to H; None: H), as
+    a slower peer that closes its round early does; its payload says how many.
     """
     if replicas < 1 or rounds < 0:
         raise ValueError("replicas must be >= 1 and rounds >= 0")
@@ -268,16 +272,18 @@ def simulate(
         sent: Dict[str, Tensors] = {}
         overlapped = overlap_steps if round_no > 0 else 0  # steps of this round taken during the last exchange
         last = round_no == rounds - 1
-        for rep in reps:
+        for i, rep in enumerate(reps):
             if not overlap_steps:
                 rep.load_theta()
-            for _ in range(H - overlapped):
+            trains = H if steps is None else max(1, min(H, int(steps(i, round_no))))
+            for _ in range(max(0, trains - overlapped)):
                 x, y = rep.role.stream.next_batch()
                 losses.append(rep.role.inner_step(x, y))
                 tokens += x.numel()
             if round_no == 0:
                 _assert_frozen(rep)
-            payloads[rep.sender], pendings[rep.sender] = rep.engine.encode(rep.engine.theta, rep.role.params)
+            payloads[rep.sender], pendings[rep.sender] = rep.engine.encode(rep.engine.theta, rep.role.params,
+                                                                           max(trains, overlapped))
             if overlap_steps and not last:  # the next round's first steps, while this round's exchange runs
                 sent[rep.sender] = {n: p.detach().clone() for n, p in rep.role.params.items()}
                 for _ in range(overlap_steps):
@@ -345,6 +351,7 @@ def simulate(
             excluded=dict(excluded),
             scores=dict(scores),
             dropped=dict(leader.dropped),
+            clipped=dict(leader.clipped),
             contributors=leader.contributors,
             decode_s=decode_s,
             senders=len(offered),
@@ -361,7 +368,8 @@ def simulate(
 def _tampered(decoded, round_no: int, tamper) -> List[Tensors]:
     """``decoded`` with every contribution as ``tamper`` makes it, in the same order and senders."""
     senders = sender_names(decoded)
-    return Contributions([tamper(round_no, s, c) for s, c in zip(senders, decoded)], senders, getattr(decoded, "kinds", None))
+    return Contributions([tamper(round_no, s, c) for s, c in zip(senders, decoded)], senders, getattr(decoded, "kinds", None),
+                         getattr(decoded, "steps", None))
 
 
 def _load_params(model: torch.nn.Module, theta: Tensors) -> None:

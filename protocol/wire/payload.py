@@ -2,6 +2,7 @@
 
     {"v": PROTOCOL_VERSION, "run": run digest, "round": int, "codec": codec name,
      "part": -1 for the full model or the slice a partial peer owns,
+     "steps": the inner steps the update covers (H, or fewer where its round closed early),
      "t": [[tensor name, codec fields], ...]}
 
 Tensors appear in the order of the layout both sides agree on (the spec's parameter shapes, or
@@ -22,9 +23,9 @@ from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.codecs.base import Shape, TensorCodec
 from protocol.errors import PayloadError
 
-_HEADER_SLACK = 256  # the map header, its short keys, the version, run digest, round and codec name
+_HEADER_SLACK = 256  # the map header, its short keys, the version, run digest, round, steps and codec name
 _PER_TENSOR_SLACK = 16  # each entry's array header and its name's str header
-_KEYS = {"v", "run", "round", "codec", "part", "t"}
+_KEYS = {"v", "run", "round", "codec", "part", "steps", "t"}
 
 
 def payload_max_bytes(codec: TensorCodec, layout: Mapping[str, Shape]) -> int:
@@ -35,15 +36,19 @@ def payload_max_bytes(codec: TensorCodec, layout: Mapping[str, Shape]) -> int:
 
 
 def encode_payload(
-    codec: TensorCodec, tensors: Mapping[str, torch.Tensor], *, run_digest: str, round: int, part: "Part" = -1
+    codec: TensorCodec, tensors: Mapping[str, torch.Tensor], *, run_digest: str, round: int, steps: int, part: "Part" = -1
 ) -> Tuple[bytes, Dict[str, torch.Tensor]]:
-    """Encode ``tensors`` in their mapping order; returns the bytes and what each receiver decodes."""
+    """Encode ``tensors`` in their mapping order; returns the bytes and what each receiver decodes.
+    ``steps``: the inner steps the update covers (what the clip compares norms at, peer/outer/robust.py)."""
+    if type(steps) is not int or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
     entries: List[list] = []
     sent: Dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
         fields, sent[name] = codec.encode(tensor)
         entries.append([name, fields])
-    message = {"v": PROTOCOL_VERSION, "run": run_digest, "round": round, "codec": codec.name, "part": part, "t": entries}
+    message = {"v": PROTOCOL_VERSION, "run": run_digest, "round": round, "codec": codec.name, "part": part, "steps": steps,
+               "t": entries}
     return msgpack.packb(message, use_bin_type=True), sent
 
 
@@ -59,13 +64,14 @@ def decode_payload(
     """Validate a peer's payload against the run, round, codec and layout; decode every tensor."""
     message = _unpack(data, payload_max_bytes(codec, layout) if max_bytes is None else max_bytes)
     _check_header(message, codec, run_digest, round)
+    _steps(message, None)
     return _decode_entries(message, codec, layout)
 
 
 Part = Union[int, Tuple[int, int]]  # a slice index (-1: full model), or a chain stage's block range
 
 
-def decode_part_payload(
+def decode_claimed_payload(
     data: bytes,
     codec: TensorCodec,
     layouts: Callable[[Part], Optional[Mapping[str, Shape]]],
@@ -73,14 +79,19 @@ def decode_part_payload(
     run_digest: str,
     round: int,
     max_bytes: int,
-) -> Tuple[Part, Dict[str, torch.Tensor]]:
+    max_steps: Optional[int] = None,
+) -> Tuple[Part, int, Dict[str, torch.Tensor]]:
     """Like decode_payload, for a run whose peers send different parts of the model: the header's
     ``part`` (a slice index, or a [start, end) block range for a chain stage) is resolved by
-    ``layouts`` to the layout the tensors must match exactly; None means no such part."""
+    ``layouts`` to the layout the tensors must match exactly (None: no such part); with the inner
+    steps the payload claims its update covers, an int from 1 to ``max_steps`` (the run's H; None:
+    any) (tests/protocol/test_payload.py::test_the_steps_a_payload_claims_are_checked). Returns
+    (part, steps, tensors)."""
     message = _unpack(data, max_bytes)
     _check_header(message, codec, run_digest, round)
+    steps = _steps(message, max_steps)
     part, layout = _part(message["part"], layouts)
-    return part, _decode_entries(message, codec, layout)
+    return part, steps, _decode_entries(message, codec, layout)
 
 
 def payload_part(
@@ -92,7 +103,7 @@ def payload_part(
     round: int,
     max_bytes: int,
 ) -> Part:
-    """The part a payload claims, its header checked as ``decode_part_payload`` checks it, without
+    """The part a payload claims, its header checked as ``decode_claimed_payload`` checks it, without
     unpacking its tensors (their bytes are skipped): what the choice of a round's contributions
     reads (protocol/round/choice.py). The tensors are checked when the payload is decoded."""
     header = _header(data, max_bytes)
@@ -185,6 +196,15 @@ def _check_header(message: Dict[str, Any], codec: TensorCodec, run_digest: str, 
         raise PayloadError(f"payload is for round {message['round']!r:.40}, not {round}")
     if message["codec"] != codec.name:
         raise PayloadError(f"payload uses codec {message['codec']!r:.40}, not {codec.name!r}")
+
+
+def _steps(message: Dict[str, Any], max_steps: Optional[int]) -> int:
+    """The inner steps a payload claims: an int from 1 to ``max_steps`` (None: no upper bound)."""
+    steps = message["steps"]
+    if type(steps) is not int or steps < 1 or (max_steps is not None and steps > max_steps):
+        bound = "" if max_steps is None else f" to the run's {max_steps}"
+        raise PayloadError(f"payload claims {steps!r:.40} inner steps, not a count from 1{bound}")
+    return steps
 
 
 def _entries(entries: Any, expected: List[str]) -> List[Tuple[str, Any]]:

@@ -131,7 +131,7 @@ def test_noise_sends_each_tensor_at_its_honest_norm_and_a_new_direction_each_rou
     class Strategy:
         layout = ["w", "b"]
 
-        def encode(self, delta, round_no):
+        def encode(self, delta, round_no, steps=None):
             seen.append(dict(delta))
             return b"", None
 
@@ -353,7 +353,7 @@ def test_negate_big_negates_the_largest_fifth_of_the_tensors_only(monkeypatch):
     class Strategy:
         layout = {f"t{i}": (i + 1, 4) for i in range(10)}
 
-        def encode(self, delta, round_no):
+        def encode(self, delta, round_no, steps=None):
             seen.append(dict(delta))
             return b"", None
 

@@ -85,6 +85,14 @@ def test_overlapped_peers_stay_identical_and_a_slow_peer_closes_its_rounds_early
         shared_slow = [r for r in statuses[2]["history"] if r["round"] > first and len(r["group"]) > 1]
         assert any(r["steps"] < H for r in shared_slow), [(r["round"], r["steps"]) for r in shared_slow]
         assert all(r["steps"] >= min_steps(H, 0.25) for r in shared_slow)
+        # its payloads said so: its groupmates read the steps each of its early-closed rounds covered (what
+        # the clip compares its update at, peer/outer/robust.py ``at_steps``), and nobody else's were short
+        c = statuses[2]["peer_id"]
+        for mate in statuses[:2]:
+            same = {r["round"]: r for r in mate["history"] if c in r["group"]}
+            read = [(r["round"], r["steps"], same[r["round"]]["short"].get(c, H)) for r in shared_slow if r["round"] in same]
+            assert read and all(steps == got for _, steps, got in read), read
+            assert all(set(r["short"]) <= {c} for r in mate["history"]), [r["short"] for r in mate["history"]]
     finally:
         stop.set()
         swarm.close()

@@ -152,6 +152,40 @@ def test_partial_and_chain_contributions_compare_like_with_like():
     assert not lone.clipped
 
 
+def test_an_update_of_more_steps_is_compared_at_its_steps():
+    """A peer that trained H = 20 steps beside one that closed its round early at 5: its norm is
+    compared with the other's scaled to 20 steps (x4 at most), not with the other's own; an update
+    of fewer steps is never held to less than the others' norms themselves, and with equal steps the
+    clip is the one without counts (the same bits)."""
+    pair = [{"a": vec(1.0)}, {"a": vec(3.0)}]  # 5 steps, then 20
+    assert set(screen(pair, CLIP_MULTIPLE).clipped) == {1}  # uncounted: clipped to the early closer's norm
+    s = screen(pair, CLIP_MULTIPLE, steps=[5, 20])
+    assert not s.clipped and s.contributions[1]["a"] is pair[1]["a"]
+    amplified = screen([{"a": vec(1.0)}, {"a": vec(3e3)}], CLIP_MULTIPLE, steps=[5, 20])
+    assert float(amplified.contributions[1]["a"]) == pytest.approx(4.0)  # at most 4x the 5-step norm: H / 5
+    assert not screen([{"a": vec(3.0)}, {"a": vec(2.0)}], CLIP_MULTIPLE, steps=[5, 20]).clipped  # a 5-step norm may be larger
+    four = [{"a": vec(n)} for n in (1.0, 2.0, 3.0, 100.0)]
+    same, uncounted = screen(four, 1.0, steps=[20] * 4), screen(four, 1.0)
+    assert same.limits == uncounted.limits and same.clipped == uncounted.clipped
+    # an early closer's tiny claim (a liar's) raises only its own entry of each median: 3 honest 20-step
+    # updates and one claiming 5 steps with a huge norm; the honest ones' medians stay theirs
+    liar = screen([{"a": vec(n)} for n in (2.0, 2.2, 2.4, 50.0)], CLIP_MULTIPLE, steps=[20, 20, 20, 5])
+    assert list(liar.clipped) == [3] and liar.limits["a"] == pytest.approx(1.5 * 2.2)
+
+
+def test_the_engine_reads_the_steps_a_payload_claims_and_counts_a_claim_below_the_floor_as_the_floor():
+    engines = group(3, "sparseloco")
+    H = engines[0].strategy.spec.outer.inner_steps
+    payloads = {}
+    for i, (e, steps) in enumerate(zip(engines, (H, 1, H // 2))):
+        gen = torch.Generator().manual_seed(i)
+        payloads[f"peer{i}"] = e.encode(e.theta, {k: v - 0.01 * torch.randn(v.shape, generator=gen)
+                                                  for k, v in e.theta.items()}, steps)[0]
+    decoded, invalid = engines[0].decode(payloads)
+    floor = math.ceil(engines[0].strategy.spec.outer.min_inner_fraction * H)
+    assert not invalid and decoded.steps == [H, floor, H // 2]
+
+
 @pytest.mark.parametrize("bad, why", [(float("nan"), "non-finite"), (float("inf"), "non-finite"),
                                       (3e8, "magnitude"), (-1e29, "magnitude")])
 def test_a_non_finite_or_absurd_contribution_is_excluded(bad, why):

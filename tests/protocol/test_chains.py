@@ -9,6 +9,7 @@ import msgpack
 import pytest
 import torch
 
+from protocol import PROTOCOL_VERSION
 from protocol.model.capacity import (
     block_activation_values,
     estimate,
@@ -356,7 +357,7 @@ def test_candidate_record_round_trip():
         {"spec": ""},
         {"spec": "x" * 65},
         {"spec": "0123456789abcdef"},  # another run
-        {"v": 2},
+        {"v": PROTOCOL_VERSION + 1},
         {"v": True},
         {"extra": 1},
     ],

@@ -8,7 +8,7 @@ import torch
 from protocol.round.choice import choose, weight
 from protocol.codecs import make_codec
 from protocol.errors import PayloadError
-from protocol.wire.payload import decode_part_payload, encode_payload, payload_part
+from protocol.wire.payload import decode_claimed_payload, encode_payload, payload_part
 from protocol.spec import RunSpec
 from protocol.round.standing import ESTABLISHED
 
@@ -72,10 +72,10 @@ def test_the_header_reader_finds_the_part_that_decoding_finds(part):
     codec = make_codec(spec)
     layout = spec.param_shapes()
     tensors = {n: torch.randn(s) for n, s in layout.items()}
-    data, _ = encode_payload(codec, tensors, run_digest="run", round=3, part=part)
+    data, _ = encode_payload(codec, tensors, run_digest="run", round=3, steps=1, part=part)
     kw = dict(run_digest="run", round=3, max_bytes=len(data))
     layouts = lambda p: layout if p == part else None  # noqa: E731
-    assert payload_part(data, codec, layouts, **kw) == decode_part_payload(data, codec, layouts, **kw)[0] == part
+    assert payload_part(data, codec, layouts, **kw) == decode_claimed_payload(data, codec, layouts, **kw)[0] == part
     with pytest.raises(PayloadError, match="round"):
         payload_part(data, codec, layouts, **{**kw, "round": 4})
     with pytest.raises(PayloadError, match="not a part"):
@@ -88,7 +88,7 @@ def test_any_bytes_give_a_part_or_a_payload_error():
     spec = RunSpec().replace(model={"d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32, "seq_len": 8})
     codec = make_codec(spec)
     layout = spec.param_shapes()
-    data, _ = encode_payload(codec, {n: torch.randn(s) for n, s in layout.items()}, run_digest="run", round=0)
+    data, _ = encode_payload(codec, {n: torch.randn(s) for n, s in layout.items()}, run_digest="run", round=0, steps=1)
     rng = random.Random(0)
     samples = [b"", b"\x80", b"\xc1", b"\x81\xa1t\xc0", data[:20], data[:-1] + b"\xff", bytes(rng.randrange(256) for _ in range(64))]
     for _ in range(300):

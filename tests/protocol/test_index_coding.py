@@ -138,7 +138,7 @@ def test_decoded_values_are_bit_identical_to_the_12_bit_format(params, shape):
 def test_a_payload_of_the_12_bit_format_is_refused_by_its_codec_name():
     layout = {"w": (128, 64), "b": (64,)}
     tensors = {name: torch.randn(shape) for name, shape in layout.items()}
-    data, _ = encode_payload(TwelveBitSparseLoCo(), tensors, run_digest="r", round=1)
+    data, _ = encode_payload(TwelveBitSparseLoCo(), tensors, run_digest="r", round=1, steps=1)
     with pytest.raises(PayloadError, match="codec 'sparseloco-c64-k64-b2', not 'sparseloco-rice-c64-k64-b2'"):
         decode_payload(data, SparseLoCoCodec(), layout, run_digest="r", round=1)
 

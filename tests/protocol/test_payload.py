@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from protocol import PROTOCOL_VERSION
 from protocol.codecs import DCTCodec, DenseCodec, SparseLoCoCodec
 from protocol.errors import PayloadError
-from protocol.wire.payload import decode_payload, encode_payload, payload_max_bytes
+from protocol.wire.payload import decode_claimed_payload, decode_payload, encode_payload, payload_max_bytes
 
 LAYOUT = {"embed.weight": (67, 16), "blocks.0.attn.qkv.weight": (48, 16), "blocks.0.attn_norm.weight": (16,),
           "scalar": (), "empty": (0, 4)}
@@ -29,7 +29,7 @@ def tensors(layout=LAYOUT, seed=0):
 
 
 def encoded(codec, layout=LAYOUT):
-    return encode_payload(codec, tensors(layout), run_digest=RUN, round=ROUND)
+    return encode_payload(codec, tensors(layout), run_digest=RUN, round=ROUND, steps=1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,6 +97,23 @@ def test_header_checks(kw, match):
     data, _ = encoded(SparseLoCoCodec())
     with pytest.raises(PayloadError, match=match):
         decode(data, SparseLoCoCodec(), **kw)
+
+
+def test_the_steps_a_payload_claims_are_checked():
+    data, _ = encode_payload(SparseLoCoCodec(), tensors(), run_digest=RUN, round=ROUND, steps=12)
+    layouts = lambda part: LAYOUT if part == -1 else None  # noqa: E731
+    claimed = functools.partial(decode_claimed_payload, codec=SparseLoCoCodec(), layouts=layouts, run_digest=RUN,
+                                round=ROUND, max_bytes=1 << 20)
+    assert claimed(data, max_steps=12)[:2] == (-1, 12)
+    for steps, bound in ((0, None), (-3, None), (True, None), (1.5, None), ("12", None), (None, None), (13, 12)):
+        with pytest.raises(PayloadError, match="inner steps"):
+            claimed(repack(data, lambda m: m.update(steps=steps)), max_steps=bound)
+    with pytest.raises(PayloadError, match="inner steps"):
+        decode(repack(data, lambda m: m.update(steps=0)), SparseLoCoCodec())
+    with pytest.raises(PayloadError, match="keys"):
+        decode(repack(data, lambda m: m.pop("steps")), SparseLoCoCodec())  # a payload of protocol version 1
+    with pytest.raises(ValueError):
+        encode_payload(SparseLoCoCodec(), tensors(), run_digest=RUN, round=ROUND, steps=0)
 
 
 def test_wrong_codec_is_rejected():

@@ -27,7 +27,7 @@ class _Codec:
 
 def payload_of(part, salt: int = 0) -> bytes:
     """A payload whose header claims ``part`` (no tensors: the header is what a list records)."""
-    return encode_payload(_Codec(), {}, run_digest=f"run-{salt}", round=ROUND, part=part)[0]
+    return encode_payload(_Codec(), {}, run_digest=f"run-{salt}", round=ROUND, steps=1, part=part)[0]
 
 
 def test_a_served_list_opens_under_its_sets_name_with_each_payloads_digest_and_part():

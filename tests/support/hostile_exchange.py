@@ -134,7 +134,8 @@ def take_part(spec, liars: List[Tuple[DHT, LyingGatherer]], rounds: int,
             continue
         rnd = max(training)
         start = next((v.progress.params_hash for v in honest if v.progress.round == rnd and v.progress.params_hash), "")
-        payload, _ = encode_payload(make_codec(spec), zeros, run_digest=spec.digest(), round=rnd)
+        payload, _ = encode_payload(make_codec(spec), zeros, run_digest=spec.digest(), round=rnd,
+                                      steps=spec.outer.inner_steps)
         for node, _ in liars:  # a peer still training this round: the honest peers wait for us ...
             publish_progress(node, spec.run_id, node.peer_id.to_base58(), _fake(spec, rnd, "training", start), ttl=30)
         give_up = time.monotonic() + 30
@@ -199,7 +200,8 @@ def main() -> None:
     probe.shutdown()
     outsiders = [Signer.generate() for _ in range(2)]
     huge = {n: torch.full(s, 1e4) for n, s in spec.param_shapes().items()}
-    poison = encode_payload(make_codec(spec), huge, run_digest=spec.digest(), round=0)[0]
+    poison = encode_payload(make_codec(spec), huge, run_digest=spec.digest(), round=0,
+                            steps=spec.outer.inner_steps)[0]
     start = functools.partial(start_liars, join, spec, modes, outsiders, poison)
     liars = start()
     fresh = all(m.endswith("-fresh") for m in modes)  # (a process of mixed modes renews nobody)

@@ -94,7 +94,8 @@ def main() -> None:
             payload = bytes(random.getrandbits(8) for _ in range(2048))
         else:
             zeros = {n: torch.zeros(s) for n, s in spec.param_shapes().items()}
-            payload, _ = encode_payload(codec, zeros, run_digest=spec.digest(), round=rnd)
+            payload, _ = encode_payload(codec, zeros, run_digest=spec.digest(), round=rnd,
+                                        steps=spec.outer.inner_steps)
         # pose as a peer still training this round, so that the honest peers wait for us ...
         publish_progress(dht, spec.run_id, me, _fake(spec, rnd, "training", start), ttl=30)
         deadline = time.monotonic() + 30
