@@ -9,12 +9,12 @@ peer/round/early_close.py), and its update covers fewer steps, so its norm is sm
 (peer/outer/robust.py) holds each update to 1.5x the round's lower median norm: where the early
 closers are half the round or more, that median is theirs, and the peers that trained all H steps
 are clipped to it. Each payload now says how many steps its update covers, and the clip compares
-an update with the others' norms scaled to its own steps (``robust.at_steps``).
+an update with the others' norms scaled to its own steps (``robust.medians_at_steps``).
 
 Every arm is ``peer.round.simulate.simulate`` (every replica the real round engine: its own model,
 data shard, AdamW, error feedback; real payloads; θ asserted bit-identical every round). A shape
-R/S has R replicas whose first S train H/4 steps a round and claim as much (the least an early close
-leaves); the others train H. Clip arms, paired by seed:
+R/S has R replicas whose first S train a quarter of H a round, rounded up, and claim as much (the
+least an early close leaves: ``min_steps``); the others train H. Clip arms, paired by seed:
 
 - ``uncounted``: the clip as it was before payloads counted steps (every norm compared as is);
 - ``counted``: the clip of today (each norm compared at the update's own steps, scaled in
@@ -52,7 +52,7 @@ from bench.compression import make_spec  # noqa: E402
 from bench.trust import CONFIGS  # noqa: E402
 
 CLIPS = ("uncounted", "counted", "off")
-POWERS = {"uncounted": 0.0, "sqrt": 0.5}  # robust.at_steps' power in these arms (counted: robust.STEP_POWER)
+POWERS = {"uncounted": 0.0, "sqrt": 0.5}  # robust.medians_at_steps' power in these arms (counted: robust.STEP_POWER)
 AMPLIFY = 1e4
 HOSTILE = "hostile"
 
@@ -72,6 +72,7 @@ def run_arm(job) -> Dict[str, Any]:
     from peer.outer.robust import CLIP_MULTIPLE, STEP_POWER
     from peer.outer.strategies import OuterStrategy
     from peer.round.simulate import simulate
+    from protocol.round.round_policy import min_steps
 
     cfg, R, S, strategy, clip, amplifier, seed, threads = job
     torch.set_num_threads(threads)
@@ -88,8 +89,9 @@ def run_arm(job) -> Dict[str, Any]:
 
     t = time.monotonic()
     rounds = max(1, cfg["steps"] // H)
+    slow = min_steps(H, spec.outer.min_inner_fraction)  # the least an early close leaves
     res = simulate(spec, len(shards), rounds, corpus=corpus(), seed_shards=shards, eval_every=0,
-                   steps=lambda i, r: max(1, H // 4) if i < S else H, tamper=tamper if amplifier else None)
+                   steps=lambda i, r: slow if i < S else H, tamper=tamper if amplifier else None)
     fast = set(shards[S:R])
     scales = [h.clipped.get(s, 1.0) for h in res.history for s in fast]
     row = dict(R=R, slow=S, strategy=strategy, clip=clip, amplifier=amplifier, seed=seed, val_loss=res.final_val_loss,

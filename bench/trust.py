@@ -164,6 +164,7 @@ def run_arm(job) -> Dict[str, Any]:
     """One simulation: (cfg, honest R, hostile K, attack or honest kind or None, check on, seed, threads)."""
     from peer.round.simulate import simulate
     from peer.training.data import TrainStream, load_corpus
+    from protocol.round.round_policy import min_steps
 
     cfg, honest, hostile, attack, check, seed, threads = job
     torch.set_num_threads(threads)
@@ -186,11 +187,12 @@ def run_arm(job) -> Dict[str, Any]:
         elif attack == "other-data" and i == 0:
             role.stream = TrainStream(prose, spec.model.seq_len, spec.data.batch_size, spec.seed, shards[i])
 
+    slow = min_steps(cfg["inner_steps"], spec.outer.min_inner_fraction)  # the least an early close leaves
     t = time.monotonic()
     rounds = max(1, cfg["steps"] // cfg["inner_steps"])
     res = simulate(spec, len(shards), rounds, corpus=load_corpus("stdlib"), seed_shards=shards, eval_every=0,
                    tamper=make_tamper(attack) if attack in ATTACKS else None, on_replica=on_replica, parts=parts,
-                   steps=lambda i, r: max(1, cfg["inner_steps"] // 4) if attack == "slow" and i == 0 else cfg["inner_steps"])
+                   steps=lambda i, r: slow if attack == "slow" and i == 0 else cfg["inner_steps"])
     refused = [s for h in res.history for s in h.excluded]
     dropped = [s for h in res.history for s, names in h.dropped.items() for _ in names]  # one entry a tensor
     z_honest = [z for h in res.history for s, z in h.scores.items() if not s.startswith(HOSTILE)]

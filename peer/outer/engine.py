@@ -258,7 +258,7 @@ class RoundEngine:
             decoded.senders.append(sender)
             decoded.kinds.append(self.strategy.kind_of(part))
             # below the early close's floor no honest round ends: a claim there counts as the floor, so a
-            # liar's entry scales the others' clip by H / floor at most (peer/outer/robust.py ``at_steps``)
+            # liar's entry scales the others' clip by H / floor at most (peer/outer/robust.py ``medians_at_steps``)
             decoded.steps.append(max(steps, floor))
         return decoded, invalid
 

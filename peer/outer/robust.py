@@ -22,8 +22,9 @@ here, per round:
    is the lower one (``torch.median``'s convention): with 4 members it is the second smallest norm,
    so one huge update is clipped to an honest size and one zero update cannot pull the limit to zero.
    Each payload states the inner steps its update covers, and an update is held to the median of the
-   others' norms scaled up to its own steps (``at_steps``): beside peers that closed their round
-   early, one that trained H steps is not clipped to their smaller norm (bench/mixed_speed.py);
+   round's norms scaled up to its own steps (``medians_at_steps``): beside peers that closed their
+   round early after s steps, one that trained H is held to H / s times their norm, not to their
+   norm itself (bench/mixed_speed.py);
 4. **step**: the strategy's aggregate of the clipped contributions, then its outer step, all or
    nothing (``OuterStrategy.apply`` raises ``NonFiniteStep`` before it changes anything). If the
    step would leave a non-finite value (not reachable from bounded contributions and a finite θ,
@@ -51,7 +52,7 @@ import torch
 
 from peer.outer.consensus import agreement, copies, score_contributions, tensor_scores
 from protocol.round.standing import (AGAINST, ESTABLISHED, EVIDENCE_ROUNDS, FRESH_SHARE, MIN_JUDGES, Evidence, convinced,
-                                     fresh_bar, lower_median, weights)
+                                     fresh_bar, weights)
 from protocol.codecs.fields import MAX_ABS
 
 __all__ = ["CLIP_MULTIPLE", "PLAIN", "PROJECTED", "REFUSED", "Contributions", "kinds_of", "NonFiniteStep", "Outcome", "Screening", "robust_step", "screen",
@@ -70,7 +71,7 @@ Tensors = Dict[str, torch.Tensor]
 # +3.6 to +5.4 % loss, at the median +0.8 to +1.5 % (10 seeds, bench/trust.py --attacks scale). An
 # amplifier must send before it sees the round's median, so aiming near the limit risks the median.
 CLIP_MULTIPLE = 1.5
-STEP_POWER = 1.0  # an update of s steps suggests one of t > s may weigh (t / s) ** STEP_POWER as much (at_steps)
+STEP_POWER = 1.0  # an update of s steps suggests one of t > s may weigh (t / s) ** STEP_POWER as much (medians_at_steps)
 _CHUNK = 1 << 20  # elements squared and summed at a time (bounds the float64 temporaries)
 _NOTABLE = 0.5  # a clip that removes more than half of a tensor's norm is logged
 REFUSED = "refused update"  # how every reason these checks give begins (a round record's exclusions)
@@ -256,23 +257,36 @@ def against(pairs, p: int, judges: Iterable[int], bar: float) -> List[str]:
     return [n for n, z in tensor_scores(pairs, p, judges).items() if z <= -bar]
 
 
-def at_steps(norms: Sequence[float], steps: Sequence[int], own: int, power: float = 1.0) -> List[float]:
-    """Each of ``norms`` (of updates covering ``steps`` inner steps) as the most it suggests an update
-    of ``own`` steps may honestly weigh: scaled up by ``(own / steps) ** power`` where the ratio is
-    above 1 (``STEP_POWER`` = 1: an update grows at most in proportion to its steps), never down
-    (error feedback lets an update of fewer steps carry as much). Of equal steps, the norms
-    themselves: the clip of a round whose peers all trained H steps is what it was before steps were
-    counted (tests/outer/test_robust.py::test_an_update_of_more_steps_is_compared_at_its_steps).
-    Proportion, not its square root: a full-speed update measured 2.3 to 14 times one of a quarter
-    of its steps, and √4 = 2 (× the 1.5 multiple) still clipped it in most rounds (bench/mixed_speed.py
-    --clips sqrt); what it grants an amplifier is in docs/trust.md, "Updates of fewer steps"."""
-    return [n if own <= s else n * (own / s) ** power for n, s in zip(norms, steps)]
+def medians_at_steps(norms: Sequence[float], steps: Sequence[int], power: float = STEP_POWER) -> Dict[int, float]:
+    """For each step count among ``steps``, the lower median of ``norms`` (of updates covering ``steps``
+    inner steps, each update's own included) with each scaled to what it suggests an update of that
+    many steps may honestly weigh: × (that count / its steps) where above 1 (``STEP_POWER`` = 1: an
+    update grows at most in proportion to its steps), never scaled down (error feedback lets an
+    update of fewer steps carry as much). Of equal steps, the norms themselves: the clip of a round
+    whose peers all trained H steps is what it was before steps were counted
+    (tests/outer/test_robust.py::test_an_update_of_more_steps_is_compared_at_its_steps).
+    Proportion, not its square root: a full-speed update measured 2.3 to 14 times one of a quarter of
+    its steps, and √4 = 2 (× the 1.5 multiple) still clipped it in most rounds (bench/mixed_speed.py
+    --clips sqrt); what it grants an amplifier is in docs/trust.md, "Updates of fewer steps".
+    IEEE divisions and products only at power 1, so the same bits on every member (another power,
+    through ``pow``, is for benchmarks); one vectorised pass per distinct count, so claims of many
+    different counts cost a round little."""
+    values, counts = np.asarray(norms, dtype=np.float64), np.asarray(steps, dtype=np.float64)
+    k = (len(values) - 1) // 2  # standing.lower_median's index
+    out: Dict[int, float] = {}
+    for own in sorted(set(int(s) for s in steps)):
+        ratio = own / counts
+        if power != 1:
+            ratio = ratio ** power
+        scaled = np.where(counts >= own, values, values * ratio)
+        out[own] = float(np.partition(scaled, k)[k])
+    return out
 
 
 def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: float = 0.0,
            established: Iterable[int] = (), kinds: Optional[Sequence[int]] = None,
            evidence: Optional[Mapping[int, Evidence]] = None, fresh_fraction: float = 0.0,
-           steps: Optional[Sequence[int]] = None, step_power: float = 1.0) -> Screening:
+           steps: Optional[Sequence[int]] = None, step_power: float = STEP_POWER) -> Screening:
     """Check every contribution, screen their directions (``min_z``; 0: no such check), then clip
     each tensor whose norm exceeds ``multiple`` x the median norm of that tensor over the contributions
     that carry it to that median (``math.inf``: no clipping). ``established``: the positions whose
@@ -283,9 +297,9 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
     the round's median full-replica score, standing.fresh_bar). ``kinds``: the
     model each was trained on (``kinds_of``): a full replica is not judged by chain stages
     (``_direction``). ``steps``: the inner steps each covers (``steps_of``; None: all alike): the
-    median a contribution is held to is over the others' norms as ``at_steps`` scales them to its
-    own steps, so a peer that trained H steps is not clipped to the norm of one that closed its
-    round early."""
+    median a contribution is held to is over the round's norms as ``medians_at_steps`` scales them to
+    its own steps, so a peer that trained H steps is clipped to no less than H / s times the norm of
+    one that closed its round early after s."""
     out = Screening()
     norms: Dict[int, Dict[str, float]] = {}
     for i, contribution in enumerate(decoded):
@@ -305,8 +319,7 @@ def screen(decoded: Sequence[Tensors], multiple: float = CLIP_MULTIPLE, min_z: f
     names = list(dict.fromkeys(name for i in out.kept for name in norms[i]))  # first-seen order
     for name in names:
         carriers = [i for i in out.kept if name in norms[i]]
-        values, counts = [norms[i][name] for i in carriers], [covered[i] for i in carriers]
-        medians = {own: lower_median(at_steps(values, counts, own, step_power)) for own in sorted(set(counts))}
+        medians = medians_at_steps([norms[i][name] for i in carriers], [covered[i] for i in carriers], step_power)
         for i in carriers:
             median = medians[covered[i]]
             limit = multiple * median
@@ -415,4 +428,4 @@ def _log(round_no: int, multiple: float, excluded: Dict[str, str], clipped: Dict
     notable = {s: f for s, f in clipped.items() if f < _NOTABLE}
     for sender, scale in notable.items():
         logger.info(f"round {round_no}: clipped the update of {sender} to {min(1.0, multiple):g}x the round's "
-                    f"median norm (it was over {multiple:g}x that median; scaled by {scale:.2e} at the most)")
+                    f"median norm at its steps (it was over {multiple:g}x that median; scaled by {scale:.2e} at the most)")

@@ -61,7 +61,7 @@ class OuterStrategy:
 
     name = "base"
     clip_multiple = CLIP_MULTIPLE  # a tensor past this multiple of the median norm goes to the median (robust.py)
-    step_power = STEP_POWER  # how the clip scales norms to each payload's steps (robust.at_steps); 0: as if all were H
+    step_power = STEP_POWER  # how the clip scales norms to each payload's steps (robust.medians_at_steps); 0: as if all were H
 
     def __init__(self, spec: RunSpec, layout: Optional[Layout] = None, part: Part = FULL):
         """``part``: FULL, the slice a partial peer owns (protocol/model/partial.py), or the (start, end)

@@ -7,8 +7,9 @@ pseudo-gradient covers fewer steps, so its contribution to the round's mean is s
 proportion, which weights it by the tokens it trained without trusting a token count a peer
 claims (a claimed count would let a liar weigh in for many peers; the median-norm clip of
 peer/outer/robust.py bounds what a large update can do). Its payload states the steps it covers,
-which only sets the norm the clip compares each update at (``robust.at_steps``): the peers that
-trained H steps are not clipped to an early closer's norm. The peer then meets its round on time and is
+which only sets the norm the clip compares each update at (``robust.medians_at_steps``): a peer
+that trained H steps is held to H / s times the norm of one that closed early after s, not to that
+norm itself. The peer then meets its round on time and is
 in the next round with everyone else.
 
 Why this rather than a time-boxed round (every peer trains until a shared deadline): it needs no

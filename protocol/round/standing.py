@@ -154,7 +154,8 @@ def fresh_bar(min_z: float, fraction: float, peer_scores: Sequence[float]) -> fl
 
 def lower_median(values: Sequence[float]) -> float:
     """The lower median (of 4 values the second smallest): exact floats sorted, so deterministic on every
-    member. Used for the fresh bar above and for the clip's median norm (peer/outer/robust.py)."""
+    member. Used for the fresh bar above; the clip's median norm (peer/outer/robust.py) takes the same
+    element."""
     ordered = sorted(values)
     return ordered[(len(ordered) - 1) // 2]
 

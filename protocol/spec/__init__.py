@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Dict, List, Mapping, Tuple
 import msgpack
 from pydantic import Field, field_validator, model_validator
 
+from protocol import PROTOCOL_VERSION
 from protocol.spec import sections as spec_sections
 from protocol.errors import SpecError
 from protocol.model.layout import TensorInfo, tensor_layout
@@ -153,8 +154,10 @@ class RunSpec(SpecModel):
         return cls.from_dict(data)
 
     def digest(self) -> str:
-        """A short stable fingerprint: peers with different digests never group together."""
-        return hashlib.sha256(self.to_bytes()).hexdigest()[:16]
+        """A short stable fingerprint: peers with different digests never group together. It names the
+        protocol version too, so peers of two versions, which refuse each other's payloads, never
+        group (tests/protocol/test_spec.py::test_the_digest_names_the_protocol_version)."""
+        return hashlib.sha256(b"voloco protocol %d\x00" % PROTOCOL_VERSION + self.to_bytes()).hexdigest()[:16]
 
 
 def _toml_value(value: Any) -> str:

@@ -108,6 +108,7 @@ def payload_part(
     reads (protocol/round/choice.py). The tensors are checked when the payload is decoded."""
     header = _header(data, max_bytes)
     _check_header(header, codec, run_digest, round)
+    _steps(header, None)
     return _part(header["part"], layouts)[0]
 
 

@@ -86,7 +86,7 @@ def test_overlapped_peers_stay_identical_and_a_slow_peer_closes_its_rounds_early
         assert any(r["steps"] < H for r in shared_slow), [(r["round"], r["steps"]) for r in shared_slow]
         assert all(r["steps"] >= min_steps(H, 0.25) for r in shared_slow)
         # its payloads said so: its groupmates read the steps each of its early-closed rounds covered (what
-        # the clip compares its update at, peer/outer/robust.py ``at_steps``), and nobody else's were short
+        # the clip compares its update at, peer/outer/robust.py ``medians_at_steps``), and nobody else's were short
         c = statuses[2]["peer_id"]
         for mate in statuses[:2]:
             same = {r["round"]: r for r in mate["history"] if c in r["group"]}

@@ -1,7 +1,10 @@
 """The run spec: TOML in and out, digests, validation."""
 
+import hashlib
+
 import pytest
 
+from protocol import PROTOCOL_VERSION
 from protocol.errors import SpecError
 from protocol.spec import (
     DEFAULT_OUTER_LR,
@@ -46,8 +49,9 @@ def test_bad_toml_is_a_spec_error():
         RunSpec.from_toml("[model]\nd_model = 'big'")
 
 
-# hex digests of these specs (as the hand-written dataclass spec gave them, updated when a field is
-# added: outer.overlap and outer.min_inner_fraction): the serialization must stay byte-stable
+# hex digests of these specs' bytes (as the hand-written dataclass spec gave them, updated when a field is
+# added: outer.overlap and outer.min_inner_fraction): the serialization must stay byte-stable. (The spec's
+# digest also names the protocol version: the test below.)
 DIGESTS = [
     ({}, "a610adcc2d33dd2e"),
     ({"outer": {"strategy": "diloco", "lr": 0.5}}, "bd82bd27f38869d5"),
@@ -72,9 +76,23 @@ DIGESTS = [
 @pytest.mark.parametrize("changes, digest", DIGESTS)
 def test_digests_are_unchanged(changes, digest):
     spec = RunSpec().replace(**changes)
-    assert spec.digest() == digest
-    assert RunSpec.from_bytes(spec.to_bytes()).digest() == digest
-    assert RunSpec.from_toml(spec.to_toml()).digest() == digest
+    of_bytes = lambda s: hashlib.sha256(s.to_bytes()).hexdigest()[:16]  # noqa: E731
+    assert of_bytes(spec) == digest
+    assert of_bytes(RunSpec.from_bytes(spec.to_bytes())) == digest
+    assert of_bytes(RunSpec.from_toml(spec.to_toml())) == digest
+    assert RunSpec.from_toml(spec.to_toml()).digest() == spec.digest()
+
+
+def test_the_digest_names_the_protocol_version(monkeypatch):
+    """Peers of two protocol versions refuse each other's payloads, so they must never group: their
+    digests, which every record and payload carries, differ."""
+    import protocol.spec
+
+    spec = RunSpec()
+    now = spec.digest()
+    assert now == hashlib.sha256(b"voloco protocol %d\x00" % PROTOCOL_VERSION + spec.to_bytes()).hexdigest()[:16]
+    monkeypatch.setattr(protocol.spec, "PROTOCOL_VERSION", PROTOCOL_VERSION - 1)
+    assert spec.digest() != now
 
 
 def test_to_dict_keeps_keys_order_and_types():
