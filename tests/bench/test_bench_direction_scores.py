@@ -1,6 +1,7 @@
 """bench/direction_scores.py on the quick model: both statistics scored on the same contributions,
-a negated update far below chance under the one in use, and a replica that trains a quarter of H
-(which the pooled statistic scored below chance) above the bar. Seconds."""
+a negated update far below chance under the one in use, and a replica that closes its rounds early
+(a quarter of H, rounded up; the pooled statistic scored one that trained 2 of 10 steps below
+chance) above the bar. Seconds."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_both_statistics_on_the_same_contributions(tmp_path, capsys):
     assert rows[("R=3 K=1 negate", "hostile", "per-tensor")]["max"] < -3
     assert rows[("R=3 K=1 negate", "honest", "per-tensor")]["wrong_side"] == 0
     slow = rows[("R=4 slow", "odd", "per-tensor")]
-    assert slow["wrong_side"] == 0 and slow["min"] > rows[("R=4 slow", "odd", "pooled")]["min"]
+    assert slow["wrong_side"] == 0 and slow["min"] > 3
     assert "wrong side of 3" in capsys.readouterr().out
     assert engine.robust_step is robust_step  # run in this process, it put the engine's function back
 
