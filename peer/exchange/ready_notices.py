@@ -1,4 +1,4 @@
-"""Telling the peers whose round barrier waits for us that we are done, without the DHT in between.
+"""Telling the peers whose round barrier or merge waits for us that we are done, without the DHT in between.
 
 A barrier (peer/round/membership.py) learns from the progress records whom it waits for; reading
 those records is rate-limited by the swarm's size (``Timing.read_interval``: every N / 8 s, at most
@@ -15,6 +15,12 @@ the averager process serves ``rpc_ready`` from the last one stored. The answer i
 (the libp2p stream authenticates who answers): the asker parses it with the same
 ``protocol/dht/records.py`` ``parse_progress`` and acts on it only to stop waiting for that peer.
 In a private run the gate of swarm/access/admission.py serves it to admitted peers only.
+
+A round's merge (peer/round/merge.py) waits the same way for the peers of its round that have not
+named their group's set: its questions (``until=SET``, sent as the request's ``group_id``) are held
+while protocol/round/peer_states.py ``names_no_set_yet`` holds, and answered with the record that
+names the set, which the merge would otherwise see only at its next read of the view (up to
+N / 8 s later). A server that does not know the kind answers at once, and the asker asks again.
 
 The asking side, in the host process, is ``ReadyAsks``: one barrier's questions, and their answers
 laid over its view. An answer stands in for the peer's record where it came after the view's last
@@ -50,7 +56,7 @@ from hivemind.utils import MPFuture, get_logger
 from peer.exchange.bounds import CallLimiter
 from protocol.dht.records import Progress, parse_progress
 from protocol.errors import ProtocolError
-from protocol.round.peer_states import DONE, keeps_waiting
+from protocol.round.peer_states import DONE, NOT_IN_ROUNDS, keeps_waiting, names_no_set_yet
 from protocol.round.timing import Timing
 from swarm.records import PeerView
 
@@ -61,6 +67,7 @@ MAX_HELD = 512  # questions held open at once; more are answered at once
 QUESTIONS_PER_PEER = 4  # questions one caller may have running here (a barrier asks one at a time)
 MAX_ANSWER_BYTES = 4096  # a progress record is about 100 bytes
 MAX_ROUND_CHARS = 12  # the asked round, as decimal digits
+DONE_Q, SET = b"", b"set"  # what a question waits for: the round's steps done (a barrier), its set named (a merge)
 
 
 class ReadyNotices:
@@ -95,11 +102,13 @@ class ReadyNotices:
             self._ready_len.value = len(body)
             self._ready_version.value += 1
 
-    def ask_ready(self, peer: str, round_no: int, wait: float) -> MPFuture:
-        """Ask ``peer`` (base58) to answer once it is done with ``round_no``, or after ``wait`` s at
-        most: a future of its progress record's bytes (unchecked), or None if it did not answer."""
+    def ask_ready(self, peer: str, round_no: int, wait: float, until: bytes = DONE_Q) -> MPFuture:
+        """Ask ``peer`` (base58) to answer once it is done with ``round_no`` (``until=SET``: once it
+        names its group's set for it, or leaves it), or after ``wait`` s at most: a future of its
+        progress record's bytes (unchecked), or None if it did not answer."""
         future = MPFuture()
-        self._outer_pipe.send(("_ask_ready", [], dict(peer=peer, round_no=int(round_no), wait=float(wait), future=future)))
+        self._outer_pipe.send(("_ask_ready", [], dict(peer=peer, round_no=int(round_no), wait=float(wait),
+                                                      until=bytes(until), future=future)))
         return future
 
     # ---- averager-process side ----------------------------------------------------------------
@@ -128,8 +137,9 @@ class ReadyNotices:
         finally:
             self._ready_watcher = None
 
-    async def _ask_ready(self, peer: str, round_no: int, wait: float, future: MPFuture) -> None:
-        request = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=str(round_no).encode()), weight=wait)
+    async def _ask_ready(self, peer: str, round_no: int, wait: float, future: MPFuture, until: bytes = DONE_Q) -> None:
+        request = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=str(round_no).encode()), weight=wait,
+                                              group_id=until)
         try:
             stub = self.get_stub(self._p2p, PeerID.from_base58(peer), namespace=self.prefix)
             self._count(sent=request.ByteSize())
@@ -142,13 +152,19 @@ class ReadyNotices:
             logger.debug(f"asking {peer} whether it is done with round {round_no}: {e!r}")
             future.set_result(None)
 
-    def _holds(self, asked: int) -> bool:
-        return self._ready_body is None or keeps_waiting(self._ready_round, self._ready_state, asked)
+    def _holds(self, asked: int, until: bytes) -> bool:
+        if self._ready_body is None:
+            return True
+        if until == SET:
+            return names_no_set_yet(self._ready_progress, asked)
+        return keeps_waiting(self._ready_round, self._ready_state, asked)
 
     async def rpc_ready(self, request: averaging_pb2.AveragingData, context: P2PContext) -> averaging_pb2.AveragingData:
         """A barrier waiting for us asks whether we are done with its round: answered with our progress
         record once we are (or are out of rounds, or past it), held open meanwhile at most the wait it
-        names (``weight``, capped at ``Timing.ready_hold_s``)."""
+        names (``weight``, capped at ``Timing.ready_hold_s``). A merge's question (``group_id`` SET) is
+        held until our record names our group's set for the round instead; a kind we do not know is
+        answered at once."""
         if self._questions is None:
             self._questions = CallLimiter(QUESTIONS_PER_PEER)
         with self._questions.admit(context.remote_id) as admitted:
@@ -156,8 +172,10 @@ class ReadyNotices:
             if not admitted or not 0 < len(asked) <= MAX_ROUND_CHARS or not asked.isdigit():
                 return averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
             self._count(received=request.ByteSize())
-            round_no = int(asked)
+            round_no, until = int(asked), request.group_id
             wait = min(max(request.weight, 0.0), self.timing.ready_hold_s) if math.isfinite(request.weight) else 0.0
+            if until not in (DONE_Q, SET):
+                wait = 0.0
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait
             self._take_progress()
@@ -166,7 +184,7 @@ class ReadyNotices:
                 if self._ready_watcher is None:
                     self._ready_watcher = asyncio.create_task(self._watch_progress())
                 try:
-                    while self._holds(round_no) and loop.time() < deadline:
+                    while self._holds(round_no, until) and loop.time() < deadline:
                         if self._ready_changed is None:
                             self._ready_changed = asyncio.Event()
                         try:
@@ -185,10 +203,13 @@ class ReadyNotices:
 # ---- the asking side: one barrier's questions (host process) ------------------------------------
 class ReadyAsks:
     """``notices``: what asks (peer/exchange/ready_notices.py's ``ask_ready``: peer, round, wait ->
-    a future of bytes or None); ``digest``: our run spec's, the only one an answer may name."""
+    a future of bytes or None); ``digest``: our run spec's, the only one an answer may name.
+    ``until``: DONE_Q (a barrier's questions) or SET (a merge's)."""
 
-    def __init__(self, notices, round_no: int, digest: str, timing: Timing, clock: Optional[Callable[[], float]] = None):
+    def __init__(self, notices, round_no: int, digest: str, timing: Timing, clock: Optional[Callable[[], float]] = None,
+                 until: bytes = DONE_Q):
         self.notices, self.round_no, self.digest, self.timing = notices, round_no, digest, timing
+        self.until = until
         self.clock = clock if clock is not None else time.monotonic
         self._asked: Dict[str, object] = {}  # peer -> the future of the question in flight
         self._answers: Dict[str, Tuple[float, Progress]] = {}  # peer -> (when it came, what it said)
@@ -212,7 +233,10 @@ class ReadyAsks:
             if answered is not None and now - answered[0] < self.timing.ready_reask_s:
                 continue
             try:
-                self._asked[peer] = self.notices.ask_ready(peer, self.round_no, self.timing.ready_hold_s)
+                if self.until == DONE_Q:
+                    self._asked[peer] = self.notices.ask_ready(peer, self.round_no, self.timing.ready_hold_s)
+                else:
+                    self._asked[peer] = self.notices.ask_ready(peer, self.round_no, self.timing.ready_hold_s, until=self.until)
                 self.asked += 1
             except Exception as e:  # the averager process is gone (stopping): the view alone
                 peer_logger.debug(f"could not ask {peer} whether it is done with round {self.round_no}: {e!r}")
@@ -254,10 +278,18 @@ class ReadyAsks:
         out = []
         for v in views:
             at, answer = self._answers.get(v.peer_id, (None, None))
-            if answer is not None and (further(answer, v.progress) or (not further(v.progress, answer) and at > read_began)):
+            if answer is not None and (self._further(answer, v.progress)
+                                       or (not self._further(v.progress, answer) and at > read_began)):
                 v = PeerView(peer_id=v.peer_id, progress=answer, expires=v.expires)
             out.append(v)
         return out
+
+    def _further(self, a: Progress, b: Progress) -> bool:
+        """``further``; for a merge's questions, of two records of the same round, one that names the round's set."""
+        if self.until == SET and a.round == b.round and a.state not in NOT_IN_ROUNDS and b.state not in NOT_IN_ROUNDS:
+            if bool(a.set_of(self.round_no)) != bool(b.set_of(self.round_no)):
+                return bool(a.set_of(self.round_no))
+        return further(a, b)
 
 
 def further(a: Progress, b: Progress) -> bool:

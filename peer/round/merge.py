@@ -5,7 +5,9 @@ matchmaking bounds them). Each member names its group's agreed set in its progre
 (``gathered_round``, ``gathered``, and the set of the round before in ``gathered_before``: a group
 that gathers late, on a loaded host, still finds the set of a peer that has trained on and named
 the next round's), then waits for the peers of its round that are not in its group (ready, or
-still training, unless the round's barrier already gave up on them): until each has named a set,
+still training, unless the round's barrier already gave up on them), asking each directly to answer
+once it has named its set (peer/exchange/ready_notices.py, ``until=SET``: a set is seen when named,
+not at the next read of the view, N / 8 s apart): until each has named a set,
 or has left the round (found no group and caught up, stopped), or is a stranger (``Membership.known``)
 listed in a binding that a set it holds vouches for (group_sets.py ``vouched``: it sent nothing
 there, no set of its own is coming), or too few are left to make a group of their own (``swarm.min_group_size``), or
@@ -33,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Set
 
+from peer.exchange.ready_notices import SET, ReadyAsks
 from peer.round.draw import Bindings, SetList, fetch_into
 from protocol.round import group_sets, round_policy
 from protocol.dht.records import Progress
@@ -116,8 +119,14 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     # (matchmaking's wait as stretched on this host for the round's gather: peer/exchange/gatherer.py)
     timing = membership.timing
     allowance = timing.merge_allowance(membership.straggler_allowance(), getattr(gatherer, "matchmaking_wait", 0.0))
+    # the peers it waits for are asked to answer once they name their group's set: a set is seen when named,
+    # not at the next read of the view (every N / 8 s; peer/exchange/ready_notices.py)
+    asks = ReadyAsks(gatherer, round_no, membership.digest, timing, until=SET) if hasattr(gatherer, "ask_ready") else None
     while not peer.stop_event.is_set():
-        records = [v for v in membership.view() if v.peer_id not in mine and v.progress.part == part]
+        viewed = membership.view()
+        if asks is not None:
+            viewed = asks.overlay(viewed, membership.read_began)
+        records = [v for v in viewed if v.peer_id not in mine and v.progress.part == part]
         view = [v for v in records if v.progress.state not in NOT_IN_ROUNDS]
         named: Dict[str, List[str]] = {}
         # a peer that stopped right after concluding the round (its --max-rounds, a Ctrl+C) still names
@@ -198,6 +207,8 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
             skip.update({p: round_no + timing.merge_skip_rounds for p in sending})
             membership.missed(sending, round_no)  # strikes outlive a set named later (protocol/round/no_shows.py)
             break
+        if asks is not None:  # only those the wait is for: peers that may send (with K), else all
+            asks.ask([p for p in outstanding if awaited is None or awaited(p, by_peer[p])])
         time.sleep(timing.view_poll_s)
     # each member decided alone which late sets arrived in time: the group agrees on their union. A
     # groupmate answers once its own merge is over. Where the round has other groups, its view may

@@ -69,6 +69,16 @@ def keeps_waiting(round_no: int, state: str, asked_round: int) -> bool:
     return round_no < asked_round or (round_no == asked_round and state in (TRAINING, WAITING))
 
 
+def names_no_set_yet(p, asked_round: int) -> bool:
+    """Whether a peer whose record is ``p`` (protocol/dht/records.py ``Progress``) is still one that a
+    merge of ``asked_round``'s sets waits for: in rounds, at that round (or behind it) and naming no
+    set for it yet. A peer answers a merge's direct question only once this turns false, or when the
+    question's hold runs out (peer/exchange/ready_notices.py; tests/exchange/test_ready_notices.py)."""
+    if p.state in NOT_IN_ROUNDS:
+        return False
+    return p.round < asked_round or (p.round == asked_round and not p.set_of(asked_round))
+
+
 def offers_no_set(p, round_no: int, name: str) -> bool:
     """Whether a peer whose record is ``p`` (protocol/dht/records.py ``Progress``) will never say which
     sets it merged for the set ``name`` of ``round_no``: its record names another set for that round

@@ -1,6 +1,7 @@
 """peer/exchange/ready_notices.py's answers to barriers that ask us directly whether we are done with
-their round, without a network: when a question is answered, how long it is held, and what stays
-bounded; and protocol/round/peer_states.py's ``keeps_waiting``, which decides it."""
+their round (and to merges that ask whether we have named our group's set), without a network: when a
+question is answered, how long it is held, and what stays bounded; and protocol/round/peer_states.py's
+``keeps_waiting`` and ``names_no_set_yet``, which decide it."""
 
 from __future__ import annotations
 
@@ -10,18 +11,27 @@ from hivemind.proto import averaging_pb2, runtime_pb2
 
 from peer.exchange import ready_notices
 from protocol.dht.records import Progress, encode_body, parse_progress
-from protocol.round.peer_states import keeps_waiting
+from protocol.round.peer_states import keeps_waiting, names_no_set_yet
 from protocol.round.timing import Timing
 from tests.exchange.test_exchange_bounds import MATE, OUTSIDER, context, gatherer
 
 
-def body(round_no: int, state: str) -> bytes:
-    return encode_body(Progress(round=round_no, step=3, state=state, spec="s" * 16, loss=0.0, val_loss=0.0, tokens=0,
-                                tokens_per_s=0.0, bytes_sent=0, bytes_received=0, params_hash="h").to_wire())
+SET_A, SET_B = "a" * 32, "b" * 32
 
 
-def ask(round_no="7", wait: float = 5.0) -> averaging_pb2.AveragingData:
-    return averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=str(round_no).encode()), weight=wait)
+def record(round_no: int, state: str, gathered_round: int = 0, gathered: str = "", before: str = "") -> Progress:
+    return Progress(round=round_no, step=3, state=state, spec="s" * 16, loss=0.0, val_loss=0.0, tokens=0,
+                    tokens_per_s=0.0, bytes_sent=0, bytes_received=0, params_hash="h",
+                    gathered_round=gathered_round, gathered=gathered, gathered_before=before)
+
+
+def body(round_no: int, state: str, *named) -> bytes:
+    return encode_body(record(round_no, state, *named).to_wire())
+
+
+def ask(round_no="7", wait: float = 5.0, until: bytes = ready_notices.DONE_Q) -> averaging_pb2.AveragingData:
+    return averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=str(round_no).encode()), weight=wait,
+                                       group_id=until)
 
 
 def server(hold: float = 10.0):
@@ -134,3 +144,39 @@ def test_our_own_record_that_does_not_parse_is_never_served():
     assert asyncio.run(go()).code == averaging_pb2.NOT_LOOKING_FOR_GROUP
     g.note_progress(b"x" * (ready_notices.MAX_ANSWER_BYTES + 1))  # over the bound: not stored
     assert g._ready_len.value == len(b"\xc1 not msgpack")
+
+
+def test_names_no_set_yet_while_in_the_round_or_behind_it_without_its_set():
+    assert names_no_set_yet(record(7, "training"), 7) and names_no_set_yet(record(7, "exchanging"), 7)
+    assert names_no_set_yet(record(6, "exchanging", 6, SET_B), 7)  # behind: still to come to round 7
+    assert not names_no_set_yet(record(7, "exchanging", 7, SET_A), 7)
+    assert not names_no_set_yet(record(8, "training", 8, SET_B, before=SET_A), 7)  # named it, and one more since
+    assert not names_no_set_yet(record(8, "training"), 7)  # past the round without a set: none is coming
+    for out in ("stopped", "starting", "linking"):
+        assert not names_no_set_yet(record(7, out), 7)
+
+
+def test_a_merges_question_is_held_past_done_until_our_set_is_named():
+    g = server()
+
+    async def go():
+        g.note_progress(body(7, "training"))
+        question = asyncio.create_task(g.rpc_ready(ask(until=ready_notices.SET), context(MATE)))
+        g.note_progress(body(7, "ready"))  # done: what a barrier's question waits for, not a merge's
+        await asyncio.sleep(5 * Timing().ready_watch_s)
+        assert not question.done()
+        g.note_progress(body(7, "exchanging", 7, SET_A))
+        return await asyncio.wait_for(question, 1.0)
+
+    p = answered(asyncio.run(go()))
+    assert (p.round, p.state, p.set_of(7)) == (7, "exchanging", SET_A)
+
+
+def test_a_question_of_a_kind_we_do_not_know_is_answered_at_once():
+    g = server()
+
+    async def go():
+        g.note_progress(body(7, "training"))
+        return await asyncio.wait_for(g.rpc_ready(ask(wait=30.0, until=b"something else"), context(MATE)), 0.5)
+
+    assert answered(asyncio.run(go())).state == "training"

@@ -11,9 +11,10 @@ from typing import Dict, List, Optional
 
 from hivemind.p2p import PeerID
 
+from peer.exchange.ready_notices import SET
 from peer.round.merge import merge_round, no_group_left
 from protocol.round.group_sets import pack_set, set_digest
-from protocol.dht.records import Progress
+from protocol.dht.records import Progress, encode_body
 from protocol.round.named_sets import NamedSets
 from protocol.round.timing import Timing
 from tests.support.agreement_sim import MAX_PAYLOAD, RUN, signer
@@ -350,3 +351,31 @@ def test_a_gather_with_nobody_else_in_the_round_does_not_give_up():
     peer, _ = member_of(swarm, mine)
     peer.peer_id = "me"
     assert not no_group_left(peer, ROUND, since=time.monotonic())()
+
+
+class AskedSwarm(Swarm):
+    """A swarm whose records never show the other group's set, and whose peers answer a merge's question
+    (peer/exchange/ready_notices.py, ``until=SET``) with the record that names it."""
+
+    digest = ""  # the run spec the records name
+
+    def __init__(self, *args, answers: Dict[str, Progress], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.answers, self.questions = answers, []
+
+    def ask_ready(self, peer, round_no, wait, until=b""):
+        self.questions.append((peer, round_no, until))
+        body = encode_body(self.answers[peer].to_wire()) if peer in self.answers else None
+        return SimpleNamespace(done=lambda: True, result=lambda: body)
+
+
+def test_a_set_named_is_seen_in_the_answer_to_our_question_not_at_the_next_read():
+    mine, theirs = a_group(0, 4, b"g1"), a_group(4, 4, b"g2")
+    others = sorted(theirs[2])
+    named = record(others[0], gathered=theirs[1]).progress
+    views = [SimpleNamespace(**vars(record(p)), expires=0.0) for p in others]
+    swarm = AskedSwarm([views], {others[0]: {theirs[1]: theirs[0]}}, answers={others[0]: named})
+    peer, result = member_of(swarm, mine)
+    merged = merge_round(peer, ROUND, result, ready=others)
+    assert merged.payloads == {**mine[2], **theirs[2]} and merged.sets == 2
+    assert {(p, r, until) for p, r, until in swarm.questions} >= {(p, ROUND, SET) for p in others}

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from types import SimpleNamespace
 
 from peer.round.membership import Membership
-from peer.exchange.ready_notices import ReadyAsks
+from peer.exchange.ready_notices import SET, ReadyAsks
 from protocol.dht.records import encode_body, parse_progress
 from protocol.round.timing import Timing
 from tests.round.test_liveness import SPEC, progress, view
@@ -33,8 +34,9 @@ class Notices:
     def __init__(self, clock, answers):
         self.clock, self.answers, self.asked = clock, answers, []
 
-    def ask_ready(self, peer, round_no, wait):
+    def ask_ready(self, peer, round_no, wait, until=b""):
         self.asked.append((peer, round_no))
+        self.kinds = [*getattr(self, "kinds", []), until]
         delay, body = self.answers.get(peer, (1e9, None))
         return Answer(self.clock, self.clock.now + delay, body)
 
@@ -126,6 +128,21 @@ def test_a_read_that_shows_a_peer_further_on_than_its_answer_wins(clock):
     later = asks.overlay([view("a", 5, "syncing")], read_began=clock.now + 1.0)
     assert later[0].progress.state == "syncing"
     assert asks.overlay([view("a", 5, "syncing")], read_began=0.0)[0].progress.state == "training"
+
+
+def test_a_merges_answer_that_names_the_set_stands_in_for_a_read_that_does_not(clock):
+    named = dataclasses.replace(progress(5, "exchanging"), gathered_round=5, gathered="e" * 32)
+    notices = Notices(clock, {"a": (0.0, encode_body(named.to_wire())), "b": (0.0, record(5, "exchanging"))})
+    asks = ReadyAsks(notices, 5, SPEC.digest(), Timing(), clock.monotonic, until=SET)
+    asks.ask(["a", "b"])
+    assert notices.kinds == [SET, SET]
+    clock.sleep(0.1)
+    # a read that began after the answer, of a replica that has not stored the record naming the set yet
+    out = asks.overlay([view("a", 5, "exchanging"), view("b", 5, "exchanging")], read_began=clock.now + 1.0)
+    assert out[0].progress.set_of(5) == "e" * 32 and out[1].progress.set_of(5) == ""
+    # and a read that names a set wins over an answer that does not
+    b_named = SimpleNamespace(peer_id="b", progress=dataclasses.replace(named, gathered="f" * 32), expires=0.0)
+    assert asks.overlay([b_named], read_began=0.0)[0].progress.set_of(5) == "f" * 32
 
 
 def test_silent_peers_take_no_slot_of_the_bound(clock):
