@@ -233,10 +233,7 @@ class ReadyAsks:
             if answered is not None and now - answered[0] < self.timing.ready_reask_s:
                 continue
             try:
-                if self.until == DONE_Q:
-                    self._asked[peer] = self.notices.ask_ready(peer, self.round_no, self.timing.ready_hold_s)
-                else:
-                    self._asked[peer] = self.notices.ask_ready(peer, self.round_no, self.timing.ready_hold_s, until=self.until)
+                self._asked[peer] = self.notices.ask_ready(peer, self.round_no, self.timing.ready_hold_s, until=self.until)
                 self.asked += 1
             except Exception as e:  # the averager process is gone (stopping): the view alone
                 peer_logger.debug(f"could not ask {peer} whether it is done with round {self.round_no}: {e!r}")

@@ -273,7 +273,7 @@ class RoundLoop(InnerSteps):
             self._quiet_mates[mate] = max(self._quiet_mates.get(mate, 0), engine.round + 1)
         if result is not None and result.set_digest:  # other groups of the round: one θ from all their sets
             merged = merge_round(peer, engine.round, result, barrier.ready, self._merge_skip, gave_up=barrier.gave_up,
-                                 quiet=self._quiet_mates, by_list=by_list,
+                                 quiet=self._quiet_mates, by_list=by_list, notices=peer.gatherer,
                                  awaited=draw.awaited(engine, engine.params_hash()))  # the seed after the union's repair
         t_merged = time.monotonic()  # the union's repair and the merge of the round's other groups' sets
         chosen, invalid, passed, senders, excluded = draw.contributions(peer, merged, payloads, excluded, timing.set_fetch_s)

@@ -60,7 +60,7 @@ class Merged:
 
 def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optional[Dict[str, int]] = None,
                 gave_up: Iterable[str] = (), quiet: Optional[Dict[str, int]] = None, by_list: bool = False,
-                awaited: Optional[Callable[[str, Progress], bool]] = None) -> Merged:
+                awaited: Optional[Callable[[str, Progress], bool]] = None, notices=None) -> Merged:
     """The union of our group's set and every set the round's other groups named in time.
 
     ``result`` is this peer's GatherResult; ``ready``, the peers its barrier saw ready in the round.
@@ -89,7 +89,9 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     the union's repair): where no peer it says may send is still to name a set, the merge does not
     wait for the others (they may not send this round; a set they name in time is still fetched);
     where one is, they all count towards the group it may form; a wait that runs out strikes only the
-    peers that may send (tests/round/test_awaited.py)."""
+    peers that may send (tests/round/test_awaited.py). ``notices``: what asks the peers waited for to
+    answer once they have named their set (peer/exchange/ready_notices.py ``ReadyAsks``, the peer's
+    gatherer; tests/round/test_group_merge.py); None: the view alone."""
     skip = {} if skip is None else skip
     membership, gatherer, spec = peer.membership, peer.gatherer, peer.spec
     own = result.set_digest
@@ -121,7 +123,7 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     allowance = timing.merge_allowance(membership.straggler_allowance(), getattr(gatherer, "matchmaking_wait", 0.0))
     # the peers it waits for are asked to answer once they name their group's set: a set is seen when named,
     # not at the next read of the view (every N / 8 s; peer/exchange/ready_notices.py)
-    asks = ReadyAsks(gatherer, round_no, membership.digest, timing, until=SET) if hasattr(gatherer, "ask_ready") else None
+    asks = ReadyAsks(notices, round_no, membership.digest, timing, until=SET) if notices is not None else None
     while not peer.stop_event.is_set():
         viewed = membership.view()
         if asks is not None:

@@ -376,6 +376,6 @@ def test_a_set_named_is_seen_in_the_answer_to_our_question_not_at_the_next_read(
     views = [SimpleNamespace(**vars(record(p)), expires=0.0) for p in others]
     swarm = AskedSwarm([views], {others[0]: {theirs[1]: theirs[0]}}, answers={others[0]: named})
     peer, result = member_of(swarm, mine)
-    merged = merge_round(peer, ROUND, result, ready=others)
+    merged = merge_round(peer, ROUND, result, ready=others, notices=swarm)
     assert merged.payloads == {**mine[2], **theirs[2]} and merged.sets == 2
     assert {(p, r, until) for p, r, until in swarm.questions} >= {(p, ROUND, SET) for p in others}

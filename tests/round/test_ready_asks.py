@@ -83,11 +83,11 @@ def test_an_answer_that_does_not_end_the_wait_is_asked_again_and_a_silent_peer_i
     calls = {"a": 0}
 
     class Again(Notices):
-        def ask_ready(self, peer, round_no, wait):
+        def ask_ready(self, peer, round_no, wait, until=b""):
             if peer == "a":
                 calls["a"] += 1
                 self.answers["a"] = (1.0, record(5, "training" if calls["a"] == 1 else "ready"))
-            return super().ask_ready(peer, round_no, wait)
+            return super().ask_ready(peer, round_no, wait, until)
 
     notices = Again(clock, {"b": (0.5, None)})
     m = membership(monkeypatch, clock, stale)
