@@ -148,8 +148,12 @@ async def run_inner_step(
     def before_clip() -> None:
         if constraint is not None:
             project_gradients_(named, constraint)
-        bad = [n for n, p in named if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
-        if bad:
+        grads = [(n, p.grad) for n, p in named if p.grad is not None]
+        if not grads:
+            return
+        finite = torch.stack([torch.isfinite(g).all() for _, g in grads])  # one device sync, not one per tensor
+        if not bool(finite.all()):
+            bad = [n for (n, _), ok in zip(grads, finite.tolist()) if not ok]
             raise NonFiniteGradients(f"step {step}: gradients of {len(bad)} tensors are not finite ({bad[0]}, ...)")
 
     def after_step() -> None:

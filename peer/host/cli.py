@@ -180,6 +180,9 @@ def _check_device(device: str) -> None:
         raise UsageError(f"--device {device!r} is not a torch device: use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                         f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     if dev.type not in ("cpu", "cuda"):
         raise UsageError(f"--device {device!r}: only cpu and cuda are supported")
 

@@ -102,6 +102,9 @@ class OuterStrategy:
                      and chain.effective_rank(self.spec.model.d_model) < self.spec.model.d_model)
         return PROJECTED if projected else PLAIN
 
+    def to_host(self) -> None:
+        """Move this strategy's local buffers (if any) to the CPU: its role gives its device back."""
+
     # -- what a replica sends ---------------------------------------------------------------------
     def signal(self, delta: Tensors) -> Tensors:
         """The tensors to compress this round: delta folded into the local buffers (not in place)."""
@@ -289,6 +292,9 @@ class _ResidualStrategy(OuterStrategy):
     def local_state(self) -> Tensors:
         """CPU tensors (copies when the buffers live on a GPU), so checkpoints load anywhere."""
         return {f"{self.buffer_name}.{n}": t.cpu() for n, t in self.buffer.items()}
+
+    def to_host(self) -> None:
+        self.buffer = {n: t.cpu() for n, t in self.buffer.items()}  # signal() moves them back on use
 
     def load_local_state(self, state: Mapping[str, torch.Tensor]) -> None:
         _load_into(self.buffer, state, f"{self.buffer_name}.")

@@ -9,7 +9,7 @@ Precision (``inner.precision``): ``"bf16"`` runs the forward pass and the loss u
 so gradients reach the parameters in fp32. The parameters (the master weights), their gradients and
 the AdamW moments stay fp32 throughout, and so does every parameter a round's pseudo-gradient is
 taken from: precision changes which values a peer trains to, never the round's arithmetic.
-``"auto"``: bf16 on a CUDA device that supports it (``torch.cuda.is_bf16_supported()``), fp32
+``"auto"``: bf16 on a CUDA device that runs it natively (compute capability 8.0 or later; ROCm: as it reports), fp32
 elsewhere; ``"fp32"``: no autocast. ``"bf16"`` on the CPU works too (slowly; it is for tests).
 """
 
@@ -44,10 +44,15 @@ def autocast_dtype(precision: str, device: Device) -> Optional[torch.dtype]:
 
 
 def _cuda_bf16(device: torch.device) -> bool:
+    """Whether ``device`` runs bf16 natively: compute capability 8.0 (Ampere) or later on NVIDIA, what
+    ROCm reports on AMD. ``torch.cuda.is_bf16_supported()`` alone also says yes where bf16 is only
+    emulated (a T4, a V100), where autocast to it runs slower than fp32 (tests/training/test_precision.py)."""
     if not torch.cuda.is_available():
         return False
     with torch.cuda.device(device):
-        return bool(torch.cuda.is_bf16_supported())
+        if getattr(torch.version, "hip", None):
+            return bool(torch.cuda.is_bf16_supported())
+        return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 class InnerTrainer:
@@ -55,8 +60,10 @@ class InnerTrainer:
     far fewer launches: the 125m and 350m shapes are launch-bound on a fast GPU; bench/gpu.py
     ``--compile``). The first steps take the compile time; the parameters, their names and the
     optimizer are the same modules, so checkpoints and payloads do not change. Evaluation stays eager.
-    If the first compiled forward pass fails (no C compiler, an unsupported platform), the trainer
-    says why once and goes on eagerly: ``compiled`` is then False."""
+    If ``torch.compile`` itself, or the first compiled step (its forward pass, or in ``step`` its
+    backward pass, which is compiled at its first call) fails (no C compiler, an unsupported platform
+    or Python), the trainer says why once and goes on eagerly: ``compiled`` is then False
+    (tests/training/test_inner.py)."""
 
     def __init__(self, model: nn.Module, inner: InnerSpec, device: Device = "cpu", compile: bool = False):
         inner.check()
@@ -65,9 +72,13 @@ class InnerTrainer:
         self.model = model.to(self.device)
         if isinstance(model, Model):  # inner.checkpoint_activations: recompute each block in the backward
             model.recompute_blocks = bool(inner.checkpoint_activations)
-        self.compiled = compile
-        self._forward_model = torch.compile(self.model) if compile else self.model
+        self.compiled, self._forward_model = compile, self.model
         self._compile_checked = not compile  # the first compiled call either works or turns compile off
+        if compile:
+            try:  # some platforms refuse at once (e.g. a Python that torch's dynamo does not support yet)
+                self._forward_model = torch.compile(self.model)
+            except Exception as e:
+                self._compile_failed(e)
         self.params: List[nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters (every one has requires_grad=False)")
@@ -92,10 +103,13 @@ class InnerTrainer:
             try:
                 return self._forward(x, y)
             except Exception as e:  # torch.compile's errors come at the first call
-                why = (str(e).splitlines() or [""])[0][:200]
-                logger.warning(f"--compile: torch.compile failed ({type(e).__name__}: {why}); training without it")
-                self.compiled, self._forward_model = False, self.model
+                self._compile_failed(e)
         return self._forward(x, y)
+
+    def _compile_failed(self, e: Exception) -> None:
+        why = (str(e).splitlines() or [""])[0][:200]
+        logger.warning(f"--compile: torch.compile failed ({type(e).__name__}: {why}); training without it")
+        self.compiled, self._forward_model, self._compile_checked = False, self.model, True
 
     def _forward(self, x: torch.Tensor, y: torch.Tensor):
         if self.autocast_dtype is None:
@@ -114,8 +128,18 @@ class InnerTrainer:
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
         self.optimizer.zero_grad(set_to_none=True)  # a refused step's gradients must not add to this one
-        _, loss = self.forward(x, y)
-        loss.backward()
+        first_compiled = self.compiled and not self._compile_checked
+        try:
+            _, loss = self.forward(x, y)
+            loss.backward()
+        except Exception as e:
+            if not (first_compiled and self.compiled):
+                raise
+            # the compiled backward is built at its first call, after the forward pass worked
+            self._compile_failed(e)
+            self.optimizer.zero_grad(set_to_none=True)
+            _, loss = self.forward(x, y)
+            loss.backward()
         self.apply_gradients()
         return loss.float().item()
 

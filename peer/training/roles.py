@@ -132,6 +132,18 @@ class Role:
         """After ``RoundAbandoned``: a role to go on with (None: the peer is stopping)."""
         return self
 
+    def release_device(self) -> None:
+        """Give this role's device memory back before another role is built on the device: its
+        weights and gradients, AdamW's moments, the strategy's local buffers (moved to the CPU, or
+        dropped where they are only this role's). A GPU sized for one chain stage then holds the next
+        one too (tests/training/test_roles.py)."""
+        self.trainer.optimizer.state.clear()
+        self.trainer.optimizer.zero_grad(set_to_none=True)
+        self.model.to("cpu")
+        self.strategy.to_host()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def status(self) -> Dict[str, object]:
         return {"part": self.part, "chain": None, "link_bytes_sent": 0, "link_bytes_received": 0, "link_tokens": 0}
 
@@ -249,6 +261,7 @@ class ChainStage(Role):
         """Wait for a new chain and build the stage it assigns."""
         if self.chain.wait_for_assignment() is None:
             return None
+        self.release_device()  # stages are sized to the GPU: the old one's memory must be free for the new one
         return ChainStage(self.spec, self.chain, self.device, corpus)
 
     def status(self) -> Dict[str, object]:

@@ -106,6 +106,9 @@ class ActivationCodec:
 
     def basis_on(self, device: torch.device) -> torch.Tensor:
         """U on ``device`` (copied there at the first use)."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" are one GPU: one copy
+            device = torch.device("cuda", torch.cuda.current_device())
         if device not in self._U_on:
             self._U_on[device] = self.U.to(device)
         return self._U_on[device]

@@ -47,3 +47,18 @@ def test_a_device_that_is_not_one_is_a_usage_error():
 def test_help_explains_the_device_and_compile_flags():
     out = run_cli("peer", "--help").stdout
     assert "--device" in out and "auto" in out and "--no-compile" in out
+
+
+def test_a_gpu_index_the_machine_lacks_is_a_usage_error_at_start(monkeypatch):
+    """``--device cuda:3`` on a one-GPU box is refused with the devices there are, not with torch's
+    "invalid device ordinal" at the first step."""
+    import torch
+
+    from peer.host.cli import _check_device
+    from swarm.console import UsageError
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    _check_device("cuda:0")
+    _check_device("cuda")
+    with pytest.raises(UsageError, match="1 CUDA device.*cuda:0 to cuda:0"):
+        _check_device("cuda:3")

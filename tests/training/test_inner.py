@@ -219,6 +219,58 @@ def test_a_failing_compile_falls_back_to_eager_once_with_a_warning(corpus, monke
     assert "torch.compile" not in caplog.text  # said once
 
 
+def test_a_compile_refused_at_once_falls_back_to_eager(corpus, monkeypatch, caplog):
+    """A platform dynamo does not support raises at ``torch.compile`` itself, not at the first call:
+    the peer still starts, says so, and trains eagerly."""
+    import peer.training.inner as inner_mod
+
+    def refusing_compile(model):
+        raise RuntimeError("Python 3.13+ is not yet supported for torch.compile")
+
+    monkeypatch.setattr(inner_mod.torch, "compile", refusing_compile)
+    model = build_model(SMALL, seed=0, mlp_slices=1)
+    eager = InnerTrainer(copy.deepcopy(model), INNER)
+    trainer = InnerTrainer(model, INNER, compile=True)
+    assert not trainer.compiled
+    assert "torch.compile failed (RuntimeError: Python 3.13+ is not yet supported" in caplog.text
+    (x, y), = _batches(corpus, 1)
+    assert trainer.step(x, y) == eager.step(x, y)
+
+
+class _FailingBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("inductor: backward compile failed")
+
+
+def test_a_compiled_backward_that_fails_at_its_first_call_falls_back_to_the_same_eager_step(corpus, monkeypatch, caplog):
+    """The compiled backward is built at the first ``loss.backward()``, after the forward pass
+    worked: a failure there is the compile's too. The step is taken again eagerly, with no gradient
+    of the failed try left over, so it ends on the eager trainer's parameters, bit for bit."""
+    import peer.training.inner as inner_mod
+
+    def compile_with_broken_backward(model):
+        def call(x, y):
+            logits, loss = model(x, y)
+            return logits, _FailingBackward.apply(loss)
+        return call
+
+    monkeypatch.setattr(inner_mod.torch, "compile", compile_with_broken_backward)
+    model = build_model(SMALL, seed=0, mlp_slices=1)
+    eager = InnerTrainer(copy.deepcopy(model), INNER)
+    trainer = InnerTrainer(model, INNER, compile=True)
+    for x, y in _batches(corpus, 2):
+        assert trainer.step(x, y) == eager.step(x, y)
+    assert not trainer.compiled and trainer.step_count == 2
+    assert caplog.text.count("torch.compile failed (RuntimeError: inductor: backward compile failed)") == 1
+    for (name, a), (_, b) in zip(eager.model.named_parameters(), trainer.model.named_parameters()):
+        assert torch.equal(a, b), name
+
+
 def test_checkpoint_activations_recomputes_blocks_and_trains_the_same_bits():
     """inner.checkpoint_activations: the trainer sets the model's recompute_blocks, and three AdamW
     steps end on the same parameters, bit for bit, as without it."""

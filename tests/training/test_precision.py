@@ -44,8 +44,26 @@ def test_auto_is_fp32_on_the_cpu_and_explicit_values_win():
     assert autocast_dtype("bf16", "cpu") is torch.bfloat16
     assert InnerTrainer(build_model(SMALL, 0), InnerSpec()).precision == "fp32"
     if torch.cuda.is_available():
-        assert autocast_dtype("auto", "cuda") is (torch.bfloat16 if torch.cuda.is_bf16_supported() else None)
+        native = torch.cuda.get_device_capability()[0] >= 8 or bool(getattr(torch.version, "hip", None))
+        assert autocast_dtype("auto", "cuda") is (torch.bfloat16 if native else None)
         assert autocast_dtype("fp32", "cuda") is None
+
+
+@pytest.mark.parametrize("capability, expected", [((7, 5), None), ((7, 0), None), ((8, 0), torch.bfloat16),
+                                                  ((9, 0), torch.bfloat16)])
+def test_auto_takes_bf16_only_where_the_gpu_runs_it_natively(monkeypatch, capability, expected):
+    """A T4 (7.5) or V100 (7.0) "supports" bf16 by emulation (``is_bf16_supported()`` says yes), slower
+    than fp32: "auto" keeps fp32 there; Ampere (8.0) and later train in bf16."""
+    import contextlib
+
+    import peer.training.inner as inner_mod
+    monkeypatch.setattr(inner_mod.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(inner_mod.torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(inner_mod.torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(inner_mod.torch.cuda, "get_device_capability", lambda *a: capability)
+    monkeypatch.setattr(inner_mod.torch.version, "hip", None)
+    assert autocast_dtype("auto", "cuda:0") is expected
+    assert autocast_dtype("bf16", "cuda:0") is torch.bfloat16  # asked for explicitly: as asked
 
 
 def test_bf16_runs_the_matrix_products_in_bf16_and_the_loss_in_fp32():
