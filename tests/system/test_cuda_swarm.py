@@ -65,6 +65,11 @@ def test_a_chain_on_cuda_trains_beside_a_full_cuda_peer_and_ends_shared_rounds_o
         assert [s1["device"].split(":")[0], s2["device"].split(":")[0]] == list(stage_devices)
         assert full["device"].startswith("cuda")
         assert s1["link_tokens"] > 0 and s2["link_tokens"] > 0
+        for s in (full, s1, s2):  # what the process ran on, not only the flag it was given
+            on_gpu = s["device"].startswith("cuda")
+            assert (s["device_peak_bytes"] or 0) > 0 if on_gpu else s["device_peak_bytes"] is None, s
+            assert s["precision"] == ("bf16" if on_gpu else "fp32"), s
+        assert sorted(tuple(s["part"]) for s in (s1, s2))[0][0] == 0  # both stages of one chain, one of them first
         assert assert_groups_identical([full, s1, s2]) >= 2
         for r in shared():  # a stage's update left out only by the round's checks, alike on every member
             assert all(refused_by_checks(r, p) for p in r["excluded"]), r["excluded"]
