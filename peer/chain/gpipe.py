@@ -130,13 +130,16 @@ async def run_inner_step(
     constraint = None if constraint is None else constraint.to(device)
     xs: Sequence[Optional[torch.Tensor]] = [None] * M
     ys: Sequence[Optional[torch.Tensor]] = [None] * M
+    xs_host: Sequence[Optional[torch.Tensor]] = [None] * M
     if stage.is_first or stage.is_last:
         if batch is None:
             raise ValueError("the first and the last stage need the batch (x, y)")
         x, y = batch
         if stage.is_first and x is None:
             raise ValueError("the first stage needs the inputs x")
-        xs = _split(x.to(device), M) if x is not None else xs
+        if x is not None:  # the ids stay on the CPU too: the frames carry them, the last stage checks them
+            xs_host = _split(x.to("cpu"), M)
+            xs = [t.to(device) for t in xs_host]
         ys = _split(y.to(device), M)
     for link in (upstream, downstream):
         for t in (xs[0], ys[0]):
@@ -163,7 +166,8 @@ async def run_inner_step(
     trainer.optimizer.zero_grad(set_to_none=True)
     stage.train()
     try:
-        loss = await _pipeline_pass(stage, _autocast(trainer, device), T, M, step, xs, ys, upstream, downstream, close_from)
+        loss = await _pipeline_pass(stage, _autocast(trainer, device), T, M, step, xs, ys, upstream, downstream, close_from,
+                                    xs_host)
         trainer.apply_gradients(before_clip, after_step)
     except RoundClosed as closed:  # before anything of the step was computed: pass it on down the chain
         trainer.optimizer.zero_grad(set_to_none=True)
@@ -206,12 +210,15 @@ async def _pipeline_pass(
     upstream: Optional[StageLink],
     downstream: Optional[StageLink],
     close_from: int = 0,
+    xs_host: Optional[Sequence[Optional[torch.Tensor]]] = None,
 ) -> Optional[float]:
-    """Forward and backward of the M micro-batches; gradients accumulate in the parameters."""
+    """Forward and backward of the M micro-batches; gradients accumulate in the parameters. ``xs_host``:
+    the ids of ``xs`` on the CPU (what frames carry and the last stage compares), if ``xs`` are on a GPU."""
+    xs_host = xs_host if xs_host is not None else xs
     if stage.is_last:
         total = 0.0
         for mb in range(M):  # one forward, one backward: only one micro-batch's graph alive
-            h_in, _, h = await _stage_input(stage, autocast, T, step, mb, xs[mb], upstream, close_from)
+            h_in, _, h = await _stage_input(stage, autocast, T, step, mb, xs[mb], upstream, close_from, xs_host[mb])
             with autocast():
                 _, loss = stage.forward_head(stage.forward_blocks(h), ys[mb])
             (loss / M).backward()
@@ -223,7 +230,7 @@ async def _pipeline_pass(
     outs: List[Optional[torch.Tensor]] = []
     ins: List[Optional[torch.Tensor]] = []
     for mb in range(M):  # GPipe: every forward first, the graphs of all M micro-batches alive
-        h_in, tokens, h = await _stage_input(stage, autocast, T, step, mb, xs[mb], upstream, close_from)
+        h_in, tokens, h = await _stage_input(stage, autocast, T, step, mb, xs[mb], upstream, close_from, xs_host[mb])
         with autocast():
             out = stage.forward_blocks(h)
         downstream.send_activations(step, mb, tokens, out, T)
@@ -240,12 +247,14 @@ async def _pipeline_pass(
 
 
 async def _stage_input(stage: Model, autocast, T: torch.Tensor, step: int, mb: int, x: Optional[torch.Tensor],
-                       upstream: Optional[StageLink], close_from: int = 0):
+                       upstream: Optional[StageLink], close_from: int = 0, x_host: Optional[torch.Tensor] = None):
     """(leaf input whose .grad goes upstream, or None on the first stage; the micro-batch's token
-    ids; the hidden state to run the blocks on)."""
+    ids, on the CPU; the hidden state to run the blocks on). ``x_host``: ``x`` on the CPU, where ``x``
+    is on a GPU (no copy back per micro-batch)."""
+    x_host = x if x_host is None else x_host
     if upstream is None:
         with autocast():
-            return None, x, stage.embed_tokens(x)
-    tokens, h = await upstream.recv_activations(step, mb, T, expect_tokens=x, close_from=close_from)
+            return None, x_host, stage.embed_tokens(x)
+    tokens, h = await upstream.recv_activations(step, mb, T, expect_tokens=x_host, close_from=close_from)
     h_in = h.detach().requires_grad_(True)
     return h_in, tokens, h_in
