@@ -10,4 +10,6 @@ round's waits, states, decisions and agreement), ``dht`` (the records) and ``cha
 chains); ``errors`` serves all of them.
 """
 
-PROTOCOL_VERSION = 2  # 2: a payload's header says how many inner steps its update covers
+# 2: a payload's header says how many inner steps its update covers; 3: a set that holds no payload has
+# one name a round (protocol/round/group_sets.py ``empty_set_name``)
+PROTOCOL_VERSION = 3

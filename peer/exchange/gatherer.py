@@ -283,7 +283,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
             strangers = cuttable(self._mates, self._known)
             await self._agree(group, others, patient=clients, strangers=strangers)
             outcome = group.agreement.outcome()
-            group.set_digest = group_sets.set_digest(binding.context, outcome.payloads)
+            group.set_digest = group_sets.set_name(binding, outcome.payloads)
             for owner, why in outcome.excluded.items():
                 logger.warning(f"round {self._round_no}: excluded {base58(owner)}: {why}")
             return GatherResult(

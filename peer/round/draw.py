@@ -38,6 +38,7 @@ from protocol.round import group_sets
 from protocol.round.group_sets import SetError
 from protocol.round.set_manifests import Entry, SetManifest, entries_of
 from protocol.wire.payload import claimed_part
+from protocol.wire.signed import Binding
 
 logger = logging.getLogger("voloco.peer")
 
@@ -155,7 +156,10 @@ def _opened(what: str, source: str, round_no: int, check: Callable[[], Any]) -> 
 def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, timeout: float,
                       members: Optional[Bindings] = None):
     """The set ``digest`` from ``source``, checked, as sender (base58) -> payload; None on any failure
-    (``_opened``). ``members``: where given, its binding's members and its owners are added to it."""
+    (``_opened``). ``members``: where given, its binding's members and its owners are added to it.
+    The round's empty set (``group_sets.empty_set_name``) is known without a fetch: it holds nothing."""
+    if digest == group_sets.empty_set_name(gatherer.run_digest, round_no):
+        return {}
     raw = gatherer.fetch_set(source, digest, timeout=timeout)
     if raw is None:
         return None
@@ -170,7 +174,11 @@ def fetch_checked_set(gatherer, spec, source: str, digest: str, round_no: int, t
 
 
 def fetch_checked_list(gatherer, spec, source: str, digest: str, round_no: int, timeout: float) -> Optional[SetList]:
-    """The list of the set ``digest`` from ``source``, checked; None on any failure (``_opened``)."""
+    """The list of the set ``digest`` from ``source``, checked; None on any failure (``_opened``). The
+    round's empty set's list is known without a fetch (no binding: it names no group)."""
+    if digest == group_sets.empty_set_name(gatherer.run_digest, round_no):
+        empty = SetManifest(Binding(gatherer.run_digest, round_no, b"", ()), {}, digest)
+        return SetList(empty, {}, [source])
     raw = gatherer.fetch_manifest(source, digest, timeout=timeout)
     if raw is None:
         return None

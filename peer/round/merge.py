@@ -228,8 +228,11 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     count = len(held) + len(lists or {})
     if count > 1:
         known = "payloads in all" if lists is None else "payloads held whole, the others' by their lists"
+        empty = group_sets.empty_set_name(gatherer.run_digest, round_no)
+        empty = ", and the round's empty set (groups that sent nothing; known by its name)" \
+            if empty in held or empty in (lists or {}) else ""
         logger.info(f"round {round_no}: merged the sets of {count - 1} other group(s) of the round: "
-                    f"{len(payloads)} {known}")
+                    f"{len(payloads)} {known}{empty}")
     return Merged(payloads, excluded, count, held, lists)
 
 

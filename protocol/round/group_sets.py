@@ -34,6 +34,7 @@ from protocol.wire.signed import ENVELOPE_OVERHEAD, MAX_ID_BYTES, Binding, Signa
 DIGEST_CHARS = 32  # a set's name in a progress record: 128 bits of sha256, hex
 TWO_PAYLOADS = "equivocated: sealed two different payloads in two groups of this round"
 _TAG = "voloco/set/2"  # 2: parts named too
+_EMPTY_TAG = "voloco/empty-set/1"
 
 
 class SetError(ProtocolError):
@@ -47,6 +48,22 @@ class GroupSet:
     binding: Binding
     payloads: Dict[bytes, bytes]
     digest: str
+
+
+def empty_set_name(run: bytes, round_no: int) -> str:
+    """The name of every empty set of ``run``'s round ``round_no``: a group none of whose members sent a
+    payload (in a round of at most K a part, most groups of a large swarm). It names no group, so a
+    peer knows such a set holds nothing without fetching it: the lists a peer fetches in a round
+    follow the groups that hold senders (about 5/4 K a part), not the swarm's size. Naming a set
+    empty that is not is no more than leaving a set out: the set's other members name it as it is
+    (tests/protocol/test_set_manifests.py, tests/round/test_draw.py)."""
+    return hashlib.sha256(msgpack.packb([_EMPTY_TAG, bytes(run), int(round_no)], use_bin_type=True)).hexdigest()[:DIGEST_CHARS]
+
+
+def set_name(binding: Binding, payloads: Mapping[bytes, bytes]) -> str:
+    """What a group names the set ``payloads`` it agreed under ``binding``: ``set_digest``, or the
+    round's ``empty_set_name`` if it holds no payload."""
+    return set_digest(binding.context, payloads) if payloads else empty_set_name(binding.run, binding.round)
 
 
 def set_digest(context: bytes, payloads: Mapping[bytes, bytes]) -> str:
@@ -122,7 +139,7 @@ def open_set(raw: bytes, run: bytes, round_no: int, digest: str, max_members: in
             _, _, payloads[owner] = open_envelope(envelope, context, owner, max_payload_bytes)
         except SignatureError as e:
             raise SetError(f"an envelope of the set does not verify: {e}") from None
-    named = set_digest(context, payloads)
+    named = set_name(binding, payloads)
     if named != digest:
         raise SetError("the set is not the one its name was asked for")
     return GroupSet(binding, payloads, named)

@@ -34,7 +34,7 @@ from typing import Dict, Hashable, Iterable, Mapping, Optional, Set, Tuple
 
 import msgpack
 
-from protocol.round.group_sets import SetError, entries_digest, part_wire, union, unpack_bound
+from protocol.round.group_sets import SetError, empty_set_name, entries_digest, part_wire, union, unpack_bound
 from protocol.wire.payload import Part, claimed_part
 from protocol.wire.signed import (DIGEST_BYTES, MAX_ID_BYTES, MAX_PUBLIC_KEY_BYTES, MAX_SIGNATURE_BYTES, Binding, PublicKey,
                                   SignatureError, claim_message, open_envelope, payload_digest)
@@ -121,7 +121,9 @@ def open_manifest(raw: bytes, run: bytes, round_no: int, digest: str, max_member
         if not signed:
             raise SetError("a manifest entry is not signed by its owner for this group")
         entries[owner] = Entry(payload_of, _part(part), key, signature)
-    if entries_digest(context, {o: (e.digest, e.part) for o, e in entries.items()}) != digest:
+    named = entries_digest(context, {o: (e.digest, e.part) for o, e in entries.items()}) if entries else \
+        empty_set_name(binding.run, binding.round)
+    if named != digest:
         raise SetError("the manifest is not the one its name was asked for")
     return SetManifest(binding, entries, digest)
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from protocol.round.group_sets import (DIGEST_CHARS, MAX_NAMES, TWO_PAYLOADS, SetError, late_union, open_set, pack_names, pack_set,
                                  repaired_key, start_keys,
-                                 parse_names, set_digest, union, vouched)
+                                 parse_names, set_digest, set_name, union, vouched)
 from protocol.wire.signed import seal
 from tests.support.agreement_sim import MAX_PAYLOAD, RUN, binding_of, signer
 
@@ -29,7 +29,7 @@ def agreed_set(first: int, n: int, group_id: bytes = b"group-1", payloads=None):
 
 def opened(binding, envelopes, payloads, **kw):
     raw = pack_set(binding, envelopes)
-    return open_set(raw, kw.pop("run", RUN), kw.pop("round_no", ROUND), kw.pop("digest", set_digest(binding.context, payloads)),
+    return open_set(raw, kw.pop("run", RUN), kw.pop("round_no", ROUND), kw.pop("digest", set_name(binding, payloads)),
                     kw.pop("max_members", 16), MAX_PAYLOAD)
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.round.group_sets import TWO_PAYLOADS, SetError, entries_digest, set_digest
+from protocol.round.group_sets import TWO_PAYLOADS, SetError, empty_set_name, entries_digest, set_digest, set_name
 from protocol.round.set_manifests import (Entry, conflicts, entries_of, manifest_union, max_manifest_bytes, open_manifest,
                                           open_member, pack_manifest, part_mismatch)
 from protocol.wire.payload import encode_payload
@@ -43,13 +43,26 @@ def test_a_served_list_opens_under_its_sets_name_with_each_payloads_digest_and_p
 
 
 def test_a_group_whose_members_all_sat_the_round_out_has_an_empty_set_and_list():
-    """protocol/round/eligibility.py can leave every member of a group without a payload to send."""
+    """protocol/round/eligibility.py can leave every member of a group without a payload to send: its
+    set and list are named as the round's empty set, whatever the group (``empty_set_name``)."""
     binding, _, _ = agreed_set(0, 3)
-    name = set_digest(binding.context, {})
+    other, _, _ = agreed_set(1, 2)
+    name = empty_set_name(RUN, ROUND)
+    assert set_name(binding, {}) == set_name(other, {}) == name != empty_set_name(RUN, ROUND + 1)
     assert open_manifest(pack_manifest(binding, {}), RUN, ROUND, name, 16).entries == {}
     assert opened(binding, {}, {}).payloads == {}
     with pytest.raises(SetError):  # still the named one
         open_manifest(pack_manifest(binding, {}), RUN, ROUND, set_digest(binding.context, {b"x": b"y"}), 16)
+    with pytest.raises(SetError, match="not the one"):  # the context-bound name of nothing is not it
+        open_manifest(pack_manifest(binding, {}), RUN, ROUND, set_digest(binding.context, {}), 16)
+
+
+def test_a_list_with_entries_is_not_the_empty_set():
+    """Naming the round's empty set does not make a list with entries pass for it."""
+    payloads = {signer(i).peer_id: payload_of(-1, i) for i in range(2)}
+    binding, envelopes, payloads = agreed_set(0, 2, payloads=payloads)
+    with pytest.raises(SetError, match="not the one"):
+        open_manifest(pack_manifest(binding, envelopes), RUN, ROUND, empty_set_name(RUN, ROUND), 16)
 
 
 def test_a_list_that_misstates_a_part_or_drops_an_entry_is_not_the_named_set():

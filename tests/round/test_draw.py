@@ -16,7 +16,7 @@ from peer.outer.engine import RoundEngine
 from peer.outer.strategies import make_strategy
 from peer.round import draw, union
 from peer.round.draw import fetch_into
-from protocol.round.group_sets import entries_digest, set_digest
+from protocol.round.group_sets import empty_set_name, entries_digest, set_digest
 from protocol.round.set_manifests import PART_MISMATCH, entries_of, pack_manifest
 from protocol.round.timing import Timing
 from tests.outer.test_choice_engine import SPEC, trained
@@ -236,3 +236,35 @@ def test_lists_that_misstate_many_parts_make_a_member_read_at_most_k_payloads():
     disagree = [s for s, why in drawn.excluded.items() if why == draw.PARTS_DISAGREE]
     assert len(disagree) == 6 - K  # 6 senders' parts in dispute, K of them read
     assert len(gatherer.members_asked) <= 2 * K  # the K read, then at most K drawn
+
+
+class _NoNetwork(Gatherer):
+    def fetch_manifest(self, peer, digest, timeout):
+        raise AssertionError(f"the empty set {digest} was fetched")
+
+    def fetch_set(self, peer, digest, timeout):
+        raise AssertionError(f"the empty set {digest} was fetched")
+
+
+def test_the_rounds_empty_set_is_taken_without_a_fetch_and_leaves_theta_as_it_is():
+    """Groups none of whose members sent (most of a large swarm's, with K) all name the round's empty
+    set: a member takes it, as a list or whole, without asking anyone, once however many groups named
+    it, and draws and concludes as if it were not there (so the lists a peer fetches follow the groups
+    that hold senders, not the swarm's size)."""
+    full, e = engine(), engine()
+    sets = groups(full, 2)
+    every = {s: p for _, payloads, _ in sets.values() for s, p in by_name(payloads).items()}
+    chosen, _, _ = full.choose(every, ROUND, full.params_hash())
+    full.conclude(full.decode(chosen)[0], None, delivered=False)
+    empty = empty_set_name(RUN, ROUND)
+    held, lists = split(sets, Gatherer(sets))
+    offline = _NoNetwork(sets)
+    assert fetch_into(held, lists, offline, SPEC_K, ["a"], empty, ROUND, 1.0)
+    assert fetch_into(held, lists, offline, SPEC_K, ["b"], empty, ROUND, 1.0)  # a second empty group: the same name
+    assert lists[empty].entries == {} and len(lists) == len(sets)  # one more list than the other groups' sets
+    whole: dict = {}
+    assert fetch_into(whole, None, offline, SPEC_K, ["a"], empty, ROUND, 1.0) and whole == {empty: {}}
+    drawn = draw.take(member(e, Gatherer(sets)), ROUND, e.params_hash(), held, lists, 5.0)
+    assert sorted(drawn.payloads) == sorted(chosen) and not drawn.excluded
+    e.conclude(e.decode(drawn.payloads)[0], None, delivered=False)
+    assert e.params_hash() == full.params_hash()

@@ -15,7 +15,7 @@ from peer.outer.strategies import make_strategy
 from peer.round import union
 from peer.exchange.results import GatherResult
 from peer.round.report import RoundRecord
-from protocol.round.group_sets import pack_set, set_digest
+from protocol.round.group_sets import pack_set, set_digest, set_name
 from protocol.round.timing import Timing
 from tests.protocol.test_group_sets import agreed_set
 from tests.support.agreement_sim import MAX_PAYLOAD, RUN, binding_of, signer
@@ -144,14 +144,15 @@ def test_a_union_that_cannot_be_taken_leaves_theta_as_it_was(case):
 
 
 def test_a_set_without_a_payload_joins_the_union_without_concluding_the_round_again():
-    """A group whose members sent nothing this round (with K, none of them may send) names a set with
-    no payload: a member that lacked it takes it into the union, and θ stays the bits it was."""
+    """A group whose members sent nothing this round (with K, none of them may send) names the round's
+    empty set: a member that lacked it takes it into the union without fetching it, and θ stays the
+    bits it was."""
     spec, e = engine("diloco")
     (n1, p1, s1), _ = two_groups(spec, e)
     base = e.params_hash()
     last = concluded(spec, e, {n1: s1})
     binding = binding_of([signer(i).peer_id for i in (5, 6)], round_no=ROUND, group_id=b"g3")
-    n3, p3 = set_digest(binding.context, {}), pack_set(binding, {})
+    n3, p3 = set_name(binding, {}), pack_set(binding, {})
     before = e.params_hash()
     peer = member(spec, e, {"x": {n3: p3}})
     peer.totals.history.append(RoundRecord(round=ROUND + 1, params_hash=before, group=["me"], contributors=2,
@@ -160,6 +161,6 @@ def test_a_set_without_a_payload_joins_the_union_without_concluding_the_round_ag
     e.redo = None  # concluding the round again would fail here
     last_sets = {"me": (base, (n1,)), "x": (base, tuple(sorted((n1, n3))))}
     taken = union.take_group_union(peer, last, gathered(last_sets, {"me": before, "x": before}))
-    assert peer.gatherer.asked == [("x", n3)] and taken.taken == 1
+    assert peer.gatherer.asked == [] and taken.taken == 1  # known empty by its name
     assert e.params_hash() == before == last.after_hash and taken.holds
     assert union.announce(last, e) == (base, tuple(sorted((n1, n3)))) and peer.totals.history[-1].sets == 2
