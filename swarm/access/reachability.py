@@ -167,9 +167,33 @@ def tcp_accepts(maddrs: Sequence[object], timeout: float = 3.0) -> bool:
     return False
 
 
+def _daemon_readers() -> Set[asyncio.Task]:
+    return {t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "") == "P2P._read_outputs"}
+
+
+def _dropped(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:  # retrieved: asyncio logs no traceback
+        logger.debug(f"a probe daemon that did not start in time spoke late: {task.exception()!r}")
+
+
+async def start_probe_daemon() -> P2P:
+    """A throw-away p2p daemon for one dial-back. On a loaded host it may start later than hivemind's
+    ``startup_timeout``: hivemind then stops it and raises, but its output reader, which tells the
+    start apart, outlives it and raises ``InvalidStateError`` when the daemon's late first line comes,
+    an error nobody retrieves (asyncio would print its traceback in the peer's log). That reader's
+    error is taken and logged at debug here (tests/swarm/test_reachability.py)."""
+    before = _daemon_readers()
+    try:
+        return await P2P.create(**PROBE_ARGS)
+    except BaseException:
+        for task in _daemon_readers() - before:
+            task.add_done_callback(_dropped)
+        raise
+
+
 async def dial(peer: PeerID, targets: Sequence[Multiaddr], timeout: float) -> Tuple[bool, str, str]:
     """Connect to ``peer`` at ``targets`` from a new daemon: (ok, the address that worked, libp2p's error)."""
-    probe = await P2P.create(**PROBE_ARGS)
+    probe = await start_probe_daemon()
     try:
         await asyncio.wait_for(probe._client.connect(peer, list(targets)), timeout)
         infos = [i for i in await probe.list_peers() if i.peer_id == peer]

@@ -4,12 +4,14 @@ a stand-in daemon for the helper's bounds on what a hostile asker can make it do
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import socket
 from types import SimpleNamespace
 
 import pytest
 from hivemind.p2p import PeerID
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from multiaddr import Multiaddr
 
 from swarm.access import reachability as reach
@@ -229,3 +231,39 @@ def test_a_probe_that_cannot_start_gives_no_verdict(monkeypatch):
     servicer = reach.DialBack(FakeP2P(asker, "10.1.2.3"))
     answer = asyncio.run(servicer._answer(asker, [b"/ip4/10.1.2.3/tcp/31337"]))
     assert answer["ok"] is None and servicer._probes._value == reach.MAX_PROBES
+
+
+class P2P:
+    """hivemind's P2P.create as it fails on a loaded host: the daemon's first line comes after the
+    start-up timeout, and its output reader then sets the result of a future already cancelled."""
+
+    @classmethod
+    async def create(cls, **kwargs):
+        self = cls()
+        ready = asyncio.get_running_loop().create_future()
+        self._reader_task = asyncio.create_task(self._read_outputs(ready))
+        try:
+            await asyncio.wait_for(ready, 0.05)
+        except asyncio.TimeoutError:
+            raise P2PDaemonError("Daemon failed to start in 0.1 seconds") from None
+
+    async def _read_outputs(self, ready):
+        await asyncio.sleep(0.2)  # "Peer ID: ..." at last
+        ready.set_result(None)
+
+
+def test_a_probe_daemon_that_starts_too_late_leaves_no_traceback(monkeypatch, caplog):
+    """The reader of a probe daemon that missed its start-up timeout raises InvalidStateError when the
+    daemon's first line comes; nobody awaits it, so asyncio printed "Task exception was never
+    retrieved" with a traceback in a loaded peer's log. The probe's failure is still the caller's."""
+    monkeypatch.setattr(reach, "P2P", P2P)
+
+    async def go():
+        with pytest.raises(P2PDaemonError):
+            await reach.start_probe_daemon()
+        await asyncio.sleep(0.4)
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(go())
+        gc.collect()
+    assert "never retrieved" not in caplog.text and "InvalidStateError" in caplog.text  # at debug, once
