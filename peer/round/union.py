@@ -248,7 +248,14 @@ def _fetch_into(peer, round_no: int, name: str, sources: List[str], deadline: fl
                 got: Dict[str, Dict[str, bytes]], got_lists: Optional[Dict[str, SetList]]) -> bool:
     """The set ``name`` into ``got``, checked, or, in a run that draws its contributions (``got_lists``
     kept), its list into ``got_lists`` (peer/round/draw.py), from the first of ``sources`` (at most
-    ``TRIES_PER_SET`` asked) that serves it before ``deadline``; whether it came."""
+    ``TRIES_PER_SET`` asked) that serves it before ``deadline``; whether it came. The round's empty set
+    comes without a fetch, whoever announced it (a client-mode member serves nothing)."""
+    if name == group_sets.empty_set_name(peer.gatherer.run_digest, round_no):
+        if got_lists is not None:
+            got_lists[name] = draw.fetch_checked_list(peer.gatherer, peer.spec, "", name, round_no, 0.0)
+        else:
+            got[name] = {}
+        return True
     if got_lists is not None:
         listed, _ = draw.fetch_list_from(peer.gatherer, peer.spec, sources, name, round_no, deadline, TRIES_PER_SET)
         if listed is not None:

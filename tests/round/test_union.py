@@ -5,6 +5,7 @@ that cannot take it keeps θ and does not count as holding the group's start."""
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +16,7 @@ from peer.outer.strategies import make_strategy
 from peer.round import union
 from peer.exchange.results import GatherResult
 from peer.round.report import RoundRecord
-from protocol.round.group_sets import pack_set, set_digest, set_name
+from protocol.round.group_sets import empty_set_name, pack_set, set_digest, set_name
 from protocol.round.timing import Timing
 from tests.protocol.test_group_sets import agreed_set
 from tests.support.agreement_sim import MAX_PAYLOAD, RUN, binding_of, signer
@@ -164,3 +165,15 @@ def test_a_set_without_a_payload_joins_the_union_without_concluding_the_round_ag
     assert peer.gatherer.asked == [] and taken.taken == 1  # known empty by its name
     assert e.params_hash() == before == last.after_hash and taken.holds
     assert union.announce(last, e) == (base, tuple(sorted((n1, n3)))) and peer.totals.history[-1].sets == 2
+
+
+def test_the_rounds_empty_set_is_taken_where_nobody_that_announced_it_serves():
+    """A client-mode member that announced the round's empty set serves nothing, so the union's repair
+    has no one to ask: the set comes all the same (known by its name), whole or as its list."""
+    spec, e = engine("diloco")
+    peer = member(spec, e, {})
+    name = empty_set_name(RUN, ROUND)
+    got, lists = {}, {}
+    assert union._fetch_into(peer, ROUND, name, [], time.monotonic() + 1.0, got, None) and got == {name: {}}
+    assert union._fetch_into(peer, ROUND, name, [], time.monotonic() + 1.0, {}, lists) and lists[name].entries == {}
+    assert peer.gatherer.asked == []
