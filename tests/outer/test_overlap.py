@@ -92,7 +92,11 @@ def test_overlapped_peers_stay_identical_and_a_slow_peer_closes_its_rounds_early
             same = {r["round"]: r for r in mate["history"] if c in r["group"]}
             read = [(r["round"], r["steps"], same[r["round"]]["short"].get(c, H)) for r in shared_slow if r["round"] in same]
             assert read and all(steps == got for _, steps, got in read), read
-            assert all(set(r["short"]) <= {c} for r in mate["history"]), [r["short"] for r in mate["history"]]
+            # another peer's payload is short only where that peer's own round closed early (a loaded host can
+            # slow a fast peer too): each count read is the steps its sender's record says it trained
+            trained = {(s["peer_id"], r["round"]): r["steps"] for s in statuses for r in s["history"]}
+            assert all(steps == trained.get((p, r["round"]), steps) < H
+                       for r in mate["history"] for p, steps in r["short"].items()), [r["short"] for r in mate["history"]]
     finally:
         stop.set()
         swarm.close()
