@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 logger = logging.getLogger("voloco.peer")
 
@@ -28,13 +28,19 @@ AUTO = "auto"
 
 @dataclass(frozen=True)
 class Machine:
-    """What the host offers: whether torch sees a CUDA device, its name, the CPU threads torch would use."""
+    """What the host offers: whether torch sees a CUDA device, the names of its GPUs (by index), the
+    CPU threads torch would use."""
 
     cuda: bool
-    cuda_name: str = ""
+    cuda_names: Tuple[str, ...] = ()
     cpu_threads: int = 1  # torch's default
     usable_cores: int = 0  # the CPU affinity capped by a cgroup quota (peer/host/cpu_share.py); 0: unknown
     peers_here: int = 1  # voloco peers on this host, this one included
+
+    def gpu_name(self, device: str) -> str:
+        """The name of the GPU ``device`` ("cuda", "cuda:N") names, "" where unknown."""
+        index = int(device.partition(":")[2] or 0)
+        return self.cuda_names[index] if 0 <= index < len(self.cuda_names) else ""
 
     @property
     def base_threads(self) -> int:
@@ -52,7 +58,8 @@ class Choice:
 
     def describe(self, machine: Machine) -> str:
         threads = self.threads if self.threads is not None else machine.cpu_threads
-        return (f"training on {self.device}{f' ({machine.cuda_name})' if self.device.startswith('cuda') and machine.cuda_name else ''}"
+        name = machine.gpu_name(self.device) if self.device.startswith("cuda") else ""
+        return (f"training on {self.device}{f' ({name})' if name else ''}"
                 f", torch.compile {'on' if self.compile else 'off'}, {threads} CPU thread{'' if threads == 1 else 's'}: {self.why}")
 
 
@@ -69,6 +76,9 @@ def choose(device: str, compile: Optional[bool], threads: Optional[int], machine
     if device == AUTO:
         device = "cuda" if machine.cuda else "cpu"
         reasons.append("--device auto found a CUDA device" if machine.cuda else "--device auto found no CUDA device")
+        if len(machine.cuda_names) > 1:  # one peer a GPU: another peer on cuda:0 would share its memory
+            reasons.append(f"the first of {len(machine.cuda_names)} GPUs: start one peer per GPU with "
+                           f"--device cuda:0 ... cuda:{len(machine.cuda_names) - 1}")
     else:
         reasons.append(f"--device {device}")
     on_cuda = device.startswith("cuda")
@@ -106,5 +116,6 @@ def detect_machine(share: bool = True) -> Machine:
             usable, peers = usable_cores(), peers_on_host()
         except Exception as e:  # never a reason not to start
             logger.warning(f"could not read this host's usable cores or its other peers ({e!r}): taking torch's default threads")
-    return Machine(cuda=cuda, cuda_name=torch.cuda.get_device_name(0) if cuda else "", cpu_threads=torch.get_num_threads(),
+    names = tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())) if cuda else ()
+    return Machine(cuda=cuda, cuda_names=names, cpu_threads=torch.get_num_threads(),
                    usable_cores=usable, peers_here=peers)

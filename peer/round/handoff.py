@@ -30,10 +30,14 @@ logger = logging.getLogger("voloco.peer")
 
 def continue_from(params: Dict[str, torch.Tensor], theta: Dict[str, torch.Tensor], sent: Dict[str, torch.Tensor]) -> None:
     """The one-step-delayed update, in place: ``params ← θ + (params − θ_send)``. With no step
-    taken since ``sent`` the model is θ exactly, as in the sequential loop."""
+    taken since ``sent`` the model is θ exactly, as in the sequential loop. A parameter ``sent`` lacks
+    (a partial peer's frozen slice, which no step moves) becomes θ's."""
     with torch.no_grad():
         for name, param in params.items():
-            param.sub_(sent[name]).add_(theta[name].to(param.device, param.dtype))
+            if name in sent:
+                param.sub_(sent[name]).add_(theta[name].to(param.device, param.dtype))
+            else:
+                param.copy_(theta[name].to(param.device, param.dtype))
 
 
 @dataclass

@@ -69,7 +69,7 @@ class RoundLoop(InnerSteps):
         # steps taken ahead of an exchange in flight before the loop waits for it (outer.max_overlap, rounded down; H: never)
         self.max_ahead = max(1, math.floor(spec.outer.max_overlap * spec.outer.inner_steps + 1e-9))
         self.early = EarlyClose(peer.membership, peer.peer_id, peer.stop_event, enabled=self.min_steps < spec.outer.inner_steps)
-        self.evaluator = RoundEvaluator(peer) if self.overlap else None
+        self.evaluator = RoundEvaluator(peer.engine, peer.corpus.per_byte, peer.val) if self.overlap else None
         self.advisor = BusyAdvisor(spec.outer.inner_steps, self.overlap, spec.outer.max_overlap)  # the H that keeps it busy
         self._thread: Optional[threading.Thread] = None
         self._sent: Optional[Dict[str, torch.Tensor]] = None  # θ_send: the model when its payload was made
@@ -161,8 +161,9 @@ class RoundLoop(InnerSteps):
         handoff = Handoff(None, None, losses, t0, t_train, t_train, overlapped=self._overlapped)
         if schedule.checkpoint_due(peer):
             handoff.trainer = checkpoints.trainer_snapshot(role)
-        with torch.no_grad():
-            self._sent = {n: p.detach().clone() for n, p in role.params.items()}
+        self.evaluator.prepare(role)  # its copy of the model, made here where no step runs
+        with torch.no_grad():  # what the payload is encoded from: the part this peer sends (not a partial peer's frozen slices)
+            self._sent = {n: p.detach().clone() for n, p in role.params.items() if n in engine.strategy.layout}
         round_start = engine.theta  # θ of this round: the exchange before it has ended
         self._hold = self._holds()
         self._thread = threading.Thread(target=self._exchange_in_background, args=(handoff, round_start, self._sent),

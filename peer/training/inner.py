@@ -26,6 +26,8 @@ from protocol.spec import InnerSpec
 
 logger = logging.getLogger("voloco.peer")
 
+OUT_OF_MEMORY = torch.cuda.OutOfMemoryError  # torch.OutOfMemoryError from torch 2.5; never compile's fault
+
 __all__ = ["InnerTrainer", "evaluate", "autocast_dtype"]
 
 Device = Union[str, torch.device]
@@ -102,6 +104,9 @@ class InnerTrainer:
             self._compile_checked = True
             try:
                 return self._forward(x, y)
+            except OUT_OF_MEMORY:  # not compile's fault: eager needs more memory still
+                self._compile_checked = False
+                raise
             except Exception as e:  # torch.compile's errors come at the first call
                 self._compile_failed(e)
         return self._forward(x, y)
@@ -133,7 +138,7 @@ class InnerTrainer:
             _, loss = self.forward(x, y)
             loss.backward()
         except Exception as e:
-            if not (first_compiled and self.compiled):
+            if isinstance(e, OUT_OF_MEMORY) or not (first_compiled and self.compiled):
                 raise
             # the compiled backward is built at its first call, after the forward pass worked
             self._compile_failed(e)
@@ -183,18 +188,28 @@ class InnerTrainer:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.Tensor]], device: Device = "cpu") -> float:
-    """Mean validation loss over the batches, in nats per byte (one token is one byte)."""
+def evaluate(model: nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.Tensor]], device: Device = "cpu",
+             dtype: Optional[torch.dtype] = None) -> float:
+    """Mean validation loss over the batches, in nats per byte (one token is one byte). ``dtype``: the
+    autocast of the role's inner steps (``InnerTrainer.autocast_dtype``; None: fp32), so a GPU peer's
+    validation pass costs what its steps do. The losses add up on the device in float64, the same
+    operations in the same order as a sum of ``loss.item()`` values, with one sync at the end
+    (tests/training/test_inner.py::test_evaluate_follows_the_trainers_precision_and_syncs_once)."""
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
+    device = torch.device(device)
+    total, count = torch.zeros((), dtype=torch.float64, device=device), 0
     try:
         for x, y in batches:
-            _, loss = model(x.to(device), y.to(device))
-            total += loss.item() * y.numel()
+            if dtype is None:
+                _, loss = model(x.to(device), y.to(device))
+            else:
+                with torch.autocast(device.type, dtype=dtype):
+                    _, loss = model(x.to(device), y.to(device))
+            total += loss.double() * y.numel()
             count += y.numel()
     finally:
         model.train(was_training)
     if count == 0:
         raise ValueError("evaluate() needs at least one batch")
-    return total / count
+    return total.item() / count

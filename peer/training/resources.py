@@ -16,13 +16,14 @@ logger = logging.getLogger("voloco.resources")
 
 DEFAULT_BANDWIDTH_MBPS = 100.0
 HEADROOM = 0.8  # of detected memory: the framework, the Python process and the exchange need the rest
+SHARED_GPU = 0.9  # a GPU with less of its memory free than this at start is shared (tests/training/test_resources.py)
 
 
 @dataclass(frozen=True)
 class Resources:
     memory_bytes: int
     bandwidth_mbps: float
-    source: str  # how memory_bytes was found: "declared", "cuda", "ram"
+    source: str  # how memory_bytes was found: "declared", "cuda" (or "cuda: ... free ..."), "ram"
 
     def fits(self, spec: RunSpec) -> bool:
         return fits_full_replica(spec, self.memory_bytes)
@@ -37,11 +38,17 @@ class Resources:
 
 
 def detect(device: torch.device, max_memory_gb: Optional[float], bandwidth_mbps: Optional[float]) -> Resources:
-    """Declared limits win; otherwise the device's memory (CUDA) or the available RAM, with headroom."""
+    """Declared limits win; otherwise the device's memory (CUDA: the whole GPU's, or what other
+    processes left free of it) or the available RAM, with headroom."""
     bandwidth = bandwidth_mbps if bandwidth_mbps else DEFAULT_BANDWIDTH_MBPS
     if max_memory_gb is not None:
         return Resources(int(max_memory_gb * 1e9), bandwidth, "declared")
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
-        return Resources(int(total * HEADROOM), bandwidth, "cuda")
+        free = min(total, torch.cuda.mem_get_info(device)[0])
+        if free >= SHARED_GPU * total:
+            return Resources(int(total * HEADROOM), bandwidth, "cuda")
+        # other processes hold this GPU's memory (another peer on the same card): size to what is left
+        return Resources(int(free * HEADROOM), bandwidth,
+                         f"cuda: {free / 1e9:.1f} of its {total / 1e9:.1f} GB free, other processes hold the rest")
     return Resources(int(psutil.virtual_memory().available * HEADROOM), bandwidth, "ram")

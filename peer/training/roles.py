@@ -123,7 +123,7 @@ class Role:
         """The inner steps are over (or were interrupted)."""
 
     def evaluate(self, val) -> float:
-        return evaluate(self.model, val, self.device)
+        return evaluate(self.model, val, self.device, self.trainer.autocast_dtype)
 
     def heartbeat(self) -> None:
         """Called every heartbeat period (from the heartbeat thread)."""

@@ -60,8 +60,9 @@ def check_encodable(x: torch.Tensor) -> None:
     if x.dtype != torch.float32:
         raise TypeError(f"codecs encode float32 tensors, got {x.dtype}")
     if x.numel():
-        lo, hi = torch.aminmax(x.detach())  # NaN propagates, and fails the comparisons below
-        if not (-ENCODE_MAX_ABS <= lo.item() and hi.item() <= ENCODE_MAX_ABS):
+        # NaN propagates, and fails the comparisons below; one copy to the host (on a GPU, one sync)
+        lo, hi = torch.stack(torch.aminmax(x.detach())).tolist()
+        if not (-ENCODE_MAX_ABS <= lo and hi <= ENCODE_MAX_ABS):
             raise ValueError(f"cannot encode a tensor with non-finite values or magnitudes above {ENCODE_MAX_ABS:g}")
 
 

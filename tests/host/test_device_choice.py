@@ -8,7 +8,8 @@ from peer.host.device_choice import Machine, choose
 from tests.host.test_cli import UNREACHABLE, assert_usage_error
 from tests.support.swarm_harness import run_cli
 
-GPU = Machine(cuda=True, cuda_name="NVIDIA H200", cpu_threads=16)
+GPU = Machine(cuda=True, cuda_names=("NVIDIA H200",), cpu_threads=16)
+TWO_GPUS = Machine(cuda=True, cuda_names=("NVIDIA H100 80GB HBM3", "NVIDIA RTX 4090"), cpu_threads=32)
 CPU = Machine(cuda=False, cpu_threads=2)
 
 
@@ -38,6 +39,18 @@ def test_the_log_line_says_why():
     assert "found no CUDA device" in choose("auto", None, None, CPU).describe(CPU)
     assert "--no-compile turns it off" in choose("auto", None, None, GPU).why
     assert "--device cpu" in choose("cpu", None, None, GPU).why
+
+
+def test_the_line_names_the_gpu_chosen_and_tells_a_multi_gpu_box_to_run_a_peer_per_gpu():
+    """``--device cuda:1`` names GPU 1, not GPU 0; ``--device auto`` takes the first GPU of several and
+    says how to use the others (each peer sizes itself to its GPU's memory: two on one GPU would not fit)."""
+    line = choose("cuda:1", None, None, TWO_GPUS).describe(TWO_GPUS)
+    assert "cuda:1 (NVIDIA RTX 4090)" in line and "H100" not in line
+    auto = choose("auto", None, None, TWO_GPUS)
+    assert auto.device == "cuda" and "cuda (NVIDIA H100 80GB HBM3)" in auto.describe(TWO_GPUS)
+    assert "the first of 2 GPUs: start one peer per GPU with --device cuda:0 ... cuda:1" in auto.why
+    assert "GPUs" not in choose("auto", None, None, GPU).why
+    assert choose("cuda:3", None, None, TWO_GPUS).describe(TWO_GPUS).startswith("training on cuda:3,")  # unknown: no name
 
 
 def test_a_device_that_is_not_one_is_a_usage_error():

@@ -109,6 +109,51 @@ def test_evaluate_restores_mode_and_needs_no_grad(corpus):
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_evaluate_follows_the_trainers_precision_and_syncs_once(corpus, monkeypatch):
+    """The losses add up on the device: one ``item()`` a pass, not one a batch (on a GPU each is a
+    wait behind the inner steps' queued kernels), and the same float64 sum of the same values as
+    before. With a bf16 trainer the pass runs under its autocast, as its steps do."""
+    model = build_model(SMALL, 0)
+    batches = val_batches(corpus, 32, 4, 3)
+    with torch.no_grad():
+        model.eval()
+        per_batch = [model(x, y)[1].item() * y.numel() for x, y in batches]
+    old = 0.0
+    for v in per_batch:
+        old += v
+    items = []
+    real_item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda t: items.append(1) or real_item(t))
+    assert evaluate(model, batches) == old / sum(y.numel() for _, y in batches)
+    assert len(items) == 1
+    monkeypatch.undo()
+    bf16 = InnerTrainer(copy.deepcopy(model), InnerSpec(precision="bf16"))
+    assert bf16.autocast_dtype == torch.bfloat16
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = sum(model(x, y)[1].double().item() * y.numel() for x, y in batches)
+    got = evaluate(bf16.model, batches, "cpu", bf16.autocast_dtype)
+    assert got == pytest.approx(want / sum(y.numel() for _, y in batches), rel=1e-12)
+    assert got != evaluate(model, batches)  # it did run in bf16
+
+
+def test_out_of_memory_at_the_first_compiled_step_is_raised_not_taken_for_a_compile_failure(corpus, monkeypatch, caplog):
+    """An eager step needs more memory than a compiled one: a CUDA out-of-memory at the first compiled
+    call propagates, with compile still on, instead of turning compile off and failing again."""
+    import peer.training.inner as inner_mod
+
+    def compile_out_of_memory(model):
+        def call(x, y):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return call
+
+    monkeypatch.setattr(inner_mod.torch, "compile", compile_out_of_memory)
+    trainer = InnerTrainer(build_model(SMALL, seed=0), INNER, compile=True)
+    (x, y), = _batches(corpus, 1)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        trainer.step(x, y)
+    assert trainer.compiled and "torch.compile failed" not in caplog.text
+
+
 def test_default_model_learns_the_stdlib(corpus, threads):
     """60 inner steps of 16 x 128 bytes take the validation loss down by more than a nat."""
     # two intra-op threads on a machine with two cores collapse as soon as anything else runs
