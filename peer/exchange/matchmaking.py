@@ -17,7 +17,7 @@ from hivemind.p2p import PeerID
 from hivemind.proto import averaging_pb2
 from hivemind.utils.mpfuture import MPFuture
 
-from protocol.round.reconcile import Announced
+from protocol.round.reconcile import MAX_GATHER_BYTES, Announced
 from protocol.round.timing import Timing
 from protocol.wire.bounded_unpack import MAX_DEPTH, packed_nesting
 
@@ -125,7 +125,9 @@ def refuse_peers(mm: Any, refused: FrozenSet[Any], admitted: Optional[FrozenSet[
     alone whom it refuses (peer/round/no_show_views.py ``refused``: members that joined its groups and
     sent nothing; ``admitted``: only peers it knows, while new identities cost its groups too much;
     ``leaders``: only peers it knows, while one of them is ready); the group is still the leader's
-    list, the same for every member. Installed on the instance once, the sets replaced each round
+    list, the same for every member. A join request whose matchmaking data exceeds
+    ``reconcile.MAX_GATHER_BYTES`` is refused as a protocol violation (the leader would relay it to
+    every member). Installed on the instance once, the sets replaced each round
     (tests/exchange/test_refused_peers.py)."""
     mm.voloco_refused, mm.voloco_admitted, mm.voloco_leaders = refused, admitted, leaders
     mm.voloco_leaders_until = time.monotonic() + leaders_for
@@ -140,6 +142,8 @@ def refuse_peers(mm: Any, refused: FrozenSet[Any], admitted: Optional[FrozenSet[
     def check_reasons_to_reject(request, context):
         if shunned(context.remote_id):
             return averaging_pb2.MessageFromLeader(code=averaging_pb2.NOT_LOOKING_FOR_GROUP)
+        if len(request.gather) > MAX_GATHER_BYTES:  # relayed to every member, who each decode it
+            return averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
         return check(request, context)
 
     async def request_join_group(leader):  # (hivemind's redirect to a suggested leader comes through here too)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from typing import AsyncIterator, Callable, Dict, Optional, Sequence, Tuple
 
 from hivemind.p2p import P2PContext, PeerID
@@ -38,6 +39,10 @@ KEEP_FETCHED = 8  # sets fetched from other groups we keep serving (a groupmate 
 KEEP_FETCHED_BYTES = 64 << 20  # and the most bytes they may take together
 KEEP_OFFERS = 8  # our recent rounds' lists of merged sets, answered to groupmates
 MAX_ROUND_CHARS = 12  # a question's round, as decimal digits
+# questions about our merges held at once for callers in none of our groups (a groupmate whose group we
+# have not opened yet, or anyone: the question names a made-up set and waits up to merged_wait_max_s);
+# past it such a question is answered at once as if its wait were over
+MAX_STRANGERS_HELD = 32
 
 
 class SetServer:
@@ -47,6 +52,8 @@ class SetServer:
     (empty OrderedDicts),
     ``timing`` (protocol/round/timing.py), and ReadyNotices' ``_take_progress`` and ``_ready_progress``
     (peer/exchange/ready_notices.py: our own progress record, as the host last published it)."""
+
+    _strangers_held = 0  # rpc_merged questions held now for callers in none of our groups
 
     # ---- host-process API ---------------------------------------------------------------------
     @property
@@ -191,23 +198,40 @@ class SetServer:
     async def _serve_packed(self, context: P2PContext, request: averaging_pb2.AveragingData,
                             answer: Callable[[bytes], Optional[bytes]]) -> AsyncIterator[averaging_pb2.AveragingData]:
         """``answer(what was asked)`` streamed in chunks to an admitted caller (``_stream_calls``: a few at once
-        from each peer, ``SERVING_AT_ONCE`` in all); BAD_GROUP_ID for None."""
+        from each peer, ``SERVING_AT_ONCE`` in all); BAD_GROUP_ID for None. hivemind puts no deadline on
+        the serving side, so a caller that stops reading held its place for as long as its connection
+        lived (32 identities held every place): the stream is cut once it falls behind the slowest rate
+        a download may take, or a gather slot passes without a chunk taken, as state serving's are
+        (tests/exchange/test_merged_lists.py::test_a_caller_that_stops_reading_loses_its_place)."""
         with self._stream_calls.admit(context.remote_id) as admitted:
             packed = answer(request.tensor_part.buffer) if admitted else None
             if packed is None:
                 yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
                 return
             self._count(received=request.ByteSize())
-            for start in range(0, len(packed), SET_CHUNK_BYTES):
-                msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=packed[start : start + SET_CHUNK_BYTES]))
-                self._count(sent=msg.ByteSize())
-                yield msg
+            task, loop, t = asyncio.current_task(), asyncio.get_running_loop(), self.timing
+            began, watchdog = time.monotonic(), None
+            try:
+                for start in range(0, len(packed), SET_CHUNK_BYTES):
+                    msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=packed[start : start + SET_CHUNK_BYTES]))
+                    self._count(sent=msg.ByteSize())
+                    now = time.monotonic()
+                    due = min(now + t.gather_slot_s, began + t.gather_slot_s + start / t.download_min_rate)
+                    if watchdog is not None:
+                        watchdog.cancel()
+                    watchdog = loop.call_later(max(0.0, due - now), task.cancel)
+                    yield msg
+            finally:
+                if watchdog is not None:
+                    watchdog.cancel()
 
     async def rpc_merged(self, request: averaging_pb2.AveragingData, context: P2PContext) -> averaging_pb2.AveragingData:
         """A member of one of our groups asks which sets we merged for its round: answered once we
         have merged (``offer_merged``), held open at most the wait it names (``weight``, capped), or at
         once (GROUP_DISBANDED) where our record shows we never will (``offers_no_set``; a question
-        that names no round, ``group_id``, is only held)."""
+        that names no round, ``group_id``, is only held). A caller in none of our groups is held only
+        while fewer than ``MAX_STRANGERS_HELD`` such are
+        (tests/exchange/test_merged_lists.py::test_questions_from_strangers_are_held_only_up_to_a_bound)."""
         with self._calls.admit(context.remote_id) as admitted:
             name, asked = request.tensor_part.buffer, request.group_id
             if (not admitted or len(name) != group_sets.DIGEST_CHARS or len(asked) > MAX_ROUND_CHARS
@@ -215,22 +239,34 @@ class SetServer:
                 return averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
             round_no = int(asked) if asked else None
             self._count(received=request.ByteSize())
-            wait = min(max(request.weight, 0.0), self.timing.merged_wait_max_s) if math.isfinite(request.weight) else 0.0
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + wait
-            while True:  # a slower member may not have agreed or merged yet
-                members, packed = self._merged.get(name, (None, None))
-                if members is not None and context.remote_id.to_bytes() not in members:
-                    return averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
-                if packed is not None:
-                    msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=packed))
-                    self._count(sent=msg.ByteSize())
-                    return msg
-                if round_no is not None and self._merges_elsewhere(name, round_no):
-                    return averaging_pb2.AveragingData(code=averaging_pb2.GROUP_DISBANDED)
-                if loop.time() >= deadline:
-                    return averaging_pb2.AveragingData(code=averaging_pb2.NOT_LOOKING_FOR_GROUP)
-                await asyncio.sleep(self.timing.merged_poll_s)
+            caller = context.remote_id.to_bytes()
+            stranger = not any(caller in g.members for g in self._groups.values())
+            if stranger and self._strangers_held >= MAX_STRANGERS_HELD:  # answered as if it timed out
+                return averaging_pb2.AveragingData(code=averaging_pb2.NOT_LOOKING_FOR_GROUP)
+            self._strangers_held += stranger
+            try:
+                return await self._merged_answer(name, round_no, caller, request.weight)
+            finally:
+                self._strangers_held -= stranger
+
+    async def _merged_answer(self, name: bytes, round_no: Optional[int], caller: bytes, weight: float):
+        """``rpc_merged``'s answer, once there is one or ``weight`` seconds (capped) are over."""
+        wait = min(max(weight, 0.0), self.timing.merged_wait_max_s) if math.isfinite(weight) else 0.0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:  # a slower member may not have agreed or merged yet
+            members, packed = self._merged.get(name, (None, None))
+            if members is not None and caller not in members:
+                return averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
+            if packed is not None:
+                msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=packed))
+                self._count(sent=msg.ByteSize())
+                return msg
+            if round_no is not None and self._merges_elsewhere(name, round_no):
+                return averaging_pb2.AveragingData(code=averaging_pb2.GROUP_DISBANDED)
+            if loop.time() >= deadline:
+                return averaging_pb2.AveragingData(code=averaging_pb2.NOT_LOOKING_FOR_GROUP)
+            await asyncio.sleep(self.timing.merged_poll_s)
 
     def _merges_elsewhere(self, name: bytes, round_no: int) -> bool:
         """Whether our own record says we will never merge the set ``name`` of ``round_no``."""

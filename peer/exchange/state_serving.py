@@ -65,8 +65,17 @@ class StateServing:
         task, loop = asyncio.current_task(), asyncio.get_running_loop()
         cut = lambda: self._cut(peer, task)  # noqa: E731
         watchdog = loop.call_later(t.gather_slot_s, cut)
+        # the host copies θ and the shared state whether or not the asker still waits: a download left at
+        # once keeps its place until that copy is done, or the gate would bound streams, not copies
+        # (tests/exchange/test_state_serving.py::test_a_download_left_at_once_keeps_its_place_until_the_host_answered)
+        fetch = asyncio.ensure_future(self._get_current_state_from_host_process())
         try:
-            metadata, tensors, infos = await self._get_current_state_from_host_process()
+            try:
+                metadata, tensors, infos = await asyncio.shield(fetch)
+            except asyncio.CancelledError:
+                gate, held, slot = self._serve_gate, slot, None
+                fetch.add_done_callback(lambda f: (f.cancelled() or f.exception(), gate.release(held)))
+                raise
             if infos is None:
                 infos = [CompressionInfo.from_tensor(tensor, key=i) for i, tensor in enumerate(tensors)]
             began, sent = time.monotonic(), 0
@@ -82,7 +91,8 @@ class StateServing:
                     metadata = None
         finally:
             watchdog.cancel()
-            self._serve_gate.release(slot)
+            if slot is not None:
+                self._serve_gate.release(slot)
 
     @staticmethod
     def _cut(peer: str, task: asyncio.Task) -> None:

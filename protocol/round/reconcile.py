@@ -361,6 +361,10 @@ def _pairs(value: Any, at_most: int) -> List[Tuple[bytes, bytes]]:
 
 # ---- matchmaking ------------------------------------------------------------------------------
 MAX_LAST_SETS = 64  # names of its last round's sets a member announces at most (groups of one round)
+# a member's matchmaking data as hivemind relays it to the group ([bandwidth, mode, announcement]):
+# an honest one, 64 names of 64 characters and its hashes, is under 5 KB; a leader refuses a join
+# request past this bound before it relays the data to every member (peer/exchange/matchmaking.py)
+MAX_GATHER_BYTES = 16 * 1024
 
 
 class Announced(NamedTuple):

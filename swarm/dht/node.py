@@ -25,6 +25,8 @@ from swarm.access.admission import JoinTokenAuthorizer
 from swarm.console import UsageError
 from swarm.dht.channels import install_channels
 from swarm.dht.depth_guard import guard_decoder, install_guard
+from swarm.dht.find_bound import install_find_bound
+from swarm.open_files import raise_open_file_limit
 from swarm.dht.store_quota import install_store_quota
 from swarm.access.identity import Identity, NodeTrust, prepare_identity, register
 from swarm.access.join_probe import MAX_ALTERNATES, PRIVATE, PUBLIC, TOKEN_BAD, TOKEN_OK, join_help, serve_run_access
@@ -110,6 +112,7 @@ def start_dht(
             raise UsageError(f"--announce-maddrs {str(addr)!r}: give the real port others connect to, not 0")
     key = token_key(join_token) if join_token is not None else None
     persistent_reads.install()  # before the DHT and averager processes fork: their p2p reads survive late answers
+    raise_open_file_limit()  # and hold the streams other peers open within their bounds
     mine = _NodeIdentity(identity_path, *prepare_identity(identity_path))
     lock = _lock_identity(identity_path) if identity_path is not None else None
     try:
@@ -294,6 +297,7 @@ def _start_node(initial_peers, host_maddrs, announce_maddrs, mine: _NodeIdentity
     """One attempt at starting the node; UsageError, or _JoinTimeout to try again."""
     guard_decoder()  # a DHT process forked from here decodes nothing nested past MAX_DEPTH
     install_store_quota()  # and keeps what other peers store within a bound, shared among them
+    install_find_bound()  # and answers a find within a bound of work and bytes
     try:
         dht = hivemind.DHT(
             start=True,

@@ -209,3 +209,63 @@ def test_our_groups_set_is_packed_once_for_every_asker(monkeypatch):
     g._groups[b"g"] = SimpleNamespace(set_digest=OURS, agreement=agreement)
     served = [g._packed_set(OURS.encode()) for _ in range(5)]
     assert len(packed) == 1 and all(s is packed[0] for s in served)
+
+
+def test_questions_from_strangers_are_held_only_up_to_a_bound():
+    """Any peer could ask about a made-up set and be held for up to ``merged_wait_max_s`` (600 s),
+    polled every 0.1 s, without a bound over callers (8,000 held questions took 45 % of a core). A
+    caller in none of our groups is held only while fewer than ``MAX_STRANGERS_HELD`` such are; a
+    groupmate is held whatever the strangers hold."""
+    from hivemind.p2p import PeerID
+
+    from peer.exchange.groups import Group
+    from peer.exchange.set_server import MAX_STRANGERS_HELD
+    from protocol.wire.signed import Signer
+    g = server()
+    g._groups[b"g" * 20] = Group(b"g" * 20, None, frozenset({PeerID(MATE.peer_id).to_bytes()}))
+    strangers = [Signer.generate() for _ in range(MAX_STRANGERS_HELD + 8)]
+
+    async def go():
+        held = [asyncio.create_task(g.rpc_merged(ask("9" * DIGEST_CHARS, wait=600.0), context(s))) for s in strangers]
+        mate = asyncio.create_task(g.rpc_merged(ask(wait=600.0), context(MATE)))
+        await asyncio.sleep(3 * Timing.merged_poll_s)
+        answered = [t.result().code for t in held if t.done()]
+        pending = sum(not t.done() for t in held)
+        mate_held = not mate.done()
+        for t in [*held, mate]:
+            t.cancel()
+        await asyncio.gather(*held, mate, return_exceptions=True)
+        return answered, pending, mate_held
+
+    answered, pending, mate_held = asyncio.run(go())
+    assert pending == MAX_STRANGERS_HELD and answered == [averaging_pb2.NOT_LOOKING_FOR_GROUP] * 8
+    assert mate_held
+    assert g._strangers_held == 0  # every held question let go of its place
+
+
+def test_a_caller_that_stops_reading_loses_its_place():
+    """hivemind puts no deadline on a stream's serving side: a caller that asked for a set and never
+    read held one of the ``SERVING_AT_ONCE`` places as long as its connection lived. The stream is now
+    cut a gather slot after its last chunk was taken, and the place given back."""
+    from peer.exchange.set_server import SET_CHUNK_BYTES
+    from protocol.wire.signed import Signer
+    g = server()
+    g.timing = Timing().with_(gather_slot_s=0.3)
+    g._packed_set = lambda digest: bytes(4 * SET_CHUNK_BYTES)
+    callers = [Signer.generate() for _ in range(3)]
+
+    async def stalled(caller):  # takes the first chunk, then never reads again (a send that never drains)
+        async for _ in g.rpc_fetch_set(ask(), context(caller)):
+            await asyncio.Event().wait()
+
+    async def go():
+        tasks = [asyncio.create_task(stalled(c)) for c in callers]
+        await asyncio.sleep(0.1)
+        held = sum(g._stream_calls._running.values())
+        await asyncio.sleep(0.6)
+        cut = [t.cancelled() for t in tasks]
+        await asyncio.sleep(0.1)  # the closed generators give their places back
+        return held, cut, sum(g._stream_calls._running.values())
+
+    held, cut, after = asyncio.run(go())
+    assert held == 3 and all(cut) and after == 0

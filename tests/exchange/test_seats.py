@@ -19,6 +19,8 @@ from peer.exchange.matchmaking import count_seats, refuse_peers
 from protocol.wire.signed import Signer
 from tests.support.dht_nodes import loopback_gatherers
 
+JOIN = averaging_pb2.JoinRequest(gather=b"\x93\x00\x00\xc4\x00")  # an honest-sized request
+
 
 def peer_id() -> PeerID:
     return PeerID(Signer.generate().peer_id)
@@ -41,13 +43,13 @@ class FakeMatchmaking:
 
     def join(self, peer) -> bool:
         """A join request as hivemind's rpc_join_group makes it; True if the group is now assembled."""
-        if self._check_reasons_to_reject(None, SimpleNamespace(remote_id=peer)) is not None:
+        if self._check_reasons_to_reject(JOIN, SimpleNamespace(remote_id=peer)) is not None:
             raise AssertionError(f"{peer} refused")
         self.current_followers[peer] = "request"
         return len(self.current_followers) + 1 >= self.target_group_size
 
     def refused(self, peer) -> bool:
-        return self._check_reasons_to_reject(None, SimpleNamespace(remote_id=peer)) is not None
+        return self._check_reasons_to_reject(JOIN, SimpleNamespace(remote_id=peer)) is not None
 
 
 def test_a_member_nobody_awaited_adds_a_seat_up_to_the_largest_group():

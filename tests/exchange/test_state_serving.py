@@ -95,3 +95,52 @@ def test_downloads_pass_the_serve_gate_and_a_stalled_one_frees_its_slot_at_its_l
         for g in (server, first, second):
             g.shutdown()
 
+
+
+def test_a_download_left_at_once_keeps_its_place_until_the_host_answered():
+    """The host copies θ and the shared state for every download the gate admits, whether or not its
+    asker still reads: 40 strangers that left at once started 40 copies in 0.3 s while the gate let
+    one stranger in at a time. A download left before the host answered keeps its place until then."""
+    from types import SimpleNamespace
+
+    from hivemind.compression import NoCompression
+    from hivemind.p2p import P2PContext, PeerID
+
+    from peer.exchange.state_serving import StateServing
+    from protocol.wire.signed import Signer
+
+    copies = []
+
+    async def go():
+        answered = asyncio.Event()
+
+        async def host_copy():  # the host process's copy of the state, slow
+            copies.append(1)
+            await answered.wait()
+            return b"", [torch.zeros(4)], None
+
+        server = SimpleNamespace(allow_state_sharing=True, timing=Timing().with_(serves_at_once=2), _serve_gate=None,
+                                 _known=frozenset(), _mates=frozenset(), _log_refusal=lambda peer, why: None,
+                                 _get_current_state_from_host_process=host_copy, state_compression=NoCompression(),
+                                 _cut=StateServing._cut)
+
+        async def left_at_once(key):
+            context = P2PContext(handle_name="h", local_id=PeerID(Signer.generate().peer_id), remote_id=PeerID(key.peer_id))
+            stream = StateServing.rpc_download_state(server, averaging_pb2.DownloadRequest(), context)
+            task = asyncio.ensure_future(stream.__anext__())
+            await asyncio.sleep(0.05)
+            task.cancel()  # the asker reset its stream
+            await asyncio.gather(task, return_exceptions=True)
+            await stream.aclose()
+            return task
+
+        for _ in range(5):
+            await left_at_once(Signer.generate())
+        busy = len(server._serve_gate.slots)
+        answered.set()
+        await asyncio.sleep(0.05)
+        return busy, len(server._serve_gate.slots)
+
+    busy, after = asyncio.run(go())
+    assert copies == [1] and busy == 1  # one stranger's copy at a time: the others were answered busy
+    assert after == 0  # its place given back once the host answered
