@@ -26,13 +26,13 @@ from swarm.console import UsageError
 from swarm.dht.channels import install_channels
 from swarm.dht.depth_guard import guard_decoder, install_guard
 from swarm.dht.find_bound import install_find_bound
-from swarm.open_files import raise_open_file_limit
 from swarm.dht.store_quota import install_store_quota
 from swarm.access.identity import Identity, NodeTrust, prepare_identity, register
 from swarm.access.join_probe import MAX_ALTERNATES, PRIVATE, PUBLIC, TOKEN_BAD, TOKEN_OK, join_help, serve_run_access
 from swarm.access.reachability import dial, dial_failure, peer_answers, serve_dial_back, tcp_accepts
 from swarm.dht.rejoin import keep_joined
-from swarm import persistent_reads
+from swarm import persistent_reads, stream_frames
+from swarm.open_files import raise_open_file_limit
 from swarm.future_pipes import send_futures_lean
 from swarm.dht.validators import node_validators
 
@@ -113,6 +113,7 @@ def start_dht(
     key = token_key(join_token) if join_token is not None else None
     persistent_reads.install()  # before the DHT and averager processes fork: their p2p reads survive late answers
     raise_open_file_limit()  # and hold the streams other peers open within their bounds
+    stream_frames.install()  # and read no stream message past a bound
     mine = _NodeIdentity(identity_path, *prepare_identity(identity_path))
     lock = _lock_identity(identity_path) if identity_path is not None else None
     try:
