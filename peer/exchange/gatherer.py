@@ -137,6 +137,7 @@ class PayloadGatherer(Admitted, AgreementRounds, LateJoin, SetServer, ListServer
         self._opened_lists: OrderedDict = OrderedDict()  # the same lists as checked: set -> SetManifest
         self._fetched_members: "OrderedDict[Tuple[bytes, bytes], bytes]" = OrderedDict()  # (set, owner) -> envelope
         self._packed_lists: "OrderedDict[bytes, bytes]" = OrderedDict()  # lists of the sets we hold whole
+        self._served_members: "OrderedDict[Tuple[bytes, bytes], bytes]" = OrderedDict()  # their envelopes, once made
         self._group_opened: Optional[asyncio.Event] = None
         self._calls = CallLimiter(CALLS_PER_PEER)
         self._stream_calls = CallLimiter(CALLS_PER_PEER, total=SERVING_AT_ONCE)  # set_server.py's streams

@@ -38,13 +38,20 @@ logger = get_logger(__name__)
 
 MAX_LEADERS = 16  # leaders asked in one round that are remembered (bounded whatever the DHT offers)
 JOINS_PER_CALLER = 2  # unknown groups one caller can have us look up per round (fake ids cost it, not others)
+STRANGER_JOINS = 2  # ... and all callers that are strangers to us together (new identities cost nothing)
 ASK_TRIES = 3  # passes over those leaders before giving the group up (a leader opens it just after assembly)
+
+
+def _name(peer) -> str:
+    """A caller's base58 name (``_known`` holds names), whatever form it comes in."""
+    return peer.to_base58() if isinstance(peer, PeerID) else str(peer)
 
 
 class LateJoin:
     """Needs of its host class: ``_groups`` (group id -> group with ``members``, ``info`` and
     ``round_no``), ``_matchmaking``, ``_p2p``, ``prefix``, ``peer_id``, ``_round_no``,
-    ``_max_group_size``, ``_calls``, ``gather_timeout``, ``timing`` and ``get_stub``."""
+    ``_max_group_size``, ``_calls``, ``gather_timeout``, ``timing``, ``get_stub`` and ``_known`` (the
+    peers, base58, no strangers to us this round; None: nobody is one)."""
 
     def _begin_round_search(self, mm) -> None:
         """Called as a round's matchmaking is prepared: forget the leaders of earlier rounds and
@@ -52,7 +59,7 @@ class LateJoin:
         suggested leader's recursion included)."""
         self._asked_leaders: List[PeerID] = []
         self._late_joins = {}
-        self._late_join_callers: Dict[PeerID, int] = {}
+        self._late_join_callers: Dict[Optional[PeerID], int] = {}  # None: the strangers' share
         if getattr(mm, "_voloco_noting", None) is not mm:
             ask = mm._request_join_group
 
@@ -75,16 +82,19 @@ class LateJoin:
     def _start_late_join(self, group_id: bytes, caller: Optional[PeerID] = None) -> bool:
         """Ask this round's leaders for ``group_id``, once per group id (a task of its own), at most
         ``MAX_LEADERS`` group ids a round and ``JOINS_PER_CALLER`` of them for one ``caller``: a
-        member asking about made-up group ids uses up its own share, not the round's. Whether a
-        lookup started (tests/exchange/test_late_join.py)."""
+        member asking about made-up group ids uses up its own share, not the round's; callers that
+        are strangers to us (outside ``_known``) share ``STRANGER_JOINS``, or eight new identities
+        would use up the round's. Whether a lookup started (tests/exchange/test_late_join.py)."""
         joins = getattr(self, "_late_joins", None)
         callers = getattr(self, "_late_join_callers", None)
         if joins is None or group_id in joins or len(joins) >= MAX_LEADERS:
             return False
         if caller is not None and callers is not None:
-            if callers.get(caller, 0) >= JOINS_PER_CALLER:
+            known = getattr(self, "_known", None)  # None: nobody is a stranger yet
+            share, most = (caller, JOINS_PER_CALLER) if known is None or _name(caller) in known else (None, STRANGER_JOINS)
+            if callers.get(share, 0) >= most:
                 return False
-            callers[caller] = callers.get(caller, 0) + 1
+            callers[share] = callers.get(share, 0) + 1
         joins[group_id] = asyncio.ensure_future(self._join_late(group_id))
         return True
 

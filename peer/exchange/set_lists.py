@@ -43,7 +43,7 @@ KEEP_MEMBER_BYTES = 64 << 20  # and the most bytes they may take together
 
 class ListServer:
     """Needs of its host class: ``SetServer`` (``_group_of_set``, ``_serve_packed``) with what it needs,
-    ``_run``, and ``_fetched_lists``, ``_opened_lists``, ``_fetched_members``, ``_packed_lists`` (empty
+    ``_run``, and ``_fetched_lists``, ``_opened_lists``, ``_fetched_members``, ``_served_members``, ``_packed_lists`` (empty
     OrderedDicts)."""
 
     # ---- host-process API ---------------------------------------------------------------------
@@ -178,8 +178,16 @@ class ListServer:
         return packed if packed is not None else self._fetched_lists.get(digest)
 
     def _member_of(self, digest: bytes, owner: bytes) -> Optional[bytes]:
-        envelope = self._whole_envelope(digest, owner)
-        return envelope if envelope is not None else self._fetched_members.get((digest, owner))
+        """``owner``'s envelope in the set ``digest``: made once per (set, owner) and the one copy served
+        to every asker (each request hashed and packed the payload anew, a copy per asker; a set's name
+        commits to its envelopes, so what is kept never changes: tests/exchange/test_set_lists.py)."""
+        key = (digest, owner)
+        envelope = self._served_members.get(key)
+        if envelope is None:
+            envelope = self._whole_envelope(digest, owner)
+            if envelope is not None:
+                keep_bounded(self._served_members, key, envelope, KEEP_MEMBERS, KEEP_MEMBER_BYTES)
+        return envelope if envelope is not None else self._fetched_members.get(key)
 
     async def rpc_fetch_manifest(
         self, request: averaging_pb2.AveragingData, context: P2PContext

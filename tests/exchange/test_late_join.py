@@ -116,3 +116,30 @@ def test_a_member_gathering_elsewhere_is_refused_at_once():
             task.cancel()
 
     asyncio.run(run())
+
+
+def test_strangers_share_one_small_budget_of_lookups_and_leave_the_round_its_own():
+    """Eight new identities asking about two made-up groups each spent the round's 16 lookups, and a
+    member we know that missed its group message could not be pulled in."""
+    from hivemind.p2p import PeerID
+
+    from peer.exchange import late_join
+    from protocol.wire.signed import Signer
+
+    class Host(late_join.LateJoin):
+        async def _join_late(self, group_id):
+            return None
+
+    async def run():
+        host = Host()
+        host._asked_leaders, host._late_joins, host._late_join_callers = [], {}, {}
+        mate = PeerID(Signer.generate().peer_id)
+        host._known = frozenset({mate.to_base58()})
+        strangers = [PeerID(Signer.generate().peer_id) for _ in range(8)]
+        started = [host._start_late_join(bytes([i, j]) * 4, s) for i, s in enumerate(strangers) for j in range(2)]
+        assert sum(started) == late_join.STRANGER_JOINS
+        assert host._start_late_join(b"real-grp", mate) and host._start_late_join(b"real-gr2", mate)
+        assert not host._start_late_join(b"real-gr3", mate)  # a known caller's own share is still 2
+        await asyncio.gather(*host._late_joins.values())
+
+    asyncio.run(run())
