@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from peer.exchange import late_join
 from peer.exchange.gatherer import PayloadGatherer
 from tests.support.dht_nodes import loopback_gatherers
 
@@ -58,16 +59,22 @@ def test_a_follower_that_missed_its_group_gathers_in_it(gatherers):
     assert len({r.set_digest for r in results}) == 1
 
 
+class _LookupHost(late_join.LateJoin):
+    """Only the lookups' bookkeeping: a lookup started does nothing."""
+
+    async def _join_late(self, group_id):
+        return None
+
+
+def _lookups() -> _LookupHost:
+    host = _LookupHost()
+    host._asked_leaders, host._late_joins, host._late_join_callers = [], {}, {}
+    return host
+
+
 def test_a_member_asking_about_made_up_groups_uses_up_its_own_share_not_the_rounds():
-    from peer.exchange import late_join
-
-    class Host(late_join.LateJoin):
-        async def _join_late(self, group_id):
-            return None
-
     async def run():
-        host = Host()
-        host._asked_leaders, host._late_joins, host._late_join_callers = [], {}, {}
+        host = _lookups()
         liar, honest = b"liar", b"honest"
         started = [host._start_late_join(bytes([i]) * 8, liar) for i in range(late_join.MAX_LEADERS)]
         assert started == [True] * late_join.JOINS_PER_CALLER + [False] * (late_join.MAX_LEADERS - late_join.JOINS_PER_CALLER)
@@ -123,16 +130,10 @@ def test_strangers_share_one_small_budget_of_lookups_and_leave_the_round_its_own
     member we know that missed its group message could not be pulled in."""
     from hivemind.p2p import PeerID
 
-    from peer.exchange import late_join
     from protocol.wire.signed import Signer
 
-    class Host(late_join.LateJoin):
-        async def _join_late(self, group_id):
-            return None
-
     async def run():
-        host = Host()
-        host._asked_leaders, host._late_joins, host._late_join_callers = [], {}, {}
+        host = _lookups()
         mate = PeerID(Signer.generate().peer_id)
         host._known = frozenset({mate.to_base58()})
         strangers = [PeerID(Signer.generate().peer_id) for _ in range(8)]
