@@ -35,6 +35,7 @@ from swarm.records import verified_entries
 
 logger = logging.getLogger("voloco.swarm")
 
+LOGGED_PEERS = 64  # peers whose refusals are logged by name within a minute
 TOKEN_VALIDITY = 24 * 3600.0  # an access token is re-made an hour before this runs out
 
 
@@ -112,7 +113,8 @@ class AdmissionGate:
         self._admitted: Dict[str, float] = {}  # peer id -> expiration of its last proven record
         self._refreshed = 0.0
         self._lock: Optional[asyncio.Lock] = None
-        self._refused: Dict[str, float] = {}  # peer id -> when a refusal was last logged
+        self._refused: Dict[str, float] = {}  # peer id -> when a refusal was last logged (LOGGED_PEERS at most)
+        self._unlogged, self._unlogged_since = 0, time.monotonic()  # refusals of peers past them, since
 
     def wrap(self, servicer) -> "GatedServicer":
         """What ``ServicerBase.add_p2p_handlers(p2p, wrapper=...)`` registers instead of ``servicer``."""
@@ -147,10 +149,21 @@ class AdmissionGate:
                 self._admitted[entry.peer] = max(self._admitted.get(entry.peer, 0.0), entry.expiration)
 
     def refused(self, remote: PeerID, rpc: str) -> None:
-        peer = remote.to_base58()
-        if time.monotonic() - self._refused.get(peer, -1e9) > 60:
-            self._refused[peer] = time.monotonic()
+        """Log a refusal once a minute a peer, for at most ``LOGGED_PEERS`` peers a minute, and a count
+        of the rest once a minute (each new identity added a line and an entry, without a bound)."""
+        peer, now = remote.to_base58(), time.monotonic()
+        if now - self._refused.get(peer, -1e9) <= 60:
+            return
+        if len(self._refused) >= LOGGED_PEERS:
+            self._refused = {p: t for p, t in self._refused.items() if now - t <= 60}
+        if len(self._refused) < LOGGED_PEERS:
+            self._refused[peer] = now
             logger.warning(f"refused {rpc} from {peer}: it has proven no join token of this private run")
+            return
+        self._unlogged += 1
+        if now - self._unlogged_since > 60:
+            logger.warning(f"refused {self._unlogged} calls of other peers that have proven no join token of this private run")
+            self._unlogged, self._unlogged_since = 0, now
 
 
 class GatedServicer:

@@ -20,7 +20,7 @@ from hivemind.p2p import PeerID
 from hivemind.proto import dht_pb2
 from hivemind.utils import MSGPackSerializer, ValueWithExpiration, get_dht_time
 
-from protocol.chain.records import ChainAssignment, chains_key
+from protocol.chain.records import ChainAssignment
 from protocol.chain.stages import make_chain
 from protocol.dht.keys import RUNS_KEY, key_fingerprint, owned_subkey, peers_key, split_subkey
 from protocol.dht.records import Progress, encode_body, record_mac, seal, token_key
@@ -394,3 +394,18 @@ def test_dht_nodes_refuse_forged_records_and_outsiders(ids, tmp_path):
     finally:
         for n in nodes:
             n.shutdown()
+
+
+def test_refusals_of_many_new_identities_keep_a_bounded_log_and_table(caplog):
+    """Each stranger of a private run added a warning line and an entry that was never dropped: new
+    identities cost nothing, so the table and the log grew without a bound."""
+    from protocol.wire.signed import Signer
+    from swarm.access.admission import LOGGED_PEERS
+    gate = AdmissionGate(token_key(TOKEN), SPEC.run_id)
+    strangers = [PeerID(Signer.generate().peer_id) for _ in range(LOGGED_PEERS * 4)]
+    with caplog.at_level("WARNING", logger="voloco.swarm"):
+        for s in strangers + strangers:
+            gate.refused(s, "rpc_fetch_set")
+    assert len(gate._refused) == LOGGED_PEERS
+    assert len(caplog.records) == LOGGED_PEERS  # the others counted, said once a minute
+    assert gate._unlogged == 2 * 3 * LOGGED_PEERS  # each of the others, each time
