@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -21,6 +22,7 @@ from multiaddr import Multiaddr
 logger = logging.getLogger("voloco.swarm")
 
 MAX_KNOWN = 16
+LISTED_FOR_S = 2.0  # the daemon's list of connected peers is asked for at most this often (any stranger asks it)
 REMEMBER_TIMEOUT_S = 5.0  # how long a stopping peer waits for its DHT to list the nodes it is connected to
 MAX_FILE_BYTES = 16 * 256
 
@@ -56,10 +58,21 @@ async def connected_nodes(p2p, skip=None, limit: int = MAX_KNOWN) -> List[str]:
     """Up to ``limit`` of the nodes ``p2p`` is connected to (``skip`` aside), chosen at random, each
     as a multiaddr ending in its /p2p/ id: what a peer remembers, and what a busy join node hands
     out (swarm/access/join_probe.py)."""
-    out = [f"{info.addrs[0]}/p2p/{info.peer_id.to_base58()}" for info in await p2p.list_peers()
+    out = [f"{info.addrs[0]}/p2p/{info.peer_id.to_base58()}" for info in await _listed(p2p)
            if info.addrs and info.peer_id != skip]
     random.shuffle(out)
     return out[:limit]
+
+
+async def _listed(p2p):
+    """``p2p.list_peers()``, asked of the daemon at most every ``LISTED_FOR_S`` (each asking opens a
+    control connection to it, and every run-access request of a stranger asks:
+    tests/swarm/test_known_nodes.py)."""
+    at, infos = getattr(p2p, "_voloco_listed", (float("-inf"), None))
+    if infos is None or time.monotonic() - at >= LISTED_FOR_S:
+        infos = await p2p.list_peers()
+        p2p._voloco_listed = (time.monotonic(), infos)
+    return infos
 
 
 async def _connected(_dht, node) -> List[str]:

@@ -69,3 +69,32 @@ def test_a_stopped_node_cannot_make_remembering_fail(tmp_path):
 
     known_nodes.remember(Gone(), tmp_path / "x.nodes")
     assert not (tmp_path / "x.nodes").exists()
+
+
+def test_the_daemons_list_of_peers_is_asked_for_at_most_every_few_seconds():
+    """Every run-access request of a stranger asked the p2p daemon for its connected peers (a control
+    connection each); the list is now asked at most every ``LISTED_FOR_S``, each caller skipped alike."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from hivemind.p2p import PeerID
+    from multiaddr import Multiaddr
+
+    other, asker = PeerID.from_base58(OTHER_ID), PeerID.from_base58("QmNnooDu7bfjPFoTZYxMNLWUQJyrVwtbZg5gBMjTezGAJN")
+
+    class Daemon:
+        asked = 0
+
+        async def list_peers(self):
+            self.asked += 1
+            return [SimpleNamespace(peer_id=p, addrs=[Multiaddr(f"/ip4/10.0.0.{i}/tcp/31337")])
+                    for i, p in enumerate((other, asker))]
+
+    daemon = Daemon()
+
+    async def many():
+        return [await known_nodes.connected_nodes(daemon, skip=asker) for _ in range(100)]
+
+    answers = asyncio.run(many())
+    assert daemon.asked == 1
+    assert all(a == [f"/ip4/10.0.0.0/tcp/31337/p2p/{OTHER_ID}"] for a in answers)
