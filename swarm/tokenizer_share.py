@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections import Counter
 from contextlib import closing
 from functools import partial
 from typing import Dict, List, Optional, Sequence, Set
@@ -47,19 +48,38 @@ def handle_name(run_id: str) -> str:
 
 
 # ---- the serving side (in the DHT's process) ---------------------------------------------------------
-async def _answer(raw: bytes, digest: str, _info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+SERVING_PER_PEER = 2  # answers one asker may have running at once ...
+SERVING_AT_ONCE = 32  # ... and all askers together: an asker refused asks another peer
+_serving: Counter = Counter()  # peer -> answers running
+
+
+async def _answer(raw: bytes, digest: str, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Send ``raw`` to an asker that names its sha256: within a deadline for the whole answer (the
+    slowest rate a download may take), to a few askers at once (tests/swarm/test_tokenizer_share.py)."""
+    peer = info.peer_id
+    if _serving[peer] >= SERVING_PER_PEER or sum(_serving.values()) >= SERVING_AT_ONCE:
+        writer.close()
+        return
+    _serving[peer] += 1
     try:
-        ask = await asyncio.wait_for(reader.readexactly(ASK_BYTES), 10.0)
-        body = raw if ask == digest.encode("ascii") else b""
-        writer.write(len(body).to_bytes(8, "big"))
-        for i in range(0, len(body), PART):
-            writer.write(body[i:i + PART])
-            await asyncio.wait_for(writer.drain(), 30.0)
-        await writer.drain()
+        await asyncio.wait_for(_send(raw, digest, reader, writer), 10.0 + 30.0 + len(raw) / MIN_RATE)
     except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
         pass  # the asker went away or stalled: its loss
     finally:
+        _serving[peer] -= 1
+        if _serving[peer] <= 0:
+            del _serving[peer]
         writer.close()
+
+
+async def _send(raw: bytes, digest: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    ask = await asyncio.wait_for(reader.readexactly(ASK_BYTES), 10.0)
+    body = raw if ask == digest.encode("ascii") else b""
+    writer.write(len(body).to_bytes(8, "big"))
+    for i in range(0, len(body), PART):
+        writer.write(body[i:i + PART])
+        await asyncio.wait_for(writer.drain(), 30.0)
+    await writer.drain()
 
 
 async def _register(handle: str, raw: bytes, digest: str, _dht, node) -> None:
