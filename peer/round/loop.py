@@ -16,7 +16,7 @@ the loop waits for the exchange (one at most in flight; tests/outer/test_overlap
 A round that found no group leaves θ as it was (its signal stays in the strategy's buffers, as in
 the sequential loop) and the local delta is kept the same way.
 
-Evaluation runs on a copy of the model built for it (peer/training/evaluator.py) and the checkpoint
+Evaluation runs on a copy of the role's model (peer/training/evaluator.py) and the checkpoint
 holds the inner optimizer and the batch stream as they were when the round's payload was made,
 so neither stalls the inner steps.
 
