@@ -9,6 +9,8 @@
 #
 # 1. tests/system/test_cuda_path.py and test_cuda_swarm.py: CPU and CUDA members end each round on one
 #    θ, chains with CUDA stages included (skipped where CUDA is absent), 4 at a time (pytest-xdist);
+#    then bench/encode_overlap.py at 125m (about a minute, into gpu.txt): does the exchange's encode
+#    wait behind the inner steps' kernels on the default stream, and would a stream of its own help;
 # 2. bench/gpu_swarm.py at 125m, H = 100, batch 8, two full peers alone on the card (the GPU-box
 #    issue's shape for its >= 95 % utilization), for FULL_MINUTES (0: skipped). Where py-spy is
 #    installed (its wheel in .wheels/), the first full peer's threads are sampled for 60 s of its
@@ -32,6 +34,8 @@ $PY -c "import torch, hivemind, peer.host.cli; print('torch', torch.__version__,
 XDIST=$($PY -c "import xdist" 2> /dev/null && echo "-n 4")
 timeout "${TESTS_S:-200}" $PY -m pytest -q -p no:cacheprovider -rs $XDIST tests/system/test_cuda_path.py \
     tests/system/test_cuda_swarm.py 2>&1 | tee "$OUT/cuda_tests.log"
+# the encode beside the inner steps, on the default stream and on one of its own (bench/encode_overlap.py)
+timeout 150 $PY bench/encode_overlap.py --device cuda --shape 125m 2>&1 | tee -a "$OUT/gpu.txt"
 swarm() {  # swarm NAME MINUTES CHAIN_STAGES
     [ "$2" -gt 0 ] || return 0
     timeout $(( $2 * 60 + 150 )) $PY bench/gpu_swarm.py --preset 125m --inner-steps 100 --batch 8 --full 2 \
