@@ -50,12 +50,12 @@ before computing anything, after passing the frame on, so every stage takes the 
 
 from __future__ import annotations
 
-import contextlib
+import functools
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from peer.training.inner import InnerTrainer
+from peer.training.inner import InnerTrainer, autocast_to
 from peer.training.model import Model
 from peer.chain.errors import NonFiniteGradients, RoundClosed
 from peer.chain.links import StageLink
@@ -194,9 +194,7 @@ async def close_round(downstream: Optional[StageLink], step: int) -> None:
 def _autocast(trainer: InnerTrainer, device: torch.device):
     """What the stage's forward passes run under: the trainer's bf16 autocast where its precision
     says so (a CUDA stage with inner.precision "auto"), else nothing."""
-    if trainer.autocast_dtype is None:
-        return contextlib.nullcontext
-    return lambda: torch.autocast(device.type, dtype=trainer.autocast_dtype)
+    return functools.partial(autocast_to, device.type, trainer.autocast_dtype)
 
 
 async def _pipeline_pass(

@@ -41,11 +41,10 @@ class RoundEvaluator:
 
     def evaluate(self) -> float:
         """The validation loss of the engine's θ, in nats per byte (NaN if the role cannot evaluate)."""
-        role = self._role
-        if role is None or self._model is None:
+        if self._model is None:  # nothing prepared, or a role that reports no loss
             return math.nan
         with self._engine.lock, torch.no_grad():
             theta = self._engine.theta
             for name, p in self._model.named_parameters():
                 p.copy_(theta[name].to(p.device, p.dtype))
-        return self._per_byte(evaluate(self._model, self._val, role.device, role.trainer.autocast_dtype))
+        return self._per_byte(evaluate(self._model, self._val, self._role.device, self._role.trainer.autocast_dtype))

@@ -15,6 +15,7 @@ elsewhere; ``"fp32"``: no autocast. ``"bf16"`` on the CPU works too (slowly; it 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -117,9 +118,7 @@ class InnerTrainer:
         self.compiled, self._forward_model, self._compile_checked = False, self.model, True
 
     def _forward(self, x: torch.Tensor, y: torch.Tensor):
-        if self.autocast_dtype is None:
-            return self._forward_model(x, y)
-        with torch.autocast(self.device.type, dtype=self.autocast_dtype):
+        with autocast_to(self.device.type, self.autocast_dtype):
             return self._forward_model(x, y)
 
     @property
@@ -187,6 +186,11 @@ class InnerTrainer:
         self.step_count = step
 
 
+def autocast_to(device_type: str, dtype: Optional[torch.dtype]):
+    """``torch.autocast`` to ``dtype`` on ``device_type``; no autocast (fp32) for None."""
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type, dtype=dtype)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.Tensor]], device: Device = "cpu",
              dtype: Optional[torch.dtype] = None) -> float:
@@ -201,11 +205,8 @@ def evaluate(model: nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.Tenso
     total, count = torch.zeros((), dtype=torch.float64, device=device), 0
     try:
         for x, y in batches:
-            if dtype is None:
+            with autocast_to(device.type, dtype):
                 _, loss = model(x.to(device), y.to(device))
-            else:
-                with torch.autocast(device.type, dtype=dtype):
-                    _, loss = model(x.to(device), y.to(device))
             total += loss.double() * y.numel()
             count += y.numel()
     finally:
