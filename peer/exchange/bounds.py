@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import OrderedDict
 from contextlib import closing
 from typing import Awaitable, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
@@ -96,6 +97,36 @@ async def read_bounded_stream(
     if cut_short(answer):
         raise AnswerCutShort(f"{peer}'s answer ended after {len(answer)} bytes, before it was whole")
     return answer, wire
+
+
+class StallCut:
+    """A stream we serve, cut (``cut()``) once it falls behind the slowest rate a download may take
+    (``timing.download_min_rate`` after ``timing.gather_slot_s`` of grace, counted from ``begin()``)
+    or a gather slot passes without a part taken: hivemind puts no deadline on a stream's serving
+    side, and a reader that stops would hold its place as long as its connection lived (state
+    serving, and the sets, lists and envelopes of peer/exchange/set_server.py). Armed for a gather
+    slot from its making; made in the serving task's event loop."""
+
+    def __init__(self, timing: Timing, cut: Callable[[], None]):
+        self._timing, self._cut, self._loop = timing, cut, asyncio.get_running_loop()
+        self._began = time.monotonic()
+        self._handle = self._loop.call_later(timing.gather_slot_s, cut)
+
+    def begin(self) -> None:
+        """The transfer starts now (what came before, e.g. the state's copy, is not counted)."""
+        self._began = time.monotonic()
+
+    def sent(self, sent: int) -> float:
+        """``sent`` bytes have gone out (or are about to): the cut moves to when the stream is due
+        next, which it returns (monotonic seconds)."""
+        t, now = self._timing, time.monotonic()
+        due = min(now + t.gather_slot_s, self._began + t.gather_slot_s + sent / t.download_min_rate)
+        self._handle.cancel()
+        self._handle = self._loop.call_later(max(0.0, due - now), self._cut)
+        return due
+
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
 class CallLimiter:

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from typing import AsyncIterator, Callable, Dict, Optional, Sequence, Tuple
 
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_logger
 
-from peer.exchange.bounds import keep_bounded, read_bounded_stream
+from peer.exchange.bounds import StallCut, keep_bounded, read_bounded_stream
 from protocol.round import group_sets
 from protocol.round.peer_states import offers_no_set
 from protocol.wire.signed import payload_digest
@@ -200,30 +199,23 @@ class SetServer:
         """``answer(what was asked)`` streamed in chunks to an admitted caller (``_stream_calls``: a few at once
         from each peer, ``SERVING_AT_ONCE`` in all); BAD_GROUP_ID for None. hivemind puts no deadline on
         the serving side, so a caller that stops reading held its place for as long as its connection
-        lived (32 identities held every place): the stream is cut once it falls behind the slowest rate
-        a download may take, or a gather slot passes without a chunk taken, as state serving's are
-        (tests/exchange/test_merged_lists.py::test_a_caller_that_stops_reading_loses_its_place)."""
+        lived (32 identities held every place): the stream is cut as state serving's are
+        (``bounds.StallCut``; tests/exchange/test_merged_lists.py::test_a_caller_that_stops_reading_loses_its_place)."""
         with self._stream_calls.admit(context.remote_id) as admitted:
             packed = answer(request.tensor_part.buffer) if admitted else None
             if packed is None:
                 yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
                 return
             self._count(received=request.ByteSize())
-            task, loop, t = asyncio.current_task(), asyncio.get_running_loop(), self.timing
-            began, watchdog = time.monotonic(), None
+            watchdog = StallCut(self.timing, asyncio.current_task().cancel)
             try:
                 for start in range(0, len(packed), SET_CHUNK_BYTES):
                     msg = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=packed[start : start + SET_CHUNK_BYTES]))
                     self._count(sent=msg.ByteSize())
-                    now = time.monotonic()
-                    due = min(now + t.gather_slot_s, began + t.gather_slot_s + start / t.download_min_rate)
-                    if watchdog is not None:
-                        watchdog.cancel()
-                    watchdog = loop.call_later(max(0.0, due - now), task.cancel)
+                    watchdog.sent(start)
                     yield msg
             finally:
-                if watchdog is not None:
-                    watchdog.cancel()
+                watchdog.cancel()
 
     async def rpc_merged(self, request: averaging_pb2.AveragingData, context: P2PContext) -> averaging_pb2.AveragingData:
         """A member of one of our groups asks which sets we merged for its round: answered once we

@@ -22,6 +22,7 @@ from hivemind.p2p import P2PContext
 from hivemind.proto import averaging_pb2
 from hivemind.utils.streaming import split_for_streaming
 
+from peer.exchange.bounds import StallCut
 from protocol.round.serve_gate import ServeGate
 
 logger = logging.getLogger(__name__)
@@ -62,9 +63,8 @@ class StateServing:
         # hivemind puts no deadline on the serving side: a stream that stalls (a downloader that stops reading)
         # is cut once it falls behind the slowest rate a downloader accepts, or a gather slot passes without
         # a part sent (the downloader's own limits: peer/exchange/state_download.py); its slot's lease follows
-        task, loop = asyncio.current_task(), asyncio.get_running_loop()
-        cut = lambda: self._cut(peer, task)  # noqa: E731
-        watchdog = loop.call_later(t.gather_slot_s, cut)
+        task = asyncio.current_task()
+        watchdog = StallCut(t, lambda: self._cut(peer, task))
         # the host copies θ and the shared state whether or not the asker still waits: a download left at
         # once keeps its place until that copy is done, or the gate would bound streams, not copies
         # (tests/exchange/test_state_serving.py::test_a_download_left_at_once_keeps_its_place_until_the_host_answered)
@@ -78,15 +78,12 @@ class StateServing:
                 raise
             if infos is None:
                 infos = [CompressionInfo.from_tensor(tensor, key=i) for i, tensor in enumerate(tensors)]
-            began, sent = time.monotonic(), 0
+            watchdog.begin()
+            sent = 0
             for tensor, info in zip(tensors, infos):
                 for part in split_for_streaming(self.state_compression.compress(tensor, info, allow_inplace=False)):
                     sent += len(part.buffer)
-                    now = time.monotonic()
-                    due = min(now + t.gather_slot_s, began + t.gather_slot_s + sent / t.download_min_rate)
-                    self._serve_gate.hold(slot, due)
-                    watchdog.cancel()
-                    watchdog = loop.call_later(max(0.0, due - now), cut)
+                    self._serve_gate.hold(slot, watchdog.sent(sent))
                     yield averaging_pb2.DownloadData(tensor_part=part, metadata=metadata or b"")
                     metadata = None
         finally:
