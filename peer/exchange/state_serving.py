@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, AsyncIterator, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Callable, Optional, Sequence, Tuple
 
 import msgpack
 import torch
@@ -23,6 +23,7 @@ from hivemind.proto import averaging_pb2
 from hivemind.utils.streaming import split_for_streaming
 
 from peer.exchange.bounds import StallCut
+from swarm.refusal_log import RefusalLog
 from protocol.round.serve_gate import ServeGate
 
 logger = logging.getLogger(__name__)
@@ -99,19 +100,10 @@ class StateServing:
 
     def _log_refusal(self, peer: str, why: str) -> None:
         """One line a peer within ``REFUSALS_LOGGED_EVERY`` s, for 16 peers at most; a count for the rest."""
-        log: Dict[str, Any] = self.__dict__.setdefault("_refusals", {"peers": {}, "more": 0, "since": time.monotonic()})
-        now = time.monotonic()
-        log["peers"] = {p: t for p, t in log["peers"].items() if now - t < REFUSALS_LOGGED_EVERY}
-        if peer in log["peers"]:
-            return
-        if len(log["peers"]) < 16:
-            log["peers"][peer] = now
-            logger.info(f"not serving our state to {peer} now: {why}")
-            return
-        log["more"] += 1
-        if now - log["since"] >= REFUSALS_LOGGED_EVERY:
-            logger.info(f"not serving our state to {log['more']} more downloads in the last {now - log['since']:.0f} s")
-            log["more"], log["since"] = 0, now
+        log = self.__dict__.get("_refusals") or self.__dict__.setdefault(
+            "_refusals", RefusalLog(logger.info, 16, REFUSALS_LOGGED_EVERY))
+        log.note(peer, f"not serving our state to {peer} now: {why}",
+                 lambda n, seconds: f"not serving our state to {n} more downloads in the last {seconds:.0f} s")
 
     async def _declare_for_download_periodically(self):
         """Nothing. hivemind stores each peer as a state source under one DHT key every

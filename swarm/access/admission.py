@@ -32,6 +32,7 @@ from protocol.dht.keys import peers_key
 from protocol.dht.records import MAX_RECORD_TTL, admission_proof, proof_ok
 from swarm.access.identity import Identity, peer_id_of, public_key_from_bytes, trust_of
 from swarm.records import verified_entries
+from swarm.refusal_log import RefusalLog
 
 logger = logging.getLogger("voloco.swarm")
 
@@ -113,8 +114,7 @@ class AdmissionGate:
         self._admitted: Dict[str, float] = {}  # peer id -> expiration of its last proven record
         self._refreshed = 0.0
         self._lock: Optional[asyncio.Lock] = None
-        self._refused: Dict[str, float] = {}  # peer id -> when a refusal was last logged (LOGGED_PEERS at most)
-        self._unlogged, self._unlogged_since = 0, time.monotonic()  # refusals of peers past them, since
+        self._refusals = RefusalLog(logger.warning, LOGGED_PEERS)
 
     def wrap(self, servicer) -> "GatedServicer":
         """What ``ServicerBase.add_p2p_handlers(p2p, wrapper=...)`` registers instead of ``servicer``."""
@@ -151,19 +151,10 @@ class AdmissionGate:
     def refused(self, remote: PeerID, rpc: str) -> None:
         """Log a refusal once a minute a peer, for at most ``LOGGED_PEERS`` peers a minute, and a count
         of the rest once a minute (each new identity added a line and an entry, without a bound)."""
-        peer, now = remote.to_base58(), time.monotonic()
-        if now - self._refused.get(peer, -1e9) <= 60:
-            return
-        if len(self._refused) >= LOGGED_PEERS:
-            self._refused = {p: t for p, t in self._refused.items() if now - t <= 60}
-        if len(self._refused) < LOGGED_PEERS:
-            self._refused[peer] = now
-            logger.warning(f"refused {rpc} from {peer}: it has proven no join token of this private run")
-            return
-        self._unlogged += 1
-        if now - self._unlogged_since > 60:
-            logger.warning(f"refused {self._unlogged} calls of other peers that have proven no join token of this private run")
-            self._unlogged, self._unlogged_since = 0, now
+        peer = remote.to_base58()
+        self._refusals.note(peer, f"refused {rpc} from {peer}: it has proven no join token of this private run",
+                            lambda n, seconds: f"refused {n} calls of other peers that have proven no join token "
+                                               f"of this private run")
 
 
 class GatedServicer:

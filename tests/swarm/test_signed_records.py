@@ -406,6 +406,6 @@ def test_refusals_of_many_new_identities_keep_a_bounded_log_and_table(caplog):
     with caplog.at_level("WARNING", logger="voloco.swarm"):
         for s in strangers + strangers:
             gate.refused(s, "rpc_fetch_set")
-    assert len(gate._refused) == LOGGED_PEERS
+    assert len(gate._refusals.peers) == LOGGED_PEERS
     assert len(caplog.records) == LOGGED_PEERS  # the others counted, said once a minute
-    assert gate._unlogged == 2 * 3 * LOGGED_PEERS  # each of the others, each time
+    assert gate._refusals.more == 2 * 3 * LOGGED_PEERS  # each of the others, each time
