@@ -17,7 +17,6 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections import Counter
 from contextlib import closing
 from functools import partial
 from typing import Dict, List, Optional, Sequence, Set
@@ -27,6 +26,7 @@ from hivemind.p2p import P2P, PeerID
 
 from protocol.spec import RunSpec
 from protocol.spec.sections import MAX_TOKENIZER_BYTES
+from swarm.call_limits import CallLimiter
 from swarm.loop_thread import run_in_fresh_loop
 
 logger = logging.getLogger("voloco.swarm")
@@ -50,26 +50,20 @@ def handle_name(run_id: str) -> str:
 # ---- the serving side (in the DHT's process) ---------------------------------------------------------
 SERVING_PER_PEER = 2  # answers one asker may have running at once ...
 SERVING_AT_ONCE = 32  # ... and all askers together: an asker refused asks another peer
-_serving: Counter = Counter()  # peer -> answers running
+_serving = CallLimiter(SERVING_PER_PEER, total=SERVING_AT_ONCE)
 
 
 async def _answer(raw: bytes, digest: str, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """Send ``raw`` to an asker that names its sha256: within a deadline for the whole answer (the
     slowest rate a download may take), to a few askers at once (tests/swarm/test_tokenizer_share.py)."""
-    peer = info.peer_id
-    if _serving[peer] >= SERVING_PER_PEER or sum(_serving.values()) >= SERVING_AT_ONCE:
-        writer.close()
-        return
-    _serving[peer] += 1
-    try:
-        await asyncio.wait_for(_send(raw, digest, reader, writer), 10.0 + 30.0 + len(raw) / MIN_RATE)
-    except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
-        pass  # the asker went away or stalled: its loss
-    finally:
-        _serving[peer] -= 1
-        if _serving[peer] <= 0:
-            del _serving[peer]
-        writer.close()
+    with _serving.admit(info.peer_id) as admitted:
+        try:
+            if admitted:
+                await asyncio.wait_for(_send(raw, digest, reader, writer), 10.0 + 30.0 + len(raw) / MIN_RATE)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass  # the asker went away or stalled: its loss
+        finally:
+            writer.close()
 
 
 async def _send(raw: bytes, digest: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -6,7 +6,7 @@
   hivemind's: a marker byte, an 8-byte big-endian length, a protobuf). Every answer read so is one
   msgpack object (an envelope, a packed set); one cut short, because the stream closed between two
   frames, raises ``AnswerCutShort``, which ``retry_until`` retries: it is not the peer's answer;
-- ``CallLimiter``: how many RPCs one remote peer may have running here at once;
+- ``StallCut``: a stream we serve, cut once its reader falls behind;
 - ``retry_until``: a call repeated after quick failures (a reset stream, a group not open there
   yet) until a deadline, so that a transient failure between honest members costs no payload.
 """
@@ -14,11 +14,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import OrderedDict
 from contextlib import closing
-from typing import Awaitable, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
+from typing import Awaitable, Callable, List, Optional, Tuple, TypeVar
 
 from hivemind.p2p import P2P, PeerID
 from hivemind.proto import averaging_pb2
@@ -127,28 +126,6 @@ class StallCut:
 
     def cancel(self) -> None:
         self._handle.cancel()
-
-
-class CallLimiter:
-    """At most ``per_peer`` running calls from each remote peer, and at most ``total`` from all of them
-    (None: no such bound); the others are refused at once."""
-
-    def __init__(self, per_peer: int, total: Optional[int] = None):
-        self.per_peer, self.total = per_peer, total
-        self._running: Dict[PeerID, int] = {}
-
-    @contextlib.contextmanager
-    def admit(self, peer: PeerID) -> Iterator[bool]:
-        if self._running.get(peer, 0) >= self.per_peer or (self.total is not None and sum(self._running.values()) >= self.total):
-            yield False
-            return
-        self._running[peer] = self._running.get(peer, 0) + 1
-        try:
-            yield True
-        finally:
-            self._running[peer] -= 1
-            if not self._running[peer]:
-                del self._running[peer]
 
 
 async def retry_until(deadline: float, attempt: Callable[[], Awaitable[T]], first_pause: float = Timing.retry_first_pause_s,

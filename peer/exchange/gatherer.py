@@ -45,7 +45,7 @@ from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_dht_time, get_logger
 
 from peer.exchange.agreement_rounds import CHUNK_BYTES, AgreementRounds, cuttable
-from peer.exchange.bounds import CallLimiter
+from swarm.call_limits import CallLimiter
 from peer.exchange.groups import Group
 from peer.exchange.identity import payload_signer
 from peer.exchange.late_join import LateJoin

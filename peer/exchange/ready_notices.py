@@ -53,7 +53,7 @@ from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_logger
 
-from peer.exchange.bounds import CallLimiter
+from swarm.call_limits import CallLimiter
 from protocol.dht.records import Progress, parse_progress
 from protocol.errors import ProtocolError
 from protocol.round.peer_states import DONE, NOT_IN_ROUNDS, keeps_waiting, names_no_set_yet

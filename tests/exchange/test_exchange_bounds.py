@@ -17,7 +17,8 @@ from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 
 from peer.exchange.gatherer import CALLS_PER_PEER, SERVING_AT_ONCE, PayloadGatherer
-from peer.exchange.bounds import AnswerCutShort, CallLimiter, ExchangeLimitError, read_bounded_stream, retry_until
+from peer.exchange.bounds import AnswerCutShort, ExchangeLimitError, read_bounded_stream, retry_until
+from swarm.call_limits import CallLimiter
 from protocol.wire.bounded_unpack import cut_short
 from protocol.round.reconcile import Agreement, parse_answer
 from protocol.wire.signed import open_envelope

@@ -40,14 +40,14 @@ def test_answers_run_a_few_at_once_per_asker_and_in_all():
         refused = sum(t.done() for t in tasks)
         extra = _Writer()  # one more ask from a peer that already holds its share
         await _answer(RAW, DIGEST, peers[0], asyncio.StreamReader(), extra)
-        running = sum(tokenizer_share._serving.values())
+        running = sum(tokenizer_share._serving._running.values())
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         honest_reader, honest = asyncio.StreamReader(), _Writer()
         honest_reader.feed_data(DIGEST.encode())
         await _answer(RAW, DIGEST, SimpleNamespace(peer_id="honest"), honest_reader, honest)
-        return refused, extra.closed and not extra.sent, running, bytes(honest.sent), dict(tokenizer_share._serving)
+        return refused, extra.closed and not extra.sent, running, bytes(honest.sent), dict(tokenizer_share._serving._running)
 
     refused, extra_refused, running, sent, left = asyncio.run(go())
     assert refused == 4 and extra_refused and running == SERVING_AT_ONCE
