@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -167,13 +168,28 @@ def report(results: List[Dict[str, Any]]) -> str:
     return table(cols, lines, left=2)
 
 
+async def _lean_read(key: str, first: bool, _dht, node) -> None:
+    """In a node's DHT process: one lean read of ``key`` (swarm/dht/lean_read.py), from no kept view if ``first``."""
+    from swarm.dht.lean_read import forget_views, lean_get
+    from swarm.dht.replica_reads import NEAREST_BEAM
+    if first:
+        await forget_views(_dht, node)
+    await lean_get(node, key, NEAREST_BEAM, lambda: node.get(key, latest=True, beam_size=NEAREST_BEAM))
+
+
 def op_costs(nodes: int = 4, reps: int = 10) -> Dict[str, float]:
     """Bytes on the wire (sent, summed over every node of a ``nodes``-node DHT on loopback) of one
     ``publish_progress`` and one ``read_progress`` (what ``Membership.publish`` and ``view`` do). A
     write is measured twice in the same run: through hivemind's own ``store`` (the baseline, which
-    fetches the key's value from every node its search asks) and as voloco stores (swarm/dht/lean_store.py)."""
+    fetches the key's value from every node its search asks) and as voloco stores (swarm/dht/lean_store.py);
+    a network read three times: hivemind's ``get`` (the baseline: every replica sends the whole
+    dictionary) and voloco's lean read (swarm/dht/lean_read.py) with no view kept (every record is
+    new to the reader, as after a round of keep-alives) and with the last read's view (nothing
+    changed since). ``read`` is a peer's read as it is made: from its own storage where it is a replica."""
     from swarm import records
+    from protocol.dht.keys import peers_key
     from swarm.dht.node import start_dht
+    from swarm.dht.replica_reads import NEAREST_BEAM
     from swarm.records import publish_progress, read_progress
     from swarm.wire.meter import WireMeter
     from protocol.dht.records import Progress
@@ -206,9 +222,12 @@ def op_costs(nodes: int = 4, reps: int = 10) -> Dict[str, float]:
         finally:
             records.LEAN_STORES = True
         lean = cost(write)
-        read = cost(lambda: read_progress(me, "ops"))
+        key = peers_key("ops")
         return {"nodes": nodes, "records": len(read_progress(me, "ops")), "write_hivemind": baseline, "write": lean,
-                "read": read}
+                "read_hivemind": cost(lambda: me.get(key, latest=True, beam_size=NEAREST_BEAM)),
+                "read_lean_first": cost(lambda: me.run_coroutine(partial(_lean_read, key, True))),
+                "read_lean_again": cost(lambda: me.run_coroutine(partial(_lean_read, key, False))),
+                "read": cost(lambda: read_progress(me, "ops"))}
     finally:
         for m in meters:
             m.shutdown()
@@ -227,7 +246,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                     "temporary directory)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results as JSON to this file")
     ap.add_argument("--ops", type=int, default=0, metavar="N", help="instead: measure one record write (hivemind's "
-                    "store and voloco's) and one read on N DHT nodes on loopback (no namespaces needed)")
+                    "store and voloco's) and one read (hivemind's get and voloco's lean read) on N DHT nodes on "
+                    "loopback (no namespaces needed)")
     args = ap.parse_args(argv)
     exit_on_sigterm()
     if args.ops:
@@ -237,7 +257,12 @@ def main(argv: Optional[List[str]] = None) -> None:
         print(table(["operation", "bytes", "vs hivemind's store"], [
             ["write, hivemind's store", human(ops["write_hivemind"]), "1.00"],
             ["write, lean store", human(ops["write"]), f"{ops['write'] / ops['write_hivemind']:.2f}"],
-            ["read", human(ops["read"]), ""],
+        ]))
+        print(table(["operation", "bytes", "vs hivemind's get"], [
+            ["read, hivemind's get", human(ops["read_hivemind"]), "1.00"],
+            ["read, lean, no view kept", human(ops["read_lean_first"]), f"{ops['read_lean_first'] / ops['read_hivemind']:.2f}"],
+            ["read, lean, nothing new", human(ops["read_lean_again"]), f"{ops['read_lean_again'] / ops['read_hivemind']:.2f}"],
+            ["read, as a peer reads", human(ops["read"]), f"{ops['read'] / ops['read_hivemind']:.2f}"],
         ]))
         if args.json:
             args.json.write_text(json.dumps({"machine": machine(), "date": now(), "ops": ops}, indent=1))

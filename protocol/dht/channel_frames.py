@@ -6,7 +6,8 @@ hivemind's own protobuf messages; this module frames them.
 
 A request frame is a 9-byte header, then the body::
 
-    method   1 byte: 1 ping, 2 store, 3 find
+    method   1 byte: 1 ping, 2 store, 3 find, 4 find newer (a hivemind FindRequest whose keys are the
+             key's id and the records the caller holds: protocol/dht/newer_reads.py)
     call id  4 bytes, big-endian: chosen by the caller, echoed in the answer
     length   4 bytes, big-endian: the body's bytes, at most ``MAX_BODY_BYTES``
 
@@ -26,8 +27,8 @@ from typing import NamedTuple
 HEADER = struct.Struct(">BII")
 HEADER_BYTES = HEADER.size
 
-PING, STORE, FIND = 1, 2, 3
-METHODS = {PING: "rpc_ping", STORE: "rpc_store", FIND: "rpc_find"}
+PING, STORE, FIND, FIND_NEWER = 1, 2, 3, 4
+METHODS = {PING: "rpc_ping", STORE: "rpc_store", FIND: "rpc_find", FIND_NEWER: "rpc_find_newer"}
 
 OK, ERROR = 0, 1
 STATUSES = (OK, ERROR)

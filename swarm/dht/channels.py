@@ -7,7 +7,8 @@ peer's bytes (bench/RESULTS.md, "What a SparseLoCo peer's packets are"). One 340
 loopback cost 1,517 bytes on the wire in 12 packets as a unary call, and 625 bytes in 3 packets on a
 stream kept open.
 
-A channel carries hivemind's own request and response messages, framed by
+A channel carries hivemind's own request and response messages (and a lean read's ``FIND_NEWER``,
+served by swarm/dht/lean_read.py, which no unary handler knows), framed by
 protocol/dht/channel_frames.py, to one peer; calls are pipelined (each has an id its answer echoes).
 The serving side hands each request to the node's DHTProtocol through hivemind's ``AuthRPCWrapper``,
 as hivemind's own handlers are registered: a private run's authorizer checks every request, the
@@ -40,9 +41,10 @@ from hivemind.proto import dht_pb2
 from hivemind.utils.auth import AuthRole, AuthRPCWrapper
 
 from protocol.dht.channel_frames import (
-    ERROR, FIND, HEADER_BYTES, MAX_BODY_BYTES, METHODS, OK, PING, STORE, ChannelFrameError, answer_header, error_body,
-    parse_header, request_header,
+    ERROR, FIND, FIND_NEWER, HEADER_BYTES, MAX_BODY_BYTES, METHODS, OK, PING, STORE, ChannelFrameError, answer_header,
+    error_body, parse_header, request_header,
 )
+from swarm.dht.lean_read import NewerRecords, not_served
 
 logger = logging.getLogger("voloco.swarm")
 
@@ -58,8 +60,10 @@ SERVED_IDLE_S = 300.0
 TIMEOUTS_TO_CLOSE = 2
 BODY_TIMEOUT_S = 30.0  # a body announced by a header must arrive within this, and an answer leave
 
-REQUESTS = {PING: dht_pb2.PingRequest, STORE: dht_pb2.StoreRequest, FIND: dht_pb2.FindRequest}
-RESPONSES = {PING: dht_pb2.PingResponse, STORE: dht_pb2.StoreResponse, FIND: dht_pb2.FindResponse}
+REQUESTS = {PING: dht_pb2.PingRequest, STORE: dht_pb2.StoreRequest, FIND: dht_pb2.FindRequest,
+            FIND_NEWER: dht_pb2.FindRequest}
+RESPONSES = {PING: dht_pb2.PingResponse, STORE: dht_pb2.StoreResponse, FIND: dht_pb2.FindResponse,
+             FIND_NEWER: dht_pb2.FindResponse}
 
 
 class ChannelBroken(ConnectionError):
@@ -77,6 +81,8 @@ class ChannelServer:
     def __init__(self, protocol: DHTProtocol):
         self.protocol = protocol
         self.servicer = AuthRPCWrapper(protocol, AuthRole.SERVICER, protocol.authorizer)
+        # FIND_NEWER (swarm/dht/lean_read.py): checked by the same authorizer as hivemind's calls
+        self.newer = AuthRPCWrapper(NewerRecords(protocol), AuthRole.SERVICER, protocol.authorizer)
         self.serving: Counter = Counter()  # peer -> channels open
         self.stats: Counter = Counter()
 
@@ -121,7 +127,7 @@ class ChannelServer:
         context = P2PContext(handle_name=f"{type(self.protocol).__name__}.{name}", local_id=self.protocol.p2p.peer_id,
                              remote_id=peer)
         try:
-            response = await getattr(self.servicer, name)(request, context)
+            response = await getattr(self.newer if method == FIND_NEWER else self.servicer, name)(request, context)
         except Exception as e:
             logger.debug(f"DHT channel {name} from {peer} failed: {e!r}")
             return ERROR, error_body(f"{name} failed: {type(e).__name__}")
@@ -336,6 +342,10 @@ class ChannelStub:
 
     async def rpc_find(self, request, timeout: Optional[float] = None):
         return await self._pool.call(self._peer, FIND, request, timeout, self._unary.rpc_find)
+
+    async def rpc_find_newer(self, request, timeout: Optional[float] = None):
+        """A lean read's call (swarm/dht/lean_read.py): over a channel only, no unary handler serves it."""
+        return await self._pool.call(self._peer, FIND_NEWER, request, timeout, not_served)
 
 
 async def install_channels(_dht, node) -> None:

@@ -13,8 +13,8 @@ goes to those nodes as ``store_many`` sends it: the same record, signed by the n
 validator, checked by each receiver's validators, kept in this node's own storage when it is among
 the nearest (and not in client mode).
 
-Reads stay hivemind's ``get`` (every node of the beam answers, their dictionaries merged): a first
-version here also read from 2 replicas only, and its readers' views lagged the swarm's (a newcomer in
+Reads of the nearest nodes found here are swarm/dht/lean_read.py's, from as many replicas as a store
+reaches (each sends what the others did not): a first version here read from 2 replicas only, and its readers' views lagged the swarm's (a newcomer in
 Docker refused every honest peer's state and trained alone), so it was taken out (bench/RESULTS.md).
 """
 
@@ -73,7 +73,7 @@ async def lean_store(key: str, subkey, value, expiration: float, beam_size: Opti
     many as the node's ``num_replicas``); True if at least one kept it."""
     key_id = DHTID.generate(source=key)
     wanted = node.num_replicas
-    candidates = await _nearest(node, key_id, wanted + SPARE_CANDIDATES, beam_size)
+    candidates = await nearest_nodes(node, key_id, wanted + SPARE_CANDIDATES, beam_size)
 
     serializer = node.protocol.serializer
     value_bytes = serializer.dumps(value)
@@ -94,13 +94,13 @@ async def lean_store(key: str, subkey, value, expiration: float, beam_size: Opti
                 stored += 1
             else:
                 logger.debug(f"storing {key!r} on {peer_id} failed: {ok!r}")
-                _forget_nearest(node, key_id)
+                forget_nearest(node, key_id)
     if stored == 0:
         logger.debug(f"no node kept {key!r} ({len(candidates)} asked)")
     return stored > 0
 
 
-async def _nearest(node, key_id: DHTID, count: int, beam_size: Optional[int]) -> List[PeerID]:
+async def nearest_nodes(node, key_id: DHTID, count: int, beam_size: Optional[int]) -> List[PeerID]:
     """Up to ``count`` nodes nearest ``key_id`` (this node among them, unless in client mode),
     nearest first, found by a search toward its shadow (or remembered, see ``NEAREST_TTL_S``)."""
     memo = (node.node_id, key_id, count)
@@ -117,7 +117,7 @@ async def _nearest(node, key_id: DHTID, count: int, beam_size: Optional[int]) ->
     return list(nearest)
 
 
-def _forget_nearest(node, key_id: DHTID) -> None:
+def forget_nearest(node, key_id: DHTID) -> None:
     for memo in [m for m in _nearest_cache if m[:2] == (node.node_id, key_id)]:
         del _nearest_cache[memo]
 

@@ -4,7 +4,7 @@ Progress records are read often (the round barrier, early close, the dashboard),
 candidates and assignments (the coordinator's chain former, every 2 s). A record is stored on the
 num_replicas nearest nodes (in a swarm of up to 5 DHT nodes: every node), and each store reaches
 their storage at once. A node whose own storage held every record of its last network read
-(hivemind's get, from every node of the beam), at the same version, is such a replica (so is one
+(a lean read of the key's replicas: swarm/dht/lean_read.py), at the same version, is such a replica (so is one
 whose storage and read both found the key empty): it reads its storage until REPLICA_NETWORK_READ_S
 after that read, then reads over the network again and checks again. While every record its storage
 holds was refreshed lately (none expires within a third of its TTL: its writer's keep-alives come every
@@ -33,6 +33,8 @@ import hivemind
 from hivemind.dht.routing import DHTID
 from hivemind.dht.storage import DictionaryDHTValue
 from hivemind.utils import get_dht_time
+
+from swarm.dht.lean_read import lean_get
 
 logger = logging.getLogger("voloco.swarm")
 
@@ -93,7 +95,7 @@ async def _replica_read(key: str, beam_size: Optional[int], since: float, ttl: f
     if since < network_s or (since < trust_s and fresh):
         # stops at the storage, whose dictionary has not expired (an empty storage would send hivemind's get out)
         return (await node.get(key, latest=False) if held else None), "storage"
-    found = await node.get(key, latest=True, **search_args(beam_size))
+    found = await lean_get(node, key, beam_size, partial(node.get, key, latest=True, **search_args(beam_size)))
     if node.protocol.client_mode:
         replica = False
     elif found is None:

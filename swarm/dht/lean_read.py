@@ -1,0 +1,204 @@
+"""Network reads of a dictionary key in which each record comes about once, not once from every replica.
+
+hivemind's ``get`` searches toward the key and every node of its beam that holds the key answers with
+the whole dictionary, with 20 nearest nodes besides. For the progress key, which holds every peer's
+record, that was 5 copies of the swarm's records a read, each parsed and checked: at 32 peers the
+reads were most of a peer's helper CPU while it exchanged (halving how often peers read cut the
+helpers' CPU a second from 0.025 to 0.016 s: bench/RESULTS.md, "Ninety-first session").
+
+A lean read (``lean_get``, in the DHT's process) takes the key's nearest nodes as a lean store finds
+them (swarm/dht/lean_store.py: searched once, remembered), asks the nearest replica for the records
+newer than the reader's last view of the key, then the other replicas, at once, for the records newer
+than that (``FIND_NEWER``, protocol/dht/newer_reads.py). Each answer is checked by this node's record
+validators as hivemind checks a find's (a record that fails drops the whole answer), and the result
+is hivemind's: every subkey's newest record, its value stripped of its signature, read from as many
+replicas as a read over the whole beam. A record from the last view that no answer replaced is kept
+until it expires, as hivemind's own storage keeps it.
+
+A replica that does not serve ``FIND_NEWER`` (an older voloco, plain hivemind) is asked with
+hivemind's find instead, for ``NOT_SERVED_S``; a key whose value is not a dictionary, or a read no
+replica answered, is hivemind's ``get``. Served by ``NewerRecords`` on every node's DHT channels
+(swarm/dht/channels.py). Guarded by tests/swarm/test_lean_read.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from typing import Awaitable, Callable, Dict, Optional, Tuple
+
+from hivemind.dht.node import _SearchState
+from hivemind.dht.routing import DHTID
+from hivemind.dht.storage import DictionaryDHTValue
+from hivemind.p2p import PeerID
+from hivemind.proto import dht_pb2
+from hivemind.utils import ValueWithExpiration
+
+from protocol.dht.newer_reads import HeldListError, newer, pack_held, parse_held
+from swarm.dht.lean_store import SPARE_CANDIDATES, forget_nearest, nearest_nodes
+
+logger = logging.getLogger("voloco.swarm")
+
+NOT_SERVED_S = 60.0  # a replica that did not serve FIND_NEWER is asked with hivemind's find this long
+MAX_VIEWS = 256  # keys whose last view a node keeps (a new matchmaking key every round: a bound, not a policy)
+
+# (node id, key id) -> the key's records as the last lean read found them (signed, serialized)
+_views: Dict[Tuple[DHTID, DHTID], DictionaryDHTValue] = {}
+# (node id, peer) -> until when that peer is asked with hivemind's find
+_not_served: Dict[Tuple[DHTID, PeerID], float] = {}
+# node id -> its lean reads, the records their answers carried, the replicas asked with hivemind's find,
+# and the reads that were hivemind's get (``lean_read_stats``)
+_stats: Dict[DHTID, Counter] = {}
+
+
+class NotServed(ConnectionError):
+    """The peer has no DHT channel for this call: ask it with hivemind's find."""
+
+
+class NewerRecords:
+    """Serves ``rpc_find_newer``: what this node's storage holds under a key, less what the caller holds."""
+
+    def __init__(self, protocol):
+        self.protocol = protocol
+
+    async def rpc_find_newer(self, request: dht_pb2.FindRequest, context=None) -> dht_pb2.FindResponse:
+        if len(request.keys) != 2:
+            raise HeldListError(f"a find-newer request names a key and a held list, got {len(request.keys)} fields")
+        key_id = DHTID.from_bytes(request.keys[0])
+        held = parse_held(request.keys[1])
+        found = self.protocol.storage.get(key_id)
+        if found is None:
+            return dht_pb2.FindResponse(results=[dht_pb2.FindResult(type=dht_pb2.NOT_FOUND)])
+        if not isinstance(found.value, DictionaryDHTValue):
+            return dht_pb2.FindResponse(results=[dht_pb2.FindResult(
+                type=dht_pb2.FOUND_REGULAR, value=found.value, expiration_time=found.expiration_time)])
+        dumps = self.protocol.serializer.dumps
+        entries = list(found.value.items())
+        out = DictionaryDHTValue()
+        for i in newer(((dumps(subkey), item.expiration_time) for subkey, item in entries), held):
+            subkey, item = entries[i]
+            out.store(subkey, item.value, item.expiration_time)
+        return dht_pb2.FindResponse(results=[dht_pb2.FindResult(
+            type=dht_pb2.FOUND_DICTIONARY, value=dumps(out), expiration_time=found.expiration_time)])
+
+
+async def lean_get(node, key: str, beam_size: Optional[int],
+                   whole: Callable[[], Awaitable[Optional[ValueWithExpiration]]]) -> Optional[ValueWithExpiration]:
+    """In the DHT's process: ``node.get(key, latest=True)``'s result, read as the module doc says;
+    ``whole()``: hivemind's get, for a key whose value is not a dictionary or a read nobody answered."""
+    protocol = node.protocol
+    key_id = DHTID.generate(source=key)
+    stats = _stats.setdefault(node.node_id, Counter())
+    stats["reads"] += 1
+    state = _SearchState(key_id, float("inf"), serializer=protocol.serializer, record_validator=protocol.record_validator)
+    memo = (node.node_id, key_id)
+    last = _views.pop(memo, None)
+    latest = max((item.expiration_time for _, item in last.items()), default=None) if last is not None else None
+    if latest is not None:
+        state.add_candidate(ValueWithExpiration(last, latest), None)
+    nearest = await nearest_nodes(node, key_id, node.num_replicas + SPARE_CANDIDATES, beam_size)
+    wanted = node.num_replicas
+    if node.peer_id in nearest[:wanted]:
+        own = protocol.storage.get(key_id)
+        if own is not None:
+            if not isinstance(own.value, DictionaryDHTValue):
+                stats["whole"] += 1
+                return await whole()
+            state.add_candidate(own, node.node_id)
+        wanted -= 1
+    others = [p for p in nearest if p != node.peer_id]
+    answered, regular = 0, False
+    # the nearest first, then the rest at once: they send only what the first one did not
+    for size in (min(1, wanted), wanted - 1):
+        while size > 0 and others:
+            batch, others = others[:size], others[size:]
+            held = state.binary_value if isinstance(state.binary_value, DictionaryDHTValue) else None
+            answers = await asyncio.gather(*(_ask(node, p, key_id, held) for p in batch))
+            for answer in answers:
+                if answer is None:
+                    forget_nearest(node, key_id)  # the next read searches the nearest nodes again
+                    continue
+                answered += 1
+                size -= 1
+                if answer is not _EMPTY:
+                    stats["records"] += len(answer.value) if isinstance(answer.value, DictionaryDHTValue) else 1
+                    regular = regular or not isinstance(answer.value, DictionaryDHTValue)
+                    state.add_candidate(answer, None)
+    if regular or (answered == 0 and wanted > 0):
+        stats["whole"] += 1
+        return await whole()
+    if isinstance(state.binary_value, DictionaryDHTValue):
+        if len(_views) >= MAX_VIEWS:
+            _views.clear()
+        _views[memo] = state.binary_value
+    state.finish_search()
+    return await state.future
+
+
+_EMPTY = ValueWithExpiration(None, float("-inf"))  # a replica that holds nothing under the key
+
+
+async def _ask(node, peer: PeerID, key_id: DHTID, held: Optional[DictionaryDHTValue]) -> Optional[ValueWithExpiration]:
+    """One replica's answer (``_EMPTY`` where it holds nothing), checked; None where it gave none."""
+    protocol = node.protocol
+    memo = (node.node_id, peer)
+    if time.monotonic() < _not_served.get(memo, 0.0):
+        return await _ask_whole(protocol, peer, key_id)
+    dumps = protocol.serializer.dumps
+    request = dht_pb2.FindRequest(keys=[key_id.to_bytes(), pack_held(
+        (dumps(subkey), item.expiration_time) for subkey, item in (held.items() if held is not None else ()))])
+    try:
+        async with protocol.rpc_semaphore:
+            response = await protocol.get_stub(peer).rpc_find_newer(request, timeout=protocol.wait_timeout)
+    except (NotServed, AttributeError):  # AttributeError: a stub without channels has no such call
+        if len(_not_served) > 4096:  # a bound, not a policy
+            _not_served.clear()
+        _not_served[memo] = time.monotonic() + NOT_SERVED_S
+        return await _ask_whole(protocol, peer, key_id)
+    except Exception as e:
+        logger.debug(f"a lean read at {peer} failed: {e!r}")
+        asyncio.create_task(protocol.update_routing_table(protocol.routing_table.get(peer_id=peer), peer, responded=False))
+        return None
+    if response is None or len(response.results) != 1:
+        return None
+    result = response.results[0]
+    if result.type == dht_pb2.NOT_FOUND:
+        return _EMPTY
+    if result.type == dht_pb2.FOUND_REGULAR:
+        return ValueWithExpiration(result.value, result.expiration_time)  # read again by hivemind's get
+    try:
+        found = protocol.serializer.loads(result.value)
+    except Exception:
+        return None
+    if not isinstance(found, DictionaryDHTValue) or not protocol._validate_dictionary(key_id.to_bytes(), found):
+        return None
+    return ValueWithExpiration(found, result.expiration_time) if len(found) else _EMPTY
+
+
+async def _ask_whole(protocol, peer: PeerID, key_id: DHTID) -> Optional[ValueWithExpiration]:
+    """hivemind's find at one replica (checked by its protocol), as an answer of ``_ask``."""
+    _stats.setdefault(protocol.node_id, Counter())["asked_whole"] += 1
+    found = await protocol.call_find(peer, [key_id])
+    if found is None or key_id not in found:
+        return None
+    value = found[key_id][0]
+    return _EMPTY if value is None else value
+
+
+async def forget_views(_dht, node) -> None:
+    """In the DHT's process: forget this node's last views, so its next lean reads start from nothing
+    (bench/wire_bytes.py's first reads)."""
+    for memo in [m for m in _views if m[0] == node.node_id]:
+        del _views[memo]
+
+
+async def lean_read_stats(_dht, node) -> Dict[str, int]:
+    """In the DHT's process: what this node's lean reads did (``_stats``)."""
+    return dict(_stats.get(node.node_id, Counter()))
+
+
+def not_served(*_args, **_kwargs):
+    """The unary stand-in for ``FIND_NEWER``: no hivemind handler serves it."""
+    raise NotServed("no DHT channel to ask for newer records")

@@ -1,0 +1,205 @@
+"""swarm/dht/lean_read.py: a network read of a dictionary key asks one replica for what is newer than the
+reader's last view, the others for what is newer than that; real hivemind nodes on loopback, the reader
+a client-mode node (never a replica, so every read goes over the network)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hivemind.proto import dht_pb2
+from hivemind.utils import get_dht_time
+from hivemind.utils.auth import AuthRole, AuthRPCWrapper
+
+from protocol.dht import channel_frames
+from protocol.dht.keys import peers_key
+from protocol.dht.records import Progress
+from protocol.spec import RunSpec
+from swarm import records
+from swarm.dht.lean_read import lean_read_stats
+from swarm.dht.node import start_dht
+from tests.support.dht_nodes import LOOPBACK, loopback_nodes
+
+SPEC = RunSpec().replace(run_id="lean-read-test")
+KEY = peers_key(SPEC.run_id)
+
+
+def progress(rnd: int) -> Progress:
+    return Progress(rnd, 0, "training", SPEC.digest(), 1.0, 0.5, 0, 0.0, 0, 0, "hash", -1)
+
+
+@pytest.fixture(scope="module")
+def swarm():
+    for servers in loopback_nodes(SPEC, others=3):
+        for n in servers:
+            records.fetch_spec(n, SPEC.run_id)
+        client = start_dht(servers[0].get_visible_maddrs(), LOOPBACK, client_mode=True, run_ids=[SPEC.run_id])
+        records.fetch_spec(client, SPEC.run_id)
+        try:
+            yield servers, client
+        finally:
+            client.shutdown()
+
+
+def rounds(dht) -> dict:
+    return {v.peer_id: v.progress.round for v in records.read_progress(dht, SPEC.run_id)}
+
+
+def served(dht) -> int:
+    from swarm.dht.channels import channel_stats
+    return dht.run_coroutine(channel_stats).get("served_rpc_find_newer", 0)
+
+
+async def _store_on_one(holder_b58: str, key: str, subkey, value, expiration: float, beam_size, _dht, node) -> bool:
+    """In a writer's DHT process: a lean store that reaches one node only (a replica that the writer's
+    other stores missed)."""
+    from hivemind.p2p import PeerID
+    from swarm.dht import lean_store as module
+
+    async def only(*_args):
+        return [PeerID.from_base58(holder_b58)]
+    real, module.nearest_nodes = module.nearest_nodes, only
+    try:
+        return await module.lean_store(key, subkey, value, expiration, beam_size, _dht, node)
+    finally:
+        module.nearest_nodes = real
+
+
+async def _both(key: str, _dht, node):
+    """In the reader's DHT process: (a lean read, hivemind's get) of ``key``, as subkey -> (value, expiration)."""
+    from swarm.dht.lean_read import lean_get
+
+    def plain(found):
+        return {k: (v.value, v.expiration_time) for k, v in found.value.items()}
+    lean = await lean_get(node, key, 5, lambda: node.get(key, latest=True))
+    return plain(lean), plain(await node.get(key, latest=True, beam_size=5))
+
+
+class _Forger:
+    """A hostile replica's FIND_NEWER: records under the key that nobody signed."""
+
+    def __init__(self, protocol):
+        self.protocol = protocol
+
+    async def rpc_find_newer(self, request, context=None):
+        from hivemind.dht.storage import DictionaryDHTValue
+        forged = DictionaryDHTValue()
+        forged.store("12D3KooWForgedPeerForgedPeerForgedPeerForgedPeer", b"\x93\x01\x02\x03", get_dht_time() + 30)
+        return dht_pb2.FindResponse(results=[dht_pb2.FindResult(
+            type=dht_pb2.FOUND_DICTIONARY, value=self.protocol.serializer.dumps(forged), expiration_time=get_dht_time() + 30)])
+
+
+async def _turn_hostile(_dht, node) -> None:
+    server, _ = node.protocol._voloco_channels
+    server.newer = AuthRPCWrapper(_Forger(node.protocol), AuthRole.SERVICER, node.protocol.authorizer)
+
+
+async def _turn_old(_dht, node) -> None:
+    """This node's channels no longer know FIND_NEWER, as an older voloco's."""
+    channel_frames.METHODS.pop(channel_frames.FIND_NEWER, None)
+
+
+def test_a_lean_read_sees_what_hiveminds_get_sees_and_asks_for_it_with_find_newer(swarm):
+    servers, client = swarm
+    for i, writer in enumerate(servers[1:]):
+        assert records.publish_progress(writer, SPEC.run_id, writer.peer_id.to_base58(), progress(10 + i), ttl=30).result(timeout=10)
+    before = sum(served(s) for s in servers)
+    seen = rounds(client)
+    assert all(seen[w.peer_id.to_base58()] == 10 + i for i, w in enumerate(servers[1:]))
+    lean, whole = client.run_coroutine(_partial(_both, KEY))
+    assert lean == whole and len(lean) >= 3  # the records, values and expirations of hivemind's own read
+    assert set(seen) >= {w.peer_id.to_base58() for w in servers[1:]}
+    assert sum(served(s) for s in servers) > before  # the replicas were asked with FIND_NEWER
+    assert client.run_coroutine(lean_read_stats).get("whole", 0) == 0
+
+
+def test_a_read_with_nothing_new_moves_no_record(swarm):
+    servers, client = swarm
+    rounds(client)
+    stats = client.run_coroutine(lean_read_stats)
+    time.sleep(1.1)  # the membership's shortest read interval: the next read goes to the network again
+    rounds(client)
+    after = client.run_coroutine(lean_read_stats)
+    assert after["reads"] > stats["reads"]
+    assert after["records"] == stats["records"]
+
+
+def test_a_record_only_one_replica_got_is_read_whichever_replica_it_is(swarm, monkeypatch):
+    servers, client = swarm
+    writer = servers[1]
+    me = writer.peer_id.to_base58()
+    for rnd, holder in enumerate(servers, start=40):
+        def store_on_holder(dht, key, subkey, value, expiration, beam_size=None, wait=False):
+            return dht.run_coroutine(_partial(_store_on_one, holder.peer_id.to_base58(), key, subkey, value, expiration,
+                                              beam_size))
+        monkeypatch.setattr(records, "store_lean", store_on_holder)
+        assert records.publish_progress(writer, SPEC.run_id, me, progress(rnd), ttl=30)
+        deadline = time.monotonic() + 5
+        while rounds(client).get(me) != rnd and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert rounds(client)[me] == rnd, f"the record held by {holder.peer_id} alone was not read"
+
+
+def _partial(fn, *args):
+    from functools import partial
+    return partial(fn, *args)
+
+
+def test_a_replica_that_forges_records_is_refused_and_the_read_goes_on(swarm):
+    servers, client = swarm
+    hostile, writer = servers[3], servers[2]
+    hostile.run_coroutine(_turn_hostile)
+    assert records.publish_progress(writer, SPEC.run_id, writer.peer_id.to_base58(), progress(77), ttl=30).result(timeout=10)
+    deadline = time.monotonic() + 5
+    while rounds(client).get(writer.peer_id.to_base58()) != 77 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    seen = rounds(client)
+    assert seen[writer.peer_id.to_base58()] == 77
+    assert not any("Forged" in p for p in seen)
+
+
+def test_a_replica_without_find_newer_is_read_with_hiveminds_find(swarm):
+    servers, client = swarm
+    old, writer = servers[0], servers[1]
+    old.run_coroutine(_turn_old)
+    for rnd in (90, 91):
+        assert records.publish_progress(writer, SPEC.run_id, writer.peer_id.to_base58(), progress(rnd), ttl=30).result(timeout=10)
+        deadline = time.monotonic() + 5
+        while rounds(client).get(writer.peer_id.to_base58()) != rnd and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert rounds(client)[writer.peer_id.to_base58()] == rnd
+    assert client.run_coroutine(lean_read_stats).get("asked_whole", 0) >= 1
+
+
+def test_a_private_run_serves_lean_reads_to_members_and_refuses_a_stranger():
+    import asyncio
+
+    from hivemind.dht.routing import DHTID
+
+    from protocol.dht.newer_reads import pack_held
+    from tests.swarm.test_dht_channels import TOKEN, _answer, _raw_channel
+
+    node = start_dht((), LOOPBACK, join_token=TOKEN)
+    try:
+        member = start_dht(node.get_visible_maddrs(), LOOPBACK, join_token=TOKEN)
+        try:
+            for who, subkey in ((node, "from-node"), (member, "from-member")):
+                assert who.store("private-dictionary", subkey.encode(), get_dht_time() + 60, subkey=subkey)
+            lean, whole = member.run_coroutine(_partial(_both, "private-dictionary"))
+            assert lean == whole and set(lean) == {"from-node", "from-member"}
+            assert served(node) >= 1
+        finally:
+            member.shutdown()
+
+        request = dht_pb2.FindRequest(keys=[DHTID.generate(source="private-dictionary").to_bytes(), pack_held([])])
+        body = request.SerializeToString()
+
+        async def script(reader, writer):
+            writer.write(channel_frames.request_header(channel_frames.FIND_NEWER, 3, len(body)) + body)
+            await writer.drain()
+            return await _answer(reader)
+
+        head, why = asyncio.run(_raw_channel(node)(script))
+        assert head.kind == channel_frames.ERROR and b"refused" in why
+    finally:
+        node.shutdown()
