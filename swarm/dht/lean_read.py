@@ -93,6 +93,9 @@ async def lean_get(node, key: str, beam_size: Optional[int],
     stats = _stats.setdefault(node.node_id, Counter())
     stats["reads"] += 1
     state = _SearchState(key_id, float("inf"), serializer=protocol.serializer, record_validator=protocol.record_validator)
+    # a dictionary of the read's own: hivemind's get merges into the first candidate's, which is the
+    # node's storage where it holds the key (tests/swarm/test_lean_read.py)
+    state.binary_value = DictionaryDHTValue()
     memo = (node.node_id, key_id)
     last = _views.pop(memo, None)
     latest = max((item.expiration_time for _, item in last.items()), default=None) if last is not None else None

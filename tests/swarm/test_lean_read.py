@@ -75,6 +75,20 @@ async def _both(key: str, _dht, node):
     return plain(lean), plain(await node.get(key, latest=True, beam_size=5))
 
 
+async def _lean_and_storage(key: str, _dht, node):
+    """In a node's DHT process: (subkey -> expiration of what its storage holds under ``key`` before a
+    lean read, after it, and of what the read returned)."""
+    from hivemind.dht.routing import DHTID
+    from swarm.dht.lean_read import lean_get
+
+    def stored():
+        item = node.protocol.storage.get(DHTID.generate(source=key))
+        return {} if item is None else {k: v.expiration_time for k, v in item.value.items()}
+    before = stored()
+    found = await lean_get(node, key, 5, lambda: node.get(key, latest=True))
+    return before, stored(), {k: v.expiration_time for k, v in found.value.items()}
+
+
 class _Forger:
     """A hostile replica's FIND_NEWER: records under the key that nobody signed."""
 
@@ -138,6 +152,25 @@ def test_a_record_only_one_replica_got_is_read_whichever_replica_it_is(swarm, mo
         while rounds(client).get(me) != rnd and time.monotonic() < deadline:
             time.sleep(0.3)
         assert rounds(client)[me] == rnd, f"the record held by {holder.peer_id} alone was not read"
+
+
+def test_a_lean_read_leaves_the_readers_own_storage_as_the_stores_left_it(swarm, monkeypatch):
+    """hivemind's get merges what other replicas sent into the node's own storage dictionary; a lean
+    read keeps a dictionary of its own, so a replica's storage holds only what was stored on it."""
+    servers, _ = swarm
+    reader, writer, holder = servers[0], servers[2], servers[3]
+
+    def store_on_holder(dht, key, subkey, value, expiration, beam_size=None, wait=False):
+        return dht.run_coroutine(_partial(_store_on_one, holder.peer_id.to_base58(), key, subkey, value, expiration,
+                                          beam_size))
+    assert records.publish_progress(writer, SPEC.run_id, writer.peer_id.to_base58(), progress(54), ttl=30).result(timeout=10)
+    monkeypatch.setattr(records, "store_lean", store_on_holder)  # the next version reaches the holder only
+    assert records.publish_progress(writer, SPEC.run_id, writer.peer_id.to_base58(), progress(55), ttl=30)
+    monkeypatch.undo()
+    before, after, found = reader.run_coroutine(_partial(_lean_and_storage, KEY))
+    newer = [k for k in found if found[k] > before.get(k, float("-inf"))]
+    assert newer, "the record only the holder got was not read"
+    assert after == before
 
 
 def _partial(fn, *args):
