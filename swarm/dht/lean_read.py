@@ -41,7 +41,8 @@ from swarm.dht.lean_store import SPARE_CANDIDATES, forget_nearest, nearest_nodes
 
 logger = logging.getLogger("voloco.swarm")
 
-NOT_SERVED_S = 60.0  # a replica that did not serve FIND_NEWER is asked with hivemind's find this long
+# a replica that did not serve FIND_NEWER (an older build closes the channel) is asked with hivemind's find this long
+NOT_SERVED_S = 600.0
 MAX_VIEWS = 256  # keys whose last view a node keeps (a new matchmaking key every round: a bound, not a policy)
 
 # (node id, key id) -> the key's records as the last lean read found them (signed, serialized)
@@ -92,66 +93,82 @@ async def lean_get(node, key: str, beam_size: Optional[int],
     key_id = DHTID.generate(source=key)
     stats = _stats.setdefault(node.node_id, Counter())
     stats["reads"] += 1
-    state = _SearchState(key_id, float("inf"), serializer=protocol.serializer, record_validator=protocol.record_validator)
-    # a dictionary of the read's own: hivemind's get merges into the first candidate's, which is the
-    # node's storage where it holds the key (tests/swarm/test_lean_read.py)
-    state.binary_value = DictionaryDHTValue()
     memo = (node.node_id, key_id)
-    last = _views.pop(memo, None)
-    latest = max((item.expiration_time for _, item in last.items()), default=None) if last is not None else None
-    if latest is not None:
-        state.add_candidate(ValueWithExpiration(last, latest), None)
+    # a dictionary of the read's own: hivemind's get merges into its first candidate's, which is the
+    # node's storage where it holds the key (tests/swarm/test_lean_read.py)
+    merged = DictionaryDHTValue()
+    _merge(merged, _views.pop(memo, None))
     nearest = await nearest_nodes(node, key_id, node.num_replicas + SPARE_CANDIDATES, beam_size)
     wanted = node.num_replicas
     if node.peer_id in nearest[:wanted]:
         own = protocol.storage.get(key_id)
-        if own is not None:
-            if not isinstance(own.value, DictionaryDHTValue):
-                stats["whole"] += 1
-                return await whole()
-            state.add_candidate(own, node.node_id)
+        if own is not None and not isinstance(own.value, DictionaryDHTValue):
+            stats["whole"] += 1
+            return await whole()
+        _merge(merged, own.value if own is not None else None)
         wanted -= 1
     others = [p for p in nearest if p != node.peer_id]
-    answered, regular = 0, False
-    # the nearest first, then the rest at once: they send only what the first one did not
-    for size in (min(1, wanted), wanted - 1):
-        while size > 0 and others:
-            batch, others = others[:size], others[size:]
-            held = state.binary_value if isinstance(state.binary_value, DictionaryDHTValue) else None
-            answers = await asyncio.gather(*(_ask(node, p, key_id, held) for p in batch))
-            for answer in answers:
-                if answer is None:
-                    forget_nearest(node, key_id)  # the next read searches the nearest nodes again
-                    continue
-                answered += 1
-                size -= 1
-                if answer is not _EMPTY:
-                    stats["records"] += len(answer.value) if isinstance(answer.value, DictionaryDHTValue) else 1
-                    regular = regular or not isinstance(answer.value, DictionaryDHTValue)
-                    state.add_candidate(answer, None)
-    if regular or (answered == 0 and wanted > 0):
+    answered = 0
+    # the nearest alone first, then as many more as are wanted at once: they send only what it did not
+    # (a dead nearest costs one wait: the others are asked together, spares in place of those that fail)
+    while answered < wanted and others:
+        size = 1 if answered == 0 and len(others) == len(nearest) - (node.peer_id in nearest) else wanted - answered
+        batch, others = others[:size], others[size:]
+        answers = await asyncio.gather(*(_ask(node, p, key_id, merged) for p in batch))
+        for answer in answers:
+            if answer is None:
+                forget_nearest(node, key_id)  # the next read searches the nearest nodes again
+                continue
+            if answer is _REGULAR:
+                stats["whole"] += 1
+                return await whole()
+            answered += 1
+            stats["records"] += len(answer)
+            _merge(merged, answer)
+    if answered == 0 and wanted > 0:
         stats["whole"] += 1
         return await whole()
-    if isinstance(state.binary_value, DictionaryDHTValue):
-        if len(_views) >= MAX_VIEWS:
-            _views.clear()
-        _views[memo] = state.binary_value
+    if len(_views) >= MAX_VIEWS:
+        _views.clear()
+    _views[memo] = merged
+    return _result(protocol, key_id, merged)
+
+
+def _merge(into: DictionaryDHTValue, found: Optional[DictionaryDHTValue]) -> None:
+    """Each record of ``found`` that is newer than ``into``'s of its subkey, into ``into``. Only newer ones:
+    hivemind's timed storage, given an older record after a newer one, keeps the newer but expires it
+    at the older one's time."""
+    for subkey, item in (found.items() if found is not None else ()):
+        have = into.get(subkey)
+        if have is None or item.expiration_time > have.expiration_time:
+            into.store(subkey, item.value, item.expiration_time)
+
+
+def _result(protocol, key_id: DHTID, merged: DictionaryDHTValue) -> Optional[ValueWithExpiration]:
+    """hivemind's get result of ``merged`` (values stripped of their signatures and deserialized), None if
+    it is empty; its expiration is the latest of its records', never a replica's unsigned word."""
+    items = list(merged.items())
+    if not items:
+        return None
+    state = _SearchState(key_id, float("inf"), serializer=protocol.serializer, record_validator=protocol.record_validator)
+    state.binary_value, state.expiration_time = merged, max(item.expiration_time for _, item in items)
     state.finish_search()
-    return await state.future
+    return state.future.result()
 
 
-_EMPTY = ValueWithExpiration(None, float("-inf"))  # a replica that holds nothing under the key
+_REGULAR = object()  # a replica that holds a value, not a dictionary, under the key: read with hivemind's get
 
 
-async def _ask(node, peer: PeerID, key_id: DHTID, held: Optional[DictionaryDHTValue]) -> Optional[ValueWithExpiration]:
-    """One replica's answer (``_EMPTY`` where it holds nothing), checked; None where it gave none."""
+async def _ask(node, peer: PeerID, key_id: DHTID, held: DictionaryDHTValue):
+    """One replica's checked records newer than ``held`` (an empty dictionary where it holds none of
+    them), ``_REGULAR``, or None where it gave no answer that passed."""
     protocol = node.protocol
     memo = (node.node_id, peer)
     if time.monotonic() < _not_served.get(memo, 0.0):
         return await _ask_whole(protocol, peer, key_id)
     dumps = protocol.serializer.dumps
     request = dht_pb2.FindRequest(keys=[key_id.to_bytes(), pack_held(
-        (dumps(subkey), item.expiration_time) for subkey, item in (held.items() if held is not None else ()))])
+        (dumps(subkey), item.expiration_time) for subkey, item in held.items())])
     try:
         async with protocol.rpc_semaphore:
             response = await protocol.get_stub(peer).rpc_find_newer(request, timeout=protocol.wait_timeout)
@@ -168,26 +185,32 @@ async def _ask(node, peer: PeerID, key_id: DHTID, held: Optional[DictionaryDHTVa
         return None
     result = response.results[0]
     if result.type == dht_pb2.NOT_FOUND:
-        return _EMPTY
-    if result.type == dht_pb2.FOUND_REGULAR:
-        return ValueWithExpiration(result.value, result.expiration_time)  # read again by hivemind's get
-    try:
-        found = protocol.serializer.loads(result.value)
-    except Exception:
-        return None
-    if not isinstance(found, DictionaryDHTValue) or not protocol._validate_dictionary(key_id.to_bytes(), found):
-        return None
-    return ValueWithExpiration(found, result.expiration_time) if len(found) else _EMPTY
+        found = DictionaryDHTValue()
+    elif result.type == dht_pb2.FOUND_REGULAR:
+        return _REGULAR
+    else:
+        try:  # anything a replica sends is checked as hivemind checks a find's answer, and may not raise here
+            found = protocol.serializer.loads(result.value)
+            if not isinstance(found, DictionaryDHTValue) or not protocol._validate_dictionary(key_id.to_bytes(), found):
+                return None
+        except Exception as e:
+            logger.debug(f"a lean read at {peer} was answered with what is not a dictionary of valid records: {e!r}")
+            return None
+    node_id = protocol.routing_table.get(peer_id=peer)
+    if node_id is not None:  # as hivemind's find does: a node that answers stays in the routing table
+        asyncio.create_task(protocol.update_routing_table(node_id, peer, responded=True))
+    return found
 
 
-async def _ask_whole(protocol, peer: PeerID, key_id: DHTID) -> Optional[ValueWithExpiration]:
-    """hivemind's find at one replica (checked by its protocol), as an answer of ``_ask``."""
+async def _ask_whole(protocol, peer: PeerID, key_id: DHTID):
+    """hivemind's find at one replica (its answer checked by its protocol), as ``_ask`` answers. A
+    replica that holds nothing, or nothing valid, is no answer (hivemind's find tells them not apart)."""
     _stats.setdefault(protocol.node_id, Counter())["asked_whole"] += 1
     found = await protocol.call_find(peer, [key_id])
-    if found is None or key_id not in found:
+    value = None if found is None or key_id not in found else found[key_id][0]
+    if value is None:
         return None
-    value = found[key_id][0]
-    return _EMPTY if value is None else value
+    return value.value if isinstance(value.value, DictionaryDHTValue) else _REGULAR
 
 
 async def forget_views(_dht, node) -> None:

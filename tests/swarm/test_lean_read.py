@@ -89,23 +89,44 @@ async def _lean_and_storage(key: str, _dht, node):
     return before, stored(), {k: v.expiration_time for k, v in found.value.items()}
 
 
-class _Forger:
-    """A hostile replica's FIND_NEWER: records under the key that nobody signed."""
+class _Hostile:
+    """A hostile replica's FIND_NEWER answers, by ``kind``: ``forged`` records nobody signed; ``garbled``
+    a record whose value is no bytes; ``endless`` one old record of its storage, the newer withheld, said
+    to expire never (hivemind's search ends at an answer that expires late enough, so a reader that
+    believed it read no further);
+    ``regular`` a plain value said to expire never."""
 
-    def __init__(self, protocol):
-        self.protocol = protocol
+    def __init__(self, protocol, kind: str):
+        self.protocol, self.kind = protocol, kind
 
     async def rpc_find_newer(self, request, context=None):
         from hivemind.dht.storage import DictionaryDHTValue
-        forged = DictionaryDHTValue()
-        forged.store("12D3KooWForgedPeerForgedPeerForgedPeerForgedPeer", b"\x93\x01\x02\x03", get_dht_time() + 30)
+        dumps, late = self.protocol.serializer.dumps, get_dht_time() + 30
+        if self.kind == "regular":
+            return dht_pb2.FindResponse(results=[dht_pb2.FindResult(
+                type=dht_pb2.FOUND_REGULAR, value=b"\xc1junk", expiration_time=float("inf"))])
+        found = DictionaryDHTValue()
+        if self.kind == "endless":  # one old, valid record of its storage, the newer ones withheld
+            from hivemind.dht.routing import DHTID
+            stored = self.protocol.storage.get(DHTID.from_bytes(request.keys[0]))
+            oldest = min(stored.value.items(), key=lambda kv: kv[1].expiration_time) if stored is not None else None
+            if oldest is not None:
+                found.store(oldest[0], oldest[1].value, oldest[1].expiration_time)
+        elif self.kind == "forged":
+            found.store("12D3KooWForgedPeerForgedPeerForgedPeerForgedPeer", b"\x93\x01\x02\x03", late)
+        elif self.kind == "garbled":
+            found.store("12D3KooWGarbledPeer", 5, late)
+        expiration = float("inf") if self.kind == "endless" else late
         return dht_pb2.FindResponse(results=[dht_pb2.FindResult(
-            type=dht_pb2.FOUND_DICTIONARY, value=self.protocol.serializer.dumps(forged), expiration_time=get_dht_time() + 30)])
+            type=dht_pb2.FOUND_DICTIONARY, value=dumps(found), expiration_time=expiration)])
 
 
-async def _turn_hostile(_dht, node) -> None:
+async def _turn_hostile(kind, _dht, node) -> None:
+    """This node's FIND_NEWER answers as ``_Hostile(kind)``, or honestly again for ``kind`` None."""
+    from swarm.dht.lean_read import NewerRecords
     server, _ = node.protocol._voloco_channels
-    server.newer = AuthRPCWrapper(_Forger(node.protocol), AuthRole.SERVICER, node.protocol.authorizer)
+    servicer = NewerRecords(node.protocol) if kind is None else _Hostile(node.protocol, kind)
+    server.newer = AuthRPCWrapper(servicer, AuthRole.SERVICER, node.protocol.authorizer)
 
 
 async def _turn_old(_dht, node) -> None:
@@ -178,17 +199,23 @@ def _partial(fn, *args):
     return partial(fn, *args)
 
 
-def test_a_replica_that_forges_records_is_refused_and_the_read_goes_on(swarm):
+@pytest.mark.parametrize("kind", ["forged", "garbled", "endless", "regular"])
+def test_a_hostile_replicas_answer_is_refused_and_the_read_goes_on(swarm, kind):
+    """Three of the four replicas hostile: each lean read (one, no retry) returns what hivemind's get
+    of the honest finds returns, and raises nothing."""
     servers, client = swarm
-    hostile, writer = servers[3], servers[2]
-    hostile.run_coroutine(_turn_hostile)
-    assert records.publish_progress(writer, SPEC.run_id, writer.peer_id.to_base58(), progress(77), ttl=30).result(timeout=10)
-    deadline = time.monotonic() + 5
-    while rounds(client).get(writer.peer_id.to_base58()) != 77 and time.monotonic() < deadline:
-        time.sleep(0.3)
-    seen = rounds(client)
-    assert seen[writer.peer_id.to_base58()] == 77
-    assert not any("Forged" in p for p in seen)
+    hostile, writer = servers[:3], servers[3]
+    assert records.publish_progress(servers[0], SPEC.run_id, servers[0].peer_id.to_base58(), progress(69), ttl=20).result(timeout=10)
+    for h in hostile:
+        h.run_coroutine(_partial(_turn_hostile, kind))
+    try:
+        for rnd in (70, 71, 72):
+            assert records.publish_progress(writer, SPEC.run_id, writer.peer_id.to_base58(), progress(rnd), ttl=30).result(timeout=10)
+            lean, whole = client.run_coroutine(_partial(_both, KEY))
+            assert lean == whole
+    finally:
+        for h in hostile:
+            h.run_coroutine(_partial(_turn_hostile, None))
 
 
 def test_a_replica_without_find_newer_is_read_with_hiveminds_find(swarm):
