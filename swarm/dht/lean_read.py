@@ -2,9 +2,9 @@
 
 hivemind's ``get`` searches toward the key and every node of its beam that holds the key answers with
 the whole dictionary, with 20 nearest nodes besides. For the progress key, which holds every peer's
-record, that was 5 copies of the swarm's records a read, each parsed and checked: at 32 peers the
-reads were most of a peer's helper CPU while it exchanged (halving how often peers read cut the
-helpers' CPU a second from 0.025 to 0.016 s: bench/RESULTS.md, "Ninety-first session").
+record, that was 5 copies of the swarm's records a read, each parsed and checked: 65.7 KiB on the
+wire for one read of a 32-peer swarm's records (bench/wire_bytes.py --ops 32; bench/RESULTS.md,
+"Ninety-first session").
 
 A lean read (``lean_get``, in the DHT's process) takes the key's nearest nodes as a lean store finds
 them (swarm/dht/lean_store.py: searched once, remembered), asks the nearest replica for the records
@@ -13,7 +13,9 @@ than that (``FIND_NEWER``, protocol/dht/newer_reads.py). Each answer is checked 
 validators as hivemind checks a find's (a record that fails drops the whole answer), and the result
 is hivemind's: every subkey's newest record, its value stripped of its signature, read from as many
 replicas as a read over the whole beam. A record from the last view that no answer replaced is kept
-until it expires, as hivemind's own storage keeps it.
+until it expires, as hivemind's own storage keeps it. A replica's word on when its dictionary expires
+is not believed (hivemind's search ends at an answer said to expire late enough): the result expires
+with its newest record.
 
 A replica that does not serve ``FIND_NEWER`` (an older voloco, plain hivemind) is asked with
 hivemind's find instead, for ``NOT_SERVED_S``; a key whose value is not a dictionary, or a read no
