@@ -21,11 +21,12 @@ _needs_netns = needs_netns_fixture()
 
 
 def test_each_peers_wire_bytes_match_its_interface_within_ten_percent(tmp_path):
-    result = measure(bench_spec(heartbeat=2.0), tmp_path, peers=3, rounds=3, rate="20mbit", timeout=150)
+    # 5 rounds: one connection the meter misses between two polls (below) weighs a few per cent of 3
+    result = measure(bench_spec(heartbeat=2.0), tmp_path, peers=3, rounds=5, rate="20mbit", timeout=240)
     print(report([result]))
     for row in result["rows"]:
         wire, link = row["wire"], row["link"]
-        assert row["rounds"] >= 3, row
+        assert row["rounds"] >= 5, row
         for way in ("sent", "received"):
             assert 0.9 <= row[f"ratio_{way}"] <= 1.1, (way, row)
             by = wire[f"{way}_by"]
