@@ -110,13 +110,14 @@ async def lean_get(node, key: str, beam_size: Optional[int],
         _merge(merged, own.value if own is not None else None)
         wanted -= 1
     others = [p for p in nearest if p != node.peer_id]
-    answered = 0
     # the nearest alone first, then as many more as are wanted at once: they send only what it did not
     # (a dead nearest costs one wait: the others are asked together, spares in place of those that fail)
+    answered, size = 0, 1
+    dumps = protocol.serializer.dumps
     while answered < wanted and others:
-        size = 1 if answered == 0 and len(others) == len(nearest) - (node.peer_id in nearest) else wanted - answered
         batch, others = others[:size], others[size:]
-        answers = await asyncio.gather(*(_ask(node, p, key_id, merged) for p in batch))
+        held = pack_held((dumps(subkey), item.expiration_time) for subkey, item in merged.items())  # once a batch
+        answers = await asyncio.gather(*(_ask(node, p, key_id, held) for p in batch))
         for answer in answers:
             if answer is None:
                 forget_nearest(node, key_id)  # the next read searches the nearest nodes again
@@ -127,6 +128,7 @@ async def lean_get(node, key: str, beam_size: Optional[int],
             answered += 1
             stats["records"] += len(answer)
             _merge(merged, answer)
+        size = wanted - answered
     if answered == 0 and wanted > 0:
         stats["whole"] += 1
         return await whole()
@@ -161,16 +163,14 @@ def _result(protocol, key_id: DHTID, merged: DictionaryDHTValue) -> Optional[Val
 _REGULAR = object()  # a replica that holds a value, not a dictionary, under the key: read with hivemind's get
 
 
-async def _ask(node, peer: PeerID, key_id: DHTID, held: DictionaryDHTValue):
-    """One replica's checked records newer than ``held`` (an empty dictionary where it holds none of
-    them), ``_REGULAR``, or None where it gave no answer that passed."""
+async def _ask(node, peer: PeerID, key_id: DHTID, held: bytes):
+    """One replica's checked records newer than those of ``held`` (``pack_held``'s list; an empty
+    dictionary where it holds none of them), ``_REGULAR``, or None where it gave no answer that passed."""
     protocol = node.protocol
     memo = (node.node_id, peer)
     if time.monotonic() < _not_served.get(memo, 0.0):
         return await _ask_whole(protocol, peer, key_id)
-    dumps = protocol.serializer.dumps
-    request = dht_pb2.FindRequest(keys=[key_id.to_bytes(), pack_held(
-        (dumps(subkey), item.expiration_time) for subkey, item in held.items())])
+    request = dht_pb2.FindRequest(keys=[key_id.to_bytes(), held])
     try:
         async with protocol.rpc_semaphore:
             response = await protocol.get_stub(peer).rpc_find_newer(request, timeout=protocol.wait_timeout)
