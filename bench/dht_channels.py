@@ -8,7 +8,9 @@ alone. Node b sends ``--calls`` stores of a ``--value-bytes`` value (a progress 
 bytes with its signature) and as many finds of that key to node a, one every 50 ms: first as hivemind
 sends them (a unary call: p2pd opens a libp2p stream for each), then over the channel b keeps open
 to a. Bytes are the loopback's frames (IP and TCP headers included, each packet counted once: both
-directions of every call); the ratio is unary against channel, in the same run.
+directions of every call); the ratio is unary against channel, in the same run. CPU is what both nodes'
+processes (their DHT processes and p2p daemons) spent over the calls, less what they spend idle over as
+long (measured first, over 3 s), a call.
 """
 
 from __future__ import annotations
@@ -59,7 +61,11 @@ async def _calls(kind: str, method: str, count: int, value_bytes: int, peer, _dh
     return time.monotonic() - began
 
 
+IDLE_S = 3.0
+
+
 def inside(args) -> dict:
+    from swarm.cpu_meter import HelperCpu
     from swarm.dht.node import start_dht
 
     subprocess.run(["ip", "link", "set", "lo", "up"], check=False)
@@ -70,14 +76,20 @@ def inside(args) -> dict:
         for kind in ("unary", "channel"):  # warm both paths (the channel opens on its first call)
             b.run_coroutine(partial(_calls, kind, "store", 3, args.value_bytes, a.peer_id))
         time.sleep(1.0)
+        cpu = HelperCpu(lambda: [os.getpid()])  # this process and its children: both nodes, their daemons
+        cpu.since_last()
+        time.sleep(IDLE_S)
+        idle_rate = (cpu.since_last() or 0.0) / IDLE_S
         for method in ("store", "find"):
             for kind in ("unary", "channel"):
-                before = _lo()
+                before, cpu_began = _lo(), time.monotonic()
+                cpu.since_last()
                 took = b.run_coroutine(partial(_calls, kind, method, args.calls, args.value_bytes, a.peer_id))
                 time.sleep(0.5)  # the last acknowledgements
                 after = _lo()
+                spent = (cpu.since_last() or 0.0) - idle_rate * (time.monotonic() - cpu_began)
                 rows.append({"method": method, "transport": kind, "calls": args.calls, "seconds": took,
-                             "bytes": after[0] - before[0], "packets": after[1] - before[1]})
+                             "bytes": after[0] - before[0], "packets": after[1] - before[1], "cpu_s": spent})
     finally:
         b.shutdown()
         a.shutdown()
@@ -113,17 +125,17 @@ def main(argv=None) -> int:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"{args.calls} calls of each kind, {args.value_bytes}-byte values, one every {SPACING_S * 1000:.0f} ms, "
           f"loopback frames of both directions")
-    print(f"{'method':<7} {'transport':<9} {'bytes/call':>10} {'packets/call':>12} {'ms/call':>8}")
+    print(f"{'method':<7} {'transport':<9} {'bytes/call':>10} {'packets/call':>12} {'ms/call':>8} {'CPU ms/call':>11}")
     by = {(r["method"], r["transport"]): r for r in result["rows"]}
     for r in result["rows"]:
         ms = 1000 * (r["seconds"] / r["calls"] - SPACING_S)
         print(f"{r['method']:<7} {r['transport']:<9} {r['bytes'] / r['calls']:>10.0f} {r['packets'] / r['calls']:>12.1f} "
-              f"{ms:>8.2f}")
+              f"{ms:>8.2f} {1000 * r['cpu_s'] / r['calls']:>11.2f}")
     for method in ("store", "find"):
         u, c = by[(method, "unary")], by[(method, "channel")]
         result[f"{method}_bytes_ratio"] = u["bytes"] / c["bytes"]
         print(f"{method}: unary / channel = {u['bytes'] / c['bytes']:.2f}x the bytes, "
-              f"{u['packets'] / c['packets']:.2f}x the packets")
+              f"{u['packets'] / c['packets']:.2f}x the packets, {u['cpu_s'] / max(c['cpu_s'], 1e-9):.2f}x the CPU")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -1,7 +1,8 @@
 """Calls other peers may have running here at once: a few from each peer, a bound over all of them.
 
-Used by the exchange's RPCs (peer/exchange/gatherer.py, peer/exchange/ready_notices.py) and the
-tokenizer's serving (swarm/tokenizer_share.py); tests/exchange/test_exchange_bounds.py.
+Used by the exchange's RPCs (peer/exchange/gatherer.py, peer/exchange/ready_notices.py), the
+tokenizer's serving (swarm/tokenizer_share.py) and the DHT channels a node serves
+(swarm/dht/channels.py); tests/exchange/test_exchange_bounds.py, tests/swarm/test_dht_channels.py.
 """
 
 from __future__ import annotations

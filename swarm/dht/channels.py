@@ -44,6 +44,7 @@ from protocol.dht.channel_frames import (
     ERROR, FIND, FIND_NEWER, HEADER_BYTES, MAX_BODY_BYTES, METHODS, OK, PING, STORE, ChannelFrameError, answer_header,
     error_body, parse_header, request_header,
 )
+from swarm.call_limits import CallLimiter
 from swarm.dht.lean_read import NewerRecords, not_served
 
 logger = logging.getLogger("voloco.swarm")
@@ -83,17 +84,24 @@ class ChannelServer:
         self.servicer = AuthRPCWrapper(protocol, AuthRole.SERVICER, protocol.authorizer)
         # FIND_NEWER (swarm/dht/lean_read.py): checked by the same authorizer as hivemind's calls
         self.newer = AuthRPCWrapper(NewerRecords(protocol), AuthRole.SERVICER, protocol.authorizer)
-        self.serving: Counter = Counter()  # peer -> channels open
+        self.serving = CallLimiter(MAX_SERVED_PER_PEER, MAX_SERVED)  # the channels open, by peer
         self.stats: Counter = Counter()
 
     async def handle(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = stream_info.peer_id
-        if self.serving[peer] >= MAX_SERVED_PER_PEER or sum(self.serving.values()) >= MAX_SERVED:
-            self.stats["refused_channels"] += 1
-            writer.close()
-            return
-        self.serving[peer] += 1
-        self.stats["channels"] += 1
+        with self.serving.admit(peer) as admitted:
+            if not admitted:
+                self.stats["refused_channels"] += 1
+                writer.close()
+                return
+            self.stats["channels"] += 1
+            try:
+                await self._serve_channel(peer, reader, writer)
+            finally:
+                writer.close()
+
+    async def _serve_channel(self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One request at a time, each answered before the next is read, until the channel closes or falls silent."""
         try:
             while True:
                 try:
@@ -111,11 +119,6 @@ class ChannelServer:
                 await asyncio.wait_for(writer.drain(), BODY_TIMEOUT_S)  # a caller that reads nothing is dropped
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
             return
-        finally:
-            self.serving[peer] -= 1
-            if self.serving[peer] <= 0:
-                del self.serving[peer]
-            writer.close()
 
     async def _serve(self, method: int, body: bytes, peer: PeerID):
         name = METHODS[method]

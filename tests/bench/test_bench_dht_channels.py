@@ -24,3 +24,5 @@ def test_a_channel_call_costs_fewer_bytes_and_packets_than_a_unary_call(tmp_path
         unary, channel = rows[(method, "unary")], rows[(method, "channel")]
         assert channel["packets"] < unary["packets"] and channel["bytes"] < unary["bytes"], (unary, channel)
         assert doc[f"{method}_bytes_ratio"] > 1
+        # CPU is reported, not compared: on a shared machine 20 calls' seconds are noise
+        assert all(isinstance(r["cpu_s"], float) for r in (unary, channel)), (unary, channel)
