@@ -16,8 +16,10 @@ record validators every record, the routing table learns the caller, exactly as 
 
 The calling side installs itself as the protocol's ``get_stub``, under hivemind's ``AuthRPCWrapper``
 (requests are signed as before). A peer that does not serve channels (plain hivemind, an older
-voloco) is called unary, and so is any peer for ``NO_CHANNEL_S`` after a channel to it could not be
-opened; a call whose channel broke before it was answered is made again unary, signed anew in a
+voloco) is called unary, and so is any peer for a while after a channel to it could not be opened:
+``NO_CHANNEL_FIRST_S`` after the first failure, twice as long after each next one, at most
+``NO_CHANNEL_S`` (a node contacted while it still starts, before its channels are served, gets a
+channel a second later, not after 15 s of unary calls: a start-up's burst of calls); a call whose channel broke before it was answered is made again unary, signed anew in a
 private run (pings, stores and finds may be repeated).
 
 Bounds: a frame's body is at most hivemind's own unary bound (4 MiB). A caller keeps at most
@@ -53,7 +55,8 @@ HANDLER = "voloco.dht.channel.v1"
 MAX_PENDING = 32
 MAX_CHANNELS = 256
 IDLE_S = 60.0
-NO_CHANNEL_S = 15.0
+NO_CHANNEL_FIRST_S = 1.0  # unary calls to a peer after its first failed open ...
+NO_CHANNEL_S = 15.0  # ... doubling with each failure that follows, up to this
 OPEN_TIMEOUT_S = 5.0
 MAX_SERVED_PER_PEER = 4
 MAX_SERVED = 1024
@@ -239,6 +242,7 @@ class ChannelPool:
         self.channels: Dict[PeerID, _Channel] = {}
         self.opening: Dict[PeerID, asyncio.Lock] = {}
         self.no_channel_until: Dict[PeerID, float] = {}
+        self.open_failures: Dict[PeerID, int] = {}  # failed opens in a row, by peer
         self.stats: Counter = Counter()
         self._swept = time.monotonic()
 
@@ -294,9 +298,12 @@ class ChannelPool:
             except Exception as e:
                 self.stats["open_failed"] += 1
                 self._prune()
-                self.no_channel_until[peer] = time.monotonic() + NO_CHANNEL_S
-                logger.debug(f"no DHT channel to {peer} ({e!r}): unary calls for {NO_CHANNEL_S:.0f} s")
+                failures = self.open_failures[peer] = self.open_failures.get(peer, 0) + 1
+                unary_for = no_channel_for(failures)
+                self.no_channel_until[peer] = time.monotonic() + unary_for
+                logger.debug(f"no DHT channel to {peer} ({e!r}): unary calls for {unary_for:.0f} s")
                 return None
+            self.open_failures.pop(peer, None)
             if len(self.channels) >= MAX_CHANNELS:
                 self._close_least_used()
             channel = self.channels[peer] = _Channel(peer, reader, writer)
@@ -308,6 +315,7 @@ class ChannelPool:
         if len(self.no_channel_until) > 4 * MAX_CHANNELS:  # a bound, not a policy
             now = time.monotonic()
             self.no_channel_until = {p: t for p, t in self.no_channel_until.items() if t > now}
+            self.open_failures = {p: n for p, n in self.open_failures.items() if p in self.no_channel_until}
         if len(self.opening) > 4 * MAX_CHANNELS:
             self.opening = {p: lock for p, lock in self.opening.items() if lock.locked()}
 
@@ -329,6 +337,11 @@ class ChannelPool:
         for channel in self.channels.values():
             channel.close()
         self.channels.clear()
+
+
+def no_channel_for(failures: int) -> float:
+    """Seconds of unary calls to a peer after its ``failures``-th failed open in a row."""
+    return min(NO_CHANNEL_S, NO_CHANNEL_FIRST_S * 2.0 ** min(max(failures, 1) - 1, 16))
 
 
 class ChannelStub:

@@ -373,3 +373,63 @@ def test_closing_a_channel_under_a_timed_out_call_logs_no_unread_error(caplog):
         asyncio.run(run())
         gc.collect()
     assert "never retrieved" not in caplog.text
+
+
+class _Unserved:
+    """A stand-in for hivemind's P2P at a peer that serves no channel (yet): every open fails."""
+
+    def __init__(self):
+        self.opened = 0
+
+    async def call_binary_stream_handler(self, _peer, _name):
+        self.opened += 1
+        raise ConnectionError("failed to negotiate protocol: protocols not supported")
+
+
+def test_a_peer_without_channels_is_asked_again_after_a_second_then_ever_less_often(monkeypatch):
+    """A node contacted while it still starts serves its channels a moment later: its callers try again
+    after NO_CHANNEL_FIRST_S, doubling up to NO_CHANNEL_S, instead of calling it unary for 15 s (a
+    start-up's burst of calls, 675 of a 8-peer swarm's 1,671 in one run, bench/RESULTS.md)."""
+    now = [1000.0]
+    monkeypatch.setattr(dht_channels.time, "monotonic", lambda: now[0])
+    streams = _Unserved()
+    pool = ChannelPool(streams)
+
+    async def unary(request, timeout=None):
+        return dht_pb2.PingResponse(available=True)
+
+    def call_at(t: float) -> int:
+        now[0] = 1000.0 + t
+        assert asyncio.run(pool.call("peer", frames.PING, dht_pb2.PingRequest(), 5.0, unary)).available
+        return streams.opened
+
+    assert call_at(0.0) == 1
+    assert call_at(0.9) == 1  # unary within the first second
+    assert call_at(1.1) == 2
+    assert call_at(2.9) == 2  # then 2 s
+    assert call_at(3.2) == 3
+    waits = [dht_channels.no_channel_for(n) for n in range(1, 8)]
+    assert waits == sorted(waits) and waits[0] == dht_channels.NO_CHANNEL_FIRST_S and waits[-1] == dht_channels.NO_CHANNEL_S
+    assert pool.stats["unary"] == 5 and pool.stats["open_failed"] == 3
+    assert dht_channels.no_channel_for(10 ** 6) == dht_channels.NO_CHANNEL_S  # no overflow
+
+
+def test_a_channel_that_opens_ends_the_backoff():
+    """After a failed open, one that succeeds resets the count: the next failure waits a second again."""
+    pool = ChannelPool(_Unserved())
+    pool.open_failures["peer"] = 3
+    pool.p2p = _Streams(1)  # any open that returns streams counts as opened
+
+    async def run():
+        async def echo(reader, writer):
+            await reader.read(1)
+
+        server = await asyncio.start_server(echo, "127.0.0.1", 0)
+        pool.p2p.port = server.sockets[0].getsockname()[1]
+        channel = await pool._channel("peer", 1.0)
+        pool.close()
+        server.close()
+        return channel
+
+    assert asyncio.run(run()) is not None
+    assert "peer" not in pool.open_failures
