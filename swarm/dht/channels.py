@@ -19,8 +19,9 @@ The calling side installs itself as the protocol's ``get_stub``, under hivemind'
 voloco) is called unary, and so is any peer for a while after a channel to it could not be opened:
 ``NO_CHANNEL_FIRST_S`` after the first failure, twice as long after each next one, at most
 ``NO_CHANNEL_S`` (a node contacted while it still starts, before its channels are served, gets a
-channel a second later, not after 15 s of unary calls: a start-up's burst of calls); a call whose channel broke before it was answered is made again unary, signed anew in a
-private run (pings, stores and finds may be repeated).
+channel a second later, not after 15 s of unary calls through a start-up's burst of calls;
+tests/swarm/test_dht_channels.py). A call whose channel broke before it was answered is made again
+unary, signed anew in a private run (pings, stores and finds may be repeated).
 
 Bounds: a frame's body is at most hivemind's own unary bound (4 MiB). A caller keeps at most
 ``MAX_PENDING`` calls in flight on a channel and ``MAX_CHANNELS`` channels open; it closes a channel
