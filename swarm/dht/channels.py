@@ -36,7 +36,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.p2p import P2PContext, PeerID
@@ -242,8 +242,8 @@ class ChannelPool:
         self.p2p, self.authorizer = p2p, authorizer
         self.channels: Dict[PeerID, _Channel] = {}
         self.opening: Dict[PeerID, asyncio.Lock] = {}
-        self.no_channel_until: Dict[PeerID, float] = {}
-        self.open_failures: Dict[PeerID, int] = {}  # failed opens in a row, by peer
+        # peer -> (called unary until, failed opens in a row); gone once a channel to it opens
+        self.unserved: Dict[PeerID, Tuple[float, int]] = {}
         self.stats: Counter = Counter()
         self._swept = time.monotonic()
 
@@ -284,14 +284,14 @@ class ChannelPool:
         channel = self.channels.get(peer)
         if channel is not None and not channel.closed:
             return channel
-        if time.monotonic() < self.no_channel_until.get(peer, 0.0):
+        if time.monotonic() < self.unserved.get(peer, (0.0, 0))[0]:
             return None
         lock = self.opening.setdefault(peer, asyncio.Lock())
         async with lock:
             channel = self.channels.get(peer)
             if channel is not None and not channel.closed:
                 return channel
-            if time.monotonic() < self.no_channel_until.get(peer, 0.0):
+            if time.monotonic() < self.unserved.get(peer, (0.0, 0))[0]:
                 return None
             wait = OPEN_TIMEOUT_S if timeout is None else min(OPEN_TIMEOUT_S, timeout)
             try:
@@ -299,12 +299,12 @@ class ChannelPool:
             except Exception as e:
                 self.stats["open_failed"] += 1
                 self._prune()
-                failures = self.open_failures[peer] = self.open_failures.get(peer, 0) + 1
+                failures = self.unserved.get(peer, (0.0, 0))[1] + 1
                 unary_for = no_channel_for(failures)
-                self.no_channel_until[peer] = time.monotonic() + unary_for
+                self.unserved[peer] = (time.monotonic() + unary_for, failures)
                 logger.debug(f"no DHT channel to {peer} ({e!r}): unary calls for {unary_for:.0f} s")
                 return None
-            self.open_failures.pop(peer, None)
+            self.unserved.pop(peer, None)
             if len(self.channels) >= MAX_CHANNELS:
                 self._close_least_used()
             channel = self.channels[peer] = _Channel(peer, reader, writer)
@@ -313,10 +313,9 @@ class ChannelPool:
 
     def _prune(self) -> None:
         """Drop what the pool remembers of peers past their use, once it grows large."""
-        if len(self.no_channel_until) > 4 * MAX_CHANNELS:  # a bound, not a policy
+        if len(self.unserved) > 4 * MAX_CHANNELS:  # a bound, not a policy
             now = time.monotonic()
-            self.no_channel_until = {p: t for p, t in self.no_channel_until.items() if t > now}
-            self.open_failures = {p: n for p, n in self.open_failures.items() if p in self.no_channel_until}
+            self.unserved = {p: (until, n) for p, (until, n) in self.unserved.items() if until > now}
         if len(self.opening) > 4 * MAX_CHANNELS:
             self.opening = {p: lock for p, lock in self.opening.items() if lock.locked()}
 

@@ -389,7 +389,7 @@ class _Unserved:
 def test_a_peer_without_channels_is_asked_again_after_a_second_then_ever_less_often(monkeypatch):
     """A node contacted while it still starts serves its channels a moment later: its callers try again
     after NO_CHANNEL_FIRST_S, doubling up to NO_CHANNEL_S, instead of calling it unary for 15 s (a
-    start-up's burst of calls, 675 of a 8-peer swarm's 1,671 in one run, bench/RESULTS.md)."""
+    start-up's burst of calls: 675 unary calls at an 8-peer start, 25 with the back-off, bench/RESULTS.md)."""
     now = [1000.0]
     monkeypatch.setattr(dht_channels.time, "monotonic", lambda: now[0])
     streams = _Unserved()
@@ -417,7 +417,7 @@ def test_a_peer_without_channels_is_asked_again_after_a_second_then_ever_less_of
 def test_a_channel_that_opens_ends_the_backoff():
     """After a failed open, one that succeeds resets the count: the next failure waits a second again."""
     pool = ChannelPool(_Unserved())
-    pool.open_failures["peer"] = 3
+    pool.unserved["peer"] = (0.0, 3)
     pool.p2p = _Streams(1)  # any open that returns streams counts as opened
 
     async def run():
@@ -432,4 +432,4 @@ def test_a_channel_that_opens_ends_the_backoff():
         return channel
 
     assert asyncio.run(run()) is not None
-    assert "peer" not in pool.open_failures
+    assert "peer" not in pool.unserved
