@@ -20,7 +20,6 @@ Every operation that reads or changes θ, the round or the strategy's state hold
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
@@ -80,7 +79,8 @@ class RoundEngine:
         self.evidence: Dict[str, standing.Evidence] = {}  # fresh senders' pooled scores (the same module)
         # p per part of who sends a payload at all when a round takes at most K (protocol/round/eligibility.py)
         self.eligibility: Dict[str, int] = {}
-        self._candidates: Dict[int, Dict[str, int]] = {}  # round -> its draw's candidates per part, until concluded
+        # round -> its draw's candidates per part (name, weight at the draw), until concluded
+        self._candidates: Dict[int, Dict[str, List[Tuple[str, int]]]] = {}
         self._open: Optional[Pending] = None  # our payload encoded and not settled yet (``encode``)
         self._own: Optional[Tuple[int, bool]] = None  # (round, whether our payload counted) of the last one settled
         self._since = 0  # settles since that one (each carried the buffers one encode further)
@@ -211,8 +211,11 @@ class RoundEngine:
             sent = {s: part for s, part in valid.items()
                     if eligibility.eligible(seed, s, eligibility.probability(table, part), choice.weight(standing.get(s, 0)))}
             self._candidates = {r: c for r, c in self._candidates.items() if r >= self.round - 1}
-            # what concluding this round moves the eligibility table by
-            self._candidates[round_no] = dict(Counter(eligibility.part_key(part) for part in sent.values()))
+            # what concluding this round moves the eligibility table by: each part's candidates, and their weight now
+            by_part: Dict[str, List[Tuple[str, int]]] = {}
+            for s, part in sent.items():
+                by_part.setdefault(eligibility.part_key(part), []).append((s, choice.weight(standing.get(s, 0))))
+            self._candidates[round_no] = by_part
         chosen = choice.choose(sent, k, seed, standing)
         picked = set(chosen)
         return chosen, invalid, [s for s in valid if s not in picked]
@@ -283,9 +286,10 @@ class RoundEngine:
                 outcome.scores, getattr(self.strategy, "min_agreement", 0.0))
             self.evidence = standing.gather(self.evidence, outcome.scores, outcome.excluded, outcome.copied, self.standing,
                                             outcome.unconvinced)
-            counts = self._candidates.pop(self.round, None)
-            if counts is not None:  # the round's draw saw these candidates (K > 0): every member alike
-                self.eligibility = eligibility.update(self.eligibility, counts, getattr(self.strategy, "max_contributions", 0))
+            drawn = self._candidates.pop(self.round, None)
+            if drawn is not None:  # the round's draw saw these candidates (K > 0): every member alike
+                weighed = {key: [(w, choice.weight(self.standing.get(s, 0))) for s, w in cands] for key, cands in drawn.items()}
+                self.eligibility = eligibility.update(self.eligibility, weighed, getattr(self.strategy, "max_contributions", 0))
             if pending is not None:
                 self._settle(pending, delivered, ours=self.round)
             settled = Settled(self.round, outcome.contributors, {**(excluded or {}), **outcome.excluded}, delivered,

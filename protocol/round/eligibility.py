@@ -16,16 +16,19 @@ The probability weighs standing like the draw does: a member of weight w (protoc
 members and takes a quarter of their share of the union, before any draw.
 
 p is kept per part in the lineage (``update``), in [1, ``CAP``] units of 2^-20 (``CAP`` = ``TOP``:
-everyone sends, fresh members too; a part absent from the table has it): after each round every
-member moves p halfway towards target(K) / E of itself, E that part's candidates in the round's
-union. E / p estimates the part's members (weighted by standing), so p follows the swarm's size
-without anyone counting it; a part with no candidate doubles its p back towards ``CAP``. From
-``CAP`` (a part's first round, or one back there) every member sent: E is the part's members, not a
-draw, so p moves the whole way to target(K) / E of itself at once, by at most ``MAX_FALL`` (made-up
-sets of fresh identities count in E). Where the members are fresh (a run's first round) that lands
-on the target; members with standing send more often than fresh ones below ``CAP``, so there it
-lands above it and the halfway steps bring it down (tests/protocol/test_eligibility.py,
-``test_from_cap_p_moves_the_whole_way_at_once``).
+everyone sends, fresh members too; a part absent from the table has it). After each round every
+member estimates the part's members M, weighed by standing, from the round's candidates (``mass``:
+a candidate that was sure to send counts its own weight, one that sent with probability π stands for
+w / π of them), adds the standing the round gave or took (a drawn sender that counted weighs a
+quarter more next round), and moves p halfway towards target(K) × ``CAP`` / M, so p follows the
+swarm's size without anyone counting it; a part with no candidate doubles its p back towards
+``CAP``. From ``CAP`` (a part's first round, or one back there) every member sent: M is exact, not
+a draw, so p moves the whole way at once, by at most ``MAX_FALL`` (made-up sets of fresh identities
+count in M). Counting the standing a round gives matters in a run's first rounds, when the drawn
+senders grow heavier round after round: aimed at the round's own candidates, p let about 13 of 32
+fresh peers send a round at K = 8 over rounds 2 to 8 instead of the rule's steady 11
+(bench/send_rate.py --first-rounds; tests/protocol/test_eligibility.py,
+``test_p_counts_the_standing_its_round_gave_so_a_young_swarm_sends_about_the_target``).
 
 Every decision is exact integer arithmetic, so every member of a lineage computes the same on any
 machine. Each member decides for itself and announces it (a group reads its senders from the
@@ -37,7 +40,7 @@ at the round's start) only ships or holds back one payload. Pure (tests/protocol
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any, Dict, Mapping, Optional, Set
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Set, Tuple
 
 from protocol.errors import ProtocolError
 from protocol.round.choice import uniform, weight
@@ -45,7 +48,7 @@ from protocol.round.standing import ESTABLISHED
 from protocol.wire.payload import Part
 
 __all__ = ["ONE", "TOP", "CAP", "MARGIN", "SPARE", "MAX_PARTS", "MAX_FALL", "EligibilityError", "part_key", "probability",
-           "eligible", "may_send", "contributors", "target", "update", "checked"]
+           "eligible", "may_send", "contributors", "target", "mass", "update", "checked"]
 
 ONE = 1 << 20  # probability 1
 TOP = weight(ESTABLISHED)  # an established member's weight (4 quarters); a fresh one's is 1
@@ -105,24 +108,36 @@ def target(k: int) -> Fraction:
     return max(MARGIN * k, Fraction(k + SPARE))
 
 
-def update(table: Mapping[str, int], counts: Mapping[str, int], k: int) -> Dict[str, int]:
-    """The table after a round whose union held ``counts[part key]`` contributions of each part: p
-    moves halfway towards target(K) / E of itself (E > 0; the whole way from ``CAP``, where E was no
-    draw, by at most ``MAX_FALL``), doubles where E = 0; parts back at ``CAP`` leave the table, which keeps at most
-    ``MAX_PARTS`` (the smallest p, then the smallest key)."""
+def mass(p: int, weights: Iterable[int]) -> Fraction:
+    """The part's members, weighed by standing (in quarters), that a round's candidates of ``weights``
+    (each at the draw) stand for at ``p``: a candidate that was sure to send (p × w ≥ ``CAP``) counts its
+    own weight; one that sent with probability p × w / ``CAP`` stands for ``CAP`` / p quarters, itself and
+    the members like it that did not send (the Horvitz-Thompson estimate). Exact at ``CAP``, where
+    everyone sent."""
+    unsure = Fraction(CAP, p)
+    return sum((Fraction(w) if p * w >= CAP else unsure for w in weights), Fraction(0))
+
+
+def update(table: Mapping[str, int], candidates: Mapping[str, Sequence[Tuple[int, int]]], k: int) -> Dict[str, int]:
+    """The table after a round whose union held ``candidates[part key]``: per candidate, its weight at the
+    round's draw and its weight after the round (protocol/round/choice.py ``weight`` of its standing
+    before and after ``standing.advance``). p moves halfway towards target(K) × ``CAP`` / M, M the part's
+    members by ``mass`` plus the weight the round gave or took (the whole way from ``CAP``, where M is
+    exact, by at most ``MAX_FALL``), doubles where no candidate came; parts back at ``CAP`` leave the
+    table, which keeps at most ``MAX_PARTS`` (the smallest p, then the smallest key).
+    tests/protocol/test_eligibility.py."""
     if k <= 0:
         return {}
     aim = target(k)
-    num, den = aim.numerator, aim.denominator
     out: Dict[str, int] = {}
-    for key in set(table) | {key for key, n in counts.items() if n > 0}:
-        p, e = table.get(key, CAP), counts.get(key, 0)
-        if e <= 0:
+    for key in set(table) | {key for key, c in candidates.items() if c}:
+        p, cands = table.get(key, CAP), candidates.get(key, ())
+        if not cands:
             p = 2 * p
-        elif p >= CAP:  # everyone sent: e is the part's members, not a draw
-            p = max(p * num // (den * e), p // MAX_FALL)
         else:
-            p = p * (num + den * e) // (2 * den * e)
+            members = mass(p, (w for w, _ in cands)) + sum(after - w for w, after in cands)
+            aimed = int(aim * CAP // max(members, Fraction(len(cands))))
+            p = max(aimed, p // MAX_FALL) if p >= CAP else (p + aimed) // 2
         if p < CAP:
             out[key] = max(p, 1)
     if len(out) > MAX_PARTS:

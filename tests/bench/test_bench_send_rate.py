@@ -16,3 +16,12 @@ def test_senders_settle_near_the_target_and_fresh_members_send_less(tmp_path, ca
     # half of them fresh (a quarter of the rate each): p rises to keep about the target sending
     mixed = send_rate.run(8, 200, 300, 0.5)
     assert 8 < mixed["senders"] < 14
+
+
+def test_first_rounds_set_todays_rule_against_the_rule_before(tmp_path, capsys):
+    out = tmp_path / "young.json"
+    assert send_rate.main(["--first-rounds", "8", "--ks", "8", "--sizes", "32", "--runs", "20", "--json", str(out)]) == 0
+    today, before = json.loads(out.read_text())["rows"]
+    assert (today["rule"], before["rule"]) == ("today", "before") and today["senders"][0] == before["senders"][0] == 32
+    assert sum(today["senders"][1:]) < sum(before["senders"][1:])  # the weight the rounds gave is counted
+    assert "vs before" in capsys.readouterr().out

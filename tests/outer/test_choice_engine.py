@@ -7,7 +7,7 @@ import torch
 from peer.outer.engine import RoundEngine
 from peer.outer.strategies import make_strategy
 from peer.round.simulate import simulate
-from protocol.round import eligibility
+from protocol.round import choice, eligibility
 from protocol.spec import RunSpec
 
 SPEC = RunSpec().replace(model={"d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32, "seq_len": 8})
@@ -133,4 +133,18 @@ def test_a_payload_from_a_member_that_was_not_to_send_is_passed_over_alike_every
     sent = eligibility.contributors({s: -1 for s in payloads}, "base:0", e.eligibility, e.standing)
     assert 2 < len(sent) < 25 and set(chosen) <= sent and not invalid
     assert set(passed) == set(payloads) - set(chosen)
-    assert e._candidates[0] == {"-1": len(sent)}
+    assert e._candidates[0] == {"-1": [(s, 1) for s in sorted(sent)]}  # each candidate, fresh (weight 1)
+
+
+def test_the_table_counts_the_standing_the_round_gave_its_candidates():
+    """The engine hands protocol/round/eligibility.py ``update`` each candidate's weight at the draw and
+    after the round's standing moved: senders that counted weigh more next round, and p aims at that."""
+    group = engines(2, k=2)
+    encoded = [e.encode(e.theta, trained(e.theta, seed=i)) for i, e in enumerate(group)]
+    payloads = {f"peer{i:02d}": encoded[i % 2][0] for i in range(12)}
+    e = group[0]
+    e.settle_round(payloads, encoded[0][1], me="peer00")  # round 0 from CAP: all 12 sent
+    grew = {s for s, n in e.standing.items() if n > 0}
+    assert grew  # the drawn ones counted
+    expected = eligibility.update({}, {"-1": [(1, choice.weight(e.standing.get(s, 0))) for s in sorted(payloads)]}, 2)
+    assert e.eligibility == expected != eligibility.update({}, {"-1": [(1, 1)] * 12}, 2)
