@@ -185,10 +185,13 @@ class Membership(NoShows, StartWaits, BarrierWait):
         """The least time between two DHT reads of the progress records, for the swarm last seen."""
         return self.timing.read_interval(len(self._views))
 
-    def view(self) -> List[PeerView]:
-        """Every progress record of this run spec (our own included), read at most every ``read_interval``."""
+    def view(self, read_since: Optional[float] = None) -> List[PeerView]:
+        """Every progress record of this run spec (our own included), read at most every ``read_interval``;
+        and now where the last read began at or before ``read_since`` (monotonic: a round's merge needs one
+        read begun past its gather, peer/round/merge.py; tests/round/test_control_plane.py)."""
         with self._read_lock:
-            if self._read_at is None or time.monotonic() - self._read_at >= self.read_interval():
+            if (self._read_at is None or time.monotonic() - self._read_at >= self.read_interval()
+                    or (read_since is not None and self.read_began <= read_since)):
                 began = time.monotonic()
                 self._views = self._read(began)
                 self.named_sets.note(self._shown(self._views))

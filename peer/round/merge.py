@@ -125,7 +125,9 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     # not at the next read of the view (every N / 8 s; peer/exchange/ready_notices.py)
     asks = ReadyAsks(notices, round_no, membership.digest, timing, until=SET) if notices is not None else None
     while not peer.stop_event.is_set():
-        viewed = membership.view()
+        # the merge ends only on a read of the view begun past our gather (round_policy.merge_wait): taken
+        # ``merge_read_after_s`` past it where the view's own schedule (every N / 8 s) has not read by then
+        viewed = membership.view(read_since=t0 if time.monotonic() - t0 >= timing.merge_read_after_s else None)
         if asks is not None:
             viewed = asks.overlay(viewed, membership.read_began)
         records = [v for v in viewed if v.peer_id not in mine and v.progress.part == part]

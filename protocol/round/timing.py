@@ -50,6 +50,11 @@ class Timing:
     """... and never less often than this: forged identities cannot slow the view down further."""
     view_poll_s: float = 0.25
     """Between two looks at the view while waiting on it (barrier, merge, adopting a set)."""
+    merge_read_after_s: float = 1.0
+    """A round's merge reads the view this long past its gather where no read began meanwhile: the read
+    that lets it end. Not at once (a read right after the gather missed late groups' sets in a first
+    round), nor at the view's schedule (N / 8 s: up to 8 s of every round in a large swarm); 1 s is the
+    schedule of an 8-peer swarm, whose merges always waited so (peer/round/merge.py)."""
     ready_hold_s: float = 10.0
     """A barrier's question to a peer it waits for ("tell me once you are done with this round":
     peer/exchange/ready_notices.py ``ReadyAsks``) is held open by that peer at most this long, then asked again ..."""

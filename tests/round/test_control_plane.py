@@ -214,3 +214,29 @@ def test_early_close_reads_nothing_before_the_round_reaches_its_floor():
         assert not early.due()
     finally:
         stop.set()
+
+
+def test_a_merge_reads_the_view_a_second_past_its_gather_whatever_the_swarms_size(monkeypatch, clock):
+    """A round's merge ends only on a read begun past its gather (protocol/round/round_policy.py
+    ``merge_wait``). In a swarm of 32 the view's own schedule reads every 4 s, up to 8 s in a large one;
+    the merge asks for its read ``Timing.merge_read_after_s`` past its gather instead (peer/round/merge.py):
+    one read more a round at most, none where the schedule reads first."""
+    reads = Reads([record(f"p{i}") for i in range(32)])
+    m = member(monkeypatch, reads)
+    m.view()
+    clock.sleep(0.5)
+    gathered = clock.monotonic()  # our gather ends half a second after the last scheduled read
+    m.view()
+    assert reads.calls == 1 and m.read_began < gathered  # within the 4-s interval: no read of its own
+    clock.sleep(Timing.merge_read_after_s)
+    m.view(read_since=gathered)
+    assert reads.calls == 2 and m.read_began > gathered  # the merge's read, 1.5 s after the last
+    m.view(read_since=gathered)
+    assert reads.calls == 2  # once: the read it has began past its gather
+    small = Reads([record(p) for p in "abcdefg"])  # 8 peers: the schedule reads every second anyway
+    m = member(monkeypatch, small)
+    m.view()
+    gathered = clock.monotonic()
+    clock.sleep(Timing.merge_read_after_s)
+    m.view(), m.view(read_since=gathered)
+    assert small.calls == 2

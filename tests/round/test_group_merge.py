@@ -58,7 +58,7 @@ class Swarm:
         self.named_sets = NamedSets()  # Membership's memory of what the records read named
 
     # membership
-    def view(self):
+    def view(self, read_since=None):
         self.read_began = time.monotonic()  # every call reads afresh
         view = self.views.pop(0) if len(self.views) > 1 else self.views[0]
         self.named_sets.note(view)
