@@ -70,6 +70,10 @@ class ListServer:
 
     # ---- averager-process side ----------------------------------------------------------------
     async def _fetch_manifest(self, peer: str, digest: str, timeout: float, future: MPFuture) -> None:
+        held = self._manifest_of(digest.encode())  # one a merge's answer carried (ready_notices.py), checked here
+        if held is not None:
+            future.set_result(held)
+            return
         await self._fetch_into(future, peer, "rpc_fetch_manifest", digest.encode(),
                                set_manifests.max_manifest_bytes(self._max_group_size), timeout,
                                lambda raw: self._keep_list(digest, raw))

@@ -123,7 +123,9 @@ def merge_round(peer, round_no: int, result, ready: Iterable[str], skip: Optiona
     allowance = timing.merge_allowance(membership.straggler_allowance(), getattr(gatherer, "matchmaking_wait", 0.0))
     # the peers it waits for are asked to answer once they name their group's set: a set is seen when named,
     # not at the next read of the view (every N / 8 s; peer/exchange/ready_notices.py)
-    asks = ReadyAsks(notices, round_no, membership.digest, timing, until=SET) if notices is not None else None
+    # (with K, each answer carries the list of the set it names: fetching it then costs no call)
+    asks = ReadyAsks(notices, round_no, membership.digest, timing, until=SET, with_list=by_list) \
+        if notices is not None else None
     while not peer.stop_event.is_set():
         # the merge ends only on a read of the view begun past our gather (round_policy.merge_wait): taken
         # ``merge_read_after_s`` past it where the view's own schedule (every N / 8 s) has not read by then

@@ -8,6 +8,7 @@ import asyncio
 from collections import OrderedDict
 
 from hivemind.proto import averaging_pb2, runtime_pb2
+from hivemind.utils import MPFuture
 
 from peer.exchange.bounds import keep_bounded
 from peer.exchange.set_lists import KEEP_LISTS, KEEP_MEMBERS
@@ -135,3 +136,48 @@ def test_an_envelope_is_made_once_and_the_one_copy_served_to_every_asker(monkeyp
     got = [g._member_of(name.encode(), b"o") for _ in range(5)]
     assert len(digests) == 1 and len(served) == 1 and all(e is got[0] for e in got)
     assert g._member_of(name.encode(), b"nobody") is None
+
+
+def test_a_merges_answer_carries_the_list_of_the_set_it_names_and_the_asker_fetches_it_without_a_call():
+    """peer/exchange/ready_notices.py: a merge's question (``until=SET``, ``WITH_LIST``) is answered with
+    the record that names our set and that set's list; the asker keeps the list once it checks out
+    under that name, and its merge's fetch of it (``_fetch_manifest``) then makes no call."""
+    from peer.exchange import ready_notices
+    from protocol.dht.records import Progress, encode_body
+    from protocol.round.timing import Timing
+
+    binding, envelopes, payloads = agreed_set(0, 3)
+    name = set_digest(binding.context, payloads)
+    record = Progress(round=ROUND, step=3, state="exchanging", spec="s" * 16, loss=0.0, val_loss=0.0, tokens=0,
+                      tokens_per_s=0.0, bytes_sent=0, bytes_received=0, params_hash="h", gathered_round=ROUND,
+                      gathered=name)
+    g = server()
+    g._fetched[name.encode()] = pack_set(binding, envelopes)  # the set we named, held whole
+    g.timing = Timing()
+    g._init_ready_notices()
+    g.note_progress(encode_body(record.to_wire()))
+
+    def question(until=ready_notices.SET, flag=ready_notices.WITH_LIST):
+        request = averaging_pb2.AveragingData(tensor_part=runtime_pb2.Tensor(buffer=str(ROUND).encode()), weight=1.0,
+                                              group_id=until, peer_id=flag)
+        return asyncio.run(g.rpc_ready(request, context(MATE)))
+
+    answer_ = question()
+    assert open_manifest(answer_.group_id, RUN, ROUND, name, 16).digest == name
+    assert question(flag=b"").group_id == b"" and question(until=ready_notices.DONE_Q).group_id == b""  # asked for, by a merge
+
+    asker = server()
+    asker._keep_named_list(answer_.tensor_part.buffer, ROUND, answer_.group_id)
+    other = server()
+    other._keep_named_list(answer_.tensor_part.buffer, ROUND + 1, answer_.group_id)  # names no set for that round
+    forged = server()
+    forged._keep_named_list(answer_.tensor_part.buffer, ROUND, pack_manifest(*agreed_set(4, 2)[:2]))  # not that set's
+    assert name.encode() in asker._fetched_lists and not other._fetched_lists and not forged._fetched_lists
+
+    def no_call(*args, **kwargs):
+        raise AssertionError("fetched over the network")
+
+    asker._fetch_raw = no_call
+    future = MPFuture()
+    asyncio.run(asker._fetch_manifest("some peer", name, 1.0, future))
+    assert open_manifest(future.result(), RUN, ROUND, name, 16).digest == name

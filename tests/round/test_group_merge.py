@@ -363,7 +363,7 @@ class AskedSwarm(Swarm):
         super().__init__(*args, **kwargs)
         self.answers, self.questions = answers, []
 
-    def ask_ready(self, peer, round_no, wait, until=b""):
+    def ask_ready(self, peer, round_no, wait, until=b"", with_list=False):
         self.questions.append((peer, round_no, until))
         body = encode_body(self.answers[peer].to_wire()) if peer in self.answers else None
         return SimpleNamespace(done=lambda: True, result=lambda: body)

@@ -34,7 +34,7 @@ class Notices:
     def __init__(self, clock, answers):
         self.clock, self.answers, self.asked = clock, answers, []
 
-    def ask_ready(self, peer, round_no, wait, until=b""):
+    def ask_ready(self, peer, round_no, wait, until=b"", with_list=False):
         self.asked.append((peer, round_no))
         self.kinds = [*getattr(self, "kinds", []), until]
         delay, body = self.answers.get(peer, (1e9, None))
@@ -83,7 +83,7 @@ def test_an_answer_that_does_not_end_the_wait_is_asked_again_and_a_silent_peer_i
     calls = {"a": 0}
 
     class Again(Notices):
-        def ask_ready(self, peer, round_no, wait, until=b""):
+        def ask_ready(self, peer, round_no, wait, until=b"", with_list=False):
             if peer == "a":
                 calls["a"] += 1
                 self.answers["a"] = (1.0, record(5, "training" if calls["a"] == 1 else "ready"))
