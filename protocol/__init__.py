@@ -11,5 +11,7 @@ chains); ``errors`` serves all of them.
 """
 
 # 2: a payload's header says how many inner steps its update covers; 3: a set that holds no payload has
-# one name a round (protocol/round/group_sets.py ``empty_set_name``)
-PROTOCOL_VERSION = 3
+# one name a round (protocol/round/group_sets.py ``empty_set_name``); 4: a round's eligibility table counts
+# the standing the round gave its candidates (protocol/round/eligibility.py ``update``: with
+# outer.max_contributions, two builds would hold two tables, and so two state digests, from one round)
+PROTOCOL_VERSION = 4
