@@ -41,7 +41,7 @@ from multiaddr import Multiaddr
 from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
 from protocol.dht.records import MAC_BYTES, proof_ok
-from swarm.access.reachability import PROBE_ARGS  # one set of throw-away daemon options
+from swarm.access.reachability import start_probe_daemon  # one set of throw-away daemon options
 from swarm.dht.known_nodes import connected_nodes
 
 logger = logging.getLogger("voloco.swarm")
@@ -171,7 +171,7 @@ async def ask_run_access(initial_peers: Sequence[Multiaddr], key: Optional[bytes
     """What the join nodes say of the run: the first answer that says "busy" (PUBLIC, TOKEN_OK)
     wins over a refusal, since one node that would admit this one is enough; None if none answered.
     With it, the nodes they handed out to join through (not the join nodes themselves)."""
-    probe = await asyncio.wait_for(P2P.create(**PROBE_ARGS), timeout)
+    probe = await asyncio.wait_for(start_probe_daemon(), timeout)
     try:
         answers = await asyncio.gather(*(_ask_one(probe, m, key, timeout) for m in initial_peers[:4]))
     finally:

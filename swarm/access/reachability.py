@@ -176,15 +176,17 @@ def _dropped(task: asyncio.Task) -> None:
         logger.debug(f"a probe daemon that did not start in time spoke late: {task.exception()!r}")
 
 
-async def start_probe_daemon() -> P2P:
-    """A throw-away p2p daemon for one dial-back. On a loaded host it may start later than hivemind's
+async def start_probe_daemon(**options) -> P2P:
+    """A throw-away p2p daemon (``PROBE_ARGS``, with ``options`` over them): a dial-back, a check that
+    an identity is taken, a question to join nodes. On a loaded host it may start later than hivemind's
     ``startup_timeout``: hivemind then stops it and raises, but its output reader, which tells the
     start apart, outlives it and raises ``InvalidStateError`` when the daemon's late first line comes,
-    an error nobody retrieves (asyncio would print its traceback in the peer's log). That reader's
-    error is taken and logged at debug here (tests/swarm/test_reachability.py)."""
+    an error nobody retrieves (asyncio would print its traceback in the log: a coordinator's, once,
+    under 32 peers joining at once). That reader's error is taken and logged at debug here
+    (tests/swarm/test_reachability.py)."""
     before = _daemon_readers()
     try:
-        return await P2P.create(**PROBE_ARGS)
+        return await P2P.create(**{**PROBE_ARGS, **options})
     except BaseException:
         for task in _daemon_readers() - before:
             task.add_done_callback(_dropped)
@@ -212,7 +214,7 @@ async def peer_answers(peer: PeerID, initial_peers: Sequence[Multiaddr], timeout
     reaches it (what hivemind's ``P2P.is_identity_taken`` asks, for a key of any type). Asked twice, a
     second apart: a loaded daemon's first lookup can miss a peer it is connected to (an absent peer
     is "not found" in under a second)."""
-    probe = await P2P.create(**{**PROBE_ARGS, "initial_peers": [str(m) for m in initial_peers]})
+    probe = await start_probe_daemon(initial_peers=[str(m) for m in initial_peers])
     try:
         for attempt in range(attempts):
             try:

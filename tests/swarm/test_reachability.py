@@ -267,3 +267,24 @@ def test_a_probe_daemon_that_starts_too_late_leaves_no_traceback(monkeypatch, ca
         asyncio.run(go())
         gc.collect()
     assert "never retrieved" not in caplog.text and "InvalidStateError" in caplog.text  # at debug, once
+
+
+def test_every_throw_away_daemon_that_starts_too_late_leaves_no_traceback(monkeypatch, caplog):
+    """The identity check at a node's start (``peer_answers``) and the question to join nodes
+    (swarm/access/join_probe.py ``ask_run_access``) start their daemons as a dial-back does: a late one's
+    reader raised "never retrieved" in a coordinator's log under 32 peers joining at once."""
+    from swarm.access import join_probe
+
+    monkeypatch.setattr(reach, "P2P", P2P)
+
+    async def go():
+        with pytest.raises(P2PDaemonError):
+            await reach.peer_answers(None, [])
+        with pytest.raises(P2PDaemonError):
+            await join_probe.ask_run_access([], None, timeout=5.0)
+        await asyncio.sleep(0.4)
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(go())
+        gc.collect()
+    assert "never retrieved" not in caplog.text and caplog.text.count("InvalidStateError") == 2
