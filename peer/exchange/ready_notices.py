@@ -162,7 +162,10 @@ class ReadyNotices:
             body = answer.tensor_part.buffer
             ok = answer.code == averaging_pb2.NO_CODE and 0 < len(body) <= MAX_ANSWER_BYTES
             if ok and with_list and answer.group_id:
-                self._keep_named_list(bytes(body), round_no, bytes(answer.group_id))
+                try:
+                    self._keep_named_list(bytes(body), round_no, bytes(answer.group_id))
+                except Exception:  # a checker's bug: the list is dropped, the answer still counts
+                    logger.exception(f"checking the list {peer} sent with its answer failed unexpectedly")
             future.set_result(bytes(body) if ok else None)
         except Exception as e:
             logger.debug(f"asking {peer} whether it is done with round {round_no}: {e!r}")
@@ -170,13 +173,15 @@ class ReadyNotices:
 
     def _keep_named_list(self, body: bytes, round_no: int, raw: bytes) -> None:
         """The list an answer carried: kept to serve (and to hand to our own merge) only where it is the
-        list of the set the answer's record names for the round, by the set's name (``_keep_list``)."""
+        list of the set the answer's record names, of the asked round, by the set's name (``_keep_list``);
+        one already held is not checked again (every member of a group answers with its set's list)."""
         try:
             name = parse_progress(body).set_of(round_no)
         except ProtocolError:
             return
-        if name and len(raw) <= set_manifests.max_manifest_bytes(self._max_group_size):
-            self._keep_list(name, raw)
+        if (name and len(raw) <= set_manifests.max_manifest_bytes(self._max_group_size)
+                and self._manifest_of(name.encode()) is None):
+            self._keep_list(name, raw, round_no)
 
     def _list_for(self, asked: int) -> bytes:
         """The list of the set our record names for round ``asked``, b"" where none is held."""

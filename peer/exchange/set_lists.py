@@ -113,23 +113,24 @@ class ListServer:
         self._count(received=wire)
         return raw
 
-    def _opened_list(self, digest: str, raw: bytes) -> Optional[set_manifests.SetManifest]:
+    def _opened_list(self, digest: str, raw: bytes, asked: Optional[int] = None) -> Optional[set_manifests.SetManifest]:
         """``raw`` checked as the list of the set ``digest`` of this run (its round read from it: the
-        name commits to the round); None if it is not."""
+        name commits to the round; where ``asked`` is given, only a list of that round); None if it is not."""
         try:
             round_no = bounded_unpack(raw, ProtocolError, "list", max_array_len=max(6, self._max_group_size),
                                       max_map_len=0)[2]
-            if not isinstance(round_no, int) or isinstance(round_no, bool):
+            if not isinstance(round_no, int) or isinstance(round_no, bool) or (asked is not None and round_no != asked):
                 return None  # the list's own check would refuse it; a float round (inf) is no round
             return set_manifests.open_manifest(raw, self._run, round_no, digest, self._max_group_size)
         except (ProtocolError, TypeError, ValueError, IndexError, KeyError):
             return None
 
-    def _keep_list(self, digest: str, raw: bytes) -> None:
-        """Serve on a fetched list, once it checks out (a garbled answer must not push good ones out);
-        the checked list is kept too, so that the envelopes fetched against it do not check every
-        signature of the list again, once each (tests/exchange/test_set_lists.py)."""
-        manifest = self._opened_list(digest, raw)
+    def _keep_list(self, digest: str, raw: bytes, asked: Optional[int] = None) -> None:
+        """Serve on a fetched list, once it checks out (a garbled answer must not push good ones out;
+        ``asked``: only a list of that round, for one that came unasked with an answer); the checked
+        list is kept too, so that the envelopes fetched against it do not check every signature of the
+        list again, once each (tests/exchange/test_set_lists.py)."""
+        manifest = self._opened_list(digest, raw, asked)
         if manifest is not None:
             keep_bounded(self._fetched_lists, digest.encode(), raw, KEEP_LISTS, None)
             keep_bounded(self._opened_lists, digest.encode(), manifest, KEEP_LISTS, None)

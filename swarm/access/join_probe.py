@@ -41,7 +41,7 @@ from multiaddr import Multiaddr
 from protocol.wire.bounded_unpack import bounded_unpack
 from protocol.errors import ProtocolError
 from protocol.dht.records import MAC_BYTES, proof_ok
-from swarm.access.reachability import start_probe_daemon  # one set of throw-away daemon options
+from swarm.access.reachability import start_probe_daemon  # throw-away daemons, started one way
 from swarm.dht.known_nodes import connected_nodes
 
 logger = logging.getLogger("voloco.swarm")

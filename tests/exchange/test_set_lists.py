@@ -173,6 +173,15 @@ def test_a_merges_answer_carries_the_list_of_the_set_it_names_and_the_asker_fetc
     forged = server()
     forged._keep_named_list(answer_.tensor_part.buffer, ROUND, pack_manifest(*agreed_set(4, 2)[:2]))  # not that set's
     assert name.encode() in asker._fetched_lists and not other._fetched_lists and not forged._fetched_lists
+    checks = []
+    asker._opened_list = lambda *a: checks.append(a)  # a list already held is not checked again
+    asker._keep_named_list(answer_.tensor_part.buffer, ROUND, answer_.group_id)
+    assert not checks
+    # a list of another round, named by a record for the asked one, is not kept (it would push others out)
+    late = Progress(**{**record.__dict__, "gathered_round": ROUND + 1})
+    stale = server()
+    stale._keep_named_list(encode_body(late.to_wire()), ROUND + 1, answer_.group_id)
+    assert not stale._fetched_lists
 
     def no_call(*args, **kwargs):
         raise AssertionError("fetched over the network")
