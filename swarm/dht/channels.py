@@ -55,7 +55,9 @@ logger = logging.getLogger("voloco.swarm")
 HANDLER = "voloco.dht.channel.v1"
 MAX_PENDING = 32
 MAX_CHANNELS = 256
-IDLE_S = 60.0
+# a channel is kept while the peer serves it (``SERVED_IDLE_S``), closed a minute before: at 32 peers a
+# round's DHT keys land on other nodes each round, and at 60 s a peer opened 2.5 channels a round anew
+IDLE_S = 240.0
 NO_CHANNEL_FIRST_S = 1.0  # unary calls to a peer after its first failed open ...
 NO_CHANNEL_S = 15.0  # ... doubling with each failure that follows, up to this
 OPEN_TIMEOUT_S = 5.0

@@ -433,3 +433,29 @@ def test_a_channel_that_opens_ends_the_backoff():
 
     assert asyncio.run(run()) is not None
     assert "peer" not in pool.unserved
+
+
+def test_an_idle_channel_is_kept_for_minutes_and_closed_before_its_server_would(monkeypatch):
+    """A channel unused for a few rounds stays open (at 32 peers a round's DHT keys land on other nodes
+    each round: at a minute's idle limit a peer opened 2.5 channels a round anew, each a stream's
+    negotiation, bench/RESULTS.md), and the caller closes it before the server drops it as silent
+    (``SERVED_IDLE_S``), so that no call is sent down a channel its server has closed."""
+    now = [1000.0]
+    monkeypatch.setattr(dht_channels.time, "monotonic", lambda: now[0])
+
+    class _Open:
+        closed, pending, used = False, {}, 1000.0
+
+        def close(self):
+            self.closed = True
+
+    pool = ChannelPool(_Unserved())
+    channel = pool.channels["peer"] = _Open()
+    for idle in (60.0, 120.0, 180.0):
+        now[0] = 1000.0 + idle
+        pool._sweep()
+        assert pool.channels.get("peer") is channel and not channel.closed, idle
+    now[0] = 1000.0 + dht_channels.SERVED_IDLE_S - 1.0
+    pool._sweep()
+    assert "peer" not in pool.channels and channel.closed
+    assert dht_channels.IDLE_S < dht_channels.SERVED_IDLE_S
