@@ -3,7 +3,7 @@
     python bench/call_cost.py [--calls 300] [--json OUT]
 
 Two hivemind P2P instances (each with its own p2p daemon) in this process, on the loopback: one
-serves, the other calls it ``--calls`` times each way, one call every 5 ms, a ~100-byte request and
+serves, the other calls it ``--calls`` times each way, 5 ms apart, a ~100-byte request and
 answer (the size of a barrier's question and its progress record, peer/exchange/ready_notices.py):
 
 - ``unary``: hivemind's unary call (carried on the daemon's persistent connection: a libp2p stream
@@ -35,6 +35,7 @@ from hivemind.proto import averaging_pb2  # noqa: E402
 
 SPACING_S = 0.005
 IDLE_S = 3.0
+CALL_TIMEOUT_S = 5.0  # one call's bound: a daemon that stops answering ends the run, not hangs it
 KINDS = ("unary", "stream, 1 answer", "stream, 2 answers")
 
 
@@ -51,44 +52,56 @@ class Answers(ServicerBase):
             yield averaging_pb2.AveragingData(tensor_part={"buffer": RECORD})
 
 
+async def _read_all(stub, request) -> None:
+    async for _answer in await stub.rpc_stream(request):
+        pass
+
+
 async def _calls(stub, kind: str, count: int) -> float:
     request = averaging_pb2.AveragingData(tensor_part={"buffer": b"q" * 100}, weight=2.0 if kind.endswith("2 answers") else 1.0)
     began = time.monotonic()
     for _ in range(count):
         if kind == "unary":
-            await stub.rpc_unary(request)
+            await stub.rpc_unary(request, timeout=CALL_TIMEOUT_S)
         else:
-            async for _answer in await stub.rpc_stream(request):
-                pass
+            await asyncio.wait_for(_read_all(stub, request), CALL_TIMEOUT_S)
         await asyncio.sleep(SPACING_S)
     return time.monotonic() - began
 
 
 async def measure(calls: int) -> list:
+    """Two P2P instances on the loopback, shut down whatever happens, and the calls between them."""
+    server = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    try:
+        caller = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=await server.get_visible_maddrs())
+        try:
+            return await _measure(server, caller, calls)
+        finally:
+            await caller.shutdown()
+    finally:
+        await server.shutdown()
+
+
+async def _measure(server, caller, calls: int) -> list:
+    """Each kind's calls from ``caller`` to ``server``, with both sides' CPU less their idle rate."""
     from swarm.cpu_meter import HelperCpu
 
-    server = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    caller = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=await server.get_visible_maddrs())
-    try:
-        await Answers().add_p2p_handlers(server)
-        stub = Answers.get_stub(caller, server.peer_id)
-        for kind in KINDS:  # the connection and both paths warm
-            await _calls(stub, kind, 3)
-        cpu = HelperCpu(lambda: [os.getpid()])  # this process and its children: both daemons
+    await Answers().add_p2p_handlers(server)
+    stub = Answers.get_stub(caller, server.peer_id)
+    for kind in KINDS:  # the connection and both paths warm
+        await _calls(stub, kind, 3)
+    cpu = HelperCpu(lambda: [os.getpid()])  # this process and its children: both daemons
+    cpu.since_last()
+    await asyncio.sleep(IDLE_S)
+    idle_rate = (cpu.since_last() or 0.0) / IDLE_S
+    rows = []
+    for kind in KINDS:
+        began = time.monotonic()
         cpu.since_last()
-        await asyncio.sleep(IDLE_S)
-        idle_rate = (cpu.since_last() or 0.0) / IDLE_S
-        rows = []
-        for kind in KINDS:
-            began = time.monotonic()
-            cpu.since_last()
-            took = await _calls(stub, kind, calls)
-            spent = (cpu.since_last() or 0.0) - idle_rate * (time.monotonic() - began)
-            rows.append({"kind": kind, "calls": calls, "seconds": took, "cpu_s": spent})
-        return rows
-    finally:
-        await caller.shutdown()
-        await server.shutdown()
+        took = await _calls(stub, kind, calls)
+        spent = (cpu.since_last() or 0.0) - idle_rate * (time.monotonic() - began)
+        rows.append({"kind": kind, "calls": calls, "seconds": took, "cpu_s": spent})
+    return rows
 
 
 def main(argv=None) -> int:
@@ -101,12 +114,12 @@ def main(argv=None) -> int:
         ap.error("--calls must be at least 10")
     from bench.common import machine, now, table
 
-    rows = asyncio.run(measure(args.calls))
-    base = rows[0]["cpu_s"] / rows[0]["calls"]
-    print(f"{machine()}, {now()}: {args.calls} calls of each kind, one every {SPACING_S * 1000:.0f} ms, ~100-byte "
+    rows = asyncio.run(asyncio.wait_for(measure(args.calls), 60 + args.calls * len(KINDS) * CALL_TIMEOUT_S))
+    base = rows[0]["cpu_s"] / rows[0]["calls"]  # <= 0 where the CPU counters cannot be read, or too few calls
+    print(f"{machine()}, {now()}: {args.calls} calls of each kind, {SPACING_S * 1000:.0f} ms apart, ~100-byte "
           f"request and answer; CPU of both sides (this process and both p2p daemons), less their idle rate")
     print(table(["call", "CPU ms/call", "vs unary", "wall ms/call"],
-                [[r["kind"], f"{1000 * r['cpu_s'] / r['calls']:.2f}", f"{r['cpu_s'] / r['calls'] / base:.2f}x",
+                [[r["kind"], f"{1000 * r['cpu_s'] / r['calls']:.2f}", f"{r['cpu_s'] / r['calls'] / base:.2f}x" if base > 0 else "n/a",
                   f"{1000 * r['seconds'] / r['calls']:.1f}"] for r in rows]))
     if args.json:
         with open(args.json, "w") as f:

@@ -25,9 +25,10 @@ unary, signed anew in a private run (pings, stores and finds may be repeated).
 
 Bounds: a frame's body is at most hivemind's own unary bound (4 MiB). A caller keeps at most
 ``MAX_PENDING`` calls in flight on a channel and ``MAX_CHANNELS`` channels open; it closes a channel
-idle for ``IDLE_S``, or whose last ``TIMEOUTS_TO_CLOSE`` calls went unanswered in time (the next call
-opens another). A server serves at most ``MAX_SERVED_PER_PEER`` channels of one peer and ``MAX_SERVED``
-in all, reads one request at a time from each, and closes one silent for ``SERVED_IDLE_S``.
+idle for ``IDLE_S`` (looked for every ``SWEEP_S``, so always before its server would), or whose last
+``TIMEOUTS_TO_CLOSE`` calls went unanswered in time (the next call opens another). A server serves at
+most ``MAX_SERVED_PER_PEER`` channels of one peer and ``MAX_SERVED`` in all, reads one request at a time
+from each, and closes one silent for ``SERVED_IDLE_S``.
 """
 
 from __future__ import annotations
@@ -55,9 +56,11 @@ logger = logging.getLogger("voloco.swarm")
 HANDLER = "voloco.dht.channel.v1"
 MAX_PENDING = 32
 MAX_CHANNELS = 256
-# a channel is kept while the peer serves it (``SERVED_IDLE_S``), closed a minute before: at 32 peers a
-# round's DHT keys land on other nodes each round, and at 60 s a peer opened 2.5 channels a round anew
+# a channel is kept while the peer serves it (``SERVED_IDLE_S``): closed at most IDLE_S + SWEEP_S idle, before
+# the server would; at 32 peers a round's DHT keys land on other nodes each round, and at 60 s a peer opened
+# 2.0-2.5 channels a round anew (bench/RESULTS.md, "Ninety-fourth session")
 IDLE_S = 240.0
+SWEEP_S = 10.0  # how often idle channels are looked for
 NO_CHANNEL_FIRST_S = 1.0  # unary calls to a peer after its first failed open ...
 NO_CHANNEL_S = 15.0  # ... doubling with each failure that follows, up to this
 OPEN_TIMEOUT_S = 5.0
@@ -323,7 +326,7 @@ class ChannelPool:
 
     def _sweep(self) -> None:
         now = time.monotonic()
-        if now - self._swept < IDLE_S / 6:
+        if now - self._swept < SWEEP_S:
             return
         self._swept = now
         for peer, channel in list(self.channels.items()):
