@@ -58,7 +58,7 @@ MAX_PENDING = 32
 MAX_CHANNELS = 256
 # a channel is kept while the peer serves it (``SERVED_IDLE_S``): closed at most IDLE_S + SWEEP_S idle, before
 # the server would; at 32 peers a round's DHT keys land on other nodes each round, and at 60 s a peer opened
-# 2.0-2.5 channels a round anew (bench/RESULTS.md, "Ninety-fourth session")
+# 2.0 channels a round anew (bench/RESULTS.md, "Ninety-fourth session")
 IDLE_S = 240.0
 SWEEP_S = 10.0  # how often idle channels are looked for
 NO_CHANNEL_FIRST_S = 1.0  # unary calls to a peer after its first failed open ...
