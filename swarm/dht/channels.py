@@ -23,6 +23,12 @@ channel a second later, not after 15 s of unary calls through a start-up's burst
 tests/swarm/test_dht_channels.py). A call whose channel broke before it was answered is made again
 unary, signed anew in a private run (pings, stores and finds may be repeated).
 
+A find answered over a channel names at most ``FIND_NEIGHBORS`` nearest nodes a key, not hivemind's
+``bucket_size`` (20): voloco's searches keep 8 (a key's 5 replicas and 3 spares, swarm/dht/lean_store.py),
+and the caller builds a PeerID (a base58 string) for every node named. At 32 peers the 20 names were
+53 of a peer's 61 KB of find answers a round (bench/RESULTS.md, "Ninety-fifth session"); a unary find,
+which plain hivemind peers make, still names 20.
+
 Bounds: a frame's body is at most hivemind's own unary bound (4 MiB). A caller keeps at most
 ``MAX_PENDING`` calls in flight on a channel and ``MAX_CHANNELS`` channels open; it closes a channel
 idle for ``IDLE_S`` (looked for every ``SWEEP_S``, so always before its server would), or whose last
@@ -68,6 +74,8 @@ MAX_SERVED_PER_PEER = 4
 MAX_SERVED = 1024
 SERVED_IDLE_S = 300.0
 TIMEOUTS_TO_CLOSE = 2
+# nearest nodes a find over a channel names a key: at least a lean search's count (num_replicas + SPARE_CANDIDATES)
+FIND_NEIGHBORS = 8
 BODY_TIMEOUT_S = 30.0  # a body announced by a header must arrive within this, and an answer leave
 
 REQUESTS = {PING: dht_pb2.PingRequest, STORE: dht_pb2.StoreRequest, FIND: dht_pb2.FindRequest,
@@ -85,12 +93,30 @@ class ChannelError(RuntimeError):
 
 
 # ---- the serving side -------------------------------------------------------------------------------
+class _FewNeighbors:
+    """The node's DHTProtocol, whose finds name at most ``FIND_NEIGHBORS`` nearest nodes a key (trimmed
+    before the authorizer's wrapper signs the answer)."""
+
+    def __init__(self, protocol: DHTProtocol):
+        self.protocol = protocol
+
+    def __getattr__(self, name: str):
+        return getattr(self.protocol, name)
+
+    async def rpc_find(self, request: dht_pb2.FindRequest, context) -> dht_pb2.FindResponse:
+        response = await self.protocol.rpc_find(request, context)
+        for result in response.results:
+            del result.nearest_node_ids[FIND_NEIGHBORS:]
+            del result.nearest_peer_ids[FIND_NEIGHBORS:]
+        return response
+
+
 class ChannelServer:
     """Serves channels: each request goes to the node's DHTProtocol as hivemind's handlers send it."""
 
     def __init__(self, protocol: DHTProtocol):
         self.protocol = protocol
-        self.servicer = AuthRPCWrapper(protocol, AuthRole.SERVICER, protocol.authorizer)
+        self.servicer = AuthRPCWrapper(_FewNeighbors(protocol), AuthRole.SERVICER, protocol.authorizer)
         # FIND_NEWER (swarm/dht/lean_read.py): checked by the same authorizer as hivemind's calls
         self.newer = AuthRPCWrapper(NewerRecords(protocol), AuthRole.SERVICER, protocol.authorizer)
         self.serving = CallLimiter(MAX_SERVED_PER_PEER, MAX_SERVED)  # the channels open, by peer
