@@ -20,8 +20,10 @@ voloco) is called unary, and so is any peer for a while after a channel to it co
 ``NO_CHANNEL_FIRST_S`` after the first failure, twice as long after each next one, at most
 ``NO_CHANNEL_S`` (a node contacted while it still starts, before its channels are served, gets a
 channel a second later, not after 15 s of unary calls through a start-up's burst of calls;
-tests/swarm/test_dht_channels.py). A call whose channel broke before it was answered is made again
-unary, signed anew in a private run (pings, stores and finds may be repeated).
+tests/swarm/test_dht_channels.py). A channel closed before its first answer (a server at its bound takes
+the stream, then closes it) counts as a failed open; the back-off ends with a channel's first answer.
+A call whose channel broke before it was answered is made again unary, signed anew in a private run
+(pings, stores and finds may be repeated).
 
 A find answered over a channel names at most ``FIND_NEIGHBORS`` nearest nodes a key, not hivemind's
 ``bucket_size`` (20): voloco's searches keep 8 (a key's 5 replicas and 3 spares, swarm/dht/lean_store.py),
@@ -190,6 +192,7 @@ class _Channel:
         self.used = time.monotonic()
         self.closed = False
         self.timeouts = 0  # calls in a row that were not answered in time
+        self.answered = False  # whether the server has answered a call: a full server takes a stream, then closes it
         self.slots = asyncio.Semaphore(MAX_PENDING)
         self.write_lock = asyncio.Lock()
         self.reading = asyncio.create_task(self._read())
@@ -243,6 +246,7 @@ class _Channel:
             while True:
                 head = parse_header(await self.reader.readexactly(HEADER_BYTES), answer=True)
                 out = await self.reader.readexactly(head.length)
+                self.answered = True
                 answer = self.pending.get(head.call_id)
                 if answer is not None and not answer.done():
                     answer.set_result((head.kind, out))
@@ -294,12 +298,16 @@ class ChannelPool:
             response = await channel.call(method, request, left())
         except ChannelBroken:
             self.stats["broken"] += 1
-            if self.channels.get(peer) is channel:
+            if self.channels.get(peer) is channel:  # once a channel, whatever calls were in flight on it
                 del self.channels[peer]
+                if not channel.answered:  # taken and closed unanswered (a server at MAX_SERVED): as a failed open
+                    self._no_channel(peer, "closed before its first answer")
             await self._sign_anew(request)
             self.stats["unary"] += 1
             return await unary(request, timeout=left())
         self.stats["channel"] += 1
+        if peer in self.unserved and channel.answered:  # served: the back-off starts again from its first step
+            del self.unserved[peer]
         return response
 
     async def _sign_anew(self, request) -> None:
@@ -329,18 +337,21 @@ class ChannelPool:
                 _, reader, writer = await asyncio.wait_for(self.p2p.call_binary_stream_handler(peer, HANDLER), wait)
             except Exception as e:
                 self.stats["open_failed"] += 1
-                self._prune()
-                failures = self.unserved.get(peer, (0.0, 0))[1] + 1
-                unary_for = no_channel_for(failures)
-                self.unserved[peer] = (time.monotonic() + unary_for, failures)
-                logger.debug(f"no DHT channel to {peer} ({e!r}): unary calls for {unary_for:.0f} s")
+                self._no_channel(peer, repr(e))
                 return None
-            self.unserved.pop(peer, None)
             if len(self.channels) >= MAX_CHANNELS:
                 self._close_least_used()
             channel = self.channels[peer] = _Channel(peer, reader, writer)
             self.stats["opened"] += 1
             return channel
+
+    def _no_channel(self, peer: PeerID, why: str) -> None:
+        """Call ``peer`` unary for a while, twice as long as after its last failure in a row."""
+        self._prune()
+        failures = self.unserved.get(peer, (0.0, 0))[1] + 1
+        unary_for = no_channel_for(failures)
+        self.unserved[peer] = (time.monotonic() + unary_for, failures)
+        logger.debug(f"no DHT channel to {peer} ({why}): unary calls for {unary_for:.0f} s")
 
     def _prune(self) -> None:
         """Drop what the pool remembers of peers past their use, once it grows large."""

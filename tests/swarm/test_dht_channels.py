@@ -457,25 +457,58 @@ def test_a_peer_without_channels_is_asked_again_after_a_second_then_ever_less_of
     assert dht_channels.no_channel_for(10 ** 6) == dht_channels.NO_CHANNEL_S  # no overflow
 
 
-def test_a_channel_that_opens_ends_the_backoff():
-    """After a failed open, one that succeeds resets the count: the next failure waits a second again."""
+def test_a_channel_that_answers_ends_the_backoff():
+    """After failed opens, a channel whose server answers resets the count: the next failure waits a second again."""
     pool = ChannelPool(_Unserved())
     pool.unserved["peer"] = (0.0, 3)
-    pool.p2p = _Streams(1)  # any open that returns streams counts as opened
 
     async def run():
-        async def echo(reader, writer):
+        async def pong(reader, writer):
+            head = frames.parse_header(await reader.readexactly(frames.HEADER_BYTES), answer=False)
+            await reader.readexactly(head.length)
+            body = dht_pb2.PingResponse(available=True).SerializeToString()
+            writer.write(frames.answer_header(frames.OK, head.call_id, len(body)) + body)
+            await writer.drain()
             await reader.read(1)
 
-        server = await asyncio.start_server(echo, "127.0.0.1", 0)
-        pool.p2p.port = server.sockets[0].getsockname()[1]
-        channel = await pool._channel("peer", 1.0)
+        server = await asyncio.start_server(pong, "127.0.0.1", 0)
+        pool.p2p = _Streams(server.sockets[0].getsockname()[1])
+        opened = await pool._channel("peer", 1.0)
+        still_counted = "peer" in pool.unserved  # opened, not yet answered
+        answer = await pool.call("peer", frames.PING, dht_pb2.PingRequest(), 5.0, None)
         pool.close()
         server.close()
-        return channel
+        return opened, still_counted, answer
 
-    assert asyncio.run(run()) is not None
-    assert "peer" not in pool.unserved
+    opened, still_counted, answer = asyncio.run(run())
+    assert opened is not None and still_counted and answer.available
+    assert "peer" not in pool.unserved and pool.stats["channel"] == 1
+
+
+def test_a_server_that_takes_channels_and_closes_them_unanswered_starts_the_backoff():
+    """A server at its bound (MAX_SERVED) accepts the stream, then closes it: each call to it paid an
+    open and a unary call, since the open had succeeded. Now that counts as a failed open."""
+
+    async def run():
+        async def closer(reader, writer):
+            await reader.readexactly(frames.HEADER_BYTES)
+            writer.close()
+
+        server = await asyncio.start_server(closer, "127.0.0.1", 0)
+        streams = _Streams(server.sockets[0].getsockname()[1])
+        pool = ChannelPool(streams)
+
+        async def unary(request, timeout=None):
+            return dht_pb2.PingResponse(available=True)
+
+        answers = [await pool.call("peer", frames.PING, dht_pb2.PingRequest(), 5.0, unary) for _ in range(3)]
+        server.close()
+        return answers, streams.opened, pool
+
+    answers, opened, pool = asyncio.run(run())
+    assert all(a.available for a in answers)  # made again unary
+    assert opened == 1 and pool.unserved["peer"][1] == 1  # the next calls within the back-off are unary at once
+    assert pool.stats["broken"] == 1 and pool.stats["unary"] == 3
 
 
 def test_an_idle_channel_is_kept_for_minutes_and_closed_before_its_server_would(monkeypatch):
