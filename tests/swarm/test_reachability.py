@@ -252,6 +252,19 @@ class P2P:
         ready.set_result(None)
 
 
+class SlowStopP2P(P2P):
+    """... and the daemon's late first line comes while hivemind still stops it (``shutdown`` awaits the
+    process): the reader has ended, with its error, before the start's failure is raised."""
+
+    @classmethod
+    async def create(cls, **kwargs):
+        try:
+            await super().create.__func__(cls, **kwargs)
+        except P2PDaemonError:
+            await asyncio.sleep(0.3)  # hivemind's ``await self.shutdown()``
+            raise
+
+
 def test_a_probe_daemon_that_starts_too_late_leaves_no_traceback(monkeypatch, caplog):
     """The reader of a probe daemon that missed its start-up timeout raises InvalidStateError when the
     daemon's first line comes; nobody awaits it, so asyncio printed "Task exception was never
@@ -267,6 +280,21 @@ def test_a_probe_daemon_that_starts_too_late_leaves_no_traceback(monkeypatch, ca
         asyncio.run(go())
         gc.collect()
     assert "never retrieved" not in caplog.text and "InvalidStateError" in caplog.text  # at debug, once
+
+
+def test_a_late_line_that_comes_while_the_daemon_stops_leaves_no_traceback(monkeypatch, caplog):
+    """Seen in a peer's log under 32 peers joining at once: the reader had already ended when the
+    failure was raised, so a look at the readers still running then did not find it."""
+    monkeypatch.setattr(reach, "P2P", SlowStopP2P)
+
+    async def go():
+        with pytest.raises(P2PDaemonError):
+            await reach.start_probe_daemon()
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(go())
+        gc.collect()
+    assert "never retrieved" not in caplog.text and caplog.text.count("InvalidStateError") == 1
 
 
 def test_every_throw_away_daemon_that_starts_too_late_leaves_no_traceback(monkeypatch, caplog):
