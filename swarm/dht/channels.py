@@ -26,8 +26,9 @@ A call whose channel broke before it was answered is made again unary, signed an
 (pings, stores and finds may be repeated).
 
 A find answered over a channel names at most ``FIND_NEIGHBORS`` nearest nodes a key, not hivemind's
-``bucket_size`` (20): voloco's searches keep 8 (a key's 5 replicas and 3 spares, swarm/dht/lean_store.py),
-and the caller builds a PeerID (a base58 string) for every node named. At 32 peers the 20 names were
+``bucket_size`` (20): voloco's lean searches keep 8 (a key's 5 replicas and 3 spares,
+swarm/dht/lean_store.py), a beam a farther node cannot enter, and the caller builds a PeerID (a base58
+string) for every node named. At 32 peers the 20 names were
 53 of a peer's 61 KB of find answers a round (bench/RESULTS.md, "Ninety-fifth session"); a unary find,
 which plain hivemind peers make, still names 20.
 
@@ -57,7 +58,8 @@ from protocol.dht.channel_frames import (
     error_body, parse_header, request_header,
 )
 from swarm.call_limits import CallLimiter
-from swarm.dht.lean_read import NewerRecords, not_served
+from swarm.dht.lean_read import NewerRecords, no_channel_now, not_served
+from swarm.dht.lean_store import SPARE_CANDIDATES
 
 logger = logging.getLogger("voloco.swarm")
 
@@ -76,7 +78,7 @@ MAX_SERVED_PER_PEER = 4
 MAX_SERVED = 1024
 SERVED_IDLE_S = 300.0
 TIMEOUTS_TO_CLOSE = 2
-# nearest nodes a find over a channel names a key: at least a lean search's count (num_replicas + SPARE_CANDIDATES)
+# nearest nodes a find over a channel names a key, and never fewer than a lean search keeps (num_replicas + spares)
 FIND_NEIGHBORS = 8
 BODY_TIMEOUT_S = 30.0  # a body announced by a header must arrive within this, and an answer leave
 
@@ -101,6 +103,7 @@ class _FewNeighbors:
 
     def __init__(self, protocol: DHTProtocol):
         self.protocol = protocol
+        self.named = max(FIND_NEIGHBORS, protocol.num_replicas + SPARE_CANDIDATES)
 
     def __getattr__(self, name: str):
         return getattr(self.protocol, name)
@@ -108,8 +111,8 @@ class _FewNeighbors:
     async def rpc_find(self, request: dht_pb2.FindRequest, context) -> dht_pb2.FindResponse:
         response = await self.protocol.rpc_find(request, context)
         for result in response.results:
-            del result.nearest_node_ids[FIND_NEIGHBORS:]
-            del result.nearest_peer_ids[FIND_NEIGHBORS:]
+            del result.nearest_node_ids[self.named:]
+            del result.nearest_peer_ids[self.named:]
         return response
 
 
@@ -277,14 +280,16 @@ class ChannelPool:
         self.p2p, self.authorizer = p2p, authorizer
         self.channels: Dict[PeerID, _Channel] = {}
         self.opening: Dict[PeerID, asyncio.Lock] = {}
-        # peer -> (called unary until, failed opens in a row); gone once a channel to it opens
+        # peer -> (called unary until, failed opens in a row); gone once a channel to it answers
         self.unserved: Dict[PeerID, Tuple[float, int]] = {}
         self.stats: Counter = Counter()
         self._swept = time.monotonic()
 
-    async def call(self, peer: PeerID, method: int, request, timeout: Optional[float], unary: Callable):
-        """The call's response, over a channel where one opens, else unary; within ``timeout`` in all
-        (a fall-back unary call gets at least a tenth of a second)."""
+    async def call(self, peer: PeerID, method: int, request, timeout: Optional[float], unary: Callable,
+                   no_channel: Optional[Callable] = None):
+        """The call's response, over a channel where one opens, else unary (``no_channel`` in place of
+        ``unary`` where no channel is open or opens); within ``timeout`` in all (a fall-back unary call
+        gets at least a tenth of a second)."""
         began = time.monotonic()
 
         def left() -> Optional[float]:
@@ -293,7 +298,7 @@ class ChannelPool:
         channel = await self._channel(peer, timeout)
         if channel is None:
             self.stats["unary"] += 1
-            return await unary(request, timeout=left())
+            return await (no_channel or unary)(request, timeout=left())
         try:
             response = await channel.call(method, request, left())
         except ChannelBroken:
@@ -301,6 +306,7 @@ class ChannelPool:
             if self.channels.get(peer) is channel:  # once a channel, whatever calls were in flight on it
                 del self.channels[peer]
                 if not channel.answered:  # taken and closed unanswered (a server at MAX_SERVED): as a failed open
+                    self.stats["closed_unanswered"] += 1
                     self._no_channel(peer, "closed before its first answer")
             await self._sign_anew(request)
             self.stats["unary"] += 1
@@ -403,7 +409,7 @@ class ChannelStub:
 
     async def rpc_find_newer(self, request, timeout: Optional[float] = None):
         """A lean read's call (swarm/dht/lean_read.py): over a channel only, no unary handler serves it."""
-        return await self._pool.call(self._peer, FIND_NEWER, request, timeout, not_served)
+        return await self._pool.call(self._peer, FIND_NEWER, request, timeout, not_served, no_channel=no_channel_now)
 
 
 async def install_channels(_dht, node) -> None:

@@ -17,8 +17,10 @@ until it expires, as hivemind's own storage keeps it. A replica's word on when i
 is not believed (hivemind's search ends at an answer said to expire late enough): the result expires
 with its newest record.
 
-A replica that does not serve ``FIND_NEWER`` (an older voloco, plain hivemind) is asked with
-hivemind's find instead, for ``NOT_SERVED_S``; a key whose value is not a dictionary, or a read no
+A replica that does not serve ``FIND_NEWER`` (an older voloco that closes the channel) is asked with
+hivemind's find instead, for ``NOT_SERVED_S``; one to which no channel is open just now (plain hivemind,
+a node still starting, a server at its channel bound), with hivemind's find that once (``NoChannelNow``:
+a channel's back-off is seconds, not ``NOT_SERVED_S``); a key whose value is not a dictionary, or a read no
 replica answered, is hivemind's ``get``. Served by ``NewerRecords`` on every node's DHT channels
 (swarm/dht/channels.py). Guarded by tests/swarm/test_lean_read.py.
 """
@@ -58,6 +60,11 @@ _stats: Dict[DHTID, Counter] = {}
 
 class NotServed(ConnectionError):
     """The peer has no DHT channel for this call: ask it with hivemind's find."""
+
+
+class NoChannelNow(ConnectionError):
+    """No channel to the peer is open, nor opens, just now (it still starts, or its server is at its
+    bound): ask it with hivemind's find this once, and over a channel again next time."""
 
 
 class NewerRecords:
@@ -174,6 +181,8 @@ async def _ask(node, peer: PeerID, key_id: DHTID, held: bytes):
     try:
         async with protocol.rpc_semaphore:
             response = await protocol.get_stub(peer).rpc_find_newer(request, timeout=protocol.wait_timeout)
+    except NoChannelNow:
+        return await _ask_whole(protocol, peer, key_id)
     except (NotServed, AttributeError):  # AttributeError: a stub without channels has no such call
         if len(_not_served) > 4096:  # a bound, not a policy
             _not_served.clear()
@@ -228,5 +237,10 @@ async def lean_read_stats(_dht, node) -> Dict[str, int]:
 
 
 def not_served(*_args, **_kwargs):
-    """The unary stand-in for ``FIND_NEWER``: no hivemind handler serves it."""
+    """The unary stand-in for ``FIND_NEWER`` after its channel broke: no hivemind handler serves it."""
     raise NotServed("no DHT channel to ask for newer records")
+
+
+async def no_channel_now(*_args, **_kwargs):
+    """... and where no channel to the peer is open or opens just now."""
+    raise NoChannelNow("no DHT channel to the peer just now")

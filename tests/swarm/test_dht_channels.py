@@ -86,6 +86,10 @@ async def _know_strangers(count, _dht, node) -> int:
     return len(node.protocol.routing_table.uid_to_peer_id)
 
 
+async def _num_replicas(_dht, node) -> int:
+    return node.num_replicas
+
+
 async def _forget_strangers(count, _dht, node) -> None:
     for i in range(count):
         try:
@@ -106,13 +110,14 @@ def test_a_find_over_a_channel_names_a_few_nearest_nodes_not_a_bucket(trio):
     """The caller builds a PeerID for every node an answer names, and voloco's searches keep 8: at 32
     peers hivemind's 20 names were 53 of a peer's 61 KB of find answers a round (bench/RESULTS.md)."""
     a, b, _ = trio
-    assert a.run_coroutine(partial(_know_strangers, 30)) > 30
     try:
+        assert a.run_coroutine(partial(_know_strangers, 30)) > 30
+        served = stats(a).get("served_rpc_find", 0)
         key_id = DHTID.generate(source="some-key")
         over_channel, unary = b.run_coroutine(partial(_find_both_ways, a.peer_id, key_id))
         assert over_channel == dht_channels.FIND_NEIGHBORS and unary == 20  # hivemind's bucket_size
-        assert dht_channels.FIND_NEIGHBORS >= 5 + lean_store.SPARE_CANDIDATES  # a lean search: num_replicas + spares
-        assert stats(a)["served_rpc_find"] >= 1
+        assert dht_channels.FIND_NEIGHBORS >= b.run_coroutine(_num_replicas) + lean_store.SPARE_CANDIDATES  # what a lean search keeps
+        assert stats(a)["served_rpc_find"] > served
         # stores and reads still reach the key's nodes (the made-up ones do not answer: spares stand in)
         assert b.store("few-neighbors-key", "v", get_dht_time() + 60, subkey="s")
         assert a.get("few-neighbors-key", latest=True).value["s"].value == "v"

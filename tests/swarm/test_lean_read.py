@@ -263,3 +263,52 @@ def test_a_private_run_serves_lean_reads_to_members_and_refuses_a_stranger():
         assert head.kind == channel_frames.ERROR and b"refused" in why
     finally:
         node.shutdown()
+
+
+class _NoChannelProtocol:
+    """A DHT protocol stand-in whose stub has no channel to the peer just now (or, with ``old``, whose
+    channel broke on FIND_NEWER, as an older voloco's does), and whose hivemind find finds nothing."""
+
+    def __init__(self, old: bool):
+        import asyncio
+        from hivemind.dht.routing import DHTID
+        from swarm.dht import lean_read
+        self.node_id, self.rpc_semaphore, self.wait_timeout = DHTID.generate(), asyncio.Semaphore(4), 1.0
+        self.finds = 0
+        self.raised = lean_read.not_served if old else lean_read.no_channel_now
+
+    def get_stub(self, _peer):
+        protocol = self
+
+        class Stub:
+            async def rpc_find_newer(self, request, timeout=None):
+                from swarm.dht.channels import ChannelPool
+
+                class Unserved:  # every open fails: the pool calls what stands in for a missing channel
+                    async def call_binary_stream_handler(self, _peer, _name):
+                        raise ConnectionError("protocols not supported")
+                return await ChannelPool(Unserved()).call("peer", channel_frames.FIND_NEWER, request, timeout,
+                                                          protocol.raised, no_channel=protocol.raised)
+        return Stub()
+
+    async def call_find(self, _peer, _keys):
+        self.finds += 1
+        return {}
+
+
+@pytest.mark.parametrize("old", [False, True])
+def test_a_replica_without_a_channel_just_now_is_read_with_find_that_once(old):
+    """A channel's back-off lasts seconds (a node still starting, a server at its channel bound): a
+    lean read then asks that replica with hivemind's find, but only an older voloco, whose channel
+    breaks on FIND_NEWER, is asked so for ``NOT_SERVED_S`` (it once was, too, for a missing channel)."""
+    import asyncio
+    from types import SimpleNamespace
+    from hivemind.dht.routing import DHTID
+    from swarm.dht import lean_read
+
+    protocol = _NoChannelProtocol(old)
+    node = SimpleNamespace(node_id=protocol.node_id, protocol=protocol)
+    answer = asyncio.run(lean_read._ask(node, "peer", DHTID.generate(source="k"), b""))
+    assert answer is None and protocol.finds == 1  # asked with hivemind's find, which found nothing
+    assert ((node.node_id, "peer") in lean_read._not_served) == old
+    lean_read._not_served.pop((node.node_id, "peer"), None)
