@@ -312,7 +312,7 @@ class ChannelPool:
             self.stats["unary"] += 1
             return await unary(request, timeout=left())
         self.stats["channel"] += 1
-        if peer in self.unserved and channel.answered:  # served: the back-off starts again from its first step
+        if peer in self.unserved:  # answered, so served: the back-off starts again from its first step
             del self.unserved[peer]
         return response
 

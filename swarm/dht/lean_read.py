@@ -59,7 +59,8 @@ _stats: Dict[DHTID, Counter] = {}
 
 
 class NotServed(ConnectionError):
-    """The peer has no DHT channel for this call: ask it with hivemind's find."""
+    """The peer's channel broke on this call (an older voloco does not know it): ask it with hivemind's
+    find, for ``NOT_SERVED_S``."""
 
 
 class NoChannelNow(ConnectionError):
