@@ -90,8 +90,15 @@ class Ed25519PrivateKey(PrivateKey):
         self._private_key = ed25519.Ed25519PrivateKey.from_private_bytes(state["seed"])
 
 
+OWNER_KEYS_KEPT = 4096  # owner keys kept parsed (a node checks each peer's records every round)
+
+
+@functools.lru_cache(maxsize=OWNER_KEYS_KEPT)
 def public_key_from_bytes(key: bytes) -> Union[Ed25519PublicKey, RSAPublicKey]:
-    """An owner's OpenSSH public key, Ed25519 or RSA; ValueError for anything else."""
+    """An owner's OpenSSH public key, Ed25519 or RSA; ValueError for anything else. The last
+    ``OWNER_KEYS_KEPT`` keys that parsed are kept (a key object is immutable; a refusal is not kept,
+    so garbage costs what it did): parsing was an eighth of checking a record's signature
+    (tests/swarm/test_signed_records.py::test_owner_keys_are_parsed_once)."""
     try:
         if key.startswith(b"ssh-ed25519 "):
             return Ed25519PublicKey.from_bytes(key)
@@ -163,7 +170,7 @@ def prepare_identity(path: Optional[str]) -> Tuple[Identity, str, bool]:
 MIN_RSA_BITS, MAX_RSA_BITS = 2048, 4096  # weaker keys are refused; larger ones only cost verification time
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=OWNER_KEYS_KEPT)
 def peer_id_of(public_key: bytes) -> str:
     """The libp2p peer id of an OpenSSH-encoded Ed25519 or RSA public key (as p2pd derives it:
     protocol/wire/signed.py); ValueError if it is neither, a small-order Ed25519 point, or an RSA key

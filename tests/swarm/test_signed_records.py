@@ -409,3 +409,18 @@ def test_refusals_of_many_new_identities_keep_a_bounded_log_and_table(caplog):
     assert len(gate._refusals.peers) == LOGGED_PEERS
     assert len(caplog.records) == LOGGED_PEERS  # the others counted, said once a minute
     assert gate._refusals.more == 2 * 3 * LOGGED_PEERS  # each of the others, each time
+
+
+def test_owner_keys_are_parsed_once(ids):
+    """A node checks each peer's records every round: an owner key is parsed once and kept; a key that
+    does not parse is refused each time and kept nowhere."""
+    from swarm.access.identity import public_key_from_bytes
+
+    public_key_from_bytes.cache_clear()
+    first = public_key_from_bytes(ids["peer"].public_key)
+    assert public_key_from_bytes(ids["peer"].public_key) is first
+    assert public_key_from_bytes.cache_info().hits == 1
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            public_key_from_bytes(b"ssh-ed25519 AAAAnot-a-key")
+    assert public_key_from_bytes.cache_info().currsize == 1
