@@ -24,7 +24,7 @@ from typing import Dict, Optional, Tuple, Union
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric import ed25519
 from hivemind.p2p import PeerID
 from hivemind.proto import crypto_pb2
 from hivemind.utils.crypto import PrivateKey, PublicKey, RSAPrivateKey, RSAPublicKey
@@ -90,21 +90,39 @@ class Ed25519PrivateKey(PrivateKey):
         self._private_key = ed25519.Ed25519PrivateKey.from_private_bytes(state["seed"])
 
 
-OWNER_KEYS_KEPT = 4096  # owner keys kept parsed (a node checks each peer's records every round)
+OWNER_KEYS_KEPT = 4096  # owner keys kept parsed (a node checks each peer's records every round) ...
+KEPT_KEY_BYTES = 1024  # ... if at most this long (an RSA-4096 OpenSSH key is about 725 bytes)
 
 
-@functools.lru_cache(maxsize=OWNER_KEYS_KEPT)
+def _small_keys_kept(parse):
+    """``parse`` of an owner key, its results kept for the last ``OWNER_KEYS_KEPT`` keys of at most
+    ``KEPT_KEY_BYTES`` (a refusal is not kept, so garbage costs what it did; a longer key, which no honest
+    writer makes, is parsed each time: kept, 4,096 keys padded to a record's size would pin 0.3 GB)."""
+    kept = functools.lru_cache(maxsize=OWNER_KEYS_KEPT)(parse)
+
+    @functools.wraps(parse)
+    def call(key):
+        return kept(key) if isinstance(key, bytes) and len(key) <= KEPT_KEY_BYTES else parse(key)
+
+    call.cache_info, call.cache_clear = kept.cache_info, kept.cache_clear
+    return call
+
+
+@_small_keys_kept
 def public_key_from_bytes(key: bytes) -> Union[Ed25519PublicKey, RSAPublicKey]:
-    """An owner's OpenSSH public key, Ed25519 or RSA; ValueError for anything else. The last
-    ``OWNER_KEYS_KEPT`` keys that parsed are kept (a key object is immutable; a refusal is not kept,
-    so garbage costs what it did): parsing was an eighth of checking a record's signature
-    (tests/swarm/test_signed_records.py::test_owner_keys_are_parsed_once)."""
+    """An owner's OpenSSH public key, Ed25519 or RSA of 2048 to 4096 bits; ValueError for anything else
+    (an RSA key of 400,000 bits parses in a millisecond and would make every signature check a long
+    one). Parsing was an eighth of checking a record's signature: kept (``_small_keys_kept``;
+    tests/swarm/test_signed_records.py::test_owner_keys_are_parsed_once)."""
     try:
         if key.startswith(b"ssh-ed25519 "):
             return Ed25519PublicKey.from_bytes(key)
-        return RSAPublicKey.from_bytes(key)
+        parsed = RSAPublicKey.from_bytes(key)
     except (UnsupportedAlgorithm, TypeError, signed.SignatureError) as e:
         raise ValueError(f"not an Ed25519 or RSA public key: {e}") from None
+    if not signed.MIN_RSA_BITS <= parsed._public_key.key_size <= signed.MAX_RSA_BITS:  # (p2pd's own rule)
+        raise ValueError(f"RSA keys must have {signed.MIN_RSA_BITS} to {signed.MAX_RSA_BITS} bits")
+    return parsed
 
 
 @dataclass(frozen=True)
@@ -167,17 +185,12 @@ def prepare_identity(path: Optional[str]) -> Tuple[Identity, str, bool]:
     return load_identity(path), path, created
 
 
-MIN_RSA_BITS, MAX_RSA_BITS = 2048, 4096  # weaker keys are refused; larger ones only cost verification time
-
-
-@functools.lru_cache(maxsize=OWNER_KEYS_KEPT)
+@_small_keys_kept
 def peer_id_of(public_key: bytes) -> str:
     """The libp2p peer id of an OpenSSH-encoded Ed25519 or RSA public key (as p2pd derives it:
     protocol/wire/signed.py); ValueError if it is neither, a small-order Ed25519 point, or an RSA key
     not of 2048 to 4096 bits."""
-    key = public_key_from_bytes(public_key)._public_key
-    if isinstance(key, rsa.RSAPublicKey) and not MIN_RSA_BITS <= key.key_size <= MAX_RSA_BITS:
-        raise ValueError(f"RSA keys must have {MIN_RSA_BITS} to {MAX_RSA_BITS} bits")
+    key = public_key_from_bytes(public_key)._public_key  # (which refuses RSA keys of other sizes)
     return PeerID(signed.peer_id_of(signed.encode_public_key(key))).to_base58()
 
 

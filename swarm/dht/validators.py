@@ -75,7 +75,7 @@ _OWNER_SUBKEY = re.compile(b".*" + RSASignatureValidator.PUBLIC_KEY_REGEX + b".*
 
 class OwnedSchemaValidator(SchemaValidator):
     """hivemind's ``SchemaValidator``, with a quick check of a record under a key whose field is
-    ``OwnedEnvelopes`` in every schema that names it: its subkey is bytes with an owner marker and
+    ``OwnedEnvelopes`` in every schema that names it, plainly (``_plainly_owned``): its subkey is bytes with an owner marker and
     its value an envelope of exact types and bounded sizes. What the quick check passes, pydantic's
     passes; anything else (a refusal, a field of another type from a merged schema) goes to
     hivemind's check. pydantic's parse was 40 % of checking a record
@@ -97,13 +97,25 @@ class OwnedSchemaValidator(SchemaValidator):
             types: Dict[str, set] = {}
             for schema in self._schemas:
                 for f in schema.__fields__.values():
-                    types.setdefault(f.name, set()).add(f.outer_type_ == OwnedEnvelopes)
+                    types.setdefault(f.name, set()).add(_plainly_owned(schema, f))
             quick = self._quick = frozenset(name for name, kinds in types.items() if kinds == {True})
         return quick
 
     def merge_with(self, other: RecordValidatorBase) -> bool:
         self.__dict__.pop("_quick", None)
         return super().merge_with(other)
+
+
+def _plainly_owned(schema: Any, f: Any) -> bool:
+    """Whether pydantic checks field ``f`` of ``schema`` as the quick check does: typed ``OwnedEnvelopes``,
+    under its own name, with no validator of its own or of the model and no string rule in the model's
+    config (each would refuse what the quick check passes)."""
+    config = schema.__config__
+    return (f.outer_type_ == OwnedEnvelopes and f.alias == f.name and not f.class_validators
+            and not schema.__pre_root_validators__ and not schema.__post_root_validators__
+            and config.max_anystr_length is None and not config.min_anystr_length
+            and not config.anystr_strip_whitespace and not getattr(config, "anystr_lower", False)
+            and not getattr(config, "anystr_upper", False))
 
 
 def _is_owned_envelope(subkey: Any, value: Any) -> bool:

@@ -107,3 +107,40 @@ def test_a_field_another_schema_types_otherwise_is_left_to_pydantic(owner, monke
     assert calls == []
     assert quick.validate(record(f"{RUN}_history", owned_subkey(owner.public_key), envelope()))
     assert len(calls) == 1
+
+
+class _Aliased(pydantic.BaseModel):
+    peers: validators.OwnedEnvelopes = pydantic.Field(alias="p")
+
+
+class _FieldChecked(pydantic.BaseModel):
+    peers: validators.OwnedEnvelopes
+
+    @pydantic.validator("peers")
+    def refuse(cls, v):
+        raise ValueError("refused by the field's validator")
+
+
+class _RootChecked(pydantic.BaseModel):
+    peers: validators.OwnedEnvelopes
+
+    @pydantic.root_validator
+    def refuse(cls, values):
+        raise ValueError("refused by the model's validator")
+
+
+class _ShortStrings(pydantic.BaseModel):
+    peers: validators.OwnedEnvelopes
+
+    class Config:
+        max_anystr_length = 16
+
+
+@pytest.mark.parametrize("schema", [_Aliased, _FieldChecked, _RootChecked, _ShortStrings])
+def test_a_field_with_rules_of_its_own_is_left_to_pydantic(owner, schema):
+    """An alias, a validator of the field or the model, or a string rule in the model's config: pydantic
+    would refuse what the quick check passes, so the field takes no quick path."""
+    quick, slow = OwnedSchemaValidator(schema, prefix=RUN), SchemaValidator(schema, prefix=RUN)
+    assert "peers" not in quick._quick_fields()
+    r = record(peers_key(RUN), owned_subkey(owner.public_key), envelope())
+    assert quick.validate(r) == slow.validate(r)

@@ -424,3 +424,22 @@ def test_owner_keys_are_parsed_once(ids):
         with pytest.raises(ValueError):
             public_key_from_bytes(b"ssh-ed25519 AAAAnot-a-key")
     assert public_key_from_bytes.cache_info().currsize == 1
+
+
+def test_a_long_owner_key_is_parsed_but_not_kept_and_an_odd_rsa_size_is_refused(ids):
+    """A key padded to a record's size parses (OpenSSH allows a comment) but is not kept, or 4,096 of them
+    would pin 0.3 GB; an RSA key of a size p2pd refuses is refused before any signature is checked with it."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from swarm.access.identity import KEPT_KEY_BYTES, peer_id_of, public_key_from_bytes
+
+    public_key_from_bytes.cache_clear()
+    padded = ids["peer"].public_key + b" " + b"c" * KEPT_KEY_BYTES
+    assert public_key_from_bytes(padded).to_bytes() == public_key_from_bytes(ids["peer"].public_key).to_bytes()
+    assert peer_id_of(padded) == ids["peer"].peer_id
+    assert public_key_from_bytes.cache_info().currsize == 1  # the unpadded key only
+    small = rsa.generate_private_key(public_exponent=65537, key_size=1024).public_key()
+    openssh = small.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    with pytest.raises(ValueError, match="2048 to 4096 bits"):
+        public_key_from_bytes(openssh)
