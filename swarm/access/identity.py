@@ -97,7 +97,7 @@ KEPT_KEY_BYTES = 1024  # ... if at most this long (an RSA-4096 OpenSSH key is ab
 def _small_keys_kept(parse):
     """``parse`` of an owner key, its results kept for the last ``OWNER_KEYS_KEPT`` keys of at most
     ``KEPT_KEY_BYTES`` (a refusal is not kept, so garbage costs what it did; a longer key, which no honest
-    writer makes, is parsed each time: kept, 4,096 keys padded to a record's size would pin 0.3 GB)."""
+    writer makes, is parsed each time: kept, 4,096 keys padded to a record's size pinned 0.5 GB)."""
     kept = functools.lru_cache(maxsize=OWNER_KEYS_KEPT)(parse)
 
     @functools.wraps(parse)
