@@ -7,9 +7,9 @@ wire for one read of a 32-peer swarm's records (bench/wire_bytes.py --ops 32; be
 "Ninety-first session").
 
 A lean read (``lean_get``, in the DHT's process) takes the key's nearest nodes as a lean store finds
-them (swarm/dht/lean_store.py: searched once, remembered), asks the nearest replica for the records
-newer than the reader's last view of the key, then the other replicas, at once, for the records newer
-than that (``FIND_NEWER``, protocol/dht/newer_reads.py). Each answer is checked by this node's record
+them (swarm/dht/lean_store.py: searched once, remembered), asks one replica (its own pick,
+protocol/dht/newer_reads.py ``ask_order``) for the records newer than the reader's last view of the key,
+then the other replicas, at once, for the records newer than that (``FIND_NEWER``, protocol/dht/newer_reads.py). Each answer is checked by this node's record
 validators as hivemind checks a find's (a record that fails drops the whole answer), and the result
 is hivemind's: every subkey's newest record, its value stripped of its signature, read from as many
 replicas as a read over the whole beam. A record from the last view that no answer replaced is kept
@@ -40,7 +40,7 @@ from hivemind.p2p import PeerID
 from hivemind.proto import dht_pb2
 from hivemind.utils import ValueWithExpiration
 
-from protocol.dht.newer_reads import HeldListError, newer, pack_held, parse_held
+from protocol.dht.newer_reads import HeldListError, ask_order, newer, pack_held, parse_held
 from swarm.dht.lean_store import SPARE_CANDIDATES, forget_nearest, nearest_nodes
 
 logger = logging.getLogger("voloco.swarm")
@@ -117,9 +117,10 @@ async def lean_get(node, key: str, beam_size: Optional[int],
             return await whole()
         _merge(merged, own.value if own is not None else None)
         wanted -= 1
-    others = [p for p in nearest if p != node.peer_id]
-    # the nearest alone first, then as many more as are wanted at once: they send only what it did not
-    # (a dead nearest costs one wait: the others are asked together, spares in place of those that fail)
+    # one replica alone first (this reader's own pick: ``ask_order``), then as many more as are wanted at
+    # once: they send only what it did not (a dead first costs one wait: the others are asked together,
+    # spares in place of those that fail)
+    others = ask_order([p for p in nearest if p != node.peer_id], wanted, node.node_id.to_bytes())
     answered, size = 0, 1
     dumps = protocol.serializer.dumps
     while answered < wanted and others:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import struct
+from collections import Counter
 
 import pytest
 
-from protocol.dht.newer_reads import (ENTRY_BYTES, MAX_HELD, HeldListError, newer, pack_held, parse_held,
+from protocol.dht.newer_reads import (ENTRY_BYTES, MAX_HELD, HeldListError, ask_order, newer, pack_held, parse_held,
                                       subkey_digest)
 
 
@@ -37,3 +39,20 @@ def test_the_list_is_cut_at_its_bound_on_the_way_out():
 def test_a_hostile_held_list_is_refused_with_a_reason(data, why):
     with pytest.raises(HeldListError, match=why):
         parse_held(data)
+
+
+def test_readers_spread_their_first_asks_over_the_replicas():
+    """Every reader asked the key's nearest replica first, so it alone sent every reader the records new
+    to it; a reader's own pick spreads that over the replicas, and the same nodes are asked."""
+    nearest = ["r0", "r1", "r2", "r3", "r4", "spare0", "spare1", "spare2"]
+    firsts = Counter()
+    for i in range(1000):
+        order = ask_order(nearest, 5, hashlib.sha256(b"reader %d" % i).digest()[:20])
+        assert sorted(order[:5]) == nearest[:5] and order[5:] == nearest[5:]  # the spares stay last, in order
+        assert order == ask_order(nearest, 5, hashlib.sha256(b"reader %d" % i).digest()[:20])  # one reader, one pick
+        firsts[order[0]] += 1
+    assert set(firsts) == set(nearest[:5]) and max(firsts.values()) < 1000 / 5 * 1.3
+    # a reader that is a replica itself asks the 4 others; fewer candidates than replicas; none
+    assert sorted(ask_order(nearest[:4], 4, b"me")) == nearest[:4]
+    assert sorted(ask_order(["a", "b"], 5, b"me")) == ["a", "b"]
+    assert ask_order([], 5, b"me") == [] and ask_order(["s"], 0, b"me") == ["s"]
