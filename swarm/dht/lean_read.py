@@ -8,9 +8,10 @@ wire for one read of a 32-peer swarm's records (bench/wire_bytes.py --ops 32; be
 
 A lean read (``lean_get``, in the DHT's process) takes the key's nearest nodes as a lean store finds
 them (swarm/dht/lean_store.py: searched once, remembered), asks one replica (its own pick,
-protocol/dht/newer_reads.py ``ask_order``) for the records newer than the reader's last view of the key,
-then the other replicas, at once, for the records newer than that (``FIND_NEWER``, protocol/dht/newer_reads.py). Each answer is checked by this node's record
-validators as hivemind checks a find's (a record that fails drops the whole answer), and the result
+protocol/dht/newer_reads.py ``ask_order``) for the records newer than the reader's last view of the
+key, then the other replicas, at once, for the records newer than that (``FIND_NEWER``,
+protocol/dht/newer_reads.py). Each answer is checked by this node's record validators as hivemind
+checks a find's (a record that fails drops the whole answer), and the result
 is hivemind's: every subkey's newest record, its value stripped of its signature, read from as many
 replicas as a read over the whole beam. A record from the last view that no answer replaced is kept
 until it expires, as hivemind's own storage keeps it. A replica's word on when its dictionary expires
