@@ -320,11 +320,7 @@ class Peer:
         if not peer_states.allowed(self.state, state):  # a move the table (protocol/round/peer_states.py) lacks
             logger.error(f"state {self.state!r} -> {state!r} is not a move protocol/round/peer_states.py allows")
         previous, self.state = self.state, state
-        # stored at once only where it changes what other peers act on (peer_states.acted_on): a round's
-        # new θ and round are often stored first by the heartbeat, which reads the same record, and a
-        # second copy of it was 41 of 356 stores at 32 peers, each read by every peer
-        # (tests/round/test_control_plane.py::test_a_state_change_the_heartbeat_stored_first_is_not_stored_again)
-        self.membership.publish(only_if_due=True)
+        self.membership.publish()
         lifecycle.report_phase(self)
         return previous
 

@@ -166,30 +166,6 @@ def test_the_heartbeat_stores_a_record_on_a_change_or_once_a_keepalive_period(mo
     assert len(stored) == 4
 
 
-def test_a_state_change_the_heartbeat_stored_first_is_not_stored_again(monkeypatch, clock):
-    """A peer's state moves (peer/host/runtime.py ``Peer._set_state``) store its record only where they
-    change what other peers act on. After a round's outer step the heartbeat often read the new round
-    and θ first and stored them; the round's own "training" then stored the same record again, a
-    version every peer's next read carried (41 of 356 stores at 32 peers). From "ready" to
-    "exchanging" nothing others act on changes either (``peer_states.settled``)."""
-    from peer.host.runtime import Peer
-
-    stored = []
-    monkeypatch.setattr(membership_mod, "publish_progress", lambda dht, run_id, peer, p, ttl: stored.append((p.round, p.state)))
-    peer = SimpleNamespace(state="training", started=False)
-    m = member(monkeypatch, Reads([]), progress_fn=lambda: progress(4, peer.state))
-    peer.membership = m
-    m.publish(only_if_due=True)  # the heartbeat: round 4's θ, read before the round's thread says so
-    Peer._set_state(peer, "training")
-    assert stored == [(4, "training")]
-    Peer._set_state(peer, "ready")  # others act on this: stored at once
-    Peer._set_state(peer, "exchanging")  # and not on this
-    assert stored == [(4, "training"), (4, "ready")]
-    clock.sleep(m.keepalive_s() + 0.01)
-    m.publish(only_if_due=True)  # the keep-alive takes it
-    assert stored[-1] == (4, "exchanging") and len(stored) == 3
-
-
 def test_a_heartbeat_never_stores_a_state_older_than_the_last_stored(monkeypatch):
     """The heartbeat thread reads our record, then stores it; a state change published meanwhile from
     the round's thread (a barrier that left strangers says "exchanging" at once) must not be

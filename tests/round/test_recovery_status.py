@@ -16,7 +16,7 @@ from swarm.jsonout import loads_strict
 def _running_peer(tmp_path, role):
     peer = SimpleNamespace(role=role, state="exchanging", started=True, stop_event=threading.Event(),
                            phase="getting the swarm's state", opts=SimpleNamespace(status_file=tmp_path / "status.json"),
-                           membership=SimpleNamespace(publish=lambda only_if_due=False: None), _load_theta=lambda: None, corpus=None,
+                           membership=SimpleNamespace(publish=lambda: None), _load_theta=lambda: None, corpus=None,
                            engine=object())
     peer.status = lambda: {"state": peer.state, "phase": lifecycle.phase_of(peer), **role.status()}
     peer._set_state = lambda state: Peer._set_state(peer, state)
